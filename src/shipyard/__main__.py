@@ -1,0 +1,3 @@
+from shipyard.cli import main
+
+main()

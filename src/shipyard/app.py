@@ -1,0 +1,122 @@
+"""The composition root: builds every component from Settings and wires them together."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from shipyard.backends.local import LocalBackend
+from shipyard.control.endpoints import EndpointService
+from shipyard.control.reconciler import Reconciler, ReconcilerSettings
+from shipyard.gateway.control import ControlDoor
+from shipyard.gateway.ops import healthz, metrics_endpoint
+from shipyard.gateway.runtime import RuntimeDoor
+from shipyard.gateway.validation import RequestValidator
+from shipyard.metrics import Metrics
+from shipyard.routing.router import Router
+from shipyard.settings import Settings
+from shipyard.storage.artifacts import ArtifactStore
+from shipyard.storage.metadata import MetadataStore
+
+log = logging.getLogger(__name__)
+
+StartupHook = Callable[[EndpointService], Awaitable[None]]
+
+
+class Gateway:
+    """The gateway's ASGI app.
+
+    Invocations take a fast path straight to the runtime door; everything else goes
+    through Starlette's routing.
+    """
+
+    def __init__(self, settings: Settings, *, on_startup: StartupHook | None = None) -> None:
+        if settings.backend != "local":
+            raise ValueError(f"backend: unknown backend {settings.backend!r} (known: local)")
+        settings.home.mkdir(parents=True, exist_ok=True)
+        self.settings = settings
+        self.metrics = Metrics()
+        self.store = MetadataStore(settings.db_url)
+        self.router = Router(timeout_s=settings.invocation_timeout_s)
+        self.reconciler = Reconciler(
+            store=self.store,
+            backend=LocalBackend(run_dir=settings.home / "run"),
+            artifacts=ArtifactStore(s3_endpoint_url=settings.s3_endpoint_url),
+            router=self.router,
+            metrics=self.metrics,
+            settings=ReconcilerSettings(
+                home=settings.home,
+                start_timeout_s=settings.instance_start_timeout_s,
+                health_check_period_s=settings.health_check_period_s,
+                drain_timeout_s=settings.drain_timeout_s,
+                max_in_flight=settings.max_queue_per_instance,
+            ),
+        )
+        self.service = EndpointService(
+            store=self.store,
+            wake=self.reconciler.wake,
+            current_counts=self.reconciler.current_instance_counts,
+            region=settings.region,
+            account_id=settings.account_id,
+            max_endpoints=settings.max_endpoints,
+            max_instances_per_variant=settings.max_instances_per_variant,
+        )
+        self.runtime = RuntimeDoor(
+            router=self.router,
+            max_payload_bytes=settings.max_payload_bytes,
+            account_id=settings.account_id,
+        )
+        control = ControlDoor(service=self.service, validator=RequestValidator())
+        self._on_startup = on_startup
+        self.app = Starlette(
+            routes=[
+                Route("/", control, methods=["POST"]),
+                Route("/healthz", healthz, methods=["GET"]),
+                Route("/metrics", metrics_endpoint(self.metrics), methods=["GET"]),  # type: ignore[arg-type]
+            ],
+            lifespan=self._lifespan,
+        )
+        self.app.state.ready = False
+
+    def __repr__(self) -> str:
+        return f"Gateway(home={str(self.settings.home)!r}, store={self.store!r})"
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path: str = scope["path"]
+            if path.startswith("/endpoints/") and path.endswith("/invocations"):
+                name = path[len("/endpoints/") : -len("/invocations")].strip("/")
+                if name and "/" not in name:
+                    await self.runtime(scope, receive, send, name)
+                    return
+        await self.app(scope, receive, send)
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        await asyncio.to_thread(self.store.migrate)
+        task = asyncio.create_task(self.reconciler.run(), name="reconciler")
+        if self._on_startup is not None:
+            await self._on_startup(self.service)
+        app.state.ready = True
+        log.info("gateway ready, home %s", self.settings.home)
+        try:
+            yield
+        finally:
+            app.state.ready = False
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await self.reconciler.stop_all()
+            self.router.close()
+            self.store.close()
+            log.info("gateway stopped")
+
+
+def create_app(settings: Settings, *, on_startup: StartupHook | None = None) -> Gateway:
+    return Gateway(settings, on_startup=on_startup)

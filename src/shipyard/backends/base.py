@@ -1,0 +1,53 @@
+"""The Backend protocol: start, stop and locate instance processes; nothing more.
+
+Everything else (health checks, restarts, routing) lives above it, so a Ray or Docker
+backend only has to answer these few questions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSpec:
+    """What one instance runs: a model's image and files, and where its log goes."""
+
+    instance_id: str
+    image: str
+    model_dir: Path
+    environment: dict[str, str] = field(default_factory=dict)
+    log_path: Path | None = None
+
+
+class InstanceHandle(Protocol):
+    """A started instance, as its backend knows it."""
+
+    @property
+    def instance_id(self) -> str: ...
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` where the instance serves the container contract."""
+        ...
+
+
+class BackendError(Exception):
+    """An instance could not be started; the message becomes the FailureReason."""
+
+
+class Backend(Protocol):
+    """Starts, stops and locates instances.
+
+    ``start`` returns as soon as the process exists; readiness is the caller's business
+    (it pings ``/ping``). ``exit_reason`` answers None while the instance runs and a
+    human-readable reason once it has stopped, which the reconciler shows to users.
+    """
+
+    async def start(self, spec: InstanceSpec) -> InstanceHandle: ...
+
+    async def stop(self, handle: InstanceHandle, *, timeout_s: float = 10.0) -> None: ...
+
+    def exit_reason(self, handle: InstanceHandle) -> str | None: ...

@@ -1,0 +1,161 @@
+"""Local processes: the embedded default backend.
+
+Each instance is a child process in its own session, so stopping it by its PID also
+stops whatever it spawned (a user's ``cmd:`` server may fork workers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from shipyard.backends.base import BackendError, InstanceHandle, InstanceSpec
+
+log = logging.getLogger(__name__)
+
+BUILTIN_IMAGES = ("shipyard/python",)
+# SageMaker framework images served by the built-in runtime (matched inside the URI).
+FRAMEWORK_IMAGE_MARKERS = (
+    "sagemaker-scikit-learn",
+    "sklearn",
+    "pytorch-inference",
+    "xgboost",
+    "huggingface",
+    "tensorflow-inference",
+    "mxnet-inference",
+)
+
+
+def runtime_for(image: str) -> str:
+    """Which runtime serves ``image``: ``python``, ``cmd`` or ``docker``."""
+    if image.startswith("cmd:"):
+        return "cmd"
+    if image in BUILTIN_IMAGES or any(m in image for m in FRAMEWORK_IMAGE_MARKERS):
+        return "python"
+    return "docker"
+
+
+@dataclass(slots=True)
+class LocalInstance:
+    instance_id: str
+    url: str
+    process: subprocess.Popen[bytes]
+    error_file: Path
+    log_path: Path | None
+
+    def __repr__(self) -> str:
+        return f"LocalInstance(id={self.instance_id!r}, pid={self.process.pid}, url={self.url!r})"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalBackend:
+    """Runs each instance as a local process bound to a free port on 127.0.0.1."""
+
+    def __init__(self, *, run_dir: Path) -> None:
+        self.run_dir = run_dir
+
+    def __repr__(self) -> str:
+        return f"LocalBackend(run_dir={str(self.run_dir)!r})"
+
+    async def start(self, spec: InstanceSpec) -> InstanceHandle:
+        kind = runtime_for(spec.image)
+        if kind == "docker":
+            raise BackendError(
+                f"Image {spec.image} is a container image, which needs a Docker engine; "
+                "this gateway runs the local backend. Use shipyard/python or cmd:<command>."
+            )
+        port = _free_port()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        error_file = self.run_dir / f"{spec.instance_id}.error"
+        error_file.unlink(missing_ok=True)
+        env = {**os.environ, **spec.environment}
+        env["SAGEMAKER_BIND_TO_PORT"] = str(port)
+        env["SM_MODEL_DIR"] = str(spec.model_dir)
+        if kind == "python":
+            argv = [sys.executable, "-m", "shipyard.runtime", "--port", str(port)]
+            argv += ["--model-dir", str(spec.model_dir), "--error-file", str(error_file)]
+        else:
+            argv = ["/bin/sh", "-c", spec.image.removeprefix("cmd:")]
+        out = open(spec.log_path, "ab") if spec.log_path else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            process = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=spec.model_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise BackendError(f"Could not start instance {spec.instance_id}: {exc}") from exc
+        finally:
+            if spec.log_path:
+                out.close()  # type: ignore[union-attr]
+        log.info("started instance %s pid %s on port %s", spec.instance_id, process.pid, port)
+        return LocalInstance(
+            instance_id=spec.instance_id,
+            url=f"http://127.0.0.1:{port}",
+            process=process,
+            error_file=error_file,
+            log_path=spec.log_path,
+        )
+
+    async def stop(self, handle: InstanceHandle, *, timeout_s: float = 10.0) -> None:
+        assert isinstance(handle, LocalInstance)
+        process = handle.process
+        if process.poll() is None:
+            _signal_group(process.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(asyncio.to_thread(process.wait), timeout_s)
+            except TimeoutError:
+                _signal_group(process.pid, signal.SIGKILL)
+                await asyncio.to_thread(process.wait)
+        else:
+            # The leader is gone; its session may still hold children.
+            _signal_group(process.pid, signal.SIGKILL)
+        handle.error_file.unlink(missing_ok=True)
+
+    def exit_reason(self, handle: InstanceHandle) -> str | None:
+        assert isinstance(handle, LocalInstance)
+        code = handle.process.poll()
+        if code is None:
+            return None
+        with contextlib.suppress(OSError):
+            text = handle.error_file.read_text().strip()
+            if text:
+                return text
+        return f"the process exited with code {code}{_log_tail(handle.log_path)}"
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    # The instance leads its own session (start_new_session), so its process group id is
+    # its PID: this reaches the children it spawned and nothing else.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def _log_tail(path: Path | None, lines: int = 3) -> str:
+    if path is None:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 2048))
+            tail = f.read().decode(errors="replace").strip().splitlines()[-lines:]
+    except OSError:
+        return ""
+    return ("; last log lines: " + " | ".join(tail)) if tail else ""

@@ -1,0 +1,70 @@
+"""The ``shipyard`` command line: each command builds one object and calls one method."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+
+
+@app.callback()
+def _root() -> None:
+    """shipyard: self-hosted model serving that speaks the SageMaker API."""
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Address to bind.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to bind.")] = None,
+    home: Annotated[
+        Path | None, typer.Option(help="State folder (default $SHIPYARD_HOME or ~/.shipyard).")
+    ] = None,
+    config: Annotated[Path | None, typer.Option(help="Stack file (YAML).")] = None,
+    db: Annotated[str | None, typer.Option(help="Metadata store URL (postgresql://…).")] = None,
+    backend: Annotated[str | None, typer.Option(help="Instance backend: local.")] = None,
+    demo: Annotated[bool, typer.Option(help="Deploy the demo model as endpoint 'demo'.")] = False,
+) -> None:
+    """Start the gateway."""
+    import uvicorn
+
+    from shipyard.app import create_app
+    from shipyard.demo import deploy_demo
+    from shipyard.settings import Settings
+
+    given: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "home": home.expanduser().resolve() if home else None,
+        "config": config,
+        "db": db,
+        "backend": backend,
+    }
+    settings = Settings(**{k: v for k, v in given.items() if v is not None})
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        gateway = create_app(
+            settings,
+            on_startup=(lambda svc: deploy_demo(svc, settings.home)) if demo else None,
+        )
+    except ValueError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from exc
+    uvicorn.run(
+        gateway,
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_level="warning",
+        timeout_keep_alive=75,
+        timeout_graceful_shutdown=int(settings.drain_timeout_s),
+    )
+
+
+def main() -> None:
+    app()

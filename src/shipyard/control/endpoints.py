@@ -1,0 +1,215 @@
+"""EndpointService: validate, record desired state, describe status.
+
+Both the control plane and the CLI land here. It never sees HTTP and never starts a
+process: it writes desired state to the store and wakes the reconciler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from shipyard.errors import InvalidParameter, ResourceLimitExceeded, ResourceNotFound
+from shipyard.records import (
+    Endpoint,
+    EndpointConfig,
+    EndpointStatus,
+    Model,
+    VariantSpec,
+    VariantState,
+)
+from shipyard.storage.metadata import MetadataStore, now
+
+
+class EndpointService:
+    """Models, endpoint configs and endpoints: the desired state of real-time serving."""
+
+    def __init__(
+        self,
+        *,
+        store: MetadataStore,
+        wake: Callable[[], None],
+        current_counts: Callable[[str], dict[str, int]],
+        region: str,
+        account_id: str,
+        max_endpoints: int,
+        max_instances_per_variant: int,
+    ) -> None:
+        self.store = store
+        self._wake = wake
+        self._current_counts = current_counts
+        self.region = region
+        self.account_id = account_id
+        self.max_endpoints = max_endpoints
+        self.max_instances_per_variant = max_instances_per_variant
+
+    def __repr__(self) -> str:
+        return f"EndpointService({self.store!r})"
+
+    def arn(self, kind: str, name: str) -> str:
+        # SageMaker lower-cases resource names in ARNs.
+        return f"arn:aws:sagemaker:{self.region}:{self.account_id}:{kind}/{name.lower()}"
+
+    # -- models -----------------------------------------------------------------------
+
+    def create_model(
+        self,
+        name: str,
+        *,
+        image: str,
+        model_data_url: str | None,
+        environment: dict[str, str],
+        execution_role_arn: str | None,
+        raw: dict[str, object],
+    ) -> Model:
+        model = Model(
+            name=name,
+            arn=self.arn("model", name),
+            image=image,
+            model_data_url=model_data_url,
+            environment=environment,
+            execution_role_arn=execution_role_arn,
+            created=now(),
+            raw=raw,
+        )
+        self.store.create_model(model)
+        return model
+
+    def describe_model(self, name: str) -> Model:
+        return self.store.get_model(name)
+
+    def list_models(self) -> list[Model]:
+        return self.store.list_models()
+
+    def delete_model(self, name: str) -> None:
+        self.store.delete_model(name)
+
+    # -- endpoint configs -------------------------------------------------------------
+
+    def create_endpoint_config(
+        self, name: str, variants: Sequence[VariantSpec], *, raw: dict[str, object]
+    ) -> EndpointConfig:
+        names = [v.name for v in variants]
+        if len(set(names)) != len(names):
+            raise InvalidParameter("Variant names must be unique within an endpoint config.")
+        for variant in variants:
+            try:
+                self.store.get_model(variant.model_name)
+            except ResourceNotFound:
+                raise InvalidParameter(
+                    f'Could not find model "{self.arn("model", variant.model_name)}".'
+                ) from None
+            self._check_instance_count(variant.name, variant.instance_count)
+        config = EndpointConfig(
+            name=name,
+            arn=self.arn("endpoint-config", name),
+            variants=tuple(variants),
+            created=now(),
+            raw=raw,
+        )
+        self.store.create_endpoint_config(config)
+        return config
+
+    def describe_endpoint_config(self, name: str) -> EndpointConfig:
+        return self.store.get_endpoint_config(name)
+
+    def list_endpoint_configs(self) -> list[EndpointConfig]:
+        return self.store.list_endpoint_configs()
+
+    def delete_endpoint_config(self, name: str) -> None:
+        self.store.delete_endpoint_config(name)
+
+    # -- endpoints --------------------------------------------------------------------
+
+    def create_endpoint(self, name: str, config_name: str) -> Endpoint:
+        config = self._config_for_endpoint(config_name)
+        stamp = now()
+        endpoint = Endpoint(
+            name=name,
+            arn=self.arn("endpoint", name),
+            config_name=config.name,
+            status=EndpointStatus.CREATING,
+            failure_reason=None,
+            created=stamp,
+            modified=stamp,
+            variants=tuple(
+                VariantState(v.name, v.weight, v.instance_count) for v in config.variants
+            ),
+        )
+        self.store.create_endpoint(endpoint, max_endpoints=self.max_endpoints)
+        self._wake()
+        return endpoint
+
+    def describe_endpoint(self, name: str) -> tuple[Endpoint, dict[str, int]]:
+        """The endpoint and, per variant, how many instances serve it right now."""
+        return self.store.get_endpoint(name), self._current_counts(name)
+
+    def list_endpoints(self) -> list[Endpoint]:
+        return self.store.list_endpoints()
+
+    def update_endpoint(self, name: str, config_name: str) -> Endpoint:
+        self._config_for_endpoint(config_name)
+        endpoint = self.store.change_endpoint(
+            name,
+            expect=[EndpointStatus.IN_SERVICE, EndpointStatus.FAILED],
+            status=EndpointStatus.UPDATING,
+            pending_config_name=config_name,
+            failure_reason=None,
+        )
+        self._wake()
+        return endpoint
+
+    def update_weights_and_capacities(
+        self, name: str, changes: dict[str, tuple[float | None, int | None]]
+    ) -> Endpoint:
+        """Change weights and/or instance counts of live variants, in place."""
+        current = self.store.get_endpoint(name)
+        known = {v.name: v for v in current.variants}
+        for variant in changes:
+            if variant not in known:
+                raise InvalidParameter(
+                    f'The variant name(s) "{variant}" is/are not present in the endpoint '
+                    f'"{current.arn}".'
+                )
+        variants = []
+        for state in current.variants:
+            weight, count = changes.get(state.name, (None, None))
+            if count is not None:
+                self._check_instance_count(state.name, count)
+            variants.append(
+                VariantState(
+                    state.name,
+                    state.desired_weight if weight is None else weight,
+                    state.desired_instance_count if count is None else count,
+                )
+            )
+        endpoint = self.store.change_endpoint(
+            name,
+            expect=[EndpointStatus.IN_SERVICE],
+            status=EndpointStatus.UPDATING,
+            variants=tuple(variants),
+            failure_reason=None,
+        )
+        self._wake()
+        return endpoint
+
+    def delete_endpoint(self, name: str) -> None:
+        self.store.change_endpoint(name, status=EndpointStatus.DELETING)
+        self._wake()
+
+    # -- checks -----------------------------------------------------------------------
+
+    def _config_for_endpoint(self, config_name: str) -> EndpointConfig:
+        try:
+            return self.store.get_endpoint_config(config_name)
+        except ResourceNotFound:
+            raise InvalidParameter(
+                f'Could not find endpoint configuration "{config_name}".'
+            ) from None
+
+    def _check_instance_count(self, variant: str, count: int) -> None:
+        if count > self.max_instances_per_variant:
+            raise ResourceLimitExceeded(
+                f"The account-level service limit 'instances per production variant' is "
+                f"{self.max_instances_per_variant} Instances; variant {variant} asked for "
+                f"{count}."
+            )

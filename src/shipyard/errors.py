@@ -1,0 +1,148 @@
+"""The exception tree. Services raise these; each door renders them in its own wire shape.
+
+    ShipyardError                      wire_type, status_code, message
+    ├── ValidationException            400  bad input on the control plane
+    │   ├── ResourceNotFound           400  SageMaker's "Could not find ..." wording
+    │   └── InvalidParameter           400  a value that breaks a constraint
+    ├── ResourceInUse                  400  a name already taken, or a resource still used
+    ├── ResourceLimitExceeded          400  a quota hit
+    ├── UnknownOperation               400  an X-Amz-Target we do not implement
+    ├── SerializationException         400  a body that is not JSON
+    └── RuntimeFailure                      errors of the runtime door (sagemaker-runtime)
+        ├── RuntimeValidationError     400  unknown endpoint, bad headers, body too large
+        ├── ModelError                 424  the model answered with an error status
+        ├── ModelNotReady              429  instances still starting
+        ├── ServiceUnavailable         503  no instance can take the request now
+        └── InternalFailure            500  a bug of ours
+
+The runtime's codes differ from the control plane's on purpose (SageMaker's do too):
+boto3's ``sagemaker-runtime`` client knows ``ValidationError``, not ``ValidationException``.
+"""
+
+from __future__ import annotations
+
+
+class ShipyardError(Exception):
+    """Root of every error shipyard raises on purpose."""
+
+    wire_type = "InternalFailure"
+    status_code = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r})"
+
+
+class ValidationException(ShipyardError):
+    """Input the control plane cannot accept."""
+
+    wire_type = "ValidationException"
+    status_code = 400
+
+
+class ResourceNotFound(ValidationException):
+    """A model, endpoint config or endpoint that does not exist.
+
+    SageMaker reports these as ValidationException with a fixed wording that boto3's
+    waiters match on (``endpoint_deleted`` waits for ``Could not find endpoint``).
+    """
+
+    @classmethod
+    def of(cls, kind: str, name: str) -> ResourceNotFound:
+        return cls(f'Could not find {kind} "{name}".')
+
+
+class InvalidParameter(ValidationException):
+    """A parameter that breaks one of the API's constraints."""
+
+
+class ResourceInUse(ShipyardError):
+    """A name already taken, or a resource that something else still uses."""
+
+    wire_type = "ResourceInUse"
+    status_code = 400
+
+
+class ResourceLimitExceeded(ShipyardError):
+    """A quota of this gateway was hit."""
+
+    wire_type = "ResourceLimitExceeded"
+    status_code = 400
+
+
+class UnknownOperation(ShipyardError):
+    """An ``X-Amz-Target`` action this gateway does not implement."""
+
+    wire_type = "UnknownOperationException"
+    status_code = 400
+
+
+class SerializationException(ShipyardError):
+    """A control-plane body that is not a JSON object."""
+
+    wire_type = "SerializationException"
+    status_code = 400
+
+
+class RuntimeFailure(ShipyardError):
+    """Root of the runtime door's errors (``sagemaker-runtime``)."""
+
+
+class RuntimeValidationError(RuntimeFailure):
+    """Unknown endpoint or variant, bad headers, or a body over the size limit."""
+
+    wire_type = "ValidationError"
+    status_code = 400
+
+
+class PayloadTooLarge(RuntimeValidationError):
+    """A request body over the runtime's limit; refused before it is buffered whole."""
+
+    status_code = 413
+
+
+class ModelError(RuntimeFailure):
+    """The model answered with an error status, or did not answer in time.
+
+    Carries the instance's status and body so the client sees what the model said.
+    """
+
+    wire_type = "ModelError"
+    status_code = 424
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        original_status_code: int,
+        original_message: str,
+        log_stream_arn: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.original_status_code = original_status_code
+        self.original_message = original_message
+        self.log_stream_arn = log_stream_arn
+
+
+class ModelNotReady(RuntimeFailure):
+    """The endpoint exists but none of its instances is ready yet; boto3 retries it."""
+
+    wire_type = "ModelNotReadyException"
+    status_code = 429
+
+
+class ServiceUnavailable(RuntimeFailure):
+    """No instance can take the request now (overload or all instances down)."""
+
+    wire_type = "ServiceUnavailable"
+    status_code = 503
+
+
+class InternalFailure(RuntimeFailure):
+    """An unexpected failure inside the gateway."""
+
+    wire_type = "InternalFailure"
+    status_code = 500

@@ -1,0 +1,87 @@
+"""CreateEndpointConfig, DescribeEndpointConfig, ListEndpointConfigs, DeleteEndpointConfig."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shipyard.control.endpoints import EndpointService
+from shipyard.errors import InvalidParameter
+from shipyard.gateway.actions.listing import page
+from shipyard.records import EndpointConfig, RoutingStrategy, VariantSpec
+
+
+def create_endpoint_config(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
+    variants = [_variant(v) for v in p["ProductionVariants"]]
+    config = svc.create_endpoint_config(p["EndpointConfigName"], variants, raw=p)
+    return {"EndpointConfigArn": config.arn}
+
+
+def _variant(v: dict[str, Any]) -> VariantSpec:
+    if "ServerlessConfig" in v:
+        raise InvalidParameter("ServerlessConfig is not supported by this gateway yet.")
+    count = v.get("InitialInstanceCount")
+    if count is None:
+        raise InvalidParameter(
+            f"InitialInstanceCount is required for production variant {v['VariantName']}."
+        )
+    strategy = (v.get("RoutingConfig") or {}).get("RoutingStrategy", "RANDOM")
+    return VariantSpec(
+        name=v["VariantName"],
+        model_name=v["ModelName"],
+        instance_type=v.get("InstanceType", "ml.m5.large"),
+        instance_count=int(count),
+        weight=float(v.get("InitialVariantWeight", 1.0)),
+        routing_strategy=RoutingStrategy(strategy),
+    )
+
+
+def describe_endpoint_config(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
+    config = svc.describe_endpoint_config(p["EndpointConfigName"])
+    variants = []
+    for spec, raw in zip(config.variants, config.raw["ProductionVariants"], strict=True):
+        variants.append({**raw, "InitialVariantWeight": spec.weight})
+    out: dict[str, Any] = {
+        "EndpointConfigName": config.name,
+        "EndpointConfigArn": config.arn,
+        "ProductionVariants": variants,
+        "CreationTime": config.created,
+    }
+    for key in ("DataCaptureConfig", "KmsKeyId", "AsyncInferenceConfig", "Tags"):
+        if key in config.raw and key != "Tags":
+            out[key] = config.raw[key]
+    return out
+
+
+def list_endpoint_configs(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
+    items, token = page(
+        svc.list_endpoint_configs(),
+        p,
+        name=lambda c: c.name,
+        created=lambda c: c.created,
+        sort_keys={"Name": lambda c: c.name, "CreationTime": lambda c: c.created},
+    )
+    out: dict[str, Any] = {"EndpointConfigs": [_summary(c) for c in items]}
+    if token:
+        out["NextToken"] = token
+    return out
+
+
+def delete_endpoint_config(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
+    svc.delete_endpoint_config(p["EndpointConfigName"])
+    return {}
+
+
+def _summary(c: EndpointConfig) -> dict[str, Any]:
+    return {
+        "EndpointConfigName": c.name,
+        "EndpointConfigArn": c.arn,
+        "CreationTime": c.created,
+    }
+
+
+ACTIONS = {
+    "CreateEndpointConfig": create_endpoint_config,
+    "DescribeEndpointConfig": describe_endpoint_config,
+    "ListEndpointConfigs": list_endpoint_configs,
+    "DeleteEndpointConfig": delete_endpoint_config,
+}

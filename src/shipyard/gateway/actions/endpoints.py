@@ -1,0 +1,122 @@
+"""CreateEndpoint, DescribeEndpoint, ListEndpoints, UpdateEndpoint, DeleteEndpoint and
+UpdateEndpointWeightsAndCapacities."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shipyard.control.endpoints import EndpointService
+from shipyard.gateway.actions.listing import page
+from shipyard.records import Endpoint
+
+
+def create_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
+    endpoint = svc.create_endpoint(p["EndpointName"], p["EndpointConfigName"])
+    return {"EndpointArn": endpoint.arn}
+
+
+def describe_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
+    endpoint, counts = svc.describe_endpoint(p["EndpointName"])
+    config = svc.describe_endpoint_config(endpoint.config_name)
+    models = {v.name: v.model_name for v in config.variants}
+    variants = []
+    for state in endpoint.variants:
+        entry: dict[str, Any] = {
+            "VariantName": state.name,
+            "CurrentWeight": state.desired_weight,
+            "DesiredWeight": state.desired_weight,
+            "CurrentInstanceCount": counts.get(state.name, 0),
+            "DesiredInstanceCount": state.desired_instance_count,
+        }
+        model_name = models.get(state.name)
+        if model_name is not None:
+            try:
+                image = svc.describe_model(model_name).image
+            except Exception:  # the model may be deleted while the endpoint runs
+                image = None
+            if image:
+                entry["DeployedImages"] = [
+                    {"SpecifiedImage": image, "ResolvedImage": image,
+                     "ResolutionTime": endpoint.created}
+                ]  # fmt: skip
+        variants.append(entry)
+    out: dict[str, Any] = {
+        "EndpointName": endpoint.name,
+        "EndpointArn": endpoint.arn,
+        "EndpointConfigName": endpoint.config_name,
+        "ProductionVariants": variants,
+        "EndpointStatus": endpoint.status.value,
+        "CreationTime": endpoint.created,
+        "LastModifiedTime": endpoint.modified,
+    }
+    if endpoint.failure_reason:
+        out["FailureReason"] = endpoint.failure_reason
+    if endpoint.pending_config_name:
+        out["PendingDeploymentSummary"] = {
+            "EndpointConfigName": endpoint.pending_config_name,
+            "StartTime": endpoint.modified,
+        }
+    return out
+
+
+def list_endpoints(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
+    items, token = page(
+        svc.list_endpoints(),
+        p,
+        name=lambda e: e.name,
+        created=lambda e: e.created,
+        modified=lambda e: e.modified,
+        status=lambda e: e.status.value,
+        sort_keys={
+            "Name": lambda e: e.name,
+            "CreationTime": lambda e: e.created,
+            "Status": lambda e: e.status.value,
+        },
+    )
+    out: dict[str, Any] = {"Endpoints": [_summary(e) for e in items]}
+    if token:
+        out["NextToken"] = token
+    return out
+
+
+def update_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
+    endpoint = svc.update_endpoint(p["EndpointName"], p["EndpointConfigName"])
+    return {"EndpointArn": endpoint.arn}
+
+
+def update_weights_and_capacities(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
+    changes: dict[str, tuple[float | None, int | None]] = {}
+    for item in p["DesiredWeightsAndCapacities"]:
+        weight = item.get("DesiredWeight")
+        count = item.get("DesiredInstanceCount")
+        changes[item["VariantName"]] = (
+            None if weight is None else float(weight),
+            None if count is None else int(count),
+        )
+    endpoint = svc.update_weights_and_capacities(p["EndpointName"], changes)
+    return {"EndpointArn": endpoint.arn}
+
+
+def delete_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
+    svc.delete_endpoint(p["EndpointName"])
+    return {}
+
+
+def _summary(e: Endpoint) -> dict[str, Any]:
+    return {
+        "EndpointName": e.name,
+        "EndpointArn": e.arn,
+        "CreationTime": e.created,
+        "LastModifiedTime": e.modified,
+        "EndpointStatus": e.status.value,
+    }
+
+
+ACTIONS = {
+    "CreateEndpoint": create_endpoint,
+    "DescribeEndpoint": describe_endpoint,
+    "ListEndpoints": list_endpoints,
+    "UpdateEndpoint": update_endpoint,
+    "DeleteEndpoint": delete_endpoint,
+    "UpdateEndpointWeightsAndCapacities": update_weights_and_capacities,
+}

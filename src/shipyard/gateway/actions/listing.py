@@ -1,0 +1,70 @@
+"""Filtering, sorting and paging shared by every List action."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+from shipyard.errors import InvalidParameter
+
+T = TypeVar("T")
+
+DEFAULT_MAX_RESULTS = 10
+
+
+def page(
+    items: Sequence[T],
+    params: dict[str, Any],
+    *,
+    name: Callable[[T], str],
+    created: Callable[[T], datetime],
+    sort_keys: dict[str, Callable[[T], Any]],
+    modified: Callable[[T], datetime] | None = None,
+    status: Callable[[T], str] | None = None,
+) -> tuple[list[T], str | None]:
+    """Apply NameContains/StatusEquals/time filters, SortBy/SortOrder and NextToken."""
+    chosen = list(items)
+    if contains := params.get("NameContains"):
+        needle = contains.lower()
+        chosen = [i for i in chosen if needle in name(i).lower()]
+    if status is not None and (wanted := params.get("StatusEquals")):
+        chosen = [i for i in chosen if status(i) == wanted]
+    chosen = _time_filter(chosen, params, "CreationTime", created)
+    if modified is not None:
+        chosen = _time_filter(chosen, params, "LastModifiedTime", modified)
+    key = sort_keys.get(params.get("SortBy", "CreationTime"), created)
+    chosen.sort(key=key, reverse=params.get("SortOrder", "Descending") == "Descending")
+    start = _offset(params.get("NextToken"))
+    size = int(params.get("MaxResults", DEFAULT_MAX_RESULTS))
+    window = chosen[start : start + size]
+    more = start + size < len(chosen)
+    return window, (_token(start + size) if more else None)
+
+
+def _time_filter(
+    items: list[T], params: dict[str, Any], field: str, value: Callable[[T], datetime]
+) -> list[T]:
+    if (before := params.get(f"{field}Before")) is not None:
+        items = [i for i in items if value(i).timestamp() < float(before)]
+    if (after := params.get(f"{field}After")) is not None:
+        items = [i for i in items if value(i).timestamp() > float(after)]
+    return items
+
+
+def _token(offset: int) -> str:
+    return base64.urlsafe_b64encode(f"offset:{offset}".encode()).decode()
+
+
+def _offset(token: str | None) -> int:
+    if not token:
+        return 0
+    try:
+        kind, _, value = base64.urlsafe_b64decode(token.encode()).decode().partition(":")
+        if kind == "offset" and value.isdigit():
+            return int(value)
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        pass
+    raise InvalidParameter("Invalid pagination token.")

@@ -1,0 +1,55 @@
+"""The control-plane door: ``POST /`` in AWS JSON 1.1, as boto3's ``sagemaker`` sends it."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+
+from shipyard.control.endpoints import EndpointService
+from shipyard.errors import SerializationException, UnknownOperation
+from shipyard.gateway.actions import ACTIONS
+from shipyard.gateway.errors import AMZ_JSON, control_error_response
+from shipyard.gateway.validation import RequestValidator
+
+_PREFIX = "SageMaker."
+
+
+def _json_default(value: object) -> object:
+    # AWS JSON 1.1 sends timestamps as epoch seconds.
+    if isinstance(value, datetime):
+        return value.timestamp()
+    raise TypeError(f"cannot serialise {type(value).__name__}")
+
+
+class ControlDoor:
+    """Parses ``X-Amz-Target``, validates against the service model, runs the action."""
+
+    def __init__(self, *, service: EndpointService, validator: RequestValidator) -> None:
+        self.service = service
+        self.validator = validator
+
+    async def __call__(self, request: Request) -> Response:
+        try:
+            result = await self._handle(request)
+        except Exception as exc:  # every error leaves through the one renderer
+            return control_error_response(exc)
+        return Response(json.dumps(result, default=_json_default), media_type=AMZ_JSON)
+
+    async def _handle(self, request: Request) -> dict[str, Any]:
+        target = request.headers.get("x-amz-target", "")
+        action = target.removeprefix(_PREFIX) if target.startswith(_PREFIX) else None
+        handler = ACTIONS.get(action) if action else None
+        if action is None or handler is None:
+            raise UnknownOperation(f"The operation {target or '(none)'} is not supported.")
+        raw = await request.body()
+        try:
+            params = json.loads(raw or b"{}")
+        except ValueError as exc:
+            raise SerializationException(f"Request body is not valid JSON: {exc}") from exc
+        self.validator.validate(action, params)
+        return await run_in_threadpool(handler, self.service, params)

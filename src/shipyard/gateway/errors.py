@@ -1,0 +1,55 @@
+"""The one place errors become responses, in each door's wire shape.
+
+- control plane (AWS JSON 1.1): HTTP 400 with ``{"__type": code, "message": ...}``
+- runtime (rest-json, sagemaker-runtime): ``x-amzn-ErrorType`` header and a body that
+  carries ModelError's ``OriginalStatusCode``, ``OriginalMessage`` and ``LogStreamArn``
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from starlette.responses import Response
+
+from shipyard.errors import ModelError, ShipyardError
+
+log = logging.getLogger(__name__)
+
+AMZ_JSON = "application/x-amz-json-1.1"
+
+
+def control_error_response(exc: Exception) -> Response:
+    if not isinstance(exc, ShipyardError):
+        log.error("control-plane request failed", exc_info=exc)
+        body = {"__type": "InternalFailure", "message": "An internal error occurred."}
+        return Response(json.dumps(body), status_code=500, media_type=AMZ_JSON)
+    body = {"__type": exc.wire_type, "message": exc.message}
+    return Response(
+        json.dumps(body),
+        status_code=exc.status_code,
+        media_type=AMZ_JSON,
+        headers={"x-amzn-ErrorType": exc.wire_type},
+    )
+
+
+def runtime_error_body(exc: ShipyardError) -> dict[str, Any]:
+    body: dict[str, Any] = {"ErrorCode": exc.wire_type, "message": exc.message}
+    body["Message"] = exc.message
+    if isinstance(exc, ModelError):
+        body["OriginalStatusCode"] = exc.original_status_code
+        body["OriginalMessage"] = exc.original_message
+        body["LogStreamArn"] = exc.log_stream_arn
+    return body
+
+
+async def runtime_error_response(exc: ShipyardError, send: Any) -> None:
+    payload = json.dumps(runtime_error_body(exc)).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+        (b"x-amzn-errortype", exc.wire_type.encode()),
+    ]
+    await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})

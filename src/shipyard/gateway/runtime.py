@@ -1,0 +1,183 @@
+"""The runtime door: ``POST /endpoints/{name}/invocations`` as a raw ASGI handler.
+
+Raw ASGI rather than a Starlette route because this is the data path: the body is passed
+through as bytes (never parsed), the routing table is read from memory, and the only
+per-request work is picking an instance and copying bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from shipyard.errors import (
+    InternalFailure,
+    ModelError,
+    PayloadTooLarge,
+    RuntimeFailure,
+    RuntimeValidationError,
+)
+from shipyard.gateway.errors import runtime_error_response
+from shipyard.routing.router import Router, VariantRoute
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Receive = Any
+Send = Any
+
+# Request headers handed to the instance (the container contract's view of the request).
+_FORWARD = {
+    b"content-type": b"Content-Type",
+    b"accept": b"Accept",
+    b"x-amzn-sagemaker-custom-attributes": b"X-Amzn-SageMaker-Custom-Attributes",
+    b"x-amzn-sagemaker-inference-id": b"X-Amzn-SageMaker-Inference-Id",
+    b"x-amzn-sagemaker-target-model": b"X-Amzn-SageMaker-Target-Model",
+    b"x-amzn-sagemaker-session-id": b"X-Amzn-SageMaker-Session-Id",
+}
+_TARGET_VARIANT = b"x-amzn-sagemaker-target-variant"
+_CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
+_DISCARD_LIMIT = 64 * 1024 * 1024  # read at most this much of an oversize body, then close
+
+
+class RuntimeDoor:
+    """Translates sagemaker-runtime requests to router calls and back."""
+
+    def __init__(self, *, router: Router, max_payload_bytes: int, account_id: str) -> None:
+        self.router = router
+        self.max_payload_bytes = max_payload_bytes
+        self.account_id = account_id
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, name: str) -> None:
+        started = time.perf_counter()
+        chosen: list[VariantRoute] = []  # filled once a variant is picked, for its metrics
+        try:
+            status = await self._invoke(scope, receive, send, name, started, chosen)
+        except RuntimeFailure as exc:
+            status = exc.status_code
+            if isinstance(exc, PayloadTooLarge):
+                await _discard(receive)
+            await runtime_error_response(exc, send)
+        except Exception:
+            log.exception("invocation of %s failed", name)
+            status = 500
+            await runtime_error_response(InternalFailure("Internal failure."), send)
+        if chosen:
+            m = chosen[0].metrics
+            m.invocations.inc()
+            if status >= 500:
+                m.errors_5xx.inc()
+            elif status >= 400:
+                m.errors_4xx.inc()
+
+    async def _invoke(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        name: str,
+        started: float,
+        chosen: list[VariantRoute],
+    ) -> int:
+        route = self.router.routes.get(name)
+        if route is None:
+            raise RuntimeValidationError(
+                f"Endpoint {name} of account {self.account_id} not found."
+            )
+        forward: list[tuple[bytes, bytes]] = []
+        target: str | None = None
+        content_length: int | None = None
+        for key, value in scope["headers"]:
+            wire = _FORWARD.get(key)
+            if wire is not None:
+                forward.append((wire, value))
+            elif key == b"content-length":
+                content_length = int(value)
+            elif key == _TARGET_VARIANT:
+                target = value.decode()
+        if content_length is not None and content_length > self.max_payload_bytes:
+            raise self._too_large()
+        variant = self.router.variant_for(route, target)
+        chosen.append(variant)
+        body = await self._body(receive, content_length)
+        response, model_s = await self.router.invoke(
+            route, variant, forward, body, content_length=content_length
+        )
+        if response.status >= 300:
+            message = response.body.decode(errors="replace")
+            kind = "client" if response.status < 500 else "server"
+            raise ModelError(
+                f"Received {kind} error ({response.status}) from primary with message "
+                f'"{message}". See the instance log for more information.',
+                original_status_code=response.status,
+                original_message=message,
+                log_stream_arn=f"arn:aws:logs:::log-group:/aws/sagemaker/Endpoints/{name}",
+            )
+        headers = [
+            (b"content-type", response.header(b"content-type") or b"application/octet-stream"),
+            (b"content-length", str(len(response.body)).encode()),
+            (b"x-amzn-invoked-production-variant", variant.name.encode()),
+        ]
+        attributes = response.header(_CUSTOM_ATTRIBUTES)
+        if attributes is not None:
+            headers.append((b"x-amzn-sagemaker-custom-attributes", attributes))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": response.body})
+        total = time.perf_counter() - started
+        variant.metrics.model_latency.observe(model_s)
+        variant.metrics.overhead_latency.observe(max(total - model_s, 0.0))
+        return 200
+
+    async def _body(
+        self, receive: Receive, content_length: int | None
+    ) -> bytes | AsyncIterator[bytes]:
+        message = await receive()
+        first: bytes = message.get("body", b"")
+        if not message.get("more_body", False):
+            if len(first) > self.max_payload_bytes:
+                raise self._too_large()
+            return first
+        if content_length is None:
+            # Chunked upload: gather up to the limit so the instance gets a Content-Length.
+            chunks = [first]
+            size = len(first)
+            while message.get("more_body", False):
+                message = await receive()
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > self.max_payload_bytes:
+                    raise self._too_large()
+                chunks.append(chunk)
+            return b"".join(chunks)
+        return _stream(first, receive)
+
+    def _too_large(self) -> PayloadTooLarge:
+        return PayloadTooLarge(
+            f"Request body is larger than the maximum of {self.max_payload_bytes} bytes."
+        )
+
+
+async def _stream(first: bytes, receive: Receive) -> AsyncIterator[bytes]:
+    yield first
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        yield message.get("body", b"")
+        if not message.get("more_body", False):
+            return
+
+
+async def _discard(receive: Receive) -> None:
+    # Read and drop the rest of an oversize body so the client reads our answer instead of
+    # a reset connection; stop after _DISCARD_LIMIT bytes.
+    seen = 0
+    while seen < _DISCARD_LIMIT:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        seen += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return

@@ -1,0 +1,78 @@
+"""Prometheus metrics, in a registry owned by one gateway (tests run several at once)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Latency buckets from 0.1 ms: gateway overhead lives well under a millisecond.
+_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+
+class Metrics:
+    """Every metric the gateway exports at ``/metrics``."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        labels = ("endpoint", "variant")
+        self.invocations = Counter(
+            "shipyard_invocations",
+            "Invocations answered, per endpoint and variant.",
+            labels,
+            registry=self.registry,
+        )
+        self.errors_4xx = Counter(
+            "shipyard_invocation_4xx_errors",
+            "Invocations answered with a 4xx status.",
+            labels,
+            registry=self.registry,
+        )
+        self.errors_5xx = Counter(
+            "shipyard_invocation_5xx_errors",
+            "Invocations answered with a 5xx status.",
+            labels,
+            registry=self.registry,
+        )
+        self.model_latency = Histogram(
+            "shipyard_model_latency_seconds",
+            "Time the instance took to answer, seen from the gateway.",
+            labels,
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.overhead_latency = Histogram(
+            "shipyard_overhead_latency_seconds",
+            "Time the gateway added to an invocation (total minus model latency).",
+            labels,
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.instances = Gauge(
+            "shipyard_instances",
+            "Instances per endpoint, variant and state (healthy, unhealthy).",
+            (*labels, "state"),
+            registry=self.registry,
+        )
+
+    def for_variant(self, endpoint: str, variant: str) -> VariantMetrics:
+        """Children bound once per variant, so the hot path never looks labels up."""
+        return VariantMetrics(
+            invocations=self.invocations.labels(endpoint, variant),
+            errors_4xx=self.errors_4xx.labels(endpoint, variant),
+            errors_5xx=self.errors_5xx.labels(endpoint, variant),
+            model_latency=self.model_latency.labels(endpoint, variant),
+            overhead_latency=self.overhead_latency.labels(endpoint, variant),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class VariantMetrics:
+    invocations: Counter
+    errors_4xx: Counter
+    errors_5xx: Counter
+    model_latency: Histogram
+    overhead_latency: Histogram

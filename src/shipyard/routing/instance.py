@@ -1,0 +1,32 @@
+"""Instance: the router's view of one instance."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from shipyard.routing.client import ConnectionPool
+
+
+class Instance:
+    """One instance as the router sees it: where it is and how busy.
+
+    ``in_flight`` counts requests sent and not yet answered; policies read it, and only
+    the router changes it, on the event loop, so it needs no lock.
+    """
+
+    __slots__ = ("instance_id", "variant", "url", "pool", "in_flight", "healthy")
+
+    def __init__(self, instance_id: str, variant: str, url: str) -> None:
+        parts = urlsplit(url)
+        self.instance_id = instance_id
+        self.variant = variant
+        self.url = url
+        self.pool = ConnectionPool(parts.hostname or "127.0.0.1", parts.port or 80)
+        self.in_flight = 0
+        self.healthy = True
+
+    def __repr__(self) -> str:
+        return (
+            f"Instance(id={self.instance_id!r}, variant={self.variant!r}, "
+            f"in_flight={self.in_flight}, healthy={self.healthy})"
+        )

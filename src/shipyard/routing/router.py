@@ -1,0 +1,163 @@
+"""Router: variant by weight → policy → stream over pooled connections.
+
+The router holds an in-memory routing table that the reconciler publishes; the data path
+reads only that table, never the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import itertools
+import random
+import time
+from collections.abc import AsyncIterator, Sequence
+
+from shipyard.errors import ModelError, ModelNotReady, RuntimeValidationError, ServiceUnavailable
+from shipyard.metrics import VariantMetrics
+from shipyard.routing.client import Response, UpstreamError
+from shipyard.routing.instance import Instance
+from shipyard.routing.policies import Policy
+
+
+class VariantRoute:
+    """One production variant's instances, its weight and its policy."""
+
+    __slots__ = ("name", "weight", "policy", "instances", "metrics")
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        weight: float,
+        policy: Policy,
+        instances: Sequence[Instance],
+        metrics: VariantMetrics,
+    ) -> None:
+        self.name = name
+        self.weight = weight
+        self.policy = policy
+        self.instances = list(instances)
+        self.metrics = metrics
+
+    def __repr__(self) -> str:
+        return f"VariantRoute({self.name!r}, weight={self.weight}, instances={self.instances})"
+
+
+class EndpointRoute:
+    """The routing table of one endpoint: its variants and their weights."""
+
+    __slots__ = ("name", "variants", "by_name", "_cumulative", "_total")
+
+    def __init__(self, name: str, variants: Sequence[VariantRoute]) -> None:
+        self.name = name
+        self.variants = list(variants)
+        self.by_name = {v.name: v for v in self.variants}
+        weights = [max(v.weight, 0.0) for v in self.variants]
+        if sum(weights) <= 0:
+            weights = [1.0] * len(self.variants)  # all weights zero: split evenly
+        self._cumulative = list(itertools.accumulate(weights))
+        self._total = self._cumulative[-1] if self._cumulative else 0.0
+
+    def __repr__(self) -> str:
+        return f"EndpointRoute({self.name!r}, variants={[v.name for v in self.variants]})"
+
+    def pick_variant(self, rng: random.Random) -> VariantRoute:
+        if len(self.variants) == 1:
+            return self.variants[0]
+        return self.variants[bisect.bisect_right(self._cumulative, rng.random() * self._total)]
+
+    def instances(self) -> list[Instance]:
+        return [i for v in self.variants for i in v.instances]
+
+
+class Router:
+    """Sends each invocation to one instance of one variant and returns its response."""
+
+    def __init__(self, *, timeout_s: float, rng: random.Random | None = None) -> None:
+        self.timeout_s = timeout_s
+        self.routes: dict[str, EndpointRoute] = {}
+        self._rng = rng or random.Random()
+
+    def __repr__(self) -> str:
+        return f"Router(endpoints={sorted(self.routes)})"
+
+    def publish(self, route: EndpointRoute) -> EndpointRoute | None:
+        """Swap in a new table for one endpoint; returns the one it replaced."""
+        old = self.routes.get(route.name)
+        self.routes[route.name] = route
+        return old
+
+    def withdraw(self, name: str) -> EndpointRoute | None:
+        return self.routes.pop(name, None)
+
+    def variant_for(self, route: EndpointRoute, target: str | None) -> VariantRoute:
+        if target is None:
+            return route.pick_variant(self._rng)
+        variant = route.by_name.get(target)
+        if variant is None:
+            raise RuntimeValidationError(
+                f"Endpoint {route.name} does not have a production variant named {target}."
+            )
+        return variant
+
+    async def invoke(
+        self,
+        route: EndpointRoute,
+        variant: VariantRoute,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes | AsyncIterator[bytes],
+        *,
+        content_length: int | None = None,
+    ) -> tuple[Response, float]:
+        """Send one invocation; return the instance's response and the model latency (s).
+
+        A connection that fails before the request could reach the instance is retried on
+        another instance; once it may have reached one it is not, since invocations need
+        not be idempotent.
+        """
+        tried: list[Instance] = []
+        while True:
+            instance = self._choose(variant, tried)
+            instance.in_flight += 1
+            started = time.perf_counter()
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    response = await instance.pool.request(
+                        b"POST", b"/invocations", headers, body, content_length=content_length
+                    )
+                return response, time.perf_counter() - started
+            except TimeoutError:
+                raise ModelError(
+                    f"Your invocation timed out while waiting for a response from "
+                    f"{variant.name} after {self.timeout_s:g} s.",
+                    original_status_code=504,
+                    original_message="timed out",
+                ) from None
+            except UpstreamError as exc:
+                if exc.sent or not isinstance(body, bytes):
+                    raise ServiceUnavailable(
+                        f"The instance serving {route.name} failed during the request: {exc}"
+                    ) from exc
+                instance.healthy = False  # the reconciler re-checks and restores it
+                tried.append(instance)
+            finally:
+                instance.in_flight -= 1
+
+    def _choose(self, variant: VariantRoute, tried: list[Instance]) -> Instance:
+        candidates = variant.instances
+        if tried:
+            candidates = [i for i in candidates if i not in tried]
+        instance = variant.policy.choose(candidates)
+        if instance is not None:
+            return instance
+        if not any(i.healthy for i in candidates):
+            raise ModelNotReady(f"No instance of variant {variant.name} is ready yet.")
+        raise ServiceUnavailable(
+            f"Every instance of variant {variant.name} is at capacity; retry later."
+        )
+
+    def close(self) -> None:
+        for route in self.routes.values():
+            for instance in route.instances():
+                instance.pool.close()

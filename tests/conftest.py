@@ -1,0 +1,187 @@
+"""Shared fixtures: real gateways on loopback, boto3 clients, model artifacts."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import boto3
+import botocore.config
+import pytest
+
+MODELS = Path(__file__).parent / "models"
+PG_URL = os.environ.get("SHIPYARD_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class GatewayProcess:
+    """A gateway started as a real process; stopped by its PID."""
+
+    url: str
+    home: Path
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    def client(self, service: str, **kwargs: Any) -> Any:
+        config = botocore.config.Config(
+            retries={"max_attempts": kwargs.pop("max_attempts", 3), "mode": "standard"},
+            read_timeout=kwargs.pop("read_timeout", 70),
+        )
+        return boto3.client(
+            service,
+            endpoint_url=self.url,
+            region_name="us-east-1",
+            aws_access_key_id="test",
+            aws_secret_access_key="test",
+            config=config,
+            **kwargs,
+        )
+
+    @property
+    def sm(self) -> Any:
+        return self.client("sagemaker")
+
+    @property
+    def rt(self) -> Any:
+        return self.client("sagemaker-runtime")
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=10) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 40) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        return self.process.returncode
+
+
+def start_gateway(home: Path, *, extra_env: dict[str, str] | None = None,
+                  args: list[str] | None = None) -> GatewayProcess:
+    port = free_port()
+    env = {**os.environ, "SHIPYARD_HEALTH_CHECK_PERIOD_S": "0.5", **(extra_env or {})}
+    log_path = home / f"gateway-{port}.log"
+    home.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "shipyard", "serve", "--port", str(port),
+             "--home", str(home), *(args or [])],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    gw = GatewayProcess(f"http://127.0.0.1:{port}", home, process, log_path, env)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"gateway exited early:\n{gw.log()}")
+        try:
+            if gw.get("/healthz")[0] == 200:
+                return gw
+        except OSError:
+            pass
+        time.sleep(0.05)
+    gw.stop(signal.SIGKILL)
+    raise RuntimeError(f"gateway did not become ready:\n{gw.log()}")
+
+
+@pytest.fixture
+def gateway_factory(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
+    started: list[GatewayProcess] = []
+
+    def create(home: Path | None = None, **kwargs: Any) -> GatewayProcess:
+        gw = start_gateway(home or tmp_path / "home", **kwargs)
+        started.append(gw)
+        return gw
+
+    yield create
+    for gw in started:
+        gw.stop()
+
+
+@pytest.fixture
+def gateway(gateway_factory: Callable[..., GatewayProcess]) -> GatewayProcess:
+    return gateway_factory()
+
+
+def make_tarball(model: str, dest: Path) -> Path:
+    """Pack tests/models/<model> as a SageMaker model.tar.gz."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(dest, "w:gz") as tar:
+        tar.add(MODELS / model, arcname=".")
+    return dest
+
+
+@pytest.fixture
+def model_tarball(tmp_path: Path) -> Callable[[str], str]:
+    def create(model: str) -> str:
+        return make_tarball(model, tmp_path / "artifacts" / model / "model.tar.gz").as_uri()
+
+    return create
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def deploy(sm: Any, name: str, model_url: str, *, count: int = 1,
+           strategy: str = "RANDOM", image: str = "shipyard/python",
+           environment: dict[str, str] | None = None, wait: bool = True,
+           variants: list[dict[str, Any]] | None = None) -> None:
+    """Create model, config and endpoint called ``name`` and wait until InService."""
+    container: dict[str, Any] = {"Image": image, "ModelDataUrl": model_url}
+    if environment:
+        container["Environment"] = environment
+    sm.create_model(ModelName=name, PrimaryContainer=container,
+                    ExecutionRoleArn="arn:aws:iam::123456789012:role/x")
+    sm.create_endpoint_config(
+        EndpointConfigName=name,
+        ProductionVariants=variants or [{
+            "VariantName": "v1", "ModelName": name, "InstanceType": "ml.m5.large",
+            "InitialInstanceCount": count, "RoutingConfig": {"RoutingStrategy": strategy},
+        }],
+    )
+    sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
+    if wait:
+        wait_in_service(sm, name)
+
+
+def wait_in_service(sm: Any, name: str) -> None:
+    sm.get_waiter("endpoint_in_service").wait(
+        EndpointName=name, WaiterConfig={"Delay": 0.2, "MaxAttempts": 300}
+    )
+
+
+def tar_bytes(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buf.getvalue()

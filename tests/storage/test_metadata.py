@@ -1,0 +1,133 @@
+"""MetadataStore on SQLite and, where it runs, PostgreSQL."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import sqlalchemy
+
+from shipyard.errors import InvalidParameter, ResourceInUse, ResourceLimitExceeded, ResourceNotFound
+from shipyard.records import (
+    Endpoint,
+    EndpointConfig,
+    EndpointStatus,
+    Model,
+    RoutingStrategy,
+    VariantSpec,
+    VariantState,
+)
+from shipyard.storage.metadata import MetadataStore, now
+from tests.conftest import PG_URL
+
+
+def _pg_available() -> bool:
+    try:
+        engine = sqlalchemy.create_engine(PG_URL.replace("postgresql://", "postgresql+psycopg://"))
+        with engine.connect():
+            pass
+        engine.dispose()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetadataStore]:
+    if request.param == "sqlite":
+        s = MetadataStore(f"sqlite:///{tmp_path / 'meta.db'}")
+        s.migrate()
+        yield s
+        s.close()
+        return
+    if not _pg_available():
+        pytest.skip(f"PostgreSQL is not reachable at {PG_URL}")
+    schema = f"t_{uuid.uuid4().hex[:10]}"
+    admin = sqlalchemy.create_engine(PG_URL.replace("postgresql://", "postgresql+psycopg://"))
+    with admin.begin() as conn:
+        conn.execute(sqlalchemy.text(f"CREATE SCHEMA {schema}"))
+    s = MetadataStore(f"{PG_URL}?options=-csearch_path%3D{schema}")
+    s.migrate()
+    yield s
+    s.close()
+    with admin.begin() as conn:
+        conn.execute(sqlalchemy.text(f"DROP SCHEMA {schema} CASCADE"))
+    admin.dispose()
+
+
+def _model(name: str = "m") -> Model:
+    return Model(
+        name,
+        f"arn:model/{name}",
+        "shipyard/python",
+        "file:///x",
+        {"A": "1"},
+        None,
+        now(),
+        {"ModelName": name},
+    )
+
+
+def _config(name: str = "c") -> EndpointConfig:
+    v = VariantSpec("v1", "m", "ml.m5.large", 2, 1.0, RoutingStrategy.LEAST_OUTSTANDING_REQUESTS)
+    return EndpointConfig(name, f"arn:endpoint-config/{name}", (v,), now(), {})
+
+
+def _endpoint(name: str = "e") -> Endpoint:
+    t = now()
+    return Endpoint(
+        name,
+        f"arn:endpoint/{name}",
+        "c",
+        EndpointStatus.CREATING,
+        None,
+        t,
+        t,
+        (VariantState("v1", 1.0, 2),),
+    )
+
+
+def test_models_round_trip_and_names_are_unique(store: MetadataStore) -> None:
+    store.create_model(_model())
+    got = store.get_model("m")
+    assert got.environment == {"A": "1"} and got.created.tzinfo is not None
+    with pytest.raises(ResourceInUse, match="already existing model"):
+        store.create_model(_model())
+    store.delete_model("m")
+    with pytest.raises(ResourceNotFound, match='Could not find model "m"'):
+        store.get_model("m")
+    with pytest.raises(ResourceNotFound):
+        store.delete_model("m")
+
+
+def test_endpoint_config_keeps_its_variants(store: MetadataStore) -> None:
+    store.create_endpoint_config(_config())
+    got = store.get_endpoint_config("c")
+    assert got.variants == _config().variants
+    assert [c.name for c in store.list_endpoint_configs()] == ["c"]
+
+
+def test_endpoint_transitions_are_checked(store: MetadataStore) -> None:
+    store.create_endpoint(_endpoint(), max_endpoints=10)
+    e = store.change_endpoint("e", status=EndpointStatus.IN_SERVICE)
+    assert e.status is EndpointStatus.IN_SERVICE and e.generation == 1
+    with pytest.raises(InvalidParameter, match="cannot go from InService to Creating"):
+        store.change_endpoint("e", status=EndpointStatus.CREATING)
+    with pytest.raises(InvalidParameter, match="while it is InService"):
+        store.change_endpoint("e", expect=[EndpointStatus.FAILED], status=EndpointStatus.UPDATING)
+    e = store.change_endpoint("e", status=EndpointStatus.UPDATING, pending_config_name="c2")
+    assert store.get_endpoint("e") == replace(e)
+    assert store.get_endpoint("e").pending_config_name == "c2"
+
+
+def test_endpoint_quota_and_duplicates(store: MetadataStore) -> None:
+    store.create_endpoint(_endpoint("a"), max_endpoints=2)
+    with pytest.raises(ResourceInUse, match="already existing endpoint"):
+        store.create_endpoint(_endpoint("a"), max_endpoints=2)
+    store.create_endpoint(_endpoint("b"), max_endpoints=2)
+    with pytest.raises(ResourceLimitExceeded, match="Number of endpoints"):
+        store.create_endpoint(_endpoint("c"), max_endpoints=2)
+    assert sorted(e.name for e in store.list_endpoints()) == ["a", "b"]
