@@ -26,6 +26,10 @@ from shipyard.storage.metadata import MetadataStore
 
 log = logging.getLogger(__name__)
 
+# Shapes whose AWS pattern allows only https/s3 URLs or registry images; shipyard also
+# takes file:// and plain paths, and cmd: images.
+_LOCAL_URI_SHAPES = frozenset({"Url", "ContainerImage", "S3Uri"})
+
 StartupHook = Callable[[EndpointService], Awaitable[None]]
 
 
@@ -72,11 +76,12 @@ class Gateway:
             max_payload_bytes=settings.max_payload_bytes,
             account_id=settings.account_id,
         )
-        control = ControlDoor(service=self.service, validator=RequestValidator())
+        validator = RequestValidator(unpatterned=_LOCAL_URI_SHAPES)
+        control = ControlDoor(service=self.service, validator=validator)
         self._on_startup = on_startup
         self.app = Starlette(
             routes=[
-                Route("/", control, methods=["POST"]),
+                Route("/", control.handle, methods=["POST"]),
                 Route("/healthz", healthz, methods=["GET"]),
                 Route("/metrics", metrics_endpoint(self.metrics), methods=["GET"]),  # type: ignore[arg-type]
             ],

@@ -265,9 +265,7 @@ class Reconciler:
             await self._rescale(ep)
             return
         try:
-            config = await asyncio.to_thread(
-                self.store.get_endpoint_config, ep.pending_config_name
-            )
+            config = await asyncio.to_thread(self.store.get_endpoint_config, ep.pending_config_name)
             counts = {v.name: v.instance_count for v in config.variants}
             weights = {v.name: v.weight for v in config.variants}
             fleet = await self._launch(ep.name, config, counts, weights)
@@ -511,4 +509,3 @@ class Reconciler:
             for state in ("healthy", "unhealthy"):
                 with contextlib.suppress(KeyError):
                     self.metrics.instances.remove(fleet.endpoint, variant, state)
-

@@ -33,7 +33,7 @@ class ControlDoor:
         self.service = service
         self.validator = validator
 
-    async def __call__(self, request: Request) -> Response:
+    async def handle(self, request: Request) -> Response:
         try:
             result = await self._handle(request)
         except Exception as exc:  # every error leaves through the one renderer

@@ -83,9 +83,7 @@ class RuntimeDoor:
     ) -> int:
         route = self.router.routes.get(name)
         if route is None:
-            raise RuntimeValidationError(
-                f"Endpoint {name} of account {self.account_id} not found."
-            )
+            raise RuntimeValidationError(f"Endpoint {name} of account {self.account_id} not found.")
         forward: list[tuple[bytes, bytes]] = []
         target: str | None = None
         content_length: int | None = None

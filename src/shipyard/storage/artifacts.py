@@ -1,0 +1,264 @@
+"""ArtifactStore: bring a model's artifact (``ModelDataUrl``) into a local folder, safely.
+
+A ``ModelDataUrl`` is a ``file://`` URI, a plain path or an ``s3://`` URI, and names either
+a tar archive (SageMaker's ``model.tar.gz``; any single file is read as one) or a
+directory / prefix whose tree is copied. Three guarantees:
+
+- **Nothing is written outside the destination.** Archives go through the standard
+  library's ``data`` extraction filter (PEP 706), which refuses members that would land
+  outside, links that point outside, absolute links and device files; it strips a leading
+  ``/`` from member names, as GNU tar does, so those land inside. Object keys under an
+  S3 prefix are checked the same way, since S3 allows keys such as ``a/../../x``.
+- **The destination is all or nothing.** Work happens in a hidden sibling folder that is
+  renamed into place only once complete, so a failed fetch leaves no destination behind
+  and a retry starts clean; a complete destination carries ``.shipyard-complete`` and is
+  returned as is, without downloading again.
+- **Every failure is an ArtifactError** whose message names the URI and what is wrong,
+  because it is shown to users as the endpoint's ``FailureReason``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import gzip
+import lzma
+import os
+import shutil
+import tarfile
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from logging import getLogger
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
+
+import s3fs
+from botocore.exceptions import BotoCoreError
+
+logger = getLogger(__name__)
+
+COMPLETE_MARKER = ".shipyard-complete"
+"""Written last inside a fetched model folder; its presence means the folder is whole."""
+
+_S3_SCHEME = "s3://"
+_READ_CHUNK_BYTES = 1 << 20
+
+
+class ArtifactError(Exception):
+    """Model data that cannot be fetched: missing, unreadable, corrupt or unsafe.
+
+    The message names the URI and the problem in words meant for the user, because the
+    control plane shows it verbatim as the endpoint's ``FailureReason``.
+    """
+
+
+class ArtifactStore:
+    """Fetches model artifacts from local paths and S3 into local folders.
+
+    Synchronous on purpose: the gateway calls it from a worker thread. Fetches of the same
+    destination, from threads or processes, take turns on a lock file beside it: the
+    first downloads, the others find the result complete.
+
+    Args:
+        s3_endpoint_url: an S3-compatible endpoint (MinIO, a test server) instead of AWS.
+            Credentials and region come from the environment, as for any AWS client.
+    """
+
+    def __init__(self, *, s3_endpoint_url: str | None = None) -> None:
+        self._s3_endpoint_url = s3_endpoint_url
+
+    def __repr__(self) -> str:
+        return f"ArtifactStore(s3_endpoint_url={self._s3_endpoint_url!r})"
+
+    def fetch_model(self, uri: str, dest: Path) -> Path:
+        """Make ``dest`` hold the model's files named by ``uri`` and return ``dest``.
+
+        A complete ``dest`` from an earlier fetch is returned without downloading again;
+        anything else at ``dest`` is replaced. Fetches of one ``dest`` take turns (a lock
+        file beside it), so concurrent callers download once and never see a half tree.
+        ``dest`` is therefore a cache slot for one ``uri``: key it by model, whose
+        ``ModelDataUrl`` never changes, since a complete ``dest`` is not checked again.
+
+        Raises:
+            ArtifactError: the model data is missing, unreadable, not a valid archive,
+                empty, or would write outside ``dest``. ``dest`` does not exist afterwards.
+        """
+        dest = Path(dest)
+        if _is_complete(dest):
+            return dest
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with _exclusive(dest.parent / f".{dest.name}.lock"):
+                if not _is_complete(dest):  # else another caller fetched it while we waited
+                    self._fetch_into(uri, dest)
+        except OSError as exc:
+            raise ArtifactError(
+                f"Could not prepare the model directory {dest} for {uri}: {exc}"
+            ) from exc
+        return dest
+
+    def _fetch_into(self, uri: str, dest: Path) -> None:
+        """Replace whatever is at ``dest`` with the model's files; the caller holds the lock."""
+        logger.info("Fetching model data %s into %s", uri, dest)
+        # A sibling of dest, so the final rename stays on one filesystem and is atomic.
+        staging = dest.parent / f".{dest.name}.partial"
+        _remove(dest)
+        _remove(staging)  # left behind by a process that died mid-fetch
+        tree = staging / "model"
+        tree.mkdir(parents=True)
+        try:
+            with _translate_errors(uri):
+                self._materialize(uri, tree, staging)
+            if not any(tree.iterdir()):
+                raise ArtifactError(f"Model data {uri} is empty: it holds no files.")
+            # Written last: a folder without it is never mistaken for a complete one.
+            (tree / COMPLETE_MARKER).touch()
+            tree.rename(dest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _materialize(self, uri: str, tree: Path, staging: Path) -> None:
+        """Fill ``tree`` with the model's files; ``staging`` holds any downloaded archive."""
+        if uri.startswith(_S3_SCHEME):
+            self._fetch_s3(uri, tree, staging)
+            return
+        source = _local_path(uri)
+        if source.is_dir():
+            # Symlinks are followed and their content copied, so no link points out of dest.
+            shutil.copytree(source, tree, dirs_exist_ok=True)
+        elif source.exists():
+            _extract(source, uri, tree)
+        else:
+            raise FileNotFoundError(source)
+
+    def _fetch_s3(self, uri: str, tree: Path, staging: Path) -> None:
+        path = uri.removeprefix(_S3_SCHEME).rstrip("/")
+        if not path.split("/", 1)[0]:
+            raise ArtifactError(f"Model data {uri} names no bucket.")
+        fs = self._s3_filesystem()
+        if fs.info(path)["type"] == "directory":
+            _download_prefix(fs, path, uri, tree)
+            return
+        archive = staging / "archive"
+        fs.get_file(path, str(archive))  # streamed to disk in chunks, never held in memory
+        _extract(archive, uri, tree)
+
+    def _s3_filesystem(self) -> Any:
+        client_kwargs = {"endpoint_url": self._s3_endpoint_url} if self._s3_endpoint_url else {}
+        # No listings cache: a retry after the user uploads the missing model must see it.
+        return s3fs.S3FileSystem(client_kwargs=client_kwargs, use_listings_cache=False)
+
+
+@contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_path``, across threads and processes alike.
+
+    ``flock`` locks belong to an open file, so two threads of one process exclude each
+    other too. The lock file is left in place: deleting it would race with a waiter.
+    """
+    with open(lock_path, "a") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
+def _is_complete(dest: Path) -> bool:
+    return dest.is_dir() and not dest.is_symlink() and (dest / COMPLETE_MARKER).exists()
+
+
+def _remove(path: Path) -> None:
+    """Remove a leftover file, link or incomplete folder at ``path``, if any."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
+def _local_path(uri: str) -> Path:
+    parts = urlsplit(uri)
+    if parts.scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise ArtifactError(
+                f"Model data {uri} is not a local file URI; write file:///absolute/path."
+            )
+        return Path(url2pathname(parts.path))
+    if parts.scheme:
+        raise ArtifactError(
+            f"Model data {uri} has the unsupported scheme '{parts.scheme}'; "
+            "use s3://, file:// or a local path."
+        )
+    return Path(uri)
+
+
+def _download_prefix(fs: Any, prefix: str, uri: str, tree: Path) -> None:
+    """Copy every object under ``prefix`` into ``tree``, refusing keys that escape it."""
+    keys: list[str] = []
+    targets: list[str] = []
+    root = os.path.realpath(tree)
+    for key in fs.find(prefix):
+        if key.endswith("/"):  # a "folder" marker object, not a file
+            continue
+        target = os.path.realpath(os.path.join(root, key.removeprefix(prefix + "/")))
+        if os.path.commonpath([root, target]) != root or target == root:
+            raise ArtifactError(
+                f"Model data {uri} is unsafe: object 's3://{key}' would be written "
+                "outside the model directory."
+            )
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        keys.append(key)
+        targets.append(target)
+    if keys:
+        fs.get(keys, targets)  # lists are copied pairwise, concurrently
+
+
+def _extract(archive: Path, uri: str, tree: Path) -> None:
+    """Extract ``archive`` into ``tree`` through the standard library's ``data`` filter."""
+    try:
+        with tarfile.open(archive, mode="r:*") as tar:
+            tar.extractall(tree, filter="data")
+            # tarfile stops at the end-of-archive marker and never reads gzip's trailer;
+            # reading on to the end makes gzip verify its CRC, catching corrupt downloads.
+            while tar.fileobj.read(_READ_CHUNK_BYTES):
+                pass
+    except tarfile.FilterError as exc:
+        raise ArtifactError(f"Model data {uri} is unsafe: {_describe_refusal(exc)}.") from exc
+    except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, gzip.BadGzipFile) as exc:
+        # A multi-line reason is tarfile's list of every compression it tried: noise here.
+        reason = str(exc)
+        detail = f" ({reason})" if reason and "\n" not in reason else ""
+        raise ArtifactError(f"Model data {uri} is not a valid tar archive{detail}.") from exc
+    except OSError as exc:
+        raise ArtifactError(f"Model data {uri} could not be extracted: {exc}") from exc
+
+
+def _describe_refusal(exc: tarfile.FilterError) -> str:
+    member = exc.tarinfo
+    name = f"member {member.name!r}"
+    if isinstance(exc, tarfile.OutsideDestinationError):
+        return f"{name} would be written outside the model directory"
+    if isinstance(exc, tarfile.LinkOutsideDestinationError):
+        return f"{name} links to {member.linkname!r}, outside the model directory"
+    if isinstance(exc, tarfile.AbsoluteLinkError):
+        return f"{name} links to the absolute path {member.linkname!r}"
+    if isinstance(exc, tarfile.AbsolutePathError):
+        return f"{name} has an absolute path"
+    if isinstance(exc, tarfile.SpecialFileError):
+        return f"{name} is a device, FIFO or other special file"
+    return f"{name} was refused ({exc})"
+
+
+@contextmanager
+def _translate_errors(uri: str) -> Iterator[None]:
+    """Turn the filesystem's and botocore's errors into ArtifactError, naming ``uri``."""
+    try:
+        yield
+    except FileNotFoundError as exc:
+        raise ArtifactError(f"Could not find model data at {uri}.") from exc
+    except PermissionError as exc:
+        raise ArtifactError(f"Access to model data at {uri} was denied: {exc}") from exc
+    except (OSError, BotoCoreError) as exc:
+        raise ArtifactError(f"Could not fetch model data at {uri}: {exc}") from exc

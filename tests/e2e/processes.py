@@ -1,0 +1,36 @@
+"""Finding the instance processes a gateway started, by PID (via /proc)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def instance_pids(gateway_pid: int) -> list[int]:
+    """PIDs of the gateway's instance processes (its direct children running shipyard)."""
+    pids = []
+    for pid in children(gateway_pid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"shipyard.runtime" in cmdline or any(b"server.py" in a for a in cmdline):
+            pids.append(pid)
+    return sorted(pids)
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except OSError:
+        return False
+    return state != "Z"

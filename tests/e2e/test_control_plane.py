@@ -1,0 +1,200 @@
+"""The SageMaker control plane, driven by boto3 against a real gateway."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError, WaiterError
+
+from tests.conftest import GatewayProcess, deploy, unique
+
+
+def _code(err: pytest.ExceptionInfo[ClientError]) -> str:
+    return str(err.value.response["Error"]["Code"])
+
+
+def _raw(gw: GatewayProcess, target: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
+    headers = {"Content-Type": "application/x-amz-json-1.1"}
+    if target:
+        headers["X-Amz-Target"] = target
+    req = urllib.request.Request(gw.url + "/", data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_model_lifecycle_with_sagemaker_shapes(gateway: GatewayProcess) -> None:
+    sm = gateway.sm
+    arn = sm.create_model(
+        ModelName="My-Model",
+        PrimaryContainer={
+            "Image": "shipyard/python",
+            "ModelDataUrl": "file:///nowhere",
+            "Environment": {"A": "1"},
+        },
+        ExecutionRoleArn="arn:aws:iam::123456789012:role/x",
+    )["ModelArn"]
+    assert arn == "arn:aws:sagemaker:us-east-1:000000000000:model/my-model"
+    described = sm.describe_model(ModelName="My-Model")
+    assert described["PrimaryContainer"]["Environment"] == {"A": "1"}
+    assert described["CreationTime"].tzinfo is not None
+    with pytest.raises(ClientError) as err:
+        sm.create_model(ModelName="My-Model", PrimaryContainer={"Image": "shipyard/python"})
+    assert _code(err) == "ResourceInUse"
+    sm.delete_model(ModelName="My-Model")
+    with pytest.raises(ClientError) as err:
+        sm.describe_model(ModelName="My-Model")
+    assert _code(err) == "ValidationException"
+    assert 'Could not find model "My-Model".' in str(err.value)
+
+
+def test_list_pages_filters_and_sorts(gateway: GatewayProcess) -> None:
+    sm = gateway.sm
+    for i in range(5):
+        sm.create_model(ModelName=f"alpha-{i}", PrimaryContainer={"Image": "shipyard/python"})
+    sm.create_model(ModelName="beta-0", PrimaryContainer={"Image": "shipyard/python"})
+    first = sm.list_models(MaxResults=2, SortBy="Name", SortOrder="Ascending")
+    assert [m["ModelName"] for m in first["Models"]] == ["alpha-0", "alpha-1"]
+    names = [
+        m["ModelName"]
+        for page in sm.get_paginator("list_models").paginate(
+            NameContains="alpha",
+            SortBy="Name",
+            SortOrder="Descending",
+            PaginationConfig={"PageSize": 2},
+        )
+        for m in page["Models"]
+    ]
+    assert names == ["alpha-4", "alpha-3", "alpha-2", "alpha-1", "alpha-0"]
+    with pytest.raises(ClientError) as err:
+        sm.list_models(NextToken="garbage")
+    assert _code(err) == "ValidationException"
+
+
+def test_endpoint_config_validates_models_and_limits(gateway: GatewayProcess) -> None:
+    sm = gateway.sm
+    variant = {
+        "VariantName": "v1",
+        "ModelName": "absent",
+        "InstanceType": "ml.m5.large",
+        "InitialInstanceCount": 1,
+    }
+    with pytest.raises(ClientError) as err:
+        sm.create_endpoint_config(EndpointConfigName="c", ProductionVariants=[variant])
+    assert _code(err) == "ValidationException" and "Could not find model" in str(err.value)
+    sm.create_model(ModelName="m", PrimaryContainer={"Image": "shipyard/python"})
+    with pytest.raises(ClientError) as err:
+        sm.create_endpoint_config(
+            EndpointConfigName="c",
+            ProductionVariants=[{**variant, "ModelName": "m", "InitialInstanceCount": 1000}],
+        )
+    assert _code(err) == "ResourceLimitExceeded"
+    with pytest.raises(ClientError) as err:  # a maximum boto3 does not check client-side
+        sm.create_endpoint_config(
+            EndpointConfigName="c" * 64, ProductionVariants=[{**variant, "ModelName": "m"}]
+        )
+    assert _code(err) == "ValidationException"
+    sm.create_endpoint_config(
+        EndpointConfigName="c",
+        ProductionVariants=[
+            {
+                **variant,
+                "ModelName": "m",
+                "RoutingConfig": {"RoutingStrategy": "LEAST_OUTSTANDING_REQUESTS"},
+            }
+        ],
+    )
+    described = sm.describe_endpoint_config(EndpointConfigName="c")
+    assert described["ProductionVariants"][0]["RoutingConfig"] == {
+        "RoutingStrategy": "LEAST_OUTSTANDING_REQUESTS"
+    }
+    assert described["ProductionVariants"][0]["InitialVariantWeight"] == 1.0
+    with pytest.raises(ClientError) as err:
+        sm.create_endpoint_config(
+            EndpointConfigName="c", ProductionVariants=[{**variant, "ModelName": "m"}]
+        )
+    assert _code(err) == "ResourceInUse"
+
+
+def test_bad_requests_get_aws_errors_and_the_gateway_stays_up(gateway: GatewayProcess) -> None:
+    status, body = _raw(gateway, "SageMaker.CreateModel", b"{not json")
+    assert status == 400 and body["__type"] == "SerializationException"
+    status, body = _raw(gateway, "SageMaker.LaunchRockets", b"{}")
+    assert status == 400 and body["__type"] == "UnknownOperationException"
+    status, body = _raw(gateway, None, b"{}")
+    assert status == 400 and body["__type"] == "UnknownOperationException"
+    status, body = _raw(gateway, "SageMaker.CreateModel", b"[1, 2]")
+    assert status == 400 and body["__type"] == "SerializationException"
+    status, body = _raw(gateway, "SageMaker.CreateEndpoint", b"{}")
+    assert status == 400 and body["__type"] == "ValidationException"
+    assert "Member must not be null" in body["message"]
+    with pytest.raises(ClientError) as err:
+        gateway.sm.describe_endpoint(EndpointName="nope")
+    assert _code(err) == "ValidationException"
+    assert 'Could not find endpoint "nope".' in str(err.value)
+    assert gateway.get("/healthz")[0] == 200
+
+
+def test_create_describe_list_delete_endpoint(gateway: GatewayProcess, model_tarball: Any) -> None:
+    sm = gateway.sm
+    name = unique("ep")
+    deploy(sm, name, model_tarball("echo"), count=2)
+    described = sm.describe_endpoint(EndpointName=name)
+    assert described["EndpointStatus"] == "InService"
+    variant = described["ProductionVariants"][0]
+    assert variant["CurrentInstanceCount"] == 2 and variant["DesiredInstanceCount"] == 2
+    assert variant["DeployedImages"][0]["SpecifiedImage"] == "shipyard/python"
+    listed = sm.list_endpoints(StatusEquals="InService", NameContains=name[:6])["Endpoints"]
+    assert [e["EndpointName"] for e in listed] == [name]
+    with pytest.raises(ClientError) as err:
+        sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
+    assert _code(err) == "ResourceInUse"
+    sm.delete_endpoint(EndpointName=name)
+    sm.get_waiter("endpoint_deleted").wait(
+        EndpointName=name, WaiterConfig={"Delay": 0.2, "MaxAttempts": 100}
+    )
+    assert sm.list_endpoints()["Endpoints"] == []
+
+
+def test_endpoint_with_missing_config_is_refused(gateway: GatewayProcess) -> None:
+    with pytest.raises(ClientError) as err:
+        gateway.sm.create_endpoint(EndpointName="e", EndpointConfigName="nope")
+    assert _code(err) == "ValidationException"
+    assert "Could not find endpoint configuration" in str(err.value)
+
+
+def test_model_whose_model_fn_fails_fails_the_endpoint(
+    gateway: GatewayProcess, model_tarball: Any
+) -> None:
+    sm = gateway.sm
+    deploy(sm, "broken", model_tarball("load_fails"), wait=False)
+    with pytest.raises(WaiterError):
+        sm.get_waiter("endpoint_in_service").wait(
+            EndpointName="broken", WaiterConfig={"Delay": 0.2, "MaxAttempts": 300}
+        )
+    described = sm.describe_endpoint(EndpointName="broken")
+    assert described["EndpointStatus"] == "Failed"
+    assert "weights missing" in described["FailureReason"]
+    assert gateway.get("/healthz")[0] == 200
+
+
+def test_container_images_need_docker(gateway: GatewayProcess, model_tarball: Any) -> None:
+    sm = gateway.sm
+    deploy(
+        sm,
+        "docker",
+        model_tarball("echo"),
+        image="123.dkr.ecr.us-east-1.amazonaws.com/x:1",
+        wait=False,
+    )
+    with pytest.raises(WaiterError):
+        sm.get_waiter("endpoint_in_service").wait(
+            EndpointName="docker", WaiterConfig={"Delay": 0.2, "MaxAttempts": 100}
+        )
+    reason = sm.describe_endpoint(EndpointName="docker")["FailureReason"]
+    assert "Docker engine" in reason

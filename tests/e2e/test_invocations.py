@@ -1,0 +1,200 @@
+"""The runtime door: invocations routed to real instance processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from tests.conftest import MODELS, GatewayProcess, deploy, wait_in_service
+from tests.e2e.processes import instance_pids
+
+
+def _invoke(
+    gw: GatewayProcess,
+    name: str,
+    body: bytes,
+    headers: dict[str, str] | None = None,
+    path: str = "invocations",
+) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(
+        f"{gw.url}/endpoints/{name}/{path}",
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
+
+
+def test_invoke_through_boto3(gateway: GatewayProcess, model_tarball: Any) -> None:
+    deploy(gateway.sm, "sum", model_tarball("sum"), count=2, strategy="LEAST_OUTSTANDING_REQUESTS")
+    out = gateway.rt.invoke_endpoint(
+        EndpointName="sum", ContentType="application/json", Body=b'{"instances": [[1, 2], [3, 4]]}'
+    )
+    assert out["InvokedProductionVariant"] == "v1"
+    assert out["ContentType"] == "application/json"
+    assert json.loads(out["Body"].read()) == json.loads(_expected_sum([[1, 2], [3, 4]]))
+    csv = gateway.rt.invoke_endpoint(
+        EndpointName="sum", ContentType="text/csv", Accept="text/csv", Body=b"1,2\n3,4\n"
+    )
+    assert csv["ContentType"].startswith("text/csv")
+    assert csv["Body"].read().split() == [b"3.0", b"7.0"]
+
+
+def _expected_sum(rows: list[list[int]]) -> str:
+    # The sum fixture answers {"predictions": [row sums]} for JSON input.
+    return json.dumps({"predictions": [float(sum(r)) for r in rows]})
+
+
+def test_custom_attributes_and_inference_id_pass_through_a_cmd_server(
+    gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    server = MODELS / "cmd_headers" / "server.py"
+    deploy(gateway.sm, "hdr", (MODELS / "cmd_headers").as_uri(), image=f"cmd:python {server}")
+    out = gateway.rt.invoke_endpoint(
+        EndpointName="hdr",
+        ContentType="application/json",
+        Accept="application/json",
+        Body=b"{}",
+        CustomAttributes="trace=1",
+        InferenceId="inf-42",
+    )
+    seen = json.loads(out["Body"].read())
+    assert seen["headers"]["x-amzn-sagemaker-custom-attributes"] == "trace=1"
+    assert seen["headers"]["x-amzn-sagemaker-inference-id"] == "inf-42"
+    assert seen["model_dir"]
+    assert out["CustomAttributes"] == "seen=trace=1"
+
+
+def test_model_error_carries_the_original_status_and_message(
+    gateway: GatewayProcess, model_tarball: Any
+) -> None:
+    deploy(gateway.sm, "raises", model_tarball("predict_raises"))
+    with pytest.raises(ClientError) as err:
+        gateway.rt.invoke_endpoint(
+            EndpointName="raises", ContentType="application/json", Body=b'{"instances": [[1]]}'
+        )
+    response = err.value.response
+    assert response["Error"]["Code"] == "ModelError"
+    assert response["ResponseMetadata"]["HTTPStatusCode"] == 424
+    assert response["OriginalStatusCode"] == 500
+    assert "bad input for model" in response["OriginalMessage"]
+    assert gateway.get("/healthz")[0] == 200
+
+
+def test_unknown_endpoint_and_oversize_body_are_validation_errors(
+    gateway: GatewayProcess, model_tarball: Any
+) -> None:
+    with pytest.raises(ClientError) as err:
+        gateway.rt.invoke_endpoint(EndpointName="ghost", Body=b"{}")
+    assert err.value.response["Error"]["Code"] == "ValidationError"
+    assert "ghost" in err.value.response["Error"]["Message"]
+    deploy(gateway.sm, "echo", model_tarball("echo"))
+    big = b'"' + b"x" * (6 * 1024 * 1024 + 10) + b'"'
+    status, headers, body = _invoke(gateway, "echo", big)
+    assert status == 413 and headers["x-amzn-errortype"] == "ValidationError"
+    assert b"maximum" in body
+    status, _, body = _invoke(gateway, "echo", b'{"ok": true}')
+    assert status == 200 and json.loads(body) == {"ok": True}
+
+
+def test_target_variant_and_weights(gateway: GatewayProcess, model_tarball: Any) -> None:
+    sm = gateway.sm
+    url = model_tarball("echo")
+    sm.create_model(
+        ModelName="m", PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": url}
+    )
+    deploy(
+        sm,
+        "split",
+        url,
+        variants=[
+            {
+                "VariantName": "big",
+                "ModelName": "m",
+                "InstanceType": "ml.m5.large",
+                "InitialInstanceCount": 1,
+                "InitialVariantWeight": 3.0,
+            },
+            {
+                "VariantName": "small",
+                "ModelName": "m",
+                "InstanceType": "ml.m5.large",
+                "InitialInstanceCount": 1,
+                "InitialVariantWeight": 1.0,
+            },
+        ],
+    )
+    seen = Counter(
+        _invoke(gateway, "split", b"{}")[1]["x-amzn-invoked-production-variant"] for _ in range(400)
+    )
+    assert seen["big"] + seen["small"] == 400
+    assert 0.6 < seen["big"] / 400 < 0.9
+    out = gateway.rt.invoke_endpoint(EndpointName="split", Body=b"{}", TargetVariant="small")
+    assert out["InvokedProductionVariant"] == "small"
+    with pytest.raises(ClientError) as err:
+        gateway.rt.invoke_endpoint(EndpointName="split", Body=b"{}", TargetVariant="nope")
+    assert err.value.response["Error"]["Code"] == "ValidationError"
+
+
+def test_invocation_timeout_gives_model_error(gateway_factory: Any, model_tarball: Any) -> None:
+    gw = gateway_factory(extra_env={"SHIPYARD_INVOCATION_TIMEOUT_S": "1"})
+    deploy(gw.sm, "slow", model_tarball("sleepy"))
+    status, headers, body = _invoke(gw, "slow", b'{"sleep": 3}')
+    assert status == 424 and headers["x-amzn-errortype"] == "ModelError"
+    assert b"timed out" in body
+    status, _, _ = _invoke(gw, "slow", b'{"sleep": 0}')
+    assert status == 200
+
+
+def test_killed_instance_is_restarted_and_traffic_keeps_flowing(
+    gateway: GatewayProcess, model_tarball: Any
+) -> None:
+    deploy(gateway.sm, "sturdy", model_tarball("echo"), count=2)
+    before = instance_pids(gateway.process.pid)
+    assert len(before) == 2
+    os.kill(before[0], signal.SIGKILL)
+    rt = gateway.client("sagemaker-runtime", max_attempts=5)
+    for _ in range(50):
+        out = rt.invoke_endpoint(EndpointName="sturdy", Body=b'{"n": 1}')
+        assert json.loads(out["Body"].read()) == {"n": 1}
+    wait_for_instance_count(gateway, "sturdy", 2)
+    after = instance_pids(gateway.process.pid)
+    assert len(after) == 2 and before[0] not in after
+    assert gateway.sm.describe_endpoint(EndpointName="sturdy")["EndpointStatus"] == "InService"
+
+
+def wait_for_instance_count(gw: GatewayProcess, name: str, count: int) -> None:
+    import time
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        variant = gw.sm.describe_endpoint(EndpointName=name)["ProductionVariants"][0]
+        if variant["CurrentInstanceCount"] == count:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{name} never reached {count} instances")
+
+
+def test_metrics_count_invocations_and_errors(gateway: GatewayProcess, model_tarball: Any) -> None:
+    deploy(gateway.sm, "counted", model_tarball("predict_raises"))
+    for _ in range(3):
+        _invoke(gateway, "counted", b'{"instances": [[1]]}')
+    status, text = gateway.get("/metrics")
+    assert status == 200
+    lines = text.decode().splitlines()
+    assert 'shipyard_invocations_total{endpoint="counted",variant="v1"} 3.0' in lines
+    assert 'shipyard_invocation_4xx_errors_total{endpoint="counted",variant="v1"} 3.0' in lines
+    assert any(line.startswith("shipyard_overhead_latency_seconds_bucket") for line in lines)
+    wait_in_service(gateway.sm, "counted")

@@ -1,0 +1,159 @@
+"""Endpoint lifecycle across updates, scaling and gateway restarts."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from tests.conftest import GatewayProcess, deploy, wait_in_service
+from tests.e2e.processes import alive, instance_pids
+from tests.e2e.test_invocations import wait_for_instance_count
+
+
+class Hammer(threading.Thread):
+    """Invokes an endpoint in a loop and records every outcome."""
+
+    def __init__(self, gw: GatewayProcess, name: str) -> None:
+        super().__init__(daemon=True)
+        # No retries: a failed request must show up here, not be hidden by boto3.
+        self.rt = gw.client("sagemaker-runtime", max_attempts=1)
+        self.name = name
+        self.stop_event = threading.Event()
+        self.answers: list[Any] = []
+        self.failures: list[str] = []
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 120
+        while not self.stop_event.is_set() and time.monotonic() < deadline:
+            try:
+                out = self.rt.invoke_endpoint(
+                    EndpointName=self.name, Body=b'{"instances": [[1, 2]]}'
+                )
+                self.answers.append(json.loads(out["Body"].read()))
+            except ClientError as exc:
+                self.failures.append(str(exc))
+
+    def finish(self) -> None:
+        self.stop_event.set()
+        self.join(10)
+
+
+def test_update_endpoint_is_blue_green_with_zero_failed_requests(
+    gateway: GatewayProcess, model_tarball: Any
+) -> None:
+    sm = gateway.sm
+    deploy(sm, "bg", model_tarball("echo"), count=2)
+    old_pids = instance_pids(gateway.process.pid)
+    sm.create_model(
+        ModelName="bg-sum",
+        PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": model_tarball("sum")},
+    )
+    sm.create_endpoint_config(
+        EndpointConfigName="bg-2",
+        ProductionVariants=[
+            {
+                "VariantName": "v2",
+                "ModelName": "bg-sum",
+                "InstanceType": "ml.m5.large",
+                "InitialInstanceCount": 2,
+            }
+        ],
+    )
+    hammer = Hammer(gateway, "bg")
+    hammer.start()
+    time.sleep(0.5)
+    sm.update_endpoint(EndpointName="bg", EndpointConfigName="bg-2")
+    assert sm.describe_endpoint(EndpointName="bg")["EndpointStatus"] == "Updating"
+    wait_in_service(sm, "bg")
+    time.sleep(0.5)
+    hammer.finish()
+    assert hammer.failures == []
+    assert hammer.answers[0] == {"instances": [[1, 2]]}  # the old model echoed
+    assert hammer.answers[-1] != hammer.answers[0]  # the new model answers now
+    described = sm.describe_endpoint(EndpointName="bg")
+    assert described["EndpointConfigName"] == "bg-2"
+    assert described["ProductionVariants"][0]["VariantName"] == "v2"
+    deadline = time.monotonic() + 30
+    while any(alive(p) for p in old_pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(p) for p in old_pids)
+
+
+def test_failed_update_rolls_back_and_keeps_serving(
+    gateway: GatewayProcess, model_tarball: Any
+) -> None:
+    sm = gateway.sm
+    deploy(sm, "rb", model_tarball("echo"))
+    sm.create_model(
+        ModelName="rb-bad",
+        PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": model_tarball("load_fails")},
+    )
+    sm.create_endpoint_config(
+        EndpointConfigName="rb-2",
+        ProductionVariants=[
+            {
+                "VariantName": "v1",
+                "ModelName": "rb-bad",
+                "InstanceType": "ml.m5.large",
+                "InitialInstanceCount": 1,
+            }
+        ],
+    )
+    sm.update_endpoint(EndpointName="rb", EndpointConfigName="rb-2")
+    wait_in_service(sm, "rb")
+    described = sm.describe_endpoint(EndpointName="rb")
+    assert described["EndpointConfigName"] == "rb"
+    assert "weights missing" in described["FailureReason"]
+    out = gateway.rt.invoke_endpoint(EndpointName="rb", Body=b'{"a": 1}')
+    assert json.loads(out["Body"].read()) == {"a": 1}
+
+
+def test_weights_and_capacities_scale_in_place(gateway: GatewayProcess, model_tarball: Any) -> None:
+    sm = gateway.sm
+    deploy(sm, "scale", model_tarball("echo"), count=1)
+    sm.update_endpoint_weights_and_capacities(
+        EndpointName="scale",
+        DesiredWeightsAndCapacities=[
+            {"VariantName": "v1", "DesiredInstanceCount": 3, "DesiredWeight": 2.0}
+        ],
+    )
+    wait_in_service(sm, "scale")
+    variant = sm.describe_endpoint(EndpointName="scale")["ProductionVariants"][0]
+    assert variant["CurrentInstanceCount"] == 3 and variant["DesiredWeight"] == 2.0
+    assert len(instance_pids(gateway.process.pid)) == 3
+    sm.update_endpoint_weights_and_capacities(
+        EndpointName="scale",
+        DesiredWeightsAndCapacities=[{"VariantName": "v1", "DesiredInstanceCount": 1}],
+    )
+    wait_in_service(sm, "scale")
+    wait_for_instance_count(gateway, "scale", 1)
+    try:
+        sm.update_endpoint_weights_and_capacities(
+            EndpointName="scale",
+            DesiredWeightsAndCapacities=[{"VariantName": "nope", "DesiredInstanceCount": 1}],
+        )
+        raise AssertionError("unknown variant accepted")
+    except ClientError as exc:
+        assert exc.response["Error"]["Code"] == "ValidationException"
+
+
+def test_restart_on_the_same_home_brings_endpoints_back(
+    gateway_factory: Any, model_tarball: Any
+) -> None:
+    gw = gateway_factory()
+    deploy(gw.sm, "durable", model_tarball("echo"), count=2)
+    pids = instance_pids(gw.process.pid)
+    assert len(pids) == 2
+    assert gw.stop() == 0
+    assert not any(alive(p) for p in pids), "SIGTERM must stop the instance processes"
+    again = gateway_factory(home=gw.home)
+    wait_in_service(again.sm, "durable")
+    wait_for_instance_count(again, "durable", 2)
+    out = again.client("sagemaker-runtime", max_attempts=8).invoke_endpoint(
+        EndpointName="durable", Body=b'{"back": true}'
+    )
+    assert json.loads(out["Body"].read()) == {"back": True}

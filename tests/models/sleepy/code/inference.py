@@ -1,0 +1,15 @@
+"""Sleeps for the number of seconds in the request's "sleep" field, then answers."""
+
+import json
+import os
+import time
+
+
+def model_fn(model_dir):
+    return os.getpid()
+
+
+def transform_fn(model, body, content_type, accept):
+    request = json.loads(body or b"{}")
+    time.sleep(float(request.get("sleep", 0)))
+    return json.dumps({"pid": model, "slept": request.get("sleep", 0)}), "application/json"
