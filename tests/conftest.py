@@ -85,17 +85,30 @@ class GatewayProcess:
         return self.process.returncode
 
 
-def start_gateway(home: Path, *, extra_env: dict[str, str] | None = None,
-                  args: list[str] | None = None) -> GatewayProcess:
+def start_gateway(
+    home: Path, *, extra_env: dict[str, str] | None = None, args: list[str] | None = None
+) -> GatewayProcess:
     port = free_port()
     env = {**os.environ, "SHIPYARD_HEALTH_CHECK_PERIOD_S": "0.5", **(extra_env or {})}
     log_path = home / f"gateway-{port}.log"
     home.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "shipyard", "serve", "--port", str(port),
-             "--home", str(home), *(args or [])],
-            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "shipyard",
+                "serve",
+                "--port",
+                str(port),
+                "--home",
+                str(home),
+                *(args or []),
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     gw = GatewayProcess(f"http://127.0.0.1:{port}", home, process, log_path, env)
     deadline = time.monotonic() + 30
@@ -151,22 +164,39 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def deploy(sm: Any, name: str, model_url: str, *, count: int = 1,
-           strategy: str = "RANDOM", image: str = "shipyard/python",
-           environment: dict[str, str] | None = None, wait: bool = True,
-           variants: list[dict[str, Any]] | None = None) -> None:
+def deploy(
+    sm: Any,
+    name: str,
+    model_url: str,
+    *,
+    count: int = 1,
+    strategy: str = "RANDOM",
+    image: str = "shipyard/python",
+    environment: dict[str, str] | None = None,
+    wait: bool = True,
+    variants: list[dict[str, Any]] | None = None,
+) -> None:
     """Create model, config and endpoint called ``name`` and wait until InService."""
     container: dict[str, Any] = {"Image": image, "ModelDataUrl": model_url}
     if environment:
         container["Environment"] = environment
-    sm.create_model(ModelName=name, PrimaryContainer=container,
-                    ExecutionRoleArn="arn:aws:iam::123456789012:role/x")
+    sm.create_model(
+        ModelName=name,
+        PrimaryContainer=container,
+        ExecutionRoleArn="arn:aws:iam::123456789012:role/x",
+    )
     sm.create_endpoint_config(
         EndpointConfigName=name,
-        ProductionVariants=variants or [{
-            "VariantName": "v1", "ModelName": name, "InstanceType": "ml.m5.large",
-            "InitialInstanceCount": count, "RoutingConfig": {"RoutingStrategy": strategy},
-        }],
+        ProductionVariants=variants
+        or [
+            {
+                "VariantName": "v1",
+                "ModelName": name,
+                "InstanceType": "ml.m5.large",
+                "InitialInstanceCount": count,
+                "RoutingConfig": {"RoutingStrategy": strategy},
+            }
+        ],
     )
     sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
     if wait:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -154,6 +155,7 @@ def test_invocation_timeout_gives_model_error(gateway_factory: Any, model_tarbal
     status, headers, body = _invoke(gw, "slow", b'{"sleep": 3}')
     assert status == 424 and headers["x-amzn-errortype"] == "ModelError"
     assert b"timed out" in body
+    time.sleep(2.5)  # the instance finishes the abandoned request, then serves again
     status, _, _ = _invoke(gw, "slow", b'{"sleep": 0}')
     assert status == 200
 
@@ -176,8 +178,6 @@ def test_killed_instance_is_restarted_and_traffic_keeps_flowing(
 
 
 def wait_for_instance_count(gw: GatewayProcess, name: str, count: int) -> None:
-    import time
-
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         variant = gw.sm.describe_endpoint(EndpointName=name)["ProductionVariants"][0]

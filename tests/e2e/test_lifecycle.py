@@ -148,7 +148,7 @@ def test_restart_on_the_same_home_brings_endpoints_back(
     deploy(gw.sm, "durable", model_tarball("echo"), count=2)
     pids = instance_pids(gw.process.pid)
     assert len(pids) == 2
-    assert gw.stop() == 0
+    assert gw.stop() in (0, -15)  # uvicorn re-raises SIGTERM after a clean shutdown
     assert not any(alive(p) for p in pids), "SIGTERM must stop the instance processes"
     again = gateway_factory(home=gw.home)
     wait_in_service(again.sm, "durable")

@@ -89,7 +89,7 @@ class LocalBackend:
             argv += ["--model-dir", str(spec.model_dir), "--error-file", str(error_file)]
         else:
             argv = ["/bin/sh", "-c", spec.image.removeprefix("cmd:")]
-        out = open(spec.log_path, "ab") if spec.log_path else subprocess.DEVNULL  # noqa: SIM115
+        out = open(spec.log_path, "ab") if spec.log_path else subprocess.DEVNULL
         try:
             process = subprocess.Popen(
                 argv,

@@ -419,22 +419,28 @@ class Reconciler:
         except BackendError as exc:
             raise FleetFailed(str(exc)) from exc
         instance = Instance(slot.spec.instance_id, slot.variant, handle.url)
+        try:
+            await self._wait_ready(slot, handle, instance)
+        except BaseException:
+            # Failed, timed out or cancelled (gateway stopping): never leave it running.
+            instance.pool.close()
+            await self.backend.stop(handle, timeout_s=5.0)
+            raise
+        slot.handle, slot.instance = handle, instance
+
+    async def _wait_ready(self, slot: Slot, handle: InstanceHandle, instance: Instance) -> None:
         deadline = time.monotonic() + self.settings.start_timeout_s
         delay = 0.02
         while True:
             reason = self.backend.exit_reason(handle)
             if reason is not None:
-                instance.pool.close()
                 raise FleetFailed(
                     f"Instance {slot.spec.instance_id} of production variant {slot.variant} "
                     f"failed to start: {reason}"
                 )
             if await self._ping(instance, timeout_s=2.0):
-                slot.handle, slot.instance = handle, instance
                 return
             if time.monotonic() > deadline:
-                await self.backend.stop(handle)
-                instance.pool.close()
                 raise FleetFailed(
                     f"Instance {slot.spec.instance_id} of production variant {slot.variant} "
                     f"did not pass the /ping health check within "

@@ -1,0 +1,197 @@
+"""Load the user's ``code/inference.py`` and bind its handlers to the loaded model.
+
+The user contract is the SageMaker inference toolkit's, and nothing more:
+
+- ``model_fn(model_dir)`` loads the model; without it the model is ``None``.
+- ``input_fn(input_data, content_type)`` decodes the body; default: :func:`codecs.decode`.
+- ``predict_fn(data, model)`` runs the model; default: ``model.predict(data)`` if the
+  model has ``predict``, else ``model(data)`` if it is callable, else ``data`` unchanged
+  (so a model directory without code echoes its input).
+- ``output_fn(prediction, accept)`` encodes the result; default: :func:`codecs.encode`.
+- ``transform_fn(model, input_data, content_type, accept)`` replaces the three above.
+
+``output_fn`` and ``transform_fn`` return bytes or str (sent with the ``Accept`` type), or
+a ``(body, content_type)`` tuple. Any handler may take an extra keyword parameter
+``context``: a :class:`Context` carrying the request's custom attributes and taking the
+response's. Which handlers want it is decided once, at load time, so a request pays for
+one flag test per handler.
+
+Handlers are plain synchronous functions called on the event loop: an instance serves one
+request at a time, like one SageMaker model-server worker.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from shipyard.runtime import codecs
+
+DEFAULT_PROGRAM = "inference.py"
+
+Handler = Callable[..., Any]
+
+
+class Context:
+    """What a handler may learn about the request and add to the response.
+
+    ``request_custom_attributes`` is the ``X-Amzn-SageMaker-Custom-Attributes`` header of
+    the request (``None`` when absent); setting ``response_custom_attributes`` sends that
+    header back with the response.
+    """
+
+    __slots__ = ("request_custom_attributes", "response_custom_attributes")
+
+    def __init__(self, request_custom_attributes: str | None = None) -> None:
+        self.request_custom_attributes = request_custom_attributes
+        self.response_custom_attributes: str | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"Context(request_custom_attributes={self.request_custom_attributes!r}, "
+            f"response_custom_attributes={self.response_custom_attributes!r})"
+        )
+
+
+class Handlers:
+    """The user's handlers, or the defaults, bound to one loaded model."""
+
+    def __init__(self, *, model: Any, module: ModuleType | None) -> None:
+        self.model = model
+        self.program = module.__name__ if module is not None else None
+        self._transform = _find(module, "transform_fn")
+        self._input: Handler = _find(module, "input_fn") or codecs.decode
+        self._predict: Handler = _find(module, "predict_fn") or _default_predict
+        self._output: Handler = _find(module, "output_fn") or codecs.encode
+        self._transform_ctx = _takes_context(self._transform)
+        self._input_ctx = _takes_context(self._input)
+        self._predict_ctx = _takes_context(self._predict)
+        self._output_ctx = _takes_context(self._output)
+        self.uses_context = self._transform_ctx or (
+            self._transform is None and (self._input_ctx or self._predict_ctx or self._output_ctx)
+        )
+        """Whether any handler a request calls takes ``context``; else none is built."""
+
+    def __repr__(self) -> str:
+        return f"Handlers(program={self.program!r}, model={type(self.model).__name__})"
+
+    def invoke(
+        self, body: bytes, content_type: str, accept: str, context: Context | None
+    ) -> tuple[bytes, str]:
+        """Run one request through the handlers: the response body and its content type."""
+        model = self.model
+        if self._transform is not None:
+            if self._transform_ctx:
+                result = self._transform(model, body, content_type, accept, context=context)
+            else:
+                result = self._transform(model, body, content_type, accept)
+            return _as_response(result, accept, "transform_fn")
+        if self._input_ctx:
+            data = self._input(body, content_type, context=context)
+        else:
+            data = self._input(body, content_type)
+        if self._predict_ctx:
+            prediction = self._predict(data, model, context=context)
+        else:
+            prediction = self._predict(data, model)
+        if self._output_ctx:
+            result = self._output(prediction, accept, context=context)
+        else:
+            result = self._output(prediction, accept)
+        return _as_response(result, accept, "output_fn")
+
+
+def load(model_dir: Path, *, program: str | None = None) -> Handlers:
+    """Import the user's program from ``model_dir/code`` and call its ``model_fn``.
+
+    ``program`` is ``SAGEMAKER_PROGRAM``; when it is not given, a missing ``inference.py``
+    means "all defaults", but a program named explicitly must exist. Errors from the
+    user's module or ``model_fn`` propagate unchanged: their type and message are what
+    the endpoint's FailureReason shows.
+    """
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"The model directory {model_dir} does not exist.")
+    code_dir = model_dir / "code"
+    path = code_dir / (program or DEFAULT_PROGRAM)
+    module: ModuleType | None = None
+    if path.is_file():
+        module = _import(path, code_dir)
+    elif program is not None:
+        raise FileNotFoundError(f"SAGEMAKER_PROGRAM {program} is not in {code_dir}.")
+    model_fn = _find(module, "model_fn")
+    model: Any = None
+    if model_fn is not None:
+        if _takes_context(model_fn):
+            model = model_fn(str(model_dir), context=Context())
+        else:
+            model = model_fn(str(model_dir))
+    return Handlers(model=model, module=module)
+
+
+def _import(path: Path, code_dir: Path) -> ModuleType:
+    # Imported under its own name and with code/ on sys.path, as the toolkit does, so the
+    # program can import its sibling modules and pickles that name its classes load.
+    sys.path.insert(0, str(code_dir))
+    name = path.stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"Cannot import {path}: not a Python module.")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _find(module: ModuleType | None, name: str) -> Handler | None:
+    if module is None:
+        return None
+    handler = getattr(module, name, None)
+    if handler is not None and not callable(handler):
+        raise TypeError(f"{name} in {module.__name__} is not a function.")
+    return handler
+
+
+def _takes_context(handler: Handler | None) -> bool:
+    if handler is None:
+        return False
+    try:
+        parameters = inspect.signature(handler).parameters
+    except (TypeError, ValueError):  # some builtins have no signature
+        return False
+    parameter = parameters.get("context")
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+
+
+def _default_predict(data: Any, model: Any) -> Any:
+    predict = getattr(model, "predict", None)
+    if callable(predict):
+        return predict(data)
+    if callable(model):
+        return model(data)
+    return data
+
+
+def _as_response(result: Any, accept: str, handler: str) -> tuple[bytes, str]:
+    if isinstance(result, tuple):
+        if len(result) != 2 or not isinstance(result[1], str):
+            raise TypeError(f"{handler} returned a tuple that is not (body, content_type).")
+        body, content_type = result
+    else:
+        body, content_type = result, accept
+    if isinstance(body, bytes):
+        return body, content_type
+    if isinstance(body, str):
+        return body.encode(), content_type
+    if isinstance(body, bytearray | memoryview):
+        return bytes(body), content_type
+    raise TypeError(
+        f"{handler} returned {type(body).__name__}; expected bytes, str or (body, content_type)."
+    )

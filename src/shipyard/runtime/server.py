@@ -1,0 +1,168 @@
+"""The container contract over HTTP: ``GET /ping`` and ``POST /invocations``.
+
+A raw ASGI callable rather than a framework app: every invocation passes through here, and
+two routes need no router, no request object and no middleware. The per-request work is
+one pass over the headers, the handlers, and two ``send`` calls (the floor we compare
+against is ``bench-peers/raw_asgi``).
+
+Errors: a handler that raises is logged with its traceback and answered with 500 (or the
+exception's own ``status_code`` when it is an int in 400..599) and a ``text/plain`` body
+``<ExcType>: <message>``, which the gateway turns into SageMaker's ``ModelError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import uvicorn
+
+from shipyard.runtime.codecs import CodecError
+from shipyard.runtime.handlers import Context, Handlers
+
+log = logging.getLogger(__name__)
+
+Message = MutableMapping[str, Any]
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
+DEFAULT_TYPE = "application/json"
+
+_PING_START: Message = {
+    "type": "http.response.start",
+    "status": 200,
+    "headers": [(b"content-length", b"0")],
+}
+_EMPTY_BODY: Message = {"type": "http.response.body", "body": b""}
+
+
+class RuntimeApp:
+    """The ASGI app of one instance: serves ``handlers`` on the two contract routes."""
+
+    def __init__(self, handlers: Handlers) -> None:
+        self.handlers = handlers
+
+    def __repr__(self) -> str:
+        return f"RuntimeApp({self.handlers!r})"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return  # uvicorn runs with lifespan and websockets off; nothing else arrives
+        path = scope["path"]
+        method = scope["method"]
+        if path == "/invocations":
+            if method == "POST":
+                await self._invocations(scope, receive, send)
+            else:
+                await _plain(send, 405, "Method Not Allowed", allow=b"POST")
+        elif path == "/ping":
+            if method == "GET" or method == "HEAD":
+                await send(_PING_START)
+                await send(_EMPTY_BODY)
+            else:
+                await _plain(send, 405, "Method Not Allowed", allow=b"GET, HEAD")
+        else:
+            await _plain(send, 404, "Not Found")
+
+    async def _invocations(self, scope: Scope, receive: Receive, send: Send) -> None:
+        message = await receive()
+        body: bytes = message.get("body", b"")
+        if message.get("more_body", False):
+            chunks = [body]
+            while message.get("more_body", False):
+                message = await receive()
+                chunks.append(message.get("body", b""))
+            body = b"".join(chunks)
+        if message["type"] == "http.disconnect":
+            return
+        content_type = accept = DEFAULT_TYPE
+        attributes: str | None = None
+        for name, value in scope["headers"]:
+            if name == b"content-type":
+                content_type = value.decode("latin-1") or DEFAULT_TYPE
+            elif name == b"accept":
+                accept = value.decode("latin-1")
+                if accept == "*/*" or not accept:
+                    accept = DEFAULT_TYPE
+            elif name == CUSTOM_ATTRIBUTES:
+                attributes = value.decode("latin-1")
+        handlers = self.handlers
+        context = Context(attributes) if handlers.uses_context else None
+        try:
+            payload, media_type = handlers.invoke(body, content_type, accept, context)
+            headers = [
+                (b"content-type", media_type.encode("latin-1")),
+                (b"content-length", str(len(payload)).encode()),
+            ]
+            if context is not None and context.response_custom_attributes is not None:
+                headers.append((CUSTOM_ATTRIBUTES, context.response_custom_attributes.encode()))
+        except Exception as exc:
+            await _failure(send, exc)
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+
+async def _failure(send: Send, exc: Exception) -> None:
+    status = getattr(exc, "status_code", None)
+    if type(status) is not int or not 400 <= status <= 599:
+        status = 500
+    if isinstance(exc, CodecError):
+        # The client's mistake, answered by our own defaults: a traceback would be noise.
+        log.warning("invocation refused (%s): %s", status, exc)
+    else:
+        log.exception("invocation failed (%s)", status)
+    text = str(exc)
+    name = type(exc).__name__
+    await _plain(send, status, f"{name}: {text}" if text else name)
+
+
+async def _plain(send: Send, status: int, text: str, *, allow: bytes | None = None) -> None:
+    body = text.encode()
+    headers = [
+        (b"content-type", b"text/plain; charset=utf-8"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    if allow is not None:
+        headers.append((b"allow", allow))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` but not yet listening.
+
+    Bound here rather than by uvicorn so that a taken port is an ordinary ``OSError`` the
+    caller can report (uvicorn would log and ``sys.exit``); uvicorn starts listening on it.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def serve(handlers: Handlers, sock: socket.socket) -> None:
+    """Serve ``handlers`` on ``sock`` until SIGINT or SIGTERM."""
+    config = uvicorn.Config(
+        RuntimeApp(handlers),
+        loop="uvloop",
+        http="httptools",
+        ws="none",
+        lifespan="off",
+        interface="asgi3",
+        access_log=False,
+        log_level="warning",
+        proxy_headers=False,
+        server_header=False,
+        timeout_keep_alive=120,
+    )
+    uvicorn.Server(config).run(sockets=[sock])

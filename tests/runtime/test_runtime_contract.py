@@ -1,0 +1,400 @@
+"""The container contract, end to end: real runtime processes driven over plain HTTP.
+
+Each fixture model under tests/models/ is started once per module, on a free port, and
+stopped by its PID when the module is done.
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+MODELS = Path(__file__).parent.parent / "models"
+START_TIMEOUT_S = 20.0
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> object:
+        return json.loads(self.body)
+
+
+@dataclass
+class Runtime:
+    """A running instance: its port, its process and the file its stderr goes to."""
+
+    port: int
+    process: subprocess.Popen[bytes]
+    stderr_path: Path
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+    ) -> Reply:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            response = conn.getresponse()
+            reply_headers = {k.lower(): v for k, v in response.getheaders()}
+            return Reply(response.status, reply_headers, response.read())
+        finally:
+            conn.close()
+
+    def invoke(self, body: bytes, **headers: str) -> Reply:
+        names = {"content_type": "Content-Type", "accept": "Accept"}
+        wire = {names.get(k, k.replace("_", "-")): v for k, v in headers.items()}
+        return self.request("POST", "/invocations", body, wire)
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def runtime_argv(model_dir: Path, port: int, *extra: str) -> list[str]:
+    argv = [sys.executable, "-m", "shipyard.runtime", "--port", str(port)]
+    return argv + ["--model-dir", str(model_dir), *extra]
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def wait_ready(runtime: Runtime) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if runtime.process.poll() is not None:
+            pytest.fail(f"runtime exited with {runtime.process.returncode}:\n{runtime.stderr()}")
+        try:
+            if runtime.request("GET", "/ping").status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.02)
+    pytest.fail(f"runtime not ready after {START_TIMEOUT_S}s:\n{runtime.stderr()}")
+
+
+@pytest.fixture(scope="module")
+def start_runtime(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[..., Runtime]]:
+    """A factory: ``start_runtime(model_dir, **env)`` returns a ready instance.
+
+    Instances are shared within the module by model dir and environment, and every
+    process started is stopped by its PID at the end.
+    """
+    started: dict[tuple[Path, tuple[tuple[str, str], ...]], Runtime] = {}
+    log_dir = tmp_path_factory.mktemp("runtime-logs")
+
+    def start(model_dir: Path, **env: str) -> Runtime:
+        key = (model_dir, tuple(sorted(env.items())))
+        if key not in started:
+            port = free_port()
+            stderr_path = log_dir / f"{model_dir.name}-{port}.log"
+            with open(stderr_path, "wb") as stderr:
+                process = subprocess.Popen(
+                    runtime_argv(model_dir, port),
+                    env={**os.environ, **env},
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=stderr,
+                )
+            started[key] = Runtime(port, process, stderr_path)
+            wait_ready(started[key])
+        return started[key]
+
+    try:
+        yield start
+    finally:
+        for runtime in started.values():  # signal all first: each takes ~0.2 s to drain
+            if runtime.process.poll() is None:
+                runtime.process.terminate()
+        for runtime in started.values():
+            stop(runtime.process)
+
+
+@pytest.fixture(scope="module")
+def echo(start_runtime: Callable[..., Runtime]) -> Runtime:
+    return start_runtime(MODELS / "echo")
+
+
+@pytest.fixture(scope="module")
+def summer(start_runtime: Callable[..., Runtime]) -> Runtime:
+    return start_runtime(MODELS / "sum")
+
+
+def npy(array: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    np.save(out, array, allow_pickle=False)
+    return out.getvalue()
+
+
+# --- routes ---------------------------------------------------------------------------
+
+
+def test_ping_answers_200_with_an_empty_body(echo: Runtime) -> None:
+    reply = echo.request("GET", "/ping")
+    assert (reply.status, reply.body) == (200, b"")
+
+
+def test_an_unknown_path_is_404(echo: Runtime) -> None:
+    assert echo.request("GET", "/nope").status == 404
+    assert echo.request("POST", "/invocations/extra", b"{}").status == 404
+
+
+def test_a_wrong_method_is_405_with_allow(echo: Runtime) -> None:
+    reply = echo.request("GET", "/invocations")
+    assert (reply.status, reply.headers["allow"]) == (405, "POST")
+    assert echo.request("POST", "/ping", b"").status == 405
+
+
+# --- defaults -------------------------------------------------------------------------
+
+
+def test_default_handlers_echo_json(echo: Runtime) -> None:
+    payload = {"instances": [[1, 2.5], [3, 4]], "name": "é"}
+    reply = echo.invoke(json.dumps(payload).encode(), content_type="application/json")
+    assert reply.status == 200
+    assert reply.headers["content-type"] == "application/json"
+    assert reply.json() == payload
+
+
+def test_missing_content_type_and_accept_mean_json(echo: Runtime) -> None:
+    reply = echo.request("POST", "/invocations", b"[1, 2]")
+    assert (reply.status, reply.headers["content-type"], reply.json()) == (
+        200,
+        "application/json",
+        [1, 2],
+    )
+
+
+def test_accept_any_means_json(echo: Runtime) -> None:
+    reply = echo.invoke(b'{"a": 1}', accept="*/*")
+    assert (reply.headers["content-type"], reply.json()) == ("application/json", {"a": 1})
+
+
+def test_a_large_body_arrives_whole(echo: Runtime) -> None:
+    payload = list(range(300_000))
+    reply = echo.invoke(json.dumps(payload).encode())
+    assert reply.json() == payload
+
+
+def test_an_unsupported_content_type_is_415(echo: Runtime) -> None:
+    reply = echo.invoke(b"hello", content_type="text/plain")
+    assert reply.status == 415
+    assert reply.headers["content-type"].startswith("text/plain")
+    assert reply.body.startswith(b"UnsupportedContentType: Content type 'text/plain'")
+
+
+def test_an_unsupported_accept_is_406(echo: Runtime) -> None:
+    reply = echo.invoke(b"[1]", accept="image/png")
+    assert reply.status == 406
+    assert reply.body.startswith(b"UnsupportedAccept: Accept 'image/png'")
+
+
+def test_a_body_that_is_not_json_is_400(echo: Runtime) -> None:
+    reply = echo.invoke(b"{not json", content_type="application/json")
+    assert reply.status == 400
+    assert reply.body.startswith(b"InvalidBody: The body is not valid JSON")
+
+
+def test_a_model_dir_without_code_uses_every_default(
+    start_runtime: Callable[..., Runtime], tmp_path: Path
+) -> None:
+    runtime = start_runtime(tmp_path)
+    assert runtime.invoke(b'{"x": [1, 2]}').json() == {"x": [1, 2]}
+
+
+# --- a numpy model through the default codecs -----------------------------------------
+
+
+def test_json_in_json_out(summer: Runtime) -> None:
+    reply = summer.invoke(b"[[1, 2], [3, 4.5]]")
+    assert (reply.status, reply.json()) == (200, [3.0, 7.5])
+
+
+def test_a_predictions_dict_keeps_its_shape(summer: Runtime) -> None:
+    reply = summer.invoke(b'{"instances": [[1, 2, 3]]}')
+    assert reply.json() == {"predictions": [6.0]}
+
+
+def test_csv_in_csv_out(summer: Runtime) -> None:
+    reply = summer.invoke(b"1,2\n3,4.5\n", content_type="text/csv", accept="text/csv")
+    assert (reply.status, reply.headers["content-type"]) == (200, "text/csv")
+    assert reply.body == b"3.0\n7.5\n"
+
+
+def test_csv_in_json_out(summer: Runtime) -> None:
+    reply = summer.invoke(b"1,1\n2,2", content_type="text/csv; charset=utf-8")
+    assert reply.json() == [2.0, 4.0]
+
+
+def test_npy_in_npy_out(summer: Runtime) -> None:
+    array = np.arange(6, dtype=np.float32).reshape(3, 2)
+    reply = summer.invoke(npy(array), content_type="application/x-npy", accept="application/x-npy")
+    assert (reply.status, reply.headers["content-type"]) == (200, "application/x-npy")
+    result = np.load(io.BytesIO(reply.body), allow_pickle=False)
+    np.testing.assert_array_equal(result, array.sum(axis=1))
+
+
+def test_the_first_known_accept_type_wins(summer: Runtime) -> None:
+    reply = summer.invoke(b"[[1, 2]]", accept="image/png, text/csv;q=0.9, application/json")
+    assert (reply.headers["content-type"], reply.body) == ("text/csv", b"3.0\n")
+
+
+def test_a_bad_csv_body_is_400(summer: Runtime) -> None:
+    reply = summer.invoke(b"1,2\nx,y\n", content_type="text/csv")
+    assert reply.status == 400
+    assert reply.body.startswith(b"InvalidBody: The body is not CSV of numbers")
+
+
+def test_a_pickled_npy_body_is_refused(summer: Runtime) -> None:
+    out = io.BytesIO()
+    np.save(out, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    reply = summer.invoke(out.getvalue(), content_type="application/x-npy")
+    assert reply.status == 400
+    assert reply.body.startswith(b"InvalidBody: The body is not a NPY array")
+
+
+# --- user handlers --------------------------------------------------------------------
+
+
+def test_a_handler_that_raises_is_500_with_its_message(
+    start_runtime: Callable[..., Runtime],
+) -> None:
+    runtime = start_runtime(MODELS / "predict_raises")
+    reply = runtime.invoke(b"[1]")
+    assert reply.status == 500
+    assert reply.headers["content-type"].startswith("text/plain")
+    assert reply.body == b"ValueError: bad input for model"
+    stderr = runtime.stderr()
+    assert "Traceback" in stderr and "ValueError: bad input for model" in stderr
+    # one failure does not take the instance down
+    assert runtime.request("GET", "/ping").status == 200
+
+
+@pytest.mark.parametrize(
+    ("status_code", "expected"), [(429, 429), (404, 404), (200, 500), (600, 500), ("429", 500)]
+)
+def test_an_exception_status_code_in_4xx_5xx_is_used(
+    start_runtime: Callable[..., Runtime], status_code: object, expected: int
+) -> None:
+    runtime = start_runtime(MODELS / "predict_raises")
+    reply = runtime.invoke(json.dumps({"status_code": status_code}).encode())
+    assert (reply.status, reply.body) == (expected, b"ModelBusy: model busy, try later")
+
+
+def test_custom_attributes_reach_the_handler_and_come_back(
+    start_runtime: Callable[..., Runtime],
+) -> None:
+    runtime = start_runtime(MODELS / "custom_attrs")
+    reply = runtime.invoke(b"[1]", X_Amzn_SageMaker_Custom_Attributes="trace=abc")
+    assert reply.status == 200
+    assert reply.headers["x-amzn-sagemaker-custom-attributes"] == "echo:trace=abc"
+    assert reply.json() == [1]
+
+
+def test_no_custom_attributes_header_without_one_set(
+    start_runtime: Callable[..., Runtime],
+) -> None:
+    runtime = start_runtime(MODELS / "custom_attrs")
+    reply = runtime.invoke(b"[1]")
+    assert reply.status == 200
+    assert "x-amzn-sagemaker-custom-attributes" not in reply.headers
+
+
+TRANSFORM_PROGRAM = """
+def model_fn(model_dir):
+    return str.upper
+
+
+def transform_fn(model, input_data, content_type, accept, context=None):
+    context.response_custom_attributes = "seen"
+    text = model(input_data.decode())
+    return f"{text}|{content_type}|{accept}", "text/x-shout"
+"""
+
+
+def test_transform_fn_from_sagemaker_program(
+    start_runtime: Callable[..., Runtime], tmp_path: Path
+) -> None:
+    """SAGEMAKER_PROGRAM names the module; its transform_fn replaces the other handlers."""
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "serve.py").write_text(TRANSFORM_PROGRAM)
+    runtime = start_runtime(tmp_path, SAGEMAKER_PROGRAM="serve.py")
+    reply = runtime.invoke(b"hello", content_type="text/plain", accept="text/x-shout")
+    assert reply.status == 200
+    assert reply.headers["content-type"] == "text/x-shout"
+    assert reply.headers["x-amzn-sagemaker-custom-attributes"] == "seen"
+    assert reply.body == b"HELLO|text/plain|text/x-shout"
+
+
+# --- failing starts -------------------------------------------------------------------
+
+
+def run_to_exit(model_dir: Path, tmp_path: Path, port: int | None = None, **env: str) -> str:
+    """Start a runtime that must fail; return the line it wrote to its error file."""
+    error_file = tmp_path / "instance.error"
+    argv = runtime_argv(model_dir, port or free_port(), "--error-file", str(error_file))
+    process = subprocess.Popen(
+        argv,
+        env={**os.environ, **env},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _, stderr = process.communicate(timeout=START_TIMEOUT_S)
+    finally:
+        stop(process)
+    assert process.returncode == 1, stderr.decode()
+    assert b"Traceback" in stderr
+    return error_file.read_text()
+
+
+def test_a_failing_model_fn_exits_1_with_the_reason(tmp_path: Path) -> None:
+    assert run_to_exit(MODELS / "load_fails", tmp_path) == "RuntimeError: weights missing\n"
+
+
+def test_a_missing_sagemaker_program_is_a_failed_start(tmp_path: Path) -> None:
+    reason = run_to_exit(MODELS / "echo", tmp_path, SAGEMAKER_PROGRAM="serve.py")
+    assert reason.startswith("FileNotFoundError: SAGEMAKER_PROGRAM serve.py is not in ")
+
+
+def test_a_missing_model_dir_is_a_failed_start(tmp_path: Path) -> None:
+    reason = run_to_exit(tmp_path / "absent", tmp_path)
+    assert reason.startswith("FileNotFoundError: The model directory ")
+
+
+def test_a_taken_port_is_a_failed_start(echo: Runtime, tmp_path: Path) -> None:
+    reason = run_to_exit(MODELS / "echo", tmp_path, port=echo.port)
+    assert reason.startswith("OSError: [Errno")
