@@ -197,4 +197,102 @@ def test_metrics_count_invocations_and_errors(gateway: GatewayProcess, model_tar
     assert 'shipyard_invocations_total{endpoint="counted",variant="v1"} 3.0' in lines
     assert 'shipyard_invocation_4xx_errors_total{endpoint="counted",variant="v1"} 3.0' in lines
     assert any(line.startswith("shipyard_overhead_latency_seconds_bucket") for line in lines)
+    assert 'shipyard_instances{endpoint="counted",state="healthy",variant="v1"} 1.0' in lines
     wait_in_service(gateway.sm, "counted")
+
+
+def test_s3_artifacts_and_a_postgres_store(
+    gateway_factory: Any, bucket: Any, tmp_path: Path
+) -> None:
+    """The at-scale parts together: metadata in PostgreSQL, the model in S3."""
+    from tests.conftest import make_tarball
+    from tests.storage.test_metadata import _pg_available
+
+    args: list[str] = []
+    if _pg_available():
+        import uuid
+
+        import sqlalchemy
+
+        from tests.conftest import PG_URL
+
+        schema = f"e2e_{uuid.uuid4().hex[:10]}"
+        engine = sqlalchemy.create_engine(PG_URL.replace("postgresql://", "postgresql+psycopg://"))
+        with engine.begin() as conn:
+            conn.execute(sqlalchemy.text(f"CREATE SCHEMA {schema}"))
+        engine.dispose()
+        args = ["--db", f"{PG_URL}?options=-csearch_path%3D{schema}"]
+    uri = bucket.put("models/sum/model.tar.gz", make_tarball("sum", tmp_path / "sum.tar.gz"))
+    gw = gateway_factory(extra_env={"SHIPYARD_S3_ENDPOINT_URL": bucket.endpoint_url}, args=args)
+    deploy(gw.sm, "from-s3", uri)
+    out = gw.rt.invoke_endpoint(EndpointName="from-s3", Body=b"[[1, 2, 3]]")
+    assert json.loads(out["Body"].read()) == [6.0]
+
+
+def test_unsafe_tarball_fails_the_endpoint_and_writes_nothing_outside(
+    gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    import tarfile
+
+    from tests.conftest import tar_bytes
+
+    info = tarfile.TarInfo("../../escaped.txt")
+    info.size = 4
+    archive = tmp_path / "evil" / "model.tar.gz"
+    archive.parent.mkdir()
+    archive.write_bytes(tar_bytes([(info, b"evil")]))
+    deploy(gateway.sm, "evil", archive.as_uri(), wait=False)
+    from botocore.exceptions import WaiterError
+
+    with pytest.raises(WaiterError):
+        wait_in_service(gateway.sm, "evil")
+    reason = gateway.sm.describe_endpoint(EndpointName="evil")["FailureReason"]
+    assert "unsafe" in reason and "../../escaped.txt" in reason
+    assert not list(gateway.home.parent.rglob("escaped.txt"))
+    assert gateway.get("/healthz")[0] == 200
+
+
+def test_full_instances_answer_503_instead_of_queueing(
+    gateway_factory: Any, model_tarball: Any
+) -> None:
+    import threading
+
+    gw = gateway_factory(extra_env={"SHIPYARD_MAX_QUEUE_PER_INSTANCE": "1"})
+    deploy(gw.sm, "busy", model_tarball("sleepy"))
+    slow = threading.Thread(target=_invoke, args=(gw, "busy", b'{"sleep": 1.5}'))
+    slow.start()
+    time.sleep(0.4)
+    status, headers, _ = _invoke(gw, "busy", b'{"sleep": 0}')
+    slow.join()
+    assert status == 503 and headers["x-amzn-errortype"] == "ServiceUnavailable"
+    assert _invoke(gw, "busy", b'{"sleep": 0}')[0] == 200
+
+
+def test_large_and_chunked_bodies_stream_through(gateway: GatewayProcess) -> None:
+    import http.client
+
+    server = MODELS / "cmd_headers" / "server.py"
+    deploy(gateway.sm, "big", (MODELS / "cmd_headers").as_uri(), image=f"cmd:python {server}")
+    body = b"x" * (5 * 1024 * 1024)
+    status, _, answer = _invoke(gateway, "big", body)
+    assert status == 200 and json.loads(answer)["body_bytes"] == len(body)
+    conn = http.client.HTTPConnection(gateway.url.removeprefix("http://"), timeout=30)
+    conn.request(
+        "POST",
+        "/endpoints/big/invocations",
+        body=iter([b"a" * 1000, b"b" * 24]),
+        headers={"Content-Type": "application/json"},
+        encode_chunked=True,
+    )
+    reply = conn.getresponse()
+    assert reply.status == 200 and json.loads(reply.read())["body_bytes"] == 1024
+    conn.request(
+        "POST",
+        "/endpoints/big/invocations",
+        body=iter([b"a" * (4 * 1024 * 1024)] * 2),
+        headers={"Content-Type": "application/json"},
+        encode_chunked=True,
+    )
+    reply = conn.getresponse()
+    assert reply.status == 413
+    conn.close()

@@ -494,6 +494,7 @@ class Reconciler:
                 )
             )
         self.router.publish(EndpointRoute(fleet.endpoint, variants))
+        self._export_instance_gauges()
 
     async def _change(self, name: str, **changes: Any) -> None:
         try:
