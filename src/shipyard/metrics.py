@@ -18,7 +18,7 @@ class Metrics:
 
     def __init__(self) -> None:
         # The *_created series double the output and nothing here reads them.
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
         labels = ("endpoint", "variant")
         self.invocations = Counter(
