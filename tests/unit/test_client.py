@@ -1,0 +1,133 @@
+"""The pooled gateway → instance client against small real servers on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from shipyard.routing.client import ConnectionPool, UpstreamError
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _serve(handler: Handler) -> tuple[asyncio.Server, int]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return await reader.readexactly(length)
+
+
+def test_keep_alive_connections_are_reused_and_chunked_answers_read() -> None:
+    connections = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while True:
+            try:
+                body = await _read_request(reader)
+            except asyncio.IncompleteReadError:
+                break
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n"
+                b"Content-Type: text/plain\r\n\r\n"
+                + f"{len(body):x}\r\n".encode()
+                + body
+                + b"\r\n0\r\n\r\n"
+            )
+            await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server, port = await _serve(handler)
+        pool = ConnectionPool("127.0.0.1", port)
+        for i in range(5):
+            response = await pool.request(b"POST", b"/invocations", [], f"hello {i}".encode())
+            assert response.status == 200 and response.body == f"hello {i}".encode()
+            assert response.header(b"content-type") == b"text/plain"
+        pool.close()
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(main())
+    assert connections == 1
+
+
+def test_a_connection_the_instance_closed_while_idle_is_retried_once() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        # Answer, then close: the pooled connection is dead on its next use.
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server, port = await _serve(handler)
+        pool = ConnectionPool("127.0.0.1", port)
+        for _ in range(3):
+            assert (await pool.request(b"POST", b"/invocations", [], b"x")).body == b"ok"
+            await asyncio.sleep(0.05)
+        pool.close()
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(main())
+
+
+def test_an_instance_that_dies_mid_request_is_an_error_marked_sent() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.transport.abort()
+
+    async def main() -> None:
+        server, port = await _serve(handler)
+        pool = ConnectionPool("127.0.0.1", port)
+        with pytest.raises(UpstreamError) as err:
+            await pool.request(b"POST", b"/invocations", [], b"x")
+        assert err.value.sent
+        server.close()
+        await server.wait_closed()
+        with pytest.raises(UpstreamError) as err:
+            await pool.request(b"POST", b"/invocations", [], b"x")
+        assert not err.value.sent  # nothing listens: it never reached an instance
+
+    asyncio.run(main())
+
+
+def test_streamed_request_bodies_carry_the_given_length() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        body = await _read_request(reader)
+        answer = str(len(body)).encode()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer))
+        await writer.drain()
+        writer.close()
+
+    async def chunks() -> object:
+        for _ in range(4):
+            yield b"y" * 100_000
+
+    async def main() -> None:
+        server, port = await _serve(handler)
+        pool = ConnectionPool("127.0.0.1", port)
+        response = await pool.request(
+            b"POST",
+            b"/invocations",
+            [],
+            chunks(),  # type: ignore[arg-type]
+            content_length=400_000,
+        )
+        assert response.body == b"400000"
+        pool.close()
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(main())
