@@ -157,3 +157,25 @@ def test_restart_on_the_same_home_brings_endpoints_back(
         EndpointName="durable", Body=b'{"back": true}'
     )
     assert json.loads(out["Body"].read()) == {"back": True}
+
+
+def test_stopping_the_gateway_mid_creation_leaves_no_instances(
+    gateway_factory: Any, model_tarball: Any
+) -> None:
+    gw = gateway_factory()
+    deploy(
+        gw.sm,
+        "slow-load",
+        model_tarball("sleepy"),
+        count=2,
+        wait=False,
+        environment={"SLEEPY_LOAD_S": "30"},
+    )
+    deadline = time.monotonic() + 20
+    while len(instance_pids(gw.process.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = instance_pids(gw.process.pid)
+    assert len(pids) == 2
+    assert gw.sm.describe_endpoint(EndpointName="slow-load")["EndpointStatus"] == "Creating"
+    gw.stop()
+    assert not any(alive(p) for p in pids)

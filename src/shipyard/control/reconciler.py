@@ -318,8 +318,10 @@ class Reconciler:
                 new = [self._new_slot(ep.name, fleet, state.name) for _ in range(missing)]
                 try:
                     await asyncio.gather(*(self._start_slot(s) for s in new))
-                except FleetFailed as exc:
+                except BaseException as exc:
                     await self._stop_slots(new)
+                    if not isinstance(exc, FleetFailed):
+                        raise
                     await self._change(
                         ep.name,
                         status=EndpointStatus.IN_SERVICE,
@@ -365,9 +367,14 @@ class Reconciler:
                 for _ in range(counts.get(variant.name, variant.instance_count))
             ]
         slots = fleet.all_slots()
-        results = await asyncio.gather(
-            *(self._start_slot(s) for s in slots), return_exceptions=True
-        )
+        try:
+            results = await asyncio.gather(
+                *(self._start_slot(s) for s in slots), return_exceptions=True
+            )
+        except BaseException:
+            # Cancelled (the gateway is stopping): instances that did come up must not outlive it.
+            await self._stop_slots(slots)
+            raise
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
             await self._stop_slots(slots)

@@ -6,6 +6,7 @@ import time
 
 
 def model_fn(model_dir):
+    time.sleep(float(os.environ.get("SLEEPY_LOAD_S", "0")))
     return os.getpid()
 
 
