@@ -13,7 +13,8 @@ from starlette.routing import Route
 
 from shipyard.backends.local import LocalBackend
 from shipyard.control.endpoints import EndpointService
-from shipyard.control.reconciler import Reconciler, ReconcilerSettings
+from shipyard.control.fleet import Provisioner
+from shipyard.control.reconciler import Reconciler
 from shipyard.gateway.control import ControlDoor
 from shipyard.gateway.ops import healthz, metrics_endpoint
 from shipyard.gateway.runtime import RuntimeDoor
@@ -48,19 +49,21 @@ class Gateway:
         self.metrics = Metrics()
         self.store = MetadataStore(settings.db_url)
         self.router = Router(timeout_s=settings.invocation_timeout_s)
-        self.reconciler = Reconciler(
+        provisioner = Provisioner(
             store=self.store,
             backend=LocalBackend(run_dir=settings.home / "run"),
             artifacts=ArtifactStore(s3_endpoint_url=settings.s3_endpoint_url),
+            home=settings.home,
+            start_timeout_s=settings.instance_start_timeout_s,
+            drain_timeout_s=settings.drain_timeout_s,
+        )
+        self.reconciler = Reconciler(
+            store=self.store,
+            provisioner=provisioner,
             router=self.router,
             metrics=self.metrics,
-            settings=ReconcilerSettings(
-                home=settings.home,
-                start_timeout_s=settings.instance_start_timeout_s,
-                health_check_period_s=settings.health_check_period_s,
-                drain_timeout_s=settings.drain_timeout_s,
-                max_in_flight=settings.max_queue_per_instance,
-            ),
+            health_check_period_s=settings.health_check_period_s,
+            max_in_flight=settings.max_queue_per_instance,
         )
         self.service = EndpointService(
             store=self.store,

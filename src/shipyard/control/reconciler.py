@@ -9,71 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import itertools
 import logging
 import time
-from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Coroutine
 from typing import Any
 
-from shipyard.backends.base import Backend, BackendError, InstanceHandle, InstanceSpec
+from shipyard.control.fleet import Fleet, FleetFailed, Provisioner, Slot
 from shipyard.errors import ShipyardError
 from shipyard.metrics import Metrics
-from shipyard.records import Endpoint, EndpointConfig, EndpointStatus, VariantState
-from shipyard.routing.instance import Instance
+from shipyard.records import Endpoint, EndpointStatus, VariantState
 from shipyard.routing.policies import policy_for
 from shipyard.routing.router import EndpointRoute, Router, VariantRoute
-from shipyard.storage.artifacts import ArtifactError, ArtifactStore
 from shipyard.storage.metadata import MetadataStore
 
 log = logging.getLogger(__name__)
 
 _PING_FAILURES_BEFORE_RESTART = 3
-
-
-class FleetFailed(Exception):
-    """A fleet could not be brought up; the message becomes the FailureReason."""
-
-
-@dataclass(eq=False)
-class Slot:
-    """One instance the reconciler keeps alive: its spec, process and router view."""
-
-    spec: InstanceSpec
-    variant: str
-    handle: InstanceHandle | None = None
-    instance: Instance | None = None
-    ping_failures: int = 0
-    restarts: int = 0
-    restart_at: float = 0.0
-
-    def __repr__(self) -> str:
-        return f"Slot(id={self.spec.instance_id!r}, variant={self.variant!r})"
-
-
-@dataclass(eq=False)
-class Fleet:
-    """The instances serving one endpoint config of one endpoint."""
-
-    endpoint: str
-    config: EndpointConfig
-    slots: dict[str, list[Slot]]
-    weights: dict[str, float]
-    images: dict[str, str] = field(default_factory=dict)
-
-    def all_slots(self) -> list[Slot]:
-        return [s for slots in self.slots.values() for s in slots]
-
-
-@dataclass(frozen=True, slots=True)
-class ReconcilerSettings:
-    home: Path
-    start_timeout_s: float
-    health_check_period_s: float
-    drain_timeout_s: float
-    max_in_flight: int
 
 
 class Reconciler:
@@ -83,23 +34,23 @@ class Reconciler:
         self,
         *,
         store: MetadataStore,
-        backend: Backend,
-        artifacts: ArtifactStore,
+        provisioner: Provisioner,
         router: Router,
         metrics: Metrics,
-        settings: ReconcilerSettings,
+        health_check_period_s: float,
+        max_in_flight: int,
     ) -> None:
         self.store = store
-        self.backend = backend
-        self.artifacts = artifacts
+        self.provisioner = provisioner
+        self.backend = provisioner.backend
         self.router = router
         self.metrics = metrics
-        self.settings = settings
+        self.health_check_period_s = health_check_period_s
+        self.max_in_flight = max_in_flight
         self.fleets: dict[str, Fleet] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._ids = itertools.count(1)
 
     def __repr__(self) -> str:
         return f"Reconciler(fleets={sorted(self.fleets)})"
@@ -136,7 +87,7 @@ class Reconciler:
         self.fleets.clear()
         for fleet in fleets:
             self.router.withdraw(fleet.endpoint)
-        await asyncio.gather(*(self._stop_slots(f.all_slots()) for f in fleets))
+        await asyncio.gather(*(self.provisioner.stop_slots(f.all_slots()) for f in fleets))
 
     # -- loops ------------------------------------------------------------------------
 
@@ -187,7 +138,7 @@ class Reconciler:
 
     async def _supervise_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.settings.health_check_period_s)
+            await asyncio.sleep(self.health_check_period_s)
             for fleet in list(self.fleets.values()):
                 if fleet.endpoint in self._tasks:
                     continue  # a converge task owns this fleet right now
@@ -211,7 +162,7 @@ class Reconciler:
                 continue
             assert slot.instance is not None
             busy = slot.instance.in_flight > 0
-            if await self._ping(slot.instance, timeout_s=5.0):
+            if await self.provisioner.ping(slot.instance, timeout_s=5.0):
                 slot.ping_failures = 0
                 if not slot.instance.healthy:
                     slot.instance.healthy = True
@@ -233,7 +184,7 @@ class Reconciler:
             await self.backend.stop(old, timeout_s=5.0)
         slot.restarts += 1
         try:
-            await self._start_slot(slot)
+            await self.provisioner.start_slot(slot)
         except FleetFailed as exc:
             backoff = min(2.0**slot.restarts, 60.0)
             slot.restart_at = time.monotonic() + backoff
@@ -249,7 +200,7 @@ class Reconciler:
             config = await asyncio.to_thread(self.store.get_endpoint_config, ep.config_name)
             counts = {v.name: v.desired_instance_count for v in ep.variants}
             weights = {v.name: v.desired_weight for v in ep.variants}
-            fleet = await self._launch(ep.name, config, counts, weights)
+            fleet = await self.provisioner.launch(ep.name, config, counts, weights)
         except (FleetFailed, ShipyardError) as exc:
             await self._change(ep.name, status=EndpointStatus.FAILED, failure_reason=str(exc))
             return
@@ -268,7 +219,7 @@ class Reconciler:
             config = await asyncio.to_thread(self.store.get_endpoint_config, ep.pending_config_name)
             counts = {v.name: v.instance_count for v in config.variants}
             weights = {v.name: v.weight for v in config.variants}
-            fleet = await self._launch(ep.name, config, counts, weights)
+            fleet = await self.provisioner.launch(ep.name, config, counts, weights)
         except (FleetFailed, ShipyardError) as exc:
             # Blue/green: the old fleet never stopped serving, so a failed update rolls
             # back by simply not swapping.
@@ -312,14 +263,16 @@ class Reconciler:
             if extra:
                 del slots[state.desired_instance_count :]
                 self._publish(fleet)
-                await self._drain_and_stop(extra)
+                await self.provisioner.drain_and_stop(extra)
             missing = state.desired_instance_count - len(slots)
             if missing > 0:
-                new = [self._new_slot(ep.name, fleet, state.name) for _ in range(missing)]
+                new = [
+                    self.provisioner.new_slot(ep.name, fleet, state.name) for _ in range(missing)
+                ]
                 try:
-                    await asyncio.gather(*(self._start_slot(s) for s in new))
+                    await asyncio.gather(*(self.provisioner.start_slot(s) for s in new))
                 except BaseException as exc:
-                    await self._stop_slots(new)
+                    await self.provisioner.stop_slots(new)
                     if not isinstance(exc, FleetFailed):
                         raise
                     await self._change(
@@ -345,143 +298,7 @@ class Reconciler:
             self._forget_gauges(fleet)
 
     async def _retire(self, fleet: Fleet) -> None:
-        await self._drain_and_stop(fleet.all_slots())
-
-    # -- instances --------------------------------------------------------------------
-
-    async def _launch(
-        self,
-        endpoint: str,
-        config: EndpointConfig,
-        counts: dict[str, int],
-        weights: dict[str, float],
-    ) -> Fleet:
-        """Start every instance of ``config`` and return once all pass ``/ping``."""
-        fleet = Fleet(endpoint=endpoint, config=config, slots={}, weights=dict(weights))
-        for variant in config.variants:
-            model = await asyncio.to_thread(self.store.get_model, variant.model_name)
-            model_dir = await asyncio.to_thread(self._model_dir, model.model_data_url, variant.name)
-            fleet.images[variant.name] = model.image
-            fleet.slots[variant.name] = [
-                self._new_slot(endpoint, fleet, variant.name, model_dir, model.environment)
-                for _ in range(counts.get(variant.name, variant.instance_count))
-            ]
-        slots = fleet.all_slots()
-        try:
-            results = await asyncio.gather(
-                *(self._start_slot(s) for s in slots), return_exceptions=True
-            )
-        except BaseException:
-            # Cancelled (the gateway is stopping): instances that did come up must not outlive it.
-            await self._stop_slots(slots)
-            raise
-        failures = [r for r in results if isinstance(r, BaseException)]
-        if failures:
-            await self._stop_slots(slots)
-            first = failures[0]
-            if not isinstance(first, FleetFailed | ShipyardError):
-                raise first
-            raise FleetFailed(str(first))
-        return fleet
-
-    def _model_dir(self, url: str | None, variant: str) -> Path:
-        if not url:
-            empty = self.settings.home / "models" / "_empty"
-            empty.mkdir(parents=True, exist_ok=True)
-            return empty
-        digest = hashlib.sha256(url.encode()).hexdigest()[:16]
-        dest = self.settings.home / "models" / digest
-        try:
-            return self.artifacts.fetch_model(url, dest)
-        except ArtifactError as exc:
-            raise FleetFailed(f"Production variant {variant}: {exc}") from exc
-
-    def _new_slot(
-        self,
-        endpoint: str,
-        fleet: Fleet,
-        variant: str,
-        model_dir: Path | None = None,
-        environment: dict[str, str] | None = None,
-    ) -> Slot:
-        if model_dir is None:  # another instance of an existing variant
-            template = fleet.slots[variant][0].spec
-            model_dir, environment = template.model_dir, template.environment
-        instance_id = f"{endpoint}-{variant}-{next(self._ids)}"
-        log_dir = self.settings.home / "logs" / endpoint
-        log_dir.mkdir(parents=True, exist_ok=True)
-        spec = InstanceSpec(
-            instance_id=instance_id,
-            image=fleet.images[variant],
-            model_dir=model_dir,
-            environment=dict(environment or {}),
-            log_path=log_dir / f"{instance_id}.log",
-        )
-        return Slot(spec=spec, variant=variant)
-
-    async def _start_slot(self, slot: Slot) -> None:
-        """Start the slot's process and wait for its first good ``/ping``."""
-        try:
-            handle = await self.backend.start(slot.spec)
-        except BackendError as exc:
-            raise FleetFailed(str(exc)) from exc
-        instance = Instance(slot.spec.instance_id, slot.variant, handle.url)
-        try:
-            await self._wait_ready(slot, handle, instance)
-        except BaseException:
-            # Failed, timed out or cancelled (gateway stopping): never leave it running.
-            instance.pool.close()
-            await self.backend.stop(handle, timeout_s=5.0)
-            raise
-        slot.handle, slot.instance = handle, instance
-
-    async def _wait_ready(self, slot: Slot, handle: InstanceHandle, instance: Instance) -> None:
-        deadline = time.monotonic() + self.settings.start_timeout_s
-        delay = 0.02
-        while True:
-            reason = self.backend.exit_reason(handle)
-            if reason is not None:
-                raise FleetFailed(
-                    f"Instance {slot.spec.instance_id} of production variant {slot.variant} "
-                    f"failed to start: {reason}"
-                )
-            if await self._ping(instance, timeout_s=2.0):
-                return
-            if time.monotonic() > deadline:
-                raise FleetFailed(
-                    f"Instance {slot.spec.instance_id} of production variant {slot.variant} "
-                    f"did not pass the /ping health check within "
-                    f"{self.settings.start_timeout_s:g} s."
-                )
-            await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
-
-    async def _ping(self, instance: Instance, *, timeout_s: float) -> bool:
-        try:
-            async with asyncio.timeout(timeout_s):
-                response = await instance.pool.request(b"GET", b"/ping", [])
-        except (TimeoutError, OSError, Exception):
-            return False
-        return response.status == 200
-
-    async def _drain_and_stop(self, slots: Sequence[Slot]) -> None:
-        """Wait for in-flight requests on ``slots`` to finish (bounded), then stop them."""
-        deadline = time.monotonic() + self.settings.drain_timeout_s
-        while time.monotonic() < deadline and any(
-            s.instance is not None and s.instance.in_flight > 0 for s in slots
-        ):
-            await asyncio.sleep(0.05)
-        await self._stop_slots(slots)
-
-    async def _stop_slots(self, slots: Sequence[Slot]) -> None:
-        async def stop(slot: Slot) -> None:
-            if slot.instance is not None:
-                slot.instance.pool.close()
-            if slot.handle is not None:
-                await self.backend.stop(slot.handle)
-            slot.handle, slot.instance = None, None
-
-        await asyncio.gather(*(stop(s) for s in slots))
+        await self.provisioner.drain_and_stop(fleet.all_slots())
 
     # -- routing table and store ------------------------------------------------------
 
@@ -493,9 +310,7 @@ class Reconciler:
                 VariantRoute(
                     variant.name,
                     weight=fleet.weights.get(variant.name, variant.weight),
-                    policy=policy_for(
-                        variant.routing_strategy, max_in_flight=self.settings.max_in_flight
-                    ),
+                    policy=policy_for(variant.routing_strategy, max_in_flight=self.max_in_flight),
                     instances=instances,
                     metrics=self.metrics.for_variant(fleet.endpoint, variant.name),
                 )
