@@ -198,3 +198,11 @@ def test_container_images_need_docker(gateway: GatewayProcess, model_tarball: An
         )
     reason = sm.describe_endpoint(EndpointName="docker")["FailureReason"]
     assert "Docker engine" in reason
+
+
+def test_responses_carry_a_request_id(gateway: GatewayProcess) -> None:
+    out = gateway.sm.list_endpoints()
+    assert len(out["ResponseMetadata"]["RequestId"]) == 36
+    with pytest.raises(ClientError) as err:
+        gateway.sm.describe_model(ModelName="nope")
+    assert len(err.value.response["ResponseMetadata"]["RequestId"]) == 36

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -34,11 +35,15 @@ class ControlDoor:
         self.validator = validator
 
     async def handle(self, request: Request) -> Response:
+        request_id = {"x-amzn-RequestId": str(uuid.uuid4())}
         try:
             result = await self._handle(request)
         except Exception as exc:  # every error leaves through the one renderer
-            return control_error_response(exc)
-        return Response(json.dumps(result, default=_json_default), media_type=AMZ_JSON)
+            response = control_error_response(exc)
+            response.headers.update(request_id)
+            return response
+        body = json.dumps(result, default=_json_default)
+        return Response(body, media_type=AMZ_JSON, headers=request_id)
 
     async def _handle(self, request: Request) -> dict[str, Any]:
         target = request.headers.get("x-amz-target", "")
