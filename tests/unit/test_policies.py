@@ -8,9 +8,10 @@ from collections import Counter
 
 import pytest
 
-from shipyard.errors import ModelNotReady, RuntimeValidationError, ServiceUnavailable
+from shipyard.errors import ModelError, ModelNotReady, RuntimeValidationError, ServiceUnavailable
 from shipyard.metrics import Metrics
 from shipyard.records import RoutingStrategy
+from shipyard.routing.client import Response
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import LeastOutstandingRequests, Random, policy_for
 from shipyard.routing.router import EndpointRoute, Router, VariantRoute
@@ -102,8 +103,110 @@ def test_no_ready_instance_is_429_and_all_full_is_503() -> None:
     sick = _instances(0)
     sick[0].healthy = False
     route = _route(1.0, instances=sick)
+    router.publish(route)
     with pytest.raises(ModelNotReady):
         asyncio.run(router.invoke(route, route.variants[0], [], b"{}"))
     full = _route(1.0, instances=_instances(4))
+    router.publish(full)
     with pytest.raises(ServiceUnavailable):
         asyncio.run(router.invoke(full, full.variants[0], [], b"{}"))
+
+
+class FakePool:
+    """Stands in for an instance's connection pool: each request waits for a release."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name = name
+        self.log = log
+        self.gates: list[asyncio.Future[None]] = []
+
+    async def request(self, *args: object, **kwargs: object) -> Response:
+        gate = asyncio.get_running_loop().create_future()
+        self.gates.append(gate)
+        await gate
+        self.log.append(self.name)
+        return Response(200, [], self.name.encode())
+
+    def finish_one(self) -> None:
+        next(g for g in self.gates if not g.done()).set_result(None)
+
+    def close(self) -> None:
+        pass
+
+
+def _lor_route(n: int, log: list[str], *, max_in_flight: int = 4) -> EndpointRoute:
+    instances = _instances(*([0] * n))
+    for inst in instances:
+        inst.concurrency = 1
+        inst.pool = FakePool(inst.instance_id, log)  # type: ignore[assignment]
+    variant = VariantRoute(
+        "v",
+        weight=1.0,
+        policy=LeastOutstandingRequests(max_in_flight=max_in_flight),
+        instances=instances,
+        metrics=Metrics().for_variant("e", "v"),
+    )
+    return EndpointRoute("e", [variant])
+
+
+def test_least_outstanding_holds_requests_at_the_gateway_until_an_instance_is_free() -> None:
+    """Two single-request instances, five requests: two are sent, three wait in FIFO order
+    and each goes to whichever instance answers first, never behind a busy one."""
+
+    async def main() -> None:
+        log: list[str] = []
+        router = Router(timeout_s=5)
+        route = _lor_route(2, log)
+        router.publish(route)
+        variant = route.variants[0]
+        tasks = []
+        for i in range(5):
+            tasks.append(asyncio.create_task(router.invoke(route, variant, [], str(i).encode())))
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.01)
+        a, b = variant.instances
+        assert (a.in_flight, b.in_flight, len(variant.waiters)) == (1, 1, 3)
+        for _ in range(4):  # instance i-1 keeps answering; i-0 stays busy throughout
+            b.pool.finish_one()  # type: ignore[attr-defined]
+            await asyncio.sleep(0.01)
+        assert a.in_flight == 1 and len(variant.waiters) == 0
+        assert log == ["i-1", "i-1", "i-1", "i-1"]
+        a.pool.finish_one()  # type: ignore[attr-defined]
+        results = await asyncio.gather(*tasks)
+        assert sorted(r.body for r, _ in results) == [b"i-0"] + [b"i-1"] * 4
+
+    asyncio.run(main())
+
+
+def test_the_gateway_queue_is_bounded_and_then_answers_503() -> None:
+    async def main() -> None:
+        router = Router(timeout_s=5)
+        route = _lor_route(1, [], max_in_flight=2)  # queue limit: 2 per instance
+        router.publish(route)
+        variant = route.variants[0]
+        tasks = [asyncio.create_task(router.invoke(route, variant, [], b"x")) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        with pytest.raises(ServiceUnavailable):
+            await router.invoke(route, variant, [], b"x")
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert not variant.waiters
+
+    asyncio.run(main())
+
+
+def test_a_request_waiting_past_the_timeout_is_a_model_error() -> None:
+    async def main() -> None:
+        router = Router(timeout_s=0.05)
+        route = _lor_route(1, [])
+        router.publish(route)
+        variant = route.variants[0]
+        busy = asyncio.create_task(router.invoke(route, variant, [], b"x"))
+        await asyncio.sleep(0)
+        with pytest.raises(ModelError, match="timed out"):
+            await router.invoke(route, variant, [], b"y")
+        busy.cancel()
+        await asyncio.gather(busy, return_exceptions=True)
+
+    asyncio.run(main())

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shipyard.backends.base import Backend, BackendError, InstanceHandle, InstanceSpec
+from shipyard.backends.local import runtime_for
 from shipyard.errors import ShipyardError
 from shipyard.records import EndpointConfig
 from shipyard.routing.instance import Instance
@@ -156,7 +157,12 @@ class Provisioner:
             handle = await self.backend.start(slot.spec)
         except BackendError as exc:
             raise FleetFailed(str(exc)) from exc
-        instance = Instance(slot.spec.instance_id, slot.variant, handle.url)
+        # The built-in runtime runs handlers inline, one request at a time; a user's own
+        # server may take several, so its concurrency is left unknown.
+        concurrency = 1 if runtime_for(slot.spec.image) == "python" else None
+        instance = Instance(
+            slot.spec.instance_id, slot.variant, handle.url, concurrency=concurrency
+        )
         try:
             await self._wait_ready(slot, handle, instance)
         except BaseException:

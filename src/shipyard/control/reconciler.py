@@ -166,6 +166,7 @@ class Reconciler:
                 slot.ping_failures = 0
                 if not slot.instance.healthy:
                     slot.instance.healthy = True
+                    changed = True  # republish: requests queued meanwhile get a turn
             elif not busy:
                 # A busy instance may be slow to answer /ping while it predicts; only an
                 # idle one that keeps failing is restarted.

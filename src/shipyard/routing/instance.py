@@ -11,16 +11,21 @@ class Instance:
     """One instance as the router sees it: where it is and how busy.
 
     ``in_flight`` counts requests sent and not yet answered; policies read it, and only
-    the router changes it, on the event loop, so it needs no lock.
+    the router changes it, on the event loop, so it needs no lock. ``concurrency`` is how
+    many requests the instance works on at once when known (the built-in runtime runs one
+    at a time), else None.
     """
 
-    __slots__ = ("instance_id", "variant", "url", "pool", "in_flight", "healthy")
+    __slots__ = ("instance_id", "variant", "url", "pool", "in_flight", "healthy", "concurrency")
 
-    def __init__(self, instance_id: str, variant: str, url: str) -> None:
+    def __init__(
+        self, instance_id: str, variant: str, url: str, *, concurrency: int | None = None
+    ) -> None:
         parts = urlsplit(url)
         self.instance_id = instance_id
         self.variant = variant
         self.url = url
+        self.concurrency = concurrency
         self.pool = ConnectionPool(parts.hostname or "127.0.0.1", parts.port or 80)
         self.in_flight = 0
         self.healthy = True

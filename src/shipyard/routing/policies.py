@@ -14,7 +14,13 @@ from shipyard.routing.instance import Instance
 
 
 class Policy(Protocol):
-    """Chooses an instance for the next request, or None when none can take it."""
+    """Chooses an instance for the next request, or None when none can take it.
+
+    ``queues`` says what None means: True, wait in the variant's queue for an instance to
+    answer; False, the variant is full and the caller answers 503.
+    """
+
+    queues: bool
 
     def choose(self, instances: Sequence[Instance]) -> Instance | None: ...
 
@@ -25,6 +31,8 @@ class Random:
     Guarantee: every eligible instance is equally likely, whatever its load. Fails by
     returning None when every instance is unhealthy or full; the caller answers 503.
     """
+
+    queues = False
 
     def __init__(self, *, max_in_flight: int, rng: random.Random | None = None) -> None:
         self.max_in_flight = max_in_flight
@@ -47,12 +55,18 @@ class Random:
 
 
 class LeastOutstandingRequests:
-    """Picks the healthy instance with the fewest requests in flight.
+    """Picks the healthy instance with the fewest requests in flight, among those that can
+    start work on the request now.
 
-    Ties are broken at random so equal instances share load. Guarantee: a request never
-    queues behind a slow one while an idle instance exists. Fails by returning None when
-    every instance is unhealthy or at ``max_in_flight``.
+    An instance that declares its ``concurrency`` (the built-in runtime works on one
+    request at a time) is only eligible while it has fewer requests than that in flight;
+    others are eligible up to ``max_in_flight``. When none is eligible the router holds
+    the request in the variant's FIFO queue and retries on the next answer (``queues`` is
+    True), so a request never waits behind a slow one on a busy instance while another
+    would have been free sooner. Ties are broken at random. Fails by returning None.
     """
+
+    queues = True
 
     def __init__(self, *, max_in_flight: int, rng: random.Random | None = None) -> None:
         self.max_in_flight = max_in_flight
@@ -67,10 +81,13 @@ class LeastOutstandingRequests:
         for candidate in instances:
             if not candidate.healthy or candidate.in_flight > least:
                 continue
+            limit = candidate.concurrency or self.max_in_flight
+            if candidate.in_flight >= min(limit, self.max_in_flight):
+                continue
             if candidate.in_flight < least:
                 least = candidate.in_flight
                 best = [candidate]
-            elif candidate.in_flight < self.max_in_flight:
+            else:
                 best.append(candidate)
         if not best:
             return None

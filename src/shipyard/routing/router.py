@@ -11,6 +11,7 @@ import bisect
 import itertools
 import random
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 
 from shipyard.errors import ModelError, ModelNotReady, RuntimeValidationError, ServiceUnavailable
@@ -21,9 +22,14 @@ from shipyard.routing.policies import Policy
 
 
 class VariantRoute:
-    """One production variant's instances, its weight and its policy."""
+    """One production variant's instances, its weight and its policy.
 
-    __slots__ = ("name", "weight", "policy", "instances", "metrics")
+    ``waiters`` is the variant's FIFO queue of requests held at the gateway until an
+    instance can take them (policies with ``queues``); it is handed from one published
+    table to the next, so a swap never strands a waiting request.
+    """
+
+    __slots__ = ("name", "weight", "policy", "instances", "metrics", "waiters", "queue_limit")
 
     def __init__(
         self,
@@ -39,9 +45,25 @@ class VariantRoute:
         self.policy = policy
         self.instances = list(instances)
         self.metrics = metrics
+        self.waiters: deque[asyncio.Future[None]] = deque()
+        self.queue_limit = policy.queues * getattr(policy, "max_in_flight", 0) * len(instances)
 
     def __repr__(self) -> str:
         return f"VariantRoute({self.name!r}, weight={self.weight}, instances={self.instances})"
+
+    def release(self) -> None:
+        """An instance answered: give the oldest waiting request its turn."""
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def wake_all(self) -> None:
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 class EndpointRoute:
@@ -83,13 +105,30 @@ class Router:
         return f"Router(endpoints={sorted(self.routes)})"
 
     def publish(self, route: EndpointRoute) -> EndpointRoute | None:
-        """Swap in a new table for one endpoint; returns the one it replaced."""
+        """Swap in a new table for one endpoint; returns the one it replaced.
+
+        Requests waiting in the old table's queues move to the new one and get a turn
+        now: the new table may have more, or other, instances.
+        """
         old = self.routes.get(route.name)
         self.routes[route.name] = route
+        if old is not None:
+            for variant in old.variants:
+                successor = route.by_name.get(variant.name)
+                if successor is not None and successor is not variant:
+                    successor.waiters.extend(variant.waiters)
+                    variant.waiters.clear()
+                variant.wake_all()
+            for variant in route.variants:
+                variant.wake_all()
         return old
 
     def withdraw(self, name: str) -> EndpointRoute | None:
-        return self.routes.pop(name, None)
+        old = self.routes.pop(name, None)
+        if old is not None:
+            for variant in old.variants:
+                variant.wake_all()
+        return old
 
     def variant_for(self, route: EndpointRoute, target: str | None) -> VariantRoute:
         if target is None:
@@ -117,45 +156,85 @@ class Router:
         not be idempotent.
         """
         tried: list[Instance] = []
-        while True:
-            instance = self._choose(variant, tried)
-            instance.in_flight += 1
-            started = time.perf_counter()
-            try:
-                async with asyncio.timeout(self.timeout_s):
-                    response = await instance.pool.request(
-                        b"POST", b"/invocations", headers, body, content_length=content_length
-                    )
-                return response, time.perf_counter() - started
-            except TimeoutError:
-                raise ModelError(
-                    f"Your invocation timed out while waiting for a response from "
-                    f"{variant.name} after {self.timeout_s:g} s.",
-                    original_status_code=504,
-                    original_message="timed out",
-                ) from None
-            except UpstreamError as exc:
-                if exc.sent or not isinstance(body, bytes):
-                    raise ServiceUnavailable(
-                        f"The instance serving {route.name} failed during the request: {exc}"
-                    ) from exc
-                instance.healthy = False  # the reconciler re-checks and restores it
-                tried.append(instance)
-            finally:
-                instance.in_flight -= 1
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                turn = not variant.waiters  # first come, first served
+                while True:
+                    variant = self._current(route, variant)
+                    instance = self._choose(variant, tried, turn=turn)
+                    if instance is None:
+                        # Woken but beaten to the instance: keep our place at the front.
+                        await self._wait(variant, front=turn)
+                        turn = True
+                        continue
+                    instance.in_flight += 1
+                    started = time.perf_counter()
+                    try:
+                        response = await instance.pool.request(
+                            b"POST", b"/invocations", headers, body, content_length=content_length
+                        )
+                        return response, time.perf_counter() - started
+                    except UpstreamError as exc:
+                        if exc.sent or not isinstance(body, bytes):
+                            raise ServiceUnavailable(
+                                f"The instance serving {route.name} failed during the request: "
+                                f"{exc}"
+                            ) from exc
+                        instance.healthy = False  # the reconciler re-checks and restores it
+                        tried.append(instance)
+                    finally:
+                        instance.in_flight -= 1
+                        variant.release()
+        except TimeoutError:
+            raise ModelError(
+                f"Your invocation timed out while waiting for a response from "
+                f"{variant.name} after {self.timeout_s:g} s.",
+                original_status_code=504,
+                original_message="timed out",
+            ) from None
 
-    def _choose(self, variant: VariantRoute, tried: list[Instance]) -> Instance:
+    def _current(self, route: EndpointRoute, variant: VariantRoute) -> VariantRoute:
+        """The variant to use now: after a wait the routing table may have been swapped."""
+        current = self.routes.get(route.name)
+        if current is None:
+            raise ServiceUnavailable(f"Endpoint {route.name} is being deleted.")
+        if current is route:
+            return variant
+        return current.by_name.get(variant.name) or current.pick_variant(self._rng)
+
+    def _choose(
+        self, variant: VariantRoute, tried: list[Instance], *, turn: bool
+    ) -> Instance | None:
+        """An instance for the request, or None to wait in the variant's queue."""
         candidates = variant.instances
         if tried:
             candidates = [i for i in candidates if i not in tried]
-        instance = variant.policy.choose(candidates)
-        if instance is not None:
-            return instance
-        if not any(i.healthy for i in candidates):
-            raise ModelNotReady(f"No instance of variant {variant.name} is ready yet.")
-        raise ServiceUnavailable(
-            f"Every instance of variant {variant.name} is at capacity; retry later."
-        )
+        if turn:
+            instance = variant.policy.choose(candidates)
+            if instance is not None:
+                return instance
+            if not any(i.healthy for i in candidates):
+                raise ModelNotReady(f"No instance of variant {variant.name} is ready yet.")
+        if not variant.policy.queues or len(variant.waiters) >= variant.queue_limit:
+            raise ServiceUnavailable(
+                f"Every instance of variant {variant.name} is at capacity; retry later."
+            )
+        return None
+
+    async def _wait(self, variant: VariantRoute, *, front: bool = False) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        if front:
+            variant.waiters.appendleft(waiter)
+        else:
+            variant.waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                variant.release()  # our turn came as we gave up: pass it on
+            else:
+                waiter.cancel()
+            raise
 
     def close(self) -> None:
         for route in self.routes.values():
