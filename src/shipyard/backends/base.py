@@ -10,6 +10,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+BUILTIN_IMAGES = ("shipyard/python",)
+# SageMaker framework images served by the built-in runtime (matched inside the URI).
+FRAMEWORK_IMAGE_MARKERS = (
+    "sagemaker-scikit-learn",
+    "sklearn",
+    "pytorch-inference",
+    "xgboost",
+    "huggingface",
+    "tensorflow-inference",
+    "mxnet-inference",
+)
+
+
+def runtime_for(image: str) -> str:
+    """Which runtime serves ``image``: ``python``, ``cmd`` or ``docker``."""
+    if image.startswith("cmd:"):
+        return "cmd"
+    if image in BUILTIN_IMAGES or any(m in image for m in FRAMEWORK_IMAGE_MARKERS):
+        return "python"
+    return "docker"
+
 
 @dataclass(frozen=True, slots=True)
 class InstanceSpec:

@@ -17,30 +17,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from shipyard.backends.base import BackendError, InstanceHandle, InstanceSpec
+from shipyard.backends.base import BackendError, InstanceHandle, InstanceSpec, runtime_for
 
 log = logging.getLogger(__name__)
-
-BUILTIN_IMAGES = ("shipyard/python",)
-# SageMaker framework images served by the built-in runtime (matched inside the URI).
-FRAMEWORK_IMAGE_MARKERS = (
-    "sagemaker-scikit-learn",
-    "sklearn",
-    "pytorch-inference",
-    "xgboost",
-    "huggingface",
-    "tensorflow-inference",
-    "mxnet-inference",
-)
-
-
-def runtime_for(image: str) -> str:
-    """Which runtime serves ``image``: ``python``, ``cmd`` or ``docker``."""
-    if image.startswith("cmd:"):
-        return "cmd"
-    if image in BUILTIN_IMAGES or any(m in image for m in FRAMEWORK_IMAGE_MARKERS):
-        return "python"
-    return "docker"
 
 
 @dataclass(slots=True)

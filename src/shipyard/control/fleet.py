@@ -14,8 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shipyard.backends.base import Backend, BackendError, InstanceHandle, InstanceSpec
-from shipyard.backends.local import runtime_for
+from shipyard.backends.base import (
+    Backend,
+    BackendError,
+    InstanceHandle,
+    InstanceSpec,
+    runtime_for,
+)
 from shipyard.errors import ShipyardError
 from shipyard.records import EndpointConfig
 from shipyard.routing.instance import Instance
@@ -25,6 +30,14 @@ from shipyard.storage.metadata import MetadataStore
 
 class FleetFailed(Exception):
     """A fleet could not be brought up; the message becomes the FailureReason."""
+
+
+# The built-in runtime runs handlers inline, one request at a time. Letting the gateway
+# send it two (one running, one waiting in its socket) keeps it busy between requests
+# while LEAST_OUTSTANDING_REQUESTS holds the rest at the gateway. With one, a fast model
+# lost 25-40 % of its throughput to the idle gap; with no bound, a request could wait
+# behind a slow one while another instance was idle (bench/routing_policies.py).
+_BUILTIN_CONCURRENCY = 2
 
 
 @dataclass(eq=False)
@@ -157,9 +170,10 @@ class Provisioner:
             handle = await self.backend.start(slot.spec)
         except BackendError as exc:
             raise FleetFailed(str(exc)) from exc
-        # The built-in runtime runs handlers inline, one request at a time; a user's own
-        # server may take several, so its concurrency is left unknown.
-        concurrency = 1 if runtime_for(slot.spec.image) == "python" else None
+        # A user's own server may take any number of requests at once, so its concurrency
+        # is left unknown; see _BUILTIN_CONCURRENCY for the built-in runtime.
+        builtin = runtime_for(slot.spec.image) == "python"
+        concurrency = _BUILTIN_CONCURRENCY if builtin else None
         instance = Instance(
             slot.spec.instance_id, slot.variant, handle.url, concurrency=concurrency
         )
