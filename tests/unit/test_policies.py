@@ -54,6 +54,19 @@ def test_random_spreads_evenly() -> None:
     assert all(800 < n < 1200 for n in picks.values())
 
 
+def test_least_outstanding_pipelines_one_more_request_to_fast_instances() -> None:
+    fast, slow = _instances(1, 1)
+    for inst, latency in ((fast, 0.0002), (slow, 0.3)):
+        inst.concurrency = 1
+        inst.latency_s = latency
+    policy = LeastOutstandingRequests(max_in_flight=8)
+    assert policy.choose([slow, fast]) is fast
+    fast.in_flight = 2
+    assert policy.choose([slow, fast]) is None
+    fast.observe(1.0)  # the average moves 1/8 of the way
+    assert fast.latency_s == pytest.approx(0.0002 + (1.0 - 0.0002) / 8)
+
+
 def test_policy_for_maps_routing_strategies() -> None:
     assert isinstance(policy_for(RoutingStrategy.RANDOM, max_in_flight=1), Random)
     lor = policy_for(RoutingStrategy.LEAST_OUTSTANDING_REQUESTS, max_in_flight=1)
@@ -138,6 +151,7 @@ def _lor_route(n: int, log: list[str], *, max_in_flight: int = 4) -> EndpointRou
     instances = _instances(*([0] * n))
     for inst in instances:
         inst.concurrency = 1
+        inst.latency_s = 0.3  # a slow model: no pipelining
         inst.pool = FakePool(inst.instance_id, log)  # type: ignore[assignment]
     variant = VariantRoute(
         "v",

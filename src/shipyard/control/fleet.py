@@ -32,12 +32,9 @@ class FleetFailed(Exception):
     """A fleet could not be brought up; the message becomes the FailureReason."""
 
 
-# The built-in runtime runs handlers inline, one request at a time. Letting the gateway
-# send it two (one running, one waiting in its socket) keeps it busy between requests
-# while LEAST_OUTSTANDING_REQUESTS holds the rest at the gateway. With one, a fast model
-# lost 25-40 % of its throughput to the idle gap; with no bound, a request could wait
-# behind a slow one while another instance was idle (bench/routing_policies.py).
-_BUILTIN_CONCURRENCY = 2
+# The built-in runtime runs handlers inline, one request at a time; LEAST_OUTSTANDING_
+# REQUESTS holds the rest at the gateway (and pipelines one more to fast instances).
+_BUILTIN_CONCURRENCY = 1
 
 
 @dataclass(eq=False)

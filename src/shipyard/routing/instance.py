@@ -13,10 +13,19 @@ class Instance:
     ``in_flight`` counts requests sent and not yet answered; policies read it, and only
     the router changes it, on the event loop, so it needs no lock. ``concurrency`` is how
     many requests the instance works on at once when known (the built-in runtime runs one
-    at a time), else None.
+    at a time), else None. ``latency_s`` is a moving average of its answers' latency.
     """
 
-    __slots__ = ("instance_id", "variant", "url", "pool", "in_flight", "healthy", "concurrency")
+    __slots__ = (
+        "instance_id",
+        "variant",
+        "url",
+        "pool",
+        "in_flight",
+        "healthy",
+        "concurrency",
+        "latency_s",
+    )
 
     def __init__(
         self, instance_id: str, variant: str, url: str, *, concurrency: int | None = None
@@ -26,9 +35,14 @@ class Instance:
         self.variant = variant
         self.url = url
         self.concurrency = concurrency
+        self.latency_s = 0.0
         self.pool = ConnectionPool(parts.hostname or "127.0.0.1", parts.port or 80)
         self.in_flight = 0
         self.healthy = True
+
+    def observe(self, latency_s: float) -> None:
+        """Fold one answer's latency into the moving average (weight 1/8)."""
+        self.latency_s += (latency_s - self.latency_s) * 0.125
 
     def __repr__(self) -> str:
         return (

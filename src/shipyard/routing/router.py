@@ -173,7 +173,9 @@ class Router:
                         response = await instance.pool.request(
                             b"POST", b"/invocations", headers, body, content_length=content_length
                         )
-                        return response, time.perf_counter() - started
+                        model_s = time.perf_counter() - started
+                        instance.observe(model_s)
+                        return response, model_s
                     except UpstreamError as exc:
                         if exc.sent or not isinstance(body, bytes):
                             raise ServiceUnavailable(
