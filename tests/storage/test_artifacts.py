@@ -546,3 +546,35 @@ def test_a_missing_s3_bucket_is_reported(
 def test_an_s3_uri_without_a_bucket_is_reported(s3_store: ArtifactStore, dest: Path) -> None:
     with pytest.raises(ArtifactError, match="^Model data s3:///model.tar.gz names no bucket.$"):
         s3_store.fetch_model("s3:///model.tar.gz", dest)
+
+
+def test_links_that_climb_with_dotdot_are_refused_even_inside(tmp_path: Path) -> None:
+    """Stricter than the ``data`` filter: it would allow this link (it stays inside), but
+    chains of such links are how CVE-2025-4517 escapes on older Pythons."""
+
+    archive = tmp_path / "m.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        data = tarfile.TarInfo("code/inference.py")
+        data.size = 2
+        tar.addfile(data, io.BytesIO(b"#\n"))
+        link = tarfile.TarInfo("code/sub/link")
+        link.type = tarfile.SYMTYPE
+        link.linkname = "../inference.py"
+        tar.addfile(link)
+    dest = tmp_path / "dest"
+    with pytest.raises(
+        ArtifactError, match=r"member 'code/sub/link' links to '\.\./inference\.py' through '\.\.'"
+    ):
+        ArtifactStore().fetch_model(str(archive), dest)
+    assert not dest.exists()
+
+
+def test_very_long_member_paths_are_refused(tmp_path: Path) -> None:
+
+    archive = tmp_path / "m.tar"
+    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
+        member = tarfile.TarInfo("a/" * 600 + "f")
+        member.size = 1
+        tar.addfile(member, io.BytesIO(b"x"))
+    with pytest.raises(ArtifactError, match="longer than 1024 characters"):
+        ArtifactStore().fetch_model(str(archive), tmp_path / "dest")

@@ -219,7 +219,7 @@ def _extract(archive: Path, uri: str, tree: Path) -> None:
     """Extract ``archive`` into ``tree`` through the standard library's ``data`` filter."""
     try:
         with tarfile.open(archive, mode="r:*") as tar:
-            tar.extractall(tree, filter="data")
+            tar.extractall(tree, filter=_model_filter)
             # tarfile stops at the end-of-archive marker and never reads gzip's trailer;
             # reading on to the end makes gzip verify its CRC, catching corrupt downloads.
             while tar.fileobj.read(_READ_CHUNK_BYTES):
@@ -235,9 +235,40 @@ def _extract(archive: Path, uri: str, tree: Path) -> None:
         raise ArtifactError(f"Model data {uri} could not be extracted: {exc}") from exc
 
 
+_MAX_PATH_CHARS = 1024
+
+
+class _UnsafeLink(tarfile.FilterError):
+    """A link the ``data`` filter would allow but we refuse anyway (see _model_filter)."""
+
+    def __init__(self, tarinfo: tarfile.TarInfo, why: str) -> None:
+        super().__init__(why)
+        self.tarinfo = tarinfo
+        self.why = why
+
+
+def _model_filter(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+    """The ``data`` filter, plus: no link climbs with ``..`` and no path is very long.
+
+    The ``data`` filter of Python before 3.11.13/3.12.11 can be walked around by chains
+    of symlinks through ``..`` whose resolved paths exceed PATH_MAX (CVE-2025-4517).
+    Model archives have no need for such links, so refusing them closes that door on
+    every interpreter we run on.
+    """
+    checked = tarfile.data_filter(member, path)
+    if member.issym() or member.islnk():
+        if ".." in Path(member.linkname).parts:
+            raise _UnsafeLink(member, f"links to {member.linkname!r} through '..'")
+    if len(member.name) > _MAX_PATH_CHARS or len(member.linkname) > _MAX_PATH_CHARS:
+        raise _UnsafeLink(member, f"has a path longer than {_MAX_PATH_CHARS} characters")
+    return checked
+
+
 def _describe_refusal(exc: tarfile.FilterError) -> str:
     member = exc.tarinfo
     name = f"member {member.name!r}"
+    if isinstance(exc, _UnsafeLink):
+        return f"{name} {exc.why}"
     if isinstance(exc, tarfile.OutsideDestinationError):
         return f"{name} would be written outside the model directory"
     if isinstance(exc, tarfile.LinkOutsideDestinationError):
