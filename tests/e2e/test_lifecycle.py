@@ -42,27 +42,31 @@ class Hammer(threading.Thread):
         self.join(10)
 
 
+def _config_with_new_model(sm: Any, config: str, url: str, *, variant: str, count: int) -> None:
+    """A model called ``config`` at ``url`` and an endpoint config ``config`` serving it."""
+    sm.create_model(
+        ModelName=config, PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": url}
+    )
+    sm.create_endpoint_config(
+        EndpointConfigName=config,
+        ProductionVariants=[
+            {
+                "VariantName": variant,
+                "ModelName": config,
+                "InstanceType": "ml.m5.large",
+                "InitialInstanceCount": count,
+            }
+        ],
+    )
+
+
 def test_update_endpoint_is_blue_green_with_zero_failed_requests(
     gateway: GatewayProcess, model_tarball: Any
 ) -> None:
     sm = gateway.sm
     deploy(sm, "bg", model_tarball("echo"), count=2)
     old_pids = instance_pids(gateway.process.pid)
-    sm.create_model(
-        ModelName="bg-sum",
-        PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": model_tarball("sum")},
-    )
-    sm.create_endpoint_config(
-        EndpointConfigName="bg-2",
-        ProductionVariants=[
-            {
-                "VariantName": "v2",
-                "ModelName": "bg-sum",
-                "InstanceType": "ml.m5.large",
-                "InitialInstanceCount": 2,
-            }
-        ],
-    )
+    _config_with_new_model(sm, "bg-2", model_tarball("sum"), variant="v2", count=2)
     hammer = Hammer(gateway, "bg")
     hammer.start()
     time.sleep(0.5)
@@ -88,21 +92,7 @@ def test_failed_update_rolls_back_and_keeps_serving(
 ) -> None:
     sm = gateway.sm
     deploy(sm, "rb", model_tarball("echo"))
-    sm.create_model(
-        ModelName="rb-bad",
-        PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": model_tarball("load_fails")},
-    )
-    sm.create_endpoint_config(
-        EndpointConfigName="rb-2",
-        ProductionVariants=[
-            {
-                "VariantName": "v1",
-                "ModelName": "rb-bad",
-                "InstanceType": "ml.m5.large",
-                "InitialInstanceCount": 1,
-            }
-        ],
-    )
+    _config_with_new_model(sm, "rb-2", model_tarball("load_fails"), variant="v1", count=1)
     sm.update_endpoint(EndpointName="rb", EndpointConfigName="rb-2")
     wait_in_service(sm, "rb")
     described = sm.describe_endpoint(EndpointName="rb")
