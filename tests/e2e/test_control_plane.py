@@ -206,3 +206,16 @@ def test_responses_carry_a_request_id(gateway: GatewayProcess) -> None:
     with pytest.raises(ClientError) as err:
         gateway.sm.describe_model(ModelName="nope")
     assert len(err.value.response["ResponseMetadata"]["RequestId"]) == 36
+
+
+def test_endpoint_is_described_after_its_config_and_model_are_deleted(
+    gateway: GatewayProcess, model_tarball: Any
+) -> None:
+    sm = gateway.sm
+    deploy(sm, "orphan", model_tarball("echo"))
+    sm.delete_endpoint_config(EndpointConfigName="orphan")
+    sm.delete_model(ModelName="orphan")
+    described = sm.describe_endpoint(EndpointName="orphan")
+    assert described["EndpointStatus"] == "InService"
+    assert described["ProductionVariants"][0]["CurrentInstanceCount"] == 1
+    assert "DeployedImages" not in described["ProductionVariants"][0]

@@ -42,7 +42,6 @@ class Reconciler:
     ) -> None:
         self.store = store
         self.provisioner = provisioner
-        self.backend = provisioner.backend
         self.router = router
         self.metrics = metrics
         self.health_check_period_s = health_check_period_s
@@ -155,7 +154,7 @@ class Reconciler:
                 if time.monotonic() >= slot.restart_at:
                     changed |= await self._restart(fleet, slot)
                 continue
-            reason = self.backend.exit_reason(slot.handle)
+            reason = self.provisioner.backend.exit_reason(slot.handle)
             if reason is not None:
                 log.warning("instance %s exited: %s", slot.spec.instance_id, reason)
                 changed |= await self._restart(fleet, slot)
@@ -182,7 +181,7 @@ class Reconciler:
         slot.handle, slot.instance, slot.ping_failures = None, None, 0
         self._publish(fleet)
         if old is not None:
-            await self.backend.stop(old, timeout_s=5.0)
+            await self.provisioner.backend.stop(old, timeout_s=5.0)
         slot.restarts += 1
         try:
             await self.provisioner.start_slot(slot)

@@ -21,6 +21,7 @@ class Policy(Protocol):
     """
 
     queues: bool
+    max_in_flight: int
 
     def choose(self, instances: Sequence[Instance]) -> Instance | None: ...
 

@@ -46,7 +46,7 @@ class VariantRoute:
         self.instances = list(instances)
         self.metrics = metrics
         self.waiters: deque[asyncio.Future[None]] = deque()
-        self.queue_limit = policy.queues * getattr(policy, "max_in_flight", 0) * len(instances)
+        self.queue_limit = policy.max_in_flight * len(instances) if policy.queues else 0
 
     def __repr__(self) -> str:
         return f"VariantRoute({self.name!r}, weight={self.weight}, instances={self.instances})"

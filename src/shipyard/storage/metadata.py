@@ -16,11 +16,26 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config as AlembicConfig
-from sqlalchemy import Connection, Engine, create_engine, delete, event, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.pool import StaticPool
 
-from shipyard.errors import InvalidParameter, ResourceInUse, ResourceNotFound
+from shipyard.errors import (
+    InvalidParameter,
+    ResourceInUse,
+    ResourceLimitExceeded,
+    ResourceNotFound,
+)
 from shipyard.records import (
     ENDPOINT_TRANSITIONS,
     Endpoint,
@@ -138,10 +153,8 @@ class MetadataStore:
         row = _endpoint_row(endpoint)
         message = f'Cannot create already existing endpoint "{endpoint.arn}".'
         with self._tx() as conn:
-            count = len(conn.execute(select(t.endpoints.c.name)).all())
+            count = conn.execute(select(func.count()).select_from(t.endpoints)).scalar_one()
             if count >= max_endpoints:
-                from shipyard.errors import ResourceLimitExceeded
-
                 raise ResourceLimitExceeded(
                     f"The account-level service limit 'Number of endpoints' is {max_endpoints} "
                     f"Endpoints, with current utilization of {count} Endpoints and a request "

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from shipyard.control.endpoints import EndpointService
+from shipyard.errors import ResourceNotFound
 from shipyard.gateway.actions.listing import page
 from shipyard.records import Endpoint
 
@@ -17,8 +18,7 @@ def create_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
 
 def describe_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
     endpoint, counts = svc.describe_endpoint(p["EndpointName"])
-    config = svc.describe_endpoint_config(endpoint.config_name)
-    models = {v.name: v.model_name for v in config.variants}
+    images = _deployed_images(svc, endpoint.config_name)
     variants = []
     for state in endpoint.variants:
         entry: dict[str, Any] = {
@@ -28,17 +28,11 @@ def describe_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]
             "CurrentInstanceCount": counts.get(state.name, 0),
             "DesiredInstanceCount": state.desired_instance_count,
         }
-        model_name = models.get(state.name)
-        if model_name is not None:
-            try:
-                image = svc.describe_model(model_name).image
-            except Exception:  # the model may be deleted while the endpoint runs
-                image = None
-            if image:
-                entry["DeployedImages"] = [
-                    {"SpecifiedImage": image, "ResolvedImage": image,
-                     "ResolutionTime": endpoint.created}
-                ]  # fmt: skip
+        if image := images.get(state.name):
+            entry["DeployedImages"] = [
+                {"SpecifiedImage": image, "ResolvedImage": image,
+                 "ResolutionTime": endpoint.created}
+            ]  # fmt: skip
         variants.append(entry)
     out: dict[str, Any] = {
         "EndpointName": endpoint.name,
@@ -57,6 +51,22 @@ def describe_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]
             "StartTime": endpoint.modified,
         }
     return out
+
+
+def _deployed_images(svc: EndpointService, config_name: str) -> dict[str, str]:
+    """Variant name -> image. SageMaker lets users delete a config or model that a live
+    endpoint still runs, so either may be gone; the endpoint is still described."""
+    try:
+        config = svc.describe_endpoint_config(config_name)
+    except ResourceNotFound:
+        return {}
+    images = {}
+    for variant in config.variants:
+        try:
+            images[variant.name] = svc.describe_model(variant.model_name).image
+        except ResourceNotFound:
+            continue
+    return images
 
 
 def list_endpoints(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
