@@ -264,14 +264,19 @@ def start_runtime(
 
 
 def start_gateway(
-    home: Path, *, python: str = sys.executable, port: int | None = None
+    home: Path,
+    *,
+    python: str = sys.executable,
+    port: int | None = None,
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> tuple[ServerProcess, str]:
     """``shipyard serve`` on a free port with ``home``; returns it and its URL once healthy."""
     port = port or free_port()
     home.mkdir(parents=True, exist_ok=True)
     argv = [python, "-m", "shipyard", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--home", str(home)]
-    server = ServerProcess.start("gateway", argv, home / "gateway.log")
+    argv += ["--home", str(home), *args]
+    server = ServerProcess.start("gateway", argv, home / "gateway.log", env)
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:

@@ -138,6 +138,23 @@ def gateway_factory(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
     yield create
     for gw in started:
         gw.stop()
+    for gw in started:
+        stop_job_processes(gw.home)
+
+
+def stop_job_processes(home: Path) -> None:
+    """Kill by PID the job runners and scripts a test left behind; jobs outlive gateways."""
+    for pid_file in sorted(home.glob("jobs/*/attempt-*/*.pid")):
+        try:
+            pid = int(pid_file.read_text().strip())
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except (OSError, ValueError):
+            continue
+        if cwd.startswith(str(pid_file.parent)):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 @pytest.fixture
@@ -266,3 +283,26 @@ def bucket(s3_endpoint_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     name = f"models-{uuid.uuid4().hex[:12]}"
     client.create_bucket(Bucket=name)
     return Bucket(name=name, endpoint_url=s3_endpoint_url, client=client)
+
+
+# -- notification receivers -----------------------------------------------------------
+
+
+@pytest.fixture
+def webhook() -> Iterator[Any]:
+    """A real webhook receiver on loopback (tests.listeners.WebhookListener)."""
+    from tests.listeners import WebhookListener
+
+    listener = WebhookListener()
+    yield listener
+    listener.close()
+
+
+@pytest.fixture
+def smtp() -> Iterator[Any]:
+    """A real SMTP server on loopback, no TLS or login (tests.listeners.SmtpListener)."""
+    from tests.listeners import SmtpListener
+
+    listener = SmtpListener()
+    yield listener
+    listener.close()

@@ -15,14 +15,23 @@ from shipyard.backends.local import LocalBackend
 from shipyard.control.endpoints import EndpointService
 from shipyard.control.fleet import Provisioner
 from shipyard.control.reconciler import Reconciler
+from shipyard.events.dispatcher import Dispatcher
+from shipyard.events.notify import Notifier
+from shipyard.events.topics import Topics
 from shipyard.gateway.control import ControlDoor
+from shipyard.gateway.facade import JobsDoor
 from shipyard.gateway.ops import healthz, metrics_endpoint
 from shipyard.gateway.runtime import RuntimeDoor
 from shipyard.gateway.validation import RequestValidator
+from shipyard.jobs.announce import JobAnnouncer
+from shipyard.jobs.service import JobService
+from shipyard.jobs.supervisor import JobSupervisor
 from shipyard.metrics import Metrics
 from shipyard.routing.router import Router
-from shipyard.settings import Settings
+from shipyard.settings import JobsConfig, Settings, StackFile
 from shipyard.storage.artifacts import ArtifactStore
+from shipyard.storage.events import EventLog
+from shipyard.storage.jobs import JobStore
 from shipyard.storage.metadata import MetadataStore
 
 log = logging.getLogger(__name__)
@@ -44,14 +53,16 @@ class Gateway:
     def __init__(self, settings: Settings, *, on_startup: StartupHook | None = None) -> None:
         if settings.backend != "local":
             raise ValueError(f"backend: unknown backend {settings.backend!r} (known: local)")
+        stack = StackFile.load(settings.config) if settings.config else StackFile()
         settings.home.mkdir(parents=True, exist_ok=True)
         self.settings = settings
         self.metrics = Metrics()
         self.store = MetadataStore(settings.db_url)
         self.router = Router(timeout_s=settings.invocation_timeout_s)
+        backend = LocalBackend(run_dir=settings.home / "run")
         provisioner = Provisioner(
             store=self.store,
-            backend=LocalBackend(run_dir=settings.home / "run"),
+            backend=backend,
             artifacts=ArtifactStore(s3_endpoint_url=settings.s3_endpoint_url),
             home=settings.home,
             start_timeout_s=settings.instance_start_timeout_s,
@@ -79,18 +90,56 @@ class Gateway:
             max_payload_bytes=settings.max_payload_bytes,
             account_id=settings.account_id,
         )
+        self._build_jobs(settings, stack, backend)
         validator = RequestValidator(unpatterned=_LOCAL_URI_SHAPES)
-        control = ControlDoor(service=self.service, validator=validator)
+        control = ControlDoor(service=self.service, jobs=self.jobs, validator=validator)
+        jobs_door = JobsDoor(jobs=self.jobs)
         self._on_startup = on_startup
         self.app = Starlette(
             routes=[
                 Route("/", control.handle, methods=["POST"]),
+                Route("/inference", jobs_door.inference, methods=["POST"]),
+                Route("/jobs/{name}/logs", jobs_door.logs, methods=["GET"]),
                 Route("/healthz", healthz, methods=["GET"]),
                 Route("/metrics", metrics_endpoint(self.metrics), methods=["GET"]),  # type: ignore[arg-type]
             ],
             lifespan=self._lifespan,
         )
         self.app.state.ready = False
+
+    def _build_jobs(self, settings: Settings, stack: StackFile, backend: LocalBackend) -> None:
+        """The job service, its supervisor and the event dispatcher that announces jobs."""
+        config = (
+            stack.jobs
+            if "jobs" in stack.model_fields_set
+            else JobsConfig(limit=settings.max_active_jobs)
+        )
+        self.dispatcher = Dispatcher(
+            log=EventLog(self.store.engine), topics=Topics(stack.topics), notifier=Notifier()
+        )
+        announcer = JobAnnouncer(notify=config.notify)
+        job_store = JobStore(self.store.engine)
+        jobs_dir = settings.home / "jobs"
+        self.supervisor = JobSupervisor(
+            store=job_store,
+            backend=backend,
+            announcer=announcer,
+            metrics=self.metrics,
+            jobs_dir=jobs_dir,
+            s3_endpoint_url=settings.s3_endpoint_url,
+            stop_grace_s=settings.job_stop_grace_s,
+            poll_period_s=settings.job_poll_period_s,
+            on_event=self.dispatcher.wake,
+        )
+        self.jobs = JobService(
+            store=job_store,
+            config=config,
+            announcer=announcer,
+            wake=self.supervisor.wake,
+            jobs_dir=jobs_dir,
+            region=settings.region,
+            account_id=settings.account_id,
+        )
 
     def __repr__(self) -> str:
         return f"Gateway(home={str(self.settings.home)!r}, store={self.store!r})"
@@ -108,7 +157,11 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await asyncio.to_thread(self.store.migrate)
-        task = asyncio.create_task(self.reconciler.run(), name="reconciler")
+        tasks = [
+            asyncio.create_task(self.reconciler.run(), name="reconciler"),
+            asyncio.create_task(self.supervisor.run(), name="job-supervisor"),
+            asyncio.create_task(self.dispatcher.run(), name="event-dispatcher"),
+        ]
         if self._on_startup is not None:
             await self._on_startup(self.service)
         app.state.ready = True
@@ -117,9 +170,12 @@ class Gateway:
             yield
         finally:
             app.state.ready = False
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            # Job runners are left running on purpose: the next gateway re-attaches.
             await self.reconciler.stop_all()
             self.router.close()
             self.store.close()

@@ -8,12 +8,16 @@
     ├── ResourceLimitExceeded          400  a quota hit
     ├── UnknownOperation               400  an X-Amz-Target we do not implement
     ├── SerializationException         400  a body that is not JSON
-    └── RuntimeFailure                      errors of the runtime door (sagemaker-runtime)
-        ├── RuntimeValidationError     400  unknown endpoint, bad headers, body too large
-        ├── ModelError                 424  the model answered with an error status
-        ├── ModelNotReady              429  instances still starting
-        ├── ServiceUnavailable         503  no instance can take the request now
-        └── InternalFailure            500  a bug of ours
+    ├── RuntimeFailure                      errors of the runtime door (sagemaker-runtime)
+    │   ├── RuntimeValidationError     400  unknown endpoint, bad headers, body too large
+    │   ├── ModelError                 424  the model answered with an error status
+    │   ├── ModelNotReady              429  instances still starting
+    │   ├── ServiceUnavailable         503  no instance can take the request now
+    │   └── InternalFailure            500  a bug of ours
+    └── FacadeRefusal                       the jobs facade's refusals (POST /inference)
+        ├── MissingJobType             501  no or malformed ``type``, or a body not a JSON object
+        ├── JobLimitReached            502  ``limit`` jobs are already active
+        └── JobTypeNotAllowed          510  ``type`` is not in the white list
 
 The runtime's codes differ from the control plane's on purpose (SageMaker's do too):
 boto3's ``sagemaker-runtime`` client knows ``ValidationError``, not ``ValidationException``.
@@ -146,3 +150,32 @@ class InternalFailure(RuntimeFailure):
 
     wire_type = "InternalFailure"
     status_code = 500
+
+
+class FacadeRefusal(ShipyardError):
+    """Root of the jobs facade's refusals; the HTTP status is also the body's ``status``."""
+
+    wire_type = "FacadeRefusal"
+
+
+class MissingJobType(FacadeRefusal):
+    """The body is not a JSON object with a non-empty string ``type``."""
+
+    status_code = 501
+
+
+class JobLimitReached(FacadeRefusal):
+    """As many jobs as ``jobs.limit`` allows are active; nothing was scheduled."""
+
+    status_code = 502
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"Failed to schedule inference at the moment, due to reaching limit {limit}."
+        )
+
+
+class JobTypeNotAllowed(FacadeRefusal):
+    """The ``type`` is not in ``jobs.white_list``; nothing was scheduled."""
+
+    status_code = 510

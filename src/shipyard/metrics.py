@@ -60,6 +60,19 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.jobs = Gauge(
+            "shipyard_jobs",
+            "Active long-running jobs per TrainingJobStatus (InProgress, Stopping).",
+            ("status",),
+            registry=self.registry,
+        )
+        self.jobs_finished = Counter(
+            "shipyard_jobs_finished",
+            "Long-running jobs that reached a final TrainingJobStatus, per status.",
+            ("status",),
+            registry=self.registry,
+        )
+
     def for_variant(self, endpoint: str, variant: str) -> VariantMetrics:
         """Children bound once per variant, so the hot path never looks labels up."""
         return VariantMetrics(

@@ -101,3 +101,90 @@ class Endpoint:
     """Set while a blue/green UpdateEndpoint converges to a new config."""
     generation: int = 0
     """Bumped on every change of desired state, so the reconciler notices it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One state change, recorded in the same transaction as the change itself (outbox).
+
+    ``key`` is unique in the store: recording the same key twice keeps the first, which
+    is what makes a notification exactly-once however often the change is seen.
+    """
+
+    key: str
+    detail_type: str
+    """EventBridge-style, e.g. ``SageMaker Training Job State Change``."""
+    source: str
+    resource: str
+    """ARN of the resource that changed."""
+    detail: dict[str, Any]
+    topics: tuple[str, ...]
+    """Where to announce it: topic names, SNS topic ARNs or apprise URLs; may be empty."""
+    subject: str
+    message: str
+    time: datetime
+    id: int | None = None
+
+
+class JobStatus(StrEnum):
+    """TrainingJobStatus, as SageMaker spells it."""
+
+    IN_PROGRESS = "InProgress"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    STOPPING = "Stopping"
+    STOPPED = "Stopped"
+
+
+JOB_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
+    JobStatus.IN_PROGRESS: frozenset(
+        {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.STOPPING, JobStatus.STOPPED}
+    ),
+    JobStatus.STOPPING: frozenset({JobStatus.STOPPED, JobStatus.COMPLETED, JobStatus.FAILED}),
+    JobStatus.COMPLETED: frozenset(),
+    JobStatus.FAILED: frozenset(),
+    JobStatus.STOPPED: frozenset(),
+}
+
+ACTIVE_JOB_STATUSES = (JobStatus.IN_PROGRESS, JobStatus.STOPPING)
+"""Statuses that hold one of the ``limit`` slots."""
+
+
+@dataclass(frozen=True, slots=True)
+class StatusTransition:
+    """One entry of ``SecondaryStatusTransitions``."""
+
+    status: str
+    start: datetime
+    end: datetime | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One long-running job (a SageMaker training job), from either door."""
+
+    name: str
+    arn: str
+    status: JobStatus
+    secondary_status: str
+    request: dict[str, Any]
+    """The CreateTrainingJob request as accepted, template and defaults filled in."""
+    created: datetime
+    modified: datetime
+    job_type: str | None = None
+    """The facade's ``type``, when the job came through ``POST /inference``."""
+    failure_reason: str | None = None
+    model_artifacts: str | None = None
+    started: datetime | None = None
+    ended: datetime | None = None
+    transitions: tuple[StatusTransition, ...] = ()
+    attempt: int = 1
+    pid: int | None = None
+    """The runner process of the current attempt, once launched."""
+    applied_lines: int = 0
+    """How many lines of the current attempt's status file are recorded."""
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE_JOB_STATUSES

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -64,6 +66,84 @@ class Settings(BaseSettings):
     max_instances_per_variant: int = 16
     """Quota: instances one production variant may ask for."""
 
+    max_active_jobs: int = Field(default=4, ge=1)
+    """Quota: long-running jobs active at once, unless the stack file's ``jobs.limit`` says."""
+
+    job_stop_grace_s: float = 120.0
+    """StopTrainingJob sends SIGTERM, then SIGKILL after this many seconds (SageMaker's 120)."""
+
+    job_poll_period_s: float = 0.5
+    """How often the job supervisor reads the status of running jobs."""
+
     @property
     def db_url(self) -> str:
         return self.db or f"sqlite:///{self.home / 'shipyard.db'}"
+
+
+# -- the stack file: what should exist ------------------------------------------------------
+
+
+class JobsConfig(BaseModel):
+    """The ``jobs:`` section: the ``POST /inference`` facade and job notifications."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(default=4, ge=1)
+    """Jobs active at once, from either door."""
+    white_list: list[str] = Field(default_factory=list)
+    """Job types ``POST /inference`` accepts; each needs a template."""
+    s3_bucket: str | None = None
+    """Output root: a job's output lands under ``<s3_bucket>/<job>/output/``."""
+    role_arn: str = "arn:aws:iam::000000000000:role/shipyard"
+    """Recorded on each job as its RoleArn."""
+    templates: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Per type, a partial CreateTrainingJob request."""
+    notify: dict[str, list[str]] = Field(default_factory=dict)
+    """TrainingJobStatus -> topics (names, SNS topic ARNs or apprise URLs)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> JobsConfig:
+        missing = [name for name in self.white_list if name not in self.templates]
+        if missing:
+            raise ValueError(f"jobs.templates: no template for white-listed type(s) {missing}")
+        if self.white_list and not self.s3_bucket:
+            raise ValueError("jobs.s3_bucket: required when jobs.white_list is set")
+        known = {"InProgress", "Completed", "Failed", "Stopping", "Stopped"}
+        unknown = sorted(set(self.notify) - known)
+        if unknown:
+            raise ValueError(f"jobs.notify: unknown TrainingJobStatus {unknown}")
+        return self
+
+
+class StackFile(BaseModel):
+    """A stack file (YAML). Sections this version does not converge are refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    topics: dict[str, list[str]] = Field(default_factory=dict)
+    """Topic name -> subscribers, as apprise URLs."""
+    jobs: JobsConfig = Field(default_factory=JobsConfig)
+
+    @model_validator(mode="after")
+    def _check_topics(self) -> StackFile:
+        for status, targets in self.jobs.notify.items():
+            for target in targets:
+                if "://" in target or target.startswith("arn:aws:sns:"):
+                    continue
+                if target not in self.topics:
+                    raise ValueError(f"jobs.notify.{status}: unknown topic {target!r}")
+        return self
+
+    @classmethod
+    def load(cls, path: Path) -> StackFile:
+        """Read and validate ``path``; errors name the file and the field."""
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValueError(f"{path}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a stack file is a YAML mapping")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ValueError(f"{path}: {exc}") from exc

@@ -72,3 +72,27 @@ class Backend(Protocol):
     async def stop(self, handle: InstanceHandle, *, timeout_s: float = 10.0) -> None: ...
 
     def exit_reason(self, handle: InstanceHandle) -> str | None: ...
+
+
+class JobBackend(Protocol):
+    """Starts, signals and locates job runner processes (``python -m shipyard.jobs.runner``).
+
+    A runner must outlive the gateway that started it, so it is located again by its PID
+    and its working folder, never by a handle held in memory.
+    """
+
+    async def start_job(self, workdir: Path, *, s3_endpoint_url: str | None) -> int:
+        """Start the runner of the job in ``workdir``; return its PID."""
+        ...
+
+    def job_running(self, pid: int, workdir: Path) -> bool:
+        """Whether ``pid`` is still the runner of ``workdir`` (not ended, not reused)."""
+        ...
+
+    def signal_job(self, pid: int, workdir: Path, sig: int) -> None:
+        """Send ``sig`` to the runner, if it still runs."""
+        ...
+
+    def kill_job(self, pid: int, workdir: Path) -> None:
+        """SIGKILL the runner and the script it started, wherever they are."""
+        ...

@@ -45,6 +45,7 @@ class LocalBackend:
 
     def __init__(self, *, run_dir: Path) -> None:
         self.run_dir = run_dir
+        self._runners: dict[int, subprocess.Popen[bytes]] = {}
 
     def __repr__(self) -> str:
         return f"LocalBackend(run_dir={str(self.run_dir)!r})"
@@ -118,6 +119,58 @@ class LocalBackend:
             if text:
                 return text
         return f"the process exited with code {code}{_log_tail(handle.log_path)}"
+
+    # -- job runners ----------------------------------------------------------------------
+
+    async def start_job(self, workdir: Path, *, s3_endpoint_url: str | None) -> int:
+        argv = [sys.executable, "-m", "shipyard.jobs.runner", str(workdir)]
+        if s3_endpoint_url:
+            argv += ["--s3-endpoint-url", s3_endpoint_url]
+        with open(workdir / "runner.log", "ab") as out:
+            try:
+                process = subprocess.Popen(
+                    argv,
+                    cwd=workdir,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    # Its own session: the job outlives the gateway, and a signal to the
+                    # gateway's group never reaches it.
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise BackendError(f"Could not start the job runner: {exc}") from exc
+        self._runners[process.pid] = process
+        log.info("started job runner pid %s in %s", process.pid, workdir)
+        return process.pid
+
+    def job_running(self, pid: int, workdir: Path) -> bool:
+        process = self._runners.get(pid)
+        if process is not None and process.poll() is not None:
+            del self._runners[pid]  # reaped: a zombie would still show in /proc
+            return False
+        # A runner started by an earlier gateway is found by its command line, which
+        # names its working folder; that also guards against a reused PID.
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+        return str(workdir).encode() in cmdline.split(b"\0")
+
+    def signal_job(self, pid: int, workdir: Path, sig: int) -> None:
+        if self.job_running(pid, workdir):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+    def kill_job(self, pid: int, workdir: Path) -> None:
+        if self.job_running(pid, workdir):
+            _signal_group(pid, signal.SIGKILL)
+        # The script leads its own session; once its runner is gone nobody else stops it.
+        with contextlib.suppress(OSError, ValueError):
+            script = int((workdir / "script.pid").read_text().strip())
+            # It runs in the job's folder: a reused PID would not.
+            if os.readlink(f"/proc/{script}/cwd").startswith(str(workdir)):
+                _signal_group(script, signal.SIGKILL)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

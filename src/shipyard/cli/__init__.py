@@ -45,10 +45,6 @@ def serve(
     }
     settings = Settings(**{k: v for k, v in given.items() if v is not None})
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    if config is not None:
-        logging.getLogger("shipyard").warning(
-            "--config %s: stack files (topics, jobs) are not applied by this version yet", config
-        )
     try:
         gateway = create_app(
             settings,

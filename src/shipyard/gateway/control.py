@@ -13,9 +13,10 @@ from starlette.responses import Response
 
 from shipyard.control.endpoints import EndpointService
 from shipyard.errors import SerializationException, UnknownOperation
-from shipyard.gateway.actions import ACTIONS
+from shipyard.gateway.actions import ACTIONS, JOB_ACTIONS
 from shipyard.gateway.errors import AMZ_JSON, control_error_response
 from shipyard.gateway.validation import RequestValidator
+from shipyard.jobs.service import JobService
 
 _PREFIX = "SageMaker."
 
@@ -30,8 +31,11 @@ def _json_default(value: object) -> object:
 class ControlDoor:
     """Parses ``X-Amz-Target``, validates against the service model, runs the action."""
 
-    def __init__(self, *, service: EndpointService, validator: RequestValidator) -> None:
+    def __init__(
+        self, *, service: EndpointService, jobs: JobService, validator: RequestValidator
+    ) -> None:
         self.service = service
+        self.jobs = jobs
         self.validator = validator
 
     async def handle(self, request: Request) -> Response:
@@ -48,8 +52,7 @@ class ControlDoor:
     async def _handle(self, request: Request) -> dict[str, Any]:
         target = request.headers.get("x-amz-target", "")
         action = target.removeprefix(_PREFIX) if target.startswith(_PREFIX) else None
-        handler = ACTIONS.get(action) if action else None
-        if action is None or handler is None:
+        if action is None or (action not in ACTIONS and action not in JOB_ACTIONS):
             raise UnknownOperation(f"The operation {target or '(none)'} is not supported.")
         raw = await request.body()
         try:
@@ -57,4 +60,6 @@ class ControlDoor:
         except ValueError as exc:
             raise SerializationException(f"Request body is not valid JSON: {exc}") from exc
         self.validator.validate(action, params)
-        return await run_in_threadpool(handler, self.service, params)
+        if action in JOB_ACTIONS:
+            return await run_in_threadpool(JOB_ACTIONS[action], self.jobs, params)
+        return await run_in_threadpool(ACTIONS[action], self.service, params)

@@ -3,6 +3,7 @@
 - control plane (AWS JSON 1.1): HTTP 400 with ``{"__type": code, "message": ...}``
 - runtime (rest-json, sagemaker-runtime): ``x-amzn-ErrorType`` header and a body that
   carries ModelError's ``OriginalStatusCode``, ``OriginalMessage`` and ``LogStreamArn``
+- jobs facade (``POST /inference``): ``{"status": code, "errMsg": ...}``, same HTTP status
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-from shipyard.errors import ModelError, ShipyardError
+from shipyard.errors import FacadeRefusal, ModelError, ShipyardError
 
 log = logging.getLogger(__name__)
 
@@ -53,3 +54,14 @@ async def runtime_error_response(exc: ShipyardError, send: Any) -> None:
     ]
     await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
+
+
+def facade_error_response(exc: Exception) -> Response:
+    """The facade's shape: ``{"status", "errMsg"}``, the HTTP status equal to ``status``."""
+    if isinstance(exc, FacadeRefusal):
+        status, message = exc.status_code, exc.message
+    else:
+        log.error("facade request failed", exc_info=exc)
+        status, message = 500, "An internal error occurred."
+    body = json.dumps({"status": status, "errMsg": message})
+    return Response(body, status_code=status, media_type="application/json")

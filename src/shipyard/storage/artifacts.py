@@ -26,8 +26,9 @@ import os
 import shutil
 import tarfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from logging import getLogger
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,33 @@ COMPLETE_MARKER = ".shipyard-complete"
 
 _S3_SCHEME = "s3://"
 _READ_CHUNK_BYTES = 1 << 20
+
+FileStamp = tuple[int, int]
+"""A local file's ``(size, mtime_ns)``: what sync_up compares to tell a changed file."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Words:
+    """How messages name what is moved and where it goes: users read them verbatim."""
+
+    data: str
+    """e.g. ``model data``, in the middle of a sentence."""
+    place: str
+    """e.g. ``the model directory``."""
+
+    @property
+    def subject(self) -> str:
+        return self.data[:1].upper() + self.data[1:]
+
+
+_MODEL_WORDS = _Words("model data", "the model directory")
+_CODE_WORDS = _Words("submit directory", "the code directory")
+_OUTPUT_WORDS = _Words("output location", "the output location")
+
+
+def join_uri(uri: str, *parts: str) -> str:
+    """``uri`` with ``parts`` appended as path segments: ``join_uri("s3://b/out", "j")``."""
+    return "/".join([uri.rstrip("/"), *(part.strip("/") for part in parts)])
 
 
 class ArtifactError(Exception):
@@ -85,23 +113,35 @@ class ArtifactStore:
             ArtifactError: the model data is missing, unreadable, not a valid archive,
                 empty, or would write outside ``dest``. ``dest`` does not exist afterwards.
         """
-        dest = Path(dest)
+        return self._fetch_tree(uri, Path(dest), _MODEL_WORDS)
+
+    def fetch_code(self, uri: str, dest: Path) -> Path:
+        """Make ``dest`` hold a job's submit directory (``sagemaker_submit_directory``).
+
+        The same as fetch_model, guarantees included (a tar archive is extracted through
+        the same filter, a folder or prefix is copied), with messages that speak of the
+        submit directory. ``dest`` ends up holding COMPLETE_MARKER too.
+
+        Raises:
+            ArtifactError: as fetch_model.
+        """
+        return self._fetch_tree(uri, Path(dest), _CODE_WORDS)
+
+    def _fetch_tree(self, uri: str, dest: Path, words: _Words) -> Path:
         if _is_complete(dest):
             return dest
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             with _exclusive(dest.parent / f".{dest.name}.lock"):
                 if not _is_complete(dest):  # else another caller fetched it while we waited
-                    self._fetch_into(uri, dest)
+                    self._fetch_into(uri, dest, words)
         except OSError as exc:
-            raise ArtifactError(
-                f"Could not prepare the model directory {dest} for {uri}: {exc}"
-            ) from exc
+            raise ArtifactError(f"Could not prepare {words.place} {dest} for {uri}: {exc}") from exc
         return dest
 
-    def _fetch_into(self, uri: str, dest: Path) -> None:
+    def _fetch_into(self, uri: str, dest: Path, words: _Words) -> None:
         """Replace whatever is at ``dest`` with the model's files; the caller holds the lock."""
-        logger.info("Fetching model data %s into %s", uri, dest)
+        logger.info("Fetching %s %s into %s", words.data, uri, dest)
         # A sibling of dest, so the final rename stays on one filesystem and is atomic.
         staging = dest.parent / f".{dest.name}.partial"
         _remove(dest)
@@ -109,41 +149,142 @@ class ArtifactStore:
         tree = staging / "model"
         tree.mkdir(parents=True)
         try:
-            with _translate_errors(uri):
-                self._materialize(uri, tree, staging)
+            with _translate_errors(uri, words):
+                self._materialize(uri, tree, staging, words)
             if not any(tree.iterdir()):
-                raise ArtifactError(f"Model data {uri} is empty: it holds no files.")
+                raise ArtifactError(f"{words.subject} {uri} is empty: it holds no files.")
             # Written last: a folder without it is never mistaken for a complete one.
             (tree / COMPLETE_MARKER).touch()
             tree.rename(dest)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
-    def _materialize(self, uri: str, tree: Path, staging: Path) -> None:
+    def _materialize(self, uri: str, tree: Path, staging: Path, words: _Words) -> None:
         """Fill ``tree`` with the model's files; ``staging`` holds any downloaded archive."""
         if uri.startswith(_S3_SCHEME):
-            self._fetch_s3(uri, tree, staging)
+            self._fetch_s3(uri, tree, staging, words)
             return
-        source = _local_path(uri)
+        source = _local_path(uri, words)
         if source.is_dir():
             # Symlinks are followed and their content copied, so no link points out of dest.
             shutil.copytree(source, tree, dirs_exist_ok=True)
         elif source.exists():
-            _extract(source, uri, tree)
+            _extract(source, uri, tree, words)
         else:
             raise FileNotFoundError(source)
 
-    def _fetch_s3(self, uri: str, tree: Path, staging: Path) -> None:
-        path = uri.removeprefix(_S3_SCHEME).rstrip("/")
-        if not path.split("/", 1)[0]:
-            raise ArtifactError(f"Model data {uri} names no bucket.")
+    def _fetch_s3(self, uri: str, tree: Path, staging: Path, words: _Words) -> None:
+        path = _s3_path(uri, words)
         fs = self._s3_filesystem()
         if fs.info(path)["type"] == "directory":
-            _download_prefix(fs, path, uri, tree)
+            _download_prefix(fs, path, uri, tree, words)
             return
         archive = staging / "archive"
         fs.get_file(path, str(archive))  # streamed to disk in chunks, never held in memory
-        _extract(archive, uri, tree)
+        _extract(archive, uri, tree, words)
+
+    def download(
+        self, uri: str, dest: Path, *, what: str = "data", missing_ok: bool = False
+    ) -> int:
+        """Copy the file or every object under the prefix ``uri`` into ``dest``, unchanged.
+
+        Nothing is extracted: a job's channel gets exactly the objects it names
+        (SageMaker's S3Prefix in File mode), relative paths under the prefix kept, and a
+        URI naming one file or object puts that file in ``dest`` under its own name. Keys
+        that would land outside ``dest`` are refused, as in fetch_model. Not all or
+        nothing: on failure ``dest`` may hold part of the data.
+
+        Args:
+            what: names the data in messages, e.g. ``input data of channel 'train'``.
+            missing_ok: a missing path or an empty prefix copies nothing instead of
+                failing, for a checkpoint prefix that no attempt has written yet.
+
+        Returns:
+            How many files were copied.
+
+        Raises:
+            ArtifactError: ``uri`` is missing (unless ``missing_ok``), unreadable or
+                unsafe; the message names ``uri``.
+        """
+        dest = Path(dest)
+        words = _Words(what, str(dest))
+        with _translate_errors(uri, words):
+            dest.mkdir(parents=True, exist_ok=True)
+            try:
+                return self._copy_into(uri, dest, words)
+            except FileNotFoundError:
+                if missing_ok:
+                    return 0
+                raise
+
+    def _copy_into(self, uri: str, dest: Path, words: _Words) -> int:
+        if uri.startswith(_S3_SCHEME):
+            path = _s3_path(uri, words)
+            fs = self._s3_filesystem()
+            if fs.info(path)["type"] == "directory":
+                return _download_prefix(fs, path, uri, dest, words)
+            fs.get_file(path, str(dest / path.rsplit("/", 1)[-1]))
+            return 1
+        source = _local_path(uri, words)
+        if source.is_dir():
+            count = sum(len(files) for _, _, files in os.walk(source))
+            shutil.copytree(source, dest, dirs_exist_ok=True)
+            return count
+        shutil.copy2(source, dest / source.name)  # FileNotFoundError when it is missing
+        return 1
+
+    def upload_file(self, path: Path, uri: str) -> None:
+        """Put the local file ``path`` at ``uri``: an S3 object, or a local file.
+
+        A local destination's folders are created, and the file is written beside it and
+        renamed into place, so a reader never sees half of it.
+
+        Raises:
+            ArtifactError: ``path`` is unreadable or ``uri`` unwritable; names both.
+        """
+        with _translate_upload_errors(Path(path), uri):
+            self._put(Path(path), uri)
+
+    def sync_up(
+        self, local_dir: Path, uri: str, *, previous: Mapping[str, FileStamp] | None = None
+    ) -> dict[str, FileStamp]:
+        """Upload the files under ``local_dir`` that are new or changed since ``previous``.
+
+        Pass the returned stamps as ``previous`` next time, so each sync sends only what
+        changed (a job's checkpoints, every few seconds). Files deleted locally stay at
+        ``uri``. A file replaced while it is being sent may arrive half written; its stamp
+        then differs next time, so the next sync sends it again. A file that vanishes
+        before it is sent (a writer's temporary file) is skipped.
+
+        Raises:
+            ArtifactError: an upload failed. Keep the old ``previous``: the next sync
+                sends everything that did not get through.
+        """
+        local_dir = Path(local_dir)
+        previous = previous or {}
+        current = _stamps(local_dir)
+        for rel in sorted(current):
+            if previous.get(rel) == current[rel]:
+                continue
+            path = local_dir / rel
+            try:
+                with _translate_upload_errors(path, join_uri(uri, rel)):
+                    self._put(path, join_uri(uri, rel))
+            except ArtifactError:
+                if path.exists():
+                    raise
+                del current[rel]
+        return current
+
+    def _put(self, path: Path, uri: str) -> None:
+        if uri.startswith(_S3_SCHEME):
+            self._s3_filesystem().put_file(str(path), _s3_path(uri, _OUTPUT_WORDS))
+            return
+        target = _local_path(uri, _OUTPUT_WORDS)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.partial")
+        shutil.copyfile(path, partial)
+        os.replace(partial, target)
 
     def _s3_filesystem(self) -> Any:
         client_kwargs = {"endpoint_url": self._s3_endpoint_url} if self._s3_endpoint_url else {}
@@ -178,24 +319,35 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
 
 
-def _local_path(uri: str) -> Path:
+def _local_path(uri: str, words: _Words) -> Path:
     parts = urlsplit(uri)
     if parts.scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise ArtifactError(
-                f"Model data {uri} is not a local file URI; write file:///absolute/path."
+                f"{words.subject} {uri} is not a local file URI; write file:///absolute/path."
             )
         return Path(url2pathname(parts.path))
     if parts.scheme:
         raise ArtifactError(
-            f"Model data {uri} has the unsupported scheme '{parts.scheme}'; "
+            f"{words.subject} {uri} has the unsupported scheme '{parts.scheme}'; "
             "use s3://, file:// or a local path."
         )
     return Path(uri)
 
 
-def _download_prefix(fs: Any, prefix: str, uri: str, tree: Path) -> None:
-    """Copy every object under ``prefix`` into ``tree``, refusing keys that escape it."""
+def _s3_path(uri: str, words: _Words) -> str:
+    """``bucket/key`` of an ``s3://`` URI, without a trailing slash."""
+    path = uri.removeprefix(_S3_SCHEME).rstrip("/")
+    if not path.split("/", 1)[0]:
+        raise ArtifactError(f"{words.subject} {uri} names no bucket.")
+    return path
+
+
+def _download_prefix(fs: Any, prefix: str, uri: str, tree: Path, words: _Words) -> int:
+    """Copy every object under ``prefix`` into ``tree``, refusing keys that escape it.
+
+    Returns how many objects were copied.
+    """
     keys: list[str] = []
     targets: list[str] = []
     root = os.path.realpath(tree)
@@ -205,17 +357,32 @@ def _download_prefix(fs: Any, prefix: str, uri: str, tree: Path) -> None:
         target = os.path.realpath(os.path.join(root, key.removeprefix(prefix + "/")))
         if os.path.commonpath([root, target]) != root or target == root:
             raise ArtifactError(
-                f"Model data {uri} is unsafe: object 's3://{key}' would be written "
-                "outside the model directory."
+                f"{words.subject} {uri} is unsafe: object 's3://{key}' would be written "
+                f"outside {words.place}."
             )
         os.makedirs(os.path.dirname(target), exist_ok=True)
         keys.append(key)
         targets.append(target)
     if keys:
         fs.get(keys, targets)  # lists are copied pairwise, concurrently
+    return len(keys)
 
 
-def _extract(archive: Path, uri: str, tree: Path) -> None:
+def _stamps(local_dir: Path) -> dict[str, FileStamp]:
+    """``(size, mtime_ns)`` of every file under ``local_dir``, by POSIX relative path."""
+    stamps: dict[str, FileStamp] = {}
+    for folder, _, files in os.walk(local_dir):  # links to folders are not followed
+        for name in files:
+            path = Path(folder, name)
+            try:
+                info = path.stat()
+            except FileNotFoundError:  # removed since it was listed
+                continue
+            stamps[path.relative_to(local_dir).as_posix()] = (info.st_size, info.st_mtime_ns)
+    return stamps
+
+
+def _extract(archive: Path, uri: str, tree: Path, words: _Words) -> None:
     """Extract ``archive`` into ``tree`` through the standard library's ``data`` filter."""
     try:
         with tarfile.open(archive, mode="r:*") as tar:
@@ -225,14 +392,15 @@ def _extract(archive: Path, uri: str, tree: Path) -> None:
             while tar.fileobj.read(_READ_CHUNK_BYTES):
                 pass
     except tarfile.FilterError as exc:
-        raise ArtifactError(f"Model data {uri} is unsafe: {_describe_refusal(exc)}.") from exc
+        refusal = _describe_refusal(exc, words)
+        raise ArtifactError(f"{words.subject} {uri} is unsafe: {refusal}.") from exc
     except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, gzip.BadGzipFile) as exc:
         # A multi-line reason is tarfile's list of every compression it tried: noise here.
         reason = str(exc)
         detail = f" ({reason})" if reason and "\n" not in reason else ""
-        raise ArtifactError(f"Model data {uri} is not a valid tar archive{detail}.") from exc
+        raise ArtifactError(f"{words.subject} {uri} is not a valid tar archive{detail}.") from exc
     except OSError as exc:
-        raise ArtifactError(f"Model data {uri} could not be extracted: {exc}") from exc
+        raise ArtifactError(f"{words.subject} {uri} could not be extracted: {exc}") from exc
 
 
 _MAX_PATH_CHARS = 1024
@@ -264,15 +432,15 @@ def _model_filter(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
     return checked
 
 
-def _describe_refusal(exc: tarfile.FilterError) -> str:
+def _describe_refusal(exc: tarfile.FilterError, words: _Words) -> str:
     member = exc.tarinfo
     name = f"member {member.name!r}"
     if isinstance(exc, _UnsafeLink):
         return f"{name} {exc.why}"
     if isinstance(exc, tarfile.OutsideDestinationError):
-        return f"{name} would be written outside the model directory"
+        return f"{name} would be written outside {words.place}"
     if isinstance(exc, tarfile.LinkOutsideDestinationError):
-        return f"{name} links to {member.linkname!r}, outside the model directory"
+        return f"{name} links to {member.linkname!r}, outside {words.place}"
     if isinstance(exc, tarfile.AbsoluteLinkError):
         return f"{name} links to the absolute path {member.linkname!r}"
     if isinstance(exc, tarfile.AbsolutePathError):
@@ -283,13 +451,22 @@ def _describe_refusal(exc: tarfile.FilterError) -> str:
 
 
 @contextmanager
-def _translate_errors(uri: str) -> Iterator[None]:
+def _translate_errors(uri: str, words: _Words) -> Iterator[None]:
     """Turn the filesystem's and botocore's errors into ArtifactError, naming ``uri``."""
     try:
         yield
     except FileNotFoundError as exc:
-        raise ArtifactError(f"Could not find model data at {uri}.") from exc
+        raise ArtifactError(f"Could not find {words.data} at {uri}.") from exc
     except PermissionError as exc:
-        raise ArtifactError(f"Access to model data at {uri} was denied: {exc}") from exc
+        raise ArtifactError(f"Access to {words.data} at {uri} was denied: {exc}") from exc
     except (OSError, BotoCoreError) as exc:
-        raise ArtifactError(f"Could not fetch model data at {uri}: {exc}") from exc
+        raise ArtifactError(f"Could not fetch {words.data} at {uri}: {exc}") from exc
+
+
+@contextmanager
+def _translate_upload_errors(path: Path, uri: str) -> Iterator[None]:
+    """Turn the filesystem's and botocore's errors into ArtifactError, naming both ends."""
+    try:
+        yield
+    except (OSError, BotoCoreError) as exc:
+        raise ArtifactError(f"Could not upload {path} to {uri}: {exc}") from exc

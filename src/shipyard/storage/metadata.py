@@ -256,6 +256,15 @@ def _make_engine(url: str) -> Engine:
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
+            # SQLAlchemy's recipe for SQLite transactions: we issue BEGIN ourselves.
+            dbapi_conn.isolation_level = None
+
+        @event.listens_for(engine, "begin")
+        def _begin(conn: Connection) -> None:
+            # IMMEDIATE takes the write lock up front, so a transaction that reads then
+            # writes (a quota count, a status check) can't be overtaken between the two,
+            # and concurrent writers wait (busy timeout) instead of failing.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
     return create_engine(url, pool_pre_ping=True)

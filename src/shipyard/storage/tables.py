@@ -43,3 +43,56 @@ endpoints = Table(
     Column("variants", JSON, nullable=False),
     Column("generation", Integer, nullable=False, default=0),
 )
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("name", String(63), primary_key=True),
+    Column("arn", String(256), nullable=False),
+    Column("job_type", String(256)),
+    Column("status", String(32), nullable=False, index=True),
+    Column("secondary_status", String(32), nullable=False),
+    Column("failure_reason", Text),
+    Column("model_artifacts", Text),
+    Column("request", JSON, nullable=False),
+    Column("transitions", JSON, nullable=False),
+    Column("created", DateTime(timezone=True), nullable=False),
+    Column("modified", DateTime(timezone=True), nullable=False),
+    Column("started", DateTime(timezone=True)),
+    Column("ended", DateTime(timezone=True)),
+    Column("attempt", Integer, nullable=False),
+    Column("pid", Integer),
+    Column("applied_lines", Integer, nullable=False),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("key", String(512), nullable=False, unique=True),
+    Column("detail_type", String(256), nullable=False),
+    Column("source", String(256), nullable=False),
+    Column("resource", String(2048), nullable=False),
+    Column("detail", JSON, nullable=False),
+    Column("topics", JSON, nullable=False),
+    Column("subject", Text, nullable=False),
+    Column("message", Text, nullable=False),
+    Column("time", DateTime(timezone=True), nullable=False),
+    Column("next_attempt_at", DateTime(timezone=True), nullable=False, index=True),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("claimed_until", DateTime(timezone=True)),
+    Column("dispatched_at", DateTime(timezone=True), index=True),
+)
+
+deliveries = Table(
+    "deliveries",
+    metadata,
+    Column("event_key", String(512), primary_key=True),
+    Column("subscriber", String(80), primary_key=True),
+    Column("target", Text, nullable=False),
+    Column("topic", String(256), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("last_error", Text),
+    Column("updated", DateTime(timezone=True), nullable=False),
+)

@@ -10,12 +10,16 @@ from collections.abc import Callable
 from typing import Any
 
 from shipyard.control.endpoints import EndpointService
-from shipyard.gateway.actions import endpoint_configs, endpoints, models
+from shipyard.gateway.actions import endpoint_configs, endpoints, models, training_jobs
+from shipyard.jobs.service import JobService
 
 Action = Callable[[EndpointService, dict[str, Any]], dict[str, Any]]
+JobAction = Callable[[JobService, dict[str, Any]], dict[str, Any]]
 
 ACTIONS: dict[str, Action] = {
     **models.ACTIONS,
     **endpoint_configs.ACTIONS,
     **endpoints.ACTIONS,
 }
+
+JOB_ACTIONS: dict[str, JobAction] = training_jobs.ACTIONS

@@ -1,0 +1,148 @@
+"""Notifier: one notification to one subscriber, through apprise.
+
+Every apprise URL works (``mailto://``, ``json://``, ``slack://``, ...). Two additions:
+
+- ``http://`` and ``https://`` webhooks, which apprise has no scheme for, are sent as
+  ``json://`` and ``jsons://``: a POST whose JSON body is apprise's
+  ``{"version": "1.0", "title": ..., "message": ..., "attachments": [], "type": "info"}``.
+  Their query string is read as apprise's options, as for ``json://``; a query
+  parameter for the receiver is written ``-name=value``.
+- Where the service takes custom headers (the json/form/xml webhooks and email), the
+  delivery key travels as ``X-Shipyard-Delivery-Key``. It is the same on every attempt
+  for an event, so a receiver can drop the rare duplicate that a crash between its
+  answer and our commit can cause.
+
+Email to a plain SMTP server (no TLS, no login), e.g. a local relay::
+
+    mailto://127.0.0.1:2525?from=alerts@example.com&to=ops@example.com
+
+``mailto://`` without a user or password already means no TLS and no login (apprise's
+``mode=insecure``); ``smtp=<host>`` is only needed when the SMTP host differs from the
+URL's host, and the port goes after the host. Both addresses must look like real ones:
+apprise refuses ``a@x`` (no dot in the domain), so the URL is rejected as unusable.
+
+apprise reports only success or failure, and says why in its log ("apprise" logger).
+``send`` collects the warnings logged while it runs (matched through a context
+variable, so concurrent sends never see each other's) and raises them as the
+``DeliveryError`` message. apprise's own network timeouts bound a send (seconds for
+webhooks, 15 s to connect for email); a send is never retried here, the dispatcher
+decides that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import re
+import threading
+import warnings
+from contextvars import ContextVar
+
+import apprise
+
+from shipyard.errors import ShipyardError
+
+log = logging.getLogger(__name__)
+
+DELIVERY_KEY_HEADER = "X-Shipyard-Delivery-Key"
+
+_captured: ContextVar[list[str] | None] = ContextVar("shipyard_apprise_log", default=None)
+_setup_lock = threading.Lock()
+_HEADER_SAFE = re.compile(r"[!-~]{1,256}")
+
+
+class DeliveryError(ShipyardError):
+    """A subscriber did not take a notification; the message is apprise's reason."""
+
+
+class _Capture(logging.Handler):
+    """Hands apprise's warnings to the send that is running in this context."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        lines = _captured.get()
+        if lines is not None:
+            lines.append(record.getMessage())
+
+
+_capture = _Capture(logging.WARNING)
+
+
+class Notifier:
+    """Sends one notification to one apprise URL; raises DeliveryError when it fails."""
+
+    def __init__(self) -> None:
+        _setup_apprise()
+
+    def __repr__(self) -> str:
+        return "Notifier()"
+
+    async def send(self, url: str, *, title: str, body: str, key: str) -> None:
+        """Deliver ``title`` and ``body`` to ``url``, with ``key`` as the delivery key.
+
+        Runs apprise in a worker thread. Cancelling the caller does not stop a send
+        already under way.
+        """
+        await asyncio.to_thread(_send, url, title, body, key)
+
+    def redact(self, url: str) -> str:
+        """``url`` with passwords and tokens masked, as apprise prints it; for display."""
+        plugin = apprise.Apprise.instantiate(_apprise_url(url))
+        if plugin is None:
+            return url.split("://", 1)[0] + "://(unusable URL)"
+        return str(plugin.url(privacy=True))  # type: ignore[no-untyped-call]
+
+
+def _send(url: str, title: str, body: str, key: str) -> None:
+    lines: list[str] = []
+    token = _captured.set(lines)
+    try:
+        plugin = apprise.Apprise.instantiate(_apprise_url(url))
+        if plugin is None:
+            raise DeliveryError(_reason(lines, "apprise cannot use this URL"))
+        headers = getattr(plugin, "headers", None)
+        if isinstance(headers, dict):
+            headers[DELIVERY_KEY_HEADER] = _header_value(key)
+        sender = apprise.Apprise()
+        sender.add(plugin)
+        delivered = bool(sender.notify(body=body, title=title))
+    finally:
+        _captured.reset(token)
+    if not delivered:
+        raise DeliveryError(_reason(lines, "apprise reported a failure without a reason"))
+
+
+def _apprise_url(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    webhook = {"http": "json", "https": "jsons"}.get(scheme.lower())
+    return f"{webhook}{sep}{rest}" if webhook else url
+
+
+def _header_value(key: str) -> str:
+    # A key is only sent as is when it is a valid header value; otherwise its hash is.
+    if _HEADER_SAFE.fullmatch(key):
+        return key
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def _reason(lines: list[str], fallback: str) -> str:
+    return "; ".join(dict.fromkeys(line.strip() for line in lines if line.strip())) or fallback
+
+
+def _setup_apprise() -> None:
+    """Attach the log capture and load apprise's plugins, once per process.
+
+    apprise imports all its plugins on first use, and one of them imports the deprecated
+    ``imghdr``; loading them here, with that one warning silenced, keeps the warning out
+    of the first send (and out of test runs that turn warnings into errors).
+    """
+    with _setup_lock:
+        apprise_log = logging.getLogger("apprise")
+        if _capture in apprise_log.handlers:
+            return
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", message=".*imghdr.* is deprecated", category=DeprecationWarning
+            )
+            apprise.Apprise.instantiate("json://localhost")
+        apprise_log.addHandler(_capture)

@@ -1,0 +1,99 @@
+"""The jobs doors over HTTP: ``POST /inference`` (the one-call facade) and job logs.
+
+The facade answers with the HTTP status equal to the body's ``status`` (DESIGN 2.4):
+200 scheduled, 501 no usable ``type``, 510 type not white-listed, 502 limit reached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from shipyard.errors import MissingJobType, ResourceNotFound
+from shipyard.gateway.errors import facade_error_response
+from shipyard.jobs.service import JobService
+
+_MAX_LOG_CHUNK_BYTES = 1 << 20
+
+
+class JobsDoor:
+    """Translates the facade's and the logs' HTTP into JobService calls."""
+
+    def __init__(self, *, jobs: JobService) -> None:
+        self.jobs = jobs
+
+    def __repr__(self) -> str:
+        return f"JobsDoor({self.jobs!r})"
+
+    async def inference(self, request: Request) -> Response:
+        try:
+            job_type = _job_type(await request.body())
+            job, remaining = await run_in_threadpool(self.jobs.submit, job_type)
+        except Exception as exc:
+            return facade_error_response(exc)
+        return JSONResponse(
+            {
+                "status": 200,
+                "errMsg": f"A new job [{job.name}] was scheduled successfully, and "
+                f"{remaining} slots remaining.",
+                "jobName": job.name,
+                "slotsRemaining": remaining,
+            }
+        )
+
+    async def logs(self, request: Request) -> Response:
+        """The job's log from byte ``offset`` on (all attempts, oldest first).
+
+        ``X-Shipyard-Next-Offset`` says where to ask next and ``X-Shipyard-Job-Status``
+        whether more can come, which is all ``shipyard logs --follow`` needs.
+        """
+        name = request.path_params["name"]
+        try:
+            offset = max(0, int(request.query_params.get("offset", "0")))
+        except ValueError:
+            return JSONResponse({"message": "offset must be an integer"}, status_code=400)
+        try:
+            files = await run_in_threadpool(self.jobs.log_files, name)
+            job = await run_in_threadpool(self.jobs.describe, name)
+        except ResourceNotFound:
+            return JSONResponse({"message": f"Could not find job {name}."}, status_code=404)
+        chunk = await run_in_threadpool(_read_from, files, offset)
+        headers = {
+            "X-Shipyard-Next-Offset": str(offset + len(chunk)),
+            "X-Shipyard-Job-Status": job.status.value,
+        }
+        return Response(chunk, media_type="text/plain; charset=utf-8", headers=headers)
+
+
+def _job_type(raw: bytes) -> str:
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise MissingJobType("The request body is not a JSON object.") from exc
+    if not isinstance(body, dict):
+        raise MissingJobType("The request body is not a JSON object.")
+    job_type = body.get("type")
+    if not isinstance(job_type, str) or not job_type.strip():
+        raise MissingJobType('The request has no valid "type": give a job type name.')
+    return job_type
+
+
+def _read_from(files: list[Path], offset: int) -> bytes:
+    """Bytes ``offset``.. of the files read as one stream; missing files are empty."""
+    for path in files:
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = 0
+        if offset >= size:
+            offset -= size
+            continue
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(_MAX_LOG_CHUNK_BYTES)
+    return b""

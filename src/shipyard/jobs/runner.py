@@ -1,0 +1,458 @@
+"""``python -m shipyard.jobs.runner WORKDIR``: run one attempt of one job, start to end.
+
+The runner reads ``job.json``, lays out ``WORKDIR/ml`` as SageMaker's ``/opt/ml``, brings
+in the code, channels and checkpoints, runs the script, uploads ``model.tar.gz`` and
+``output.tar.gz``, and reports every step in ``status.jsonl`` (see jobs/spec.py). It
+runs in its own session and talks to the gateway only through that folder and signals,
+so it outlives a gateway restart.
+
+Guarantees and failure modes:
+
+- The status file always ends with exactly one ``final`` line and the runner exits 0,
+  whatever happened to the job; a bug in the runner ends as ``Failed`` with an
+  ``InternalServerError`` reason rather than a missing end. Only losing the runner
+  itself (SIGKILL, a reboot) leaves no final line: the gateway sees the runner gone, and
+  the script, which leads its own session, still runs; ``script.pid`` names it.
+- SIGTERM stops the job as StopTrainingJob does: SIGTERM to the script's process group,
+  SIGKILL after ``stop_grace_s``, then whatever the script saved is uploaded.
+- A failed script uploads ``output.tar.gz`` (its ``output/data``) but no model, best
+  effort: a failed upload then is only logged, since the job has already failed.
+- Checkpoints are synced up while the script runs; a failed sync is logged and retried
+  at the next period, never failing the job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from shipyard.jobs.layout import (
+    FAILURE_REASON_MAX_CHARS,
+    ClientError,
+    Layout,
+    failure_reason,
+    pack,
+    prepare,
+    script_argv,
+    script_environment,
+)
+from shipyard.jobs.spec import (
+    JOB_FILE,
+    LOG_FILE,
+    RUNNER_PID_FILE,
+    SCRIPT_PID_FILE,
+    STATUS_FILE,
+    JobSpec,
+    Outcome,
+    StatusLine,
+    append_status,
+)
+from shipyard.storage.artifacts import ArtifactError, ArtifactStore, FileStamp, join_uri
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_SYNC_PERIOD_S = 5.0
+"""How often the checkpoint folder is synced up while the script runs."""
+POLL_PERIOD_S = 0.1
+STDERR_TAIL_LINES = 20
+READER_JOIN_TIMEOUT_S = 5.0
+_MAX_LINE_BYTES = 64 * 1024  # a longer "line" is logged in pieces, never held whole
+
+STOP = "stop"
+MAX_RUNTIME = "max_runtime"
+
+
+@dataclass(frozen=True, slots=True)
+class _End:
+    """The last status line: its SecondaryStatus, message and the job's outcome."""
+
+    secondary: str
+    message: str
+    outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class _ScriptRun:
+    exit_code: int
+    halted: str | None
+    """STOP or MAX_RUNTIME when the runner ended the script, else None."""
+    stderr_tail: list[str]
+
+
+class JobLog:
+    """``job.log``: the script's stdout and stderr and the runner's own lines, in one file.
+
+    Each line is written and flushed whole under a lock, so the two pipes and the runner
+    never interleave mid-line, and whoever tails the file sees a line as soon as it exists.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._file = open(path, "ab")
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"JobLog({self._file.name!r})"
+
+    def close(self) -> None:
+        self._file.close()
+
+    def write(self, line: str) -> None:
+        with self._lock:
+            self._file.write(line.encode(errors="replace") + b"\n")
+            self._file.flush()
+
+    def note(self, message: str) -> None:
+        """A line of the runner's own, told apart from the script's by its prefix."""
+        self.write(f"[shipyard] {message}")
+        log.info("%s", message)
+
+    def follow(self, stream: IO[bytes], tail: deque[str] | None = None) -> threading.Thread:
+        """Copy ``stream`` line by line until it closes, in a thread; keep a ``tail``."""
+
+        def pump() -> None:
+            with stream:
+                for raw in iter(lambda: stream.readline(_MAX_LINE_BYTES), b""):
+                    line = raw.decode(errors="replace").rstrip("\r\n")
+                    self.write(line)
+                    if tail is not None:
+                        tail.append(line)
+
+        thread = threading.Thread(target=pump, name="job-log", daemon=True)
+        thread.start()
+        return thread
+
+
+class CheckpointSync:
+    """Syncs the checkpoint folder up every ``period_s`` in a thread, and once at finish().
+
+    Only new or changed files are sent. A failed sync is logged and the next one sends
+    what did not get through, so a lost runner leaves the last good sync behind it.
+    """
+
+    def __init__(
+        self, store: ArtifactStore, local_dir: Path, uri: str, *, period_s: float, job_log: JobLog
+    ) -> None:
+        self._store = store
+        self._local_dir = local_dir
+        self._uri = uri
+        self._period_s = period_s
+        self._log = job_log
+        self._stamps: dict[str, FileStamp] = {}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="checkpoint-sync", daemon=True)
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        return f"CheckpointSync({str(self._local_dir)!r} -> {self._uri!r})"
+
+    def finish(self) -> None:
+        """Stop the periodic syncs and sync once more, after the script has ended."""
+        self._done.set()
+        self._thread.join()
+        self._sync()
+
+    def _loop(self) -> None:
+        while not self._done.wait(self._period_s):
+            self._sync()
+
+    def _sync(self) -> None:
+        try:
+            stamps = self._store.sync_up(self._local_dir, self._uri, previous=self._stamps)
+        except ArtifactError as exc:
+            self._log.note(f"Checkpoint sync failed; retrying at the next one: {exc}")
+            return
+        sent = sum(1 for rel, stamp in stamps.items() if self._stamps.get(rel) != stamp)
+        self._stamps = stamps
+        if sent:
+            self._log.note(f"Synced {sent} checkpoint file(s) to {self._uri}")
+
+
+class Runner:
+    """Runs the job in one working folder, from ``job.json`` to the final status line.
+
+    ``stop`` is set by the signal handler; ``inherited_env`` is passed on to the script.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        store: ArtifactStore,
+        job_log: JobLog,
+        inherited_env: Mapping[str, str],
+        stop: threading.Event,
+        checkpoint_sync_period_s: float = CHECKPOINT_SYNC_PERIOD_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.workdir = workdir
+        self._store = store
+        self._log = job_log
+        self._inherited_env = inherited_env
+        self._stop = stop
+        self._checkpoint_sync_period_s = checkpoint_sync_period_s
+        self._clock = clock
+
+    def __repr__(self) -> str:
+        return f"Runner(workdir={str(self.workdir)!r})"
+
+    def run(self) -> Outcome:
+        """Run the job and write its final status line; never raises for the job's sake."""
+        self._status("Starting", "Preparing the instances for training")
+        try:
+            end = self._run()
+        except Exception as exc:  # the gateway must see an end, whatever went wrong here
+            log.exception("the job runner failed in %s", self.workdir)
+            end = _failed(f"InternalServerError: {type(exc).__name__}: {exc}")
+        if end.outcome.failure_reason:
+            self._log.note(f"Failure reason: {end.outcome.failure_reason}")
+        self._status(end.secondary, end.message, final=end.outcome)
+        return end.outcome
+
+    def _run(self) -> _End:
+        try:
+            spec = JobSpec.from_json((self.workdir / JOB_FILE).read_bytes())
+        except (OSError, ValueError) as exc:
+            return _failed(f"ClientError: Could not read the job's {JOB_FILE}: {exc}")
+        layout = Layout.for_job(self.workdir, spec)
+        try:
+            self._status("Downloading", "Downloading input data")
+            self._download(spec, layout)
+            argv = script_argv(spec, layout)
+            halted = self._halt_reason(spec)
+            if halted is not None:
+                self._status("Stopping", _STOPPING_MESSAGES[halted])
+                return _stopped(halted, model_artifacts=None, exit_code=None)
+            run = self._train(spec, layout, argv)
+        except (ArtifactError, ClientError, OSError) as exc:
+            return _failed(f"ClientError: {exc}")
+        return self._conclude(spec, layout, run)
+
+    def _download(self, spec: JobSpec, layout: Layout) -> None:
+        prepare(layout, spec)
+        if not layout.checkpoint_mapped and spec.checkpoint:
+            self._log.note(
+                f"Checkpoint local path {spec.checkpoint.local_path} is not under /opt/ml; "
+                f"using {layout.checkpoints}"
+            )
+        if spec.submit_directory:
+            self._log.note(f"Fetching the submit directory {spec.submit_directory}")
+            self._store.fetch_code(spec.submit_directory, layout.code_dir)
+        for channel in spec.channels:
+            if channel.data_type != "S3Prefix":
+                raise ClientError(
+                    f"Channel '{channel.name}' has S3DataType {channel.data_type}; "
+                    "only S3Prefix is supported."
+                )
+            what = f"input data of channel '{channel.name}'"
+            count = self._store.download(channel.uri, layout.channel_dir(channel.name), what=what)
+            self._log.note(f"Channel '{channel.name}': {count} file(s) from {channel.uri}")
+        if spec.checkpoint:
+            uri = spec.checkpoint.uri
+            count = self._store.download(
+                uri, layout.checkpoints, what="checkpoint data", missing_ok=True
+            )
+            self._log.note(f"Restored {count} checkpoint file(s) from {uri}")
+
+    def _train(self, spec: JobSpec, layout: Layout, argv: list[str]) -> _ScriptRun:
+        """Run the script to its end, or stop it; leave nothing of it running."""
+        self._status("Training", "Training image download completed. Training in progress.")
+        env = script_environment(
+            spec, layout, inherited=self._inherited_env, num_cpus=os.cpu_count() or 1
+        )
+        process = subprocess.Popen(
+            argv,
+            cwd=layout.code_dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # its process group is its PID: a stop reaches it all
+        )
+        (self.workdir / SCRIPT_PID_FILE).write_text(f"{process.pid}\n")
+        self._log.note(f"Started the script (pid {process.pid}): {' '.join(argv)}")
+        assert process.stdout is not None and process.stderr is not None
+        tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        readers = [self._log.follow(process.stdout), self._log.follow(process.stderr, tail)]
+        sync = None
+        if spec.checkpoint:
+            sync = CheckpointSync(
+                self._store,
+                layout.checkpoints,
+                spec.checkpoint.uri,
+                period_s=self._checkpoint_sync_period_s,
+                job_log=self._log,
+            )
+        try:
+            halted = self._supervise(process, spec)
+        finally:
+            _signal_group(process.pid, signal.SIGKILL)  # whatever it left running
+            process.wait()
+            for reader in readers:
+                reader.join(READER_JOIN_TIMEOUT_S)
+            (self.workdir / SCRIPT_PID_FILE).unlink(missing_ok=True)
+            if sync is not None:
+                sync.finish()
+        self._log.note(f"The script exited with code {process.returncode}")
+        return _ScriptRun(process.returncode, halted, list(tail))
+
+    def _supervise(self, process: subprocess.Popen[bytes], spec: JobSpec) -> str | None:
+        """Wait for the script; stop it on a stop request or at the max runtime."""
+        while True:
+            try:
+                process.wait(timeout=POLL_PERIOD_S)
+                return None
+            except subprocess.TimeoutExpired:
+                pass
+            halted = self._halt_reason(spec)
+            if halted is not None:
+                self._status("Stopping", _STOPPING_MESSAGES[halted])
+                self._end_script(process, spec.stop_grace_s)
+                return halted
+
+    def _end_script(self, process: subprocess.Popen[bytes], grace_s: float) -> None:
+        self._log.note(f"Sending SIGTERM to the script; SIGKILL after {grace_s:g} s")
+        _signal_group(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self._log.note(f"The script still ran after {grace_s:g} s; sending SIGKILL")
+            _signal_group(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def _halt_reason(self, spec: JobSpec) -> str | None:
+        if self._stop.is_set():
+            return STOP
+        if spec.max_runtime_s is not None:
+            if self._clock() >= spec.started_at + spec.max_runtime_s:
+                return MAX_RUNTIME
+        return None
+
+    def _conclude(self, spec: JobSpec, layout: Layout, run: _ScriptRun) -> _End:
+        if run.halted is None and run.exit_code != 0:
+            reason = failure_reason(layout, run.exit_code, run.stderr_tail)
+            try:
+                self._upload(spec, layout, with_model=False)
+            except (ArtifactError, OSError) as exc:
+                self._log.note(f"Could not upload the output data: {exc}")
+            return _failed(reason, exit_code=run.exit_code)
+        self._status("Uploading", "Uploading generated training model")
+        try:
+            model_artifacts = self._upload(spec, layout, with_model=True)
+        except (ArtifactError, OSError) as exc:
+            return _failed(f"ClientError: {exc}", exit_code=run.exit_code)
+        if run.halted is not None:
+            return _stopped(run.halted, model_artifacts=model_artifacts, exit_code=run.exit_code)
+        return _End(
+            "Completed",
+            "Training job completed",
+            Outcome(status="Completed", model_artifacts=model_artifacts, exit_code=0),
+        )
+
+    def _upload(self, spec: JobSpec, layout: Layout, *, with_model: bool) -> str:
+        """Pack and upload the output (and model) archives; return the model's URI."""
+        destination = join_uri(spec.output_path, spec.name, "output")
+        archives = {"output.tar.gz": layout.output_data_dir}
+        if with_model:
+            archives = {"model.tar.gz": layout.model_dir, **archives}
+        packed = self.workdir / "upload"
+        packed.mkdir(exist_ok=True)
+        for name, folder in archives.items():
+            pack(folder, packed / name)
+            self._store.upload_file(packed / name, join_uri(destination, name))
+            self._log.note(f"Uploaded {join_uri(destination, name)}")
+        return join_uri(destination, "model.tar.gz")
+
+    def _status(self, secondary: str, message: str, *, final: Outcome | None = None) -> None:
+        line = StatusLine(secondary=secondary, time=self._clock(), message=message, final=final)
+        append_status(self.workdir / STATUS_FILE, line)
+        self._log.note(message)
+
+
+_STOPPING_MESSAGES = {
+    STOP: "Stopping the training job",
+    MAX_RUNTIME: "Stopping the training job: MaxRuntimeInSeconds reached",
+}
+
+
+def _failed(reason: str, *, exit_code: int | None = None) -> _End:
+    outcome = Outcome(
+        status="Failed", failure_reason=reason[:FAILURE_REASON_MAX_CHARS], exit_code=exit_code
+    )
+    return _End("Failed", "Training job failed", outcome)
+
+
+def _stopped(halted: str, *, model_artifacts: str | None, exit_code: int | None) -> _End:
+    outcome = Outcome(status="Stopped", model_artifacts=model_artifacts, exit_code=exit_code)
+    if halted == MAX_RUNTIME:
+        return _End("MaxRuntimeExceeded", "Job stopped because max run time was reached", outcome)
+    return _End("Stopped", "Training job stopped", outcome)
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    # The script leads its own session, so its process group id is its PID.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def _lock_pid_file(path: Path) -> IO[str]:
+    """Write our PID to ``path`` and hold an exclusive ``flock`` on it while we live.
+
+    The lock keeps a second runner out of the folder, and the kernel releases it however
+    the runner dies. Raises BlockingIOError when another runner holds it.
+    """
+    pid_file = open(path, "a+")
+    try:
+        fcntl.flock(pid_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pid_file.close()
+        raise
+    pid_file.truncate(0)
+    pid_file.write(f"{os.getpid()}\n")
+    pid_file.flush()
+    return pid_file
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; exits 0 once the final status line is written."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # first, so no stop request is lost
+        signal.signal(sig, lambda _sig, _frame: stop.set())
+    parser = argparse.ArgumentParser(prog="python -m shipyard.jobs.runner")
+    parser.add_argument("workdir", type=Path, help="the job's working folder, with job.json")
+    parser.add_argument("--s3-endpoint-url", help="an S3-compatible endpoint instead of AWS")
+    parser.add_argument("--checkpoint-sync-period-s", type=float, default=CHECKPOINT_SYNC_PERIOD_S)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    workdir: Path = args.workdir.resolve()
+    try:
+        pid_file = _lock_pid_file(workdir / RUNNER_PID_FILE)
+    except OSError as exc:
+        log.error("Cannot run the job in %s: %s", workdir, exc)
+        return 2
+    with pid_file, contextlib.closing(JobLog(workdir / LOG_FILE)) as job_log:
+        Runner(
+            workdir,
+            store=ArtifactStore(s3_endpoint_url=args.s3_endpoint_url),
+            job_log=job_log,
+            inherited_env=dict(os.environ),
+            stop=stop,
+            checkpoint_sync_period_s=args.checkpoint_sync_period_s,
+        ).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

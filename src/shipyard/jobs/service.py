@@ -1,0 +1,195 @@
+"""JobService: both doors (CreateTrainingJob and ``POST /inference``) land here.
+
+It validates a job, records it as desired state (InProgress, Starting) within the
+concurrency ``limit``, and wakes the supervisor, which starts and watches the process.
+It never sees HTTP and never starts a process itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from shipyard.backends.base import runtime_for
+from shipyard.errors import (
+    InvalidParameter,
+    JobLimitReached,
+    JobTypeNotAllowed,
+    ResourceInUse,
+    ResourceLimitExceeded,
+)
+from shipyard.jobs.announce import JobAnnouncer
+from shipyard.records import Job, JobStatus, StatusTransition
+from shipyard.settings import JobsConfig
+from shipyard.storage.jobs import JobStore
+from shipyard.storage.metadata import now
+
+_NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9-]+")
+
+
+class JobService:
+    """Long-running jobs: create within the limit, describe, list, stop, read logs."""
+
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        config: JobsConfig,
+        announcer: JobAnnouncer,
+        wake: Callable[[], None],
+        jobs_dir: Path,
+        region: str,
+        account_id: str,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.announcer = announcer
+        self._wake = wake
+        self.jobs_dir = jobs_dir
+        self.region = region
+        self.account_id = account_id
+
+    def __repr__(self) -> str:
+        return f"JobService(limit={self.config.limit}, store={self.store!r})"
+
+    @property
+    def limit(self) -> int:
+        return self.config.limit
+
+    def create(self, request: dict[str, Any], *, job_type: str | None = None) -> tuple[Job, int]:
+        """Record a new job and wake the supervisor; return it with the slots left.
+
+        Raises ResourceLimitExceeded when ``limit`` jobs are active, ResourceInUse when
+        the name is taken, InvalidParameter for a job this gateway cannot run.
+        """
+        _check_runnable(request)
+        name = request["TrainingJobName"]
+        created = now()
+        job = Job(
+            name=name,
+            arn=f"arn:aws:sagemaker:{self.region}:{self.account_id}:training-job/{name.lower()}",
+            status=JobStatus.IN_PROGRESS,
+            secondary_status="Starting",
+            request=request,
+            created=created,
+            modified=created,
+            job_type=job_type,
+            transitions=(
+                StatusTransition("Starting", created, None, "Launching requested ML instances"),
+            ),
+        )
+        remaining = self.store.create(job, limit=self.limit, event_for=self.announcer)
+        self._wake()
+        return job, remaining
+
+    def submit(self, job_type: str) -> tuple[Job, int]:
+        """The facade's one call: a job of ``job_type`` from its template.
+
+        Raises JobTypeNotAllowed outside the white list and JobLimitReached at the limit;
+        neither takes a slot.
+        """
+        if job_type not in self.config.white_list:
+            raise JobTypeNotAllowed(f"The type [{job_type}] is not in the white list.")
+        for _ in range(3):
+            request = self._from_template(job_type)
+            try:
+                return self.create(request, job_type=job_type)
+            except ResourceLimitExceeded as exc:
+                raise JobLimitReached(self.limit) from exc
+            except ResourceInUse:
+                continue  # two submissions in the same microsecond: take a new name
+        raise JobLimitReached(self.limit)
+
+    def describe(self, name: str) -> Job:
+        return self.store.get(name)
+
+    def list_jobs(self) -> list[Job]:
+        return self.store.list()
+
+    def stop(self, name: str) -> Job:
+        """Ask the job to stop: Stopping now, Stopped once its process has ended."""
+        job = self.store.change(
+            name,
+            expect=(JobStatus.IN_PROGRESS,),
+            status=JobStatus.STOPPING,
+            secondary=StatusTransition("Stopping", now(), None, "Stopping the training job"),
+            event_for=self.announcer,
+        )
+        self._wake()
+        return job
+
+    def log_files(self, name: str) -> list[Path]:
+        """The job's log files, one per attempt, oldest first (the job must exist)."""
+        job = self.store.get(name)
+        return [
+            self.jobs_dir / job.name / f"attempt-{n}" / "job.log" for n in range(1, job.attempt + 1)
+        ]
+
+    def _from_template(self, job_type: str) -> dict[str, Any]:
+        request = copy.deepcopy(self.config.templates[job_type])
+        stamp = now().strftime("%Y%m%d-%H%M%S-%f")
+        prefix = _NAME_UNSAFE.sub("-", job_type).strip("-")[: 62 - len(stamp)] or "job"
+        request["TrainingJobName"] = f"{prefix}-{stamp}"
+        request["RoleArn"] = self.config.role_arn
+        output = request.setdefault("OutputDataConfig", {})
+        output["S3OutputPath"] = self.config.s3_bucket
+        request.setdefault("AlgorithmSpecification", {}).setdefault("TrainingInputMode", "File")
+        request.setdefault("StoppingCondition", {})
+        return request
+
+
+def hyperparameter(request: dict[str, Any], key: str) -> str | None:
+    """A hyperparameter's value; the SageMaker SDK JSON-encodes them (``'"infer.py"'``)."""
+    value = request.get("HyperParameters", {}).get(key)
+    if value is None:
+        return None
+    try:
+        decoded = json.loads(value)
+    except ValueError:
+        return str(value)
+    return decoded if isinstance(decoded, str) else str(value)
+
+
+def _check_runnable(request: dict[str, Any]) -> None:
+    algorithm = request.get("AlgorithmSpecification") or {}
+    image = algorithm.get("TrainingImage")
+    if not image:
+        raise InvalidParameter(
+            "AlgorithmSpecification.TrainingImage is required: shipyard runs script mode "
+            "(shipyard/python, a SageMaker framework image, or cmd:<command>)."
+        )
+    if runtime_for(image) == "docker":
+        raise InvalidParameter(
+            f"TrainingImage {image} is a container image, which needs a Docker engine; this "
+            "gateway runs the local backend. Use shipyard/python or cmd:<command>."
+        )
+    if runtime_for(image) == "python" and not hyperparameter(request, "sagemaker_program"):
+        raise InvalidParameter(
+            "HyperParameters.sagemaker_program is required: it names the script to run."
+        )
+    if int((request.get("ResourceConfig") or {}).get("InstanceCount", 1)) > 1:
+        raise InvalidParameter(
+            "ResourceConfig.InstanceCount: this gateway runs 1 instance per job."
+        )
+    names = [c["ChannelName"] for c in request.get("InputDataConfig", [])]
+    if len(set(names)) != len(names):
+        raise InvalidParameter("InputDataConfig: channel names must be unique.")
+    for channel in request.get("InputDataConfig", []):
+        _check_channel(channel)
+
+
+def _check_channel(channel: dict[str, Any]) -> None:
+    name = channel["ChannelName"]
+    source = channel["DataSource"].get("S3DataSource")
+    if source is None:
+        raise InvalidParameter(f"InputDataConfig.{name}: only S3DataSource channels are supported.")
+    if source.get("S3DataType", "S3Prefix") != "S3Prefix":
+        raise InvalidParameter(f"InputDataConfig.{name}: only S3DataType S3Prefix is supported.")
+    if channel.get("InputMode", "File") == "Pipe":
+        raise InvalidParameter(
+            f"InputDataConfig.{name}: InputMode Pipe is not supported; use File."
+        )

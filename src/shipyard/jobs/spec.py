@@ -1,0 +1,190 @@
+"""The files between the gateway and a job's runner, in the job's working folder.
+
+The gateway and the runner never talk directly: a runner must outlive the gateway that
+started it, and a new gateway must pick it up from disk alone. So the working folder is
+the whole protocol, and this module is its one definition:
+
+- ``job.json`` (gateway → runner): a JobSpec, written before the runner starts.
+- ``status.jsonl`` (runner → gateway): append-only StatusLines, one JSON object per
+  line, each flushed and fsync'd. Exactly one line carries ``final`` and it is the last.
+- ``job.log``: the script's stdout and stderr and the runner's ``[shipyard]`` lines.
+- ``runner.pid``: the runner's PID, locked (``flock``) for as long as the runner lives.
+- ``script.pid``: the script's PID, which is also its process group and session id;
+  present while the script may be running, removed once it and its group are gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+JOB_FILE = "job.json"
+STATUS_FILE = "status.jsonl"
+LOG_FILE = "job.log"
+RUNNER_PID_FILE = "runner.pid"
+SCRIPT_PID_FILE = "script.pid"
+
+SECONDARY_STATUSES = (
+    "Starting",
+    "Downloading",
+    "Training",
+    "Uploading",
+    "Stopping",
+    "Completed",
+    "Failed",
+    "Stopped",
+    "MaxRuntimeExceeded",
+)
+"""SageMaker's SecondaryStatus values a runner writes, in the order a job meets them."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Channel:
+    """One InputDataConfig channel; its data lands in ``ml/input/data/<name>/``."""
+
+    name: str
+    uri: str
+    data_type: str = "S3Prefix"
+    content_type: str | None = None
+    input_mode: str = "File"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checkpoint:
+    """CheckpointConfig: ``local_path`` is synced up to ``uri`` while the script runs."""
+
+    uri: str
+    local_path: str = "/opt/ml/checkpoints"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Resource:
+    """ResourceConfig, recorded for the script (``SM_RESOURCE_CONFIG``); not enforced."""
+
+    instance_type: str = "ml.m5.large"
+    instance_count: int = 1
+    volume_size_gb: int = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSpec:
+    """What one attempt of one job runs: ``job.json``, written by the gateway.
+
+    URIs (``submit_directory``, channel and checkpoint URIs, ``output_path``) are
+    ``s3://`` URIs, ``file://`` URIs or plain paths. Unknown keys are ignored on read,
+    so a newer gateway can add fields without breaking an older runner.
+    """
+
+    name: str
+    arn: str
+    image: str
+    output_path: str
+    started_at: float
+    """Epoch seconds when the job was created; ``max_runtime_s`` counts from here."""
+    program: str | None = None
+    submit_directory: str | None = None
+    hyperparameters: Mapping[str, str] = field(default_factory=dict)
+    channels: tuple[Channel, ...] = ()
+    checkpoint: Checkpoint | None = None
+    max_runtime_s: float | None = None
+    stop_grace_s: float = 120.0
+    environment: Mapping[str, str] = field(default_factory=dict)
+    resource: Resource = field(default_factory=Resource)
+    attempt: int = 1
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> JobSpec:
+        """Parse ``job.json``.
+
+        Raises:
+            ValueError: not JSON, or a field is missing or of the wrong type; the
+                message names the field.
+        """
+        try:
+            return _JOB_SPEC.validate_json(text)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in error['loc']) or 'job'}: {error['msg']}"
+                for error in exc.errors()
+            )
+            raise ValueError(f"invalid {JOB_FILE}: {problems}") from exc
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
+        """Build a JobSpec from ``job.json``'s shape (nested dicts, lists); as from_json."""
+        return cls.from_json(json.dumps(data))
+
+
+_JOB_SPEC = TypeAdapter(JobSpec)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    """How a job ended: the ``final`` object of the last status line."""
+
+    status: str
+    """TrainingJobStatus: ``Completed``, ``Failed`` or ``Stopped``."""
+    failure_reason: str | None = None
+    model_artifacts: str | None = None
+    """The uploaded ``model.tar.gz`` URI, on Completed and Stopped."""
+    exit_code: int | None = None
+    """The script's exit status (negative: killed by that signal); None if it never ran."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusLine:
+    """One line of ``status.jsonl``: a SecondaryStatus transition."""
+
+    secondary: str
+    time: float
+    message: str
+    final: Outcome | None = None
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = asdict(self)
+        if self.final is None:
+            del data["final"]
+        return json.dumps(data)
+
+
+_STATUS_LINE = TypeAdapter(StatusLine)
+
+
+def append_status(path: Path, line: StatusLine) -> None:
+    """Append ``line`` to the status file and make it durable before returning.
+
+    fsync'd, because the gateway acts on what it reads (notifications, retries): a line
+    it has seen must survive a crash of this machine.
+    """
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line.to_json() + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_status(path: Path, *, skip: int = 0) -> list[StatusLine]:
+    """The complete lines of a status file after the first ``skip``; [] if it is absent.
+
+    A last line without its newline is still being written and is left for the next read.
+
+    Raises:
+        ValueError: a complete line is not a status line (the file is not a runner's).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    complete = text.split("\n")[:-1]  # the last piece is "" or a line being written
+    try:
+        return [_STATUS_LINE.validate_json(raw) for raw in complete[skip:]]
+    except ValidationError as exc:
+        raise ValueError(f"{path} holds a line that is not a status line: {exc}") from exc

@@ -1,0 +1,304 @@
+"""JobSupervisor: converges every active job's process to the store, and back.
+
+Desired state is the job row (InProgress, Stopping); actual state is the runner process
+and the status file it appends to (``status.jsonl`` in the attempt's folder). Each pass:
+
+- a job with no runner gets one (or adopts the runner an interrupted pass started);
+- new status lines become status changes, each with its event, in one transaction;
+- a Stopping job's runner gets SIGTERM (it forwards it and kills after the grace time);
+- a runner that is gone without a final line was lost (kill -9, reboot): the job is
+  retried from its last checkpoint when RetryStrategy or managed spot allows, or failed
+  with a reason that says so.
+
+Runners outlive the gateway; a new gateway finds them again from the store's PIDs and
+their folders, so a restart neither stops a job nor loses its end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import signal
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from shipyard.backends.base import BackendError, JobBackend
+from shipyard.jobs.announce import JobAnnouncer
+from shipyard.jobs.service import hyperparameter
+from shipyard.jobs.spec import (
+    JOB_FILE,
+    RUNNER_PID_FILE,
+    STATUS_FILE,
+    Channel,
+    Checkpoint,
+    JobSpec,
+    Resource,
+    StatusLine,
+    read_status,
+)
+from shipyard.metrics import Metrics
+from shipyard.records import ACTIVE_JOB_STATUSES, Job, JobStatus, StatusTransition
+from shipyard.storage.jobs import JobStore
+from shipyard.storage.metadata import now
+
+log = logging.getLogger(__name__)
+
+_SPOT_RETRIES = 10
+"""Managed spot without MaxWaitTimeInSeconds: how many times a lost job is taken again."""
+
+
+class JobSupervisor:
+    """Starts, watches and stops job runners so they match the store."""
+
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        backend: JobBackend,
+        announcer: JobAnnouncer,
+        metrics: Metrics,
+        jobs_dir: Path,
+        s3_endpoint_url: str | None,
+        stop_grace_s: float,
+        poll_period_s: float,
+        on_event: Callable[[], None],
+    ) -> None:
+        self.store = store
+        self.backend = backend
+        self.announcer = announcer
+        self.metrics = metrics
+        self.jobs_dir = jobs_dir
+        self.s3_endpoint_url = s3_endpoint_url
+        self.stop_grace_s = stop_grace_s
+        self.poll_period_s = poll_period_s
+        self._on_event = on_event
+        self._wake = asyncio.Event()
+        self._signalled: set[tuple[str, int]] = set()
+
+    def __repr__(self) -> str:
+        return f"JobSupervisor(jobs_dir={str(self.jobs_dir)!r})"
+
+    def wake(self) -> None:
+        """Look at the jobs now (a job was created or asked to stop)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.step()
+            except Exception:  # one bad pass must not end supervision
+                log.exception("job supervision pass failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.poll_period_s)
+            self._wake.clear()
+
+    async def step(self) -> None:
+        jobs = await asyncio.to_thread(self.store.list, active_only=True)
+        for status in ACTIVE_JOB_STATUSES:
+            self.metrics.jobs.labels(status.value).set(sum(j.status == status for j in jobs))
+        for job in jobs:
+            try:
+                await self._converge(job)
+            except Exception:
+                log.exception("could not converge job %s", job.name)
+
+    def workdir(self, job: Job) -> Path:
+        return self.jobs_dir / job.name / f"attempt-{job.attempt}"
+
+    async def _converge(self, job: Job) -> None:
+        if job.pid is None:
+            await self._launch(job)
+            return
+        pid = job.pid
+        workdir = self.workdir(job)
+        alive = self.backend.job_running(pid, workdir)
+        job = await self._apply_status(job)
+        if not job.active:
+            return
+        if job.status == JobStatus.STOPPING and (job.name, pid) not in self._signalled:
+            self.backend.signal_job(pid, workdir, signal.SIGTERM)
+            self._signalled.add((job.name, pid))
+        if not alive:
+            # The runner may have written its last line just before it ended.
+            job = await self._apply_status(job)
+            if job.active:
+                await asyncio.to_thread(self._lost, job)
+
+    async def _launch(self, job: Job) -> None:
+        if job.status == JobStatus.STOPPING:
+            await asyncio.to_thread(self._finish_unstarted, job)
+            return
+        workdir = self.workdir(job)
+        adopted = _runner_pid(workdir)
+        if adopted is not None and self.backend.job_running(adopted, workdir):
+            pid = adopted  # started by a pass that ended before it recorded the PID
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+            workdir.mkdir(parents=True)
+            (workdir / JOB_FILE).write_text(self._spec(job).to_json())
+            try:
+                pid = await self.backend.start_job(workdir, s3_endpoint_url=self.s3_endpoint_url)
+            except BackendError as exc:
+                await asyncio.to_thread(self._fail, job, str(exc))
+                return
+        await asyncio.to_thread(self.store.change, job.name, pid=pid, applied_lines=0)
+
+    async def _apply_status(self, job: Job) -> Job:
+        path = self.workdir(job) / STATUS_FILE
+        try:
+            lines = await asyncio.to_thread(read_status, path, skip=job.applied_lines)
+        except ValueError:
+            log.exception("job %s: unreadable status file", job.name)
+            return job
+        for offset, line in enumerate(lines, start=job.applied_lines + 1):
+            job = await asyncio.to_thread(self._apply_line, job, line, offset)
+        return job
+
+    def _apply_line(self, job: Job, line: StatusLine, applied: int) -> Job:
+        at = datetime.fromtimestamp(line.time, tz=UTC)
+        changes: dict[str, Any] = {"applied_lines": applied}
+        if job.started is None:
+            changes["started"] = at
+        end = None
+        if line.final is not None:
+            end = at
+            changes.update(
+                status=JobStatus(line.final.status),
+                failure_reason=line.final.failure_reason,
+                model_artifacts=line.final.model_artifacts,
+                ended=at,
+            )
+        transition = StatusTransition(line.secondary, at, end, line.message)
+        changed = self.store.change(
+            job.name, secondary=transition, event_for=self.announcer, **changes
+        )
+        self._after_change(changed, job)
+        return changed
+
+    def _lost(self, job: Job) -> None:
+        assert job.pid is not None
+        self.backend.kill_job(job.pid, self.workdir(job))
+        if job.status == JobStatus.STOPPING:
+            self._finish_unstarted(job)  # asked to stop, and it has: nothing to retry
+            return
+        retry, why = _may_retry(job)
+        if retry:
+            log.warning("job %s lost its process; starting attempt %s", job.name, job.attempt + 1)
+            message = f"The job's process was lost; restarting it (attempt {job.attempt + 1})"
+            changed = self.store.change(
+                job.name,
+                attempt=job.attempt + 1,
+                pid=None,
+                applied_lines=0,
+                secondary=StatusTransition("Restarting", now(), None, message),
+                event_for=self.announcer,
+            )
+            self._after_change(changed, job)
+            self.wake()
+            return
+        self._fail(job, f"The job's process ended without recording an outcome ({why}).")
+
+    def _fail(self, job: Job, reason: str) -> None:
+        at = now()
+        changed = self.store.change(
+            job.name,
+            status=JobStatus.FAILED,
+            failure_reason=reason[:1024],
+            ended=at,
+            secondary=StatusTransition("Failed", at, at, reason[:1024]),
+            event_for=self.announcer,
+        )
+        self._after_change(changed, job)
+
+    def _finish_unstarted(self, job: Job) -> None:
+        at = now()
+        changed = self.store.change(
+            job.name,
+            status=JobStatus.STOPPED,
+            ended=at,
+            secondary=StatusTransition("Stopped", at, at, "Training job stopped"),
+            event_for=self.announcer,
+        )
+        self._after_change(changed, job)
+
+    def _after_change(self, job: Job, previous: Job) -> None:
+        if job.status != previous.status and not job.active:
+            self.metrics.jobs_finished.labels(job.status.value).inc()
+            self._signalled.discard((job.name, previous.pid or 0))
+        self._on_event()
+
+    def _spec(self, job: Job) -> JobSpec:
+        request = job.request
+        algorithm = request.get("AlgorithmSpecification") or {}
+        checkpoint = request.get("CheckpointConfig")
+        resource = request.get("ResourceConfig") or {}
+        return JobSpec(
+            name=job.name,
+            arn=job.arn,
+            image=algorithm["TrainingImage"],
+            program=hyperparameter(request, "sagemaker_program"),
+            submit_directory=hyperparameter(request, "sagemaker_submit_directory"),
+            hyperparameters=dict(request.get("HyperParameters") or {}),
+            channels=tuple(_channel(c, algorithm) for c in request.get("InputDataConfig", [])),
+            output_path=request["OutputDataConfig"]["S3OutputPath"],
+            checkpoint=(
+                Checkpoint(
+                    uri=checkpoint["S3Uri"],
+                    local_path=checkpoint.get("LocalPath", "/opt/ml/checkpoints"),
+                )
+                if checkpoint
+                else None
+            ),
+            max_runtime_s=(request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds"),
+            started_at=job.created.timestamp(),
+            stop_grace_s=self.stop_grace_s,
+            environment=dict(request.get("Environment") or {}),
+            resource=Resource(
+                instance_type=resource.get("InstanceType", "ml.m5.large"),
+                instance_count=int(resource.get("InstanceCount", 1)),
+                volume_size_gb=int(resource.get("VolumeSizeInGB", 1)),
+            ),
+            attempt=job.attempt,
+        )
+
+
+def _channel(channel: dict[str, Any], algorithm: dict[str, Any]) -> Channel:
+    source = channel["DataSource"]["S3DataSource"]
+    return Channel(
+        name=channel["ChannelName"],
+        uri=source["S3Uri"],
+        data_type=source.get("S3DataType", "S3Prefix"),
+        content_type=channel.get("ContentType"),
+        input_mode=channel.get("InputMode") or algorithm.get("TrainingInputMode", "File"),
+    )
+
+
+def _may_retry(job: Job) -> tuple[bool, str]:
+    request = job.request
+    retries = int((request.get("RetryStrategy") or {}).get("MaximumRetryAttempts", 0))
+    if request.get("EnableManagedSpotTraining"):
+        max_wait = (request.get("StoppingCondition") or {}).get("MaxWaitTimeInSeconds")
+        if max_wait is not None:
+            if now() < job.created + timedelta(seconds=int(max_wait)):
+                return True, ""
+            return False, f"MaxWaitTimeInSeconds {max_wait} has passed"
+        retries = max(retries, _SPOT_RETRIES)
+    if retries == 0:
+        return (
+            False,
+            "the job has no RetryStrategy and is not a managed spot job, so it is not retried",
+        )
+    if job.attempt > retries:
+        return False, f"all {retries} retries of its RetryStrategy are used"
+    return True, ""
+
+
+def _runner_pid(workdir: Path) -> int | None:
+    try:
+        return int((workdir / RUNNER_PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
