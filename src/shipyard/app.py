@@ -115,7 +115,10 @@ class Gateway:
             else JobsConfig(limit=settings.max_active_jobs)
         )
         self.dispatcher = Dispatcher(
-            log=EventLog(self.store.engine), topics=Topics(stack.topics), notifier=Notifier()
+            log=EventLog(self.store.engine),
+            topics=Topics(stack.topics),
+            notifier=Notifier(),
+            lease_s=settings.event_lease_s,
         )
         announcer = JobAnnouncer(notify=config.notify)
         job_store = JobStore(self.store.engine)

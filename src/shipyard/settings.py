@@ -75,6 +75,10 @@ class Settings(BaseSettings):
     job_poll_period_s: float = 0.5
     """How often the job supervisor reads the status of running jobs."""
 
+    event_lease_s: float = 30.0
+    """How long a dispatcher holds an event it is delivering. Events held by a gateway
+    that died are taken again once this has passed."""
+
     @property
     def db_url(self) -> str:
         return self.db or f"sqlite:///{self.home / 'shipyard.db'}"

@@ -26,8 +26,11 @@ event key) lets receivers drop that duplicate. ``lease_s`` must therefore exceed
 longest send (apprise's timeouts: well under a minute), or a slow send is repeated.
 
 Failure modes: a database error fails the pass, which ``run`` logs and retries after
-``poll_period_s``; leased events come back after ``lease_s``. A subscriber that never
-accepts ends 'failed' after ``max_attempts`` and is logged as an error.
+``poll_period_s``; leased events come back after ``lease_s`` (so after a crash, the
+events the dead gateway held wait that long). Cancelling ``run`` lets the pass under
+way record its outcomes for up to ``drain_s`` first, so a clean shutdown does not
+open the window above. A subscriber that never accepts ends 'failed' after
+``max_attempts`` and is logged as an error.
 """
 
 from __future__ import annotations

@@ -16,10 +16,10 @@ Email to a plain SMTP server (no TLS, no login), e.g. a local relay::
 
     mailto://127.0.0.1:2525?from=alerts@example.com&to=ops@example.com
 
-``mailto://`` without a user or password already means no TLS and no login (apprise's
-``mode=insecure``); ``smtp=<host>`` is only needed when the SMTP host differs from the
-URL's host, and the port goes after the host. Both addresses must look like real ones:
-apprise refuses ``a@x`` (no dot in the domain), so the URL is rejected as unusable.
+``mailto://`` (not ``mailtos://``) means no TLS (apprise's ``mode=insecure``), and with
+no ``user:password@`` there is no login. The port goes after the host; ``smtp=<host>``
+is only needed when the SMTP host differs from the URL's host. Both addresses must look
+real: apprise refuses ``a@x`` (no dot in the domain) and the whole URL with it.
 
 apprise reports only success or failure, and says why in its log ("apprise" logger).
 ``send`` collects the warnings logged while it runs (matched through a context
@@ -35,9 +35,12 @@ import asyncio
 import hashlib
 import logging
 import re
+import smtplib
 import threading
 import warnings
 from contextvars import ContextVar
+from email.message import EmailMessage
+from urllib.parse import parse_qs, urlsplit
 
 import apprise
 
@@ -98,6 +101,9 @@ def _send(url: str, title: str, body: str, key: str) -> None:
     token = _captured.set(lines)
     try:
         plugin = apprise.Apprise.instantiate(_apprise_url(url))
+        if plugin is None and url.lower().startswith("mailto://"):
+            _send_plain_mail(url, title, body, key)
+            return
         if plugin is None:
             raise DeliveryError(_reason(lines, "apprise cannot use this URL"))
         headers = getattr(plugin, "headers", None)
@@ -110,6 +116,30 @@ def _send(url: str, title: str, body: str, key: str) -> None:
         _captured.reset(token)
     if not delivered:
         raise DeliveryError(_reason(lines, "apprise reported a failure without a reason"))
+
+
+def _send_plain_mail(url: str, title: str, body: str, key: str) -> None:
+    """Plain SMTP (no TLS, no login) for ``mailto://`` URLs apprise refuses.
+
+    apprise refuses addresses whose domain has no dot (``ops@localhost``, ``b@x``), which
+    local relays and DESIGN's own example use; the standard library sends those.
+    """
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    sender = (query.get("from") or [f"shipyard@{parts.hostname or 'localhost'}"])[0]
+    recipients = [a for value in query.get("to", []) for a in value.split(",") if a]
+    host = (query.get("smtp") or [parts.hostname or "localhost"])[0]
+    if not recipients:
+        raise DeliveryError("mailto:// URL has no to= address")
+    message = EmailMessage()
+    message["Subject"], message["From"], message["To"] = title, sender, ", ".join(recipients)
+    message[DELIVERY_KEY_HEADER] = _header_value(key)
+    message.set_content(body)
+    try:
+        with smtplib.SMTP(host, parts.port or 25, timeout=15) as smtp:
+            smtp.send_message(message)
+    except (OSError, smtplib.SMTPException) as exc:
+        raise DeliveryError(f"SMTP {host}:{parts.port or 25}: {exc}") from exc
 
 
 def _apprise_url(url: str) -> str:

@@ -1,4 +1,5 @@
-"""A job's ``/opt/ml`` tree inside its working folder, and what its script is told.
+"""A job's ``/opt/ml`` tree inside its working folder: what its script is told, and
+what it leaves behind (the model, the output data, a failure file).
 
 Scripts written for SageMaker find everything through ``/opt/ml`` paths, the JSON files
 under ``/opt/ml/input/config`` and the ``SM_*`` variables of the SageMaker training
@@ -274,15 +275,14 @@ def failure_reason(layout: Layout, exit_code: int, stderr_tail: Sequence[str]) -
 
     The tail is trimmed from its start, since a traceback's last lines say the most.
     """
-    with contextlib.suppress(OSError):
-        written = layout.failure_file.read_text(errors="replace").strip()
+    with contextlib.suppress(OSError), open(layout.failure_file, "rb") as failure:
+        written = failure.read(4 * FAILURE_REASON_MAX_CHARS).decode(errors="replace").strip()
         if written:
             return written
-    code = exit_code
-    head = f"AlgorithmError: ExitCode {code}"
-    if code < 0:
+    head = f"AlgorithmError: ExitCode {exit_code}"
+    if exit_code < 0:
         with contextlib.suppress(ValueError):
-            head += f" (killed by {signal.Signals(-code).name})"
+            head += f" (killed by {signal.Signals(-exit_code).name})"
     tail = "\n".join(stderr_tail).strip()
     if not tail:
         return head

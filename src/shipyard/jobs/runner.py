@@ -16,7 +16,8 @@ Guarantees and failure modes:
 - SIGTERM stops the job as StopTrainingJob does: SIGTERM to the script's process group,
   SIGKILL after ``stop_grace_s``, then whatever the script saved is uploaded.
 - A failed script uploads ``output.tar.gz`` (its ``output/data``) but no model, best
-  effort: a failed upload then is only logged, since the job has already failed.
+  effort: a failed upload then is only logged, since the job has already failed. A failed
+  upload after a Completed or stopped script fails the job with a ClientError.
 - Checkpoints are synced up while the script runs; a failed sync is logged and retried
   at the next period, never failing the job.
 """
@@ -111,6 +112,8 @@ class JobLog:
 
     def write(self, line: str) -> None:
         with self._lock:
+            if self._file.closed:  # a pipe held open by something that left the script's group
+                return
             self._file.write(line.encode(errors="replace") + b"\n")
             self._file.flush()
 
@@ -269,20 +272,7 @@ class Runner:
     def _train(self, spec: JobSpec, layout: Layout, argv: list[str]) -> _ScriptRun:
         """Run the script to its end, or stop it; leave nothing of it running."""
         self._status("Training", "Training image download completed. Training in progress.")
-        env = script_environment(
-            spec, layout, inherited=self._inherited_env, num_cpus=os.cpu_count() or 1
-        )
-        process = subprocess.Popen(
-            argv,
-            cwd=layout.code_dir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,  # its process group is its PID: a stop reaches it all
-        )
-        (self.workdir / SCRIPT_PID_FILE).write_text(f"{process.pid}\n")
-        self._log.note(f"Started the script (pid {process.pid}): {' '.join(argv)}")
+        process = self._start_script(spec, layout, argv)
         assert process.stdout is not None and process.stderr is not None
         tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         readers = [self._log.follow(process.stdout), self._log.follow(process.stderr, tail)]
@@ -307,6 +297,28 @@ class Runner:
                 sync.finish()
         self._log.note(f"The script exited with code {process.returncode}")
         return _ScriptRun(process.returncode, halted, list(tail))
+
+    def _start_script(
+        self, spec: JobSpec, layout: Layout, argv: list[str]
+    ) -> subprocess.Popen[bytes]:
+        env = script_environment(
+            spec, layout, inherited=self._inherited_env, num_cpus=os.cpu_count() or 1
+        )
+        process = subprocess.Popen(
+            argv,
+            cwd=layout.code_dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # its process group is its PID: a stop reaches it all
+        )
+        # Replaced whole, so the gateway never reads a half-written PID.
+        partial = self.workdir / f".{SCRIPT_PID_FILE}"
+        partial.write_text(f"{process.pid}\n")
+        partial.replace(self.workdir / SCRIPT_PID_FILE)
+        self._log.note(f"Started the script (pid {process.pid}): {' '.join(argv)}")
+        return process
 
     def _supervise(self, process: subprocess.Popen[bytes], spec: JobSpec) -> str | None:
         """Wait for the script; stop it on a stop request or at the max runtime."""

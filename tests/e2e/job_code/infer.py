@@ -28,7 +28,8 @@ print(f"mode {args.mode} hps {os.environ.get('SM_HPS')}", flush=True)
 
 if args.mode == "ok":
     data = Path(os.environ["SM_CHANNEL_DATA"])
-    total = sum(float(x) for f in sorted(data.rglob("*")) if f.is_file() for x in f.read_text().split())
+    files = [f for f in sorted(data.rglob("*")) if f.is_file()]
+    total = sum(float(x) for f in files for x in f.read_text().split())
     (model_dir / "result.json").write_text(json.dumps({"total": total}))
     (output_dir / "summary.txt").write_text(f"total {total}\n")
     print(f"total {total}", flush=True)
