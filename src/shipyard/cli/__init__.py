@@ -8,6 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
+from shipyard.cli import jobs
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 
 
@@ -64,6 +66,10 @@ def serve(
         timeout_keep_alive=75,
         timeout_graceful_shutdown=int(settings.drain_timeout_s),
     )
+
+
+app.add_typer(jobs.app, name="jobs")
+app.command("logs", help="Print a job's log (as `shipyard jobs logs`).")(jobs.logs)
 
 
 def main() -> None:

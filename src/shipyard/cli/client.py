@@ -1,0 +1,202 @@
+"""The CLI's view of a gateway: its jobs, over boto3's ``sagemaker`` client and plain HTTP.
+
+Every failure leaves this module as a :class:`GatewayError` whose message fits on one line,
+so commands report it and exit without a traceback.
+
+    GatewayError         the gateway refused or could not be reached
+     └── Refused         ``POST /inference`` answered with an error status (501, 510, 502)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from shipyard.records import JobStatus
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+FINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.STOPPED})
+_TIMEOUT_S = 30.0
+
+
+class GatewayError(Exception):
+    """The gateway answered with an error, or could not be reached; the message is one line."""
+
+
+class Refused(GatewayError):
+    """``POST /inference`` did not schedule the job; the message is the gateway's ``errMsg``."""
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A job the facade scheduled."""
+
+    job_name: str
+    slots_remaining: int
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """Bytes of a job's log, where to ask next, and the job's status when they were read."""
+
+    data: bytes
+    next_offset: int
+    status: str
+
+    @property
+    def final(self) -> bool:
+        """No more bytes can come after the ones read at ``next_offset``."""
+        return self.status in FINAL_STATUSES
+
+
+class Gateway:
+    """A shipyard gateway at ``url``: submit, list, describe, stop and read logs of jobs."""
+
+    def __init__(self, url: str = DEFAULT_URL, *, page_size: int = 100) -> None:
+        self.url = url.rstrip("/")
+        self.page_size = page_size
+
+    def __repr__(self) -> str:
+        return f"Gateway({self.url!r})"
+
+    @cached_property
+    def sagemaker(self) -> Any:
+        """boto3's ``sagemaker`` client for the gateway.
+
+        The credentials are dummies: without an ``auth:`` section the gateway accepts any.
+        """
+        # Imported here: boto3 takes half a second that `serve` and `--help` need not pay.
+        import boto3  # type: ignore[import-untyped]
+        import botocore.config
+
+        config = botocore.config.Config(
+            # One attempt: a person at a terminal would rather hear at once that it's down.
+            retries={"max_attempts": 1, "mode": "standard"},
+            connect_timeout=5,
+            read_timeout=_TIMEOUT_S,
+        )
+        with _translated(self.url):
+            return boto3.session.Session(
+                aws_access_key_id="shipyard",
+                aws_secret_access_key="shipyard",
+                region_name="us-east-1",
+            ).client("sagemaker", endpoint_url=self.url, config=config)
+
+    def submit(self, job_type: str) -> Submitted:
+        body = json.dumps({"type": job_type}).encode()
+        request = urllib.request.Request(self.url + "/inference", data=body, method="POST")
+        request.add_header("Content-Type", "application/json")
+        try:
+            with _translated(self.url), urllib.request.urlopen(request, timeout=_TIMEOUT_S) as r:
+                answer = json.loads(r.read())
+            return Submitted(job_name=answer["jobName"], slots_remaining=answer["slotsRemaining"])
+        except urllib.error.HTTPError as exc:
+            raise Refused(_error_message(exc), status=exc.code) from None
+        except (ValueError, KeyError, TypeError):
+            raise GatewayError(f"{self.url}/inference did not answer as shipyard does") from None
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """DescribeTrainingJob's output, without boto3's ``ResponseMetadata``."""
+        with _translated(self.url, job=name):
+            job: dict[str, Any] = self.sagemaker.describe_training_job(TrainingJobName=name)
+        job.pop("ResponseMetadata", None)
+        return job
+
+    def list_jobs(
+        self, *, status: str | None = None, name_contains: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """Job summaries, newest first, following ``NextToken`` until ``limit`` are found."""
+        query: dict[str, Any] = {"SortBy": "CreationTime", "SortOrder": "Descending"}
+        if status:
+            query["StatusEquals"] = status
+        if name_contains:
+            query["NameContains"] = name_contains
+        found: list[dict[str, Any]] = []
+        while len(found) < limit:
+            with _translated(self.url):
+                page = self.sagemaker.list_training_jobs(
+                    **query, MaxResults=min(self.page_size, limit - len(found))
+                )
+            found.extend(page["TrainingJobSummaries"])
+            if not page.get("NextToken"):
+                break
+            query["NextToken"] = page["NextToken"]
+        return found
+
+    def stop(self, name: str) -> None:
+        with _translated(self.url, job=name):
+            self.sagemaker.stop_training_job(TrainingJobName=name)
+
+    def logs(self, name: str, offset: int = 0) -> LogChunk:
+        """The job's log from byte ``offset`` on (the gateway caps each answer's size)."""
+        path = f"/jobs/{urllib.parse.quote(name, safe='')}/logs?offset={offset}"
+        try:
+            with (
+                _translated(self.url),
+                urllib.request.urlopen(self.url + path, timeout=_TIMEOUT_S) as r,
+            ):
+                data = r.read()
+                headers = r.headers
+        except urllib.error.HTTPError as exc:
+            raise GatewayError(_error_message(exc)) from None
+        return LogChunk(
+            data=data,
+            next_offset=int(headers.get("X-Shipyard-Next-Offset", offset + len(data))),
+            status=headers.get("X-Shipyard-Job-Status", "InProgress"),
+        )
+
+
+@contextlib.contextmanager
+def _translated(url: str, *, job: str | None = None) -> Iterator[None]:
+    """Turn botocore's and urllib's failures (except HTTP error answers) into GatewayError.
+
+    SageMaker's messages may not name the job ("Requested resource not found."), so a
+    control-plane error about ``job`` starts with its name.
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        message = f"{error.get('Message', exc)} ({error.get('Code', 'Error')})"
+        raise GatewayError(f"{job}: {message}" if job else message) from None
+    except urllib.error.HTTPError:
+        raise
+    except (OSError, BotoCoreError) as exc:
+        raise GatewayError(f"cannot reach the gateway at {url}: {_root_cause(exc)}") from None
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost error's words: "Connection refused" rather than three wrappers' worth."""
+    while (inner := exc.__cause__ or exc.__context__) is not None:
+        exc = inner
+    if isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, BaseException):
+        exc = exc.reason
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+def _error_message(exc: urllib.error.HTTPError) -> str:
+    """The message of a JSON error answer (``errMsg`` or ``message``), else the status line."""
+    try:
+        body = json.loads(exc.read())
+    except (ValueError, OSError):
+        body = None
+    if isinstance(body, dict):
+        message = body.get("errMsg") or body.get("message")
+        if isinstance(message, str) and message:
+            return " ".join(message.split())
+    return f"HTTP {exc.code} {exc.reason}"
