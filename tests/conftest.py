@@ -76,6 +76,20 @@ class GatewayProcess:
         return self.log_path.read_text(errors="replace")
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 40) -> int:
+        """Stop the gateway by its PID, then any instance it left behind (after SIGKILL)."""
+        from tests.e2e.processes import alive, instance_pids
+
+        instances = instance_pids(self.process.pid) if self.process.poll() is None else []
+        self._stop_gateway(sig, timeout_s)
+        for pid in instances:
+            if alive(pid):
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        return self.process.returncode
+
+    def _stop_gateway(self, sig: int, timeout_s: float) -> None:
         if self.process.poll() is None:
             self.process.send_signal(sig)
             try:
@@ -83,7 +97,6 @@ class GatewayProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
-        return self.process.returncode
 
 
 def start_gateway(

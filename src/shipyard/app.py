@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from shipyard.async_inference.consumer import Consumer
+from shipyard.async_inference.queue import AsyncInvocations
 from shipyard.backends.local import LocalBackend
 from shipyard.control.endpoints import EndpointService
 from shipyard.control.fleet import Provisioner
@@ -18,6 +22,7 @@ from shipyard.control.reconciler import Reconciler
 from shipyard.events.dispatcher import Dispatcher
 from shipyard.events.notify import Notifier
 from shipyard.events.topics import Topics
+from shipyard.gateway.async_invocations import AsyncDoor
 from shipyard.gateway.control import ControlDoor
 from shipyard.gateway.facade import JobsDoor
 from shipyard.gateway.ops import healthz, metrics_endpoint
@@ -30,15 +35,18 @@ from shipyard.metrics import Metrics
 from shipyard.routing.router import Router
 from shipyard.settings import JobsConfig, Settings, StackFile
 from shipyard.storage.artifacts import ArtifactStore
+from shipyard.storage.async_queue import AsyncQueue
 from shipyard.storage.events import EventLog
 from shipyard.storage.jobs import JobStore
 from shipyard.storage.metadata import MetadataStore
+from shipyard.storage.objects import ObjectStore
 
 log = logging.getLogger(__name__)
 
 # Shapes whose AWS pattern allows only https/s3 URLs or registry images; shipyard also
 # takes file:// and plain paths, and cmd: images.
-_LOCAL_URI_SHAPES = frozenset({"Url", "ContainerImage", "S3Uri"})
+# DestinationS3Uri likewise; SnsTopicArn also takes topic names and apprise URLs.
+_LOCAL_URI_SHAPES = frozenset({"Url", "ContainerImage", "S3Uri", "DestinationS3Uri", "SnsTopicArn"})
 
 StartupHook = Callable[[EndpointService], Awaitable[None]]
 
@@ -59,6 +67,13 @@ class Gateway:
         self.metrics = Metrics()
         self.store = MetadataStore(settings.db_url)
         self.router = Router(timeout_s=settings.invocation_timeout_s)
+        self.topics = Topics(stack.topics)
+        self.dispatcher = Dispatcher(
+            log=EventLog(self.store.engine),
+            topics=self.topics,
+            notifier=Notifier(),
+            lease_s=settings.event_lease_s,
+        )
         backend = LocalBackend(run_dir=settings.home / "run")
         provisioner = Provisioner(
             store=self.store,
@@ -80,6 +95,8 @@ class Gateway:
             store=self.store,
             wake=self.reconciler.wake,
             current_counts=self.reconciler.current_instance_counts,
+            unknown_topics=lambda targets: self.topics.resolve(targets).unknown,
+            on_event=self.dispatcher.wake,
             region=settings.region,
             account_id=settings.account_id,
             max_endpoints=settings.max_endpoints,
@@ -91,6 +108,7 @@ class Gateway:
             account_id=settings.account_id,
         )
         self._build_jobs(settings, stack, backend)
+        self._build_async(settings)
         validator = RequestValidator(unpatterned=_LOCAL_URI_SHAPES)
         control = ControlDoor(service=self.service, jobs=self.jobs, validator=validator)
         jobs_door = JobsDoor(jobs=self.jobs)
@@ -113,12 +131,6 @@ class Gateway:
             stack.jobs
             if "jobs" in stack.model_fields_set
             else JobsConfig(limit=settings.max_active_jobs)
-        )
-        self.dispatcher = Dispatcher(
-            log=EventLog(self.store.engine),
-            topics=Topics(stack.topics),
-            notifier=Notifier(),
-            lease_s=settings.event_lease_s,
         )
         announcer = JobAnnouncer(notify=config.notify)
         job_store = JobStore(self.store.engine)
@@ -144,6 +156,29 @@ class Gateway:
             account_id=settings.account_id,
         )
 
+    def _build_async(self, settings: Settings) -> None:
+        """The asynchronous-inference queue, its door and its consumer."""
+        queue = AsyncQueue(self.store.engine)
+        # Stable across restarts of this gateway (one home serves one gateway at a time),
+        # so it can take back at once what its previous run was running.
+        identity = f"{socket.gethostname()}:{settings.home.resolve()}"
+        owner = hashlib.sha1(identity.encode()).hexdigest()[:16]
+        self.consumer = Consumer(
+            queue=queue,
+            router=self.router,
+            objects=ObjectStore(s3_endpoint_url=settings.s3_endpoint_url),
+            metrics=self.metrics,
+            owner=owner,
+            region=settings.region,
+            account_id=settings.account_id,
+            on_event=self.dispatcher.wake,
+        )
+        self.async_door = AsyncDoor(
+            router=self.router,
+            invocations=AsyncInvocations(queue=queue, wake=self.consumer.wake),
+            account_id=settings.account_id,
+        )
+
     def __repr__(self) -> str:
         return f"Gateway(home={str(self.settings.home)!r}, store={self.store!r})"
 
@@ -155,6 +190,11 @@ class Gateway:
                 if name and "/" not in name:
                     await self.runtime(scope, receive, send, name)
                     return
+            if path.startswith("/endpoints/") and path.endswith("/async-invocations"):
+                name = path[len("/endpoints/") : -len("/async-invocations")].strip("/")
+                if name and "/" not in name:
+                    await self.async_door(scope, receive, send, name)
+                    return
         await self.app(scope, receive, send)
 
     @contextlib.asynccontextmanager
@@ -164,6 +204,7 @@ class Gateway:
             asyncio.create_task(self.reconciler.run(), name="reconciler"),
             asyncio.create_task(self.supervisor.run(), name="job-supervisor"),
             asyncio.create_task(self.dispatcher.run(), name="event-dispatcher"),
+            asyncio.create_task(self.consumer.run(), name="async-consumer"),
         ]
         if self._on_startup is not None:
             await self._on_startup(self.service)

@@ -16,6 +16,11 @@ _BUCKETS = (
 class Metrics:
     """Every metric the gateway exports at ``/metrics``."""
 
+    async_backlog: Gauge
+    async_backlog_per_instance: Gauge
+    async_oldest_age: Gauge
+    async_backlog_without_capacity: Gauge
+
     def __init__(self) -> None:
         # The *_created series double the output and nothing here reads them.
         disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -70,6 +75,37 @@ class Metrics:
             "shipyard_jobs_finished",
             "Long-running jobs that reached a final TrainingJobStatus, per status.",
             ("status",),
+            registry=self.registry,
+        )
+
+        self._async_metrics()
+
+    def _async_metrics(self) -> None:
+        # CloudWatch's names for asynchronous endpoints, one gauge each.
+        gauges = {
+            "async_backlog": ("shipyard_async_backlog_size", "ApproximateBacklogSize: queued "
+                              "and running requests."),
+            "async_backlog_per_instance": ("shipyard_async_backlog_size_per_instance",
+                                           "ApproximateBacklogSizePerInstance."),
+            "async_oldest_age": ("shipyard_async_oldest_request_age_seconds",
+                                 "ApproximateAgeOfOldestRequest: the oldest queued request."),
+            "async_backlog_without_capacity": ("shipyard_async_has_backlog_without_capacity",
+                                               "HasBacklogWithoutCapacity: 1 when requests wait "
+                                               "and no instance is up."),
+        }  # fmt: skip
+        for attr, (name, doc) in gauges.items():
+            setattr(self, attr, Gauge(name, doc, ("endpoint",), registry=self.registry))
+        self.async_queue_time = Histogram(
+            "shipyard_async_queue_time_seconds",
+            "Time asynchronous requests waited in the queue before an instance took them.",
+            ("endpoint",),
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
+            registry=self.registry,
+        )
+        self.async_invocations = Counter(
+            "shipyard_async_invocations",
+            "Asynchronous requests finished, per endpoint and outcome (Completed, Failed).",
+            ("endpoint", "status"),
             registry=self.registry,
         )
 

@@ -76,6 +76,8 @@ class EndpointConfig:
     variants: tuple[VariantSpec, ...]
     created: datetime
     raw: dict[str, Any] = field(default_factory=dict)
+    async_config: AsyncConfig | None = None
+    """Set for asynchronous endpoints (AsyncInferenceConfig)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,3 +190,52 @@ class Job:
     @property
     def active(self) -> bool:
         return self.status in ACTIVE_JOB_STATUSES
+
+
+@dataclass(frozen=True, slots=True)
+class AsyncConfig:
+    """An endpoint config's AsyncInferenceConfig, in plain words."""
+
+    output_path: str
+    failure_path: str
+    success_topic: str | None = None
+    error_topic: str | None = None
+    include_response_in: tuple[str, ...] = ()
+    """``success`` and/or ``error``: notifications that carry the inference response."""
+    max_concurrent_per_instance: int = 1
+
+
+class AsyncStatus(StrEnum):
+    QUEUED = "Queued"
+    RUNNING = "Running"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+
+
+@dataclass(frozen=True, slots=True)
+class AsyncRequest:
+    """One queued asynchronous invocation (InvokeEndpointAsync)."""
+
+    endpoint: str
+    inference_id: str
+    input_location: str
+    output_location: str
+    failure_location: str
+    received: datetime
+    expires: datetime
+    """Past this, a request not yet started fails as expired (RequestTTLSeconds)."""
+    invocation_timeout_s: float
+    content_type: str | None = None
+    accept: str | None = None
+    custom_attributes: str | None = None
+    notify: dict[str, Any] = field(default_factory=dict)
+    """Topics and response inclusion, fixed when the request was accepted."""
+    status: AsyncStatus = AsyncStatus.QUEUED
+    attempts: int = 0
+    owner: str | None = None
+    lease_until: datetime | None = None
+    started: datetime | None = None
+    """When a worker last took it from the queue."""
+    finished: datetime | None = None
+    failure_reason: str | None = None
+    id: int | None = None

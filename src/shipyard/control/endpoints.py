@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from shipyard.async_inference.notices import test_event
 from shipyard.errors import InvalidParameter, ResourceLimitExceeded, ResourceNotFound
 from shipyard.records import (
+    AsyncConfig,
     Endpoint,
     EndpointConfig,
     EndpointStatus,
@@ -29,6 +31,8 @@ class EndpointService:
         store: MetadataStore,
         wake: Callable[[], None],
         current_counts: Callable[[str], dict[str, int]],
+        unknown_topics: Callable[[Sequence[str]], list[str]],
+        on_event: Callable[[], None],
         region: str,
         account_id: str,
         max_endpoints: int,
@@ -37,6 +41,8 @@ class EndpointService:
         self.store = store
         self._wake = wake
         self._current_counts = current_counts
+        self._unknown_topics = unknown_topics
+        self._on_event = on_event
         self.region = region
         self.account_id = account_id
         self.max_endpoints = max_endpoints
@@ -86,8 +92,15 @@ class EndpointService:
     # -- endpoint configs -------------------------------------------------------------
 
     def create_endpoint_config(
-        self, name: str, variants: Sequence[VariantSpec], *, raw: dict[str, object]
+        self,
+        name: str,
+        variants: Sequence[VariantSpec],
+        *,
+        raw: dict[str, object],
+        async_config: AsyncConfig | None = None,
     ) -> EndpointConfig:
+        if async_config is not None:
+            self._check_async(async_config)
         names = [v.name for v in variants]
         if len(set(names)) != len(names):
             raise InvalidParameter("Variant names must be unique within an endpoint config.")
@@ -105,6 +118,7 @@ class EndpointService:
             variants=tuple(variants),
             created=now(),
             raw=raw,
+            async_config=async_config,
         )
         self.store.create_endpoint_config(config)
         return config
@@ -135,8 +149,20 @@ class EndpointService:
                 VariantState(v.name, v.weight, v.instance_count) for v in config.variants
             ),
         )
-        self.store.create_endpoint(endpoint, max_endpoints=self.max_endpoints)
+        events = []
+        if config.async_config is not None:
+            test = test_event(
+                config.async_config,
+                endpoint=name,
+                endpoint_arn=endpoint.arn,
+                at=stamp,
+                region=self.region,
+            )
+            events = [test] if test is not None else []
+        self.store.create_endpoint(endpoint, max_endpoints=self.max_endpoints, events=events)
         self._wake()
+        if events:
+            self._on_event()
         return endpoint
 
     def describe_endpoint(self, name: str) -> tuple[Endpoint, dict[str, int]]:
@@ -206,6 +232,26 @@ class EndpointService:
                 f'Could not find endpoint configuration "{config_name}".'
             ) from None
 
+    def _check_async(self, config: AsyncConfig) -> None:
+        for field, uri in (
+            ("S3OutputPath", config.output_path),
+            ("S3FailurePath", config.failure_path),
+        ):
+            if not _is_object_uri(uri):
+                raise InvalidParameter(
+                    f"AsyncInferenceConfig.OutputConfig.{field}: {uri!r} is not an s3:// or "
+                    "file:// URI or an absolute path."
+                )
+        for field, topic in (
+            ("SuccessTopic", config.success_topic),
+            ("ErrorTopic", config.error_topic),
+        ):
+            if topic is not None and self._unknown_topics([topic]):
+                raise InvalidParameter(
+                    f"NotificationConfig.{field}: topic {topic!r} does not exist; declare it "
+                    "under topics: in the stack file, or give an apprise URL."
+                )
+
     def _check_instance_count(self, variant: str, count: int) -> None:
         if count > self.max_instances_per_variant:
             raise ResourceLimitExceeded(
@@ -213,3 +259,8 @@ class EndpointService:
                 f"{self.max_instances_per_variant} Instances; variant {variant} asked for "
                 f"{count}."
             )
+
+
+def _is_object_uri(uri: str) -> bool:
+    """Where shipyard can read and write objects: s3://, file:// or an absolute path."""
+    return uri.startswith(("s3://", "file:///")) or uri.startswith("/")

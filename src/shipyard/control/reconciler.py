@@ -315,7 +315,9 @@ class Reconciler:
                     metrics=self.metrics.for_variant(fleet.endpoint, variant.name),
                 )
             )
-        self.router.publish(EndpointRoute(fleet.endpoint, variants))
+        self.router.publish(
+            EndpointRoute(fleet.endpoint, variants, async_config=fleet.config.async_config)
+        )
         self._export_instance_gauges()
 
     async def _change(self, name: str, **changes: Any) -> None:

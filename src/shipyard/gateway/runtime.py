@@ -84,6 +84,10 @@ class RuntimeDoor:
         route = self.router.routes.get(name)
         if route is None:
             raise RuntimeValidationError(f"Endpoint {name} of account {self.account_id} not found.")
+        if route.async_config is not None:
+            raise RuntimeValidationError(
+                f"Endpoint {name} is an asynchronous endpoint: invoke it with InvokeEndpointAsync."
+            )
         forward: list[tuple[bytes, bytes]] = []
         target: str | None = None
         content_length: int | None = None

@@ -4,14 +4,27 @@ Written here rather than taken from httpx or aiohttp because it is the hot path 
 invocation: it does only what that hop needs (one request at a time per keep-alive
 connection to a known loopback peer, bodies passed through as bytes) and parses with
 httptools, the same parser uvicorn uses. bench/gateway_overhead.py measures the result.
+
+Two ways to send a request share the pool's connections:
+
+- ``ConnectionPool.request`` returns the whole response: real-time invocations.
+- ``ConnectionPool.stream`` hands the response body over as it arrives, holding at most
+  about 1 MiB of it: asynchronous invocations, whose answers may be as large as their
+  inputs (up to 1 GB). It swaps in a parser of its own for the one exchange, so the
+  ``request`` path pays nothing for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import httptools
+
+_STREAM_BUFFER_BYTES = 1 << 20
+"""Response bytes a stream holds unread before it stops reading from the socket."""
 
 
 class UpstreamError(Exception):
@@ -43,6 +56,42 @@ class Response:
         return f"Response(status={self.status}, bytes={len(self.body)})"
 
 
+class StreamedResponse:
+    """An instance's answer whose body is read as it arrives; see ConnectionPool.stream.
+
+    ``status`` and ``headers`` (lower-cased names) are known on entry; the body comes from
+    ``chunks()``, once, and only inside the ``async with`` that produced the response.
+    """
+
+    __slots__ = ("status", "headers", "_reader")
+
+    def __init__(self, reader: _StreamReader) -> None:
+        assert reader.status is not None
+        self.status: int = reader.status
+        self.headers = reader.headers
+        self._reader = reader
+
+    def header(self, name: bytes) -> bytes | None:
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """Yield the body in the pieces the socket delivers, until it ends.
+
+        Raises:
+            UpstreamError: the connection failed or the answer was malformed before the
+                body ended (``sent`` is True); the pieces received before are yielded.
+            RuntimeError: read after its ``async with`` was left.
+        """
+        while (chunk := await self._reader.next_chunk()) is not None:
+            yield chunk
+
+    def __repr__(self) -> str:
+        return f"StreamedResponse(status={self.status})"
+
+
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; carries one request at a time."""
 
@@ -54,6 +103,8 @@ class _Connection(asyncio.Protocol):
         self._headers: list[tuple[bytes, bytes]] = []
         self._body: list[bytes] = []
         self._drained: asyncio.Event | None = None
+        self.stream: _StreamReader | None = None
+        """The streamed exchange in progress, told when the connection fails."""
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -101,6 +152,8 @@ class _Connection(asyncio.Protocol):
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
+        if self.stream is not None:
+            self.stream.fail(exc)
 
     def close(self) -> None:
         self.closed = True
@@ -121,9 +174,173 @@ class _Connection(asyncio.Protocol):
                     self.transport.write(chunk)
                     if self._drained is not None:
                         await self._drained.wait()
+                        if self.closed:  # the waiter holds the error; stop reading the body
+                            break
             return await self._waiter
         finally:
             self._waiter = None
+
+
+class _StreamReader:
+    """Parser callbacks and a bounded body buffer for one streamed exchange on ``conn``.
+
+    From construction until detach() its parser stands in for the connection's own, so
+    the request path's callbacks stay free of any "am I streaming?" test.
+
+    Holds at most about _STREAM_BUFFER_BYTES of unread body (plus one socket read): past
+    that it pauses reading the socket, so TCP flow control slows the instance down, and
+    it resumes once the consumer has taken half of it.
+    """
+
+    def __init__(self, conn: _Connection) -> None:
+        self.conn = conn
+        self.parser = httptools.HttpResponseParser(self)
+        # Takes over the connection's parsing until detach(); its own parser is kept.
+        self._conn_parser = conn.parser
+        conn.parser = self.parser
+        conn.stream = self
+        self.status: int | None = None
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.complete = False
+        """The whole response arrived (it may not all be consumed yet)."""
+        self.keep_alive = False
+        self.request_sent = False
+        """The whole request went out, so the connection is between exchanges once the
+        response is complete."""
+        self.error: UpstreamError | None = None
+        self.detached = False
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
+        self._paused = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > _STREAM_BUFFER_BYTES and not self._paused:
+            self._paused = True
+            self._transport().pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self.keep_alive = self.parser.should_keep_alive()
+        self._wake()
+        if not self.request_sent:
+            # Answered before reading the whole body: a sender waiting for the socket to
+            # drain would wait for ever, so wake it to stop. (A failure needs no such
+            # call: connection_lost sets the same event.)
+            drained = self.conn._drained
+            if drained is not None:
+                drained.set()
+
+    # ours
+    def fail(self, exc: UpstreamError) -> None:
+        if not self.complete and self.error is None:
+            self.error = exc
+            self._wake()
+
+    def _transport(self) -> asyncio.Transport:
+        assert self.conn.transport is not None
+        return self.conn.transport
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    async def send(
+        self, head: bytes, body: bytes | AsyncIterator[bytes], length: int | None
+    ) -> None:
+        """Write the request, waiting whenever the socket's write buffer is full.
+
+        Without ``length`` an iterated body goes out chunked. Stops early, leaving the
+        connection unfit for reuse, when the instance answers in full before reading all
+        of it.
+        """
+        transport = self._transport()
+        if isinstance(body, bytes):
+            transport.write(head + body)
+            self.request_sent = True
+            return
+        transport.write(head)
+        sent = 0
+        async for chunk in body:
+            sent += len(chunk)
+            if length is not None and sent > length:
+                raise _length_mismatch(sent, length)
+            if length is not None:
+                transport.write(chunk)
+            elif chunk:  # an empty chunk would end a chunked body
+                transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
+            drained = self.conn._drained
+            if drained is not None:
+                await drained.wait()
+            if self.error is not None:
+                raise self.error
+            if self.complete:
+                return
+        if length is None:
+            transport.write(b"0\r\n\r\n")
+        elif sent != length:
+            raise _length_mismatch(sent, length)
+        self.request_sent = True
+
+    async def wait_head(self) -> None:
+        while self.status is None:
+            if self.error is not None:
+                raise self.error
+            await self._wait()
+
+    async def next_chunk(self) -> bytes | None:
+        """The next piece of body, or None at its end."""
+        if self.detached:
+            raise RuntimeError("a streamed response was read after its `async with` ended")
+        while not self._chunks:
+            if self.complete:
+                return None
+            if self.error is not None:
+                raise self.error
+            await self._wait()
+        chunk = self._chunks.popleft()
+        self._buffered -= len(chunk)
+        if self._paused and self._buffered <= _STREAM_BUFFER_BYTES // 2:
+            self._paused = False
+            self._transport().resume_reading()
+        return chunk
+
+    def detach(self) -> bool:
+        """End the exchange; return whether the connection can carry another one.
+
+        It can when the whole request went out and the whole response came in on a
+        keep-alive connection: then the connection's own parser, which sits between
+        messages, takes over again.
+        """
+        self.detached = True
+        self._chunks.clear()
+        conn = self.conn
+        conn.stream = None
+        if not (self.complete and self.request_sent and self.keep_alive) or conn.closed:
+            return False
+        conn.parser = self._conn_parser
+        if self._paused:
+            self._transport().resume_reading()
+        return True
 
 
 class ConnectionPool:
@@ -197,7 +414,84 @@ class ConnectionPool:
             return response
         raise AssertionError("unreachable")
 
+    @asynccontextmanager
+    async def stream(
+        self,
+        method: bytes,
+        path: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes | AsyncIterator[bytes] = b"",
+        *,
+        content_length: int | None = None,
+    ) -> AsyncIterator[StreamedResponse]:
+        """Send one request, streaming ``body``, and yield the response once its head is in.
+
+        ``async with pool.stream(...) as response:`` then read ``response.chunks()``.
+        Memory stays bounded both ways: ``body`` is pulled only as fast as the socket
+        takes it, and at most about 1 MiB of unread response is held before reading
+        pauses (see _StreamReader).
+
+        An iterated ``body`` is sent with ``Content-Length: content_length`` when given
+        (and must yield exactly that many bytes, else UpstreamError), and with chunked
+        transfer-encoding otherwise. Nothing is retried, since an iterator cannot be
+        replayed. The connection goes back to the pool only if the response arrived
+        whole, on keep-alive; leaving early, an exception or cancellation closes it,
+        because its state is unknown.
+
+        Raises:
+            UpstreamError: the connection failed or the answer was malformed; ``sent``
+                says whether the request may have reached the instance. Errors from
+                ``body`` itself propagate unchanged.
+        """
+        chunked = content_length is None and not isinstance(body, bytes)
+        length = len(body) if isinstance(body, bytes) else content_length
+        head = _request_head(method, path, self._host_header, headers, length, chunked=chunked)
+        conn, _ = await self._acquire()
+        reader = _StreamReader(conn)
+        try:
+            await reader.send(head, body, length)
+            await reader.wait_head()
+            yield StreamedResponse(reader)
+        finally:
+            if reader.detach():
+                self._release(conn)
+            else:
+                conn.close()
+
     def close(self) -> None:
         for conn in self._idle:
             conn.close()
         self._idle.clear()
+
+
+def _request_head(
+    method: bytes,
+    path: bytes,
+    host: bytes,
+    headers: list[tuple[bytes, bytes]],
+    length: int | None,
+    *,
+    chunked: bool,
+) -> bytes:
+    """The request line and headers of a streamed request.
+
+    ConnectionPool.request builds the same bytes inline and is left so: it is the
+    benchmarked hot path of every real-time invocation, which must not pay even a call
+    for this path's sake; the price is these few duplicated lines.
+    """
+    parts = [method, b" ", path, b" HTTP/1.1\r\nHost: ", host, b"\r\n"]
+    for name, value in headers:
+        parts += [name, b": ", value, b"\r\n"]
+    if length is not None:
+        parts += [b"Content-Length: ", str(length).encode(), b"\r\n"]
+    elif chunked:
+        parts.append(b"Transfer-Encoding: chunked\r\n")
+    parts.append(b"\r\n")
+    return b"".join(parts)
+
+
+def _length_mismatch(sent: int, length: int) -> UpstreamError:
+    """A body that does not match its Content-Length: the instance would misread it."""
+    if sent > length:
+        return UpstreamError(f"the request body is longer than its {length} bytes", sent=True)
+    return UpstreamError(f"the request body ended after {sent} of its {length} bytes", sent=True)

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from shipyard.errors import ModelError, ModelNotReady, RuntimeValidationError, ServiceUnavailable
 from shipyard.metrics import VariantMetrics
+from shipyard.records import AsyncConfig
 from shipyard.routing.client import Response, UpstreamError
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import Policy
@@ -69,10 +70,18 @@ class VariantRoute:
 class EndpointRoute:
     """The routing table of one endpoint: its variants and their weights."""
 
-    __slots__ = ("name", "variants", "by_name", "_cumulative", "_total")
+    __slots__ = ("name", "variants", "by_name", "async_config", "_cumulative", "_total")
 
-    def __init__(self, name: str, variants: Sequence[VariantRoute]) -> None:
+    def __init__(
+        self,
+        name: str,
+        variants: Sequence[VariantRoute],
+        *,
+        async_config: AsyncConfig | None = None,
+    ) -> None:
         self.name = name
+        self.async_config = async_config
+        """Set for an asynchronous endpoint, whose requests come from the queue."""
         self.variants = list(variants)
         self.by_name = {v.name: v for v in self.variants}
         weights = [max(v.weight, 0.0) for v in self.variants]

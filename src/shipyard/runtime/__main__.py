@@ -1,7 +1,17 @@
 """``python -m shipyard.runtime``: load the model, then serve it.
 
-The only place in the runtime that reads the environment (``SAGEMAKER_PROGRAM``) or
-exits: :mod:`~shipyard.runtime.handlers` and :mod:`~shipyard.runtime.server` raise.
+The only place in the runtime that reads the environment or exits: the other modules
+take plain values and raise. Single-model mode reads ``SAGEMAKER_PROGRAM``; with
+``SAGEMAKER_MULTI_MODEL=true`` (what SageMaker sets) the instance serves every model under
+a prefix instead, loaded on demand, configured by:
+
+- ``SHIPYARD_MODEL_PREFIX``: file:// URI, path or s3:// prefix; default ``--model-dir``.
+- ``SHIPYARD_MODEL_CACHE_BYTES``: memory budget; default a quarter of MemTotal.
+- ``SHIPYARD_MODEL_CACHE_MAX_MODELS``: at most this many models in memory; default none.
+- ``SHIPYARD_MODEL_DISK_CACHE_BYTES``: fetched artifacts kept on disk; default 10 GiB.
+- ``SHIPYARD_MODEL_CACHE_DIR``: where they are kept; default ``<model-dir>/.mme-cache``.
+- ``SHIPYARD_MODEL_LOAD_WAIT_S``: how long a request waits for a load; default 50.
+- ``SHIPYARD_S3_ENDPOINT_URL``: an S3-compatible endpoint for s3:// prefixes.
 """
 
 from __future__ import annotations
@@ -10,9 +20,17 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from shipyard.runtime import handlers, server
+from shipyard.runtime.multimodel import DEFAULT_LOAD_WAIT_S
+
+if TYPE_CHECKING:
+    from shipyard.runtime import model_source
+
+N = TypeVar("N", int, float)
 
 log = logging.getLogger("shipyard.runtime")
 
@@ -38,16 +56,63 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
     )
     try:
-        loaded = handlers.load(args.model_dir, program=os.environ.get("SAGEMAKER_PROGRAM"))
+        app = _app(args.model_dir, os.environ)
         sock = server.bind(args.host, args.port)
     except Exception as exc:
         log.exception("could not start the model in %s", args.model_dir)
         if args.error_file is not None:
             _write_reason(args.error_file, exc)
         return 1
-    log.info("serving %r on %s:%s", loaded, args.host, args.port)
-    server.serve(loaded, sock)
+    log.info("serving %r on %s:%s", app, args.host, args.port)
+    server.serve(app, sock)
     return 0
+
+
+def _app(model_dir: Path, environ: Mapping[str, str]) -> server.App:
+    program = environ.get("SAGEMAKER_PROGRAM")
+    if environ.get("SAGEMAKER_MULTI_MODEL", "").strip().lower() != "true":
+        return server.RuntimeApp(handlers.load(model_dir, program=program))
+    # Imported here: s3fs and the artifact store are for multi-model instances only.
+    from shipyard.runtime import model_contract, model_source
+
+    config = _multi_model_config(model_dir.absolute(), environ, program)
+    return model_contract.MultiModelApp(model_source.open_model_cache(config))
+
+
+def _multi_model_config(
+    model_dir: Path, environ: Mapping[str, str], program: str | None
+) -> model_source.MultiModelConfig:
+    from shipyard.runtime import model_source
+
+    memory_budget_bytes = _number(environ, "SHIPYARD_MODEL_CACHE_BYTES", int)
+    load_wait_timeout_s = _number(environ, "SHIPYARD_MODEL_LOAD_WAIT_S", float)
+    return model_source.MultiModelConfig(
+        prefix=environ.get("SHIPYARD_MODEL_PREFIX") or str(model_dir),
+        memory_budget_bytes=memory_budget_bytes or model_source.total_memory_bytes() // 4,
+        cache_dir=Path(environ.get("SHIPYARD_MODEL_CACHE_DIR") or model_dir / ".mme-cache"),
+        max_models=_number(environ, "SHIPYARD_MODEL_CACHE_MAX_MODELS", int),
+        disk_cache_bytes=(
+            _number(environ, "SHIPYARD_MODEL_DISK_CACHE_BYTES", int)
+            or model_source.DEFAULT_DISK_CACHE_BYTES
+        ),
+        s3_endpoint_url=environ.get("SHIPYARD_S3_ENDPOINT_URL") or None,
+        load_wait_timeout_s=load_wait_timeout_s or DEFAULT_LOAD_WAIT_S,
+        program=program,
+    )
+
+
+def _number(environ: Mapping[str, str], name: str, kind: Callable[[str], N]) -> N | None:
+    """The positive number in ``environ[name]``; None when unset or empty."""
+    text = environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not value > 0:
+        raise ValueError(f"{name} must be a number above 0, got {text!r}.")
+    return value
 
 
 def _write_reason(path: Path, exc: Exception) -> None:

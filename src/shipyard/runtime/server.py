@@ -3,7 +3,8 @@
 A raw ASGI callable rather than a framework app: every invocation passes through here, and
 two routes need no router, no request object and no middleware. The per-request work is
 one pass over the headers, the handlers, and two ``send`` calls (the floor we compare
-against is ``bench-peers/raw_asgi``).
+against is ``bench-peers/raw_asgi``). In multi-model mode :mod:`model_contract`'s app is
+served instead, so none of its work lands on this path.
 
 Errors: a handler that raises is logged with its traceback and answered with 500 (or the
 exception's own ``status_code`` when it is an int in 400..599) and a ``text/plain`` body
@@ -28,6 +29,7 @@ Message = MutableMapping[str, Any]
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
 DEFAULT_TYPE = "application/json"
@@ -108,6 +110,15 @@ class RuntimeApp:
 
 
 async def _failure(send: Send, exc: Exception) -> None:
+    status, text = describe_failure(exc)
+    await _plain(send, status, text)
+
+
+def describe_failure(exc: Exception) -> tuple[int, str]:
+    """The status and ``<ExcType>: <message>`` answering a handler's ``exc``, logged.
+
+    Call it inside the ``except`` block, so the log carries the traceback.
+    """
     status = getattr(exc, "status_code", None)
     if type(status) is not int or not 400 <= status <= 599:
         status = 500
@@ -118,7 +129,7 @@ async def _failure(send: Send, exc: Exception) -> None:
         log.exception("invocation failed (%s)", status)
     text = str(exc)
     name = type(exc).__name__
-    await _plain(send, status, f"{name}: {text}" if text else name)
+    return status, f"{name}: {text}" if text else name
 
 
 async def _plain(send: Send, status: int, text: str, *, allow: bytes | None = None) -> None:
@@ -150,10 +161,10 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(handlers: Handlers, sock: socket.socket) -> None:
-    """Serve ``handlers`` on ``sock`` until SIGINT or SIGTERM."""
+def serve(app: App, sock: socket.socket) -> None:
+    """Serve ``app`` (a RuntimeApp, or a MultiModelApp) on ``sock`` until SIGINT or SIGTERM."""
     config = uvicorn.Config(
-        RuntimeApp(handlers),
+        app,
         loop="uvloop",
         http="httptools",
         ws="none",

@@ -38,15 +38,18 @@ from shipyard.errors import (
 )
 from shipyard.records import (
     ENDPOINT_TRANSITIONS,
+    AsyncConfig,
     Endpoint,
     EndpointConfig,
     EndpointStatus,
+    Event,
     Model,
     RoutingStrategy,
     VariantSpec,
     VariantState,
 )
 from shipyard.storage import tables as t
+from shipyard.storage.events import record_event
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +130,7 @@ class MetadataStore:
             "variants": [_variant_json(v) for v in config.variants],
             "created": config.created,
             "raw": config.raw,
+            "async_config": _async_json(config.async_config),
         }
         message = f'Cannot create already existing endpoint configuration "{config.arn}".'
         self._insert(t.endpoint_configs, row, message)
@@ -149,7 +153,10 @@ class MetadataStore:
 
     # -- endpoints ------------------------------------------------------------------------
 
-    def create_endpoint(self, endpoint: Endpoint, *, max_endpoints: int) -> None:
+    def create_endpoint(
+        self, endpoint: Endpoint, *, max_endpoints: int, events: Sequence[Event] = ()
+    ) -> None:
+        """Insert ``endpoint`` within the quota, with its ``events`` in the same transaction."""
         row = _endpoint_row(endpoint)
         message = f'Cannot create already existing endpoint "{endpoint.arn}".'
         with self._tx() as conn:
@@ -164,6 +171,8 @@ class MetadataStore:
                 conn.execute(insert(t.endpoints).values(**row))
             except IntegrityError as exc:
                 raise ResourceInUse(message) from exc
+            for event in events:
+                record_event(conn, event)
 
     def get_endpoint(self, name: str) -> Endpoint:
         with self._tx() as conn:
@@ -306,13 +315,37 @@ def _endpoint_config(row: Any) -> EndpointConfig:
         )
         for v in row["variants"]
     )
+    cfg = row["async_config"]
     return EndpointConfig(
         name=row["name"],
         arn=row["arn"],
         variants=variants,
         created=_utc(row["created"]),
         raw=dict(row["raw"] or {}),
+        async_config=None
+        if cfg is None
+        else AsyncConfig(
+            output_path=cfg["output_path"],
+            failure_path=cfg["failure_path"],
+            success_topic=cfg.get("success_topic"),
+            error_topic=cfg.get("error_topic"),
+            include_response_in=tuple(cfg.get("include_response_in", ())),
+            max_concurrent_per_instance=int(cfg.get("max_concurrent_per_instance", 1)),
+        ),
     )
+
+
+def _async_json(cfg: AsyncConfig | None) -> dict[str, Any] | None:
+    if cfg is None:
+        return None
+    return {
+        "output_path": cfg.output_path,
+        "failure_path": cfg.failure_path,
+        "success_topic": cfg.success_topic,
+        "error_topic": cfg.error_topic,
+        "include_response_in": list(cfg.include_response_in),
+        "max_concurrent_per_instance": cfg.max_concurrent_per_instance,
+    }
 
 
 def _endpoint(row: Any) -> Endpoint:

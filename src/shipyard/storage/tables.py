@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Column, DateTime, Integer, MetaData, String, Table, Text
+from sqlalchemy import (
+    JSON,
+    Column,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
 
 metadata = MetaData()
 
@@ -27,6 +39,7 @@ endpoint_configs = Table(
     Column("variants", JSON, nullable=False),
     Column("created", DateTime(timezone=True), nullable=False),
     Column("raw", JSON, nullable=False),
+    Column("async_config", JSON),
 )
 
 endpoints = Table(
@@ -95,4 +108,31 @@ deliveries = Table(
     Column("attempts", Integer, nullable=False),
     Column("last_error", Text),
     Column("updated", DateTime(timezone=True), nullable=False),
+)
+
+async_requests = Table(
+    "async_requests",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("endpoint", String(63), nullable=False),
+    Column("inference_id", String(64), nullable=False),
+    Column("input_location", Text, nullable=False),
+    Column("output_location", Text, nullable=False),
+    Column("failure_location", Text, nullable=False),
+    Column("received", DateTime(timezone=True), nullable=False),
+    Column("expires", DateTime(timezone=True), nullable=False),
+    Column("invocation_timeout_s", Float, nullable=False),
+    Column("content_type", Text),
+    Column("accept", Text),
+    Column("custom_attributes", Text),
+    Column("notify", JSON, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("owner", String(64)),
+    Column("lease_until", DateTime(timezone=True)),
+    Column("started", DateTime(timezone=True)),
+    Column("finished", DateTime(timezone=True)),
+    Column("failure_reason", Text),
+    UniqueConstraint("endpoint", "inference_id", name="uq_async_requests_inference_id"),
+    Index("ix_async_requests_queue", "endpoint", "status", "id"),
 )

@@ -7,13 +7,44 @@ from typing import Any
 from shipyard.control.endpoints import EndpointService
 from shipyard.errors import InvalidParameter
 from shipyard.gateway.actions.listing import page
-from shipyard.records import EndpointConfig, RoutingStrategy, VariantSpec
+from shipyard.records import AsyncConfig, EndpointConfig, RoutingStrategy, VariantSpec
 
 
 def create_endpoint_config(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
     variants = [_variant(v) for v in p["ProductionVariants"]]
-    config = svc.create_endpoint_config(p["EndpointConfigName"], variants, raw=p)
+    async_config = _async_config(p["AsyncInferenceConfig"]) if "AsyncInferenceConfig" in p else None
+    config = svc.create_endpoint_config(
+        p["EndpointConfigName"], variants, raw=p, async_config=async_config
+    )
     return {"EndpointConfigArn": config.arn}
+
+
+_INCLUDE = {"SUCCESS_NOTIFICATION_TOPIC": "success", "ERROR_NOTIFICATION_TOPIC": "error"}
+
+
+def _async_config(c: dict[str, Any]) -> AsyncConfig:
+    output = c["OutputConfig"]
+    path = output.get("S3OutputPath")
+    if not path:
+        raise InvalidParameter("AsyncInferenceConfig.OutputConfig.S3OutputPath is required.")
+    notify = output.get("NotificationConfig") or {}
+    include = notify.get("IncludeInferenceResponseIn") or []
+    unknown = [i for i in include if i not in _INCLUDE]
+    if unknown:
+        raise InvalidParameter(
+            f"IncludeInferenceResponseIn: {unknown} are not SUCCESS_NOTIFICATION_TOPIC or "
+            "ERROR_NOTIFICATION_TOPIC."
+        )
+    return AsyncConfig(
+        output_path=path,
+        failure_path=output.get("S3FailurePath") or path,
+        success_topic=notify.get("SuccessTopic") or None,
+        error_topic=notify.get("ErrorTopic") or None,
+        include_response_in=tuple(dict.fromkeys(_INCLUDE[i] for i in include)),
+        max_concurrent_per_instance=int(
+            (c.get("ClientConfig") or {}).get("MaxConcurrentInvocationsPerInstance", 1)
+        ),
+    )
 
 
 def _variant(v: dict[str, Any]) -> VariantSpec:

@@ -1,0 +1,103 @@
+"""AsyncInvocations: InvokeEndpointAsync lands here, and leaves a request in the queue.
+
+It checks the request against SageMaker's limits, fixes where its output and failure
+files go (``<S3OutputPath>/<InferenceId>.out``, ``<S3FailurePath>/<InferenceId>-error.out``)
+and which topics hear of it, records it durably, and wakes the consumer. It never sees
+HTTP and never touches an instance.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+
+from shipyard.async_inference.notices import notify_settings
+from shipyard.errors import RuntimeValidationError
+from shipyard.records import AsyncConfig, AsyncRequest
+from shipyard.storage.async_queue import AsyncQueue
+from shipyard.storage.metadata import now
+
+DEFAULT_TTL_S = 21600
+DEFAULT_TIMEOUT_S = 900
+
+
+class AsyncInvocations:
+    """Accepts asynchronous invocations into the durable queue."""
+
+    def __init__(self, *, queue: AsyncQueue, wake: Callable[[], None]) -> None:
+        self.queue = queue
+        self._wake = wake
+
+    def __repr__(self) -> str:
+        return f"AsyncInvocations({self.queue!r})"
+
+    def submit(
+        self,
+        endpoint: str,
+        config: AsyncConfig,
+        *,
+        input_location: str | None,
+        inference_id: str | None = None,
+        content_type: str | None = None,
+        accept: str | None = None,
+        custom_attributes: str | None = None,
+        ttl_s: int | None = None,
+        timeout_s: int | None = None,
+    ) -> AsyncRequest:
+        """Queue one request; a known ``inference_id`` returns the earlier request instead.
+
+        Raises RuntimeValidationError for a missing or unusable InputLocation and for
+        values outside SageMaker's ranges.
+        """
+        location = _input_location(input_location)
+        ttl = _in_range("RequestTTLSeconds", ttl_s, DEFAULT_TTL_S, 60, 21600)
+        timeout = _in_range("InvocationTimeoutSeconds", timeout_s, DEFAULT_TIMEOUT_S, 1, 3600)
+        inference_id = inference_id or str(uuid.uuid4())
+        if len(inference_id) > 64 or not inference_id.isprintable() or inference_id[0].isspace():
+            raise RuntimeValidationError(
+                "Inference-Id must be 1 to 64 printable characters and not start with a space."
+            )
+        received = now()
+        request = AsyncRequest(
+            endpoint=endpoint,
+            inference_id=inference_id,
+            input_location=location,
+            output_location=_join(config.output_path, f"{inference_id}.out"),
+            failure_location=_join(config.failure_path, f"{inference_id}-error.out"),
+            received=received,
+            expires=received + timedelta(seconds=ttl),
+            invocation_timeout_s=float(timeout),
+            content_type=content_type,
+            accept=accept,
+            custom_attributes=custom_attributes,
+            notify=notify_settings(config),
+        )
+        queued, created = self.queue.enqueue(request)
+        if created:
+            self._wake()
+        return queued
+
+
+def _input_location(value: str | None) -> str:
+    if not value:
+        raise RuntimeValidationError(
+            "X-Amzn-SageMaker-InputLocation is required: the s3:// or file:// URI of the input."
+        )
+    if not value.startswith(("s3://", "file:///", "/")) or len(value) > 1024:
+        raise RuntimeValidationError(
+            f"InputLocation {value!r} is not an s3:// or file:// URI or an absolute path."
+        )
+    return value
+
+
+def _in_range(name: str, value: int | None, default: int, low: int, high: int) -> int:
+    if value is None:
+        return default
+    if not low <= value <= high:
+        raise RuntimeValidationError(f"{name} must be between {low} and {high}, not {value}.")
+    return value
+
+
+def _join(prefix: str, name: str) -> str:
+    return prefix.rstrip("/") + "/" + name

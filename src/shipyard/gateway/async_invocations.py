@@ -1,0 +1,98 @@
+"""The asynchronous runtime door: ``POST /endpoints/{name}/async-invocations``.
+
+InvokeEndpointAsync carries no payload: its headers name the input's location. The door
+checks the endpoint is asynchronous, queues the request durably and answers 202 with
+the InferenceId and where the output or failure file will appear.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+from shipyard.async_inference.queue import AsyncInvocations
+from shipyard.errors import InternalFailure, RuntimeFailure, RuntimeValidationError
+from shipyard.gateway.errors import runtime_error_response
+from shipyard.gateway.runtime import _discard
+from shipyard.routing.router import Router
+
+log = logging.getLogger(__name__)
+
+_PREFIX = b"x-amzn-sagemaker-"
+
+
+class AsyncDoor:
+    """Translates InvokeEndpointAsync into AsyncInvocations.submit and back."""
+
+    def __init__(self, *, router: Router, invocations: AsyncInvocations, account_id: str) -> None:
+        self.router = router
+        self.invocations = invocations
+        self.account_id = account_id
+
+    def __repr__(self) -> str:
+        return f"AsyncDoor({self.invocations!r})"
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any, name: str) -> None:
+        try:
+            await _discard(receive)  # the payload lives at InputLocation; ignore any body
+            body, headers = await self._submit(scope, name)
+        except RuntimeFailure as exc:
+            await runtime_error_response(exc, send)
+            return
+        except Exception:
+            log.exception("asynchronous invocation of %s failed", name)
+            await runtime_error_response(InternalFailure("Internal failure."), send)
+            return
+        payload = json.dumps(body).encode()
+        headers += [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode()),
+        ]
+        await send({"type": "http.response.start", "status": 202, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+    async def _submit(
+        self, scope: dict[str, Any], name: str
+    ) -> tuple[dict[str, str], list[tuple[bytes, bytes]]]:
+        route = self.router.routes.get(name)
+        if route is None:
+            raise RuntimeValidationError(f"Endpoint {name} of account {self.account_id} not found.")
+        if route.async_config is None:
+            raise RuntimeValidationError(
+                f"Endpoint {name} is not an asynchronous endpoint: invoke it with InvokeEndpoint."
+            )
+        given = {
+            k[len(_PREFIX) :].decode(): v.decode(errors="replace")
+            for k, v in scope["headers"]
+            if k.startswith(_PREFIX)
+        }
+        request = await run_in_threadpool(
+            self.invocations.submit,
+            name,
+            route.async_config,
+            input_location=given.get("inputlocation"),
+            inference_id=given.get("inference-id"),
+            content_type=given.get("content-type"),
+            accept=given.get("accept"),
+            custom_attributes=given.get("custom-attributes"),
+            ttl_s=_int(given, "requestttlseconds", "RequestTTLSeconds"),
+            timeout_s=_int(given, "invocationtimeoutseconds", "InvocationTimeoutSeconds"),
+        )
+        headers = [
+            (b"x-amzn-sagemaker-outputlocation", request.output_location.encode()),
+            (b"x-amzn-sagemaker-failurelocation", request.failure_location.encode()),
+        ]
+        return {"InferenceId": request.inference_id}, headers
+
+
+def _int(given: dict[str, str], key: str, name: str) -> int | None:
+    value = given.get(key)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise RuntimeValidationError(f"{name} must be an integer, not {value!r}.") from None

@@ -1,0 +1,224 @@
+"""AsyncQueue: the durable queue of asynchronous invocations, in the metadata store.
+
+The queue survives restarts because it is a table. Guarantees:
+
+- **Idempotent enqueue.** ``(endpoint, inference_id)`` is unique: a repeated Inference-Id
+  returns the request already queued (or done) and queues nothing.
+- **Leased claims.** A claim marks requests Running with an owner and a lease; a request
+  whose owner died is claimable again once its lease has passed. On PostgreSQL claims use
+  ``FOR UPDATE SKIP LOCKED``, so gateways sharing a database never claim the same request
+  at once; on SQLite, ``BEGIN IMMEDIATE`` serialises them.
+- **Compare-and-set completion.** ``finish`` succeeds only for the owner holding the lease;
+  the outcome and its notification event are written in one transaction, so a request is
+  announced once, by the worker whose outcome stands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, and_, func, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from shipyard.records import AsyncRequest, AsyncStatus, Event
+from shipyard.storage import tables as t
+from shipyard.storage.events import record_event
+from shipyard.storage.metadata import _utc as utc
+
+_Q = t.async_requests
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """What CloudWatch's async metrics are computed from, for one endpoint."""
+
+    queued: int
+    running: int
+    oldest_received: datetime | None
+
+
+class AsyncQueue:
+    """Enqueue, claim and finish asynchronous invocations; records in, records out."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def __repr__(self) -> str:
+        return f"AsyncQueue({self.engine.url.render_as_string(hide_password=True)!r})"
+
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        with self.engine.begin() as conn:
+            yield conn
+
+    def enqueue(self, request: AsyncRequest) -> tuple[AsyncRequest, bool]:
+        """Queue ``request``; return it and True, or the earlier one with its id and False."""
+        try:
+            with self._tx() as conn:
+                result = conn.execute(insert(_Q).values(**_row(request)))
+                key = result.inserted_primary_key
+                assert key is not None
+                return replace(request, id=int(key[0])), True
+        except IntegrityError:
+            return self.get(request.endpoint, request.inference_id), False
+
+    def get(self, endpoint: str, inference_id: str) -> AsyncRequest:
+        query = select(_Q).where(_Q.c.endpoint == endpoint, _Q.c.inference_id == inference_id)
+        with self._tx() as conn:
+            row = conn.execute(query).mappings().one()
+        return _request(row)
+
+    def claim(
+        self, endpoint: str, *, owner: str, limit: int, now: datetime, lease_margin_s: float
+    ) -> list[AsyncRequest]:
+        """Take up to ``limit`` requests, oldest first: queued ones, and running ones whose
+        lease has passed (their worker died). Each leaves Running, owned by ``owner``, with
+        a lease of its InvocationTimeoutSeconds plus ``lease_margin_s``."""
+        if limit <= 0:
+            return []
+        claimable = or_(
+            _Q.c.status == AsyncStatus.QUEUED.value,
+            and_(_Q.c.status == AsyncStatus.RUNNING.value, _Q.c.lease_until < now),
+        )
+        query = (
+            select(_Q).where(_Q.c.endpoint == endpoint, claimable).order_by(_Q.c.id).limit(limit)
+        )
+        with self._tx() as conn:
+            if conn.dialect.name == "postgresql":
+                query = query.with_for_update(skip_locked=True)
+            rows = conn.execute(query).mappings().all()
+            claimed = []
+            for row in rows:
+                request = replace(
+                    _request(row),
+                    status=AsyncStatus.RUNNING,
+                    owner=owner,
+                    attempts=int(row["attempts"]) + 1,
+                    started=now,
+                    lease_until=now
+                    + timedelta(seconds=float(row["invocation_timeout_s"]) + lease_margin_s),
+                )
+                conn.execute(update(_Q).where(_Q.c.id == row["id"]).values(**_row(request)))
+                claimed.append(request)
+            return claimed
+
+    def finish(
+        self,
+        request: AsyncRequest,
+        *,
+        status: AsyncStatus,
+        now: datetime,
+        failure_reason: str | None = None,
+        event: Event | None = None,
+    ) -> bool:
+        """Record the outcome if ``request.owner`` still holds it; False if it does not."""
+        assert request.id is not None
+        held = and_(
+            _Q.c.id == request.id,
+            _Q.c.owner == request.owner,
+            _Q.c.status == AsyncStatus.RUNNING.value,
+        )
+        values = {"status": status.value, "finished": now, "failure_reason": failure_reason}
+        with self._tx() as conn:
+            if conn.execute(update(_Q).where(held).values(**values)).rowcount != 1:
+                return False
+            if event is not None:
+                record_event(conn, event)
+            return True
+
+    def release(self, request: AsyncRequest) -> None:
+        """Give back a claimed request that was not started (no instance took it)."""
+        held = and_(_Q.c.id == request.id, _Q.c.owner == request.owner)
+        values = {"status": AsyncStatus.QUEUED.value, "owner": None, "lease_until": None}
+        with self._tx() as conn:
+            conn.execute(
+                update(_Q).where(held, _Q.c.status == AsyncStatus.RUNNING.value).values(**values)
+            )
+
+    def release_owned(self, owner: str) -> int:
+        """Requeue every request ``owner`` was running: a gateway calls this as it starts,
+        for what its previous run (same owner, now dead) left behind, rather than waiting
+        for their leases to pass."""
+        held = and_(_Q.c.owner == owner, _Q.c.status == AsyncStatus.RUNNING.value)
+        values = {"status": AsyncStatus.QUEUED.value, "owner": None, "lease_until": None}
+        with self._tx() as conn:
+            return int(conn.execute(update(_Q).where(held).values(**values)).rowcount)
+
+    def backlog(self, endpoint: str) -> Backlog:
+        waiting = [AsyncStatus.QUEUED.value, AsyncStatus.RUNNING.value]
+        query = (
+            select(_Q.c.status, func.count(), func.min(_Q.c.received))
+            .where(_Q.c.endpoint == endpoint, _Q.c.status.in_(waiting))
+            .group_by(_Q.c.status)
+        )
+        with self._tx() as conn:
+            rows = conn.execute(query).all()
+        counts = {row[0]: int(row[1]) for row in rows}
+        oldest = [utc(row[2]) for row in rows if row[0] == AsyncStatus.QUEUED.value and row[2]]
+        return Backlog(
+            queued=counts.get(AsyncStatus.QUEUED.value, 0),
+            running=counts.get(AsyncStatus.RUNNING.value, 0),
+            oldest_received=oldest[0] if oldest else None,
+        )
+
+    def endpoints_with_work(self) -> list[str]:
+        waiting = [AsyncStatus.QUEUED.value, AsyncStatus.RUNNING.value]
+        query = select(_Q.c.endpoint).where(_Q.c.status.in_(waiting)).distinct()
+        with self._tx() as conn:
+            return [row[0] for row in conn.execute(query).all()]
+
+
+def _row(r: AsyncRequest) -> dict[str, Any]:
+    return {
+        "endpoint": r.endpoint,
+        "inference_id": r.inference_id,
+        "input_location": r.input_location,
+        "output_location": r.output_location,
+        "failure_location": r.failure_location,
+        "received": r.received,
+        "expires": r.expires,
+        "invocation_timeout_s": r.invocation_timeout_s,
+        "content_type": r.content_type,
+        "accept": r.accept,
+        "custom_attributes": r.custom_attributes,
+        "notify": r.notify,
+        "status": r.status.value,
+        "attempts": r.attempts,
+        "owner": r.owner,
+        "lease_until": r.lease_until,
+        "started": r.started,
+        "finished": r.finished,
+        "failure_reason": r.failure_reason,
+    }
+
+
+def _request(row: Any) -> AsyncRequest:
+    def when(value: datetime | None) -> datetime | None:
+        return None if value is None else utc(value)
+
+    return AsyncRequest(
+        id=int(row["id"]),
+        endpoint=row["endpoint"],
+        inference_id=row["inference_id"],
+        input_location=row["input_location"],
+        output_location=row["output_location"],
+        failure_location=row["failure_location"],
+        received=utc(row["received"]),
+        expires=utc(row["expires"]),
+        invocation_timeout_s=float(row["invocation_timeout_s"]),
+        content_type=row["content_type"],
+        accept=row["accept"],
+        custom_attributes=row["custom_attributes"],
+        notify=dict(row["notify"] or {}),
+        status=AsyncStatus(row["status"]),
+        attempts=int(row["attempts"]),
+        owner=row["owner"],
+        lease_until=when(row["lease_until"]),
+        started=when(row["started"]),
+        finished=when(row["finished"]),
+        failure_reason=row["failure_reason"],
+    )

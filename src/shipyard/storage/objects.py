@@ -1,0 +1,416 @@
+"""ObjectStore: read and write single objects by URI, streaming, with bounded memory.
+
+Asynchronous inference reads a request's input (up to 1 GB) from object storage and writes
+the instance's answer back; neither is ever held whole in the gateway. A URI is
+``s3://bucket/key``, ``file:///abs/path`` or a plain path, absolute or relative.
+
+Guarantees:
+
+- **The event loop never blocks on storage.** fsspec and the filesystem are synchronous,
+  so every call that may wait runs in a worker thread (``asyncio.to_thread``). The
+  synchronous methods (size, exists, read_bytes, delete) are for callers that are in a
+  thread already, or wrap them in one.
+- **Memory is bounded.** Reads come in chunks; an S3 write holds one part (8 MiB) and an
+  S3 read one read-ahead block (8 MiB) at a time.
+- **A write is whole or absent.** A local file is written to a hidden sibling and renamed
+  into place once complete; an S3 object appears only when its single put or multipart
+  upload completes, and a failed write aborts the upload instead. A retried write
+  replaces the object whole. A process killed mid-write can leave a hidden
+  ``.<name>.<random>.partial`` sibling behind, never a partial object.
+
+Errors, translated here from the filesystem's, s3fs's and botocore's and chained with
+``from exc``::
+
+    Exception
+     ├── ObjectNotFound     a read names nothing
+     └── ObjectStoreError   anything else: unreadable, unwritable, a folder, an
+                            unsupported URI, larger than allowed
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import stat
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
+
+import s3fs
+from botocore.exceptions import BotoCoreError, ClientError
+
+logger = logging.getLogger(__name__)
+
+_S3_SCHEME = "s3://"
+_S3_PART_BYTES = 8 << 20
+"""Bytes an S3 write buffers before sending them as one part (S3's minimum is 5 MiB)."""
+_S3_READ_AHEAD_BYTES = 8 << 20
+"""Bytes an S3 read fetches per request beyond what was asked, to need few requests."""
+_WRITE_BATCH_BYTES = 1 << 20
+"""Small chunks are gathered to about this size before each hop to a worker thread."""
+
+
+class ObjectNotFound(Exception):
+    """A read names no object: the key, file or bucket does not exist. Names the URI."""
+
+
+class ObjectStoreError(Exception):
+    """Reading or writing an object failed for any other reason; names the URI and cause."""
+
+
+class _NotAnObject(ObjectStoreError):
+    """The URI names a folder (or S3 prefix), not an object."""
+
+
+class _Sink(Protocol):
+    """Where one write goes until commit() makes it visible or abort() drops it."""
+
+    def write(self, chunk: bytes) -> None: ...
+    def commit(self) -> None: ...
+    def abort(self) -> None: ...
+
+
+class ObjectStore:
+    """Reads and writes objects named by URI on local disk and S3, streaming.
+
+    Args:
+        s3_endpoint_url: an S3-compatible endpoint (MinIO, a test server) instead of AWS.
+            Credentials and region come from the environment, as for any AWS client.
+    """
+
+    def __init__(self, *, s3_endpoint_url: str | None = None) -> None:
+        self._s3_endpoint_url = s3_endpoint_url
+        self._s3fs: Any = None
+        self._s3fs_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"ObjectStore(s3_endpoint_url={self._s3_endpoint_url!r})"
+
+    def size(self, uri: str) -> int:
+        """The object's size in bytes.
+
+        Raises:
+            ObjectNotFound: nothing is at ``uri``.
+            ObjectStoreError: ``uri`` names a folder, or storage could not be asked.
+        """
+        with _translate(uri, "read"):
+            if uri.startswith(_S3_SCHEME):
+                info = self._s3().info(_s3_path(uri))
+                if info["type"] != "file":
+                    raise _NotAnObject(_folder_message(uri))
+                return int(info["size"])
+            status = _local_path(uri).stat()
+            if not stat.S_ISREG(status.st_mode):
+                raise _NotAnObject(_folder_message(uri))
+            return status.st_size
+
+    def exists(self, uri: str) -> bool:
+        """Whether ``uri`` names an object (a folder is none).
+
+        Raises:
+            ObjectStoreError: storage could not be asked.
+        """
+        try:
+            self.size(uri)
+        except (ObjectNotFound, _NotAnObject):
+            return False
+        return True
+
+    async def read_chunks(self, uri: str, *, chunk_bytes: int = 1 << 20) -> AsyncIterator[bytes]:
+        """Yield the object's bytes in chunks of ``chunk_bytes`` (the last may be shorter).
+
+        Nothing is opened until the first chunk is asked for; closing the iterator early
+        closes the object. An S3 object replaced during the read fails the read rather
+        than mixing two versions.
+
+        Raises:
+            ObjectNotFound: nothing is at ``uri``.
+            ObjectStoreError: it is a folder or could not be read.
+        """
+        if chunk_bytes <= 0:
+            raise ValueError(f"chunk_bytes must be positive, not {chunk_bytes}")
+        file = await asyncio.to_thread(self._open_read, uri)
+        try:
+            while chunk := await asyncio.to_thread(_read, file, uri, chunk_bytes):
+                yield chunk
+        finally:
+            file.close()  # read-only: drops a buffer or a descriptor, never waits on I/O
+
+    def read_bytes(self, uri: str, *, limit: int) -> bytes:
+        """The whole object, for small ones only.
+
+        Raises:
+            ObjectNotFound: nothing is at ``uri``.
+            ObjectStoreError: it is larger than ``limit`` bytes (nothing more than
+                ``limit + 1`` bytes is read to find out), a folder, or unreadable.
+        """
+        with _translate(uri, "read"):
+            with self._open_read(uri, read_ahead=False) as file:
+                data: bytes = file.read(limit + 1)
+        if len(data) > limit:
+            raise ObjectStoreError(f"{uri} is larger than the {limit} bytes allowed here.")
+        return data
+
+    async def write(self, uri: str, chunks: AsyncIterator[bytes]) -> int:
+        """Write the object at ``uri`` from ``chunks``; return how many bytes it holds.
+
+        Whole or nothing (see the module docstring): an exception from ``chunks``, a
+        storage failure or cancellation before the end leaves no object at ``uri``
+        (an earlier object there stays as it was) and no temporary file. Cancelled while
+        committing, the object may still appear, whole. Folders above a local path are
+        created.
+
+        Raises:
+            ObjectStoreError: storage refused or failed; whatever ``chunks`` raises
+                propagates unchanged.
+        """
+        sink = await asyncio.to_thread(self._open_sink, uri)
+        written = 0
+        try:
+            async for batch in _batched(chunks, _WRITE_BATCH_BYTES):
+                await asyncio.to_thread(sink.write, batch)
+                written += len(batch)
+            await asyncio.to_thread(sink.commit)
+        except BaseException:
+            # Runs to its end in its thread even if this task is cancelled again.
+            await asyncio.to_thread(sink.abort)
+            raise
+        return written
+
+    async def write_bytes(self, uri: str, data: bytes) -> None:
+        """Write ``data`` as the object at ``uri``, whole or nothing, as write() does."""
+        await self.write(uri, _single(data))
+
+    def delete(self, uri: str) -> None:
+        """Remove the object at ``uri``; nothing there is no error (as S3's DeleteObject).
+
+        Raises:
+            ObjectStoreError: it is a folder, or storage refused or failed.
+        """
+        with _translate(uri, "delete"):
+            if uri.startswith(_S3_SCHEME):
+                self._s3().rm_file(_s3_path(uri))
+            else:
+                _local_path(uri).unlink(missing_ok=True)
+
+    def join(self, prefix: str, name: str) -> str:
+        """``<prefix>/<name>`` for S3 prefixes, file:// URIs and paths alike.
+
+        ``join("s3://b/out", "x.out")`` and ``join("s3://b/out/", "x.out")`` are both
+        ``s3://b/out/x.out``; ``join("file:///", "x")`` is ``file:///x``.
+        """
+        name = name.lstrip("/")
+        return prefix + name if prefix.endswith("/") else f"{prefix}/{name}"
+
+    def _open_read(self, uri: str, *, read_ahead: bool = True) -> Any:
+        with _translate(uri, "read"):
+            if not uri.startswith(_S3_SCHEME):
+                return open(_local_path(uri), "rb")  # the caller closes it
+            file = self._s3().open(
+                _s3_path(uri),
+                "rb",
+                block_size=_S3_READ_AHEAD_BYTES,
+                cache_type="readahead" if read_ahead else "none",
+            )
+            if file.details.get("type") != "file":
+                file.close()
+                raise _NotAnObject(_folder_message(uri))
+            return file
+
+    def _open_sink(self, uri: str) -> _Sink:
+        with _translate(uri, "write"):
+            if uri.startswith(_S3_SCHEME):
+                return _S3Sink(uri, self._s3().open(_s3_path(uri), "wb", block_size=_S3_PART_BYTES))
+            return _LocalSink(uri, _local_path(uri))
+
+    def _s3(self) -> Any:
+        """One S3 filesystem for every worker thread.
+
+        fsspec would otherwise cache one per thread, each with its own connections; its
+        synchronous calls all run on fsspec's one I/O loop, so sharing is safe.
+        """
+        with self._s3fs_lock:
+            if self._s3fs is None:
+                endpoint = self._s3_endpoint_url
+                self._s3fs = s3fs.S3FileSystem(
+                    client_kwargs={"endpoint_url": endpoint} if endpoint else {},
+                    # No listings cache: an object written elsewhere must be seen at once.
+                    use_listings_cache=False,
+                    skip_instance_cache=True,
+                )
+            return self._s3fs
+
+
+class _LocalSink:
+    """A local write: a hidden sibling file, renamed over the target when complete.
+
+    The sibling's name is unique, so two writers of one target never mix their bytes:
+    the last to finish wins, whole. It is created by the first write (or by commit, for
+    an empty object), under a lock that also orders abort() after a write still running
+    in another thread: a cancelled task does not stop its thread, and nothing is created
+    that abort() cannot see.
+    """
+
+    def __init__(self, uri: str, target: Path) -> None:
+        self._uri = uri
+        self._target = target
+        self._partial = target.with_name(f".{target.name}.{secrets.token_hex(6)}.partial")
+        self._file: BinaryIO | None = None
+        self._lock = threading.Lock()
+        self._done = False
+
+    def _opened(self) -> BinaryIO:
+        if self._file is None:
+            self._target.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self._partial, "xb")
+        return self._file
+
+    def write(self, chunk: bytes) -> None:
+        with self._lock, _translate(self._uri, "write"):
+            self._opened().write(chunk)
+
+    def commit(self) -> None:
+        with self._lock, _translate(self._uri, "write"):
+            file = self._opened()
+            file.flush()
+            os.fsync(file.fileno())  # else a power cut could leave an empty file in place
+            file.close()
+            os.replace(self._partial, self._target)
+            self._done = True
+
+    def abort(self) -> None:
+        with self._lock:
+            if self._done or self._file is None:
+                return
+            self._done = True
+            try:
+                self._file.close()
+                self._partial.unlink(missing_ok=True)
+            except OSError:
+                logger.warning("Could not remove %s", self._partial, exc_info=True)
+
+
+class _S3Sink:
+    """An S3 write through s3fs's file object: one put, or a multipart upload.
+
+    Never used as a context manager and never left to the garbage collector while open:
+    s3fs *completes* the upload on close, so an error would publish a truncated object.
+    abort() discards instead, and marks the file closed so its ``__del__`` cannot
+    complete it later.
+    """
+
+    def __init__(self, uri: str, file: Any) -> None:
+        self._uri = uri
+        self._file = file
+        self._lock = threading.Lock()
+        self._done = False
+
+    def write(self, chunk: bytes) -> None:
+        with self._lock, _translate(self._uri, "write"):
+            self._file.write(chunk)  # sends a part whenever 8 MiB are buffered
+
+    def commit(self) -> None:
+        with self._lock, _translate(self._uri, "write"):
+            self._file.close()  # the single put, or completing the multipart upload
+            self._done = True
+
+    def abort(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            try:
+                self._file.discard()  # aborts a multipart upload; nothing was put yet
+            except Exception:
+                # The incomplete upload stays invisible; a bucket lifecycle rule ends it.
+                logger.warning("Could not abort the upload to %s", self._uri, exc_info=True)
+            finally:
+                self._file.closed = True
+
+
+def _read(file: Any, uri: str, size: int) -> bytes:
+    with _translate(uri, "read"):
+        data: bytes = file.read(size)
+        return data
+
+
+async def _batched(chunks: AsyncIterator[bytes], at_least: int) -> AsyncIterator[bytes]:
+    """``chunks`` gathered into pieces of at least ``at_least`` bytes (the last may be less).
+
+    Network reads arrive in pieces of a few KB; one thread hop per piece would cost more
+    than the write. Holds at most ``at_least`` plus one chunk.
+    """
+    pending: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        if len(chunk) >= at_least and not pending:
+            yield chunk
+            continue
+        pending.append(chunk)
+        size += len(chunk)
+        if size >= at_least:
+            yield b"".join(pending)
+            pending, size = [], 0
+    if pending:
+        yield b"".join(pending)
+
+
+async def _single(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+@contextmanager
+def _translate(uri: str, action: str) -> Iterator[None]:
+    """Turn the filesystem's, s3fs's and botocore's errors into ours, naming ``uri``.
+
+    A missing file or key is ObjectNotFound only when reading: a write or delete that
+    finds nothing (a missing bucket) has failed, not found an answer.
+    """
+    try:
+        yield
+    except FileNotFoundError as exc:
+        if action == "read":
+            raise ObjectNotFound(f"Could not find {uri}.") from exc
+        raise ObjectStoreError(f"Could not {action} {uri}: {_cause(exc)}") from exc
+    except IsADirectoryError as exc:
+        raise _NotAnObject(_folder_message(uri)) from exc
+    except PermissionError as exc:
+        raise ObjectStoreError(f"Access to {uri} was denied: {_cause(exc)}") from exc
+    except (OSError, BotoCoreError, ClientError) as exc:
+        raise ObjectStoreError(f"Could not {action} {uri}: {_cause(exc)}") from exc
+
+
+def _cause(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def _folder_message(uri: str) -> str:
+    return f"{uri} names a folder, not an object."
+
+
+def _local_path(uri: str) -> Path:
+    parts = urlsplit(uri)
+    if parts.scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise ObjectStoreError(f"{uri} is not a local file URI; write file:///absolute/path.")
+        return Path(url2pathname(parts.path))
+    if parts.scheme:
+        raise ObjectStoreError(
+            f"{uri} has the unsupported scheme '{parts.scheme}'; use s3://, file:// or a path."
+        )
+    return Path(uri)
+
+
+def _s3_path(uri: str) -> str:
+    """``bucket/key`` of an ``s3://`` URI, refusing one that names no key."""
+    path = uri.removeprefix(_S3_SCHEME).rstrip("/")
+    bucket, _, key = path.partition("/")
+    if not bucket or not key:
+        raise ObjectStoreError(f"{uri} names no object: write s3://bucket/key.")
+    return path

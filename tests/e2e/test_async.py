@@ -1,0 +1,393 @@
+"""Asynchronous endpoints end to end: boto3's InvokeEndpointAsync against real gateways,
+real instance processes, real files and a real webhook receiver."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from botocore.exceptions import ClientError
+
+from tests.conftest import MODELS, GatewayProcess, make_tarball, unique
+
+TOPIC = "arn:aws:sns:us-east-1:123456789012:results"
+COUNTER = MODELS / "async_counter" / "server.py"
+
+
+@pytest.fixture
+def async_gateway(
+    gateway_factory: Callable[..., GatewayProcess], tmp_path: Path, webhook: Any
+) -> GatewayProcess:
+    stack = tmp_path / "stack.yaml"
+    stack.write_text(yaml.safe_dump({"topics": {"results": [webhook.url]}}))
+    return gateway_factory(args=["--config", str(stack)])
+
+
+def deploy_async(
+    sm: Any,
+    name: str,
+    out: Path,
+    *,
+    model_url: str | None = None,
+    image: str = "shipyard/python",
+    count: int = 1,
+    max_concurrent: int | None = None,
+    include: list[str] | None = None,
+) -> None:
+    sm.create_model(
+        ModelName=name,
+        PrimaryContainer={"Image": image, "ModelDataUrl": model_url or (MODELS / "echo").as_uri()},
+        ExecutionRoleArn="arn:aws:iam::123456789012:role/x",
+    )
+    config: dict[str, Any] = {
+        "OutputConfig": {
+            "S3OutputPath": (out / "ok").as_uri(),
+            "S3FailurePath": (out / "failed").as_uri(),
+            "NotificationConfig": {
+                "SuccessTopic": TOPIC,
+                "ErrorTopic": TOPIC,
+                "IncludeInferenceResponseIn": include or [],
+            },
+        }
+    }
+    if max_concurrent is not None:
+        config["ClientConfig"] = {"MaxConcurrentInvocationsPerInstance": max_concurrent}
+    sm.create_endpoint_config(
+        EndpointConfigName=name,
+        ProductionVariants=[
+            {
+                "VariantName": "v1",
+                "ModelName": name,
+                "InstanceType": "ml.m5.large",
+                "InitialInstanceCount": count,
+            }
+        ],  # fmt: skip
+        AsyncInferenceConfig=config,
+    )
+    sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
+    sm.get_waiter("endpoint_in_service").wait(
+        EndpointName=name, WaiterConfig={"Delay": 0.2, "MaxAttempts": 300}
+    )
+
+
+def put_input(tmp_path: Path, body: Any) -> str:
+    path = tmp_path / "inputs" / f"{uuid.uuid4().hex}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(body))
+    return path.as_uri()
+
+
+def wait_file(uri: str, timeout_s: float = 30) -> bytes:
+    path = Path(uri.removeprefix("file://"))
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{uri} never appeared"
+        time.sleep(0.05)
+    return path.read_bytes()
+
+
+def results(webhook: Any, inference_id: str | None = None) -> list[dict[str, Any]]:
+    messages = [json.loads(r.body["message"]) for r in webhook.requests if r.status == 200]
+    messages = [m for m in messages if m.get("eventName") == "InferenceResult"]
+    if inference_id is not None:
+        messages = [m for m in messages if m["inferenceId"] == inference_id]
+    return messages
+
+
+def wait_results(webhook: Any, count: int, timeout_s: float = 30) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout_s
+    while len(results(webhook)) < count:
+        assert time.monotonic() < deadline, f"{len(results(webhook))} of {count} notifications"
+        time.sleep(0.05)
+    return results(webhook)
+
+
+def test_an_async_request_lands_in_the_output_path_and_is_announced(
+    async_gateway: GatewayProcess, tmp_path: Path, webhook: Any
+) -> None:
+    sm, rt = async_gateway.sm, async_gateway.rt
+    name = unique("async")
+    deploy_async(sm, name, tmp_path / "out", include=["SUCCESS_NOTIFICATION_TOPIC"])
+    described = sm.describe_endpoint_config(EndpointConfigName=name)
+    assert described["AsyncInferenceConfig"]["OutputConfig"]["S3OutputPath"].endswith("/out/ok")
+    tests = [json.loads(r.body["message"]) for r in webhook.wait_for(1)]
+    assert tests[0]["eventName"] == "TestNotification"
+
+    answer = rt.invoke_endpoint_async(
+        EndpointName=name,
+        InputLocation=put_input(tmp_path, {"x": [1, 2]}),
+        ContentType="application/json",
+        Accept="application/json",
+    )
+    inference_id = answer["InferenceId"]
+    assert answer["OutputLocation"] == (tmp_path / "out" / "ok" / f"{inference_id}.out").as_uri()
+    assert answer["FailureLocation"].endswith(f"/out/failed/{inference_id}-error.out")
+    assert json.loads(wait_file(answer["OutputLocation"])) == {"x": [1, 2]}
+    [message] = wait_results(webhook, 1)
+    assert message["invocationStatus"] == "Completed"
+    assert message["inferenceId"] == inference_id
+    assert message["responseParameters"]["outputLocation"] == answer["OutputLocation"]
+    assert message["requestParameters"]["endpointName"] == name
+    assert message["responseBody"]["content"] == '{"x": [1, 2]}'
+    for key in ("awsRegion", "eventTime", "receivedTime", "eventVersion", "eventSource"):
+        assert key in message
+    assert not Path(answer["FailureLocation"].removeprefix("file://")).exists()
+    status, metrics = async_gateway.get("/metrics")
+    assert b"shipyard_async_backlog_size" in metrics
+    assert b"shipyard_async_oldest_request_age_seconds" in metrics
+
+
+def test_a_model_error_lands_in_the_failure_path_and_is_announced(
+    async_gateway: GatewayProcess, tmp_path: Path, webhook: Any
+) -> None:
+    name = unique("asyncfail")
+    model = make_tarball("predict_raises", tmp_path / "m" / "model.tar.gz").as_uri()
+    deploy_async(async_gateway.sm, name, tmp_path / "out", model_url=model)
+    answer = async_gateway.rt.invoke_endpoint_async(
+        EndpointName=name, InputLocation=put_input(tmp_path, [1])
+    )
+    reason = wait_file(answer["FailureLocation"]).decode()
+    assert "ModelError" in reason and "bad input for model" in reason
+    [message] = wait_results(webhook, 1)
+    assert message["invocationStatus"] == "Failed"
+    assert "bad input for model" in message["failureReason"]
+    assert not Path(answer["OutputLocation"].removeprefix("file://")).exists()
+
+
+def test_unreadable_input_and_timeouts_fail_with_a_reason(
+    async_gateway: GatewayProcess, tmp_path: Path, webhook: Any
+) -> None:
+    name = unique("asyncto")
+    deploy_async(async_gateway.sm, name, tmp_path / "out", image=f"cmd:python {COUNTER}",
+                 model_url=(MODELS / "async_counter").as_uri(), max_concurrent=2)  # fmt: skip
+    rt = async_gateway.rt
+    missing = rt.invoke_endpoint_async(
+        EndpointName=name, InputLocation=(tmp_path / "nope.json").as_uri()
+    )
+    assert "Could not read the input" in wait_file(missing["FailureLocation"]).decode()
+    slow = rt.invoke_endpoint_async(
+        EndpointName=name, InputLocation=put_input(tmp_path, {"sleep": 3}),
+        InvocationTimeoutSeconds=1,
+    )  # fmt: skip
+    assert "timed out after 1 s" in wait_file(slow["FailureLocation"]).decode()
+    assert len(wait_results(webhook, 2)) == 2
+
+
+def test_bad_requests_get_validation_errors(
+    async_gateway: GatewayProcess, tmp_path: Path, webhook: Any
+) -> None:
+    sm, rt = async_gateway.sm, async_gateway.rt
+    name = unique("asyncbad")
+    deploy_async(sm, name, tmp_path / "out")
+    for kwargs in (
+        {"InputLocation": "ftp://host/x"},
+        {"InputLocation": put_input(tmp_path, 1), "RequestTTLSeconds": 30000},
+        {"InputLocation": put_input(tmp_path, 1), "InvocationTimeoutSeconds": 4000},
+    ):
+        with pytest.raises(ClientError) as err:
+            rt.invoke_endpoint_async(EndpointName=name, **kwargs)
+        assert err.value.response["Error"]["Code"] == "ValidationError", kwargs
+    with pytest.raises(ClientError) as err:
+        rt.invoke_endpoint(EndpointName=name, Body=b"{}", ContentType="application/json")
+    assert err.value.response["Error"]["Code"] == "ValidationError"
+    assert "asynchronous" in err.value.response["Error"]["Message"]
+    with pytest.raises(ClientError) as err:
+        rt.invoke_endpoint_async(EndpointName="missing", InputLocation=put_input(tmp_path, 1))
+    assert err.value.response["Error"]["Code"] == "ValidationError"
+
+
+def test_an_unknown_topic_or_output_path_is_refused_at_create(
+    async_gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    sm = async_gateway.sm
+    sm.create_model(
+        ModelName="m", PrimaryContainer={"Image": "shipyard/python",
+                                         "ModelDataUrl": (MODELS / "echo").as_uri()},
+    )  # fmt: skip
+    variants = [{"VariantName": "v1", "ModelName": "m", "InstanceType": "ml.m5.large",
+                 "InitialInstanceCount": 1}]  # fmt: skip
+    for output in (
+        {"S3OutputPath": (tmp_path / "o").as_uri(),
+         "NotificationConfig": {"SuccessTopic": "arn:aws:sns:us-east-1:123456789012:nope"}},
+        {"S3OutputPath": "relative/path"},
+    ):  # fmt: skip
+        with pytest.raises(ClientError) as err:
+            sm.create_endpoint_config(
+                EndpointConfigName=unique("c"),
+                ProductionVariants=variants,
+                AsyncInferenceConfig={"OutputConfig": output},
+            )
+        assert err.value.response["Error"]["Code"] == "ValidationException"
+
+
+def test_a_real_time_endpoint_refuses_async_invocations(
+    async_gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    from tests.conftest import deploy
+
+    deploy(async_gateway.sm, "rt", (MODELS / "echo").as_uri())
+    with pytest.raises(ClientError) as err:
+        async_gateway.rt.invoke_endpoint_async(
+            EndpointName="rt", InputLocation=put_input(tmp_path, 1)
+        )
+    assert err.value.response["Error"]["Code"] == "ValidationError"
+    assert "not an asynchronous endpoint" in err.value.response["Error"]["Message"]
+
+
+def test_a_repeated_inference_id_is_processed_once(
+    async_gateway: GatewayProcess, tmp_path: Path, webhook: Any
+) -> None:
+    name = unique("asyncid")
+    deploy_async(async_gateway.sm, name, tmp_path / "out")
+    rt = async_gateway.rt
+    location = put_input(tmp_path, {"n": 1})
+    first = rt.invoke_endpoint_async(EndpointName=name, InputLocation=location, InferenceId="job-1")
+    wait_file(first["OutputLocation"])
+    again = rt.invoke_endpoint_async(EndpointName=name, InputLocation=location, InferenceId="job-1")
+    assert again["InferenceId"] == "job-1"
+    assert again["OutputLocation"] == first["OutputLocation"]
+    time.sleep(1.5)
+    assert len(results(webhook, "job-1")) == 1
+
+
+def test_in_flight_requests_per_instance_never_pass_the_cap(
+    async_gateway: GatewayProcess, tmp_path: Path, webhook: Any
+) -> None:
+    name = unique("asynccap")
+    deploy_async(async_gateway.sm, name, tmp_path / "out", image=f"cmd:python {COUNTER}",
+                 model_url=(MODELS / "async_counter").as_uri(), max_concurrent=2)  # fmt: skip
+    answers = [
+        async_gateway.rt.invoke_endpoint_async(
+            EndpointName=name, InputLocation=put_input(tmp_path, {"sleep": 0.4})
+        )
+        for _ in range(8)
+    ]
+    seen = [json.loads(wait_file(a["OutputLocation"]))["max_in_flight"] for a in answers]
+    assert max(seen) == 2, seen
+    assert len(wait_results(webhook, 8)) == 8
+
+
+def test_an_expired_request_is_not_run_and_fails_as_expired(
+    async_gateway: GatewayProcess, tmp_path: Path, webhook: Any
+) -> None:
+    """A request waits behind a slow one; its TTL is moved into the past in the store (the
+    floor is 60 s), so when its turn comes it fails as expired without reaching the model."""
+    name = unique("asyncttl")
+    deploy_async(async_gateway.sm, name, tmp_path / "out", image=f"cmd:python {COUNTER}",
+                 model_url=(MODELS / "async_counter").as_uri(), max_concurrent=1)  # fmt: skip
+    rt = async_gateway.rt
+    slow = rt.invoke_endpoint_async(
+        EndpointName=name, InputLocation=put_input(tmp_path, {"sleep": 2})
+    )
+    late = rt.invoke_endpoint_async(
+        EndpointName=name, InputLocation=put_input(tmp_path, {}), RequestTTLSeconds=60
+    )
+    with sqlite3.connect(async_gateway.home / "shipyard.db") as db:
+        db.execute(
+            "UPDATE async_requests SET expires = '2000-01-01 00:00:00' WHERE inference_id = ?",
+            (late["InferenceId"],),
+        )
+    wait_file(slow["OutputLocation"])
+    assert "Request expired" in wait_file(late["FailureLocation"]).decode()
+    [message] = [m for m in wait_results(webhook, 2) if m["inferenceId"] == late["InferenceId"]]
+    assert message["invocationStatus"] == "Failed" and "expired" in message["failureReason"]
+
+
+def test_a_queued_backlog_survives_a_gateway_kill(
+    gateway_factory: Callable[..., GatewayProcess], tmp_path: Path, webhook: Any
+) -> None:
+    stack = tmp_path / "stack.yaml"
+    stack.write_text(yaml.safe_dump({"topics": {"results": [webhook.url]}}))
+    home = tmp_path / "home"
+    gw = gateway_factory(home, args=["--config", str(stack)])
+    name = unique("asynckill")
+    deploy_async(gw.sm, name, tmp_path / "out", image=f"cmd:python {COUNTER}",
+                 model_url=(MODELS / "async_counter").as_uri(), max_concurrent=1)  # fmt: skip
+    answers = [
+        gw.rt.invoke_endpoint_async(
+            EndpointName=name, InputLocation=put_input(tmp_path, {"sleep": 0.3})
+        )
+        for _ in range(8)
+    ]
+    wait_file(answers[0]["OutputLocation"])
+    gw.stop(signal.SIGKILL)
+    again = gateway_factory(home, args=["--config", str(stack)])
+    again.sm.get_waiter("endpoint_in_service").wait(
+        EndpointName=name, WaiterConfig={"Delay": 0.2, "MaxAttempts": 300}
+    )
+    for answer in answers:
+        wait_file(answer["OutputLocation"], timeout_s=60)
+    found = wait_results(webhook, 8, timeout_s=60)
+    time.sleep(1)
+    ids = [m["inferenceId"] for m in results(webhook)]
+    assert sorted(ids) == sorted(a["InferenceId"] for a in answers), found
+
+
+@pytest.fixture
+def pg_schema() -> Any:
+    """A fresh PostgreSQL schema, dropped afterwards; skips where PostgreSQL is absent."""
+    import sqlalchemy
+
+    from tests.conftest import PG_URL
+    from tests.storage.test_metadata import _pg_available
+
+    if not _pg_available():
+        pytest.skip(f"PostgreSQL is not reachable at {PG_URL}")
+    schema = f"t_{uuid.uuid4().hex[:10]}"
+    admin = sqlalchemy.create_engine(PG_URL.replace("postgresql://", "postgresql+psycopg://"))
+    with admin.begin() as conn:
+        conn.execute(sqlalchemy.text(f"CREATE SCHEMA {schema}"))
+    yield f"{PG_URL}?options=-csearch_path%3D{schema}", admin, schema
+    with admin.begin() as conn:
+        conn.execute(sqlalchemy.text(f"DROP SCHEMA {schema} CASCADE"))
+    admin.dispose()
+
+
+def test_two_gateways_on_postgresql_share_one_queue_and_run_each_request_once(
+    gateway_factory: Callable[..., GatewayProcess], tmp_path: Path, webhook: Any, pg_schema: Any
+) -> None:
+    import sqlalchemy
+
+    url, admin, schema = pg_schema
+    stack = tmp_path / "stack.yaml"
+    stack.write_text(yaml.safe_dump({"topics": {"results": [webhook.url]}}))
+    args = ["--config", str(stack), "--db", url]
+    first = gateway_factory(tmp_path / "a", args=args)
+    name = unique("shared")
+    deploy_async(first.sm, name, tmp_path / "out", image=f"cmd:python {COUNTER}",
+                 model_url=(MODELS / "async_counter").as_uri(), max_concurrent=1)  # fmt: skip
+    second = gateway_factory(tmp_path / "b", args=args)
+    deadline = time.monotonic() + 60
+    while True:  # the second gateway brings up instances of its own for the endpoint
+        described = second.sm.describe_endpoint(EndpointName=name)
+        if described["ProductionVariants"][0]["CurrentInstanceCount"] == 1:
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    answers = [
+        gw.rt.invoke_endpoint_async(
+            EndpointName=name, InputLocation=put_input(tmp_path, {"sleep": 0.2})
+        )
+        for _ in range(10)
+        for gw in (first, second)
+    ]
+    for answer in answers:
+        wait_file(answer["OutputLocation"], timeout_s=60)
+    wait_results(webhook, 20)
+    time.sleep(1)
+    ids = sorted(m["inferenceId"] for m in results(webhook))
+    assert ids == sorted(a["InferenceId"] for a in answers)
+    with admin.connect() as conn:
+        owners = conn.execute(
+            sqlalchemy.text(f"SELECT owner, attempts FROM {schema}.async_requests")
+        ).all()
+    assert {attempts for _, attempts in owners} == {1}  # nothing ran twice
+    assert len({owner for owner, _ in owners}) == 2  # both gateways took work
