@@ -206,6 +206,26 @@ def test_reading_stopped_early_can_be_closed(place: Place) -> None:
     assert len(asyncio.run(first_chunk())) == MiB
 
 
+def test_an_object_replaced_during_a_read_is_never_mixed(place: Place) -> None:
+    """Locally the reader keeps the old file; on S3 the next ranged GET fails."""
+    uri = place.uri("input")
+    old = payload(20 * MiB)
+    asyncio.run(place.store.write(uri, pieces(old, MiB)))
+
+    async def read_while_replaced() -> bytes:
+        chunks = place.store.read_chunks(uri)
+        received = [await anext(chunks)]
+        await place.store.write_bytes(uri, b"new")
+        received += [chunk async for chunk in chunks]
+        return b"".join(received)
+
+    if place.root.startswith("s3://"):
+        with pytest.raises(ObjectStoreError, match="input"):
+            asyncio.run(read_while_replaced())
+    else:
+        assert asyncio.run(read_while_replaced()) == old
+
+
 def test_a_relative_path_is_relative_to_the_working_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

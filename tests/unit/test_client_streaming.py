@@ -203,6 +203,39 @@ def test_a_streamed_request_body_waits_for_a_slow_reader(how: str) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("how", ["request", "stream"])
+def test_an_instance_that_dies_while_the_body_waits_stops_the_upload(how: str) -> None:
+    """The rest of a 1 GB body is not pulled (read from storage) once the instance is gone."""
+    produced = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        await asyncio.sleep(0.2)  # the client fills the socket and waits for it to drain
+        writer.transport.abort()
+
+    async def body() -> AsyncIterator[bytes]:
+        nonlocal produced
+        chunk = b"d" * MiB
+        for _ in range(1024):
+            produced += len(chunk)
+            yield chunk
+
+    async def main() -> None:
+        async with Server(handler).running() as server:
+            pool = ConnectionPool("127.0.0.1", server.port)
+            with pytest.raises(UpstreamError) as err:
+                if how == "request":
+                    await pool.request(b"POST", b"/", [], body(), content_length=1024 * MiB)
+                else:
+                    async with pool.stream(b"POST", b"/", [], body(), content_length=1024 * MiB):
+                        pass
+            assert err.value.sent
+            assert produced < 64 * MiB
+            pool.close()
+
+    asyncio.run(main())
+
+
 def test_a_slow_consumer_pauses_reading_the_response() -> None:
     total = 128
     accepted = 0  # bytes the server's socket took

@@ -126,8 +126,9 @@ class ObjectStore:
         """Yield the object's bytes in chunks of ``chunk_bytes`` (the last may be shorter).
 
         Nothing is opened until the first chunk is asked for; closing the iterator early
-        closes the object. An S3 object replaced during the read fails the read rather
-        than mixing two versions.
+        closes the object. Two versions are never mixed: a local file replaced during
+        the read (as write() replaces it) is read as it was, and an S3 object replaced
+        during the read fails it with ObjectStoreError.
 
         Raises:
             ObjectNotFound: nothing is at ``uri``.
