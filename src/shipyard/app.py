@@ -82,6 +82,7 @@ class Gateway:
             home=settings.home,
             start_timeout_s=settings.instance_start_timeout_s,
             drain_timeout_s=settings.drain_timeout_s,
+            s3_endpoint_url=settings.s3_endpoint_url,
         )
         self.reconciler = Reconciler(
             store=self.store,
@@ -90,6 +91,7 @@ class Gateway:
             metrics=self.metrics,
             health_check_period_s=settings.health_check_period_s,
             max_in_flight=settings.max_queue_per_instance,
+            model_routing=settings.multi_model_routing,
         )
         self.service = EndpointService(
             store=self.store,

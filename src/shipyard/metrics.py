@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -13,6 +14,13 @@ _BUCKETS = (
 )  # fmt: skip
 
 
+# Model loads take from milliseconds (a small model from the disk cache) to minutes.
+_LOAD_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 120.0, 300.0,
+)  # fmt: skip
+
+
 class Metrics:
     """Every metric the gateway exports at ``/metrics``."""
 
@@ -20,6 +28,13 @@ class Metrics:
     async_backlog_per_instance: Gauge
     async_oldest_age: Gauge
     async_backlog_without_capacity: Gauge
+    model_cache_hits: Counter
+    model_cache_misses: Counter
+    model_evictions: Counter
+    model_wait: Histogram
+    model_download: Histogram
+    model_load: Histogram
+    model_unload: Histogram
 
     def __init__(self) -> None:
         # The *_created series double the output and nothing here reads them.
@@ -79,6 +94,7 @@ class Metrics:
         )
 
         self._async_metrics()
+        self._model_metrics()
 
     def _async_metrics(self) -> None:
         # CloudWatch's names for asynchronous endpoints, one gauge each.
@@ -109,6 +125,69 @@ class Metrics:
             registry=self.registry,
         )
 
+    def _model_metrics(self) -> None:
+        # Multi-model endpoints, under CloudWatch's names: ModelCacheHit is hits / (hits +
+        # misses); the histograms' _count series count the loads, downloads and unloads.
+        labels = ("endpoint", "variant", "instance")
+        counters = {
+            "model_cache_hits": ("shipyard_model_cache_hits", "ModelCacheHit: multi-model "
+                                 "invocations whose TargetModel was already in memory."),
+            "model_cache_misses": ("shipyard_model_cache_misses", "Multi-model invocations "
+                                   "that waited for their TargetModel to load."),
+            "model_evictions": ("shipyard_model_evictions", "Models unloaded to make room "
+                                "for another."),
+        }  # fmt: skip
+        for attr, (name, doc) in counters.items():
+            setattr(self, attr, Counter(name, doc, labels, registry=self.registry))
+        self.loaded_models = Gauge(
+            "shipyard_loaded_models",
+            "LoadedModelCount: models in an instance's memory, as its last answer said.",
+            labels,
+            registry=self.registry,
+        )
+        histograms = {
+            "model_wait": ("shipyard_model_loading_wait_seconds", "ModelLoadingWaitTime: how "
+                           "long a request waited for its TargetModel to download and load."),
+            "model_download": ("shipyard_model_downloading_seconds", "ModelDownloadingTime: "
+                               "fetching a model's artifact (absent when the disk cache had it)."),
+            "model_load": ("shipyard_model_loading_seconds", "ModelLoadingTime: loading a "
+                           "model into memory (model_fn)."),
+            "model_unload": ("shipyard_model_unloading_seconds", "ModelUnloadingTime: "
+                             "unloading the models evicted for a load."),
+        }  # fmt: skip
+        for attr, (name, doc) in histograms.items():
+            histogram = Histogram(name, doc, labels, buckets=_LOAD_BUCKETS, registry=self.registry)
+            setattr(self, attr, histogram)
+
+    def for_instance_models(self, endpoint: str, variant: str, instance: str) -> ModelMetrics:
+        """Children of one multi-model instance, bound once when the route is published."""
+        key = (endpoint, variant, instance)
+        return ModelMetrics(
+            cache_hits=self.model_cache_hits.labels(*key),
+            cache_misses=self.model_cache_misses.labels(*key),
+            evictions=self.model_evictions.labels(*key),
+            loaded_models=self.loaded_models.labels(*key),
+            wait=self.model_wait.labels(*key),
+            download=self.model_download.labels(*key),
+            load=self.model_load.labels(*key),
+            unload=self.model_unload.labels(*key),
+        )
+
+    def forget_instance_models(self, endpoint: str, variant: str, instance: str) -> None:
+        """Drop the series of an instance that is gone, so /metrics stops showing it."""
+        for metric in (
+            self.model_cache_hits,
+            self.model_cache_misses,
+            self.model_evictions,
+            self.loaded_models,
+            self.model_wait,
+            self.model_download,
+            self.model_load,
+            self.model_unload,
+        ):
+            with contextlib.suppress(KeyError):
+                metric.remove(endpoint, variant, instance)
+
     def for_variant(self, endpoint: str, variant: str) -> VariantMetrics:
         """Children bound once per variant, so the hot path never looks labels up."""
         return VariantMetrics(
@@ -127,3 +206,17 @@ class VariantMetrics:
     errors_5xx: Counter
     model_latency: Histogram
     overhead_latency: Histogram
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMetrics:
+    """One multi-model instance's series; see Metrics._model_metrics for their meaning."""
+
+    cache_hits: Counter
+    cache_misses: Counter
+    evictions: Counter
+    loaded_models: Gauge
+    wait: Histogram
+    download: Histogram
+    load: Histogram
+    unload: Histogram

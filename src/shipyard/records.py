@@ -56,6 +56,34 @@ class Model:
     raw: dict[str, Any] = field(default_factory=dict)
     """The request as the user sent it, echoed by DescribeModel."""
 
+    @property
+    def container(self) -> dict[str, Any]:
+        """The container that serves the model: PrimaryContainer, else the first of Containers."""
+        primary = self.raw.get("PrimaryContainer")
+        if isinstance(primary, dict):
+            return primary
+        containers = self.raw.get("Containers")
+        first = containers[0] if isinstance(containers, list) and containers else None
+        return first if isinstance(first, dict) else {}
+
+    @property
+    def multi_model(self) -> bool:
+        """``Mode: MultiModel``: ModelDataUrl is a prefix and requests name a TargetModel."""
+        return self.container.get("Mode") == ContainerMode.MULTI_MODEL
+
+    @property
+    def model_cache_enabled(self) -> bool:
+        """MultiModelConfig.ModelCacheSetting, Enabled unless it says Disabled."""
+        config = self.container.get("MultiModelConfig") or {}
+        return config.get("ModelCacheSetting") != "Disabled"
+
+
+class ContainerMode(StrEnum):
+    """ContainerDefinition.Mode."""
+
+    SINGLE_MODEL = "SingleModel"
+    MULTI_MODEL = "MultiModel"
+
 
 @dataclass(frozen=True, slots=True)
 class VariantSpec:

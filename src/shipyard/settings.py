@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -50,6 +50,11 @@ class Settings(BaseSettings):
 
     max_queue_per_instance: int = 64
     """Requests an instance may have outstanding before the gateway answers 503."""
+
+    multi_model_routing: Literal["affinity", "random"] = "affinity"
+    """How multi-model endpoints pick an instance: ``affinity`` prefers one that holds the
+    TargetModel (routing.policies.ModelAffinity); ``random`` ignores it, the baseline
+    bench/multimodel.py compares against."""
 
     instance_start_timeout_s: float = 600.0
     """How long an instance may take to pass its first ``/ping`` before it is failed."""

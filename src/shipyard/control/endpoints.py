@@ -106,11 +106,17 @@ class EndpointService:
             raise InvalidParameter("Variant names must be unique within an endpoint config.")
         for variant in variants:
             try:
-                self.store.get_model(variant.model_name)
+                model = self.store.get_model(variant.model_name)
             except ResourceNotFound:
                 raise InvalidParameter(
                     f'Could not find model "{self.arn("model", variant.model_name)}".'
                 ) from None
+            if async_config is not None and model.multi_model:
+                # InvokeEndpointAsync has no TargetModel, so no request could name a model.
+                raise InvalidParameter(
+                    f"Model {model.name} is a MultiModel model; an endpoint config with "
+                    "AsyncInferenceConfig cannot serve it."
+                )
             self._check_instance_count(variant.name, variant.instance_count)
         config = EndpointConfig(
             name=name,

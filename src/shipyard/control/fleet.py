@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,8 +23,9 @@ from shipyard.backends.base import (
     runtime_for,
 )
 from shipyard.errors import ShipyardError
-from shipyard.records import EndpointConfig
+from shipyard.records import EndpointConfig, Model
 from shipyard.routing.instance import Instance
+from shipyard.routing.model_agent import ModelAgent
 from shipyard.storage.artifacts import ArtifactError, ArtifactStore
 from shipyard.storage.metadata import MetadataStore
 
@@ -37,12 +39,28 @@ class FleetFailed(Exception):
 _BUILTIN_CONCURRENCY = 1
 
 
+@dataclass(frozen=True, slots=True)
+class VariantTemplate:
+    """How every instance of one variant starts."""
+
+    image: str
+    environment: dict[str, str]
+    model_dir: Path | None
+    """The fetched artifact, shared by the instances; None: a scratch folder each."""
+    prefix: str | None = None
+    """For a MultiModel model: the ModelDataUrl prefix its TargetModels are found under."""
+    agent: ModelAgent | None = None
+    """For a MultiModel ``cmd:`` image: what loads models into its instances."""
+
+
 @dataclass(eq=False)
 class Slot:
     """One instance the reconciler keeps alive: its spec, process and router view."""
 
     spec: InstanceSpec
     variant: str
+    scratch: Path | None = None
+    """The instance's own folder (multi-model: its disk cache), removed when it stops."""
     handle: InstanceHandle | None = None
     instance: Instance | None = None
     ping_failures: int = 0
@@ -61,7 +79,7 @@ class Fleet:
     config: EndpointConfig
     slots: dict[str, list[Slot]]
     weights: dict[str, float]
-    images: dict[str, str] = field(default_factory=dict)
+    templates: dict[str, VariantTemplate] = field(default_factory=dict)
 
     def all_slots(self) -> list[Slot]:
         return [s for slots in self.slots.values() for s in slots]
@@ -79,11 +97,13 @@ class Provisioner:
         home: Path,
         start_timeout_s: float,
         drain_timeout_s: float,
+        s3_endpoint_url: str | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
         self.artifacts = artifacts
         self.home = home
+        self.s3_endpoint_url = s3_endpoint_url
         self.start_timeout_s = start_timeout_s
         self.drain_timeout_s = drain_timeout_s
         self._ids = itertools.count(1)
@@ -102,10 +122,9 @@ class Provisioner:
         fleet = Fleet(endpoint=endpoint, config=config, slots={}, weights=dict(weights))
         for variant in config.variants:
             model = await asyncio.to_thread(self.store.get_model, variant.model_name)
-            model_dir = await asyncio.to_thread(self._model_dir, model.model_data_url, variant.name)
-            fleet.images[variant.name] = model.image
+            fleet.templates[variant.name] = await self._template(model, variant.name)
             fleet.slots[variant.name] = [
-                self.new_slot(endpoint, fleet, variant.name, model_dir, model.environment)
+                self.new_slot(endpoint, fleet, variant.name)
                 for _ in range(counts.get(variant.name, variant.instance_count))
             ]
         slots = fleet.all_slots()
@@ -126,6 +145,32 @@ class Provisioner:
             raise FleetFailed(str(first))
         return fleet
 
+    async def _template(self, model: Model, variant: str) -> VariantTemplate:
+        """A multi-model prefix is not fetched: each instance fetches what it is asked for."""
+        if not model.multi_model:
+            model_dir = await asyncio.to_thread(self._model_dir, model.model_data_url, variant)
+            # Set, not left out: a gateway started with it set must not pass it down.
+            environment = {**model.environment, "SAGEMAKER_MULTI_MODEL": "false"}
+            return VariantTemplate(model.image, environment, model_dir)
+        prefix = model.model_data_url or ""
+        environment = dict(model.environment)
+        if not model.model_cache_enabled:
+            # ModelCacheSetting Disabled: keep one model in memory and none on disk.
+            environment.setdefault("SHIPYARD_MODEL_CACHE_MAX_MODELS", "1")
+            environment.setdefault("SHIPYARD_MODEL_DISK_CACHE_BYTES", "1")
+        environment["SAGEMAKER_MULTI_MODEL"] = "true"
+        environment["SHIPYARD_MODEL_PREFIX"] = prefix
+        if self.s3_endpoint_url:
+            environment["SHIPYARD_S3_ENDPOINT_URL"] = self.s3_endpoint_url
+        agent = None
+        if runtime_for(model.image) == "cmd":
+            agent = ModelAgent(prefix=prefix, artifacts=self.artifacts, folder=self.scratch_dir)
+        return VariantTemplate(model.image, environment, None, prefix=prefix, agent=agent)
+
+    def scratch_dir(self, instance_id: str) -> Path:
+        """The folder of one multi-model instance: its model directory and working folder."""
+        return self.home / "instances" / instance_id
+
     def _model_dir(self, url: str | None, variant: str) -> Path:
         if not url:
             empty = self.home / "models" / "_empty"
@@ -138,28 +183,31 @@ class Provisioner:
         except ArtifactError as exc:
             raise FleetFailed(f"Production variant {variant}: {exc}") from exc
 
-    def new_slot(
-        self,
-        endpoint: str,
-        fleet: Fleet,
-        variant: str,
-        model_dir: Path | None = None,
-        environment: dict[str, str] | None = None,
-    ) -> Slot:
-        if model_dir is None:  # another instance of an existing variant
-            template = fleet.slots[variant][0].spec
-            model_dir, environment = template.model_dir, template.environment
+    def new_slot(self, endpoint: str, fleet: Fleet, variant: str) -> Slot:
+        """A new instance of ``variant``, not started yet.
+
+        A multi-model instance gets an empty folder of its own as its model directory:
+        its disk cache lives there, and two processes must never share one (each evicts
+        what it does not know the other uses). A restart of the slot keeps the folder.
+        """
+        template = fleet.templates[variant]
         instance_id = f"{endpoint}-{variant}-{next(self._ids)}"
         log_dir = self.home / "logs" / endpoint
         log_dir.mkdir(parents=True, exist_ok=True)
+        scratch = None
+        model_dir = template.model_dir
+        if model_dir is None:
+            scratch = model_dir = self.scratch_dir(instance_id)
+            shutil.rmtree(scratch, ignore_errors=True)  # left by an earlier gateway run
+            scratch.mkdir(parents=True)
         spec = InstanceSpec(
             instance_id=instance_id,
-            image=fleet.images[variant],
+            image=template.image,
             model_dir=model_dir,
-            environment=dict(environment or {}),
+            environment=dict(template.environment),
             log_path=log_dir / f"{instance_id}.log",
         )
-        return Slot(spec=spec, variant=variant)
+        return Slot(spec=spec, variant=variant, scratch=scratch)
 
     async def start_slot(self, slot: Slot) -> None:
         """Start the slot's process and wait for its first good ``/ping``."""
@@ -228,5 +276,7 @@ class Provisioner:
             if slot.handle is not None:
                 await self.backend.stop(slot.handle)
             slot.handle, slot.instance = None, None
+            if slot.scratch is not None:
+                await asyncio.to_thread(shutil.rmtree, slot.scratch, True)
 
         await asyncio.gather(*(stop(s) for s in slots))

@@ -11,14 +11,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from shipyard.control.fleet import Fleet, FleetFailed, Provisioner, Slot
 from shipyard.errors import ShipyardError
 from shipyard.metrics import Metrics
 from shipyard.records import Endpoint, EndpointStatus, VariantState
-from shipyard.routing.policies import policy_for
+from shipyard.routing.instance import Instance
+from shipyard.routing.model_agent import loaded_models
+from shipyard.routing.multimodel import MultiModelRoute, resync
+from shipyard.routing.policies import model_policy_for, policy_for
 from shipyard.routing.router import EndpointRoute, Router, VariantRoute
 from shipyard.storage.metadata import MetadataStore
 
@@ -39,6 +42,7 @@ class Reconciler:
         metrics: Metrics,
         health_check_period_s: float,
         max_in_flight: int,
+        model_routing: str = "affinity",
     ) -> None:
         self.store = store
         self.provisioner = provisioner
@@ -46,6 +50,8 @@ class Reconciler:
         self.metrics = metrics
         self.health_check_period_s = health_check_period_s
         self.max_in_flight = max_in_flight
+        self.model_routing = model_routing
+        """The policy of multi-model variants: a name from routing.policies.MODEL_POLICIES."""
         self.fleets: dict[str, Fleet] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
@@ -166,6 +172,7 @@ class Reconciler:
                 if not slot.instance.healthy:
                     slot.instance.healthy = True
                     changed = True  # republish: requests queued meanwhile get a turn
+                await self._resync_models(fleet, slot)
             elif not busy:
                 # A busy instance may be slow to answer /ping while it predicts; only an
                 # idle one that keeps failing is restarted.
@@ -175,6 +182,21 @@ class Reconciler:
                     changed |= await self._restart(fleet, slot)
         if changed:
             self._publish(fleet)
+
+    async def _resync_models(self, fleet: Fleet, slot: Slot) -> None:
+        """Correct the router's view of what an idle multi-model instance holds.
+
+        The view is learned from answers and can drift (a report lost with a request that
+        gave up); only an idle instance is asked, so no load under way is forgotten.
+        """
+        instance = slot.instance
+        if instance is None or instance.in_flight or fleet.templates[slot.variant].prefix is None:
+            return
+        names = await loaded_models(instance, timeout_s=5.0)
+        if names is not None and not instance.in_flight:
+            resync(instance, names)
+            gauge = self.metrics.loaded_models
+            gauge.labels(fleet.endpoint, slot.variant, instance.instance_id).set(len(names))
 
     async def _restart(self, fleet: Fleet, slot: Slot) -> bool:
         old = slot.handle
@@ -248,6 +270,7 @@ class Reconciler:
         )
         if old is not None:
             await self._retire(old)
+            self._forget_model_series(old, old.all_slots())
 
     async def _rescale(self, ep: Endpoint) -> None:
         fleet = self.fleets.get(ep.name)
@@ -264,6 +287,7 @@ class Reconciler:
                 del slots[state.desired_instance_count :]
                 self._publish(fleet)
                 await self.provisioner.drain_and_stop(extra)
+                self._forget_model_series(fleet, extra)
             missing = state.desired_instance_count - len(slots)
             if missing > 0:
                 new = [
@@ -313,12 +337,32 @@ class Reconciler:
                     policy=policy_for(variant.routing_strategy, max_in_flight=self.max_in_flight),
                     instances=instances,
                     metrics=self.metrics.for_variant(fleet.endpoint, variant.name),
+                    multi_model=self._model_route(fleet, variant.name, instances),
                 )
             )
         self.router.publish(
             EndpointRoute(fleet.endpoint, variants, async_config=fleet.config.async_config)
         )
         self._export_instance_gauges()
+
+    def _model_route(
+        self, fleet: Fleet, variant: str, instances: list[Instance]
+    ) -> MultiModelRoute | None:
+        """Set for a variant serving a MultiModel model: its requests then need a TargetModel."""
+        template = fleet.templates[variant]
+        if template.prefix is None:
+            return None
+        return MultiModelRoute(
+            prefix=template.prefix,
+            policy=model_policy_for(self.model_routing, max_in_flight=self.max_in_flight),
+            metrics={
+                i.instance_id: self.metrics.for_instance_models(
+                    fleet.endpoint, variant, i.instance_id
+                )
+                for i in instances
+            },
+            agent=template.agent,
+        )
 
     async def _change(self, name: str, **changes: Any) -> None:
         try:
@@ -340,3 +384,12 @@ class Reconciler:
             for state in ("healthy", "unhealthy"):
                 with contextlib.suppress(KeyError):
                     self.metrics.instances.remove(fleet.endpoint, variant, state)
+        self._forget_model_series(fleet, fleet.all_slots())
+
+    def _forget_model_series(self, fleet: Fleet, slots: Sequence[Slot]) -> None:
+        """Drop the multi-model series of instances that are gone."""
+        for slot in slots:
+            if fleet.templates[slot.variant].prefix is not None:
+                self.metrics.forget_instance_models(
+                    fleet.endpoint, slot.variant, slot.spec.instance_id
+                )

@@ -149,6 +149,7 @@ class Dispatcher:
         A failed pass is logged and retried; only cancellation ends the loop.
         """
         self._loop = asyncio.get_running_loop()
+        await _db(self._log.release_claims)
         while True:
             self._wake.clear()
             try:

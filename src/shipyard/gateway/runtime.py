@@ -20,7 +20,9 @@ from shipyard.errors import (
     RuntimeValidationError,
 )
 from shipyard.gateway.errors import runtime_error_response
-from shipyard.routing.router import Router, VariantRoute
+from shipyard.routing.client import Response
+from shipyard.routing.multimodel import invoke_model, joined, refusal, target_model
+from shipyard.routing.router import EndpointRoute, Router, VariantRoute
 
 log = logging.getLogger(__name__)
 
@@ -104,19 +106,14 @@ class RuntimeDoor:
         variant = self.router.variant_for(route, target)
         chosen.append(variant)
         body = await self._body(receive, content_length)
-        response, model_s = await self.router.invoke(
-            route, variant, forward, body, content_length=content_length
-        )
-        if response.status >= 300:
-            message = response.body.decode(errors="replace")
-            kind = "client" if response.status < 500 else "server"
-            raise ModelError(
-                f"Received {kind} error ({response.status}) from primary with message "
-                f'"{message}". See the instance log for more information.',
-                original_status_code=response.status,
-                original_message=message,
-                log_stream_arn=f"arn:aws:logs:::log-group:/aws/sagemaker/Endpoints/{name}",
+        if variant.multi_model is None:
+            response, model_s = await self.router.invoke(
+                route, variant, forward, body, content_length=content_length
             )
+        else:
+            response, model_s = await self._invoke_model(route, variant, forward, body)
+        if response.status >= 300:
+            raise _model_error(name, response)
         headers = [
             (b"content-type", response.header(b"content-type") or b"application/octet-stream"),
             (b"content-length", str(len(response.body)).encode()),
@@ -131,6 +128,31 @@ class RuntimeDoor:
         variant.metrics.model_latency.observe(model_s)
         variant.metrics.overhead_latency.observe(max(total - model_s, 0.0))
         return 200
+
+    async def _invoke_model(
+        self,
+        route: EndpointRoute,
+        variant: VariantRoute,
+        forward: list[tuple[bytes, bytes]],
+        body: bytes | AsyncIterator[bytes],
+    ) -> tuple[Response, float]:
+        """A request to a multi-model variant: its TargetModel checked, platform errors mapped.
+
+        Raises:
+            RuntimeValidationError: no or unsafe TargetModel, none under the prefix, or one
+                too large for every instance's memory budget.
+            ModelNotReady: the model was still loading when the instance stopped waiting.
+        """
+        multi = variant.multi_model
+        assert multi is not None
+        model = target_model(route.name, forward)
+        whole = await joined(body)
+        response, model_s = await invoke_model(self.router, route, variant, model, forward, whole)
+        if response.status >= 300:
+            failure = refusal(response, model, multi.prefix)
+            if failure is not None:
+                raise failure
+        return response, model_s
 
     async def _body(
         self, receive: Receive, content_length: int | None
@@ -159,6 +181,19 @@ class RuntimeDoor:
         return PayloadTooLarge(
             f"Request body is larger than the maximum of {self.max_payload_bytes} bytes."
         )
+
+
+def _model_error(name: str, response: Response) -> ModelError:
+    """The instance answered with an error status: the model's own failure."""
+    message = response.body.decode(errors="replace")
+    kind = "client" if response.status < 500 else "server"
+    return ModelError(
+        f"Received {kind} error ({response.status}) from primary with message "
+        f'"{message}". See the instance log for more information.',
+        original_status_code=response.status,
+        original_message=message,
+        log_stream_arn=f"arn:aws:logs:::log-group:/aws/sagemaker/Endpoints/{name}",
+    )
 
 
 async def _stream(first: bytes, receive: Receive) -> AsyncIterator[bytes]:

@@ -17,6 +17,7 @@ Two ways to send a request share the pool's connections:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -301,6 +302,19 @@ class _StreamReader:
             raise _length_mismatch(sent, length)
         self.request_sent = True
 
+    def sender_done(self, sender: asyncio.Task[None]) -> None:
+        """A body that failed to go out fails the exchange, so a reader never waits for an
+        answer the instance will not give."""
+        if sender.cancelled():
+            return
+        exc = sender.exception()
+        if exc is not None:
+            self.fail(
+                exc
+                if isinstance(exc, UpstreamError)
+                else UpstreamError(f"sending the request body failed: {exc}", sent=True)
+            )
+
     async def wait_head(self) -> None:
         while self.status is None:
             if self.error is not None:
@@ -448,11 +462,19 @@ class ConnectionPool:
         head = _request_head(method, path, self._host_header, headers, length, chunked=chunked)
         conn, _ = await self._acquire()
         reader = _StreamReader(conn)
+        # The body goes out while the answer comes in: an instance may stream its answer
+        # before it has read the whole request (an echo does), and waiting for the body
+        # to be sent first would then deadlock once both socket buffers are full.
+        sender = asyncio.create_task(reader.send(head, body, length))
+        sender.add_done_callback(reader.sender_done)
         try:
-            await reader.send(head, body, length)
-            await reader.wait_head()
+            await _head_or_send_failure(reader, sender)
             yield StreamedResponse(reader)
         finally:
+            if not sender.done():
+                sender.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await sender
             if reader.detach():
                 self._release(conn)
             else:
@@ -462,6 +484,21 @@ class ConnectionPool:
         for conn in self._idle:
             conn.close()
         self._idle.clear()
+
+
+async def _head_or_send_failure(reader: _StreamReader, sender: asyncio.Task[None]) -> None:
+    """Wait for the response head; raise the body's own error if sending it fails first."""
+    head = asyncio.ensure_future(reader.wait_head())
+    try:
+        await asyncio.wait({head, sender}, return_when=asyncio.FIRST_COMPLETED)
+        if sender.done() and not sender.cancelled() and sender.exception() is not None:
+            raise sender.exception()  # type: ignore[misc]
+        await head
+    finally:
+        if not head.done():
+            head.cancel()
+        with contextlib.suppress(asyncio.CancelledError, UpstreamError):
+            await head  # also collects the error it may have ended with
 
 
 def _request_head(

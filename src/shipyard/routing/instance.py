@@ -14,6 +14,10 @@ class Instance:
     the router changes it, on the event loop, so it needs no lock. ``concurrency`` is how
     many requests the instance works on at once when known (the built-in runtime runs one
     at a time), else None. ``latency_s`` is a moving average of its answers' latency.
+
+    ``models`` is, on a multi-model route, the TargetModels the gateway believes the
+    instance holds in memory (or is loading), least recently used first; learned from its
+    answers (routing/multimodel.py), so it may be briefly out of date. Empty otherwise.
     """
 
     __slots__ = (
@@ -25,6 +29,7 @@ class Instance:
         "healthy",
         "concurrency",
         "latency_s",
+        "models",
     )
 
     def __init__(
@@ -39,6 +44,7 @@ class Instance:
         self.pool = ConnectionPool(parts.hostname or "127.0.0.1", parts.port or 80)
         self.in_flight = 0
         self.healthy = True
+        self.models: dict[str, None] = {}
 
     def observe(self, latency_s: float) -> None:
         """Fold one answer's latency into the moving average (weight 1/8)."""

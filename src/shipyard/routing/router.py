@@ -13,6 +13,7 @@ import random
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
 
 from shipyard.errors import ModelError, ModelNotReady, RuntimeValidationError, ServiceUnavailable
 from shipyard.metrics import VariantMetrics
@@ -21,16 +22,30 @@ from shipyard.routing.client import Response, UpstreamError
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import Policy
 
+if TYPE_CHECKING:
+    from shipyard.routing.multimodel import MultiModelRoute
+
 
 class VariantRoute:
     """One production variant's instances, its weight and its policy.
 
     ``waiters`` is the variant's FIFO queue of requests held at the gateway until an
     instance can take them (policies with ``queues``); it is handed from one published
-    table to the next, so a swap never strands a waiting request.
+    table to the next, so a swap never strands a waiting request. ``multi_model`` is set
+    when the variant serves a ``Mode: MultiModel`` model; its requests then go through
+    routing.multimodel.invoke_model instead of Router.invoke.
     """
 
-    __slots__ = ("name", "weight", "policy", "instances", "metrics", "waiters", "queue_limit")
+    __slots__ = (
+        "name",
+        "weight",
+        "policy",
+        "instances",
+        "metrics",
+        "waiters",
+        "queue_limit",
+        "multi_model",
+    )
 
     def __init__(
         self,
@@ -40,12 +55,14 @@ class VariantRoute:
         policy: Policy,
         instances: Sequence[Instance],
         metrics: VariantMetrics,
+        multi_model: MultiModelRoute | None = None,
     ) -> None:
         self.name = name
         self.weight = weight
         self.policy = policy
         self.instances = list(instances)
         self.metrics = metrics
+        self.multi_model = multi_model
         self.waiters: deque[asyncio.Future[None]] = deque()
         self.queue_limit = policy.max_in_flight * len(instances) if policy.queues else 0
 
@@ -169,7 +186,7 @@ class Router:
             async with asyncio.timeout(self.timeout_s):
                 turn = not variant.waiters  # first come, first served
                 while True:
-                    variant = self._current(route, variant)
+                    variant = self.current(route, variant)
                     instance = self._choose(variant, tried, turn=turn)
                     if instance is None:
                         # Woken but beaten to the instance: keep our place at the front.
@@ -204,7 +221,7 @@ class Router:
                 original_message="timed out",
             ) from None
 
-    def _current(self, route: EndpointRoute, variant: VariantRoute) -> VariantRoute:
+    def current(self, route: EndpointRoute, variant: VariantRoute) -> VariantRoute:
         """The variant to use now: after a wait the routing table may have been swapped."""
         current = self.routes.get(route.name)
         if current is None:

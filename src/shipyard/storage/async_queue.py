@@ -28,6 +28,7 @@ from shipyard.records import AsyncRequest, AsyncStatus, Event
 from shipyard.storage import tables as t
 from shipyard.storage.events import record_event
 from shipyard.storage.metadata import _utc as utc
+from shipyard.storage.transactions import transaction
 
 _Q = t.async_requests
 
@@ -52,7 +53,7 @@ class AsyncQueue:
 
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
-        with self.engine.begin() as conn:
+        with transaction(self.engine) as conn:
             yield conn
 
     def enqueue(self, request: AsyncRequest) -> tuple[AsyncRequest, bool]:

@@ -41,6 +41,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from shipyard.records import Event
 from shipyard.storage import tables as t
+from shipyard.storage.transactions import transaction
 
 
 class DeliveryStatus(StrEnum):
@@ -122,7 +123,7 @@ class EventLog:
 
     def record(self, event: Event) -> bool:
         """``record_event`` in a transaction of its own."""
-        with self._engine.begin() as conn:
+        with transaction(self._engine) as conn:
             return record_event(conn, event)
 
     def claim_due(self, *, now: datetime, lease_s: float, limit: int) -> list[EventState]:
@@ -135,7 +136,7 @@ class EventLog:
         due = _due(now)
         query = select(t.events).where(due).order_by(t.events.c.id).limit(limit)
         claimed: list[EventState] = []
-        with self._engine.begin() as conn:
+        with transaction(self._engine) as conn:
             if conn.dialect.name == "postgresql":
                 query = query.with_for_update(skip_locked=True)
             for row in conn.execute(query).mappings().all():
@@ -145,10 +146,22 @@ class EventLog:
                     claimed.append(_event_state(row, claimed_until=until))
         return claimed
 
+    def release_claims(self) -> int:
+        """Drop the leases on undispatched events, as a dispatcher starts.
+
+        Leases left by a dispatcher that died would otherwise hold its events back for
+        ``lease_s``. Safe with other dispatchers still running: each subscriber is
+        claimed by its own delivery row, so an event worked on twice is sent once.
+        """
+        pending = and_(t.events.c.dispatched_at.is_(None), t.events.c.claimed_until.is_not(None))
+        with transaction(self._engine) as conn:
+            result = conn.execute(update(t.events).where(pending).values(claimed_until=None))
+            return int(result.rowcount)
+
     def deliveries(self, event_key: str) -> list[Delivery]:
         table = t.deliveries
         query = select(table).where(table.c.event_key == event_key).order_by(table.c.topic)
-        with self._engine.begin() as conn:
+        with transaction(self._engine) as conn:
             return [_delivery(r) for r in conn.execute(query).mappings().all()]
 
     def add_delivery(self, delivery: Delivery) -> bool:
@@ -167,7 +180,7 @@ class EventLog:
             "last_error": delivery.last_error,
             "updated": _utc(delivery.updated),
         }
-        with self._engine.begin() as conn:
+        with transaction(self._engine) as conn:
             return _insert_new(conn, t.deliveries, row, ["event_key", "subscriber"])
 
     def restart_delivery(self, seen: Delivery, *, now: datetime) -> bool:
@@ -200,14 +213,14 @@ class EventLog:
         query = select(t.events).order_by(t.events.c.id).limit(limit)
         if pending_only:
             query = query.where(t.events.c.dispatched_at.is_(None))
-        with self._engine.begin() as conn:
+        with transaction(self._engine) as conn:
             rows = conn.execute(query).mappings().all()
         return [_event_state(r) for r in rows]
 
     def pending_count(self) -> int:
         """Events not yet dispatched: the outbox backlog."""
         query = select(func.count()).select_from(t.events)
-        with self._engine.begin() as conn:
+        with transaction(self._engine) as conn:
             return int(conn.execute(query.where(t.events.c.dispatched_at.is_(None))).scalar_one())
 
     def _change_delivery(
@@ -230,12 +243,12 @@ class EventLog:
             )
             .values(status=status.value, attempts=attempts, last_error=error, updated=_utc(now))
         )
-        with self._engine.begin() as conn:
+        with transaction(self._engine) as conn:
             return bool(conn.execute(query).rowcount == 1)
 
     def _update_event(self, event_id: int, **values: Any) -> None:
         query = update(t.events).where(t.events.c.id == event_id).values(**values)
-        with self._engine.begin() as conn:
+        with transaction(self._engine) as conn:
             conn.execute(query)
 
 

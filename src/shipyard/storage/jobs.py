@@ -30,6 +30,7 @@ from shipyard.storage import tables as t
 from shipyard.storage.events import record_event
 from shipyard.storage.metadata import _utc as utc
 from shipyard.storage.metadata import now
+from shipyard.storage.transactions import transaction
 
 EventFor = Callable[[Job, Job | None], Event | None]
 """Builds the event of a change from the new record and the old one (None on create)."""
@@ -54,7 +55,7 @@ class JobStore:
 
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
-        with self.engine.begin() as conn:
+        with transaction(self.engine) as conn:
             yield conn
 
     def create(self, job: Job, *, limit: int, event_for: EventFor) -> int:

@@ -50,6 +50,7 @@ from shipyard.records import (
 )
 from shipyard.storage import tables as t
 from shipyard.storage.events import record_event
+from shipyard.storage.transactions import serialize, transaction
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class MetadataStore:
         """Bring the schema to the newest Alembic revision; safe to call on every start."""
         cfg = AlembicConfig()
         cfg.set_main_option("script_location", str(_MIGRATIONS))
-        with self.engine.begin() as conn:
+        with transaction(self.engine) as conn:
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
 
@@ -88,7 +89,7 @@ class MetadataStore:
 
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
-        with self.engine.begin() as conn:
+        with transaction(self.engine) as conn:
             yield conn
 
     # -- models ---------------------------------------------------------------------------
@@ -275,6 +276,7 @@ def _make_engine(url: str) -> Engine:
             # and concurrent writers wait (busy timeout) instead of failing.
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
+        serialize(engine)
         return engine
     return create_engine(url, pool_pre_ping=True)
 

@@ -7,7 +7,14 @@ from typing import Any
 from shipyard.control.endpoints import EndpointService
 from shipyard.errors import InvalidParameter
 from shipyard.gateway.actions.listing import page
-from shipyard.records import Model
+from shipyard.records import ContainerMode, Model
+
+# Multi-model settings the built-in runtime reads from the model's Environment.
+_CACHE_KNOBS = (
+    "SHIPYARD_MODEL_CACHE_BYTES",
+    "SHIPYARD_MODEL_CACHE_MAX_MODELS",
+    "SHIPYARD_MODEL_DISK_CACHE_BYTES",
+)
 
 
 def create_model(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
@@ -17,6 +24,7 @@ def create_model(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
     image = container.get("Image")
     if not image:
         raise InvalidParameter("PrimaryContainer.Image must be provided.")
+    _check_mode(p, container)
     model = svc.create_model(
         p["ModelName"],
         image=image,
@@ -39,6 +47,8 @@ def describe_model(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
     for key in ("PrimaryContainer", "Containers", "ExecutionRoleArn", "VpcConfig"):
         if key in model.raw:
             out[key] = model.raw[key]
+    if isinstance(out.get("PrimaryContainer"), dict):
+        out["PrimaryContainer"] = {"Mode": ContainerMode.SINGLE_MODEL, **out["PrimaryContainer"]}
     return out
 
 
@@ -59,6 +69,45 @@ def list_models(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
 def delete_model(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
     svc.delete_model(p["ModelName"])
     return {}
+
+
+def _check_mode(p: dict[str, Any], container: dict[str, Any]) -> None:
+    """Refuse a MultiModel container SageMaker would refuse, or shipyard could not serve."""
+    multi = container.get("Mode") == ContainerMode.MULTI_MODEL
+    if "MultiModelConfig" in container and not multi:
+        raise InvalidParameter(
+            "MultiModelConfig is only valid for a container whose Mode is MultiModel."
+        )
+    if not multi:
+        return
+    if len(p.get("Containers") or []) > 1:
+        raise InvalidParameter(
+            "Mode MultiModel is not supported for an inference pipeline: give one container."
+        )
+    prefix = container.get("ModelDataUrl")
+    if not prefix:
+        raise InvalidParameter(
+            "ModelDataUrl must be provided when Mode is MultiModel: it is the prefix under "
+            "which each request's TargetModel is found."
+        )
+    if not _is_prefix(prefix):
+        raise InvalidParameter(
+            f"ModelDataUrl {prefix!r} is not a valid multi-model prefix: give an s3://bucket/"
+            "prefix/ URI, a file:/// URI or an absolute path."
+        )
+    environment = container.get("Environment") or {}
+    for key in _CACHE_KNOBS:
+        value = str(environment.get(key, "1")).strip()
+        if not value.isdigit() or int(value) < 1:
+            raise InvalidParameter(
+                f"Environment {key} must be a whole number above 0, got {value!r}."
+            )
+
+
+def _is_prefix(uri: str) -> bool:
+    if uri.startswith("s3://"):
+        return len(uri) > len("s3://") and not uri.startswith("s3:///")
+    return uri.startswith(("file:///", "/"))
 
 
 def _summary(m: Model) -> dict[str, Any]:

@@ -1,0 +1,305 @@
+"""Multi-model routes: the TargetModel a request names, who holds it, and what went wrong.
+
+A variant that serves a ``Mode: MultiModel`` model carries a MultiModelRoute, set by the
+reconciler. The runtime door and the router reach it only for such variants, so none of
+this work lands on the single-model path.
+
+The instance speaks the contract of runtime/multimodel.py: every answer says whether the
+model was in memory (``X-Shipyard-Model-Cache``), what was unloaded for it
+(``X-Shipyard-Evicted``), how many models are loaded, how long loading took, and a
+platform error names itself in ``X-Shipyard-Error``. ``observe`` turns those into the
+router's view of each instance (``Instance.models``) and into metrics; ``refusal`` turns
+platform errors into the runtime's wire errors. A ``cmd:`` server that speaks SageMaker's
+``/models`` API instead goes through a ModelAgent (routing/model_agent.py), which answers
+with the same headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from shipyard.errors import (
+    ModelError,
+    ModelNotReady,
+    RuntimeFailure,
+    RuntimeValidationError,
+    ServiceUnavailable,
+)
+from shipyard.metrics import ModelMetrics
+from shipyard.routing.client import Response, UpstreamError
+from shipyard.routing.instance import Instance
+from shipyard.routing.policies import ModelPolicy
+from shipyard.runtime.multimodel import (
+    ERROR_HEADER,
+    EVICTED_HEADER,
+    LOADED_MODELS_HEADER,
+    MODEL_CACHE_HEADER,
+    MODEL_TIMINGS_HEADER,
+    TARGET_MODEL_HEADER,
+    InvalidTargetModel,
+    check_model_name,
+    model_url,
+    parse_evicted,
+    parse_timings,
+)
+
+if TYPE_CHECKING:
+    from shipyard.routing.model_agent import ModelAgent
+    from shipyard.routing.router import EndpointRoute, Router, VariantRoute
+
+Headers = list[tuple[bytes, bytes]]
+
+TARGET_MODEL = TARGET_MODEL_HEADER.encode()
+"""The header as the runtime door forwards it."""
+ERROR = ERROR_HEADER.lower().encode()
+CACHE = MODEL_CACHE_HEADER.lower().encode()
+EVICTED = EVICTED_HEADER.lower().encode()
+TIMINGS = MODEL_TIMINGS_HEADER.lower().encode()
+LOADED = LOADED_MODELS_HEADER.lower().encode()
+
+TOO_LARGE = b"ModelTooLarge"
+# Errors after which the instance does not hold the model.
+_NOT_HELD = frozenset({b"ModelNotFound", b"ModelLoadFailed", TOO_LARGE, b"InvalidTargetModel"})
+
+
+class MultiModelRoute:
+    """What the data path needs for a variant serving a multi-model prefix.
+
+    ``metrics`` holds each instance's bound series by instance id; ``agent`` is set when
+    the instances are ``cmd:`` servers that the gateway loads models into itself.
+    """
+
+    __slots__ = ("prefix", "policy", "metrics", "agent")
+
+    def __init__(
+        self,
+        *,
+        prefix: str,
+        policy: ModelPolicy,
+        metrics: dict[str, ModelMetrics],
+        agent: ModelAgent | None = None,
+    ) -> None:
+        self.prefix = prefix
+        self.policy = policy
+        self.metrics = metrics
+        self.agent = agent
+
+    def __repr__(self) -> str:
+        return f"MultiModelRoute(prefix={self.prefix!r}, policy={self.policy!r})"
+
+    async def send(self, instance: Instance, model: str, headers: Headers, body: bytes) -> Response:
+        """Send one invocation of ``model`` to ``instance`` and return its answer.
+
+        The instance counts as holding ``model`` from now on, so requests for it that
+        follow wait for this load instead of starting another elsewhere.
+        """
+        if self.agent is not None:
+            return await self.agent.invoke(instance, model, headers, body)
+        _touch(instance.models, model)
+        return await instance.pool.request(b"POST", b"/invocations", headers, body)
+
+    def observe(self, instance: Instance, model: str, response: Response) -> None:
+        """Learn from an answer which models ``instance`` holds, and record its metrics."""
+        metrics = self.metrics.get(instance.instance_id)
+        cache = response.header(CACHE)
+        error = response.header(ERROR)
+        if cache is not None:
+            _touch(instance.models, model)
+            if metrics is not None:
+                (metrics.cache_hits if cache == b"hit" else metrics.cache_misses).inc()
+        elif error in _NOT_HELD:
+            instance.models.pop(model, None)
+        evicted = response.header(EVICTED)
+        if evicted:
+            names = parse_evicted(evicted.decode(errors="replace"))
+            for name in names:
+                instance.models.pop(name, None)
+            if metrics is not None:
+                metrics.evictions.inc(len(names))
+        if metrics is not None:
+            _record(metrics, response)
+
+
+async def invoke_model(
+    router: Router,
+    route: EndpointRoute,
+    variant: VariantRoute,
+    model: str,
+    headers: Headers,
+    body: bytes,
+) -> tuple[Response, float]:
+    """Send one invocation of TargetModel ``model`` to a multi-model variant.
+
+    The variant's ModelPolicy picks the instance (model affinity); nothing waits at the
+    gateway, so a full variant is a 503. Sent again, to another instance: a request whose
+    connection failed before reaching the instance, and one the instance refused as too
+    large for its memory budget (another may have a larger one); the last refusal is
+    returned when no instance is left to try. Past the router's timeout: ModelError.
+    """
+    tried: list[Instance] = []
+    try:
+        async with asyncio.timeout(router.timeout_s):
+            while True:
+                variant = router.current(route, variant)
+                multi = variant.multi_model
+                if multi is None:
+                    raise ServiceUnavailable(
+                        f"Endpoint {route.name} stopped serving multiple models; retry."
+                    )
+                instance = _choose(variant, multi, model, tried)
+                tried.append(instance)
+                outcome = await _attempt(route, multi, instance, model, headers, body)
+                if outcome is None:
+                    continue  # it never reached the instance
+                if outcome[0].header(ERROR) == TOO_LARGE and any(
+                    i.healthy and i not in tried for i in variant.instances
+                ):
+                    continue
+                return outcome
+    except TimeoutError:
+        raise ModelError(
+            f"Your invocation timed out while waiting for a response from "
+            f"{variant.name} after {router.timeout_s:g} s.",
+            original_status_code=504,
+            original_message="timed out",
+        ) from None
+
+
+def _choose(
+    variant: VariantRoute, multi: MultiModelRoute, model: str, tried: list[Instance]
+) -> Instance:
+    candidates = [i for i in variant.instances if i not in tried]
+    instance = multi.policy.choose(candidates, model)
+    if instance is not None:
+        return instance
+    if not any(i.healthy for i in candidates):
+        raise ModelNotReady(f"No instance of variant {variant.name} is ready yet.")
+    raise ServiceUnavailable(
+        f"Every instance of variant {variant.name} is at capacity; retry later."
+    )
+
+
+async def _attempt(
+    route: EndpointRoute,
+    multi: MultiModelRoute,
+    instance: Instance,
+    model: str,
+    headers: Headers,
+    body: bytes,
+) -> tuple[Response, float] | None:
+    """One try: the answer and its latency, or None when it never reached the instance."""
+    instance.in_flight += 1
+    started = time.perf_counter()
+    try:
+        response = await multi.send(instance, model, headers, body)
+    except UpstreamError as exc:
+        if exc.sent:
+            raise ServiceUnavailable(
+                f"The instance serving {route.name} failed during the request: {exc}"
+            ) from exc
+        instance.models.pop(model, None)
+        instance.healthy = False  # the reconciler re-checks and restores it
+        return None
+    finally:
+        instance.in_flight -= 1
+    model_s = time.perf_counter() - started
+    instance.observe(model_s)
+    multi.observe(instance, model, response)
+    return response, model_s
+
+
+def resync(instance: Instance, names: list[str]) -> None:
+    """Replace the view of what ``instance`` holds with ``names`` (from ``GET /models``).
+
+    Models it already knew keep their order of use; the others go first, as least recent.
+    """
+    listed = dict.fromkeys(names)
+    known = [name for name in instance.models if name in listed]
+    instance.models = {
+        **{n: None for n in names if n not in instance.models},
+        **dict.fromkeys(known),
+    }
+
+
+def _touch(models: dict[str, None], model: str) -> None:
+    """Mark ``model`` as the most recently used (last in order)."""
+    models.pop(model, None)
+    models[model] = None
+
+
+def _record(metrics: ModelMetrics, response: Response) -> None:
+    timings = response.header(TIMINGS)
+    if timings:
+        histograms = {
+            "wait": metrics.wait,
+            "download": metrics.download,
+            "load": metrics.load,
+            "unload": metrics.unload,
+        }
+        for part, seconds in parse_timings(timings.decode(errors="replace")).items():
+            histogram = histograms.get(part)
+            if histogram is not None:
+                histogram.observe(seconds)
+    loaded = response.header(LOADED)
+    if loaded is not None and loaded.isdigit():
+        metrics.loaded_models.set(int(loaded))
+
+
+def target_model(endpoint: str, headers: Headers) -> str:
+    """The TargetModel of a request to a multi-model endpoint; ValidationError if unusable."""
+    raw = next((value for key, value in headers if key == TARGET_MODEL), None)
+    if raw is None:
+        raise RuntimeValidationError(
+            f"Endpoint {endpoint} is a multi-model endpoint: name the model to invoke with "
+            "TargetModel (the X-Amzn-SageMaker-Target-Model header)."
+        )
+    try:
+        return check_model_name(raw.decode())
+    except UnicodeDecodeError:
+        raise RuntimeValidationError("TargetModel is not valid UTF-8.") from None
+    except InvalidTargetModel as exc:
+        raise RuntimeValidationError(str(exc)) from None
+
+
+def refusal(response: Response, model: str, prefix: str) -> RuntimeFailure | None:
+    """The runtime error for an instance's platform error; None for a model's own error.
+
+    ModelLoadFailed is left to the caller's ModelError, as any failure of the model's code.
+    """
+    code = response.header(ERROR)
+    if code is None or code == b"ModelLoadFailed":
+        return None
+    text = response.body.decode(errors="replace")
+    text = text.removeprefix(code.decode(errors="replace") + ": ")
+    if code == b"ModelNotFound":
+        return RuntimeValidationError(not_found_message(prefix, model))
+    if code == b"ModelNotReady":
+        return ModelNotReady(text)
+    if code in (b"InvalidTargetModel", TOO_LARGE):
+        return RuntimeValidationError(text)
+    return None
+
+
+def not_found_message(prefix: str, model: str) -> str:
+    """SageMaker's words for a TargetModel with no artifact under the prefix."""
+    url = model_url(prefix, model)
+    if url.startswith("s3://"):
+        bucket, _, key = url.removeprefix("s3://").partition("/")
+        where = f"bucket: {bucket}, key: {key}"
+    else:
+        where = f"url: {url}"
+    return (
+        f"Failed to download model data({where}) for TargetModel {model!r}. Please ensure "
+        "that there is an object located at the URL and that the role passed to CreateModel "
+        "has permissions to download the model."
+    )
+
+
+async def joined(body: bytes | AsyncIterator[bytes]) -> bytes:
+    """The whole body: a multi-model request may be sent twice (another instance)."""
+    if isinstance(body, bytes):
+        return body
+    return b"".join([chunk async for chunk in body])

@@ -1,0 +1,37 @@
+"""``transaction(engine)``: the one way the stores open a transaction.
+
+On SQLite, threads of one process first queue on a lock of their own. SQLite makes a
+writer that finds the database locked sleep and poll (up to 100 ms a turn), and every
+transaction here takes the write lock up front (BEGIN IMMEDIATE), so under load, with
+the control plane, the job supervisor, the event dispatcher and the async consumer all
+writing from worker threads, those sleeps would cost far more than the transactions.
+A lock hands the turn over at once. Between processes SQLite's busy timeout still
+applies; PostgreSQL needs none of this.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import Connection, Engine
+
+_locks: weakref.WeakKeyDictionary[Engine, threading.RLock] = weakref.WeakKeyDictionary()
+
+
+def serialize(engine: Engine) -> None:
+    """Make this process's transactions on ``engine`` take turns (SQLite)."""
+    _locks[engine] = threading.RLock()
+
+
+@contextmanager
+def transaction(engine: Engine) -> Iterator[Connection]:
+    lock = _locks.get(engine)
+    if lock is None:
+        with engine.begin() as conn:
+            yield conn
+        return
+    with lock, engine.begin() as conn:
+        yield conn
