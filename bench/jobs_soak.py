@@ -181,6 +181,14 @@ def soak(root: Path, hook_port: int) -> dict[str, Any]:
         time.sleep(2)
         stop.set()
         summary = jobs(gw.url)
+        for job in summary:
+            if job["TrainingJobStatus"] != "Completed":
+                described = Control(gw.url).call(
+                    "DescribeTrainingJob", {"TrainingJobName": job["TrainingJobName"]}
+                )
+                print(
+                    job["TrainingJobName"], job["TrainingJobStatus"], described.get("FailureReason")
+                )
     finally:
         stop.set()
         if gw.server is not None:
@@ -242,7 +250,10 @@ def main() -> int:
     finally:
         hook.shutdown()
         _stop_leftover_jobs(root)
-        shutil.rmtree(root, ignore_errors=True)
+        if not os.environ.get("JOBS_SOAK_KEEP"):
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            print("kept", root)
     ok = (
         result["peak active"] <= LIMIT
         and result["notified exactly once"] == result["jobs"]

@@ -146,7 +146,11 @@ class LocalBackend:
 
     def job_running(self, pid: int, workdir: Path) -> bool:
         process = self._runners.get(pid)
-        if process is not None and process.poll() is not None:
+        if process is not None:
+            if process.poll() is None:
+                # Ours and not ended. Its /proc command line can't tell: it reads empty
+                # while the process is still finishing its exec.
+                return True
             del self._runners[pid]  # reaped: a zombie would still show in /proc
             return False
         # A runner started by an earlier gateway is found by its command line, which
