@@ -258,6 +258,26 @@ def test_a_repeated_inference_id_is_processed_once(
     assert len(results(webhook, "job-1")) == 1
 
 
+def test_output_path_extension_and_filename_place_the_output(
+    async_gateway: GatewayProcess, tmp_path: Path, webhook: Any
+) -> None:
+    name = unique("asyncext")
+    deploy_async(async_gateway.sm, name, tmp_path / "out")
+    answer = async_gateway.rt.invoke_endpoint_async(
+        EndpointName=name,
+        InputLocation=put_input(tmp_path, {"n": 2}),
+        S3OutputPathExtension="2026/11",
+        Filename="result.json",
+    )
+    assert answer["OutputLocation"] == (tmp_path / "out" / "ok" / "2026/11/result.json").as_uri()
+    assert json.loads(wait_file(answer["OutputLocation"])) == {"n": 2}
+    with pytest.raises(ClientError) as err:
+        async_gateway.rt.invoke_endpoint_async(
+            EndpointName=name, InputLocation=put_input(tmp_path, 1), Filename="a.b.c"
+        )
+    assert err.value.response["Error"]["Code"] == "ValidationError"
+
+
 def test_in_flight_requests_per_instance_never_pass_the_cap(
     async_gateway: GatewayProcess, tmp_path: Path, webhook: Any
 ) -> None:

@@ -8,6 +8,7 @@ HTTP and never touches an instance.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -44,6 +45,8 @@ class AsyncInvocations:
         custom_attributes: str | None = None,
         ttl_s: int | None = None,
         timeout_s: int | None = None,
+        output_extension: str | None = None,
+        filename: str | None = None,
     ) -> AsyncRequest:
         """Queue one request; a known ``inference_id`` returns the earlier request instead.
 
@@ -59,11 +62,14 @@ class AsyncInvocations:
                 "Inference-Id must be 1 to 64 printable characters and not start with a space."
             )
         received = now()
+        output_dir = config.output_path
+        if output_extension is not None:
+            output_dir = _join(output_dir, _extension(output_extension))
         request = AsyncRequest(
             endpoint=endpoint,
             inference_id=inference_id,
             input_location=location,
-            output_location=_join(config.output_path, f"{inference_id}.out"),
+            output_location=_join(output_dir, _filename(filename) or f"{inference_id}.out"),
             failure_location=_join(config.failure_path, f"{inference_id}-error.out"),
             received=received,
             expires=received + timedelta(seconds=ttl),
@@ -96,6 +102,27 @@ def _in_range(name: str, value: int | None, default: int, low: int, high: int) -
         return default
     if not low <= value <= high:
         raise RuntimeValidationError(f"{name} must be between {low} and {high}, not {value}.")
+    return value
+
+
+_EXTENSION = re.compile(r"[a-zA-Z0-9!_.*'()/-]{1,512}")
+_FILENAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,31}")
+
+
+def _extension(value: str) -> str:
+    """S3OutputPathExtension: a relative sub-path of S3OutputPath, as SageMaker allows."""
+    parts = value.strip("/").split("/")
+    if not _EXTENSION.fullmatch(value) or value.startswith(("s3:", "https:")) or ".." in parts:
+        raise RuntimeValidationError(f"S3OutputPathExtension {value!r} is not a relative path.")
+    return value.strip("/")
+
+
+def _filename(value: str | None) -> str | None:
+    """Filename: the output's name instead of ``<InferenceId>.out`` (at most one dot)."""
+    if value is None:
+        return None
+    if not _FILENAME.fullmatch(value) or value.count(".") > 1:
+        raise RuntimeValidationError(f"Filename {value!r} is not a valid file name.")
     return value
 
 

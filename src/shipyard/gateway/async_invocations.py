@@ -80,6 +80,8 @@ class AsyncDoor:
             custom_attributes=given.get("custom-attributes"),
             ttl_s=_int(given, "requestttlseconds", "RequestTTLSeconds"),
             timeout_s=_int(given, "invocationtimeoutseconds", "InvocationTimeoutSeconds"),
+            output_extension=given.get("s3outputpathextension"),
+            filename=given.get("filename"),
         )
         headers = [
             (b"x-amzn-sagemaker-outputlocation", request.output_location.encode()),
