@@ -26,6 +26,46 @@ MODELS = Path(__file__).parent / "models"
 PG_URL = os.environ.get("SHIPYARD_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
+@dataclass
+class PgSchema:
+    """A fresh schema on the machine's PostgreSQL; ``url`` points a store or gateway at it."""
+
+    url: str
+    name: str
+    admin: Any
+    """A SQLAlchemy engine on the database, to look inside from a test."""
+
+
+def pg_available() -> bool:
+    import sqlalchemy
+
+    try:
+        engine = sqlalchemy.create_engine(PG_URL.replace("postgresql://", "postgresql+psycopg://"))
+        with engine.connect():
+            pass
+        engine.dispose()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture
+def pg_schema() -> Iterator[PgSchema]:
+    """A fresh PostgreSQL schema, dropped afterwards; skips where PostgreSQL is absent."""
+    import sqlalchemy
+
+    if not pg_available():
+        pytest.skip(f"PostgreSQL is not reachable at {PG_URL}")
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    admin = sqlalchemy.create_engine(PG_URL.replace("postgresql://", "postgresql+psycopg://"))
+    with admin.begin() as conn:
+        conn.execute(sqlalchemy.text(f"CREATE SCHEMA {name}"))
+    yield PgSchema(f"{PG_URL}?options=-csearch_path%3D{name}", name, admin)
+    with admin.begin() as conn:
+        conn.execute(sqlalchemy.text(f"DROP SCHEMA {name} CASCADE"))
+    admin.dispose()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

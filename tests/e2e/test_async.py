@@ -16,7 +16,7 @@ import pytest
 import yaml
 from botocore.exceptions import ClientError
 
-from tests.conftest import MODELS, GatewayProcess, make_tarball, unique
+from tests.conftest import MODELS, GatewayProcess, PgSchema, make_tarball, unique
 
 TOPIC = "arn:aws:sns:us-east-1:123456789012:results"
 COUNTER = MODELS / "async_counter" / "server.py"
@@ -351,32 +351,15 @@ def test_a_queued_backlog_survives_a_gateway_kill(
     assert sorted(ids) == sorted(a["InferenceId"] for a in answers), found
 
 
-@pytest.fixture
-def pg_schema() -> Any:
-    """A fresh PostgreSQL schema, dropped afterwards; skips where PostgreSQL is absent."""
-    import sqlalchemy
-
-    from tests.conftest import PG_URL
-    from tests.storage.test_metadata import _pg_available
-
-    if not _pg_available():
-        pytest.skip(f"PostgreSQL is not reachable at {PG_URL}")
-    schema = f"t_{uuid.uuid4().hex[:10]}"
-    admin = sqlalchemy.create_engine(PG_URL.replace("postgresql://", "postgresql+psycopg://"))
-    with admin.begin() as conn:
-        conn.execute(sqlalchemy.text(f"CREATE SCHEMA {schema}"))
-    yield f"{PG_URL}?options=-csearch_path%3D{schema}", admin, schema
-    with admin.begin() as conn:
-        conn.execute(sqlalchemy.text(f"DROP SCHEMA {schema} CASCADE"))
-    admin.dispose()
-
-
 def test_two_gateways_on_postgresql_share_one_queue_and_run_each_request_once(
-    gateway_factory: Callable[..., GatewayProcess], tmp_path: Path, webhook: Any, pg_schema: Any
+    gateway_factory: Callable[..., GatewayProcess],
+    tmp_path: Path,
+    webhook: Any,
+    pg_schema: PgSchema,
 ) -> None:
     import sqlalchemy
 
-    url, admin, schema = pg_schema
+    url, admin, schema = pg_schema.url, pg_schema.admin, pg_schema.name
     stack = tmp_path / "stack.yaml"
     stack.write_text(yaml.safe_dump({"topics": {"results": [webhook.url]}}))
     args = ["--config", str(stack), "--db", url]

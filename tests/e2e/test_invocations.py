@@ -202,26 +202,12 @@ def test_metrics_count_invocations_and_errors(gateway: GatewayProcess, model_tar
 
 
 def test_s3_artifacts_and_a_postgres_store(
-    gateway_factory: Any, bucket: Any, tmp_path: Path
+    gateway_factory: Any, bucket: Any, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """The at-scale parts together: metadata in PostgreSQL, the model in S3."""
-    from tests.conftest import make_tarball
-    from tests.storage.test_metadata import _pg_available
+    from tests.conftest import make_tarball, pg_available
 
-    args: list[str] = []
-    if _pg_available():
-        import uuid
-
-        import sqlalchemy
-
-        from tests.conftest import PG_URL
-
-        schema = f"e2e_{uuid.uuid4().hex[:10]}"
-        engine = sqlalchemy.create_engine(PG_URL.replace("postgresql://", "postgresql+psycopg://"))
-        with engine.begin() as conn:
-            conn.execute(sqlalchemy.text(f"CREATE SCHEMA {schema}"))
-        engine.dispose()
-        args = ["--db", f"{PG_URL}?options=-csearch_path%3D{schema}"]
+    args = ["--db", request.getfixturevalue("pg_schema").url] if pg_available() else []
     uri = bucket.put("models/sum/model.tar.gz", make_tarball("sum", tmp_path / "sum.tar.gz"))
     gw = gateway_factory(extra_env={"SHIPYARD_S3_ENDPOINT_URL": bucket.endpoint_url}, args=args)
     deploy(gw.sm, "from-s3", uri)

@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-import sqlalchemy
 
 from shipyard.records import Event
 from shipyard.storage.events import Delivery, DeliveryStatus, subscriber_key
 from shipyard.storage.metadata import MetadataStore
-from tests.conftest import PG_URL
-
-
-def _pg_available() -> bool:
-    try:
-        engine = sqlalchemy.create_engine(PG_URL.replace("postgresql://", "postgresql+psycopg://"))
-        with engine.connect():
-            pass
-        engine.dispose()
-        return True
-    except Exception:
-        return False
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -32,18 +18,10 @@ def store_factory(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[Callable[[], MetadataStore]]:
     """Opens stores on one fresh, migrated database; each call is one more "gateway"."""
-    admin = None
-    schema = ""
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'meta.db'}"
     else:
-        if not _pg_available():
-            pytest.skip(f"PostgreSQL is not reachable at {PG_URL}")
-        schema = f"t_{uuid.uuid4().hex[:10]}"
-        admin = sqlalchemy.create_engine(PG_URL.replace("postgresql://", "postgresql+psycopg://"))
-        with admin.begin() as conn:
-            conn.execute(sqlalchemy.text(f"CREATE SCHEMA {schema}"))
-        url = f"{PG_URL}?options=-csearch_path%3D{schema}"
+        url = request.getfixturevalue("pg_schema").url
     opened: list[MetadataStore] = []
 
     def open_store() -> MetadataStore:
@@ -56,10 +34,6 @@ def store_factory(
     yield open_store
     for store in opened:
         store.close()
-    if admin is not None:
-        with admin.begin() as conn:
-            conn.execute(sqlalchemy.text(f"DROP SCHEMA {schema} CASCADE"))
-        admin.dispose()
 
 
 @pytest.fixture

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import sqlalchemy
 
 from shipyard.errors import InvalidParameter, ResourceInUse, ResourceLimitExceeded, ResourceNotFound
 from shipyard.records import (
@@ -21,41 +19,18 @@ from shipyard.records import (
     VariantState,
 )
 from shipyard.storage.metadata import MetadataStore, now
-from tests.conftest import PG_URL
-
-
-def _pg_available() -> bool:
-    try:
-        engine = sqlalchemy.create_engine(PG_URL.replace("postgresql://", "postgresql+psycopg://"))
-        with engine.connect():
-            pass
-        engine.dispose()
-        return True
-    except Exception:
-        return False
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetadataStore]:
     if request.param == "sqlite":
-        s = MetadataStore(f"sqlite:///{tmp_path / 'meta.db'}")
-        s.migrate()
-        yield s
-        s.close()
-        return
-    if not _pg_available():
-        pytest.skip(f"PostgreSQL is not reachable at {PG_URL}")
-    schema = f"t_{uuid.uuid4().hex[:10]}"
-    admin = sqlalchemy.create_engine(PG_URL.replace("postgresql://", "postgresql+psycopg://"))
-    with admin.begin() as conn:
-        conn.execute(sqlalchemy.text(f"CREATE SCHEMA {schema}"))
-    s = MetadataStore(f"{PG_URL}?options=-csearch_path%3D{schema}")
+        url = f"sqlite:///{tmp_path / 'meta.db'}"
+    else:
+        url = request.getfixturevalue("pg_schema").url
+    s = MetadataStore(url)
     s.migrate()
     yield s
     s.close()
-    with admin.begin() as conn:
-        conn.execute(sqlalchemy.text(f"DROP SCHEMA {schema} CASCADE"))
-    admin.dispose()
 
 
 def _model(name: str = "m") -> Model:
