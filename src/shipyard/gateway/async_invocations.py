@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from shipyard.async_inference.queue import AsyncInvocations
 from shipyard.errors import InternalFailure, RuntimeFailure, RuntimeValidationError
 from shipyard.gateway.errors import runtime_error_response
-from shipyard.gateway.runtime import _discard
+from shipyard.gateway.runtime import discard_body
 from shipyard.routing.router import Router
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ class AsyncDoor:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any, name: str) -> None:
         try:
-            await _discard(receive)  # the payload lives at InputLocation; ignore any body
+            await discard_body(receive)  # the payload lives at InputLocation; ignore any body
             body, headers = await self._submit(scope, name)
         except RuntimeFailure as exc:
             await runtime_error_response(exc, send)

@@ -60,7 +60,7 @@ class RuntimeDoor:
         except RuntimeFailure as exc:
             status = exc.status_code
             if isinstance(exc, PayloadTooLarge):
-                await _discard(receive)
+                await discard_body(receive)
             await runtime_error_response(exc, send)
         except Exception:
             log.exception("invocation of %s failed", name)
@@ -207,7 +207,7 @@ async def _stream(first: bytes, receive: Receive) -> AsyncIterator[bytes]:
             return
 
 
-async def _discard(receive: Receive) -> None:
+async def discard_body(receive: Receive) -> None:
     # Read and drop the rest of an oversize body so the client reads our answer instead of
     # a reset connection; stop after _DISCARD_LIMIT bytes.
     seen = 0
