@@ -19,7 +19,9 @@ src_hash=$(cd "$SHIPYARD_SRC" && find src pyproject.toml -type f ! -name '*.pyc'
   | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
 before=$(stat -c %Y.%Z "$venv/.bench-installed" 2>/dev/null || echo none)
 
-make_venv shipyard "$SHIPYARD_SRC" "$SKLEARN_SPEC"
+# The harness installs with the machine's pip (23.x), whose resolver gives up on fsspec /
+# s3fs / aiobotocore without a hint; these bounds are that hint (newer pips need none).
+make_venv shipyard "$SHIPYARD_SRC" "$SKLEARN_SPEC" "fsspec>=2025.9" "s3fs>=2025.9"
 
 if [[ $(stat -c %Y.%Z "$venv/.bench-installed") != "$before" ]]; then
   printf '%s' "$src_hash" > "$stamp"  # make_venv just built the venv from this source
