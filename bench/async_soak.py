@@ -69,6 +69,7 @@ class Gateway:
         self.home, self.stack, self.port = home, stack, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server: ServerProcess | None = None
+        self.killed: list[ServerProcess] = []
         self.start()
 
     def start(self) -> None:
@@ -78,13 +79,14 @@ class Gateway:
 
     def kill(self) -> None:
         assert self.server is not None
-        self.server.track()
+        self.server.track()  # its instances outlive it; stop() stops them by PID
         self.server.process.send_signal(signal.SIGKILL)
         self.server.process.wait()
+        self.killed.append(self.server)
 
     def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
+        for server in [*self.killed, *([self.server] if self.server else [])]:
+            server.stop()
 
 
 def deploy(url: str, name: str, out: Path, count: int) -> None:

@@ -194,7 +194,12 @@ class ServerProcess:
         for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
             for pid in left:
                 try:
-                    os.kill(pid, sig)
+                    # An instance leads its own session: signal its whole group, so a
+                    # `cmd:` wrapper shell takes its server along.
+                    if os.getpgid(pid) == pid:
+                        os.killpg(pid, sig)
+                    else:
+                        os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
             deadline = time.monotonic() + wait_s
