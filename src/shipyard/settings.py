@@ -18,6 +18,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     """Address the gateway binds to."""
 
+    insecure: bool = False
+    """Allow a non-loopback ``host`` without an ``auth:`` section in the stack file."""
+
     port: int = 8080
     """Port the gateway binds to."""
 
@@ -124,6 +127,45 @@ class JobsConfig(BaseModel):
         return self
 
 
+class AccessKey(BaseModel):
+    """One key that may sign requests (DESIGN 2.9). The secret is read from the environment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    access_key_id: str = Field(min_length=1, max_length=128, pattern=r"^\w+$")
+    """The key's id, as clients send it in the SigV4 ``Credential``."""
+    secret_access_key_env: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Name of the environment variable holding the secret; the file never holds it."""
+    allow: list[str] = Field(default_factory=lambda: ["*"])
+    """Actions this key may call, as ``service:Action`` with ``*`` wildcards
+    (``sagemaker-runtime:InvokeEndpoint*``, ``sagemaker:Describe*``) or ``*`` for all."""
+
+
+class AuthConfig(BaseModel):
+    """The ``auth:`` section: who may call, and what the callers may make the host do."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    keys: list[AccessKey] = Field(min_length=1)
+    """Keys that may sign requests; at least one."""
+    allow_commands: bool = False
+    """Whether ``cmd:`` images and ``ContainerEntrypoint`` (commands on this host) may run."""
+    file_roots: list[Path] = Field(default_factory=list)
+    """Folders that ``file://`` and plain-path locations must lie under (after ``..`` and
+    links are resolved); empty means no local locations at all."""
+
+    @model_validator(mode="after")
+    def _check(self) -> AuthConfig:
+        ids = [key.access_key_id for key in self.keys]
+        duplicated = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicated:
+            raise ValueError(f"auth.keys: access_key_id {duplicated} given more than once")
+        relative = [str(root) for root in self.file_roots if not root.is_absolute()]
+        if relative:
+            raise ValueError(f"auth.file_roots: not absolute paths: {relative}")
+        return self
+
+
 class StackFile(BaseModel):
     """A stack file (YAML). Sections this version does not converge are refused."""
 
@@ -132,6 +174,8 @@ class StackFile(BaseModel):
     topics: dict[str, list[str]] = Field(default_factory=dict)
     """Topic name -> subscribers, as apprise URLs."""
     jobs: JobsConfig = Field(default_factory=JobsConfig)
+    auth: AuthConfig | None = None
+    """Without it, requests are not checked (local use); see DESIGN 2.9."""
 
     @model_validator(mode="after")
     def _check_topics(self) -> StackFile:
