@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import ipaddress
 import logging
+import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -23,10 +25,12 @@ from shipyard.events.dispatcher import Dispatcher
 from shipyard.events.notify import Notifier
 from shipyard.events.topics import Topics
 from shipyard.gateway.async_invocations import AsyncDoor
+from shipyard.gateway.auth import Verifier
 from shipyard.gateway.control import ControlDoor
 from shipyard.gateway.facade import JobsDoor
 from shipyard.gateway.ops import healthz, metrics_endpoint
 from shipyard.gateway.runtime import RuntimeDoor
+from shipyard.gateway.signatures import ASGIApp, RequireSignature
 from shipyard.gateway.validation import RequestValidator
 from shipyard.jobs.announce import JobAnnouncer
 from shipyard.jobs.service import JobService
@@ -47,6 +51,8 @@ log = logging.getLogger(__name__)
 # takes file:// and plain paths, and cmd: images.
 # DestinationS3Uri likewise; SnsTopicArn also takes topic names and apprise URLs.
 _LOCAL_URI_SHAPES = frozenset({"Url", "ContainerImage", "S3Uri", "DestinationS3Uri", "SnsTopicArn"})
+
+_BODY_TIMEOUT_S = 30.0
 
 StartupHook = Callable[[EndpointService], Awaitable[None]]
 
@@ -115,6 +121,7 @@ class Gateway:
         control = ControlDoor(service=self.service, jobs=self.jobs, validator=validator)
         jobs_door = JobsDoor(jobs=self.jobs)
         self._on_startup = on_startup
+        self._entry = self._guarded(settings, stack)
         self.app = Starlette(
             routes=[
                 Route("/", control.handle, methods=["POST"]),
@@ -181,10 +188,32 @@ class Gateway:
             account_id=settings.account_id,
         )
 
+    def _guarded(self, settings: Settings, stack: StackFile) -> ASGIApp:
+        """Every request through SigV4 verification when the stack file has ``auth:``."""
+        if stack.auth is None:
+            if not (_is_loopback(settings.host) or settings.insecure):
+                raise ValueError(
+                    f"host: refusing to listen on {settings.host}, which is not a loopback "
+                    "address, with no auth: section in the stack file: anyone who reaches "
+                    "the port could run commands on this host. Add an auth: section "
+                    "(see SECURITY.md) or pass --insecure."
+                )
+            return self._dispatch
+        return RequireSignature(
+            self._dispatch,
+            verifier=Verifier.from_config(stack.auth, os.environ),
+            account_id=settings.account_id,
+            max_body_bytes=settings.max_payload_bytes,
+            body_timeout_s=_BODY_TIMEOUT_S,
+        )
+
     def __repr__(self) -> str:
         return f"Gateway(home={str(self.settings.home)!r}, store={self.store!r})"
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await self._entry(scope, receive, send)
+
+    async def _dispatch(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             path: str = scope["path"]
             if path.startswith("/endpoints/") and path.endswith("/invocations"):
@@ -226,6 +255,15 @@ class Gateway:
             self.router.close()
             self.store.close()
             log.info("gateway stopped")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def create_app(settings: Settings, *, on_startup: StartupHook | None = None) -> Gateway:

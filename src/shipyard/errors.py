@@ -14,6 +14,11 @@
     │   ├── ModelNotReady              429  instances still starting
     │   ├── ServiceUnavailable         503  no instance can take the request now
     │   └── InternalFailure            500  a bug of ours
+    ├── AuthFailure                    403  a request that is not signed, or not allowed
+    │   ├── MissingAuthenticationToken      no signature at all
+    │   ├── UnrecognizedClient              an access key this gateway does not know
+    │   ├── InvalidSignature                a wrong, malformed or expired signature
+    │   └── AccessDenied                    a key whose ``allow`` list lacks the action
     └── FacadeRefusal                       the jobs facade's refusals (POST /inference)
         ├── MissingJobType             501  no or malformed ``type``, or a body not a JSON object
         ├── JobLimitReached            502  ``limit`` jobs are already active
@@ -150,6 +155,37 @@ class InternalFailure(RuntimeFailure):
 
     wire_type = "InternalFailure"
     status_code = 500
+
+
+class AuthFailure(ShipyardError):
+    """Root of authentication and authorisation refusals: HTTP 403 on every door."""
+
+    wire_type = "AccessDeniedException"
+    status_code = 403
+
+
+class MissingAuthenticationToken(AuthFailure):
+    """The request carries no signature, and this gateway has an ``auth:`` section."""
+
+    wire_type = "MissingAuthenticationTokenException"
+
+
+class UnrecognizedClient(AuthFailure):
+    """The signature names an access key this gateway was not given."""
+
+    wire_type = "UnrecognizedClientException"
+
+
+class InvalidSignature(AuthFailure):
+    """The signature does not match, is malformed, or was made over 15 minutes off."""
+
+    wire_type = "InvalidSignatureException"
+
+
+class AccessDenied(AuthFailure):
+    """The key is known and the signature good, but the key may not call this action."""
+
+    wire_type = "AccessDeniedException"
 
 
 class FacadeRefusal(ShipyardError):

@@ -29,6 +29,10 @@ def serve(
     db: Annotated[str | None, typer.Option(help="Metadata store URL (postgresql://…).")] = None,
     backend: Annotated[str | None, typer.Option(help="Instance backend: local.")] = None,
     demo: Annotated[bool, typer.Option(help="Deploy the demo model as endpoint 'demo'.")] = False,
+    insecure: Annotated[
+        bool,
+        typer.Option(help="Allow a non-loopback --host without an auth: section (unsafe)."),
+    ] = False,
 ) -> None:
     """Start the gateway."""
     import uvicorn
@@ -44,6 +48,7 @@ def serve(
         "config": config,
         "db": db,
         "backend": backend,
+        "insecure": insecure or None,
     }
     settings = Settings(**{k: v for k, v in given.items() if v is not None})
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")

@@ -14,7 +14,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-from shipyard.errors import FacadeRefusal, ModelError, ShipyardError
+from shipyard.errors import AuthFailure, FacadeRefusal, ModelError, ShipyardError
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,9 @@ async def runtime_error_response(exc: ShipyardError, send: Any) -> None:
 
 def facade_error_response(exc: Exception) -> Response:
     """The facade's shape: ``{"status", "errMsg"}``, the HTTP status equal to ``status``."""
-    if isinstance(exc, FacadeRefusal):
+    if isinstance(exc, FacadeRefusal | AuthFailure) or (
+        isinstance(exc, ShipyardError) and 400 <= exc.status_code < 500
+    ):
         status, message = exc.status_code, exc.message
     else:
         log.error("facade request failed", exc_info=exc)

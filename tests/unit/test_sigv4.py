@@ -1,0 +1,219 @@
+"""The SigV4 verifier against botocore's own signer (the one boto3 and the AWS CLI use)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
+from shipyard.errors import (
+    AccessDenied,
+    InvalidSignature,
+    MissingAuthenticationToken,
+    UnrecognizedClient,
+)
+from shipyard.gateway.auth import (
+    Caller,
+    Door,
+    SignedRequest,
+    Verifier,
+    action_of,
+    authorize,
+)
+
+KEY, SECRET = "AKIATESTOPS000000001", "ops-secret/with+chars"
+NOW = dt.datetime(2026, 11, 22, 12, 0, 0, tzinfo=dt.UTC)
+
+
+def verifier(**kw: Any) -> Verifier:
+    keys = {KEY: (SECRET, ["*"]), "AKIATESTAPP000000001": ("app", ["sagemaker:Describe*"])}
+    return Verifier(keys, clock=kw.get("clock", NOW.timestamp))
+
+
+def signed(
+    *,
+    url: str = "http://127.0.0.1:8080/",
+    body: bytes = b'{"EndpointName": "e"}',
+    headers: dict[str, str] | None = None,
+    key: str = KEY,
+    secret: str = SECRET,
+    when: dt.datetime = NOW,
+    service: str = "sagemaker",
+) -> SignedRequest:
+    """A request signed by botocore exactly as boto3 sends one, at ``when``."""
+    request = AWSRequest(
+        method="POST",
+        url=url,
+        data=body,
+        headers=headers or {"X-Amz-Target": "SageMaker.DescribeEndpoint"},
+    )
+    auth = SigV4Auth(Credentials(key, secret), service, "us-east-1")
+    stamp = when.strftime("%Y%m%dT%H%M%SZ")
+    # add_auth() stamps the current time; these are the steps it takes after that.
+    request.context["timestamp"] = stamp
+    request.headers["X-Amz-Date"] = stamp
+    canonical = auth.canonical_request(request)
+    signature = auth.signature(auth.string_to_sign(request, canonical), request)
+    auth._inject_signature_to_request(request, signature)
+    prepared = request.prepare()
+    path, _, query = prepared.url.partition("//")[2].partition("/")[2].partition("?")
+    return SignedRequest(
+        method="POST",
+        raw_path=("/" + path).encode(),
+        query_string=query.encode(),
+        headers=[
+            (k.lower().encode(), v.encode())
+            for k, v in [*prepared.headers.items(), ("host", "127.0.0.1:8080")]
+        ],
+        body=body,
+    )
+
+
+def test_a_request_botocore_signed_is_accepted_with_its_key() -> None:
+    caller = verifier().verify(signed())
+    assert caller.access_key_id == KEY
+
+
+def test_runtime_paths_and_query_strings_are_canonicalised_as_botocore_does() -> None:
+    request = signed(
+        url="http://127.0.0.1:8080/endpoints/my-ep/invocations?b=2&a=x%20y&a=1",
+        headers={"Content-Type": "text/csv", "Custom": "  spaced   out  "},
+    )
+    assert verifier().verify(request).access_key_id == KEY
+
+
+def test_a_changed_body_breaks_the_signature() -> None:
+    request = signed()
+    tampered = SignedRequest(
+        request.method, request.raw_path, request.query_string, request.headers, b"{}"
+    )
+    with pytest.raises(InvalidSignature, match="does not match the signature you provided"):
+        verifier().verify(tampered)
+
+
+def test_a_changed_signed_header_breaks_the_signature() -> None:
+    request = signed()
+    headers = [
+        (k, b"SageMaker.DeleteEndpoint" if k == b"x-amz-target" else v) for k, v in request.headers
+    ]
+    with pytest.raises(InvalidSignature):
+        verifier().verify(
+            SignedRequest(
+                request.method, request.raw_path, request.query_string, headers, request.body
+            )
+        )
+
+
+def test_a_wrong_secret_is_an_invalid_signature() -> None:
+    with pytest.raises(InvalidSignature, match="Check your AWS Secret Access Key"):
+        verifier().verify(signed(secret="not-the-secret"))
+
+
+def test_an_unknown_key_is_an_unrecognized_client() -> None:
+    with pytest.raises(UnrecognizedClient, match="security token included in the request"):
+        verifier().verify(signed(key="AKIAUNKNOWN000000000"))
+
+
+def test_no_authorization_header_is_a_missing_token() -> None:
+    request = signed()
+    headers = [(k, v) for k, v in request.headers if k != b"authorization"]
+    with pytest.raises(MissingAuthenticationToken, match="Missing Authentication Token"):
+        verifier().verify(
+            SignedRequest(request.method, request.raw_path, b"", headers, request.body)
+        )
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "garbage",
+        "AWS4-HMAC-SHA256 Signature=00",
+        "AWS4-HMAC-SHA256 Credential=x, SignedHeaders=host, Signature=00",
+        "AWS4-HMAC-SHA1 Credential=AKIATESTOPS000000001/20261122/us-east-1/sagemaker/"
+        "aws4_request, SignedHeaders=host, Signature=00",
+        "Basic dXNlcjpwYXNz",
+    ],
+)
+def test_a_malformed_authorization_header_is_an_invalid_signature(value: str) -> None:
+    request = signed()
+    headers = [(k, value.encode() if k == b"authorization" else v) for k, v in request.headers]
+    with pytest.raises(InvalidSignature):
+        verifier().verify(
+            SignedRequest(request.method, request.raw_path, b"", headers, request.body)
+        )
+
+
+def test_a_signature_older_than_15_minutes_has_expired() -> None:
+    old = signed(when=NOW - dt.timedelta(minutes=16))
+    with pytest.raises(InvalidSignature, match=r"Signature expired: 20261122T114400Z is now"):
+        verifier().verify(old)
+    assert verifier().verify(signed(when=NOW - dt.timedelta(minutes=14))).access_key_id == KEY
+
+
+def test_a_signature_from_the_future_is_not_yet_current() -> None:
+    with pytest.raises(InvalidSignature, match="Signature not yet current"):
+        verifier().verify(signed(when=NOW + dt.timedelta(minutes=16)))
+
+
+def test_a_declared_body_hash_must_match_the_body() -> None:
+    request = signed(
+        headers={"X-Amz-Target": "SageMaker.ListModels", "X-Amz-Content-SHA256": "0" * 64}
+    )
+    with pytest.raises(InvalidSignature, match="x-amz-content-sha256"):
+        verifier().verify(request)
+
+
+def test_keys_are_scoped_to_the_actions_they_allow() -> None:
+    app = Caller(
+        "AKIATESTAPP000000001", ("sagemaker-runtime:invokeendpoint*", "sagemaker:describe*")
+    )
+    authorize(app, "sagemaker-runtime:InvokeEndpointAsync", account_id="1")
+    authorize(app, "sagemaker:DescribeEndpoint", account_id="1")
+    with pytest.raises(AccessDenied, match="not authorized to perform: sagemaker:CreateModel"):
+        authorize(app, "sagemaker:CreateModel", account_id="1")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "target", "expected"),
+    [
+        ("GET", "/healthz", None, None),
+        ("GET", "/console", None, None),
+        ("POST", "/", "SageMaker.CreateModel", (Door.CONTROL, "sagemaker:CreateModel")),
+        (
+            "POST",
+            "/",
+            "AnyScaleFrontendService.PutScalingPolicy",
+            (Door.CONTROL, "application-autoscaling:PutScalingPolicy"),
+        ),
+        (
+            "POST",
+            "/endpoints/e/invocations",
+            None,
+            (Door.RUNTIME, "sagemaker-runtime:InvokeEndpoint"),
+        ),
+        (
+            "POST",
+            "/endpoints/e/async-invocations",
+            None,
+            (Door.RUNTIME, "sagemaker-runtime:InvokeEndpointAsync"),
+        ),
+        (
+            "POST",
+            "/endpoints/e/invocations-response-stream",
+            None,
+            (Door.RUNTIME, "sagemaker-runtime:InvokeEndpointWithResponseStream"),
+        ),
+        ("POST", "/v2/models/e/infer", None, (Door.V2, "sagemaker-runtime:InvokeEndpoint")),
+        ("POST", "/inference", None, (Door.FACADE, "sagemaker:CreateTrainingJob")),
+        ("GET", "/jobs/j/logs", None, (Door.OTHER, "sagemaker:DescribeTrainingJob")),
+        ("GET", "/metrics", None, (Door.OTHER, "shipyard:GetMetrics")),
+    ],
+)
+def test_each_door_counts_as_the_action_it_performs(
+    method: str, path: str, target: str | None, expected: tuple[Door, str] | None
+) -> None:
+    assert action_of(method, path, target) == expected
