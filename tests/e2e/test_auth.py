@@ -360,3 +360,33 @@ def test_the_unsigned_gateway_of_local_use_still_takes_any_request(
         gw, "POST", f"/endpoints/{name}/invocations", b"[[1, 1]]", Content_Type="application/json"
     )
     assert status == 200, body
+
+
+def test_the_shipyard_cli_signs_with_the_environment_credentials(
+    secured: GatewayProcess, tmp_path: Path
+) -> None:
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "AWS_ACCESS_KEY_ID": OPS,
+        "AWS_SECRET_ACCESS_KEY": OPS_SECRET,
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+    }
+    cli = [sys.executable, "-m", "shipyard"]
+    out = subprocess.run(
+        [*cli, "jobs", "list", "--url", secured.url], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    out = subprocess.run(
+        [*cli, "logs", "no-such-job", "--url", secured.url],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert "Could not find job no-such-job" in out.stderr
+    env["AWS_SECRET_ACCESS_KEY"] = "wrong"
+    out = subprocess.run(
+        [*cli, "jobs", "list", "--url", secured.url], capture_output=True, text=True, env=env
+    )
+    assert out.returncode != 0
+    assert "InvalidSignatureException" in out.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -76,8 +77,6 @@ class Gateway:
 
         The credentials are dummies: without an ``auth:`` section the gateway accepts any.
         """
-        # Imported here: boto3 takes half a second that `serve` and `--help` need not pay.
-        import boto3  # type: ignore[import-untyped]
         import botocore.config
 
         config = botocore.config.Config(
@@ -87,18 +86,57 @@ class Gateway:
             read_timeout=_TIMEOUT_S,
         )
         with _translated(self.url):
-            return boto3.session.Session(
+            return self._session.client("sagemaker", endpoint_url=self.url, config=config)
+
+    @cached_property
+    def _session(self) -> Any:
+        """A boto3 session with the usual credentials (environment, profile, ...).
+
+        A gateway with an ``auth:`` section checks them; without one it takes any, so
+        when none are found, dummies do.
+        """
+        # Imported here: boto3 takes half a second that `serve` and `--help` need not pay.
+        import boto3  # type: ignore[import-untyped]
+        import botocore.session
+
+        core = botocore.session.Session()
+        # Credentials from the environment and the profile files only: the metadata
+        # services of EC2 and ECS are not asked (a terminal is not a cloud instance).
+        resolver = core.get_component("credential_provider")
+        for provider in ("container-role", "iam-role"):
+            resolver.remove(provider)
+        session = boto3.session.Session(botocore_session=core, region_name=_region())
+        if session.get_credentials() is None:
+            session = boto3.session.Session(
                 aws_access_key_id="shipyard",
                 aws_secret_access_key="shipyard",
-                region_name="us-east-1",
-            ).client("sagemaker", endpoint_url=self.url, config=config)
+                region_name=_region(),
+            )
+        return session
+
+    def _open(self, request: urllib.request.Request) -> Any:
+        """``urlopen`` with the request signed (SigV4) like boto3's calls."""
+        from botocore.auth import SigV4Auth
+        from botocore.awsrequest import AWSRequest
+
+        signed = AWSRequest(
+            method=request.get_method(),
+            url=request.full_url,
+            data=request.data,
+            headers=dict(request.header_items()),
+        )
+        credentials = self._session.get_credentials().get_frozen_credentials()
+        SigV4Auth(credentials, "sagemaker", _region()).add_auth(signed)
+        for key, value in signed.headers.items():
+            request.add_header(key, value)
+        return urllib.request.urlopen(request, timeout=_TIMEOUT_S)
 
     def submit(self, job_type: str) -> Submitted:
         body = json.dumps({"type": job_type}).encode()
         request = urllib.request.Request(self.url + "/inference", data=body, method="POST")
         request.add_header("Content-Type", "application/json")
         try:
-            with _translated(self.url), urllib.request.urlopen(request, timeout=_TIMEOUT_S) as r:
+            with _translated(self.url), self._open(request) as r:
                 answer = json.loads(r.read())
             return Submitted(job_name=answer["jobName"], slots_remaining=answer["slotsRemaining"])
         except urllib.error.HTTPError as exc:
@@ -144,7 +182,7 @@ class Gateway:
         try:
             with (
                 _translated(self.url),
-                urllib.request.urlopen(self.url + path, timeout=_TIMEOUT_S) as r,
+                self._open(urllib.request.Request(self.url + path)) as r,
             ):
                 data = r.read()
                 headers = r.headers
@@ -155,6 +193,10 @@ class Gateway:
             next_offset=int(headers.get("X-Shipyard-Next-Offset", offset + len(data))),
             status=headers.get("X-Shipyard-Job-Status", "InProgress"),
         )
+
+
+def _region() -> str:
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
 
 
 @contextlib.contextmanager
