@@ -390,3 +390,51 @@ def test_the_shipyard_cli_signs_with_the_environment_credentials(
     )
     assert out.returncode != 0
     assert "InvalidSignatureException" in out.stderr
+
+
+SDK_PREDICT = """
+import json, sys
+import boto3, sagemaker
+from sagemaker.deserializers import JSONDeserializer
+from sagemaker.predictor import Predictor
+from sagemaker.serializers import JSONSerializer
+
+session = sagemaker.Session(boto_session=boto3.Session(region_name="us-east-1"))
+predictor = Predictor(
+    "sums", sagemaker_session=session,
+    serializer=JSONSerializer(), deserializer=JSONDeserializer(),
+)
+print(json.dumps(predictor.predict([[1, 2], [3, 4]])))
+print(session.sagemaker_client.describe_endpoint(EndpointName="sums")["EndpointStatus"])
+"""
+
+
+def test_the_sagemaker_sdk_signs_with_the_environment_credentials(
+    secured: GatewayProcess, tmp_path: Path
+) -> None:
+    """The SDK reaches shipyard through AWS_ENDPOINT_URL_* alone, as users point it."""
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(tmp_path),
+        "AWS_ACCESS_KEY_ID": OPS,
+        "AWS_SECRET_ACCESS_KEY": OPS_SECRET,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL_SAGEMAKER": secured.url,
+        "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME": secured.url,
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+        "SAGEMAKER_SUPPRESS_V2_WARNING": "1",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", SDK_PREDICT], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert json.loads(lines[-2]) == [3, 7]
+    assert lines[-1] == "InService"
+    env["AWS_SECRET_ACCESS_KEY"] = "wrong"
+    out = subprocess.run(
+        [sys.executable, "-c", SDK_PREDICT], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode != 0
+    assert "InvalidSignatureException" in out.stdout + out.stderr
