@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -398,3 +399,46 @@ def test_a_missing_model_dir_is_a_failed_start(tmp_path: Path) -> None:
 def test_a_taken_port_is_a_failed_start(echo: Runtime, tmp_path: Path) -> None:
     reason = run_to_exit(MODELS / "echo", tmp_path, port=echo.port)
     assert reason.startswith("OSError: [Errno")
+
+
+def _invoke_in_background(runtime: Runtime, body: bytes) -> tuple[threading.Thread, list[Reply]]:
+    replies: list[Reply] = []
+
+    def call() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", runtime.port, timeout=30)
+        try:
+            conn.request("POST", "/invocations", body, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            replies.append(Reply(response.status, dict(response.getheaders()), response.read()))
+        finally:
+            conn.close()
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    return thread, replies
+
+
+def test_ping_answers_while_a_long_prediction_runs(start_runtime: Callable[..., Runtime]) -> None:
+    """A prediction runs on a handler thread, so the event loop still answers /ping."""
+    sleepy = start_runtime(MODELS / "sleepy")
+    thread, replies = _invoke_in_background(sleepy, b'{"sleep": 3}')
+    time.sleep(0.5)  # the prediction has started and sleeps for 2.5 s more
+    assert sleepy.request("GET", "/ping").status == 200
+    assert thread.is_alive()  # the ping did not wait for the prediction
+    thread.join(30)
+    assert replies and replies[0].status == 200
+    assert json.loads(replies[0].body)["slept"] == 3
+
+
+def test_model_server_workers_sets_how_many_predictions_run_at_once(
+    start_runtime: Callable[..., Runtime],
+) -> None:
+    for workers, expected in (("1", [b'"alone"', b'"alone"']), ("2", [b'"met"', b'"met"'])):
+        runtime = start_runtime(MODELS / "rendezvous", SAGEMAKER_MODEL_SERVER_WORKERS=workers)
+        calls = [_invoke_in_background(runtime, b"{}") for _ in range(2)]
+        answers = []
+        for thread, replies in calls:
+            thread.join(30)
+            assert replies[0].status == 200
+            answers.append(replies[0].body)
+        assert answers == expected, workers

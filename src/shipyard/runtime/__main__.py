@@ -12,6 +12,9 @@ a prefix instead, loaded on demand, configured by:
 - ``SHIPYARD_MODEL_CACHE_DIR``: where they are kept; default ``<model-dir>/.mme-cache``.
 - ``SHIPYARD_MODEL_LOAD_WAIT_S``: how long a request waits for a load; default 50.
 - ``SHIPYARD_S3_ENDPOINT_URL``: an S3-compatible endpoint for s3:// prefixes.
+
+In both modes ``SAGEMAKER_MODEL_SERVER_WORKERS`` (default 1) handler threads run the
+user's handlers, off the event loop (:mod:`shipyard.runtime.workers`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from shipyard.runtime import handlers, server
 from shipyard.runtime.multimodel import DEFAULT_LOAD_WAIT_S
+from shipyard.runtime.workers import HandlerThreads
 
 if TYPE_CHECKING:
     from shipyard.runtime import model_source
@@ -70,13 +74,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _app(model_dir: Path, environ: Mapping[str, str]) -> server.App:
     program = environ.get("SAGEMAKER_PROGRAM")
+    threads = HandlerThreads(_number(environ, "SAGEMAKER_MODEL_SERVER_WORKERS", int) or 1)
     if environ.get("SAGEMAKER_MULTI_MODEL", "").strip().lower() != "true":
-        return server.RuntimeApp(handlers.load(model_dir, program=program))
+        return server.RuntimeApp(handlers.load(model_dir, program=program), threads=threads)
     # Imported here: s3fs and the artifact store are for multi-model instances only.
     from shipyard.runtime import model_contract, model_source
 
     config = _multi_model_config(model_dir.absolute(), environ, program)
-    return model_contract.MultiModelApp(model_source.open_model_cache(config))
+    return model_contract.MultiModelApp(model_source.open_model_cache(config), threads=threads)
 
 
 def _multi_model_config(

@@ -16,8 +16,8 @@ a ``(body, content_type)`` tuple. Any handler may take an extra keyword paramete
 response's. Which handlers want it is decided once, at load time, so a request pays for
 one flag test per handler.
 
-Handlers are plain synchronous functions called on the event loop: an instance serves one
-request at a time, like one SageMaker model-server worker.
+Handlers are plain synchronous functions, called on a handler thread (:mod:`workers`): an
+instance serves one request at a time by default, like one SageMaker model-server worker.
 """
 
 from __future__ import annotations

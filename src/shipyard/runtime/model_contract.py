@@ -56,6 +56,7 @@ from shipyard.runtime.server import (
     Send,
     describe_failure,
 )
+from shipyard.runtime.workers import HandlerThreads
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +84,14 @@ class _Request:
 class MultiModelApp:
     """The ASGI app of a multi-model instance: the models of one ModelCache, on demand."""
 
-    def __init__(self, cache: ModelCache[Handlers]) -> None:
+    def __init__(
+        self, cache: ModelCache[Handlers], *, threads: HandlerThreads | None = None
+    ) -> None:
         self.cache = cache
+        self.threads = threads or HandlerThreads()
 
     def __repr__(self) -> str:
-        return f"MultiModelApp({self.cache!r})"
+        return f"MultiModelApp({self.cache!r}, {self.threads!r})"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -116,8 +120,8 @@ class MultiModelApp:
         try:
             # Handed straight to _respond: no local here keeps the model alive while the
             # response is sent, so an unload meanwhile frees its memory at once.
-            status, headers, body = _respond(
-                await self.cache.acquire(_target(request.target)), request, self.cache
+            status, headers, body = await self.threads.run(
+                _respond, await self.cache.acquire(_target(request.target)), request, self.cache
             )
         except MultiModelError as exc:
             await self._refuse(send, exc)
@@ -171,7 +175,9 @@ class MultiModelApp:
         request = await _read_request(scope, receive)
         if request is None:
             return
-        status, headers, body = _respond(self.cache.touch(name), request, self.cache)
+        status, headers, body = await self.threads.run(
+            _respond, self.cache.touch(name), request, self.cache
+        )
         await _send(send, status, headers, body)
 
     def _list(self, scope: Scope) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 A raw ASGI callable rather than a framework app: every invocation passes through here, and
 two routes need no router, no request object and no middleware. The per-request work is
-one pass over the headers, the handlers, and two ``send`` calls (the floor we compare
+one pass over the headers, the handlers (on a handler thread, so ``/ping`` answers
+while they run: :mod:`workers`), and two ``send`` calls (the floor we compare
 against is ``bench-peers/raw_asgi``). In multi-model mode :mod:`model_contract`'s app is
 served instead, so none of its work lands on this path.
 
@@ -22,6 +23,7 @@ import uvicorn
 
 from shipyard.runtime.codecs import CodecError
 from shipyard.runtime.handlers import Context, Handlers
+from shipyard.runtime.workers import HandlerThreads
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +47,12 @@ _EMPTY_BODY: Message = {"type": "http.response.body", "body": b""}
 class RuntimeApp:
     """The ASGI app of one instance: serves ``handlers`` on the two contract routes."""
 
-    def __init__(self, handlers: Handlers) -> None:
+    def __init__(self, handlers: Handlers, *, threads: HandlerThreads | None = None) -> None:
         self.handlers = handlers
+        self.threads = threads or HandlerThreads()
 
     def __repr__(self) -> str:
-        return f"RuntimeApp({self.handlers!r})"
+        return f"RuntimeApp({self.handlers!r}, {self.threads!r})"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -95,7 +98,9 @@ class RuntimeApp:
         handlers = self.handlers
         context = Context(attributes) if handlers.uses_context else None
         try:
-            payload, media_type = handlers.invoke(body, content_type, accept, context)
+            payload, media_type = await self.threads.run(
+                handlers.invoke, body, content_type, accept, context
+            )
             headers = [
                 (b"content-type", media_type.encode("latin-1")),
                 (b"content-length", str(len(payload)).encode()),
