@@ -8,6 +8,7 @@
     ├── ResourceLimitExceeded          400  a quota hit
     ├── UnknownOperation               400  an X-Amz-Target we do not implement
     ├── SerializationException         400  a body that is not JSON
+    │   └── RequestTooLarge            413  a control-plane body over the door's cap
     ├── RuntimeFailure                      errors of the runtime door (sagemaker-runtime)
     │   ├── RuntimeValidationError     400  unknown endpoint, bad headers, body too large
     │   ├── ModelError                 424  the model answered with an error status
@@ -94,6 +95,12 @@ class SerializationException(ShipyardError):
 
     wire_type = "SerializationException"
     status_code = 400
+
+
+class RequestTooLarge(SerializationException):
+    """A control-plane body over the door's cap; refused before it is read whole."""
+
+    status_code = 413
 
 
 class RuntimeFailure(ShipyardError):

@@ -355,6 +355,26 @@ def test_timestamps_are_epoch_seconds(validator: RequestValidator) -> None:
         validator.validate("ListEndpoints", {"CreationTimeAfter": "yesterday"})
 
 
+@pytest.mark.parametrize("moment", [10**400, 1e300, -1e300, 253_402_300_800, float("inf")])
+def test_a_timestamp_no_date_can_hold_is_a_serialization_error(
+    validator: RequestValidator, moment: float
+) -> None:
+    """ListEndpoints filtered on such a moment answered 500 (float() overflowed)."""
+    with pytest.raises(SerializationException) as caught:
+        validator.validate("ListEndpoints", {"CreationTimeAfter": moment})
+    assert "can not be converted to a Timestamp (at 'creationTimeAfter')" in caught.value.message
+
+
+def test_an_integer_no_double_can_hold_is_a_serialization_error(
+    validator: RequestValidator,
+) -> None:
+    params = full_endpoint_config()
+    params["ProductionVariants"][0]["InitialVariantWeight"] = 10**400
+    with pytest.raises(SerializationException) as caught:
+        validator.validate("CreateEndpointConfig", params)
+    assert "NUMBER_VALUE can not be converted to a Float" in caught.value.message
+
+
 def test_list_paging_members_enforce_their_range(validator: RequestValidator) -> None:
     message = message_of(validator, "ListEndpoints", {"MaxResults": 101})
     assert message == (

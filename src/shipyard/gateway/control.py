@@ -1,24 +1,45 @@
-"""The control-plane door: ``POST /`` in AWS JSON 1.1, as boto3's ``sagemaker`` sends it."""
+"""The control-plane door: ``POST /`` in AWS JSON 1.1, as boto3's ``sagemaker`` sends it.
+
+Whatever arrives, the answer is an AWS JSON error or a result, never a 500 or a hang:
+the body is read up to a cap (``MAX_BODY_BYTES``) within a time limit, JSON nested
+deeper than any SageMaker shape is refused before anything walks it, and the request is
+checked against botocore's service model before an action sees it.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import uuid
+from collections.abc import AsyncIterator, Iterable
 from datetime import datetime
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from shipyard.control.endpoints import EndpointService
-from shipyard.errors import SerializationException, UnknownOperation
+from shipyard.errors import RequestTooLarge, SerializationException, UnknownOperation
 from shipyard.gateway.actions import ACTIONS, JOB_ACTIONS
 from shipyard.gateway.errors import AMZ_JSON, control_error_response
 from shipyard.gateway.validation import RequestValidator
 from shipyard.jobs.service import JobService
 
 _PREFIX = "SageMaker."
+
+MAX_BODY_BYTES = 1 << 20
+"""SageMaker's control-plane requests are a few KiB; a bigger body is refused unread."""
+
+MAX_DEPTH = 64
+"""Deepest JSON nesting accepted; SageMaker's input shapes nest about ten levels."""
+
+BODY_TIMEOUT_S = 30.0
+"""How long the whole body may take to arrive; a slower client gets a 400."""
+
+_DRAIN_BYTES = 8 << 20
+_DRAIN_S = 2.0
 
 
 def _json_default(value: object) -> object:
@@ -53,13 +74,103 @@ class ControlDoor:
         target = request.headers.get("x-amz-target", "")
         action = target.removeprefix(_PREFIX) if target.startswith(_PREFIX) else None
         if action is None or (action not in ACTIONS and action not in JOB_ACTIONS):
-            raise UnknownOperation(f"The operation {target or '(none)'} is not supported.")
-        raw = await request.body()
-        try:
-            params = json.loads(raw or b"{}")
-        except ValueError as exc:
-            raise SerializationException(f"Request body is not valid JSON: {exc}") from exc
+            raise UnknownOperation(f"The operation {target[:200] or '(none)'} is not supported.")
+        params = _parse(await _read_body(request))
         self.validator.validate(action, params)
+        assert isinstance(params, dict)  # validate refuses anything but a JSON object
+        _drop_nulls(params)
         if action in JOB_ACTIONS:
             return await run_in_threadpool(JOB_ACTIONS[action], self.jobs, params)
         return await run_in_threadpool(ACTIONS[action], self.service, params)
+
+
+async def _read_body(request: Request) -> bytes:
+    """The body, refused with RequestTooLarge as soon as it is known to pass the cap."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _too_large()
+    chunks: list[bytes] = []
+    size = 0
+    stream = request.stream()
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            async for chunk in stream:
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    break
+                chunks.append(chunk)
+    except TimeoutError:
+        raise SerializationException(
+            f"The request body did not arrive within {BODY_TIMEOUT_S:g} seconds."
+        ) from None
+    if size > MAX_BODY_BYTES:
+        await _drain(stream)
+        raise _too_large()
+    return b"".join(chunks)
+
+
+async def _drain(stream: AsyncIterator[bytes]) -> None:
+    """Read and drop a little more of an oversize body, so that a client still sending
+    reads the 413 rather than a reset connection; then give up and let it close."""
+    seen = 0
+    with contextlib.suppress(TimeoutError, ClientDisconnect):
+        async with asyncio.timeout(_DRAIN_S):
+            async for chunk in stream:
+                seen += len(chunk)
+                if seen > _DRAIN_BYTES:
+                    return
+
+
+def _too_large() -> RequestTooLarge:
+    return RequestTooLarge(
+        f"The request body is larger than {MAX_BODY_BYTES} bytes, the most this gateway's "
+        "control plane accepts."
+    )
+
+
+def _parse(raw: bytes) -> object:
+    """The body as JSON; ``SerializationException`` for anything else or too deep."""
+    try:
+        params = json.loads(raw or b"{}")
+    except RecursionError:  # the decoder recurses once per level
+        raise _too_deep() from None
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise SerializationException(f"Request body is not valid JSON: {exc}") from exc
+    _check_depth(params)
+    return params
+
+
+def _check_depth(value: object) -> None:
+    """Refuse nesting past MAX_DEPTH, walking without recursion (the validator and
+    error messages recurse along the value)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Iterable[object] = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > MAX_DEPTH:
+            raise _too_deep()
+        stack.extend((child, depth + 1) for child in children)
+
+
+def _drop_nulls(value: object) -> None:
+    """Remove null members, which AWS's deserialiser reads as absent, so that actions
+    see ``"MaxResults": null`` as no MaxResults. Validation has already refused nulls
+    where they are not allowed (list items, map values)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key in [k for k, v in item.items() if v is None]:
+                del item[key]
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _too_deep() -> SerializationException:
+    return SerializationException(f"Request body nests deeper than {MAX_DEPTH} levels.")

@@ -55,6 +55,7 @@ _TARGET_NAMES = {
     "map": "a Map",
 }
 _CONTAINERS = frozenset({"structure", "list", "map"})
+_EPOCH_SECONDS = (-62_135_596_800.0, 253_402_300_799.0)  # 0001-01-01 to 9999-12-31, UTC
 
 
 @dataclass(eq=False, repr=False, slots=True)
@@ -312,11 +313,20 @@ def _integer(rule: _Rule, value: object, path: str) -> list[str]:
 
 
 def _floating(rule: _Rule, value: object, path: str) -> list[str]:
+    return _range_violations(rule, _finite(rule, value, path))
+
+
+def _finite(rule: _Rule, value: object, path: str) -> float:
+    """``value`` as a finite double, or the type error a Java deserialiser gives."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _type_error(rule.kind, value, path)
-    if isinstance(value, float) and not math.isfinite(value):
+    try:
+        number = float(value)  # an integer of 400 digits is no double
+    except OverflowError:
+        raise _type_error(rule.kind, value, path) from None
+    if not math.isfinite(number):
         raise _type_error(rule.kind, value, path)
-    return _range_violations(rule, value)
+    return number
 
 
 def _boolean(rule: _Rule, value: object, path: str) -> list[str]:
@@ -326,8 +336,11 @@ def _boolean(rule: _Rule, value: object, path: str) -> list[str]:
 
 
 def _timestamp(rule: _Rule, value: object, path: str) -> list[str]:
-    # AWS JSON 1.1 sends timestamps as epoch seconds, fractional or not.
-    _floating(rule, value, path)
+    # AWS JSON 1.1 sends timestamps as epoch seconds, fractional or not; a moment
+    # outside the years 1 to 9999 is no timestamp anything downstream can hold.
+    seconds = _finite(rule, value, path)
+    if not _EPOCH_SECONDS[0] <= seconds <= _EPOCH_SECONDS[1]:
+        raise _type_error(rule.kind, value, path)
     return []
 
 

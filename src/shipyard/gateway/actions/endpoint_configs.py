@@ -48,22 +48,40 @@ def _async_config(c: dict[str, Any]) -> AsyncConfig:
 
 
 def _variant(v: dict[str, Any]) -> VariantSpec:
+    # botocore's model makes ModelName and InitialInstanceCount optional (inference
+    # components and serverless variants go without), so a request that passed
+    # validation may still lack what an instance-based variant needs.
+    name = v["VariantName"]
     if "ServerlessConfig" in v:
         raise InvalidParameter("ServerlessConfig is not supported by this gateway yet.")
+    model_name = v.get("ModelName")
+    if model_name is None:
+        raise InvalidParameter(
+            f"ModelName is required for production variant {name}: this gateway serves "
+            "models, not inference components."
+        )
     count = v.get("InitialInstanceCount")
     if count is None:
-        raise InvalidParameter(
-            f"InitialInstanceCount is required for production variant {v['VariantName']}."
-        )
-    strategy = (v.get("RoutingConfig") or {}).get("RoutingStrategy", "RANDOM")
+        raise InvalidParameter(f"InitialInstanceCount is required for production variant {name}.")
     return VariantSpec(
-        name=v["VariantName"],
-        model_name=v["ModelName"],
+        name=name,
+        model_name=model_name,
         instance_type=v.get("InstanceType", "ml.m5.large"),
         instance_count=int(count),
         weight=float(v.get("InitialVariantWeight", 1.0)),
-        routing_strategy=RoutingStrategy(strategy),
+        routing_strategy=_routing_strategy(v),
     )
+
+
+def _routing_strategy(v: dict[str, Any]) -> RoutingStrategy:
+    strategy = (v.get("RoutingConfig") or {}).get("RoutingStrategy", RoutingStrategy.RANDOM)
+    try:
+        return RoutingStrategy(strategy)
+    except ValueError:
+        supported = " or ".join(RoutingStrategy)
+        raise InvalidParameter(
+            f"RoutingStrategy {strategy} is not supported by this gateway; use {supported}."
+        ) from None
 
 
 def describe_endpoint_config(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,276 @@
+"""The control plane (``POST /``) never answers 5xx or hangs, whatever it is sent.
+
+One real gateway serves the whole module. Requests are built from botocore's own
+service model (tests/fuzz/shapes.py) for every action the gateway implements, then
+mutated; each answer must come within a time bound, below 500, and a 4xx must be AWS
+JSON's ``{"__type", "message"}``. At the end the gateway still answers ``/healthz`` and
+its memory has not grown past a bound.
+
+Nothing here starts an instance or a job: the one model is a container image (no
+Docker engine here, so its endpoints fail at once), and the one job slot
+(``SHIPYARD_MAX_ACTIVE_JOBS=1``) is held by a ``sleep`` job for the whole module, so
+every valid CreateTrainingJob gets as far as the quota and stops there.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import botocore.session
+import pytest
+
+from shipyard.gateway.actions import ACTIONS, JOB_ACTIONS
+from tests.conftest import GatewayProcess, start_gateway, stop_job_processes
+from tests.e2e.processes import instance_pids
+from tests.fuzz.shapes import MISSING, Request, Skeletons, mutate
+from tests.fuzz.wire import Answer, exchange, rss_kib
+
+SEED = 20261122
+MUTATIONS_PER_ACTION = 120
+VALID_PER_ACTION = 10
+RSS_GROWTH_BOUND_KIB = 80 * 1024
+AMZ_JSON = "application/x-amz-json-1.1"
+
+MODEL = "fuzz-model"
+CONFIG = "fuzz-config"
+ENDPOINT = "fuzz-endpoint"
+BLOCKER = "fuzz-blocker"
+IMAGE = "registry.invalid/fuzz/none:latest"  # a container image: nothing can start here
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    home = tmp_path_factory.mktemp("fuzz-control")
+    env = {"SHIPYARD_MAX_ENDPOINTS": "10", "SHIPYARD_MAX_ACTIVE_JOBS": "1"}
+    gateway = start_gateway(home / "home", extra_env=env)
+    try:
+        _seed(gateway, home)
+        yield gateway
+    finally:
+        gateway.stop()
+        stop_job_processes(gateway.home)
+
+
+def _seed(gateway: GatewayProcess, home: Path) -> None:
+    """The resources fuzzed requests name: a model, a config, an endpoint, a job."""
+    sm = gateway.sm
+    sm.create_model(
+        ModelName=MODEL,
+        PrimaryContainer={"Image": IMAGE, "ModelDataUrl": (home / "none.tar.gz").as_uri()},
+    )
+    sm.create_endpoint_config(
+        EndpointConfigName=CONFIG,
+        ProductionVariants=[
+            {"VariantName": "v1", "ModelName": MODEL, "InitialInstanceCount": 1,
+             "InstanceType": "ml.m5.large"}
+        ],
+    )  # fmt: skip
+    sm.create_endpoint(EndpointName=ENDPOINT, EndpointConfigName=CONFIG)
+    sm.create_training_job(
+        TrainingJobName=BLOCKER,
+        AlgorithmSpecification={"TrainingImage": "cmd:sleep 300", "TrainingInputMode": "File"},
+        RoleArn="arn:aws:iam::123456789012:role/x",
+        OutputDataConfig={"S3OutputPath": (home / "out").as_uri()},
+        ResourceConfig={"InstanceType": "ml.m5.large", "InstanceCount": 1, "VolumeSizeInGB": 1},
+        StoppingCondition={"MaxRuntimeInSeconds": 600},
+    )
+
+
+# Names of what exists, or of nothing, by member; creations get fresh names.
+_EXISTING = {
+    "ModelName": MODEL,
+    "EndpointConfigName": CONFIG,
+    "EndpointName": ENDPOINT,
+    "TrainingJobName": BLOCKER,
+}
+# Locations and images: never something that could run or be read.
+_SAFE = {
+    "Image": IMAGE,
+    "TrainingImage": "shipyard/python",
+    "ModelDataUrl": "file:///nonexistent/fuzz/model.tar.gz",
+    "S3Uri": "file:///nonexistent/fuzz/data",
+    "S3OutputPath": "file:///nonexistent/fuzz/out",
+    "S3FailurePath": "file:///nonexistent/fuzz/failed",
+    "DestinationS3Uri": "file:///nonexistent/fuzz/capture",
+    "ContainerEntrypoint": None,
+    "ContainerArguments": None,
+    "HyperParameters": {"sagemaker_program": "fuzz.py"},
+}
+
+
+def _override(op: str, path: tuple[Any, ...], name: str, rng: random.Random) -> Any:
+    if name in _SAFE:
+        return _SAFE[name]
+    if name in _EXISTING:
+        creates = op.startswith("Create") and op.endswith(name.removesuffix("Name"))
+        stops = op == "StopTrainingJob"  # never free the slot the blocker holds
+        if (not path and creates) or stops or rng.random() < 0.2:
+            return f"fuzz-{uuid.UUID(int=rng.getrandbits(128)).hex[:12]}"
+        return _EXISTING[name]
+    return MISSING
+
+
+def _requests(rng: random.Random) -> Iterator[Request]:
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    skeletons = Skeletons(model, rng, _override)
+    for op in sorted({*ACTIONS, *JOB_ACTIONS}):
+        for index in range(VALID_PER_ACTION):
+            request, _ = skeletons.build(op, full=index % 2 == 1)
+            yield request
+        for _ in range(MUTATIONS_PER_ACTION):
+            request, shapes = skeletons.build(op, full=rng.random() < 0.3)
+            yield mutate(request, shapes, rng)
+
+
+def post(gw: GatewayProcess, body: bytes, target: str | bytes | None = "SageMaker.ListModels",
+         content_type: str | bytes = AMZ_JSON, **kwargs: Any) -> Answer:  # fmt: skip
+    headers: list[tuple[bytes | str, bytes | str]] = [("Content-Type", content_type)]
+    if target is not None:
+        headers.append(("X-Amz-Target", target))
+    answer = exchange(int(gw.url.rsplit(":", 1)[1]), "POST", "/", headers, body, **kwargs)
+    assert answer is not None
+    return answer
+
+
+def assert_clean(answer: Answer, case: str) -> None:
+    """Below 500; a 4xx in AWS JSON's error shape; a 200 a JSON object."""
+    assert answer.status < 500, f"{case}: {answer.status} {answer.body[:300]!r}"
+    body = answer.json()
+    assert isinstance(body, dict), f"{case}: {answer.body[:300]!r}"
+    if answer.status >= 400:
+        assert isinstance(body.get("__type"), str) and body["__type"], f"{case}: {body}"
+        assert isinstance(body.get("message"), str), f"{case}: {body}"
+
+
+# -- finding 7, one test each -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("depth", [1_000, 5_000, 100_000])
+def test_deeply_nested_json_is_a_serialization_error(gw: GatewayProcess, depth: int) -> None:
+    for raw in ("[" * depth + "]" * depth, '{"ModelName": ' + "[" * depth + "]" * depth + "}"):
+        answer = post(gw, raw.encode(), "SageMaker.CreateModel")
+        assert answer.status == 400, answer.body[:300]
+        assert answer.json()["__type"] == "SerializationException"
+
+
+def test_nesting_inside_a_map_value_is_refused_cleanly(gw: GatewayProcess) -> None:
+    """A bad map key makes the message show the map; deep values in it must not crash."""
+    deep = "[" * 900 + "]" * 900
+    body = '{"ModelName": "m", "PrimaryContainer": {"Image": "x", "Environment": {"%s": %s}}}'
+    answer = post(gw, (body % ("k" * 2000, deep)).encode(), "SageMaker.CreateModel")
+    assert answer.status == 400, answer.body[:300]
+    assert answer.json()["__type"] in ("SerializationException", "ValidationException")
+
+
+def test_a_variant_without_model_name_is_a_validation_exception(gw: GatewayProcess) -> None:
+    body = {
+        "EndpointConfigName": "no-model-name",
+        "ProductionVariants": [
+            {"VariantName": "v1", "InitialInstanceCount": 1, "InstanceType": "ml.m5.large"}
+        ],
+    }
+    answer = post(gw, json.dumps(body).encode(), "SageMaker.CreateEndpointConfig")
+    assert answer.status == 400, answer.body[:300]
+    assert answer.json()["__type"] == "ValidationException"
+    assert "ModelName" in answer.json()["message"]
+
+
+def test_routing_strategy_prefix_aware_is_refused_with_the_supported_ones(
+    gw: GatewayProcess,
+) -> None:
+    body = {
+        "EndpointConfigName": "prefix-aware",
+        "ProductionVariants": [
+            {"VariantName": "v1", "ModelName": MODEL, "InitialInstanceCount": 1,
+             "InstanceType": "ml.m5.large", "RoutingConfig": {"RoutingStrategy": "PREFIX_AWARE"}}
+        ],
+    }  # fmt: skip
+    answer = post(gw, json.dumps(body).encode(), "SageMaker.CreateEndpointConfig")
+    assert answer.status == 400, answer.body[:300]
+    error = answer.json()
+    assert error["__type"] == "ValidationException"
+    assert "PREFIX_AWARE" in error["message"] and "LEAST_OUTSTANDING_REQUESTS" in error["message"]
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_body_over_one_mib_is_refused_before_it_is_read_whole(
+    gw: GatewayProcess, chunked: bool
+) -> None:
+    body = json.dumps({"ModelName": "m", "Tags": [{"Key": "k", "Value": "v" * 200}] * 20_000})
+    answer = post(gw, body.encode(), "SageMaker.CreateModel", chunked=chunked)
+    assert answer.status == 413, answer.body[:300]
+    assert_clean(answer, "over 1 MiB")
+
+
+def test_a_content_length_over_the_cap_is_refused_without_waiting_for_the_body(
+    gw: GatewayProcess,
+) -> None:
+    answer = post(gw, b"{}", "SageMaker.ListModels", length=100 * 1024 * 1024)
+    assert answer.status == 413, answer.body[:300]
+    assert_clean(answer, "Content-Length 100 MiB")
+
+
+# -- the fuzz -------------------------------------------------------------------------------
+
+
+Odd = tuple[str, bytes, str | bytes | None, str | bytes]
+
+
+def _odd_requests() -> list[Odd]:
+    """(case, body, X-Amz-Target, Content-Type) outside what the model describes."""
+    list_models = "SageMaker.ListModels"
+    bodies = [b"", b" ", b"null", b"[]", b"1", b'"x"', b"{", b'{"a":', b"\xff\xfe{}",
+              b"\xef\xbb\xbf{}", b'{"MaxResults": NaN}', b'{"MaxResults": Infinity}',
+              b'{"NameContains": "\\ud800"}', b'{"NameContains": "\\u0000"}',
+              b'{"NameContains": "a", "NameContains": 1}', b"1" * 5000,
+              b'{"MaxResults": ' + b"9" * 5000 + b"}", bytes(range(256)),
+              b'{"SortBy": "Name"}' + b" " * 500_000]  # fmt: skip
+    cases: list[Odd] = [(f"body {b[:40]!r}", b, list_models, AMZ_JSON) for b in bodies]
+    targets: list[str | None] = [
+        None, "", "SageMaker.", "SageMaker.Nope", "sagemaker.ListModels", "ListModels",
+        "SageMaker.ListModels.Extra", "AnyScaleFrontendService.Nope", "SageMaker.\u202e",
+        "SageMaker." + "A" * 10_000, "SageMaker.__init__", "SageMaker.ACTIONS",
+    ]  # fmt: skip
+    cases += [(f"target {t!r:.40}", b"{}", t, AMZ_JSON) for t in targets]
+    content_types: list[str | bytes] = [
+        "", "text/plain", "application/json", "multipart/form-data; b=x", b"\xff\xfe",
+        "application/x-amz-json-1.1; charset=ebcdic",
+    ]  # fmt: skip
+    for content_type in content_types:
+        cases.append((f"content-type {content_type!r}", b"{}", list_models, content_type))
+    cases.append(("raw target bytes", b"{}", b"SageMaker.\xff\xfe", AMZ_JSON))
+    return cases
+
+
+def test_no_request_built_from_the_service_model_gets_a_5xx_or_hangs(gw: GatewayProcess) -> None:
+    rng = random.Random(SEED)
+    pid = gw.process.pid
+    assert_clean(post(gw, b"{}"), "warm-up")
+    before = rss_kib(pid)
+    started = time.monotonic()
+    statuses: Counter[str] = Counter()
+    for request in _requests(rng):
+        case = f"{request.operation} {request.mutation}"
+        answer = post(gw, request.body(), f"SageMaker.{request.operation}")
+        assert_clean(answer, case)
+        statuses[f"{answer.status} {answer.json().get('__type', '')}"] += 1
+    for case, body, target, content_type in _odd_requests():
+        answer = post(gw, body, target, content_type)
+        assert_clean(answer, case)
+        statuses[f"{answer.status} {answer.json().get('__type', '')}"] += 1
+    count = sum(statuses.values())
+    elapsed = time.monotonic() - started
+    assert gw.get("/healthz")[0] == 200
+    grown = rss_kib(pid) - before
+    assert grown < RSS_GROWTH_BOUND_KIB, f"RSS grew by {grown} KiB over {count} requests"
+    assert instance_pids(pid) == [], "a fuzzed request started an instance"
+    jobs = gw.sm.list_training_jobs(MaxResults=100)["TrainingJobSummaries"]
+    assert [j["TrainingJobName"] for j in jobs] == [BLOCKER], "a fuzzed request started a job"
+    print(f"{count} requests in {elapsed:.1f} s, RSS {before} KiB + {grown} KiB: {statuses}")
