@@ -139,6 +139,26 @@ def post(gw: GatewayProcess, body: bytes, target: str | bytes | None = "SageMake
     return answer
 
 
+def _framing(rng: random.Random, size: int) -> dict[str, Any]:
+    """How the body travels: mostly plainly, sometimes chunked, short or cut off."""
+    roll = rng.random()
+    if roll < 0.05:
+        return {"chunked": True}
+    if roll < 0.08:
+        return {"length": size // 2}  # a Content-Length shorter than the body
+    if roll < 0.11:
+        return {"cut_after": size // 2}
+    return {}
+
+
+def _cut(gw: GatewayProcess, body: bytes, target: str, cut_after: int) -> None:
+    headers: list[tuple[bytes | str, bytes | str]] = [
+        ("Content-Type", AMZ_JSON), ("X-Amz-Target", target)
+    ]  # fmt: skip
+    port = int(gw.url.rsplit(":", 1)[1])
+    assert exchange(port, "POST", "/", headers, body, cut_after=cut_after) is None
+
+
 def assert_clean(answer: Answer, case: str) -> None:
     """Below 500; a 4xx in AWS JSON's error shape; a 200 a JSON object."""
     assert answer.status < 500, f"{case}: {answer.status} {answer.body[:300]!r}"
@@ -258,7 +278,12 @@ def test_no_request_built_from_the_service_model_gets_a_5xx_or_hangs(gw: Gateway
     statuses: Counter[str] = Counter()
     for request in _requests(rng):
         case = f"{request.operation} {request.mutation}"
-        answer = post(gw, request.body(), f"SageMaker.{request.operation}")
+        framing = _framing(rng, len(request.body()))
+        if "cut_after" in framing:  # the client goes away mid-body: nothing to read
+            _cut(gw, request.body(), f"SageMaker.{request.operation}", framing["cut_after"])
+            statuses["cut"] += 1
+            continue
+        answer = post(gw, request.body(), f"SageMaker.{request.operation}", **framing)
         assert_clean(answer, case)
         statuses[f"{answer.status} {answer.json().get('__type', '')}"] += 1
     for case, body, target, content_type in _odd_requests():

@@ -7,6 +7,7 @@ only the answer is parsed, with http.client's parser over the same socket.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
@@ -63,7 +64,8 @@ def exchange(
     with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
         if cut_after is not None:
             _send(sock, data[: len(data) - len(payload) + cut_after])
-            sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):  # the server may have closed first
+                sock.shutdown(socket.SHUT_RDWR)
             return None
         _send(sock, data)
         response = http.client.HTTPResponse(sock, method=method)
