@@ -73,10 +73,19 @@ class Request:
 class Skeletons:
     """Valid requests for the operations of one botocore service model."""
 
-    def __init__(self, model: Any, rng: random.Random, override: Override) -> None:
+    def __init__(
+        self,
+        model: Any,
+        rng: random.Random,
+        override: Override,
+        *,
+        always: frozenset[str] = frozenset(),
+    ) -> None:
+        """``always`` names optional members to include wherever their structure is."""
         self.model = model
         self.rng = rng
         self.override = override
+        self.always = always
         self._compiled: dict[str, re.Pattern[str] | None] = {}
 
     def build(self, operation: str, *, full: bool = False) -> tuple[Request, Shapes]:
@@ -129,7 +138,11 @@ class Skeletons:
         elif full and depth < _MAX_DEPTH:
             chosen = names
         else:
-            chosen = [n for n in names if n in required or (depth < 4 and self.rng.random() < 0.25)]
+            chosen = [
+                n
+                for n in names
+                if n in required or n in self.always or (depth < 4 and self.rng.random() < 0.25)
+            ]
         out: dict[str, Any] = {}
         for name in chosen:
             member = shape.members[name]

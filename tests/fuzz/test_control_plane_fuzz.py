@@ -102,31 +102,71 @@ _SAFE = {
     "ContainerEntrypoint": None,
     "ContainerArguments": None,
     "HyperParameters": {"sagemaker_program": "fuzz.py"},
+    "ModelDataSource": None,
 }
+# Optional members without which the gateway refuses most requests.
+_ALWAYS = frozenset(
+    {
+        "PrimaryContainer",
+        "Image",
+        "ModelName",
+        "InitialInstanceCount",
+        "AlgorithmSpecification",
+        "TrainingImage",
+    }
+)
 
 
-def _override(op: str, path: tuple[Any, ...], name: str, rng: random.Random) -> Any:
-    if name in _SAFE:
-        return _SAFE[name]
-    if name in _EXISTING:
+class Names:
+    """Names fuzzed requests use: what exists, what they created, or nothing at all.
+
+    Creations get fresh names; other requests name the seeded resources, something an
+    earlier fuzzed request created (so its stored request is described, updated and
+    deleted too), or now and then nothing that exists.
+    """
+
+    def __init__(self) -> None:
+        self.created: dict[str, list[str]] = {name: [] for name in _EXISTING}
+
+    def override(self, op: str, path: tuple[Any, ...], name: str, rng: random.Random) -> Any:
+        if name in _SAFE:
+            return _SAFE[name]
+        if name in ("NextToken", "ServerlessConfig") and rng.random() < 0.8:
+            return None  # mostly left out: the gateway refuses most of what they say
+        if name in ("InstanceCount", "InitialInstanceCount", "DesiredInstanceCount"):
+            return rng.choice([1, 1, 1, 2, 17])  # 17 is over the per-variant quota
+        if name not in _EXISTING:
+            return MISSING
         creates = op.startswith("Create") and op.endswith(name.removesuffix("Name"))
-        stops = op == "StopTrainingJob"  # never free the slot the blocker holds
-        if (not path and creates) or stops or rng.random() < 0.2:
+        # Never free the job slot the blocker holds, nor delete the seeded resources.
+        spares = op == "StopTrainingJob" or op.startswith("Delete")
+        roll = rng.random()
+        if (not path and creates) or (spares and not self.created[name]) or roll < 0.15:
             return f"fuzz-{uuid.UUID(int=rng.getrandbits(128)).hex[:12]}"
+        if (roll < 0.6 or spares) and self.created[name]:
+            return rng.choice(self.created[name])
         return _EXISTING[name]
-    return MISSING
+
+    def record(self, request: Request, answer: Answer) -> None:
+        """Remember what a successful Create call created."""
+        op = request.operation
+        if answer.status == 200 and op.startswith("Create") and isinstance(request.params, dict):
+            for name in _EXISTING:
+                if op.endswith(name.removesuffix("Name")) and name in request.params:
+                    self.created[name].append(request.params[name])
 
 
-def _requests(rng: random.Random) -> Iterator[Request]:
+def _requests(rng: random.Random, names: Names) -> Iterator[Request]:
+    """Round after round, one request per action in a shuffled order, so that
+    creations, descriptions, updates and deletions interleave."""
     model = botocore.session.get_session().get_service_model("sagemaker")
-    skeletons = Skeletons(model, rng, _override)
-    for op in sorted({*ACTIONS, *JOB_ACTIONS}):
-        for index in range(VALID_PER_ACTION):
-            request, _ = skeletons.build(op, full=index % 2 == 1)
-            yield request
-        for _ in range(MUTATIONS_PER_ACTION):
+    skeletons = Skeletons(model, rng, names.override, always=_ALWAYS)
+    operations = sorted({*ACTIONS, *JOB_ACTIONS})
+    for index in range(VALID_PER_ACTION + MUTATIONS_PER_ACTION):
+        rng.shuffle(operations)
+        for op in operations:
             request, shapes = skeletons.build(op, full=rng.random() < 0.3)
-            yield mutate(request, shapes, rng)
+            yield request if index < VALID_PER_ACTION else mutate(request, shapes, rng)
 
 
 def post(gw: GatewayProcess, body: bytes, target: str | bytes | None = "SageMaker.ListModels",
@@ -276,7 +316,8 @@ def test_no_request_built_from_the_service_model_gets_a_5xx_or_hangs(gw: Gateway
     before = rss_kib(pid)
     started = time.monotonic()
     statuses: Counter[str] = Counter()
-    for request in _requests(rng):
+    names = Names()
+    for request in _requests(rng, names):
         case = f"{request.operation} {request.mutation}"
         framing = _framing(rng, len(request.body()))
         if "cut_after" in framing:  # the client goes away mid-body: nothing to read
@@ -285,7 +326,8 @@ def test_no_request_built_from_the_service_model_gets_a_5xx_or_hangs(gw: Gateway
             continue
         answer = post(gw, request.body(), f"SageMaker.{request.operation}", **framing)
         assert_clean(answer, case)
-        statuses[f"{answer.status} {answer.json().get('__type', '')}"] += 1
+        names.record(request, answer)
+        statuses[f"{request.operation} {answer.status} {answer.json().get('__type', '')}"] += 1
     for case, body, target, content_type in _odd_requests():
         answer = post(gw, body, target, content_type)
         assert_clean(answer, case)
