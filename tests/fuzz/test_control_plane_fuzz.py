@@ -338,6 +338,8 @@ def test_no_request_built_from_the_service_model_gets_a_5xx_or_hangs(gw: Gateway
     grown = rss_kib(pid) - before
     assert grown < RSS_GROWTH_BOUND_KIB, f"RSS grew by {grown} KiB over {count} requests"
     assert instance_pids(pid) == [], "a fuzzed request started an instance"
+    failed = [line for line in gw.log().splitlines() if "control-plane request failed" in line]
+    assert failed == [], f"{len(failed)} requests took the 500 path (cut ones included)"
     jobs = gw.sm.list_training_jobs(MaxResults=100)["TrainingJobSummaries"]
     assert [j["TrainingJobName"] for j in jobs] == [BLOCKER], "a fuzzed request started a job"
     print(f"{count} requests in {elapsed:.1f} s, RSS {before} KiB + {grown} KiB: {statuses}")

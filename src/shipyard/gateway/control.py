@@ -103,6 +103,9 @@ async def _read_body(request: Request) -> bytes:
         raise SerializationException(
             f"The request body did not arrive within {BODY_TIMEOUT_S:g} seconds."
         ) from None
+    except ClientDisconnect:
+        # Nobody is left to read the answer; say so without a traceback in the log.
+        raise SerializationException("The client closed the connection mid-body.") from None
     if size > MAX_BODY_BYTES:
         await _drain(stream)
         raise _too_large()
