@@ -259,6 +259,24 @@ def test_routing_strategy_prefix_aware_is_refused_with_the_supported_ones(
     assert "PREFIX_AWARE" in error["message"] and "LEAST_OUTSTANDING_REQUESTS" in error["message"]
 
 
+def test_null_members_are_read_as_absent(gw: GatewayProcess) -> None:
+    """``"MaxResults": null`` reached the action as None (int(None): a 500)."""
+    for action in ("ListModels", "ListEndpointConfigs", "ListEndpoints", "ListTrainingJobs"):
+        body = {"MaxResults": None, "SortBy": None, "NextToken": None, "NameContains": None}
+        answer = post(gw, json.dumps(body).encode(), f"SageMaker.{action}")
+        assert answer.status == 200, (action, answer.body[:300])
+
+
+@pytest.mark.parametrize("moment", ["1e300", "1" + "0" * 400, "-1e300"])
+def test_a_timestamp_filter_no_date_can_hold_is_refused(gw: GatewayProcess, moment: str) -> None:
+    """An integer of 401 digits overflowed float() in the List action (a 500); moments
+    past year 9999 are no timestamp either, as AWS's deserialiser says."""
+    body = f'{{"CreationTimeAfter": {moment}}}'.encode()
+    answer = post(gw, body, "SageMaker.ListEndpoints")
+    assert answer.status == 400, answer.body[:300]
+    assert answer.json()["__type"] == "SerializationException"
+
+
 @pytest.mark.parametrize("chunked", [False, True])
 def test_a_body_over_one_mib_is_refused_before_it_is_read_whole(
     gw: GatewayProcess, chunked: bool
