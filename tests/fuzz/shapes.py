@@ -266,7 +266,9 @@ def _too_big(req: Request, path: tuple[Any, ...], shape: Any, rng: random.Random
     elif kind in ("integer", "long", "float", "double", "timestamp"):
         value = rng.choice([2**31, 2**63, -(2**63) - 1, 10**300, 1e308, -1e308, 10**4000, 1.5, -1])
     elif kind == "list":
-        value = [_get(req.params, (*path, 0))] * rng.choice([int(meta.get("max", 10)) + 1, 20_000])
+        item = _get(req.params, (*path, 0))
+        item = "a" if item is MISSING else item
+        value = [item] * rng.choice([int(meta.get("max", 10)) + 1, 20_000])
     elif kind == "map":
         value = {f"k{i}": "v" for i in range(rng.choice([int(meta.get("max", 10)) + 1, 20_000]))}
     else:
