@@ -39,14 +39,14 @@ QUEUE_PER_INSTANCE = 4
 
 SUM = "fuzz-sum"
 ECHO = "fuzz-echo"
-RUNTIME_ERROR_SHAPE_FREE = b"Invalid HTTP request received."  # the HTTP parser's own 400
+HTTP_PARSER_400 = b"Invalid HTTP request received."  # the HTTP parser's own 400
 
 
 @dataclass
 class Gateway:
     process: GatewayProcess
     port: int
-    inputs: Path
+    root: Path
     instances: list[int] = field(default_factory=list)
 
 
@@ -62,7 +62,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         inputs = root / "inputs"
         inputs.mkdir()
         (inputs / "in.json").write_text('{"x": [1, 2]}')
-        gateway = Gateway(process, int(process.url.rsplit(":", 1)[1]), inputs)
+        gateway = Gateway(process, int(process.url.rsplit(":", 1)[1]), root)
         gateway.instances = instance_pids(process.process.pid)
         assert len(gateway.instances) == 2
         yield gateway
@@ -152,6 +152,8 @@ def _cases(rng: random.Random, inputs: Path) -> Iterator[Case]:
             if value == "INPUT":
                 value = (inputs / "in.json").as_uri()
             headers.append((name, value))
+        if door == "async" and rng.random() < 0.5:  # an input that exists, so it is run
+            headers.insert(0, ("X-Amzn-SageMaker-InputLocation", (inputs / "in.json").as_uri()))
         extra = rng.random()
         if extra < 0.05:
             headers += [(f"X-Many-{i}", "v") for i in range(rng.choice([100, 1000]))]
@@ -193,9 +195,29 @@ def open_finding(case: Case) -> str | None:
         # A body cut short after a Content-Length holds its instance slot until the
         # invocation timeout (60 s), so later requests get 503.
         return "finding 5: a cut body holds its instance slot"
+    inference_id = dict(case.headers).get("X-Amzn-SageMaker-Inference-Id", "")
+    if case.door == "async" and "/" in str(inference_id):
+        # <S3FailurePath>/../escaped-error.out is written outside the failure folder.
+        return "finding 3: Inference-Id escapes the output folder"
     if case.door == "facade" and b"[" * 2000 in case.body:
         return "finding 7: deep JSON on /inference is a 500"
     return None
+
+
+def _written_outside(root: Path) -> list[str]:
+    """Files the async endpoint wrote anywhere but its output and failure folders, once
+    what it writes has stopped changing for a second (its queue has drained)."""
+    known = ("home", "sum", "inputs", "out/ok", "out/failed")
+    deadline = time.monotonic() + 15
+    previous: list[str] = []
+    steady = 0
+    while steady < 4 and time.monotonic() < deadline:
+        time.sleep(0.25)
+        files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+        files = [f for f in files if not f.startswith("home")]
+        steady = steady + 1 if files == previous else 0
+        previous = files
+    return [f for f in previous if not f.startswith(known)]
 
 
 def _door_failure(line: str) -> bool:
@@ -223,7 +245,7 @@ def _send(gw: Gateway, case: Case) -> Answer | None:
 def assert_clean(answer: Answer, case: Case) -> None:
     """No 5xx but the facade's own codes; each door's error shape on a 4xx."""
     what = f"{case}: {answer.status} {answer.headers} {answer.body[:300]!r}"
-    if answer.status == 400 and answer.body == RUNTIME_ERROR_SHAPE_FREE:
+    if answer.status == 400 and answer.body == HTTP_PARSER_400:
         return  # the HTTP parser refused the request before any door saw it
     if case.door == "facade":
         assert answer.status in (200, 403, 413, 501, 502, 510) or answer.status < 500, what
@@ -268,7 +290,7 @@ def test_no_runtime_or_facade_request_gets_a_5xx_or_hangs(gw: Gateway) -> None:
     statuses: Counter[str] = Counter()
     started = time.monotonic()
     slowest = (0.0, "")
-    for case in _cases(rng, gw.inputs):
+    for case in _cases(rng, gw.root / "inputs"):
         if reason := open_finding(case):
             statuses[f"not sent ({reason})"] += 1
             continue
@@ -279,7 +301,7 @@ def test_no_runtime_or_facade_request_gets_a_5xx_or_hangs(gw: Gateway) -> None:
             statuses[f"{case.door} cut"] += 1
             continue
         assert_clean(answer, case)
-        parser = " (HTTP parser)" if answer.body == RUNTIME_ERROR_SHAPE_FREE else ""
+        parser = " (HTTP parser)" if answer.body == HTTP_PARSER_400 else ""
         statuses[f"{case.door} {answer.status}{parser}"] += 1
     elapsed = time.monotonic() - started
     assert gw.process.get("/healthz")[0] == 200
@@ -290,6 +312,7 @@ def test_no_runtime_or_facade_request_gets_a_5xx_or_hangs(gw: Gateway) -> None:
     assert [a.status for a in answers] == [200] * len(answers), answers[-1]
     assert json.loads(answers[0].body) == [3.0, 7.0]
     assert instance_pids(pid) == gw.instances, "an instance was lost or added"
+    assert _written_outside(gw.root) == []
     # A 500 nobody read (the client had gone) still shows in the log as a door's failure.
     failed = [line for line in gw.process.log().splitlines() if _door_failure(line)]
     assert failed == [], f"{len(failed)} requests took a 500 path, e.g. {failed[:1]}"
