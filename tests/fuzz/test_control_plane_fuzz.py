@@ -26,6 +26,9 @@ from typing import Any
 
 import botocore.session
 import pytest
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
 
 from shipyard.gateway.actions import ACTIONS, JOB_ACTIONS
 from tests.conftest import GatewayProcess, start_gateway, stop_job_processes
@@ -45,13 +48,27 @@ CONFIG = "fuzz-config"
 ENDPOINT = "fuzz-endpoint"
 BLOCKER = "fuzz-blocker"
 IMAGE = "registry.invalid/fuzz/none:latest"  # a container image: nothing can start here
+SAFE_ROOT = "/nonexistent/fuzz"  # where fuzzed locations point: nothing there to read
+KEY, SECRET_ENV, SECRET = "AKIAFUZZ0000000000001", "SHIPYARD_FUZZ_SECRET", "fuzz-secret"
 
 
-@pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    home = tmp_path_factory.mktemp("fuzz-control")
+@pytest.fixture(scope="module", params=["open", "auth"])
+def gw(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    """A gateway without ``auth:``, then one with it whose every request is signed (so
+    that signature checks and ``file_roots`` see the fuzzed requests too)."""
+    home = tmp_path_factory.mktemp(f"fuzz-control-{request.param}")
     env = {"SHIPYARD_MAX_ENDPOINTS": "10", "SHIPYARD_MAX_ACTIVE_JOBS": "1"}
-    gateway = start_gateway(home / "home", extra_env=env)
+    args = []
+    if request.param == "auth":
+        key = {"access_key_id": KEY, "secret_access_key_env": SECRET_ENV}
+        roots = [str(home), SAFE_ROOT]
+        stack = {"auth": {"keys": [key], "allow_commands": True, "file_roots": roots}}
+        (home / "stack.yaml").write_text(json.dumps(stack))  # JSON is YAML
+        args = ["--config", str(home / "stack.yaml")]
+        env[SECRET_ENV] = SECRET
+    gateway = start_gateway(home / "home", extra_env=env, args=args)
     try:
         _seed(gateway, home)
         yield gateway
@@ -62,27 +79,46 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
 
 def _seed(gateway: GatewayProcess, home: Path) -> None:
     """The resources fuzzed requests name: a model, a config, an endpoint, a job."""
-    sm = gateway.sm
-    sm.create_model(
-        ModelName=MODEL,
-        PrimaryContainer={"Image": IMAGE, "ModelDataUrl": (home / "none.tar.gz").as_uri()},
+    call(
+        gateway,
+        "CreateModel",
+        {
+            "ModelName": MODEL,
+            "PrimaryContainer": {"Image": IMAGE, "ModelDataUrl": f"file://{SAFE_ROOT}/m.tar.gz"},
+        },
     )
-    sm.create_endpoint_config(
-        EndpointConfigName=CONFIG,
-        ProductionVariants=[
-            {"VariantName": "v1", "ModelName": MODEL, "InitialInstanceCount": 1,
-             "InstanceType": "ml.m5.large"}
-        ],
-    )  # fmt: skip
-    sm.create_endpoint(EndpointName=ENDPOINT, EndpointConfigName=CONFIG)
-    sm.create_training_job(
-        TrainingJobName=BLOCKER,
-        AlgorithmSpecification={"TrainingImage": "cmd:sleep 300", "TrainingInputMode": "File"},
-        RoleArn="arn:aws:iam::123456789012:role/x",
-        OutputDataConfig={"S3OutputPath": (home / "out").as_uri()},
-        ResourceConfig={"InstanceType": "ml.m5.large", "InstanceCount": 1, "VolumeSizeInGB": 1},
-        StoppingCondition={"MaxRuntimeInSeconds": 600},
+    call(
+        gateway,
+        "CreateEndpointConfig",
+        {
+            "EndpointConfigName": CONFIG,
+            "ProductionVariants": [
+                {
+                    "VariantName": "v1",
+                    "ModelName": MODEL,
+                    "InitialInstanceCount": 1,
+                    "InstanceType": "ml.m5.large",
+                }
+            ],
+        },
     )
+    call(gateway, "CreateEndpoint", {"EndpointName": ENDPOINT, "EndpointConfigName": CONFIG})
+    call(gateway, "CreateTrainingJob", {
+        "TrainingJobName": BLOCKER,
+        "AlgorithmSpecification": {"TrainingImage": "cmd:sleep 300", "TrainingInputMode": "File"},
+        "RoleArn": "arn:aws:iam::123456789012:role/x",
+        "OutputDataConfig": {"S3OutputPath": (home / "out").as_uri()},
+        "ResourceConfig": {"InstanceType": "ml.m5.large", "InstanceCount": 1,
+                           "VolumeSizeInGB": 1},
+        "StoppingCondition": {"MaxRuntimeInSeconds": 600},
+    })  # fmt: skip
+
+
+def call(gw: GatewayProcess, action: str, params: dict[str, Any]) -> Any:
+    """One well-formed call that must succeed; its JSON answer."""
+    answer = post(gw, json.dumps(params).encode(), f"SageMaker.{action}")
+    assert answer.status == 200, (action, answer.body[:300])
+    return answer.json()
 
 
 # Names of what exists, or of nothing, by member; creations get fresh names.
@@ -96,11 +132,11 @@ _EXISTING = {
 _SAFE = {
     "Image": IMAGE,
     "TrainingImage": "shipyard/python",
-    "ModelDataUrl": "file:///nonexistent/fuzz/model.tar.gz",
-    "S3Uri": "file:///nonexistent/fuzz/data",
-    "S3OutputPath": "file:///nonexistent/fuzz/out",
-    "S3FailurePath": "file:///nonexistent/fuzz/failed",
-    "DestinationS3Uri": "file:///nonexistent/fuzz/capture",
+    "ModelDataUrl": f"file://{SAFE_ROOT}/model.tar.gz",
+    "S3Uri": f"file://{SAFE_ROOT}/data",
+    "S3OutputPath": f"file://{SAFE_ROOT}/out",
+    "S3FailurePath": f"file://{SAFE_ROOT}/failed",
+    "DestinationS3Uri": f"file://{SAFE_ROOT}/capture",
     "ContainerEntrypoint": None,
     "ContainerArguments": None,
     "HyperParameters": {"sagemaker_program": "fuzz.py"},
@@ -176,9 +212,24 @@ def post(gw: GatewayProcess, body: bytes, target: str | bytes | None = "SageMake
     headers: list[tuple[bytes | str, bytes | str]] = [("Content-Type", content_type)]
     if target is not None:
         headers.append(("X-Amz-Target", target))
+    headers = _signed(gw, body, headers)
     answer = exchange(int(gw.url.rsplit(":", 1)[1]), "POST", "/", headers, body, **kwargs)
     assert answer is not None
     return answer
+
+
+def _signed(
+    gw: GatewayProcess, body: bytes, headers: list[tuple[bytes | str, bytes | str]]
+) -> list[tuple[bytes | str, bytes | str]]:
+    """``headers`` with a SigV4 signature when the gateway has ``auth:``. Headers that
+    botocore cannot sign (raw bytes) go unsigned, and get their 403."""
+    if SECRET_ENV not in gw.env:
+        return headers
+    if any(isinstance(value, bytes) for _, value in headers):
+        return headers
+    request = AWSRequest(method="POST", url=gw.url + "/", data=body, headers=dict(headers))
+    SigV4Auth(Credentials(KEY, SECRET), "sagemaker", "us-east-1").add_auth(request)
+    return list(request.headers.items())
 
 
 def _framing(rng: random.Random, size: int) -> dict[str, Any]:
@@ -197,6 +248,7 @@ def _cut(gw: GatewayProcess, body: bytes, target: str, cut_after: int) -> None:
     headers: list[tuple[bytes | str, bytes | str]] = [
         ("Content-Type", AMZ_JSON), ("X-Amz-Target", target)
     ]  # fmt: skip
+    headers = _signed(gw, body, headers)
     port = int(gw.url.rsplit(":", 1)[1])
     assert exchange(port, "POST", "/", headers, body, cut_after=cut_after) is None
 
@@ -360,6 +412,6 @@ def test_no_request_built_from_the_service_model_gets_a_5xx_or_hangs(gw: Gateway
     assert instance_pids(pid) == [], "a fuzzed request started an instance"
     failed = [line for line in gw.log().splitlines() if "control-plane request failed" in line]
     assert failed == [], f"{len(failed)} requests took the 500 path (cut ones included)"
-    jobs = gw.sm.list_training_jobs(MaxResults=100)["TrainingJobSummaries"]
+    jobs = call(gw, "ListTrainingJobs", {"MaxResults": 100})["TrainingJobSummaries"]
     assert [j["TrainingJobName"] for j in jobs] == [BLOCKER], "a fuzzed request started a job"
     print(f"{count} requests in {elapsed:.1f} s, RSS {before} KiB + {grown} KiB: {statuses}")

@@ -50,7 +50,8 @@ def exchange(
     body and closes the connection, so there is no answer (None) to read.
     Raises ``TimeoutError`` when no answer arrives within ``timeout_s``: a hang.
     """
-    lines = [f"{method} {path} HTTP/1.1".encode(), b"Host: 127.0.0.1", b"Connection: close"]
+    host = f"Host: 127.0.0.1:{port}".encode()  # as SigV4 signs it
+    lines = [f"{method} {path} HTTP/1.1".encode(), host, b"Connection: close"]
     for name, value in headers:
         lines.append(_bytes(name) + b": " + _bytes(value))
     if chunked:

@@ -79,6 +79,13 @@ class RequireSignature:
             return
         door, action = door_action
         try:
+            declared = _header(scope, b"content-length") or ""
+            if declared.isdigit() and int(declared) > self.max_body_bytes:
+                # Refused at once: waiting for a body we would refuse lets a client that
+                # declares 100 MB and sends nothing hold the request open.
+                raise BodyTooLarge(
+                    f"Request body is larger than the maximum of {self.max_body_bytes} bytes."
+                )
             if _header(scope, b"authorization") is None:
                 await _discard(receive, _DISCARD_LIMIT)
                 body = b""
