@@ -25,7 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
 
 from tests.conftest import MODELS, GatewayProcess, deploy, make_tarball, start_gateway
 from tests.e2e.processes import instance_pids
@@ -37,6 +41,8 @@ CASES = 1500
 RSS_GROWTH_BOUND_KIB = 64 * 1024
 QUEUE_PER_INSTANCE = 4
 
+Headers = list[tuple[bytes | str, bytes | str]]
+KEY, SECRET_ENV, SECRET = "AKIAFUZZ0000000000002", "SHIPYARD_FUZZ_SECRET", "fuzz-secret"
 SUM = "fuzz-sum"
 ECHO = "fuzz-echo"
 HTTP_PARSER_400 = b"Invalid HTTP request received."  # the HTTP parser's own 400
@@ -47,22 +53,39 @@ class Gateway:
     process: GatewayProcess
     port: int
     root: Path
+    secret: str | None
+    """Signs every request when the gateway has ``auth:``."""
     instances: list[int] = field(default_factory=list)
 
 
-@pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    root = tmp_path_factory.mktemp("fuzz-runtime")
+@pytest.fixture(scope="module", params=["open", "auth"])
+def gw(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    """A gateway without ``auth:``, then one with it whose requests are signed (those
+    botocore can sign: raw header bytes go unsigned and get their 403)."""
+    root = tmp_path_factory.mktemp(f"fuzz-runtime-{request.param}")
     env = {"SHIPYARD_MAX_QUEUE_PER_INSTANCE": str(QUEUE_PER_INSTANCE)}
-    process = start_gateway(root / "home", extra_env=env)
+    args: list[str] = []
+    secret = None
+    if request.param == "auth":
+        key = {"access_key_id": KEY, "secret_access_key_env": SECRET_ENV}
+        roots = [str(root), str(MODELS)]
+        (root / "stack.yaml").write_text(json.dumps({"auth": {"keys": [key], "file_roots": roots}}))
+        args = ["--config", str(root / "stack.yaml")]
+        env[SECRET_ENV] = secret = SECRET
+    process = start_gateway(root / "home", extra_env=env, args=args)
     try:
-        sm = process.sm
+        sm = boto3.client(
+            "sagemaker", endpoint_url=process.url, region_name="us-east-1",
+            aws_access_key_id=KEY, aws_secret_access_key=SECRET,
+        )  # fmt: skip
         deploy(sm, SUM, make_tarball("sum", root / "sum" / "model.tar.gz").as_uri())
         _deploy_echo(sm, root)
         inputs = root / "inputs"
         inputs.mkdir()
         (inputs / "in.json").write_text('{"x": [1, 2]}')
-        gateway = Gateway(process, int(process.url.rsplit(":", 1)[1]), root)
+        gateway = Gateway(process, int(process.url.rsplit(":", 1)[1]), root, secret)
         gateway.instances = instance_pids(process.process.pid)
         assert len(gateway.instances) == 2
         yield gateway
@@ -132,7 +155,7 @@ class Case:
     door: str
     method: str
     path: str
-    headers: list[tuple[bytes | str, bytes | str]]
+    headers: Headers
     body: bytes
     mode: str  # plain | chunked | short_length | cut | cut_chunked
 
@@ -146,7 +169,7 @@ class Case:
 def _cases(rng: random.Random, inputs: Path) -> Iterator[Case]:
     for _ in range(CASES):
         door = rng.choice(["invoke", "invoke", "async", "async", "facade", "logs"])
-        headers: list[tuple[bytes | str, bytes | str]] = []
+        headers: Headers = []
         for name in rng.sample(sorted(_HEADERS), rng.randint(0, 6)):
             value = rng.choice(_HEADERS[name])
             if value == "INPUT":
@@ -207,7 +230,7 @@ def open_finding(case: Case) -> str | None:
 def _written_outside(root: Path) -> list[str]:
     """Files the async endpoint wrote anywhere but its output and failure folders, once
     what it writes has stopped changing for a second (its queue has drained)."""
-    known = ("home", "sum", "inputs", "out/ok", "out/failed")
+    known = ("home", "sum", "inputs", "stack.yaml", "out/ok", "out/failed")
     deadline = time.monotonic() + 15
     previous: list[str] = []
     steady = 0
@@ -239,7 +262,20 @@ def _send(gw: Gateway, case: Case) -> Answer | None:
     elif case.mode in ("cut", "cut_chunked"):
         args["cut_after"] = len(case.body) // 2
         args["chunked"] = case.mode == "cut_chunked"
-    return exchange(gw.port, case.method, case.path, case.headers, case.body, **args)
+    headers = _signed(gw, case.method, case.path, case.headers, case.body)
+    return exchange(gw.port, case.method, case.path, headers, case.body, **args)
+
+
+def _signed(gw: Gateway, method: str, path: str, headers: Headers, body: bytes) -> Headers:
+    if gw.secret is None or any(isinstance(v, bytes) for _, v in headers):
+        return headers
+    url = f"http://127.0.0.1:{gw.port}{path}"
+    request = AWSRequest(method=method, url=url, data=body, headers=dict(headers))
+    try:
+        SigV4Auth(Credentials(KEY, gw.secret), "sagemaker", "us-east-1").add_auth(request)
+    except (AttributeError, UnicodeError):  # a value botocore cannot sign: sent unsigned
+        return headers
+    return list(request.headers.items())
 
 
 def assert_clean(answer: Answer, case: Case) -> None:
@@ -274,10 +310,9 @@ def _json(answer: Answer, what: str) -> dict[str, Any]:
 
 
 def invoke_sum(gw: Gateway) -> Answer:
-    answer = exchange(
-        gw.port, "POST", f"/endpoints/{SUM}/invocations",
-        [("Content-Type", "application/json")], b"[[1, 2], [3, 4]]",
-    )  # fmt: skip
+    path, body = f"/endpoints/{SUM}/invocations", b"[[1, 2], [3, 4]]"
+    headers = _signed(gw, "POST", path, [("Content-Type", "application/json")], body)
+    answer = exchange(gw.port, "POST", path, headers, body)
     assert answer is not None
     return answer
 
