@@ -29,6 +29,7 @@ import pytest
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
+from botocore.exceptions import ClientError
 
 from shipyard.gateway.actions import ACTIONS, JOB_ACTIONS
 from tests.conftest import GatewayProcess, start_gateway, stop_job_processes
@@ -339,6 +340,20 @@ def test_a_body_over_one_mib_is_refused_before_it_is_read_whole(
     answer = post(gw, body.encode(), "SageMaker.CreateModel", chunked=chunked)
     assert answer.status == 413, answer.body[:300]
     assert_clean(answer, "over 1 MiB")
+
+
+def test_boto3_reads_the_413_as_a_serialization_exception(gw: GatewayProcess) -> None:
+    if SECRET_ENV in gw.env:
+        pytest.skip("boto3 here signs with the test key; the open gateway shows it")
+    with pytest.raises(ClientError) as caught:
+        gw.client("sagemaker", max_attempts=1).create_model(
+            ModelName="too-big", PrimaryContainer={"Image": IMAGE, "Environment": {
+                f"K{i}": "v" * 1024 for i in range(1100)}}
+        )  # fmt: skip
+    error = caught.value.response
+    assert error["ResponseMetadata"]["HTTPStatusCode"] == 413
+    assert error["Error"]["Code"] == "SerializationException"
+    assert "1048576 bytes" in error["Error"]["Message"]
 
 
 def test_a_content_length_over_the_cap_is_refused_without_waiting_for_the_body(
