@@ -438,3 +438,19 @@ def test_the_sagemaker_sdk_signs_with_the_environment_credentials(
     )
     assert out.returncode != 0
     assert "InvalidSignatureException" in out.stdout + out.stderr
+
+
+def test_an_unsigned_client_that_trickles_its_body_still_gets_its_refusal(
+    secured: GatewayProcess,
+) -> None:
+    import socket
+
+    port = int(secured.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
+        s.sendall(
+            b"POST /endpoints/sums/invocations HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n["
+        )
+        answer = s.recv(65536)  # the rest of the body never comes
+    assert answer.startswith(b"HTTP/1.1 403")
+    assert b"MissingAuthenticationTokenException" in answer

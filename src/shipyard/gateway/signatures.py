@@ -10,6 +10,7 @@ socket. A request that carries no signature at all is refused before its body is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -30,6 +31,7 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+_DISCARD_TIMEOUT_S = 2.0
 _DISCARD_LIMIT = 1 << 20  # of an unsigned request's body, read so the client sees the 403
 
 
@@ -157,12 +159,18 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 async def _discard(receive: Receive, limit: int) -> None:
+    """Read and drop up to ``limit`` bytes of body so the client reads our refusal.
+
+    Bounded in time too: a client that trickles its body must not hold the refusal back.
+    """
     seen = 0
-    while seen <= limit:
-        message = await receive()
-        if message["type"] != "http.request" or not message.get("more_body", False):
-            return
-        seen += len(message.get("body", b""))
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(_DISCARD_TIMEOUT_S):
+            while seen <= limit:
+                message = await receive()
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    return
+                seen += len(message.get("body", b""))
 
 
 async def _render(
