@@ -246,6 +246,7 @@ def deploy(
     environment: dict[str, str] | None = None,
     wait: bool = True,
     variants: list[dict[str, Any]] | None = None,
+    async_config: dict[str, Any] | None = None,
 ) -> None:
     """Create model, config and endpoint called ``name`` and wait until InService."""
     container: dict[str, Any] = {"Image": image, "ModelDataUrl": model_url}
@@ -256,8 +257,10 @@ def deploy(
         PrimaryContainer=container,
         ExecutionRoleArn="arn:aws:iam::123456789012:role/x",
     )
+    extra: dict[str, Any] = {"AsyncInferenceConfig": async_config} if async_config else {}
     sm.create_endpoint_config(
         EndpointConfigName=name,
+        **extra,
         ProductionVariants=variants
         or [
             {

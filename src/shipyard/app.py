@@ -52,8 +52,6 @@ log = logging.getLogger(__name__)
 # DestinationS3Uri likewise; SnsTopicArn also takes topic names and apprise URLs.
 _LOCAL_URI_SHAPES = frozenset({"Url", "ContainerImage", "S3Uri", "DestinationS3Uri", "SnsTopicArn"})
 
-_BODY_TIMEOUT_S = 30.0
-
 StartupHook = Callable[[EndpointService], Awaitable[None]]
 
 
@@ -114,6 +112,7 @@ class Gateway:
             router=self.router,
             max_payload_bytes=settings.max_payload_bytes,
             account_id=settings.account_id,
+            body_timeout_s=settings.body_read_timeout_s,
         )
         self._build_jobs(settings, stack, backend)
         self._build_async(settings)
@@ -204,7 +203,7 @@ class Gateway:
             verifier=Verifier.from_config(stack.auth, os.environ),
             account_id=settings.account_id,
             max_body_bytes=settings.max_payload_bytes,
-            body_timeout_s=_BODY_TIMEOUT_S,
+            body_timeout_s=settings.body_read_timeout_s,
         )
 
     def __repr__(self) -> str:

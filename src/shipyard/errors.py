@@ -118,6 +118,8 @@ class PayloadTooLarge(RuntimeValidationError):
     """A request body over the runtime's limit; refused before it is buffered whole."""
 
     status_code = 413
+    body_left = True
+    """Whether more of the body is still to come (and should be read and dropped)."""
 
 
 class ModelError(RuntimeFailure):

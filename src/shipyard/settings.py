@@ -51,6 +51,10 @@ class Settings(BaseSettings):
     max_payload_bytes: int = 6 * 1024 * 1024
     """Largest request body the runtime accepts (SageMaker's 6 MB)."""
 
+    body_read_timeout_s: float = 30.0
+    """How long a client may take to send a request body; a request waits for no
+    instance until its body is in, so a slow client holds only its own connection."""
+
     max_queue_per_instance: int = 64
     """Requests an instance may have outstanding before the gateway answers 503."""
 

@@ -17,6 +17,7 @@ from shipyard.async_inference.queue import AsyncInvocations
 from shipyard.errors import InternalFailure, RuntimeFailure, RuntimeValidationError
 from shipyard.gateway.errors import runtime_error_response
 from shipyard.gateway.runtime import discard_body
+from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT_ASYNC, check_header
 from shipyard.routing.router import Router
 
 log = logging.getLogger(__name__)
@@ -64,17 +65,28 @@ class AsyncDoor:
             raise RuntimeValidationError(
                 f"Endpoint {name} is not an asynchronous endpoint: invoke it with InvokeEndpoint."
             )
+        for key, value in scope["headers"]:
+            check_header(INVOKE_ENDPOINT_ASYNC, key, value)
         given = {
             k[len(_PREFIX) :].decode(): v.decode(errors="replace")
             for k, v in scope["headers"]
             if k.startswith(_PREFIX)
         }
+        inference_id = given.get("inference-id")
+        if inference_id is not None and (
+            "/" in inference_id or "\\" in inference_id or inference_id in (".", "..")
+        ):
+            # It names the output and failure files: it must not reach another folder.
+            raise RuntimeValidationError(
+                f"InferenceId {inference_id[:64]!r} may not contain '/' or '\\' or be '.' "
+                "or '..': it names the output file."
+            )
         request = await run_in_threadpool(
             self.invocations.submit,
             name,
             route.async_config,
             input_location=given.get("inputlocation"),
-            inference_id=given.get("inference-id"),
+            inference_id=inference_id,
             content_type=given.get("content-type"),
             accept=given.get("accept"),
             custom_attributes=given.get("custom-attributes"),

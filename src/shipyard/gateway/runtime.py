@@ -7,9 +7,10 @@ per-request work is picking an instance and copying bytes.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 from shipyard.errors import (
@@ -20,8 +21,9 @@ from shipyard.errors import (
     RuntimeValidationError,
 )
 from shipyard.gateway.errors import runtime_error_response
+from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT, check_header
 from shipyard.routing.client import Response
-from shipyard.routing.multimodel import invoke_model, joined, refusal, target_model
+from shipyard.routing.multimodel import invoke_model, refusal, target_model
 from shipyard.routing.router import EndpointRoute, Router, VariantRoute
 
 log = logging.getLogger(__name__)
@@ -42,15 +44,24 @@ _FORWARD = {
 _TARGET_VARIANT = b"x-amzn-sagemaker-target-variant"
 _CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
 _DISCARD_LIMIT = 64 * 1024 * 1024  # read at most this much of an oversize body, then close
+_DISCARD_TIMEOUT_S = 5.0
 
 
 class RuntimeDoor:
     """Translates sagemaker-runtime requests to router calls and back."""
 
-    def __init__(self, *, router: Router, max_payload_bytes: int, account_id: str) -> None:
+    def __init__(
+        self,
+        *,
+        router: Router,
+        max_payload_bytes: int,
+        account_id: str,
+        body_timeout_s: float = 30.0,
+    ) -> None:
         self.router = router
         self.max_payload_bytes = max_payload_bytes
         self.account_id = account_id
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, name: str) -> None:
         started = time.perf_counter()
@@ -59,9 +70,11 @@ class RuntimeDoor:
             status = await self._invoke(scope, receive, send, name, started, chosen)
         except RuntimeFailure as exc:
             status = exc.status_code
-            if isinstance(exc, PayloadTooLarge):
+            if isinstance(exc, PayloadTooLarge) and exc.body_left:
                 await discard_body(receive)
             await runtime_error_response(exc, send)
+        except ClientGone:
+            return
         except Exception:
             log.exception("invocation of %s failed", name)
             status = 500
@@ -94,6 +107,7 @@ class RuntimeDoor:
         target: str | None = None
         content_length: int | None = None
         for key, value in scope["headers"]:
+            check_header(INVOKE_ENDPOINT, key, value)
             wire = _FORWARD.get(key)
             if wire is not None:
                 forward.append((wire, value))
@@ -102,10 +116,12 @@ class RuntimeDoor:
             elif key == _TARGET_VARIANT:
                 target = value.decode()
         if content_length is not None and content_length > self.max_payload_bytes:
-            raise self._too_large()
+            raise self._too_large(body_left=True)
+        # The whole body before any instance is chosen: a client that trickles it must
+        # not hold an instance's slot (or a place in its queue) while it does.
+        body = await self._body(receive)
         variant = self.router.variant_for(route, target)
         chosen.append(variant)
-        body = await self._body(receive, content_length)
         if variant.multi_model is None:
             response, model_s = await self.router.invoke(
                 route, variant, forward, body, content_length=content_length
@@ -134,7 +150,7 @@ class RuntimeDoor:
         route: EndpointRoute,
         variant: VariantRoute,
         forward: list[tuple[bytes, bytes]],
-        body: bytes | AsyncIterator[bytes],
+        body: bytes,
     ) -> tuple[Response, float]:
         """A request to a multi-model variant: its TargetModel checked, platform errors mapped.
 
@@ -146,41 +162,56 @@ class RuntimeDoor:
         multi = variant.multi_model
         assert multi is not None
         model = target_model(route.name, forward)
-        whole = await joined(body)
-        response, model_s = await invoke_model(self.router, route, variant, model, forward, whole)
+        response, model_s = await invoke_model(self.router, route, variant, model, forward, body)
         if response.status >= 300:
             failure = refusal(response, model, multi.prefix)
             if failure is not None:
                 raise failure
         return response, model_s
 
-    async def _body(
-        self, receive: Receive, content_length: int | None
-    ) -> bytes | AsyncIterator[bytes]:
-        message = await receive()
-        first: bytes = message.get("body", b"")
-        if not message.get("more_body", False):
-            if len(first) > self.max_payload_bytes:
-                raise self._too_large()
-            return first
-        if content_length is None:
-            # Chunked upload: gather up to the limit so the instance gets a Content-Length.
-            chunks = [first]
-            size = len(first)
-            while message.get("more_body", False):
-                message = await receive()
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > self.max_payload_bytes:
-                    raise self._too_large()
-                chunks.append(chunk)
-            return b"".join(chunks)
-        return _stream(first, receive)
+    async def _body(self, receive: Receive) -> bytes:
+        """The whole body, at most ``max_payload_bytes``, within ``body_timeout_s``."""
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        raise ClientGone()
+                    chunk: bytes = message.get("body", b"")
+                    more = message.get("more_body", False)
+                    size += len(chunk)
+                    if size > self.max_payload_bytes:
+                        raise self._too_large(body_left=more)
+                    if not more:
+                        break
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise BodyTimeout(
+                f"The request body did not arrive within {self.body_timeout_s:g} seconds."
+            ) from None
+        if not chunks:
+            return chunk
+        chunks.append(chunk)
+        return b"".join(chunks)
 
-    def _too_large(self) -> PayloadTooLarge:
-        return PayloadTooLarge(
+    def _too_large(self, *, body_left: bool) -> PayloadTooLarge:
+        exc = PayloadTooLarge(
             f"Request body is larger than the maximum of {self.max_payload_bytes} bytes."
         )
+        exc.body_left = body_left
+        return exc
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its body arrived: nobody to answer."""
+
+
+class BodyTimeout(RuntimeValidationError):
+    """The body did not arrive within the door's deadline."""
+
+    status_code = 408
 
 
 def _model_error(name: str, response: Response) -> ModelError:
@@ -196,25 +227,20 @@ def _model_error(name: str, response: Response) -> ModelError:
     )
 
 
-async def _stream(first: bytes, receive: Receive) -> AsyncIterator[bytes]:
-    yield first
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return
-        yield message.get("body", b"")
-        if not message.get("more_body", False):
-            return
-
-
 async def discard_body(receive: Receive) -> None:
-    # Read and drop the rest of an oversize body so the client reads our answer instead of
-    # a reset connection; stop after _DISCARD_LIMIT bytes.
+    """Read and drop the rest of a refused body, so the client reads our answer instead of
+    a reset connection; stop after _DISCARD_LIMIT bytes or _DISCARD_TIMEOUT_S seconds.
+
+    Call it only while more of the body is to come: once the body is complete,
+    ``receive`` waits for the client to disconnect.
+    """
     seen = 0
-    while seen < _DISCARD_LIMIT:
-        message = await receive()
-        if message["type"] != "http.request":
-            return
-        seen += len(message.get("body", b""))
-        if not message.get("more_body", False):
-            return
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(_DISCARD_TIMEOUT_S):
+            while seen < _DISCARD_LIMIT:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return
+                seen += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return

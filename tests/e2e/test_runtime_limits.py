@@ -1,0 +1,170 @@
+"""The runtime doors against hostile clients: header limits, ids that would escape a
+folder, bodies that trickle, and chunked bodies over the limit."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from tests.conftest import MODELS, GatewayProcess, deploy, make_tarball, start_gateway
+from tests.e2e.test_async import put_input
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One gateway: ``sums`` (one instance of tests/models/sum) and the async ``echoes``."""
+    home = tmp_path_factory.mktemp("limits")
+    gw = start_gateway(home / "home", extra_env={"SHIPYARD_BODY_READ_TIMEOUT_S": "2"})
+    try:
+        tarball = make_tarball("sum", home / "m" / "model.tar.gz")
+        deploy(gw.sm, "sums", tarball.as_uri())
+        deploy(
+            gw.sm,
+            "echoes",
+            (MODELS / "echo").as_uri(),
+            async_config={
+                "OutputConfig": {
+                    "S3OutputPath": (home / "out" / "ok").as_uri(),
+                    "S3FailurePath": (home / "out" / "failed").as_uri(),
+                }
+            },
+        )
+        yield gw
+    finally:
+        gw.stop()
+
+
+def port(gw: GatewayProcess) -> int:
+    return int(gw.url.rsplit(":", 1)[1])
+
+
+def invoke(gw: GatewayProcess, body: bytes = b"[[1, 2]]", **headers: str) -> tuple[int, Any, bytes]:
+    request = urllib.request.Request(
+        f"{gw.url}/endpoints/sums/invocations", data=body, method="POST"
+    )
+    request.add_header("Content-Type", "application/json")
+    for k, v in headers.items():
+        request.add_header(k, v)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+
+
+def raw(gw: GatewayProcess, request: bytes, timeout_s: float = 15) -> bytes:
+    with socket.create_connection(("127.0.0.1", port(gw)), timeout=timeout_s) as s:
+        s.sendall(request)
+        return s.recv(65536)
+
+
+def test_custom_attributes_over_1024_characters_are_refused(gw: GatewayProcess) -> None:
+    status, headers, body = invoke(gw, **{"X-Amzn-SageMaker-Custom-Attributes": "a" * 1025})
+    assert status == 400
+    assert headers.get("x-amzn-ErrorType") == "ValidationError"
+    assert "customAttributes" in json.loads(body)["message"]
+    assert invoke(gw, **{"X-Amzn-SageMaker-Custom-Attributes": "a" * 1024})[0] == 200
+
+
+@pytest.mark.parametrize("value", ["x" * 65, "caf\u00e9", "tab\there"])
+def test_an_inference_id_must_be_1_to_64_printable_characters(
+    gw: GatewayProcess, value: str
+) -> None:
+    rt = gw.rt
+    with pytest.raises(ClientError) as info:
+        rt.invoke_endpoint(
+            EndpointName="sums", ContentType="application/json", Body=b"[[1]]", InferenceId=value
+        )
+    assert info.value.response["Error"]["Code"] == "ValidationError"
+    assert "inferenceId" in info.value.response["Error"]["Message"]
+
+
+def test_an_inference_id_cannot_place_the_output_outside_its_folder(
+    gw: GatewayProcess, tmp_path: Path
+) -> None:
+    """Issue 9 finding 3: ``../escaped`` wrote ``<S3OutputPath>/../escaped.out``."""
+    out = gw.sm.describe_endpoint_config(EndpointConfigName="echoes")["AsyncInferenceConfig"]
+    ok_dir = Path(out["OutputConfig"]["S3OutputPath"].removeprefix("file://"))
+    for value in ("../escaped", "a/b", "..", "a\\b"):
+        with pytest.raises(ClientError) as info:
+            gw.rt.invoke_endpoint_async(
+                EndpointName="echoes",
+                InputLocation=put_input(tmp_path, {"x": 1}),
+                InferenceId=value,
+            )
+        assert info.value.response["Error"]["Code"] == "ValidationError"
+    assert not (ok_dir.parent / "escaped.out").exists()
+    assert not (ok_dir.parent / "escaped-error.out").exists()
+
+
+def test_a_chunked_body_just_over_the_limit_gets_its_413(gw: GatewayProcess) -> None:
+    """Issue 9 finding 6: 6 MB + 1 byte, chunked, hung instead of answering."""
+    limit = 6 * 1024 * 1024
+    chunk = b"x" * (limit + 1)
+    request = (
+        b"POST /endpoints/sums/invocations HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + f"{len(chunk):x}\r\n".encode()
+        + chunk
+        + b"\r\n0\r\n\r\n"
+    )
+    answer = raw(gw, request)
+    assert answer.startswith(b"HTTP/1.1 413")
+
+
+def test_a_body_that_does_not_arrive_in_time_is_refused(gw: GatewayProcess) -> None:
+    with socket.create_connection(("127.0.0.1", port(gw)), timeout=15) as s:
+        s.sendall(
+            b"POST /endpoints/sums/invocations HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n[[1"
+        )
+        answer = s.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert b"did not arrive within 2 seconds" in answer
+
+
+def test_slow_clients_do_not_take_the_instance_from_normal_ones(gw: GatewayProcess) -> None:
+    """Issue 9 finding 5: ~64 clients trickling their bodies filled the instance's queue,
+    and every normal request got 503. Bodies are now read before an instance is chosen."""
+    stop = threading.Event()
+    sockets: list[socket.socket] = []
+
+    def trickle() -> None:
+        try:
+            s = socket.create_connection(("127.0.0.1", port(gw)), timeout=10)
+        except OSError:
+            return
+        sockets.append(s)
+        s.sendall(
+            b"POST /endpoints/sums/invocations HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+        )
+        while not stop.is_set():
+            try:
+                s.sendall(b" ")
+            except OSError:
+                return
+            stop.wait(0.1)
+
+    threads = [threading.Thread(target=trickle) for _ in range(80)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.5)  # every slow client has connected and started its body
+        statuses = [invoke(gw)[0] for _ in range(30)]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        for s in sockets:
+            s.close()
+    assert statuses == [200] * 30
