@@ -75,7 +75,7 @@ class ControlDoor:
         action = target.removeprefix(_PREFIX) if target.startswith(_PREFIX) else None
         if action is None or (action not in ACTIONS and action not in JOB_ACTIONS):
             raise UnknownOperation(f"The operation {target[:200] or '(none)'} is not supported.")
-        params = _parse(await _read_body(request))
+        params = _parse(await read_body(request, max_bytes=MAX_BODY_BYTES))
         self.validator.validate(action, params)
         assert isinstance(params, dict)  # validate refuses anything but a JSON object
         _drop_nulls(params)
@@ -84,11 +84,14 @@ class ControlDoor:
         return await run_in_threadpool(ACTIONS[action], self.service, params)
 
 
-async def _read_body(request: Request) -> bytes:
-    """The body, refused with RequestTooLarge as soon as it is known to pass the cap."""
+async def read_body(request: Request, *, max_bytes: int) -> bytes:
+    """The body, refused with RequestTooLarge as soon as it is known to pass ``max_bytes``.
+
+    Shared by the doors that buffer small JSON bodies (the control plane, the facade).
+    """
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise _too_large()
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise _too_large(max_bytes)
     chunks: list[bytes] = []
     size = 0
     stream = request.stream()
@@ -96,7 +99,7 @@ async def _read_body(request: Request) -> bytes:
         async with asyncio.timeout(BODY_TIMEOUT_S):
             async for chunk in stream:
                 size += len(chunk)
-                if size > MAX_BODY_BYTES:
+                if size > max_bytes:
                     break
                 chunks.append(chunk)
     except TimeoutError:
@@ -106,9 +109,9 @@ async def _read_body(request: Request) -> bytes:
     except ClientDisconnect:
         # Nobody is left to read the answer; say so without a traceback in the log.
         raise SerializationException("The client closed the connection mid-body.") from None
-    if size > MAX_BODY_BYTES:
+    if size > max_bytes:
         await _drain(stream)
-        raise _too_large()
+        raise _too_large(max_bytes)
     return b"".join(chunks)
 
 
@@ -124,10 +127,9 @@ async def _drain(stream: AsyncIterator[bytes]) -> None:
                     return
 
 
-def _too_large() -> RequestTooLarge:
+def _too_large(max_bytes: int) -> RequestTooLarge:
     return RequestTooLarge(
-        f"The request body is larger than {MAX_BODY_BYTES} bytes, the most this gateway's "
-        "control plane accepts."
+        f"The request body is larger than {max_bytes} bytes, the most this door accepts."
     )
 
 

@@ -14,11 +14,18 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from shipyard.errors import MissingJobType, ResourceNotFound
+from shipyard.errors import JobTypeNotAllowed, MissingJobType, ResourceNotFound
+from shipyard.gateway.control import read_body
 from shipyard.gateway.errors import facade_error_response
 from shipyard.jobs.service import JobService
 
 _MAX_LOG_CHUNK_BYTES = 1 << 20
+
+MAX_BODY_BYTES = 64 << 10
+"""``{"type": ...}`` is a few bytes; a bigger body is refused (413) unread."""
+
+MAX_TYPE_CHARS = 128
+"""Longest job type name taken; longer ones are refused without being echoed whole."""
 
 
 class JobsDoor:
@@ -32,7 +39,7 @@ class JobsDoor:
 
     async def inference(self, request: Request) -> Response:
         try:
-            job_type = _job_type(await request.body())
+            job_type = _job_type(await read_body(request, max_bytes=MAX_BODY_BYTES))
             job, remaining = await run_in_threadpool(self.jobs.submit, job_type)
         except Exception as exc:
             return facade_error_response(exc)
@@ -73,13 +80,18 @@ class JobsDoor:
 def _job_type(raw: bytes) -> str:
     try:
         body = json.loads(raw)
-    except ValueError as exc:
-        raise MissingJobType("The request body is not a JSON object.") from exc
+    except (ValueError, RecursionError):  # the decoder recurses once per nesting level
+        raise MissingJobType("The request body is not a JSON object.") from None
     if not isinstance(body, dict):
         raise MissingJobType("The request body is not a JSON object.")
     job_type = body.get("type")
     if not isinstance(job_type, str) or not job_type.strip():
         raise MissingJobType('The request has no valid "type": give a job type name.')
+    if len(job_type) > MAX_TYPE_CHARS:
+        # No white list holds such a name; and errMsg must not echo a megabyte back.
+        raise JobTypeNotAllowed(
+            f"The type [{job_type[:MAX_TYPE_CHARS]}...] is not in the white list."
+        )
     return job_type
 
 
