@@ -55,6 +55,15 @@ class Settings(BaseSettings):
     """How long a client may take to send a request body; a request waits for no
     instance until its body is in, so a slow client holds only its own connection."""
 
+    max_headers: int = 100
+    """Most headers a request may carry; more is answered 431 as they arrive."""
+
+    max_head_bytes: int = 64 * 1024
+    """Most bytes a request line and its headers may take; more is answered 431."""
+
+    head_timeout_s: float = 10.0
+    """How long a request's head may take to arrive once begun; then 408."""
+
     max_queue_per_instance: int = 64
     """Requests an instance may have outstanding before the gateway answers 503."""
 

@@ -39,6 +39,7 @@ def serve(
 
     from shipyard.app import create_app
     from shipyard.demo import deploy_demo
+    from shipyard.gateway.http_limits import limited_protocol
     from shipyard.settings import Settings
 
     given: dict[str, Any] = {
@@ -65,7 +66,11 @@ def serve(
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http="httptools",
+        http=limited_protocol(
+            max_headers=settings.max_headers,
+            max_head_bytes=settings.max_head_bytes,
+            head_timeout_s=settings.head_timeout_s,
+        ),
         access_log=False,
         log_level="warning",
         timeout_keep_alive=75,

@@ -1,0 +1,121 @@
+"""Limits on request heads, enforced while they arrive (uvicorn's httptools protocol).
+
+uvicorn takes any number of headers of any size, and waits forever for a head that
+never ends; by the time the app sees ``scope["headers"]`` a 32 MB header has been
+buffered whole. So the protocol itself counts: a head with more than ``max_headers``
+headers or more than ``max_head_bytes`` bytes is answered ``431`` and the connection
+closed, and a head not complete ``head_timeout_s`` after its first byte is answered
+``408``. Everything after the head (bodies, the app) is uvicorn's, unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the limits of the module; see there."""
+
+    max_headers = 100
+    max_head_bytes = 64 * 1024
+    head_timeout_s = 10.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._awaiting_head = True
+        self._head_started_here = False
+        self._head_bytes = 0
+        self._header_count = 0
+        self._refused: tuple[int, str] | None = None
+        self._head_timer: Any = None
+
+    def data_received(self, data: bytes) -> None:
+        if self._awaiting_head and self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timed_out)
+        super().data_received(data)
+        if self._refused is not None:
+            self._refuse(*self._refused)
+            return
+        if self._awaiting_head:
+            # A message that ended inside this data may have begun the next head in it:
+            # only data wholly inside a head counts (at most one chunk is not counted).
+            if self._head_started_here:
+                self._head_started_here = False
+            else:
+                self._head_bytes += len(data)
+            if self._head_bytes > self.max_head_bytes:
+                self._refuse(431, "Request header fields too large.")
+
+    def on_message_begin(self) -> None:
+        self._header_count = 0
+        super().on_message_begin()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._header_count > self.max_headers or len(name) + len(value) > self.max_head_bytes:
+            self._refused = (431, "Request header fields too large.")
+            return
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._awaiting_head = False
+        self._head_bytes = 0
+        self._cancel_head_timer()
+        if self._refused is not None:
+            return  # the request is refused: no app task for it
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._awaiting_head = True
+        self._head_started_here = True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def _head_timed_out(self) -> None:
+        # Armed when the first byte of a head arrives and cancelled when the head is
+        # complete; an idle keep-alive connection is uvicorn's keep-alive timeout's.
+        self._head_timer = None
+        if self._awaiting_head:
+            self._refuse(408, "The request head did not arrive in time.")
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _refuse(self, status: int, message: str) -> None:
+        if self.transport.is_closing():
+            return
+        body = message.encode()
+        self.transport.write(
+            b"".join(
+                [
+                    STATUS_LINE[status],
+                    b"content-type: text/plain; charset=utf-8\r\n",
+                    b"content-length: " + str(len(body)).encode() + b"\r\n",
+                    b"connection: close\r\n\r\n",
+                    body,
+                ]
+            )
+        )
+        self.transport.close()
+
+
+def limited_protocol(
+    *, max_headers: int, max_head_bytes: int, head_timeout_s: float
+) -> type[LimitedHttpToolsProtocol]:
+    """The protocol class to give ``uvicorn.run(http=...)``, with these limits."""
+    return type(
+        "LimitedHttpToolsProtocol",
+        (LimitedHttpToolsProtocol,),
+        {
+            "max_headers": max_headers,
+            "max_head_bytes": max_head_bytes,
+            "head_timeout_s": head_timeout_s,
+        },
+    )

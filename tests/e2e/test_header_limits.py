@@ -1,0 +1,81 @@
+"""Request heads are limited while they arrive: count, size and time."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import pytest
+
+from tests.conftest import GatewayProcess, start_gateway
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    gw = start_gateway(
+        tmp_path_factory.mktemp("heads") / "home", extra_env={"SHIPYARD_HEAD_TIMEOUT_S": "1"}
+    )
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+def connect(gw: GatewayProcess) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", int(gw.url.rsplit(":", 1)[1])), timeout=15)
+
+
+def rss_kib(gw: GatewayProcess) -> int:
+    for line in open(f"/proc/{gw.process.pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def send_and_read(gw: GatewayProcess, data: bytes) -> bytes:
+    with connect(gw) as s:
+        try:
+            s.sendall(data)
+        except OSError:
+            pass  # closed on us once refused: the answer is already there
+        return s.recv(65536)
+
+
+def test_twenty_thousand_headers_are_refused(gw: GatewayProcess) -> None:
+    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X-A: b\r\n" * 20_000 + b"\r\n"
+    assert send_and_read(gw, head).startswith(b"HTTP/1.1 431")
+    assert gw.get("/healthz")[0] == 200
+
+
+def test_one_32_mb_header_is_refused_without_being_buffered(gw: GatewayProcess) -> None:
+    before = rss_kib(gw)
+    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (32 << 20) + b"\r\n\r\n"
+    assert send_and_read(gw, head).startswith(b"HTTP/1.1 431")
+    assert rss_kib(gw) - before < 16 * 1024  # far less than the 32 MB sent
+    assert gw.get("/healthz")[0] == 200
+
+
+def test_a_head_that_trickles_is_cut_off_while_others_are_served(gw: GatewayProcess) -> None:
+    with connect(gw) as slow:
+        slow.sendall(b"GET /healthz HTTP/1.1\r\n")
+        answer = b""
+        for _ in range(100):  # one header byte every 50 ms, far beyond the 1 s allowed
+            assert gw.get("/healthz")[0] == 200
+            try:
+                slow.sendall(b"X")
+            except OSError:
+                break
+            time.sleep(0.05)
+        answer = slow.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 408")
+
+
+def test_ordinary_requests_and_keep_alive_still_work(gw: GatewayProcess) -> None:
+    with connect(gw) as s:
+        for _ in range(3):
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        time.sleep(1.5)  # idle between requests longer than the head timeout: not cut
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")
