@@ -32,6 +32,7 @@ from shipyard.gateway.ops import healthz, metrics_endpoint
 from shipyard.gateway.runtime import RuntimeDoor
 from shipyard.gateway.signatures import ASGIApp, RequireSignature
 from shipyard.gateway.validation import RequestValidator
+from shipyard.host_access import HostAccess
 from shipyard.jobs.announce import JobAnnouncer
 from shipyard.jobs.service import JobService
 from shipyard.jobs.supervisor import JobSupervisor
@@ -66,6 +67,7 @@ class Gateway:
         if settings.backend != "local":
             raise ValueError(f"backend: unknown backend {settings.backend!r} (known: local)")
         stack = StackFile.load(settings.config) if settings.config else StackFile()
+        self.host_access = HostAccess.from_auth(stack.auth)
         settings.home.mkdir(parents=True, exist_ok=True)
         self.settings = settings
         self.metrics = Metrics()
@@ -107,6 +109,7 @@ class Gateway:
             account_id=settings.account_id,
             max_endpoints=settings.max_endpoints,
             max_instances_per_variant=settings.max_instances_per_variant,
+            host_access=self.host_access,
         )
         self.runtime = RuntimeDoor(
             router=self.router,
@@ -162,6 +165,7 @@ class Gateway:
             jobs_dir=jobs_dir,
             region=settings.region,
             account_id=settings.account_id,
+            host_access=self.host_access,
         )
 
     def _build_async(self, settings: Settings) -> None:
@@ -183,7 +187,9 @@ class Gateway:
         )
         self.async_door = AsyncDoor(
             router=self.router,
-            invocations=AsyncInvocations(queue=queue, wake=self.consumer.wake),
+            invocations=AsyncInvocations(
+                queue=queue, wake=self.consumer.wake, host_access=self.host_access
+            ),
             account_id=settings.account_id,
         )
 

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from shipyard.async_inference.notices import notify_settings
-from shipyard.errors import RuntimeValidationError
+from shipyard.errors import InvalidParameter, RuntimeValidationError
+from shipyard.host_access import HostAccess
 from shipyard.records import AsyncConfig, AsyncRequest
 from shipyard.storage.async_queue import AsyncQueue
 from shipyard.storage.metadata import now
@@ -26,9 +27,16 @@ DEFAULT_TIMEOUT_S = 900
 class AsyncInvocations:
     """Accepts asynchronous invocations into the durable queue."""
 
-    def __init__(self, *, queue: AsyncQueue, wake: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        *,
+        queue: AsyncQueue,
+        wake: Callable[[], None],
+        host_access: HostAccess | None = None,
+    ) -> None:
         self.queue = queue
         self._wake = wake
+        self.host_access = host_access or HostAccess()
 
     def __repr__(self) -> str:
         return f"AsyncInvocations({self.queue!r})"
@@ -54,6 +62,10 @@ class AsyncInvocations:
         values outside SageMaker's ranges.
         """
         location = _input_location(input_location)
+        try:
+            self.host_access.check_location(location, "InputLocation")
+        except InvalidParameter as exc:  # the runtime's own error code
+            raise RuntimeValidationError(exc.message) from None
         ttl = _in_range("RequestTTLSeconds", ttl_s, DEFAULT_TTL_S, 60, 21600)
         timeout = _in_range("InvocationTimeoutSeconds", timeout_s, DEFAULT_TIMEOUT_S, 1, 3600)
         inference_id = inference_id or str(uuid.uuid4())

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 from shipyard.async_inference.notices import test_event
 from shipyard.errors import InvalidParameter, ResourceLimitExceeded, ResourceNotFound
+from shipyard.host_access import HostAccess
 from shipyard.records import (
     AsyncConfig,
     Endpoint,
@@ -37,8 +38,10 @@ class EndpointService:
         account_id: str,
         max_endpoints: int,
         max_instances_per_variant: int,
+        host_access: HostAccess | None = None,
     ) -> None:
         self.store = store
+        self.host_access = host_access or HostAccess()
         self._wake = wake
         self._current_counts = current_counts
         self._unknown_topics = unknown_topics
@@ -67,6 +70,8 @@ class EndpointService:
         execution_role_arn: str | None,
         raw: dict[str, object],
     ) -> Model:
+        self.host_access.check_image(image, "PrimaryContainer.Image")
+        self.host_access.check_location(model_data_url, "PrimaryContainer.ModelDataUrl")
         model = Model(
             name=name,
             arn=self.arn("model", name),
@@ -248,6 +253,7 @@ class EndpointService:
                     f"AsyncInferenceConfig.OutputConfig.{field}: {uri!r} is not an s3:// or "
                     "file:// URI or an absolute path."
                 )
+            self.host_access.check_location(uri, f"AsyncInferenceConfig.OutputConfig.{field}")
         for field, topic in (
             ("SuccessTopic", config.success_topic),
             ("ErrorTopic", config.error_topic),

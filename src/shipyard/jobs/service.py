@@ -22,6 +22,7 @@ from shipyard.errors import (
     ResourceInUse,
     ResourceLimitExceeded,
 )
+from shipyard.host_access import HostAccess
 from shipyard.jobs.announce import JobAnnouncer
 from shipyard.records import Job, JobStatus, StatusTransition
 from shipyard.settings import JobsConfig
@@ -44,8 +45,10 @@ class JobService:
         jobs_dir: Path,
         region: str,
         account_id: str,
+        host_access: HostAccess | None = None,
     ) -> None:
         self.store = store
+        self.host_access = host_access or HostAccess()
         self.config = config
         self.announcer = announcer
         self._wake = wake
@@ -67,6 +70,9 @@ class JobService:
         the name is taken, InvalidParameter for a job this gateway cannot run.
         """
         _check_runnable(request)
+        if job_type is None:
+            # Facade jobs come from the operator's own stack-file templates: trusted.
+            self._check_host_access(request)
         name = request["TrainingJobName"]
         created = now()
         job = Job(
@@ -85,6 +91,31 @@ class JobService:
         remaining = self.store.create(job, limit=self.limit, event_for=self.announcer)
         self._wake()
         return job, remaining
+
+    def _check_host_access(self, request: dict[str, Any]) -> None:
+        """Refuse commands and local locations the auth: section does not allow."""
+        access = self.host_access
+        algorithm = request.get("AlgorithmSpecification") or {}
+        access.check_image(
+            str(algorithm.get("TrainingImage", "")), "AlgorithmSpecification.TrainingImage"
+        )
+        access.check_entrypoint(
+            algorithm.get("ContainerEntrypoint"), "AlgorithmSpecification.ContainerEntrypoint"
+        )
+        for n, channel in enumerate(request.get("InputDataConfig") or [], start=1):
+            source = (channel.get("DataSource") or {}).get("S3DataSource") or {}
+            access.check_location(source.get("S3Uri"), f"InputDataConfig.{n}.S3Uri")
+        submit = (request.get("HyperParameters") or {}).get("sagemaker_submit_directory")
+        if isinstance(submit, str):
+            # The sagemaker SDK sends hyperparameters JSON-encoded: '"s3://b/k"'.
+            access.check_location(submit.strip('"'), "HyperParameters.sagemaker_submit_directory")
+        access.check_location(
+            (request.get("OutputDataConfig") or {}).get("S3OutputPath"),
+            "OutputDataConfig.S3OutputPath",
+        )
+        access.check_location(
+            (request.get("CheckpointConfig") or {}).get("S3Uri"), "CheckpointConfig.S3Uri"
+        )
 
     def submit(self, job_type: str) -> tuple[Job, int]:
         """The facade's one call: a job of ``job_type`` from its template.

@@ -25,6 +25,11 @@ def create_model(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
     if not image:
         raise InvalidParameter("PrimaryContainer.Image must be provided.")
     _check_mode(p, container)
+    # Every container is checked, though only the first is served today: none may run a
+    # command or name a file this gateway's auth: section does not allow.
+    for n, other in enumerate(p.get("Containers") or [], start=1):
+        svc.host_access.check_image(str(other.get("Image", "")), f"Containers.{n}.Image")
+        svc.host_access.check_location(other.get("ModelDataUrl"), f"Containers.{n}.ModelDataUrl")
     model = svc.create_model(
         p["ModelName"],
         image=image,
