@@ -80,7 +80,7 @@ class Gateway:
             notifier=Notifier(),
             lease_s=settings.event_lease_s,
         )
-        backend = LocalBackend(run_dir=settings.home / "run")
+        self.backend = backend = LocalBackend(run_dir=settings.home / "run", environ=os.environ)
         provisioner = Provisioner(
             store=self.store,
             backend=backend,
@@ -236,6 +236,7 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await asyncio.to_thread(self.store.migrate)
+        self.backend.stop_leftovers()
         tasks = [
             asyncio.create_task(self.reconciler.run(), name="reconciler"),
             asyncio.create_task(self.supervisor.run(), name="job-supervisor"),

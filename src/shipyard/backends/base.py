@@ -41,6 +41,8 @@ class InstanceSpec:
     model_dir: Path
     environment: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
+    s3_access: bool = False
+    """Whether the instance reads ``s3://`` itself, and so gets S3 credentials."""
 
 
 class InstanceHandle(Protocol):
@@ -81,8 +83,13 @@ class JobBackend(Protocol):
     and its working folder, never by a handle held in memory.
     """
 
-    async def start_job(self, workdir: Path, *, s3_endpoint_url: str | None) -> int:
-        """Start the runner of the job in ``workdir``; return its PID."""
+    async def start_job(
+        self, workdir: Path, *, s3_endpoint_url: str | None, s3_access: bool = True
+    ) -> int:
+        """Start the runner of the job in ``workdir``; return its PID.
+
+        ``s3_access``: whether the job names ``s3://`` locations, and so gets S3
+        credentials."""
         ...
 
     def job_running(self, pid: int, workdir: Path) -> bool:

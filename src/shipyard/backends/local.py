@@ -8,18 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from shipyard.backends.base import BackendError, InstanceHandle, InstanceSpec, runtime_for
+from shipyard.backends.environment import process_environment
 
 log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(slots=True)
@@ -43,8 +48,11 @@ def _free_port() -> int:
 class LocalBackend:
     """Runs each instance as a local process bound to a free port on 127.0.0.1."""
 
-    def __init__(self, *, run_dir: Path) -> None:
+    def __init__(self, *, run_dir: Path, environ: Mapping[str, str] | None = None) -> None:
         self.run_dir = run_dir
+        self._environ = dict(environ or {})
+        """The gateway's environment, read once; processes get only what environment.py
+        picks from it."""
         self._runners: dict[int, subprocess.Popen[bytes]] = {}
 
     def __repr__(self) -> str:
@@ -61,7 +69,11 @@ class LocalBackend:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         error_file = self.run_dir / f"{spec.instance_id}.error"
         error_file.unlink(missing_ok=True)
-        env = {**os.environ, **spec.environment}
+        home = self.run_dir / "home" / spec.instance_id
+        home.mkdir(parents=True, exist_ok=True)
+        env = process_environment(self._environ, home=home, s3_access=spec.s3_access)
+        env.update(spec.environment)
+        env["SHIPYARD_INSTANCE_ID"] = spec.instance_id
         env["SAGEMAKER_BIND_TO_PORT"] = str(port)
         env["SM_MODEL_DIR"] = str(spec.model_dir)
         if kind == "python":
@@ -79,12 +91,14 @@ class LocalBackend:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         except OSError as exc:
             raise BackendError(f"Could not start instance {spec.instance_id}: {exc}") from exc
         finally:
             if spec.log_path:
                 out.close()  # type: ignore[union-attr]
+        (self.run_dir / f"{spec.instance_id}.pid").write_text(str(process.pid))
         log.info("started instance %s pid %s on port %s", spec.instance_id, process.pid, port)
         return LocalInstance(
             instance_id=spec.instance_id,
@@ -108,6 +122,37 @@ class LocalBackend:
             # The leader is gone; its session may still hold children.
             _signal_group(process.pid, signal.SIGKILL)
         handle.error_file.unlink(missing_ok=True)
+        (self.run_dir / f"{handle.instance_id}.pid").unlink(missing_ok=True)
+
+    def stop_leftovers(self) -> list[int]:
+        """Kill the instances an earlier gateway on this home left running; their PIDs.
+
+        A gateway that is SIGKILLed cannot stop its instances; the kernel stops the
+        built-in ones with it (``_die_with_parent``), but not what a ``cmd:`` server
+        spawned. Each instance's PID is recorded in ``<run_dir>/<id>.pid``; a PID still
+        running with that instance id in its environment is ours (not a reused PID), and
+        its whole session goes.
+        """
+        stopped = []
+        for pid_file in sorted(self.run_dir.glob("*.pid")):
+            instance_id = pid_file.stem
+            try:
+                pid = int(pid_file.read_text().strip())
+            except (OSError, ValueError):
+                pid = 0
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
+            except OSError:
+                environ = b""  # the leader is gone; what it spawned may not be
+            marker = f"SHIPYARD_INSTANCE_ID={instance_id}".encode()
+            if pid and (marker in environ.split(b"\0") or _group_carries(pid, marker)):
+                _signal_group(pid, signal.SIGKILL)
+                stopped.append(pid)
+                log.warning(
+                    "stopped instance %s (pid %s), left by an earlier gateway", *(instance_id, pid)
+                )
+            pid_file.unlink(missing_ok=True)
+        return stopped
 
     def exit_reason(self, handle: InstanceHandle) -> str | None:
         assert isinstance(handle, LocalInstance)
@@ -122,8 +167,11 @@ class LocalBackend:
 
     # -- job runners ----------------------------------------------------------------------
 
-    async def start_job(self, workdir: Path, *, s3_endpoint_url: str | None) -> int:
+    async def start_job(
+        self, workdir: Path, *, s3_endpoint_url: str | None, s3_access: bool = True
+    ) -> int:
         argv = [sys.executable, "-m", "shipyard.jobs.runner", str(workdir)]
+        env = process_environment(self._environ, home=workdir, s3_access=s3_access)
         if s3_endpoint_url:
             argv += ["--s3-endpoint-url", s3_endpoint_url]
         with open(workdir / "runner.log", "ab") as out:
@@ -131,6 +179,7 @@ class LocalBackend:
                 process = subprocess.Popen(
                     argv,
                     cwd=workdir,
+                    env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -175,6 +224,40 @@ class LocalBackend:
             # It runs in the job's folder: a reused PID would not.
             if os.readlink(f"/proc/{script}/cwd").startswith(str(workdir)):
                 _signal_group(script, signal.SIGKILL)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: the kernel SIGKILLs it when the gateway dies.
+
+    PR_SET_PDEATHSIG fires when the thread that forked exits, so instances are started
+    from the event loop's thread, which lives as long as the gateway. Linux only; where
+    prctl is missing, ``stop_leftovers`` at the next start does the work.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _group_carries(pgid: int, marker: bytes) -> bool:
+    """Whether a live process of group ``pgid`` has ``marker`` in its environment.
+
+    The leader may be gone (killed with the gateway) while what it spawned lives on in
+    its group; the environment it inherited names the instance, so a reused PID is not
+    mistaken for it.
+    """
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if int(fields[2]) != pgid:
+                continue
+            if marker in (proc / "environ").read_bytes().split(b"\0"):
+                return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -206,6 +206,8 @@ class Provisioner:
             model_dir=model_dir,
             environment=dict(template.environment),
             log_path=log_dir / f"{instance_id}.log",
+            # Only a multi-model instance fetches artifacts itself; others get a folder.
+            s3_access=(template.prefix or "").startswith("s3://"),
         )
         return Slot(spec=spec, variant=variant, scratch=scratch)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import shutil
 import signal
@@ -141,7 +142,12 @@ class JobSupervisor:
             workdir.mkdir(parents=True)
             (workdir / JOB_FILE).write_text(self._spec(job).to_json())
             try:
-                pid = await self.backend.start_job(workdir, s3_endpoint_url=self.s3_endpoint_url)
+                pid = await self.backend.start_job(
+                    workdir,
+                    s3_endpoint_url=self.s3_endpoint_url,
+                    # S3 credentials only for a job that names s3:// locations.
+                    s3_access="s3://" in json.dumps(job.request),
+                )
             except BackendError as exc:
                 await asyncio.to_thread(self._fail, job, str(exc))
                 return

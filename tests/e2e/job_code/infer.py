@@ -33,6 +33,8 @@ if args.mode == "ok":
     (model_dir / "result.json").write_text(json.dumps({"total": total}))
     (output_dir / "summary.txt").write_text(f"total {total}\n")
     print(f"total {total}", flush=True)
+elif args.mode == "env":
+    print("ENV " + json.dumps(dict(os.environ)), flush=True)
 elif args.mode == "fail":
     Path(os.environ["SM_OUTPUT_DIR"], "failure").write_text("bad input: the data channel is empty")
     sys.exit(1)
