@@ -98,6 +98,7 @@ class Gateway:
             health_check_period_s=settings.health_check_period_s,
             max_in_flight=settings.max_queue_per_instance,
             model_routing=settings.multi_model_routing,
+            unhealthy_restart_after_s=settings.unhealthy_restart_after_s,
         )
         self.service = EndpointService(
             store=self.store,

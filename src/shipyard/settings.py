@@ -78,6 +78,10 @@ class Settings(BaseSettings):
     health_check_period_s: float = 2.0
     """How often the reconciler pings every instance."""
 
+    unhealthy_restart_after_s: float = 20.0
+    """An instance whose ``/ping`` has failed this long is replaced, even with requests in
+    flight (a hung process never answers them); an idle one goes after three failures."""
+
     drain_timeout_s: float = 30.0
     """How long old instances keep serving in-flight requests after a swap or at stop."""
 

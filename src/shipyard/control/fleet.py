@@ -64,6 +64,8 @@ class Slot:
     handle: InstanceHandle | None = None
     instance: Instance | None = None
     ping_failures: int = 0
+    failing_since: float | None = None
+    """When its pings began to fail (monotonic), None while they succeed."""
     restarts: int = 0
     restart_at: float = 0.0
 

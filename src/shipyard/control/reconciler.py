@@ -43,6 +43,7 @@ class Reconciler:
         health_check_period_s: float,
         max_in_flight: int,
         model_routing: str = "affinity",
+        unhealthy_restart_after_s: float = 20.0,
     ) -> None:
         self.store = store
         self.provisioner = provisioner
@@ -50,6 +51,7 @@ class Reconciler:
         self.metrics = metrics
         self.health_check_period_s = health_check_period_s
         self.max_in_flight = max_in_flight
+        self.unhealthy_restart_after_s = unhealthy_restart_after_s
         self.model_routing = model_routing
         """The policy of multi-model variants: a name from routing.policies.MODEL_POLICIES."""
         self.fleets: dict[str, Fleet] = {}
@@ -168,18 +170,32 @@ class Reconciler:
             assert slot.instance is not None
             busy = slot.instance.in_flight > 0
             if await self.provisioner.ping(slot.instance, timeout_s=5.0):
-                slot.ping_failures = 0
+                slot.ping_failures, slot.failing_since = 0, None
                 if not slot.instance.healthy:
                     slot.instance.healthy = True
                     changed = True  # republish: requests queued meanwhile get a turn
                 await self._resync_models(fleet, slot)
-            elif not busy:
-                # A busy instance may be slow to answer /ping while it predicts; only an
-                # idle one that keeps failing is restarted.
+                continue
+            slot.instance.healthy = False
+            now = time.monotonic()
+            if slot.failing_since is None:
+                slot.failing_since = now
+            if not busy:
                 slot.ping_failures += 1
-                slot.instance.healthy = False
-                if slot.ping_failures >= _PING_FAILURES_BEFORE_RESTART:
-                    changed |= await self._restart(fleet, slot)
+            # An idle instance that keeps failing goes after a few pings. A busy one may
+            # be a user's server that cannot answer /ping while it works (the built-in
+            # runtime always can), so it gets longer; but one that stays silent that long
+            # is hung (stopped, deadlocked), and its requests will never be answered.
+            if (
+                slot.ping_failures >= _PING_FAILURES_BEFORE_RESTART
+                or now - slot.failing_since >= self.unhealthy_restart_after_s
+            ):
+                log.warning(
+                    "instance %s failed its health checks for %.0f s; replacing it",
+                    slot.spec.instance_id,
+                    now - slot.failing_since,
+                )
+                changed |= await self._restart(fleet, slot)
         if changed:
             self._publish(fleet)
 
@@ -201,6 +217,7 @@ class Reconciler:
     async def _restart(self, fleet: Fleet, slot: Slot) -> bool:
         old = slot.handle
         slot.handle, slot.instance, slot.ping_failures = None, None, 0
+        slot.failing_since = None
         self._publish(fleet)
         if old is not None:
             await self.provisioner.backend.stop(old, timeout_s=5.0)
