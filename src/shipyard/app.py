@@ -111,6 +111,8 @@ class Gateway:
             max_endpoints=settings.max_endpoints,
             max_instances_per_variant=settings.max_instances_per_variant,
             host_access=self.host_access,
+            max_instances=settings.max_instances,
+            max_instance_memory_bytes=settings.max_instance_memory_bytes,
         )
         self.runtime = RuntimeDoor(
             router=self.router,

@@ -88,6 +88,14 @@ class Settings(BaseSettings):
     max_endpoints: int = 100
     """Quota: endpoints on this gateway."""
 
+    max_instances: int = 64
+    """Quota: instances of all endpoints together (what their variants ask for)."""
+
+    max_instance_memory_bytes: int | None = None
+    """Quota: memory of all instances together, counted by their InstanceType's memory
+    (``src/shipyard/instance_types.py``); default none, since locally a type's memory is
+    a label rather than what the instance takes. Set it on a shared host."""
+
     max_instances_per_variant: int = 16
     """Quota: instances one production variant may ask for."""
 

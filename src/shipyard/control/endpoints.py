@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from shipyard.async_inference.notices import test_event
 from shipyard.errors import InvalidParameter, ResourceLimitExceeded, ResourceNotFound
 from shipyard.host_access import HostAccess
+from shipyard.instance_types import GIB, memory_bytes
 from shipyard.records import (
     AsyncConfig,
     Endpoint,
@@ -39,9 +40,13 @@ class EndpointService:
         max_endpoints: int,
         max_instances_per_variant: int,
         host_access: HostAccess | None = None,
+        max_instances: int | None = None,
+        max_instance_memory_bytes: int | None = None,
     ) -> None:
         self.store = store
         self.host_access = host_access or HostAccess()
+        self.max_instances = max_instances
+        self.max_instance_memory_bytes = max_instance_memory_bytes
         self._wake = wake
         self._current_counts = current_counts
         self._unknown_topics = unknown_topics
@@ -147,6 +152,9 @@ class EndpointService:
 
     def create_endpoint(self, name: str, config_name: str) -> Endpoint:
         config = self._config_for_endpoint(config_name)
+        self._check_budget(
+            [(v.instance_type, v.instance_count) for v in config.variants], replacing=None
+        )
         stamp = now()
         endpoint = Endpoint(
             name=name,
@@ -184,7 +192,10 @@ class EndpointService:
         return self.store.list_endpoints()
 
     def update_endpoint(self, name: str, config_name: str) -> Endpoint:
-        self._config_for_endpoint(config_name)
+        config = self._config_for_endpoint(config_name)
+        self._check_budget(
+            [(v.instance_type, v.instance_count) for v in config.variants], replacing=name
+        )
         endpoint = self.store.change_endpoint(
             name,
             expect=[EndpointStatus.IN_SERVICE, EndpointStatus.FAILED],
@@ -219,6 +230,10 @@ class EndpointService:
                     state.desired_instance_count if count is None else count,
                 )
             )
+        config = self._config_for_endpoint(current.config_name)
+        types = {v.name: v.instance_type for v in config.variants}
+        asked = [(types.get(v.name, ""), v.desired_instance_count) for v in variants]
+        self._check_budget(asked, replacing=name)
         endpoint = self.store.change_endpoint(
             name,
             expect=[EndpointStatus.IN_SERVICE],
@@ -234,6 +249,43 @@ class EndpointService:
         self._wake()
 
     # -- checks -----------------------------------------------------------------------
+
+    def _check_budget(self, asked: Sequence[tuple[str, int]], *, replacing: str | None) -> None:
+        """Refuse what would take the gateway past its instance or memory budget.
+
+        Counts what every endpoint asks for in the store (desired counts, so endpoints
+        still being created count), with ``replacing``'s own share swapped for ``asked``.
+        Two calls at the same instant may both pass: the budget guards against a host
+        being exhausted, not against a race of two callers.
+        """
+        if self.max_instances is None and self.max_instance_memory_bytes is None:
+            return
+        instances = sum(count for _, count in asked)
+        memory = sum(memory_bytes(kind) * count for kind, count in asked)
+        for endpoint in self.store.list_endpoints():
+            if endpoint.name == replacing or endpoint.status == EndpointStatus.DELETING:
+                continue
+            try:
+                config = self.store.get_endpoint_config(endpoint.config_name)
+            except ResourceNotFound:
+                types: dict[str, str] = {}
+            else:
+                types = {v.name: v.instance_type for v in config.variants}
+            for state in endpoint.variants:
+                instances += state.desired_instance_count
+                memory += memory_bytes(types.get(state.name, "")) * state.desired_instance_count
+        if self.max_instances is not None and instances > self.max_instances:
+            raise ResourceLimitExceeded(
+                f"This request would bring the gateway to {instances} instances; its limit is "
+                f"{self.max_instances} (SHIPYARD_MAX_INSTANCES)."
+            )
+        if self.max_instance_memory_bytes is not None and memory > self.max_instance_memory_bytes:
+            raise ResourceLimitExceeded(
+                f"This request would bring the memory of the gateway's instances, by their "
+                f"InstanceType, to {memory / GIB:.1f} GiB; its limit is "
+                f"{self.max_instance_memory_bytes / GIB:.1f} GiB "
+                "(SHIPYARD_MAX_INSTANCE_MEMORY_BYTES)."
+            )
 
     def _config_for_endpoint(self, config_name: str) -> EndpointConfig:
         try:
