@@ -383,20 +383,29 @@ class WrkResult:
 
 
 def run_wrk(
-    url: str, body_file: Path, *, connections: int, duration_s: float, raw: bool = False
+    url: str,
+    body_file: Path,
+    *,
+    connections: int,
+    duration_s: float,
+    raw: bool = False,
+    script: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> WrkResult:
     """One closed-loop wrk run of ``connections`` keep-alive connections POSTing ``body_file``.
 
     Default: ``wrk -t1 -cN`` with post.lua, the peer harness's set-up; its percentiles are
     wrk's, which include wrk's coordinated-omission correction. ``raw``: ``-tN -cN`` with
     timed.lua, percentiles of what each request took (for heavy-tailed latencies, where
-    wrk's correction invents many samples).
+    wrk's correction invents many samples). ``script`` replaces post.lua (same output
+    line), ``env`` adds variables it reads.
     """
     seconds = max(1, round(duration_s))
-    threads, script = (connections, TIMED_LUA) if raw else (1, POST_LUA)
+    threads, default_script = (connections, TIMED_LUA) if raw else (1, POST_LUA)
+    script = script or default_script
     argv = [require_wrk(), f"-t{threads}", f"-c{connections}", f"-d{seconds}s"]
     argv += ["--timeout", "30s", "--latency", "-s", str(script), url]
-    env = {**os.environ, "BENCH_BODY_FILE": str(body_file)}
+    env = {**os.environ, **(env or {}), "BENCH_BODY_FILE": str(body_file)}
     before = _cpu_times()
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=seconds + 60)
     total, idle = (b - a for a, b in zip(before, _cpu_times(), strict=True))
