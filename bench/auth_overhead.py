@@ -151,7 +151,14 @@ def through_wrk(work: Path, concs: list[int], warmup_s: float, duration_s: float
     (model / "code" / "inference.py").write_text(ECHO)
     stack = work / "stack.yaml"
     stack.write_text(
-        json.dumps({"auth": {"keys": [{"access_key_id": KEY, "secret_access_key_env": "K"}]}})
+        json.dumps(
+            {
+                "auth": {
+                    "keys": [{"access_key_id": KEY, "secret_access_key_env": "K"}],
+                    "file_roots": [str(work)],
+                }
+            }
+        )
     )
     body = PEER_BODY.read_bytes()
     started: list[ServerProcess] = []

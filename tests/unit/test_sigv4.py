@@ -217,3 +217,23 @@ def test_each_door_counts_as_the_action_it_performs(
     method: str, path: str, target: str | None, expected: tuple[Door, str] | None
 ) -> None:
     assert action_of(method, path, target) == expected
+
+
+def test_a_signed_header_list_with_repeats_or_unknown_names_is_only_a_bad_signature() -> None:
+    request = signed()
+    for listed in ("host;host;x-amz-date", "host;no-such-header;x-amz-date", ""):
+        authorization = (
+            f"AWS4-HMAC-SHA256 Credential={KEY}/20261122/us-east-1/sagemaker/aws4_request, "
+            f"SignedHeaders={listed}, Signature=" + "0" * 64
+        ).encode()
+        headers = [(k, authorization if k == b"authorization" else v) for k, v in request.headers]
+        with pytest.raises(InvalidSignature):
+            verifier().verify(SignedRequest("POST", b"/", b"", headers, request.body))
+
+
+def test_a_malformed_date_is_an_invalid_signature() -> None:
+    request = signed()
+    for stamp in (b"2026-11-22T12:00:00Z", b"20261399T999999Z", b"99999999T000000Z"):
+        headers = [(k, stamp if k == b"x-amz-date" else v) for k, v in request.headers]
+        with pytest.raises(InvalidSignature):
+            verifier().verify(SignedRequest("POST", b"/", b"", headers, request.body))

@@ -26,6 +26,7 @@ as IAM writes them, ``*`` wildcards, case-insensitive):
 
 from __future__ import annotations
 
+import calendar
 import fnmatch
 import hashlib
 import hmac
@@ -53,6 +54,7 @@ from shipyard.settings import AuthConfig
 _ALGORITHM = "AWS4-HMAC-SHA256"
 _MAX_SKEW_S = 15 * 60
 _UNSIGNED = "UNSIGNED-PAYLOAD"
+_AMZ_DATE = re.compile(r"(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})Z")
 _FIELD = re.compile(r"(Credential|SignedHeaders|Signature)=([^,\s]*)")
 _BAD_SIGNATURE = (
     "The request signature we calculated does not match the signature you provided. "
@@ -192,7 +194,12 @@ class Verifier:
         stamp = headers.get("x-amz-date")
         try:
             if stamp is not None:
-                when = datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+                # By hand: datetime.strptime alone took a third of a verification.
+                match = _AMZ_DATE.fullmatch(stamp)
+                if match is None:
+                    raise ValueError(f"{stamp!r} is not YYYYMMDDTHHMMSSZ")
+                parts = tuple(int(p) for p in match.groups())
+                when = datetime.fromtimestamp(calendar.timegm(parts), UTC)
             elif "date" in headers:
                 when = parsedate_to_datetime(headers["date"]).astimezone(UTC)
                 stamp = when.strftime("%Y%m%dT%H%M%SZ")
@@ -201,7 +208,7 @@ class Verifier:
                     "Authorization header requires existence of either a 'X-Amz-Date' or "
                     "a 'Date' header."
                 )
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, OverflowError) as exc:
             raise InvalidSignature(f"Date must be in ISO-8601 'basic format': {exc}") from None
         now = self._clock()
         skew = when.timestamp() - now
@@ -270,7 +277,10 @@ def _header_map(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
 def _canonical_uri(raw_path: bytes) -> str:
     # As botocore builds it for every service but S3: dot segments and doubled slashes
     # removed, then the path as sent (already percent-encoded) encoded once more.
-    return quote(normalize_url_path(raw_path.decode("latin-1")), safe="/~")
+    path = raw_path.decode("latin-1")
+    if "." in path or "//" in path or not path:
+        path = normalize_url_path(path)
+    return quote(path, safe="/~")
 
 
 def _canonical_query(query_string: bytes) -> str:
@@ -284,13 +294,14 @@ def _canonical_query(query_string: bytes) -> str:
 
 
 def _canonical_headers(signed: str, headers: list[tuple[bytes, bytes]]) -> str:
+    # ASGI servers give header names lower-cased already, so they match as bytes.
     names = signed.split(";")
-    values: dict[str, list[str]] = {name: [] for name in names}
+    values: dict[bytes, list[str]] = {name.encode("latin-1"): [] for name in names}
     for key, value in headers:
-        found = values.get(key.decode("latin-1").lower())
+        found = values.get(key)
         if found is not None:
             found.append(" ".join(value.decode("latin-1").split()))
-    return "".join(f"{name}:{','.join(values[name])}\n" for name in names)
+    return "".join(f"{name}:{','.join(values[name.encode('latin-1')])}\n" for name in names)
 
 
 @lru_cache(maxsize=256)

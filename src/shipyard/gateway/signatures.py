@@ -74,21 +74,22 @@ class RequireSignature:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        target = _header(scope, b"x-amz-target")
+        wanted = _wanted(scope)
+        target = wanted.get(b"x-amz-target")
         door_action = action_of(scope["method"], scope["path"], target)
         if door_action is None:
             await self.app(scope, receive, send)
             return
         door, action = door_action
         try:
-            declared = _header(scope, b"content-length") or ""
+            declared = wanted.get(b"content-length") or ""
             if declared.isdigit() and int(declared) > self.max_body_bytes:
                 # Refused at once: waiting for a body we would refuse lets a client that
                 # declares 100 MB and sends nothing hold the request open.
                 raise BodyTooLarge(
                     f"Request body is larger than the maximum of {self.max_body_bytes} bytes."
                 )
-            if _header(scope, b"authorization") is None:
+            if b"authorization" not in wanted:
                 await _discard(receive, _DISCARD_LIMIT)
                 body = b""
             else:
@@ -137,11 +138,12 @@ class RequireSignature:
         return b"".join(chunks)
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return str(value.decode("latin-1"))
-    return None
+_WANTED = (b"x-amz-target", b"content-length", b"authorization")
+
+
+def _wanted(scope: Scope) -> dict[bytes, str]:
+    """The few headers this layer reads itself, in one pass."""
+    return {key: value.decode("latin-1") for key, value in scope["headers"] if key in _WANTED}
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
