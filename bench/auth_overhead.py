@@ -5,12 +5,14 @@
 1. In process: ``Verifier.verify`` on a request signed by botocore exactly as boto3 signs
    InvokeEndpoint (the peer body, and a 1 MB body), and the whole ``RequireSignature``
    ASGI layer around a trivial app (body read, verified, replayed); p50/p90/p99 in µs.
-2. Through wrk: one gateway without ``auth:`` and one with it, the same echo model behind
-   each, alternated per concurrency. wrk cannot sign each request, but a SigV4 signature
-   holds for 15 minutes for the identical request and the gateway verifies it in full
-   every time (there is no replay cache), so the request is signed once and wrk sends
-   its ``Authorization`` and ``X-Amz-Date`` (``signed.lua``). Every run checks wrk saw
-   no non-2xx answer, so a refused signature cannot pass for a fast one.
+2. Through wrk: one gateway without ``auth:`` and one with it, the same model behind
+   each (the sklearn model of ``gateway_overhead.py`` when scikit-learn is importable,
+   as in ``/tmp/peers/shipyard/bin/python``; else echo), alternated per concurrency.
+   wrk cannot sign each request, but a SigV4 signature holds for 15 minutes for the
+   identical request and the gateway verifies it in full every time (there is no replay
+   cache), so the request is signed once and wrk sends its ``Authorization`` and
+   ``X-Amz-Date`` (``signed.lua``). Every run checks wrk saw no non-2xx answer, so a
+   refused signature cannot pass for a fast one.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
+from gateway_overhead import write_sklearn
 from harness import (
     HERE,
     PEER_BODY,
@@ -145,10 +148,9 @@ def check(url: str, headers: dict[str, str], body: bytes, expect: int) -> None:
         raise RuntimeError(f"{url}: expected {expect}, got {status}")
 
 
-def through_wrk(work: Path, concs: list[int], warmup_s: float, duration_s: float) -> list[Any]:
-    model = work / "echo"
-    (model / "code").mkdir(parents=True)
-    (model / "code" / "inference.py").write_text(ECHO)
+def through_wrk(
+    work: Path, model: Path, concs: list[int], warmup_s: float, duration_s: float
+) -> list[Any]:
     stack = work / "stack.yaml"
     stack.write_text(
         json.dumps(
@@ -170,18 +172,18 @@ def through_wrk(work: Path, concs: list[int], warmup_s: float, duration_s: float
             work / "on", args=["--config", str(stack)], env={**os.environ, "K": SECRET}
         )
         started.append(on)
-        Control(off_url).deploy("echo", model.as_uri())
+        Control(off_url).deploy("model", model.as_uri())
         off.track()
         _deploy_signed(on_url, model.as_uri())
         on.track()
-        on_invoke = f"{on_url}/endpoints/echo/invocations"
+        on_invoke = f"{on_url}/endpoints/model/invocations"
         signed = sign(on_invoke, body)
         check(on_invoke, signed, body, 200)
         check(on_invoke, {**signed, "Authorization": signed["Authorization"][:-4] + "0000"},
               body, 403)  # fmt: skip
         env = {"BENCH_AUTHORIZATION": signed["Authorization"], "BENCH_DATE": signed["X-Amz-Date"]}
         for c in concs:
-            off_invoke = f"{off_url}/endpoints/echo/invocations"
+            off_invoke = f"{off_url}/endpoints/model/invocations"
             run_wrk(off_invoke, PEER_BODY, connections=c, duration_s=warmup_s)
             a = run_wrk(off_invoke, PEER_BODY, connections=c, duration_s=duration_s)
             run_wrk(on_invoke, PEER_BODY, connections=c, duration_s=warmup_s,
@@ -217,7 +219,7 @@ def _deploy_signed(url: str, model_url: str) -> None:
                 result: dict[str, Any] = json.loads(response.read() or b"{}")
                 return result
 
-    Signed(url).deploy("echo", model_url)
+    Signed(url).deploy("model", model_url)
 
 
 def main() -> int:
@@ -227,15 +229,23 @@ def main() -> int:
     concs = env_ints("CONCS", [1, 8, 32])
     micro_rows = micro(n)
     with tempfile.TemporaryDirectory(prefix="shipyard-auth-") as tmp:
+        work = Path(tmp)
+        model = work / "model"
+        kind = "sklearn" if write_sklearn(model) else "echo"
+        if kind == "echo":
+            (model / "code").mkdir(parents=True)
+            (model / "code" / "inference.py").write_text(ECHO)
         with time_budget(len(concs) * 3 * (duration_s + 15) + 180):
-            rows = through_wrk(Path(tmp), concs, warmup_s, duration_s)
+            rows = through_wrk(work, model, concs, warmup_s, duration_s)
     print(
         f"## Authentication overhead ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores)\n"
     )
     print(f"In process, {n:,} calls each after a warm-up (µs):\n")
     print(table(["what", "p50 µs", "p90 µs", "p99 µs"], micro_rows) + "\n")
     print(
-        f"Through the gateway: echo model, one instance, wrk -t1 -cC, {warmup_s:g} s warm-up + "
+        f"Through the gateway: {kind} model (the sklearn one of gateway_overhead.py when "
+        "scikit-learn is importable, else echo), one instance, wrk -t1 -cC, "
+        f"{warmup_s:g} s warm-up + "
         f"{duration_s:g} s measured, body {PEER_BODY} ({len(PEER_BODY.read_bytes())} B); "
         "auth off and on alternated per concurrency; no non-2xx answer in any run.\n"
     )
