@@ -64,6 +64,8 @@ class HostAccess:
         path = local_path(uri)
         if path is None:
             return
+        if "\x00" in path:
+            raise InvalidParameter(f"{field}: a path may not contain a NUL character.")
         real = Path(os.path.realpath(path))
         if not any(real == root or real.is_relative_to(root) for root in self.file_roots):
             roots = ", ".join(str(r) for r in self.file_roots) or "none"

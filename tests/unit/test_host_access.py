@@ -80,3 +80,8 @@ def test_local_path_reads_file_uris_and_plain_paths() -> None:
     assert local_path("file:///a/b%20c") == "/a/b c"
     assert local_path("/a/b") == "/a/b"
     assert local_path("s3://b/k") is None
+
+
+def test_a_nul_in_a_path_is_a_validation_error(tmp_path: Path) -> None:
+    with pytest.raises(InvalidParameter, match="NUL"):
+        access(tmp_path).check_location("file:///srv/a\x00b", "CheckpointConfig.S3Uri")
