@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from shipyard.control.endpoints import EndpointService
-from shipyard.errors import ResourceInUse
+from shipyard.errors import AlreadyExists
 from shipyard.records import RoutingStrategy, VariantSpec
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ async def deploy_demo(service: EndpointService, home: Path) -> None:
         for step in steps:
             try:
                 step()
-            except ResourceInUse:
+            except AlreadyExists:
                 pass  # already deployed by an earlier start
 
     await asyncio.to_thread(create)

@@ -3,6 +3,7 @@
     ShipyardError                      wire_type, status_code, message
     ├── ValidationException            400  bad input on the control plane
     │   ├── ResourceNotFound           400  SageMaker's "Could not find ..." wording
+    │   ├── AlreadyExists              400  "Cannot create already existing model ..."
     │   └── InvalidParameter           400  a value that breaks a constraint
     ├── ResourceInUse                  400  a name already taken, or a resource still used
     ├── ResourceLimitExceeded          400  a quota hit
@@ -63,6 +64,14 @@ class ResourceNotFound(ValidationException):
     @classmethod
     def of(cls, kind: str, name: str) -> ResourceNotFound:
         return cls(f'Could not find {kind} "{name}".')
+
+
+class AlreadyExists(ValidationException):
+    """A model, endpoint config or endpoint name that is taken.
+
+    SageMaker answers these as ValidationException (jobs: ResourceInUse), and the
+    sagemaker SDK ignores a taken model name only on that code and wording.
+    """
 
 
 class InvalidParameter(ValidationException):

@@ -45,7 +45,10 @@ def test_model_lifecycle_with_sagemaker_shapes(gateway: GatewayProcess) -> None:
     assert described["CreationTime"].tzinfo is not None
     with pytest.raises(ClientError) as err:
         sm.create_model(ModelName="My-Model", PrimaryContainer={"Image": "shipyard/python"})
-    assert _code(err) == "ResourceInUse"
+    assert _code(err) == "ValidationException"
+    assert (
+        err.value.response["Error"]["Message"] == f'Cannot create already existing model "{arn}".'
+    )
     sm.delete_model(ModelName="My-Model")
     with pytest.raises(ClientError) as err:
         sm.describe_model(ModelName="My-Model")
@@ -118,7 +121,8 @@ def test_endpoint_config_validates_models_and_limits(gateway: GatewayProcess) ->
         sm.create_endpoint_config(
             EndpointConfigName="c", ProductionVariants=[{**variant, "ModelName": "m"}]
         )
-    assert _code(err) == "ResourceInUse"
+    assert _code(err) == "ValidationException"
+    assert "Cannot create already existing endpoint configuration" in str(err.value)
 
 
 def test_bad_requests_get_aws_errors_and_the_gateway_stays_up(gateway: GatewayProcess) -> None:
@@ -153,7 +157,8 @@ def test_create_describe_list_delete_endpoint(gateway: GatewayProcess, model_tar
     assert [e["EndpointName"] for e in listed] == [name]
     with pytest.raises(ClientError) as err:
         sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
-    assert _code(err) == "ResourceInUse"
+    assert _code(err) == "ValidationException"
+    assert "Cannot create already existing endpoint" in str(err.value)
     sm.delete_endpoint(EndpointName=name)
     sm.get_waiter("endpoint_deleted").wait(
         EndpointName=name, WaiterConfig={"Delay": 0.2, "MaxAttempts": 100}

@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from shipyard.errors import InvalidParameter, ResourceInUse, ResourceLimitExceeded, ResourceNotFound
+from shipyard.errors import (
+    AlreadyExists,
+    InvalidParameter,
+    ResourceLimitExceeded,
+    ResourceNotFound,
+)
 from shipyard.records import (
     Endpoint,
     EndpointConfig,
@@ -69,7 +74,7 @@ def test_models_round_trip_and_names_are_unique(store: MetadataStore) -> None:
     store.create_model(_model())
     got = store.get_model("m")
     assert got.environment == {"A": "1"} and got.created.tzinfo is not None
-    with pytest.raises(ResourceInUse, match="already existing model"):
+    with pytest.raises(AlreadyExists, match="already existing model"):
         store.create_model(_model())
     store.delete_model("m")
     with pytest.raises(ResourceNotFound, match='Could not find model "m"'):
@@ -100,7 +105,7 @@ def test_endpoint_transitions_are_checked(store: MetadataStore) -> None:
 
 def test_endpoint_quota_and_duplicates(store: MetadataStore) -> None:
     store.create_endpoint(_endpoint("a"), max_endpoints=2)
-    with pytest.raises(ResourceInUse, match="already existing endpoint"):
+    with pytest.raises(AlreadyExists, match="already existing endpoint"):
         store.create_endpoint(_endpoint("a"), max_endpoints=2)
     store.create_endpoint(_endpoint("b"), max_endpoints=2)
     with pytest.raises(ResourceLimitExceeded, match="Number of endpoints"):

@@ -31,8 +31,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.pool import StaticPool
 
 from shipyard.errors import (
+    AlreadyExists,
     InvalidParameter,
-    ResourceInUse,
     ResourceLimitExceeded,
     ResourceNotFound,
 )
@@ -171,7 +171,7 @@ class MetadataStore:
             try:
                 conn.execute(insert(t.endpoints).values(**row))
             except IntegrityError as exc:
-                raise ResourceInUse(message) from exc
+                raise AlreadyExists(message) from exc
             for event in events:
                 record_event(conn, event)
 
@@ -238,7 +238,7 @@ class MetadataStore:
             with self._tx() as conn:
                 conn.execute(insert(table).values(**row))
         except IntegrityError as exc:
-            raise ResourceInUse(taken_message) from exc
+            raise AlreadyExists(taken_message) from exc
 
     def _delete(self, table: Any, name: str, kind: str) -> None:
         with self._tx() as conn:
