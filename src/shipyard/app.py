@@ -17,6 +17,7 @@ from starlette.routing import Route
 
 from shipyard.async_inference.consumer import Consumer
 from shipyard.async_inference.queue import AsyncInvocations
+from shipyard.backends.environment import s3_variables
 from shipyard.backends.local import LocalBackend
 from shipyard.control.endpoints import EndpointService
 from shipyard.control.fleet import Provisioner
@@ -80,7 +81,11 @@ class Gateway:
             notifier=Notifier(),
             lease_s=settings.event_lease_s,
         )
-        self.backend = backend = LocalBackend(run_dir=settings.home / "run", environ=os.environ)
+        self.backend = backend = LocalBackend(
+            run_dir=settings.home / "run",
+            environ=os.environ,
+            s3=s3_variables(os.environ, s3_endpoint_url=settings.s3_endpoint_url),
+        )
         provisioner = Provisioner(
             store=self.store,
             backend=backend,

@@ -6,45 +6,79 @@ cloud credentials), and a model's code can read whatever its process was given. 
 process gets only:
 
 - ``PATH`` (to find programs), ``LANG`` / ``LC_ALL`` / ``TZ`` (so text and times read as
-  on the host) and ``TMPDIR``, copied when the gateway has them;
-- ``HOME``, its own folder, so libraries that cache under ``~`` keep to it;
+  on the host) and ``TMPDIR`` (so temporary files go where the operator put them), copied
+  when the gateway has them;
+- ``HOME``, its own folder, so libraries that cache under ``~`` keep to it, and so it
+  never reads the gateway user's ``~/.aws`` or other dotfiles;
 - ``PYTHONUNBUFFERED``, so its log lines arrive as they are printed;
-- S3 credentials only when it reads or writes ``s3://`` itself (a multi-model instance
-  with an ``s3://`` prefix, a job that names an ``s3://`` location): the analogue of
-  SageMaker's execution role. Then it gets the gateway's ``AWS_*`` credential settings
-  and nothing else of it;
+- S3 access only when it reads or writes ``s3://`` itself (a multi-model instance with an
+  ``s3://`` prefix, a job that names an ``s3://`` location): the analogue of SageMaker's
+  execution role. Then it gets the credentials the gateway itself resolved at start, as
+  plain ``AWS_*`` variables (never its profile or credential files, which may hold
+  other profiles), and the S3 endpoint;
 
 and then what its model or job declares (``Environment``), which wins.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 
+import botocore.exceptions
+import botocore.session
+
+log = logging.getLogger(__name__)
+
 _PLAIN = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR")
-_S3_CREDENTIALS = (
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_DEFAULT_REGION",
-    "AWS_REGION",
-    "AWS_PROFILE",
-    "AWS_CONFIG_FILE",
-    "AWS_SHARED_CREDENTIALS_FILE",
-    "AWS_CA_BUNDLE",
-    "AWS_ENDPOINT_URL_S3",
-)
 
 
 def process_environment(
-    gateway: Mapping[str, str], *, home: Path, s3_access: bool
+    gateway: Mapping[str, str], *, home: Path, s3: Mapping[str, str] | None = None
 ) -> dict[str, str]:
-    """The base environment of one instance or job process; see the module."""
+    """The base environment of one instance or job process; see the module.
+
+    ``s3``: the S3 variables (``s3_variables``) for a process that uses ``s3://``.
+    """
     env = {name: gateway[name] for name in _PLAIN if name in gateway}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     env["HOME"] = str(home)
     env["PYTHONUNBUFFERED"] = "1"
-    if s3_access:
-        env.update({name: gateway[name] for name in _S3_CREDENTIALS if name in gateway})
+    env.update(s3 or {})
+    return env
+
+
+def s3_variables(gateway: Mapping[str, str], *, s3_endpoint_url: str | None) -> dict[str, str]:
+    """The gateway's own S3 access, as explicit variables for a process that uses s3://.
+
+    Resolved once, at start, the way boto3 would (environment, then profile and its
+    files), but without asking the metadata services of EC2 and ECS: a gateway on a cloud
+    instance does not lend that instance's role to its models unasked. Credentials that
+    expire (an assumed role, SSO) are handed over as they are at start; a gateway that
+    needs longer should be given plain keys.
+    """
+    env: dict[str, str] = {}
+    try:
+        session = botocore.session.Session()
+        resolver = session.get_component("credential_provider")
+        for provider in ("container-role", "iam-role"):
+            resolver.remove(provider)
+        credentials = session.get_credentials()
+        region = session.get_config_variable("region")
+    except botocore.exceptions.BotoCoreError as exc:
+        log.warning("no S3 credentials for instances and jobs: %s", exc)
+        credentials, region = None, None
+    if credentials is not None:
+        frozen = credentials.get_frozen_credentials()
+        env["AWS_ACCESS_KEY_ID"] = frozen.access_key
+        env["AWS_SECRET_ACCESS_KEY"] = frozen.secret_key
+        if frozen.token:
+            env["AWS_SESSION_TOKEN"] = frozen.token
+    if region:
+        env["AWS_DEFAULT_REGION"] = env["AWS_REGION"] = str(region)
+    if "AWS_CA_BUNDLE" in gateway:
+        env["AWS_CA_BUNDLE"] = gateway["AWS_CA_BUNDLE"]  # to trust a private S3 endpoint
+    if s3_endpoint_url:
+        env["SHIPYARD_S3_ENDPOINT_URL"] = s3_endpoint_url
     return env

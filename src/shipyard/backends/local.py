@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import signal
@@ -48,11 +49,19 @@ def _free_port() -> int:
 class LocalBackend:
     """Runs each instance as a local process bound to a free port on 127.0.0.1."""
 
-    def __init__(self, *, run_dir: Path, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        run_dir: Path,
+        environ: Mapping[str, str] | None = None,
+        s3: Mapping[str, str] | None = None,
+    ) -> None:
         self.run_dir = run_dir
         self._environ = dict(environ or {})
         """The gateway's environment, read once; processes get only what environment.py
         picks from it."""
+        self._s3 = dict(s3 or {})
+        """The S3 access handed to processes that use s3:// (``s3_variables``)."""
         self._runners: dict[int, subprocess.Popen[bytes]] = {}
 
     def __repr__(self) -> str:
@@ -71,7 +80,8 @@ class LocalBackend:
         error_file.unlink(missing_ok=True)
         home = self.run_dir / "home" / spec.instance_id
         home.mkdir(parents=True, exist_ok=True)
-        env = process_environment(self._environ, home=home, s3_access=spec.s3_access)
+        s3 = self._s3 if spec.s3_access else None
+        env = process_environment(self._environ, home=home, s3=s3)
         env.update(spec.environment)
         env["SHIPYARD_INSTANCE_ID"] = spec.instance_id
         env["SAGEMAKER_BIND_TO_PORT"] = str(port)
@@ -91,7 +101,7 @@ class LocalBackend:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=functools.partial(_die_with_parent, os.getpid()),
             )
         except OSError as exc:
             raise BackendError(f"Could not start instance {spec.instance_id}: {exc}") from exc
@@ -171,7 +181,7 @@ class LocalBackend:
         self, workdir: Path, *, s3_endpoint_url: str | None, s3_access: bool = True
     ) -> int:
         argv = [sys.executable, "-m", "shipyard.jobs.runner", str(workdir)]
-        env = process_environment(self._environ, home=workdir, s3_access=s3_access)
+        env = process_environment(self._environ, home=workdir, s3=self._s3 if s3_access else None)
         if s3_endpoint_url:
             argv += ["--s3-endpoint-url", s3_endpoint_url]
         with open(workdir / "runner.log", "ab") as out:
@@ -226,16 +236,20 @@ class LocalBackend:
                 _signal_group(script, signal.SIGKILL)
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(gateway_pid: int) -> None:
     """In the child, before exec: the kernel SIGKILLs it when the gateway dies.
 
     PR_SET_PDEATHSIG fires when the thread that forked exits, so instances are started
-    from the event loop's thread, which lives as long as the gateway. Linux only; where
-    prctl is missing, ``stop_leftovers`` at the next start does the work.
+    from the event loop's thread (``start`` is a coroutine; never call it through
+    ``to_thread``), which lives as long as the gateway. A gateway that died between the
+    fork and here is not noticed by the kernel, so the child checks its parent itself.
+    Linux only; where prctl is missing, ``stop_leftovers`` at the next start does the work.
     """
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != gateway_pid:
+        os._exit(1)
 
 
 def _group_carries(pgid: int, marker: bytes) -> bool:

@@ -1,0 +1,106 @@
+"""The base environment of instances and jobs, and the S3 access handed to them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from shipyard.backends.environment import process_environment, s3_variables
+
+
+class Recorder(BaseHTTPRequestHandler):
+    paths: list[str] = []
+
+    def do_GET(self) -> None:
+        Recorder.paths.append(self.path)
+        body = b'{"AccessKeyId": "AKIDROLE", "SecretAccessKey": "role", "Token": "t",'
+        body += b' "Expiration": "2099-01-01T00:00:00Z"}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_PUT = do_GET
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def metadata_service() -> Iterator[str]:
+    """A stand-in for the EC2 and ECS metadata services on loopback, recording calls."""
+    Recorder.paths = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def no_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+
+
+def test_the_base_keeps_a_few_plain_variables_and_nothing_else(tmp_path: Path) -> None:
+    gateway = {
+        "PATH": "/opt/bin:/usr/bin",
+        "LANG": "C.UTF-8",
+        "TZ": "UTC",
+        "HOME": "/home/operator",
+        "SHIPYARD_KEY_OPS": "secret",
+        "AWS_SECRET_ACCESS_KEY": "secret",
+        "DATABASE_URL": "postgresql://u:secret@db/x",
+    }
+    env = process_environment(gateway, home=tmp_path)
+    assert env == {
+        "PATH": "/opt/bin:/usr/bin",
+        "LANG": "C.UTF-8",
+        "TZ": "UTC",
+        "HOME": str(tmp_path),
+        "PYTHONUNBUFFERED": "1",
+    }
+    s3 = {"AWS_ACCESS_KEY_ID": "AKID", "SHIPYARD_S3_ENDPOINT_URL": "http://s3"}
+    assert process_environment(gateway, home=tmp_path, s3=s3).items() >= s3.items()
+
+
+def test_s3_access_is_resolved_from_a_profile_into_plain_keys(
+    no_aws: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    credentials = tmp_path / "credentials"
+    credentials.write_text("[p]\naws_access_key_id = AKIDP\naws_secret_access_key = sp\n")
+    config = tmp_path / "config"
+    config.write_text("[profile p]\nregion = eu-west-1\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_PROFILE", "p")
+    env = s3_variables({}, s3_endpoint_url="http://127.0.0.1:9000")
+    assert env == {
+        "AWS_ACCESS_KEY_ID": "AKIDP",
+        "AWS_SECRET_ACCESS_KEY": "sp",
+        "AWS_DEFAULT_REGION": "eu-west-1",
+        "AWS_REGION": "eu-west-1",
+        "SHIPYARD_S3_ENDPOINT_URL": "http://127.0.0.1:9000",
+    }
+
+
+def test_s3_access_never_asks_the_metadata_services(
+    no_aws: None, monkeypatch: pytest.MonkeyPatch, metadata_service: str
+) -> None:
+    monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", metadata_service + "/ecs")
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", metadata_service)
+    env = s3_variables({}, s3_endpoint_url=None)
+    assert "AWS_ACCESS_KEY_ID" not in env
+    assert Recorder.paths == []
