@@ -6,8 +6,9 @@ cloud credentials), and a model's code can read whatever its process was given. 
 process gets only:
 
 - ``PATH`` (to find programs), ``LANG`` / ``LC_ALL`` / ``TZ`` (so text and times read as
-  on the host) and ``TMPDIR`` (so temporary files go where the operator put them), copied
-  when the gateway has them;
+  on the host), ``TMPDIR`` (so temporary files go where the operator put them) and
+  ``PYTHONPATH`` (so the built-in runtime and the job runner import shipyard as the
+  gateway did, when it runs from a source tree), copied when the gateway has them;
 - ``HOME``, its own folder, so libraries that cache under ``~`` keep to it, and so it
   never reads the gateway user's ``~/.aws`` or other dotfiles;
 - ``PYTHONUNBUFFERED``, so its log lines arrive as they are printed;
@@ -31,7 +32,7 @@ import botocore.session
 
 log = logging.getLogger(__name__)
 
-_PLAIN = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR")
+_PLAIN = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH")
 
 
 def process_environment(

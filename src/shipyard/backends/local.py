@@ -139,29 +139,22 @@ class LocalBackend:
 
         A gateway that is SIGKILLed cannot stop its instances; the kernel stops the
         built-in ones with it (``_die_with_parent``), but not what a ``cmd:`` server
-        spawned. Each instance's PID is recorded in ``<run_dir>/<id>.pid``; a PID still
-        running with that instance id in its environment is ours (not a reused PID), and
-        its whole session goes.
+        spawned. Each instance's PID is recorded in ``<run_dir>/<id>.pid``; a process of
+        that group (the instance leads its own session) with that instance id in its
+        environment is ours, not a reused PID, and its whole group goes.
         """
-        stopped = []
+        recorded: dict[int, str] = {}
         for pid_file in sorted(self.run_dir.glob("*.pid")):
-            instance_id = pid_file.stem
-            try:
-                pid = int(pid_file.read_text().strip())
-            except (OSError, ValueError):
-                pid = 0
-            try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes()
-            except OSError:
-                environ = b""  # the leader is gone; what it spawned may not be
-            marker = f"SHIPYARD_INSTANCE_ID={instance_id}".encode()
-            if pid and (marker in environ.split(b"\0") or _group_carries(pid, marker)):
-                _signal_group(pid, signal.SIGKILL)
-                stopped.append(pid)
-                log.warning(
-                    "stopped instance %s (pid %s), left by an earlier gateway", *(instance_id, pid)
-                )
+            with contextlib.suppress(OSError, ValueError):
+                recorded[int(pid_file.read_text().strip())] = pid_file.stem
             pid_file.unlink(missing_ok=True)
+        stopped = []
+        for pgid in _groups_carrying(recorded):
+            _signal_group(pgid, signal.SIGKILL)
+            stopped.append(pgid)
+            log.warning(
+                "stopped instance %s (pid %s), left by an earlier gateway", recorded[pgid], pgid
+            )
         return stopped
 
     def exit_reason(self, handle: InstanceHandle) -> str | None:
@@ -252,26 +245,30 @@ def _die_with_parent(gateway_pid: int) -> None:
         os._exit(1)
 
 
-def _group_carries(pgid: int, marker: bytes) -> bool:
-    """Whether a live process of group ``pgid`` has ``marker`` in its environment.
+def _groups_carrying(instances: Mapping[int, str]) -> set[int]:
+    """Which of the process groups ``instances`` (group id to instance id) still live.
 
-    The leader may be gone (killed with the gateway) while what it spawned lives on in
-    its group; the environment it inherited names the instance, so a reused PID is not
-    mistaken for it.
+    A group lives while one of its processes does, and it is the instance's when that
+    process has ``SHIPYARD_INSTANCE_ID=<id>`` in its environment (inherited from the
+    leader, which may be gone): a reused PID is not mistaken for it. One pass over /proc.
     """
+    found: set[int] = set()
+    if not instances:
+        return found
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             stat = (proc / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2 :].split()
-            if int(fields[2]) != pgid:
+            pgid = int(stat[stat.rindex(")") + 2 :].split()[2])
+            if pgid not in instances or pgid in found:
                 continue
+            marker = f"SHIPYARD_INSTANCE_ID={instances[pgid]}".encode()
             if marker in (proc / "environ").read_bytes().split(b"\0"):
-                return True
+                found.add(pgid)
         except (OSError, ValueError, IndexError):
             continue
-    return False
+    return found
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
