@@ -26,7 +26,7 @@ run: install
 	$(BIN)/shipyard serve --host 127.0.0.1 --port $(PORT) --home $(HOME_DIR) --demo
 
 test: install-dev
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --cov=shipyard --cov-report=term-missing:skip-covered
 
 lint: install-dev
 	$(BIN)/ruff check src tests bench

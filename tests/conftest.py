@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import io
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tarfile
@@ -36,26 +39,36 @@ class PgSchema:
     """A SQLAlchemy engine on the database, to look inside from a test."""
 
 
-def pg_available() -> bool:
+@functools.cache
+def pg_unreachable() -> str | None:
+    """Why PostgreSQL at ``PG_URL`` cannot be used, or None when it can; asked once."""
     import sqlalchemy
 
+    engine = sqlalchemy.create_engine(
+        PG_URL.replace("postgresql://", "postgresql+psycopg://"),
+        connect_args={"connect_timeout": 5},
+    )
     try:
-        engine = sqlalchemy.create_engine(PG_URL.replace("postgresql://", "postgresql+psycopg://"))
         with engine.connect():
-            pass
+            return None
+    except Exception as exc:
+        cause = getattr(exc, "orig", None) or exc  # the driver's error, not SQLAlchemy's
+        return str(cause).strip().splitlines()[0]
+    finally:
         engine.dispose()
-        return True
-    except Exception:
-        return False
 
 
 @pytest.fixture
 def pg_schema() -> Iterator[PgSchema]:
-    """A fresh PostgreSQL schema, dropped afterwards; skips where PostgreSQL is absent."""
+    """A fresh PostgreSQL schema, dropped afterwards.
+
+    Where PostgreSQL is absent the test skips, saying so, rather than running on SQLite
+    and passing for a check it never made. SHIPYARD_TEST_PG points at another server.
+    """
     import sqlalchemy
 
-    if not pg_available():
-        pytest.skip(f"PostgreSQL is not reachable at {PG_URL}")
+    if (reason := pg_unreachable()) is not None:
+        pytest.skip(f"PostgreSQL is not reachable at {PG_URL} (set SHIPYARD_TEST_PG): {reason}")
     name = f"t_{uuid.uuid4().hex[:10]}"
     admin = sqlalchemy.create_engine(PG_URL.replace("postgresql://", "postgresql+psycopg://"))
     with admin.begin() as conn:
@@ -86,6 +99,7 @@ class GatewayProcess:
         config = botocore.config.Config(
             retries={"max_attempts": kwargs.pop("max_attempts", 3), "mode": "standard"},
             read_timeout=kwargs.pop("read_timeout", 70),
+            parameter_validation=kwargs.pop("config_validation", True),
         )
         return boto3.client(
             service,
@@ -208,6 +222,50 @@ def stop_job_processes(home: Path) -> None:
                 os.killpg(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+def wait_until(check: Callable[[], object], what: str, timeout_s: float = 30) -> None:
+    """Poll ``check`` until it is true; fail naming ``what`` past ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
+        time.sleep(0.02)
+
+
+async def wait_until_async(check: Callable[[], object], what: str, timeout_s: float = 10) -> None:
+    """``wait_until`` inside a test's own event loop: the loop's other tasks run between
+    checks, so ``check`` sees them make progress."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
+        await asyncio.sleep(0.001)
+
+
+def in_flight(gw: GatewayProcess, endpoint: str, variant: str = "v1") -> float:
+    """The gateway's shipyard_requests_in_flight for one variant (0 when not listed)."""
+    status, body = gw.get("/metrics")
+    assert status == 200
+    prefix = f'shipyard_requests_in_flight{{endpoint="{endpoint}",variant="{variant}"}} '
+    for line in body.decode().splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix) :])
+    return 0.0
+
+
+def undispatched_events(gw: GatewayProcess) -> int:
+    """Events in a SQLite gateway's outbox not yet dispatched to every subscriber."""
+    with sqlite3.connect(gw.home / "shipyard.db") as db:
+        row = db.execute("SELECT count(*) FROM events WHERE dispatched_at IS NULL").fetchone()
+    return int(row[0])
+
+
+def wait_dispatched(gw: GatewayProcess, timeout_s: float = 30) -> None:
+    """Until every event the gateway recorded is dispatched. From then on nothing more is
+    sent for them, so a test can count what arrived instead of sleeping for "no more"."""
+    deadline = time.monotonic() + timeout_s
+    while (pending := undispatched_events(gw)) > 0:
+        assert time.monotonic() < deadline, f"{pending} events still to dispatch"
+        time.sleep(0.05)
 
 
 @pytest.fixture

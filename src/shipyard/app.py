@@ -13,14 +13,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route
 
 from shipyard.async_inference.consumer import Consumer
 from shipyard.async_inference.queue import AsyncInvocations
+from shipyard.backends import BackendContext, FullBackend, create_backend
 from shipyard.backends.environment import s3_variables
-from shipyard.backends.local import LocalBackend
+from shipyard.background import Loops
 from shipyard.control.endpoints import EndpointService
 from shipyard.control.fleet import Provisioner
+from shipyard.control.logs import LogService
 from shipyard.control.reconciler import Reconciler
 from shipyard.events.dispatcher import Dispatcher
 from shipyard.events.notify import Notifier
@@ -28,6 +33,7 @@ from shipyard.events.topics import Topics
 from shipyard.gateway.async_invocations import AsyncDoor
 from shipyard.gateway.auth import Verifier
 from shipyard.gateway.control import ControlDoor
+from shipyard.gateway.errors import unknown_path_response
 from shipyard.gateway.facade import JobsDoor
 from shipyard.gateway.ops import healthz, metrics_endpoint
 from shipyard.gateway.runtime import RuntimeDoor
@@ -43,9 +49,11 @@ from shipyard.settings import JobsConfig, Settings, StackFile
 from shipyard.storage.artifacts import ArtifactStore
 from shipyard.storage.async_queue import AsyncQueue
 from shipyard.storage.events import EventLog
+from shipyard.storage.filesystems import Filesystems
 from shipyard.storage.jobs import JobStore
 from shipyard.storage.metadata import MetadataStore
 from shipyard.storage.objects import ObjectStore
+from shipyard.storage.tags import Tagging, TagStore
 
 log = logging.getLogger(__name__)
 
@@ -65,15 +73,22 @@ class Gateway:
     """
 
     def __init__(self, settings: Settings, *, on_startup: StartupHook | None = None) -> None:
-        if settings.backend != "local":
-            raise ValueError(f"backend: unknown backend {settings.backend!r} (known: local)")
         stack = StackFile.load(settings.config) if settings.config else StackFile()
+        if stack.account_id is not None and "account_id" not in settings.model_fields_set:
+            settings.account_id = stack.account_id
         self.host_access = HostAccess.from_auth(stack.auth)
         settings.home.mkdir(parents=True, exist_ok=True)
         self.settings = settings
         self.metrics = Metrics()
+        self.loops = Loops()
+        self.filesystems = Filesystems(s3_endpoint_url=settings.s3_endpoint_url)
+        """The one storage layer: every store of this gateway reaches S3 through it."""
         self.store = MetadataStore(settings.db_url)
-        self.router = Router(timeout_s=settings.invocation_timeout_s)
+        self.router = Router(
+            timeout_s=settings.invocation_timeout_s,
+            max_response_bytes=settings.max_response_bytes,
+        )
+        self.metrics.watch_in_flight(self.router.in_flight)
         self.topics = Topics(stack.topics)
         self.dispatcher = Dispatcher(
             log=EventLog(self.store.engine),
@@ -81,15 +96,20 @@ class Gateway:
             notifier=Notifier(),
             lease_s=settings.event_lease_s,
         )
-        self.backend = backend = LocalBackend(
-            run_dir=settings.home / "run",
-            environ=os.environ,
-            s3=s3_variables(os.environ, s3_endpoint_url=settings.s3_endpoint_url),
+        self.backend, capabilities = create_backend(
+            settings.backend,
+            BackendContext(
+                home=settings.home,
+                environ=os.environ,
+                s3=s3_variables(os.environ, s3_endpoint_url=settings.s3_endpoint_url),
+            ),
         )
+        backend = self.backend
         provisioner = Provisioner(
             store=self.store,
             backend=backend,
-            artifacts=ArtifactStore(s3_endpoint_url=settings.s3_endpoint_url),
+            capabilities=capabilities,
+            artifacts=ArtifactStore(filesystems=self.filesystems),
             home=settings.home,
             start_timeout_s=settings.instance_start_timeout_s,
             drain_timeout_s=settings.drain_timeout_s,
@@ -105,6 +125,9 @@ class Gateway:
             model_routing=settings.multi_model_routing,
             unhealthy_restart_after_s=settings.unhealthy_restart_after_s,
         )
+        self.tagging = Tagging(
+            store=TagStore(self.store.engine), resource_exists=self._resource_exists
+        )
         self.service = EndpointService(
             store=self.store,
             wake=self.reconciler.wake,
@@ -118,17 +141,24 @@ class Gateway:
             host_access=self.host_access,
             max_instances=settings.max_instances,
             max_instance_memory_bytes=settings.max_instance_memory_bytes,
+            tagging=self.tagging,
         )
         self.runtime = RuntimeDoor(
             router=self.router,
             max_payload_bytes=settings.max_payload_bytes,
             account_id=settings.account_id,
+            region=settings.region,
             body_timeout_s=settings.body_read_timeout_s,
         )
         self._build_jobs(settings, stack, backend)
         self._build_async(settings)
         validator = RequestValidator(unpatterned=_LOCAL_URI_SHAPES)
-        control = ControlDoor(service=self.service, jobs=self.jobs, validator=validator)
+        control = ControlDoor(
+            service=self.service,
+            jobs=self.jobs,
+            validator=validator,
+            logs=LogService(jobs=self.jobs, logs_dir=settings.home / "logs"),
+        )
         jobs_door = JobsDoor(jobs=self.jobs)
         self._on_startup = on_startup
         self._entry = self._guarded(settings, stack)
@@ -141,10 +171,11 @@ class Gateway:
                 Route("/metrics", metrics_endpoint(self.metrics), methods=["GET"]),  # type: ignore[arg-type]
             ],
             lifespan=self._lifespan,
+            exception_handlers={404: _unknown_path, 405: _unknown_path},
         )
         self.app.state.ready = False
 
-    def _build_jobs(self, settings: Settings, stack: StackFile, backend: LocalBackend) -> None:
+    def _build_jobs(self, settings: Settings, stack: StackFile, backend: FullBackend) -> None:
         """The job service, its supervisor and the event dispatcher that announces jobs."""
         config = (
             stack.jobs
@@ -174,7 +205,23 @@ class Gateway:
             region=settings.region,
             account_id=settings.account_id,
             host_access=self.host_access,
+            tagging=self.tagging,
         )
+
+    def _resource_exists(self, kind: str, arn: str) -> bool:
+        """Whether the resource of ``arn`` exists (ARNs lower-case names, so by ARN)."""
+        listed: list[Any]
+        if kind == "model":
+            listed = self.service.list_models()
+        elif kind == "endpoint-config":
+            listed = self.service.list_endpoint_configs()
+        elif kind == "endpoint":
+            listed = self.service.list_endpoints()
+        elif kind == "training-job":
+            listed = self.jobs.store.list()
+        else:
+            return False
+        return any(resource.arn == arn for resource in listed)
 
     def _build_async(self, settings: Settings) -> None:
         """The asynchronous-inference queue, its door and its consumer."""
@@ -186,7 +233,7 @@ class Gateway:
         self.consumer = Consumer(
             queue=queue,
             router=self.router,
-            objects=ObjectStore(s3_endpoint_url=settings.s3_endpoint_url),
+            objects=ObjectStore(filesystems=self.filesystems),
             metrics=self.metrics,
             owner=owner,
             region=settings.region,
@@ -245,30 +292,37 @@ class Gateway:
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await asyncio.to_thread(self.store.migrate)
         self.backend.stop_leftovers()
-        tasks = [
-            asyncio.create_task(self.reconciler.run(), name="reconciler"),
-            asyncio.create_task(self.supervisor.run(), name="job-supervisor"),
-            asyncio.create_task(self.dispatcher.run(), name="event-dispatcher"),
-            asyncio.create_task(self.consumer.run(), name="async-consumer"),
-        ]
+        await self.reconciler.announce_known()
+        # Started in this order and stopped in the reverse one: the consumer and the
+        # job supervisor stop feeding the dispatcher before it stops.
+        self.loops.start("reconciler", self.reconciler.run)
+        self.loops.start("event-dispatcher", self.dispatcher.run)
+        self.loops.start("job-supervisor", self.supervisor.run)
+        self.loops.start("async-consumer", self.consumer.run)
         if self._on_startup is not None:
             await self._on_startup(self.service)
         app.state.ready = True
-        log.info("gateway ready, home %s", self.settings.home)
+        log.info(
+            "gateway ready: account %s, region %s, home %s",
+            self.settings.account_id,
+            self.settings.region,
+            self.settings.home,
+        )
         try:
             yield
         finally:
             app.state.ready = False
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await self.loops.stop()
             # Job runners are left running on purpose: the next gateway re-attaches.
             await self.reconciler.stop_all()
             self.router.close()
             self.store.close()
             log.info("gateway stopped")
+
+
+async def _unknown_path(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 404
+    return unknown_path_response(request.url.path, request.method, status)
 
 
 def _is_loopback(host: str) -> bool:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 # Latency buckets from 0.1 ms: gateway overhead lives well under a millisecond.
 _BUCKETS = (
@@ -188,6 +191,14 @@ class Metrics:
             with contextlib.suppress(KeyError):
                 metric.remove(endpoint, variant, instance)
 
+    def watch_in_flight(self, read: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+        """Export ``shipyard_requests_in_flight`` from ``read()`` at each scrape.
+
+        ``read`` yields (endpoint, variant, requests in flight): the router's own count,
+        read when /metrics is asked rather than kept in a gauge on every request.
+        """
+        self.registry.register(_InFlight(read))
+
     def for_variant(self, endpoint: str, variant: str) -> VariantMetrics:
         """Children bound once per variant, so the hot path never looks labels up."""
         return VariantMetrics(
@@ -220,3 +231,19 @@ class ModelMetrics:
     download: Histogram
     load: Histogram
     unload: Histogram
+
+
+class _InFlight(Collector):
+    def __init__(self, read: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "shipyard_requests_in_flight",
+            "Requests sent to a variant's instances and not yet answered (real-time, "
+            "multi-model and asynchronous alike).",
+            labels=("endpoint", "variant"),
+        )
+        for endpoint, variant, count in self._read():
+            family.add_metric((endpoint, variant), count)
+        yield family

@@ -210,8 +210,8 @@ class Job:
     ended: datetime | None = None
     transitions: tuple[StatusTransition, ...] = ()
     attempt: int = 1
-    pid: int | None = None
-    """The runner process of the current attempt, once launched."""
+    runner: str | None = None
+    """The current attempt's runner, once launched: its backend's JobHandle ``ref``."""
     applied_lines: int = 0
     """How many lines of the current attempt's status file are recorded."""
 

@@ -31,7 +31,8 @@ class Settings(BaseSettings):
     """SQLAlchemy URL of the metadata store; default a SQLite file in ``home``."""
 
     backend: str = "local"
-    """Where instances run: ``local`` processes (the embedded default)."""
+    """Where instances run, a name from the registry in backends/__init__.py: ``local``
+    processes (the embedded default)."""
 
     config: Path | None = None
     """Stack file (YAML) to converge to at start."""
@@ -39,8 +40,10 @@ class Settings(BaseSettings):
     region: str = "us-east-1"
     """Region written into ARNs."""
 
-    account_id: str = "000000000000"
-    """Account id written into ARNs."""
+    account_id: str = Field(default="000000000000", pattern=r"^\d{12}$")
+    """Account id written into ARNs (12 digits). Set it to what your clients' STS says
+    (e.g. moto's ``123456789012``) when they build ARNs themselves; also ``account_id:``
+    in the stack file, which this setting (flag or ``SHIPYARD_ACCOUNT_ID``) overrides."""
 
     s3_endpoint_url: str | None = None
     """Endpoint URL for ``s3://`` artifacts (MinIO, a test server); default AWS's."""
@@ -50,6 +53,11 @@ class Settings(BaseSettings):
 
     max_payload_bytes: int = 6 * 1024 * 1024
     """Largest request body the runtime accepts (SageMaker's 6 MB)."""
+
+    max_response_bytes: int = 25 * 1024 * 1024
+    """Largest answer the gateway takes from an instance for one real-time invocation,
+    held whole in memory (SageMaker's 25 MB); a larger one is a ModelError. Asynchronous
+    answers are streamed to object storage and have no such limit."""
 
     body_read_timeout_s: float = 30.0
     """How long a client may take to send a request body; a request waits for no
@@ -201,6 +209,8 @@ class StackFile(BaseModel):
     jobs: JobsConfig = Field(default_factory=JobsConfig)
     auth: AuthConfig | None = None
     """Without it, requests are not checked (local use); see DESIGN 2.9."""
+    account_id: str | None = Field(default=None, pattern=r"^\d{12}$")
+    """The account id written into ARNs, unless ``SHIPYARD_ACCOUNT_ID`` says otherwise."""
 
     @model_validator(mode="after")
     def _check_topics(self) -> StackFile:

@@ -106,6 +106,26 @@ def test_a_multi_model_instance_on_s3_gets_explicit_credentials(
     assert env["SHIPYARD_S3_ENDPOINT_URL"] == bucket.endpoint_url
 
 
+def test_a_model_on_s3_is_fetched_by_its_instance(
+    gateway_factory: Callable[..., GatewayProcess], bucket: Bucket, tmp_path: Path
+) -> None:
+    """The spec carries the artifact's URI, not a folder of the gateway: the instance
+    fetches it itself, into its host's cache, with the S3 access it is given."""
+    bucket.put("single/model.tar.gz", make_tarball("env_dump", tmp_path / "env.tar.gz"))
+    gw = gateway_factory(
+        extra_env={**SECRETS, **profile_credentials(tmp_path, bucket.endpoint_url)}
+    )
+    name = unique("envs3")
+    deploy(gw.sm, name, f"s3://{bucket.name}/single/model.tar.gz")
+    out = gw.rt.invoke_endpoint(EndpointName=name, ContentType="application/json", Body=b"{}")
+    env = json.loads(out["Body"].read())
+    assert_no_gateway_secrets(env)
+    assert env["AWS_ACCESS_KEY_ID"] == "AKIDPROFILE"
+    assert env["SHIPYARD_S3_ENDPOINT_URL"] == bucket.endpoint_url
+    cached = [p for p in (gw.home / "models").iterdir() if (p / "code").is_dir()]
+    assert len(cached) == 1, "one copy, in the host's artifact cache"
+
+
 def test_a_job_script_gets_its_own_variables_not_the_gateways(
     gateway_factory: Callable[..., GatewayProcess], tmp_path: Path
 ) -> None:

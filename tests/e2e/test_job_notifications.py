@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import GatewayProcess
+from tests.conftest import GatewayProcess, wait_dispatched
 from tests.e2e.test_facade import post, stack_file
 from tests.e2e.test_jobs import ENV, wait_final
 
@@ -49,13 +49,19 @@ def test_a_completed_job_is_announced_once_by_webhook_and_by_email(
     assert mail.subject == f"Job {name} Completed"
     assert f"Job: {name}" in mail.body
 
-    # A restart replays nothing: the deliveries are recorded.
+    # A restart replays nothing: the deliveries are recorded as sent before the kill, and
+    # a job after the restart is announced alone (its dispatcher passed the whole outbox).
+    wait_dispatched(gw)
     gw.stop(signal.SIGKILL)
     again = gateway_factory(tmp_path / "home", args=["--config", str(stack)], extra_env=ENV)
-    assert again.get("/healthz")[0] == 200
-    time.sleep(2)
+    later = post(again, b'{"type": "model_a"}')[1]["jobName"]
+    assert wait_final(again.sm, later)["TrainingJobStatus"] == "Completed"
+    webhook.wait_for(2)
+    smtp.wait_for(2)
+    wait_dispatched(again)
     assert len(about(webhook.requests, name)) == 1
-    assert len(smtp.messages) == 1
+    assert len(about(webhook.requests, later)) == 1
+    assert [m.subject for m in smtp.messages] == [f"Job {name} Completed", f"Job {later} Completed"]
 
 
 def test_a_failed_job_is_announced_with_its_reason_through_an_sns_arn(
@@ -80,9 +86,7 @@ def test_a_subscriber_that_fails_is_retried_and_hears_the_job_once(
     names = [post(gw, b'{"type": "model_a"}')[1]["jobName"] for _ in range(3)]
     for name in names:
         wait_final(gw.sm, name)
-    deadline = time.monotonic() + 30
-    while len(delivered(webhook)) < 3 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_dispatched(gw)  # every announcement settled: nothing more will be sent
     ok = delivered(webhook)
     assert sorted(len(about(ok, n)) for n in names) == [1, 1, 1]
     assert len(webhook.requests) == 5  # two refused, then one each
@@ -103,12 +107,16 @@ def test_a_job_that_ends_while_the_gateway_is_down_is_announced_once_after_resta
         assert time.monotonic() < deadline
         time.sleep(0.05)
     gw.stop(signal.SIGKILL)
-    time.sleep(3)  # the job ends meanwhile
+    status = tmp_path / "home" / "jobs" / name / "attempt-1" / "status.jsonl"
+    deadline = time.monotonic() + 30
+    while '"final"' not in (status.read_text() if status.exists() else ""):
+        assert time.monotonic() < deadline, "the job never ended"  # while the gateway is down
+        time.sleep(0.05)
     assert webhook.requests == []
     again = gateway_factory(tmp_path / "home", args=["--config", str(stack)], extra_env=ENV)
     job = wait_final(again.sm, name)
     assert job["TrainingJobStatus"] == "Completed"
     [hook] = webhook.wait_for(1)
     assert f"Job: {name}" in hook.body["message"]
-    time.sleep(1)
+    wait_dispatched(again)
     assert len(webhook.requests) == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import tarfile
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.conftest import GatewayProcess, unique
+from tests.conftest import GatewayProcess, unique, wait_until
 
 CODE = Path(__file__).parent / "job_code"
 FINAL = ("Completed", "Failed", "Stopped")
@@ -134,7 +135,9 @@ def test_a_stopped_job_gets_sigterm_saves_its_model_and_ends_stopped(
     out = tmp_path / "out"
     sm.create_training_job(**job_request(name, out, mode="sleep", seconds="60"))
     wait_secondary(sm, name, "Training")
-    time.sleep(0.5)  # let the script install its SIGTERM handler
+    log = jobs_gateway.home / "jobs" / name / "attempt-1" / "job.log"
+    # The script prints "sleeping" once its SIGTERM handler is in place.
+    wait_until(lambda: log.exists() and "sleeping" in log.read_text(), "the script's handler")
     sm.stop_training_job(TrainingJobName=name)
     assert sm.describe_training_job(TrainingJobName=name)["TrainingJobStatus"] in (
         "Stopping",
@@ -212,12 +215,39 @@ def test_a_job_keeps_running_across_a_gateway_restart(
     gw.sm.create_training_job(**job_request(name, tmp_path / "out", mode="steps", steps="15"))
     wait_secondary(gw.sm, name, "Training")
     gw.stop(signal.SIGKILL)
-    time.sleep(1)
+    log = home / "jobs" / name / "attempt-1" / "job.log"
+    size = log.stat().st_size
+    wait_until(lambda: log.stat().st_size > size, "the job going on with no gateway")
     again = gateway_factory(home, extra_env=ENV)
     job = wait_final(again.sm, name)
     assert job["TrainingJobStatus"] == "Completed"
     with tarfile.open(tmp_path / "out" / name / "output" / "model.tar.gz") as tar:
         assert json.load(tar.extractfile("result.json")) == {"resumed_from": 0}  # type: ignore[arg-type]
+
+
+def test_a_running_job_whose_handle_the_store_lacks_is_adopted_without_repeating_its_history(
+    gateway_factory: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    """A gateway upgraded past migration 0005 (PIDs dropped for handles) finds a job that
+    was running without a handle: it adopts the runner from the job's folder, and the
+    status lines already recorded are not recorded a second time."""
+    home = tmp_path / "home"
+    gw = gateway_factory(home, extra_env=ENV)
+    name = unique("adopt")
+    gw.sm.create_training_job(**job_request(name, tmp_path / "out", mode="steps", steps="15"))
+    wait_secondary(gw.sm, name, "Training")
+    gw.stop(signal.SIGKILL)
+    with sqlite3.connect(home / "shipyard.db") as db:
+        db.execute("UPDATE jobs SET runner = NULL WHERE name = ?", (name,))
+    runner_pid = int((home / "jobs" / name / "attempt-1" / "runner.pid").read_text())
+    again = gateway_factory(home, extra_env=ENV)
+    job = wait_final(again.sm, name)
+    assert job["TrainingJobStatus"] == "Completed", job.get("FailureReason")
+    statuses = [t["Status"] for t in job["SecondaryStatusTransitions"]]
+    assert statuses == ["Starting", "Downloading", "Training", "Uploading", "Completed"]
+    with sqlite3.connect(home / "shipyard.db") as db:
+        (runner,) = db.execute("SELECT runner FROM jobs WHERE name = ?", (name,)).fetchone()
+    assert runner.startswith(f"local:{runner_pid}:")
 
 
 def _kill_runner(gw: GatewayProcess, name: str, attempt: int = 1) -> None:

@@ -7,9 +7,10 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from botocore.exceptions import ClientError
 
-from tests.conftest import GatewayProcess, deploy, wait_in_service
+from tests.conftest import GatewayProcess, deploy, wait_in_service, wait_until
 from tests.e2e.processes import alive, instance_pids
 from tests.e2e.test_invocations import wait_for_instance_count
 
@@ -69,11 +70,11 @@ def test_update_endpoint_is_blue_green_with_zero_failed_requests(
     _config_with_new_model(sm, "bg-2", model_tarball("sum"), variant="v2", count=2)
     hammer = Hammer(gateway, "bg")
     hammer.start()
-    time.sleep(0.5)
+    wait_until(lambda: hammer.answers, "answers from the old model")
     sm.update_endpoint(EndpointName="bg", EndpointConfigName="bg-2")
     assert sm.describe_endpoint(EndpointName="bg")["EndpointStatus"] == "Updating"
     wait_in_service(sm, "bg")
-    time.sleep(0.5)
+    wait_until(lambda: hammer.answers[-1] != hammer.answers[0], "answers from the new model")
     hammer.finish()
     assert hammer.failures == []
     assert hammer.answers[0] == {"instances": [[1, 2]]}  # the old model echoed
@@ -147,6 +148,26 @@ def test_restart_on_the_same_home_brings_endpoints_back(
         EndpointName="durable", Body=b'{"back": true}'
     )
     assert json.loads(out["Body"].read()) == {"back": True}
+
+
+def test_after_a_restart_an_endpoint_not_up_yet_is_not_ready_rather_than_unknown(
+    gateway_factory: Any, model_tarball: Any
+) -> None:
+    """The store says InService at once; until its instances are back, clients hear 429
+    ModelNotReadyException (which boto3 retries), never "endpoint not found"."""
+    gw = gateway_factory()
+    deploy(gw.sm, "slowstart", model_tarball("sleepy"), environment={"SLEEPY_LOAD_S": "4"})
+    assert gw.stop() in (0, -15)
+    again = gateway_factory(home=gw.home)
+    rt = again.client("sagemaker-runtime", max_attempts=1)
+    with pytest.raises(ClientError) as refused:
+        rt.invoke_endpoint(EndpointName="slowstart", Body=b"{}")
+    error = refused.value.response
+    assert error["Error"]["Code"] == "ModelNotReadyException", error
+    assert error["ResponseMetadata"]["HTTPStatusCode"] == 429
+    wait_for_instance_count(again, "slowstart", 1)
+    out = rt.invoke_endpoint(EndpointName="slowstart", Body=b"{}")
+    assert json.loads(out["Body"].read())["slept"] == 0
 
 
 def test_stopping_the_gateway_mid_creation_leaves_no_instances(

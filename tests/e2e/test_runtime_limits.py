@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.conftest import MODELS, GatewayProcess, deploy, make_tarball, start_gateway
+from tests.conftest import MODELS, GatewayProcess, deploy, make_tarball, start_gateway, wait_until
 from tests.e2e.test_async import put_input
 
 
@@ -159,7 +158,8 @@ def test_slow_clients_do_not_take_the_instance_from_normal_ones(gw: GatewayProce
     for t in threads:
         t.start()
     try:
-        time.sleep(0.5)  # every slow client has connected and started its body
+        # Every slow client has connected and started its body.
+        wait_until(lambda: len(sockets) == len(threads), "the slow clients connected")
         statuses = [invoke(gw)[0] for _ in range(30)]
     finally:
         stop.set()

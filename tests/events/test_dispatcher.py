@@ -13,8 +13,9 @@ import pytest
 from shipyard.events.dispatcher import Dispatcher
 from shipyard.events.notify import DELIVERY_KEY_HEADER, Notifier
 from shipyard.events.topics import Topics
-from shipyard.storage.events import DeliveryStatus, EventLog
+from shipyard.storage.events import DeliveryStatus, EventLog, EventState
 from shipyard.storage.metadata import MetadataStore
+from tests.conftest import wait_until_async
 from tests.events.conftest import FakeClock, make_event, sending_row
 from tests.listeners import SmtpListener, WebhookListener
 
@@ -223,7 +224,16 @@ def test_run_sends_as_soon_as_it_is_woken_and_finishes_the_send_when_cancelled(
     The cancel lands while the send is under way; the pass still records the outcome, so
     a restart would not send it again.
     """
-    log = EventLog(store.engine)
+
+    class CountedLog(EventLog):
+        passes = 0
+
+        def claim_due(self, **kwargs: Any) -> list[EventState]:
+            claimed = super().claim_due(**kwargs)
+            self.passes += 1
+            return claimed
+
+    log = CountedLog(store.engine)
     dispatcher = Dispatcher(log=log, topics=Topics(), notifier=Notifier(), poll_period_s=600)
 
     def record_and_wake() -> None:
@@ -232,7 +242,8 @@ def test_run_sends_as_soon_as_it_is_woken_and_finishes_the_send_when_cancelled(
 
     async def main() -> None:
         task = asyncio.create_task(dispatcher.run(), name="dispatcher")
-        await asyncio.sleep(0.2)
+        # Its first pass found nothing; the next one is 600 s away unless woken.
+        await wait_until_async(lambda: log.passes == 1, "the first pass")
         await asyncio.to_thread(record_and_wake)
         await asyncio.to_thread(webhook.wait_for, 1, 10)
         task.cancel()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sqlite3
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -230,18 +231,18 @@ def _target(door: str, rng: random.Random) -> tuple[str, str]:
 
 def _written_outside(root: Path) -> list[str]:
     """Files the async endpoint wrote anywhere but its output and failure folders, once
-    what it writes has stopped changing for a second (its queue has drained)."""
+    its queue has drained (no request queued or running: nothing more will be written)."""
     known = ("home", "sum", "inputs", "stack.yaml", "out/ok", "out/failed")
     deadline = time.monotonic() + 15
-    previous: list[str] = []
-    steady = 0
-    while steady < 4 and time.monotonic() < deadline:
-        time.sleep(0.25)
-        files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-        files = [f for f in files if not f.startswith("home")]
-        steady = steady + 1 if files == previous else 0
-        previous = files
-    return [f for f in previous if not f.startswith(known)]
+    query = "SELECT count(*) FROM async_requests WHERE status IN ('Queued', 'Running')"
+    while True:
+        with sqlite3.connect(root / "home" / "shipyard.db") as db:
+            if db.execute(query).fetchone()[0] == 0:
+                break
+        assert time.monotonic() < deadline, "the async queue never drained"
+        time.sleep(0.05)
+    files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    return [f for f in files if not f.startswith(known)]
 
 
 def _door_failure(line: str) -> bool:

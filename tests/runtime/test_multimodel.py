@@ -11,7 +11,15 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 import pytest
+from tests.conftest import wait_until_async
 
+from shipyard.contract import (
+    format_evicted,
+    format_timings,
+    model_url,
+    parse_evicted,
+    parse_timings,
+)
 from shipyard.runtime.multimodel import (
     InvalidTargetModel,
     Loaded,
@@ -23,11 +31,6 @@ from shipyard.runtime.multimodel import (
     ModelNotReady,
     ModelTooLarge,
     check_model_name,
-    format_evicted,
-    format_timings,
-    model_url,
-    parse_evicted,
-    parse_timings,
 )
 
 T = TypeVar("T")
@@ -101,10 +104,10 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
-async def settle() -> None:
-    """Let every ready task run until it blocks."""
-    for _ in range(5):
-        await asyncio.sleep(0)
+async def load_under_way(source: FakeSource, name: str) -> None:
+    """Until the load of ``name`` has begun (and waits at its gate). Tasks run in the
+    order they were made, so every request made before then is waiting on it too."""
+    await wait_until_async(lambda: url(name) in source.loads, f"the load of {name!r}")
 
 
 # --- hits, misses and what they report ------------------------------------------------
@@ -205,7 +208,7 @@ def test_concurrent_first_requests_share_one_load_and_one_report() -> None:
         cache, source, _ = make_cache({"a": 10})
         source.gates[url("a")] = gate = asyncio.Event()
         waiters = [asyncio.create_task(cache.acquire("a")) for _ in range(20)]
-        await settle()
+        await load_under_way(source, "a")
         gate.set()
         results = await asyncio.gather(*waiters)
         assert source.loads == [url("a")]
@@ -222,7 +225,7 @@ def test_models_in_memory_are_served_while_another_loads() -> None:
         await cache.acquire("b")
         source.gates[url("a")] = gate = asyncio.Event()
         loading = asyncio.create_task(cache.acquire("a"))
-        await settle()
+        await load_under_way(source, "a")
         assert (await cache.acquire("b")).hit
         assert not loading.done()
         gate.set()
@@ -238,8 +241,7 @@ def test_a_request_that_stops_waiting_gets_429_and_the_load_goes_on() -> None:
         with pytest.raises(ModelNotReady, match="'a' is still loading after 0.05 s"):
             await cache.acquire("a")
         gate.set()
-        while cache.loaded_count == 0:
-            await asyncio.sleep(0.001)
+        await wait_until_async(lambda: cache.loaded_count == 1, "the load went on")
         assert (await cache.acquire("a")).hit
         assert source.loads == [url("a")]
 
@@ -265,7 +267,7 @@ def test_a_failed_load_reaches_every_waiter_and_nothing_is_kept() -> None:
         source.gates[url("a")] = gate = asyncio.Event()
         source.failures[url("a")] = RuntimeError("weights missing")
         waiters = [asyncio.create_task(cache.acquire("a")) for _ in range(3)]
-        await settle()
+        await load_under_way(source, "a")
         gate.set()
         for outcome in await asyncio.gather(*waiters, return_exceptions=True):
             assert isinstance(outcome, ModelLoadFailed)
@@ -366,7 +368,7 @@ def test_a_load_in_progress_counts_as_loaded_for_post_models() -> None:
         cache, source, _ = make_cache({"a": 1})
         source.gates[url("a")] = gate = asyncio.Event()
         loading = asyncio.create_task(cache.acquire("a"))
-        await settle()
+        await load_under_way(source, "a")
         with pytest.raises(ModelAlreadyLoaded):
             await cache.load("a", url("a"))
         gate.set()

@@ -39,7 +39,7 @@ from test_runtime_contract import (
 )
 from tests.conftest import Bucket
 
-from shipyard.runtime.multimodel import (
+from shipyard.contract import (
     ERROR_HEADER,
     EVICTED_HEADER,
     LOADED_MODELS_HEADER,

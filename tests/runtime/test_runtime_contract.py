@@ -418,11 +418,17 @@ def _invoke_in_background(runtime: Runtime, body: bytes) -> tuple[threading.Thre
     return thread, replies
 
 
-def test_ping_answers_while_a_long_prediction_runs(start_runtime: Callable[..., Runtime]) -> None:
+def test_ping_answers_while_a_long_prediction_runs(
+    start_runtime: Callable[..., Runtime], tmp_path: Path
+) -> None:
     """A prediction runs on a handler thread, so the event loop still answers /ping."""
-    sleepy = start_runtime(MODELS / "sleepy")
+    started = tmp_path / "started"
+    sleepy = start_runtime(MODELS / "sleepy", SLEEPY_STARTED_FILE=str(started))
     thread, replies = _invoke_in_background(sleepy, b'{"sleep": 3}')
-    time.sleep(0.5)  # the prediction has started and sleeps for 2.5 s more
+    deadline = time.monotonic() + 10
+    while not started.exists():  # the prediction is under way, for 3 s
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
     assert sleepy.request("GET", "/ping").status == 200
     assert thread.is_alive()  # the ping did not wait for the prediction
     thread.join(30)

@@ -15,13 +15,13 @@ from shipyard.routing.multimodel import (
     CACHE,
     ERROR,
     MultiModelRoute,
-    invoke_model,
     not_found_message,
     refusal,
     target_model,
 )
 from shipyard.routing.policies import ModelAffinity, Random
-from shipyard.routing.router import EndpointRoute, Router, VariantRoute
+from shipyard.routing.router import Call, Router
+from shipyard.routing.table import EndpointRoute, VariantRoute
 
 Answer = Callable[[str], Response]
 
@@ -71,7 +71,8 @@ def _route(answer: Answer, log: list[str], n: int = 2) -> tuple[Router, Endpoint
 
 
 def _invoke(router: Router, route: EndpointRoute, model: str = "m.tar.gz") -> Response:
-    response, _ = asyncio.run(invoke_model(router, route, route.variants[0], model, [], b"[1]"))
+    call = Call([], b"[1]", model=model)
+    response, _ = asyncio.run(router.invoke(route, route.variants[0], call))
     return response
 
 

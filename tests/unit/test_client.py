@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from shipyard.routing.client import ConnectionPool, UpstreamError
+from tests.conftest import wait_until_async
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -63,19 +64,25 @@ def test_keep_alive_connections_are_reused_and_chunked_answers_read() -> None:
 
 
 def test_a_connection_the_instance_closed_while_idle_is_retried_once() -> None:
+    closed = 0
+
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal closed
         await _read_request(reader)
         # Answer, then close: the pooled connection is dead on its next use.
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
         await writer.drain()
         writer.close()
+        await writer.wait_closed()
+        closed += 1
 
     async def main() -> None:
         server, port = await _serve(handler)
         pool = ConnectionPool("127.0.0.1", port)
-        for _ in range(3):
+        for i in range(3):
             assert (await pool.request(b"POST", b"/invocations", [], b"x")).body == b"ok"
-            await asyncio.sleep(0.05)
+            count = i + 1  # the next request goes out on a connection already closed
+            await wait_until_async(lambda: closed == count, "the instance closed")  # noqa: B023
         pool.close()
         server.close()
         await server.wait_closed()

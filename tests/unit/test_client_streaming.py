@@ -14,7 +14,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from shipyard.routing.client import ConnectionPool, UpstreamError
+from shipyard.routing.client import ConnectionPool, StreamedResponse, UpstreamError
+from tests.conftest import wait_until_async
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -90,6 +91,13 @@ async def serve_requests(
             return
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer))
         await writer.drain()
+
+
+def reading(response: StreamedResponse) -> bool:
+    """Whether the client still reads the socket the answer arrives on."""
+    transport = response._reader.conn.transport
+    assert transport is not None
+    return transport.is_reading()
 
 
 def rss_bytes() -> int:
@@ -255,7 +263,8 @@ def test_a_slow_consumer_pauses_reading_the_response() -> None:
             async with pool.stream(b"POST", b"/", [], b"x") as response:
                 chunks = response.chunks()
                 count = len(await anext(chunks))
-                await asyncio.sleep(0.3)
+                await wait_until_async(lambda: not reading(response), "reading paused")
+                # From here the server can only fill the kernel's buffers.
                 assert accepted < 32 * MiB  # ~1 MiB held here, the rest in kernel buffers
                 async for chunk in chunks:
                     count += len(chunk)
@@ -358,7 +367,8 @@ def test_a_stream_left_with_its_whole_answer_unread_keeps_the_connection() -> No
         async with server.running():
             pool = ConnectionPool("127.0.0.1", server.port)
             async with pool.stream(b"POST", b"/", [], b"x") as response:
-                await asyncio.sleep(0.05)  # "ok" arrives; nobody reads it
+                # "ok" arrives; nobody reads it
+                await wait_until_async(lambda: response._reader.complete, "the whole answer")
             assert (await pool.request(b"POST", b"/", [], b"x")).body == b"ok"
             assert server.connections == 1
             with pytest.raises(RuntimeError):
@@ -370,12 +380,13 @@ def test_a_stream_left_with_its_whole_answer_unread_keeps_the_connection() -> No
 
 
 def test_cancelling_a_stream_closes_its_connection() -> None:
-    closed = asyncio.Event()
+    answering, closed = asyncio.Event(), asyncio.Event()
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_body(reader, await read_head(reader))
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\nstart")
         await writer.drain()
+        answering.set()
         await reader.read()  # the rest never comes; returns when the client closes
         closed.set()
 
@@ -384,7 +395,7 @@ def test_cancelling_a_stream_closes_its_connection() -> None:
         async with server.running():
             pool = ConnectionPool("127.0.0.1", server.port)
             task = asyncio.create_task(collect(pool))
-            await asyncio.sleep(0.1)
+            await asyncio.wait_for(answering.wait(), 10)  # the stream is under way
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task

@@ -14,7 +14,9 @@ from shipyard.records import RoutingStrategy
 from shipyard.routing.client import Response
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import LeastOutstandingRequests, Random, policy_for
-from shipyard.routing.router import EndpointRoute, Router, VariantRoute
+from shipyard.routing.router import Call, Router
+from shipyard.routing.table import EndpointRoute, VariantRoute
+from tests.conftest import wait_until_async
 
 
 def _instances(*in_flight: int) -> list[Instance]:
@@ -118,11 +120,11 @@ def test_no_ready_instance_is_429_and_all_full_is_503() -> None:
     route = _route(1.0, instances=sick)
     router.publish(route)
     with pytest.raises(ModelNotReady):
-        asyncio.run(router.invoke(route, route.variants[0], [], b"{}"))
+        asyncio.run(router.invoke(route, route.variants[0], Call([], b"{}")))
     full = _route(1.0, instances=_instances(4))
     router.publish(full)
     with pytest.raises(ServiceUnavailable):
-        asyncio.run(router.invoke(full, full.variants[0], [], b"{}"))
+        asyncio.run(router.invoke(full, full.variants[0], Call([], b"{}")))
 
 
 class FakePool:
@@ -145,6 +147,12 @@ class FakePool:
 
     def close(self) -> None:
         pass
+
+
+def _held(instance: Instance) -> int:
+    """Requests that reached ``instance`` and are not answered yet."""
+    pool: FakePool = instance.pool  # type: ignore[assignment]
+    return sum(not gate.done() for gate in pool.gates)
 
 
 def _lor_route(n: int, log: list[str], *, max_in_flight: int = 4) -> EndpointRoute:
@@ -173,16 +181,26 @@ def test_least_outstanding_holds_requests_at_the_gateway_until_an_instance_is_fr
         route = _lor_route(2, log)
         router.publish(route)
         variant = route.variants[0]
+        a, b = variant.instances
         tasks = []
         for i in range(5):
-            tasks.append(asyncio.create_task(router.invoke(route, variant, [], str(i).encode())))
-            await asyncio.sleep(0)
-        await asyncio.sleep(0.01)
-        a, b = variant.instances
+            tasks.append(
+                asyncio.create_task(router.invoke(route, variant, Call([], str(i).encode())))
+            )
+            placed = i + 1  # sent or queued before the next one arrives: FIFO order is known
+            await wait_until_async(
+                lambda: _held(a) + _held(b) + len(variant.waiters) == placed,  # noqa: B023
+                f"request {i} sent or queued",
+            )
         assert (a.in_flight, b.in_flight, len(variant.waiters)) == (1, 1, 3)
-        for _ in range(4):  # instance i-1 keeps answering; i-0 stays busy throughout
+        for answered in range(1, 5):  # instance i-1 keeps answering; i-0 stays busy throughout
             b.pool.finish_one()  # type: ignore[attr-defined]
-            await asyncio.sleep(0.01)
+            # The answer is in, and the next queued request (if any) has reached i-1.
+            next_on_b = 1 if answered < 4 else 0
+            await wait_until_async(
+                lambda: len(log) == answered and _held(b) == next_on_b,  # noqa: B023
+                f"answer {answered} from i-1",
+            )
         assert a.in_flight == 1 and len(variant.waiters) == 0
         assert log == ["i-1", "i-1", "i-1", "i-1"]
         a.pool.finish_one()  # type: ignore[attr-defined]
@@ -198,10 +216,15 @@ def test_the_gateway_queue_is_bounded_and_then_answers_503() -> None:
         route = _lor_route(1, [], max_in_flight=2)  # queue limit: 2 per instance
         router.publish(route)
         variant = route.variants[0]
-        tasks = [asyncio.create_task(router.invoke(route, variant, [], b"x")) for _ in range(3)]
-        await asyncio.sleep(0.01)
+        tasks = [
+            asyncio.create_task(router.invoke(route, variant, Call([], b"x"))) for _ in range(3)
+        ]
+        [instance] = variant.instances
+        await wait_until_async(
+            lambda: _held(instance) == 1 and len(variant.waiters) == 2, "one sent, two queued"
+        )
         with pytest.raises(ServiceUnavailable):
-            await router.invoke(route, variant, [], b"x")
+            await router.invoke(route, variant, Call([], b"x"))
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -216,10 +239,11 @@ def test_a_request_waiting_past_the_timeout_is_a_model_error() -> None:
         route = _lor_route(1, [])
         router.publish(route)
         variant = route.variants[0]
-        busy = asyncio.create_task(router.invoke(route, variant, [], b"x"))
-        await asyncio.sleep(0)
+        busy = asyncio.create_task(router.invoke(route, variant, Call([], b"x")))
+        [instance] = variant.instances
+        await wait_until_async(lambda: _held(instance) == 1, "the first request on the instance")
         with pytest.raises(ModelError, match="timed out"):
-            await router.invoke(route, variant, [], b"y")
+            await router.invoke(route, variant, Call([], b"y"))
         busy.cancel()
         await asyncio.gather(busy, return_exceptions=True)
 

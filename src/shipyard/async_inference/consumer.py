@@ -1,13 +1,16 @@
 """Consumer: claim → InputLocation → instance → OutputLocation or FailureLocation.
 
 Each pass looks at every asynchronous endpoint in the routing table, counts its free
-slots (``MaxConcurrentInvocationsPerInstance`` per healthy instance, minus what is in
-flight) and claims that many requests, oldest first. Each claimed request:
+slots (``MaxConcurrentInvocationsPerInstance`` per healthy instance, minus the requests
+it is already running there) and claims that many requests, oldest first. Each claimed
+request:
 
 - fails at once, without running, when its RequestTTLSeconds has passed;
-- streams its input from object storage to the least busy instance, and the instance's
-  answer to ``<InferenceId>.out``, chunk by chunk: the gateway holds at most a few MB of
-  it, whatever its size;
+- streams its input from object storage through the router (routing/router.py, which
+  chooses the instance and counts it busy, as for every other request), and the
+  instance's answer to ``<InferenceId>.out``, chunk by chunk: the gateway holds at most a
+  few MB of it, whatever its size;
+- goes back to the queue, untouched, when no instance can take it after all;
 - fails with the reason written to ``<InferenceId>-error.out`` when the input is
   unreadable, the model answers an error, or InvocationTimeoutSeconds passes.
 
@@ -27,11 +30,14 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from shipyard.async_inference.notices import result_event
+from shipyard.background import Wakeup
+from shipyard.contract import ACCEPT, CONTENT_TYPE, CUSTOM_ATTRIBUTES, INFERENCE_ID
+from shipyard.errors import ModelNotReady, ServiceUnavailable
 from shipyard.metrics import Metrics
 from shipyard.records import AsyncRequest, AsyncStatus
 from shipyard.routing.client import UpstreamError
-from shipyard.routing.instance import Instance
-from shipyard.routing.router import EndpointRoute, Router
+from shipyard.routing.router import Call, InstanceFailed, Router
+from shipyard.routing.table import EndpointRoute
 from shipyard.storage.async_queue import AsyncQueue
 from shipyard.storage.metadata import now
 from shipyard.storage.objects import ObjectNotFound, ObjectStore, ObjectStoreError
@@ -78,18 +84,20 @@ class Consumer:
         self._on_event = on_event
         self.poll_period_s = poll_period_s
         self.lease_margin_s = lease_margin_s
-        self._wake = asyncio.Event()
-        self._in_flight: dict[int, int] = {}  # id(instance) -> async requests on it
+        self._wake = Wakeup()
+        self._running: dict[str, int] = {}  # endpoint -> requests claimed and not done
         self._tasks: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
-        return f"Consumer(owner={self.owner!r}, in_flight={sum(self._in_flight.values())})"
+        return f"Consumer(owner={self.owner!r}, running={sum(self._running.values())})"
 
     def wake(self) -> None:
-        """Look at the queue now (a request was queued or an instance freed up)."""
+        """Look at the queue now (a request was queued or an instance freed up); safe from
+        any thread."""
         self._wake.set()
 
     async def run(self) -> None:
+        self._wake.bind()
         await asyncio.to_thread(self.queue.release_owned, self.owner)
         try:
             while True:
@@ -97,9 +105,7 @@ class Consumer:
                     await self.step()
                 except Exception:  # one bad pass must not stop the queue
                     log.exception("asynchronous consumer pass failed")
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.poll_period_s)
-                self._wake.clear()
+                await self._wake.wait(self.poll_period_s)
         finally:
             for task in self._tasks:
                 task.cancel()
@@ -109,9 +115,9 @@ class Consumer:
             config = route.async_config
             if config is None:
                 continue
-            healthy = [i for i in route.instances() if i.healthy]
-            cap = config.max_concurrent_per_instance
-            free = sum(max(0, cap - self._in_flight.get(id(i), 0)) for i in healthy)
+            healthy = sum(1 for i in route.instances() if i.healthy)
+            running = self._running.get(name, 0)
+            free = max(0, config.max_concurrent_per_instance * healthy - running)
             if free > 0:
                 claimed = await asyncio.to_thread(
                     self.queue.claim,
@@ -123,45 +129,37 @@ class Consumer:
                 )
                 for request in claimed:
                     self._start(route, request)
-            await self._export_backlog(name, len(healthy), free)
+            await self._export_backlog(name, healthy, free)
 
     def _start(self, route: EndpointRoute, request: AsyncRequest) -> None:
-        instance = self._pick(route)
-        if instance is not None:
-            self._in_flight[id(instance)] = self._in_flight.get(id(instance), 0) + 1
+        self._running[route.name] = self._running.get(route.name, 0) + 1
         task = asyncio.create_task(
-            self._process(route, request, instance), name=f"async-{request.inference_id}"
+            self._process(route, request), name=f"async-{request.inference_id}"
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _pick(self, route: EndpointRoute) -> Instance | None:
-        healthy = [i for i in route.instances() if i.healthy]
-        if not healthy:
-            return None
-        return min(healthy, key=lambda i: self._in_flight.get(id(i), 0))
-
-    async def _process(
-        self, route: EndpointRoute, request: AsyncRequest, instance: Instance | None
-    ) -> None:
+    async def _process(self, route: EndpointRoute, request: AsyncRequest) -> None:
         started = now()
-        self.metrics.async_queue_time.labels(route.name).observe(
-            max(0.0, (started - request.received).total_seconds())
-        )
         try:
-            if instance is None:
+            outcome = await self._run(route, request, started)
+            if outcome is None:
                 await asyncio.to_thread(self.queue.release, request)
                 return
-            outcome = await self._run(request, instance, started)
+            self.metrics.async_queue_time.labels(route.name).observe(
+                max(0.0, (started - request.received).total_seconds())
+            )
             await self._record(request, outcome)
         except Exception:
             log.exception("asynchronous request %s failed unexpectedly", request.inference_id)
         finally:
-            if instance is not None:
-                self._in_flight[id(instance)] -= 1
+            self._running[route.name] -= 1
             self.wake()
 
-    async def _run(self, request: AsyncRequest, instance: Instance, started: datetime) -> _Outcome:
+    async def _run(
+        self, route: EndpointRoute, request: AsyncRequest, started: datetime
+    ) -> _Outcome | None:
+        """The request's outcome; None when no instance could take it (back to the queue)."""
         if started > request.expires:
             waited = (started - request.received).total_seconds()
             return _Outcome(
@@ -175,31 +173,32 @@ class Consumer:
             return _Outcome(False, f"ClientError: Could not read the input: {exc}")
         try:
             async with asyncio.timeout(request.invocation_timeout_s):
-                return await self._invoke(request, instance, size)
+                return await self._invoke(route, request, size)
         except TimeoutError:
             return _Outcome(
                 False,
                 f"ModelError: The invocation timed out after "
                 f"{request.invocation_timeout_s:g} s (InvocationTimeoutSeconds).",
             )
-        except UpstreamError as exc:
+        except (InstanceFailed, UpstreamError) as exc:
             return _Outcome(False, f"ServiceUnavailable: the instance failed: {exc}")
+        except (ModelNotReady, ServiceUnavailable) as exc:
+            log.info("request %s goes back to the queue: %s", request.inference_id, exc)
+            return None
         except (ObjectNotFound, ObjectStoreError) as exc:
             return _Outcome(False, f"ClientError: {exc}")
 
-    async def _invoke(self, request: AsyncRequest, instance: Instance, size: int) -> _Outcome:
-        headers = [(b"Content-Type", (request.content_type or "application/json").encode())]
+    async def _invoke(self, route: EndpointRoute, request: AsyncRequest, size: int) -> _Outcome:
+        headers = [(CONTENT_TYPE, (request.content_type or "application/json").encode())]
         if request.accept:
-            headers.append((b"Accept", request.accept.encode()))
+            headers.append((ACCEPT, request.accept.encode()))
         if request.custom_attributes:
-            headers.append(
-                (b"X-Amzn-SageMaker-Custom-Attributes", request.custom_attributes.encode())
-            )
-        headers.append((b"X-Amzn-SageMaker-Inference-Id", request.inference_id.encode()))
-        body = self.objects.read_chunks(request.input_location)
-        async with instance.pool.stream(
-            b"POST", b"/invocations", headers, body, content_length=size
-        ) as response:
+            headers.append((CUSTOM_ATTRIBUTES, request.custom_attributes.encode()))
+        headers.append((INFERENCE_ID, request.inference_id.encode()))
+        call = Call(headers, self.objects.read_chunks(request.input_location), content_length=size)
+        variant = self.router.variant_for(route, None)
+        async with self.router.stream(route, variant, call) as exchange:
+            response = exchange.response
             kind = (response.header(b"content-type") or b"application/octet-stream").decode()
             if response.status >= 300:
                 text = (await _head(response.chunks(), _ERROR_BODY_BYTES)).decode(errors="replace")

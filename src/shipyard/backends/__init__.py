@@ -1,0 +1,97 @@
+"""Backends by name: ``shipyard serve --backend <name>`` picks one from this registry.
+
+Each backend declares what it can run (:class:`Capabilities`), so the gateway refuses
+what a backend cannot do with a clear FailureReason instead of a late crash. ``local``
+(processes on the gateway's host) is the embedded default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from shipyard.backends.base import Backend, JobBackend
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend can run."""
+
+    runtimes: frozenset[str]
+    """Instance runtimes it starts: ``python`` (the built-in one), ``cmd``, ``docker``."""
+    shared_disk: bool
+    """Whether its instances see the gateway's disk: a ``cmd:`` multi-model server, into
+    whose folder the gateway itself loads artifacts, needs it."""
+
+
+@dataclass(frozen=True, slots=True)
+class BackendContext:
+    """What every backend is built from."""
+
+    home: Path
+    """The gateway's state folder."""
+    environ: Mapping[str, str]
+    """The gateway's environment, read once: processes get only what they need of it."""
+    s3: Mapping[str, str]
+    """The S3 access handed to processes that read s3:// (backends/environment.py)."""
+
+
+class FullBackend(Backend, JobBackend, Protocol):
+    """A backend of instances and of job runners, as the gateway uses it."""
+
+    def stop_leftovers(self) -> Any:
+        """Stop what an earlier gateway on this home left running (called at start)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    name: str
+    capabilities: Capabilities
+    factory: Callable[[BackendContext], FullBackend]
+
+
+_REGISTRY: dict[str, Registration] = {}
+
+
+def register(
+    name: str, capabilities: Capabilities, factory: Callable[[BackendContext], FullBackend]
+) -> None:
+    """Make ``--backend <name>`` build backends with ``factory``."""
+    _REGISTRY[name] = Registration(name, capabilities, factory)
+
+
+def names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def create_backend(name: str, context: BackendContext) -> tuple[FullBackend, Capabilities]:
+    """The backend called ``name`` and what it can run.
+
+    Raises:
+        ValueError: no backend of that name; the message names the known ones.
+    """
+    registration = _REGISTRY.get(name)
+    if registration is None:
+        raise ValueError(f"backend: unknown backend {name!r} (known: {', '.join(names())})")
+    return registration.factory(context), registration.capabilities
+
+
+def _local(context: BackendContext) -> FullBackend:
+    from shipyard.backends.local import LocalBackend
+
+    return LocalBackend(
+        run_dir=context.home / "run",
+        models_dir=context.home / "models",
+        environ=context.environ,
+        s3=context.s3,
+    )
+
+
+register(
+    "local",
+    Capabilities(runtimes=frozenset({"python", "cmd"}), shared_disk=True),
+    _local,
+)

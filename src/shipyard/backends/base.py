@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from shipyard.jobs.spec import StatusLine
 
 BUILTIN_IMAGES = ("shipyard/python",)
 # SageMaker framework images served by the built-in runtime (matched inside the URI).
@@ -34,11 +37,21 @@ def runtime_for(image: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class InstanceSpec:
-    """What one instance runs: a model's image and files, and where its log goes."""
+    """What one instance runs: a model's image and artifact, and where its log goes.
+
+    The artifact travels as its URI: the instance fetches it on its own host
+    (shipyard/launch.py), so a backend need not share the gateway's disk.
+    """
 
     instance_id: str
     image: str
-    model_dir: Path
+    model_url: str | None = None
+    """The model artifact (``s3://``, ``file://``, a path) the instance fetches before it
+    serves; None: no artifact (an empty model folder), or a multi-model instance."""
+    workdir: Path | None = None
+    """A folder of the instance's own, kept across its restarts, as its model directory
+    (a multi-model instance keeps its disk cache there); set only by a gateway whose
+    backend shares its disk. None: the model's folder, or an empty one."""
     environment: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
     s3_access: bool = False
@@ -76,30 +89,59 @@ class Backend(Protocol):
     def exit_reason(self, handle: InstanceHandle) -> str | None: ...
 
 
-class JobBackend(Protocol):
-    """Starts, signals and locates job runner processes (``python -m shipyard.jobs.runner``).
+@dataclass(frozen=True, slots=True)
+class JobHandle:
+    """A started job runner, as its backend knows it.
 
-    A runner must outlive the gateway that started it, so it is located again by its PID
-    and its working folder, never by a handle held in memory.
+    ``ref`` is all the store keeps: a runner outlives the gateway that started it, and
+    the next gateway finds it again from ``ref`` alone (``JobBackend.attach_job``).
+    """
+
+    ref: str
+
+
+class JobBackend(Protocol):
+    """Starts, watches and signals job runners (``python -m shipyard.jobs.runner``).
+
+    The supervisor never reads a PID or a runner's files itself: it holds handles, and
+    asks the backend whether a runner lives and what it has reported (the status lines
+    of jobs/spec.py), so the runner may be a process on another machine.
     """
 
     async def start_job(
         self, workdir: Path, *, s3_endpoint_url: str | None, s3_access: bool = True
-    ) -> int:
-        """Start the runner of the job in ``workdir``; return its PID.
+    ) -> JobHandle:
+        """Start the runner of the job prepared in ``workdir`` (its ``job.json``).
 
         ``s3_access``: whether the job names ``s3://`` locations, and so gets S3
         credentials."""
         ...
 
-    def job_running(self, pid: int, workdir: Path) -> bool:
-        """Whether ``pid`` is still the runner of ``workdir`` (not ended, not reused)."""
+    def attach_job(self, ref: str) -> JobHandle:
+        """The handle whose ``ref`` the store kept."""
         ...
 
-    def signal_job(self, pid: int, workdir: Path, sig: int) -> None:
+    def find_job(self, workdir: Path) -> JobHandle | None:
+        """A runner already started for ``workdir`` and still running, if any (a start
+        whose handle was never recorded: the gateway stopped in between)."""
+        ...
+
+    def job_running(self, handle: JobHandle) -> bool:
+        """Whether the runner still runs (not ended, its PID not reused)."""
+        ...
+
+    def job_status(self, handle: JobHandle, *, skip: int) -> list[StatusLine]:
+        """The status lines the runner has completed, after the first ``skip``.
+
+        Raises:
+            ValueError: what the runner wrote is not status lines.
+        """
+        ...
+
+    def signal_job(self, handle: JobHandle, sig: int) -> None:
         """Send ``sig`` to the runner, if it still runs."""
         ...
 
-    def kill_job(self, pid: int, workdir: Path) -> None:
+    def kill_job(self, handle: JobHandle) -> None:
         """SIGKILL the runner and the script it started, wherever they are."""
         ...

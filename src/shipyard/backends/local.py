@@ -20,8 +20,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from shipyard.backends.base import BackendError, InstanceHandle, InstanceSpec, runtime_for
+import psutil
+
+from shipyard.backends.base import (
+    BackendError,
+    InstanceHandle,
+    InstanceSpec,
+    JobHandle,
+    runtime_for,
+)
 from shipyard.backends.environment import process_environment
+from shipyard.jobs.spec import (
+    RUNNER_PID_FILE,
+    SCRIPT_PID_FILE,
+    STATUS_FILE,
+    StatusLine,
+    read_status,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +68,13 @@ class LocalBackend:
         self,
         *,
         run_dir: Path,
+        models_dir: Path | None = None,
         environ: Mapping[str, str] | None = None,
         s3: Mapping[str, str] | None = None,
     ) -> None:
         self.run_dir = run_dir
+        self.models_dir = models_dir or run_dir.parent / "models"
+        """This host's artifact cache: instances fetch their model into it."""
         self._environ = dict(environ or {})
         """The gateway's environment, read once; processes get only what environment.py
         picks from it."""
@@ -85,18 +103,30 @@ class LocalBackend:
         env.update(spec.environment)
         env["SHIPYARD_INSTANCE_ID"] = spec.instance_id
         env["SAGEMAKER_BIND_TO_PORT"] = str(port)
-        env["SM_MODEL_DIR"] = str(spec.model_dir)
+        # The model folder: the instance's own, or the artifact fetched by the instance
+        # itself into this host's cache (shipyard/launch.py), shared by its instances.
+        if spec.workdir is not None:
+            where = ["--model-dir", str(spec.workdir)]
+            env["SM_MODEL_DIR"] = str(spec.workdir)
+        else:
+            where = ["--model-cache", str(self.models_dir)]
+            if spec.model_url:
+                where += ["--model-url", spec.model_url]
         if kind == "python":
             argv = [sys.executable, "-m", "shipyard.runtime", "--port", str(port)]
-            argv += ["--model-dir", str(spec.model_dir), "--error-file", str(error_file)]
+            if spec.workdir is None and not spec.model_url:
+                where = ["--model-dir", str(self._empty_model_dir())]
+            argv += [*where, "--error-file", str(error_file)]
         else:
-            argv = ["/bin/sh", "-c", spec.image.removeprefix("cmd:")]
+            argv = [sys.executable, "-m", "shipyard.launch", *where]
+            argv += ["--error-file", str(error_file), "--", "/bin/sh", "-c"]
+            argv.append(spec.image.removeprefix("cmd:"))
         out = open(spec.log_path, "ab") if spec.log_path else subprocess.DEVNULL
         try:
             process = subprocess.Popen(
                 argv,
                 env=env,
-                cwd=spec.model_dir,
+                cwd=spec.workdir or home,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -117,6 +147,11 @@ class LocalBackend:
             error_file=error_file,
             log_path=spec.log_path,
         )
+
+    def _empty_model_dir(self) -> Path:
+        empty = self.models_dir / "_empty"
+        empty.mkdir(parents=True, exist_ok=True)
+        return empty
 
     async def stop(self, handle: InstanceHandle, *, timeout_s: float = 10.0) -> None:
         assert isinstance(handle, LocalInstance)
@@ -172,7 +207,7 @@ class LocalBackend:
 
     async def start_job(
         self, workdir: Path, *, s3_endpoint_url: str | None, s3_access: bool = True
-    ) -> int:
+    ) -> JobHandle:
         argv = [sys.executable, "-m", "shipyard.jobs.runner", str(workdir)]
         env = process_environment(self._environ, home=workdir, s3=self._s3 if s3_access else None)
         if s3_endpoint_url:
@@ -194,39 +229,73 @@ class LocalBackend:
                 raise BackendError(f"Could not start the job runner: {exc}") from exc
         self._runners[process.pid] = process
         log.info("started job runner pid %s in %s", process.pid, workdir)
-        return process.pid
+        return _job_handle(process.pid, workdir)
 
-    def job_running(self, pid: int, workdir: Path) -> bool:
+    def attach_job(self, ref: str) -> JobHandle:
+        _job_parts(ref)  # refuse a ref that is not ours at once
+        return JobHandle(ref)
+
+    def find_job(self, workdir: Path) -> JobHandle | None:
+        try:
+            pid = int((workdir / RUNNER_PID_FILE).read_text().strip())
+        except (OSError, ValueError):
+            return None
+        handle = _job_handle(pid, workdir)
+        return handle if self.job_running(handle) else None
+
+    def job_running(self, handle: JobHandle) -> bool:
+        pid, workdir = _job_parts(handle.ref)
         process = self._runners.get(pid)
         if process is not None:
             if process.poll() is None:
-                # Ours and not ended. Its /proc command line can't tell: it reads empty
-                # while the process is still finishing its exec.
+                # Ours and not ended. Its command line can't tell: it reads empty while
+                # the process is still finishing its exec.
                 return True
-            del self._runners[pid]  # reaped: a zombie would still show in /proc
+            del self._runners[pid]  # reaped: a zombie would still be listed
             return False
         # A runner started by an earlier gateway is found by its command line, which
         # names its working folder; that also guards against a reused PID.
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
+            cmdline = psutil.Process(pid).cmdline()
+        except psutil.Error:
             return False
-        return str(workdir).encode() in cmdline.split(b"\0")
+        return str(workdir) in cmdline
 
-    def signal_job(self, pid: int, workdir: Path, sig: int) -> None:
-        if self.job_running(pid, workdir):
+    def job_status(self, handle: JobHandle, *, skip: int) -> list[StatusLine]:
+        _, workdir = _job_parts(handle.ref)
+        return read_status(workdir / STATUS_FILE, skip=skip)
+
+    def signal_job(self, handle: JobHandle, sig: int) -> None:
+        if self.job_running(handle):
+            pid, _ = _job_parts(handle.ref)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
 
-    def kill_job(self, pid: int, workdir: Path) -> None:
-        if self.job_running(pid, workdir):
+    def kill_job(self, handle: JobHandle) -> None:
+        pid, workdir = _job_parts(handle.ref)
+        if self.job_running(handle):
             _signal_group(pid, signal.SIGKILL)
         # The script leads its own session; once its runner is gone nobody else stops it.
-        with contextlib.suppress(OSError, ValueError):
-            script = int((workdir / "script.pid").read_text().strip())
-            # It runs in the job's folder: a reused PID would not.
-            if os.readlink(f"/proc/{script}/cwd").startswith(str(workdir)):
+        with contextlib.suppress(OSError, ValueError, psutil.Error):
+            script = int((workdir / SCRIPT_PID_FILE).read_text().strip())
+            # It runs in the job's folder: a reused PID would not. Compared as paths, so
+            # attempt-10 is not inside attempt-1, and resolved, as the runner does (macOS's
+            # /tmp is a link to /private/tmp).
+            if Path(psutil.Process(script).cwd()).is_relative_to(workdir.resolve()):
                 _signal_group(script, signal.SIGKILL)
+
+
+def _job_handle(pid: int, workdir: Path) -> JobHandle:
+    return JobHandle(f"local:{pid}:{workdir}")
+
+
+def _job_parts(ref: str) -> tuple[int, Path]:
+    """The PID and working folder in a local handle's ``ref``."""
+    kind, _, rest = ref.partition(":")
+    pid, _, workdir = rest.partition(":")
+    if kind != "local" or not pid.isdigit() or not workdir:
+        raise ValueError(f"not a local job runner: {ref!r}")
+    return int(pid), Path(workdir)
 
 
 def _die_with_parent(gateway_pid: int) -> None:
@@ -236,11 +305,13 @@ def _die_with_parent(gateway_pid: int) -> None:
     from the event loop's thread (``start`` is a coroutine; never call it through
     ``to_thread``), which lives as long as the gateway. A gateway that died between the
     fork and here is not noticed by the kernel, so the child checks its parent itself.
-    Linux only; where prctl is missing, ``stop_leftovers`` at the next start does the work.
+    Linux only: elsewhere (macOS) there is no prctl, and ``stop_leftovers`` at the next
+    start does the work.
     """
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != gateway_pid:
         os._exit(1)
 
@@ -250,23 +321,20 @@ def _groups_carrying(instances: Mapping[int, str]) -> set[int]:
 
     A group lives while one of its processes does, and it is the instance's when that
     process has ``SHIPYARD_INSTANCE_ID=<id>`` in its environment (inherited from the
-    leader, which may be gone): a reused PID is not mistaken for it. One pass over /proc.
+    leader, which may be gone): a reused PID is not mistaken for it. One pass over the
+    process table, through psutil (Linux's /proc, macOS's sysctl).
     """
     found: set[int] = set()
     if not instances:
         return found
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    for proc in psutil.process_iter():
         try:
-            stat = (proc / "stat").read_text()
-            pgid = int(stat[stat.rindex(")") + 2 :].split()[2])
+            pgid = os.getpgid(proc.pid)
             if pgid not in instances or pgid in found:
                 continue
-            marker = f"SHIPYARD_INSTANCE_ID={instances[pgid]}".encode()
-            if marker in (proc / "environ").read_bytes().split(b"\0"):
+            if proc.environ().get("SHIPYARD_INSTANCE_ID") == instances[pgid]:
                 found.add(pgid)
-        except (OSError, ValueError, IndexError):
+        except (OSError, psutil.Error):
             continue
     return found
 

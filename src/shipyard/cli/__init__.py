@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from shipyard import backends
 from shipyard.cli import jobs
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -27,7 +28,10 @@ def serve(
     ] = None,
     config: Annotated[Path | None, typer.Option(help="Stack file (YAML).")] = None,
     db: Annotated[str | None, typer.Option(help="Metadata store URL (postgresql://…).")] = None,
-    backend: Annotated[str | None, typer.Option(help="Instance backend: local.")] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(help=f"Where instances run: {', '.join(backends.names())} (default local)."),
+    ] = None,
     demo: Annotated[bool, typer.Option(help="Deploy the demo model as endpoint 'demo'.")] = False,
     insecure: Annotated[
         bool,

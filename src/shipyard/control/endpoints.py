@@ -6,7 +6,8 @@ process: it writes desired state to the store and wakes the reconciler.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 
 from shipyard.async_inference.notices import test_event
 from shipyard.errors import InvalidParameter, ResourceLimitExceeded, ResourceNotFound
@@ -22,6 +23,7 @@ from shipyard.records import (
     VariantState,
 )
 from shipyard.storage.metadata import MetadataStore, now
+from shipyard.storage.tags import Tagging, TagStore
 
 
 class EndpointService:
@@ -42,9 +44,13 @@ class EndpointService:
         host_access: HostAccess | None = None,
         max_instances: int | None = None,
         max_instance_memory_bytes: int | None = None,
+        tagging: Tagging | None = None,
     ) -> None:
         self.store = store
         self.host_access = host_access or HostAccess()
+        self.tagging = tagging or Tagging(
+            store=TagStore(store.engine), resource_exists=lambda kind, arn: False
+        )
         self.max_instances = max_instances
         self.max_instance_memory_bytes = max_instance_memory_bytes
         self._wake = wake
@@ -97,7 +103,9 @@ class EndpointService:
         return self.store.list_models()
 
     def delete_model(self, name: str) -> None:
-        self.store.delete_model(name)
+        with self._missing_by_arn("model", "model", name):
+            self.store.delete_model(name)
+        self.tagging.forget(self.arn("model", name))
 
     # -- endpoint configs -------------------------------------------------------------
 
@@ -146,7 +154,9 @@ class EndpointService:
         return self.store.list_endpoint_configs()
 
     def delete_endpoint_config(self, name: str) -> None:
-        self.store.delete_endpoint_config(name)
+        with self._missing_by_arn("endpoint configuration", "endpoint-config", name):
+            self.store.delete_endpoint_config(name)
+        self.tagging.forget(self.arn("endpoint-config", name))
 
     # -- endpoints --------------------------------------------------------------------
 
@@ -196,13 +206,14 @@ class EndpointService:
         self._check_budget(
             [(v.instance_type, v.instance_count) for v in config.variants], replacing=name
         )
-        endpoint = self.store.change_endpoint(
-            name,
-            expect=[EndpointStatus.IN_SERVICE, EndpointStatus.FAILED],
-            status=EndpointStatus.UPDATING,
-            pending_config_name=config_name,
-            failure_reason=None,
-        )
+        with self._missing_by_arn("endpoint", "endpoint", name):
+            endpoint = self.store.change_endpoint(
+                name,
+                expect=[EndpointStatus.IN_SERVICE, EndpointStatus.FAILED],
+                status=EndpointStatus.UPDATING,
+                pending_config_name=config_name,
+                failure_reason=None,
+            )
         self._wake()
         return endpoint
 
@@ -210,7 +221,8 @@ class EndpointService:
         self, name: str, changes: dict[str, tuple[float | None, int | None]]
     ) -> Endpoint:
         """Change weights and/or instance counts of live variants, in place."""
-        current = self.store.get_endpoint(name)
+        with self._missing_by_arn("endpoint", "endpoint", name):
+            current = self.store.get_endpoint(name)
         known = {v.name: v for v in current.variants}
         for variant in changes:
             if variant not in known:
@@ -245,10 +257,24 @@ class EndpointService:
         return endpoint
 
     def delete_endpoint(self, name: str) -> None:
-        self.store.change_endpoint(name, status=EndpointStatus.DELETING)
+        with self._missing_by_arn("endpoint", "endpoint", name):
+            self.store.change_endpoint(name, status=EndpointStatus.DELETING)
+        self.tagging.forget(self.arn("endpoint", name))
         self._wake()
 
     # -- checks -----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _missing_by_arn(self, what: str, kind: str, name: str) -> Iterator[None]:
+        """SageMaker's words for a missing resource in calls that change or delete it:
+        named by its ARN (``Could not find endpoint "arn:aws:sagemaker:…:endpoint/x".``).
+        Describe calls keep the plain name, which boto3's waiters match."""
+        try:
+            yield
+        except ResourceNotFound as exc:
+            if exc.message != ResourceNotFound.of(what, name).message:
+                raise  # another resource of the call is missing
+            raise ResourceNotFound.of(what, self.arn(kind, name)) from None
 
     def _check_budget(self, asked: Sequence[tuple[str, int]], *, replacing: str | None) -> None:
         """Refuse what would take the gateway past its instance or memory budget.

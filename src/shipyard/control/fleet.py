@@ -7,7 +7,6 @@ down (through the Backend) but not when; deciding that is the Reconciler's job.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import shutil
 import time
@@ -15,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shipyard.backends import Capabilities
 from shipyard.backends.base import (
     Backend,
     BackendError,
@@ -26,7 +26,7 @@ from shipyard.errors import ShipyardError
 from shipyard.records import EndpointConfig, Model
 from shipyard.routing.instance import Instance
 from shipyard.routing.model_agent import ModelAgent
-from shipyard.storage.artifacts import ArtifactError, ArtifactStore
+from shipyard.storage.artifacts import ArtifactStore
 from shipyard.storage.metadata import MetadataStore
 
 
@@ -34,9 +34,15 @@ class FleetFailed(Exception):
     """A fleet could not be brought up; the message becomes the FailureReason."""
 
 
-# The built-in runtime runs handlers inline, one request at a time; LEAST_OUTSTANDING_
-# REQUESTS holds the rest at the gateway (and pipelines one more to fast instances).
-_BUILTIN_CONCURRENCY = 1
+def builtin_concurrency(environment: dict[str, str]) -> int:
+    """How many requests a built-in runtime instance works on at once: its handler
+    threads (SAGEMAKER_MODEL_SERVER_WORKERS, default 1, as runtime/workers.py). Past
+    that, LEAST_OUTSTANDING_REQUESTS holds requests at the gateway (and pipelines one
+    more to fast instances)."""
+    try:
+        return max(int(environment.get("SAGEMAKER_MODEL_SERVER_WORKERS", "1")), 1)
+    except ValueError:
+        return 1  # the instance refuses to start with it, and says why
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +51,8 @@ class VariantTemplate:
 
     image: str
     environment: dict[str, str]
-    model_dir: Path | None
-    """The fetched artifact, shared by the instances; None: a scratch folder each."""
+    model_url: str | None
+    """The artifact each instance fetches on its host (None: none, or multi-model)."""
     prefix: str | None = None
     """For a MultiModel model: the ModelDataUrl prefix its TargetModels are found under."""
     agent: ModelAgent | None = None
@@ -95,6 +101,7 @@ class Provisioner:
         *,
         store: MetadataStore,
         backend: Backend,
+        capabilities: Capabilities,
         artifacts: ArtifactStore,
         home: Path,
         start_timeout_s: float,
@@ -103,6 +110,7 @@ class Provisioner:
     ) -> None:
         self.store = store
         self.backend = backend
+        self.capabilities = capabilities
         self.artifacts = artifacts
         self.home = home
         self.s3_endpoint_url = s3_endpoint_url
@@ -148,42 +156,52 @@ class Provisioner:
         return fleet
 
     async def _template(self, model: Model, variant: str) -> VariantTemplate:
-        """A multi-model prefix is not fetched: each instance fetches what it is asked for."""
-        if not model.multi_model:
-            model_dir = await asyncio.to_thread(self._model_dir, model.model_data_url, variant)
-            # Set, not left out: a gateway started with it set must not pass it down.
-            environment = {**model.environment, "SAGEMAKER_MULTI_MODEL": "false"}
-            return VariantTemplate(model.image, environment, model_dir)
-        prefix = model.model_data_url or ""
+        """Nothing is fetched here: each instance fetches its artifact (or, multi-model,
+        what it is asked for) on its own host."""
+        self._check_runnable(model, variant)
         environment = dict(model.environment)
+        if self.s3_endpoint_url:
+            environment["SHIPYARD_S3_ENDPOINT_URL"] = self.s3_endpoint_url
+        if not model.multi_model:
+            # Set, not left out: a gateway started with it set must not pass it down.
+            environment["SAGEMAKER_MULTI_MODEL"] = "false"
+            return VariantTemplate(model.image, environment, model.model_data_url or None)
+        prefix = model.model_data_url or ""
         if not model.model_cache_enabled:
             # ModelCacheSetting Disabled: keep one model in memory and none on disk.
             environment.setdefault("SHIPYARD_MODEL_CACHE_MAX_MODELS", "1")
             environment.setdefault("SHIPYARD_MODEL_DISK_CACHE_BYTES", "1")
         environment["SAGEMAKER_MULTI_MODEL"] = "true"
         environment["SHIPYARD_MODEL_PREFIX"] = prefix
-        if self.s3_endpoint_url:
-            environment["SHIPYARD_S3_ENDPOINT_URL"] = self.s3_endpoint_url
         agent = None
         if runtime_for(model.image) == "cmd":
             agent = ModelAgent(prefix=prefix, artifacts=self.artifacts, folder=self.scratch_dir)
         return VariantTemplate(model.image, environment, None, prefix=prefix, agent=agent)
 
+    def _check_runnable(self, model: Model, variant: str) -> None:
+        """FleetFailed, saying why, when the backend cannot run ``model``'s instances."""
+        kind = runtime_for(model.image)
+        if kind not in self.capabilities.runtimes:
+            if kind == "docker":
+                raise FleetFailed(
+                    f"Image {model.image} is a container image, which needs a Docker "
+                    "engine; this gateway's backend runs none. Use shipyard/python or "
+                    "cmd:<command>."
+                )
+            raise FleetFailed(
+                f"Production variant {variant}: this gateway's backend cannot run {kind} "
+                f"images (it runs: {', '.join(sorted(self.capabilities.runtimes))})."
+            )
+        if model.multi_model and kind == "cmd" and not self.capabilities.shared_disk:
+            raise FleetFailed(
+                f"Production variant {variant}: a multi-model cmd: server is loaded from the "
+                "gateway's disk, which this gateway's backend does not share; use the "
+                "built-in runtime (shipyard/python)."
+            )
+
     def scratch_dir(self, instance_id: str) -> Path:
         """The folder of one multi-model instance: its model directory and working folder."""
         return self.home / "instances" / instance_id
-
-    def _model_dir(self, url: str | None, variant: str) -> Path:
-        if not url:
-            empty = self.home / "models" / "_empty"
-            empty.mkdir(parents=True, exist_ok=True)
-            return empty
-        digest = hashlib.sha256(url.encode()).hexdigest()[:16]
-        dest = self.home / "models" / digest
-        try:
-            return self.artifacts.fetch_model(url, dest)
-        except ArtifactError as exc:
-            raise FleetFailed(f"Production variant {variant}: {exc}") from exc
 
     def new_slot(self, endpoint: str, fleet: Fleet, variant: str) -> Slot:
         """A new instance of ``variant``, not started yet.
@@ -197,19 +215,25 @@ class Provisioner:
         log_dir = self.home / "logs" / endpoint
         log_dir.mkdir(parents=True, exist_ok=True)
         scratch = None
-        model_dir = template.model_dir
-        if model_dir is None:
-            scratch = model_dir = self.scratch_dir(instance_id)
+        if template.prefix is not None:
+            scratch = self.scratch_dir(instance_id)
             shutil.rmtree(scratch, ignore_errors=True)  # left by an earlier gateway run
             scratch.mkdir(parents=True)
         spec = InstanceSpec(
             instance_id=instance_id,
             image=template.image,
-            model_dir=model_dir,
+            model_url=template.model_url,
+            workdir=scratch,
             environment=dict(template.environment),
             log_path=log_dir / f"{instance_id}.log",
-            # Only a multi-model instance fetches artifacts itself; others get a folder.
-            s3_access=(template.prefix or "").startswith("s3://"),
+            s3_access=any(
+                (uri or "").startswith("s3://")
+                for uri in (
+                    template.prefix,
+                    template.model_url,
+                    template.environment.get("SAGEMAKER_SUBMIT_DIRECTORY"),
+                )
+            ),
         )
         return Slot(spec=spec, variant=variant, scratch=scratch)
 
@@ -220,9 +244,9 @@ class Provisioner:
         except BackendError as exc:
             raise FleetFailed(str(exc)) from exc
         # A user's own server may take any number of requests at once, so its concurrency
-        # is left unknown; see _BUILTIN_CONCURRENCY for the built-in runtime.
+        # is left unknown.
         builtin = runtime_for(slot.spec.image) == "python"
-        concurrency = _BUILTIN_CONCURRENCY if builtin else None
+        concurrency = builtin_concurrency(slot.spec.environment) if builtin else None
         instance = Instance(
             slot.spec.instance_id, slot.variant, handle.url, concurrency=concurrency
         )

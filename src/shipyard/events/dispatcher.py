@@ -36,7 +36,6 @@ open the window above. A subscriber that never accepts ends 'failed' after
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -44,6 +43,7 @@ from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import ParamSpec, TypeVar
 
+from shipyard.background import Wakeup
 from shipyard.events.notify import DeliveryError, Notifier
 from shipyard.events.topics import Subscriber, Topics
 from shipyard.records import Event
@@ -119,8 +119,7 @@ class Dispatcher:
         self._backoff_base_s = backoff_base_s
         self._backoff_max_s = backoff_max_s
         self._clock = clock
-        self._wake = asyncio.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = Wakeup()
 
     def __repr__(self) -> str:
         return f"Dispatcher(log={self._log!r}, topics={self._topics!r})"
@@ -130,36 +129,23 @@ class Dispatcher:
 
         Safe to call from any thread, e.g. right after committing an event.
         """
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            self._wake.set()
-            return
-        try:
-            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            self._wake.set()
-        else:
-            loop.call_soon_threadsafe(self._wake.set)
+        self._wake.set()
 
     async def run(self) -> None:
         """Dispatch until cancelled: a pass every ``poll_period_s``, or at once on wake.
 
         A failed pass is logged and retried; only cancellation ends the loop.
         """
-        self._loop = asyncio.get_running_loop()
+        self._wake.bind()
         await _db(self._log.release_claims)
         while True:
-            self._wake.clear()
             try:
                 claimed = await self._drained_pass()
             except Exception:
                 log.exception("Event dispatch failed; retrying in %.1fs", self._poll_period_s)
                 claimed = 0
             if claimed < self.batch_size:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self._poll_period_s)
+                await self._wake.wait(self._poll_period_s)
 
     async def _drained_pass(self) -> int:
         """``dispatch_once``, which a cancellation lets finish for up to ``drain_s``.

@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Any
 
+from shipyard.contract import FORWARDED
 from shipyard.errors import (
     InternalFailure,
     ModelError,
@@ -23,8 +24,9 @@ from shipyard.errors import (
 from shipyard.gateway.errors import runtime_error_response
 from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT, check_header
 from shipyard.routing.client import Response
-from shipyard.routing.multimodel import invoke_model, refusal, target_model
-from shipyard.routing.router import EndpointRoute, Router, VariantRoute
+from shipyard.routing.multimodel import refusal, target_model
+from shipyard.routing.router import Call, Router
+from shipyard.routing.table import VariantRoute
 
 log = logging.getLogger(__name__)
 
@@ -32,15 +34,6 @@ Scope = dict[str, Any]
 Receive = Any
 Send = Any
 
-# Request headers handed to the instance (the container contract's view of the request).
-_FORWARD = {
-    b"content-type": b"Content-Type",
-    b"accept": b"Accept",
-    b"x-amzn-sagemaker-custom-attributes": b"X-Amzn-SageMaker-Custom-Attributes",
-    b"x-amzn-sagemaker-inference-id": b"X-Amzn-SageMaker-Inference-Id",
-    b"x-amzn-sagemaker-target-model": b"X-Amzn-SageMaker-Target-Model",
-    b"x-amzn-sagemaker-session-id": b"X-Amzn-SageMaker-Session-Id",
-}
 _TARGET_VARIANT = b"x-amzn-sagemaker-target-variant"
 _CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
 _DISCARD_LIMIT = 64 * 1024 * 1024  # read at most this much of an oversize body, then close
@@ -56,11 +49,13 @@ class RuntimeDoor:
         router: Router,
         max_payload_bytes: int,
         account_id: str,
+        region: str = "us-east-1",
         body_timeout_s: float = 30.0,
     ) -> None:
         self.router = router
         self.max_payload_bytes = max_payload_bytes
         self.account_id = account_id
+        self.region = region
         self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, name: str) -> None:
@@ -108,7 +103,7 @@ class RuntimeDoor:
         content_length: int | None = None
         for key, value in scope["headers"]:
             check_header(INVOKE_ENDPOINT, key, value)
-            wire = _FORWARD.get(key)
+            wire = FORWARDED.get(key)
             if wire is not None:
                 forward.append((wire, value))
             elif key == b"content-length":
@@ -122,14 +117,16 @@ class RuntimeDoor:
         body = await self._body(receive)
         variant = self.router.variant_for(route, target)
         chosen.append(variant)
-        if variant.multi_model is None:
-            response, model_s = await self.router.invoke(
-                route, variant, forward, body, content_length=content_length
-            )
-        else:
-            response, model_s = await self._invoke_model(route, variant, forward, body)
+        multi = variant.multi_model
+        model = target_model(route.name, forward) if multi is not None else None
+        call = Call(forward, body, content_length=content_length, model=model)
+        response, model_s = await self.router.invoke(route, variant, call)
         if response.status >= 300:
-            raise _model_error(name, response)
+            if multi is not None and model is not None:
+                failure = refusal(response, model, multi.prefix)
+                if failure is not None:
+                    raise failure
+            raise _model_error(name, response, self._log_group_arn(name))
         headers = [
             (b"content-type", response.header(b"content-type") or b"application/octet-stream"),
             (b"content-length", str(len(response.body)).encode()),
@@ -144,30 +141,6 @@ class RuntimeDoor:
         variant.metrics.model_latency.observe(model_s)
         variant.metrics.overhead_latency.observe(max(total - model_s, 0.0))
         return 200
-
-    async def _invoke_model(
-        self,
-        route: EndpointRoute,
-        variant: VariantRoute,
-        forward: list[tuple[bytes, bytes]],
-        body: bytes,
-    ) -> tuple[Response, float]:
-        """A request to a multi-model variant: its TargetModel checked, platform errors mapped.
-
-        Raises:
-            RuntimeValidationError: no or unsafe TargetModel, none under the prefix, or one
-                too large for every instance's memory budget.
-            ModelNotReady: the model was still loading when the instance stopped waiting.
-        """
-        multi = variant.multi_model
-        assert multi is not None
-        model = target_model(route.name, forward)
-        response, model_s = await invoke_model(self.router, route, variant, model, forward, body)
-        if response.status >= 300:
-            failure = refusal(response, model, multi.prefix)
-            if failure is not None:
-                raise failure
-        return response, model_s
 
     async def _body(self, receive: Receive) -> bytes:
         """The whole body, at most ``max_payload_bytes``, within ``body_timeout_s``."""
@@ -203,6 +176,11 @@ class RuntimeDoor:
         exc.body_left = body_left
         return exc
 
+    def _log_group_arn(self, endpoint: str) -> str:
+        """The endpoint's instance logs, as the CloudWatch Logs door serves them."""
+        group = f"/aws/sagemaker/Endpoints/{endpoint}"
+        return f"arn:aws:logs:{self.region}:{self.account_id}:log-group:{group}"
+
 
 class ClientGone(Exception):
     """The client closed the connection before its body arrived: nobody to answer."""
@@ -214,7 +192,7 @@ class BodyTimeout(RuntimeValidationError):
     status_code = 408
 
 
-def _model_error(name: str, response: Response) -> ModelError:
+def _model_error(name: str, response: Response, log_group_arn: str) -> ModelError:
     """The instance answered with an error status: the model's own failure."""
     message = response.body.decode(errors="replace")
     kind = "client" if response.status < 500 else "server"
@@ -223,7 +201,7 @@ def _model_error(name: str, response: Response) -> ModelError:
         f'"{message}". See the instance log for more information.',
         original_status_code=response.status,
         original_message=message,
-        log_stream_arn=f"arn:aws:logs:::log-group:/aws/sagemaker/Endpoints/{name}",
+        log_stream_arn=log_group_arn,
     )
 
 

@@ -28,6 +28,7 @@ from shipyard.records import Job, JobStatus, StatusTransition
 from shipyard.settings import JobsConfig
 from shipyard.storage.jobs import JobStore
 from shipyard.storage.metadata import now
+from shipyard.storage.tags import Tagging
 
 _NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9-]+")
 
@@ -46,9 +47,12 @@ class JobService:
         region: str,
         account_id: str,
         host_access: HostAccess | None = None,
+        tagging: Tagging | None = None,
     ) -> None:
         self.store = store
         self.host_access = host_access or HostAccess()
+        self.tagging = tagging
+        """Where the Tags of CreateTrainingJob go; None: they are dropped."""
         self.config = config
         self.announcer = announcer
         self._wake = wake

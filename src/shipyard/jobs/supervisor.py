@@ -1,7 +1,7 @@
 """JobSupervisor: converges every active job's process to the store, and back.
 
-Desired state is the job row (InProgress, Stopping); actual state is the runner process
-and the status file it appends to (``status.jsonl`` in the attempt's folder). Each pass:
+Desired state is the job row (InProgress, Stopping); actual state is the runner and the
+status lines it reports, both reached through the backend's JobHandle. Each pass:
 
 - a job with no runner gets one (or adopts the runner an interrupted pass started);
 - new status lines become status changes, each with its event, in one transaction;
@@ -10,14 +10,14 @@ and the status file it appends to (``status.jsonl`` in the attempt's folder). Ea
   retried from its last checkpoint when RetryStrategy or managed spot allows, or failed
   with a reason that says so.
 
-Runners outlive the gateway; a new gateway finds them again from the store's PIDs and
-their folders, so a restart neither stops a job nor loses its end.
+Runners outlive the gateway; a new gateway finds them again from the handle refs in the
+store (or, for a start never recorded, from the attempt's folder), so a restart neither
+stops a job nor loses its end.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import shutil
@@ -27,19 +27,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from shipyard.backends.base import BackendError, JobBackend
+from shipyard.backends.base import BackendError, JobBackend, JobHandle
+from shipyard.background import Wakeup
 from shipyard.jobs.announce import JobAnnouncer
 from shipyard.jobs.service import hyperparameter
 from shipyard.jobs.spec import (
     JOB_FILE,
-    RUNNER_PID_FILE,
-    STATUS_FILE,
     Channel,
     Checkpoint,
     JobSpec,
     Resource,
     StatusLine,
-    read_status,
 )
 from shipyard.metrics import Metrics
 from shipyard.records import ACTIVE_JOB_STATUSES, Job, JobStatus, StatusTransition
@@ -77,25 +75,24 @@ class JobSupervisor:
         self.stop_grace_s = stop_grace_s
         self.poll_period_s = poll_period_s
         self._on_event = on_event
-        self._wake = asyncio.Event()
-        self._signalled: set[tuple[str, int]] = set()
+        self._wake = Wakeup()
+        self._signalled: set[tuple[str, str]] = set()
 
     def __repr__(self) -> str:
         return f"JobSupervisor(jobs_dir={str(self.jobs_dir)!r})"
 
     def wake(self) -> None:
-        """Look at the jobs now (a job was created or asked to stop)."""
+        """Look at the jobs now (a job was created or asked to stop); safe from any thread."""
         self._wake.set()
 
     async def run(self) -> None:
+        self._wake.bind()
         while True:
             try:
                 await self.step()
             except Exception:  # one bad pass must not end supervision
                 log.exception("job supervision pass failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.poll_period_s)
-            self._wake.clear()
+            await self._wake.wait(self.poll_period_s)
 
     async def step(self) -> None:
         jobs = await asyncio.to_thread(self.store.list, active_only=True)
@@ -111,38 +108,41 @@ class JobSupervisor:
         return self.jobs_dir / job.name / f"attempt-{job.attempt}"
 
     async def _converge(self, job: Job) -> None:
-        if job.pid is None:
+        if job.runner is None:
             await self._launch(job)
             return
-        pid = job.pid
-        workdir = self.workdir(job)
-        alive = self.backend.job_running(pid, workdir)
-        job = await self._apply_status(job)
+        handle = self.backend.attach_job(job.runner)
+        alive = self.backend.job_running(handle)
+        job = await self._apply_status(job, handle)
         if not job.active:
             return
-        if job.status == JobStatus.STOPPING and (job.name, pid) not in self._signalled:
-            self.backend.signal_job(pid, workdir, signal.SIGTERM)
-            self._signalled.add((job.name, pid))
+        if job.status == JobStatus.STOPPING and (job.name, handle.ref) not in self._signalled:
+            self.backend.signal_job(handle, signal.SIGTERM)
+            self._signalled.add((job.name, handle.ref))
         if not alive:
             # The runner may have written its last line just before it ended.
-            job = await self._apply_status(job)
+            job = await self._apply_status(job, handle)
             if job.active:
-                await asyncio.to_thread(self._lost, job)
+                await asyncio.to_thread(self._lost, job, handle)
 
     async def _launch(self, job: Job) -> None:
-        if job.status == JobStatus.STOPPING:
-            await asyncio.to_thread(self._finish_unstarted, job)
-            return
         workdir = self.workdir(job)
-        adopted = _runner_pid(workdir)
-        if adopted is not None and self.backend.job_running(adopted, workdir):
-            pid = adopted  # started by a pass that ended before it recorded the PID
-        else:
+        # A runner started by a pass that ended before it recorded the handle is adopted,
+        # and so is one from before the store kept handles (migration 0005): the lines
+        # already applied stay applied, or the job's transitions and events would repeat.
+        # Adopted even when Stopping, so the runner is stopped rather than forgotten.
+        handle = self.backend.find_job(workdir)
+        applied = job.applied_lines
+        if handle is None:
+            if job.status == JobStatus.STOPPING:
+                await asyncio.to_thread(self._finish_unstarted, job)
+                return
+            applied = 0
             shutil.rmtree(workdir, ignore_errors=True)
             workdir.mkdir(parents=True)
             (workdir / JOB_FILE).write_text(self._spec(job).to_json())
             try:
-                pid = await self.backend.start_job(
+                handle = await self.backend.start_job(
                     workdir,
                     s3_endpoint_url=self.s3_endpoint_url,
                     # S3 credentials only for a job that names s3:// locations.
@@ -151,14 +151,15 @@ class JobSupervisor:
             except BackendError as exc:
                 await asyncio.to_thread(self._fail, job, str(exc))
                 return
-        await asyncio.to_thread(self.store.change, job.name, pid=pid, applied_lines=0)
+        await asyncio.to_thread(
+            self.store.change, job.name, runner=handle.ref, applied_lines=applied
+        )
 
-    async def _apply_status(self, job: Job) -> Job:
-        path = self.workdir(job) / STATUS_FILE
+    async def _apply_status(self, job: Job, handle: JobHandle) -> Job:
         try:
-            lines = await asyncio.to_thread(read_status, path, skip=job.applied_lines)
+            lines = await asyncio.to_thread(self.backend.job_status, handle, skip=job.applied_lines)
         except ValueError:
-            log.exception("job %s: unreadable status file", job.name)
+            log.exception("job %s: unreadable status", job.name)
             return job
         for offset, line in enumerate(lines, start=job.applied_lines + 1):
             job = await asyncio.to_thread(self._apply_line, job, line, offset)
@@ -185,9 +186,8 @@ class JobSupervisor:
         self._after_change(changed, job)
         return changed
 
-    def _lost(self, job: Job) -> None:
-        assert job.pid is not None
-        self.backend.kill_job(job.pid, self.workdir(job))
+    def _lost(self, job: Job, handle: JobHandle) -> None:
+        self.backend.kill_job(handle)
         if job.status == JobStatus.STOPPING:
             self._finish_unstarted(job)  # asked to stop, and it has: nothing to retry
             return
@@ -198,7 +198,7 @@ class JobSupervisor:
             changed = self.store.change(
                 job.name,
                 attempt=job.attempt + 1,
-                pid=None,
+                runner=None,
                 applied_lines=0,
                 secondary=StatusTransition("Restarting", now(), None, message),
                 event_for=self.announcer,
@@ -234,7 +234,7 @@ class JobSupervisor:
     def _after_change(self, job: Job, previous: Job) -> None:
         if job.status != previous.status and not job.active:
             self.metrics.jobs_finished.labels(job.status.value).inc()
-            self._signalled.discard((job.name, previous.pid or 0))
+            self._signalled.discard((job.name, previous.runner or ""))
         self._on_event()
 
     def _spec(self, job: Job) -> JobSpec:
@@ -301,10 +301,3 @@ def _may_retry(job: Job) -> tuple[bool, str]:
     if job.attempt > retries:
         return False, f"all {retries} retries of its RetryStrategy are used"
     return True, ""
-
-
-def _runner_pid(workdir: Path) -> int | None:
-    try:
-        return int((workdir / RUNNER_PID_FILE).read_text().strip())
-    except (OSError, ValueError):
-        return None

@@ -37,6 +37,15 @@ class UpstreamError(Exception):
         """Whether the request may have reached the instance (then it is not retried)."""
 
 
+class ResponseTooLarge(UpstreamError):
+    """The answer's body outgrew the limit the request was sent with; the connection is
+    closed, since the rest of the answer is still on its way."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the answer is larger than {limit} bytes", sent=True)
+        self.limit = limit
+
+
 class Response:
     """An instance's answer: status, headers (lower-cased names) and body."""
 
@@ -103,6 +112,9 @@ class _Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[Response] | None = None
         self._headers: list[tuple[bytes, bytes]] = []
         self._body: list[bytes] = []
+        self._size = 0
+        self.limit: int | None = None
+        """Most body bytes the exchange in progress takes; None: no limit."""
         self._drained: asyncio.Event | None = None
         self.stream: _StreamReader | None = None
         """The streamed exchange in progress, told when the connection fails."""
@@ -137,6 +149,13 @@ class _Connection(asyncio.Protocol):
         self._headers.append((name.lower(), value))
 
     def on_body(self, body: bytes) -> None:
+        if self.limit is not None:
+            self._size += len(body)
+            if self._size > self.limit:
+                if not self.closed:
+                    self._fail(ResponseTooLarge(self.limit))
+                    self.close()
+                return
         self._body.append(body)
 
     def on_message_complete(self) -> None:
@@ -161,10 +180,14 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    async def send(self, head: bytes, body: bytes | AsyncIterator[bytes]) -> Response:
+    async def send(
+        self, head: bytes, body: bytes | AsyncIterator[bytes], limit: int | None = None
+    ) -> Response:
         assert self.transport is not None and self._waiter is None
         self._headers = []
         self._body = []
+        self._size = 0
+        self.limit = limit
         self._waiter = asyncio.get_running_loop().create_future()
         try:
             if isinstance(body, bytes):
@@ -396,13 +419,15 @@ class ConnectionPool:
         body: bytes | AsyncIterator[bytes] = b"",
         *,
         content_length: int | None = None,
+        max_body: int | None = None,
     ) -> Response:
         """Send one request and return the whole response.
 
         A reused connection that the instance closed while idle fails before anything
         was read; that case is retried once on a fresh connection when ``body`` is bytes.
         Cancellation (a timeout above us) closes the connection, since its state is
-        unknown.
+        unknown. An answer whose body passes ``max_body`` bytes is ResponseTooLarge: the
+        gateway holds whole answers in memory, so one instance must not fill it.
         """
         length = len(body) if isinstance(body, bytes) else content_length
         parts = [method, b" ", path, b" HTTP/1.1\r\nHost: ", self._host_header, b"\r\n"]
@@ -415,10 +440,15 @@ class ConnectionPool:
         for attempt in (1, 2):
             conn, reused = await self._acquire()
             try:
-                response = await conn.send(head, body)
-            except UpstreamError:
+                response = await conn.send(head, body, max_body)
+            except UpstreamError as exc:
                 conn.close()
-                if reused and attempt == 1 and isinstance(body, bytes):
+                if (
+                    reused
+                    and attempt == 1
+                    and isinstance(body, bytes)
+                    and not isinstance(exc, ResponseTooLarge)
+                ):
                     continue
                 raise
             except BaseException:

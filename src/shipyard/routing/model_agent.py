@@ -27,17 +27,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from shipyard.routing.client import Response
-from shipyard.routing.instance import Instance
-from shipyard.runtime.multimodel import (
-    ERROR_HEADER,
-    EVICTED_HEADER,
-    MODEL_CACHE_HEADER,
-    MODEL_TIMINGS_HEADER,
+from shipyard.contract import (
+    ERROR,
+    EVICTED,
+    MODEL_CACHE,
+    MODEL_TIMINGS,
     format_evicted,
     format_timings,
     model_url,
 )
+from shipyard.routing.client import Response
+from shipyard.routing.instance import Instance
 from shipyard.storage.artifacts import ArtifactError, ArtifactStore
 
 Headers = list[tuple[bytes, bytes]]
@@ -171,9 +171,9 @@ def _with_report(response: Response, report: _Load | None, waited_s: float) -> R
     """``response`` with the headers the built-in runtime would have added."""
     headers = list(response.headers)
     if report is None:
-        headers.append((MODEL_CACHE_HEADER.lower().encode(), b"hit"))
+        headers.append((MODEL_CACHE, b"hit"))
         return Response(response.status, headers, response.body)
-    headers.append((MODEL_CACHE_HEADER.lower().encode(), b"miss"))
+    headers.append((MODEL_CACHE, b"miss"))
     timings = format_timings(wait_s=waited_s)
     if not report.claimed:  # the load's own figures go to one request only
         report.claimed = True
@@ -184,10 +184,8 @@ def _with_report(response: Response, report: _Load | None, waited_s: float) -> R
             unload_s=report.unload_s,
         )
         if report.evicted:
-            headers.append(
-                (EVICTED_HEADER.lower().encode(), format_evicted(report.evicted).encode())
-            )
-    headers.append((MODEL_TIMINGS_HEADER.lower().encode(), timings.encode()))
+            headers.append((EVICTED, format_evicted(report.evicted).encode()))
+    headers.append((MODEL_TIMINGS, timings.encode()))
     return Response(response.status, headers, response.body)
 
 
@@ -209,7 +207,7 @@ def _load_error(model: str, instance: Instance, answer: Response) -> Response:
 
 def _refusal(status: int, code: str, message: str) -> Response:
     body = f"{code}: {message}".encode()
-    return Response(status, [(ERROR_HEADER.lower().encode(), code.encode())], body)
+    return Response(status, [(ERROR, code.encode())], body)
 
 
 async def loaded_models(instance: Instance, *, timeout_s: float) -> list[str] | None:

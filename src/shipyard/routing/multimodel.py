@@ -1,10 +1,11 @@
 """Multi-model routes: the TargetModel a request names, who holds it, and what went wrong.
 
 A variant that serves a ``Mode: MultiModel`` model carries a MultiModelRoute, set by the
-reconciler. The runtime door and the router reach it only for such variants, so none of
-this work lands on the single-model path.
+reconciler: the strategy the router (routing/router.py) asks to choose an instance for a
+TargetModel, to send the request and to learn from the answer. The router reaches it only
+for such variants, so none of this work lands on the single-model path.
 
-The instance speaks the contract of runtime/multimodel.py: every answer says whether the
+The instance speaks the contract of shipyard/contract.py: every answer says whether the
 model was in memory (``X-Shipyard-Model-Cache``), what was unloaded for it
 (``X-Shipyard-Evicted``), how many models are loaded, how long loading took, and a
 platform error names itself in ``X-Shipyard-Error``. ``observe`` turns those into the
@@ -16,49 +17,35 @@ with the same headers.
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from shipyard.errors import (
-    ModelError,
-    ModelNotReady,
-    RuntimeFailure,
-    RuntimeValidationError,
-    ServiceUnavailable,
-)
-from shipyard.metrics import ModelMetrics
-from shipyard.routing.client import Response, UpstreamError
-from shipyard.routing.instance import Instance
-from shipyard.routing.policies import ModelPolicy
-from shipyard.runtime.multimodel import (
-    ERROR_HEADER,
-    EVICTED_HEADER,
-    LOADED_MODELS_HEADER,
-    MODEL_CACHE_HEADER,
-    MODEL_TIMINGS_HEADER,
-    TARGET_MODEL_HEADER,
-    InvalidTargetModel,
-    check_model_name,
+from shipyard.contract import (
+    ERROR,
+    EVICTED,
+    LOADED_MODELS,
+    MODEL_CACHE,
+    MODEL_TIMINGS,
+    TARGET_MODEL,
+    model_name_problem,
     model_url,
     parse_evicted,
     parse_timings,
 )
+from shipyard.errors import ModelNotReady, RuntimeFailure, RuntimeValidationError
+from shipyard.metrics import ModelMetrics
+from shipyard.routing.client import Response
+from shipyard.routing.instance import Instance
+from shipyard.routing.policies import ModelPolicy
 
 if TYPE_CHECKING:
     from shipyard.routing.model_agent import ModelAgent
-    from shipyard.routing.router import EndpointRoute, Router, VariantRoute
 
 Headers = list[tuple[bytes, bytes]]
 
-TARGET_MODEL = TARGET_MODEL_HEADER.encode()
-"""The header as the runtime door forwards it."""
-ERROR = ERROR_HEADER.lower().encode()
-CACHE = MODEL_CACHE_HEADER.lower().encode()
-EVICTED = EVICTED_HEADER.lower().encode()
-TIMINGS = MODEL_TIMINGS_HEADER.lower().encode()
-LOADED = LOADED_MODELS_HEADER.lower().encode()
+CACHE = MODEL_CACHE
+TIMINGS = MODEL_TIMINGS
+LOADED = LOADED_MODELS
 
 TOO_LARGE = b"ModelTooLarge"
 # Errors after which the instance does not hold the model.
@@ -89,6 +76,21 @@ class MultiModelRoute:
 
     def __repr__(self) -> str:
         return f"MultiModelRoute(prefix={self.prefix!r}, policy={self.policy!r})"
+
+    def choose(self, instances: Sequence[Instance], model: str) -> Instance | None:
+        """The instance for a request for ``model`` (model affinity), or None if all are full."""
+        return self.policy.choose(instances, model)
+
+    @staticmethod
+    def try_elsewhere(response: Response) -> bool:
+        """Whether another instance may serve what this one refused: too large for its
+        memory budget, while another's may be larger."""
+        return response.header(ERROR) == TOO_LARGE
+
+    @staticmethod
+    def forget(instance: Instance, model: str) -> None:
+        """The request never reached ``instance``: do not count it as holding ``model``."""
+        instance.models.pop(model, None)
 
     async def send(self, instance: Instance, model: str, headers: Headers, body: bytes) -> Response:
         """Send one invocation of ``model`` to ``instance`` and return its answer.
@@ -121,94 +123,6 @@ class MultiModelRoute:
                 metrics.evictions.inc(len(names))
         if metrics is not None:
             _record(metrics, response)
-
-
-async def invoke_model(
-    router: Router,
-    route: EndpointRoute,
-    variant: VariantRoute,
-    model: str,
-    headers: Headers,
-    body: bytes,
-) -> tuple[Response, float]:
-    """Send one invocation of TargetModel ``model`` to a multi-model variant.
-
-    The variant's ModelPolicy picks the instance (model affinity); nothing waits at the
-    gateway, so a full variant is a 503. Sent again, to another instance: a request whose
-    connection failed before reaching the instance, and one the instance refused as too
-    large for its memory budget (another may have a larger one); the last refusal is
-    returned when no instance is left to try. Past the router's timeout: ModelError.
-    """
-    tried: list[Instance] = []
-    try:
-        async with asyncio.timeout(router.timeout_s):
-            while True:
-                variant = router.current(route, variant)
-                multi = variant.multi_model
-                if multi is None:
-                    raise ServiceUnavailable(
-                        f"Endpoint {route.name} stopped serving multiple models; retry."
-                    )
-                instance = _choose(variant, multi, model, tried)
-                tried.append(instance)
-                outcome = await _attempt(route, multi, instance, model, headers, body)
-                if outcome is None:
-                    continue  # it never reached the instance
-                if outcome[0].header(ERROR) == TOO_LARGE and any(
-                    i.healthy and i not in tried for i in variant.instances
-                ):
-                    continue
-                return outcome
-    except TimeoutError:
-        raise ModelError(
-            f"Your invocation timed out while waiting for a response from "
-            f"{variant.name} after {router.timeout_s:g} s.",
-            original_status_code=504,
-            original_message="timed out",
-        ) from None
-
-
-def _choose(
-    variant: VariantRoute, multi: MultiModelRoute, model: str, tried: list[Instance]
-) -> Instance:
-    candidates = [i for i in variant.instances if i not in tried]
-    instance = multi.policy.choose(candidates, model)
-    if instance is not None:
-        return instance
-    if not any(i.healthy for i in candidates):
-        raise ModelNotReady(f"No instance of variant {variant.name} is ready yet.")
-    raise ServiceUnavailable(
-        f"Every instance of variant {variant.name} is at capacity; retry later."
-    )
-
-
-async def _attempt(
-    route: EndpointRoute,
-    multi: MultiModelRoute,
-    instance: Instance,
-    model: str,
-    headers: Headers,
-    body: bytes,
-) -> tuple[Response, float] | None:
-    """One try: the answer and its latency, or None when it never reached the instance."""
-    instance.in_flight += 1
-    started = time.perf_counter()
-    try:
-        response = await multi.send(instance, model, headers, body)
-    except UpstreamError as exc:
-        if exc.sent:
-            raise ServiceUnavailable(
-                f"The instance serving {route.name} failed during the request: {exc}"
-            ) from exc
-        instance.models.pop(model, None)
-        instance.healthy = False  # the reconciler re-checks and restores it
-        return None
-    finally:
-        instance.in_flight -= 1
-    model_s = time.perf_counter() - started
-    instance.observe(model_s)
-    multi.observe(instance, model, response)
-    return response, model_s
 
 
 def resync(instance: Instance, names: list[str]) -> None:
@@ -257,11 +171,14 @@ def target_model(endpoint: str, headers: Headers) -> str:
             "TargetModel (the X-Amzn-SageMaker-Target-Model header)."
         )
     try:
-        return check_model_name(raw.decode())
+        model = raw.decode()
     except UnicodeDecodeError:
         raise RuntimeValidationError("TargetModel is not valid UTF-8.") from None
-    except InvalidTargetModel as exc:
-        raise RuntimeValidationError(str(exc)) from None
+    problem = model_name_problem(model)
+    if problem is not None:
+        shown = model if len(model) <= 80 else model[:80] + "..."
+        raise RuntimeValidationError(f"TargetModel {shown!r} is invalid: {problem}.")
+    return model
 
 
 def refusal(response: Response, model: str, prefix: str) -> RuntimeFailure | None:
@@ -296,10 +213,3 @@ def not_found_message(prefix: str, model: str) -> str:
         "that there is an object located at the URL and that the role passed to CreateModel "
         "has permissions to download the model."
     )
-
-
-async def joined(body: bytes | AsyncIterator[bytes]) -> bytes:
-    """The whole body: a multi-model request may be sent twice (another instance)."""
-    if isinstance(body, bytes):
-        return body
-    return b"".join([chunk async for chunk in body])

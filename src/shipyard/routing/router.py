@@ -1,134 +1,91 @@
-"""Router: variant by weight → policy → stream over pooled connections.
+"""Router: the one way a request reaches an instance.
 
-The router holds an in-memory routing table that the reconciler publishes; the data path
-reads only that table, never the store.
+Real-time, multi-model, asynchronous and streamed requests all come through here, so
+this is the only place that chooses an instance and counts the work in flight on it:
+the policies, the reconciler's "busy" exemption, draining and the async consumer's
+capacity all read that one count. Per request: the variant (by weight, or the one the
+client named), an instance by the variant's policy (or its multi-model strategy) after
+waiting in the variant's queue if the policy queues, then bytes over a pooled connection.
+
+The router reads only the route tables the reconciler publishes (routing/table.py),
+never the store. Two ways to send, sharing the choosing and the counting:
+
+- ``invoke`` returns the whole answer (real-time and multi-model invocations);
+- ``stream`` hands over the answer as it arrives and keeps the instance counted busy
+  until the caller is done with it (asynchronous invocations, response streaming).
+
+A request that fails before it could reach an instance is sent to another; once it may
+have reached one it is not, since invocations need not be idempotent.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
-import itertools
+import contextlib
 import random
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 
 from shipyard.errors import ModelError, ModelNotReady, RuntimeValidationError, ServiceUnavailable
-from shipyard.metrics import VariantMetrics
-from shipyard.records import AsyncConfig
-from shipyard.routing.client import Response, UpstreamError
+from shipyard.routing.client import Response, ResponseTooLarge, StreamedResponse, UpstreamError
 from shipyard.routing.instance import Instance
-from shipyard.routing.policies import Policy
+from shipyard.routing.table import EndpointRoute, VariantRoute
 
-if TYPE_CHECKING:
-    from shipyard.routing.multimodel import MultiModelRoute
+Headers = list[tuple[bytes, bytes]]
+
+_INVOCATIONS = b"/invocations"
 
 
-class VariantRoute:
-    """One production variant's instances, its weight and its policy.
+class InstanceFailed(ServiceUnavailable):
+    """The instance failed once the request may have reached it: not sent again."""
 
-    ``waiters`` is the variant's FIFO queue of requests held at the gateway until an
-    instance can take them (policies with ``queues``); it is handed from one published
-    table to the next, so a swap never strands a waiting request. ``multi_model`` is set
-    when the variant serves a ``Mode: MultiModel`` model; its requests then go through
-    routing.multimodel.invoke_model instead of Router.invoke.
+
+@dataclass(slots=True)
+class Call:
+    """One request for the router: what to send, and for which model.
+
+    ``body`` is bytes, or an iterator of chunks (then ``content_length`` should say how
+    many, and the request is never sent twice). ``model`` is the TargetModel, required by
+    a multi-model variant and ignored by others.
     """
 
-    __slots__ = (
-        "name",
-        "weight",
-        "policy",
-        "instances",
-        "metrics",
-        "waiters",
-        "queue_limit",
-        "multi_model",
-    )
-
-    def __init__(
-        self,
-        name: str,
-        *,
-        weight: float,
-        policy: Policy,
-        instances: Sequence[Instance],
-        metrics: VariantMetrics,
-        multi_model: MultiModelRoute | None = None,
-    ) -> None:
-        self.name = name
-        self.weight = weight
-        self.policy = policy
-        self.instances = list(instances)
-        self.metrics = metrics
-        self.multi_model = multi_model
-        self.waiters: deque[asyncio.Future[None]] = deque()
-        self.queue_limit = policy.max_in_flight * len(instances) if policy.queues else 0
-
-    def __repr__(self) -> str:
-        return f"VariantRoute({self.name!r}, weight={self.weight}, instances={self.instances})"
-
-    def release(self) -> None:
-        """An instance answered: give the oldest waiting request its turn."""
-        while self.waiters:
-            waiter = self.waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-
-    def wake_all(self) -> None:
-        while self.waiters:
-            waiter = self.waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
+    headers: Headers
+    body: bytes | AsyncIterator[bytes]
+    content_length: int | None = None
+    model: str | None = None
 
 
-class EndpointRoute:
-    """The routing table of one endpoint: its variants and their weights."""
+@dataclass(slots=True)
+class Exchange:
+    """A streamed answer, and who gives it: see Router.stream."""
 
-    __slots__ = ("name", "variants", "by_name", "async_config", "_cumulative", "_total")
-
-    def __init__(
-        self,
-        name: str,
-        variants: Sequence[VariantRoute],
-        *,
-        async_config: AsyncConfig | None = None,
-    ) -> None:
-        self.name = name
-        self.async_config = async_config
-        """Set for an asynchronous endpoint, whose requests come from the queue."""
-        self.variants = list(variants)
-        self.by_name = {v.name: v for v in self.variants}
-        weights = [max(v.weight, 0.0) for v in self.variants]
-        if sum(weights) <= 0:
-            weights = [1.0] * len(self.variants)  # all weights zero: split evenly
-        self._cumulative = list(itertools.accumulate(weights))
-        self._total = self._cumulative[-1] if self._cumulative else 0.0
-
-    def __repr__(self) -> str:
-        return f"EndpointRoute({self.name!r}, variants={[v.name for v in self.variants]})"
-
-    def pick_variant(self, rng: random.Random) -> VariantRoute:
-        if len(self.variants) == 1:
-            return self.variants[0]
-        return self.variants[bisect.bisect_right(self._cumulative, rng.random() * self._total)]
-
-    def instances(self) -> list[Instance]:
-        return [i for v in self.variants for i in v.instances]
+    variant: VariantRoute
+    instance: Instance
+    response: StreamedResponse
+    head_s: float
+    """Seconds from sending to the answer's head."""
 
 
 class Router:
-    """Sends each invocation to one instance of one variant and returns its response."""
+    """Sends each invocation to one instance of one variant and returns its answer."""
 
-    def __init__(self, *, timeout_s: float, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        timeout_s: float,
+        max_response_bytes: int | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
         self.timeout_s = timeout_s
+        self.max_response_bytes = max_response_bytes
         self.routes: dict[str, EndpointRoute] = {}
         self._rng = rng or random.Random()
 
     def __repr__(self) -> str:
         return f"Router(endpoints={sorted(self.routes)})"
+
+    # -- route tables -----------------------------------------------------------------
 
     def publish(self, route: EndpointRoute) -> EndpointRoute | None:
         """Swap in a new table for one endpoint; returns the one it replaced.
@@ -156,7 +113,14 @@ class Router:
                 variant.wake_all()
         return old
 
+    def in_flight(self) -> Iterator[tuple[str, str, int]]:
+        """(endpoint, variant, requests in flight) for every published variant."""
+        for route in list(self.routes.values()):
+            for variant in route.variants:
+                yield route.name, variant.name, sum(i.in_flight for i in variant.instances)
+
     def variant_for(self, route: EndpointRoute, target: str | None) -> VariantRoute:
+        """The variant the client named, or one by weight."""
         if target is None:
             return route.pick_variant(self._rng)
         variant = route.by_name.get(target)
@@ -166,53 +130,60 @@ class Router:
             )
         return variant
 
-    async def invoke(
-        self,
-        route: EndpointRoute,
-        variant: VariantRoute,
-        headers: list[tuple[bytes, bytes]],
-        body: bytes | AsyncIterator[bytes],
-        *,
-        content_length: int | None = None,
-    ) -> tuple[Response, float]:
-        """Send one invocation; return the instance's response and the model latency (s).
+    # -- sending ----------------------------------------------------------------------
 
-        A connection that fails before the request could reach the instance is retried on
-        another instance; once it may have reached one it is not, since invocations need
-        not be idempotent.
+    async def invoke(
+        self, route: EndpointRoute, variant: VariantRoute, call: Call
+    ) -> tuple[Response, float]:
+        """Send one invocation; return the instance's answer and the model latency (s).
+
+        Raises:
+            ModelNotReady: no instance of the variant is healthy.
+            ServiceUnavailable: every instance is at capacity and none queues, or the
+                endpoint is being deleted; InstanceFailed once the request was sent.
+            ModelError: no answer within ``timeout_s``, or an answer too large.
         """
         tried: list[Instance] = []
+        turn = not variant.waiters  # first come, first served
         try:
             async with asyncio.timeout(self.timeout_s):
-                turn = not variant.waiters  # first come, first served
                 while True:
-                    variant = self.current(route, variant)
-                    instance = self._choose(variant, tried, turn=turn)
-                    if instance is None:
-                        # Woken but beaten to the instance: keep our place at the front.
-                        await self._wait(variant, front=turn)
-                        turn = True
-                        continue
-                    instance.in_flight += 1
+                    variant, instance = await self._take(route, variant, call, tried, turn)
+                    turn = True
+                    multi = variant.multi_model
                     started = time.perf_counter()
                     try:
-                        response = await instance.pool.request(
-                            b"POST", b"/invocations", headers, body, content_length=content_length
-                        )
-                        model_s = time.perf_counter() - started
-                        instance.observe(model_s)
-                        return response, model_s
+                        if multi is None:
+                            response = await instance.pool.request(
+                                b"POST",
+                                _INVOCATIONS,
+                                call.headers,
+                                call.body,
+                                content_length=call.content_length,
+                                max_body=self.max_response_bytes,
+                            )
+                        else:
+                            assert call.model is not None and isinstance(call.body, bytes)
+                            response = await multi.send(
+                                instance, call.model, call.headers, call.body
+                            )
                     except UpstreamError as exc:
-                        if exc.sent or not isinstance(body, bytes):
-                            raise ServiceUnavailable(
-                                f"The instance serving {route.name} failed during the request: "
-                                f"{exc}"
-                            ) from exc
-                        instance.healthy = False  # the reconciler re-checks and restores it
-                        tried.append(instance)
+                        self._unsent(route, instance, call, exc, tried)
+                        continue
                     finally:
-                        instance.in_flight -= 1
-                        variant.release()
+                        self._give_back(variant, instance)
+                    model_s = time.perf_counter() - started
+                    instance.observe(model_s)
+                    if multi is not None:
+                        assert call.model is not None
+                        multi.observe(instance, call.model, response)
+                        if multi.try_elsewhere(response) and any(
+                            i.healthy and i is not instance and i not in tried
+                            for i in variant.instances
+                        ):
+                            tried.append(instance)
+                            continue
+                    return response, model_s
         except TimeoutError:
             raise ModelError(
                 f"Your invocation timed out while waiting for a response from "
@@ -220,6 +191,108 @@ class Router:
                 original_status_code=504,
                 original_message="timed out",
             ) from None
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self, route: EndpointRoute, variant: VariantRoute, call: Call
+    ) -> AsyncIterator[Exchange]:
+        """Send one invocation and yield its answer once the head is in.
+
+        ``async with router.stream(...) as exchange:`` then read
+        ``exchange.response.chunks()``. The instance counts as busy until the block is
+        left. No deadline is set here: the caller's (an asynchronous request's
+        InvocationTimeoutSeconds) covers the whole exchange.
+
+        Raises:
+            As ``invoke``, except the deadline; errors while the answer is read
+            (UpstreamError) reach the caller unchanged.
+        """
+        tried: list[Instance] = []
+        turn = not variant.waiters
+        while True:
+            variant, instance = await self._take(route, variant, call, tried, turn)
+            turn = True
+            try:
+                async with contextlib.AsyncExitStack() as stack:
+                    started = time.perf_counter()
+                    try:
+                        response = await stack.enter_async_context(
+                            instance.pool.stream(
+                                b"POST",
+                                _INVOCATIONS,
+                                call.headers,
+                                call.body,
+                                content_length=call.content_length,
+                            )
+                        )
+                    except UpstreamError as exc:
+                        self._unsent(route, instance, call, exc, tried)
+                        continue
+                    yield Exchange(variant, instance, response, time.perf_counter() - started)
+                    return
+            finally:
+                self._give_back(variant, instance)
+
+    # -- choosing and counting --------------------------------------------------------
+
+    async def _take(
+        self,
+        route: EndpointRoute,
+        variant: VariantRoute,
+        call: Call,
+        tried: list[Instance],
+        turn: bool,
+    ) -> tuple[VariantRoute, Instance]:
+        """An instance for the request, counted in flight until ``_give_back``.
+
+        Waits in the variant's queue when its policy queues and no instance can take the
+        request now; ``turn`` says whether the request is at the front already.
+        """
+        while True:
+            variant = self.current(route, variant)
+            instance = self._choose(variant, call.model, tried, turn=turn)
+            if instance is not None:
+                instance.in_flight += 1
+                return variant, instance
+            # Woken but beaten to the instance: keep our place at the front.
+            await self._wait(variant, front=turn)
+            turn = True
+
+    @staticmethod
+    def _give_back(variant: VariantRoute, instance: Instance) -> None:
+        instance.in_flight -= 1
+        variant.release()
+
+    @staticmethod
+    def _unsent(
+        route: EndpointRoute,
+        instance: Instance,
+        call: Call,
+        exc: UpstreamError,
+        tried: list[Instance],
+    ) -> None:
+        """A failed send: raise if it may have reached the instance, else try another."""
+        if isinstance(exc, ResponseTooLarge):
+            raise ModelError(
+                f"The answer of the model serving {route.name} is larger than {exc.limit} "
+                "bytes, the most the gateway returns.",
+                original_status_code=500,
+                original_message=str(exc),
+            ) from exc
+        if exc.sent:
+            raise InstanceFailed(
+                f"The instance serving {route.name} failed during the request: {exc}"
+            ) from exc
+        if call.model is not None:
+            instance.models.pop(call.model, None)
+        instance.healthy = False  # the reconciler re-checks and restores it
+        if not isinstance(call.body, bytes):
+            # Nothing of it was read, but an iterator cannot be offered to another
+            # instance: the caller may send the request again from its source.
+            raise ServiceUnavailable(
+                f"No instance serving {route.name} could be reached: {exc}"
+            ) from exc
+        tried.append(instance)
 
     def current(self, route: EndpointRoute, variant: VariantRoute) -> VariantRoute:
         """The variant to use now: after a wait the routing table may have been swapped."""
@@ -231,19 +304,27 @@ class Router:
         return current.by_name.get(variant.name) or current.pick_variant(self._rng)
 
     def _choose(
-        self, variant: VariantRoute, tried: list[Instance], *, turn: bool
+        self, variant: VariantRoute, model: str | None, tried: list[Instance], *, turn: bool
     ) -> Instance | None:
         """An instance for the request, or None to wait in the variant's queue."""
         candidates = variant.instances
         if tried:
             candidates = [i for i in candidates if i not in tried]
         if turn:
-            instance = variant.policy.choose(candidates)
+            multi = variant.multi_model
+            if multi is None:
+                instance = variant.policy.choose(candidates)
+            elif model is None:
+                raise ServiceUnavailable(
+                    f"Variant {variant.name} now serves multiple models; retry naming one."
+                )
+            else:
+                instance = multi.choose(candidates, model)
             if instance is not None:
                 return instance
             if not any(i.healthy for i in candidates):
                 raise ModelNotReady(f"No instance of variant {variant.name} is ready yet.")
-        if not variant.policy.queues or len(variant.waiters) >= variant.queue_limit:
+        if len(variant.waiters) >= variant.queue_limit:
             raise ServiceUnavailable(
                 f"Every instance of variant {variant.name} is at capacity; retry later."
             )

@@ -23,10 +23,12 @@ import argparse
 import logging
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from shipyard import launch
 from shipyard.runtime import handlers, server
 from shipyard.runtime.multimodel import DEFAULT_LOAD_WAIT_S
 from shipyard.runtime.workers import HandlerThreads
@@ -45,7 +47,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         description="Serve one model with the SageMaker container contract.",
     )
     parser.add_argument("--port", type=int, required=True, help="port to listen on")
-    parser.add_argument("--model-dir", type=Path, required=True, help="the extracted artifact")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--model-dir", type=Path, help="the extracted artifact")
+    where.add_argument(
+        "--model-url", help="the artifact to fetch first (s3://, file://, a path); see launch.py"
+    )
+    parser.add_argument(
+        "--model-cache", type=Path, help="where --model-url is fetched to (default: a temp dir)"
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument(
         "--error-file", type=Path, help="where to write '<ExcType>: <message>' if start fails"
@@ -59,33 +68,61 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
     )
+    cache: Path = args.model_cache or Path(tempfile.mkdtemp(prefix="shipyard-model-"))
+    fetched: dict[Path, str] = {}  # host folder -> the URI the user gave
     try:
-        app = _app(args.model_dir, os.environ)
+        model_dir: Path = args.model_dir or _fetch(args.model_url, cache, os.environ)
+        if args.model_url:
+            fetched[model_dir] = args.model_url
+        code_dir = _code_dir(cache, os.environ)
+        if code_dir is not None:
+            fetched[code_dir] = os.environ["SAGEMAKER_SUBMIT_DIRECTORY"]
+        app = _app(model_dir, os.environ, code_dir)
         sock = server.bind(args.host, args.port)
     except Exception as exc:
-        log.exception("could not start the model in %s", args.model_dir)
-        if args.error_file is not None:
-            _write_reason(args.error_file, exc)
+        log.exception("could not start the model in %s", args.model_dir or args.model_url)
+        launch.write_reason(args.error_file, exc, fetched=fetched)
         return 1
     log.info("serving %r on %s:%s", app, args.host, args.port)
     server.serve(app, sock)
     return 0
 
 
-def _app(model_dir: Path, environ: Mapping[str, str]) -> server.App:
+def _fetch(url: str, cache: Path, environ: Mapping[str, str]) -> Path:
+    s3_endpoint_url = environ.get("SHIPYARD_S3_ENDPOINT_URL") or None
+    return launch.model_folder(url, cache, s3_endpoint_url=s3_endpoint_url)
+
+
+def _code_dir(cache: Path, environ: Mapping[str, str]) -> Path | None:
+    """A framework model's code: ``SAGEMAKER_SUBMIT_DIRECTORY`` fetched, put on the import
+    path with its requirements when ``SHIPYARD_INSTALL_REQUIREMENTS`` is true."""
+    code_dir = launch.code_folder(
+        environ.get("SAGEMAKER_SUBMIT_DIRECTORY"),
+        cache,
+        s3_endpoint_url=environ.get("SHIPYARD_S3_ENDPOINT_URL") or None,
+    )
+    if code_dir is not None and environ.get("SHIPYARD_INSTALL_REQUIREMENTS", "").lower() == "true":
+        packages = launch.install_requirements(code_dir)
+        if packages is not None:
+            sys.path.insert(0, str(packages))
+    return code_dir
+
+
+def _app(model_dir: Path, environ: Mapping[str, str], code_dir: Path | None = None) -> server.App:
     program = environ.get("SAGEMAKER_PROGRAM")
     threads = HandlerThreads(_number(environ, "SAGEMAKER_MODEL_SERVER_WORKERS", int) or 1)
     if environ.get("SAGEMAKER_MULTI_MODEL", "").strip().lower() != "true":
-        return server.RuntimeApp(handlers.load(model_dir, program=program), threads=threads)
+        loaded = handlers.load(model_dir, program=program, code_dir=code_dir)
+        return server.RuntimeApp(loaded, threads=threads)
     # Imported here: s3fs and the artifact store are for multi-model instances only.
     from shipyard.runtime import model_contract, model_source
 
-    config = _multi_model_config(model_dir.absolute(), environ, program)
+    config = _multi_model_config(model_dir.absolute(), environ, program, code_dir)
     return model_contract.MultiModelApp(model_source.open_model_cache(config), threads=threads)
 
 
 def _multi_model_config(
-    model_dir: Path, environ: Mapping[str, str], program: str | None
+    model_dir: Path, environ: Mapping[str, str], program: str | None, code_dir: Path | None
 ) -> model_source.MultiModelConfig:
     from shipyard.runtime import model_source
 
@@ -103,6 +140,7 @@ def _multi_model_config(
         s3_endpoint_url=environ.get("SHIPYARD_S3_ENDPOINT_URL") or None,
         load_wait_timeout_s=load_wait_timeout_s or DEFAULT_LOAD_WAIT_S,
         program=program,
+        code_dir=code_dir,
     )
 
 
@@ -118,16 +156,6 @@ def _number(environ: Mapping[str, str], name: str, kind: Callable[[str], N]) -> 
     if value is None or not value > 0:
         raise ValueError(f"{name} must be a number above 0, got {text!r}.")
     return value
-
-
-def _write_reason(path: Path, exc: Exception) -> None:
-    # One line: the gateway copies it into FailureReason as it is.
-    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-    name = type(exc).__name__
-    try:
-        path.write_text(f"{name}: {text}\n" if text else f"{name}\n")
-    except OSError:
-        log.exception("could not write the error file %s", path)
 
 
 if __name__ == "__main__":

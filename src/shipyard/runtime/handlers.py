@@ -106,23 +106,26 @@ class Handlers:
         return _as_response(result, accept, "output_fn")
 
 
-def load(model_dir: Path, *, program: str | None = None) -> Handlers:
+def load(model_dir: Path, *, program: str | None = None, code_dir: Path | None = None) -> Handlers:
     """Import the user's program from ``model_dir/code`` and call its ``model_fn``.
 
     ``program`` is ``SAGEMAKER_PROGRAM``; when it is not given, a missing ``inference.py``
-    means "all defaults", but a program named explicitly must exist. Errors from the
-    user's module or ``model_fn`` propagate unchanged: their type and message are what
-    the endpoint's FailureReason shows.
+    means "all defaults", but a program named explicitly must exist. ``code_dir`` replaces
+    ``model_dir/code``: the fetched ``SAGEMAKER_SUBMIT_DIRECTORY`` of a framework model.
+    Errors from the user's module or ``model_fn`` propagate unchanged: their type and
+    message are what the endpoint's FailureReason shows.
     """
     if not model_dir.is_dir():
         raise FileNotFoundError(f"The model directory {model_dir} does not exist.")
-    code_dir = model_dir / "code"
+    submitted = code_dir is not None
+    code_dir = code_dir or model_dir / "code"
     path = code_dir / (program or DEFAULT_PROGRAM)
     module: ModuleType | None = None
     if path.is_file():
         module = _import(path, code_dir)
     elif program is not None:
-        raise FileNotFoundError(f"SAGEMAKER_PROGRAM {program} is not in {code_dir}.")
+        where = "SAGEMAKER_SUBMIT_DIRECTORY" if submitted else "the model's code/ folder"
+        raise FileNotFoundError(f"SAGEMAKER_PROGRAM {program} is not in {where} ({code_dir}).")
     model_fn = _find(module, "model_fn")
     model: Any = None
     if model_fn is not None:

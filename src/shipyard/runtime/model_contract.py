@@ -31,22 +31,24 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
+from shipyard.contract import (
+    ERROR,
+    EVICTED,
+    LOADED_MODELS,
+    MODEL_CACHE,
+    MODEL_TIMINGS,
+    TARGET_MODEL_HEADER,
+    format_evicted,
+    format_timings,
+)
 from shipyard.runtime.handlers import Context, Handlers
 from shipyard.runtime.multimodel import (
-    ERROR_HEADER,
-    EVICTED_HEADER,
-    LOADED_MODELS_HEADER,
-    MODEL_CACHE_HEADER,
-    MODEL_TIMINGS_HEADER,
-    TARGET_MODEL_HEADER,
     Acquired,
     BadModelRequest,
     InvalidTargetModel,
     ModelCache,
     MultiModelError,
     check_model_name,
-    format_evicted,
-    format_timings,
 )
 from shipyard.runtime.server import (
     CUSTOM_ATTRIBUTES,
@@ -63,11 +65,11 @@ log = logging.getLogger(__name__)
 Headers = list[tuple[bytes, bytes]]
 
 _TARGET_MODEL = TARGET_MODEL_HEADER.lower().encode()
-_CACHE = MODEL_CACHE_HEADER.lower().encode()
-_EVICTED = EVICTED_HEADER.lower().encode()
-_TIMINGS = MODEL_TIMINGS_HEADER.lower().encode()
-_LOADED = LOADED_MODELS_HEADER.lower().encode()
-_ERROR = ERROR_HEADER.lower().encode()
+_CACHE = MODEL_CACHE
+_EVICTED = EVICTED
+_TIMINGS = MODEL_TIMINGS
+_LOADED = LOADED_MODELS
+_ERROR = ERROR
 _TEXT = (b"content-type", b"text/plain; charset=utf-8")
 _JSON = (b"content-type", b"application/json")
 

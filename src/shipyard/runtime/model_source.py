@@ -24,6 +24,8 @@ from pathlib import Path
 from threading import Lock, Thread
 from typing import Any, TypeVar
 
+import psutil
+
 from shipyard.runtime import handlers
 from shipyard.runtime.disk_cache import DiskCache
 from shipyard.runtime.handlers import Handlers
@@ -63,6 +65,9 @@ class MultiModelConfig:
     """How long a request waits for its model to load before a 429."""
     program: str | None = None
     """``SAGEMAKER_PROGRAM``: the module in each artifact's ``code/``; None: inference.py."""
+    code_dir: Path | None = None
+    """The fetched ``SAGEMAKER_SUBMIT_DIRECTORY``, whose code serves every model; None:
+    each artifact's own ``code/``."""
 
 
 def open_model_cache(config: MultiModelConfig) -> ModelCache[Handlers]:
@@ -73,7 +78,7 @@ def open_model_cache(config: MultiModelConfig) -> ModelCache[Handlers]:
         artifacts=ArtifactStore(s3_endpoint_url=config.s3_endpoint_url),
     )
     return ModelCache(
-        source=HandlersSource(disk=disk, program=config.program),
+        source=HandlersSource(disk=disk, program=config.program, code_dir=config.code_dir),
         prefix=config.prefix,
         memory_budget_bytes=config.memory_budget_bytes,
         max_models=config.max_models,
@@ -100,9 +105,12 @@ class HandlersSource:
     model allocates after loading (caches, lazy weights) is never charged.
     """
 
-    def __init__(self, *, disk: DiskCache, program: str | None = None) -> None:
+    def __init__(
+        self, *, disk: DiskCache, program: str | None = None, code_dir: Path | None = None
+    ) -> None:
         self._disk = disk
         self._program = program
+        self._code_dir = code_dir
         self._lock = Lock()
 
     def __repr__(self) -> str:
@@ -124,7 +132,7 @@ class HandlersSource:
                 release_memory()  # a trimmed heap first, so growth is the model's own
                 before_bytes = rss_bytes()
                 started_s = time.perf_counter()
-                loaded = _load_isolated(model_dir, self._program)
+                loaded = _load_isolated(model_dir, self._program, self._code_dir)
                 load_s = time.perf_counter() - started_s
                 memory_bytes = max(rss_bytes() - before_bytes, 0)
         except Exception as exc:
@@ -180,7 +188,7 @@ async def run_blocking(fn: Callable[..., T], *args: object) -> T:
     return await future
 
 
-def _load_isolated(model_dir: Path, program: str | None) -> Handlers:
+def _load_isolated(model_dir: Path, program: str | None, code_dir: Path | None) -> Handlers:
     """``handlers.load``, then the model's own modules out of ``sys.modules`` and ``sys.path``.
 
     Left there, the next model's ``import helpers`` would find this one's, and the module
@@ -190,7 +198,7 @@ def _load_isolated(model_dir: Path, program: str | None) -> Handlers:
     known = set(sys.modules)
     path_before = set(sys.path)
     try:
-        return handlers.load(model_dir, program=program)
+        return handlers.load(model_dir, program=program, code_dir=code_dir)
     finally:
         for entry in [e for e in sys.path if e not in path_before and _inside(e, root)]:
             sys.path.remove(entry)
@@ -205,18 +213,13 @@ def _inside(path: str, root: str) -> bool:
 
 
 def rss_bytes() -> int:
-    """This process's resident memory, from ``/proc/self/statm`` (Linux)."""
-    with open("/proc/self/statm", "rb") as statm:
-        return int(statm.read().split()[1]) * _PAGE_BYTES
+    """This process's resident memory (psutil: Linux and macOS alike)."""
+    return int(psutil.Process().memory_info().rss)
 
 
 def total_memory_bytes() -> int:
-    """The machine's memory: ``MemTotal`` in ``/proc/meminfo``."""
-    with open("/proc/meminfo") as meminfo:
-        for line in meminfo:
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    raise OSError("/proc/meminfo has no MemTotal line")
+    """The machine's memory."""
+    return int(psutil.virtual_memory().total)
 
 
 def release_memory() -> None:
@@ -241,6 +244,3 @@ def _malloc_trim() -> Callable[[int], int] | None:
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
     return trim
-
-
-_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")

@@ -6,11 +6,9 @@ loads that model on first use, keeps the hot ones in memory and unloads the cold
 memory runs short. ModelCache is that policy. Fetching, loading and measuring a model is a
 ModelSource's job (runtime/model_source.py), and HTTP is runtime/model_contract.py's.
 
-This module is also the instance's contract with the gateway, which imports the header
-names and parsers below. Every multi-model response carries ``X-Shipyard-Loaded-Models``;
-a served model adds ``X-Shipyard-Model-Cache`` and, after a load or unload,
-``X-Shipyard-Model-Timings`` and ``X-Shipyard-Evicted``. Platform errors are answered with
-their status, a ``text/plain`` body ``<Code>: <message>`` and ``X-Shipyard-Error: <Code>``:
+What the instance tells the gateway travels in the headers of shipyard/contract.py.
+Platform errors are answered with their status, a ``text/plain`` body
+``<Code>: <message>`` and ``X-Shipyard-Error: <Code>``:
 
     MultiModelError
      ├── InvalidTargetModel   400  not a safe relative path, or no TargetModel header
@@ -21,8 +19,6 @@ their status, a ``text/plain`` body ``<Code>: <message>`` and ``X-Shipyard-Error
      ├── ModelNotReady        429  still loading when the wait ran out; retry
      ├── ModelLoadFailed      500  the artifact is unusable, or the model's code raised
      └── ModelTooLarge        507  the model alone needs more memory than the budget
-
-Only the standard library is imported, so the gateway pays nothing for these names.
 """
 
 from __future__ import annotations
@@ -35,26 +31,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
-from urllib.parse import quote, unquote
+
+from shipyard.contract import format_timings, model_name_problem, model_url
 
 log = logging.getLogger(__name__)
 
 M = TypeVar("M")
 M_co = TypeVar("M_co", covariant=True)
 
-TARGET_MODEL_HEADER = "X-Amzn-SageMaker-Target-Model"
-MODEL_CACHE_HEADER = "X-Shipyard-Model-Cache"
-"""``hit``: the model was in memory; ``miss``: the request waited for it to load."""
-EVICTED_HEADER = "X-Shipyard-Evicted"
-"""Models unloaded while serving this request: URL-quoted names, comma-separated."""
-MODEL_TIMINGS_HEADER = "X-Shipyard-Model-Timings"
-"""``wait=<s>;download=<s>;load=<s>;unload=<s>``, only the parts that happened."""
-LOADED_MODELS_HEADER = "X-Shipyard-Loaded-Models"
-"""How many models are in memory once the request is served."""
-ERROR_HEADER = "X-Shipyard-Error"
-"""On a platform error: the MultiModelError subclass name, e.g. ``ModelNotFound``."""
-
-MAX_MODEL_NAME_CHARS = 1024
 DEFAULT_LOAD_WAIT_S = 50.0
 """Below the gateway's 60 s invocation timeout, so a slow load is a 429, never a hang."""
 
@@ -115,67 +99,11 @@ class ModelTooLarge(MultiModelError):
 
 def check_model_name(name: str, *, what: str = "TargetModel") -> str:
     """``name`` if it is a safe path relative to the prefix, else InvalidTargetModel."""
-    problem = _name_problem(name)
+    problem = model_name_problem(name)
     if problem is not None:
         shown = name if len(name) <= 80 else name[:80] + "..."
         raise InvalidTargetModel(f"{what} {shown!r} is invalid: {problem}.")
     return name
-
-
-def _name_problem(name: str) -> str | None:
-    if not name:
-        return "it is empty"
-    if len(name) > MAX_MODEL_NAME_CHARS:
-        return f"it has {len(name)} characters, more than {MAX_MODEL_NAME_CHARS}"
-    if name.startswith("/"):
-        return "it is an absolute path; name a path relative to the model prefix"
-    if "\\" in name:
-        return "it contains a backslash"
-    if not name.isprintable():
-        return "it contains a control character"
-    if any(part in ("", ".", "..") for part in name.split("/")):
-        return "it has an empty, '.' or '..' path segment"
-    return None
-
-
-def model_url(prefix: str, name: str) -> str:
-    """Where the artifact of ``name`` lives: ``<prefix>/<name>``, quoted in a file:// URI."""
-    part = quote(name, safe="/") if prefix.startswith("file:") else name
-    return f"{prefix.rstrip('/')}/{part}"
-
-
-def format_timings(
-    *,
-    wait_s: float | None = None,
-    download_s: float | None = None,
-    load_s: float | None = None,
-    unload_s: float | None = None,
-) -> str:
-    """The value of MODEL_TIMINGS_HEADER; empty when nothing happened."""
-    parts = (("wait", wait_s), ("download", download_s), ("load", load_s), ("unload", unload_s))
-    return ";".join(f"{key}={value:.6f}" for key, value in parts if value is not None)
-
-
-def parse_timings(value: str) -> dict[str, float]:
-    """MODEL_TIMINGS_HEADER back into seconds by part; unknown or broken parts are skipped."""
-    timings: dict[str, float] = {}
-    for part in value.split(";"):
-        key, _, number = part.partition("=")
-        try:
-            timings[key.strip()] = float(number)
-        except ValueError:
-            continue
-    return timings
-
-
-def format_evicted(names: Sequence[str]) -> str:
-    """The value of EVICTED_HEADER: each name URL-quoted, so commas in names survive."""
-    return ",".join(quote(name, safe="") for name in names)
-
-
-def parse_evicted(value: str) -> list[str]:
-    """EVICTED_HEADER back into model names."""
-    return [unquote(name) for name in value.split(",") if name]
 
 
 @dataclass(frozen=True, slots=True)

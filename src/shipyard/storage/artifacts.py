@@ -32,18 +32,22 @@ from dataclasses import dataclass
 from logging import getLogger
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
-from urllib.request import url2pathname
 
-import s3fs
 from botocore.exceptions import BotoCoreError
+
+from shipyard.storage.filesystems import (
+    S3_SCHEME,
+    Filesystems,
+    UnsupportedLocation,
+    local_path,
+    s3_path,
+)
 
 logger = getLogger(__name__)
 
 COMPLETE_MARKER = ".shipyard-complete"
 """Written last inside a fetched model folder; its presence means the folder is whole."""
 
-_S3_SCHEME = "s3://"
 _READ_CHUNK_BYTES = 1 << 20
 
 FileStamp = tuple[int, int]
@@ -92,13 +96,17 @@ class ArtifactStore:
     Args:
         s3_endpoint_url: an S3-compatible endpoint (MinIO, a test server) instead of AWS.
             Credentials and region come from the environment, as for any AWS client.
+        filesystems: the storage layer to share with other stores, whose endpoint
+            then applies; built from ``s3_endpoint_url`` when not given.
     """
 
-    def __init__(self, *, s3_endpoint_url: str | None = None) -> None:
-        self._s3_endpoint_url = s3_endpoint_url
+    def __init__(
+        self, *, s3_endpoint_url: str | None = None, filesystems: Filesystems | None = None
+    ) -> None:
+        self._filesystems = filesystems or Filesystems(s3_endpoint_url=s3_endpoint_url)
 
     def __repr__(self) -> str:
-        return f"ArtifactStore(s3_endpoint_url={self._s3_endpoint_url!r})"
+        return f"ArtifactStore(s3_endpoint_url={self._filesystems.s3_endpoint_url!r})"
 
     def fetch_model(self, uri: str, dest: Path) -> Path:
         """Make ``dest`` hold the model's files named by ``uri`` and return ``dest``.
@@ -161,7 +169,7 @@ class ArtifactStore:
 
     def _materialize(self, uri: str, tree: Path, staging: Path, words: _Words) -> None:
         """Fill ``tree`` with the model's files; ``staging`` holds any downloaded archive."""
-        if uri.startswith(_S3_SCHEME):
+        if uri.startswith(S3_SCHEME):
             self._fetch_s3(uri, tree, staging, words)
             return
         source = _local_path(uri, words)
@@ -218,7 +226,7 @@ class ArtifactStore:
                 raise
 
     def _copy_into(self, uri: str, dest: Path, words: _Words) -> int:
-        if uri.startswith(_S3_SCHEME):
+        if uri.startswith(S3_SCHEME):
             path = _s3_path(uri, words)
             fs = self._s3_filesystem()
             if fs.info(path)["type"] == "directory":
@@ -277,7 +285,7 @@ class ArtifactStore:
         return current
 
     def _put(self, path: Path, uri: str) -> None:
-        if uri.startswith(_S3_SCHEME):
+        if uri.startswith(S3_SCHEME):
             self._s3_filesystem().put_file(str(path), _s3_path(uri, _OUTPUT_WORDS))
             return
         target = _local_path(uri, _OUTPUT_WORDS)
@@ -287,9 +295,9 @@ class ArtifactStore:
         os.replace(partial, target)
 
     def _s3_filesystem(self) -> Any:
-        client_kwargs = {"endpoint_url": self._s3_endpoint_url} if self._s3_endpoint_url else {}
-        # No listings cache: a retry after the user uploads the missing model must see it.
-        return s3fs.S3FileSystem(client_kwargs=client_kwargs, use_listings_cache=False)
+        # No listings cache (filesystems.py): a retry after the user uploads the missing
+        # model must see it.
+        return self._filesystems.s3()
 
 
 @contextmanager
@@ -320,27 +328,18 @@ def _remove(path: Path) -> None:
 
 
 def _local_path(uri: str, words: _Words) -> Path:
-    parts = urlsplit(uri)
-    if parts.scheme == "file":
-        if parts.netloc not in ("", "localhost"):
-            raise ArtifactError(
-                f"{words.subject} {uri} is not a local file URI; write file:///absolute/path."
-            )
-        return Path(url2pathname(parts.path))
-    if parts.scheme:
-        raise ArtifactError(
-            f"{words.subject} {uri} has the unsupported scheme '{parts.scheme}'; "
-            "use s3://, file:// or a local path."
-        )
-    return Path(uri)
+    try:
+        return local_path(uri)
+    except UnsupportedLocation as exc:
+        raise ArtifactError(f"{words.subject} {exc}") from None
 
 
 def _s3_path(uri: str, words: _Words) -> str:
     """``bucket/key`` of an ``s3://`` URI, without a trailing slash."""
-    path = uri.removeprefix(_S3_SCHEME).rstrip("/")
-    if not path.split("/", 1)[0]:
-        raise ArtifactError(f"{words.subject} {uri} names no bucket.")
-    return path
+    try:
+        return s3_path(uri)
+    except UnsupportedLocation as exc:
+        raise ArtifactError(f"{words.subject} {exc}") from None
 
 
 def _download_prefix(fs: Any, prefix: str, uri: str, tree: Path, words: _Words) -> int:

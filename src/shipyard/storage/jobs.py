@@ -188,7 +188,7 @@ def _row(job: Job) -> dict[str, Any]:
         "started": job.started,
         "ended": job.ended,
         "attempt": job.attempt,
-        "pid": job.pid,
+        "runner": job.runner,
         "applied_lines": job.applied_lines,
     }
 
@@ -223,6 +223,6 @@ def _job(row: Any) -> Job:
         started=_utc(row["started"]),
         ended=_utc(row["ended"]),
         attempt=int(row["attempt"]),
-        pid=row["pid"],
+        runner=row["runner"],
         applied_lines=int(row["applied_lines"]),
     )

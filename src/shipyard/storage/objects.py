@@ -39,15 +39,20 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
-from urllib.parse import urlsplit
-from urllib.request import url2pathname
 
-import s3fs
 from botocore.exceptions import BotoCoreError, ClientError
+
+from shipyard.storage.filesystems import (
+    S3_SCHEME,
+    Filesystems,
+    UnsupportedLocation,
+    UnsupportedScheme,
+    local_path,
+    s3_path,
+)
 
 logger = logging.getLogger(__name__)
 
-_S3_SCHEME = "s3://"
 _S3_PART_BYTES = 8 << 20
 """Bytes an S3 write buffers before sending them as one part (S3's minimum is 5 MiB)."""
 _S3_READ_AHEAD_BYTES = 8 << 20
@@ -82,15 +87,17 @@ class ObjectStore:
     Args:
         s3_endpoint_url: an S3-compatible endpoint (MinIO, a test server) instead of AWS.
             Credentials and region come from the environment, as for any AWS client.
+        filesystems: the storage layer to share with other stores, whose endpoint
+            then applies; built from ``s3_endpoint_url`` when not given.
     """
 
-    def __init__(self, *, s3_endpoint_url: str | None = None) -> None:
-        self._s3_endpoint_url = s3_endpoint_url
-        self._s3fs: Any = None
-        self._s3fs_lock = threading.Lock()
+    def __init__(
+        self, *, s3_endpoint_url: str | None = None, filesystems: Filesystems | None = None
+    ) -> None:
+        self._filesystems = filesystems or Filesystems(s3_endpoint_url=s3_endpoint_url)
 
     def __repr__(self) -> str:
-        return f"ObjectStore(s3_endpoint_url={self._s3_endpoint_url!r})"
+        return f"ObjectStore(s3_endpoint_url={self._filesystems.s3_endpoint_url!r})"
 
     def size(self, uri: str) -> int:
         """The object's size in bytes.
@@ -100,7 +107,7 @@ class ObjectStore:
             ObjectStoreError: ``uri`` names a folder, or storage could not be asked.
         """
         with _translate(uri, "read"):
-            if uri.startswith(_S3_SCHEME):
+            if uri.startswith(S3_SCHEME):
                 info = self._s3().info(_s3_path(uri))
                 if info["type"] != "file":
                     raise _NotAnObject(_folder_message(uri))
@@ -195,7 +202,7 @@ class ObjectStore:
             ObjectStoreError: it is a folder, or storage refused or failed.
         """
         with _translate(uri, "delete"):
-            if uri.startswith(_S3_SCHEME):
+            if uri.startswith(S3_SCHEME):
                 self._s3().rm_file(_s3_path(uri))
             else:
                 _local_path(uri).unlink(missing_ok=True)
@@ -211,7 +218,7 @@ class ObjectStore:
 
     def _open_read(self, uri: str, *, read_ahead: bool = True) -> Any:
         with _translate(uri, "read"):
-            if not uri.startswith(_S3_SCHEME):
+            if not uri.startswith(S3_SCHEME):
                 return open(_local_path(uri), "rb")  # the caller closes it
             file = self._s3().open(
                 _s3_path(uri),
@@ -226,26 +233,12 @@ class ObjectStore:
 
     def _open_sink(self, uri: str) -> _Sink:
         with _translate(uri, "write"):
-            if uri.startswith(_S3_SCHEME):
+            if uri.startswith(S3_SCHEME):
                 return _S3Sink(uri, self._s3().open(_s3_path(uri), "wb", block_size=_S3_PART_BYTES))
             return _LocalSink(uri, _local_path(uri))
 
     def _s3(self) -> Any:
-        """One S3 filesystem for every worker thread.
-
-        fsspec would otherwise cache one per thread, each with its own connections; its
-        synchronous calls all run on fsspec's one I/O loop, so sharing is safe.
-        """
-        with self._s3fs_lock:
-            if self._s3fs is None:
-                endpoint = self._s3_endpoint_url
-                self._s3fs = s3fs.S3FileSystem(
-                    client_kwargs={"endpoint_url": endpoint} if endpoint else {},
-                    # No listings cache: an object written elsewhere must be seen at once.
-                    use_listings_cache=False,
-                    skip_instance_cache=True,
-                )
-            return self._s3fs
+        return self._filesystems.s3()
 
 
 class _LocalSink:
@@ -396,22 +389,20 @@ def _folder_message(uri: str) -> str:
 
 
 def _local_path(uri: str) -> Path:
-    parts = urlsplit(uri)
-    if parts.scheme == "file":
-        if parts.netloc not in ("", "localhost"):
-            raise ObjectStoreError(f"{uri} is not a local file URI; write file:///absolute/path.")
-        return Path(url2pathname(parts.path))
-    if parts.scheme:
+    try:
+        return local_path(uri)
+    except UnsupportedScheme as exc:
+        # This store's own wording, older than the shared layer's ("or a local path").
         raise ObjectStoreError(
-            f"{uri} has the unsupported scheme '{parts.scheme}'; use s3://, file:// or a path."
-        )
-    return Path(uri)
+            f"{uri} has the unsupported scheme '{exc.scheme}'; use s3://, file:// or a path."
+        ) from None
+    except UnsupportedLocation as exc:
+        raise ObjectStoreError(str(exc)) from None
 
 
 def _s3_path(uri: str) -> str:
     """``bucket/key`` of an ``s3://`` URI, refusing one that names no key."""
-    path = uri.removeprefix(_S3_SCHEME).rstrip("/")
-    bucket, _, key = path.partition("/")
-    if not bucket or not key:
-        raise ObjectStoreError(f"{uri} names no object: write s3://bucket/key.")
-    return path
+    try:
+        return s3_path(uri, object_key=True)
+    except UnsupportedLocation as exc:
+        raise ObjectStoreError(str(exc)) from None

@@ -12,5 +12,9 @@ def model_fn(model_dir):
 
 def transform_fn(model, body, content_type, accept):
     request = json.loads(body or b"{}")
+    started = os.environ.get("SLEEPY_STARTED_FILE")
+    if started:  # tells a test the prediction is under way
+        with open(started, "a") as marker:
+            marker.write("started\n")
     time.sleep(float(request.get("sleep", 0)))
     return json.dumps({"pid": model, "slept": request.get("sleep", 0)}), "application/json"

@@ -1,0 +1,113 @@
+"""The gateway ↔ instance contract: the headers each side writes and the other reads.
+
+Both sides import this module and nothing else of each other's, so a header cannot be
+renamed on one side only. The SageMaker container contract (``POST /invocations``,
+``GET /ping``) carries the client's request headers below; the built-in runtime adds
+``X-Shipyard-*`` headers that tell the gateway what it did:
+
+- every multi-model answer carries ``X-Shipyard-Loaded-Models``; a served model adds
+  ``X-Shipyard-Model-Cache`` and, after a load or unload, ``X-Shipyard-Model-Timings``
+  and ``X-Shipyard-Evicted``;
+- a platform error (rather than the model's own) names itself in ``X-Shipyard-Error``,
+  e.g. ``ModelNotFound`` (runtime/multimodel.py lists them).
+
+Only the standard library is imported: the data path pays nothing for these names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from urllib.parse import quote, unquote
+
+Headers = list[tuple[bytes, bytes]]
+
+CONTENT_TYPE = b"Content-Type"
+ACCEPT = b"Accept"
+CUSTOM_ATTRIBUTES = b"X-Amzn-SageMaker-Custom-Attributes"
+INFERENCE_ID = b"X-Amzn-SageMaker-Inference-Id"
+TARGET_MODEL = b"X-Amzn-SageMaker-Target-Model"
+SESSION_ID = b"X-Amzn-SageMaker-Session-Id"
+
+FORWARDED: dict[bytes, bytes] = {
+    name.lower(): name
+    for name in (CONTENT_TYPE, ACCEPT, CUSTOM_ATTRIBUTES, INFERENCE_ID, TARGET_MODEL, SESSION_ID)
+}
+"""Client request headers the gateway hands to the instance: lower-cased → as sent."""
+
+TARGET_MODEL_HEADER = TARGET_MODEL.decode()
+MODEL_CACHE_HEADER = "X-Shipyard-Model-Cache"
+"""``hit``: the model was in memory; ``miss``: the request waited for it to load."""
+EVICTED_HEADER = "X-Shipyard-Evicted"
+"""Models unloaded while serving this request: URL-quoted names, comma-separated."""
+MODEL_TIMINGS_HEADER = "X-Shipyard-Model-Timings"
+"""``wait=<s>;download=<s>;load=<s>;unload=<s>``, only the parts that happened."""
+LOADED_MODELS_HEADER = "X-Shipyard-Loaded-Models"
+"""How many models are in memory once the request is served."""
+ERROR_HEADER = "X-Shipyard-Error"
+"""On a platform error: the error's class name, e.g. ``ModelNotFound``."""
+
+# Lower-cased, as both HTTP parsers hand header names over.
+MODEL_CACHE = MODEL_CACHE_HEADER.lower().encode()
+EVICTED = EVICTED_HEADER.lower().encode()
+MODEL_TIMINGS = MODEL_TIMINGS_HEADER.lower().encode()
+LOADED_MODELS = LOADED_MODELS_HEADER.lower().encode()
+ERROR = ERROR_HEADER.lower().encode()
+
+MAX_MODEL_NAME_CHARS = 1024
+
+
+def model_name_problem(name: str) -> str | None:
+    """Why ``name`` is no safe TargetModel (a path relative to the prefix), or None."""
+    if not name:
+        return "it is empty"
+    if len(name) > MAX_MODEL_NAME_CHARS:
+        return f"it has {len(name)} characters, more than {MAX_MODEL_NAME_CHARS}"
+    if name.startswith("/"):
+        return "it is an absolute path; name a path relative to the model prefix"
+    if "\\" in name:
+        return "it contains a backslash"
+    if not name.isprintable():
+        return "it contains a control character"
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        return "it has an empty, '.' or '..' path segment"
+    return None
+
+
+def model_url(prefix: str, name: str) -> str:
+    """Where the artifact of ``name`` lives: ``<prefix>/<name>``, quoted in a file:// URI."""
+    part = quote(name, safe="/") if prefix.startswith("file:") else name
+    return f"{prefix.rstrip('/')}/{part}"
+
+
+def format_timings(
+    *,
+    wait_s: float | None = None,
+    download_s: float | None = None,
+    load_s: float | None = None,
+    unload_s: float | None = None,
+) -> str:
+    """The value of MODEL_TIMINGS_HEADER; empty when nothing happened."""
+    parts = (("wait", wait_s), ("download", download_s), ("load", load_s), ("unload", unload_s))
+    return ";".join(f"{key}={value:.6f}" for key, value in parts if value is not None)
+
+
+def parse_timings(value: str) -> dict[str, float]:
+    """MODEL_TIMINGS_HEADER back into seconds by part; unknown or broken parts are skipped."""
+    timings: dict[str, float] = {}
+    for part in value.split(";"):
+        key, _, number = part.partition("=")
+        try:
+            timings[key.strip()] = float(number)
+        except ValueError:
+            continue
+    return timings
+
+
+def format_evicted(names: Sequence[str]) -> str:
+    """The value of EVICTED_HEADER: each name URL-quoted, so commas in names survive."""
+    return ",".join(quote(name, safe="") for name in names)
+
+
+def parse_evicted(value: str) -> list[str]:
+    """EVICTED_HEADER back into model names."""
+    return [unquote(name) for name in value.split(",") if name]

@@ -1,0 +1,169 @@
+"""Endpoint convergence: the steps that bring one endpoint's fleet to what the store says.
+
+Each step runs alone for its endpoint (the Reconciler starts at most one at a time per
+endpoint) and ends by recording the outcome in the store:
+
+- create: start every instance, publish, then InService (Failed, with the reason, if
+  any instance cannot start);
+- update to a new endpoint config: blue/green, the new fleet is started beside the old
+  one, swapped in once healthy, and the old one drained; a failed update leaves the old
+  fleet serving;
+- rescale (new weights or instance counts): instances removed drain first, new ones
+  take traffic once healthy;
+- delete and retire: out of routing first, then drained and stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from shipyard.control.fleet import Fleet, FleetFailed, Provisioner
+from shipyard.control.publishing import RoutePublisher
+from shipyard.errors import ShipyardError
+from shipyard.records import Endpoint, EndpointStatus, VariantState
+from shipyard.storage.metadata import MetadataStore
+
+log = logging.getLogger(__name__)
+
+
+class Converger:
+    """Creates, updates, rescales and retires fleets; ``fleets`` is the actual state."""
+
+    def __init__(
+        self,
+        *,
+        store: MetadataStore,
+        provisioner: Provisioner,
+        publisher: RoutePublisher,
+        fleets: dict[str, Fleet],
+    ) -> None:
+        self.store = store
+        self.provisioner = provisioner
+        self.publisher = publisher
+        self.fleets = fleets
+
+    def __repr__(self) -> str:
+        return f"Converger(fleets={sorted(self.fleets)})"
+
+    async def create(self, ep: Endpoint) -> None:
+        try:
+            config = await asyncio.to_thread(self.store.get_endpoint_config, ep.config_name)
+            if ep.status is EndpointStatus.IN_SERVICE:
+                # A gateway restart: the endpoint exists for its clients, who should hear
+                # "not ready yet, retry" (429) until its instances are up, not "not found".
+                self.publisher.publish_starting(ep.name, config)
+            counts = {v.name: v.desired_instance_count for v in ep.variants}
+            weights = {v.name: v.desired_weight for v in ep.variants}
+            fleet = await self.provisioner.launch(ep.name, config, counts, weights)
+        except (FleetFailed, ShipyardError) as exc:
+            log.warning("endpoint %s failed: %s", ep.name, exc)
+            if ep.name not in self.fleets:
+                self.publisher.withdraw(ep.name)
+            await self._change(ep.name, status=EndpointStatus.FAILED, failure_reason=str(exc))
+            return
+        self.fleets[ep.name] = fleet
+        self.publisher.publish(fleet)
+        if ep.status is EndpointStatus.CREATING:
+            await self._change(
+                ep.name, expect=[EndpointStatus.CREATING], status=EndpointStatus.IN_SERVICE
+            )
+
+    async def update(self, ep: Endpoint) -> None:
+        if ep.pending_config_name is None:
+            await self.rescale(ep)
+            return
+        try:
+            config = await asyncio.to_thread(self.store.get_endpoint_config, ep.pending_config_name)
+            counts = {v.name: v.instance_count for v in config.variants}
+            weights = {v.name: v.weight for v in config.variants}
+            fleet = await self.provisioner.launch(ep.name, config, counts, weights)
+        except (FleetFailed, ShipyardError) as exc:
+            log.warning("update of endpoint %s failed, keeping its fleet: %s", ep.name, exc)
+            # Blue/green: the old fleet never stopped serving, so a failed update rolls
+            # back by simply not swapping.
+            await self._change(
+                ep.name,
+                status=EndpointStatus.IN_SERVICE
+                if ep.name in self.fleets
+                else EndpointStatus.FAILED,
+                pending_config_name=None,
+                failure_reason=f"Update to endpoint configuration {ep.pending_config_name} "
+                f"failed, the endpoint keeps its previous configuration: {exc}",
+            )
+            return
+        old = self.fleets.get(ep.name)
+        self.fleets[ep.name] = fleet
+        self.publisher.publish(fleet)
+        await self._change(
+            ep.name,
+            status=EndpointStatus.IN_SERVICE,
+            config_name=config.name,
+            pending_config_name=None,
+            failure_reason=None,
+            variants=tuple(
+                VariantState(v.name, v.weight, v.instance_count) for v in config.variants
+            ),
+        )
+        if old is not None:
+            await self.provisioner.drain_and_stop(old.all_slots())
+            self.publisher.forget_model_series(old, old.all_slots())
+
+    async def rescale(self, ep: Endpoint) -> None:
+        fleet = self.fleets.get(ep.name)
+        if fleet is None:
+            await self.create(ep)
+            if ep.name not in self.fleets:
+                return
+            fleet = self.fleets[ep.name]
+        for state in ep.variants:
+            fleet.weights[state.name] = state.desired_weight
+            slots = fleet.slots[state.name]
+            extra = slots[state.desired_instance_count :]
+            if extra:
+                del slots[state.desired_instance_count :]
+                self.publisher.publish(fleet)
+                await self.provisioner.drain_and_stop(extra)
+                self.publisher.forget_model_series(fleet, extra)
+            missing = state.desired_instance_count - len(slots)
+            if missing > 0:
+                new = [
+                    self.provisioner.new_slot(ep.name, fleet, state.name) for _ in range(missing)
+                ]
+                try:
+                    await asyncio.gather(*(self.provisioner.start_slot(s) for s in new))
+                except BaseException as exc:
+                    await self.provisioner.stop_slots(new)
+                    if not isinstance(exc, FleetFailed):
+                        raise
+                    await self._change(
+                        ep.name,
+                        status=EndpointStatus.IN_SERVICE,
+                        failure_reason=f"Scaling variant {state.name} failed: {exc}",
+                    )
+                    return
+                slots.extend(new)
+        self.publisher.publish(fleet)
+        await self._change(ep.name, status=EndpointStatus.IN_SERVICE, failure_reason=None)
+
+    async def delete(self, ep: Endpoint) -> None:
+        await self.retire(ep.name)
+        with contextlib.suppress(ShipyardError):
+            await asyncio.to_thread(self.store.delete_endpoint, ep.name)
+
+    async def retire(self, name: str) -> None:
+        """Out of routing, then drained and stopped: the endpoint's fleet is gone."""
+        self.publisher.withdraw(name)
+        fleet = self.fleets.pop(name, None)
+        if fleet is not None:
+            await self.provisioner.drain_and_stop(fleet.all_slots())
+            self.publisher.forget_gauges(fleet)
+
+    async def _change(self, name: str, **changes: Any) -> None:
+        try:
+            await asyncio.to_thread(self.store.change_endpoint, name, **changes)
+        except ShipyardError as exc:
+            # The user moved the endpoint meanwhile (deleted it, say); the next pass sees it.
+            log.info("endpoint %s changed underneath a converge step: %s", name, exc)

@@ -1,0 +1,119 @@
+"""Route publishing: turns a fleet into the routing table the data path reads.
+
+The only way instances reach the router: whenever a fleet changes (an instance comes up,
+fails, restarts, is added or drained), its table is rebuilt whole and swapped in
+(routing/router.py ``publish``). Instance gauges are exported from here too, since they
+change exactly when the table does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Sequence
+
+from shipyard.control.fleet import Fleet, Slot
+from shipyard.metrics import Metrics
+from shipyard.records import EndpointConfig
+from shipyard.routing.instance import Instance
+from shipyard.routing.multimodel import MultiModelRoute
+from shipyard.routing.policies import model_policy_for, policy_for
+from shipyard.routing.router import Router
+from shipyard.routing.table import EndpointRoute, VariantRoute
+
+
+class RoutePublisher:
+    """Publishes fleets to the router and their instance counts to /metrics."""
+
+    def __init__(
+        self, *, router: Router, metrics: Metrics, max_in_flight: int, model_routing: str
+    ) -> None:
+        self.router = router
+        self.metrics = metrics
+        self.max_in_flight = max_in_flight
+        self.model_routing = model_routing
+        """The policy of multi-model variants: a name from routing.policies.MODEL_POLICIES."""
+
+    def __repr__(self) -> str:
+        return f"RoutePublisher(model_routing={self.model_routing!r})"
+
+    def publish(self, fleet: Fleet) -> None:
+        """Swap in the routing table of ``fleet``'s instances that are up."""
+        variants = []
+        for variant in fleet.config.variants:
+            instances = [s.instance for s in fleet.slots[variant.name] if s.instance is not None]
+            variants.append(
+                VariantRoute(
+                    variant.name,
+                    weight=fleet.weights.get(variant.name, variant.weight),
+                    policy=policy_for(variant.routing_strategy, max_in_flight=self.max_in_flight),
+                    instances=instances,
+                    metrics=self.metrics.for_variant(fleet.endpoint, variant.name),
+                    multi_model=self._model_route(fleet, variant.name, instances),
+                )
+            )
+        self.router.publish(
+            EndpointRoute(fleet.endpoint, variants, async_config=fleet.config.async_config)
+        )
+        self.export_gauges([fleet])
+
+    def publish_starting(self, endpoint: str, config: EndpointConfig) -> None:
+        """A table with every variant of ``config`` and no instance yet: requests get
+        ModelNotReady (429, which clients retry) until the fleet is published."""
+        variants = [
+            VariantRoute(
+                v.name,
+                weight=v.weight,
+                policy=policy_for(v.routing_strategy, max_in_flight=self.max_in_flight),
+                instances=[],
+                metrics=self.metrics.for_variant(endpoint, v.name),
+            )
+            for v in config.variants
+        ]
+        self.router.publish(EndpointRoute(endpoint, variants, async_config=config.async_config))
+
+    def withdraw(self, endpoint: str) -> None:
+        """Take the endpoint out of routing: requests to it fail from now on."""
+        self.router.withdraw(endpoint)
+
+    def _model_route(
+        self, fleet: Fleet, variant: str, instances: list[Instance]
+    ) -> MultiModelRoute | None:
+        """Set for a variant serving a MultiModel model: its requests then need a TargetModel."""
+        template = fleet.templates[variant]
+        if template.prefix is None:
+            return None
+        return MultiModelRoute(
+            prefix=template.prefix,
+            policy=model_policy_for(self.model_routing, max_in_flight=self.max_in_flight),
+            metrics={
+                i.instance_id: self.metrics.for_instance_models(
+                    fleet.endpoint, variant, i.instance_id
+                )
+                for i in instances
+            },
+            agent=template.agent,
+        )
+
+    def export_gauges(self, fleets: Iterable[Fleet]) -> None:
+        for fleet in fleets:
+            for variant, slots in fleet.slots.items():
+                healthy = sum(1 for s in slots if s.instance is not None and s.instance.healthy)
+                gauge = self.metrics.instances
+                gauge.labels(fleet.endpoint, variant, "healthy").set(healthy)
+                gauge.labels(fleet.endpoint, variant, "unhealthy").set(len(slots) - healthy)
+
+    def forget_gauges(self, fleet: Fleet) -> None:
+        """Drop every series of a fleet that is gone."""
+        for variant in fleet.slots:
+            for state in ("healthy", "unhealthy"):
+                with contextlib.suppress(KeyError):
+                    self.metrics.instances.remove(fleet.endpoint, variant, state)
+        self.forget_model_series(fleet, fleet.all_slots())
+
+    def forget_model_series(self, fleet: Fleet, slots: Sequence[Slot]) -> None:
+        """Drop the multi-model series of instances that are gone."""
+        for slot in slots:
+            if fleet.templates[slot.variant].prefix is not None:
+                self.metrics.forget_instance_models(
+                    fleet.endpoint, slot.variant, slot.spec.instance_id
+                )

@@ -1,0 +1,117 @@
+"""Route tables: what the reconciler publishes and the router reads, one per endpoint.
+
+A table is replaced whole, never edited, so a request holds a consistent view of the
+variants it was routed by; only the instances' counters (routing/instance.py) and the
+variants' waiting queues change in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import itertools
+import random
+from collections import deque
+from collections.abc import Sequence
+
+from shipyard.metrics import VariantMetrics
+from shipyard.records import AsyncConfig
+from shipyard.routing.instance import Instance
+from shipyard.routing.multimodel import MultiModelRoute
+from shipyard.routing.policies import Policy
+
+
+class VariantRoute:
+    """One production variant's instances, its weight and its policy.
+
+    ``waiters`` is the variant's FIFO queue of requests held at the gateway until an
+    instance can take them (policies with ``queues``); it is handed from one published
+    table to the next, so a swap never strands a waiting request. ``multi_model`` is set
+    when the variant serves a ``Mode: MultiModel`` model: the strategy the router asks to
+    choose, send and learn for each request, which then names a TargetModel. Such a
+    variant holds nothing at the gateway (a full one answers 503): a request waiting for
+    one model must not hold back requests for the others.
+    """
+
+    __slots__ = (
+        "name",
+        "weight",
+        "policy",
+        "instances",
+        "metrics",
+        "waiters",
+        "queue_limit",
+        "multi_model",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        weight: float,
+        policy: Policy,
+        instances: Sequence[Instance],
+        metrics: VariantMetrics,
+        multi_model: MultiModelRoute | None = None,
+    ) -> None:
+        self.name = name
+        self.weight = weight
+        self.policy = policy
+        self.instances = list(instances)
+        self.metrics = metrics
+        self.multi_model = multi_model
+        self.waiters: deque[asyncio.Future[None]] = deque()
+        queues = policy.queues and multi_model is None
+        self.queue_limit = policy.max_in_flight * len(instances) if queues else 0
+
+    def __repr__(self) -> str:
+        return f"VariantRoute({self.name!r}, weight={self.weight}, instances={self.instances})"
+
+    def release(self) -> None:
+        """An instance answered: give the oldest waiting request its turn."""
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def wake_all(self) -> None:
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+class EndpointRoute:
+    """The routing table of one endpoint: its variants and their weights."""
+
+    __slots__ = ("name", "variants", "by_name", "async_config", "_cumulative", "_total")
+
+    def __init__(
+        self,
+        name: str,
+        variants: Sequence[VariantRoute],
+        *,
+        async_config: AsyncConfig | None = None,
+    ) -> None:
+        self.name = name
+        self.async_config = async_config
+        """Set for an asynchronous endpoint, whose requests come from the queue."""
+        self.variants = list(variants)
+        self.by_name = {v.name: v for v in self.variants}
+        weights = [max(v.weight, 0.0) for v in self.variants]
+        if sum(weights) <= 0:
+            weights = [1.0] * len(self.variants)  # all weights zero: split evenly
+        self._cumulative = list(itertools.accumulate(weights))
+        self._total = self._cumulative[-1] if self._cumulative else 0.0
+
+    def __repr__(self) -> str:
+        return f"EndpointRoute({self.name!r}, variants={[v.name for v in self.variants]})"
+
+    def pick_variant(self, rng: random.Random) -> VariantRoute:
+        if len(self.variants) == 1:
+            return self.variants[0]
+        return self.variants[bisect.bisect_right(self._cumulative, rng.random() * self._total)]
+
+    def instances(self) -> list[Instance]:
+        return [i for v in self.variants for i in v.instances]

@@ -1,0 +1,26 @@
+"""Backends are chosen by name from a registry and declare what they can run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shipyard.backends import BackendContext, create_backend, names
+from shipyard.backends.local import LocalBackend
+
+
+def test_local_is_registered_with_what_it_can_run(tmp_path: Path) -> None:
+    backend, capabilities = create_backend(
+        "local", BackendContext(home=tmp_path, environ={}, s3={})
+    )
+    assert isinstance(backend, LocalBackend)
+    assert backend.run_dir == tmp_path / "run" and backend.models_dir == tmp_path / "models"
+    assert capabilities.runtimes == {"python", "cmd"}
+    assert capabilities.shared_disk
+    assert "local" in names()
+
+
+def test_an_unknown_backend_is_refused_naming_the_known_ones(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"unknown backend 'ray' \(known: local"):
+        create_backend("ray", BackendContext(home=tmp_path, environ={}, s3={}))
