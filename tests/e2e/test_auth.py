@@ -454,3 +454,14 @@ def test_an_unsigned_client_that_trickles_its_body_still_gets_its_refusal(
         answer = s.recv(65536)  # the rest of the body never comes
     assert answer.startswith(b"HTTP/1.1 403")
     assert b"MissingAuthenticationTokenException" in answer
+
+
+def test_logs_calls_are_scoped_as_logs_actions(secured: GatewayProcess) -> None:
+    group = "/aws/sagemaker/Endpoints/sums"
+    code, status, message = error_code(
+        lambda: client(secured, "logs", APP, APP_SECRET).describe_log_streams(logGroupName=group)
+    )
+    assert (code, status) == ("AccessDeniedException", 403)
+    assert "logs:DescribeLogStreams" in message
+    streams = client(secured, "logs").describe_log_streams(logGroupName=group)["logStreams"]
+    assert streams and streams[0]["logStreamName"].startswith("v1/")

@@ -224,3 +224,45 @@ def test_endpoint_is_described_after_its_config_and_model_are_deleted(
     assert described["EndpointStatus"] == "InService"
     assert described["ProductionVariants"][0]["CurrentInstanceCount"] == 1
     assert "DeployedImages" not in described["ProductionVariants"][0]
+
+
+def test_changing_a_missing_resource_names_it_by_arn(gateway: GatewayProcess) -> None:
+    """SageMaker names the resource by ARN where a call changes or deletes it, and by
+    name where it describes it (what boto3's waiters match)."""
+    sm = gateway.sm
+    arn = "arn:aws:sagemaker:us-east-1:000000000000"
+    calls = [
+        (lambda: sm.delete_model(ModelName="Gone"), f'model "{arn}:model/gone"'),
+        (
+            lambda: sm.delete_endpoint_config(EndpointConfigName="gone"),
+            f'endpoint configuration "{arn}:endpoint-config/gone"',
+        ),
+        (lambda: sm.delete_endpoint(EndpointName="gone"), f'endpoint "{arn}:endpoint/gone"'),
+        (
+            lambda: sm.update_endpoint_weights_and_capacities(
+                EndpointName="gone",
+                DesiredWeightsAndCapacities=[{"VariantName": "v1", "DesiredWeight": 1.0}],
+            ),
+            f'endpoint "{arn}:endpoint/gone"',
+        ),
+    ]
+    for call, named in calls:
+        with pytest.raises(ClientError) as err:
+            call()
+        assert _code(err) == "ValidationException"
+        assert err.value.response["Error"]["Message"] == f"Could not find {named}."
+
+
+def test_a_failed_start_is_logged_and_told_in_the_users_terms(
+    gateway: GatewayProcess, model_tarball: Any
+) -> None:
+    url = model_tarball("echo")
+    deploy(gateway.sm, "noprog", url, environment={"SAGEMAKER_PROGRAM": "missing.py"}, wait=False)
+    with pytest.raises(WaiterError):
+        gateway.sm.get_waiter("endpoint_in_service").wait(
+            EndpointName="noprog", WaiterConfig={"Delay": 0.2, "MaxAttempts": 300}
+        )
+    reason = gateway.sm.describe_endpoint(EndpointName="noprog")["FailureReason"]
+    assert f"SAGEMAKER_PROGRAM missing.py is not in the model's code/ folder ({url}/code)" in reason
+    assert str(gateway.home) not in reason  # the user never saw the gateway's folders
+    assert "WARNING" in gateway.log() and "endpoint noprog failed" in gateway.log()

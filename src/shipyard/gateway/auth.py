@@ -14,6 +14,7 @@ as IAM writes them, ``*`` wildcards, case-insensitive):
 
     POST /  (X-Amz-Target SageMaker.X)      sagemaker:X
     POST /  (AnyScaleFrontendService.X)     application-autoscaling:X
+    POST /  (Logs_20140328.X)               logs:X
     /endpoints/{name}/invocations           sagemaker-runtime:InvokeEndpoint
     /endpoints/{name}/async-invocations     sagemaker-runtime:InvokeEndpointAsync
     /endpoints/{name}/invocations-response-stream
@@ -249,6 +250,7 @@ def action_of(method: str, path: str, target: str | None) -> tuple[Door, str] | 
         prefix = {
             "SageMaker": "sagemaker",
             "AnyScaleFrontendService": "application-autoscaling",
+            "Logs_20140328": "logs",
         }.get(service, "sagemaker")
         return Door.CONTROL, f"{prefix}:{name or 'UnknownOperation'}"
     if path.startswith("/endpoints/"):

@@ -21,13 +21,16 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from shipyard.control.endpoints import EndpointService
+from shipyard.control.logs import LogService
 from shipyard.errors import RequestTooLarge, SerializationException, UnknownOperation
 from shipyard.gateway.actions import ACTIONS, JOB_ACTIONS
+from shipyard.gateway.actions.logs import ACTIONS as LOG_ACTIONS
 from shipyard.gateway.errors import AMZ_JSON, control_error_response
 from shipyard.gateway.validation import RequestValidator
 from shipyard.jobs.service import JobService
 
 _PREFIX = "SageMaker."
+_LOGS_PREFIX = "Logs_20140328."
 
 MAX_BODY_BYTES = 1 << 20
 """SageMaker's control-plane requests are a few KiB; a bigger body is refused unread."""
@@ -53,11 +56,19 @@ class ControlDoor:
     """Parses ``X-Amz-Target``, validates against the service model, runs the action."""
 
     def __init__(
-        self, *, service: EndpointService, jobs: JobService, validator: RequestValidator
+        self,
+        *,
+        service: EndpointService,
+        jobs: JobService,
+        validator: RequestValidator,
+        logs: LogService | None = None,
     ) -> None:
         self.service = service
         self.jobs = jobs
         self.validator = validator
+        self.logs = logs
+        """CloudWatch Logs' calls (``Logs_20140328.*``), when served."""
+        self._logs_validator = RequestValidator("logs") if logs is not None else None
 
     async def handle(self, request: Request) -> Response:
         request_id = {"x-amzn-RequestId": str(uuid.uuid4())}
@@ -72,6 +83,8 @@ class ControlDoor:
 
     async def _handle(self, request: Request) -> dict[str, Any]:
         target = request.headers.get("x-amz-target", "")
+        if target.startswith(_LOGS_PREFIX) and self.logs is not None:
+            return await self._logs(request, target.removeprefix(_LOGS_PREFIX))
         action = target.removeprefix(_PREFIX) if target.startswith(_PREFIX) else None
         if action is None or (action not in ACTIONS and action not in JOB_ACTIONS):
             raise UnknownOperation(f"The operation {target[:200] or '(none)'} is not supported.")
@@ -82,6 +95,16 @@ class ControlDoor:
         if action in JOB_ACTIONS:
             return await run_in_threadpool(JOB_ACTIONS[action], self.jobs, params)
         return await run_in_threadpool(ACTIONS[action], self.service, params)
+
+    async def _logs(self, request: Request, action: str) -> dict[str, Any]:
+        if action not in LOG_ACTIONS:
+            raise UnknownOperation(f"The operation {_LOGS_PREFIX}{action[:200]} is not supported.")
+        params = _parse(await read_body(request, max_bytes=MAX_BODY_BYTES))
+        assert self._logs_validator is not None and self.logs is not None
+        self._logs_validator.validate(action, params)
+        assert isinstance(params, dict)
+        _drop_nulls(params)
+        return await run_in_threadpool(LOG_ACTIONS[action], self.logs, params)
 
 
 async def read_body(request: Request, *, max_bytes: int) -> bytes:

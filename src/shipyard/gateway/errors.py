@@ -67,3 +67,38 @@ def facade_error_response(exc: Exception) -> Response:
         status, message = 500, "An internal error occurred."
     body = json.dumps({"status": status, "errMsg": message})
     return Response(body, status_code=status, media_type="application/json")
+
+
+def unknown_path_response(path: str, method: str, status_code: int) -> Response:
+    """A path or method no door serves, answered in the shape of the door it looks like,
+    so a client reports a named error instead of failing to parse ``Not Found``."""
+    if status_code == 405:
+        message = f"{method} is not supported on {path}."
+    else:
+        message = f"shipyard does not serve {method} {path}."
+    if path.startswith("/endpoints/"):  # the runtime's rest-json doors
+        if path.endswith("/invocations-response-stream"):
+            message = (
+                "InvokeEndpointWithResponseStream is not supported by this gateway yet; "
+                "use InvokeEndpoint."
+            )
+        body = {"ErrorCode": "UnknownOperationException", "message": message, "Message": message}
+        return Response(
+            json.dumps(body),
+            status_code=status_code,
+            media_type="application/json",
+            headers={"x-amzn-ErrorType": "UnknownOperationException"},
+        )
+    if path.startswith("/inference"):  # the jobs facade
+        facade = {"status": status_code, "errMsg": message}
+        return Response(json.dumps(facade), status_code=status_code, media_type="application/json")
+    if path.startswith("/jobs/"):  # job logs
+        logs = {"message": message}
+        return Response(json.dumps(logs), status_code=status_code, media_type="application/json")
+    body = {"__type": "UnknownOperationException", "message": message}
+    return Response(
+        json.dumps(body),
+        status_code=status_code,
+        media_type=AMZ_JSON,
+        headers={"x-amzn-ErrorType": "UnknownOperationException"},
+    )

@@ -74,7 +74,7 @@ jobs = Table(
     Column("started", DateTime(timezone=True)),
     Column("ended", DateTime(timezone=True)),
     Column("attempt", Integer, nullable=False),
-    Column("pid", Integer),
+    Column("runner", String(1024)),
     Column("applied_lines", Integer, nullable=False),
 )
 
@@ -135,4 +135,12 @@ async_requests = Table(
     Column("failure_reason", Text),
     UniqueConstraint("endpoint", "inference_id", name="uq_async_requests_inference_id"),
     Index("ix_async_requests_queue", "endpoint", "status", "id"),
+)
+
+tags = Table(
+    "tags",
+    metadata,
+    Column("arn", String(512), primary_key=True),
+    Column("key", String(128), primary_key=True),
+    Column("value", String(256), nullable=False),
 )

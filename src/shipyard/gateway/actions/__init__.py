@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shipyard.control.endpoints import EndpointService
-from shipyard.gateway.actions import endpoint_configs, endpoints, models, training_jobs
+from shipyard.gateway.actions import endpoint_configs, endpoints, models, tags, training_jobs
 from shipyard.jobs.service import JobService
 
 Action = Callable[[EndpointService, dict[str, Any]], dict[str, Any]]
@@ -20,6 +20,7 @@ ACTIONS: dict[str, Action] = {
     **models.ACTIONS,
     **endpoint_configs.ACTIONS,
     **endpoints.ACTIONS,
+    **tags.ACTIONS,
 }
 
 JOB_ACTIONS: dict[str, JobAction] = training_jobs.ACTIONS

@@ -16,6 +16,7 @@ def create_endpoint_config(svc: EndpointService, p: dict[str, Any]) -> dict[str,
     config = svc.create_endpoint_config(
         p["EndpointConfigName"], variants, raw=p, async_config=async_config
     )
+    svc.tagging.add(config.arn, p.get("Tags"), checked=True)
     return {"EndpointConfigArn": config.arn}
 
 

@@ -13,6 +13,7 @@ from shipyard.records import Endpoint
 
 def create_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
     endpoint = svc.create_endpoint(p["EndpointName"], p["EndpointConfigName"])
+    svc.tagging.add(endpoint.arn, p.get("Tags"), checked=True)
     return {"EndpointArn": endpoint.arn}
 
 

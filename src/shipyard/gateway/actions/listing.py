@@ -37,11 +37,11 @@ def page(
         chosen = _time_filter(chosen, params, "LastModifiedTime", modified)
     key = sort_keys.get(params.get("SortBy", "CreationTime"), created)
     chosen.sort(key=key, reverse=params.get("SortOrder", "Descending") == "Descending")
-    start = _offset(params.get("NextToken"))
+    start = offset(params.get("NextToken"))
     size = int(params.get("MaxResults", DEFAULT_MAX_RESULTS))
     window = chosen[start : start + size]
     more = start + size < len(chosen)
-    return window, (_token(start + size) if more else None)
+    return window, (token(start + size) if more else None)
 
 
 def _time_filter(
@@ -54,15 +54,17 @@ def _time_filter(
     return items
 
 
-def _token(offset: int) -> str:
-    return base64.urlsafe_b64encode(f"offset:{offset}".encode()).decode()
+def token(at: int) -> str:
+    """The NextToken of the page that starts at ``at``."""
+    return base64.urlsafe_b64encode(f"offset:{at}".encode()).decode()
 
 
-def _offset(token: str | None) -> int:
-    if not token:
+def offset(next_token: str | None) -> int:
+    """Where a NextToken says to go on; InvalidParameter if it is not ours."""
+    if not next_token:
         return 0
     try:
-        kind, _, value = base64.urlsafe_b64decode(token.encode()).decode().partition(":")
+        kind, _, value = base64.urlsafe_b64decode(next_token.encode()).decode().partition(":")
         if kind == "offset" and value.isdigit():
             return int(value)
     except (binascii.Error, UnicodeDecodeError, ValueError):

@@ -38,6 +38,7 @@ def create_model(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
         execution_role_arn=p.get("ExecutionRoleArn"),
         raw=p,
     )
+    svc.tagging.add(model.arn, p.get("Tags"), checked=True)
     return {"ModelArn": model.arn}
 
 

@@ -30,6 +30,8 @@ _ECHOED = (
 
 def create_training_job(svc: JobService, p: dict[str, Any]) -> dict[str, Any]:
     job, _ = svc.create(p)
+    if svc.tagging is not None:
+        svc.tagging.add(job.arn, p.get("Tags"), checked=True)
     return {"TrainingJobArn": job.arn}
 
 

@@ -1,0 +1,2 @@
+def scale(value, factor):
+    return value * factor
