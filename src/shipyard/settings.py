@@ -120,6 +120,20 @@ class Settings(BaseSettings):
     """How long a dispatcher holds an event it is delivering. Events held by a gateway
     that died are taken again once this has passed."""
 
+    autoscaling_period_s: float = Field(default=5.0, gt=0)
+    """How often scaling policies are evaluated (DESIGN 3.1)."""
+
+    autoscaling_window_s: float = Field(default=60.0, gt=0)
+    """The sliding window invocations per instance are counted over, scaled to a
+    minute (CloudWatch's one-minute period)."""
+
+    serverless_idle_s: float = Field(default=300.0, ge=0)
+    """A serverless instance idle this long is stopped; a model's Environment may say
+    otherwise with SHIPYARD_SERVERLESS_IDLE_S."""
+
+    serverless_slots_per_instance: int = Field(default=1, ge=1)
+    """Requests one serverless instance serves at a time."""
+
     @property
     def db_url(self) -> str:
         return self.db or f"sqlite:///{self.home / 'shipyard.db'}"
