@@ -114,6 +114,7 @@ class Gateway:
             start_timeout_s=settings.instance_start_timeout_s,
             drain_timeout_s=settings.drain_timeout_s,
             s3_endpoint_url=settings.s3_endpoint_url,
+            serverless_slots=settings.serverless_slots_per_instance,
         )
         self.reconciler = Reconciler(
             store=self.store,
@@ -124,6 +125,8 @@ class Gateway:
             max_in_flight=settings.max_queue_per_instance,
             model_routing=settings.multi_model_routing,
             unhealthy_restart_after_s=settings.unhealthy_restart_after_s,
+            serverless_idle_s=settings.serverless_idle_s,
+            serverless_slots=settings.serverless_slots_per_instance,
         )
         self.tagging = Tagging(
             store=TagStore(self.store.engine), resource_exists=self._resource_exists

@@ -14,6 +14,7 @@
     │   ├── RuntimeValidationError     400  unknown endpoint, bad headers, body too large
     │   ├── ModelError                 424  the model answered with an error status
     │   ├── ModelNotReady              429  instances still starting
+    │   ├── Throttling                 429  a serverless variant at its MaxConcurrency
     │   ├── ServiceUnavailable         503  no instance can take the request now
     │   └── InternalFailure            500  a bug of ours
     ├── AuthFailure                    403  a request that is not signed, or not allowed
@@ -158,6 +159,13 @@ class ModelNotReady(RuntimeFailure):
     """The endpoint exists but none of its instances is ready yet; boto3 retries it."""
 
     wire_type = "ModelNotReadyException"
+    status_code = 429
+
+
+class Throttling(RuntimeFailure):
+    """A serverless variant already serves its MaxConcurrency; boto3 retries it."""
+
+    wire_type = "ThrottlingException"
     status_code = 429
 
 

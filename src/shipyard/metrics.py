@@ -96,6 +96,27 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.cold_starts = Counter(
+            "shipyard_serverless_cold_starts",
+            "Serverless instances started because requests needed them.",
+            labels,
+            registry=self.registry,
+        )
+        self.model_setup_time = Histogram(
+            "shipyard_model_setup_time_seconds",
+            "ModelSetupTime: how long a serverless cold start took, from asking for the "
+            "instance to its first good /ping.",
+            labels,
+            buckets=_LOAD_BUCKETS,
+            registry=self.registry,
+        )
+        self.serverless_memory_kills = Counter(
+            "shipyard_serverless_memory_stops",
+            "Serverless instances stopped for going over their MemorySizeInMB.",
+            labels,
+            registry=self.registry,
+        )
+
         self._async_metrics()
         self._model_metrics()
 

@@ -86,6 +86,25 @@ class ContainerMode(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class ServerlessConfig:
+    """ProductionVariant.ServerlessConfig (DESIGN 3.2)."""
+
+    memory_mb: int
+    """MemorySizeInMB: the most an instance may use; one over it is stopped."""
+    max_concurrency: int
+    """MaxConcurrency: requests in flight across the variant; past it, ThrottlingException."""
+    provisioned_concurrency: int | None = None
+    """ProvisionedConcurrency: requests the variant serves with no cold start (kept warm)."""
+
+    def describe(self) -> dict[str, int]:
+        """As SageMaker spells it (ProductionVariantServerlessConfig)."""
+        out = {"MemorySizeInMB": self.memory_mb, "MaxConcurrency": self.max_concurrency}
+        if self.provisioned_concurrency is not None:
+            out["ProvisionedConcurrency"] = self.provisioned_concurrency
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class VariantSpec:
     """One production variant of an endpoint config."""
 
@@ -93,8 +112,10 @@ class VariantSpec:
     model_name: str
     instance_type: str
     instance_count: int
+    """0 for a serverless variant: it has instances only while it has work."""
     weight: float
     routing_strategy: RoutingStrategy
+    serverless: ServerlessConfig | None = None
 
 
 @dataclass(frozen=True, slots=True)

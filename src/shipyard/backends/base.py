@@ -88,6 +88,12 @@ class Backend(Protocol):
 
     def exit_reason(self, handle: InstanceHandle) -> str | None: ...
 
+    def memory_bytes(self, handle: InstanceHandle) -> int | None:
+        """Resident memory of the instance and what it spawned; None when unknown (the
+        instance is gone). Serverless variants enforce MemorySizeInMB with it. Blocks
+        briefly: call it off the event loop."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class JobHandle:

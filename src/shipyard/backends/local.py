@@ -203,6 +203,19 @@ class LocalBackend:
                 return text
         return f"the process exited with code {code}{_log_tail(handle.log_path)}"
 
+    def memory_bytes(self, handle: InstanceHandle) -> int | None:
+        assert isinstance(handle, LocalInstance)
+        try:
+            leader = psutil.Process(handle.process.pid)
+            processes = [leader, *leader.children(recursive=True)]
+        except psutil.Error:
+            return None
+        total = 0
+        for process in processes:
+            with contextlib.suppress(psutil.Error):  # a child that just ended
+                total += process.memory_info().rss
+        return total
+
     # -- job runners ----------------------------------------------------------------------
 
     async def start_job(

@@ -22,8 +22,9 @@ from typing import Any
 
 from shipyard.control.fleet import Fleet, FleetFailed, Provisioner
 from shipyard.control.publishing import RoutePublisher
+from shipyard.control.serverless import ServerlessScaler
 from shipyard.errors import ShipyardError
-from shipyard.records import Endpoint, EndpointStatus, VariantState
+from shipyard.records import Endpoint, EndpointConfig, EndpointStatus, VariantState
 from shipyard.storage.metadata import MetadataStore
 
 log = logging.getLogger(__name__)
@@ -39,11 +40,13 @@ class Converger:
         provisioner: Provisioner,
         publisher: RoutePublisher,
         fleets: dict[str, Fleet],
+        serverless: ServerlessScaler,
     ) -> None:
         self.store = store
         self.provisioner = provisioner
         self.publisher = publisher
         self.fleets = fleets
+        self.serverless = serverless
 
     def __repr__(self) -> str:
         return f"Converger(fleets={sorted(self.fleets)})"
@@ -56,6 +59,8 @@ class Converger:
                 # "not ready yet, retry" (429) until its instances are up, not "not found".
                 self.publisher.publish_starting(ep.name, config)
             counts = {v.name: v.desired_instance_count for v in ep.variants}
+            trial = ep.status is EndpointStatus.CREATING
+            counts |= self._serverless_counts(config, trial=trial)
             weights = {v.name: v.desired_weight for v in ep.variants}
             fleet = await self.provisioner.launch(ep.name, config, counts, weights)
         except (FleetFailed, ShipyardError) as exc:
@@ -78,6 +83,7 @@ class Converger:
         try:
             config = await asyncio.to_thread(self.store.get_endpoint_config, ep.pending_config_name)
             counts = {v.name: v.instance_count for v in config.variants}
+            counts |= self._serverless_counts(config, trial=True)
             weights = {v.name: v.weight for v in config.variants}
             fleet = await self.provisioner.launch(ep.name, config, counts, weights)
         except (FleetFailed, ShipyardError) as exc:
@@ -118,8 +124,11 @@ class Converger:
             if ep.name not in self.fleets:
                 return
             fleet = self.fleets[ep.name]
+        serverless = {v.name for v in fleet.config.variants if v.serverless is not None}
         for state in ep.variants:
             fleet.weights[state.name] = state.desired_weight
+            if state.name in serverless:
+                continue  # its instances follow its requests, not a count
             slots = fleet.slots[state.name]
             extra = slots[state.desired_instance_count :]
             if extra:
@@ -147,6 +156,13 @@ class Converger:
                 slots.extend(new)
         self.publisher.publish(fleet)
         await self._change(ep.name, status=EndpointStatus.IN_SERVICE, failure_reason=None)
+
+    def _serverless_counts(self, config: EndpointConfig, *, trial: bool) -> dict[str, int]:
+        return {
+            v.name: self.serverless.initial_instances(v, trial=trial)
+            for v in config.variants
+            if v.serverless is not None
+        }
 
     async def delete(self, ep: Endpoint) -> None:
         await self.retire(ep.name)

@@ -129,6 +129,12 @@ class EndpointService:
                 raise InvalidParameter(
                     f'Could not find model "{self.arn("model", variant.model_name)}".'
                 ) from None
+            if variant.serverless is not None and (async_config is not None or model.multi_model):
+                what = "AsyncInferenceConfig" if async_config is not None else "a MultiModel model"
+                raise InvalidParameter(
+                    f"Production variant {variant.name} has a ServerlessConfig; serverless "
+                    f"endpoints do not support {what}."
+                )
             if async_config is not None and model.multi_model:
                 # InvokeEndpointAsync has no TargetModel, so no request could name a model.
                 raise InvalidParameter(
@@ -230,6 +236,14 @@ class EndpointService:
                     f'The variant name(s) "{variant}" is/are not present in the endpoint '
                     f'"{current.arn}".'
                 )
+        config = self._config_for_endpoint(current.config_name)
+        serverless = {v.name for v in config.variants if v.serverless is not None}
+        for variant, (_, count) in changes.items():
+            if count is not None and variant in serverless:
+                raise InvalidParameter(
+                    f"Production variant {variant} is serverless: it has no instance count "
+                    "to change."
+                )
         variants = []
         for state in current.variants:
             weight, count = changes.get(state.name, (None, None))
@@ -242,7 +256,6 @@ class EndpointService:
                     state.desired_instance_count if count is None else count,
                 )
             )
-        config = self._config_for_endpoint(current.config_name)
         types = {v.name: v.instance_type for v in config.variants}
         asked = [(types.get(v.name, ""), v.desired_instance_count) for v in variants]
         self._check_budget(asked, replacing=name)

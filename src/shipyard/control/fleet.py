@@ -26,6 +26,7 @@ from shipyard.errors import ShipyardError
 from shipyard.records import EndpointConfig, Model
 from shipyard.routing.instance import Instance
 from shipyard.routing.model_agent import ModelAgent
+from shipyard.routing.serverless import ServerlessRoute
 from shipyard.storage.artifacts import ArtifactStore
 from shipyard.storage.metadata import MetadataStore
 
@@ -74,6 +75,9 @@ class Slot:
     """When its pings began to fail (monotonic), None while they succeed."""
     restarts: int = 0
     restart_at: float = 0.0
+    retired: bool = False
+    """Taken out of its fleet for good (a serverless instance idle or over its memory):
+    never restarted."""
 
     def __repr__(self) -> str:
         return f"Slot(id={self.spec.instance_id!r}, variant={self.variant!r})"
@@ -88,6 +92,10 @@ class Fleet:
     slots: dict[str, list[Slot]]
     weights: dict[str, float]
     templates: dict[str, VariantTemplate] = field(default_factory=dict)
+    serverless: dict[str, ServerlessRoute] = field(default_factory=dict)
+    """Per serverless variant: its admission and demand, kept across routing tables."""
+    starting: dict[str, int] = field(default_factory=dict)
+    """Per serverless variant: instances being started for demand, not in ``slots`` yet."""
 
     def all_slots(self) -> list[Slot]:
         return [s for slots in self.slots.values() for s in slots]
@@ -107,6 +115,7 @@ class Provisioner:
         start_timeout_s: float,
         drain_timeout_s: float,
         s3_endpoint_url: str | None = None,
+        serverless_slots: int = 1,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -114,6 +123,7 @@ class Provisioner:
         self.artifacts = artifacts
         self.home = home
         self.s3_endpoint_url = s3_endpoint_url
+        self.serverless_slots = serverless_slots
         self.start_timeout_s = start_timeout_s
         self.drain_timeout_s = drain_timeout_s
         self._ids = itertools.count(1)
@@ -132,7 +142,13 @@ class Provisioner:
         fleet = Fleet(endpoint=endpoint, config=config, slots={}, weights=dict(weights))
         for variant in config.variants:
             model = await asyncio.to_thread(self.store.get_model, variant.model_name)
-            fleet.templates[variant.name] = await self._template(model, variant.name)
+            template = await self._template(model, variant.name)
+            if variant.serverless is not None:
+                # The runtime serves as many requests at once as the router sends it.
+                template.environment.setdefault(
+                    "SAGEMAKER_MODEL_SERVER_WORKERS", str(self.serverless_slots)
+                )
+            fleet.templates[variant.name] = template
             fleet.slots[variant.name] = [
                 self.new_slot(endpoint, fleet, variant.name)
                 for _ in range(counts.get(variant.name, variant.instance_count))

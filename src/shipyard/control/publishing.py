@@ -9,15 +9,16 @@ change exactly when the table does.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from shipyard.control.fleet import Fleet, Slot
 from shipyard.metrics import Metrics
-from shipyard.records import EndpointConfig
+from shipyard.records import EndpointConfig, VariantSpec
 from shipyard.routing.instance import Instance
 from shipyard.routing.multimodel import MultiModelRoute
-from shipyard.routing.policies import model_policy_for, policy_for
+from shipyard.routing.policies import LeastOutstandingRequests, model_policy_for, policy_for
 from shipyard.routing.router import Router
+from shipyard.routing.serverless import ServerlessRoute
 from shipyard.routing.table import EndpointRoute, VariantRoute
 
 
@@ -25,13 +26,23 @@ class RoutePublisher:
     """Publishes fleets to the router and their instance counts to /metrics."""
 
     def __init__(
-        self, *, router: Router, metrics: Metrics, max_in_flight: int, model_routing: str
+        self,
+        *,
+        router: Router,
+        metrics: Metrics,
+        max_in_flight: int,
+        model_routing: str,
+        serverless_slots: int = 1,
     ) -> None:
         self.router = router
         self.metrics = metrics
         self.max_in_flight = max_in_flight
         self.model_routing = model_routing
         """The policy of multi-model variants: a name from routing.policies.MODEL_POLICIES."""
+        self.serverless_slots = serverless_slots
+        self.on_demand: Callable[[Fleet, str, int], None] = lambda fleet, variant, wanted: None
+        """Where a serverless variant's demand for instances goes (the reconciler's
+        ServerlessScaler)."""
 
     def __repr__(self) -> str:
         return f"RoutePublisher(model_routing={self.model_routing!r})"
@@ -41,14 +52,21 @@ class RoutePublisher:
         variants = []
         for variant in fleet.config.variants:
             instances = [s.instance for s in fleet.slots[variant.name] if s.instance is not None]
+            serverless = self._serverless_route(fleet, variant)
+            policy = (
+                policy_for(variant.routing_strategy, max_in_flight=self.max_in_flight)
+                if serverless is None
+                else LeastOutstandingRequests(max_in_flight=self.serverless_slots)
+            )
             variants.append(
                 VariantRoute(
                     variant.name,
                     weight=fleet.weights.get(variant.name, variant.weight),
-                    policy=policy_for(variant.routing_strategy, max_in_flight=self.max_in_flight),
+                    policy=policy,
                     instances=instances,
                     metrics=self.metrics.for_variant(fleet.endpoint, variant.name),
                     multi_model=self._model_route(fleet, variant.name, instances),
+                    serverless=serverless,
                 )
             )
         self.router.publish(
@@ -70,6 +88,23 @@ class RoutePublisher:
             for v in config.variants
         ]
         self.router.publish(EndpointRoute(endpoint, variants, async_config=config.async_config))
+
+    def _serverless_route(self, fleet: Fleet, variant: VariantSpec) -> ServerlessRoute | None:
+        """The variant's admission and demand, made once per fleet and kept across its
+        tables, so the count of requests admitted survives every republish."""
+        if variant.serverless is None:
+            return None
+        route = fleet.serverless.get(variant.name)
+        if route is None:
+            name = variant.name
+            route = ServerlessRoute(
+                name,
+                variant.serverless,
+                slots=self.serverless_slots,
+                demand=lambda wanted: self.on_demand(fleet, name, wanted),
+            )
+            fleet.serverless[name] = route
+        return route
 
     def withdraw(self, endpoint: str) -> None:
         """Take the endpoint out of routing: requests to it fail from now on."""

@@ -6,7 +6,9 @@ actual state is the fleets held here. Two loops, and one part each for what they
 - the converge loop reads the store and starts at most one step per endpoint at a time
   (control/convergence.py: create, update, rescale, delete);
 - the supervise loop checks the instances of every fleet no step owns at the moment
-  (control/supervision.py: health, restarts, hung instances);
+  (control/supervision.py: health, restarts, hung instances) and stops serverless
+  instances that have been idle long enough (control/serverless.py, which also starts
+  them for demand and watches their memory);
 - both publish what changed to the router (control/publishing.py), the only way
   instances reach the data path.
 """
@@ -22,6 +24,7 @@ from shipyard.background import Wakeup
 from shipyard.control.convergence import Converger
 from shipyard.control.fleet import Fleet, Provisioner
 from shipyard.control.publishing import RoutePublisher
+from shipyard.control.serverless import ServerlessScaler
 from shipyard.control.supervision import InstanceSupervisor
 from shipyard.errors import ShipyardError
 from shipyard.metrics import Metrics
@@ -46,16 +49,36 @@ class Reconciler:
         max_in_flight: int,
         model_routing: str = "affinity",
         unhealthy_restart_after_s: float = 20.0,
+        serverless_idle_s: float = 300.0,
+        serverless_slots: int = 1,
     ) -> None:
         self.store = store
         self.provisioner = provisioner
         self.health_check_period_s = health_check_period_s
         self.fleets: dict[str, Fleet] = {}
         self.publisher = RoutePublisher(
-            router=router, metrics=metrics, max_in_flight=max_in_flight, model_routing=model_routing
+            router=router,
+            metrics=metrics,
+            max_in_flight=max_in_flight,
+            model_routing=model_routing,
+            serverless_slots=serverless_slots,
         )
+        self.serverless = ServerlessScaler(
+            provisioner=provisioner,
+            router=router,
+            metrics=metrics,
+            fleets=self.fleets,
+            publish=self.publisher.publish,
+            idle_s=serverless_idle_s,
+            slots=serverless_slots,
+        )
+        self.publisher.on_demand = self.serverless.demand
         self.converger = Converger(
-            store=store, provisioner=provisioner, publisher=self.publisher, fleets=self.fleets
+            store=store,
+            provisioner=provisioner,
+            publisher=self.publisher,
+            fleets=self.fleets,
+            serverless=self.serverless,
         )
         self.supervisor = InstanceSupervisor(
             provisioner=provisioner,
@@ -106,12 +129,14 @@ class Reconciler:
         async with asyncio.TaskGroup() as group:
             group.create_task(self._converge_loop(), name="reconciler.converge")
             group.create_task(self._supervise_loop(), name="reconciler.supervise")
+            group.create_task(self.serverless.watch_memory(), name="reconciler.memory")
 
     async def stop_all(self) -> None:
         """Stop every instance: converge tasks first, then all fleets, concurrently."""
         for task in self._tasks.values():
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        await self.serverless.stop()
         fleets = list(self.fleets.values())
         self.fleets.clear()
         for fleet in fleets:
@@ -170,6 +195,9 @@ class Reconciler:
                 if fleet.endpoint in self._tasks:
                     continue  # a converge step owns this fleet right now
                 try:
+                    if idle := self.serverless.reap_idle(fleet):
+                        self.publisher.publish(fleet)
+                        await self.provisioner.stop_slots(idle)
                     await self.supervisor.supervise(fleet)
                 except Exception:
                     log.exception("supervising %s failed", fleet.endpoint)

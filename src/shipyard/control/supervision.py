@@ -52,6 +52,8 @@ class InstanceSupervisor:
         """One pass over ``fleet``; republishes its table if anything changed."""
         changed = False
         for slot in fleet.all_slots():
+            if slot.retired:
+                continue  # taken out while this pass was under way
             if slot.handle is None:
                 if time.monotonic() >= slot.restart_at:
                     changed |= await self.restart(fleet, slot)
@@ -113,12 +115,17 @@ class InstanceSupervisor:
         if old is not None:
             await self.provisioner.backend.stop(old, timeout_s=5.0)
         slot.restarts += 1
+        if slot.retired:
+            return True
         try:
             await self.provisioner.start_slot(slot)
         except FleetFailed as exc:
             backoff = min(2.0**slot.restarts, 60.0)
             slot.restart_at = time.monotonic() + backoff
             log.warning("restart of %s failed (%s); next try in %gs", slot, exc, backoff)
+            return True
+        if slot.retired:  # taken out of the fleet while it started
+            await self.provisioner.stop_slots([slot])
             return True
         log.info("restarted instance %s", slot.spec.instance_id)
         return True

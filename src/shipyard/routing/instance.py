@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from urllib.parse import urlsplit
 
 from shipyard.routing.client import ConnectionPool
@@ -30,6 +31,8 @@ class Instance:
         "concurrency",
         "latency_s",
         "models",
+        "last_used",
+        "stop_reason",
     )
 
     def __init__(
@@ -45,6 +48,12 @@ class Instance:
         self.in_flight = 0
         self.healthy = True
         self.models: dict[str, None] = {}
+        self.last_used = time.monotonic()
+        """When it last finished a request (monotonic): serverless instances idle long
+        enough are stopped."""
+        self.stop_reason: str | None = None
+        """Why the gateway stopped it on purpose (over its memory), for the request it
+        was serving."""
 
     def observe(self, latency_s: float) -> None:
         """Fold one answer's latency into the moving average (weight 1/8)."""

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 from shipyard.errors import ModelError, ModelNotReady, RuntimeValidationError, ServiceUnavailable
@@ -145,11 +145,15 @@ class Router:
         """
         tried: list[Instance] = []
         turn = not variant.waiters  # first come, first served
+        serverless = variant.serverless
+        if serverless is not None:
+            serverless.admit()
+        taken = False
         try:
             async with asyncio.timeout(self.timeout_s):
                 while True:
                     variant, instance = await self._take(route, variant, call, tried, turn)
-                    turn = True
+                    turn = taken = True
                     multi = variant.multi_model
                     started = time.perf_counter()
                     try:
@@ -185,12 +189,20 @@ class Router:
                             continue
                     return response, model_s
         except TimeoutError:
+            if serverless is not None and not taken:
+                raise ModelNotReady(
+                    f"No instance of serverless variant {variant.name} started within the "
+                    f"invocation timeout of {self.timeout_s:g} s; retry later."
+                ) from None
             raise ModelError(
                 f"Your invocation timed out while waiting for a response from "
                 f"{variant.name} after {self.timeout_s:g} s.",
                 original_status_code=504,
                 original_message="timed out",
             ) from None
+        finally:
+            if serverless is not None:
+                serverless.leave()
 
     @contextlib.asynccontextmanager
     async def stream(
@@ -209,6 +221,25 @@ class Router:
         """
         tried: list[Instance] = []
         turn = not variant.waiters
+        serverless = variant.serverless
+        if serverless is not None:
+            serverless.admit()
+        try:
+            async with self._exchange(route, variant, call, tried, turn) as exchange:
+                yield exchange
+        finally:
+            if serverless is not None:
+                serverless.leave()
+
+    @contextlib.asynccontextmanager
+    async def _exchange(
+        self,
+        route: EndpointRoute,
+        variant: VariantRoute,
+        call: Call,
+        tried: list[Instance],
+        turn: bool,
+    ) -> AsyncIterator[Exchange]:
         while True:
             variant, instance = await self._take(route, variant, call, tried, turn)
             turn = True
@@ -261,6 +292,8 @@ class Router:
     @staticmethod
     def _give_back(variant: VariantRoute, instance: Instance) -> None:
         instance.in_flight -= 1
+        if variant.serverless is not None:
+            instance.last_used = time.monotonic()
         variant.release()
 
     @staticmethod
@@ -278,6 +311,15 @@ class Router:
                 "bytes, the most the gateway returns.",
                 original_status_code=500,
                 original_message=str(exc),
+            ) from exc
+        if instance.stop_reason is not None:
+            # Stopped by the gateway for what the request made it do (its memory): say
+            # so, whether or not the failure shows the request reached it, since a
+            # stale keep-alive connection retried on a fresh one hides that.
+            raise ModelError(
+                instance.stop_reason,
+                original_status_code=500,
+                original_message=instance.stop_reason,
             ) from exc
         if exc.sent:
             raise InstanceFailed(
@@ -322,8 +364,13 @@ class Router:
                 instance = multi.choose(candidates, model)
             if instance is not None:
                 return instance
-            if not any(i.healthy for i in candidates):
+            if variant.serverless is None and not any(i.healthy for i in candidates):
                 raise ModelNotReady(f"No instance of variant {variant.name} is ready yet.")
+        if variant.serverless is not None:
+            # No instance can take it now: ask for as many as the work at hand needs,
+            # this request included, and wait for one (a cold start, or an answer).
+            busy = sum(i.in_flight for i in variant.instances) + len(variant.waiters) + 1
+            variant.serverless.want(busy)
         if len(variant.waiters) >= variant.queue_limit:
             raise ServiceUnavailable(
                 f"Every instance of variant {variant.name} is at capacity; retry later."
@@ -344,6 +391,18 @@ class Router:
             else:
                 waiter.cancel()
             raise
+
+    def fail_waiting(self, endpoint: str, variant: str, error: Callable[[], Exception]) -> None:
+        """Fail every request waiting for an instance of ``variant`` with ``error()``:
+        a serverless cold start failed, and they would otherwise wait for their timeout."""
+        route = self.routes.get(endpoint)
+        waiting = route.by_name.get(variant) if route is not None else None
+        if waiting is None:
+            return
+        while waiting.waiters:
+            waiter = waiting.waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(error())
 
     def close(self) -> None:
         for route in self.routes.values():

@@ -19,6 +19,7 @@ from shipyard.records import AsyncConfig
 from shipyard.routing.instance import Instance
 from shipyard.routing.multimodel import MultiModelRoute
 from shipyard.routing.policies import Policy
+from shipyard.routing.serverless import ServerlessRoute
 
 
 class VariantRoute:
@@ -30,7 +31,9 @@ class VariantRoute:
     when the variant serves a ``Mode: MultiModel`` model: the strategy the router asks to
     choose, send and learn for each request, which then names a TargetModel. Such a
     variant holds nothing at the gateway (a full one answers 503): a request waiting for
-    one model must not hold back requests for the others.
+    one model must not hold back requests for the others. ``serverless`` is set for a
+    variant with a ServerlessConfig: its requests are admitted against MaxConcurrency and
+    wait here for an instance to start when none can take them.
     """
 
     __slots__ = (
@@ -42,6 +45,7 @@ class VariantRoute:
         "waiters",
         "queue_limit",
         "multi_model",
+        "serverless",
     )
 
     def __init__(
@@ -53,6 +57,7 @@ class VariantRoute:
         instances: Sequence[Instance],
         metrics: VariantMetrics,
         multi_model: MultiModelRoute | None = None,
+        serverless: ServerlessRoute | None = None,
     ) -> None:
         self.name = name
         self.weight = weight
@@ -60,9 +65,14 @@ class VariantRoute:
         self.instances = list(instances)
         self.metrics = metrics
         self.multi_model = multi_model
+        self.serverless = serverless
         self.waiters: deque[asyncio.Future[None]] = deque()
         queues = policy.queues and multi_model is None
         self.queue_limit = policy.max_in_flight * len(instances) if queues else 0
+        if serverless is not None:
+            # Admission already bounds it: every request admitted may wait here for an
+            # instance, the first ones for a cold start.
+            self.queue_limit = serverless.config.max_concurrency
 
     def __repr__(self) -> str:
         return f"VariantRoute({self.name!r}, weight={self.weight}, instances={self.instances})"

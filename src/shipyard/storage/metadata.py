@@ -45,6 +45,7 @@ from shipyard.records import (
     Event,
     Model,
     RoutingStrategy,
+    ServerlessConfig,
     VariantSpec,
     VariantState,
 )
@@ -289,6 +290,13 @@ def _variant_json(v: VariantSpec) -> dict[str, Any]:
         "instance_count": v.instance_count,
         "weight": v.weight,
         "routing_strategy": v.routing_strategy.value,
+        "serverless": None
+        if v.serverless is None
+        else {
+            "memory_mb": v.serverless.memory_mb,
+            "max_concurrency": v.serverless.max_concurrency,
+            "provisioned_concurrency": v.serverless.provisioned_concurrency,
+        },
     }
 
 
@@ -314,6 +322,7 @@ def _endpoint_config(row: Any) -> EndpointConfig:
             instance_count=int(v["instance_count"]),
             weight=float(v["weight"]),
             routing_strategy=RoutingStrategy(v["routing_strategy"]),
+            serverless=ServerlessConfig(**v["serverless"]) if v.get("serverless") else None,
         )
         for v in row["variants"]
     )

@@ -7,7 +7,13 @@ from typing import Any
 from shipyard.control.endpoints import EndpointService
 from shipyard.errors import InvalidParameter
 from shipyard.gateway.actions.listing import page
-from shipyard.records import AsyncConfig, EndpointConfig, RoutingStrategy, VariantSpec
+from shipyard.records import (
+    AsyncConfig,
+    EndpointConfig,
+    RoutingStrategy,
+    ServerlessConfig,
+    VariantSpec,
+)
 
 
 def create_endpoint_config(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
@@ -53,13 +59,21 @@ def _variant(v: dict[str, Any]) -> VariantSpec:
     # components and serverless variants go without), so a request that passed
     # validation may still lack what an instance-based variant needs.
     name = v["VariantName"]
-    if "ServerlessConfig" in v:
-        raise InvalidParameter("ServerlessConfig is not supported by this gateway yet.")
     model_name = v.get("ModelName")
     if model_name is None:
         raise InvalidParameter(
             f"ModelName is required for production variant {name}: this gateway serves "
             "models, not inference components."
+        )
+    if "ServerlessConfig" in v:
+        return VariantSpec(
+            name=name,
+            model_name=model_name,
+            instance_type="",
+            instance_count=0,
+            weight=float(v.get("InitialVariantWeight", 1.0)),
+            routing_strategy=_routing_strategy(v),
+            serverless=_serverless(name, v),
         )
     count = v.get("InitialInstanceCount")
     if count is None:
@@ -72,6 +86,42 @@ def _variant(v: dict[str, Any]) -> VariantSpec:
         weight=float(v.get("InitialVariantWeight", 1.0)),
         routing_strategy=_routing_strategy(v),
     )
+
+
+def _serverless(name: str, v: dict[str, Any]) -> ServerlessConfig:
+    """ServerlessConfig, checked as SageMaker checks it (DESIGN 3.2)."""
+    for field in ("InstanceType", "InitialInstanceCount"):
+        if field in v:
+            raise InvalidParameter(
+                f"Production variant {name} has a ServerlessConfig, so it cannot also "
+                f"specify {field}."
+            )
+    c = v["ServerlessConfig"]
+    memory, concurrency = int(c["MemorySizeInMB"]), int(c["MaxConcurrency"])
+    if memory not in _SERVERLESS_MEMORY:
+        raise InvalidParameter(
+            f"ServerlessConfig.MemorySizeInMB of production variant {name} is {memory}; it "
+            f"must be one of {', '.join(map(str, _SERVERLESS_MEMORY))}."
+        )
+    if not 1 <= concurrency <= 200:
+        raise InvalidParameter(
+            f"ServerlessConfig.MaxConcurrency of production variant {name} is {concurrency}; "
+            "it must be from 1 to 200."
+        )
+    provisioned = c.get("ProvisionedConcurrency")
+    if provisioned is not None and not 1 <= int(provisioned) <= concurrency:
+        raise InvalidParameter(
+            f"ServerlessConfig.ProvisionedConcurrency of production variant {name} is "
+            f"{provisioned}; it must be from 1 to MaxConcurrency ({concurrency})."
+        )
+    return ServerlessConfig(
+        memory_mb=memory,
+        max_concurrency=concurrency,
+        provisioned_concurrency=None if provisioned is None else int(provisioned),
+    )
+
+
+_SERVERLESS_MEMORY = (1024, 2048, 3072, 4096, 5120, 6144)
 
 
 def _routing_strategy(v: dict[str, Any]) -> RoutingStrategy:

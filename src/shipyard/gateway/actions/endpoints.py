@@ -8,7 +8,7 @@ from typing import Any
 from shipyard.control.endpoints import EndpointService
 from shipyard.errors import ResourceNotFound
 from shipyard.gateway.actions.listing import page
-from shipyard.records import Endpoint
+from shipyard.records import Endpoint, EndpointConfig
 
 
 def create_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
@@ -19,16 +19,27 @@ def create_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
 
 def describe_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
     endpoint, counts = svc.describe_endpoint(p["EndpointName"])
-    images = _deployed_images(svc, endpoint.config_name)
+    config = _config(svc, endpoint.config_name)
+    images = _deployed_images(svc, config)
+    serverless = {
+        v.name: v.serverless.describe()
+        for v in (config.variants if config is not None else ())
+        if v.serverless is not None
+    }
     variants = []
     for state in endpoint.variants:
         entry: dict[str, Any] = {
             "VariantName": state.name,
             "CurrentWeight": state.desired_weight,
             "DesiredWeight": state.desired_weight,
-            "CurrentInstanceCount": counts.get(state.name, 0),
-            "DesiredInstanceCount": state.desired_instance_count,
         }
+        if state.name in serverless:
+            # No instance count: a serverless variant has instances only while it works.
+            entry["CurrentServerlessConfig"] = serverless[state.name]
+            entry["DesiredServerlessConfig"] = serverless[state.name]
+        else:
+            entry["CurrentInstanceCount"] = counts.get(state.name, 0)
+            entry["DesiredInstanceCount"] = state.desired_instance_count
         if image := images.get(state.name):
             entry["DeployedImages"] = [
                 {"SpecifiedImage": image, "ResolvedImage": image,
@@ -54,12 +65,18 @@ def describe_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def _deployed_images(svc: EndpointService, config_name: str) -> dict[str, str]:
-    """Variant name -> image. SageMaker lets users delete a config or model that a live
-    endpoint still runs, so either may be gone; the endpoint is still described."""
+def _config(svc: EndpointService, config_name: str) -> EndpointConfig | None:
+    """SageMaker lets users delete a config or model that a live endpoint still runs, so
+    either may be gone; the endpoint is still described."""
     try:
-        config = svc.describe_endpoint_config(config_name)
+        return svc.describe_endpoint_config(config_name)
     except ResourceNotFound:
+        return None
+
+
+def _deployed_images(svc: EndpointService, config: EndpointConfig | None) -> dict[str, str]:
+    """Variant name -> image, for the models that still exist."""
+    if config is None:
         return {}
     images = {}
     for variant in config.variants:

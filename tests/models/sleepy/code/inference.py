@@ -1,4 +1,7 @@
-"""Sleeps for the number of seconds in the request's "sleep" field, then answers."""
+"""Sleeps for the number of seconds in the request's "sleep" field, then answers.
+
+With "hold_mb", it first fills that many MB of memory, 32 MB at a time.
+"""
 
 import json
 import os
@@ -16,5 +19,9 @@ def transform_fn(model, body, content_type, accept):
     if started:  # tells a test the prediction is under way
         with open(started, "a") as marker:
             marker.write("started\n")
+    held = []
+    for _ in range(int(request.get("hold_mb", 0)) // 32):  # memory actually touched
+        held.append(bytearray(b"\x01") * (32 << 20))
+        time.sleep(0.01)
     time.sleep(float(request.get("sleep", 0)))
     return json.dumps({"pid": model, "slept": request.get("sleep", 0)}), "application/json"
