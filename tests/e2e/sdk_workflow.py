@@ -10,6 +10,7 @@ from sagemaker.async_inference.waiter_config import WaiterConfig
 from sagemaker.deserializers import JSONDeserializer
 from sagemaker.multidatamodel import MultiDataModel
 from sagemaker.serializers import JSONSerializer
+from sagemaker.serverless import ServerlessInferenceConfig
 from sagemaker.sklearn import SKLearn
 
 bucket, source_dir = sys.argv[1:3]
@@ -63,3 +64,17 @@ response = async_predictor.predict_async(data=[[3, 4]])
 print(
     "ASYNC", json.dumps(response.get_result(WaiterConfig(max_attempts=120, delay=0.5))), flush=True
 )
+
+model3 = estimator.create_model(name="sdk-serverless-model")
+serverless_predictor = model3.deploy(
+    endpoint_name="sdk-serverless",
+    serverless_inference_config=ServerlessInferenceConfig(
+        memory_size_in_mb=1024, max_concurrency=2
+    ),
+    wait=False,
+    **kw,
+)
+session.sagemaker_client.get_waiter("endpoint_in_service").wait(
+    EndpointName="sdk-serverless", **wait
+)
+print("SERVERLESS", json.dumps(serverless_predictor.predict([[2, 3]])), flush=True)

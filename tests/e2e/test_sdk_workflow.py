@@ -59,3 +59,4 @@ def test_fit_deploy_multi_model_and_async_with_the_sdk(
     assert json.loads(lines["REALTIME"].split(" ", 1)[1]) == [9.0]
     assert json.loads(lines["MME"].split(" ", 1)[1]) == [9.0]
     assert json.loads(lines["ASYNC"].split(" ", 1)[1]) == [21.0]
+    assert json.loads(lines["SERVERLESS"].split(" ", 1)[1]) == [15.0]
