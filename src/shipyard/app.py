@@ -23,10 +23,12 @@ from shipyard.async_inference.queue import AsyncInvocations
 from shipyard.backends import BackendContext, FullBackend, create_backend
 from shipyard.backends.environment import s3_variables
 from shipyard.background import Loops
+from shipyard.control.autoscaler import Autoscaler, MetricReader
 from shipyard.control.endpoints import EndpointService
 from shipyard.control.fleet import Provisioner
 from shipyard.control.logs import LogService
 from shipyard.control.reconciler import Reconciler
+from shipyard.control.scaling import ScalingService
 from shipyard.events.dispatcher import Dispatcher
 from shipyard.events.notify import Notifier
 from shipyard.events.topics import Topics
@@ -53,6 +55,7 @@ from shipyard.storage.filesystems import Filesystems
 from shipyard.storage.jobs import JobStore
 from shipyard.storage.metadata import MetadataStore
 from shipyard.storage.objects import ObjectStore
+from shipyard.storage.scaling import ScalingStore
 from shipyard.storage.tags import Tagging, TagStore
 
 log = logging.getLogger(__name__)
@@ -155,12 +158,14 @@ class Gateway:
         )
         self._build_jobs(settings, stack, backend)
         self._build_async(settings)
+        self._build_scaling(settings, stack)
         validator = RequestValidator(unpatterned=_LOCAL_URI_SHAPES)
         control = ControlDoor(
             service=self.service,
             jobs=self.jobs,
             validator=validator,
             logs=LogService(jobs=self.jobs, logs_dir=settings.home / "logs"),
+            scaling=self.scaling,
         )
         jobs_door = JobsDoor(jobs=self.jobs)
         self._on_startup = on_startup
@@ -251,6 +256,33 @@ class Gateway:
             account_id=settings.account_id,
         )
 
+    def _build_scaling(self, settings: Settings, stack: StackFile) -> None:
+        """Application Auto Scaling: its API and the autoscaler that acts on it."""
+        store = ScalingStore(self.store.engine)
+        self.autoscaler = Autoscaler(
+            store=store,
+            endpoints=self.service,
+            reader=MetricReader(
+                metrics=self.metrics,
+                router=self.router,
+                healthy=self.reconciler.current_instance_counts,
+                backlogs=self.consumer.backlogs,
+                window_s=settings.autoscaling_window_s,
+                period_s=settings.autoscaling_period_s,
+            ),
+            period_s=settings.autoscaling_period_s,
+            notify=stack.autoscaling.notify,
+            on_event=self.dispatcher.wake,
+        )
+        self.consumer.on_backlog_without_capacity = self.autoscaler.wake
+        self.scaling = ScalingService(
+            store=store,
+            endpoints=self.service,
+            wake=self.autoscaler.wake,
+            region=settings.region,
+            account_id=settings.account_id,
+        )
+
     def _guarded(self, settings: Settings, stack: StackFile) -> ASGIApp:
         """Every request through SigV4 verification when the stack file has ``auth:``."""
         if stack.auth is None:
@@ -302,6 +334,7 @@ class Gateway:
         self.loops.start("event-dispatcher", self.dispatcher.run)
         self.loops.start("job-supervisor", self.supervisor.run)
         self.loops.start("async-consumer", self.consumer.run)
+        self.loops.start("autoscaler", self.autoscaler.run)
         if self._on_startup is not None:
             await self._on_startup(self.service)
         app.state.ready = True

@@ -7,6 +7,7 @@
     │   └── InvalidParameter           400  a value that breaks a constraint
     ├── ResourceInUse                  400  a name already taken, or a resource still used
     ├── ResourceLimitExceeded          400  a quota hit
+    ├── ObjectNotFound                 400  Application Auto Scaling: no such target or policy
     ├── UnknownOperation               400  an X-Amz-Target we do not implement
     ├── SerializationException         400  a body that is not JSON
     │   └── RequestTooLarge            413  a control-plane body over the door's cap
@@ -90,6 +91,13 @@ class ResourceLimitExceeded(ShipyardError):
     """A quota of this gateway was hit."""
 
     wire_type = "ResourceLimitExceeded"
+    status_code = 400
+
+
+class ObjectNotFound(ShipyardError):
+    """Application Auto Scaling's missing scalable target or scaling policy."""
+
+    wire_type = "ObjectNotFoundException"
     status_code = 400
 
 

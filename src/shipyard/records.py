@@ -288,3 +288,63 @@ class AsyncRequest:
     finished: datetime | None = None
     failure_reason: str | None = None
     id: int | None = None
+
+
+SAGEMAKER_NAMESPACE = "sagemaker"
+VARIANT_INSTANCES = "sagemaker:variant:DesiredInstanceCount"
+"""The one ScalableDimension shipyard scales (DESIGN 3.1)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScalableTarget:
+    """RegisterScalableTarget: one variant's DesiredInstanceCount, between two bounds."""
+
+    resource_id: str
+    """``endpoint/<name>/variant/<variant>``."""
+    endpoint: str
+    variant: str
+    arn: str
+    min_capacity: int
+    max_capacity: int
+    role_arn: str
+    created: datetime
+    suspended: dict[str, bool] = field(default_factory=dict)
+    """SuspendedState: DynamicScalingInSuspended, DynamicScalingOutSuspended,
+    ScheduledScalingSuspended."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingPolicy:
+    """PutScalingPolicy: a target-tracking policy on one scalable target."""
+
+    name: str
+    resource_id: str
+    arn: str
+    policy_type: str
+    config: dict[str, Any]
+    """TargetTrackingScalingPolicyConfiguration, as the caller gave it."""
+    created: datetime
+
+
+class ActivityStatus(StrEnum):
+    """ScalingActivityStatusCode."""
+
+    IN_PROGRESS = "InProgress"
+    SUCCESSFUL = "Successful"
+    FAILED = "Failed"
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingActivity:
+    """One scaling step (DescribeScalingActivities), newest first when listed."""
+
+    activity_id: str
+    resource_id: str
+    description: str
+    cause: str
+    started: datetime
+    status: ActivityStatus
+    from_count: int
+    to_count: int
+    ended: datetime | None = None
+    status_message: str | None = None

@@ -213,6 +213,16 @@ class AuthConfig(BaseModel):
         return self
 
 
+class AutoscalingConfig(BaseModel):
+    """The ``autoscaling:`` section: who hears of scaling steps."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    notify: list[str] = Field(default_factory=list)
+    """Topics (names, SNS topic ARNs or apprise URLs) told of every scaling activity's
+    end, successful or not."""
+
+
 class StackFile(BaseModel):
     """A stack file (YAML). Sections this version does not converge are refused."""
 
@@ -221,6 +231,7 @@ class StackFile(BaseModel):
     topics: dict[str, list[str]] = Field(default_factory=dict)
     """Topic name -> subscribers, as apprise URLs."""
     jobs: JobsConfig = Field(default_factory=JobsConfig)
+    autoscaling: AutoscalingConfig = Field(default_factory=AutoscalingConfig)
     auth: AuthConfig | None = None
     """Without it, requests are not checked (local use); see DESIGN 2.9."""
     account_id: str | None = Field(default=None, pattern=r"^\d{12}$")
@@ -234,6 +245,10 @@ class StackFile(BaseModel):
                     continue
                 if target not in self.topics:
                     raise ValueError(f"jobs.notify.{status}: unknown topic {target!r}")
+        for target in self.autoscaling.notify:
+            if "://" not in target and not target.startswith("arn:aws:sns:"):
+                if target not in self.topics:
+                    raise ValueError(f"autoscaling.notify: unknown topic {target!r}")
         return self
 
     @classmethod

@@ -48,6 +48,27 @@ _ERROR_BODY_BYTES = 64 * 1024
 """How much of a model's error answer goes into the failure reason."""
 
 
+@dataclass(frozen=True, slots=True)
+class BacklogReading:
+    """One endpoint's queue as the consumer last saw it (CloudWatch's async metrics)."""
+
+    queued: int
+    running: int
+    oldest_age_s: float
+    instances: int
+    """Healthy instances serving the endpoint then."""
+
+    @property
+    def size(self) -> int:
+        """ApproximateBacklogSize: queued and running requests."""
+        return self.queued + self.running
+
+    @property
+    def without_capacity(self) -> bool:
+        """HasBacklogWithoutCapacity: requests wait and no instance is up."""
+        return self.queued > 0 and self.instances == 0
+
+
 @dataclass
 class _Outcome:
     succeeded: bool
@@ -73,6 +94,7 @@ class Consumer:
         on_event: Callable[[], None],
         poll_period_s: float = 0.5,
         lease_margin_s: float = 30.0,
+        on_backlog_without_capacity: Callable[[], None] | None = None,
     ) -> None:
         self.queue = queue
         self.router = router
@@ -84,6 +106,11 @@ class Consumer:
         self._on_event = on_event
         self.poll_period_s = poll_period_s
         self.lease_margin_s = lease_margin_s
+        self.on_backlog_without_capacity = on_backlog_without_capacity
+        """Called when an endpoint has requests waiting and no instance (it scaled to
+        zero): the autoscaler brings one back."""
+        self.backlogs: dict[str, BacklogReading] = {}
+        """Per asynchronous endpoint, its queue as last seen; the autoscaler reads it."""
         self._wake = Wakeup()
         self._running: dict[str, int] = {}  # endpoint -> requests claimed and not done
         self._tasks: set[asyncio.Task[None]] = set()
@@ -255,15 +282,22 @@ class Consumer:
 
     async def _export_backlog(self, name: str, instances: int, free: int) -> None:
         backlog = await asyncio.to_thread(self.queue.backlog, name)
-        size = backlog.queued + backlog.running
+        oldest = backlog.oldest_received
+        reading = BacklogReading(
+            queued=backlog.queued,
+            running=backlog.running,
+            oldest_age_s=(now() - oldest).total_seconds() if oldest else 0.0,
+            instances=instances,
+        )
+        self.backlogs[name] = reading
+        size = reading.size
         m = self.metrics
         m.async_backlog.labels(name).set(size)
         m.async_backlog_per_instance.labels(name).set(size / instances if instances else size)
-        oldest = backlog.oldest_received
-        m.async_oldest_age.labels(name).set((now() - oldest).total_seconds() if oldest else 0)
-        m.async_backlog_without_capacity.labels(name).set(
-            1 if backlog.queued and not instances else 0
-        )
+        m.async_oldest_age.labels(name).set(reading.oldest_age_s)
+        m.async_backlog_without_capacity.labels(name).set(1 if reading.without_capacity else 0)
+        if reading.without_capacity and self.on_backlog_without_capacity is not None:
+            self.on_backlog_without_capacity()
 
 
 async def _tee(chunks: AsyncIterator[bytes], head: bytearray) -> AsyncIterator[bytes]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 
+from sqlalchemy import Connection
+
 from shipyard.async_inference.notices import test_event
 from shipyard.errors import InvalidParameter, ResourceLimitExceeded, ResourceNotFound
 from shipyard.host_access import HostAccess
@@ -224,9 +226,17 @@ class EndpointService:
         return endpoint
 
     def update_weights_and_capacities(
-        self, name: str, changes: dict[str, tuple[float | None, int | None]]
+        self,
+        name: str,
+        changes: dict[str, tuple[float | None, int | None]],
+        *,
+        also: Callable[[Connection], None] | None = None,
     ) -> Endpoint:
-        """Change weights and/or instance counts of live variants, in place."""
+        """Change weights and/or instance counts of live variants, in place.
+
+        The autoscaler's steps come here too, with ``also`` recording their activity in
+        the same transaction as the change.
+        """
         with self._missing_by_arn("endpoint", "endpoint", name):
             current = self.store.get_endpoint(name)
         known = {v.name: v for v in current.variants}
@@ -265,6 +275,7 @@ class EndpointService:
             status=EndpointStatus.UPDATING,
             variants=tuple(variants),
             failure_reason=None,
+            also=also,
         )
         self._wake()
         return endpoint

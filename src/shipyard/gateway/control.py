@@ -22,8 +22,10 @@ from starlette.responses import Response
 
 from shipyard.control.endpoints import EndpointService
 from shipyard.control.logs import LogService
+from shipyard.control.scaling import ScalingService
 from shipyard.errors import RequestTooLarge, SerializationException, UnknownOperation
 from shipyard.gateway.actions import ACTIONS, JOB_ACTIONS
+from shipyard.gateway.actions.autoscaling import ACTIONS as SCALING_ACTIONS
 from shipyard.gateway.actions.logs import ACTIONS as LOG_ACTIONS
 from shipyard.gateway.errors import AMZ_JSON, control_error_response
 from shipyard.gateway.validation import RequestValidator
@@ -31,6 +33,7 @@ from shipyard.jobs.service import JobService
 
 _PREFIX = "SageMaker."
 _LOGS_PREFIX = "Logs_20140328."
+_SCALING_PREFIX = "AnyScaleFrontendService."
 
 MAX_BODY_BYTES = 1 << 20
 """SageMaker's control-plane requests are a few KiB; a bigger body is refused unread."""
@@ -62,6 +65,7 @@ class ControlDoor:
         jobs: JobService,
         validator: RequestValidator,
         logs: LogService | None = None,
+        scaling: ScalingService | None = None,
     ) -> None:
         self.service = service
         self.jobs = jobs
@@ -69,6 +73,11 @@ class ControlDoor:
         self.logs = logs
         """CloudWatch Logs' calls (``Logs_20140328.*``), when served."""
         self._logs_validator = RequestValidator("logs") if logs is not None else None
+        self.scaling = scaling
+        """Application Auto Scaling's calls (``AnyScaleFrontendService.*``), when served."""
+        self._scaling_validator = (
+            RequestValidator("application-autoscaling") if scaling is not None else None
+        )
 
     async def handle(self, request: Request) -> Response:
         request_id = {"x-amzn-RequestId": str(uuid.uuid4())}
@@ -85,6 +94,8 @@ class ControlDoor:
         target = request.headers.get("x-amz-target", "")
         if target.startswith(_LOGS_PREFIX) and self.logs is not None:
             return await self._logs(request, target.removeprefix(_LOGS_PREFIX))
+        if target.startswith(_SCALING_PREFIX) and self.scaling is not None:
+            return await self._scaling(request, target.removeprefix(_SCALING_PREFIX))
         action = target.removeprefix(_PREFIX) if target.startswith(_PREFIX) else None
         if action is None or (action not in ACTIONS and action not in JOB_ACTIONS):
             raise UnknownOperation(f"The operation {target[:200] or '(none)'} is not supported.")
@@ -105,6 +116,18 @@ class ControlDoor:
         assert isinstance(params, dict)
         _drop_nulls(params)
         return await run_in_threadpool(LOG_ACTIONS[action], self.logs, params)
+
+    async def _scaling(self, request: Request, action: str) -> dict[str, Any]:
+        if action not in SCALING_ACTIONS:
+            raise UnknownOperation(
+                f"The operation {_SCALING_PREFIX}{action[:200]} is not supported."
+            )
+        params = _parse(await read_body(request, max_bytes=MAX_BODY_BYTES))
+        assert self._scaling_validator is not None and self.scaling is not None
+        self._scaling_validator.validate(action, params)
+        assert isinstance(params, dict)
+        _drop_nulls(params)
+        return await run_in_threadpool(SCALING_ACTIONS[action], self.scaling, params)
 
 
 async def read_body(request: Request, *, max_bytes: int) -> bytes:

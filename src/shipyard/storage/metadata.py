@@ -7,7 +7,7 @@ them in a worker thread, so the data path never waits on the store.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -190,13 +190,15 @@ class MetadataStore:
         name: str,
         *,
         expect: Sequence[EndpointStatus] | None = None,
+        also: Callable[[Connection], None] | None = None,
         **changes: Any,
     ) -> Endpoint:
         """Apply ``changes`` to one endpoint in one transaction and return the new record.
 
         A change of ``status`` must be an allowed transition (ENDPOINT_TRANSITIONS); with
         ``expect``, the current status must be one of those, so two racing callers can't
-        both move the same endpoint.
+        both move the same endpoint. ``also`` writes what belongs with the change (a
+        scaling activity) in the same transaction.
         """
         with self._tx() as conn:
             current = self._get_endpoint(conn, name, lock=True)
@@ -218,6 +220,8 @@ class MetadataStore:
                 .where(t.endpoints.c.name == name)
                 .values(**_endpoint_row(changed))
             )
+            if also is not None:
+                also(conn)
             return changed
 
     def delete_endpoint(self, name: str) -> None:

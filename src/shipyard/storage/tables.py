@@ -144,3 +144,42 @@ tags = Table(
     Column("key", String(128), primary_key=True),
     Column("value", String(256), nullable=False),
 )
+
+scalable_targets = Table(
+    "scalable_targets",
+    metadata,
+    Column("resource_id", String(1600), primary_key=True),
+    Column("arn", String(1600), nullable=False),
+    Column("min_capacity", Integer, nullable=False),
+    Column("max_capacity", Integer, nullable=False),
+    Column("role_arn", String(1600), nullable=False),
+    Column("suspended", JSON, nullable=False),
+    Column("created", DateTime(timezone=True), nullable=False),
+)
+
+scaling_policies = Table(
+    "scaling_policies",
+    metadata,
+    Column("resource_id", String(1600), primary_key=True),
+    Column("name", String(256), primary_key=True),
+    Column("arn", String(1600), nullable=False),
+    Column("policy_type", String(64), nullable=False),
+    Column("config", JSON, nullable=False),
+    Column("created", DateTime(timezone=True), nullable=False),
+)
+
+scaling_activities = Table(
+    "scaling_activities",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("activity_id", String(64), nullable=False, unique=True),
+    Column("resource_id", String(1600), nullable=False, index=True),
+    Column("description", Text, nullable=False),
+    Column("cause", Text, nullable=False),
+    Column("started", DateTime(timezone=True), nullable=False),
+    Column("ended", DateTime(timezone=True)),
+    Column("status", String(16), nullable=False),
+    Column("status_message", Text),
+    Column("from_count", Integer, nullable=False),
+    Column("to_count", Integer, nullable=False),
+)

@@ -1,0 +1,491 @@
+"""Autoscaler: target tracking on the gateway's own counters (DESIGN 3.1).
+
+Every tick (a second, or the period if shorter) it samples what the data path already
+counts: invocations per variant (the ``shipyard_invocations`` counter), requests in
+flight (the router's count) and, for asynchronous endpoints, the queue as the consumer
+last saw it. Nothing on the request path changes and nothing there reads the store.
+
+Every ``SHIPYARD_AUTOSCALING_PERIOD_S`` it evaluates each scalable target's policies:
+
+- a per-instance metric (InvocationsPerInstance, ConcurrentRequestsPerModel,
+  ApproximateBacklogSizePerInstance) asks for ``ceil(total / TargetValue)`` instances;
+  any other for ``ceil(current * value / TargetValue)``, as target tracking does;
+- several policies on one target: the largest wins, so a target scales in only when
+  every policy agrees; DisableScaleIn keeps a policy from asking for fewer;
+- ScaleOutCooldown runs from the last scale-out, ScaleInCooldown from the last step
+  either way (AWS's default is 300 s each); the result is kept within
+  [MinCapacity, MaxCapacity], and a count outside it is brought inside at once;
+- an asynchronous variant at zero instances with requests waiting comes back to
+  ``max(1, MinCapacity)`` at once (HasBacklogWithoutCapacity; the consumer wakes us).
+
+A step changes DesiredInstanceCount through ``update_weights_and_capacities``, exactly
+as a user's call would (new instances take traffic once healthy, removed ones drain
+first), with its activity recorded in the same transaction. The activity ends, with its
+event, once the endpoint is InService again. One step per target is in flight at a time.
+
+Invocations are counted over a sliding window (``SHIPYARD_AUTOSCALING_WINDOW_S``, 60 s)
+and given per minute, as CloudWatch's InvocationsPerInstance is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from shipyard.async_inference.consumer import BacklogReading
+from shipyard.background import Wakeup
+from shipyard.control.endpoints import EndpointService
+from shipyard.control.scaling import (
+    DEFAULT_COOLDOWN_S,
+    PREDEFINED_METRICS,
+    metric_endpoint,
+)
+from shipyard.errors import ShipyardError
+from shipyard.metrics import Metrics
+from shipyard.records import (
+    ActivityStatus,
+    Endpoint,
+    EndpointStatus,
+    Event,
+    ScalableTarget,
+    ScalingActivity,
+    ScalingPolicy,
+)
+from shipyard.routing.router import Router
+from shipyard.storage.metadata import now
+from shipyard.storage.scaling import ScalingStore, policies_by_target
+
+log = logging.getLogger(__name__)
+
+DETAIL_TYPE = "Application Auto Scaling Scaling Activity State Change"
+
+PER_INSTANCE = frozenset(
+    {"InvocationsPerInstance", "ConcurrentRequestsPerModel", "ApproximateBacklogSizePerInstance"}
+)
+
+
+@dataclass
+class _Series:
+    """Samples of one cumulative counter, oldest first, within the window."""
+
+    points: deque[tuple[float, float]] = field(default_factory=deque)
+
+    def add(self, at: float, value: float, window_s: float) -> None:
+        self.points.append((at, value))
+        while len(self.points) > 2 and self.points[1][0] <= at - window_s:
+            self.points.popleft()
+
+    def per_minute(self) -> float | None:
+        if len(self.points) < 2:
+            return None
+        (t0, v0), (t1, v1) = self.points[0], self.points[-1]
+        if t1 - t0 < 0.5:
+            return None
+        return max(v1 - v0, 0.0) / (t1 - t0) * 60.0
+
+
+@dataclass
+class _Gauge:
+    """Recent samples of a level (requests in flight), averaged over the last period."""
+
+    points: deque[tuple[float, float]] = field(default_factory=deque)
+
+    def add(self, at: float, value: float, keep_s: float) -> None:
+        self.points.append((at, value))
+        while self.points and self.points[0][0] < at - keep_s:
+            self.points.popleft()
+
+    def mean(self) -> float | None:
+        if not self.points:
+            return None
+        return sum(v for _, v in self.points) / len(self.points)
+
+
+class MetricReader:
+    """What the data path counts, sampled off it; values under CloudWatch's names."""
+
+    def __init__(
+        self,
+        *,
+        metrics: Metrics,
+        router: Router,
+        healthy: Callable[[str], dict[str, int]],
+        backlogs: dict[str, BacklogReading],
+        window_s: float,
+        period_s: float,
+    ) -> None:
+        self.metrics = metrics
+        self.router = router
+        self.healthy = healthy
+        self.backlogs = backlogs
+        self.window_s = window_s
+        self.period_s = period_s
+        self._invocations: dict[tuple[str, str], _Series] = {}
+        self._in_flight: dict[tuple[str, str], _Gauge] = {}
+
+    def __repr__(self) -> str:
+        return f"MetricReader(window_s={self.window_s:g}, series={len(self._invocations)})"
+
+    def sample(self, at: float) -> None:
+        for family in self.metrics.invocations.collect():
+            for s in family.samples:
+                if s.name.endswith("_total"):
+                    key = (s.labels["endpoint"], s.labels["variant"])
+                    series = self._invocations.setdefault(key, _Series())
+                    series.add(at, s.value, self.window_s)
+        for endpoint, variant, count in self.router.in_flight():
+            gauge = self._in_flight.setdefault((endpoint, variant), _Gauge())
+            gauge.add(at, float(count), self.period_s)
+
+    def value(self, metric: str, endpoint: str, variant: str) -> float | None:
+        """``metric``'s value for the variant (per instance where the name says so)."""
+        instances = max(self.healthy(endpoint).get(variant, 0), 1)
+        if metric in ("InvocationsPerInstance", "Invocations"):
+            series = self._invocations.get((endpoint, variant))
+            rate = series.per_minute() if series is not None else None
+            if rate is None:
+                return None
+            return rate / instances if metric == "InvocationsPerInstance" else rate
+        if metric == "ConcurrentRequestsPerModel":
+            gauge = self._in_flight.get((endpoint, variant))
+            level = gauge.mean() if gauge is not None else None
+            return None if level is None else level / instances
+        backlog = self.backlogs.get(endpoint)
+        if backlog is None:
+            return None
+        if metric == "ApproximateBacklogSize":
+            return float(backlog.size)
+        if metric == "ApproximateBacklogSizePerInstance":
+            return backlog.size / max(backlog.instances, 1)
+        if metric == "ApproximateAgeOfOldestRequest":
+            return backlog.oldest_age_s
+        if metric == "HasBacklogWithoutCapacity":
+            return 1.0 if backlog.without_capacity else 0.0
+        return None
+
+    def forget(self, keep: Iterable[tuple[str, str]]) -> None:
+        """Drop the series of variants no longer published."""
+        alive = set(keep)
+        for table in (self._invocations, self._in_flight):
+            for key in [k for k in table if k not in alive]:
+                del table[key]
+
+
+@dataclass(frozen=True, slots=True)
+class _Proposal:
+    count: int
+    cause: str
+    scale_out_cooldown_s: float
+    scale_in_cooldown_s: float
+    disable_scale_in: bool
+
+
+class Autoscaler:
+    """Evaluates target-tracking policies and changes DesiredInstanceCount."""
+
+    def __init__(
+        self,
+        *,
+        store: ScalingStore,
+        endpoints: EndpointService,
+        reader: MetricReader,
+        period_s: float,
+        notify: Sequence[str] = (),
+        on_event: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.store = store
+        self.endpoints = endpoints
+        self.reader = reader
+        self.period_s = period_s
+        self.notify = tuple(notify)
+        self._on_event = on_event
+        self._wake = Wakeup()
+        self._last_out: dict[str, datetime] = {}
+        self._last_any: dict[str, datetime] = {}
+        self._open: dict[str, ScalingActivity] = {}
+        """Per ResourceId, its step in flight."""
+
+    def __repr__(self) -> str:
+        return f"Autoscaler(period_s={self.period_s:g}, open={sorted(self._open)})"
+
+    def wake(self) -> None:
+        """Evaluate now (a target or policy changed, or requests wait with no instance);
+        safe from any thread."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        self._wake.bind()
+        await asyncio.to_thread(self._load)
+        tick = min(1.0, self.period_s)
+        next_at = time.monotonic()
+        while True:
+            at = time.monotonic()
+            self.reader.sample(at)
+            if at >= next_at:
+                next_at = at + self.period_s
+                try:
+                    await self.evaluate()
+                except Exception:  # one bad pass must not stop scaling
+                    log.exception("autoscaling pass failed")
+            if await self._wake.wait(min(tick, max(next_at - time.monotonic(), 0.01))):
+                next_at = time.monotonic()
+
+    def _load(self) -> None:
+        """Cooldowns and steps in flight as the store has them (after a restart)."""
+        for resource, started in self.store.last_activity_times().items():
+            self._last_out[resource] = started
+            self._last_any[resource] = started
+        for activity in self.store.open_activities():
+            self._open[activity.resource_id] = activity
+
+    # -- one pass ---------------------------------------------------------------------
+
+    async def evaluate(self) -> None:
+        """Finish steps that converged, then take the next step of each target.
+
+        The store is read and written in worker threads; the decisions are made here, on
+        the event loop, where the fleets and the samples live.
+        """
+        endpoints, targets, policies = await asyncio.to_thread(self._read)
+        await asyncio.to_thread(self._finish_steps, endpoints)
+        self.reader.forget((e.name, v.name) for e in endpoints.values() for v in e.variants)
+        for target in targets:
+            endpoint = endpoints.get(target.endpoint)
+            if endpoint is None or target.resource_id in self._open:
+                continue
+            if endpoint.status is not EndpointStatus.IN_SERVICE:
+                continue  # a step or an update is under way; look again next pass
+            state = next((v for v in endpoint.variants if v.name == target.variant), None)
+            if state is None:
+                continue
+            current = state.desired_instance_count
+            wanted, cause = self._wanted(target, current, policies.get(target.resource_id, []))
+            if wanted is not None and wanted != current:
+                await asyncio.to_thread(self._step, target, current, wanted, cause)
+
+    def _read(
+        self,
+    ) -> tuple[dict[str, Endpoint], list[ScalableTarget], dict[str, list[ScalingPolicy]]]:
+        endpoints = {e.name: e for e in self.endpoints.store.list_endpoints()}
+        return endpoints, self.store.list_targets(), policies_by_target(self.store.list_policies())
+
+    def _step(self, target: ScalableTarget, current: int, wanted: int, cause: str) -> None:
+        stamp = now()
+        activity = ScalingActivity(
+            activity_id=str(uuid.uuid4()),
+            resource_id=target.resource_id,
+            description=f"Setting desired instance count to {wanted}.",
+            cause=f"At {stamp.isoformat(timespec='seconds')} {cause}",
+            started=stamp,
+            status=ActivityStatus.IN_PROGRESS,
+            from_count=current,
+            to_count=wanted,
+        )
+        try:
+            self.endpoints.update_weights_and_capacities(
+                target.endpoint,
+                {target.variant: (None, wanted)},
+                also=lambda conn: self.store.start_activity(conn, activity),
+            )
+        except ShipyardError as exc:
+            if endpoint_moved(exc):
+                return  # the user changed the endpoint meanwhile; next pass decides again
+            failed = ScalingActivity(
+                **{**_fields(activity), "status": ActivityStatus.FAILED},
+                ended=now(),
+                status_message=f"Failed to set desired instance count to {wanted}: {exc.message}",
+            )
+            self.store.record_activity(failed, self._event(target, failed))
+            self._on_event()
+            self._last_any[target.resource_id] = stamp
+            log.warning("scaling %s failed: %s", target.resource_id, exc.message)
+            return
+        log.info("scaling %s from %d to %d: %s", target.resource_id, current, wanted, cause)
+        self._open[target.resource_id] = activity
+        self._last_any[target.resource_id] = stamp
+        if wanted > current:
+            self._last_out[target.resource_id] = stamp
+
+    def _wanted(
+        self, target: ScalableTarget, current: int, policies: list[ScalingPolicy]
+    ) -> tuple[int | None, str]:
+        low, high = target.min_capacity, target.max_capacity
+        out_ok = not target.suspended.get("DynamicScalingOutSuspended", False)
+        in_ok = not target.suspended.get("DynamicScalingInSuspended", False)
+        if current < low:
+            return low, f"the current capacity {current} is below the minimum capacity {low}."
+        if current > high:
+            return high, f"the current capacity {current} is above the maximum capacity {high}."
+        backlog = self.reader.backlogs.get(target.endpoint)
+        if current == 0 and backlog is not None and backlog.without_capacity and out_ok:
+            wanted = max(1, low)
+            return wanted, (
+                f"{backlog.queued} request(s) wait with no instance to run them "
+                "(HasBacklogWithoutCapacity)."
+            )
+        proposals = [p for p in (self._propose(target, current, x) for x in policies) if p]
+        if not proposals:
+            return None, ""
+        when = now()
+        best = max(proposals, key=lambda p: p.count)
+        wanted = min(max(best.count, low), high)
+        if wanted > current:
+            last = self._last_out.get(target.resource_id)
+            if not out_ok or _cooling(last, best.scale_out_cooldown_s, when):
+                return None, ""
+            return wanted, best.cause
+        if wanted < current:
+            if not in_ok or any(p.disable_scale_in for p in proposals):
+                return None, ""
+            last = self._last_any.get(target.resource_id)
+            if _cooling(last, max(p.scale_in_cooldown_s for p in proposals), when):
+                return None, ""
+            return wanted, best.cause
+        return None, ""
+
+    def _propose(
+        self, target: ScalableTarget, current: int, policy: ScalingPolicy
+    ) -> _Proposal | None:
+        config = policy.config
+        predefined = config.get("PredefinedMetricSpecification")
+        custom: dict[str, Any] = config.get("CustomizedMetricSpecification") or {}
+        if predefined is not None:
+            metric = PREDEFINED_METRICS.get(predefined.get("PredefinedMetricType", ""))
+            endpoint = target.endpoint
+            shown = predefined.get("PredefinedMetricType", "")
+        else:
+            metric = custom.get("MetricName")
+            endpoint = metric_endpoint(custom, target.endpoint)
+            shown = metric or ""
+        if metric is None:
+            return None
+        value = self.reader.value(metric, endpoint, target.variant)
+        if value is None:
+            return None
+        goal = float(config["TargetValue"])
+        if metric in PER_INSTANCE:
+            instances = max(self.reader.healthy(target.endpoint).get(target.variant, 0), 1)
+            count = math.ceil(round(value * instances / goal, 9))
+        else:
+            count = math.ceil(round(current * value / goal, 9))
+        relation = ">" if count > current else "<" if count < current else "="
+        return _Proposal(
+            count=count,
+            cause=(
+                f"target tracking policy {policy.name}: {shown} is {value:.4g} {relation} "
+                f"target {goal:g}; it asks for {count} instance(s)."
+            ),
+            scale_out_cooldown_s=float(config.get("ScaleOutCooldown", DEFAULT_COOLDOWN_S)),
+            scale_in_cooldown_s=float(config.get("ScaleInCooldown", DEFAULT_COOLDOWN_S)),
+            disable_scale_in=bool(config.get("DisableScaleIn", False)),
+        )
+
+    # -- ending steps -----------------------------------------------------------------
+
+    def _finish_steps(self, endpoints: dict[str, Endpoint]) -> None:
+        for resource, activity in list(self._open.items()):
+            name = resource.split("/")[1]
+            endpoint = endpoints.get(name)
+            if endpoint is not None and endpoint.status is EndpointStatus.UPDATING:
+                continue
+            if endpoint is None or endpoint.status is not EndpointStatus.IN_SERVICE:
+                status, message = (
+                    ActivityStatus.FAILED,
+                    f"Failed to set desired instance count to {activity.to_count}: endpoint "
+                    f"{name} is {'gone' if endpoint is None else endpoint.status}.",
+                )
+            elif endpoint.failure_reason:
+                status, message = (
+                    ActivityStatus.FAILED,
+                    f"Failed to set desired instance count to {activity.to_count}: "
+                    f"{endpoint.failure_reason}",
+                )
+            else:
+                status, message = (
+                    ActivityStatus.SUCCESSFUL,
+                    f"Successfully set desired instance count to {activity.to_count}. Change "
+                    "successfully fulfilled by sagemaker.",
+                )
+            ended = ScalingActivity(
+                **{**_fields(activity), "status": status},
+                ended=now(),
+                status_message=message,
+            )
+            target = self.store.get_target(resource)
+            event = self._event(target, ended) if target is not None else None
+            self.store.finish_activity(
+                activity.activity_id,
+                status=status,
+                message=message,
+                ended=ended.ended or now(),
+                event=event,
+            )
+            if event is not None:
+                self._on_event()
+            del self._open[resource]
+
+    def _event(self, target: ScalableTarget, activity: ScalingActivity) -> Event:
+        return Event(
+            key=f"scaling-activity:{activity.activity_id}",
+            detail_type=DETAIL_TYPE,
+            source="aws.application-autoscaling",
+            resource=target.arn,
+            detail=activity_detail(activity),
+            topics=self.notify,
+            subject=f"Scaling {activity.resource_id} {activity.status}",
+            message=(
+                f"{activity.resource_id}: {activity.description} "
+                f"({activity.from_count} -> {activity.to_count})\n"
+                f"Cause: {activity.cause}\n"
+                f"Status: {activity.status}: {activity.status_message or ''}"
+            ),
+            time=activity.ended or activity.started,
+        )
+
+
+def activity_detail(activity: ScalingActivity) -> dict[str, Any]:
+    """A ScalingActivity as DescribeScalingActivities spells it, timestamps as ISO text."""
+    detail: dict[str, Any] = {
+        "ActivityId": activity.activity_id,
+        "ServiceNamespace": "sagemaker",
+        "ResourceId": activity.resource_id,
+        "ScalableDimension": "sagemaker:variant:DesiredInstanceCount",
+        "Description": activity.description,
+        "Cause": activity.cause,
+        "StartTime": activity.started.isoformat(),
+        "StatusCode": activity.status.value,
+    }
+    if activity.ended is not None:
+        detail["EndTime"] = activity.ended.isoformat()
+    if activity.status_message:
+        detail["StatusMessage"] = activity.status_message
+    return detail
+
+
+def endpoint_moved(exc: ShipyardError) -> bool:
+    """Whether ``exc`` says the endpoint changed under the step (not a refusal to scale)."""
+    return exc.message.startswith(("Cannot update endpoint", "Could not find endpoint"))
+
+
+def _cooling(last: datetime | None, cooldown_s: float, when: datetime) -> bool:
+    return last is not None and when - last < timedelta(seconds=cooldown_s)
+
+
+def _fields(activity: ScalingActivity) -> dict[str, Any]:
+    return {
+        "activity_id": activity.activity_id,
+        "resource_id": activity.resource_id,
+        "description": activity.description,
+        "cause": activity.cause,
+        "started": activity.started,
+        "from_count": activity.from_count,
+        "to_count": activity.to_count,
+    }

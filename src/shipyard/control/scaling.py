@@ -1,0 +1,353 @@
+"""ScalingService: Application Auto Scaling's targets, policies and activities (DESIGN 3.1).
+
+The control plane's actions for ``AnyScaleFrontendService.*`` land here. It checks what
+botocore's model cannot (the endpoint and variant exist, Min <= Max, MinCapacity 0 only
+for asynchronous endpoints, a metric shipyard publishes) and records desired state; the
+Autoscaler (control/autoscaler.py) acts on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from shipyard.control.endpoints import EndpointService
+from shipyard.errors import InvalidParameter, ObjectNotFound, ResourceNotFound
+from shipyard.records import (
+    SAGEMAKER_NAMESPACE,
+    VARIANT_INSTANCES,
+    ScalableTarget,
+    ScalingActivity,
+    ScalingPolicy,
+)
+from shipyard.storage.metadata import now
+from shipyard.storage.scaling import ScalingStore, parse_resource_id
+
+TARGET_TRACKING = "TargetTrackingScaling"
+
+PREDEFINED_METRICS = {
+    "SageMakerVariantInvocationsPerInstance": "InvocationsPerInstance",
+    "SageMakerVariantConcurrentRequestsPerModelHighResolution": "ConcurrentRequestsPerModel",
+}
+"""Predefined metric types shipyard tracks -> the CloudWatch metric each stands for."""
+
+CUSTOM_METRICS = frozenset(
+    {
+        "InvocationsPerInstance",
+        "Invocations",
+        "ConcurrentRequestsPerModel",
+        "ApproximateBacklogSize",
+        "ApproximateBacklogSizePerInstance",
+        "ApproximateAgeOfOldestRequest",
+        "HasBacklogWithoutCapacity",
+    }
+)
+"""CloudWatch metric names (namespace AWS/SageMaker) a customized metric may name."""
+
+ASYNC_METRICS = frozenset(
+    {
+        "ApproximateBacklogSize",
+        "ApproximateBacklogSizePerInstance",
+        "ApproximateAgeOfOldestRequest",
+        "HasBacklogWithoutCapacity",
+    }
+)
+
+DEFAULT_COOLDOWN_S = 300
+"""Application Auto Scaling's default ScaleOutCooldown and ScaleInCooldown for SageMaker."""
+
+_MAX_COOLDOWN_S = 86_400
+_SUSPENDED = (
+    "DynamicScalingInSuspended",
+    "DynamicScalingOutSuspended",
+    "ScheduledScalingSuspended",
+)
+
+
+class ScalingService:
+    """Registers targets, puts policies, lists activities."""
+
+    def __init__(
+        self,
+        *,
+        store: ScalingStore,
+        endpoints: EndpointService,
+        wake: Callable[[], None],
+        region: str,
+        account_id: str,
+    ) -> None:
+        self.store = store
+        self.endpoints = endpoints
+        self._wake = wake
+        self.region = region
+        self.account_id = account_id
+
+    def __repr__(self) -> str:
+        return f"ScalingService({self.store!r})"
+
+    # -- targets ----------------------------------------------------------------------
+
+    def register_target(
+        self,
+        resource: str,
+        *,
+        min_capacity: int | None,
+        max_capacity: int | None,
+        role_arn: str | None,
+        suspended: dict[str, bool] | None,
+    ) -> ScalableTarget:
+        endpoint, variant = self._variant(resource)
+        current = self.store.get_target(resource)
+        if current is not None:
+            low = current.min_capacity if min_capacity is None else min_capacity
+            high = current.max_capacity if max_capacity is None else max_capacity
+        elif min_capacity is None or max_capacity is None:
+            raise InvalidParameter(
+                "MinCapacity and MaxCapacity are required when registering a new scalable target."
+            )
+        else:
+            low, high = min_capacity, max_capacity
+        if low > high:
+            raise InvalidParameter(
+                f"Minimum capacity {low} cannot be greater than maximum capacity {high}."
+            )
+        config = self._config_of(endpoint)
+        spec = next(v for v in config.variants if v.name == variant)
+        if spec.serverless is not None:
+            raise InvalidParameter(
+                f"Production variant {variant} of endpoint {endpoint} is serverless: it has no "
+                f"{VARIANT_INSTANCES} to scale (its instances follow its requests)."
+            )
+        if low == 0 and config.async_config is None:
+            raise InvalidParameter(
+                f"MinCapacity 0 is only allowed for asynchronous endpoints; endpoint "
+                f"{endpoint} is real-time, so its variant {variant} keeps at least 1 instance."
+            )
+        limit = self.endpoints.max_instances_per_variant
+        if high > limit:
+            raise InvalidParameter(
+                f"MaxCapacity {high} is more than the limit of {limit} instances per "
+                "production variant (SHIPYARD_MAX_INSTANCES_PER_VARIANT)."
+            )
+        flags = dict(current.suspended) if current is not None else {}
+        for key in _SUSPENDED:
+            if suspended is not None and key in suspended:
+                flags[key] = bool(suspended[key])
+        if current is None:
+            target = ScalableTarget(
+                resource_id=resource,
+                endpoint=endpoint,
+                variant=variant,
+                arn=self._target_arn(resource),
+                min_capacity=low,
+                max_capacity=high,
+                role_arn=role_arn or self._service_role(),
+                created=now(),
+                suspended=flags,
+            )
+        else:
+            target = replace(
+                current,
+                min_capacity=low,
+                max_capacity=high,
+                role_arn=role_arn or current.role_arn,
+                suspended=flags,
+            )
+        self.store.put_target(target)
+        self._wake()  # a count now outside [min, max] is brought inside at once
+        return target
+
+    def describe_targets(self, resources: list[str] | None) -> list[ScalableTarget]:
+        targets = self.store.list_targets()
+        if resources:
+            wanted = set(resources)
+            targets = [t for t in targets if t.resource_id in wanted]
+        return targets
+
+    def deregister_target(self, resource: str) -> None:
+        if not self.store.delete_target(resource):
+            raise ObjectNotFound(_no_target(resource))
+
+    # -- policies ---------------------------------------------------------------------
+
+    def put_policy(
+        self, name: str, resource: str, policy_type: str, config: dict[str, Any] | None
+    ) -> ScalingPolicy:
+        target = self.store.get_target(resource)
+        if target is None:
+            raise ObjectNotFound(_no_target(resource))
+        if policy_type != TARGET_TRACKING:
+            raise InvalidParameter(
+                f"PolicyType {policy_type} is not supported: shipyard scales with "
+                f"{TARGET_TRACKING} policies only (StepScaling needs CloudWatch alarms)."
+            )
+        if config is None:
+            raise InvalidParameter(
+                "TargetTrackingScalingPolicyConfiguration is required for a "
+                f"{TARGET_TRACKING} policy."
+            )
+        self._check_tracking(config, target)
+        policy = ScalingPolicy(
+            name=name,
+            resource_id=resource,
+            arn=self._policy_arn(resource, name),
+            policy_type=policy_type,
+            config=config,
+            created=now(),
+        )
+        stored = self.store.put_policy(policy)
+        self._wake()
+        return stored
+
+    def describe_policies(
+        self, resource: str | None, names: list[str] | None
+    ) -> list[ScalingPolicy]:
+        policies = self.store.list_policies(resource)
+        if names:
+            wanted = set(names)
+            policies = [p for p in policies if p.name in wanted]
+        return policies
+
+    def delete_policy(self, name: str, resource: str) -> None:
+        if not self.store.delete_policy(resource, name):
+            raise ObjectNotFound(
+                f"No scaling policy found for service namespace: {SAGEMAKER_NAMESPACE}, "
+                f"resource ID: {resource}, scalable dimension: {VARIANT_INSTANCES}, policy "
+                f"name: {name}"
+            )
+
+    def describe_activities(self, resource: str | None) -> list[ScalingActivity]:
+        return self.store.list_activities(resource)
+
+    # -- checks -----------------------------------------------------------------------
+
+    def _variant(self, resource: str) -> tuple[str, str]:
+        parsed = parse_resource_id(resource)
+        if parsed is None:
+            raise InvalidParameter(
+                f"Unsupported resource ID {resource}: a SageMaker variant is "
+                "endpoint/<endpoint name>/variant/<variant name>."
+            )
+        endpoint, variant = parsed
+        try:
+            current = self.endpoints.store.get_endpoint(endpoint)
+        except ResourceNotFound:
+            raise InvalidParameter(
+                f"The target resource {resource} does not exist: could not find endpoint "
+                f'"{endpoint}".'
+            ) from None
+        if variant not in {v.name for v in current.variants}:
+            raise InvalidParameter(
+                f"The target resource {resource} does not exist: endpoint {endpoint} has no "
+                f"production variant {variant}."
+            )
+        return endpoint, variant
+
+    def _config_of(self, endpoint: str) -> Any:
+        current = self.endpoints.store.get_endpoint(endpoint)
+        return self.endpoints.store.get_endpoint_config(current.config_name)
+
+    def _check_tracking(self, config: dict[str, Any], target: ScalableTarget) -> None:
+        predefined = config.get("PredefinedMetricSpecification")
+        custom = config.get("CustomizedMetricSpecification")
+        if (predefined is None) == (custom is None):
+            raise InvalidParameter(
+                "A target tracking scaling policy needs exactly one of "
+                "PredefinedMetricSpecification and CustomizedMetricSpecification."
+            )
+        value = float(config["TargetValue"])
+        if value <= 0:
+            raise InvalidParameter(f"TargetValue must be greater than 0; it is {value:g}.")
+        for field in ("ScaleOutCooldown", "ScaleInCooldown"):
+            cooldown = config.get(field)
+            if cooldown is not None and not 0 <= int(cooldown) <= _MAX_COOLDOWN_S:
+                raise InvalidParameter(
+                    f"{field} must be between 0 and {_MAX_COOLDOWN_S} seconds; it is {cooldown}."
+                )
+        if predefined is not None:
+            _check_predefined(predefined)
+        else:
+            self._check_custom(custom or {}, target)
+
+    def _check_custom(self, custom: dict[str, Any], target: ScalableTarget) -> None:
+        if custom.get("Metrics"):
+            raise InvalidParameter(
+                "Metric math (CustomizedMetricSpecification.Metrics) is not supported; name "
+                "one metric with MetricName and Namespace."
+            )
+        name, namespace = custom.get("MetricName"), custom.get("Namespace")
+        if namespace != "AWS/SageMaker":
+            raise InvalidParameter(
+                f"CustomizedMetricSpecification.Namespace {namespace!r}: shipyard publishes "
+                "metrics only under AWS/SageMaker."
+            )
+        if name not in CUSTOM_METRICS:
+            raise InvalidParameter(
+                f"CustomizedMetricSpecification.MetricName {name!r} is not a metric shipyard "
+                f"publishes; use one of {', '.join(sorted(CUSTOM_METRICS))}."
+            )
+        endpoint = metric_endpoint(custom, target.endpoint)
+        if name in ASYNC_METRICS:
+            try:
+                config_of = self._config_of(endpoint)
+            except ResourceNotFound:
+                raise InvalidParameter(
+                    f"CustomizedMetricSpecification names endpoint {endpoint}, which does not "
+                    "exist."
+                ) from None
+            if config_of.async_config is None:
+                raise InvalidParameter(
+                    f"{name} is a metric of asynchronous endpoints; endpoint {endpoint} is "
+                    "real-time."
+                )
+
+    def _target_arn(self, resource: str) -> str:
+        digest = hashlib.sha256(resource.encode()).hexdigest()[:32]
+        return (
+            f"arn:aws:application-autoscaling:{self.region}:{self.account_id}:"
+            f"scalable-target/{digest}"
+        )
+
+    def _policy_arn(self, resource: str, name: str) -> str:
+        return (
+            f"arn:aws:autoscaling:{self.region}:{self.account_id}:scalingPolicy:{uuid.uuid4()}:"
+            f"resource/{SAGEMAKER_NAMESPACE}/{resource}:policyName/{name}"
+        )
+
+    def _service_role(self) -> str:
+        # What AWS records when RoleARN is left out: its service-linked role.
+        return (
+            f"arn:aws:iam::{self.account_id}:role/aws-service-role/"
+            "sagemaker.application-autoscaling.amazonaws.com/"
+            "AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint"
+        )
+
+
+def _check_predefined(predefined: dict[str, Any]) -> None:
+    kind = predefined["PredefinedMetricType"]
+    if kind not in PREDEFINED_METRICS:
+        raise InvalidParameter(
+            f"PredefinedMetricType {kind} is not supported for {VARIANT_INSTANCES}; use one "
+            f"of {', '.join(sorted(PREDEFINED_METRICS))}, or a CustomizedMetricSpecification."
+        )
+    if predefined.get("ResourceLabel"):
+        raise InvalidParameter(f"ResourceLabel is not used with PredefinedMetricType {kind}.")
+
+
+def metric_endpoint(custom: dict[str, Any], default: str) -> str:
+    """The endpoint a customized metric's ``EndpointName`` dimension names (default: the
+    target's own)."""
+    for dimension in custom.get("Dimensions") or ():
+        if dimension.get("Name") == "EndpointName":
+            return str(dimension.get("Value", default))
+    return default
+
+
+def _no_target(resource: str) -> str:
+    return (
+        f"No scalable target registered for service namespace: {SAGEMAKER_NAMESPACE}, resource "
+        f"ID: {resource}, scalable dimension: {VARIANT_INSTANCES}"
+    )
