@@ -193,11 +193,17 @@ def _parse(raw: bytes) -> object:
 
 def _check_depth(value: object) -> None:
     """Refuse nesting past MAX_DEPTH, walking without recursion (the validator and
-    error messages recurse along the value)."""
+    error messages recurse along the value), and strings no UTF-8 can hold (a lone
+    surrogate escape such as ``"\\udfff"``), which nothing downstream could store."""
     stack: list[tuple[object, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
+        if isinstance(item, str):
+            _check_text(item)
+            continue
         if isinstance(item, dict):
+            for key in item:
+                _check_text(key)
             children: Iterable[object] = item.values()
         elif isinstance(item, list):
             children = item
@@ -206,6 +212,18 @@ def _check_depth(value: object) -> None:
         if depth > MAX_DEPTH:
             raise _too_deep()
         stack.extend((child, depth + 1) for child in children)
+
+
+def _check_text(text: str) -> None:
+    if text.isascii():
+        return
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise SerializationException(
+            "Request body is not valid JSON: a string holds a lone surrogate, which is no "
+            "Unicode character."
+        ) from None
 
 
 def _drop_nulls(value: object) -> None:
