@@ -5,6 +5,9 @@ endpoints at zero instances, and restarts."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -328,3 +331,42 @@ def test_an_async_endpoint_scales_to_zero_and_back_and_stays_at_zero_across_a_re
     )
     assert counts(gw, name) == (0, 0)
     wake_and_answer(gw, {"second": 2})
+
+
+def test_the_aws_cli_registers_and_describes_a_target(
+    gateway_factory: Callable[..., GatewayProcess],
+    model_tarball: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    gw = gateway_factory(extra_env=FAST)
+    name = unique("ascli")
+    deploy(gw.sm, name, model_tarball("echo"))
+    env = {
+        **os.environ,
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+    }
+    aws = [sys.executable, "-m", "awscli", "--endpoint-url", gw.url, "application-autoscaling"]
+    common = ["--service-namespace", "sagemaker", "--scalable-dimension", DIMENSION]
+    done = subprocess.run(
+        [*aws, "register-scalable-target", *common, "--resource-id", rid(name),
+         "--min-capacity", "1", "--max-capacity", "2"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["ScalableTargetARN"].startswith("arn:aws:application-")
+    listed = subprocess.run(
+        [*aws, "describe-scalable-targets", "--service-namespace", "sagemaker"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    (target,) = json.loads(listed.stdout)["ScalableTargets"]
+    assert (target["ResourceId"], target["MaxCapacity"]) == (rid(name), 2)
+    missing = subprocess.run(
+        [*aws, "deregister-scalable-target", *common, "--resource-id", rid("nope")],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert missing.returncode != 0 and "ObjectNotFoundException" in missing.stderr
