@@ -137,12 +137,18 @@ class Provisioner:
         config: EndpointConfig,
         counts: dict[str, int],
         weights: dict[str, float],
+        *,
+        environment: dict[str, str] | None = None,
     ) -> Fleet:
-        """Start every instance of ``config`` and return once all pass ``/ping``."""
+        """Start every instance of ``config`` and return once all pass ``/ping``.
+
+        ``environment`` is added to every instance's (a transform job's own variables).
+        """
         fleet = Fleet(endpoint=endpoint, config=config, slots={}, weights=dict(weights))
         for variant in config.variants:
             model = await asyncio.to_thread(self.store.get_model, variant.model_name)
             template = await self._template(model, variant.name)
+            template.environment.update(environment or {})
             if variant.serverless is not None:
                 # The runtime serves as many requests at once as the router sends it.
                 template.environment.setdefault(

@@ -207,6 +207,39 @@ class ObjectStore:
             else:
                 _local_path(uri).unlink(missing_ok=True)
 
+    def list_prefix(self, prefix: str) -> list[tuple[str, str]]:
+        """Every object whose key starts with ``prefix``, as (URI, key relative to the
+        prefix's folder), sorted by URI: S3Prefix's meaning.
+
+        ``s3://b/in/`` and ``s3://b/in/da`` both list ``s3://b/in/data.csv``, relative
+        ``data.csv``; objects in folders below keep their subfolders (``a/x.csv``). For a
+        local prefix the same holds over files (a folder lists everything under it).
+
+        Raises:
+            ObjectStoreError: storage could not be asked.
+        """
+        with _translate(prefix, "list"):
+            if prefix.startswith(S3_SCHEME):
+                path = prefix.removeprefix(S3_SCHEME)
+                path = path if "/" in path else path + "/"
+                folder_path = path[: path.rfind("/") + 1]
+                found = self._s3().find(folder_path.rstrip("/"))
+                uris = [S3_SCHEME + key for key in found if key.startswith(path)]
+                folder = S3_SCHEME + folder_path
+            else:
+                local = _local_path(prefix)
+                if local.is_dir():
+                    folder = local.as_uri() + "/"
+                    uris = [p.as_uri() for p in local.rglob("*") if p.is_file()]
+                else:
+                    folder = local.parent.as_uri() + "/"
+                    uris = [
+                        p.as_uri()
+                        for p in local.parent.rglob("*")
+                        if p.is_file() and str(p).startswith(str(local))
+                    ]
+        return sorted((uri, uri.removeprefix(folder)) for uri in uris)
+
     def join(self, prefix: str, name: str) -> str:
         """``<prefix>/<name>`` for S3 prefixes, file:// URIs and paths alike.
 
