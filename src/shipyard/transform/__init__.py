@@ -1,0 +1,1 @@
+"""Batch transform: input objects through a model's instances, record by record."""
