@@ -57,6 +57,9 @@ from shipyard.storage.metadata import MetadataStore
 from shipyard.storage.objects import ObjectStore
 from shipyard.storage.scaling import ScalingStore
 from shipyard.storage.tags import Tagging, TagStore
+from shipyard.storage.transform_jobs import TransformStore
+from shipyard.transform.service import TransformAnnouncer, TransformService
+from shipyard.transform.supervisor import TransformSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +111,7 @@ class Gateway:
             ),
         )
         backend = self.backend
-        provisioner = Provisioner(
+        self.provisioner = provisioner = Provisioner(
             store=self.store,
             backend=backend,
             capabilities=capabilities,
@@ -159,6 +162,7 @@ class Gateway:
         self._build_jobs(settings, stack, backend)
         self._build_async(settings)
         self._build_scaling(settings, stack)
+        self._build_transforms(settings, stack)
         validator = RequestValidator(unpatterned=_LOCAL_URI_SHAPES)
         control = ControlDoor(
             service=self.service,
@@ -166,6 +170,7 @@ class Gateway:
             validator=validator,
             logs=LogService(jobs=self.jobs, logs_dir=settings.home / "logs"),
             scaling=self.scaling,
+            transforms=self.transforms,
         )
         jobs_door = JobsDoor(jobs=self.jobs)
         self._on_startup = on_startup
@@ -227,6 +232,8 @@ class Gateway:
             listed = self.service.list_endpoints()
         elif kind == "training-job":
             listed = self.jobs.store.list()
+        elif kind == "transform-job":
+            listed = self.transforms.list_jobs()
         else:
             return False
         return any(resource.arn == arn for resource in listed)
@@ -254,6 +261,31 @@ class Gateway:
                 queue=queue, wake=self.consumer.wake, host_access=self.host_access
             ),
             account_id=settings.account_id,
+        )
+
+    def _build_transforms(self, settings: Settings, stack: StackFile) -> None:
+        """Batch transform: its service and the supervisor that runs its jobs."""
+        store = TransformStore(self.store.engine)
+        announcer = TransformAnnouncer(notify=stack.jobs.notify)
+        self.transform_supervisor = TransformSupervisor(
+            store=store,
+            models=self.store,
+            provisioner=self.provisioner,
+            objects=ObjectStore(filesystems=self.filesystems),
+            metrics=self.metrics,
+            announcer=announcer,
+            on_event=self.dispatcher.wake,
+        )
+        self.transforms = TransformService(
+            store=store,
+            models=self.store,
+            announcer=announcer,
+            wake=self.transform_supervisor.wake,
+            region=settings.region,
+            account_id=settings.account_id,
+            max_instances=settings.max_instances_per_variant,
+            host_access=self.host_access,
+            tagging=self.tagging,
         )
 
     def _build_scaling(self, settings: Settings, stack: StackFile) -> None:
@@ -335,6 +367,7 @@ class Gateway:
         self.loops.start("job-supervisor", self.supervisor.run)
         self.loops.start("async-consumer", self.consumer.run)
         self.loops.start("autoscaler", self.autoscaler.run)
+        self.loops.start("transform-supervisor", self.transform_supervisor.run)
         if self._on_startup is not None:
             await self._on_startup(self.service)
         app.state.ready = True

@@ -28,6 +28,8 @@ class Metrics:
     """Every metric the gateway exports at ``/metrics``."""
 
     async_backlog: Gauge
+    transform_objects: Gauge
+    transform_records: Gauge
     async_backlog_per_instance: Gauge
     async_oldest_age: Gauge
     async_backlog_without_capacity: Gauge
@@ -114,6 +116,19 @@ class Metrics:
             "shipyard_serverless_memory_stops",
             "Serverless instances stopped for going over their MemorySizeInMB.",
             labels,
+            registry=self.registry,
+        )
+
+        self.transform_objects = Gauge(
+            "shipyard_transform_objects",
+            "Input objects of each transform job: state total (found) or done (output written).",
+            ("job", "state"),
+            registry=self.registry,
+        )
+        self.transform_records = Gauge(
+            "shipyard_transform_records_done",
+            "Records of each transform job whose output is written.",
+            ("job",),
             registry=self.registry,
         )
 

@@ -348,3 +348,28 @@ class ScalingActivity:
     to_count: int
     ended: datetime | None = None
     status_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TransformJob:
+    """One batch transform job (CreateTransformJob). Its status is a JobStatus, whose
+    values and transitions TransformJobStatus shares."""
+
+    name: str
+    arn: str
+    status: JobStatus
+    request: dict[str, Any]
+    """The CreateTransformJob request as accepted (without Tags)."""
+    created: datetime
+    modified: datetime
+    failure_reason: str | None = None
+    started: datetime | None = None
+    ended: datetime | None = None
+    objects_total: int | None = None
+    """Input objects found, once they have been listed."""
+    objects_done: int = 0
+    records_done: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE_JOB_STATUSES

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from shipyard import backends
-from shipyard.cli import jobs
+from shipyard.cli import jobs, transform
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 
@@ -83,6 +83,7 @@ def serve(
 
 
 app.add_typer(jobs.app, name="jobs")
+app.add_typer(transform.app, name="transform")
 app.command("logs", help="Print a job's log (as `shipyard jobs logs`).")(jobs.logs)
 
 

@@ -195,6 +195,83 @@ class Gateway:
         )
 
 
+@dataclass(frozen=True)
+class Progress:
+    """A transform job's progress, as the gateway's /metrics has it."""
+
+    objects_done: int
+    objects_total: int | None
+    records_done: int
+
+
+class Transforms:
+    """Batch transform jobs on a gateway: list, describe, stop, progress."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    def __repr__(self) -> str:
+        return f"Transforms({self.gateway.url!r})"
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """DescribeTransformJob's output, without boto3's ``ResponseMetadata``."""
+        with _translated(self.gateway.url, job=name):
+            job: dict[str, Any] = self.gateway.sagemaker.describe_transform_job(
+                TransformJobName=name
+            )
+        job.pop("ResponseMetadata", None)
+        return job
+
+    def list(self, *, status: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """Job summaries, newest first, following ``NextToken`` until ``limit`` are found."""
+        query: dict[str, Any] = {"SortBy": "CreationTime", "SortOrder": "Descending"}
+        if status:
+            query["StatusEquals"] = status
+        found: list[dict[str, Any]] = []
+        while len(found) < limit:
+            with _translated(self.gateway.url):
+                page = self.gateway.sagemaker.list_transform_jobs(
+                    **query, MaxResults=min(self.gateway.page_size, limit - len(found))
+                )
+            found.extend(page["TransformJobSummaries"])
+            if not page.get("NextToken"):
+                break
+            query["NextToken"] = page["NextToken"]
+        return found
+
+    def stop(self, name: str) -> None:
+        with _translated(self.gateway.url, job=name):
+            self.gateway.sagemaker.stop_transform_job(TransformJobName=name)
+
+    def progress(self, name: str) -> Progress:
+        """Objects and records done, from ``shipyard_transform_*`` at /metrics."""
+        try:
+            with (
+                _translated(self.gateway.url),
+                self.gateway._open(urllib.request.Request(self.gateway.url + "/metrics")) as r,
+            ):
+                text = r.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as exc:
+            raise GatewayError(_error_message(exc)) from None
+        values: dict[str, float] = {}
+        job = f'job="{name}"'
+        for line in text.splitlines():
+            if job not in line or line.startswith("#"):
+                continue
+            series, _, value = line.rpartition(" ")
+            if series.startswith("shipyard_transform_objects{"):
+                state = "total" if 'state="total"' in series else "done"
+                values[state] = float(value)
+            elif series.startswith("shipyard_transform_records_done{"):
+                values["records"] = float(value)
+        total = values.get("total")
+        return Progress(
+            objects_done=int(values.get("done", 0)),
+            objects_total=None if total is None else int(total),
+            records_done=int(values.get("records", 0)),
+        )
+
+
 def _region() -> str:
     return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
 

@@ -27,9 +27,11 @@ from shipyard.errors import RequestTooLarge, SerializationException, UnknownOper
 from shipyard.gateway.actions import ACTIONS, JOB_ACTIONS
 from shipyard.gateway.actions.autoscaling import ACTIONS as SCALING_ACTIONS
 from shipyard.gateway.actions.logs import ACTIONS as LOG_ACTIONS
+from shipyard.gateway.actions.transform_jobs import ACTIONS as TRANSFORM_ACTIONS
 from shipyard.gateway.errors import AMZ_JSON, control_error_response
 from shipyard.gateway.validation import RequestValidator
 from shipyard.jobs.service import JobService
+from shipyard.transform.service import TransformService
 
 _PREFIX = "SageMaker."
 _LOGS_PREFIX = "Logs_20140328."
@@ -66,6 +68,7 @@ class ControlDoor:
         validator: RequestValidator,
         logs: LogService | None = None,
         scaling: ScalingService | None = None,
+        transforms: TransformService | None = None,
     ) -> None:
         self.service = service
         self.jobs = jobs
@@ -73,6 +76,8 @@ class ControlDoor:
         self.logs = logs
         """CloudWatch Logs' calls (``Logs_20140328.*``), when served."""
         self._logs_validator = RequestValidator("logs") if logs is not None else None
+        self.transforms = transforms
+        """Batch transform's calls, when served."""
         self.scaling = scaling
         """Application Auto Scaling's calls (``AnyScaleFrontendService.*``), when served."""
         self._scaling_validator = (
@@ -97,7 +102,12 @@ class ControlDoor:
         if target.startswith(_SCALING_PREFIX) and self.scaling is not None:
             return await self._scaling(request, target.removeprefix(_SCALING_PREFIX))
         action = target.removeprefix(_PREFIX) if target.startswith(_PREFIX) else None
-        if action is None or (action not in ACTIONS and action not in JOB_ACTIONS):
+        served = action is not None and (
+            action in ACTIONS
+            or action in JOB_ACTIONS
+            or (action in TRANSFORM_ACTIONS and self.transforms is not None)
+        )
+        if action is None or not served:
             raise UnknownOperation(f"The operation {target[:200] or '(none)'} is not supported.")
         params = _parse(await read_body(request, max_bytes=MAX_BODY_BYTES))
         self.validator.validate(action, params)
@@ -105,6 +115,9 @@ class ControlDoor:
         _drop_nulls(params)
         if action in JOB_ACTIONS:
             return await run_in_threadpool(JOB_ACTIONS[action], self.jobs, params)
+        if action in TRANSFORM_ACTIONS:
+            assert self.transforms is not None  # "served" checked it
+            return await run_in_threadpool(TRANSFORM_ACTIONS[action], self.transforms, params)
         return await run_in_threadpool(ACTIONS[action], self.service, params)
 
     async def _logs(self, request: Request, action: str) -> dict[str, Any]:

@@ -183,3 +183,27 @@ scaling_activities = Table(
     Column("from_count", Integer, nullable=False),
     Column("to_count", Integer, nullable=False),
 )
+
+transform_jobs = Table(
+    "transform_jobs",
+    metadata,
+    Column("name", String(63), primary_key=True),
+    Column("arn", String(256), nullable=False),
+    Column("status", String(32), nullable=False, index=True),
+    Column("request", JSON, nullable=False),
+    Column("failure_reason", Text),
+    Column("created", DateTime(timezone=True), nullable=False),
+    Column("modified", DateTime(timezone=True), nullable=False),
+    Column("started", DateTime(timezone=True)),
+    Column("ended", DateTime(timezone=True)),
+    Column("objects_total", Integer),
+)
+
+transform_objects = Table(
+    "transform_objects",
+    metadata,
+    Column("job", String(63), primary_key=True),
+    Column("key", String(1024), primary_key=True),
+    Column("records", Integer, nullable=False),
+    Column("finished", DateTime(timezone=True), nullable=False),
+)

@@ -78,7 +78,7 @@ class TagStore:
             conn.execute(query)
 
 
-TAGGABLE = ("model", "endpoint-config", "endpoint", "training-job")
+TAGGABLE = ("model", "endpoint-config", "endpoint", "training-job", "transform-job")
 """The resource kinds in ARNs (``arn:aws:sagemaker:<region>:<account>:<kind>/<name>``)."""
 
 _KIND_WORDS = {
@@ -86,6 +86,7 @@ _KIND_WORDS = {
     "endpoint-config": "endpoint configuration",
     "endpoint": "endpoint",
     "training-job": "training job",
+    "transform-job": "transform job",
 }
 
 

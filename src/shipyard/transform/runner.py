@@ -1,0 +1,434 @@
+"""One batch transform job, run to its end (DESIGN 2.6).
+
+``TransformRun.run`` starts the job's own instances (InstanceCount of them, through the
+Provisioner like any fleet, with ``SAGEMAKER_BATCH=true`` and the other batch variables),
+asks one of them ``GET /execution-parameters``, then feeds every input object not yet
+finished through them and stops them, whatever happens.
+
+Each object is streamed, never held whole: read in chunks, decompressed, split into
+records, filtered, packed into payloads and sent through a router of the job's own (the
+same router, policy and in-flight counting as endpoints use, but not reachable by
+clients), at most ``MaxConcurrentTransforms`` requests per instance at a time. Answers
+are written in input order as they come, into ``<S3OutputPath>/<key>.out``, which
+appears whole or not at all; only then is the object recorded as finished, so a job
+resumed after a restart redoes nothing it wrote. A payload the model still refuses after
+``InvocationsMaxRetries`` fails the job with a reason naming the object and the records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from shipyard.contract import ACCEPT, CONTENT_TYPE
+from shipyard.control.fleet import Fleet, Provisioner
+from shipyard.errors import RuntimeFailure, ShipyardError
+from shipyard.metrics import Metrics
+from shipyard.records import EndpointConfig, RoutingStrategy, TransformJob, VariantSpec
+from shipyard.routing.client import UpstreamError
+from shipyard.routing.policies import LeastOutstandingRequests
+from shipyard.routing.router import Call, Router
+from shipyard.routing.table import EndpointRoute, VariantRoute
+from shipyard.storage.metadata import MetadataStore, now
+from shipyard.storage.objects import ObjectStore, ObjectStoreError
+from shipyard.storage.transform_jobs import TransformStore
+from shipyard.transform.batching import Payload, payloads, split_answer
+from shipyard.transform.jsonpath import (
+    apply_input_filter,
+    apply_output_filter,
+    compile_filter,
+    join_input,
+)
+from shipyard.transform.splitting import SplitError, decompress, records
+
+log = logging.getLogger(__name__)
+
+VARIANT = "AllTraffic"
+_MB = 1024 * 1024
+_DEFAULT_TIMEOUT_S = 600.0
+_DEFAULT_RETRIES = 3
+_MAX_RESPONSE_BYTES = 256 * _MB
+_MANIFEST_BYTES = 64 * _MB
+
+
+class TransformFailed(Exception):
+    """The job cannot go on; the message is its FailureReason."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How the job's payloads are made and sent, once defaults and the model's
+    ``/execution-parameters`` are applied (the request wins over both)."""
+
+    strategy: str
+    max_payload_bytes: int
+    concurrency: int
+    split_type: str
+    compression: str
+    content_type: str | None
+    accept: str | None
+    assemble: str
+    timeout_s: float
+    retries: int
+    input_filter: Any
+    output_filter: Any
+    join: bool
+
+
+class TransformRun:
+    """Runs one transform job; ``run`` returns when every object is written or raises."""
+
+    def __init__(
+        self,
+        job: TransformJob,
+        *,
+        store: TransformStore,
+        models: MetadataStore,
+        provisioner: Provisioner,
+        objects: ObjectStore,
+        metrics: Metrics,
+        on_progress: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.job = job
+        self.store = store
+        self.models = models
+        self.provisioner = provisioner
+        self.objects = objects
+        self.metrics = metrics
+        self._on_progress = on_progress
+        self._fleet: Fleet | None = None
+
+    def __repr__(self) -> str:
+        return f"TransformRun({self.job.name!r})"
+
+    async def run(self) -> None:
+        """Every input object through the model; raises TransformFailed with the reason."""
+        try:
+            inputs = await asyncio.to_thread(self._inputs)
+            if self.job.objects_total != len(inputs):
+                await asyncio.to_thread(self.store.change, self.job.name, objects_total=len(inputs))
+            done = await asyncio.to_thread(self.store.finished_objects, self.job.name)
+            self._export(len(inputs), len(done), sum(done.values()))
+            todo = [(uri, key) for uri, key in inputs if key not in done]
+            if not todo:
+                return
+            fleet = await self._launch()
+            plan = await self._plan(fleet)
+            router = Router(timeout_s=plan.timeout_s, max_response_bytes=_MAX_RESPONSE_BYTES)
+            try:
+                route = self._route(fleet, plan)
+                router.publish(route)
+                records_done = sum(done.values())
+                for number, (uri, key) in enumerate(todo, start=len(done) + 1):
+                    count = await self._object(router, route, plan, uri, key)
+                    await asyncio.to_thread(self.store.finish_object, self.job.name, key, count)
+                    records_done += count
+                    self._export(len(inputs), number, records_done)
+                    self._on_progress()
+            finally:
+                router.close()
+        except ShipyardError as exc:
+            raise TransformFailed(exc.message) from exc
+        except ObjectStoreError as exc:
+            raise TransformFailed(f"ClientError: {exc}") from exc
+        finally:
+            if self._fleet is not None:
+                await self.provisioner.stop_slots(self._fleet.all_slots())
+
+    # -- inputs -----------------------------------------------------------------------
+
+    def _inputs(self) -> list[tuple[str, str]]:
+        source = self.job.request["TransformInput"]["DataSource"]["S3DataSource"]
+        uri = source["S3Uri"]
+        if source["S3DataType"] == "S3Prefix":
+            found = self.objects.list_prefix(uri)
+            if not found:
+                raise TransformFailed(f"ClientError: No objects found under {uri}.")
+            return found
+        manifest = json.loads(self.objects.read_bytes(uri, limit=_MANIFEST_BYTES))
+        if not isinstance(manifest, list) or not manifest or "prefix" not in manifest[0]:
+            raise TransformFailed(
+                f'ClientError: Manifest {uri} is not a JSON list starting with {{"prefix": …}}.'
+            )
+        prefix = str(manifest[0]["prefix"])
+        return [(self.objects.join(prefix, str(rel)), str(rel)) for rel in manifest[1:]]
+
+    # -- instances --------------------------------------------------------------------
+
+    async def _launch(self) -> Fleet:
+        request = self.job.request
+        resources = request["TransformResources"]
+        count = int(resources["InstanceCount"])
+        config = EndpointConfig(
+            name=self.job.name,
+            arn=self.job.arn,
+            variants=(
+                VariantSpec(
+                    VARIANT,
+                    request["ModelName"],
+                    resources["InstanceType"],
+                    count,
+                    1.0,
+                    RoutingStrategy.LEAST_OUTSTANDING_REQUESTS,
+                ),
+            ),
+            created=now(),
+        )
+        model = await asyncio.to_thread(self.models.get_model, request["ModelName"])
+        environment = {
+            "SAGEMAKER_BATCH": "true",
+            "SAGEMAKER_MAX_PAYLOAD_IN_MB": str(request.get("MaxPayloadInMB", 6)),
+            "SAGEMAKER_BATCH_STRATEGY": _strategy_env(request.get("BatchStrategy")),
+            "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": str(request.get("MaxConcurrentTransforms", 1)),
+            **dict(request.get("Environment") or {}),
+        }
+        if "SAGEMAKER_MODEL_SERVER_WORKERS" not in {**model.environment, **environment}:
+            # The built-in runtime works on as many requests at once as it has threads.
+            environment["SAGEMAKER_MODEL_SERVER_WORKERS"] = str(
+                max(int(request.get("MaxConcurrentTransforms", 1)), 1)
+            )
+        try:
+            fleet = await self.provisioner.launch(
+                self.job.name, config, {VARIANT: count}, {VARIANT: 1.0}, environment=environment
+            )
+        except Exception as exc:
+            raise TransformFailed(f"AlgorithmError: {exc}") from exc
+        self._fleet = fleet
+        return fleet
+
+    async def _plan(self, fleet: Fleet) -> Plan:
+        request = self.job.request
+        advertised = await self._execution_parameters(fleet)
+        client = request.get("ModelClientConfig") or {}
+        transform_input = request["TransformInput"]
+        transform_output = request["TransformOutput"]
+        processing = request.get("DataProcessing") or {}
+        payload_mb = request.get("MaxPayloadInMB", advertised.get("MaxPayloadInMB", 6))
+        return Plan(
+            strategy=request.get("BatchStrategy")
+            or advertised.get("BatchStrategy")
+            or "SingleRecord",
+            max_payload_bytes=max(int(payload_mb), 1) * _MB,
+            concurrency=max(
+                int(
+                    request.get(
+                        "MaxConcurrentTransforms", advertised.get("MaxConcurrentTransforms", 1)
+                    )
+                ),
+                1,
+            ),
+            split_type=transform_input.get("SplitType", "None"),
+            compression=transform_input.get("CompressionType", "None"),
+            content_type=transform_input.get("ContentType"),
+            accept=transform_output.get("Accept"),
+            assemble=transform_output.get("AssembleWith", "None"),
+            timeout_s=float(client.get("InvocationsTimeoutInSeconds", _DEFAULT_TIMEOUT_S)),
+            retries=int(client.get("InvocationsMaxRetries", _DEFAULT_RETRIES)),
+            input_filter=_filter(processing.get("InputFilter")),
+            output_filter=_filter(processing.get("OutputFilter")),
+            join=processing.get("JoinSource", "None") == "Input",
+        )
+
+    async def _execution_parameters(self, fleet: Fleet) -> dict[str, Any]:
+        """What the model asks for at ``GET /execution-parameters``, if it answers."""
+        slot = next((s for s in fleet.all_slots() if s.instance is not None), None)
+        if slot is None or slot.instance is None:
+            return {}
+        try:
+            async with asyncio.timeout(5.0):
+                answer = await slot.instance.pool.request(b"GET", b"/execution-parameters", [])
+            if answer.status != 200:
+                return {}
+            parsed = json.loads(answer.body)
+        except (TimeoutError, UpstreamError, OSError, ValueError):
+            return {}
+        return parsed if isinstance(parsed, dict) else {}
+
+    def _route(self, fleet: Fleet, plan: Plan) -> EndpointRoute:
+        instances = [s.instance for s in fleet.all_slots() if s.instance is not None]
+        variant = VariantRoute(
+            VARIANT,
+            weight=1.0,
+            policy=LeastOutstandingRequests(max_in_flight=plan.concurrency),
+            instances=instances,
+            metrics=self.metrics.for_variant(self.job.name, VARIANT),
+        )
+        return EndpointRoute(self.job.name, [variant])
+
+    # -- objects ----------------------------------------------------------------------
+
+    async def _object(
+        self, router: Router, route: EndpointRoute, plan: Plan, uri: str, key: str
+    ) -> int:
+        """Send one object through the model and write its output; its record count."""
+        output = self.objects.join(self.job.request["TransformOutput"]["S3OutputPath"], key)
+        chunks = decompress(self.objects.read_chunks(uri), plan.compression)
+        counted = [0]
+        if plan.split_type == "None":
+            answers = self._whole(router, route, plan, uri, chunks, counted)
+        else:
+            window = max(len(route.instances()), 1) * plan.concurrency
+            answers = self._records(router, route, plan, uri, chunks, counted, window)
+        try:
+            await self.objects.write(output + ".out", answers)
+        except SplitError as exc:
+            raise TransformFailed(f"ClientError: Object {uri}: {exc}") from exc
+        return counted[0]
+
+    async def _whole(
+        self,
+        router: Router,
+        route: EndpointRoute,
+        plan: Plan,
+        uri: str,
+        chunks: AsyncIterator[bytes],
+        counted: list[int],
+    ) -> AsyncIterator[bytes]:
+        """SplitType None: the object is one record, sent as one request."""
+        body = bytearray()
+        async for chunk in chunks:
+            body += chunk
+            if len(body) > plan.max_payload_bytes:
+                raise TransformFailed(
+                    f"ClientError: Object {uri} is larger than MaxPayloadInMB "
+                    f"({plan.max_payload_bytes // _MB} MB); set SplitType to split it into "
+                    "records."
+                )
+        record = bytes(body)
+        sent = record
+        if plan.input_filter is not None:
+            sent = apply_input_filter(record, plan.input_filter, plan.content_type)
+        answer = await self._send(router, route, plan, sent, f"Object {uri}")
+        counted[0] = 1
+        yield self._render(plan, Payload(sent, 0, 1), answer, {0: record}, whole=True)
+
+    async def _records(
+        self,
+        router: Router,
+        route: EndpointRoute,
+        plan: Plan,
+        uri: str,
+        chunks: AsyncIterator[bytes],
+        counted: list[int],
+        window: int,
+    ) -> AsyncIterator[bytes]:
+        """Records packed into payloads, at most ``window`` in flight, answers in order."""
+        originals: dict[int, bytes] = {}
+
+        async def filtered() -> AsyncIterator[bytes]:
+            index = 0
+            async for record in records(chunks, plan.split_type):
+                if plan.join:
+                    originals[index] = record
+                if plan.input_filter is not None:
+                    record = apply_input_filter(record, plan.input_filter, plan.content_type)
+                yield record
+                index += 1
+
+        pending: deque[tuple[Payload, asyncio.Task[bytes]]] = deque()
+        try:
+            async for payload in payloads(
+                filtered(), plan.strategy, plan.max_payload_bytes, plan.split_type
+            ):
+                while len(pending) >= window:
+                    done, task = pending.popleft()
+                    yield self._render(plan, done, await task, originals)
+                    counted[0] += done.count
+                where = _where(uri, payload)
+                task = asyncio.create_task(self._send(router, route, plan, payload.body, where))
+                pending.append((payload, task))
+            while pending:
+                done, task = pending.popleft()
+                yield self._render(plan, done, await task, originals)
+                counted[0] += done.count
+        finally:
+            for _, task in pending:
+                task.cancel()
+            await asyncio.gather(*(task for _, task in pending), return_exceptions=True)
+
+    def _render(
+        self,
+        plan: Plan,
+        payload: Payload,
+        answer: bytes,
+        originals: dict[int, bytes],
+        *,
+        whole: bool = False,
+    ) -> bytes:
+        """One payload's answer as it goes into the output: per record joined with its
+        input and filtered when DataProcessing says so; one line each with AssembleWith
+        Line."""
+        line = plan.assemble == "Line"
+        if not plan.join and plan.output_filter is None:
+            return answer + b"\n" if line and not answer.endswith(b"\n") else answer
+        if whole or payload.count == 1:
+            outputs = [answer.rstrip(b"\r\n")]
+        else:
+            outputs = split_answer(answer, payload.count, plan.split_type)
+        rendered = []
+        for offset, output in enumerate(outputs):
+            if plan.join:
+                source = originals.pop(payload.first_record + offset, b"")
+                output = join_input(source, output, plan.content_type, plan.accept)
+            if plan.output_filter is not None:
+                output = apply_output_filter(output, plan.output_filter, plan.accept)
+            rendered.append(output)
+        text = b"\n".join(rendered)
+        return text + b"\n" if line else text
+
+    async def _send(
+        self, router: Router, route: EndpointRoute, plan: Plan, body: bytes, where: str
+    ) -> bytes:
+        """One payload to the model, retried up to InvocationsMaxRetries; its answer."""
+        headers: list[tuple[bytes, bytes]] = []
+        if plan.content_type:
+            headers.append((CONTENT_TYPE, plan.content_type.encode("latin-1")))
+        if plan.accept:
+            headers.append((ACCEPT, plan.accept.encode("latin-1")))
+        problem = ""
+        for _ in range(plan.retries + 1):
+            try:
+                answer, _ = await router.invoke(
+                    route,
+                    route.variants[0],
+                    Call(headers=headers, body=body, content_length=len(body)),
+                )
+            except RuntimeFailure as exc:
+                problem = exc.message
+                continue
+            if answer.status == 200:
+                return answer.body
+            problem = (
+                f"the model answered {answer.status}: "
+                f"{answer.body[:512].decode('utf-8', 'replace')}"
+            )
+        raise TransformFailed(f"ClientError: {where}: {problem}")
+
+    def _export(self, total: int, done: int, records_done: int) -> None:
+        m = self.metrics
+        m.transform_objects.labels(self.job.name, "total").set(total)
+        m.transform_objects.labels(self.job.name, "done").set(done)
+        m.transform_records.labels(self.job.name).set(records_done)
+
+
+def _where(uri: str, payload: Payload) -> str:
+    last = payload.first_record + payload.count - 1
+    records_text = (
+        f"record {payload.first_record + 1}"
+        if payload.count == 1
+        else f"records {payload.first_record + 1}-{last + 1}"
+    )
+    return f"Object {uri}, {records_text}"
+
+
+def _filter(expression: str | None) -> Any:
+    return None if expression in (None, "$") else compile_filter(expression)
+
+
+def _strategy_env(strategy: str | None) -> str:
+    return "MULTI_RECORD" if strategy == "MultiRecord" else "SINGLE_RECORD"

@@ -1,0 +1,205 @@
+"""TransformService: CreateTransformJob and its family (DESIGN 2.6), desired state only.
+
+It checks what botocore's model cannot (the model exists and can serve a batch, filters
+are in SageMaker's JSONPath subset, locations are allowed), records the job with its
+event, and wakes the TransformSupervisor, which runs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from shipyard.errors import InvalidParameter, ResourceNotFound
+from shipyard.host_access import HostAccess
+from shipyard.records import Event, JobStatus, TransformJob
+from shipyard.storage.metadata import MetadataStore, now
+from shipyard.storage.tags import Tagging
+from shipyard.storage.transform_jobs import TransformStore
+from shipyard.transform.jsonpath import compile_filter
+
+DETAIL_TYPE = "SageMaker Transform Job State Change"
+FINAL = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.STOPPED})
+
+DEFAULT_MAX_PAYLOAD_MB = 6
+DEFAULT_CONCURRENCY = 1
+
+
+class TransformAnnouncer:
+    """The event of each status change; ``notify`` maps a status to topics (the stack
+    file's ``jobs.notify``, shared with training jobs)."""
+
+    def __init__(self, *, notify: Mapping[str, Sequence[str]]) -> None:
+        self.notify = {status: tuple(targets) for status, targets in notify.items()}
+
+    def __repr__(self) -> str:
+        return f"TransformAnnouncer(notify={self.notify!r})"
+
+    def __call__(self, job: TransformJob, previous: TransformJob | None) -> Event | None:
+        if previous is not None and previous.status == job.status:
+            return None
+        return Event(
+            key=f"{job.arn}#{job.status}",
+            detail_type=DETAIL_TYPE,
+            source="aws.sagemaker",
+            resource=job.arn,
+            detail=detail(job),
+            topics=self.notify.get(job.status.value, ()),
+            subject=f"Transform job {job.name} {job.status}",
+            message=message(job),
+            time=job.modified,
+        )
+
+
+def detail(job: TransformJob) -> dict[str, Any]:
+    return {
+        "TransformJobName": job.name,
+        "TransformJobArn": job.arn,
+        "TransformJobStatus": job.status.value,
+        "FailureReason": job.failure_reason,
+        "ModelName": job.request.get("ModelName"),
+        "TransformOutput": job.request.get("TransformOutput"),
+        "CreationTime": _iso(job.created),
+        "TransformStartTime": _iso(job.started),
+        "TransformEndTime": _iso(job.ended),
+        "ObjectsDone": job.objects_done,
+        "ObjectsTotal": job.objects_total,
+        "RecordsDone": job.records_done,
+    }
+
+
+def message(job: TransformJob) -> str:
+    lines = [
+        f"Transform job: {job.name}",
+        f"Status: {job.status.value}",
+        f"Model: {job.request.get('ModelName')}",
+        f"Started: {_iso(job.started or job.created)}",
+    ]
+    if job.ended is not None:
+        lines.append(f"Ended: {_iso(job.ended)}")
+    total = "?" if job.objects_total is None else str(job.objects_total)
+    lines.append(f"Objects: {job.objects_done} of {total}, records: {job.records_done}")
+    if job.failure_reason:
+        lines.append(f"Reason: {job.failure_reason}")
+    lines.append(f"Output: {job.request.get('TransformOutput', {}).get('S3OutputPath')}")
+    return "\n".join(lines)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+class TransformService:
+    """Batch transform jobs: create, describe, list, stop."""
+
+    def __init__(
+        self,
+        *,
+        store: TransformStore,
+        models: MetadataStore,
+        announcer: TransformAnnouncer,
+        wake: Callable[[], None],
+        region: str,
+        account_id: str,
+        max_instances: int,
+        host_access: HostAccess | None = None,
+        tagging: Tagging | None = None,
+    ) -> None:
+        self.store = store
+        self.models = models
+        self.announcer = announcer
+        self._wake = wake
+        self.region = region
+        self.account_id = account_id
+        self.max_instances = max_instances
+        self.host_access = host_access or HostAccess()
+        self.tagging = tagging
+
+    def __repr__(self) -> str:
+        return f"TransformService({self.store!r})"
+
+    def arn(self, name: str) -> str:
+        return f"arn:aws:sagemaker:{self.region}:{self.account_id}:transform-job/{name.lower()}"
+
+    def create(self, request: dict[str, Any]) -> TransformJob:
+        request = {k: v for k, v in request.items() if k != "Tags"}
+        self._check(request)
+        stamp = now()
+        job = TransformJob(
+            name=request["TransformJobName"],
+            arn=self.arn(request["TransformJobName"]),
+            status=JobStatus.IN_PROGRESS,
+            request=request,
+            created=stamp,
+            modified=stamp,
+        )
+        self.store.create(job, event_for=self.announcer)
+        self._wake()
+        return job
+
+    def describe(self, name: str) -> TransformJob:
+        return self.store.get(name)
+
+    def list_jobs(self) -> list[TransformJob]:
+        return self.store.list()
+
+    def stop(self, name: str) -> TransformJob:
+        """InProgress -> Stopping; the supervisor stops it. Stopping or Stopped: no-op."""
+        current = self.store.get(name)
+        if current.status in (JobStatus.STOPPING, JobStatus.STOPPED):
+            return current
+        job = self.store.change(
+            name,
+            expect=[JobStatus.IN_PROGRESS],
+            status=JobStatus.STOPPING,
+            event_for=self.announcer,
+        )
+        self._wake()
+        return job
+
+    # -- checks -----------------------------------------------------------------------
+
+    def _check(self, request: dict[str, Any]) -> None:
+        name = request["ModelName"]
+        try:
+            model = self.models.get_model(name)
+        except ResourceNotFound:
+            arn = f"arn:aws:sagemaker:{self.region}:{self.account_id}:model/{name.lower()}"
+            raise InvalidParameter(f'Could not find model "{arn}".') from None
+        if model.multi_model:
+            raise InvalidParameter(
+                f"Model {name} is a MultiModel model; a transform job needs a model that "
+                "answers every request itself."
+            )
+        source = request["TransformInput"]["DataSource"]["S3DataSource"]
+        if source["S3DataType"] not in ("S3Prefix", "ManifestFile"):
+            raise InvalidParameter(
+                f"S3DataType {source['S3DataType']} is not supported; use S3Prefix or ManifestFile."
+            )
+        for field, uri in (
+            ("TransformInput.DataSource.S3DataSource.S3Uri", source["S3Uri"]),
+            ("TransformOutput.S3OutputPath", request["TransformOutput"]["S3OutputPath"]),
+        ):
+            if not uri.startswith(("s3://", "file:///", "/")):
+                raise InvalidParameter(
+                    f"{field}: {uri!r} is not an s3:// or file:// URI or an absolute path."
+                )
+            self.host_access.check_location(uri, field)
+        count = int(request["TransformResources"]["InstanceCount"])
+        if count > self.max_instances:
+            raise InvalidParameter(
+                f"TransformResources.InstanceCount {count} is more than the limit of "
+                f"{self.max_instances} instances per job."
+            )
+        payload = request.get("MaxPayloadInMB")
+        if payload is not None and int(payload) > 100:
+            raise InvalidParameter(f"MaxPayloadInMB {payload} is more than the maximum of 100.")
+        processing = request.get("DataProcessing") or {}
+        for field in ("InputFilter", "OutputFilter"):
+            expression = processing.get(field)
+            if expression is not None:
+                try:
+                    compile_filter(expression)
+                except ValueError as exc:
+                    raise InvalidParameter(f"DataProcessing.{field}: {exc}") from None

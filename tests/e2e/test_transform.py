@@ -1,0 +1,258 @@
+"""Batch transform (DESIGN 2.6) end to end: real gateways, instances and files, driven
+with boto3 as SageMaker users drive it."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import botocore.exceptions
+import pytest
+
+from tests.conftest import GatewayProcess, make_tarball, unique, wait_until
+from tests.e2e.processes import instance_pids
+
+ROLE = "arn:aws:iam::123456789012:role/x"
+
+
+def create_model(gw: GatewayProcess, name: str, model: str, tmp_path: Path) -> None:
+    tarball = make_tarball(model, tmp_path / "artifacts" / f"{name}.tar.gz")
+    gw.sm.create_model(
+        ModelName=name,
+        PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": tarball.as_uri()},
+        ExecutionRoleArn=ROLE,
+    )
+
+
+def transform(
+    gw: GatewayProcess,
+    name: str,
+    model: str,
+    source: str,
+    output: Path | str,
+    *,
+    count: int = 1,
+    data_type: str = "S3Prefix",
+    **extra: Any,
+) -> dict[str, Any]:
+    request: dict[str, Any] = {
+        "TransformJobName": name,
+        "ModelName": model,
+        "TransformInput": {
+            "DataSource": {"S3DataSource": {"S3DataType": data_type, "S3Uri": source}},
+            "ContentType": "text/csv",
+            "SplitType": "Line",
+        },
+        "TransformOutput": {
+            "S3OutputPath": output if isinstance(output, str) else output.as_uri(),
+            "AssembleWith": "Line",
+        },
+        "TransformResources": {"InstanceType": "ml.m5.large", "InstanceCount": count},
+    }
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(request.get(key), dict):
+            request[key] = {**request[key], **value}
+        else:
+            request[key] = value
+    gw.sm.create_transform_job(**request)
+    return request
+
+
+def wait_done(gw: GatewayProcess, name: str) -> dict[str, Any]:
+    """boto3's waiter until the job ends (it raises on Failed, which some tests expect)."""
+    try:
+        gw.sm.get_waiter("transform_job_completed_or_stopped").wait(
+            TransformJobName=name, WaiterConfig={"Delay": 0.3, "MaxAttempts": 400}
+        )
+    except botocore.exceptions.WaiterError as exc:
+        assert exc.last_response["TransformJobStatus"] == "Failed", exc
+    job: dict[str, Any] = gw.sm.describe_transform_job(TransformJobName=name)
+    return job
+
+
+def metric(gw: GatewayProcess, series: str) -> float | None:
+    status, body = gw.get("/metrics")
+    assert status == 200
+    for line in body.decode().splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def write_csv(folder: Path, name: str, rows: list[list[float]]) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(",".join(str(v) for v in row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture
+def gw(gateway_factory: Callable[..., GatewayProcess]) -> GatewayProcess:
+    return gateway_factory()
+
+
+def test_lines_are_scored_in_order_by_two_instances_and_the_job_completes(
+    gw: GatewayProcess, tmp_path: Path
+) -> None:
+    create_model(gw, "lines", "lines", tmp_path)
+    data = tmp_path / "in"
+    big = [[i, 1] for i in range(3000)]
+    write_csv(data, "a.csv", big)
+    write_csv(data, "sub/b.csv", [[1, 2, 3], [4, 5, 6]])
+    name = unique("tf")
+    transform(gw, name, "lines", data.as_uri(), tmp_path / "out", count=2,
+              BatchStrategy="MultiRecord", MaxPayloadInMB=1, MaxConcurrentTransforms=2,
+              TransformOutput={"Accept": "text/csv"})  # fmt: skip
+    first = gw.sm.describe_transform_job(TransformJobName=name)
+    assert first["TransformJobStatus"] == "InProgress"
+    assert first["TransformResources"]["InstanceCount"] == 2
+    job = wait_done(gw, name)
+    assert job["TransformJobStatus"] == "Completed", job.get("FailureReason")
+    assert job["TransformEndTime"] >= job["TransformStartTime"] >= job["CreationTime"]
+    assert job["BatchStrategy"] == "MultiRecord" and job["MaxPayloadInMB"] == 1
+    answers = (tmp_path / "out" / "a.csv.out").read_text().splitlines()
+    assert answers == [str(float(i + 1)) for i in range(3000)]
+    assert (tmp_path / "out" / "sub" / "b.csv.out").read_text() == "6.0\n15.0\n"
+    assert metric(gw, f'shipyard_transform_objects{{job="{name}",state="done"}}') == 2
+    assert metric(gw, f'shipyard_transform_records_done{{job="{name}"}}') == 3002
+    wait_until(lambda: instance_pids(gw.process.pid) == [], "the job's instances stopped")
+
+    listed = gw.sm.list_transform_jobs(NameContains=name, StatusEquals="Completed")
+    assert [j["TransformJobName"] for j in listed["TransformJobSummaries"]] == [name]
+
+
+def test_gzip_single_records_with_filters_and_join(gw: GatewayProcess, tmp_path: Path) -> None:
+    create_model(gw, "lines", "lines", tmp_path)
+    data = tmp_path / "in"
+    data.mkdir()
+    rows = [{"id": i, "x": [i, i]} for i in range(5)]
+    with gzip.open(data / "rows.jsonl.gz", "wt") as out:
+        out.writelines(json.dumps(row) + "\n" for row in rows)
+    name = unique("tfjoin")
+    transform(
+        gw, name, "lines", data.as_uri(), tmp_path / "out",
+        TransformInput={"ContentType": "application/jsonlines", "CompressionType": "Gzip"},
+        TransformOutput={"Accept": "application/jsonlines"},
+        BatchStrategy="SingleRecord",
+        DataProcessing={"InputFilter": "$", "JoinSource": "Input",
+                        "OutputFilter": "$['id','SageMakerOutput']"},
+    )  # fmt: skip
+    job = wait_done(gw, name)
+    assert job["TransformJobStatus"] == "Completed", job.get("FailureReason")
+    lines = (tmp_path / "out" / "rows.jsonl.gz.out").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"id": i, "SageMakerOutput": {"sum": 2 * i}} for i in range(5)
+    ]
+
+
+def test_each_object_whole_and_a_manifest(gw: GatewayProcess, tmp_path: Path) -> None:
+    create_model(gw, "echo", "echo", tmp_path)
+    data = tmp_path / "in"
+    data.mkdir()
+    for i in range(3):
+        (data / f"{i}.json").write_text(json.dumps({"n": i}))
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps([{"prefix": data.as_uri() + "/"}, "0.json", "2.json"]))
+    name = unique("tfman")
+    transform(gw, name, "echo", manifest.as_uri(), tmp_path / "out", data_type="ManifestFile",
+              TransformInput={"ContentType": "application/json", "SplitType": "None"},
+              TransformOutput={"AssembleWith": "None", "Accept": "application/json"})  # fmt: skip
+    job = wait_done(gw, name)
+    assert job["TransformJobStatus"] == "Completed", job.get("FailureReason")
+    produced = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert produced == ["0.json.out", "2.json.out"]
+    assert json.loads((tmp_path / "out" / "2.json.out").read_text()) == {"n": 2}
+
+
+def test_a_failing_record_fails_the_job_naming_it_and_writes_nothing(
+    gw: GatewayProcess, tmp_path: Path
+) -> None:
+    create_model(gw, "lines", "lines", tmp_path)
+    data = tmp_path / "in"
+    (data).mkdir()
+    (data / "bad.csv").write_text("1,2\n3,4\nboom\n5,6\n")
+    name = unique("tffail")
+    transform(gw, name, "lines", data.as_uri(), tmp_path / "out",
+              ModelClientConfig={"InvocationsMaxRetries": 1})  # fmt: skip
+    job = wait_done(gw, name)
+    assert job["TransformJobStatus"] == "Failed"
+    reason = job["FailureReason"]
+    assert "bad.csv" in reason and "record 3" in reason, reason
+    assert not (tmp_path / "out" / "bad.csv.out").exists()
+    wait_until(lambda: instance_pids(gw.process.pid) == [], "the job's instances stopped")
+
+
+def test_stop_ends_the_job_stopped_with_its_instances_gone(
+    gw: GatewayProcess, tmp_path: Path
+) -> None:
+    create_model(gw, "sleepy", "sleepy", tmp_path)
+    data = tmp_path / "in"
+    data.mkdir()
+    (data / "slow.jsonl").write_text('{"sleep": 0.5}\n' * 200)
+    name = unique("tfstop")
+    transform(gw, name, "sleepy", data.as_uri(), tmp_path / "out",
+              TransformInput={"ContentType": "application/json"})  # fmt: skip
+    wait_until(lambda: instance_pids(gw.process.pid) != [], "the job's instance up")
+    gw.sm.stop_transform_job(TransformJobName=name)
+    job = wait_done(gw, name)
+    assert job["TransformJobStatus"] == "Stopped"
+    wait_until(lambda: instance_pids(gw.process.pid) == [], "the job's instances stopped")
+    assert not (tmp_path / "out" / "slow.jsonl.out").exists()
+
+
+def test_a_restart_resumes_the_job_without_redoing_finished_objects(
+    gateway_factory: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    gw = gateway_factory(home=home)
+    create_model(gw, "sleepy", "sleepy", tmp_path)
+    data = tmp_path / "in"
+    data.mkdir()
+    for i in range(6):
+        (data / f"{i}.jsonl").write_text('{"sleep": 0.2}\n' * 3)
+    out = tmp_path / "out"
+    name = unique("tfresume")
+    transform(gw, name, "sleepy", data.as_uri(), out,
+              TransformInput={"ContentType": "application/json"})  # fmt: skip
+    wait_until(lambda: (out / "1.jsonl.out").exists(), "two objects written", 60)
+    written = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name.endswith(".out")}
+    gw.stop(signal.SIGKILL)
+    gw = gateway_factory(home=home)
+    job = wait_done(gw, name)
+    assert job["TransformJobStatus"] == "Completed", job.get("FailureReason")
+    assert sorted(p.name for p in out.iterdir()) == [f"{i}.jsonl.out" for i in range(6)]
+    for file, stamp in written.items():
+        assert (out / file).stat().st_mtime_ns == stamp, f"{file} was written again"
+
+
+def test_bad_requests_are_refused(gw: GatewayProcess, tmp_path: Path) -> None:
+    create_model(gw, "lines", "lines", tmp_path)
+    data = tmp_path / "in"
+    write_csv(data, "a.csv", [[1]])
+    name = unique("tfbad")
+    transform(gw, name, "lines", data.as_uri(), tmp_path / "out")
+
+    def refused(call: Callable[[], object], code: str, words: str) -> None:
+        with pytest.raises(botocore.exceptions.ClientError) as caught:
+            call()
+        error = caught.value.response["Error"]
+        assert error["Code"] == code and words in error["Message"], error
+
+    refused(lambda: transform(gw, name, "lines", data.as_uri(), tmp_path / "o2"),
+            "ResourceInUse", "already exists")  # fmt: skip
+    refused(lambda: transform(gw, unique("tf"), "nope", data.as_uri(), tmp_path / "o2"),
+            "ValidationException", "Could not find model")  # fmt: skip
+    refused(
+        lambda: transform(gw, unique("tf"), "lines", data.as_uri(), tmp_path / "o2",
+                          DataProcessing={"InputFilter": "$..a[?(@.b)]"}),
+        "ValidationException", "InputFilter",
+    )  # fmt: skip
+    refused(lambda: gw.sm.describe_transform_job(TransformJobName="nope"),
+            "ValidationException", "Could not find requested job")  # fmt: skip
+    wait_done(gw, name)
+    refused(lambda: gw.sm.stop_transform_job(TransformJobName=name),
+            "ValidationException", "Completed")  # fmt: skip
