@@ -291,3 +291,12 @@ def test_records_run_on_a_running_event_loop():
         return [r async for r in records(decompress(split_at(LINES, 3), "None"), "Line")]
 
     assert asyncio.run(main()) == LINE_RECORDS
+
+
+def test_a_long_last_line_or_a_long_line_inside_one_chunk_is_too_large():
+    with pytest.raises(RecordTooLarge, match="Record 2 is 11 bytes"):
+        collect(records(chunked(b"a\n" + b"z" * 11, [2, 11]), "Line", max_record_bytes=10))
+    with pytest.raises(RecordTooLarge, match="Record 2 is at least 20 bytes"):
+        collect(records(chunked(b"a\n" + b"z" * 20, [22]), "Line", max_record_bytes=10))
+    with pytest.raises(ValueError, match="positive"):
+        records(chunked(b"", []), "Line", max_record_bytes=0)
