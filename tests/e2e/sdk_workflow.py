@@ -78,3 +78,17 @@ session.sagemaker_client.get_waiter("endpoint_in_service").wait(
     EndpointName="sdk-serverless", **wait
 )
 print("SERVERLESS", json.dumps(serverless_predictor.predict([[2, 3]])), flush=True)
+
+s3 = boto3.client("s3")
+s3.put_object(Bucket=bucket, Key="batch/rows.json", Body=b"[[1, 2], [3, 4]]")
+transformer = estimator.transformer(
+    instance_count=1,
+    instance_type="ml.m5.large",
+    output_path=f"s3://{bucket}/transform-out",
+    accept="application/json",
+)
+transformer.transform(
+    f"s3://{bucket}/batch/", content_type="application/json", wait=True, logs=False
+)
+body = s3.get_object(Bucket=bucket, Key="transform-out/rows.json.out")["Body"].read()
+print("TRANSFORM", body.decode(), flush=True)

@@ -1,6 +1,7 @@
 """The sagemaker SDK v2, unchanged, end to end against a real gateway and a moto S3:
-an SKLearn estimator's fit() with its logs, estimator.deploy, a MultiDataModel and an
-AsyncPredictor, reached through the AWS_ENDPOINT_URL_* variables alone."""
+an SKLearn estimator's fit() with its logs, estimator.deploy, a MultiDataModel, an
+AsyncPredictor, a serverless endpoint and a Transformer, reached through the
+AWS_ENDPOINT_URL_* variables alone."""
 
 from __future__ import annotations
 
@@ -60,3 +61,4 @@ def test_fit_deploy_multi_model_and_async_with_the_sdk(
     assert json.loads(lines["MME"].split(" ", 1)[1]) == [9.0]
     assert json.loads(lines["ASYNC"].split(" ", 1)[1]) == [21.0]
     assert json.loads(lines["SERVERLESS"].split(" ", 1)[1]) == [15.0]
+    assert json.loads(lines["TRANSFORM"].split(" ", 1)[1]) == [9.0, 21.0]
