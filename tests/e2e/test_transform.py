@@ -5,15 +5,22 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import random
 import signal
+import struct
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import botocore.exceptions
 import pytest
+import yaml
 
-from tests.conftest import GatewayProcess, make_tarball, unique, wait_until
+from shipyard.transform.splitting import masked_crc32c
+from tests.conftest import Bucket, GatewayProcess, make_tarball, unique, wait_until
 from tests.e2e.processes import instance_pids
 
 ROLE = "arn:aws:iam::123456789012:role/x"
@@ -256,3 +263,139 @@ def test_bad_requests_are_refused(gw: GatewayProcess, tmp_path: Path) -> None:
     wait_done(gw, name)
     refused(lambda: gw.sm.stop_transform_job(TransformJobName=name),
             "ValidationException", "Completed")  # fmt: skip
+
+
+def recordio(records: list[bytes]) -> bytes:
+    out = b""
+    for data in records:
+        out += struct.pack("<II", 0xCED7230A, len(data)) + data + b"\0" * (-len(data) % 4)
+    return out
+
+
+def tfrecord(records: list[bytes]) -> bytes:
+    out = b""
+    for data in records:
+        length = struct.pack("<Q", len(data))
+        out += length + struct.pack("<I", masked_crc32c(length))
+        out += data + struct.pack("<I", masked_crc32c(data))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("split", "content_type", "frame", "overhead"),
+    [
+        ("RecordIO", "application/x-recordio", recordio, 8),
+        ("TFRecord", "application/x-tfrecord", tfrecord, 16),
+    ],
+)
+def test_binary_records_are_sent_one_at_a_time_with_their_framing(
+    gw: GatewayProcess,
+    tmp_path: Path,
+    split: str,
+    content_type: str,
+    frame: Callable[[list[bytes]], bytes],
+    overhead: int,
+) -> None:
+    create_model(gw, "lines", "lines", tmp_path)
+    data = tmp_path / "in"
+    data.mkdir()
+    sizes = [1, 5, 8, 300, 0, 13]
+    (data / "records.bin").write_bytes(frame([b"x" * n for n in sizes]))
+    name = unique("tfbin")
+    transform(gw, name, "lines", data.as_uri(), tmp_path / "out",
+              TransformInput={"ContentType": content_type, "SplitType": split},
+              BatchStrategy="SingleRecord", MaxConcurrentTransforms=2)  # fmt: skip
+    job = wait_done(gw, name)
+    assert job["TransformJobStatus"] == "Completed", job.get("FailureReason")
+    answers = (tmp_path / "out" / "records.bin.out").read_text().splitlines()
+    assert answers == [str(n + overhead) for n in sizes]
+
+
+def test_answers_keep_input_order_whichever_instance_is_faster(
+    gw: GatewayProcess, tmp_path: Path
+) -> None:
+    create_model(gw, "sleepy", "sleepy", tmp_path)
+    data = tmp_path / "in"
+    data.mkdir()
+    rng = random.Random(7)
+    sleeps = [round(rng.uniform(0, 0.03), 4) for _ in range(80)]
+    (data / "jitter.jsonl").write_text("".join(json.dumps({"sleep": s}) + "\n" for s in sleeps))
+    name = unique("tforder")
+    transform(gw, name, "sleepy", data.as_uri(), tmp_path / "out", count=2,
+              TransformInput={"ContentType": "application/json"},
+              BatchStrategy="SingleRecord", MaxConcurrentTransforms=2)  # fmt: skip
+    job = wait_done(gw, name)
+    assert job["TransformJobStatus"] == "Completed", job.get("FailureReason")
+    answers = [
+        json.loads(x) for x in (tmp_path / "out" / "jitter.jsonl.out").read_text().splitlines()
+    ]
+    assert [a["slept"] for a in answers] == sleeps
+    assert len({a["pid"] for a in answers}) == 2, "both instances served"
+
+
+def test_objects_on_s3_and_the_end_announced(
+    gateway_factory: Callable[..., GatewayProcess],
+    bucket: Bucket,
+    tmp_path: Path,
+    webhook: Any,
+) -> None:
+    stack = tmp_path / "stack.yaml"
+    stack.write_text(yaml.safe_dump({
+        "topics": {"done": [webhook.url]},
+        "jobs": {"notify": {"Completed": ["done"], "Failed": ["done"]}},
+    }))  # fmt: skip
+    gw = gateway_factory(
+        extra_env={"SHIPYARD_S3_ENDPOINT_URL": bucket.endpoint_url},
+        args=["--config", str(stack)],
+    )
+    create_model(gw, "lines", "lines", tmp_path)
+    bucket.put("in/part-1.csv", b"1,2\n3,4\n")
+    bucket.put("in/deep/part-2.csv", b"5,6\n")
+    bucket.put("input-elsewhere.csv", b"7,8\n")
+    name = unique("tfs3")
+    transform(gw, name, "lines", f"s3://{bucket.name}/in/", f"s3://{bucket.name}/out")
+    job = wait_done(gw, name)
+    assert job["TransformJobStatus"] == "Completed", job.get("FailureReason")
+    read = bucket.client.get_object
+    assert read(Bucket=bucket.name, Key="out/part-1.csv.out")["Body"].read() == b"3.0\n7.0\n"
+    keys = {o["Key"] for o in bucket.client.list_objects_v2(Bucket=bucket.name)["Contents"]}
+    assert "out/deep/part-2.csv.out" in keys and "out/input-elsewhere.csv.out" not in keys
+    wait_until(lambda: any(name in str(r.body) for r in webhook.requests), "the announcement")
+    (message,) = [r.body for r in webhook.requests if name in str(r.body)]
+    assert "Completed" in message["title"] and "Objects: 2 of 2" in message["message"]
+
+
+def shipyard(gw: GatewayProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SHIPYARD_URL": gw.url, "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "shipyard", *args], capture_output=True,
+                          text=True, env=env, timeout=60)  # fmt: skip
+
+
+def test_the_cli_lists_describes_watches_and_stops(gw: GatewayProcess, tmp_path: Path) -> None:
+    create_model(gw, "lines", "lines", tmp_path)
+    data = tmp_path / "in"
+    for i in range(3):
+        write_csv(data, f"{i}.csv", [[i, 1]] * 10)
+    name = unique("tfcli")
+    transform(gw, name, "lines", data.as_uri(), tmp_path / "out")
+    watched = shipyard(gw, "transform", "watch", name)
+    assert watched.returncode == 0, watched.stderr
+    assert "3/3" in watched.stdout and "30 records" in watched.stdout
+    listed = shipyard(gw, "transform", "list")
+    assert name in listed.stdout and "Completed" in listed.stdout and "3/3" in listed.stdout
+    described = shipyard(gw, "transform", "describe", name)
+    assert "Records" in described.stdout and "30" in described.stdout
+    as_json = json.loads(shipyard(gw, "transform", "describe", name, "--json").stdout)
+    assert as_json["TransformJobStatus"] == "Completed"
+    missing = shipyard(gw, "transform", "describe", "nope")
+    assert missing.returncode == 1 and "Could not find requested job" in missing.stderr
+
+    create_model(gw, "sleepy", "sleepy", tmp_path)
+    (data / "slow.jsonl").write_text('{"sleep": 0.5}\n' * 100)
+    slow = unique("tfcli")
+    transform(gw, slow, "sleepy", (data / "slow.jsonl").as_uri(), tmp_path / "out2",
+              TransformInput={"ContentType": "application/json"})  # fmt: skip
+    stopped = shipyard(gw, "transform", "stop", slow)
+    assert stopped.returncode == 0, stopped.stderr
+    watched = shipyard(gw, "transform", "watch", slow)
+    assert watched.returncode == 1 and "was stopped" in watched.stderr

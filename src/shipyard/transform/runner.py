@@ -322,11 +322,15 @@ class TransformRun:
 
         async def filtered() -> AsyncIterator[bytes]:
             index = 0
-            async for record in records(chunks, plan.split_type):
+            cap = plan.max_payload_bytes
+            async for record in records(chunks, plan.split_type, max_record_bytes=cap):
                 if plan.join:
                     originals[index] = record
                 if plan.input_filter is not None:
-                    record = apply_input_filter(record, plan.input_filter, plan.content_type)
+                    try:
+                        record = apply_input_filter(record, plan.input_filter, plan.content_type)
+                    except SplitError as exc:
+                        raise SplitError(f"record {index + 1}: InputFilter: {exc}") from exc
                 yield record
                 index += 1
 
@@ -369,14 +373,22 @@ class TransformRun:
         if whole or payload.count == 1:
             outputs = [answer.rstrip(b"\r\n")]
         else:
-            outputs = split_answer(answer, payload.count, plan.split_type)
+            try:
+                outputs = split_answer(answer, payload.count, plan.split_type)
+            except SplitError as exc:
+                last = payload.first_record + payload.count
+                raise SplitError(f"records {payload.first_record + 1}-{last}: {exc}") from exc
         rendered = []
         for offset, output in enumerate(outputs):
-            if plan.join:
-                source = originals.pop(payload.first_record + offset, b"")
-                output = join_input(source, output, plan.content_type, plan.accept)
-            if plan.output_filter is not None:
-                output = apply_output_filter(output, plan.output_filter, plan.accept)
+            index = payload.first_record + offset
+            try:
+                if plan.join:
+                    source = originals.pop(index, b"")
+                    output = join_input(source, output, plan.content_type, plan.accept)
+                if plan.output_filter is not None:
+                    output = apply_output_filter(output, plan.output_filter, plan.accept)
+            except SplitError as exc:
+                raise SplitError(f"record {index + 1}: {exc}") from exc
             rendered.append(output)
         text = b"\n".join(rendered)
         return text + b"\n" if line else text

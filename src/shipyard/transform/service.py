@@ -196,10 +196,14 @@ class TransformService:
         if payload is not None and int(payload) > 100:
             raise InvalidParameter(f"MaxPayloadInMB {payload} is more than the maximum of 100.")
         processing = request.get("DataProcessing") or {}
-        for field in ("InputFilter", "OutputFilter"):
+        formats = {
+            "InputFilter": request["TransformInput"].get("ContentType"),
+            "OutputFilter": request["TransformOutput"].get("Accept"),
+        }
+        for field, content_type in formats.items():
             expression = processing.get(field)
             if expression is not None:
                 try:
-                    compile_filter(expression)
+                    compile_filter(expression, content_type=content_type)
                 except ValueError as exc:
                     raise InvalidParameter(f"DataProcessing.{field}: {exc}") from None
