@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from shipyard.transform.splitting import masked_crc32c
-from tests.conftest import Bucket, GatewayProcess, make_tarball, unique, wait_until
+from tests.conftest import MODELS, Bucket, GatewayProcess, make_tarball, unique, wait_until
 from tests.e2e.processes import instance_pids
 
 ROLE = "arn:aws:iam::123456789012:role/x"
@@ -399,3 +399,28 @@ def test_the_cli_lists_describes_watches_and_stops(gw: GatewayProcess, tmp_path:
     assert stopped.returncode == 0, stopped.stderr
     watched = shipyard(gw, "transform", "watch", slow)
     assert watched.returncode == 1 and "was stopped" in watched.stderr
+
+
+def test_execution_parameters_fill_in_what_the_request_leaves_out(
+    gw: GatewayProcess, tmp_path: Path
+) -> None:
+    server = MODELS / "batch_server" / "server.py"
+    gw.sm.create_model(
+        ModelName="batch-server",
+        PrimaryContainer={"Image": f"cmd:{sys.executable} {server}"},
+        ExecutionRoleArn=ROLE,
+    )
+    data = tmp_path / "in"
+    write_csv(data, "a.csv", [[i] for i in range(50)])
+    name = unique("tfexec")
+    request = transform(gw, name, "batch-server", data.as_uri(), tmp_path / "out",
+                        Environment={"SAGEMAKER_EXTRA": "from-the-job"})  # fmt: skip
+    assert "BatchStrategy" not in request
+    job = wait_done(gw, name)
+    assert job["TransformJobStatus"] == "Completed", job.get("FailureReason")
+    answers = [json.loads(x) for x in (tmp_path / "out" / "a.csv.out").read_text().splitlines()]
+    assert len(answers) == 50
+    assert answers[0]["lines"] == 50, "the model's MultiRecord packed every line in one request"
+    env = answers[0]["env"]
+    assert env["SAGEMAKER_BATCH"] == "true" and env["SAGEMAKER_EXTRA"] == "from-the-job"
+    assert env["SAGEMAKER_MAX_PAYLOAD_IN_MB"] == "6"  # what the request (by default) said
