@@ -32,6 +32,7 @@ from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
 from shipyard.gateway.actions import ACTIONS, JOB_ACTIONS
+from shipyard.gateway.actions.transform_jobs import ACTIONS as TRANSFORM_ACTIONS
 from tests.conftest import GatewayProcess, start_gateway, stop_job_processes
 from tests.e2e.processes import instance_pids
 from tests.fuzz.shapes import MISSING, Request, Skeletons, mutate
@@ -128,6 +129,7 @@ _EXISTING = {
     "EndpointConfigName": CONFIG,
     "EndpointName": ENDPOINT,
     "TrainingJobName": BLOCKER,
+    "TransformJobName": "fuzz-transform",
 }
 # Locations and images: never something that could run or be read.
 _SAFE = {
@@ -200,7 +202,7 @@ def _requests(rng: random.Random, names: Names) -> Iterator[Request]:
     creations, descriptions, updates and deletions interleave."""
     model = botocore.session.get_session().get_service_model("sagemaker")
     skeletons = Skeletons(model, rng, names.override, always=_ALWAYS)
-    operations = sorted({*ACTIONS, *JOB_ACTIONS})
+    operations = sorted({*ACTIONS, *JOB_ACTIONS, *TRANSFORM_ACTIONS})
     for index in range(VALID_PER_ACTION + MUTATIONS_PER_ACTION):
         rng.shuffle(operations)
         for op in operations:
