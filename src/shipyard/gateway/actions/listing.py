@@ -6,7 +6,7 @@ import base64
 import binascii
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from shipyard.errors import InvalidParameter
 
@@ -42,6 +42,43 @@ def page(
     window = chosen[start : start + size]
     more = start + size < len(chosen)
     return window, (token(start + size) if more else None)
+
+
+class _Job(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def created(self) -> datetime: ...
+    @property
+    def modified(self) -> datetime: ...
+    @property
+    def status(self) -> Any: ...
+
+
+J = TypeVar("J", bound=_Job)
+
+
+def page_jobs(jobs: Sequence[J], params: dict[str, Any], key: str) -> dict[str, Any]:
+    """ListTrainingJobs / ListTransformJobs: filters, Name / CreationTime / Status order
+    and NextToken over ``jobs``; ``key`` names the list (``TrainingJobSummaries``), whose
+    items are the chosen jobs (summarised by the caller)."""
+    chosen, next_token = page(
+        jobs,
+        params,
+        name=lambda j: j.name,
+        created=lambda j: j.created,
+        modified=lambda j: j.modified,
+        status=lambda j: str(j.status.value),
+        sort_keys={
+            "Name": lambda j: j.name,
+            "CreationTime": lambda j: j.created,
+            "Status": lambda j: str(j.status.value),
+        },
+    )
+    out: dict[str, Any] = {key: chosen}
+    if next_token:
+        out["NextToken"] = next_token
+    return out
 
 
 def _time_filter(

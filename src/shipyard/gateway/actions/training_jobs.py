@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from shipyard.gateway.actions.listing import page
+from shipyard.gateway.actions.listing import page_jobs
 from shipyard.jobs.service import JobService
 from shipyard.records import Job
 
@@ -63,22 +63,8 @@ def describe_training_job(svc: JobService, p: dict[str, Any]) -> dict[str, Any]:
 
 
 def list_training_jobs(svc: JobService, p: dict[str, Any]) -> dict[str, Any]:
-    chosen, token = page(
-        svc.list_jobs(),
-        p,
-        name=lambda j: j.name,
-        created=lambda j: j.created,
-        modified=lambda j: j.modified,
-        status=lambda j: j.status.value,
-        sort_keys={
-            "Name": lambda j: j.name,
-            "CreationTime": lambda j: j.created,
-            "Status": lambda j: j.status.value,
-        },
-    )
-    out: dict[str, Any] = {"TrainingJobSummaries": [_summary(j) for j in chosen]}
-    if token:
-        out["NextToken"] = token
+    out = page_jobs(svc.list_jobs(), p, "TrainingJobSummaries")
+    out["TrainingJobSummaries"] = [_summary(j) for j in out["TrainingJobSummaries"]]
     return out
 
 

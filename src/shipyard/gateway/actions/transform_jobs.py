@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from shipyard.gateway.actions.listing import page
+from shipyard.gateway.actions.listing import page_jobs
 from shipyard.records import TransformJob
 from shipyard.transform.service import (
     DEFAULT_CONCURRENCY,
@@ -62,22 +62,8 @@ def describe_transform_job(svc: TransformService, p: dict[str, Any]) -> dict[str
 
 
 def list_transform_jobs(svc: TransformService, p: dict[str, Any]) -> dict[str, Any]:
-    chosen, token = page(
-        svc.list_jobs(),
-        p,
-        name=lambda j: j.name,
-        created=lambda j: j.created,
-        modified=lambda j: j.modified,
-        status=lambda j: j.status.value,
-        sort_keys={
-            "Name": lambda j: j.name,
-            "CreationTime": lambda j: j.created,
-            "Status": lambda j: j.status.value,
-        },
-    )
-    out: dict[str, Any] = {"TransformJobSummaries": [_summary(j) for j in chosen]}
-    if token:
-        out["NextToken"] = token
+    out = page_jobs(svc.list_jobs(), p, "TransformJobSummaries")
+    out["TransformJobSummaries"] = [_summary(j) for j in out["TransformJobSummaries"]]
     return out
 
 
