@@ -179,7 +179,6 @@ class TransformRun:
             ),
             created=now(),
         )
-        model = await asyncio.to_thread(self.models.get_model, request["ModelName"])
         environment = {
             "SAGEMAKER_BATCH": "true",
             "SAGEMAKER_MAX_PAYLOAD_IN_MB": str(request.get("MaxPayloadInMB", 6)),
@@ -187,11 +186,6 @@ class TransformRun:
             "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": str(request.get("MaxConcurrentTransforms", 1)),
             **dict(request.get("Environment") or {}),
         }
-        if "SAGEMAKER_MODEL_SERVER_WORKERS" not in {**model.environment, **environment}:
-            # The built-in runtime works on as many requests at once as it has threads.
-            environment["SAGEMAKER_MODEL_SERVER_WORKERS"] = str(
-                max(int(request.get("MaxConcurrentTransforms", 1)), 1)
-            )
         try:
             fleet = await self.provisioner.launch(
                 self.job.name, config, {VARIANT: count}, {VARIANT: 1.0}, environment=environment
@@ -251,6 +245,12 @@ class TransformRun:
 
     def _route(self, fleet: Fleet, plan: Plan) -> EndpointRoute:
         instances = [s.instance for s in fleet.all_slots() if s.instance is not None]
+        for instance in instances:
+            # MaxConcurrentTransforms requests in flight per instance, whatever its handler
+            # threads: a second request's body then arrives while the first is scored,
+            # rather than a second thread fighting the first for the GIL (measured: 1.6x
+            # slower for a CPU-bound model).
+            instance.concurrency = plan.concurrency
         variant = VariantRoute(
             VARIANT,
             weight=1.0,
