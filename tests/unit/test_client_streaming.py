@@ -562,3 +562,37 @@ def test_an_answer_that_comes_before_the_body_is_read_stops_the_upload() -> None
             pool.close()
 
     asyncio.run(main())
+
+
+def test_a_chunked_answer_is_handed_over_in_the_instance_s_chunks() -> None:
+    """Chunks written a few bytes at a time still come out whole, one piece per chunk (the
+    streaming door makes one event of each); one larger than 256 KiB comes in parts."""
+    big = os.urandom(600 * 1024)
+    chunks = [b"first chunk", b"second, a little longer", big, b"last"]
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_body(reader, await read_head(reader))
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for chunk in chunks:
+            wire = b"%x\r\n%s\r\n" % (len(chunk), chunk)
+            step = 5 if len(chunk) < 100 else 64 * 1024
+            for start in range(0, len(wire), step):
+                writer.write(wire[start : start + step])
+                await writer.drain()
+                await asyncio.sleep(0.002)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async def main() -> list[bytes]:
+        async with Server(handler).running() as server:
+            pool = ConnectionPool("127.0.0.1", server.port)
+            async with pool.stream(b"POST", b"/invocations", [], b"x") as response:
+                pieces = [chunk async for chunk in response.chunks()]
+            pool.close()
+            return pieces
+
+    pieces = asyncio.run(main())
+    assert pieces[:2] == chunks[:2] and pieces[-1] == chunks[-1]
+    middle = pieces[2:-1]
+    assert b"".join(middle) == big and len(middle) > 1
+    assert max(len(p) for p in middle) <= 256 * 1024 + 64 * 1024

@@ -1,0 +1,377 @@
+"""The response-streaming door: ``POST /endpoints/{name}/invocations-response-stream``.
+
+InvokeEndpointWithResponseStream as a raw ASGI handler, for the reasons the runtime door
+gives (gateway/runtime.py), with which it shares the routing table, the body limits and
+the error shapes. What differs is the answer: the instance is asked for a streamed one
+(contract.RESPONSE_STREAM) and each chunk it sends becomes one ``PayloadPart`` event
+(gateway/eventstream.py), written as soon as it arrives. Nothing is held beyond the
+chunk in hand and the client reader's bounded buffer (routing/client.py): a slow client
+slows the instance through TCP flow control, and a client that disconnects cancels the
+exchange, which gives the instance back and closes its connection.
+
+Errors before the first chunk (unknown endpoint, bad headers, no instance, the model's
+own error status, a model failing before it yields) are the runtime's usual ones
+(ValidationError, ModelError, ...). Once events flow, a failure is the stream's last
+event, a ``ModelStreamError`` (or ``InternalStreamFailure``, for a fault of ours):
+
+- ``StreamBroken``: the model raised mid-stream (its message comes through the runtime's
+  STREAM_ERROR chunk), or the instance's answer broke off;
+- ``ModelInvocationTimeExceeded``: no chunk came within the invocation timeout.
+
+The invocation timeout bounds the wait for the answer's head and every gap between two
+chunks, never the whole stream, which may run as long as the model keeps producing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from shipyard.contract import FORWARDED, RESPONSE_STREAM_HEADER, STREAM_ERROR
+from shipyard.errors import (
+    InternalFailure,
+    ModelError,
+    ModelNotReady,
+    PayloadTooLarge,
+    RuntimeFailure,
+    RuntimeValidationError,
+)
+from shipyard.gateway import eventstream
+from shipyard.gateway.errors import runtime_error_response
+from shipyard.gateway.runtime import ClientGone, RuntimeDoor, count_invocation, discard_body
+from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT_STREAM, check_header
+from shipyard.routing.client import Response, StreamedResponse, UpstreamError
+from shipyard.routing.router import Call, Exchange
+from shipyard.routing.table import VariantRoute
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Receive = Any
+Send = Any
+
+_TARGET_VARIANT = b"x-amzn-sagemaker-target-variant"
+_ACCEPT = b"x-amzn-sagemaker-accept"  # the model's Accept; the client's own is for events
+_CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
+_NOT_FORWARDED = (b"accept", b"x-amzn-sagemaker-target-model")
+_ASK = (RESPONSE_STREAM_HEADER.encode(), b"true")
+_ERROR_BODY_BYTES = 1 << 20  # of a model's error answer, at most this much is reported
+
+
+class ResponseStreamDoor:
+    """Translates InvokeEndpointWithResponseStream to a streamed router call and back."""
+
+    def __init__(self, *, runtime: RuntimeDoor) -> None:
+        self.runtime = runtime
+        self.router = runtime.router
+
+    def __repr__(self) -> str:
+        return f"ResponseStreamDoor({self.router!r})"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, name: str) -> None:
+        started = time.perf_counter()
+        chosen: list[VariantRoute] = []
+        client = _Client(receive)
+        try:
+            status = await self._invoke(scope, client, send, name, started, chosen)
+        except RuntimeFailure as exc:
+            status = exc.status_code
+            if isinstance(exc, PayloadTooLarge) and exc.body_left:
+                await discard_body(receive)
+            await runtime_error_response(exc, send)
+        except ClientGone:
+            return
+        except asyncio.CancelledError:
+            if not client.gone:
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            if not client.answered:
+                return  # left while its request waited: nothing was answered
+            status = 200
+        except Exception:
+            log.exception("streamed invocation of %s failed", name)
+            status = 500
+            if client.answered and not client.finishing:  # events are flowing: end them
+                end = eventstream.stream_error("InternalStreamFailure", "Internal failure.")
+                await send({"type": "http.response.body", "body": end})
+            elif not client.answered:
+                await runtime_error_response(InternalFailure("Internal failure."), send)
+        finally:
+            client.stop_watching()
+        count_invocation(chosen, status)
+
+    async def _invoke(
+        self,
+        scope: Scope,
+        client: _Client,
+        send: Send,
+        name: str,
+        started: float,
+        chosen: list[VariantRoute],
+    ) -> int:
+        runtime = self.runtime
+        route = runtime.route_of(name)
+        forward, target, content_length = _request_headers(scope)
+        if content_length is not None and content_length > runtime.max_payload_bytes:
+            raise runtime.too_large(body_left=True)
+        body = await runtime.read_body(client.receive)
+        variant = self.router.variant_for(route, target)
+        chosen.append(variant)
+        if variant.multi_model is not None:
+            raise RuntimeValidationError(
+                f"Endpoint {name} is a multi-model endpoint: InvokeEndpointWithResponseStream "
+                "does not support multi-model endpoints; use InvokeEndpoint."
+            )
+        call = Call(forward, body)
+        shadows = runtime.shadows
+        copies = shadows.pick(route, variant) if shadows is not None and route.copies else None
+        client.watch()  # from here a disconnect cancels the exchange
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    async with asyncio.timeout(self.router.timeout_s):
+                        exchange = await stack.enter_async_context(
+                            self.router.stream(route, variant, call)
+                        )
+                except TimeoutError:
+                    raise self._late(variant) from None
+                response = exchange.response
+                if response.status >= 300:
+                    raise runtime.model_error(name, await _whole(response, self.router.timeout_s))
+                await self._relay(exchange, client, send, name)
+                total = time.perf_counter() - started
+        finally:
+            if shadows is not None and copies:
+                shadows.send(route, copies, call)
+        metrics = exchange.variant.metrics
+        model_s = min(exchange.head_s + client.streamed_s, total)
+        metrics.model_latency.observe(model_s)
+        metrics.overhead_latency.observe(total - model_s)
+        return 200
+
+    async def _relay(self, exchange: Exchange, client: _Client, send: Send, name: str) -> None:
+        """One event per chunk, then the end or a ModelStreamError.
+
+        The head goes out with the first chunk, not before: a stream that fails before
+        its first chunk is answered with the runtime's usual error (a ModelError), and
+        the client's first read brings the head and the first event together.
+        """
+        response = exchange.response
+        marker = response.header(STREAM_ERROR)
+        chunks = aiter(response.chunks())
+        began = time.perf_counter()
+        client.time_model(self.router.timeout_s)
+        while True:
+            chunk = await self._next(chunks, client, marker)
+            if isinstance(chunk, _Failure):
+                if not client.answered:
+                    raise chunk.model_error(name, self.runtime)
+                break
+            if not client.answered:
+                await send(_head(exchange))
+                client.answered = True
+            if chunk is None:
+                break
+            for start in range(0, len(chunk), eventstream.MAX_PAYLOAD_BYTES):
+                part = chunk[start : start + eventstream.MAX_PAYLOAD_BYTES]
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": eventstream.payload_part(part),
+                        "more_body": True,
+                    }
+                )
+            client.since = client.loop.time()  # the model's clock starts again
+        client.streamed_s = time.perf_counter() - began
+        client.finishing = True  # the last send ends the response: no disconnect to watch
+        end = chunk.event() if isinstance(chunk, _Failure) else b""
+        await send({"type": "http.response.body", "body": end})
+
+    async def _next(
+        self, chunks: AsyncIterator[bytes], client: _Client, marker: bytes | None
+    ) -> bytes | None | _Failure:
+        """The next chunk of the model's answer, None at its end, or why it failed."""
+        try:
+            client.waiting = True
+            chunk: bytes = await anext(chunks)
+        except StopAsyncIteration:
+            return None
+        except UpstreamError as exc:
+            return _Failure("StreamBroken", f"The model's stream broke off: {exc}.", 502)
+        except asyncio.CancelledError:
+            if client.gone or not client.idle:
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            timeout_s = self.router.timeout_s
+            return _Failure(
+                "ModelInvocationTimeExceeded",
+                f"The model sent nothing for {timeout_s:g} seconds; the stream was ended.",
+                504,
+            )
+        finally:
+            client.waiting = False
+        if marker is not None and chunk.startswith(marker):
+            text = chunk[len(marker) :].decode(errors="replace")
+            return _Failure("StreamBroken", f"The model failed mid-stream: {text}", 500)
+        return chunk
+
+    def _late(self, variant: VariantRoute) -> RuntimeFailure:
+        """No answer's head within the invocation timeout: a serverless variant with no
+        instance up is still starting (retried by boto3), anything else timed out."""
+        timeout_s = self.router.timeout_s
+        if variant.serverless is not None and not any(i.healthy for i in variant.instances):
+            return ModelNotReady(
+                f"No instance of serverless variant {variant.name} started within the "
+                f"invocation timeout of {timeout_s:g} s; retry later."
+            )
+        return ModelError(
+            f"Your invocation timed out while waiting for a response from {variant.name} "
+            f"after {timeout_s:g} s.",
+            original_status_code=504,
+            original_message="timed out",
+        )
+
+
+class _Client:
+    """The client's side of one streamed invocation, and the two reasons to cut it short.
+
+    Once watched, a disconnect cancels the task serving the request, wherever it is
+    waiting (for an instance, for the head, for the next chunk, for the socket), so
+    everything it holds is given back at once rather than at the next chunk. Once the
+    model is timed (``time_model``), the same cancel ends a stream whose model sent
+    nothing for ``idle_s`` while the door was waiting for it (``waiting``; time spent
+    waiting for a slow client to take a chunk does not count). One timer per stream,
+    moved on only when it fires, rather than a timeout armed and disarmed per chunk:
+    that was a tenth of the door's CPU per request.
+    """
+
+    def __init__(self, receive: Receive) -> None:
+        self.receive = receive
+        self.loop = asyncio.get_running_loop()
+        self.gone = False
+        self.idle = False
+        self.answered = False
+        self.finishing = False
+        self.waiting = False
+        self.since = 0.0
+        """Loop time the door last started waiting for the model."""
+        self.streamed_s = 0.0
+        self._task: asyncio.Task[Any] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._idle_s = 0.0
+
+    def watch(self) -> None:
+        self._task = asyncio.current_task()
+        self._watcher = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                break
+        if not self.finishing and not self.idle:
+            self.gone = True
+            self._cancel()
+
+    def time_model(self, idle_s: float) -> None:
+        self._idle_s = idle_s
+        self.since = self.loop.time()
+        self._timer = self.loop.call_at(self.since + idle_s, self._check_idle)
+
+    def _check_idle(self) -> None:
+        now = self.loop.time()
+        due = self.since + self._idle_s
+        if self.finishing or self.gone:
+            return
+        if not self.waiting:  # held up by the client: look again a whole period later
+            self._timer = self.loop.call_at(now + self._idle_s, self._check_idle)
+            return
+        if now < due:
+            self._timer = self.loop.call_at(due, self._check_idle)
+            return
+        self.idle = True
+        self._cancel()
+
+    def _cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def stop_watching(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+def _request_headers(scope: Scope) -> tuple[list[tuple[bytes, bytes]], str | None, int | None]:
+    """The headers for the instance, the target variant and the declared body length."""
+    forward: list[tuple[bytes, bytes]] = [_ASK]
+    target: str | None = None
+    content_length: int | None = None
+    for key, value in scope["headers"]:
+        check_header(INVOKE_ENDPOINT_STREAM, key, value)
+        if key == _ACCEPT:
+            forward.append((b"Accept", value))
+        elif key in _NOT_FORWARDED:
+            continue
+        elif (wire := FORWARDED.get(key)) is not None:
+            forward.append((wire, value))
+        elif key == b"content-length":
+            content_length = int(value)
+        elif key == _TARGET_VARIANT:
+            target = value.decode()
+    return forward, target, content_length
+
+
+async def _whole(response: StreamedResponse, timeout_s: float) -> Response:
+    """An error answer read whole (its first MiB), to be reported as a ModelError."""
+    pieces: list[bytes] = []
+    size = 0
+    with contextlib.suppress(TimeoutError, UpstreamError):
+        async with asyncio.timeout(timeout_s):
+            async for chunk in response.chunks():
+                pieces.append(chunk)
+                size += len(chunk)
+                if size >= _ERROR_BODY_BYTES:
+                    break
+    return Response(response.status, response.headers, b"".join(pieces)[:_ERROR_BODY_BYTES])
+
+
+def _head(exchange: Exchange) -> dict[str, Any]:
+    response = exchange.response
+    headers = [
+        (b"content-type", eventstream.MEDIA_TYPE),
+        (
+            b"x-amzn-sagemaker-content-type",
+            response.header(b"content-type") or b"application/octet-stream",
+        ),
+        (b"x-amzn-invoked-production-variant", exchange.variant.name.encode()),
+    ]
+    attributes = response.header(_CUSTOM_ATTRIBUTES)
+    if attributes is not None:
+        headers.append((b"x-amzn-sagemaker-custom-attributes", attributes))
+    return {"type": "http.response.start", "status": 200, "headers": headers}
+
+
+class _Failure:
+    """Why a model's stream ended early: a ModelStreamError event once events have gone
+    out, a ModelError before."""
+
+    __slots__ = ("code", "message", "status")
+
+    def __init__(self, code: str, message: str, status: int) -> None:
+        self.code = code
+        self.message = message
+        self.status = status
+
+    def event(self) -> bytes:
+        return eventstream.stream_error("ModelStreamError", self.message, self.code)
+
+    def model_error(self, name: str, runtime: RuntimeDoor) -> ModelError:
+        response = Response(self.status, [], self.message.encode())
+        return runtime.model_error(name, response)
