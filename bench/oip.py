@@ -1,0 +1,300 @@
+"""The Open Inference Protocol against InvokeEndpoint: one sklearn instance, three doors.
+
+    .venv/bin/python bench/oip.py > bench/results/oip.md   # DURATION=6 WARMUP=2 CONCS="1 8 32"
+
+One gateway started with ``--grpc-port``, one endpoint of one instance of the peer
+harness's sklearn model (LogisticRegression, 20 features), whose inference.py answers
+both the SageMaker JSON body (``predict_fn``) and OIP tensors (``predict_tensors_fn``).
+For each concurrency, the same load generator drives, in turn and alternating order:
+
+- ``invoke``: ``POST /endpoints/sklearn/invocations``, the peers' JSON body;
+- ``rest-json``: ``POST /v2/models/sklearn/infer``, the MLServer peer's V2 JSON body;
+- ``rest-binary``: the same tensor in the binary extension (FP64 bytes after the header);
+- ``grpc``: ``ModelInfer`` with ``raw_input_contents``, over one HTTP/2 channel.
+
+The load generator is one Python process (uvloop): keep-alive HTTP/1.1 connections
+written by hand for the REST doors, grpc.aio for gRPC, requests pre-encoded, c requests
+in flight. Python clients rather than wrk so that every door pays the same kind of client
+(wrk has no gRPC); it shares the machine's two cores with the gateway and the instance,
+so absolute rates are below wrk's; the wrk rows for the HTTP doors are there to show by
+how much. Ratios are per concurrency, against ``invoke``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from gateway_overhead import write_sklearn
+from harness import (
+    PEER_BODY,
+    Control,
+    ServerProcess,
+    cpu_probe_ms,
+    entry,
+    env_float,
+    env_ints,
+    free_port,
+    measure,
+    post,
+    require_wrk,
+    start_gateway,
+    table,
+    time_budget,
+)
+
+CODE = '''"""LogisticRegression for InvokeEndpoint (JSON) and the Open Inference Protocol."""
+
+import os
+import pickle
+
+import numpy as np
+
+
+def model_fn(model_dir):
+    with open(os.path.join(model_dir, "model.pkl"), "rb") as f:
+        return pickle.load(f)
+
+
+def predict_fn(data, model):
+    return {"predictions": model.predict(np.asarray(data["instances"])).tolist()}
+
+
+def predict_tensors_fn(inputs, model):
+    return {"predictions": model.predict(inputs["instances"])}
+'''
+
+ROW = [
+    -0.966521, -0.264608, 1.284738, -1.877866, 1.130083, 0.831742, -1.034089, -0.620883,
+    0.957348, -1.824483, -0.261427, -1.382915, -3.158907, 1.844973, 1.134516, 0.33473,
+    3.145701, 1.414452, 1.171094, -0.156463,
+]  # fmt: skip
+"""The peers' request row (bench-peers/shipyard/request.json)."""
+PATHS = ["invoke", "rest-json", "rest-binary", "grpc"]
+
+
+def bodies() -> dict[str, tuple[str, bytes, dict[str, str]]]:
+    """Path → (HTTP path or gRPC method, body, extra headers)."""
+    import numpy as np
+    from tritonclient.grpc import service_pb2
+
+    tensor = {"name": "instances", "shape": [1, 20], "datatype": "FP64"}
+    raw = np.asarray([ROW], dtype="<f8").tobytes()
+    head = json.dumps(
+        {"inputs": [{**tensor, "parameters": {"binary_data_size": len(raw)}}]}
+    ).encode()
+    grpc_request = service_pb2.ModelInferRequest(model_name="sklearn")
+    grpc_request.inputs.add(**tensor)
+    grpc_request.raw_input_contents.append(raw)
+    return {
+        "invoke": (
+            "/endpoints/sklearn/invocations",
+            json.dumps({"instances": [ROW]}).encode(),
+            {"Content-Type": "application/json"},
+        ),
+        "rest-json": (
+            "/v2/models/sklearn/infer",
+            json.dumps({"inputs": [{**tensor, "data": ROW}]}).encode(),
+            {"Content-Type": "application/json"},
+        ),
+        "rest-binary": (
+            "/v2/models/sklearn/infer",
+            head + raw,
+            {"Inference-Header-Content-Length": str(len(head))},
+        ),
+        "grpc": (
+            "/inference.GRPCInferenceService/ModelInfer",
+            grpc_request.SerializeToString(),
+            {},
+        ),
+    }
+
+
+# -- the load generator (run as a subprocess: python bench/oip.py --load ...) -----------
+
+
+async def _http_worker(
+    host: str, port: int, request: bytes, stop: float, latencies: list[float]
+) -> int:
+    reader, writer = await asyncio.open_connection(host, port)
+    errors = 0
+    try:
+        while time.perf_counter() < stop:
+            started = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+            await reader.readexactly(length)
+            latencies.append(time.perf_counter() - started)
+            if not head.startswith(b"HTTP/1.1 200"):
+                errors += 1
+    finally:
+        writer.close()
+    return errors
+
+
+async def _grpc_worker(call: Any, body: bytes, stop: float, latencies: list[float]) -> int:
+    errors = 0
+    while time.perf_counter() < stop:
+        started = time.perf_counter()
+        try:
+            await call(body)
+        except Exception:
+            errors += 1
+        latencies.append(time.perf_counter() - started)
+    return errors
+
+
+async def _load(kind: str, target: str, conc: int, duration_s: float) -> dict[str, Any]:
+    path, body, headers = bodies()[kind]
+    latencies: list[float] = []
+    stop = time.perf_counter() + duration_s
+    if kind == "grpc":
+        import grpc
+
+        async with grpc.aio.insecure_channel(target) as channel:
+            call = channel.unary_unary(path)  # bytes in, bytes out: no (de)serializing
+            results = await asyncio.gather(
+                *(_grpc_worker(call, body, stop, latencies) for _ in range(conc))
+            )
+    else:
+        host, port = target.rsplit(":", 1)
+        lines = [f"POST {path} HTTP/1.1", f"Host: {target}", f"Content-Length: {len(body)}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        request = ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+        results = await asyncio.gather(
+            *(_http_worker(host, int(port), request, stop, latencies) for _ in range(conc))
+        )
+    latencies.sort()
+    n = len(latencies)
+    return {
+        "requests": n,
+        "rps": n / duration_s,
+        "p50_ms": latencies[n // 2] * 1000 if n else 0.0,
+        "p99_ms": latencies[min(n - 1, int(n * 0.99))] * 1000 if n else 0.0,
+        "errors": sum(results),
+    }
+
+
+def run_load(kind: str, target: str, conc: int, duration_s: float) -> dict[str, Any]:
+    argv = [sys.executable, __file__, "--load", kind, target, str(conc), str(duration_s)]
+    out = subprocess.run(argv, capture_output=True, check=True, timeout=duration_s + 60)
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+# -- the run -----------------------------------------------------------------------------
+
+
+def check(gateway_url: str, grpc_target: str) -> None:
+    for kind, (path, body, _) in bodies().items():
+        if kind == "grpc":
+            result = run_load(kind, grpc_target, 1, 0.3)
+            if result["errors"] or not result["requests"]:
+                raise RuntimeError(f"grpc: {result}")
+            continue
+        headers = bodies()[kind][2]
+        if "Inference-Header-Content-Length" in headers:
+            continue  # post() sends no extra headers; run_load checks it below
+        status, answer = post(gateway_url + path, body)
+        if status != 200:
+            raise RuntimeError(f"{kind}: {status} {answer[:300]!r}")
+    result = run_load("rest-binary", gateway_url.removeprefix("http://"), 1, 0.3)
+    if result["errors"] or not result["requests"]:
+        raise RuntimeError(f"rest-binary: {result}")
+
+
+def main() -> int:
+    require_wrk()
+    duration_s = env_float("DURATION", 6.0)
+    warmup_s = env_float("WARMUP", 2.0)
+    concs = env_ints("CONCS", [1, 8, 32])
+    runs = len(concs) * (len(PATHS) + 2)
+    with (
+        tempfile.TemporaryDirectory(prefix="shipyard-bench-") as tmp,
+        time_budget(runs * (warmup_s + duration_s + 20) + 180),
+    ):
+        work = Path(tmp)
+        model_dir = work / "sklearn"
+        if not write_sklearn(model_dir):
+            print("scikit-learn is not importable: nothing to measure.")
+            return 1
+        (model_dir / "code" / "inference.py").write_text(CODE)
+        grpc_port = free_port()
+        gateway: ServerProcess | None = None
+        try:
+            gateway, url = start_gateway(work / "home", args=["--grpc-port", str(grpc_port)])
+            Control(url).deploy("sklearn", model_dir.as_uri(), count=1)
+            gateway.track()
+            grpc_target = f"127.0.0.1:{grpc_port}"
+            check(url, grpc_target)
+            probe_before = cpu_probe_ms()
+            when = time.strftime("%Y-%m-%d %H:%M")
+            rows, wrk_rows = [], []
+            for i, conc in enumerate(concs):
+                order = PATHS if i % 2 == 0 else list(reversed(PATHS))
+                cell: dict[str, dict[str, Any]] = {}
+                for kind in order:
+                    target = grpc_target if kind == "grpc" else url.removeprefix("http://")
+                    run_load(kind, target, conc, warmup_s)
+                    cell[kind] = run_load(kind, target, conc, duration_s)
+                    r = cell[kind]
+                    print(
+                        f"  c={conc} {kind}: {r['rps']:,.0f} req/s p50 {r['p50_ms']:.2f} "
+                        f"p99 {r['p99_ms']:.2f} ms errors {r['errors']}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                base = cell["invoke"]["rps"] or 1.0
+                for kind in PATHS:
+                    r = cell[kind]
+                    rows.append(
+                        [conc, kind, r["rps"], r["p50_ms"], r["p99_ms"],
+                         f"{r['rps'] / base:.2f}", r["errors"]]
+                    )  # fmt: skip
+                v2_body = work / "v2.json"
+                v2_body.write_bytes(bodies()["rest-json"][1])
+                for kind, path, body_file in (
+                    ("invoke", "/endpoints/sklearn/invocations", PEER_BODY),
+                    ("rest-json", "/v2/models/sklearn/infer", v2_body),
+                ):
+                    w = measure(url + path, body_file, conc, warmup_s, duration_s)
+                    wrk_rows.append([conc, kind, w.rps, w.p50_ms, w.p99_ms, w.note])
+            probe_after = cpu_probe_ms()
+        finally:
+            if gateway is not None:
+                left = gateway.stop()
+                if left:
+                    print(f"WARNING: gateway left PIDs alive: {left}", file=sys.stderr)
+    print(f"## OIP v2 gRPC vs REST vs InvokeEndpoint ({when}, {os.cpu_count()} cores)\n")
+    print(
+        f"sklearn (LogisticRegression, one [1, 20] FP64 row), one instance; {warmup_s:g} s "
+        f"warm-up + {duration_s:g} s measured per cell; one Python load generator for all "
+        f"doors (see bench/oip.py). CPU probe {probe_before} ms before / {probe_after} ms "
+        "after (lower = faster).\n"
+    )
+    print(table(["conc", "door", "req/s", "p50 ms", "p99 ms", "req/s vs invoke", "errors"], rows))
+    print("\nThe HTTP doors under wrk (-t1 -cC), for scale:\n")
+    print(table(["conc", "door", "req/s", "p50 ms", "p99 ms", "errors"], wrk_rows))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 6 and sys.argv[1] == "--load":
+        import uvloop
+
+        kind, target, conc, duration = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+        result = uvloop.run(_load(kind, target, int(conc), float(duration)))
+        print(json.dumps(result))
+    else:
+        entry(main)
