@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psutil
+
 
 def children(pid: int) -> list[int]:
     out: list[int] = []
@@ -23,9 +25,20 @@ def instance_pids(gateway_pid: int) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
+        if b"--spare" in cmdline and not listening(pid):
+            continue  # a warm spare waiting for work is not an instance yet
         if b"shipyard.runtime" in cmdline or any(b"server.py" in a for a in cmdline):
             pids.append(pid)
     return sorted(pids)
+
+
+def listening(pid: int) -> bool:
+    """Whether the process has a TCP socket listening."""
+    try:
+        connections = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.Error:
+        return False
+    return any(c.status == psutil.CONN_LISTEN for c in connections)
 
 
 def alive(pid: int) -> bool:

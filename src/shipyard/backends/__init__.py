@@ -36,6 +36,8 @@ class BackendContext:
     """The gateway's environment, read once: processes get only what they need of it."""
     s3: Mapping[str, str]
     """The S3 access handed to processes that read s3:// (backends/environment.py)."""
+    warm_spares: int = 0
+    """Spare built-in runtime processes to keep for instances that ask for one."""
 
 
 class FullBackend(Backend, JobBackend, Protocol):
@@ -43,6 +45,10 @@ class FullBackend(Backend, JobBackend, Protocol):
 
     def stop_leftovers(self) -> Any:
         """Stop what an earlier gateway on this home left running (called at start)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the backend holds beyond instances and jobs (called at stop)."""
         ...
 
 
@@ -87,6 +93,7 @@ def _local(context: BackendContext) -> FullBackend:
         models_dir=context.home / "models",
         environ=context.environ,
         s3=context.s3,
+        warm_spares=context.warm_spares,
     )
 
 

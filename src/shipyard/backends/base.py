@@ -56,6 +56,15 @@ class InstanceSpec:
     log_path: Path | None = None
     s3_access: bool = False
     """Whether the instance reads ``s3://`` itself, and so gets S3 credentials."""
+    warm: bool = False
+    """Whether the instance may start from a warm spare (runtime/spare.py): set for
+    serverless instances, whose start a client waits for. (Not for batch transform
+    instances: a spare importing beside a CPU-bound job slowed it more than the spare
+    saved, in bench/transform_throughput.py.)"""
+    cpu_nice: int = 0
+    """How much lower than the gateway's the instance's CPU priority is (nice(2)). A
+    shadow variant's instances run lower, so on a host they share with production
+    instances they take only the CPU those leave. Backends that cannot lower it ignore it."""
 
 
 class InstanceHandle(Protocol):
@@ -128,7 +137,7 @@ class JobBackend(Protocol):
         ...
 
     def find_job(self, workdir: Path) -> JobHandle | None:
-        """A runner already started for ``workdir`` and still running, if any (a start
+        """A runner already started for ``workdir``, running or ended, if any (a start
         whose handle was never recorded: the gateway stopped in between)."""
         ...
 

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import ctypes
 import functools
+import json
 import logging
 import os
 import signal
@@ -37,10 +38,13 @@ from shipyard.jobs.spec import (
     StatusLine,
     read_status,
 )
+from shipyard.runtime import spare
 
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+_REFILL_AFTER_S = 0.5
+"""How long after a warm start the spares are refilled."""
 
 
 @dataclass(slots=True)
@@ -71,6 +75,7 @@ class LocalBackend:
         models_dir: Path | None = None,
         environ: Mapping[str, str] | None = None,
         s3: Mapping[str, str] | None = None,
+        warm_spares: int = 0,
     ) -> None:
         self.run_dir = run_dir
         self.models_dir = models_dir or run_dir.parent / "models"
@@ -81,6 +86,9 @@ class LocalBackend:
         self._s3 = dict(s3 or {})
         """The S3 access handed to processes that use s3:// (``s3_variables``)."""
         self._runners: dict[int, subprocess.Popen[bytes]] = {}
+        self.warm_spares = warm_spares
+        self._spares: list[subprocess.Popen[bytes]] = []
+        """Started ``--spare`` runtimes, waiting for work (runtime/spare.py)."""
 
     def __repr__(self) -> str:
         return f"LocalBackend(run_dir={str(self.run_dir)!r})"
@@ -112,6 +120,9 @@ class LocalBackend:
             where = ["--model-cache", str(self.models_dir)]
             if spec.model_url:
                 where += ["--model-url", spec.model_url]
+        warm = kind == "python" and spec.warm and self.warm_spares > 0
+        if warm:
+            env[spare.IMPORTS_FILE] = str(self._imports_file)
         if kind == "python":
             argv = [sys.executable, "-m", "shipyard.runtime", "--port", str(port)]
             if spec.workdir is None and not spec.model_url:
@@ -121,23 +132,13 @@ class LocalBackend:
             argv = [sys.executable, "-m", "shipyard.launch", *where]
             argv += ["--error-file", str(error_file), "--", "/bin/sh", "-c"]
             argv.append(spec.image.removeprefix("cmd:"))
-        out = open(spec.log_path, "ab") if spec.log_path else subprocess.DEVNULL
-        try:
-            process = subprocess.Popen(
-                argv,
-                env=env,
-                cwd=spec.workdir or home,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=functools.partial(_die_with_parent, os.getpid()),
-            )
-        except OSError as exc:
-            raise BackendError(f"Could not start instance {spec.instance_id}: {exc}") from exc
-        finally:
-            if spec.log_path:
-                out.close()  # type: ignore[union-attr]
+        cwd = spec.workdir or home
+        process = self._from_spare(argv[3:], env, cwd, spec.log_path) if warm else None
+        if warm:
+            # Later: a spare importing now would take the CPU the new instance needs.
+            asyncio.get_running_loop().call_later(_REFILL_AFTER_S, self._refill)
+        if process is None:
+            process = self._popen(argv, env, cwd, spec)
         (self.run_dir / f"{spec.instance_id}.pid").write_text(str(process.pid))
         log.info("started instance %s pid %s on port %s", spec.instance_id, process.pid, port)
         return LocalInstance(
@@ -147,6 +148,94 @@ class LocalBackend:
             error_file=error_file,
             log_path=spec.log_path,
         )
+
+    def _popen(
+        self, argv: list[str], env: dict[str, str], cwd: Path, spec: InstanceSpec
+    ) -> subprocess.Popen[bytes]:
+        out = open(spec.log_path, "ab") if spec.log_path else subprocess.DEVNULL
+        try:
+            return subprocess.Popen(
+                argv,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=functools.partial(_start_instance, os.getpid(), spec.cpu_nice),
+            )
+        except OSError as exc:
+            raise BackendError(f"Could not start instance {spec.instance_id}: {exc}") from exc
+        finally:
+            if spec.log_path:
+                out.close()  # type: ignore[union-attr]
+
+    # -- warm spares ----------------------------------------------------------------------
+
+    @property
+    def _imports_file(self) -> Path:
+        """What the serverless instances of this home imported: what spares preload."""
+        return self.run_dir / "warm-imports"
+
+    def _from_spare(
+        self, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path | None
+    ) -> subprocess.Popen[bytes] | None:
+        """A waiting spare, told to become the instance; None when none is left."""
+        work = json.dumps(
+            {"argv": argv, "environ": env, "cwd": str(cwd), "log": log_path and str(log_path)}
+        ).encode()
+        while self._spares:
+            process = self._spares.pop(0)
+            if process.poll() is not None or process.stdin is None:
+                continue
+            try:
+                process.stdin.write(work + b"\n")
+                process.stdin.close()
+            except OSError:
+                _signal_group(process.pid, signal.SIGKILL)
+                process.wait()
+                continue
+            return process
+        return None
+
+    def _refill(self) -> None:
+        """Start spares until ``warm_spares`` wait; each imports for a second or so on
+        its own, off the gateway's path."""
+        self._spares = [p for p in self._spares if p.poll() is None]
+        home = self.run_dir / "home" / "_spare"
+        home.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "shipyard.runtime", "--spare"]
+        argv += ["--preload-file", str(self._imports_file)]
+        while len(self._spares) < self.warm_spares:
+            try:
+                process = subprocess.Popen(
+                    argv,
+                    env=process_environment(self._environ, home=home),
+                    cwd=home,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                    preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+                )
+            except OSError as exc:
+                log.warning("could not start a warm spare: %s", exc)
+                return
+            self._spares.append(process)
+
+    def close(self) -> None:
+        """Stop the spares (instances are stopped by their fleets)."""
+        spares, self._spares = self._spares, []
+        for process in spares:
+            if process.stdin is not None:
+                with contextlib.suppress(OSError):
+                    process.stdin.close()  # a spare reads EOF and exits
+        for process in spares:
+            try:
+                process.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                _signal_group(process.pid, signal.SIGKILL)
+                process.wait()
 
     def _empty_model_dir(self) -> Path:
         empty = self.models_dir / "_empty"
@@ -253,8 +342,9 @@ class LocalBackend:
             pid = int((workdir / RUNNER_PID_FILE).read_text().strip())
         except (OSError, ValueError):
             return None
-        handle = _job_handle(pid, workdir)
-        return handle if self.job_running(handle) else None
+        # Running or ended: one that ended while no gateway watched still has its status
+        # lines to apply, and starting it again would repeat them.
+        return _job_handle(pid, workdir)
 
     def job_running(self, handle: JobHandle) -> bool:
         pid, workdir = _job_parts(handle.ref)
@@ -309,6 +399,13 @@ def _job_parts(ref: str) -> tuple[int, Path]:
     if kind != "local" or not pid.isdigit() or not workdir:
         raise ValueError(f"not a local job runner: {ref!r}")
     return int(pid), Path(workdir)
+
+
+def _start_instance(gateway_pid: int, cpu_nice: int) -> None:
+    """In an instance's process, before exec: tied to the gateway, at its CPU priority."""
+    _die_with_parent(gateway_pid)
+    if cpu_nice:
+        os.nice(cpu_nice)
 
 
 def _die_with_parent(gateway_pid: int) -> None:

@@ -1,0 +1,112 @@
+"""Warm spares: runtime processes started ahead of need, with the model's imports done.
+
+A cold start of a built-in instance is mostly Python importing the model's libraries
+(numpy, scipy and scikit-learn take over a second here; bench/serverless_cold_start.py).
+A spare is ``python -m shipyard.runtime --spare --preload-file F``: it imports the runtime
+and every module named in F, then blocks reading one line of JSON from stdin, the work
+the backend gives it when an instance must start::
+
+    {"argv": [...], "environ": {...}, "cwd": "...", "log": "path" | null}
+
+It then becomes that instance: the environment, working folder and output are the
+instance's, and it runs ``main(argv)`` as a fresh process would. What it cannot take on
+is what was decided at import: variables read by a library when it was imported (e.g.
+``OMP_NUM_THREADS`` for numpy's thread pool) keep the spare's values. The backend only
+uses spares for instances that ask for it (serverless ones).
+
+The preload file is learned: an instance started with ``SHIPYARD_IMPORTS_FILE`` set adds
+the modules it imported while loading its model to that file (see ``record_imports``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+
+IMPORTS_FILE = "SHIPYARD_IMPORTS_FILE"
+_MAX_MODULES = 5000
+
+
+def preload(path: Path | None) -> None:
+    """Import every module listed in ``path``; ones that fail to import are skipped."""
+    if path is None:
+        return
+    with contextlib.suppress(OSError):
+        for name in path.read_text().split():
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)
+
+
+def wait_for_work() -> list[str]:
+    """Block until the backend sends the instance to become; its runtime argv."""
+    line = sys.stdin.readline()
+    if not line:
+        raise SystemExit(0)  # the backend closed the pipe: not needed after all
+    work = json.loads(line)
+    os.chdir(work["cwd"])
+    os.environ.clear()
+    os.environ.update(work["environ"])
+    for entry in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
+        if entry and entry not in sys.path:
+            sys.path.insert(0, entry)
+    _redirect(work.get("log"))
+    return list(work["argv"])
+
+
+def _redirect(log: str | None) -> None:
+    """Point stdin at /dev/null and stdout/stderr at the instance's log."""
+    null = os.open(os.devnull, os.O_RDWR)
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if log else null
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    for fd in {null, out}:
+        os.close(fd)
+
+
+def _installed_modules() -> set[str]:
+    """The imported modules that come with Python or from installed packages.
+
+    The model's own code is left out: a spare must not hold a module of the same name
+    from somewhere else when the instance imports the model's ``inference.py``.
+    """
+    roots = tuple(
+        str(Path(p).resolve())
+        for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path}
+        if p and ("site-packages" in p or p in (sys.prefix, sys.base_prefix, sys.exec_prefix))
+    )
+    names = set()
+    for name, module in list(sys.modules.items()):
+        if name.startswith("_") or name == "__main__":
+            continue
+        origin = getattr(getattr(module, "__spec__", None), "origin", None)
+        if origin in ("built-in", "frozen") or (
+            origin and str(Path(origin).resolve()).startswith(roots)
+        ):
+            names.add(name)
+    return names
+
+
+def record_imports(environ: dict[str, str] | os._Environ[str]) -> None:
+    """Add the modules imported so far to the file ``SHIPYARD_IMPORTS_FILE`` names.
+
+    Called once the model is loaded, so the list is what the next instance of a model
+    like it will import. The file is a union over instances (capped), written whole to a
+    temporary file and renamed, so a spare never reads half of it.
+    """
+    target = environ.get(IMPORTS_FILE)
+    if not target:
+        return
+    path = Path(target)
+    with contextlib.suppress(OSError):
+        known = set(path.read_text().split()) if path.exists() else set()
+        names = known | _installed_modules()
+        if names == known:
+            return
+        tmp = path.with_name(f"{path.name}.{os.getpid()}")
+        tmp.write_text("\n".join(sorted(names)[:_MAX_MODULES]) + "\n")
+        tmp.replace(path)

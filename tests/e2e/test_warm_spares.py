@@ -1,0 +1,113 @@
+"""Warm spares: a serverless cold start takes a runtime process started ahead, with the
+imports of earlier instances done, and it becomes the instance as a fresh one would."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from tests.conftest import GatewayProcess, unique, wait_in_service, wait_until
+from tests.e2e.processes import listening
+from tests.e2e.test_serverless import gone, instances, serverless_variant
+
+
+def spares(gw: GatewayProcess) -> list[psutil.Process]:
+    """The gateway's spare runtime processes that wait for work."""
+    found = []
+    for child in psutil.Process(gw.process.pid).children(recursive=True):
+        try:
+            if "--spare" in child.cmdline() and not listening(child.pid):
+                found.append(child)  # not serving yet: still waiting for work
+        except psutil.Error:
+            continue
+    return found
+
+
+def one_spare(gw: GatewayProcess) -> psutil.Process:
+    found: list[psutil.Process] = []
+
+    def check() -> bool:
+        found[:] = spares(gw)
+        return len(found) == 1
+
+    wait_until(check, "one spare waiting")
+    return found[0]
+
+
+def cold_invoke(gw: GatewayProcess, name: str) -> dict[str, Any]:
+    wait_until(lambda: instances(gw, name) == 0, "no instance")
+    answer = gw.rt.invoke_endpoint(EndpointName=name, Body=b"{}", ContentType="application/json")
+    result: dict[str, Any] = json.loads(answer["Body"].read())
+    return result
+
+
+def test_a_cold_start_takes_a_spare_that_preloaded_what_the_model_imports(
+    gateway_factory: Callable[..., GatewayProcess], model_tarball: Callable[[str], str]
+) -> None:
+    gw = gateway_factory(
+        extra_env={"SHIPYARD_SERVERLESS_IDLE_S": "0.5", "SHIPYARD_WARM_SPARES": "1"}
+    )
+    name = unique("warm")
+    gw.sm.create_model(
+        ModelName=name,
+        PrimaryContainer={
+            "Image": "shipyard/python",
+            "ModelDataUrl": model_tarball("preloaded"),
+            "Environment": {"GREETING": "hello"},
+        },
+        ExecutionRoleArn="arn:aws:iam::123456789012:role/x",
+    )
+    gw.sm.create_endpoint_config(
+        EndpointConfigName=name, ProductionVariants=serverless_variant(name)
+    )
+    gw.sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
+    wait_in_service(gw.sm, name)
+
+    # CreateEndpoint's trial start taught the spares what to import; a cold start takes a
+    # spare and another is started after it.
+    first = cold_invoke(gw, name)
+    assert first["greeting"] == "hello"
+    spare = one_spare(gw)
+
+    # The spare started after an instance had imported the library: it preloaded it, and
+    # the next cold start is that very process, with the instance's environment, folder
+    # and log.
+    warm = cold_invoke(gw, name)
+    assert warm["pid"] == spare.pid
+    assert warm["preloaded"] is True
+    assert warm["greeting"] == "hello"
+    home = gw.home / "run" / "home"
+    assert warm["cwd"].startswith(str(home)) and not warm["cwd"].startswith(str(home / "_spare"))
+    logs = (gw.home / "logs" / name).glob("*.log")
+    assert any(f"preloaded model loading in {spare.pid}" in p.read_text() for p in logs)
+
+    # A new spare replaces the one taken; stopping the gateway stops it too.
+    waiting = one_spare(gw)
+    assert waiting.pid != spare.pid
+    gw.stop()
+    wait_until(lambda: gone(waiting.pid) and gone(warm["pid"]), "spare and instance ended")
+
+
+def test_no_spares_when_turned_off(
+    gateway_factory: Callable[..., GatewayProcess], model_tarball: Callable[[str], str]
+) -> None:
+    gw = gateway_factory(
+        extra_env={"SHIPYARD_SERVERLESS_IDLE_S": "0.5", "SHIPYARD_WARM_SPARES": "0"}
+    )
+    name = unique("cold")
+    gw.sm.create_model(
+        ModelName=name,
+        PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": model_tarball("preloaded")},
+        ExecutionRoleArn="arn:aws:iam::123456789012:role/x",
+    )
+    gw.sm.create_endpoint_config(
+        EndpointConfigName=name, ProductionVariants=serverless_variant(name)
+    )
+    gw.sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
+    wait_in_service(gw.sm, name)
+    for _ in range(2):
+        assert cold_invoke(gw, name)["preloaded"] is False
+    assert spares(gw) == []

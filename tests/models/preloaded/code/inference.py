@@ -1,0 +1,26 @@
+"""Says whether a library it imports was already imported when this file was loaded
+(a warm spare preloads what earlier instances imported), with its process, working
+folder and the GREETING of its Environment; it prints a line to its log as it loads."""
+
+import json
+import os
+import sys
+
+PRELOADED = "xml.dom.minidom" in sys.modules
+
+import xml.dom.minidom  # noqa: E402,F401  the library a spare learns to preload
+
+
+def model_fn(model_dir):
+    print(f"preloaded model loading in {os.getpid()}", flush=True)
+    return None
+
+
+def transform_fn(model, body, content_type, accept):
+    answer = {
+        "preloaded": PRELOADED,
+        "pid": os.getpid(),
+        "cwd": os.getcwd(),
+        "greeting": os.environ.get("GREETING"),
+    }
+    return json.dumps(answer), "application/json"
