@@ -23,6 +23,7 @@ from shipyard.async_inference.queue import AsyncInvocations
 from shipyard.backends import BackendContext, FullBackend, create_backend
 from shipyard.backends.environment import s3_variables
 from shipyard.background import Loops
+from shipyard.capture.writer import CaptureWriter
 from shipyard.control.autoscaler import Autoscaler, MetricReader
 from shipyard.control.endpoints import EndpointService
 from shipyard.control.fleet import Provisioner
@@ -37,9 +38,12 @@ from shipyard.gateway.auth import Verifier
 from shipyard.gateway.control import ControlDoor
 from shipyard.gateway.errors import unknown_path_response
 from shipyard.gateway.facade import JobsDoor
+from shipyard.gateway.oip import InferenceProtocol
+from shipyard.gateway.oip_rest import OipRestDoor
 from shipyard.gateway.ops import healthz, metrics_endpoint
 from shipyard.gateway.runtime import RuntimeDoor
 from shipyard.gateway.signatures import ASGIApp, RequireSignature
+from shipyard.gateway.streaming import ResponseStreamDoor
 from shipyard.gateway.validation import RequestValidator
 from shipyard.host_access import HostAccess
 from shipyard.jobs.announce import JobAnnouncer
@@ -47,6 +51,7 @@ from shipyard.jobs.service import JobService
 from shipyard.jobs.supervisor import JobSupervisor
 from shipyard.metrics import Metrics
 from shipyard.routing.router import Router
+from shipyard.routing.shadow import ShadowCopier
 from shipyard.settings import JobsConfig, Settings, StackFile
 from shipyard.storage.artifacts import ArtifactStore
 from shipyard.storage.async_queue import AsyncQueue
@@ -95,6 +100,11 @@ class Gateway:
             max_response_bytes=settings.max_response_bytes,
         )
         self.metrics.watch_in_flight(self.router.in_flight)
+        self.shadows = ShadowCopier(
+            router=self.router,
+            max_pending=settings.shadow_max_pending_copies,
+            dropped=self.metrics.shadow_copies_dropped,
+        )
         self.topics = Topics(stack.topics)
         self.dispatcher = Dispatcher(
             log=EventLog(self.store.engine),
@@ -108,6 +118,7 @@ class Gateway:
                 home=settings.home,
                 environ=os.environ,
                 s3=s3_variables(os.environ, s3_endpoint_url=settings.s3_endpoint_url),
+                warm_spares=settings.warm_spares,
             ),
         )
         backend = self.backend
@@ -134,6 +145,13 @@ class Gateway:
             serverless_idle_s=settings.serverless_idle_s,
             serverless_slots=settings.serverless_slots_per_instance,
         )
+        self.capture = CaptureWriter(
+            objects=ObjectStore(filesystems=self.filesystems),
+            metrics=self.metrics,
+            flush_interval_s=settings.capture_flush_interval_s,
+            max_buffer_bytes=settings.capture_buffer_bytes,
+        )
+        self.reconciler.publisher.capture = self.capture
         self.tagging = Tagging(
             store=TagStore(self.store.engine), resource_exists=self._resource_exists
         )
@@ -158,7 +176,17 @@ class Gateway:
             account_id=settings.account_id,
             region=settings.region,
             body_timeout_s=settings.body_read_timeout_s,
+            shadows=self.shadows,
         )
+        self.streaming = ResponseStreamDoor(runtime=self.runtime)
+        self.oip = InferenceProtocol(runtime=self.runtime, is_ready=lambda: self.app.state.ready)
+        self.oip_rest = OipRestDoor(self.oip)
+        self._grpc: Any = None
+        if settings.grpc_port is not None and stack.auth is not None:
+            raise ValueError(
+                "grpc_port: the gRPC door cannot check AWS signatures, and the stack file "
+                "has an auth: section; serve the Open Inference Protocol over REST (/v2)."
+            )
         self._build_jobs(settings, stack, backend)
         self._build_async(settings)
         self._build_scaling(settings, stack)
@@ -341,6 +369,10 @@ class Gateway:
         await self._entry(scope, receive, send)
 
     async def _dispatch(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v2"):
+            if scope["path"] == "/v2" or scope["path"].startswith("/v2/"):
+                await self.oip_rest(scope, receive, send)
+                return
         if scope["type"] == "http" and scope["method"] == "POST":
             path: str = scope["path"]
             if path.startswith("/endpoints/") and path.endswith("/invocations"):
@@ -352,6 +384,11 @@ class Gateway:
                 name = path[len("/endpoints/") : -len("/async-invocations")].strip("/")
                 if name and "/" not in name:
                     await self.async_door(scope, receive, send, name)
+                    return
+            if path.startswith("/endpoints/") and path.endswith("/invocations-response-stream"):
+                name = path[len("/endpoints/") : -len("/invocations-response-stream")].strip("/")
+                if name and "/" not in name:
+                    await self.streaming(scope, receive, send, name)
                     return
         await self.app(scope, receive, send)
 
@@ -368,6 +405,16 @@ class Gateway:
         self.loops.start("async-consumer", self.consumer.run)
         self.loops.start("autoscaler", self.autoscaler.run)
         self.loops.start("transform-supervisor", self.transform_supervisor.run)
+        self.loops.start("capture-writer", self.capture.run)
+        if self.settings.grpc_port is not None:
+            from shipyard.gateway.oip_grpc import start_grpc
+
+            self._grpc = await start_grpc(
+                self.oip,
+                host=self.settings.host,
+                port=self.settings.grpc_port,
+                max_message_bytes=self.settings.max_payload_bytes + 64 * 1024,
+            )
         if self._on_startup is not None:
             await self._on_startup(self.service)
         app.state.ready = True
@@ -381,9 +428,14 @@ class Gateway:
             yield
         finally:
             app.state.ready = False
+            if self._grpc is not None:  # takes no more calls, answers those in flight
+                await self._grpc.stop(self.settings.drain_timeout_s)
             await self.loops.stop()
+            await self.capture.close()  # the doors take no more requests: flush the rest
             # Job runners are left running on purpose: the next gateway re-attaches.
+            await self.shadows.close()
             await self.reconciler.stop_all()
+            self.backend.close()
             self.router.close()
             self.store.close()
             log.info("gateway stopped")

@@ -9,7 +9,9 @@ renamed on one side only. The SageMaker container contract (``POST /invocations`
   ``X-Shipyard-Model-Cache`` and, after a load or unload, ``X-Shipyard-Model-Timings``
   and ``X-Shipyard-Evicted``;
 - a platform error (rather than the model's own) names itself in ``X-Shipyard-Error``,
-  e.g. ``ModelNotFound`` (runtime/multimodel.py lists them).
+  e.g. ``ModelNotFound`` (runtime/multimodel.py lists them);
+- an answer that came out of a server-side batch says how big the batch was and how long
+  the request waited for it in ``X-Shipyard-Batch``.
 
 Only the standard library is imported: the data path pays nothing for these names.
 """
@@ -27,10 +29,19 @@ CUSTOM_ATTRIBUTES = b"X-Amzn-SageMaker-Custom-Attributes"
 INFERENCE_ID = b"X-Amzn-SageMaker-Inference-Id"
 TARGET_MODEL = b"X-Amzn-SageMaker-Target-Model"
 SESSION_ID = b"X-Amzn-SageMaker-Session-Id"
+TARGET_CONTAINER_HOSTNAME = b"X-Amzn-SageMaker-Target-Container-Hostname"
 
 FORWARDED: dict[bytes, bytes] = {
     name.lower(): name
-    for name in (CONTENT_TYPE, ACCEPT, CUSTOM_ATTRIBUTES, INFERENCE_ID, TARGET_MODEL, SESSION_ID)
+    for name in (
+        CONTENT_TYPE,
+        ACCEPT,
+        CUSTOM_ATTRIBUTES,
+        INFERENCE_ID,
+        TARGET_MODEL,
+        SESSION_ID,
+        TARGET_CONTAINER_HOSTNAME,
+    )
 }
 """Client request headers the gateway hands to the instance: lower-cased → as sent."""
 
@@ -45,6 +56,9 @@ LOADED_MODELS_HEADER = "X-Shipyard-Loaded-Models"
 """How many models are in memory once the request is served."""
 ERROR_HEADER = "X-Shipyard-Error"
 """On a platform error: the error's class name, e.g. ``ModelNotFound``."""
+BATCH_HEADER = "X-Shipyard-Batch"
+"""``size=<requests>;wait=<s>``: the batch that answered the request, and how long the
+request waited in the instance's queue before that batch was cut."""
 
 # Lower-cased, as both HTTP parsers hand header names over.
 MODEL_CACHE = MODEL_CACHE_HEADER.lower().encode()
@@ -52,6 +66,18 @@ EVICTED = EVICTED_HEADER.lower().encode()
 MODEL_TIMINGS = MODEL_TIMINGS_HEADER.lower().encode()
 LOADED_MODELS = LOADED_MODELS_HEADER.lower().encode()
 ERROR = ERROR_HEADER.lower().encode()
+BATCH = BATCH_HEADER.lower().encode()
+
+# Response streaming (InvokeEndpointWithResponseStream): the gateway asks for a streamed
+# answer with RESPONSE_STREAM: true. The built-in runtime then answers chunked, one chunk
+# per item its handlers yield, and names a random token in STREAM_ERROR; should the
+# handlers raise once the answer has begun, its last chunk is that token followed by
+# ``<ExcType>: <message>``, and the gateway ends the client's stream with ModelStreamError.
+# (A truncated answer, the connection closed before its last chunk, means the same.)
+RESPONSE_STREAM_HEADER = "X-Shipyard-Response-Stream"
+STREAM_ERROR_HEADER = "X-Shipyard-Stream-Error"
+RESPONSE_STREAM = RESPONSE_STREAM_HEADER.lower().encode()
+STREAM_ERROR = STREAM_ERROR_HEADER.lower().encode()
 
 MAX_MODEL_NAME_CHARS = 1024
 
@@ -101,6 +127,22 @@ def parse_timings(value: str) -> dict[str, float]:
         except ValueError:
             continue
     return timings
+
+
+def format_batch(size: int, wait_s: float) -> bytes:
+    """The value of BATCH_HEADER."""
+    return f"size={size};wait={wait_s:.6f}".encode()
+
+
+def parse_batch(value: bytes) -> tuple[int, float] | None:
+    """BATCH_HEADER back into (size, wait in seconds); None when it is not well formed."""
+    size_part, _, wait_part = value.partition(b";")
+    try:
+        size = int(size_part.removeprefix(b"size="))
+        wait_s = float(wait_part.removeprefix(b"wait="))
+    except ValueError:
+        return None
+    return size, wait_s
 
 
 def format_evicted(names: Sequence[str]) -> str:

@@ -13,6 +13,7 @@
     │   └── RequestTooLarge            413  a control-plane body over the door's cap
     ├── RuntimeFailure                      errors of the runtime door (sagemaker-runtime)
     │   ├── RuntimeValidationError     400  unknown endpoint, bad headers, body too large
+    │   │   └── EndpointNotFound       400  no such endpoint (404 on the /v2 doors)
     │   ├── ModelError                 424  the model answered with an error status
     │   ├── ModelNotReady              429  instances still starting
     │   ├── Throttling                 429  a serverless variant at its MaxConcurrency
@@ -130,6 +131,11 @@ class RuntimeValidationError(RuntimeFailure):
 
     wire_type = "ValidationError"
     status_code = 400
+
+
+class EndpointNotFound(RuntimeValidationError):
+    """An invocation names an endpoint that does not exist: SageMaker says ValidationError,
+    the Open Inference Protocol says 404 / NOT_FOUND."""
 
 
 class PayloadTooLarge(RuntimeValidationError):

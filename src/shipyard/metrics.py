@@ -17,6 +17,9 @@ _BUCKETS = (
 )  # fmt: skip
 
 
+# Server-side batches: SHIPYARD_MAX_BATCH_SIZE is typically a power of two up to 128 or so.
+_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
 # Model loads take from milliseconds (a small model from the disk cache) to minutes.
 _LOAD_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -78,6 +81,22 @@ class Metrics:
             buckets=_BUCKETS,
             registry=self.registry,
         )
+        self.batch_size = Histogram(
+            "shipyard_batch_size",
+            "Server-side batching: the size of the batch that answered each request, as "
+            "the instance reported it (X-Shipyard-Batch).",
+            labels,
+            buckets=_BATCH_SIZES,
+            registry=self.registry,
+        )
+        self.batch_wait = Histogram(
+            "shipyard_batch_wait_seconds",
+            "Server-side batching: how long each request waited in the instance's queue "
+            "before its batch was cut.",
+            labels,
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
         self.instances = Gauge(
             "shipyard_instances",
             "Instances per endpoint, variant and state (healthy, unhealthy).",
@@ -118,6 +137,13 @@ class Metrics:
             labels,
             registry=self.registry,
         )
+        self.shadow_copies_dropped = Counter(
+            "shipyard_shadow_copies_dropped",
+            "Copies of production requests not sent to a shadow variant because too many "
+            "of its copies were still pending (SHIPYARD_SHADOW_MAX_PENDING_COPIES).",
+            labels,
+            registry=self.registry,
+        )
 
         self.transform_objects = Gauge(
             "shipyard_transform_objects",
@@ -129,6 +155,14 @@ class Metrics:
             "shipyard_transform_records_done",
             "Records of each transform job whose output is written.",
             ("job",),
+            registry=self.registry,
+        )
+
+        self.capture_records = Counter(
+            "shipyard_capture_records",
+            "Data capture records per endpoint, variant and outcome: written, dropped (the "
+            "buffer was full) or failed (the write failed).",
+            (*labels, "outcome"),
             registry=self.registry,
         )
 
@@ -243,6 +277,8 @@ class Metrics:
             errors_5xx=self.errors_5xx.labels(endpoint, variant),
             model_latency=self.model_latency.labels(endpoint, variant),
             overhead_latency=self.overhead_latency.labels(endpoint, variant),
+            batch_size=self.batch_size.labels(endpoint, variant),
+            batch_wait=self.batch_wait.labels(endpoint, variant),
         )
 
 
@@ -253,6 +289,8 @@ class VariantMetrics:
     errors_5xx: Counter
     model_latency: Histogram
     overhead_latency: Histogram
+    batch_size: Histogram
+    batch_wait: Histogram
 
 
 @dataclass(frozen=True, slots=True)

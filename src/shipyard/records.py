@@ -67,6 +67,28 @@ class Model:
         return first if isinstance(first, dict) else {}
 
     @property
+    def containers(self) -> list[dict[str, Any]]:
+        """Every container of the model, in order: Containers, else PrimaryContainer alone."""
+        containers = self.raw.get("Containers")
+        if isinstance(containers, list) and containers:
+            return [c for c in containers if isinstance(c, dict)]
+        return [self.container] if self.container else []
+
+    @property
+    def execution_mode(self) -> ExecutionMode:
+        """InferenceExecutionConfig.Mode: how requests reach the containers (default Serial)."""
+        config = self.raw.get("InferenceExecutionConfig") or {}
+        return ExecutionMode(config.get("Mode") or ExecutionMode.SERIAL)
+
+    @property
+    def multi_container(self) -> bool:
+        """Whether each instance is a group of container processes (DESIGN 2.7): an
+        inference pipeline of two or more containers, or a Direct multi-container model."""
+        if not isinstance(self.raw.get("Containers"), list):
+            return False
+        return len(self.containers) > 1 or self.execution_mode is ExecutionMode.DIRECT
+
+    @property
     def multi_model(self) -> bool:
         """``Mode: MultiModel``: ModelDataUrl is a prefix and requests name a TargetModel."""
         return self.container.get("Mode") == ContainerMode.MULTI_MODEL
@@ -83,6 +105,15 @@ class ContainerMode(StrEnum):
 
     SINGLE_MODEL = "SingleModel"
     MULTI_MODEL = "MultiModel"
+
+
+class ExecutionMode(StrEnum):
+    """InferenceExecutionConfig.Mode of a multi-container model."""
+
+    SERIAL = "Serial"
+    """An inference pipeline: each container's answer is the next one's request."""
+    DIRECT = "Direct"
+    """Each request names the one container it is for (TargetContainerHostname)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +147,9 @@ class VariantSpec:
     weight: float
     routing_strategy: RoutingStrategy
     serverless: ServerlessConfig | None = None
+    shadow: bool = False
+    """A ShadowProductionVariant (DESIGN 2.7): it gets copies of the production
+    variant's requests, never a client's own, and its answers go only to /metrics."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +162,15 @@ class EndpointConfig:
     async_config: AsyncConfig | None = None
     """Set for asynchronous endpoints (AsyncInferenceConfig)."""
 
+    @property
+    def production_variants(self) -> tuple[VariantSpec, ...]:
+        """The variants that take clients' requests (``variants`` holds shadows too)."""
+        return tuple(v for v in self.variants if not v.shadow)
+
+    @property
+    def shadow_variants(self) -> tuple[VariantSpec, ...]:
+        return tuple(v for v in self.variants if v.shadow)
+
 
 @dataclass(frozen=True, slots=True)
 class VariantState:
@@ -136,6 +179,8 @@ class VariantState:
     name: str
     desired_weight: float
     desired_instance_count: int
+    shadow: bool = False
+    """A shadow variant (VariantSpec.shadow), described under ShadowProductionVariants."""
 
 
 @dataclass(frozen=True, slots=True)

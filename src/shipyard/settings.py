@@ -24,6 +24,10 @@ class Settings(BaseSettings):
     port: int = 8080
     """Port the gateway binds to."""
 
+    grpc_port: int | None = None
+    """Port of the Open Inference Protocol's gRPC service (``inference.GRPCInferenceService``)
+    on ``host``, served in the gateway's process and event loop; None: no gRPC."""
+
     home: Path = Field(default_factory=lambda: Path("~/.shipyard").expanduser())
     """Holds every piece of state of the embedded default: database, artifacts, logs."""
 
@@ -74,6 +78,11 @@ class Settings(BaseSettings):
 
     max_queue_per_instance: int = 64
     """Requests an instance may have outstanding before the gateway answers 503."""
+
+    shadow_max_pending_copies: int = Field(default=64, ge=1)
+    """Copies of production requests a shadow variant may have sent and not yet answered;
+    past it, new copies are dropped and counted (``shipyard_shadow_copies_dropped``), so
+    a slow shadow never queues copies (and their bodies) without bound."""
 
     multi_model_routing: Literal["affinity", "random"] = "affinity"
     """How multi-model endpoints pick an instance: ``affinity`` prefers one that holds the
@@ -133,6 +142,19 @@ class Settings(BaseSettings):
 
     serverless_slots_per_instance: int = Field(default=1, ge=1)
     """Requests one serverless instance serves at a time."""
+
+    warm_spares: int = Field(default=1, ge=0)
+    """Built-in runtime processes the local backend keeps started, with the imports of
+    the serverless models it has run done, so a serverless cold start skips them
+    (runtime/spare.py). Kept only once a serverless instance has started; 0: none."""
+
+    capture_flush_interval_s: float = Field(default=5.0, gt=0)
+    """Data capture: how often buffered records are written to their destination (also
+    as soon as 1000 wait)."""
+
+    capture_buffer_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    """Data capture: the most captured bodies held in memory before they are written;
+    past it, records are dropped and counted (shipyard_capture_records_total)."""
 
     @property
     def db_url(self) -> str:

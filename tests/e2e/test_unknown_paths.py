@@ -8,7 +8,6 @@ import urllib.request
 from email.message import Message
 
 import pytest
-from botocore.exceptions import ClientError
 
 from tests.conftest import GatewayProcess
 
@@ -43,12 +42,3 @@ def test_the_runtime_shape(gateway: GatewayProcess) -> None:
 def test_the_facade_shape(gateway: GatewayProcess) -> None:
     code, _, body = _call(gateway, "GET", "/inference")
     assert code == 405 and body == {"status": 405, "errMsg": "GET is not supported on /inference."}
-
-
-def test_boto3_names_the_error_of_a_runtime_call_not_served(gateway: GatewayProcess) -> None:
-    rt = gateway.client("sagemaker-runtime", max_attempts=1)
-    with pytest.raises(ClientError) as refused:
-        rt.invoke_endpoint_with_response_stream(EndpointName="any", Body=b"{}")
-    error = refused.value.response["Error"]
-    assert error["Code"] == "UnknownOperationException"
-    assert "InvokeEndpointWithResponseStream" in error["Message"]

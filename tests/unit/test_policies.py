@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
+from collections.abc import Sequence
 
 import pytest
 
@@ -246,5 +247,102 @@ def test_a_request_waiting_past_the_timeout_is_a_model_error() -> None:
             await router.invoke(route, variant, Call([], b"y"))
         busy.cancel()
         await asyncio.gather(busy, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def _republished(
+    route: EndpointRoute, *, extra: Sequence[Instance] = (), coming: int = 0
+) -> EndpointRoute:
+    """The next table of ``route``'s endpoint: the same instances plus ``extra``."""
+    [variant] = route.variants
+    return EndpointRoute(
+        route.name,
+        [
+            VariantRoute(
+                variant.name,
+                weight=1.0,
+                policy=variant.policy,
+                instances=[*variant.instances, *extra],
+                metrics=variant.metrics,
+                coming=coming,
+            )
+        ],
+    )
+
+
+def test_an_answer_after_a_table_swap_gives_the_turn_to_the_requests_waiting_in_the_new_table() -> (
+    None
+):
+    """Requests queued when a table is swapped move to the new table's queue; an answer from
+    a request taken on the old table must wake them there, or they sleep beside an idle
+    instance until their timeout."""
+
+    async def main() -> None:
+        log: list[str] = []
+        router = Router(timeout_s=5)
+        route = _lor_route(1, log)
+        router.publish(route)
+        [instance] = route.variants[0].instances
+        tasks = [
+            asyncio.create_task(router.invoke(route, route.variants[0], Call([], b"x")))
+            for _ in range(3)
+        ]
+        await wait_until_async(
+            lambda: _held(instance) == 1 and len(route.variants[0].waiters) == 2,
+            "one sent, two queued",
+        )
+        swapped = _republished(route)
+        router.publish(swapped)
+        await wait_until_async(lambda: len(swapped.variants[0].waiters) == 2, "queued anew")
+        for answered in range(1, 4):
+            instance.pool.finish_one()  # type: ignore[attr-defined]
+            await wait_until_async(lambda: len(log) == answered, f"answer {answered}")  # noqa: B023
+        results = await asyncio.gather(*tasks)
+        assert [r.status for r, _ in results] == [200, 200, 200]
+
+    asyncio.run(main())
+
+
+def test_requests_wait_for_instances_being_started_instead_of_503() -> None:
+    """RANDOM holds nothing at the gateway, except while more instances are starting: a
+    request that finds every instance full then waits and goes to the new one."""
+
+    async def main() -> None:
+        log: list[str] = []
+        router = Router(timeout_s=5)
+        first, second = _instances(0, 0)
+        for inst in (first, second):
+            inst.pool = FakePool(inst.instance_id, log)  # type: ignore[assignment]
+        full = EndpointRoute(
+            "e",
+            [
+                VariantRoute(
+                    "v",
+                    weight=1.0,
+                    policy=Random(max_in_flight=1),
+                    instances=[first],
+                    metrics=Metrics().for_variant("e", "v"),
+                )
+            ],
+        )
+        router.publish(full)
+        busy = asyncio.create_task(router.invoke(full, full.variants[0], Call([], b"x")))
+        await wait_until_async(lambda: _held(first) == 1, "the first instance is full")
+        with pytest.raises(ServiceUnavailable):
+            await router.invoke(full, full.variants[0], Call([], b"x"))
+
+        scaling = _republished(full, coming=1)
+        router.publish(scaling)
+        waiting = asyncio.create_task(router.invoke(scaling, scaling.variants[0], Call([], b"y")))
+        await wait_until_async(lambda: len(scaling.variants[0].waiters) == 1, "it waits")
+
+        scaled = _republished(scaling, extra=[second])
+        router.publish(scaled)
+        await wait_until_async(lambda: _held(second) == 1, "sent to the new instance")
+        second.pool.finish_one()  # type: ignore[attr-defined]
+        first.pool.finish_one()  # type: ignore[attr-defined]
+        (answer, _), (other, _) = await asyncio.gather(waiting, busy)
+        assert (answer.body, other.body) == (b"i-1", b"i-0")
 
     asyncio.run(main())

@@ -36,6 +36,7 @@ from shipyard.errors import ModelNotReady, ServiceUnavailable
 from shipyard.metrics import Metrics
 from shipyard.records import AsyncRequest, AsyncStatus
 from shipyard.routing.client import UpstreamError
+from shipyard.routing.pipeline import FAILED_CONTAINER
 from shipyard.routing.router import Call, InstanceFailed, Router
 from shipyard.routing.table import EndpointRoute
 from shipyard.storage.async_queue import AsyncQueue
@@ -230,9 +231,11 @@ class Consumer:
             if response.status >= 300:
                 text = (await _head(response.chunks(), _ERROR_BODY_BYTES)).decode(errors="replace")
                 side = "client" if response.status < 500 else "server"
+                step = response.header(FAILED_CONTAINER)  # a multi-container model's step
+                source = step.decode(errors="replace") if step is not None else "the model"
                 return _Outcome(
                     False,
-                    f"ModelError: Received {side} error ({response.status}) from the model "
+                    f"ModelError: Received {side} error ({response.status}) from {source} "
                     f'with message "{text}".',
                 )
             head = bytearray()

@@ -37,6 +37,10 @@ def serve(
         bool,
         typer.Option(help="Allow a non-loopback --host without an auth: section (unsafe)."),
     ] = False,
+    grpc_port: Annotated[
+        int | None,
+        typer.Option(help="Also serve the Open Inference Protocol over gRPC on this port."),
+    ] = None,
 ) -> None:
     """Start the gateway."""
     import uvicorn
@@ -54,6 +58,7 @@ def serve(
         "db": db,
         "backend": backend,
         "insecure": insecure or None,
+        "grpc_port": grpc_port,
     }
     settings = Settings(**{k: v for k, v in given.items() if v is not None})
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")

@@ -20,7 +20,7 @@ import contextlib
 import logging
 from typing import Any
 
-from shipyard.control.fleet import Fleet, FleetFailed, Provisioner
+from shipyard.control.fleet import Fleet, FleetFailed, Provisioner, Slot
 from shipyard.control.publishing import RoutePublisher
 from shipyard.control.serverless import ServerlessScaler
 from shipyard.errors import ShipyardError
@@ -110,7 +110,7 @@ class Converger:
             pending_config_name=None,
             failure_reason=None,
             variants=tuple(
-                VariantState(v.name, v.weight, v.instance_count) for v in config.variants
+                VariantState(v.name, v.weight, v.instance_count, v.shadow) for v in config.variants
             ),
         )
         if old is not None:
@@ -138,24 +138,47 @@ class Converger:
                 self.publisher.forget_model_series(fleet, extra)
             missing = state.desired_instance_count - len(slots)
             if missing > 0:
-                new = [
-                    self.provisioner.new_slot(ep.name, fleet, state.name) for _ in range(missing)
-                ]
                 try:
-                    await asyncio.gather(*(self.provisioner.start_slot(s) for s in new))
-                except BaseException as exc:
-                    await self.provisioner.stop_slots(new)
-                    if not isinstance(exc, FleetFailed):
-                        raise
+                    await self._scale_out(ep.name, fleet, state.name, missing)
+                except FleetFailed as exc:
                     await self._change(
                         ep.name,
                         status=EndpointStatus.IN_SERVICE,
                         failure_reason=f"Scaling variant {state.name} failed: {exc}",
                     )
                     return
-                slots.extend(new)
         self.publisher.publish(fleet)
         await self._change(ep.name, status=EndpointStatus.IN_SERVICE, failure_reason=None)
+
+    async def _scale_out(self, endpoint: str, fleet: Fleet, variant: str, count: int) -> None:
+        """Start ``count`` more instances of ``variant``; each takes traffic once healthy.
+
+        While they start, the routing table counts them as capacity coming, so requests
+        that find the running instances full wait for them rather than being refused.
+        All or nothing: if one fails to start, every new one is stopped again.
+        """
+        slots = fleet.slots[variant]
+        new = [self.provisioner.new_slot(endpoint, fleet, variant) for _ in range(count)]
+
+        async def start(slot: Slot) -> None:
+            await self.provisioner.start_slot(slot)
+            fleet.starting[variant] -= 1
+            slots.append(slot)
+            self.publisher.publish(fleet)
+
+        fleet.starting[variant] = count
+        self.publisher.publish(fleet)
+        try:
+            outcomes = await asyncio.gather(*(start(s) for s in new), return_exceptions=True)
+        finally:
+            fleet.starting.pop(variant, None)
+        failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
+        if failed is None:
+            return
+        slots[:] = [s for s in slots if s not in new]
+        self.publisher.publish(fleet)
+        await self.provisioner.drain_and_stop(new)
+        raise failed
 
     def _serverless_counts(self, config: EndpointConfig, *, trial: bool) -> dict[str, int]:
         return {

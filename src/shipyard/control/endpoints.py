@@ -123,7 +123,11 @@ class EndpointService:
             self._check_async(async_config)
         names = [v.name for v in variants]
         if len(set(names)) != len(names):
-            raise InvalidParameter("Variant names must be unique within an endpoint config.")
+            raise InvalidParameter(
+                "Variant names must be unique within an endpoint config, across "
+                "ProductionVariants and ShadowProductionVariants."
+            )
+        _check_shadow_counts(variants, async_config)
         for variant in variants:
             try:
                 model = self.store.get_model(variant.model_name)
@@ -131,6 +135,11 @@ class EndpointService:
                 raise InvalidParameter(
                     f'Could not find model "{self.arn("model", variant.model_name)}".'
                 ) from None
+            if variant.shadow and model.multi_model:
+                raise InvalidParameter(
+                    f"Shadow variant {variant.name} serves a MultiModel model; shadow "
+                    "variants do not support multi-model endpoints."
+                )
             if variant.serverless is not None and (async_config is not None or model.multi_model):
                 what = "AsyncInferenceConfig" if async_config is not None else "a MultiModel model"
                 raise InvalidParameter(
@@ -183,7 +192,7 @@ class EndpointService:
             created=stamp,
             modified=stamp,
             variants=tuple(
-                VariantState(v.name, v.weight, v.instance_count) for v in config.variants
+                VariantState(v.name, v.weight, v.instance_count, v.shadow) for v in config.variants
             ),
         )
         events = []
@@ -264,6 +273,7 @@ class EndpointService:
                     state.name,
                     state.desired_weight if weight is None else weight,
                     state.desired_instance_count if count is None else count,
+                    state.shadow,
                 )
             )
         types = {v.name: v.instance_type for v in config.variants}
@@ -372,6 +382,33 @@ class EndpointService:
                 f"The account-level service limit 'instances per production variant' is "
                 f"{self.max_instances_per_variant} Instances; variant {variant} asked for "
                 f"{count}."
+            )
+
+
+def _check_shadow_counts(variants: Sequence[VariantSpec], async_config: AsyncConfig | None) -> None:
+    """SageMaker's rules for ShadowProductionVariants: one production variant and one
+    shadow, neither serverless, and no AsyncInferenceConfig (botocore allows 10 in
+    the list, so the limit of one is enforced here)."""
+    shadows = [v for v in variants if v.shadow]
+    if not shadows:
+        return
+    production = [v for v in variants if not v.shadow]
+    if len(production) != 1 or len(shadows) != 1:
+        raise InvalidParameter(
+            "An endpoint config with ShadowProductionVariants must have exactly one "
+            f"production variant and one shadow variant; it has {len(production)} and "
+            f"{len(shadows)}."
+        )
+    if async_config is not None:
+        raise InvalidParameter(
+            "ShadowProductionVariants are not supported with AsyncInferenceConfig."
+        )
+    for variant in variants:
+        if variant.serverless is not None:
+            kind = "Shadow" if variant.shadow else "Production"
+            raise InvalidParameter(
+                f"{kind} variant {variant.name} has a ServerlessConfig; endpoint configs "
+                "with ShadowProductionVariants support only instance-based variants."
             )
 
 

@@ -22,6 +22,13 @@ from shipyard.backends.base import (
     InstanceSpec,
     runtime_for,
 )
+from shipyard.control.containers import (
+    ContainerGroups,
+    GroupHandle,
+    GroupSpec,
+    GroupTemplate,
+    group_spec,
+)
 from shipyard.errors import ShipyardError
 from shipyard.records import EndpointConfig, Model
 from shipyard.routing.instance import Instance
@@ -29,6 +36,10 @@ from shipyard.routing.model_agent import ModelAgent
 from shipyard.routing.serverless import ServerlessRoute
 from shipyard.storage.artifacts import ArtifactStore
 from shipyard.storage.metadata import MetadataStore
+
+SHADOW_CPU_NICE = 10
+"""How much lower a shadow variant's instances run than production ones (nice(2)): a
+shadow must not take the CPU of the instances whose answers clients wait for."""
 
 
 class FleetFailed(Exception):
@@ -39,11 +50,30 @@ def builtin_concurrency(environment: dict[str, str]) -> int:
     """How many requests a built-in runtime instance works on at once: its handler
     threads (SAGEMAKER_MODEL_SERVER_WORKERS, default 1, as runtime/workers.py). Past
     that, LEAST_OUTSTANDING_REQUESTS holds requests at the gateway (and pipelines one
-    more to fast instances)."""
+    more to fast instances).
+
+    With server-side batching (SHIPYARD_MAX_BATCH_SIZE, runtime/batching.py) it is a
+    full batch per thread plus one more being gathered: held at the gateway instead,
+    requests would reach the instance one answer at a time and batches would never
+    fill."""
     try:
-        return max(int(environment.get("SAGEMAKER_MODEL_SERVER_WORKERS", "1")), 1)
+        threads = max(int(environment.get("SAGEMAKER_MODEL_SERVER_WORKERS", "1")), 1)
+        batch = int(environment.get("SHIPYARD_MAX_BATCH_SIZE", "").strip() or "0")
     except ValueError:
         return 1  # the instance refuses to start with it, and says why
+    return batch * (threads + 1) if batch > 0 else threads
+
+
+def instance_concurrency(spec: InstanceSpec) -> int | None:
+    """Requests the instance works on at once, when known: a built-in runtime's handler
+    threads; for a group of containers, its narrowest built-in container's. A user's
+    own server may take any number at once, so its concurrency is left unknown."""
+    if isinstance(spec, GroupSpec):
+        known = [c for c in map(instance_concurrency, spec.members) if c is not None]
+        return min(known) if known else None
+    if runtime_for(spec.image) == "python":
+        return builtin_concurrency(spec.environment)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +88,9 @@ class VariantTemplate:
     """For a MultiModel model: the ModelDataUrl prefix its TargetModels are found under."""
     agent: ModelAgent | None = None
     """For a MultiModel ``cmd:`` image: what loads models into its instances."""
+    group: GroupTemplate | None = None
+    """For a multi-container model: its containers, each a process of every instance.
+    ``environment`` then holds only what the gateway adds to each container's own."""
 
 
 @dataclass(eq=False)
@@ -95,7 +128,8 @@ class Fleet:
     serverless: dict[str, ServerlessRoute] = field(default_factory=dict)
     """Per serverless variant: its admission and demand, kept across routing tables."""
     starting: dict[str, int] = field(default_factory=dict)
-    """Per serverless variant: instances being started for demand, not in ``slots`` yet."""
+    """Per variant: instances being started (a scale-out, or a serverless variant's
+    demand), not in ``slots`` yet. The routing table counts them as capacity coming."""
 
     def all_slots(self) -> list[Slot]:
         return [s for slots in self.slots.values() for s in slots]
@@ -118,7 +152,8 @@ class Provisioner:
         serverless_slots: int = 1,
     ) -> None:
         self.store = store
-        self.backend = backend
+        # Multi-container instances are started as groups of the backend's (containers.py).
+        self.backend: Backend = ContainerGroups(backend)
         self.capabilities = capabilities
         self.artifacts = artifacts
         self.home = home
@@ -139,10 +174,12 @@ class Provisioner:
         weights: dict[str, float],
         *,
         environment: dict[str, str] | None = None,
+        warm: bool = False,
     ) -> Fleet:
         """Start every instance of ``config`` and return once all pass ``/ping``.
 
-        ``environment`` is added to every instance's (a transform job's own variables).
+        ``environment`` is added to every instance's (a transform job's own variables);
+        ``warm`` lets them start from warm spares (InstanceSpec.warm).
         """
         fleet = Fleet(endpoint=endpoint, config=config, slots={}, weights=dict(weights))
         for variant in config.variants:
@@ -156,7 +193,7 @@ class Provisioner:
                 )
             fleet.templates[variant.name] = template
             fleet.slots[variant.name] = [
-                self.new_slot(endpoint, fleet, variant.name)
+                self.new_slot(endpoint, fleet, variant.name, warm=warm)
                 for _ in range(counts.get(variant.name, variant.instance_count))
             ]
         slots = fleet.all_slots()
@@ -181,9 +218,14 @@ class Provisioner:
         """Nothing is fetched here: each instance fetches its artifact (or, multi-model,
         what it is asked for) on its own host."""
         self._check_runnable(model, variant)
-        environment = dict(model.environment)
+        environment = {} if model.multi_container else dict(model.environment)
         if self.s3_endpoint_url:
             environment["SHIPYARD_S3_ENDPOINT_URL"] = self.s3_endpoint_url
+        if model.multi_container:
+            environment["SAGEMAKER_MULTI_MODEL"] = "false"
+            group = GroupTemplate.of(model)
+            first = group.containers[0]
+            return VariantTemplate(first.image, environment, first.model_url, group=group)
         if not model.multi_model:
             # Set, not left out: a gateway started with it set must not pass it down.
             environment["SAGEMAKER_MULTI_MODEL"] = "false"
@@ -202,18 +244,9 @@ class Provisioner:
 
     def _check_runnable(self, model: Model, variant: str) -> None:
         """FleetFailed, saying why, when the backend cannot run ``model``'s instances."""
+        for image in dict.fromkeys(str(c.get("Image", "")) for c in model.containers):
+            self._check_image(image, variant)
         kind = runtime_for(model.image)
-        if kind not in self.capabilities.runtimes:
-            if kind == "docker":
-                raise FleetFailed(
-                    f"Image {model.image} is a container image, which needs a Docker "
-                    "engine; this gateway's backend runs none. Use shipyard/python or "
-                    "cmd:<command>."
-                )
-            raise FleetFailed(
-                f"Production variant {variant}: this gateway's backend cannot run {kind} "
-                f"images (it runs: {', '.join(sorted(self.capabilities.runtimes))})."
-            )
         if model.multi_model and kind == "cmd" and not self.capabilities.shared_disk:
             raise FleetFailed(
                 f"Production variant {variant}: a multi-model cmd: server is loaded from the "
@@ -221,11 +254,25 @@ class Provisioner:
                 "built-in runtime (shipyard/python)."
             )
 
+    def _check_image(self, image: str, variant: str) -> None:
+        kind = runtime_for(image)
+        if kind not in self.capabilities.runtimes:
+            if kind == "docker":
+                raise FleetFailed(
+                    f"Image {image} is a container image, which needs a Docker "
+                    "engine; this gateway's backend runs none. Use shipyard/python or "
+                    "cmd:<command>."
+                )
+            raise FleetFailed(
+                f"Production variant {variant}: this gateway's backend cannot run {kind} "
+                f"images (it runs: {', '.join(sorted(self.capabilities.runtimes))})."
+            )
+
     def scratch_dir(self, instance_id: str) -> Path:
         """The folder of one multi-model instance: its model directory and working folder."""
         return self.home / "instances" / instance_id
 
-    def new_slot(self, endpoint: str, fleet: Fleet, variant: str) -> Slot:
+    def new_slot(self, endpoint: str, fleet: Fleet, variant: str, *, warm: bool = False) -> Slot:
         """A new instance of ``variant``, not started yet.
 
         A multi-model instance gets an empty folder of its own as its model directory:
@@ -256,7 +303,14 @@ class Provisioner:
                     template.environment.get("SAGEMAKER_SUBMIT_DIRECTORY"),
                 )
             ),
+            warm=warm
+            or any(v.name == variant and v.serverless is not None for v in fleet.config.variants),
+            cpu_nice=SHADOW_CPU_NICE
+            if any(v.name == variant and v.shadow for v in fleet.config.variants)
+            else 0,
         )
+        if template.group is not None:
+            spec = group_spec(spec, template.group)
         return Slot(spec=spec, variant=variant, scratch=scratch)
 
     async def start_slot(self, slot: Slot) -> None:
@@ -265,13 +319,14 @@ class Provisioner:
             handle = await self.backend.start(slot.spec)
         except BackendError as exc:
             raise FleetFailed(str(exc)) from exc
-        # A user's own server may take any number of requests at once, so its concurrency
-        # is left unknown.
-        builtin = runtime_for(slot.spec.image) == "python"
-        concurrency = builtin_concurrency(slot.spec.environment) if builtin else None
         instance = Instance(
-            slot.spec.instance_id, slot.variant, handle.url, concurrency=concurrency
+            slot.spec.instance_id,
+            slot.variant,
+            handle.url,
+            concurrency=instance_concurrency(slot.spec),
         )
+        if isinstance(handle, GroupHandle):
+            handle.attach(instance)
         try:
             await self._wait_ready(slot, handle, instance)
         except BaseException:

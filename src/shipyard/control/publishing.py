@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Sequence
 
+from shipyard.capture.config import capture_of
+from shipyard.capture.writer import CaptureWriter
 from shipyard.control.fleet import Fleet, Slot
 from shipyard.metrics import Metrics
 from shipyard.records import EndpointConfig, VariantSpec
@@ -43,6 +45,8 @@ class RoutePublisher:
         self.on_demand: Callable[[Fleet, str, int], None] = lambda fleet, variant, wanted: None
         """Where a serverless variant's demand for instances goes (the reconciler's
         ServerlessScaler)."""
+        self.capture: CaptureWriter | None = None
+        """Where variants of configs with a DataCaptureConfig hand their records."""
 
     def __repr__(self) -> str:
         return f"RoutePublisher(model_routing={self.model_routing!r})"
@@ -50,6 +54,7 @@ class RoutePublisher:
     def publish(self, fleet: Fleet) -> None:
         """Swap in the routing table of ``fleet``'s instances that are up."""
         variants = []
+        captured = capture_of(fleet.config) if self.capture is not None else None
         for variant in fleet.config.variants:
             instances = [s.instance for s in fleet.slots[variant.name] if s.instance is not None]
             serverless = self._serverless_route(fleet, variant)
@@ -65,8 +70,13 @@ class RoutePublisher:
                     policy=policy,
                     instances=instances,
                     metrics=self.metrics.for_variant(fleet.endpoint, variant.name),
+                    capture=None
+                    if self.capture is None
+                    else self.capture.for_variant(fleet.endpoint, variant.name, captured),
                     multi_model=self._model_route(fleet, variant.name, instances),
                     serverless=serverless,
+                    coming=fleet.starting.get(variant.name, 0),
+                    shadow=variant.shadow,
                 )
             )
         self.router.publish(
@@ -84,6 +94,7 @@ class RoutePublisher:
                 policy=policy_for(v.routing_strategy, max_in_flight=self.max_in_flight),
                 instances=[],
                 metrics=self.metrics.for_variant(endpoint, v.name),
+                shadow=v.shadow,
             )
             for v in config.variants
         ]

@@ -239,10 +239,18 @@ class ScalingService:
                 f"The target resource {resource} does not exist: could not find endpoint "
                 f'"{endpoint}".'
             ) from None
-        if variant not in {v.name for v in current.variants}:
+        state = next((v for v in current.variants if v.name == variant), None)
+        if state is None:
             raise InvalidParameter(
                 f"The target resource {resource} does not exist: endpoint {endpoint} has no "
                 f"production variant {variant}."
+            )
+        if state.shadow:
+            # Shadows are scaled by hand (UpdateEndpointWeightsAndCapacities): their load
+            # follows the production variant's, which is what a policy would scale.
+            raise InvalidParameter(
+                f"{variant} is a shadow variant of endpoint {endpoint}; automatic scaling "
+                "applies to production variants only."
             )
         return endpoint, variant
 

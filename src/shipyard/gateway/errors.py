@@ -77,11 +77,6 @@ def unknown_path_response(path: str, method: str, status_code: int) -> Response:
     else:
         message = f"shipyard does not serve {method} {path}."
     if path.startswith("/endpoints/"):  # the runtime's rest-json doors
-        if path.endswith("/invocations-response-stream"):
-            message = (
-                "InvokeEndpointWithResponseStream is not supported by this gateway yet; "
-                "use InvokeEndpoint."
-            )
         body = {"ErrorCode": "UnknownOperationException", "message": message, "Message": message}
         return Response(
             json.dumps(body),

@@ -13,8 +13,9 @@ import logging
 import time
 from typing import Any
 
-from shipyard.contract import FORWARDED
+from shipyard.contract import BATCH, FORWARDED, parse_batch
 from shipyard.errors import (
+    EndpointNotFound,
     InternalFailure,
     ModelError,
     PayloadTooLarge,
@@ -25,8 +26,10 @@ from shipyard.gateway.errors import runtime_error_response
 from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT, check_header
 from shipyard.routing.client import Response
 from shipyard.routing.multimodel import refusal, target_model
+from shipyard.routing.pipeline import FAILED_CONTAINER
 from shipyard.routing.router import Call, Router
-from shipyard.routing.table import VariantRoute
+from shipyard.routing.shadow import ShadowCopier
+from shipyard.routing.table import EndpointRoute, VariantRoute
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +54,14 @@ class RuntimeDoor:
         account_id: str,
         region: str = "us-east-1",
         body_timeout_s: float = 30.0,
+        shadows: ShadowCopier | None = None,
     ) -> None:
         self.router = router
         self.max_payload_bytes = max_payload_bytes
         self.account_id = account_id
         self.region = region
         self.body_timeout_s = body_timeout_s
+        self.shadows = shadows
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, name: str) -> None:
         started = time.perf_counter()
@@ -74,13 +79,7 @@ class RuntimeDoor:
             log.exception("invocation of %s failed", name)
             status = 500
             await runtime_error_response(InternalFailure("Internal failure."), send)
-        if chosen:
-            m = chosen[0].metrics
-            m.invocations.inc()
-            if status >= 500:
-                m.errors_5xx.inc()
-            elif status >= 400:
-                m.errors_4xx.inc()
+        count_invocation(chosen, status)
 
     async def _invoke(
         self,
@@ -91,13 +90,7 @@ class RuntimeDoor:
         started: float,
         chosen: list[VariantRoute],
     ) -> int:
-        route = self.router.routes.get(name)
-        if route is None:
-            raise RuntimeValidationError(f"Endpoint {name} of account {self.account_id} not found.")
-        if route.async_config is not None:
-            raise RuntimeValidationError(
-                f"Endpoint {name} is an asynchronous endpoint: invoke it with InvokeEndpointAsync."
-            )
+        route = self.route_of(name)
         forward: list[tuple[bytes, bytes]] = []
         target: str | None = None
         content_length: int | None = None
@@ -111,22 +104,31 @@ class RuntimeDoor:
             elif key == _TARGET_VARIANT:
                 target = value.decode()
         if content_length is not None and content_length > self.max_payload_bytes:
-            raise self._too_large(body_left=True)
+            raise self.too_large(body_left=True)
         # The whole body before any instance is chosen: a client that trickles it must
         # not hold an instance's slot (or a place in its queue) while it does.
-        body = await self._body(receive)
+        body = await self.read_body(receive)
         variant = self.router.variant_for(route, target)
         chosen.append(variant)
         multi = variant.multi_model
         model = target_model(route.name, forward) if multi is not None else None
         call = Call(forward, body, content_length=content_length, model=model)
-        response, model_s = await self.router.invoke(route, variant, call)
+        shadows = self.shadows
+        copies = shadows.pick(route, variant) if shadows is not None and route.copies else None
+        try:
+            response, model_s = await self.router.invoke(route, variant, call)
+        finally:
+            # Copies start once the production answer is in (or failed), and run only
+            # when this request next yields: after the client's answer is written.
+            if shadows is not None and copies:
+                shadows.send(route, copies, call)
+        observe_batch(variant, response)
         if response.status >= 300:
             if multi is not None and model is not None:
                 failure = refusal(response, model, multi.prefix)
                 if failure is not None:
                     raise failure
-            raise _model_error(name, response, self._log_group_arn(name))
+            raise self.model_error(name, response)
         headers = [
             (b"content-type", response.header(b"content-type") or b"application/octet-stream"),
             (b"content-length", str(len(response.body)).encode()),
@@ -140,9 +142,26 @@ class RuntimeDoor:
         total = time.perf_counter() - started
         variant.metrics.model_latency.observe(model_s)
         variant.metrics.overhead_latency.observe(max(total - model_s, 0.0))
+        if variant.capture is not None:  # one random draw; sampled records only buffered
+            variant.capture.offer(forward, body, response.body, headers[0][1])
         return 200
 
-    async def _body(self, receive: Receive) -> bytes:
+    def route_of(self, name: str) -> EndpointRoute:
+        """The routing table of a real-time endpoint, or the error its clients get."""
+        route = self.router.routes.get(name)
+        if route is None:
+            raise EndpointNotFound(f"Endpoint {name} of account {self.account_id} not found.")
+        if route.async_config is not None:
+            raise RuntimeValidationError(
+                f"Endpoint {name} is an asynchronous endpoint: invoke it with InvokeEndpointAsync."
+            )
+        return route
+
+    def model_error(self, name: str, response: Response) -> ModelError:
+        """The ModelError for an instance's error answer (see _model_error)."""
+        return _model_error(name, response, self._log_group_arn(name))
+
+    async def read_body(self, receive: Receive) -> bytes:
         """The whole body, at most ``max_payload_bytes``, within ``body_timeout_s``."""
         chunks: list[bytes] = []
         size = 0
@@ -156,7 +175,7 @@ class RuntimeDoor:
                     more = message.get("more_body", False)
                     size += len(chunk)
                     if size > self.max_payload_bytes:
-                        raise self._too_large(body_left=more)
+                        raise self.too_large(body_left=more)
                     if not more:
                         break
                     chunks.append(chunk)
@@ -169,7 +188,7 @@ class RuntimeDoor:
         chunks.append(chunk)
         return b"".join(chunks)
 
-    def _too_large(self, *, body_left: bool) -> PayloadTooLarge:
+    def too_large(self, *, body_left: bool) -> PayloadTooLarge:
         exc = PayloadTooLarge(
             f"Request body is larger than the maximum of {self.max_payload_bytes} bytes."
         )
@@ -180,6 +199,27 @@ class RuntimeDoor:
         """The endpoint's instance logs, as the CloudWatch Logs door serves them."""
         group = f"/aws/sagemaker/Endpoints/{endpoint}"
         return f"arn:aws:logs:{self.region}:{self.account_id}:log-group:{group}"
+
+
+def observe_batch(variant: VariantRoute, response: Response) -> None:
+    """Record the server-side batch an instance says answered the request, if any."""
+    value = response.header(BATCH)
+    if value is not None:
+        batch = parse_batch(value)
+        if batch is not None:
+            variant.metrics.batch_size.observe(batch[0])
+            variant.metrics.batch_wait.observe(batch[1])
+
+
+def count_invocation(chosen: list[VariantRoute], status: int) -> None:
+    """Count one answered request, and its 4xx/5xx, on the variant it was routed to."""
+    if chosen:
+        m = chosen[0].metrics
+        m.invocations.inc()
+        if status >= 500:
+            m.errors_5xx.inc()
+        elif status >= 400:
+            m.errors_4xx.inc()
 
 
 class ClientGone(Exception):
@@ -193,11 +233,13 @@ class BodyTimeout(RuntimeValidationError):
 
 
 def _model_error(name: str, response: Response, log_group_arn: str) -> ModelError:
-    """The instance answered with an error status: the model's own failure."""
+    """The instance answered with an error status: the model's own failure. A step of a
+    multi-container model is named by its ContainerHostname or position (DESIGN 2.7)."""
     message = response.body.decode(errors="replace")
     kind = "client" if response.status < 500 else "server"
+    source = (response.header(FAILED_CONTAINER) or b"primary").decode(errors="replace")
     return ModelError(
-        f"Received {kind} error ({response.status}) from primary with message "
+        f"Received {kind} error ({response.status}) from {source} with message "
         f'"{message}". See the instance log for more information.',
         original_status_code=response.status,
         original_message=message,

@@ -10,8 +10,9 @@ Two ways to send a request share the pool's connections:
 - ``ConnectionPool.request`` returns the whole response: real-time invocations.
 - ``ConnectionPool.stream`` hands the response body over as it arrives, holding at most
   about 1 MiB of it: asynchronous invocations, whose answers may be as large as their
-  inputs (up to 1 GB). It swaps in a parser of its own for the one exchange, so the
-  ``request`` path pays nothing for it.
+  inputs (up to 1 GB), and response streaming. A chunked answer is handed over in the
+  instance's own chunks (up to 256 KiB each; larger ones in parts). It swaps in a parser
+  of its own for the one exchange, so the ``request`` path pays nothing for it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import httptools
 
 _STREAM_BUFFER_BYTES = 1 << 20
 """Response bytes a stream holds unread before it stops reading from the socket."""
+_PART_BYTES = 256 * 1024
+"""Most bytes of one HTTP chunk a stream gathers before handing them over unfinished."""
 
 
 class UpstreamError(Exception):
@@ -88,7 +91,8 @@ class StreamedResponse:
         return None
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """Yield the body in the pieces the socket delivers, until it ends.
+        """Yield the body until it ends: chunk by chunk when the instance answers chunked
+        (see _StreamReader.on_body), else in the pieces the socket delivers.
 
         Raises:
             UpstreamError: the connection failed or the answer was malformed before the
@@ -235,6 +239,9 @@ class _StreamReader:
         self.detached = False
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
+        self._chunked = False
+        self._part: list[bytes] = []
+        self._part_bytes = 0
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
 
@@ -246,13 +253,36 @@ class _StreamReader:
         self.status = self.parser.get_status_code()
         self._wake()
 
+    def on_chunk_header(self) -> None:
+        self._chunked = True
+
     def on_body(self, body: bytes) -> None:
+        if self._chunked:
+            # Held until its HTTP chunk is complete, so a chunk split over socket reads
+            # still comes out whole: one chunk is one piece the model yielded, and the
+            # streaming door frames one event per piece. A huge one goes on in parts.
+            self._part.append(body)
+            self._part_bytes += len(body)
+            if self._part_bytes < _PART_BYTES:
+                return
+            body = self._take_part()
         self._chunks.append(body)
         self._buffered += len(body)
         if self._buffered > _STREAM_BUFFER_BYTES and not self._paused:
             self._paused = True
             self._transport().pause_reading()
         self._wake()
+
+    def on_chunk_complete(self) -> None:
+        if self._part:
+            self.on_body(self._take_part())
+
+    def _take_part(self) -> bytes:
+        part = self._part[0] if len(self._part) == 1 else b"".join(self._part)
+        self._part = []
+        self._part_bytes = 0
+        self._chunked = False  # set again by the next chunk's header
+        return part
 
     def on_message_complete(self) -> None:
         self.complete = True
@@ -287,6 +317,11 @@ class _StreamReader:
             await self._waiter
         finally:
             self._waiter = None
+
+    def write(self, request: bytes) -> None:
+        """Write a whole request at once."""
+        self._transport().write(request)
+        self.request_sent = True
 
     async def send(
         self, head: bytes, body: bytes | AsyncIterator[bytes], length: int | None
@@ -492,16 +527,26 @@ class ConnectionPool:
         head = _request_head(method, path, self._host_header, headers, length, chunked=chunked)
         conn, _ = await self._acquire()
         reader = _StreamReader(conn)
-        # The body goes out while the answer comes in: an instance may stream its answer
-        # before it has read the whole request (an echo does), and waiting for the body
-        # to be sent first would then deadlock once both socket buffers are full.
-        sender = asyncio.create_task(reader.send(head, body, length))
-        sender.add_done_callback(reader.sender_done)
+        sender: asyncio.Task[None] | None = None
+        if isinstance(body, bytes):
+            # Handed to the transport at once, which sends it as the socket takes it:
+            # no task to race against the head (response streaming's time to first byte).
+            reader.write(head + body)
+        else:
+            # The body goes out while the answer comes in: an instance may stream its
+            # answer before it has read the whole request (an echo does), and waiting for
+            # the body to be sent first would then deadlock once both socket buffers are
+            # full.
+            sender = asyncio.create_task(reader.send(head, body, length))
+            sender.add_done_callback(reader.sender_done)
         try:
-            await _head_or_send_failure(reader, sender)
+            if sender is None:
+                await reader.wait_head()
+            else:
+                await _head_or_send_failure(reader, sender)
             yield StreamedResponse(reader)
         finally:
-            if not sender.done():
+            if sender is not None and not sender.done():
                 sender.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await sender

@@ -114,10 +114,12 @@ class Router:
         return old
 
     def in_flight(self) -> Iterator[tuple[str, str, int]]:
-        """(endpoint, variant, requests in flight) for every published variant."""
+        """(endpoint, variant, requests in flight or waiting for an instance) for every
+        published variant: the concurrency its clients ask of it."""
         for route in list(self.routes.values()):
             for variant in route.variants:
-                yield route.name, variant.name, sum(i.in_flight for i in variant.instances)
+                busy = sum(i.in_flight for i in variant.instances) + len(variant.waiters)
+                yield route.name, variant.name, busy
 
     def variant_for(self, route: EndpointRoute, target: str | None) -> VariantRoute:
         """The variant the client named, or one by weight."""
@@ -127,6 +129,11 @@ class Router:
         if variant is None:
             raise RuntimeValidationError(
                 f"Endpoint {route.name} does not have a production variant named {target}."
+            )
+        if variant.shadow:
+            raise RuntimeValidationError(
+                f"Variant {target} of endpoint {route.name} is a shadow variant: it takes "
+                "copies of the production variant's requests and cannot be invoked directly."
             )
         return variant
 
@@ -175,7 +182,7 @@ class Router:
                         self._unsent(route, instance, call, exc, tried)
                         continue
                     finally:
-                        self._give_back(variant, instance)
+                        self._give_back(route, variant, instance)
                     model_s = time.perf_counter() - started
                     instance.observe(model_s)
                     if multi is not None:
@@ -262,7 +269,7 @@ class Router:
                     yield Exchange(variant, instance, response, time.perf_counter() - started)
                     return
             finally:
-                self._give_back(variant, instance)
+                self._give_back(route, variant, instance)
 
     # -- choosing and counting --------------------------------------------------------
 
@@ -289,11 +296,16 @@ class Router:
             await self._wait(variant, front=turn)
             turn = True
 
-    @staticmethod
-    def _give_back(variant: VariantRoute, instance: Instance) -> None:
+    def _give_back(self, route: EndpointRoute, variant: VariantRoute, instance: Instance) -> None:
         instance.in_flight -= 1
         if variant.serverless is not None:
             instance.last_used = time.monotonic()
+        # The turn goes to the queue of the table published now: a swap since the request
+        # was taken moved the waiting requests there, and a turn given to the old table's
+        # (empty) queue would be lost, leaving them asleep beside an idle instance.
+        current = self.routes.get(route.name)
+        if current is not None and current is not route:
+            variant = current.by_name.get(variant.name, variant)
         variant.release()
 
     @staticmethod
@@ -343,7 +355,13 @@ class Router:
             raise ServiceUnavailable(f"Endpoint {route.name} is being deleted.")
         if current is route:
             return variant
-        return current.by_name.get(variant.name) or current.pick_variant(self._rng)
+        successor = current.by_name.get(variant.name)
+        if successor is not None:
+            return successor
+        if variant.shadow:
+            # A copy must never reach a production variant in its shadow's place.
+            raise ServiceUnavailable(f"Shadow variant {variant.name} of {route.name} is gone.")
+        return current.pick_variant(self._rng)
 
     def _choose(
         self, variant: VariantRoute, model: str | None, tried: list[Instance], *, turn: bool
@@ -364,7 +382,11 @@ class Router:
                 instance = multi.choose(candidates, model)
             if instance is not None:
                 return instance
-            if variant.serverless is None and not any(i.healthy for i in candidates):
+            if (
+                variant.serverless is None
+                and not variant.coming
+                and not any(i.healthy for i in candidates)
+            ):
                 raise ModelNotReady(f"No instance of variant {variant.name} is ready yet.")
         if variant.serverless is not None:
             # No instance can take it now: ask for as many as the work at hand needs,

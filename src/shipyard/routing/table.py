@@ -14,16 +14,21 @@ import random
 from collections import deque
 from collections.abc import Sequence
 
+from shipyard.capture.writer import VariantCapture
 from shipyard.metrics import VariantMetrics
 from shipyard.records import AsyncConfig
 from shipyard.routing.instance import Instance
 from shipyard.routing.multimodel import MultiModelRoute
 from shipyard.routing.policies import Policy
 from shipyard.routing.serverless import ServerlessRoute
+from shipyard.routing.shadow import copy_shares
 
 
 class VariantRoute:
     """One production variant's instances, its weight and its policy.
+
+    ``capture`` is set when the endpoint config captures data (DataCaptureConfig): the
+    runtime door offers it every invocation answered (capture/writer.py).
 
     ``waiters`` is the variant's FIFO queue of requests held at the gateway until an
     instance can take them (policies with ``queues``); it is handed from one published
@@ -33,7 +38,12 @@ class VariantRoute:
     variant holds nothing at the gateway (a full one answers 503): a request waiting for
     one model must not hold back requests for the others. ``serverless`` is set for a
     variant with a ServerlessConfig: its requests are admitted against MaxConcurrency and
-    wait here for an instance to start when none can take them.
+    wait here for an instance to start when none can take them. ``coming`` counts the
+    instances being started for the variant (a scale-out): while there are any, a request
+    that finds every instance full waits for them here, even under a policy that does not
+    queue otherwise, instead of being refused while capacity is on its way. ``shadow``
+    marks a shadow variant: never picked by weight nor by TargetVariant, it only takes
+    the copies routing/shadow.py sends it.
     """
 
     __slots__ = (
@@ -42,10 +52,13 @@ class VariantRoute:
         "policy",
         "instances",
         "metrics",
+        "capture",
         "waiters",
         "queue_limit",
         "multi_model",
         "serverless",
+        "coming",
+        "shadow",
     )
 
     def __init__(
@@ -56,19 +69,25 @@ class VariantRoute:
         policy: Policy,
         instances: Sequence[Instance],
         metrics: VariantMetrics,
+        capture: VariantCapture | None = None,
         multi_model: MultiModelRoute | None = None,
         serverless: ServerlessRoute | None = None,
+        coming: int = 0,
+        shadow: bool = False,
     ) -> None:
         self.name = name
+        self.shadow = shadow
         self.weight = weight
         self.policy = policy
         self.instances = list(instances)
         self.metrics = metrics
+        self.capture = capture
         self.multi_model = multi_model
         self.serverless = serverless
+        self.coming = coming
         self.waiters: deque[asyncio.Future[None]] = deque()
-        queues = policy.queues and multi_model is None
-        self.queue_limit = policy.max_in_flight * len(instances) if queues else 0
+        queued = len(instances) if policy.queues else 0
+        self.queue_limit = 0 if multi_model else policy.max_in_flight * (queued + coming)
         if serverless is not None:
             # Admission already bounds it: every request admitted may wait here for an
             # instance, the first ones for a cold start.
@@ -93,9 +112,23 @@ class VariantRoute:
 
 
 class EndpointRoute:
-    """The routing table of one endpoint: its variants and their weights."""
+    """The routing table of one endpoint: its variants and their weights.
 
-    __slots__ = ("name", "variants", "by_name", "async_config", "_cumulative", "_total")
+    ``variants`` holds shadow variants too (their instances are the endpoint's); only
+    production ones are picked by weight. ``copies`` maps a production variant to the
+    shadows that get a share of its requests (routing/shadow.py), empty without shadows.
+    """
+
+    __slots__ = (
+        "name",
+        "variants",
+        "by_name",
+        "async_config",
+        "copies",
+        "_production",
+        "_cumulative",
+        "_total",
+    )
 
     def __init__(
         self,
@@ -109,9 +142,11 @@ class EndpointRoute:
         """Set for an asynchronous endpoint, whose requests come from the queue."""
         self.variants = list(variants)
         self.by_name = {v.name: v for v in self.variants}
-        weights = [max(v.weight, 0.0) for v in self.variants]
+        self._production = [v for v in self.variants if not v.shadow]
+        self.copies = copy_shares(self._production, [v for v in self.variants if v.shadow])
+        weights = [max(v.weight, 0.0) for v in self._production]
         if sum(weights) <= 0:
-            weights = [1.0] * len(self.variants)  # all weights zero: split evenly
+            weights = [1.0] * len(self._production)  # all weights zero: split evenly
         self._cumulative = list(itertools.accumulate(weights))
         self._total = self._cumulative[-1] if self._cumulative else 0.0
 
@@ -119,9 +154,9 @@ class EndpointRoute:
         return f"EndpointRoute({self.name!r}, variants={[v.name for v in self.variants]})"
 
     def pick_variant(self, rng: random.Random) -> VariantRoute:
-        if len(self.variants) == 1:
-            return self.variants[0]
-        return self.variants[bisect.bisect_right(self._cumulative, rng.random() * self._total)]
+        if len(self._production) == 1:
+            return self._production[0]
+        return self._production[bisect.bisect_right(self._cumulative, rng.random() * self._total)]
 
     def instances(self) -> list[Instance]:
         return [i for v in self.variants for i in v.instances]

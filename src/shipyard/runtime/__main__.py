@@ -14,7 +14,10 @@ a prefix instead, loaded on demand, configured by:
 - ``SHIPYARD_S3_ENDPOINT_URL``: an S3-compatible endpoint for s3:// prefixes.
 
 In both modes ``SAGEMAKER_MODEL_SERVER_WORKERS`` (default 1) handler threads run the
-user's handlers, off the event loop (:mod:`shipyard.runtime.workers`).
+user's handlers, off the event loop (:mod:`shipyard.runtime.workers`), and
+``SHIPYARD_MAX_BATCH_SIZE`` with ``SHIPYARD_MAX_BATCH_DELAY_MS`` (default 10) turn on
+server-side batching (:mod:`shipyard.runtime.batching`): for the model, which must define
+``predict_batch_fn``, or in multi-model mode for each model that defines it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from shipyard import launch
-from shipyard.runtime import handlers, server
+from shipyard.runtime import handlers, server, spare
+from shipyard.runtime.batching import DEFAULT_MAX_DELAY_MS, BatchConfig
 from shipyard.runtime.multimodel import DEFAULT_LOAD_WAIT_S
 from shipyard.runtime.workers import HandlerThreads
 
@@ -78,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         if code_dir is not None:
             fetched[code_dir] = os.environ["SAGEMAKER_SUBMIT_DIRECTORY"]
         app = _app(model_dir, os.environ, code_dir)
+        spare.record_imports(os.environ)
         sock = server.bind(args.host, args.port)
     except Exception as exc:
         log.exception("could not start the model in %s", args.model_dir or args.model_url)
@@ -111,14 +116,33 @@ def _code_dir(cache: Path, environ: Mapping[str, str]) -> Path | None:
 def _app(model_dir: Path, environ: Mapping[str, str], code_dir: Path | None = None) -> server.App:
     program = environ.get("SAGEMAKER_PROGRAM")
     threads = HandlerThreads(_number(environ, "SAGEMAKER_MODEL_SERVER_WORKERS", int) or 1)
+    batching = _batching(environ)
     if environ.get("SAGEMAKER_MULTI_MODEL", "").strip().lower() != "true":
         loaded = handlers.load(model_dir, program=program, code_dir=code_dir)
-        return server.RuntimeApp(loaded, threads=threads)
+        return server.RuntimeApp(loaded, threads=threads, batching=batching)
     # Imported here: s3fs and the artifact store are for multi-model instances only.
     from shipyard.runtime import model_contract, model_source
 
     config = _multi_model_config(model_dir.absolute(), environ, program, code_dir)
-    return model_contract.MultiModelApp(model_source.open_model_cache(config), threads=threads)
+    cache = model_source.open_model_cache(config)
+    return model_contract.MultiModelApp(cache, threads=threads, batching=batching)
+
+
+def _batching(environ: Mapping[str, str]) -> BatchConfig | None:
+    size = _number(environ, "SHIPYARD_MAX_BATCH_SIZE", int)
+    delay = environ.get("SHIPYARD_MAX_BATCH_DELAY_MS", "").strip()
+    if size is None:
+        if delay:
+            raise ValueError(
+                "SHIPYARD_MAX_BATCH_DELAY_MS is set without SHIPYARD_MAX_BATCH_SIZE: "
+                "set the batch size to turn batching on."
+            )
+        return None
+    try:
+        delay_ms = float(delay) if delay else DEFAULT_MAX_DELAY_MS
+    except ValueError:
+        raise ValueError(f"SHIPYARD_MAX_BATCH_DELAY_MS must be a number, got {delay!r}.") from None
+    return BatchConfig(max_size=size, max_delay_s=delay_ms / 1000)
 
 
 def _multi_model_config(
@@ -158,5 +182,16 @@ def _number(environ: Mapping[str, str], name: str, kind: Callable[[str], N]) -> 
     return value
 
 
+def spare_main(argv: list[str]) -> int:
+    """``--spare [--preload-file F]``: import ahead, then serve what the backend sends."""
+    parser = argparse.ArgumentParser(prog="python -m shipyard.runtime --spare")
+    parser.add_argument("--preload-file", type=Path, help="modules to import, one a line")
+    args = parser.parse_args(argv)
+    spare.preload(args.preload_file)
+    return main(spare.wait_for_work())
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--spare"]:
+        sys.exit(spare_main(sys.argv[2:]))
     sys.exit(main())

@@ -17,7 +17,13 @@ Encoding (``Accept``; a list is read left to right and the first type we know wi
 - ``text/csv``: one line per row of a 2-D result, one line per value of a 1-D one.
 - ``application/x-npy``: ``numpy.save`` bytes.
 
-numpy is imported only when a CSV or NPY body is seen: JSON is the common case and
+Open Inference Protocol tensors (``application/vnd.shipyard.v2+tensors``, the gateway's
+wire format, :mod:`shipyard.tensors`) arrive already decoded: :func:`decode_tensors` turns
+the body into a ``dict`` of numpy arrays before any handler runs, and ``decode`` hands
+that dict on. ``encode`` writes a dict of arrays (or one array, named ``output0``) back
+in the wire format, every output binary.
+
+numpy is imported only when a CSV, NPY or tensors body is seen: JSON is the common case and
 numpy's import would add a tenth of a second to every instance start.
 
 Errors carry ``status_code`` (415, 406 or 400) so the server answers with it; they cross
@@ -34,6 +40,7 @@ from typing import Any
 JSON = "application/json"
 CSV = "text/csv"
 NPY = "application/x-npy"
+TENSORS = "application/vnd.shipyard.v2+tensors"
 SUPPORTED = (JSON, CSV, NPY)
 
 
@@ -68,6 +75,8 @@ def media_type(value: str) -> str:
 
 def decode(body: bytes, content_type: str) -> Any:
     """The default ``input_fn``: the body as a Python or numpy value."""
+    if isinstance(body, dict):  # tensors, decoded by decode_tensors
+        return body
     kind = content_type if content_type in SUPPORTED else media_type(content_type)
     if kind == JSON:
         try:
@@ -86,6 +95,8 @@ def decode(body: bytes, content_type: str) -> Any:
 
 def encode(prediction: Any, accept: str) -> tuple[bytes, str]:
     """The default ``output_fn``: ``prediction`` as bytes, and their content type."""
+    if accept == TENSORS:
+        return encode_tensors(prediction)
     kind = accept if accept in SUPPORTED else _choose(accept)
     if kind == JSON:
         return _JSON_ENCODER.encode(prediction).encode(), JSON
@@ -105,6 +116,29 @@ def _choose(accept: str) -> str:
         f"Accept {accept!r} is not supported by the default output_fn; "
         f"use one of {', '.join(SUPPORTED)} or define output_fn in inference.py."
     )
+
+
+def decode_tensors(body: bytes, content_type: str) -> dict[str, Any]:
+    """A wire-format body as ``{input name: numpy array}``."""
+    from shipyard import tensors
+
+    try:
+        length = tensors.header_length_of(content_type, None)
+        request = tensors.parse_request(body, length)
+    except tensors.TensorError as exc:
+        raise InvalidBody(str(exc)) from exc
+    return {t.name: tensors.to_numpy(t) for t in request.inputs}
+
+
+def encode_tensors(prediction: Any) -> tuple[bytes, str]:
+    """A dict of arrays (or one array, as ``output0``) in the wire format."""
+    from shipyard import tensors
+
+    if not isinstance(prediction, dict):
+        prediction = {"output0": prediction}
+    outputs = [tensors.from_numpy(str(name), value) for name, value in prediction.items()]
+    body, length = tensors.encode_binary(outputs, "outputs")
+    return body, f"{TENSORS}; header-length={length}"
 
 
 def _jsonable(value: Any) -> Any:

@@ -10,14 +10,29 @@ The user contract is the SageMaker inference toolkit's, and nothing more:
 - ``output_fn(prediction, accept)`` encodes the result; default: :func:`codecs.encode`.
 - ``transform_fn(model, input_data, content_type, accept)`` replaces the three above.
 
+Open Inference Protocol requests (``application/vnd.shipyard.v2+tensors``, see
+:mod:`shipyard.tensors`) are decoded by the runtime into ``{input name: numpy array}``
+first: ``predict_tensors_fn(inputs, model) -> dict`` is called when the program defines
+it; otherwise the handlers above run with that dict as ``input_data`` and that content
+type, and the default ``output_fn`` encodes the dict (or one array) the chain returns.
+
 ``output_fn`` and ``transform_fn`` return bytes or str (sent with the ``Accept`` type), or
-a ``(body, content_type)`` tuple. Any handler may take an extra keyword parameter
-``context``: a :class:`Context` carrying the request's custom attributes and taking the
-response's. Which handlers want it is decided once, at load time, so a request pays for
-one flag test per handler.
+a ``(body, content_type)`` tuple; an iterator or generator in place of the body (or from
+``predict_fn``) is a streamed answer, one chunk per item (:mod:`streaming`). Any handler
+may take an extra keyword parameter ``context``: a :class:`Context` carrying the request's
+custom attributes and taking the response's. Which handlers want it is decided once, at
+load time, so a request pays for one flag test per handler.
 
 Handlers are plain synchronous functions, called on a handler thread (:mod:`workers`): an
 instance serves one request at a time by default, like one SageMaker model-server worker.
+
+Server-side batching (:mod:`batching`), when the model's Environment sets
+``SHIPYARD_MAX_BATCH_SIZE``: ``predict_batch_fn(data_list, model) -> list`` replaces
+``predict_fn`` and receives the ``input_fn`` results of requests from many clients; it
+returns one prediction per item, in order, each handed to that request's ``output_fn``.
+An item may be an ``Exception`` instance, which fails that request alone; if
+``predict_batch_fn`` raises, every request of the batch fails with its error. It takes no
+``context``; ``input_fn`` and ``output_fn`` may, per request as above.
 """
 
 from __future__ import annotations
@@ -25,16 +40,23 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence, Sized
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from shipyard.runtime import codecs
+from shipyard.runtime import codecs, streaming
+
+if TYPE_CHECKING:
+    from shipyard.runtime.batching import Batcher
 
 DEFAULT_PROGRAM = "inference.py"
 
 Handler = Callable[..., Any]
+Request = tuple[bytes, str, str, "Context | None"]
+"""One request of a batch: body, content type, accept and context."""
+
+_PENDING: Any = ("pending", "")  # an answer slot not yet filled, told apart by identity
 
 
 class Context:
@@ -68,6 +90,8 @@ class Handlers:
         self._input: Handler = _find(module, "input_fn") or codecs.decode
         self._predict: Handler = _find(module, "predict_fn") or _default_predict
         self._output: Handler = _find(module, "output_fn") or codecs.encode
+        self._predict_tensors = _find(module, "predict_tensors_fn")
+        self._predict_batch = _find(module, "predict_batch_fn")
         self._transform_ctx = _takes_context(self._transform)
         self._input_ctx = _takes_context(self._input)
         self._predict_ctx = _takes_context(self._predict)
@@ -76,34 +100,118 @@ class Handlers:
             self._transform is None and (self._input_ctx or self._predict_ctx or self._output_ctx)
         )
         """Whether any handler a request calls takes ``context``; else none is built."""
+        self.batcher: Batcher | None = None
+        """On a multi-model instance with batching on, this model's own batcher, made at
+        its first request and dropped with it when it is unloaded."""
 
     def __repr__(self) -> str:
         return f"Handlers(program={self.program!r}, model={type(self.model).__name__})"
 
+    @property
+    def batches(self) -> bool:
+        """Whether the program can be batched: it defines ``predict_batch_fn`` and its
+        requests go through ``input_fn``/``output_fn`` (no ``transform_fn``)."""
+        return self._predict_batch is not None and self._transform is None
+
+    def batchable(self, content_type: str) -> bool:
+        """Whether a request of this type goes into a batch: OIP tensors go to
+        ``predict_tensors_fn`` on their own when the program defines it."""
+        return self._predict_tensors is None or not content_type.startswith(codecs.TENSORS)
+
+    def invoke_batch(self, requests: Sequence[Request]) -> list[tuple[bytes, str] | Exception]:
+        """Run requests gathered by the batcher through one ``predict_batch_fn`` call.
+
+        Each answer is a response body and its content type, or the exception that failed
+        that request alone (its ``input_fn``, its item of the batch or its ``output_fn``).
+        Raises when ``predict_batch_fn`` raises or does not answer one item per request:
+        then every request of the batch fails.
+        """
+        predict_batch = self._predict_batch
+        assert predict_batch is not None, "only a program that batches is batched"
+        answers: list[tuple[bytes, str] | Exception] = []
+        inputs: list[Any] = []
+        for body, content_type, _, context in requests:
+            try:
+                inputs.append(self._decode_one(body, content_type, context))
+                answers.append(_PENDING)
+            except Exception as exc:
+                answers.append(exc)
+        predictions = predict_batch(inputs, self.model) if inputs else []
+        if not isinstance(predictions, Sequence) or len(predictions) != len(inputs):
+            got = len(predictions) if isinstance(predictions, Sized) else type(predictions)
+            raise TypeError(
+                f"predict_batch_fn returned {got!s} predictions for {len(inputs)} inputs; "
+                "it must return a list with one prediction (or Exception) per input, in order."
+            )
+        position = 0
+        for n, (_, _, accept, context) in enumerate(requests):
+            if answers[n] is not _PENDING:
+                continue
+            prediction = predictions[position]
+            position += 1
+            if isinstance(prediction, Exception):
+                answers[n] = prediction
+                continue
+            try:
+                if self._output_ctx:
+                    result = self._output(prediction, accept, context=context)
+                else:
+                    result = self._output(prediction, accept)
+                answers[n] = _as_response(result, accept, "output_fn")
+            except Exception as exc:
+                answers[n] = exc
+        return answers
+
+    def _decode_one(self, body: bytes, content_type: str, context: Context | None) -> Any:
+        received: Any = body
+        if content_type.startswith(codecs.TENSORS):
+            received, content_type = codecs.decode_tensors(body, content_type), codecs.TENSORS
+        if self._input_ctx:
+            return self._input(received, content_type, context=context)
+        return self._input(received, content_type)
+
     def invoke(
         self, body: bytes, content_type: str, accept: str, context: Context | None
     ) -> tuple[bytes, str]:
-        """Run one request through the handlers: the response body and its content type."""
+        """Run one request through the handlers: the response body and its content type
+        (a streamed answer joined whole)."""
+        payload, media_type = self.answer(body, content_type, accept, context)
+        if not isinstance(payload, bytes):
+            payload = streaming.join(payload)
+        return payload, media_type
+
+    def answer(
+        self, body: bytes, content_type: str, accept: str, context: Context | None
+    ) -> tuple[bytes | streaming.Chunks, str]:
+        """As ``invoke``, but a handler's iterator comes back as an iterator of chunks,
+        still to be run (see :mod:`streaming`)."""
         model = self.model
+        received: Any = body
+        if content_type.startswith(codecs.TENSORS):
+            received, content_type = codecs.decode_tensors(body, content_type), codecs.TENSORS
+            if self._predict_tensors is not None:
+                return codecs.encode_tensors(self._predict_tensors(received, model))
         if self._transform is not None:
             if self._transform_ctx:
-                result = self._transform(model, body, content_type, accept, context=context)
+                result = self._transform(model, received, content_type, accept, context=context)
             else:
-                result = self._transform(model, body, content_type, accept)
-            return _as_response(result, accept, "transform_fn")
+                result = self._transform(model, received, content_type, accept)
+            return _as_answer(result, accept, "transform_fn")
         if self._input_ctx:
-            data = self._input(body, content_type, context=context)
+            data = self._input(received, content_type, context=context)
         else:
-            data = self._input(body, content_type)
+            data = self._input(received, content_type)
         if self._predict_ctx:
             prediction = self._predict(data, model, context=context)
         else:
             prediction = self._predict(data, model)
+        if self._output is codecs.encode and streaming.is_stream(prediction):
+            return streaming.encoded(prediction, accept), accept
         if self._output_ctx:
             result = self._output(prediction, accept, context=context)
         else:
             result = self._output(prediction, accept)
-        return _as_response(result, accept, "output_fn")
+        return _as_answer(result, accept, "output_fn")
 
 
 def load(model_dir: Path, *, program: str | None = None, code_dir: Path | None = None) -> Handlers:
@@ -180,6 +288,15 @@ def _default_predict(data: Any, model: Any) -> Any:
     if callable(model):
         return model(data)
     return data
+
+
+def _as_answer(result: Any, accept: str, handler: str) -> tuple[bytes | streaming.Chunks, str]:
+    """As _as_response, and an iterator (or ``(iterator, content_type)``) as its chunks."""
+    pair = isinstance(result, tuple) and len(result) == 2
+    body, content_type = result if pair else (result, accept)
+    if streaming.is_stream(body) and isinstance(content_type, str):
+        return streaming.chunks(body, handler), content_type
+    return _as_response(result, accept, handler)
 
 
 def _as_response(result: Any, accept: str, handler: str) -> tuple[bytes, str]:

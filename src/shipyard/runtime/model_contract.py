@@ -32,15 +32,18 @@ from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from shipyard.contract import (
+    BATCH,
     ERROR,
     EVICTED,
     LOADED_MODELS,
     MODEL_CACHE,
     MODEL_TIMINGS,
     TARGET_MODEL_HEADER,
+    format_batch,
     format_evicted,
     format_timings,
 )
+from shipyard.runtime.batching import BatchConfig, Batcher
 from shipyard.runtime.handlers import Context, Handlers
 from shipyard.runtime.multimodel import (
     Acquired,
@@ -87,10 +90,16 @@ class MultiModelApp:
     """The ASGI app of a multi-model instance: the models of one ModelCache, on demand."""
 
     def __init__(
-        self, cache: ModelCache[Handlers], *, threads: HandlerThreads | None = None
+        self,
+        cache: ModelCache[Handlers],
+        *,
+        threads: HandlerThreads | None = None,
+        batching: BatchConfig | None = None,
     ) -> None:
         self.cache = cache
         self.threads = threads or HandlerThreads()
+        self.batching = batching
+        """Server-side batching, for each model that defines ``predict_batch_fn``."""
 
     def __repr__(self) -> str:
         return f"MultiModelApp({self.cache!r}, {self.threads!r})"
@@ -120,15 +129,47 @@ class MultiModelApp:
         if request is None:
             return
         try:
-            # Handed straight to _respond: no local here keeps the model alive while the
-            # response is sent, so an unload meanwhile frees its memory at once.
-            status, headers, body = await self.threads.run(
-                _respond, await self.cache.acquire(_target(request.target)), request, self.cache
-            )
+            if self.batching is not None:
+                status, headers, body = await self._batched(
+                    await self.cache.acquire(_target(request.target)), request, self.batching
+                )
+            else:
+                # Handed straight to _respond: no local here keeps the model alive while
+                # the response is sent, so an unload meanwhile frees its memory at once.
+                status, headers, body = await self.threads.run(
+                    _respond, await self.cache.acquire(_target(request.target)), request, self.cache
+                )
         except MultiModelError as exc:
             await self._refuse(send, exc)
             return
         await _send(send, status, headers, body)
+
+    async def _batched(
+        self, acquired: Acquired[Handlers], request: _Request, config: BatchConfig
+    ) -> tuple[int, Headers, bytes]:
+        """Through the model's own batcher when it batches; else as without batching."""
+        handlers = acquired.model
+        if not handlers.batches or not handlers.batchable(request.content_type):
+            return await self.threads.run(_respond, acquired, request, self.cache)
+        batcher = handlers.batcher
+        if batcher is None:
+            batcher = handlers.batcher = Batcher(handlers, self.threads, config)
+        headers = _model_headers(acquired, self.cache)
+        context = Context(request.attributes) if handlers.uses_context else None
+        try:
+            answer = await batcher.submit(
+                (request.body, request.content_type, request.accept, context)
+            )
+        except Exception as exc:
+            status, text = describe_failure(exc)
+            body = text.encode()
+            return status, [*headers, _TEXT, (b"content-length", str(len(body)).encode())], body
+        headers.append((b"content-type", answer.media_type.encode("latin-1")))
+        headers.append((b"content-length", str(len(answer.payload)).encode()))
+        headers.append((BATCH, format_batch(answer.size, answer.wait_s)))
+        if context is not None and context.response_custom_attributes is not None:
+            headers.append((CUSTOM_ATTRIBUTES, context.response_custom_attributes.encode()))
+        return 200, headers, answer.payload
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = _model_route(scope)

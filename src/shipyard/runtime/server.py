@@ -5,11 +5,14 @@ two routes need no router, no request object and no middleware. The per-request 
 one pass over the headers, the handlers (on a handler thread, so ``/ping`` answers
 while they run: :mod:`workers`), and two ``send`` calls (the floor we compare
 against is ``bench-peers/raw_asgi``). In multi-model mode :mod:`model_contract`'s app is
-served instead, so none of its work lands on this path.
+served instead, so none of its work lands on this path. With server-side batching on, a
+request goes to the :mod:`batching` FIFO instead of straight to a handler thread, and its
+answer carries ``X-Shipyard-Batch``; without it, the only cost is one attribute test.
 
 Errors: a handler that raises is logged with its traceback and answered with 500 (or the
 exception's own ``status_code`` when it is an int in 400..599) and a ``text/plain`` body
-``<ExcType>: <message>``, which the gateway turns into SageMaker's ``ModelError``.
+``<ExcType>: <message>``, which the gateway turns into SageMaker's ``ModelError``. A
+streamed answer (:mod:`streaming`) that fails once begun ends with that text instead.
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ from typing import Any
 
 import uvicorn
 
+from shipyard.contract import BATCH, RESPONSE_STREAM, format_batch
+from shipyard.runtime import streaming
+from shipyard.runtime.batching import BatchConfig, Batcher
 from shipyard.runtime.codecs import CodecError
-from shipyard.runtime.handlers import Context, Handlers
+from shipyard.runtime.handlers import Context, Handlers, Request
 from shipyard.runtime.workers import HandlerThreads
 
 log = logging.getLogger(__name__)
@@ -47,9 +53,16 @@ _EMPTY_BODY: Message = {"type": "http.response.body", "body": b""}
 class RuntimeApp:
     """The ASGI app of one instance: serves ``handlers`` on the two contract routes."""
 
-    def __init__(self, handlers: Handlers, *, threads: HandlerThreads | None = None) -> None:
+    def __init__(
+        self,
+        handlers: Handlers,
+        *,
+        threads: HandlerThreads | None = None,
+        batching: BatchConfig | None = None,
+    ) -> None:
         self.handlers = handlers
         self.threads = threads or HandlerThreads()
+        self.batcher = None if batching is None else Batcher(handlers, self.threads, batching)
 
     def __repr__(self) -> str:
         return f"RuntimeApp({self.handlers!r}, {self.threads!r})"
@@ -84,23 +97,21 @@ class RuntimeApp:
             body = b"".join(chunks)
         if message["type"] == "http.disconnect":
             return
-        content_type = accept = DEFAULT_TYPE
-        attributes: str | None = None
-        for name, value in scope["headers"]:
-            if name == b"content-type":
-                content_type = value.decode("latin-1") or DEFAULT_TYPE
-            elif name == b"accept":
-                accept = value.decode("latin-1")
-                if accept == "*/*" or not accept:
-                    accept = DEFAULT_TYPE
-            elif name == CUSTOM_ATTRIBUTES:
-                attributes = value.decode("latin-1")
+        content_type, accept, attributes, streamed = _request_headers(scope["headers"])
         handlers = self.handlers
         context = Context(attributes) if handlers.uses_context else None
+        if self.batcher is not None and handlers.batchable(content_type):
+            await self._batched(send, self.batcher, (body, content_type, accept, context))
+            return
         try:
             payload, media_type = await self.threads.run(
-                handlers.invoke, body, content_type, accept, context
+                handlers.answer, body, content_type, accept, context
             )
+            if not isinstance(payload, bytes):  # the handlers returned an iterator
+                if streamed:
+                    await self._stream(send, receive, payload, media_type, context)
+                    return
+                payload = await self.threads.run(streaming.join, payload)
             headers = [
                 (b"content-type", media_type.encode("latin-1")),
                 (b"content-length", str(len(payload)).encode()),
@@ -112,6 +123,60 @@ class RuntimeApp:
             return
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
+
+    async def _batched(self, send: Send, batcher: Batcher, request: Request) -> None:
+        try:
+            answer = await batcher.submit(request)
+        except Exception as exc:
+            await _failure(send, exc)
+            return
+        context = request[3]
+        headers = [
+            (b"content-type", answer.media_type.encode("latin-1")),
+            (b"content-length", str(len(answer.payload)).encode()),
+            (BATCH, format_batch(answer.size, answer.wait_s)),
+        ]
+        if context is not None and context.response_custom_attributes is not None:
+            headers.append((CUSTOM_ATTRIBUTES, context.response_custom_attributes.encode()))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": answer.payload})
+
+    async def _stream(
+        self,
+        send: Send,
+        receive: Receive,
+        chunks: streaming.Chunks,
+        media_type: str,
+        context: Context | None,
+    ) -> None:
+        first = await streaming.first_chunk(self.threads, chunks)  # raises: an error status
+        headers = [(b"content-type", media_type.encode("latin-1"))]
+        if context is not None and context.response_custom_attributes is not None:
+            headers.append((CUSTOM_ATTRIBUTES, context.response_custom_attributes.encode()))
+        await streaming.send_stream(send, receive, self.threads, chunks, first, headers, _described)
+
+
+def _request_headers(headers: list[tuple[bytes, bytes]]) -> tuple[str, str, str | None, bool]:
+    """Content type, accept, custom attributes and whether a streamed answer is asked for."""
+    content_type = accept = DEFAULT_TYPE
+    attributes: str | None = None
+    streamed = False
+    for name, value in headers:
+        if name == b"content-type":
+            content_type = value.decode("latin-1") or DEFAULT_TYPE
+        elif name == b"accept":
+            accept = value.decode("latin-1")
+            if accept == "*/*" or not accept:
+                accept = DEFAULT_TYPE
+        elif name == CUSTOM_ATTRIBUTES:
+            attributes = value.decode("latin-1")
+        elif name == RESPONSE_STREAM:
+            streamed = True
+    return content_type, accept, attributes, streamed
+
+
+def _described(exc: Exception) -> str:
+    return describe_failure(exc)[1]
 
 
 async def _failure(send: Send, exc: Exception) -> None:

@@ -301,6 +301,7 @@ def _variant_json(v: VariantSpec) -> dict[str, Any]:
             "max_concurrency": v.serverless.max_concurrency,
             "provisioned_concurrency": v.serverless.provisioned_concurrency,
         },
+        "shadow": v.shadow,
     }
 
 
@@ -327,6 +328,7 @@ def _endpoint_config(row: Any) -> EndpointConfig:
             weight=float(v["weight"]),
             routing_strategy=RoutingStrategy(v["routing_strategy"]),
             serverless=ServerlessConfig(**v["serverless"]) if v.get("serverless") else None,
+            shadow=bool(v.get("shadow", False)),
         )
         for v in row["variants"]
     )
@@ -378,6 +380,7 @@ def _endpoint(row: Any) -> Endpoint:
                 name=v["name"],
                 desired_weight=float(v["desired_weight"]),
                 desired_instance_count=int(v["desired_instance_count"]),
+                shadow=bool(v.get("shadow", False)),
             )
             for v in row["variants"]
         ),
@@ -400,6 +403,7 @@ def _endpoint_row(e: Endpoint) -> dict[str, Any]:
                 "name": v.name,
                 "desired_weight": v.desired_weight,
                 "desired_instance_count": v.desired_instance_count,
+                "shadow": v.shadow,
             }
             for v in e.variants
         ],

@@ -188,7 +188,11 @@ class TransformRun:
         }
         try:
             fleet = await self.provisioner.launch(
-                self.job.name, config, {VARIANT: count}, {VARIANT: 1.0}, environment=environment
+                self.job.name,
+                config,
+                {VARIANT: count},
+                {VARIANT: 1.0},
+                environment=environment,
             )
         except Exception as exc:
             raise TransformFailed(f"AlgorithmError: {exc}") from exc

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from shipyard.control.endpoints import EndpointService
 from shipyard.errors import InvalidParameter
+from shipyard.gateway.actions.data_capture import check_data_capture
 from shipyard.gateway.actions.listing import page
 from shipyard.records import (
     AsyncConfig,
@@ -17,7 +19,11 @@ from shipyard.records import (
 
 
 def create_endpoint_config(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
+    if "DataCaptureConfig" in p:
+        check_data_capture(p["DataCaptureConfig"], svc.host_access)
     variants = [_variant(v) for v in p["ProductionVariants"]]
+    # Shadow variants are ProductionVariants in every field, checked the same way.
+    variants += [replace(_variant(v), shadow=True) for v in p.get("ShadowProductionVariants", [])]
     async_config = _async_config(p["AsyncInferenceConfig"]) if "AsyncInferenceConfig" in p else None
     config = svc.create_endpoint_config(
         p["EndpointConfigName"], variants, raw=p, async_config=async_config
@@ -137,19 +143,24 @@ def _routing_strategy(v: dict[str, Any]) -> RoutingStrategy:
 
 def describe_endpoint_config(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
     config = svc.describe_endpoint_config(p["EndpointConfigName"])
-    variants = []
-    for spec, raw in zip(config.variants, config.raw["ProductionVariants"], strict=True):
-        variants.append({**raw, "InitialVariantWeight": spec.weight})
     out: dict[str, Any] = {
         "EndpointConfigName": config.name,
         "EndpointConfigArn": config.arn,
-        "ProductionVariants": variants,
+        "ProductionVariants": _echo(config.production_variants, config.raw["ProductionVariants"]),
         "CreationTime": config.created,
     }
+    if config.shadow_variants:
+        out["ShadowProductionVariants"] = _echo(
+            config.shadow_variants, config.raw["ShadowProductionVariants"]
+        )
     for key in ("DataCaptureConfig", "KmsKeyId", "AsyncInferenceConfig", "Tags"):
         if key in config.raw and key != "Tags":
             out[key] = config.raw[key]
     return out
+
+
+def _echo(specs: tuple[VariantSpec, ...], raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**r, "InitialVariantWeight": spec.weight} for spec, r in zip(specs, raw, strict=True)]
 
 
 def list_endpoint_configs(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from shipyard.control.endpoints import EndpointService
 from shipyard.errors import ResourceNotFound
+from shipyard.gateway.actions.data_capture import describe_data_capture
 from shipyard.gateway.actions.listing import page
 from shipyard.records import Endpoint, EndpointConfig
 
@@ -26,7 +27,8 @@ def describe_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]
         for v in (config.variants if config is not None else ())
         if v.serverless is not None
     }
-    variants = []
+    variants: list[dict[str, Any]] = []
+    shadows: list[dict[str, Any]] = []
     for state in endpoint.variants:
         entry: dict[str, Any] = {
             "VariantName": state.name,
@@ -45,7 +47,7 @@ def describe_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]
                 {"SpecifiedImage": image, "ResolvedImage": image,
                  "ResolutionTime": endpoint.created}
             ]  # fmt: skip
-        variants.append(entry)
+        (shadows if state.shadow else variants).append(entry)
     out: dict[str, Any] = {
         "EndpointName": endpoint.name,
         "EndpointArn": endpoint.arn,
@@ -55,8 +57,12 @@ def describe_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]
         "CreationTime": endpoint.created,
         "LastModifiedTime": endpoint.modified,
     }
+    if shadows:
+        out["ShadowProductionVariants"] = shadows
     if endpoint.failure_reason:
         out["FailureReason"] = endpoint.failure_reason
+    if capture := describe_data_capture(config):
+        out["DataCaptureConfig"] = capture
     if endpoint.pending_config_name:
         out["PendingDeploymentSummary"] = {
             "EndpointConfigName": endpoint.pending_config_name,

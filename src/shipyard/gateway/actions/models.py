@@ -7,7 +7,7 @@ from typing import Any
 from shipyard.control.endpoints import EndpointService
 from shipyard.errors import InvalidParameter
 from shipyard.gateway.actions.listing import page
-from shipyard.records import ContainerMode, Model
+from shipyard.records import ContainerMode, ExecutionMode, Model
 
 # Multi-model settings the built-in runtime reads from the model's Environment.
 _CACHE_KNOBS = (
@@ -18,6 +18,10 @@ _CACHE_KNOBS = (
 
 
 def create_model(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
+    if p.get("PrimaryContainer") and p.get("Containers"):
+        raise InvalidParameter(
+            "PrimaryContainer and Containers are mutually exclusive: give one of them."
+        )
     container = p.get("PrimaryContainer") or next(iter(p.get("Containers") or []), None)
     if not container:
         raise InvalidParameter("Either PrimaryContainer or Containers must be provided.")
@@ -25,8 +29,9 @@ def create_model(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
     if not image:
         raise InvalidParameter("PrimaryContainer.Image must be provided.")
     _check_mode(p, container)
-    # Every container is checked, though only the first is served today: none may run a
-    # command or name a file this gateway's auth: section does not allow.
+    _check_containers(p)
+    # None of the containers may run a command or name a file this gateway's auth:
+    # section does not allow.
     for n, other in enumerate(p.get("Containers") or [], start=1):
         svc.host_access.check_image(str(other.get("Image", "")), f"Containers.{n}.Image")
         svc.host_access.check_location(other.get("ModelDataUrl"), f"Containers.{n}.ModelDataUrl")
@@ -50,11 +55,20 @@ def describe_model(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
         "CreationTime": model.created,
         "EnableNetworkIsolation": bool(model.raw.get("EnableNetworkIsolation", False)),
     }
-    for key in ("PrimaryContainer", "Containers", "ExecutionRoleArn", "VpcConfig"):
+    for key in (
+        "PrimaryContainer",
+        "Containers",
+        "InferenceExecutionConfig",
+        "ExecutionRoleArn",
+        "VpcConfig",
+    ):
         if key in model.raw:
             out[key] = model.raw[key]
     if isinstance(out.get("PrimaryContainer"), dict):
         out["PrimaryContainer"] = {"Mode": ContainerMode.SINGLE_MODEL, **out["PrimaryContainer"]}
+    if isinstance(out.get("Containers"), list):
+        out["Containers"] = [{"Mode": ContainerMode.SINGLE_MODEL, **c} for c in out["Containers"]]
+        out["InferenceExecutionConfig"] = {"Mode": model.execution_mode.value}
     return out
 
 
@@ -108,6 +122,43 @@ def _check_mode(p: dict[str, Any], container: dict[str, Any]) -> None:
             raise InvalidParameter(
                 f"Environment {key} must be a whole number above 0, got {value!r}."
             )
+
+
+def _check_containers(p: dict[str, Any]) -> None:
+    """Refuse a multi-container model SageMaker would refuse: a container without an
+    image, a hostname given twice, a Direct model whose containers are not all named."""
+    containers = p.get("Containers") or []
+    mode = (p.get("InferenceExecutionConfig") or {}).get("Mode", ExecutionMode.SERIAL)
+    if mode == ExecutionMode.DIRECT and not containers:
+        raise InvalidParameter(
+            "InferenceExecutionConfig.Mode Direct needs Containers: give each container a "
+            "ContainerHostname."
+        )
+    seen: set[str] = set()
+    for n, container in enumerate(containers, start=1):
+        if not container.get("Image"):
+            raise InvalidParameter(f"Containers.{n}.Image must be provided.")
+        grouped = len(containers) > 1 or mode == ExecutionMode.DIRECT
+        if grouped and container.get("Mode") == ContainerMode.MULTI_MODEL:
+            raise InvalidParameter(
+                f"Containers.{n}.Mode MultiModel is not supported for a multi-container "
+                "model: give one container."
+            )
+        hostname = container.get("ContainerHostname")
+        if not hostname:
+            if mode == ExecutionMode.DIRECT:
+                raise InvalidParameter(
+                    f"Containers.{n}.ContainerHostname must be provided when "
+                    "InferenceExecutionConfig.Mode is Direct: requests name the container "
+                    "they are for by it."
+                )
+            continue
+        if hostname in seen:
+            raise InvalidParameter(
+                f"ContainerHostname {hostname!r} is given to more than one container; each "
+                "container's hostname must be unique."
+            )
+        seen.add(hostname)
 
 
 def _is_prefix(uri: str) -> bool:
