@@ -207,3 +207,14 @@ transform_objects = Table(
     Column("records", Integer, nullable=False),
     Column("finished", DateTime(timezone=True), nullable=False),
 )
+
+leases = Table(
+    "leases",
+    metadata,
+    Column("kind", String(32), primary_key=True),
+    Column("name", String(63), primary_key=True),
+    Column("holder", String(64)),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("term", Integer, nullable=False),
+    Column("routes", JSON),
+)

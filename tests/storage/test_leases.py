@@ -1,0 +1,98 @@
+"""LeaseStore on SQLite and, where it runs, PostgreSQL: one holder at a time."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shipyard.storage.leases import ENDPOINT, LeaseStore
+from shipyard.storage.metadata import MetadataStore
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def meta(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetadataStore]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'meta.db'}"
+    else:
+        url = request.getfixturevalue("pg_schema").url
+    store = MetadataStore(url)
+    store.migrate()
+    yield store
+    store.close()
+
+
+def test_a_lease_held_and_renewed_is_not_taken_by_another_holder(meta: MetadataStore) -> None:
+    a, b = LeaseStore(meta.engine, holder="a"), LeaseStore(meta.engine, holder="b")
+    assert a.claim(ENDPOINT, ["e1", "e2"], lease_s=30) == {"e1": 1, "e2": 1}
+    assert b.claim(ENDPOINT, ["e1", "e2", "e3"], lease_s=30) == {"e3": 1}
+    assert a.claim(ENDPOINT, ["e1", "e2", "e3"], lease_s=30) == {"e1": 1, "e2": 1}
+
+
+def test_an_expired_lease_passes_to_the_next_claimer_with_a_new_term(
+    meta: MetadataStore,
+) -> None:
+    a, b = LeaseStore(meta.engine, holder="a"), LeaseStore(meta.engine, holder="b")
+    assert a.claim(ENDPOINT, ["e1"], lease_s=0.2) == {"e1": 1}
+    time.sleep(0.3)
+    assert b.claim(ENDPOINT, ["e1"], lease_s=30) == {"e1": 2}
+    assert a.claim(ENDPOINT, ["e1"], lease_s=30) == {}
+    lease = a.get(ENDPOINT, "e1")
+    assert lease is not None and lease.holder == "b" and lease.term == 2
+
+
+def test_routes_are_recorded_only_by_the_holder_and_released_with_the_lease(
+    meta: MetadataStore,
+) -> None:
+    a, b = LeaseStore(meta.engine, holder="a"), LeaseStore(meta.engine, holder="b")
+    a.claim(ENDPOINT, ["e1"], lease_s=30)
+    assert a.record_routes("e1", {"config": "c", "variants": []})
+    assert not b.record_routes("e1", {"config": "stale", "variants": []})
+    seen = b.held_elsewhere(ENDPOINT)["e1"]
+    assert seen.holder == "a" and seen.routes == {"config": "c", "variants": []}
+    assert a.held_elsewhere(ENDPOINT) == {}
+    a.release(ENDPOINT, ["e1"])
+    assert b.held_elsewhere(ENDPOINT)["e1"].routes is None
+    assert b.claim(ENDPOINT, ["e1"], lease_s=30) == {"e1": 2}
+
+
+def test_the_leases_of_deleted_endpoints_are_dropped_by_their_holder(
+    meta: MetadataStore,
+) -> None:
+    a = LeaseStore(meta.engine, holder="a")
+    a.claim(ENDPOINT, ["e1", "e2"], lease_s=30)
+    assert a.claim(ENDPOINT, ["e2"], lease_s=30) == {"e2": 1}
+    assert a.get(ENDPOINT, "e1") is None
+
+
+def test_of_many_holders_racing_for_free_leases_each_lease_goes_to_exactly_one(
+    meta: MetadataStore,
+) -> None:
+    names = [f"e{i}" for i in range(20)]
+    won: dict[str, list[str]] = {}
+    errors: list[BaseException] = []
+    gate = threading.Barrier(4)
+
+    def race(holder: str) -> None:
+        store = LeaseStore(meta.engine, holder=holder)
+        gate.wait()
+        try:
+            for _ in range(5):
+                for name in store.claim(ENDPOINT, names, lease_s=30):
+                    won.setdefault(name, [])
+                    if holder not in won[name]:
+                        won[name].append(holder)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=race, args=(f"h{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert sorted(won) == sorted(names)
+    assert all(len(holders) == 1 for holders in won.values()), won
