@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shipyard.stackfile import StackResources, read_yaml, validation_errors
 
 
 class Settings(BaseSettings):
@@ -245,8 +246,12 @@ class AutoscalingConfig(BaseModel):
     end, successful or not."""
 
 
-class StackFile(BaseModel):
-    """A stack file (YAML). Sections this version does not converge are refused."""
+class StackFile(StackResources):
+    """A stack file (YAML). Sections this version does not converge are refused.
+
+    The resource sections (``models``, ``endpoint_configs``, ``endpoints``, ``scaling``,
+    from StackResources) are converged by ``shipyard apply``, not at start.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -261,6 +266,7 @@ class StackFile(BaseModel):
 
     @model_validator(mode="after")
     def _check_topics(self) -> StackFile:
+        self.check_resources()
         for status, targets in self.jobs.notify.items():
             for target in targets:
                 if "://" in target or target.startswith("arn:aws:sns:"):
@@ -275,14 +281,9 @@ class StackFile(BaseModel):
 
     @classmethod
     def load(cls, path: Path) -> StackFile:
-        """Read and validate ``path``; errors name the file and the field."""
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ValueError(f"{path}: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: a stack file is a YAML mapping")
+        """Read and validate ``path``; errors name the file, the line and the field."""
+        data, lines = read_yaml(path)
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise ValueError(f"{path}: {exc}") from exc
+            raise ValueError(validation_errors(path, exc, lines)) from exc

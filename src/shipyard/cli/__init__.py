@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from shipyard import backends
-from shipyard.cli import jobs, transform
+from shipyard.cli import apply, endpoints, jobs, transform
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 
@@ -89,6 +89,9 @@ def serve(
 
 app.add_typer(jobs.app, name="jobs")
 app.add_typer(transform.app, name="transform")
+app.add_typer(endpoints.app, name="endpoints")
+app.command("apply")(apply.apply)
+app.command("destroy")(apply.destroy)
 app.command("logs", help="Print a job's log (as `shipyard jobs logs`).")(jobs.logs)
 
 

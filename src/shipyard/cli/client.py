@@ -1,4 +1,4 @@
-"""The CLI's view of a gateway: its jobs, over boto3's ``sagemaker`` client and plain HTTP.
+"""The CLI's view of a gateway: jobs and endpoints, over boto3's clients and plain HTTP.
 
 Every failure leaves this module as a :class:`GatewayError` whose message fits on one line,
 so commands report it and exit without a traceback.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -67,6 +68,7 @@ class Gateway:
     def __init__(self, url: str = DEFAULT_URL, *, page_size: int = 100) -> None:
         self.url = url.rstrip("/")
         self.page_size = page_size
+        self._clients: dict[str, Any] = {}
 
     def __repr__(self) -> str:
         return f"Gateway({self.url!r})"
@@ -77,16 +79,36 @@ class Gateway:
 
         The credentials are dummies: without an ``auth:`` section the gateway accepts any.
         """
-        import botocore.config
+        return self.client("sagemaker")
 
-        config = botocore.config.Config(
-            # One attempt: a person at a terminal would rather hear at once that it's down.
-            retries={"max_attempts": 1, "mode": "standard"},
-            connect_timeout=5,
-            read_timeout=_TIMEOUT_S,
-        )
-        with _translated(self.url):
-            return self._session.client("sagemaker", endpoint_url=self.url, config=config)
+    def client(self, service: str) -> Any:
+        """boto3's client of ``service`` (``sagemaker``, ``sagemaker-runtime``, ``logs``,
+        ``application-autoscaling``) for the gateway, made once."""
+        if service not in self._clients:
+            import botocore.config
+
+            config = botocore.config.Config(
+                # One attempt: a person at a terminal would rather hear at once that it's down.
+                retries={"max_attempts": 1, "mode": "standard"},
+                connect_timeout=5,
+                read_timeout=_TIMEOUT_S,
+            )
+            with translated(self.url):
+                self._clients[service] = self._session.client(
+                    service, endpoint_url=self.url, config=config
+                )
+        return self._clients[service]
+
+    def metrics(self) -> str:
+        """The gateway's ``/metrics`` text."""
+        try:
+            with (
+                translated(self.url),
+                self._open(urllib.request.Request(self.url + "/metrics")) as r,
+            ):
+                return str(r.read().decode("utf-8", "replace"))
+        except urllib.error.HTTPError as exc:
+            raise GatewayError(_error_message(exc)) from None
 
     @cached_property
     def _session(self) -> Any:
@@ -136,7 +158,7 @@ class Gateway:
         request = urllib.request.Request(self.url + "/inference", data=body, method="POST")
         request.add_header("Content-Type", "application/json")
         try:
-            with _translated(self.url), self._open(request) as r:
+            with translated(self.url), self._open(request) as r:
                 answer = json.loads(r.read())
             return Submitted(job_name=answer["jobName"], slots_remaining=answer["slotsRemaining"])
         except urllib.error.HTTPError as exc:
@@ -146,7 +168,7 @@ class Gateway:
 
     def describe(self, name: str) -> dict[str, Any]:
         """DescribeTrainingJob's output, without boto3's ``ResponseMetadata``."""
-        with _translated(self.url, job=name):
+        with translated(self.url, about=name):
             job: dict[str, Any] = self.sagemaker.describe_training_job(TrainingJobName=name)
         job.pop("ResponseMetadata", None)
         return job
@@ -162,7 +184,7 @@ class Gateway:
             query["NameContains"] = name_contains
         found: list[dict[str, Any]] = []
         while len(found) < limit:
-            with _translated(self.url):
+            with translated(self.url):
                 page = self.sagemaker.list_training_jobs(
                     **query, MaxResults=min(self.page_size, limit - len(found))
                 )
@@ -173,7 +195,7 @@ class Gateway:
         return found
 
     def stop(self, name: str) -> None:
-        with _translated(self.url, job=name):
+        with translated(self.url, about=name):
             self.sagemaker.stop_training_job(TrainingJobName=name)
 
     def logs(self, name: str, offset: int = 0) -> LogChunk:
@@ -181,7 +203,7 @@ class Gateway:
         path = f"/jobs/{urllib.parse.quote(name, safe='')}/logs?offset={offset}"
         try:
             with (
-                _translated(self.url),
+                translated(self.url),
                 self._open(urllib.request.Request(self.url + path)) as r,
             ):
                 data = r.read()
@@ -215,7 +237,7 @@ class Transforms:
 
     def describe(self, name: str) -> dict[str, Any]:
         """DescribeTransformJob's output, without boto3's ``ResponseMetadata``."""
-        with _translated(self.gateway.url, job=name):
+        with translated(self.gateway.url, about=name):
             job: dict[str, Any] = self.gateway.sagemaker.describe_transform_job(
                 TransformJobName=name
             )
@@ -229,7 +251,7 @@ class Transforms:
             query["StatusEquals"] = status
         found: list[dict[str, Any]] = []
         while len(found) < limit:
-            with _translated(self.gateway.url):
+            with translated(self.gateway.url):
                 page = self.gateway.sagemaker.list_transform_jobs(
                     **query, MaxResults=min(self.gateway.page_size, limit - len(found))
                 )
@@ -240,19 +262,12 @@ class Transforms:
         return found
 
     def stop(self, name: str) -> None:
-        with _translated(self.gateway.url, job=name):
+        with translated(self.gateway.url, about=name):
             self.gateway.sagemaker.stop_transform_job(TransformJobName=name)
 
     def progress(self, name: str) -> Progress:
         """Objects and records done, from ``shipyard_transform_*`` at /metrics."""
-        try:
-            with (
-                _translated(self.gateway.url),
-                self.gateway._open(urllib.request.Request(self.gateway.url + "/metrics")) as r,
-            ):
-                text = r.read().decode("utf-8", "replace")
-        except urllib.error.HTTPError as exc:
-            raise GatewayError(_error_message(exc)) from None
+        text = self.gateway.metrics()
         values: dict[str, float] = {}
         job = f'job="{name}"'
         for line in text.splitlines():
@@ -272,16 +287,154 @@ class Transforms:
         )
 
 
+@dataclass(frozen=True)
+class Answer:
+    """What InvokeEndpoint answered."""
+
+    body: bytes
+    content_type: str
+    variant: str
+
+
+@dataclass(frozen=True)
+class LogLines:
+    """Lines of one log stream and the token to read on from."""
+
+    stream: str
+    lines: list[str]
+    next_token: str
+
+
+ENDPOINT_LOG_GROUP = "/aws/sagemaker/Endpoints/"
+
+
+class Endpoints:
+    """Endpoints on a gateway: list, describe, invoke, delete and their instances' logs."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    def __repr__(self) -> str:
+        return f"Endpoints({self.gateway.url!r})"
+
+    def summaries(self, *, name_contains: str | None = None) -> list[dict[str, Any]]:
+        """Every endpoint's summary, newest first."""
+        query: dict[str, Any] = {"SortBy": "CreationTime", "SortOrder": "Descending"}
+        if name_contains:
+            query["NameContains"] = name_contains
+        found: list[dict[str, Any]] = []
+        while True:
+            with translated(self.gateway.url):
+                page = self.gateway.sagemaker.list_endpoints(
+                    **query, MaxResults=self.gateway.page_size
+                )
+            found.extend(page["Endpoints"])
+            if not page.get("NextToken"):
+                return found
+            query["NextToken"] = page["NextToken"]
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """DescribeEndpoint's output, without boto3's ``ResponseMetadata``."""
+        with translated(self.gateway.url, about=name):
+            endpoint: dict[str, Any] = self.gateway.sagemaker.describe_endpoint(EndpointName=name)
+        endpoint.pop("ResponseMetadata", None)
+        return endpoint
+
+    def config(self, name: str) -> dict[str, Any]:
+        """DescribeEndpointConfig's output, without boto3's ``ResponseMetadata``."""
+        with translated(self.gateway.url, about=name):
+            config: dict[str, Any] = self.gateway.sagemaker.describe_endpoint_config(
+                EndpointConfigName=name
+            )
+        config.pop("ResponseMetadata", None)
+        return config
+
+    def instance_health(self, name: str) -> dict[tuple[str, str], int]:
+        """(variant, state) -> instances, from ``shipyard_instances`` at /metrics."""
+        counts: dict[tuple[str, str], int] = {}
+        pattern = re.compile(r'shipyard_instances\{(.*)\} (\S+)$')
+        for line in self.gateway.metrics().splitlines():
+            match = pattern.match(line)
+            if not match:
+                continue
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
+            if labels.get("endpoint") == name:
+                key = (labels.get("variant", ""), labels.get("state", ""))
+                counts[key] = int(float(match.group(2)))
+        return counts
+
+    def invoke(
+        self,
+        name: str,
+        body: bytes,
+        *,
+        content_type: str,
+        accept: str | None = None,
+        variant: str | None = None,
+        target_model: str | None = None,
+    ) -> Answer:
+        options: dict[str, Any] = {"ContentType": content_type}
+        if accept:
+            options["Accept"] = accept
+        if variant:
+            options["TargetVariant"] = variant
+        if target_model:
+            options["TargetModel"] = target_model
+        runtime = self.gateway.client("sagemaker-runtime")
+        with translated(self.gateway.url, about=name):
+            answer = runtime.invoke_endpoint(EndpointName=name, Body=body, **options)
+            data = answer["Body"].read()
+        return Answer(
+            body=data,
+            content_type=answer.get("ContentType", ""),
+            variant=answer.get("InvokedProductionVariant", ""),
+        )
+
+    def delete(self, name: str) -> None:
+        with translated(self.gateway.url, about=name):
+            self.gateway.sagemaker.delete_endpoint(EndpointName=name)
+
+    def log_streams(self, name: str) -> list[str]:
+        """The endpoint's log streams (``<variant>/<instance id>``), by name."""
+        logs = self.gateway.client("logs")
+        streams: list[str] = []
+        query: dict[str, Any] = {"logGroupName": ENDPOINT_LOG_GROUP + name}
+        while True:
+            with translated(self.gateway.url, about=name):
+                page = logs.describe_log_streams(**query)
+            streams.extend(s["logStreamName"] for s in page.get("logStreams", []))
+            if not page.get("nextToken"):
+                return sorted(streams)
+            query["nextToken"] = page["nextToken"]
+
+    def log_lines(self, name: str, stream: str, token: str | None = None) -> LogLines:
+        """Lines of ``stream`` from ``token`` on (from the start without one)."""
+        query: dict[str, Any] = {
+            "logGroupName": ENDPOINT_LOG_GROUP + name,
+            "logStreamName": stream,
+            "startFromHead": True,
+        }
+        if token:
+            query["nextToken"] = token
+        with translated(self.gateway.url, about=name):
+            page = self.gateway.client("logs").get_log_events(**query)
+        return LogLines(
+            stream=stream,
+            lines=[event["message"] for event in page.get("events", [])],
+            next_token=page.get("nextForwardToken") or token or "",
+        )
+
+
 def _region() -> str:
     return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
 
 
 @contextlib.contextmanager
-def _translated(url: str, *, job: str | None = None) -> Iterator[None]:
+def translated(url: str, *, about: str | None = None) -> Iterator[None]:
     """Turn botocore's and urllib's failures (except HTTP error answers) into GatewayError.
 
     SageMaker's messages may not name the job ("Requested resource not found."), so a
-    control-plane error about ``job`` starts with its name.
+    control-plane error ``about`` a job or an endpoint starts with its name.
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -290,7 +443,7 @@ def _translated(url: str, *, job: str | None = None) -> Iterator[None]:
     except ClientError as exc:
         error = exc.response.get("Error", {})
         message = f"{error.get('Message', exc)} ({error.get('Code', 'Error')})"
-        raise GatewayError(f"{job}: {message}" if job else message) from None
+        raise GatewayError(f"{about}: {message}" if about else message) from None
     except urllib.error.HTTPError:
         raise
     except (OSError, BotoCoreError) as exc:

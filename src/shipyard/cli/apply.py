@@ -1,0 +1,147 @@
+"""``shipyard apply`` and ``shipyard destroy``: a stack file converged on a running gateway.
+
+Both read the file, print a plan (one row per resource: create, update, delete or
+unchanged), ask before changing anything unless ``--yes``, then converge with a live
+view of the endpoints they wait for. What a stack owns, and so what "delete" may touch,
+is explained in cli/stack.py. Exit codes: 0 done (or nothing to do), 1 declined or the
+gateway failed, 2 the file is not a valid stack file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from shipyard.cli.client import DEFAULT_URL, Gateway
+from shipyard.cli.jobs import _out, _reported
+from shipyard.cli.stack import Action, Plan, converge, plan_apply, plan_destroy
+from shipyard.settings import StackFile
+
+_ACTION_STYLES = {
+    Action.CREATE: "green",
+    Action.UPDATE: "yellow",
+    Action.DELETE: "red",
+    Action.UNCHANGED: "dim",
+}
+_STARTUP_SECTIONS = ("topics", "jobs", "autoscaling", "auth", "account_id")
+"""Sections the gateway reads when it starts (``serve --config``), which apply leaves."""
+
+File = Annotated[Path, typer.Argument(help="Stack file (YAML).", show_default=False)]
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before changing anything.")]
+StackName = Annotated[
+    str | None,
+    typer.Option(help="Name the stack's resources are tagged with (default: the file's stem)."),
+]
+Timeout = Annotated[
+    float, typer.Option("--timeout", help="Seconds to wait for each endpoint change.")
+]
+Url = Annotated[
+    str, typer.Option("--url", envvar="SHIPYARD_URL", help="Gateway URL.", show_envvar=True)
+]
+
+
+def apply(
+    file: File,
+    yes: Yes = False,
+    stack_name: StackName = None,
+    timeout: Timeout = 600.0,
+    url: Url = DEFAULT_URL,
+) -> None:
+    """Converge a running gateway to a stack file: plan, confirm, apply."""
+    stack = _load(file)
+    name = stack_name or file.stem
+    with _reported():
+        gateway = Gateway(url)
+        plan = plan_apply(gateway, name, stack)
+    _show(plan, f"Plan for stack {name} ({file})")
+    left = [s for s in _STARTUP_SECTIONS if s in stack.model_fields_set]
+    if left:
+        _out.print(
+            Text(
+                f"{', '.join(left)}: read by the gateway when it starts "
+                "(shipyard serve --config FILE); apply leaves them as they are.",
+                style="dim",
+            )
+        )
+    _carry_out(gateway, plan, yes=yes, verb="Apply", timeout_s=timeout)
+
+
+def destroy(
+    file: File,
+    yes: Yes = False,
+    stack_name: StackName = None,
+    timeout: Timeout = 600.0,
+    url: Url = DEFAULT_URL,
+) -> None:
+    """Delete what a stack file declares and its stack created; nothing else."""
+    stack = _load(file)
+    name = stack_name or file.stem
+    with _reported():
+        gateway = Gateway(url)
+        plan = plan_destroy(gateway, name, stack)
+    if not plan.changes:
+        _out.print(f"Nothing of stack {name} to destroy.")
+        return
+    _show(plan, f"Destroy stack {name} ({file})")
+    _carry_out(gateway, plan, yes=yes, verb="Destroy", timeout_s=timeout)
+
+
+def _load(file: Path) -> StackFile:
+    """The stack file, or its errors (file:line: field: message) and exit 2."""
+    try:
+        return StackFile.load(file)
+    except ValueError as exc:
+        for line in str(exc).splitlines():
+            typer.secho(f"error: {line}", fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
+def _show(plan: Plan, title: str) -> None:
+    table = Table("Resource", "Name", "Action", "Detail", title=title, title_justify="left")
+    table.columns[1].no_wrap = True
+    for change in plan.changes:
+        table.add_row(
+            str(change.kind),
+            change.name,
+            Text(change.action, style=_ACTION_STYLES[change.action]),
+            change.detail,
+        )
+    _out.print(table)
+    counts = [
+        f"{plan.count(a)} {'unchanged' if a is Action.UNCHANGED else f'to {a}'}"
+        for a in Action
+        if plan.count(a)
+    ]
+    _out.print(", ".join(counts).capitalize() + "." if counts else "The file declares nothing.")
+
+
+def _carry_out(gateway: Gateway, plan: Plan, *, yes: bool, verb: str, timeout_s: float) -> None:
+    if not plan.pending:
+        _out.print("Nothing to change.")
+        return
+    if not yes and not typer.confirm(f"{verb} these changes?", default=False):
+        typer.secho(f"{verb} declined: nothing changed.", fg="red", err=True)
+        raise typer.Exit(1)
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("endpoint [bold]{task.description}"),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=_out,
+        transient=False,
+    )
+    tasks: dict[str, TaskID] = {}
+
+    def on_progress(endpoint: str, status: str) -> None:
+        if endpoint not in tasks:
+            tasks[endpoint] = progress.add_task(endpoint, total=None, status=status)
+        progress.update(tasks[endpoint], status=status)
+
+    with _reported(), progress:
+        converge(gateway, plan, on_progress=on_progress, timeout_s=timeout_s)
+    _out.print(f"{verb} complete: {len(plan.pending)} change(s).")

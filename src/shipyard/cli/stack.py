@@ -1,0 +1,540 @@
+"""Stack files applied to a running gateway: a plan of changes, then convergence.
+
+What a stack owns is what it tagged. Every model, endpoint config and endpoint that
+``apply`` creates carries three tags::
+
+    shipyard:stack   the stack's name (``--stack-name``, default the file's stem)
+    shipyard:name    the name the file declares it under
+    shipyard:digest  a hash of the Create call's body, names of other resources resolved
+
+and its scalable targets carry a policy named ``shipyard-stack-<stack>``. Nothing else is
+ever updated or deleted: a resource of the same name that the stack did not create makes
+the plan fail (an endpoint), or is left alone (a model or endpoint config, whose version
+then takes a suffixed name).
+
+Models and endpoint configs are immutable, as in SageMaker. A changed body becomes a new
+version (``<name>-<digest>``, or the bare name when it is free), endpoints move to it by
+UpdateEndpoint (blue/green: the old instances serve until the new ones are healthy), and
+the old versions are deleted once no endpoint uses them. A changed model therefore also
+updates the configs that use it and the endpoints that use those. A digest equal to the
+deployed version's means "unchanged", so re-applying a file changes nothing.
+
+"Delete" in ``apply`` is whatever the stack owns and the file no longer declares (plus
+old versions); ``destroy`` deletes what the file declares and the stack owns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from shipyard.cli.client import Gateway, GatewayError, translated
+from shipyard.stackfile import StackResources
+
+STACK_TAG = "shipyard:stack"
+NAME_TAG = "shipyard:name"
+DIGEST_TAG = "shipyard:digest"
+_NAMESPACE = "sagemaker"
+_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
+_POLL_PERIOD_S = 0.25
+
+
+class Action(StrEnum):
+    CREATE = "create"
+    UPDATE = "update"
+    DELETE = "delete"
+    UNCHANGED = "unchanged"
+
+
+class Kind(StrEnum):
+    MODEL = "model"
+    ENDPOINT_CONFIG = "endpoint config"
+    ENDPOINT = "endpoint"
+    SCALING = "scaling"
+
+
+class PlanError(GatewayError):
+    """The file cannot be applied as it stands (a name conflict, a missing reference)."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One row of a plan: a resource the file declares (or the stack owns) and its fate."""
+
+    kind: Kind
+    name: str
+    action: Action
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class _Version:
+    """A model or endpoint config on the gateway that the stack created."""
+
+    name: str
+    declared: str
+    digest: str
+
+
+@dataclass
+class Plan:
+    """What ``converge`` will do, step by step, and the rows that say it to a person."""
+
+    stack: str
+    changes: list[Change] = field(default_factory=list)
+    scaling_removed: list[str] = field(default_factory=list)
+    """Resource ids whose scalable target (and the stack's policy) go first."""
+    models: list[tuple[str, dict[str, Any], list[dict[str, str]]]] = field(default_factory=list)
+    configs: list[tuple[str, dict[str, Any], list[dict[str, str]]]] = field(default_factory=list)
+    endpoints: list[tuple[str, str, list[dict[str, str]] | None]] = field(default_factory=list)
+    """(endpoint, config, tags): tags for a CreateEndpoint, None for an UpdateEndpoint."""
+    scaling: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    endpoints_removed: list[str] = field(default_factory=list)
+    configs_removed: list[str] = field(default_factory=list)
+    models_removed: list[str] = field(default_factory=list)
+
+    @property
+    def pending(self) -> list[Change]:
+        return [c for c in self.changes if c.action is not Action.UNCHANGED]
+
+    def count(self, action: Action) -> int:
+        return sum(1 for c in self.changes if c.action is action)
+
+
+class _Live:
+    """What the gateway holds now: names, the stack's versions, endpoints and scaling."""
+
+    def __init__(self, gateway: Gateway, stack: str) -> None:
+        self.gateway = gateway
+        self.stack = stack
+        sm = gateway.sagemaker
+        self.models, self.owned_models = self._tagged(
+            sm.list_models, "Models", "ModelName", "ModelArn"
+        )
+        self.configs, self.owned_configs = self._tagged(
+            sm.list_endpoint_configs, "EndpointConfigs", "EndpointConfigName", "EndpointConfigArn"
+        )
+        endpoints, owned = self._tagged(
+            sm.list_endpoints, "Endpoints", "EndpointName", "EndpointArn"
+        )
+        self.endpoints = endpoints
+        self.owned_endpoints = {v.name for v in owned}
+        self.endpoint_configs: dict[str, set[str]] = {}
+        """Owned endpoint -> the configs it uses (current and being deployed)."""
+        for name in sorted(self.owned_endpoints):
+            with translated(gateway.url, about=name):
+                described = sm.describe_endpoint(EndpointName=name)
+            pending = described.get("PendingDeploymentSummary", {}).get("EndpointConfigName")
+            in_use = {described["EndpointConfigName"]}
+            self.endpoint_configs[name] = in_use | {pending} if pending else in_use
+        self.targets, self.policies = self._scaling()
+
+    def _tagged(
+        self, lister: Callable[..., Any], key: str, name_key: str, arn_key: str
+    ) -> tuple[set[str], list[_Version]]:
+        names: set[str] = set()
+        owned: list[_Version] = []
+        query: dict[str, Any] = {"MaxResults": 100}
+        while True:
+            with translated(self.gateway.url):
+                page = lister(**query)
+            for item in page[key]:
+                names.add(item[name_key])
+                tags = self._tags(item[arn_key])
+                if tags.get(STACK_TAG) == self.stack:
+                    owned.append(
+                        _Version(
+                            item[name_key],
+                            tags.get(NAME_TAG, item[name_key]),
+                            tags.get(DIGEST_TAG, ""),
+                        )
+                    )
+            if not page.get("NextToken"):
+                return names, owned
+            query["NextToken"] = page["NextToken"]
+
+    def _tags(self, arn: str) -> dict[str, str]:
+        found: dict[str, str] = {}
+        query: dict[str, Any] = {"ResourceArn": arn}
+        while True:
+            with translated(self.gateway.url):
+                page = self.gateway.sagemaker.list_tags(**query)
+            found.update({t["Key"]: t["Value"] for t in page.get("Tags", [])})
+            if not page.get("NextToken"):
+                return found
+            query["NextToken"] = page["NextToken"]
+
+    def _scaling(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+        """Scalable targets by resource id, and the stack's policy by resource id."""
+        client = self.gateway.client("application-autoscaling")
+        targets: dict[str, dict[str, Any]] = {}
+        policies: dict[str, dict[str, Any]] = {}
+        for method, key, into in (
+            (client.describe_scalable_targets, "ScalableTargets", targets),
+            (client.describe_scaling_policies, "ScalingPolicies", policies),
+        ):
+            query: dict[str, Any] = {"ServiceNamespace": _NAMESPACE}
+            while True:
+                with translated(self.gateway.url):
+                    page = method(**query)
+                for item in page[key]:
+                    if key == "ScalableTargets" or item["PolicyName"] == policy_name(self.stack):
+                        into[item["ResourceId"]] = item
+                if not page.get("NextToken"):
+                    break
+                query["NextToken"] = page["NextToken"]
+        return targets, policies
+
+    def versions(self, kind: Kind, declared: str) -> list[_Version]:
+        owned = self.owned_models if kind is Kind.MODEL else self.owned_configs
+        return [v for v in owned if v.declared == declared]
+
+    def configs_in_use(self, *, besides: Iterable[str] = ()) -> set[str]:
+        skip = set(besides)
+        return {c for e, cs in self.endpoint_configs.items() if e not in skip for c in cs}
+
+
+def policy_name(stack: str) -> str:
+    """The scaling policy ``apply`` puts on every target of ``stack``; it marks them."""
+    return f"shipyard-stack-{stack}"
+
+
+def resource_id(key: str) -> str:
+    """``endpoint/variant`` as Application Auto Scaling's ResourceId."""
+    endpoint, _, variant = key.partition("/")
+    return f"endpoint/{endpoint}/variant/{variant}"
+
+
+def digest(body: dict[str, Any]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def _tags(stack: str, declared: str, body_digest: str, user: list[dict[str, str]]) -> list[Any]:
+    ours = {STACK_TAG: stack, NAME_TAG: declared, DIGEST_TAG: body_digest}
+    return [t for t in user if t["Key"] not in ours] + [
+        {"Key": k, "Value": v} for k, v in ours.items()
+    ]
+
+
+def plan_apply(gateway: Gateway, stack: str, file: StackResources) -> Plan:
+    """The changes that take the gateway to ``file``, for the stack named ``stack``."""
+    live = _Live(gateway, stack)
+    plan = Plan(stack)
+    model_names = _plan_versions(
+        plan,
+        live,
+        Kind.MODEL,
+        {n: b.model_dump(exclude_unset=True) for n, b in file.models.items()},
+    )
+    bodies: dict[str, dict[str, Any]] = {}
+    for name, config in file.endpoint_configs.items():
+        body = config.model_dump(exclude_unset=True)
+        for key in ("ProductionVariants", "ShadowProductionVariants"):
+            for variant in body.get(key) or []:
+                model = variant.get("ModelName")
+                if model is None:
+                    continue
+                if model not in model_names and model not in live.models:
+                    raise PlanError(
+                        f"endpoint_configs.{name}: model {model!r} is neither declared nor "
+                        "on the gateway"
+                    )
+                variant["ModelName"] = model_names.get(model, model)
+        bodies[name] = body
+    config_names = _plan_versions(plan, live, Kind.ENDPOINT_CONFIG, bodies)
+    final_configs = _plan_endpoints(plan, live, file, config_names)
+    _plan_scaling(plan, live, file)
+    final_models = {
+        variant["ModelName"]
+        for body in bodies.values()
+        for key in ("ProductionVariants", "ShadowProductionVariants")
+        for variant in body.get(key) or []
+        if variant.get("ModelName")
+    }
+    final = {
+        Kind.MODEL: final_models | set(model_names.values()),
+        Kind.ENDPOINT_CONFIG: final_configs | set(config_names.values()),
+    }
+    _plan_leftovers(plan, live, file, final)
+    return plan
+
+
+def _plan_versions(
+    plan: Plan, live: _Live, kind: Kind, bodies: dict[str, dict[str, Any]]
+) -> dict[str, str]:
+    """Plan each declared model (or config) as a version; declared name -> deployed name."""
+    deployed: dict[str, str] = {}
+    existing = live.models if kind is Kind.MODEL else live.configs
+    into = plan.models if kind is Kind.MODEL else plan.configs
+    for declared, body in bodies.items():
+        user_tags = body.pop("Tags", [])
+        body_digest = digest({**body, "Tags": user_tags})
+        versions = live.versions(kind, declared)
+        same = [v for v in versions if v.digest == body_digest]
+        if same:
+            deployed[declared] = same[0].name
+            plan.changes.append(Change(kind, declared, Action.UNCHANGED, _as(declared, same[0])))
+            continue
+        name = declared if declared not in existing else f"{declared[:50]}-{body_digest[:8]}"
+        if name in existing:
+            raise PlanError(f"{kind} {name} exists and was not created by stack {plan.stack}")
+        deployed[declared] = name
+        into.append((name, body, _tags(plan.stack, declared, body_digest, user_tags)))
+        if versions:
+            old = ", ".join(v.name for v in versions)
+            plan.changes.append(
+                Change(kind, declared, Action.UPDATE, f"new version {name}, was {old}")
+            )
+        else:
+            detail = "" if name == declared else f"as {name} ({declared} is taken)"
+            plan.changes.append(Change(kind, declared, Action.CREATE, detail))
+    return deployed
+
+
+def _as(declared: str, version: _Version) -> str:
+    return "" if version.name == declared else f"as {version.name}"
+
+
+def _plan_endpoints(
+    plan: Plan, live: _Live, file: StackResources, config_names: dict[str, str]
+) -> set[str]:
+    """Plan each declared endpoint; the configs they end up on."""
+    final: set[str] = set()
+    for name, body in file.endpoints.items():
+        config = config_names.get(body.EndpointConfigName, body.EndpointConfigName)
+        final.add(config)
+        if config not in config_names.values() and config not in live.configs:
+            raise PlanError(
+                f"endpoints.{name}: endpoint config {config!r} is neither declared nor on "
+                "the gateway"
+            )
+        if name not in live.endpoints:
+            tags = _tags(plan.stack, name, "", body.Tags)
+            plan.endpoints.append((name, config, tags))
+            plan.changes.append(Change(Kind.ENDPOINT, name, Action.CREATE, f"config {config}"))
+        elif name not in live.owned_endpoints:
+            raise PlanError(f"endpoint {name} exists and was not created by stack {plan.stack}")
+        elif config in live.endpoint_configs[name] and len(live.endpoint_configs[name]) == 1:
+            plan.changes.append(Change(Kind.ENDPOINT, name, Action.UNCHANGED, f"config {config}"))
+        else:
+            current = ", ".join(sorted(live.endpoint_configs[name]))
+            plan.endpoints.append((name, config, None))
+            plan.changes.append(
+                Change(Kind.ENDPOINT, name, Action.UPDATE, f"config {current} → {config}")
+            )
+    return final
+
+
+def _scaling_body(target: Any) -> dict[str, Any]:
+    policy: dict[str, Any] = {
+        "TargetValue": float(target.TargetValue),
+        "PredefinedMetricSpecification": {"PredefinedMetricType": target.PredefinedMetricType},
+    }
+    for key in ("ScaleInCooldown", "ScaleOutCooldown"):
+        if getattr(target, key) is not None:
+            policy[key] = getattr(target, key)
+    return {"MinCapacity": target.MinCapacity, "MaxCapacity": target.MaxCapacity, "Policy": policy}
+
+
+def _plan_scaling(plan: Plan, live: _Live, file: StackResources) -> None:
+    for key, target in file.scaling.items():
+        rid = resource_id(key)
+        body = _scaling_body(target)
+        summary = f"{target.MinCapacity}..{target.MaxCapacity} at {target.TargetValue:g}"
+        now = live.targets.get(rid)
+        policy = live.policies.get(rid)
+        if now is None or policy is None:
+            plan.scaling.append((rid, body))
+            plan.changes.append(Change(Kind.SCALING, key, Action.CREATE, summary))
+            continue
+        same = (
+            now["MinCapacity"] == body["MinCapacity"]
+            and now["MaxCapacity"] == body["MaxCapacity"]
+            and policy.get("TargetTrackingScalingPolicyConfiguration") == body["Policy"]
+        )
+        if same:
+            plan.changes.append(Change(Kind.SCALING, key, Action.UNCHANGED, summary))
+        else:
+            plan.scaling.append((rid, body))
+            plan.changes.append(Change(Kind.SCALING, key, Action.UPDATE, summary))
+
+
+def _plan_leftovers(
+    plan: Plan, live: _Live, file: StackResources, final: dict[Kind, set[str]]
+) -> None:
+    """What the stack owns and the file no longer declares, and superseded versions.
+
+    ``final`` holds the models and configs the file's resources end up using: never
+    deleted, even when the stack made them and the file names them only as references.
+    """
+    declared = {resource_id(k) for k in file.scaling}
+    for rid in sorted(live.policies):
+        if rid not in declared:
+            plan.scaling_removed.append(rid)
+            key = "/".join(rid.split("/")[1::2])
+            plan.changes.append(Change(Kind.SCALING, key, Action.DELETE))
+    for name in sorted(live.owned_endpoints - set(file.endpoints)):
+        plan.endpoints_removed.append(name)
+        plan.changes.append(Change(Kind.ENDPOINT, name, Action.DELETE))
+    updated = {(c.kind, c.name) for c in plan.changes if c.action is Action.UPDATE}
+    for kind, owned, removed, section in (
+        (Kind.ENDPOINT_CONFIG, live.owned_configs, plan.configs_removed, file.endpoint_configs),
+        (Kind.MODEL, live.owned_models, plan.models_removed, file.models),
+    ):
+        for version in sorted(owned, key=lambda v: v.name):
+            if version.name in final[kind]:
+                continue
+            removed.append(version.name)
+            if version.declared not in section:
+                detail = _as(version.declared, version)
+                plan.changes.append(Change(kind, version.declared, Action.DELETE, detail))
+            elif (kind, version.declared) not in updated:
+                # Left over by an apply that failed half-way: the update row says it otherwise.
+                detail = f"old version {version.name}"
+                plan.changes.append(Change(kind, version.declared, Action.DELETE, detail))
+
+
+def plan_destroy(gateway: Gateway, stack: str, file: StackResources) -> Plan:
+    """Deleting what the file declares and the stack owns; nothing else."""
+    live = _Live(gateway, stack)
+    plan = Plan(stack)
+    for key in file.scaling:
+        if resource_id(key) in live.policies:
+            plan.scaling_removed.append(resource_id(key))
+            plan.changes.append(Change(Kind.SCALING, key, Action.DELETE))
+    for name in file.endpoints:
+        if name in live.owned_endpoints:
+            plan.endpoints_removed.append(name)
+            plan.changes.append(Change(Kind.ENDPOINT, name, Action.DELETE))
+    for kind, section, removed in (
+        (Kind.ENDPOINT_CONFIG, file.endpoint_configs, plan.configs_removed),
+        (Kind.MODEL, file.models, plan.models_removed),
+    ):
+        for declared in section:
+            for version in live.versions(kind, declared):
+                removed.append(version.name)
+                plan.changes.append(Change(kind, declared, Action.DELETE, _as(declared, version)))
+    return plan
+
+
+# -- convergence ----------------------------------------------------------------------------
+
+EndpointProgress = Callable[[str, str], None]
+"""Told (endpoint, what it is doing) while endpoints are created, updated or deleted."""
+
+
+def converge(
+    gateway: Gateway, plan: Plan, *, on_progress: EndpointProgress, timeout_s: float
+) -> None:
+    """Carry out ``plan``: creations first, then endpoints (waited for), then deletions.
+
+    Old versions are deleted only once every endpoint has moved off them, so a failed
+    update leaves the previous version serving and in place for the next attempt.
+    """
+    sm = gateway.sagemaker
+    scaling = gateway.client("application-autoscaling")
+    url = gateway.url
+    for rid in plan.scaling_removed:
+        with translated(url, about=rid):
+            scaling.delete_scaling_policy(
+                PolicyName=policy_name(plan.stack),
+                ServiceNamespace=_NAMESPACE,
+                ResourceId=rid,
+                ScalableDimension=_DIMENSION,
+            )
+            scaling.deregister_scalable_target(
+                ServiceNamespace=_NAMESPACE, ResourceId=rid, ScalableDimension=_DIMENSION
+            )
+    for name, body, tags in plan.models:
+        with translated(url, about=f"model {name}"):
+            sm.create_model(ModelName=name, **body, Tags=tags)
+    for name, body, tags in plan.configs:
+        with translated(url, about=f"endpoint config {name}"):
+            sm.create_endpoint_config(EndpointConfigName=name, **body, Tags=tags)
+    for name, config, create_tags in plan.endpoints:
+        with translated(url, about=f"endpoint {name}"):
+            if create_tags is not None:
+                sm.create_endpoint(EndpointName=name, EndpointConfigName=config, Tags=create_tags)
+            else:
+                sm.update_endpoint(EndpointName=name, EndpointConfigName=config)
+    _wait_endpoints(gateway, dict((e, c) for e, c, _ in plan.endpoints), on_progress, timeout_s)
+    for rid, body in plan.scaling:
+        with translated(url, about=rid):
+            scaling.register_scalable_target(
+                ServiceNamespace=_NAMESPACE,
+                ResourceId=rid,
+                ScalableDimension=_DIMENSION,
+                MinCapacity=body["MinCapacity"],
+                MaxCapacity=body["MaxCapacity"],
+            )
+            scaling.put_scaling_policy(
+                PolicyName=policy_name(plan.stack),
+                ServiceNamespace=_NAMESPACE,
+                ResourceId=rid,
+                ScalableDimension=_DIMENSION,
+                PolicyType="TargetTrackingScaling",
+                TargetTrackingScalingPolicyConfiguration=body["Policy"],
+            )
+    for name in plan.endpoints_removed:
+        with translated(url, about=f"endpoint {name}"):
+            sm.delete_endpoint(EndpointName=name)
+    _wait_deleted(gateway, plan.endpoints_removed, on_progress, timeout_s)
+    for name in plan.configs_removed:
+        with translated(url, about=f"endpoint config {name}"):
+            sm.delete_endpoint_config(EndpointConfigName=name)
+    for name in plan.models_removed:
+        with translated(url, about=f"model {name}"):
+            sm.delete_model(ModelName=name)
+
+
+def _wait_endpoints(
+    gateway: Gateway, targets: dict[str, str], on_progress: EndpointProgress, timeout_s: float
+) -> None:
+    """Until every endpoint serves its target config; a failure ends the apply."""
+    deadline = time.monotonic() + timeout_s
+    waiting = dict(targets)
+    while waiting:
+        for name, config in list(waiting.items()):
+            with translated(gateway.url, about=f"endpoint {name}"):
+                described = gateway.sagemaker.describe_endpoint(EndpointName=name)
+            status = described["EndpointStatus"]
+            pending = described.get("PendingDeploymentSummary")
+            on_progress(name, status)
+            if status == "InService" and described["EndpointConfigName"] == config:
+                del waiting[name]
+            elif status == "Failed" or (status == "InService" and not pending):
+                reason = described.get("FailureReason", "no reason given")
+                raise GatewayError(f"endpoint {name}: {status}: {reason}")
+        if waiting and time.monotonic() > deadline:
+            names = ", ".join(sorted(waiting))
+            raise GatewayError(f"endpoint(s) {names} not InService within {timeout_s:g} s")
+        if waiting:
+            time.sleep(_POLL_PERIOD_S)
+
+
+def _wait_deleted(
+    gateway: Gateway, names: list[str], on_progress: EndpointProgress, timeout_s: float
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    waiting = set(names)
+    while waiting:
+        for name in sorted(waiting):
+            try:
+                with translated(gateway.url, about=name):
+                    described = gateway.sagemaker.describe_endpoint(EndpointName=name)
+                on_progress(name, described["EndpointStatus"])
+            except GatewayError as exc:
+                if "Could not find" not in str(exc):
+                    raise
+                on_progress(name, "Deleted")
+                waiting.discard(name)
+        if waiting and time.monotonic() > deadline:
+            raise GatewayError(f"endpoint(s) {', '.join(sorted(waiting))} not deleted in time")
+        if waiting:
+            time.sleep(_POLL_PERIOD_S)
