@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOME_DIR ?= $(CURDIR)/.shipyard
 PORT ?= 8080
 
-.PHONY: run test lint check bench install install-dev clean
+.PHONY: run test coverage lint check bench install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,10 @@ run: install
 	$(BIN)/shipyard serve --host 127.0.0.1 --port $(PORT) --home $(HOME_DIR) --demo
 
 test: install-dev
-	$(BIN)/pytest -q --cov=shipyard --cov-report=term-missing:skip-covered
+	$(BIN)/pytest -q -n 3
+
+coverage: install-dev
+	$(BIN)/pytest -q -n 3 --cov=shipyard --cov-report=term-missing:skip-covered
 
 lint: install-dev
 	$(BIN)/ruff check src tests bench
