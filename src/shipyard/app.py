@@ -27,6 +27,7 @@ from shipyard.capture.writer import CaptureWriter
 from shipyard.control.autoscaler import Autoscaler, MetricReader
 from shipyard.control.endpoints import EndpointService
 from shipyard.control.fleet import Provisioner
+from shipyard.control.leases import FleetLeases
 from shipyard.control.logs import LogService
 from shipyard.control.reconciler import Reconciler
 from shipyard.control.scaling import ScalingService
@@ -58,6 +59,7 @@ from shipyard.storage.async_queue import AsyncQueue
 from shipyard.storage.events import EventLog
 from shipyard.storage.filesystems import Filesystems
 from shipyard.storage.jobs import JobStore
+from shipyard.storage.leases import LeaseStore
 from shipyard.storage.metadata import MetadataStore
 from shipyard.storage.objects import ObjectStore
 from shipyard.storage.scaling import ScalingStore
@@ -138,6 +140,12 @@ class Gateway:
             provisioner=provisioner,
             router=self.router,
             metrics=self.metrics,
+            leases=FleetLeases(
+                store=LeaseStore(self.store.engine, holder=_identity(settings)),
+                lease_s=settings.fleet_lease_s,
+                renew_s=settings.fleet_lease_renew_s,
+            ),
+            routes_refresh_s=settings.fleet_routes_refresh_s,
             health_check_period_s=settings.health_check_period_s,
             max_in_flight=settings.max_queue_per_instance,
             model_routing=settings.multi_model_routing,
@@ -269,16 +277,12 @@ class Gateway:
     def _build_async(self, settings: Settings) -> None:
         """The asynchronous-inference queue, its door and its consumer."""
         queue = AsyncQueue(self.store.engine)
-        # Stable across restarts of this gateway (one home serves one gateway at a time),
-        # so it can take back at once what its previous run was running.
-        identity = f"{socket.gethostname()}:{settings.home.resolve()}"
-        owner = hashlib.sha1(identity.encode()).hexdigest()[:16]
         self.consumer = Consumer(
             queue=queue,
             router=self.router,
             objects=ObjectStore(filesystems=self.filesystems),
             metrics=self.metrics,
-            owner=owner,
+            owner=_identity(settings),
             region=settings.region,
             account_id=settings.account_id,
             on_event=self.dispatcher.wake,
@@ -444,6 +448,14 @@ class Gateway:
 async def _unknown_path(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 404
     return unknown_path_response(request.url.path, request.method, status)
+
+
+def _identity(settings: Settings) -> str:
+    """Who this gateway is in the store: the owner of its async claims, the holder of its
+    fleet leases. Stable across restarts of this gateway (one home serves one gateway at
+    a time), so it takes back at once what its previous run held."""
+    identity = f"{socket.gethostname()}:{settings.home.resolve()}"
+    return hashlib.sha1(identity.encode()).hexdigest()[:16]
 
 
 def _is_loopback(host: str) -> bool:

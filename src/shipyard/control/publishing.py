@@ -47,6 +47,9 @@ class RoutePublisher:
         ServerlessScaler)."""
         self.capture: CaptureWriter | None = None
         """Where variants of configs with a DataCaptureConfig hand their records."""
+        self.on_change: Callable[[str, Fleet | None], None] = lambda endpoint, fleet: None
+        """Told of every table published: the fleet, or None for a table withdrawn or
+        waiting for its fleet (the reconciler records them for other gateways)."""
 
     def __repr__(self) -> str:
         return f"RoutePublisher(model_routing={self.model_routing!r})"
@@ -83,10 +86,19 @@ class RoutePublisher:
             EndpointRoute(fleet.endpoint, variants, async_config=fleet.config.async_config)
         )
         self.export_gauges([fleet])
+        self.on_change(fleet.endpoint, fleet)
 
     def publish_starting(self, endpoint: str, config: EndpointConfig) -> None:
         """A table with every variant of ``config`` and no instance yet: requests get
-        ModelNotReady (429, which clients retry) until the fleet is published."""
+        ModelNotReady (429, which clients retry) until the fleet is published.
+
+        Unless this gateway was routing the endpoint to instances already (a fleet taken
+        over from a gateway that died, or given up by it): then the instances are
+        counted as coming and requests wait for the new fleet, as they would for a
+        scale-out, instead of being refused for the seconds it takes to start.
+        """
+        current = self.router.routes.get(endpoint)
+        serving = current is not None and any(v.instances or v.coming for v in current.variants)
         variants = [
             VariantRoute(
                 v.name,
@@ -94,11 +106,13 @@ class RoutePublisher:
                 policy=policy_for(v.routing_strategy, max_in_flight=self.max_in_flight),
                 instances=[],
                 metrics=self.metrics.for_variant(endpoint, v.name),
+                coming=max(v.instance_count, 1) if serving else 0,
                 shadow=v.shadow,
             )
             for v in config.variants
         ]
         self.router.publish(EndpointRoute(endpoint, variants, async_config=config.async_config))
+        self.on_change(endpoint, None)
 
     def _serverless_route(self, fleet: Fleet, variant: VariantSpec) -> ServerlessRoute | None:
         """The variant's admission and demand, made once per fleet and kept across its
@@ -120,6 +134,7 @@ class RoutePublisher:
     def withdraw(self, endpoint: str) -> None:
         """Take the endpoint out of routing: requests to it fail from now on."""
         self.router.withdraw(endpoint)
+        self.on_change(endpoint, None)
 
     def _model_route(
         self, fleet: Fleet, variant: str, instances: list[Instance]

@@ -11,6 +11,12 @@ actual state is the fleets held here. Two loops, and one part each for what they
   them for demand and watches their memory);
 - both publish what changed to the router (control/publishing.py), the only way
   instances reach the data path.
+
+Gateways sharing the store each converge only the endpoints whose fleet lease they hold
+(control/leases.py), claimed on every converge pass; a fleet whose lease ran out is
+retired at once. The holder records its fleets' routes in the store, and the other
+gateways publish them as their own tables (control/mirror.py), so however many gateways
+run, an endpoint has one fleet and every gateway routes to it.
 """
 
 from __future__ import annotations
@@ -23,12 +29,14 @@ from typing import Any
 from shipyard.background import Wakeup
 from shipyard.control.convergence import Converger
 from shipyard.control.fleet import Fleet, Provisioner
+from shipyard.control.leases import FleetLeases
+from shipyard.control.mirror import FleetMirror, RouteRecorder
 from shipyard.control.publishing import RoutePublisher
 from shipyard.control.serverless import ServerlessScaler
 from shipyard.control.supervision import InstanceSupervisor
 from shipyard.errors import ShipyardError
 from shipyard.metrics import Metrics
-from shipyard.records import EndpointStatus
+from shipyard.records import Endpoint, EndpointStatus
 from shipyard.routing.router import Router
 from shipyard.storage.metadata import MetadataStore
 
@@ -45,14 +53,18 @@ class Reconciler:
         provisioner: Provisioner,
         router: Router,
         metrics: Metrics,
+        leases: FleetLeases,
         health_check_period_s: float,
         max_in_flight: int,
         model_routing: str = "affinity",
         unhealthy_restart_after_s: float = 20.0,
         serverless_idle_s: float = 300.0,
         serverless_slots: int = 1,
+        routes_refresh_s: float = 1.0,
     ) -> None:
         self.store = store
+        self.leases = leases
+        self.routes_refresh_s = routes_refresh_s
         self.provisioner = provisioner
         self.health_check_period_s = health_check_period_s
         self.fleets: dict[str, Fleet] = {}
@@ -72,7 +84,12 @@ class Reconciler:
             idle_s=serverless_idle_s,
             slots=serverless_slots,
         )
-        self.publisher.on_demand = self.serverless.demand
+        self.publisher.on_demand = self._demand
+        self.recorder = RouteRecorder(leases=leases.store, period_s=leases.renew_s)
+        self.publisher.on_change = self._record
+        self.mirror = FleetMirror(
+            store=store, leases=leases.store, publisher=self.publisher, holds=leases.holds
+        )
         self.converger = Converger(
             store=store,
             provisioner=provisioner,
@@ -99,7 +116,7 @@ class Reconciler:
         self._wake.set()
 
     def current_instance_counts(self, endpoint: str) -> dict[str, int]:
-        fleet = self.fleets.get(endpoint)
+        fleet = self.fleets.get(endpoint) or self.mirror.fleets.get(endpoint)
         if fleet is None:
             return {}
         return {
@@ -130,9 +147,13 @@ class Reconciler:
             group.create_task(self._converge_loop(), name="reconciler.converge")
             group.create_task(self._supervise_loop(), name="reconciler.supervise")
             group.create_task(self.serverless.watch_memory(), name="reconciler.memory")
+            group.create_task(self.recorder.run(), name="reconciler.record-routes")
+            group.create_task(self._mirror_loop(), name="reconciler.mirror")
 
     async def stop_all(self) -> None:
-        """Stop every instance: converge tasks first, then all fleets, concurrently."""
+        """Stop every instance: converge tasks first, then all fleets, concurrently; then
+        hand their leases back, so another gateway starts them now rather than once the
+        leases expire."""
         for task in self._tasks.values():
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
@@ -142,6 +163,8 @@ class Reconciler:
         for fleet in fleets:
             self.publisher.withdraw(fleet.endpoint)
         await asyncio.gather(*(self.provisioner.stop_slots(f.all_slots()) for f in fleets))
+        self.mirror.close()
+        await self.leases.release(self.leases.held())
 
     # -- loops ------------------------------------------------------------------------
 
@@ -151,14 +174,18 @@ class Reconciler:
                 await self._converge_once()
             except Exception:
                 log.exception("converge pass failed; retrying")
-            await self._wake.wait(1.0)
+            await self._wake.wait(min(1.0, self.leases.renew_s))
 
     async def _converge_once(self) -> None:
         endpoints = await asyncio.to_thread(self.store.list_endpoints)
+        held = await self.leases.claim([ep.name for ep in endpoints])
         seen = set()
         steps = self.converger
         for ep in endpoints:
             seen.add(ep.name)
+            if ep.name not in held:
+                self._let_go(ep.name)
+                continue
             if ep.name in self._tasks:
                 continue
             fleet = self.fleets.get(ep.name)
@@ -176,6 +203,36 @@ class Reconciler:
             if name not in seen and name not in self._tasks:
                 self._spawn(name, steps.retire(name))
 
+    def _let_go(self, name: str) -> None:
+        """Another gateway holds (or may take) the endpoint's lease: stop converging it
+        and retire its fleet here, if there is one."""
+        self.recorder.forget(name)
+        task = self._tasks.get(name)
+        if task is not None:
+            task.cancel()  # a step stops the instances it started as it unwinds
+        elif name in self.fleets:
+            log.warning("lost the fleet lease of %s; stopping its fleet here", name)
+            self._spawn(name, self.converger.retire(name))
+
+    def _record(self, endpoint: str, fleet: Fleet | None) -> None:
+        """Record a table this gateway published, if it holds the endpoint's lease."""
+        if self.leases.holds(endpoint) and (fleet is None or self.fleets.get(endpoint) is fleet):
+            self.recorder.note(endpoint, fleet)
+
+    def _demand(self, fleet: Fleet, variant: str, wanted: int) -> None:
+        """A serverless variant's demand starts instances only in a fleet run here."""
+        if self.fleets.get(fleet.endpoint) is fleet:
+            self.serverless.demand(fleet, variant, wanted)
+
+    async def _mirror_loop(self) -> None:
+        while True:
+            try:
+                endpoints: list[Endpoint] = await asyncio.to_thread(self.store.list_endpoints)
+                await self.mirror.refresh(endpoints)
+            except Exception:
+                log.exception("mirroring the routes of other gateways failed; retrying")
+            await asyncio.sleep(self.routes_refresh_s)
+
     def _spawn(self, name: str, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work, name=f"reconciler.{name}")
         self._tasks[name] = task
@@ -192,8 +249,8 @@ class Reconciler:
         while True:
             await asyncio.sleep(self.health_check_period_s)
             for fleet in list(self.fleets.values()):
-                if fleet.endpoint in self._tasks:
-                    continue  # a converge step owns this fleet right now
+                if fleet.endpoint in self._tasks or not self.leases.holds(fleet.endpoint):
+                    continue  # a converge step owns this fleet right now, or it is retiring
                 try:
                     if idle := self.serverless.reap_idle(fleet):
                         self.publisher.publish(fleet)

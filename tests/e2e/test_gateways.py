@@ -1,0 +1,143 @@
+"""Several gateways on one store: one fleet per endpoint, and every gateway routes to it.
+
+Gateways are real ``shipyard serve`` processes on one PostgreSQL schema (skipped where
+PostgreSQL is absent); instances are counted as processes, by the gateways' PIDs.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import GatewayProcess, PgSchema, deploy, wait_until
+from tests.e2e.processes import alive, instance_pids
+
+# Short leases keep the takeover quick; the renewal still has five chances per lease.
+LEASES = {"SHIPYARD_FLEET_LEASE_S": "3", "SHIPYARD_FLEET_LEASE_RENEW_S": "0.5"}
+
+
+def _pids(gw: GatewayProcess, name: str, n: int = 12) -> set[int]:
+    """The instance PIDs that answer ``name``'s invocations through ``gw``."""
+    rt = gw.client("sagemaker-runtime")
+    out = set()
+    for _ in range(n):
+        body = rt.invoke_endpoint(EndpointName=name, Body=b"{}")["Body"].read()
+        out.add(json.loads(body)["pid"])
+    return out
+
+
+def _answers(gw: GatewayProcess, name: str) -> bool:
+    try:
+        _pids(gw, name, n=1)
+        return True
+    except Exception:
+        return False
+
+
+def _fleet(*gateways: GatewayProcess) -> list[int]:
+    return [
+        pid for gw in gateways if gw.process.poll() is None for pid in instance_pids(gw.process.pid)
+    ]
+
+
+@pytest.fixture
+def two_gateways(
+    gateway_factory: Callable[..., GatewayProcess], pg_schema: PgSchema, tmp_path: Path
+) -> tuple[GatewayProcess, GatewayProcess]:
+    args = ["--db", pg_schema.url]
+    first = gateway_factory(tmp_path / "a", args=args, extra_env=LEASES)
+    second = gateway_factory(tmp_path / "b", args=args, extra_env=LEASES)
+    return first, second
+
+
+def test_two_gateways_on_one_database_run_one_fleet_and_both_route_to_it(
+    two_gateways: tuple[GatewayProcess, GatewayProcess], model_tarball: Any
+) -> None:
+    a, b = two_gateways
+    deploy(b.sm, "shared", model_tarball("sleepy"), count=2)
+    wait_until(lambda: len(_fleet(a, b)) == 2, "two instances in all", timeout_s=60)
+    wait_until(lambda: _answers(a, "shared") and _answers(b, "shared"), "both answer", 60)
+    fleet = set(_fleet(a, b))
+    assert _pids(a, "shared") <= fleet
+    assert _pids(b, "shared") <= fleet
+    assert sorted(_fleet(a, b)) == sorted(fleet), "a second fleet was started"
+    described = a.sm.describe_endpoint(EndpointName="shared")
+    assert described["ProductionVariants"][0]["CurrentInstanceCount"] == 2
+
+
+def test_killing_the_holder_under_load_passes_the_fleet_to_the_other_gateway(
+    two_gateways: tuple[GatewayProcess, GatewayProcess], model_tarball: Any
+) -> None:
+    """Clients load both gateways; the one running the fleet is SIGKILLed (its
+    instances die with it). The other takes the lease once it expires and starts the
+    fleet again; its own clients see no failure meanwhile (requests wait for the new
+    fleet; a request cut on a dying instance is answered 503, which boto3 retries)."""
+    a, b = two_gateways
+    deploy(a.sm, "takeover", model_tarball("sleepy"), count=1)
+    wait_until(lambda: _answers(a, "takeover") and _answers(b, "takeover"), "both answer", 60)
+    holder, survivor = (a, b) if instance_pids(a.process.pid) else (b, a)
+    old_fleet = _fleet(a, b)
+    assert len(old_fleet) == 1
+    stop = threading.Event()
+    outcomes: dict[str, list[bool]] = {"holder": [], "survivor": []}
+
+    def load(gw: GatewayProcess, key: str) -> None:
+        rt = gw.client("sagemaker-runtime", read_timeout=90)
+        while not stop.is_set():
+            try:
+                rt.invoke_endpoint(EndpointName="takeover", Body=b'{"sleep": 0.02}')
+                outcomes[key].append(True)
+            except Exception:
+                outcomes[key].append(False)
+                if gw is holder:
+                    return  # the gateway is gone: nothing more to send it
+
+    threads = [
+        threading.Thread(target=load, args=(gw, key))
+        for gw, key in ((holder, "holder"), (survivor, "survivor"), (survivor, "survivor"))
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: len(outcomes["survivor"]) >= 10, "load on the survivor", 30)
+        holder.process.send_signal(signal.SIGKILL)
+        holder.process.wait(10)
+        wait_until(
+            lambda: len(instance_pids(survivor.process.pid)) == 1,
+            "the survivor runs the fleet",
+            timeout_s=60,
+        )
+        served = len(outcomes["survivor"])
+        wait_until(lambda: len(outcomes["survivor"]) >= served + 10, "served after", 60)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(120)
+    assert all(outcomes["survivor"]), outcomes["survivor"].count(False)
+    wait_until(lambda: not any(alive(p) for p in old_fleet), "the old fleet is gone", 10)
+    assert len(_fleet(survivor)) == 1
+    assert _pids(survivor, "takeover") == set(instance_pids(survivor.process.pid))
+
+
+def test_a_gateway_alone_takes_its_leases_back_at_once_after_it_was_killed(
+    gateway_factory: Callable[..., GatewayProcess], model_tarball: Any
+) -> None:
+    """On SQLite one gateway holds every lease. Killed and started again on its home it is
+    the same holder, so it takes its leases back at once rather than after they expire
+    (here longer than the test may take)."""
+    gw = gateway_factory(extra_env={"SHIPYARD_FLEET_LEASE_S": "600"})
+    deploy(gw.sm, "alone", model_tarball("sleepy"))
+    gw.stop(signal.SIGKILL)
+    again = gateway_factory(home=gw.home, extra_env={"SHIPYARD_FLEET_LEASE_S": "600"})
+    wait_until(lambda: len(instance_pids(again.process.pid)) == 1, "its fleet back", 60)
+    wait_until(lambda: _answers(again, "alone"), "it answers", 30)
+    again.stop()
+    third = gateway_factory(home=gw.home, extra_env={"SHIPYARD_FLEET_LEASE_S": "600"})
+    wait_until(lambda: _answers(third, "alone"), "it answers after a clean stop", 60)
+    assert _pids(third, "alone") == set(instance_pids(third.process.pid))
