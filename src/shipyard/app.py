@@ -36,6 +36,7 @@ from shipyard.events.notify import Notifier
 from shipyard.events.topics import Topics
 from shipyard.gateway.async_invocations import AsyncDoor
 from shipyard.gateway.auth import Verifier
+from shipyard.gateway.console import ConsoleDoor, ConsoleState
 from shipyard.gateway.control import ControlDoor
 from shipyard.gateway.errors import unknown_path_response
 from shipyard.gateway.facade import JobsDoor
@@ -218,6 +219,7 @@ class Gateway:
                 Route("/jobs/{name}/logs", jobs_door.logs, methods=["GET"]),
                 Route("/healthz", healthz, methods=["GET"]),
                 Route("/metrics", metrics_endpoint(self.metrics), methods=["GET"]),  # type: ignore[arg-type]
+                *self._console(settings, stack).routes(),
             ],
             lifespan=self._lifespan,
             exception_handlers={404: _unknown_path, 405: _unknown_path},
@@ -255,6 +257,27 @@ class Gateway:
             account_id=settings.account_id,
             host_access=self.host_access,
             tagging=self.tagging,
+        )
+
+    def _console(self, settings: Settings, stack: StackFile) -> ConsoleDoor:
+        """The web console: reads of the store and of this gateway's memory, never of
+        the data path (gateway/console/)."""
+        state = ConsoleState(
+            endpoints=self.service,
+            fleets=self.reconciler.fleets,
+            backlogs=self.consumer.backlogs,
+            metrics=self.metrics,
+            list_jobs=self.jobs.list_jobs,
+            describe_job=self.jobs.describe,
+            list_transforms=self.transforms.list_jobs,
+            describe_transform=self.transforms.describe,
+            events=EventLog(self.store.engine),
+        )
+        return ConsoleDoor(
+            state=state,
+            log_files=self.jobs.log_files,
+            auth=stack.auth is not None,
+            region=settings.region,
         )
 
     def _resource_exists(self, kind: str, arn: str) -> bool:

@@ -462,6 +462,7 @@ def converge(
             if create_tags is not None:
                 sm.create_endpoint(EndpointName=name, EndpointConfigName=config, Tags=create_tags)
             else:
+                _wait_settled(gateway, name, timeout_s)
                 sm.update_endpoint(EndpointName=name, EndpointConfigName=config)
     _wait_endpoints(gateway, dict((e, c) for e, c, _ in plan.endpoints), on_progress, timeout_s)
     for rid, body in plan.scaling:
@@ -516,6 +517,18 @@ def _wait_endpoints(
             raise GatewayError(f"endpoint(s) {names} not InService within {timeout_s:g} s")
         if waiting:
             time.sleep(_POLL_PERIOD_S)
+
+
+def _wait_settled(gateway: Gateway, name: str, timeout_s: float) -> None:
+    """Until the endpoint takes an UpdateEndpoint: a scaling step may be under way."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        described = gateway.sagemaker.describe_endpoint(EndpointName=name)
+        if described["EndpointStatus"] in ("InService", "Failed"):
+            return
+        if time.monotonic() > deadline:
+            raise GatewayError(f"endpoint {name}: still {described['EndpointStatus']}")
+        time.sleep(_POLL_PERIOD_S)
 
 
 def _wait_deleted(

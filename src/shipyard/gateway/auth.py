@@ -23,6 +23,16 @@ as IAM writes them, ``*`` wildcards, case-insensitive):
     POST /inference                         sagemaker:CreateTrainingJob
     GET /jobs/{name}/logs                   sagemaker:DescribeTrainingJob
     GET /metrics                            shipyard:GetMetrics
+    GET /console/api/endpoints...           sagemaker:DescribeEndpoint
+    GET /console/api/endpoints/{name}/metrics
+                                            shipyard:GetMetrics
+    GET /console/api/jobs...                sagemaker:DescribeTrainingJob
+    GET /console/api/transform-jobs/...     sagemaker:DescribeTransformJob
+    GET /console/api/events                 shipyard:GetEvents
+
+The console's pages and static files (``GET /console`` and below, but ``/console/api``)
+need no signature: a browser cannot sign a navigation, so they hold no data, and the
+page's script signs each ``/console/api`` call itself.
 """
 
 from __future__ import annotations
@@ -243,8 +253,10 @@ def authorize(caller: Caller, action: str, *, account_id: str) -> None:
 
 def action_of(method: str, path: str, target: str | None) -> tuple[Door, str] | None:
     """The door and scoping action of a request, or None when it needs no signature."""
-    if path == "/healthz" or (method == "GET" and path.rstrip("/") == "/console"):
+    if path == "/healthz" or (method == "GET" and _is_console_page(path)):
         return None
+    if path.startswith("/console/api/"):
+        return Door.OTHER, _console_action(path)
     if path == "/":
         service, _, name = (target or "").partition(".")
         prefix = {
@@ -269,6 +281,23 @@ def action_of(method: str, path: str, target: str | None) -> tuple[Door, str] | 
     if path == "/metrics":
         return Door.OTHER, "shipyard:GetMetrics"
     return Door.OTHER, "shipyard:Unknown"
+
+
+def _is_console_page(path: str) -> bool:
+    return path.rstrip("/") == "/console" or (
+        path.startswith("/console/") and not path.startswith("/console/api/")
+    )
+
+
+def _console_action(path: str) -> str:
+    kind = path.removeprefix("/console/api/").split("/", 1)[0]
+    if kind == "endpoints":
+        return "shipyard:GetMetrics" if path.endswith("/metrics") else "sagemaker:DescribeEndpoint"
+    return {
+        "jobs": "sagemaker:DescribeTrainingJob",
+        "transform-jobs": "sagemaker:DescribeTransformJob",
+        "events": "shipyard:GetEvents",
+    }.get(kind, "shipyard:Unknown")
 
 
 def _header_map(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:

@@ -217,6 +217,13 @@ class EventLog:
             rows = conn.execute(query).mappings().all()
         return [_event_state(r) for r in rows]
 
+    def recent_events(self, limit: int) -> list[EventState]:
+        """The ``limit`` events recorded last, newest first (the console's events log)."""
+        query = select(t.events).order_by(t.events.c.id.desc()).limit(limit)
+        with transaction(self._engine) as conn:
+            rows = conn.execute(query).mappings().all()
+        return [_event_state(r) for r in rows]
+
     def pending_count(self) -> int:
         """Events not yet dispatched: the outbox backlog."""
         query = select(func.count()).select_from(t.events)

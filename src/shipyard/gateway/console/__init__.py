@@ -1,0 +1,15 @@
+"""The web console at ``/console`` (DESIGN 2.10): one more door over the same services.
+
+- pages.py: the pages, shells with no data (they load unsigned under ``auth:``);
+- fragments.py: the data as HTML, rendered on the server, escaped in one place;
+- state.py: the reads, from the store and from the gateway's memory;
+- door.py: the routes, ``/console/...`` and ``/console/api/...``;
+- static/: console.js (polling, SigV4 signing, charts, log tail) and console.css.
+
+No build step: the script and stylesheet are written by hand and served as they are.
+"""
+
+from shipyard.gateway.console.door import ConsoleDoor
+from shipyard.gateway.console.state import ConsoleState
+
+__all__ = ["ConsoleDoor", "ConsoleState"]

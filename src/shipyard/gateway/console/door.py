@@ -1,0 +1,235 @@
+"""The console door: pages under ``/console``, their data under ``/console/api/``.
+
+Pages are shells (pages.py) and static files; the data comes from small GET views,
+HTML fragments for what people read and JSON for what the page computes on (chart
+counters, log chunks). Store reads run in a worker thread; the gateway's in-memory
+state (fleets, backlog readings, the metrics registry) is read on the event loop,
+between two awaits, so it is consistent and never waits on a lock the data path holds
+for long. Invocations never come here: the gateway sends them to the runtime door
+before Starlette routes anything (app.py), so the console costs the data path nothing
+but the CPU its own requests take.
+
+With an ``auth:`` section the pages and static files load unsigned and every view is
+signed by the page's script; gateway/auth.py scopes each view as the action it
+reads (e.g. ``sagemaker:DescribeEndpoint``, ``shipyard:GetMetrics``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+
+from shipyard.errors import ResourceNotFound, ShipyardError
+from shipyard.gateway.console import fragments, pages
+from shipyard.gateway.console.state import ConsoleState
+
+LOG_CHUNK_BYTES = 64 * 1024
+"""Most log bytes one poll returns; a page opened on a long log starts at its tail."""
+
+EVENTS_SHOWN = 200
+
+_PAGE_HEADERS = {
+    # No inline script or style anywhere: a value that slipped past escaping still
+    # cannot run. data: only for the empty favicon.
+    "Content-Security-Policy": (
+        "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+_API_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+_STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+
+
+class ConsoleDoor:
+    """Routes of the web console (DESIGN 2.10); see the module."""
+
+    def __init__(
+        self,
+        *,
+        state: ConsoleState,
+        log_files: Callable[[str], list[Path]],
+        auth: bool,
+        region: str,
+    ) -> None:
+        self.state = state
+        self.log_files = log_files
+        self.auth = auth
+        self.region = region
+        folder = resources.files("shipyard.gateway.console") / "static"
+        self._static = {
+            name: (folder / name).read_bytes() for name in ("console.js", "console.css")
+        }
+
+    def __repr__(self) -> str:
+        return f"ConsoleDoor(auth={self.auth})"
+
+    def routes(self) -> list[BaseRoute]:
+        page = self._page
+        api = [
+            Route("/endpoints", self.endpoints_view),
+            Route("/endpoints/{name}", self.endpoint_view),
+            Route("/endpoints/{name}/metrics", self.metrics_view),
+            Route("/jobs", self.jobs_view),
+            Route("/jobs/{name}", self.job_view),
+            Route("/jobs/{name}/log", self.log_view),
+            Route("/transform-jobs/{name}", self.transform_view),
+            Route("/events", self.events_view),
+        ]
+        return [
+            Route("/console", page("Endpoints", "Endpoints", lambda _: pages.overview())),
+            Route("/console/", page("Endpoints", "Endpoints", lambda _: pages.overview())),
+            Route("/console/endpoints/{name}", page(None, "Endpoints", pages.endpoint)),
+            Route("/console/jobs", page("Jobs", "Jobs", lambda _: pages.jobs())),
+            Route("/console/jobs/{name}", page(None, "Jobs", pages.job)),
+            Route("/console/transform-jobs/{name}", page(None, "Jobs", pages.transform_job)),
+            Route("/console/events", page("Events", "Events", lambda _: pages.events())),
+            Route("/console/static/{file}", self.static),
+            Mount("/console/api", routes=api),
+        ]
+
+    # -- pages ------------------------------------------------------------------------
+
+    def _page(
+        self, title: str | None, active: str, body: Callable[[str], str]
+    ) -> Callable[[Request], Any]:
+        async def handle(request: Request) -> Response:
+            name = request.path_params.get("name", "")
+            html = pages.shell(
+                title=title or name,
+                active=active,
+                body=body(name),
+                auth=self.auth,
+                region=self.region,
+            )
+            return HTMLResponse(html, headers=_PAGE_HEADERS)
+
+        return handle
+
+    async def static(self, request: Request) -> Response:
+        name = request.path_params["file"]
+        content = self._static.get(name)
+        if content is None:
+            return Response("Not found", status_code=404, media_type="text/plain")
+        media_type = _STATIC_TYPES[os.path.splitext(name)[1]]
+        # The URL carries the version (pages.py), so a cached copy is never stale.
+        return Response(content, media_type=media_type, headers={"Cache-Control": "max-age=3600"})
+
+    # -- views ------------------------------------------------------------------------
+
+    async def endpoints_view(self, request: Request) -> Response:
+        endpoints, configs = await run_in_threadpool(self.state.endpoint_records)
+        return _fragment(fragments.overview(self.state.rows(endpoints, configs)))
+
+    async def endpoint_view(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        try:
+            endpoint, config = await run_in_threadpool(self.state.endpoint_record, name)
+        except ResourceNotFound:
+            return _fragment(fragments.not_found(f'Could not find endpoint "{name}".'), 404)
+        return _fragment(fragments.endpoint(self.state.detail(endpoint, config)))
+
+    async def metrics_view(self, request: Request) -> Response:
+        series = self.state.series(request.path_params["name"])
+        return JSONResponse({"t": time.time(), "variants": series}, headers=_API_HEADERS)
+
+    async def jobs_view(self, request: Request) -> Response:
+        training = await run_in_threadpool(self.state.jobs)
+        transforms = await run_in_threadpool(self.state.transforms)
+        return _fragment(fragments.jobs(training, transforms))
+
+    async def job_view(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        try:
+            job = await run_in_threadpool(self.state.describe_job, name)
+        except ShipyardError:
+            return _fragment(fragments.not_found(f'Could not find training job "{name}".'), 404)
+        return _fragment(fragments.job(job))
+
+    async def transform_view(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        try:
+            job = await run_in_threadpool(self.state.describe_transform, name)
+        except ShipyardError:
+            return _fragment(fragments.not_found(f'Could not find transform job "{name}".'), 404)
+        return _fragment(fragments.transform_job(job))
+
+    async def events_view(self, request: Request) -> Response:
+        states = await run_in_threadpool(self.state.recent_events, EVENTS_SHOWN)
+        return _fragment(fragments.events(states))
+
+    async def log_view(self, request: Request) -> Response:
+        """The job's log from ``offset`` (or its tail), whole lines, and where to go on.
+
+        ``done`` tells the page to stop polling: the job has ended and nothing is left.
+        """
+        name = request.path_params["name"]
+        asked = request.query_params.get("offset", "tail")
+        try:
+            job = await run_in_threadpool(self.state.describe_job, name)
+            files = self.log_files(name)
+        except ShipyardError:
+            return JSONResponse({"message": f"Could not find training job {name}."}, 404)
+        offset = None if asked == "tail" else int(asked) if asked.isdigit() else 0
+        text, next_offset = await run_in_threadpool(_read_log, files, offset, not job.active)
+        done = not job.active and next_offset >= await run_in_threadpool(_total_size, files)
+        return JSONResponse(
+            {"text": text, "next": next_offset, "status": job.status.value, "done": done},
+            headers=_API_HEADERS,
+        )
+
+
+def _fragment(html: str, status_code: int = 200) -> Response:
+    return HTMLResponse(html, status_code=status_code, headers=_API_HEADERS)
+
+
+def _total_size(files: list[Path]) -> int:
+    total = 0
+    for path in files:
+        try:
+            total += path.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def _read_log(files: list[Path], offset: int | None, final: bool) -> tuple[str, int]:
+    """Whole lines of the files read as one stream, from ``offset`` (None: the tail).
+
+    A last line without its newline is left for the next poll (unless a line is longer
+    than a chunk, or the job has ended: ``final``), so a character is never cut in two.
+    """
+    total = _total_size(files)
+    start = max(0, total - LOG_CHUNK_BYTES) if offset is None else min(offset, total)
+    data = bytearray()
+    base = 0
+    for path in files:
+        try:
+            size = path.stat().st_size
+        except OSError:
+            continue
+        if start < base + size and len(data) < LOG_CHUNK_BYTES:
+            with open(path, "rb") as f:
+                f.seek(max(start - base, 0))
+                data += f.read(LOG_CHUNK_BYTES - len(data))
+        base += size
+    if offset is None and start > 0:
+        # Started mid-file: drop the partial first line.
+        cut = data.find(b"\n") + 1
+        start += cut
+        data = data[cut:]
+    end = data.rfind(b"\n") + 1
+    if final or (end == 0 and len(data) >= LOG_CHUNK_BYTES):
+        end = len(data)
+    return data[:end].decode(errors="replace"), start + end

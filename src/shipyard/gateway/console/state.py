@@ -1,0 +1,303 @@
+"""What the console shows, read from the store and from the gateway's memory.
+
+Two kinds of source, read two ways:
+
+- the store (endpoints, configs, jobs, transform jobs, events): blocking SQLAlchemy
+  calls, which the door runs in a worker thread so the event loop never waits on them;
+- the gateway's memory (the reconciler's fleets, the async consumer's backlog readings,
+  the metrics registry): plain attribute reads on the event loop, no I/O and no lock
+  but prometheus_client's own, held for one read of each series.
+
+None of it is on the data path: invocations take the gateway's fast path straight to
+the runtime door and never reach this module. The records returned here are plain
+snapshots; nothing holds a reference into live objects after a call returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from shipyard.async_inference.consumer import BacklogReading
+from shipyard.control.endpoints import EndpointService
+from shipyard.control.fleet import Fleet, Slot
+from shipyard.errors import ShipyardError
+from shipyard.metrics import Metrics
+from shipyard.records import Endpoint, EndpointConfig, Job, TransformJob, VariantSpec
+from shipyard.storage.events import EventLog, EventState
+
+MAX_LISTED = 200
+"""Most jobs (and transform jobs) a list shows, newest first; the rest are counted."""
+
+
+@dataclass(frozen=True, slots=True)
+class VariantRow:
+    """One variant of an endpoint as the console shows it."""
+
+    name: str
+    model: str
+    instance_type: str
+    desired_instances: int
+    healthy_instances: int
+    weight: float
+    routing: str
+    serverless: dict[str, int] | None = None
+    shadow: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointRow:
+    """One endpoint on the overview: status, variants and their instance counts."""
+
+    name: str
+    status: str
+    failure_reason: str | None
+    config_name: str
+    pending_config_name: str | None
+    modified: datetime
+    variants: tuple[VariantRow, ...]
+    is_async: bool
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceRow:
+    """One instance of a variant: where it stands with the reconciler and the router."""
+
+    instance_id: str
+    variant: str
+    state: str
+    """``healthy``, ``unhealthy`` or ``starting``."""
+    in_flight: int
+    restarts: int
+    ping_failures: int
+    latency_ms: float
+    models: tuple[str, ...]
+    """Multi-model: the TargetModels the gateway believes it holds, least recent first."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerlessRow:
+    variant: str
+    active: int
+    """Requests admitted and not finished."""
+    max_concurrency: int
+    memory_mb: int
+    provisioned: int | None
+    instances: int
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointDetail:
+    """Everything the endpoint page shows but its charts."""
+
+    row: EndpointRow
+    instances: tuple[InstanceRow, ...]
+    starting: dict[str, int]
+    multi_model: frozenset[str]
+    """Variants that serve a MultiModel model."""
+    serverless: tuple[ServerlessRow, ...]
+    backlog: BacklogReading | None
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """The newest ``MAX_LISTED`` of a kind of job, and how many there are in all."""
+
+    jobs: tuple[Any, ...]
+    total: int
+    by_status: dict[str, int] = field(default_factory=dict)
+
+
+class ConsoleState:
+    """Reads for the console; the store methods block (run them in a thread)."""
+
+    def __init__(
+        self,
+        *,
+        endpoints: EndpointService,
+        fleets: Mapping[str, Fleet],
+        backlogs: Mapping[str, BacklogReading],
+        metrics: Metrics,
+        list_jobs: Callable[[], list[Job]],
+        describe_job: Callable[[str], Job],
+        list_transforms: Callable[[], list[TransformJob]],
+        describe_transform: Callable[[str], TransformJob],
+        events: EventLog,
+    ) -> None:
+        self.endpoints = endpoints
+        self.fleets = fleets
+        self.backlogs = backlogs
+        self.metrics = metrics
+        self.list_jobs = list_jobs
+        self.describe_job = describe_job
+        self.list_transforms = list_transforms
+        self.describe_transform = describe_transform
+        self.events = events
+
+    def __repr__(self) -> str:
+        return f"ConsoleState(fleets={len(self.fleets)})"
+
+    # -- from the store (blocking) ----------------------------------------------------
+
+    def endpoint_records(self) -> tuple[list[Endpoint], dict[str, EndpointConfig]]:
+        """Every endpoint and the configs they name: two queries, whatever their number."""
+        endpoints = self.endpoints.list_endpoints()
+        configs = {c.name: c for c in self.endpoints.list_endpoint_configs()}
+        return endpoints, configs
+
+    def endpoint_record(self, name: str) -> tuple[Endpoint, EndpointConfig | None]:
+        endpoint = self.endpoints.store.get_endpoint(name)
+        try:
+            config = self.endpoints.describe_endpoint_config(endpoint.config_name)
+        except ShipyardError:
+            config = None  # deleted under a live endpoint: show the endpoint anyway
+        return endpoint, config
+
+    def jobs(self) -> Listing:
+        return _listing(self.list_jobs())
+
+    def transforms(self) -> Listing:
+        return _listing(self.list_transforms())
+
+    def recent_events(self, limit: int) -> list[EventState]:
+        return self.events.recent_events(limit)
+
+    # -- from memory (on the event loop) ----------------------------------------------
+
+    def rows(
+        self, endpoints: Iterable[Endpoint], configs: Mapping[str, EndpointConfig]
+    ) -> list[EndpointRow]:
+        return [self.row(e, configs.get(e.config_name)) for e in endpoints]
+
+    def row(self, endpoint: Endpoint, config: EndpointConfig | None) -> EndpointRow:
+        specs: dict[str, VariantSpec] = {v.name: v for v in config.variants} if config else {}
+        healthy = self._healthy(endpoint.name)
+        variants = []
+        for state in endpoint.variants:
+            spec = specs.get(state.name)
+            variants.append(
+                VariantRow(
+                    name=state.name,
+                    model=spec.model_name if spec else "",
+                    instance_type=spec.instance_type if spec else "",
+                    desired_instances=state.desired_instance_count,
+                    healthy_instances=healthy.get(state.name, 0),
+                    weight=state.desired_weight,
+                    routing=spec.routing_strategy.value if spec else "",
+                    serverless=spec.serverless.describe() if spec and spec.serverless else None,
+                    shadow=state.shadow,
+                )
+            )
+        return EndpointRow(
+            name=endpoint.name,
+            status=endpoint.status.value,
+            failure_reason=endpoint.failure_reason,
+            config_name=endpoint.config_name,
+            pending_config_name=endpoint.pending_config_name,
+            modified=endpoint.modified,
+            variants=tuple(variants),
+            is_async=bool(config and config.async_config),
+        )
+
+    def detail(self, endpoint: Endpoint, config: EndpointConfig | None) -> EndpointDetail:
+        fleet = self.fleets.get(endpoint.name)
+        instances: list[InstanceRow] = []
+        serverless: list[ServerlessRow] = []
+        multi_model: set[str] = set()
+        if fleet is not None:
+            for variant, slots in fleet.slots.items():
+                for slot in slots:
+                    instances.append(_instance_row(slot.spec.instance_id, variant, slot))
+                template = fleet.templates.get(variant)
+                if template is not None and (template.prefix or template.agent):
+                    multi_model.add(variant)
+            for variant, route in fleet.serverless.items():
+                serverless.append(
+                    ServerlessRow(
+                        variant=variant,
+                        active=route.active,
+                        max_concurrency=route.config.max_concurrency,
+                        memory_mb=route.config.memory_mb,
+                        provisioned=route.config.provisioned_concurrency,
+                        instances=len(fleet.slots.get(variant, ())),
+                    )
+                )
+        return EndpointDetail(
+            row=self.row(endpoint, config),
+            instances=tuple(instances),
+            starting=dict(fleet.starting) if fleet is not None else {},
+            multi_model=frozenset(multi_model),
+            serverless=tuple(serverless),
+            backlog=self.backlogs.get(endpoint.name),
+        )
+
+    def series(self, endpoint: str) -> dict[str, dict[str, float]]:
+        """Per variant, the endpoint's cumulative counters now; the page takes the rates.
+
+        Read from the registry's own samples: one pass over each metric's series, so
+        the cost grows with the number of variants served, never with traffic.
+        """
+        m = self.metrics
+        out: dict[str, dict[str, float]] = {}
+        wanted = {
+            "shipyard_invocations_total": "invocations",
+            "shipyard_invocation_4xx_errors_total": "errors_4xx",
+            "shipyard_invocation_5xx_errors_total": "errors_5xx",
+            "shipyard_model_latency_seconds_sum": "model_latency_sum_s",
+            "shipyard_model_latency_seconds_count": "model_latency_count",
+            "shipyard_overhead_latency_seconds_sum": "overhead_latency_sum_s",
+        }
+        for metric in (
+            m.invocations,
+            m.errors_4xx,
+            m.errors_5xx,
+            m.model_latency,
+            m.overhead_latency,
+        ):
+            for family in metric.collect():
+                for sample in family.samples:
+                    key = wanted.get(sample.name)
+                    if key is None or sample.labels.get("endpoint") != endpoint:
+                        continue
+                    counters = out.setdefault(
+                        sample.labels["variant"], dict.fromkeys(wanted.values(), 0.0)
+                    )
+                    counters[key] = sample.value
+        return out
+
+    def _healthy(self, endpoint: str) -> dict[str, int]:
+        fleet = self.fleets.get(endpoint)
+        if fleet is None:
+            return {}
+        return {
+            name: sum(1 for s in slots if s.instance is not None and s.instance.healthy)
+            for name, slots in fleet.slots.items()
+        }
+
+
+def _instance_row(instance_id: str, variant: str, slot: Slot) -> InstanceRow:
+    instance = slot.instance
+    if instance is None:
+        return InstanceRow(
+            instance_id, variant, "starting", 0, slot.restarts, slot.ping_failures, 0.0, ()
+        )
+    return InstanceRow(
+        instance_id=instance_id,
+        variant=variant,
+        state="healthy" if instance.healthy else "unhealthy",
+        in_flight=instance.in_flight,
+        restarts=slot.restarts,
+        ping_failures=slot.ping_failures,
+        latency_ms=instance.latency_s * 1000,
+        models=tuple(instance.models),
+    )
+
+
+def _listing(jobs: list[Any]) -> Listing:
+    jobs.sort(key=lambda j: j.created, reverse=True)
+    by_status: dict[str, int] = {}
+    for job in jobs:
+        by_status[job.status.value] = by_status.get(job.status.value, 0) + 1
+    return Listing(tuple(jobs[:MAX_LISTED]), len(jobs), by_status)

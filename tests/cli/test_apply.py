@@ -1,0 +1,308 @@
+"""``shipyard apply`` and ``shipyard destroy`` against a real gateway, and bad stack files."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from shipyard.cli import app
+from shipyard.settings import StackFile
+from tests.conftest import GatewayProcess, make_tarball, start_gateway
+
+ROLE = "arn:aws:iam::123456789012:role/x"
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    gateway = start_gateway(tmp_path_factory.mktemp("apply") / "home")
+    try:
+        yield gateway
+    finally:
+        gateway.stop()
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("artifacts")
+    return {m: make_tarball(m, root / f"{m}.tar.gz").as_uri() for m in ("echo", "load_fails")}
+
+
+def stack(prefix: str, model_url: str, *, weight: float = 1.0, target: float = 1000) -> dict:
+    """Model, config, endpoint and scaling, all named after ``prefix``."""
+    return {
+        "models": {
+            prefix: {
+                "PrimaryContainer": {"Image": "shipyard/python", "ModelDataUrl": model_url},
+                "ExecutionRoleArn": ROLE,
+            }
+        },
+        "endpoint_configs": {
+            f"{prefix}-cfg": {
+                "ProductionVariants": [
+                    {
+                        "VariantName": "v1",
+                        "ModelName": prefix,
+                        "InstanceType": "ml.m5.large",
+                        "InitialInstanceCount": 1,
+                        "InitialVariantWeight": weight,
+                    }
+                ]
+            }
+        },
+        "endpoints": {prefix: {"EndpointConfigName": f"{prefix}-cfg"}},
+        # Min = max = 1: the autoscaler has no step to take while the test runs.
+        "scaling": {f"{prefix}/v1": {"MinCapacity": 1, "MaxCapacity": 1, "TargetValue": target}},
+    }
+
+
+def write(path: Path, content: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(content, sort_keys=False))
+    return path
+
+
+def shipyard(gw: GatewayProcess, *args: str, stdin: str | None = None) -> Any:
+    return CliRunner().invoke(app, [*args, "--url", gw.url], input=stdin)
+
+
+def plan_rows(output: str) -> list[tuple[str, str, str, str]]:
+    """(resource, name, action, detail) of each row of the printed plan."""
+    rows = []
+    for line in output.splitlines():
+        cells = [c.strip() for c in line.strip().strip("│").split("│")]
+        if len(cells) == 4 and cells[2] in ("create", "update", "delete", "unchanged"):
+            rows.append((cells[0], cells[1], cells[2], cells[3]))
+    return rows
+
+
+def actions(output: str) -> list[tuple[str, str, str]]:
+    """(resource, name, action) of each row, sorted."""
+    return sorted((kind, name, action) for kind, name, action, _ in plan_rows(output))
+
+
+def all_four(prefix: str, action: str) -> list[tuple[str, str, str]]:
+    return sorted(
+        [
+            ("model", prefix, action),
+            ("endpoint config", f"{prefix}-cfg", action),
+            ("endpoint", prefix, action),
+            ("scaling", f"{prefix}/v1", action),
+        ]
+    )
+
+
+def test_apply_change_reapply_destroy(
+    gw: GatewayProcess, artifacts: dict[str, str], tmp_path: Path
+) -> None:
+    sm = gw.sm
+    # Not the stack's: neither apply nor destroy may touch it.
+    sm.create_model(
+        ModelName="bystander",
+        PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": artifacts["echo"]},
+        ExecutionRoleArn=ROLE,
+    )
+    path = write(tmp_path / "web.yaml", stack("web", artifacts["echo"]))
+
+    out = shipyard(gw, "apply", str(path), "--yes")
+    assert out.exit_code == 0, out.output
+    assert actions(out.stdout) == all_four("web", "create")
+    assert sm.describe_endpoint(EndpointName="web")["EndpointStatus"] == "InService"
+    answer = gw.rt.invoke_endpoint(EndpointName="web", Body=b'{"x": 1}')
+    assert answer["Body"].read() == b'{"x": 1}'
+
+    write(path, stack("web", artifacts["echo"], weight=2.0, target=500))
+    out = shipyard(gw, "apply", str(path), "--yes")
+    assert out.exit_code == 0, out.output
+    assert actions(out.stdout) == sorted(
+        [
+            ("model", "web", "unchanged"),
+            ("endpoint config", "web-cfg", "update"),
+            ("endpoint", "web", "update"),
+            ("scaling", "web/v1", "update"),
+        ]
+    )
+    details = {(kind, name): detail for kind, name, _, detail in plan_rows(out.stdout)}
+    new_config = re.search(
+        r"new version (web-cfg-\w+), was web-cfg", details["endpoint config", "web-cfg"]
+    )
+    assert new_config, details
+    described = sm.describe_endpoint(EndpointName="web")
+    assert described["EndpointConfigName"] == new_config.group(1)
+    assert described["ProductionVariants"][0]["CurrentWeight"] == 2.0
+    configs = {c["EndpointConfigName"] for c in sm.list_endpoint_configs()["EndpointConfigs"]}
+    assert new_config.group(1) in configs and "web-cfg" not in configs  # the old version went
+    policies = gw.client("application-autoscaling").describe_scaling_policies(
+        ServiceNamespace="sagemaker", ResourceId="endpoint/web/variant/v1"
+    )["ScalingPolicies"]
+    assert [p["TargetTrackingScalingPolicyConfiguration"]["TargetValue"] for p in policies] == [
+        500.0
+    ]
+
+    out = shipyard(gw, "apply", str(path), "--yes")
+    assert out.exit_code == 0, out.output
+    assert actions(out.stdout) == all_four("web", "unchanged")
+    assert "Nothing to change." in out.stdout
+
+    out = shipyard(gw, "destroy", str(path), "--yes")
+    assert out.exit_code == 0, out.output
+    assert actions(out.stdout) == all_four("web", "delete")
+    assert not [e for e in sm.list_endpoints()["Endpoints"] if e["EndpointName"] == "web"]
+    assert {m["ModelName"] for m in sm.list_models()["Models"]} & {"web", "bystander"} == {
+        "bystander"
+    }
+    assert not [
+        c
+        for c in sm.list_endpoint_configs()["EndpointConfigs"]
+        if c["EndpointConfigName"].startswith("web")
+    ]
+    out = shipyard(gw, "destroy", str(path), "--yes")
+    assert out.exit_code == 0 and "Nothing of stack web to destroy." in out.stdout
+    sm.delete_model(ModelName="bystander")
+
+
+def test_apply_deletes_only_what_the_stack_created_and_the_file_dropped(
+    gw: GatewayProcess, artifacts: dict[str, str], tmp_path: Path
+) -> None:
+    sm = gw.sm
+    content = stack("keep", artifacts["echo"])
+    extra = stack("drop", artifacts["echo"])
+    for section in content:
+        content[section].update(extra[section])
+    path = write(tmp_path / "two.yaml", content)
+    out = shipyard(gw, "apply", str(path), "--yes")
+    assert out.exit_code == 0, out.output
+
+    for section in content:
+        for name in list(content[section]):
+            if name.startswith("drop"):
+                del content[section][name]
+    write(path, content)
+    out = shipyard(gw, "apply", str(path), "--yes")
+    assert out.exit_code == 0, out.output
+    assert actions(out.stdout) == sorted(all_four("keep", "unchanged") + all_four("drop", "delete"))
+    names = {e["EndpointName"] for e in sm.list_endpoints()["Endpoints"]}
+    assert "keep" in names and "drop" not in names
+
+    # An endpoint of the same name that another stack (or a person) made is not taken over.
+    other = write(tmp_path / "other.yaml", stack("keep", artifacts["echo"]))
+    out = shipyard(gw, "apply", str(other), "--yes")
+    assert out.exit_code == 1
+    assert "endpoint keep exists and was not created by stack other" in out.stderr
+    out = shipyard(gw, "destroy", str(path), "--yes")
+    assert out.exit_code == 0, out.output
+
+
+def test_a_declined_prompt_changes_nothing_and_yes_goes_ahead(
+    gw: GatewayProcess, artifacts: dict[str, str], tmp_path: Path
+) -> None:
+    sm = gw.sm
+    path = write(tmp_path / "ask.yaml", {"models": stack("ask", artifacts["echo"])["models"]})
+    out = shipyard(gw, "apply", str(path), stdin="n\n")
+    assert out.exit_code == 1
+    assert "Apply these changes? [y/N]" in out.stdout
+    assert "Apply declined: nothing changed." in out.stderr
+    assert "ask" not in {m["ModelName"] for m in sm.list_models()["Models"]}
+
+    out = shipyard(gw, "apply", str(path), stdin="y\n")
+    assert out.exit_code == 0, out.output
+    assert "ask" in {m["ModelName"] for m in sm.list_models()["Models"]}
+    out = shipyard(gw, "destroy", str(path), stdin="n\n")
+    assert out.exit_code == 1
+    assert "ask" in {m["ModelName"] for m in sm.list_models()["Models"]}
+    out = shipyard(gw, "destroy", str(path), "--yes")
+    assert out.exit_code == 0, out.output
+    assert "ask" not in {m["ModelName"] for m in sm.list_models()["Models"]}
+
+
+def test_a_failed_update_keeps_the_old_version_serving(
+    gw: GatewayProcess, artifacts: dict[str, str], tmp_path: Path
+) -> None:
+    path = write(tmp_path / "rb.yaml", stack("rb", artifacts["echo"]))
+    assert shipyard(gw, "apply", str(path), "--yes").exit_code == 0
+
+    write(path, stack("rb", artifacts["load_fails"]))
+    out = shipyard(gw, "apply", str(path), "--yes", "--timeout", "60")
+    assert out.exit_code == 1
+    assert "endpoint rb" in out.stderr and "weights missing" in out.stderr
+    answer = gw.rt.invoke_endpoint(EndpointName="rb", Body=b"[1]")
+    assert answer["Body"].read() == b"[1]"
+    models = {
+        m["ModelName"] for m in gw.sm.list_models()["Models"] if m["ModelName"].startswith("rb")
+    }
+    configs = {
+        c["EndpointConfigName"]
+        for c in gw.sm.list_endpoint_configs()["EndpointConfigs"]
+        if c["EndpointConfigName"].startswith("rb")
+    }
+    assert len(models) == 2 and "rb" in models  # the new version stays for a next attempt
+    assert len(configs) == 2 and "rb-cfg" in configs
+    assert gw.sm.describe_endpoint(EndpointName="rb")["EndpointConfigName"] == "rb-cfg"
+
+    # Back to the first file: the endpoint is where it was; the failed versions go.
+    write(path, stack("rb", artifacts["echo"]))
+    out = shipyard(gw, "apply", str(path), "--yes")
+    assert out.exit_code == 0, out.output
+    assert actions(out.stdout) == sorted(
+        all_four("rb", "unchanged")
+        + [("model", "rb", "delete"), ("endpoint config", "rb-cfg", "delete")]
+    )
+    assert [d for *_, a, d in plan_rows(out.stdout) if a == "delete"] == [
+        "old version " + next(c for c in configs if c != "rb-cfg"),
+        "old version " + next(m for m in models if m != "rb"),
+    ]
+    assert {
+        m["ModelName"] for m in gw.sm.list_models()["Models"] if m["ModelName"].startswith("rb")
+    } == {"rb"}
+    assert shipyard(gw, "destroy", str(path), "--yes").exit_code == 0
+
+
+BAD = [
+    (
+        "endpoint_configs:\n  a:\n    ProductionVariants:\n      - VariantName: v1\n"
+        "        InitialVariantWeight: heavy\n",
+        "bad.yaml:5: endpoint_configs.a.ProductionVariants[0].InitialVariantWeight: "
+        "Input should be a valid number",
+    ),
+    (
+        "models: {}\nendpoints:\n  e: {EndpointConfigName: c, Extra: 1}\n",
+        "bad.yaml:3: endpoints.e.Extra: Extra inputs are not permitted",
+    ),
+    (
+        "endpoints:\n  e: {EndpointConfigName: c}\nscaling:\n"
+        "  other/v1: {MinCapacity: 1, MaxCapacity: 2, TargetValue: 5}\n",
+        "bad.yaml:4: scaling.other/v1: endpoint 'other' is not declared",
+    ),
+    (
+        "topics:\n  done: [json://127.0.0.1:9/x]\njobs:\n  notify:\n    Completed: [nope]\n",
+        "bad.yaml:5: jobs.notify.Completed: unknown topic 'nope'",
+    ),
+    ("jobs:\n  limit: 0\n", "bad.yaml:2: jobs.limit: Input should be greater than or equal to 1"),
+    ("models: [\n", "bad.yaml:2: expected the node content"),
+    ("- a\n- b\n", "bad.yaml:1: a stack file is a YAML mapping"),
+    ("modles: {}\n", "bad.yaml:1: modles: Extra inputs are not permitted"),
+]
+
+
+@pytest.mark.parametrize(("text", "error"), BAD)
+def test_a_bad_stack_file_names_the_line_and_the_field(
+    tmp_path: Path, text: str, error: str
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as raised:
+        StackFile.load(path)
+    assert str(raised.value).replace(str(tmp_path) + "/", "").startswith(error)
+
+
+def test_apply_refuses_a_bad_file_before_asking_the_gateway(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(BAD[0][0])
+    # No gateway at this URL: a bad file is reported first, with exit code 2.
+    out = CliRunner().invoke(app, ["apply", str(path), "--url", "http://127.0.0.1:9"])
+    assert out.exit_code == 2
+    assert f"error: {path}:5: endpoint_configs.a.ProductionVariants[0]" in out.stderr

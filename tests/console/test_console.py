@@ -1,0 +1,165 @@
+"""The console on a gateway without ``auth:``: pages, live charts, logs, failures, phones.
+
+One gateway for the module, with a two-variant endpoint (``scores``) and one whose
+model cannot load (``broken``); invocations are real boto3 calls.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import GatewayProcess, deploy, make_tarball, start_gateway, unique
+from tests.console.conftest import PHONE, Tab
+from tests.e2e.test_jobs import ENV, job_request, wait_final
+
+
+def _variant(name: str, model: str, weight: float, count: int) -> dict[str, Any]:
+    return {
+        "VariantName": name,
+        "ModelName": model,
+        "InstanceType": "ml.m5.large",
+        "InitialInstanceCount": count,
+        "InitialVariantWeight": weight,
+        "RoutingConfig": {"RoutingStrategy": "LEAST_OUTSTANDING_REQUESTS"},
+    }
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    home = tmp_path_factory.mktemp("console")
+    gw = start_gateway(home / "home", extra_env=ENV)
+    try:
+        sm = gw.sm
+        url = make_tarball("sum", home / "models" / "sum.tar.gz").as_uri()
+        deploy(
+            sm,
+            "scores",
+            url,
+            variants=[_variant("blue", "scores", 3, 1), _variant("green", "scores", 1, 1)],
+        )
+        deploy(sm, "broken", make_tarball("load_fails", home / "models" / "bad.tar.gz").as_uri(),
+               wait=False)  # fmt: skip
+        waiter = sm.get_waiter("endpoint_in_service")
+        with pytest.raises(Exception, match="Failed"):
+            waiter.wait(EndpointName="broken", WaiterConfig={"Delay": 0.2, "MaxAttempts": 300})
+        yield gw
+    finally:
+        gw.stop()
+
+
+def _invoke(gw: GatewayProcess, n: int) -> None:
+    rt = gw.rt
+    for _ in range(n):
+        rt.invoke_endpoint(
+            EndpointName="scores", ContentType="application/json", Body=b'{"instances": [[1, 2]]}'
+        )
+
+
+def _loaded(tab: Tab, selector: str = "[data-view]") -> None:
+    tab.page.wait_for_selector(f"{selector}[data-loaded]")
+
+
+def test_the_overview_lists_endpoints_with_status_variants_and_weights(
+    gw: GatewayProcess, open_tab: Callable[..., Tab]
+) -> None:
+    tab = open_tab(gw.url + "/console")
+    _loaded(tab)
+    table = tab.page.locator("table.cards")
+    scores = table.locator("tr", has_text="scores")
+    assert "InService" in scores.inner_text()
+    assert re.search(r"blue\s+1/1", scores.inner_text())
+    assert "weight 3 (75%)" in scores.inner_text()
+    assert "LEAST_OUTSTANDING_REQUESTS" in scores.inner_text()
+    broken = table.locator("tr", has_text="broken")
+    assert "Failed" in broken.inner_text()
+    assert "weights missing" in broken.inner_text()
+    tab.screenshot("overview.png")
+    assert tab.errors == []
+
+
+def test_an_endpoints_charts_follow_its_invocations(
+    gw: GatewayProcess, open_tab: Callable[..., Tab]
+) -> None:
+    tab = open_tab(gw.url + "/console/endpoints/scores")
+    _loaded(tab)
+    page = tab.page
+    instances = page.locator("section[data-view] table.cards").nth(1)
+    assert instances.inner_text().count("healthy") == 2
+    chart = page.locator('figure[data-chart="invocations"]')
+    page.wait_for_function(
+        "() => Number(document.querySelector('figure[data-chart=invocations]').dataset.points) >= 1"
+    )
+    before = int(chart.get_attribute("data-total") or 0)
+    _invoke(gw, 30)
+    page.wait_for_function(
+        "n => Number(document.querySelector('figure[data-chart=invocations]').dataset.total) >= n",
+        arg=before + 30,
+    )
+    assert "now" in chart.locator(".now").inner_text()
+    assert chart.locator(".legend").inner_text().split() == ["blue", "green"]
+    latency = page.locator('figure[data-chart="latency"]')
+    assert int(latency.get_attribute("data-total") or 0) >= before + 30
+    _invoke(gw, 15)  # a second burst, so the screenshot shows traffic over time
+    page.wait_for_function(
+        "n => Number(document.querySelector('figure[data-chart=invocations]').dataset.total) >= n",
+        arg=before + 45,
+    )
+    tab.screenshot("endpoint.png")
+    assert tab.errors == []
+
+
+def test_a_failed_endpoint_shows_its_failure_reason(
+    gw: GatewayProcess, open_tab: Callable[..., Tab]
+) -> None:
+    tab = open_tab(gw.url + "/console/endpoints/broken")
+    _loaded(tab)
+    failure = tab.page.locator(".failure")
+    assert "weights missing" in failure.inner_text()
+    assert "Failed" in tab.page.locator(".status").inner_text()
+    tab.screenshot("failed.png", full_page=False)
+    assert tab.errors == []
+
+
+def test_a_jobs_log_streams_while_it_runs(
+    gw: GatewayProcess, open_tab: Callable[..., Tab], tmp_path: Path
+) -> None:
+    name = unique("steps")
+    gw.sm.create_training_job(**job_request(name, tmp_path / "out", mode="steps", steps="25"))
+    tab = open_tab(f"{gw.url}/console/jobs/{name}")
+    log = tab.page.locator("pre.log")
+    log.filter(has_text="step 3").wait_for()
+    assert "step 25" not in log.inner_text()  # still running: the log grows as it prints
+    assert "InProgress" in tab.page.locator(".status").inner_text()
+    tab.page.wait_for_selector("pre.log[data-done]")
+    text = log.inner_text()
+    assert text.count("step 12\n") == 1 and "step 25" in text  # appended once each
+    assert wait_final(gw.sm, name)["TrainingJobStatus"] == "Completed"
+    tab.page.locator(".status", has_text="Completed").wait_for()
+    tab.screenshot("job.png")
+    jobs = open_tab(gw.url + "/console/jobs")
+    _loaded(jobs)
+    assert name in jobs.page.locator("table.cards").first.inner_text()
+    events = open_tab(gw.url + "/console/events")
+    _loaded(events)
+    assert "SageMaker Training Job State Change" in events.page.inner_text("main")
+    assert tab.errors == jobs.errors == events.errors == []
+
+
+def test_a_phone_width_screen_gets_cards_without_sideways_scrolling(
+    gw: GatewayProcess, open_tab: Callable[..., Tab]
+) -> None:
+    shots = {"/console": "phone-overview.png", "/console/endpoints/scores": "phone-endpoint.png"}
+    for path, shot in shots.items():
+        tab = open_tab(gw.url + path, viewport=PHONE)
+        _loaded(tab)
+        page = tab.page
+        assert page.evaluate("document.scrollingElement.scrollWidth") <= PHONE["width"]
+        header = page.locator("table.cards thead").first
+        assert not header.is_visible()  # rows are cards, each cell labelled instead
+        tab.screenshot(shot)
+        assert tab.errors == []
