@@ -18,8 +18,9 @@ from rich.table import Table
 from rich.text import Text
 
 from shipyard.cli.client import DEFAULT_URL, Gateway
+from shipyard.cli.converge import converge
 from shipyard.cli.jobs import _out, _reported
-from shipyard.cli.stack import Action, Plan, converge, plan_apply, plan_destroy
+from shipyard.cli.stack import Action, Plan, plan_apply, plan_destroy
 from shipyard.settings import StackFile
 
 _ACTION_STYLES = {

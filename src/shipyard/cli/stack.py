@@ -1,4 +1,4 @@
-"""Stack files applied to a running gateway: a plan of changes, then convergence.
+"""Stack files on a running gateway: the plan of changes (cli/converge.py carries it out).
 
 What a stack owns is what it tagged. Every model, endpoint config and endpoint that
 ``apply`` creates carries three tags::
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -39,9 +38,8 @@ from shipyard.stackfile import StackResources
 STACK_TAG = "shipyard:stack"
 NAME_TAG = "shipyard:name"
 DIGEST_TAG = "shipyard:digest"
-_NAMESPACE = "sagemaker"
-_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
-_POLL_PERIOD_S = 0.25
+NAMESPACE = "sagemaker"
+DIMENSION = "sagemaker:variant:DesiredInstanceCount"
 
 
 class Action(StrEnum):
@@ -178,7 +176,7 @@ class _Live:
             (client.describe_scalable_targets, "ScalableTargets", targets),
             (client.describe_scaling_policies, "ScalingPolicies", policies),
         ):
-            query: dict[str, Any] = {"ServiceNamespace": _NAMESPACE}
+            query: dict[str, Any] = {"ServiceNamespace": NAMESPACE}
             while True:
                 with translated(self.gateway.url):
                     page = method(**query)
@@ -421,133 +419,3 @@ def plan_destroy(gateway: Gateway, stack: str, file: StackResources) -> Plan:
                 removed.append(version.name)
                 plan.changes.append(Change(kind, declared, Action.DELETE, _as(declared, version)))
     return plan
-
-
-# -- convergence ----------------------------------------------------------------------------
-
-EndpointProgress = Callable[[str, str], None]
-"""Told (endpoint, what it is doing) while endpoints are created, updated or deleted."""
-
-
-def converge(
-    gateway: Gateway, plan: Plan, *, on_progress: EndpointProgress, timeout_s: float
-) -> None:
-    """Carry out ``plan``: creations first, then endpoints (waited for), then deletions.
-
-    Old versions are deleted only once every endpoint has moved off them, so a failed
-    update leaves the previous version serving and in place for the next attempt.
-    """
-    sm = gateway.sagemaker
-    scaling = gateway.client("application-autoscaling")
-    url = gateway.url
-    for rid in plan.scaling_removed:
-        with translated(url, about=rid):
-            scaling.delete_scaling_policy(
-                PolicyName=policy_name(plan.stack),
-                ServiceNamespace=_NAMESPACE,
-                ResourceId=rid,
-                ScalableDimension=_DIMENSION,
-            )
-            scaling.deregister_scalable_target(
-                ServiceNamespace=_NAMESPACE, ResourceId=rid, ScalableDimension=_DIMENSION
-            )
-    for name, body, tags in plan.models:
-        with translated(url, about=f"model {name}"):
-            sm.create_model(ModelName=name, **body, Tags=tags)
-    for name, body, tags in plan.configs:
-        with translated(url, about=f"endpoint config {name}"):
-            sm.create_endpoint_config(EndpointConfigName=name, **body, Tags=tags)
-    for name, config, create_tags in plan.endpoints:
-        with translated(url, about=f"endpoint {name}"):
-            if create_tags is not None:
-                sm.create_endpoint(EndpointName=name, EndpointConfigName=config, Tags=create_tags)
-            else:
-                _wait_settled(gateway, name, timeout_s)
-                sm.update_endpoint(EndpointName=name, EndpointConfigName=config)
-    _wait_endpoints(gateway, dict((e, c) for e, c, _ in plan.endpoints), on_progress, timeout_s)
-    for rid, body in plan.scaling:
-        with translated(url, about=rid):
-            scaling.register_scalable_target(
-                ServiceNamespace=_NAMESPACE,
-                ResourceId=rid,
-                ScalableDimension=_DIMENSION,
-                MinCapacity=body["MinCapacity"],
-                MaxCapacity=body["MaxCapacity"],
-            )
-            scaling.put_scaling_policy(
-                PolicyName=policy_name(plan.stack),
-                ServiceNamespace=_NAMESPACE,
-                ResourceId=rid,
-                ScalableDimension=_DIMENSION,
-                PolicyType="TargetTrackingScaling",
-                TargetTrackingScalingPolicyConfiguration=body["Policy"],
-            )
-    for name in plan.endpoints_removed:
-        with translated(url, about=f"endpoint {name}"):
-            sm.delete_endpoint(EndpointName=name)
-    _wait_deleted(gateway, plan.endpoints_removed, on_progress, timeout_s)
-    for name in plan.configs_removed:
-        with translated(url, about=f"endpoint config {name}"):
-            sm.delete_endpoint_config(EndpointConfigName=name)
-    for name in plan.models_removed:
-        with translated(url, about=f"model {name}"):
-            sm.delete_model(ModelName=name)
-
-
-def _wait_endpoints(
-    gateway: Gateway, targets: dict[str, str], on_progress: EndpointProgress, timeout_s: float
-) -> None:
-    """Until every endpoint serves its target config; a failure ends the apply."""
-    deadline = time.monotonic() + timeout_s
-    waiting = dict(targets)
-    while waiting:
-        for name, config in list(waiting.items()):
-            with translated(gateway.url, about=f"endpoint {name}"):
-                described = gateway.sagemaker.describe_endpoint(EndpointName=name)
-            status = described["EndpointStatus"]
-            pending = described.get("PendingDeploymentSummary")
-            on_progress(name, status)
-            if status == "InService" and described["EndpointConfigName"] == config:
-                del waiting[name]
-            elif status == "Failed" or (status == "InService" and not pending):
-                reason = described.get("FailureReason", "no reason given")
-                raise GatewayError(f"endpoint {name}: {status}: {reason}")
-        if waiting and time.monotonic() > deadline:
-            names = ", ".join(sorted(waiting))
-            raise GatewayError(f"endpoint(s) {names} not InService within {timeout_s:g} s")
-        if waiting:
-            time.sleep(_POLL_PERIOD_S)
-
-
-def _wait_settled(gateway: Gateway, name: str, timeout_s: float) -> None:
-    """Until the endpoint takes an UpdateEndpoint: a scaling step may be under way."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        described = gateway.sagemaker.describe_endpoint(EndpointName=name)
-        if described["EndpointStatus"] in ("InService", "Failed"):
-            return
-        if time.monotonic() > deadline:
-            raise GatewayError(f"endpoint {name}: still {described['EndpointStatus']}")
-        time.sleep(_POLL_PERIOD_S)
-
-
-def _wait_deleted(
-    gateway: Gateway, names: list[str], on_progress: EndpointProgress, timeout_s: float
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    waiting = set(names)
-    while waiting:
-        for name in sorted(waiting):
-            try:
-                with translated(gateway.url, about=name):
-                    described = gateway.sagemaker.describe_endpoint(EndpointName=name)
-                on_progress(name, described["EndpointStatus"])
-            except GatewayError as exc:
-                if "Could not find" not in str(exc):
-                    raise
-                on_progress(name, "Deleted")
-                waiting.discard(name)
-        if waiting and time.monotonic() > deadline:
-            raise GatewayError(f"endpoint(s) {', '.join(sorted(waiting))} not deleted in time")
-        if waiting:
-            time.sleep(_POLL_PERIOD_S)
