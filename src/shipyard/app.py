@@ -27,7 +27,7 @@ from shipyard.capture.writer import CaptureWriter
 from shipyard.control.autoscaler import Autoscaler, MetricReader
 from shipyard.control.endpoints import EndpointService
 from shipyard.control.fleet import Provisioner
-from shipyard.control.leases import FleetLeases
+from shipyard.control.leases import Leases
 from shipyard.control.logs import LogService
 from shipyard.control.reconciler import Reconciler
 from shipyard.control.scaling import ScalingService
@@ -60,7 +60,7 @@ from shipyard.storage.async_queue import AsyncQueue
 from shipyard.storage.events import EventLog
 from shipyard.storage.filesystems import Filesystems
 from shipyard.storage.jobs import JobStore
-from shipyard.storage.leases import LeaseStore
+from shipyard.storage.leases import ENDPOINT, TRAINING_JOB, TRANSFORM_JOB, LeaseStore
 from shipyard.storage.metadata import MetadataStore
 from shipyard.storage.objects import ObjectStore
 from shipyard.storage.scaling import ScalingStore
@@ -141,12 +141,8 @@ class Gateway:
             provisioner=provisioner,
             router=self.router,
             metrics=self.metrics,
-            leases=FleetLeases(
-                store=LeaseStore(self.store.engine, holder=_identity(settings)),
-                lease_s=settings.fleet_lease_s,
-                renew_s=settings.fleet_lease_renew_s,
-            ),
-            routes_refresh_s=settings.fleet_routes_refresh_s,
+            leases=self._leases(ENDPOINT),
+            routes_refresh_s=settings.routes_refresh_s,
             health_check_period_s=settings.health_check_period_s,
             max_in_flight=settings.max_queue_per_instance,
             model_routing=settings.multi_model_routing,
@@ -246,6 +242,7 @@ class Gateway:
             stop_grace_s=settings.job_stop_grace_s,
             poll_period_s=settings.job_poll_period_s,
             on_event=self.dispatcher.wake,
+            claim=self._leases(TRAINING_JOB).claim,
         )
         self.jobs = JobService(
             store=job_store,
@@ -278,6 +275,16 @@ class Gateway:
             log_files=self.jobs.log_files,
             auth=stack.auth is not None,
             region=settings.region,
+        )
+
+    def _leases(self, kind: str) -> Leases:
+        """This gateway's leases on resources of ``kind``: what it runs of them when
+        other gateways share the store."""
+        return Leases(
+            store=LeaseStore(self.store.engine, holder=_identity(self.settings)),
+            kind=kind,
+            lease_s=self.settings.lease_s,
+            renew_s=self.settings.lease_renew_s,
         )
 
     def _resource_exists(self, kind: str, arn: str) -> bool:
@@ -330,6 +337,7 @@ class Gateway:
             metrics=self.metrics,
             announcer=announcer,
             on_event=self.dispatcher.wake,
+            claim=self._leases(TRANSFORM_JOB).claim,
         )
         self.transforms = TransformService(
             store=store,

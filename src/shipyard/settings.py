@@ -130,17 +130,18 @@ class Settings(BaseSettings):
     """How long a dispatcher holds an event it is delivering. Events held by a gateway
     that died are taken again once this has passed."""
 
-    fleet_lease_s: float = Field(default=6.0, gt=0)
-    """How long a gateway's lease on an endpoint's fleet lasts unrenewed. Gateways sharing
-    a database each reconcile only the fleets whose lease they hold; when a holder dies,
-    another takes its leases this long after its last renewal, and replaces its fleets."""
+    lease_s: float = Field(default=6.0, gt=0)
+    """How long a gateway's lease on an endpoint's fleet, a training job or a transform
+    job lasts unrenewed. Gateways sharing a database each run only what they hold the
+    lease of; when a holder dies, another takes its leases this long after its last
+    renewal, and replaces its fleets and picks up its jobs."""
 
-    fleet_lease_renew_s: float = Field(default=1.0, gt=0)
-    """How often the holder renews its leases. It stops reconciling a fleet once a lease
-    has gone ``fleet_lease_s - fleet_lease_renew_s`` unrenewed, before another gateway
-    may take it, so an endpoint never has two fleets; keep it well below the lease."""
+    lease_renew_s: float = Field(default=1.0, gt=0)
+    """How often a holder renews its leases. It stops running what a lease covers once
+    the lease has gone ``lease_s - lease_renew_s`` unrenewed, before another gateway may
+    take it, so an endpoint never has two fleets; keep it well below ``lease_s``."""
 
-    fleet_routes_refresh_s: float = Field(default=1.0, gt=0)
+    routes_refresh_s: float = Field(default=1.0, gt=0)
     """How often a gateway reads the routes of fleets other gateways hold (their instances'
     addresses and health), off the request path, to route to the same instances."""
 

@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import GatewayProcess, PgSchema, deploy, wait_until
+from tests.conftest import GatewayProcess, PgSchema, deploy, unique, wait_until
 from tests.e2e.processes import alive, instance_pids
+from tests.e2e.test_jobs import ENV as JOBS_ENV
+from tests.e2e.test_jobs import job_request, wait_final
 
 # Short leases keep the takeover quick; the renewal still has five chances per lease.
-LEASES = {"SHIPYARD_FLEET_LEASE_S": "3", "SHIPYARD_FLEET_LEASE_RENEW_S": "0.5"}
+LEASES = {"SHIPYARD_LEASE_S": "3", "SHIPYARD_LEASE_RENEW_S": "0.5"}
 
 
 def _pids(gw: GatewayProcess, name: str, n: int = 12) -> set[int]:
@@ -131,13 +133,39 @@ def test_a_gateway_alone_takes_its_leases_back_at_once_after_it_was_killed(
     """On SQLite one gateway holds every lease. Killed and started again on its home it is
     the same holder, so it takes its leases back at once rather than after they expire
     (here longer than the test may take)."""
-    gw = gateway_factory(extra_env={"SHIPYARD_FLEET_LEASE_S": "600"})
+    gw = gateway_factory(extra_env={"SHIPYARD_LEASE_S": "600"})
     deploy(gw.sm, "alone", model_tarball("sleepy"))
     gw.stop(signal.SIGKILL)
-    again = gateway_factory(home=gw.home, extra_env={"SHIPYARD_FLEET_LEASE_S": "600"})
+    again = gateway_factory(home=gw.home, extra_env={"SHIPYARD_LEASE_S": "600"})
     wait_until(lambda: len(instance_pids(again.process.pid)) == 1, "its fleet back", 60)
     wait_until(lambda: _answers(again, "alone"), "it answers", 30)
     again.stop()
-    third = gateway_factory(home=gw.home, extra_env={"SHIPYARD_FLEET_LEASE_S": "600"})
+    third = gateway_factory(home=gw.home, extra_env={"SHIPYARD_LEASE_S": "600"})
     wait_until(lambda: _answers(third, "alone"), "it answers after a clean stop", 60)
     assert _pids(third, "alone") == set(instance_pids(third.process.pid))
+
+
+def test_each_training_job_is_run_by_one_of_two_gateways(
+    gateway_factory: Callable[..., GatewayProcess],
+    pg_schema: PgSchema,
+    tmp_path: Path,
+) -> None:
+    """Both gateways watch the store's jobs; each job's runner is started once, by the
+    gateway holding its lease, and its changes are recorded once."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "a.txt").write_text("1 2 3")
+    env = {**LEASES, **JOBS_ENV}
+    a = gateway_factory(tmp_path / "a", args=["--db", pg_schema.url], extra_env=env)
+    b = gateway_factory(tmp_path / "b", args=["--db", pg_schema.url], extra_env=env)
+    names = [unique("twice") for _ in range(3)]
+    for i, name in enumerate(names):
+        gw = (a, b)[i % 2]
+        gw.sm.create_training_job(**job_request(name, tmp_path / "out", data_dir, mode="ok"))
+    for name in names:
+        job = wait_final(a.sm, name)
+        assert job["TrainingJobStatus"] == "Completed", job.get("FailureReason")
+        steps = [t["Status"] for t in job["SecondaryStatusTransitions"]]
+        assert steps == ["Starting", "Downloading", "Training", "Uploading", "Completed"]
+        runs = [gw.home for gw in (a, b) if (gw.home / "jobs" / name / "attempt-1").exists()]
+        assert len(runs) == 1, f"{name} ran on {runs}"

@@ -1,14 +1,15 @@
-"""FleetLeases: which endpoints this gateway reconciles, however many gateways run.
+"""Leases: what this gateway runs, however many gateways share the store.
 
-Each endpoint's fleet is reconciled by the one gateway holding its lease in the store
-(storage/leases.py). The reconciler claims on every converge pass, at most
-``renew_s`` apart: that renews the leases it holds and takes those nobody holds, or
-whose holder stopped renewing them ``lease_s`` ago (it died).
+Each endpoint's fleet, each training job and each transform job is run by the one
+gateway holding its lease in the store (storage/leases.py). The loop that runs them
+claims on every pass, at most ``renew_s`` apart: that renews the leases it holds and
+takes those nobody holds, or whose holder stopped renewing them ``lease_s`` ago (it
+died).
 
 The store's word is not waited for to let go. A lease counts as held here only until
 ``lease_s - renew_s`` after the claim that renewed it began: past that another gateway
-may take it at any moment, so the reconciler must already have stopped acting on the
-endpoint. A gateway cut off from the store thus retires its fleets before anyone else
+may take it at any moment, so the loop must already have stopped acting on what it
+covers. A gateway cut off from the store thus retires its fleets before anyone else
 starts theirs, and an endpoint never has two.
 """
 
@@ -19,47 +20,50 @@ import logging
 import time
 from collections.abc import Callable, Collection
 
-from shipyard.storage.leases import ENDPOINT, LeaseStore
+from shipyard.storage.leases import LeaseStore
 
 log = logging.getLogger(__name__)
 
 
-class FleetLeases:
-    """The endpoints whose fleet lease this gateway holds, as of its last claim."""
+class Leases:
+    """The resources of one ``kind`` whose lease this gateway holds, as of its last claim."""
 
     def __init__(
         self,
         *,
         store: LeaseStore,
+        kind: str,
         lease_s: float,
         renew_s: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if renew_s >= lease_s:
             raise ValueError(
-                f"fleet_lease_renew_s ({renew_s:g}) must be shorter than fleet_lease_s "
+                f"lease_renew_s ({renew_s:g}) must be shorter than lease_s "
                 f"({lease_s:g}), or leases expire between renewals."
             )
         self.store = store
+        self.kind = kind
         self.lease_s = lease_s
         self.renew_s = renew_s
         self._clock = clock
         self._until: dict[str, float] = {}
-        """Per endpoint held: when (our clock) to stop counting on the lease."""
+        """Per name held: when (our clock) to stop counting on the lease."""
 
     def __repr__(self) -> str:
-        return f"FleetLeases(holder={self.store.holder!r}, held={sorted(self.held())})"
+        return f"Leases({self.kind!r}, holder={self.store.holder!r}, held={sorted(self.held())})"
 
-    def holds(self, endpoint: str) -> bool:
-        until = self._until.get(endpoint)
+    def holds(self, name: str) -> bool:
+        until = self._until.get(name)
         return until is not None and self._clock() < until
 
     def held(self) -> set[str]:
         now = self._clock()
         return {name for name, until in self._until.items() if now < until}
 
-    async def claim(self, endpoints: Collection[str]) -> set[str]:
-        """Renew and take the leases of ``endpoints``; the endpoints held now.
+    async def claim(self, names: Collection[str]) -> set[str]:
+        """Renew and take the leases of ``names``; those held now. Leases held on
+        anything else (deleted, finished) are dropped.
 
         A claim that fails (the store is unreachable) changes nothing here: the leases
         held run out on our clock as they would in the store.
@@ -67,23 +71,25 @@ class FleetLeases:
         started = self._clock()
         try:
             terms = await asyncio.to_thread(
-                self.store.claim, ENDPOINT, endpoints, lease_s=self.lease_s
+                self.store.claim, self.kind, names, lease_s=self.lease_s
             )
         except Exception:
-            log.exception("could not renew the fleet leases; %d still held", len(self.held()))
+            log.exception(
+                "could not renew the %s leases; %d still held", self.kind, len(self.held())
+            )
             return self.held()
         until = started + self.lease_s - self.renew_s
         taken = set(terms) - self.held()
         if taken:
-            log.info("took the fleet leases of %s", ", ".join(sorted(taken)))
+            log.info("took the %s leases of %s", self.kind, ", ".join(sorted(taken)))
         self._until = dict.fromkeys(terms, until)
         return set(terms)
 
-    async def release(self, endpoints: Collection[str]) -> None:
-        """Hand back leases whose fleets are stopped, so another gateway takes them now."""
-        for name in endpoints:
+    async def release(self, names: Collection[str]) -> None:
+        """Hand back leases on what is stopped here, so another gateway takes them now."""
+        for name in names:
             self._until.pop(name, None)
         try:
-            await asyncio.to_thread(self.store.release, ENDPOINT, endpoints)
+            await asyncio.to_thread(self.store.release, self.kind, names)
         except Exception:
-            log.exception("could not release the fleet leases; they expire instead")
+            log.exception("could not release the %s leases; they expire instead", self.kind)

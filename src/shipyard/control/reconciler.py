@@ -29,7 +29,7 @@ from typing import Any
 from shipyard.background import Wakeup
 from shipyard.control.convergence import Converger
 from shipyard.control.fleet import Fleet, Provisioner
-from shipyard.control.leases import FleetLeases
+from shipyard.control.leases import Leases
 from shipyard.control.mirror import FleetMirror, RouteRecorder
 from shipyard.control.publishing import RoutePublisher
 from shipyard.control.serverless import ServerlessScaler
@@ -53,7 +53,7 @@ class Reconciler:
         provisioner: Provisioner,
         router: Router,
         metrics: Metrics,
-        leases: FleetLeases,
+        leases: Leases,
         health_check_period_s: float,
         max_in_flight: int,
         model_routing: str = "affinity",

@@ -12,7 +12,9 @@ status lines it reports, both reached through the backend's JobHandle. Each pass
 
 Runners outlive the gateway; a new gateway finds them again from the handle refs in the
 store (or, for a start never recorded, from the attempt's folder), so a restart neither
-stops a job nor loses its end.
+stops a job nor loses its end. Gateways sharing the store watch only the jobs whose
+lease they hold (control/leases.py): two would start a job twice and announce each of
+its changes twice. When a holder dies, another takes its jobs over with their refs.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import json
 import logging
 import shutil
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Collection
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,9 @@ from shipyard.storage.metadata import now
 
 log = logging.getLogger(__name__)
 
+Claim = Callable[[Collection[str]], Awaitable[set[str]]]
+"""Leases.claim (control/leases.py): the names of those this gateway holds now."""
+
 _SPOT_RETRIES = 10
 """Managed spot without MaxWaitTimeInSeconds: how many times a lost job is taken again."""
 
@@ -65,8 +70,12 @@ class JobSupervisor:
         stop_grace_s: float,
         poll_period_s: float,
         on_event: Callable[[], None],
+        claim: Claim | None = None,
     ) -> None:
         self.store = store
+        self.claim = claim
+        """Takes the leases of the jobs named and says which this gateway holds, so it
+        watches only those; None: every job (the store is its alone)."""
         self.backend = backend
         self.announcer = announcer
         self.metrics = metrics
@@ -98,6 +107,9 @@ class JobSupervisor:
         jobs = await asyncio.to_thread(self.store.list, active_only=True)
         for status in ACTIVE_JOB_STATUSES:
             self.metrics.jobs.labels(status.value).set(sum(j.status == status for j in jobs))
+        if self.claim is not None:
+            held = await self.claim([j.name for j in jobs])
+            jobs = [j for j in jobs if j.name in held]
         for job in jobs:
             try:
                 await self._converge(job)

@@ -37,6 +37,10 @@ _L = t.leases
 
 ENDPOINT = "endpoint"
 """The kind of the lease on an endpoint's fleet."""
+TRAINING_JOB = "training-job"
+"""The kind of the lease on a training job: who watches its runner."""
+TRANSFORM_JOB = "transform-job"
+"""The kind of the lease on a batch transform job: who runs it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,9 @@ Stopped. A run that returns makes the job Completed; one that fails, Failed with
 reason. Each of these changes is written with its event in one transaction.
 
 Runs live in the gateway (they stream objects through it); stopping the gateway cancels
-them and stops their instances, leaving the jobs InProgress for the next start.
+them and stops their instances, leaving the jobs InProgress for the next start. Gateways
+sharing the store each run only the jobs whose lease they hold (control/leases.py); a
+run whose lease runs out is cancelled the same way, for the next holder to resume.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from shipyard.background import Wakeup
 from shipyard.control.fleet import Provisioner
 from shipyard.errors import ShipyardError
+from shipyard.jobs.supervisor import Claim
 from shipyard.metrics import Metrics
 from shipyard.records import JobStatus, TransformJob
 from shipyard.storage.metadata import MetadataStore, now
@@ -44,8 +47,13 @@ class TransformSupervisor:
         announcer: TransformAnnouncer,
         on_event: Callable[[], None],
         poll_period_s: float = 1.0,
+        claim: Claim | None = None,
     ) -> None:
         self.store = store
+        self.claim = claim
+        """Takes the leases of the jobs named and says which this gateway holds, so it
+        runs only those; None: every job (the store is its alone). Two gateways running
+        one job would start two fleets for it and score it twice."""
         self.models = models
         self.provisioner = provisioner
         self.objects = objects
@@ -80,7 +88,13 @@ class TransformSupervisor:
             await asyncio.gather(*runs, return_exceptions=True)
 
     async def step(self) -> None:
-        for job in await asyncio.to_thread(self.store.list, active_only=True):
+        jobs = await asyncio.to_thread(self.store.list, active_only=True)
+        if self.claim is not None:
+            held = await self.claim([j.name for j in jobs])
+            for name in set(self._runs) - held:
+                self._runs[name].cancel()  # another gateway may take it: it resumes there
+            jobs = [j for j in jobs if j.name in held]
+        for job in jobs:
             task = self._runs.get(job.name)
             if job.status is JobStatus.IN_PROGRESS and task is None:
                 self._start(job)
