@@ -122,6 +122,8 @@ class Gateway:
                 environ=os.environ,
                 s3=s3_variables(os.environ, s3_endpoint_url=settings.s3_endpoint_url),
                 warm_spares=settings.warm_spares,
+                ray_address=settings.ray_address,
+                start_timeout_s=settings.instance_start_timeout_s,
             ),
         )
         backend = self.backend

@@ -37,7 +37,12 @@ class Settings(BaseSettings):
 
     backend: str = "local"
     """Where instances run, a name from the registry in backends/__init__.py: ``local``
-    processes (the embedded default)."""
+    processes (the embedded default), or ``ray`` (the nodes of a Ray cluster)."""
+
+    ray_address: str | None = None
+    """The Ray cluster ``--backend ray`` joins: its head's ``host:port`` (``ray start
+    --head`` prints it). A cluster with token authentication also needs its token, which
+    Ray reads itself from ``RAY_AUTH_TOKEN`` or ``~/.ray/auth_token``."""
 
     config: Path | None = None
     """Stack file (YAML) to converge to at start."""

@@ -2,7 +2,8 @@
 
 Each backend declares what it can run (:class:`Capabilities`), so the gateway refuses
 what a backend cannot do with a clear FailureReason instead of a late crash. ``local``
-(processes on the gateway's host) is the embedded default.
+(processes on the gateway's host) is the embedded default; ``ray`` places them on a Ray
+cluster's nodes.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ class BackendContext:
     """The S3 access handed to processes that read s3:// (backends/environment.py)."""
     warm_spares: int = 0
     """Spare built-in runtime processes to keep for instances that ask for one."""
+    ray_address: str | None = None
+    """The Ray cluster the ``ray`` backend joins (``host:port`` of its head)."""
+    start_timeout_s: float = 600.0
+    """How long an instance may wait to be placed and to start (the gateway's
+    ``instance_start_timeout_s``)."""
 
 
 class FullBackend(Backend, JobBackend, Protocol):
@@ -102,3 +108,24 @@ register(
     Capabilities(runtimes=frozenset({"python", "cmd"}), shared_disk=True),
     _local,
 )
+
+
+def _ray(context: BackendContext) -> FullBackend:
+    if not context.ray_address:
+        raise ValueError("ray_address: the ray backend needs the address of a Ray cluster")
+    try:
+        from shipyard.backends.ray import RayBackend
+    except ImportError as exc:
+        raise ValueError(
+            f"backend: the ray backend needs Ray (pip install 'shipyard[ray]'): {exc}"
+        ) from exc
+    return RayBackend(
+        address=context.ray_address,
+        environ=context.environ,
+        s3=context.s3,
+        start_timeout_s=context.start_timeout_s,
+    )
+
+
+# Nodes do not share the gateway's disk: a multi-model cmd: server cannot be loaded there.
+register("ray", Capabilities(runtimes=frozenset({"python", "cmd"}), shared_disk=False), _ray)

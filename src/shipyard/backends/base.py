@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from shipyard.jobs.spec import StatusLine
+    from shipyard.records import VariantSpec
 
 BUILTIN_IMAGES = ("shipyard/python",)
 # SageMaker framework images served by the built-in runtime (matched inside the URI).
@@ -33,6 +34,31 @@ def runtime_for(image: str) -> str:
     if image in BUILTIN_IMAGES or any(m in image for m in FRAMEWORK_IMAGE_MARKERS):
         return "python"
     return "docker"
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """What an instance reserves on a node of a cluster: the vCPUs and memory of its
+    variant's InstanceType (instance_types.py). A backend with one host ignores it."""
+
+    vcpus: float
+    memory_bytes: int
+
+    def split(self, parts: int) -> Resources:
+        """An equal share, for each of ``parts`` processes of one instance."""
+        return Resources(self.vcpus / parts, self.memory_bytes // parts)
+
+
+def variant_resources(variant: VariantSpec) -> Resources | None:
+    """What each instance of ``variant`` reserves: its InstanceType's vCPUs and memory; a
+    serverless variant's, one vCPU and its MemorySizeInMB. None: a type not in the
+    table, which reserves nothing."""
+    from shipyard.instance_types import INSTANCE_TYPES
+
+    if variant.serverless is not None:
+        return Resources(1, variant.serverless.memory_mb << 20)
+    known = INSTANCE_TYPES.get(variant.instance_type)
+    return Resources(known.vcpus, known.memory_bytes) if known else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +91,8 @@ class InstanceSpec:
     """How much lower than the gateway's the instance's CPU priority is (nice(2)). A
     shadow variant's instances run lower, so on a host they share with production
     instances they take only the CPU those leave. Backends that cannot lower it ignore it."""
+    resources: Resources | None = None
+    """What the instance reserves where it is placed (``variant_resources``)."""
 
 
 class InstanceHandle(Protocol):

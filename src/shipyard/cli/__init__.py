@@ -32,6 +32,9 @@ def serve(
         str | None,
         typer.Option(help=f"Where instances run: {', '.join(backends.names())} (default local)."),
     ] = None,
+    ray_address: Annotated[
+        str | None, typer.Option(help="The Ray cluster of --backend ray (its head's host:port).")
+    ] = None,
     demo: Annotated[bool, typer.Option(help="Deploy the demo model as endpoint 'demo'.")] = False,
     insecure: Annotated[
         bool,
@@ -57,6 +60,7 @@ def serve(
         "config": config,
         "db": db,
         "backend": backend,
+        "ray_address": ray_address,
         "insecure": insecure or None,
         "grpc_port": grpc_port,
     }

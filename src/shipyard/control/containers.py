@@ -98,6 +98,7 @@ def group_spec(base: InstanceSpec, group: GroupTemplate) -> GroupSpec:
                 ),
                 warm=base.warm,
                 cpu_nice=base.cpu_nice,
+                resources=base.resources and base.resources.split(len(group.containers)),
             )
         )
     return GroupSpec(
@@ -108,6 +109,7 @@ def group_spec(base: InstanceSpec, group: GroupTemplate) -> GroupSpec:
         log_path=members[0].log_path,
         s3_access=any(m.s3_access for m in members),
         warm=base.warm,
+        resources=base.resources,
         members=tuple(members),
         names=tuple(c.name for c in group.containers),
         hostnames=tuple(c.hostname for c in group.containers),

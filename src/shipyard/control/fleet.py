@@ -21,6 +21,7 @@ from shipyard.backends.base import (
     InstanceHandle,
     InstanceSpec,
     runtime_for,
+    variant_resources,
 )
 from shipyard.control.containers import (
     ContainerGroups,
@@ -308,6 +309,9 @@ class Provisioner:
             cpu_nice=SHADOW_CPU_NICE
             if any(v.name == variant and v.shadow for v in fleet.config.variants)
             else 0,
+            resources=next(
+                (variant_resources(v) for v in fleet.config.variants if v.name == variant), None
+            ),
         )
         if template.group is not None:
             spec = group_spec(spec, template.group)

@@ -1,0 +1,418 @@
+"""Ray: instances and job runners placed on the nodes of a Ray cluster.
+
+Each instance is one Ray actor that reserves the vCPUs and memory of its variant's
+InstanceType (``InstanceSpec.resources``), so Ray places it on a node with that much
+free. On its node the actor starts the command line the local backend would run (the
+built-in runtime, or ``python -m shipyard.launch`` for a ``cmd:`` server) as an OS
+process bound to the node's address on a free port, and reports address, port and PID.
+The gateway then sends requests to that address itself: Ray places, watches and stops
+instances, and never carries a request.
+
+What runs on a node knows only what the spec says: the model artifact travels as its
+URI and is fetched on the node (shipyard/launch.py), so use ``s3://`` artifacts; a
+``file://`` URI or a path is read on the node, which works only where nodes share the
+gateway's disk. A multi-model instance keeps its disk cache in a folder of the node's.
+
+Liveness without blocking: each handle holds the reference of the actor's ``wait()``,
+which resolves when the process ends and fails when the actor dies (its node lost), so
+``exit_reason`` only looks at whether it has resolved. The reconciler's health checks
+and restarts do the rest: a lost node's instances are started again where they fit.
+
+A variant that fits no node waits in ``start`` (the endpoint stays Creating, and the
+log says what it waits for) until the start timeout, then fails saying what it asked
+for and what the nodes have.
+
+Job runners run the same way under a detached, named actor, since a job outlives the
+gateway that started it; the gateway keeps a copy of the runner's status lines and log
+in the job's folder (jobs/spec.py), fetched from the actor, so a job whose node is
+lost still has what it reported, and is retried per its RetryStrategy.
+
+Every call into Ray is in this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+import ray.exceptions
+import ray.util
+
+from shipyard.backends.base import (
+    BackendError,
+    InstanceHandle,
+    InstanceSpec,
+    JobHandle,
+    Resources,
+    runtime_for,
+)
+from shipyard.backends.ray_actors import Command, InstanceActor, JobActor
+from shipyard.instance_types import GIB, INSTANCE_TYPES
+from shipyard.jobs.spec import JOB_FILE, LOG_FILE, STATUS_FILE, JobSpec, StatusLine, read_status
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "shipyard"
+"""The Ray namespace of shipyard's actors: job runners are found in it by name."""
+_PLACEMENT_NOTE_AFTER_S = 5.0
+"""How long an instance may wait for a node before the log says what it waits for."""
+_CALL_TIMEOUT_S = 5.0
+"""How long a blocking question to an actor may take before it counts as unanswered."""
+
+
+_RemoteInstance: Any = ray.remote(max_restarts=0)(InstanceActor)
+_RemoteJob: Any = ray.remote(max_restarts=0)(JobActor)
+
+
+# -- on the gateway -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class RayInstance:
+    instance_id: str
+    url: str
+    pid: int
+    actor: Any
+    ended: Any
+    """The reference of the actor's ``wait()``."""
+    reason: str | None = None
+
+    def __repr__(self) -> str:
+        return f"RayInstance(id={self.instance_id!r}, pid={self.pid}, url={self.url!r})"
+
+
+def _reservation(resources: Resources | None) -> dict[str, Any]:
+    if resources is None:
+        return {"num_cpus": 0}
+    return {"num_cpus": resources.vcpus, "memory": resources.memory_bytes or None}
+
+
+def _describe(resources: Resources | None) -> str:
+    if resources is None:
+        return "no reserved resources"
+    return f"{resources.vcpus:g} vCPU and {resources.memory_bytes / GIB:.3g} GiB of memory"
+
+
+def _cause(exc: BaseException) -> str:
+    """The first line of a Ray error, the remote exception's own when there is one."""
+    if isinstance(exc, ray.exceptions.RayTaskError):
+        exc = exc.cause or exc
+    text = str(exc).strip().splitlines()
+    return text[-1] if isinstance(exc, ray.exceptions.RayError) and text else " ".join(text[:1])
+
+
+class RayBackend:
+    """Places instances and job runners on a Ray cluster's nodes (see the module)."""
+
+    def __init__(
+        self,
+        *,
+        address: str,
+        environ: Mapping[str, str],
+        s3: Mapping[str, str],
+        start_timeout_s: float = 600.0,
+    ) -> None:
+        self.address = address
+        self._environ = dict(environ)
+        self._s3 = dict(s3)
+        self.start_timeout_s = start_timeout_s
+        self._jobs: dict[str, Any] = {}
+        """Job actors by handle ref, found once."""
+        try:
+            ray.init(
+                address=address,
+                namespace=NAMESPACE,
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+            )
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise ValueError(
+                f"ray_address: could not join the Ray cluster at {address}: {exc}"
+            ) from exc
+
+    def __repr__(self) -> str:
+        return f"RayBackend(address={self.address!r})"
+
+    # -- instances ------------------------------------------------------------------------
+
+    async def start(self, spec: InstanceSpec) -> InstanceHandle:
+        kind = runtime_for(spec.image)
+        if kind == "docker":
+            raise BackendError(
+                f"Image {spec.image} is a container image, which needs a Docker engine; "
+                "this gateway runs the ray backend. Use shipyard/python or cmd:<command>."
+            )
+        environment = {**(self._s3 if spec.s3_access else {}), **spec.environment}
+        environment["SHIPYARD_INSTANCE_ID"] = spec.instance_id
+        command = Command(
+            instance_id=spec.instance_id,
+            kind=kind,
+            shell=spec.image.removeprefix("cmd:") if kind == "cmd" else None,
+            model_url=spec.model_url,
+            own_folder=spec.workdir is not None,
+            environment=environment,
+            cpu_nice=spec.cpu_nice,
+        )
+        actor = _RemoteInstance.options(
+            scheduling_strategy="SPREAD", **_reservation(spec.resources)
+        ).remote()
+        try:
+            host, port, pid = await self._placed(actor.start.remote(command), spec)
+        except BaseException:
+            ray.kill(actor, no_restart=True)
+            raise
+        log.info("started instance %s pid %s on %s:%s", spec.instance_id, pid, host, port)
+        url_host = f"[{host}]" if ":" in host else host
+        return RayInstance(
+            instance_id=spec.instance_id,
+            url=f"http://{url_host}:{port}",
+            pid=pid,
+            actor=actor,
+            ended=actor.wait.remote(),
+        )
+
+    async def _placed(self, started: Any, spec: InstanceSpec) -> Any:
+        """What ``started`` returns, once Ray has placed the actor and it has started the
+        process; BackendError, saying why, if it cannot within the start timeout."""
+        future = asyncio.wrap_future(started.future())
+        waited = 0.0
+        try:
+            while waited < self.start_timeout_s:
+                step = min(_PLACEMENT_NOTE_AFTER_S, self.start_timeout_s - waited)
+                done, _ = await asyncio.wait({future}, timeout=step)
+                if done:
+                    return future.result()
+                waited += step
+                if waited == _PLACEMENT_NOTE_AFTER_S:
+                    log.warning(
+                        "instance %s waits for a Ray node with %s free (%s)",
+                        spec.instance_id,
+                        _describe(spec.resources),
+                        self._capacity(),
+                    )
+        except ray.exceptions.RayError as exc:
+            raise BackendError(
+                f"Could not start instance {spec.instance_id} on the Ray cluster: {_cause(exc)}"
+            ) from exc
+        finally:
+            # Given up on (timed out, or the gateway stopping): its actor is killed, and
+            # the error that then ends ``started`` is nobody's business.
+            future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        raise BackendError(
+            f"Instance {spec.instance_id} could not be placed on the Ray cluster within "
+            f"{self.start_timeout_s:g} s: it needs {_describe(spec.resources)} "
+            f"({self._capacity()})."
+        )
+
+    def _capacity(self) -> str:
+        """What the cluster's live nodes have, for a message that says why nothing fits."""
+        try:
+            nodes = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+        except Exception as exc:  # a message, not worth failing for
+            return f"the cluster's nodes are unknown: {exc}"
+        if not nodes:
+            return "the cluster has no live node"
+        sizes = [
+            f"{n['NodeManagerAddress']}: {n['Resources'].get('CPU', 0):g} vCPU, "
+            f"{n['Resources'].get('memory', 0) / GIB:.3g} GiB"
+            for n in nodes
+        ]
+        return "nodes: " + "; ".join(sizes)
+
+    async def stop(self, handle: InstanceHandle, *, timeout_s: float = 10.0) -> None:
+        assert isinstance(handle, RayInstance)
+        try:
+            stopped = handle.actor.stop.remote(timeout_s)
+            await asyncio.wait_for(asyncio.wrap_future(stopped.future()), timeout_s + 5.0)
+        except (TimeoutError, ray.exceptions.RayError) as exc:
+            log.info("instance %s: stopping on its node failed: %s", handle.instance_id, exc)
+        # Then the actor: its node's worker goes, and what it still ran with it.
+        with contextlib.suppress(ray.exceptions.RayError, ValueError):
+            ray.kill(handle.actor, no_restart=True)
+
+    def exit_reason(self, handle: InstanceHandle) -> str | None:
+        assert isinstance(handle, RayInstance)
+        if handle.reason is not None:
+            return handle.reason
+        done, _ = ray.wait([handle.ended], timeout=0, fetch_local=False)
+        if not done:
+            return None
+        try:
+            handle.reason = str(ray.get(handle.ended, timeout=_CALL_TIMEOUT_S))
+        except ray.exceptions.ActorDiedError as exc:
+            handle.reason = f"its Ray actor was lost ({_death(exc)})"
+        except ray.exceptions.RayError as exc:
+            handle.reason = f"its Ray actor failed: {_cause(exc)}"
+        return handle.reason
+
+    def memory_bytes(self, handle: InstanceHandle) -> int | None:
+        assert isinstance(handle, RayInstance)
+        try:
+            used = ray.get(handle.actor.memory_bytes.remote(), timeout=_CALL_TIMEOUT_S)
+        except ray.exceptions.RayError:
+            return None
+        return None if used is None else int(used)
+
+    def stop_leftovers(self) -> list[int]:
+        """Nothing to do: an instance's actor belongs to the gateway's Ray driver, and Ray
+        stops it when the driver goes, and with it its process."""
+        return []
+
+    def close(self) -> None:
+        ray.shutdown()
+
+    # -- job runners ----------------------------------------------------------------------
+
+    async def start_job(
+        self, workdir: Path, *, s3_endpoint_url: str | None, s3_access: bool = True
+    ) -> JobHandle:
+        job_json = (workdir / JOB_FILE).read_text()
+        spec = JobSpec.from_json(job_json)
+        known = INSTANCE_TYPES.get(spec.resource.instance_type)
+        resources = Resources(known.vcpus, known.memory_bytes) if known else None
+        name = _job_name(workdir)
+        actor = _RemoteJob.options(
+            name=name,
+            lifetime="detached",
+            scheduling_strategy="SPREAD",
+            **_reservation(resources),
+        ).remote()
+        argv = ["--s3-endpoint-url", s3_endpoint_url] if s3_endpoint_url else []
+        env = dict(self._s3) if s3_access else {}
+        started = actor.start.remote(name, job_json, argv, env)
+        try:
+            pid = await asyncio.wait_for(
+                asyncio.wrap_future(started.future()), self.start_timeout_s
+            )
+        except (TimeoutError, ray.exceptions.RayError) as exc:
+            ray.kill(actor, no_restart=True)
+            why = (
+                f"no Ray node had {_describe(resources)} free within {self.start_timeout_s:g} s"
+                if isinstance(exc, TimeoutError)
+                else _cause(exc)
+            )
+            raise BackendError(f"Could not start the job runner on the Ray cluster: {why}") from exc
+        log.info("started job runner %s pid %s", name, pid)
+        ref = _job_ref(name, workdir)
+        self._jobs[ref] = actor
+        return JobHandle(ref)
+
+    def attach_job(self, ref: str) -> JobHandle:
+        _job_parts(ref)  # refuse a ref that is not ours at once
+        return JobHandle(ref)
+
+    def find_job(self, workdir: Path) -> JobHandle | None:
+        name = _job_name(workdir)
+        try:
+            actor = ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            return None
+        ref = _job_ref(name, workdir)
+        self._jobs[ref] = actor
+        return JobHandle(ref)
+
+    def _job_actor(self, ref: str) -> Any | None:
+        actor = self._jobs.get(ref)
+        if actor is None:
+            name, _ = _job_parts(ref)
+            try:
+                actor = self._jobs[ref] = ray.get_actor(name, namespace=NAMESPACE)
+            except ValueError:
+                return None
+        return actor
+
+    def job_running(self, handle: JobHandle) -> bool:
+        actor = self._job_actor(handle.ref)
+        if actor is None:
+            return False
+        try:
+            return bool(ray.get(actor.running.remote(), timeout=_CALL_TIMEOUT_S))
+        except ray.exceptions.GetTimeoutError:
+            return True  # unanswered is not ended: its node may be busy, or not yet known lost
+        except ray.exceptions.RayError:
+            return False
+
+    def job_status(self, handle: JobHandle, *, skip: int) -> list[StatusLine]:
+        """The runner's status lines, from the gateway's copy of them, brought up to date
+        from the actor while it answers; also its log, for the job's log door."""
+        _, workdir = _job_parts(handle.ref)
+        status, job_log = workdir / STATUS_FILE, workdir / LOG_FILE
+        actor = self._job_actor(handle.ref)
+        if actor is not None:
+            with contextlib.suppress(ray.exceptions.RayError):
+                new_status, new_log = ray.get(
+                    actor.read.remote(_size(status), _size(job_log)), timeout=_CALL_TIMEOUT_S
+                )
+                _append(job_log, new_log)
+                _append(status, new_status)
+        lines = read_status(status, skip=skip)
+        if actor is not None and any(line.final for line in lines):
+            # Its outcome is in the gateway's copy: the actor has nothing left to give.
+            with contextlib.suppress(ray.exceptions.RayError, ValueError):
+                ray.kill(actor, no_restart=True)
+            self._jobs.pop(handle.ref, None)
+        return lines
+
+    def signal_job(self, handle: JobHandle, sig: int) -> None:
+        actor = self._job_actor(handle.ref)
+        if actor is not None:
+            actor.signal.remote(int(sig))
+
+    def kill_job(self, handle: JobHandle) -> None:
+        actor = self._job_actor(handle.ref)
+        if actor is None:
+            return
+        with contextlib.suppress(ray.exceptions.RayError):
+            ray.get(actor.kill.remote(), timeout=_CALL_TIMEOUT_S)
+        with contextlib.suppress(ray.exceptions.RayError, ValueError):
+            ray.kill(actor, no_restart=True)
+        self._jobs.pop(handle.ref, None)
+
+
+def _death(exc: ray.exceptions.ActorDiedError) -> str:
+    text = str(exc)
+    if "node" in text.lower() and ("died" in text.lower() or "dead" in text.lower()):
+        return "the Ray node it ran on was lost"
+    return _cause(exc)
+
+
+def _job_name(workdir: Path) -> str:
+    """A job runner's actor name: the job and its attempt (``job:<name>/attempt-<n>``),
+    the same from any gateway that shares the store."""
+    return f"job:{workdir.parent.name}/{workdir.name}"
+
+
+def _job_ref(name: str, workdir: Path) -> str:
+    return f"ray:{name}:{workdir}"
+
+
+def _job_parts(ref: str) -> tuple[str, Path]:
+    """The actor name and the gateway's job folder in a Ray handle's ``ref``."""
+    kind, _, rest = ref.partition(":")
+    prefix, _, rest = rest.partition(":")
+    job, _, workdir = rest.partition(":")  # job names have no colon; folders may
+    if kind != "ray" or prefix != "job" or not job or not workdir:
+        raise ValueError(f"not a Ray job runner: {ref!r}")
+    return f"job:{job}", Path(workdir)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _append(path: Path, data: bytes) -> None:
+    if data:
+        with open(path, "ab") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
