@@ -24,6 +24,7 @@ from tests.conftest import (
     unique,
     wait_dispatched,
 )
+from tests.e2e.processes import instance_pids
 
 TOPIC = "arn:aws:sns:us-east-1:123456789012:results"
 COUNTER = MODELS / "async_counter" / "server.py"
@@ -393,12 +394,14 @@ def test_two_gateways_on_postgresql_share_one_queue_and_run_each_request_once(
                  model_url=(MODELS / "async_counter").as_uri(), max_concurrent=1)  # fmt: skip
     second = gateway_factory(tmp_path / "b", args=args)
     deadline = time.monotonic() + 60
-    while True:  # the second gateway brings up instances of its own for the endpoint
+    while True:  # the second gateway learns the instances of the first from the store
         described = second.sm.describe_endpoint(EndpointName=name)
         if described["ProductionVariants"][0]["CurrentInstanceCount"] == 1:
             break
         assert time.monotonic() < deadline
         time.sleep(0.1)
+    fleet = [p for gw in (first, second) for p in instance_pids(gw.process.pid)]
+    assert len(fleet) == 1  # one fleet, whichever gateway runs it
     answers = [
         gw.rt.invoke_endpoint_async(
             EndpointName=name, InputLocation=put_input(tmp_path, {"sleep": 0.2})
