@@ -169,16 +169,23 @@ class FleetMirror:
                 self._let_go(ep.name)
                 self.publisher.withdraw(ep.name)
             return
-        if ep.name in self._recorded and self._recorded[ep.name] == routes:
+        published = ep.name in self.publisher.router.routes  # not withdrawn meanwhile
+        if published and ep.name in self._recorded and self._recorded[ep.name] == routes:
             return
         self._recorded[ep.name] = routes
         if routes is None:
-            # Its holder is starting the fleet, or gave it up for another to take.
+            # In service, and its holder is starting the fleet, has not recorded it yet,
+            # or gave it up for another to take: its requests wait for the routes.
             config = await self._config(ep.config_name)
+            if self.holds(ep.name):
+                return  # taken here meanwhile: the reconciler publishes it now
             self._drop(ep.name)
-            self.publisher.publish_starting(ep.name, config)
+            self.publisher.publish_starting(ep.name, config, waiting=True)
             return
-        fleet = self._rebuild(ep.name, await self._config(routes["config"]), routes)
+        config = await self._config(routes["config"])
+        if self.holds(ep.name):
+            return
+        fleet = self._rebuild(ep.name, config, routes)
         self.fleets[ep.name] = fleet
         self.publisher.publish(fleet)
 

@@ -88,17 +88,21 @@ class RoutePublisher:
         self.export_gauges([fleet])
         self.on_change(fleet.endpoint, fleet)
 
-    def publish_starting(self, endpoint: str, config: EndpointConfig) -> None:
+    def publish_starting(
+        self, endpoint: str, config: EndpointConfig, *, waiting: bool = False
+    ) -> None:
         """A table with every variant of ``config`` and no instance yet: requests get
         ModelNotReady (429, which clients retry) until the fleet is published.
 
-        Unless this gateway was routing the endpoint to instances already (a fleet taken
-        over from a gateway that died, or given up by it): then the instances are
-        counted as coming and requests wait for the new fleet, as they would for a
-        scale-out, instead of being refused for the seconds it takes to start.
+        Unless ``waiting``, or this gateway was routing the endpoint to instances
+        already (a fleet taken over from a gateway that died, or given up by it): then
+        the instances are counted as coming and requests wait for the fleet, as they
+        would for a scale-out, instead of being refused for the seconds it takes.
         """
         current = self.router.routes.get(endpoint)
-        serving = current is not None and any(v.instances or v.coming for v in current.variants)
+        serving = waiting or (
+            current is not None and any(v.instances or v.coming for v in current.variants)
+        )
         variants = [
             VariantRoute(
                 v.name,
