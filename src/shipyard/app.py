@@ -266,9 +266,9 @@ class Gateway:
             fleets=self.reconciler.fleets,
             backlogs=self.consumer.backlogs,
             metrics=self.metrics,
-            list_jobs=self.jobs.list_jobs,
+            newest_jobs=self.jobs.store.newest,
             describe_job=self.jobs.describe,
-            list_transforms=self.transforms.list_jobs,
+            newest_transforms=self.transforms.store.newest,
             describe_transform=self.transforms.describe,
             events=EventLog(self.store.engine),
         )

@@ -85,6 +85,19 @@ class JobStore:
         with self._tx() as conn:
             return self._get(conn, name)
 
+    def newest(self, limit: int) -> tuple[list[Job], dict[str, int]]:
+        """The ``limit`` jobs created last, newest first, and how many jobs have each status.
+
+        For lists (the console): an ordered query with a limit and a grouped count, so
+        the cost stays that of ``limit`` rows however many jobs the store holds.
+        """
+        query = select(t.jobs).order_by(t.jobs.c.created.desc()).limit(limit)
+        counts = select(t.jobs.c.status, func.count()).group_by(t.jobs.c.status)
+        with self._tx() as conn:
+            jobs = [_job(r) for r in conn.execute(query).mappings().all()]
+            by_status = {status: int(n) for status, n in conn.execute(counts).all()}
+        return jobs, by_status
+
     def list(self, *, active_only: bool = False) -> list[Job]:
         query = select(t.jobs)
         if active_only:

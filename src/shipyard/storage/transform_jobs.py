@@ -61,6 +61,20 @@ class TransformStore:
         with self._tx() as conn:
             return self._get(conn, name)
 
+    def newest(self, limit: int) -> tuple[list[TransformJob], dict[str, int]]:
+        """The ``limit`` jobs created last, newest first, and how many jobs have each status.
+
+        For lists (the console): an ordered query with a limit and a grouped count, so
+        the cost stays that of ``limit`` rows however many jobs the store holds.
+        """
+        query = select(t.transform_jobs).order_by(t.transform_jobs.c.created.desc()).limit(limit)
+        counts = select(t.transform_jobs.c.status, func.count()).group_by(t.transform_jobs.c.status)
+        with self._tx() as conn:
+            rows = conn.execute(query).mappings().all()
+            jobs = [self._with_progress(conn, _job(r)) for r in rows]
+            by_status = {status: int(n) for status, n in conn.execute(counts).all()}
+        return jobs, by_status
+
     def list(self, *, active_only: bool = False) -> list[TransformJob]:
         query = select(t.transform_jobs)
         if active_only:

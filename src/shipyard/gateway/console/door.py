@@ -35,7 +35,7 @@ from shipyard.gateway.console.state import ConsoleState
 LOG_CHUNK_BYTES = 64 * 1024
 """Most log bytes one poll returns; a page opened on a long log starts at its tail."""
 
-EVENTS_SHOWN = 200
+EVENTS_SHOWN = 100
 
 _PAGE_HEADERS = {
     # No inline script or style anywhere: a value that slipped past escaping still

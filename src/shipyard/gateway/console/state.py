@@ -15,7 +15,7 @@ snapshots; nothing holds a reference into live objects after a call returns.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -28,8 +28,11 @@ from shipyard.metrics import Metrics
 from shipyard.records import Endpoint, EndpointConfig, Job, TransformJob, VariantSpec
 from shipyard.storage.events import EventLog, EventState
 
-MAX_LISTED = 200
-"""Most jobs (and transform jobs) a list shows, newest first; the rest are counted."""
+MAX_LISTED = 50
+"""Most jobs (and transform jobs) a list shows, newest first; the rest are counted.
+
+Every row shown costs its JSON decoded on the gateway's CPU, which the data path shares
+(a thread holding the GIL delays the event loop), so lists stay short."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,9 +123,9 @@ class ConsoleState:
         fleets: Mapping[str, Fleet],
         backlogs: Mapping[str, BacklogReading],
         metrics: Metrics,
-        list_jobs: Callable[[], list[Job]],
+        newest_jobs: Callable[[int], tuple[list[Job], dict[str, int]]],
         describe_job: Callable[[str], Job],
-        list_transforms: Callable[[], list[TransformJob]],
+        newest_transforms: Callable[[int], tuple[list[TransformJob], dict[str, int]]],
         describe_transform: Callable[[str], TransformJob],
         events: EventLog,
     ) -> None:
@@ -130,9 +133,9 @@ class ConsoleState:
         self.fleets = fleets
         self.backlogs = backlogs
         self.metrics = metrics
-        self.list_jobs = list_jobs
+        self.newest_jobs = newest_jobs
         self.describe_job = describe_job
-        self.list_transforms = list_transforms
+        self.newest_transforms = newest_transforms
         self.describe_transform = describe_transform
         self.events = events
 
@@ -156,10 +159,10 @@ class ConsoleState:
         return endpoint, config
 
     def jobs(self) -> Listing:
-        return _listing(self.list_jobs())
+        return _listing(*self.newest_jobs(MAX_LISTED))
 
     def transforms(self) -> Listing:
-        return _listing(self.list_transforms())
+        return _listing(*self.newest_transforms(MAX_LISTED))
 
     def recent_events(self, limit: int) -> list[EventState]:
         return self.events.recent_events(limit)
@@ -295,9 +298,5 @@ def _instance_row(instance_id: str, variant: str, slot: Slot) -> InstanceRow:
     )
 
 
-def _listing(jobs: list[Any]) -> Listing:
-    jobs.sort(key=lambda j: j.created, reverse=True)
-    by_status: dict[str, int] = {}
-    for job in jobs:
-        by_status[job.status.value] = by_status.get(job.status.value, 0) + 1
-    return Listing(tuple(jobs[:MAX_LISTED]), len(jobs), by_status)
+def _listing(jobs: Sequence[Any], by_status: dict[str, int]) -> Listing:
+    return Listing(tuple(jobs), sum(by_status.values()), by_status)
