@@ -31,6 +31,7 @@ from shipyard.control.leases import Leases
 from shipyard.control.logs import LogService
 from shipyard.control.reconciler import Reconciler
 from shipyard.control.scaling import ScalingService
+from shipyard.control.stack_config import StackConfig
 from shipyard.events.dispatcher import Dispatcher
 from shipyard.events.notify import Notifier
 from shipyard.events.topics import Topics
@@ -45,6 +46,7 @@ from shipyard.gateway.oip_rest import OipRestDoor
 from shipyard.gateway.ops import healthz, metrics_endpoint
 from shipyard.gateway.runtime import RuntimeDoor
 from shipyard.gateway.signatures import ASGIApp, RequireSignature
+from shipyard.gateway.stack_config import StackConfigDoor
 from shipyard.gateway.streaming import ResponseStreamDoor
 from shipyard.gateway.validation import RequestValidator
 from shipyard.host_access import HostAccess
@@ -208,6 +210,7 @@ class Gateway:
             transforms=self.transforms,
         )
         jobs_door = JobsDoor(jobs=self.jobs)
+        stack_door = self._stack_config(settings, stack)
         self._on_startup = on_startup
         self._entry = self._guarded(settings, stack)
         self.app = Starlette(
@@ -215,6 +218,8 @@ class Gateway:
                 Route("/", control.handle, methods=["POST"]),
                 Route("/inference", jobs_door.inference, methods=["POST"]),
                 Route("/jobs/{name}/logs", jobs_door.logs, methods=["GET"]),
+                Route("/stack", stack_door.get, methods=["GET"]),
+                Route("/stack", stack_door.put, methods=["PUT"]),
                 Route("/healthz", healthz, methods=["GET"]),
                 Route("/metrics", metrics_endpoint(self.metrics), methods=["GET"]),  # type: ignore[arg-type]
                 *self._console(settings, stack).routes(),
@@ -223,6 +228,20 @@ class Gateway:
             exception_handlers={404: _unknown_path, 405: _unknown_path},
         )
         self.app.state.ready = False
+
+    def _stack_config(self, settings: Settings, stack: StackFile) -> StackConfigDoor:
+        """``/stack``: the topics and jobs sections, changed live by ``shipyard apply``."""
+        config = StackConfig(
+            topics=self.topics,
+            jobs=self.jobs,
+            transforms=self.transforms,
+            declared=stack.topics,
+            jobs_declared="jobs" in stack.model_fields_set,
+            origin=settings.config.stem if settings.config else None,
+            default_jobs=JobsConfig(limit=settings.max_active_jobs),
+            autoscaling_notify=stack.autoscaling.notify,
+        )
+        return StackConfigDoor(config)
 
     def _build_jobs(self, settings: Settings, stack: StackFile, backend: FullBackend) -> None:
         """The job service, its supervisor and the event dispatcher that announces jobs."""

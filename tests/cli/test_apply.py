@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -306,3 +309,85 @@ def test_apply_refuses_a_bad_file_before_asking_the_gateway(tmp_path: Path) -> N
     out = CliRunner().invoke(app, ["apply", str(path), "--url", "http://127.0.0.1:9"])
     assert out.exit_code == 2
     assert f"error: {path}:5: endpoint_configs.a.ProductionVariants[0]" in out.stderr
+
+
+def test_topics_and_job_templates_are_applied_to_the_running_gateway(
+    gateway_factory: Any, tmp_path: Path
+) -> None:
+    """The gateway starts with site.yaml's topics and jobs (stack "site", by the file's
+    stem); apply changes them live, another stack may not touch them, destroy removes
+    them."""
+    scripts = Path(__file__).parent / "scripts"
+    template = {
+        "AlgorithmSpecification": {"TrainingImage": "shipyard/python", "TrainingInputMode": "File"},
+        "HyperParameters": {
+            "sagemaker_program": "job.py",
+            "sagemaker_submit_directory": scripts.as_uri(),
+            "mode": "lines",
+            "count": "1",
+        },
+        "ResourceConfig": {"InstanceType": "ml.m5.large", "InstanceCount": 1, "VolumeSizeInGB": 1},
+    }
+    content: dict[str, Any] = {
+        "topics": {"done": ["json://127.0.0.1:9/hook"]},
+        "jobs": {
+            "limit": 1,
+            "white_list": ["a"],
+            "s3_bucket": (tmp_path / "out").as_uri(),
+            "templates": {"a": template},
+            "notify": {"Completed": ["done"]},
+        },
+    }
+    path = write(tmp_path / "site.yaml", content)
+    gw = gateway_factory(
+        args=["--config", str(path)], extra_env={"SHIPYARD_JOB_POLL_PERIOD_S": "0.2"}
+    )
+
+    def submit(job_type: str) -> tuple[int, dict[str, Any]]:
+        body = json.dumps({"type": job_type}).encode()
+        request = urllib.request.Request(gw.url + "/inference", data=body, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    out = shipyard(gw, "apply", str(path), "--yes")
+    assert out.exit_code == 0, out.output
+    assert actions(out.stdout) == sorted(
+        [("topic", "done", "unchanged"), ("job template", "a", "unchanged"),
+         ("jobs settings", "jobs", "unchanged")]
+    )  # fmt: skip
+    assert submit("b")[0] == 510
+
+    content["topics"]["done"] = ["json://127.0.0.1:10/hook"]
+    content["jobs"]["templates"]["b"] = template
+    content["jobs"]["white_list"].append("b")
+    write(path, content)
+    out = shipyard(gw, "apply", str(path), "--yes")
+    assert out.exit_code == 0, out.output
+    assert actions(out.stdout) == sorted(
+        [("topic", "done", "update"), ("job template", "a", "unchanged"),
+         ("job template", "b", "create"), ("jobs settings", "jobs", "update")]
+    )  # fmt: skip
+    status, answer = submit("b")
+    assert status == 200, answer
+    gw.sm.get_waiter("training_job_completed_or_stopped").wait(
+        TrainingJobName=answer["jobName"], WaiterConfig={"Delay": 0.2, "MaxAttempts": 300}
+    )
+    out = shipyard(gw, "apply", str(path), "--yes")
+    assert "Nothing to change." in out.stdout
+
+    other = write(tmp_path / "other.yaml", {"topics": {"done": ["json://127.0.0.1:11/x"]}})
+    out = shipyard(gw, "apply", str(other), "--yes")
+    assert out.exit_code == 1 and "topic done belongs to stack site" in out.stderr
+
+    out = shipyard(gw, "destroy", str(path), "--yes")
+    assert out.exit_code == 0, out.output
+    assert actions(out.stdout) == sorted(
+        [("topic", "done", "delete"), ("job template", "a", "delete"),
+         ("job template", "b", "delete"), ("jobs settings", "jobs", "delete")]
+    )  # fmt: skip
+    assert submit("a")[0] == 510
+    status, body = gw.get("/stack")
+    assert json.loads(body)["topics"] == {}

@@ -29,7 +29,7 @@ _ACTION_STYLES = {
     Action.DELETE: "red",
     Action.UNCHANGED: "dim",
 }
-_STARTUP_SECTIONS = ("topics", "jobs", "autoscaling", "auth", "account_id")
+_STARTUP_SECTIONS = ("autoscaling", "auth", "account_id")
 """Sections the gateway reads when it starts (``serve --config``), which apply leaves."""
 
 File = Annotated[Path, typer.Argument(help="Stack file (YAML).", show_default=False)]
@@ -66,7 +66,7 @@ def apply(
             Text(
                 f"{', '.join(left)}: read by the gateway when it starts "
                 "(shipyard serve --config FILE); apply leaves them as they are.",
-                style="dim",
+                style="yellow",
             )
         )
     _carry_out(gateway, plan, yes=yes, verb="Apply", timeout_s=timeout)
@@ -128,13 +128,17 @@ def _carry_out(gateway: Gateway, plan: Plan, *, yes: bool, verb: str, timeout_s:
     if not yes and not typer.confirm(f"{verb} these changes?", default=False):
         typer.secho(f"{verb} declined: nothing changed.", fg="red", err=True)
         raise typer.Exit(1)
+    if not (plan.endpoints or plan.endpoints_removed):
+        with _reported():
+            converge(gateway, plan, on_progress=lambda *_: None, timeout_s=timeout_s)
+        _out.print(f"{verb} complete: {len(plan.pending)} change(s).")
+        return
     progress = Progress(
         SpinnerColumn(),
         TextColumn("endpoint [bold]{task.description}"),
         TextColumn("{task.fields[status]}"),
         TimeElapsedColumn(),
         console=_out,
-        transient=False,
     )
     tasks: dict[str, TaskID] = {}
 

@@ -153,6 +153,30 @@ class Gateway:
             request.add_header(key, value)
         return urllib.request.urlopen(request, timeout=_TIMEOUT_S)
 
+    def stack_config(self) -> dict[str, Any]:
+        """``GET /stack``: the gateway's topics and jobs section, and their owners."""
+        return self._json(urllib.request.Request(self.url + "/stack"))
+
+    def put_stack_config(self, change: dict[str, Any]) -> dict[str, Any]:
+        """``PUT /stack``: topics and the jobs section changed as ``change`` says."""
+        request = urllib.request.Request(
+            self.url + "/stack", data=json.dumps(change).encode(), method="PUT"
+        )
+        request.add_header("Content-Type", "application/json")
+        return self._json(request)
+
+    def _json(self, request: urllib.request.Request) -> dict[str, Any]:
+        try:
+            with translated(self.url), self._open(request) as r:
+                answer = json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            raise GatewayError(_error_message(exc)) from None
+        except ValueError:
+            raise GatewayError(f"{request.full_url} did not answer as shipyard does") from None
+        if not isinstance(answer, dict):
+            raise GatewayError(f"{request.full_url} did not answer as shipyard does")
+        return answer
+
     def submit(self, job_type: str) -> Submitted:
         body = json.dumps({"type": job_type}).encode()
         request = urllib.request.Request(self.url + "/inference", data=body, method="POST")
@@ -352,7 +376,7 @@ class Endpoints:
     def instance_health(self, name: str) -> dict[tuple[str, str], int]:
         """(variant, state) -> instances, from ``shipyard_instances`` at /metrics."""
         counts: dict[tuple[str, str], int] = {}
-        pattern = re.compile(r'shipyard_instances\{(.*)\} (\S+)$')
+        pattern = re.compile(r"shipyard_instances\{(.*)\} (\S+)$")
         for line in self.gateway.metrics().splitlines():
             match = pattern.match(line)
             if not match:

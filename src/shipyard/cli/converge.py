@@ -27,6 +27,8 @@ def converge(
     sm = gateway.sagemaker
     scaling = gateway.client("application-autoscaling")
     url = gateway.url
+    if plan.sections is not None:
+        gateway.put_stack_config(plan.sections)
     for rid in plan.scaling_removed:
         with translated(url, about=rid):
             scaling.delete_scaling_policy(

@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from shipyard.cli import sections
 from shipyard.cli.client import Gateway, GatewayError, translated
+from shipyard.settings import StackFile
 from shipyard.stackfile import StackResources
 
 STACK_TAG = "shipyard:stack"
@@ -54,6 +56,9 @@ class Kind(StrEnum):
     ENDPOINT_CONFIG = "endpoint config"
     ENDPOINT = "endpoint"
     SCALING = "scaling"
+    TOPIC = "topic"
+    JOB_TEMPLATE = "job template"
+    JOBS = "jobs settings"
 
 
 class PlanError(GatewayError):
@@ -85,6 +90,8 @@ class Plan:
 
     stack: str
     changes: list[Change] = field(default_factory=list)
+    sections: dict[str, Any] | None = None
+    """The ``PUT /stack`` body for topics and the jobs section (cli/sections.py)."""
     scaling_removed: list[str] = field(default_factory=list)
     """Resource ids whose scalable target (and the stack's policy) go first."""
     models: list[tuple[str, dict[str, Any], list[dict[str, str]]]] = field(default_factory=list)
@@ -220,10 +227,11 @@ def _tags(stack: str, declared: str, body_digest: str, user: list[dict[str, str]
     ]
 
 
-def plan_apply(gateway: Gateway, stack: str, file: StackResources) -> Plan:
+def plan_apply(gateway: Gateway, stack: str, file: StackFile) -> Plan:
     """The changes that take the gateway to ``file``, for the stack named ``stack``."""
     live = _Live(gateway, stack)
     plan = Plan(stack)
+    _plan_sections(plan, sections.plan_apply, gateway, file)
     model_names = _plan_versions(
         plan,
         live,
@@ -261,6 +269,17 @@ def plan_apply(gateway: Gateway, stack: str, file: StackResources) -> Plan:
     }
     _plan_leftovers(plan, live, file, final)
     return plan
+
+
+def _plan_sections(
+    plan: Plan, planner: sections.Planner, gateway: Gateway, file: StackFile
+) -> None:
+    """Topics and the jobs section, first: endpoint configs may name topics."""
+    try:
+        rows, plan.sections = planner(plan.stack, gateway.stack_config(), file)
+    except sections.SectionConflict as exc:
+        raise PlanError(str(exc)) from None
+    plan.changes += [Change(Kind(k), name, Action(a), detail) for k, name, a, detail in rows]
 
 
 def _plan_versions(
@@ -398,10 +417,11 @@ def _plan_leftovers(
                 plan.changes.append(Change(kind, version.declared, Action.DELETE, detail))
 
 
-def plan_destroy(gateway: Gateway, stack: str, file: StackResources) -> Plan:
+def plan_destroy(gateway: Gateway, stack: str, file: StackFile) -> Plan:
     """Deleting what the file declares and the stack owns; nothing else."""
     live = _Live(gateway, stack)
     plan = Plan(stack)
+    _plan_sections(plan, sections.plan_destroy, gateway, file)
     for key in file.scaling:
         if resource_id(key) in live.policies:
             plan.scaling_removed.append(resource_id(key))

@@ -54,6 +54,10 @@ class Topics:
     def __repr__(self) -> str:
         return f"Topics({sorted(self._topics)!r})"
 
+    def replace(self, topics: Mapping[str, Sequence[str]]) -> None:
+        """Take ``topics`` instead (``shipyard apply``), checked as at construction."""
+        self._topics = Topics(topics)._topics
+
     @property
     def names(self) -> list[str]:
         return sorted(self._topics)

@@ -23,6 +23,7 @@ as IAM writes them, ``*`` wildcards, case-insensitive):
     POST /inference                         sagemaker:CreateTrainingJob
     GET /jobs/{name}/logs                   sagemaker:DescribeTrainingJob
     GET /metrics                            shipyard:GetMetrics
+    GET /stack, PUT /stack                  shipyard:GetStack, shipyard:PutStack
     GET /console/api/endpoints...           sagemaker:DescribeEndpoint
     GET /console/api/endpoints/{name}/metrics
                                             shipyard:GetMetrics
@@ -280,6 +281,8 @@ def action_of(method: str, path: str, target: str | None) -> tuple[Door, str] | 
         return Door.OTHER, "sagemaker:DescribeTrainingJob"
     if path == "/metrics":
         return Door.OTHER, "shipyard:GetMetrics"
+    if path == "/stack":
+        return Door.OTHER, "shipyard:GetStack" if method == "GET" else "shipyard:PutStack"
     return Door.OTHER, "shipyard:Unknown"
 
 
