@@ -125,6 +125,9 @@ class RayBackend:
         self.start_timeout_s = start_timeout_s
         self._jobs: dict[str, Any] = {}
         """Job actors by handle ref, found once."""
+        self._probes: dict[str, tuple[bool, Any]] = {}
+        """By handle ref: whether the runner ran at the last answer, and the question
+        asked since (``job_running``)."""
         try:
             ray.init(
                 address=address,
@@ -288,7 +291,7 @@ class RayBackend:
         env = dict(self._s3) if s3_access else {}
         started = actor.start.remote(name, job_json, argv, env)
         try:
-            pid = await asyncio.wait_for(
+            host, pid = await asyncio.wait_for(
                 asyncio.wrap_future(started.future()), self.start_timeout_s
             )
         except (TimeoutError, ray.exceptions.RayError) as exc:
@@ -299,7 +302,7 @@ class RayBackend:
                 else _cause(exc)
             )
             raise BackendError(f"Could not start the job runner on the Ray cluster: {why}") from exc
-        log.info("started job runner %s pid %s", name, pid)
+        log.info("started job runner %s pid %s on %s", name, pid, host)
         ref = _job_ref(name, workdir)
         self._jobs[ref] = actor
         return JobHandle(ref)
@@ -329,15 +332,22 @@ class RayBackend:
         return actor
 
     def job_running(self, handle: JobHandle) -> bool:
+        """The last answer of the runner's actor, and a new question asked: called on the
+        gateway's event loop, so it never waits for a node (a lost one may take seconds
+        to be known lost). Until an actor has answered once, it runs."""
         actor = self._job_actor(handle.ref)
         if actor is None:
             return False
-        try:
-            return bool(ray.get(actor.running.remote(), timeout=_CALL_TIMEOUT_S))
-        except ray.exceptions.GetTimeoutError:
-            return True  # unanswered is not ended: its node may be busy, or not yet known lost
-        except ray.exceptions.RayError:
-            return False
+        running, probe = self._probes.get(handle.ref, (True, None))
+        if probe is not None:
+            if not ray.wait([probe], timeout=0, fetch_local=False)[0]:
+                return running
+            try:
+                running = bool(ray.get(probe, timeout=_CALL_TIMEOUT_S))
+            except ray.exceptions.RayError:
+                running = False  # the actor is gone, with its node or killed
+        self._probes[handle.ref] = (running, actor.running.remote() if running else None)
+        return running
 
     def job_status(self, handle: JobHandle, *, skip: int) -> list[StatusLine]:
         """The runner's status lines, from the gateway's copy of them, brought up to date
@@ -357,7 +367,7 @@ class RayBackend:
             # Its outcome is in the gateway's copy: the actor has nothing left to give.
             with contextlib.suppress(ray.exceptions.RayError, ValueError):
                 ray.kill(actor, no_restart=True)
-            self._jobs.pop(handle.ref, None)
+            self._forget_job(handle.ref)
         return lines
 
     def signal_job(self, handle: JobHandle, sig: int) -> None:
@@ -373,7 +383,11 @@ class RayBackend:
             ray.get(actor.kill.remote(), timeout=_CALL_TIMEOUT_S)
         with contextlib.suppress(ray.exceptions.RayError, ValueError):
             ray.kill(actor, no_restart=True)
-        self._jobs.pop(handle.ref, None)
+        self._forget_job(handle.ref)
+
+    def _forget_job(self, ref: str) -> None:
+        self._jobs.pop(ref, None)
+        self._probes.pop(ref, None)
 
 
 def _death(exc: ray.exceptions.ActorDiedError) -> str:

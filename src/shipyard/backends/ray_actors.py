@@ -190,7 +190,10 @@ class JobActor:
         self.process: subprocess.Popen[bytes] | None = None
         self.workdir: Path | None = None
 
-    def start(self, name: str, job_json: str, argv: list[str], env: dict[str, str]) -> int:
+    def start(
+        self, name: str, job_json: str, argv: list[str], env: dict[str, str]
+    ) -> tuple[str, int]:
+        """Start the runner; its node's address and its PID."""
         self.workdir = _node_root() / "jobs" / name
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / JOB_FILE).write_text(job_json)
@@ -207,7 +210,7 @@ class JobActor:
                 start_new_session=True,
                 preexec_fn=functools.partial(_start_child, os.getpid(), 0),
             )
-        return self.process.pid
+        return ray.util.get_node_ip_address(), self.process.pid  # type: ignore[no-untyped-call]
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
