@@ -391,3 +391,37 @@ def test_topics_and_job_templates_are_applied_to_the_running_gateway(
     assert submit("a")[0] == 510
     status, body = gw.get("/stack")
     assert json.loads(body)["topics"] == {}
+
+
+def test_apply_signs_its_calls_and_needs_the_stack_actions(
+    gateway_factory: Any, tmp_path: Path
+) -> None:
+    """With ``auth:``, apply signs with the usual AWS credentials; a key without
+    shipyard:GetStack is refused before anything changes."""
+    secrets = {"SHIPYARD_KEY_OPS": "ops-secret", "SHIPYARD_KEY_RO": "ro-secret"}
+    keys = [
+        {"access_key_id": "ops", "secret_access_key_env": "SHIPYARD_KEY_OPS"},
+        {"access_key_id": "ro", "secret_access_key_env": "SHIPYARD_KEY_RO",
+         "allow": ["sagemaker:Describe*", "sagemaker:List*", "application-autoscaling:Describe*"]},
+    ]  # fmt: skip
+    config = write(tmp_path / "gw.yaml", {"auth": {"keys": keys}})
+    gw = gateway_factory(args=["--config", str(config)], extra_env=secrets)
+    path = write(tmp_path / "alerts.yaml", {"topics": {"ops": ["json://127.0.0.1:9/x"]}})
+
+    def as_key(key: str, secret: str, *args: str) -> Any:
+        env = {
+            "AWS_ACCESS_KEY_ID": key,
+            "AWS_SECRET_ACCESS_KEY": secret,
+            "AWS_CONFIG_FILE": str(tmp_path / "none"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+        }
+        return CliRunner().invoke(app, [*args, "--url", gw.url], env=env)
+
+    out = as_key("ro", "ro-secret", "apply", str(path), "--yes")
+    assert out.exit_code == 1
+    assert "not authorized to perform: shipyard:GetStack" in out.stderr
+    out = as_key("ops", "ops-secret", "apply", str(path), "--yes")
+    assert out.exit_code == 0, out.output
+    assert actions(out.stdout) == [("topic", "ops", "create")]
+    out = as_key("ops", "ops-secret", "destroy", str(path), "--yes")
+    assert out.exit_code == 0, out.output
