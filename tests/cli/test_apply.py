@@ -191,6 +191,21 @@ def test_apply_deletes_only_what_the_stack_created_and_the_file_dropped(
     names = {e["EndpointName"] for e in sm.list_endpoints()["Endpoints"]}
     assert "keep" in names and "drop" not in names
 
+    # Tags, an endpoint's only other field, change in place.
+    content["endpoints"]["keep"]["Tags"] = [{"Key": "team", "Value": "search"}]
+    write(path, content)
+    out = shipyard(gw, "apply", str(path), "--yes")
+    assert out.exit_code == 0, out.output
+    assert [r for r in plan_rows(out.stdout) if r[2] != "unchanged"] == [
+        ("endpoint", "keep", "update", "tags")
+    ]
+    arn = sm.describe_endpoint(EndpointName="keep")["EndpointArn"]
+    assert {"Key": "team", "Value": "search"} in sm.list_tags(ResourceArn=arn)["Tags"]
+    del content["endpoints"]["keep"]["Tags"]
+    write(path, content)
+    assert shipyard(gw, "apply", str(path), "--yes").exit_code == 0
+    assert "team" not in {t["Key"] for t in sm.list_tags(ResourceArn=arn)["Tags"]}
+
     # An endpoint of the same name that another stack (or a person) made is not taken over.
     other = write(tmp_path / "other.yaml", stack("keep", artifacts["echo"]))
     out = shipyard(gw, "apply", str(other), "--yes")

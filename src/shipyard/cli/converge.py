@@ -24,13 +24,20 @@ def converge(
     gateway: Gateway, plan: Plan, *, on_progress: EndpointProgress, timeout_s: float
 ) -> None:
     """Carry out ``plan``: creations first, then endpoints (waited for), then deletions."""
-    sm = gateway.sagemaker
-    scaling = gateway.client("application-autoscaling")
-    url = gateway.url
     if plan.sections is not None:
         gateway.put_stack_config(plan.sections)
+    _remove_scaling(gateway, plan)
+    _create_versions(gateway, plan)
+    _change_endpoints(gateway, plan, timeout_s)
+    _wait_endpoints(gateway, {e: c for e, c, _ in plan.endpoints}, on_progress, timeout_s)
+    _put_scaling(gateway, plan)
+    _delete(gateway, plan, on_progress, timeout_s)
+
+
+def _remove_scaling(gateway: Gateway, plan: Plan) -> None:
+    scaling = gateway.client("application-autoscaling")
     for rid in plan.scaling_removed:
-        with translated(url, about=rid):
+        with translated(gateway.url, about=rid):
             scaling.delete_scaling_policy(
                 PolicyName=policy_name(plan.stack),
                 ServiceNamespace=NAMESPACE,
@@ -40,22 +47,38 @@ def converge(
             scaling.deregister_scalable_target(
                 ServiceNamespace=NAMESPACE, ResourceId=rid, ScalableDimension=DIMENSION
             )
+
+
+def _create_versions(gateway: Gateway, plan: Plan) -> None:
+    sm = gateway.sagemaker
     for name, body, tags in plan.models:
-        with translated(url, about=f"model {name}"):
+        with translated(gateway.url, about=f"model {name}"):
             sm.create_model(ModelName=name, **body, Tags=tags)
     for name, body, tags in plan.configs:
-        with translated(url, about=f"endpoint config {name}"):
+        with translated(gateway.url, about=f"endpoint config {name}"):
             sm.create_endpoint_config(EndpointConfigName=name, **body, Tags=tags)
+
+
+def _change_endpoints(gateway: Gateway, plan: Plan, timeout_s: float) -> None:
+    sm = gateway.sagemaker
     for name, config, create_tags in plan.endpoints:
-        with translated(url, about=f"endpoint {name}"):
+        with translated(gateway.url, about=f"endpoint {name}"):
             if create_tags is not None:
                 sm.create_endpoint(EndpointName=name, EndpointConfigName=config, Tags=create_tags)
             else:
                 _wait_settled(gateway, name, timeout_s)
                 sm.update_endpoint(EndpointName=name, EndpointConfigName=config)
-    _wait_endpoints(gateway, dict((e, c) for e, c, _ in plan.endpoints), on_progress, timeout_s)
+    for arn, tags, stale in plan.endpoint_tags:
+        with translated(gateway.url, about=arn):
+            sm.add_tags(ResourceArn=arn, Tags=tags)
+            if stale:
+                sm.delete_tags(ResourceArn=arn, TagKeys=stale)
+
+
+def _put_scaling(gateway: Gateway, plan: Plan) -> None:
+    scaling = gateway.client("application-autoscaling")
     for rid, body in plan.scaling:
-        with translated(url, about=rid):
+        with translated(gateway.url, about=rid):
             scaling.register_scalable_target(
                 ServiceNamespace=NAMESPACE,
                 ResourceId=rid,
@@ -71,15 +94,20 @@ def converge(
                 PolicyType="TargetTrackingScaling",
                 TargetTrackingScalingPolicyConfiguration=body["Policy"],
             )
+
+
+def _delete(gateway: Gateway, plan: Plan, on_progress: EndpointProgress, timeout_s: float) -> None:
+    """Endpoints (waited for until gone), then the configs and models under them."""
+    sm = gateway.sagemaker
     for name in plan.endpoints_removed:
-        with translated(url, about=f"endpoint {name}"):
+        with translated(gateway.url, about=f"endpoint {name}"):
             sm.delete_endpoint(EndpointName=name)
     _wait_deleted(gateway, plan.endpoints_removed, on_progress, timeout_s)
     for name in plan.configs_removed:
-        with translated(url, about=f"endpoint config {name}"):
+        with translated(gateway.url, about=f"endpoint config {name}"):
             sm.delete_endpoint_config(EndpointConfigName=name)
     for name in plan.models_removed:
-        with translated(url, about=f"model {name}"):
+        with translated(gateway.url, about=f"model {name}"):
             sm.delete_model(ModelName=name)
 
 

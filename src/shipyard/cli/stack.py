@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -77,11 +77,13 @@ class Change:
 
 @dataclass(frozen=True)
 class _Version:
-    """A model or endpoint config on the gateway that the stack created."""
+    """A model, endpoint config or endpoint on the gateway that the stack created."""
 
     name: str
     declared: str
     digest: str
+    arn: str
+    tags: dict[str, str]
 
 
 @dataclass
@@ -98,6 +100,8 @@ class Plan:
     configs: list[tuple[str, dict[str, Any], list[dict[str, str]]]] = field(default_factory=list)
     endpoints: list[tuple[str, str, list[dict[str, str]] | None]] = field(default_factory=list)
     """(endpoint, config, tags): tags for a CreateEndpoint, None for an UpdateEndpoint."""
+    endpoint_tags: list[tuple[str, list[dict[str, str]], list[str]]] = field(default_factory=list)
+    """(endpoint ARN, tags to put, tag keys to delete) for endpoints whose Tags changed."""
     scaling: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     endpoints_removed: list[str] = field(default_factory=list)
     configs_removed: list[str] = field(default_factory=list)
@@ -128,7 +132,7 @@ class _Live:
             sm.list_endpoints, "Endpoints", "EndpointName", "EndpointArn"
         )
         self.endpoints = endpoints
-        self.owned_endpoints = {v.name for v in owned}
+        self.owned_endpoints = {v.name: v for v in owned}
         self.endpoint_configs: dict[str, set[str]] = {}
         """Owned endpoint -> the configs it uses (current and being deployed)."""
         for name in sorted(self.owned_endpoints):
@@ -157,6 +161,8 @@ class _Live:
                             item[name_key],
                             tags.get(NAME_TAG, item[name_key]),
                             tags.get(DIGEST_TAG, ""),
+                            item[arn_key],
+                            tags,
                         )
                     )
             if not page.get("NextToken"):
@@ -198,10 +204,6 @@ class _Live:
     def versions(self, kind: Kind, declared: str) -> list[_Version]:
         owned = self.owned_models if kind is Kind.MODEL else self.owned_configs
         return [v for v in owned if v.declared == declared]
-
-    def configs_in_use(self, *, besides: Iterable[str] = ()) -> set[str]:
-        skip = set(besides)
-        return {c for e, cs in self.endpoint_configs.items() if e not in skip for c in cs}
 
 
 def policy_name(stack: str) -> str:
@@ -331,20 +333,28 @@ def _plan_endpoints(
                 f"endpoints.{name}: endpoint config {config!r} is neither declared nor on "
                 "the gateway"
             )
+        # Tags are the endpoint's only other field; they change in place (AddTags).
+        tags_digest = digest({"Tags": body.Tags})
+        tags = _tags(plan.stack, name, tags_digest, body.Tags)
         if name not in live.endpoints:
-            tags = _tags(plan.stack, name, "", body.Tags)
             plan.endpoints.append((name, config, tags))
             plan.changes.append(Change(Kind.ENDPOINT, name, Action.CREATE, f"config {config}"))
-        elif name not in live.owned_endpoints:
+            continue
+        if name not in live.owned_endpoints:
             raise PlanError(f"endpoint {name} exists and was not created by stack {plan.stack}")
-        elif config in live.endpoint_configs[name] and len(live.endpoint_configs[name]) == 1:
-            plan.changes.append(Change(Kind.ENDPOINT, name, Action.UNCHANGED, f"config {config}"))
-        else:
-            current = ", ".join(sorted(live.endpoint_configs[name]))
+        now = live.owned_endpoints[name]
+        changed = []
+        if live.endpoint_configs[name] != {config}:
             plan.endpoints.append((name, config, None))
-            plan.changes.append(
-                Change(Kind.ENDPOINT, name, Action.UPDATE, f"config {current} → {config}")
-            )
+            changed.append(f"config {', '.join(sorted(live.endpoint_configs[name]))} → {config}")
+        if now.digest != tags_digest:
+            stale = sorted(set(now.tags) - {t["Key"] for t in tags})
+            plan.endpoint_tags.append((now.arn, tags, stale))
+            changed.append("tags")
+        action = Action.UPDATE if changed else Action.UNCHANGED
+        plan.changes.append(
+            Change(Kind.ENDPOINT, name, action, "; ".join(changed) or f"config {config}")
+        )
     return final
 
 
@@ -396,7 +406,7 @@ def _plan_leftovers(
             plan.scaling_removed.append(rid)
             key = "/".join(rid.split("/")[1::2])
             plan.changes.append(Change(Kind.SCALING, key, Action.DELETE))
-    for name in sorted(live.owned_endpoints - set(file.endpoints)):
+    for name in sorted(set(live.owned_endpoints) - set(file.endpoints)):
         plan.endpoints_removed.append(name)
         plan.changes.append(Change(Kind.ENDPOINT, name, Action.DELETE))
     updated = {(c.kind, c.name) for c in plan.changes if c.action is Action.UPDATE}
