@@ -20,7 +20,8 @@ from typing import Any
 
 from shipyard.errors import PayloadTooLarge, RuntimeFailure
 from shipyard.gateway.oip import InferenceProtocol, status_of
-from shipyard.gateway.runtime import ClientGone, count_invocation, discard_body
+from shipyard.gateway.runtime import count_invocation, discard_body
+from shipyard.routing.router import ClientGone
 from shipyard.routing.table import VariantRoute
 from shipyard.tensors import (
     HEADER_LENGTH,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from typing import Any
@@ -27,7 +28,7 @@ from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT, check_header
 from shipyard.routing.client import Response
 from shipyard.routing.multimodel import refusal, target_model
 from shipyard.routing.pipeline import FAILED_CONTAINER
-from shipyard.routing.router import Call, Router
+from shipyard.routing.router import Call, ClientGone, Router
 from shipyard.routing.shadow import ShadowCopier
 from shipyard.routing.table import EndpointRoute, VariantRoute
 
@@ -112,7 +113,13 @@ class RuntimeDoor:
         chosen.append(variant)
         multi = variant.multi_model
         model = target_model(route.name, forward) if multi is not None else None
-        call = Call(forward, body, content_length=content_length, model=model)
+        call = Call(
+            forward,
+            body,
+            content_length=content_length,
+            model=model,
+            gone=functools.partial(disconnected, receive),
+        )
         shadows = self.shadows
         copies = shadows.pick(route, variant) if shadows is not None and route.copies else None
         try:
@@ -222,10 +229,6 @@ def count_invocation(chosen: list[VariantRoute], status: int) -> None:
             m.errors_4xx.inc()
 
 
-class ClientGone(Exception):
-    """The client closed the connection before its body arrived: nobody to answer."""
-
-
 class BodyTimeout(RuntimeValidationError):
     """The body did not arrive within the door's deadline."""
 
@@ -245,6 +248,12 @@ def _model_error(name: str, response: Response, log_group_arn: str) -> ModelErro
         original_message=message,
         log_stream_arn=log_group_arn,
     )
+
+
+async def disconnected(receive: Receive) -> None:
+    """Return once the client has disconnected; call it only once the body is read."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def discard_body(receive: Receive) -> None:

@@ -42,10 +42,10 @@ from shipyard.errors import (
 )
 from shipyard.gateway import eventstream
 from shipyard.gateway.errors import runtime_error_response
-from shipyard.gateway.runtime import ClientGone, RuntimeDoor, count_invocation, discard_body
+from shipyard.gateway.runtime import RuntimeDoor, count_invocation, discard_body
 from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT_STREAM, check_header
 from shipyard.routing.client import Response, StreamedResponse, UpstreamError
-from shipyard.routing.router import Call, Exchange
+from shipyard.routing.router import Call, ClientGone, Exchange
 from shipyard.routing.table import VariantRoute
 
 log = logging.getLogger(__name__)

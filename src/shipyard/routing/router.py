@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 from shipyard.errors import ModelError, ModelNotReady, RuntimeValidationError, ServiceUnavailable
@@ -47,13 +47,22 @@ class Call:
 
     ``body`` is bytes, or an iterator of chunks (then ``content_length`` should say how
     many, and the request is never sent twice). ``model`` is the TargetModel, required by
-    a multi-model variant and ignored by others.
+    a multi-model variant and ignored by others. ``gone``, when given, returns once the
+    client has disconnected: a request still waiting for an instance then leaves the
+    queue with ClientGone instead of being served to nobody (a client that timed out and
+    retried would otherwise have its request served twice, and the queue would hold
+    work nobody waits for).
     """
 
     headers: Headers
     body: bytes | AsyncIterator[bytes]
     content_length: int | None = None
     model: str | None = None
+    gone: Callable[[], Awaitable[object]] | None = None
+
+
+class ClientGone(Exception):
+    """The client closed its connection before it could be answered: nobody to answer."""
 
 
 @dataclass(slots=True)
@@ -293,7 +302,7 @@ class Router:
                 instance.in_flight += 1
                 return variant, instance
             # Woken but beaten to the instance: keep our place at the front.
-            await self._wait(variant, front=turn)
+            await self._wait(variant, front=turn, gone=call.gone)
             turn = True
 
     def _give_back(self, route: EndpointRoute, variant: VariantRoute, instance: Instance) -> None:
@@ -399,20 +408,34 @@ class Router:
             )
         return None
 
-    async def _wait(self, variant: VariantRoute, *, front: bool = False) -> None:
-        waiter = asyncio.get_running_loop().create_future()
+    async def _wait(
+        self,
+        variant: VariantRoute,
+        *,
+        front: bool = False,
+        gone: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
         if front:
             variant.waiters.appendleft(waiter)
         else:
             variant.waiters.append(waiter)
+        # Only a request that waits watches its client: one task, off the fast path.
+        watch = None if gone is None else loop.create_task(_fail_when(gone, waiter))
         try:
             await waiter
         except BaseException:
-            if waiter.done() and not waiter.cancelled():
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                 variant.release()  # our turn came as we gave up: pass it on
             else:
                 waiter.cancel()
+                with contextlib.suppress(ValueError):  # its place counts against the queue
+                    variant.waiters.remove(waiter)
             raise
+        finally:
+            if watch is not None:
+                watch.cancel()
 
     def fail_waiting(self, endpoint: str, variant: str, error: Callable[[], Exception]) -> None:
         """Fail every request waiting for an instance of ``variant`` with ``error()``:
@@ -430,3 +453,10 @@ class Router:
         for route in self.routes.values():
             for instance in route.instances():
                 instance.pool.close()
+
+
+async def _fail_when(gone: Callable[[], Awaitable[object]], waiter: asyncio.Future[None]) -> None:
+    """Fail ``waiter`` with ClientGone once ``gone()`` returns (the client disconnected)."""
+    await gone()
+    if not waiter.done():
+        waiter.set_exception(ClientGone())

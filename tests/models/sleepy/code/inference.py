@@ -18,7 +18,7 @@ def transform_fn(model, body, content_type, accept):
     started = os.environ.get("SLEEPY_STARTED_FILE")
     if started:  # tells a test the prediction is under way
         with open(started, "a") as marker:
-            marker.write("started\n")
+            marker.write(f"started {request.get('tag', '')}".rstrip() + "\n")
     held = []
     for _ in range(int(request.get("hold_mb", 0)) // 32):  # memory actually touched
         held.append(bytearray(b"\x01") * (32 << 20))

@@ -1,0 +1,72 @@
+"""A request still waiting at the gateway for an instance when its client disconnects
+leaves the queue: it is never sent to the model, and the requests behind it move up."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from tests.conftest import GatewayProcess, deploy, wait_until
+
+
+def post_and_leave(gw: GatewayProcess, body: bytes, after_s: float) -> None:
+    """POST ``body`` to endpoint ``queued``, then close the connection unanswered."""
+    address = urlsplit(gw.url)
+    with socket.create_connection((address.hostname, address.port), timeout=10) as s:
+        s.sendall(
+            b"POST /endpoints/queued/invocations HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        time.sleep(after_s)
+
+
+def test_a_client_that_leaves_while_queued_is_never_served(
+    gateway_factory: Any, model_tarball: Any, tmp_path: Path
+) -> None:
+    gw = gateway_factory()
+    started = tmp_path / "started"
+    started.touch()
+    # One handler thread: the gateway sends the instance one request plus one pipelined,
+    # and queues the rest.
+    deploy(
+        gw.sm,
+        "queued",
+        model_tarball("sleepy"),
+        strategy="LEAST_OUTSTANDING_REQUESTS",
+        environment={"SLEEPY_STARTED_FILE": str(started), "SAGEMAKER_MODEL_SERVER_WORKERS": "1"},
+    )
+    rt = gw.client("sagemaker-runtime", max_attempts=1)
+    answers: list[Any] = []
+
+    def invoke(body: dict[str, Any]) -> None:
+        out = rt.invoke_endpoint(EndpointName="queued", Body=json.dumps(body).encode())
+        answers.append(json.loads(out["Body"].read()))
+
+    busy = threading.Thread(target=invoke, args=({"sleep": 3, "tag": "busy"},))
+    busy.start()
+    wait_until(lambda: "busy" in started.read_text(), "the first request under way")
+    leavers = [
+        threading.Thread(target=post_and_leave, args=(gw, b'{"tag": "gone"}', 0.5))
+        for _ in range(3)
+    ]
+    for leaver in leavers:
+        leaver.start()
+        time.sleep(0.05)
+    for leaver in leavers:
+        leaver.join()
+    invoke({"tag": "stayed"})  # queued behind the leavers, answered after the busy one
+    busy.join()
+    time.sleep(0.5)  # anything still to come would have started by now
+    lines = started.read_text().split()
+    assert lines.count("busy") == 1 and lines.count("stayed") == 1
+    # At most the one request already pipelined to the instance was sent; the two (or
+    # three) queued at the gateway left with their clients.
+    assert lines.count("gone") <= 1, lines
+    assert len(answers) == 2
