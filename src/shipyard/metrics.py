@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -277,20 +278,29 @@ class Metrics:
             errors_5xx=self.errors_5xx.labels(endpoint, variant),
             model_latency=self.model_latency.labels(endpoint, variant),
             overhead_latency=self.overhead_latency.labels(endpoint, variant),
-            batch_size=self.batch_size.labels(endpoint, variant),
-            batch_wait=self.batch_wait.labels(endpoint, variant),
+            batch_size=functools.partial(self.batch_size.labels, endpoint, variant),
+            batch_wait=functools.partial(self.batch_wait.labels, endpoint, variant),
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class VariantMetrics:
     invocations: Counter
     errors_4xx: Counter
     errors_5xx: Counter
     model_latency: Histogram
     overhead_latency: Histogram
-    batch_size: Histogram
-    batch_wait: Histogram
+    batch_size: Callable[[], Histogram]
+    batch_wait: Callable[[], Histogram]
+    _batches: tuple[Histogram, Histogram] | None = None
+
+    def observe_batch(self, size: int, wait_s: float) -> None:
+        """One answer of a server-side batch. The batch series are bound at the first, so
+        a variant that never batches has none (rather than two empty histograms)."""
+        if self._batches is None:
+            self._batches = (self.batch_size(), self.batch_wait())
+        self._batches[0].observe(size)
+        self._batches[1].observe(wait_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,4 +100,7 @@ def test_without_the_setting_requests_are_not_batched(
     deploy(gateway.sm, name, model_tarball("batching"), strategy="LEAST_OUTSTANDING_REQUESTS")
     answers = invoke_all(gateway, name, [{"id": n} for n in range(4)])
     assert [a["batch_size"] for a in answers] == [None] * 4  # predict_fn, one at a time
-    assert metric(gateway, "shipyard_batch_size_count", name) == 0
+    # A variant that does not batch has no batch series at all, not empty ones.
+    status, text = gateway.get("/metrics")
+    assert status == 200 and f'endpoint="{name}"' in text.decode()
+    assert not re.search(rf'^shipyard_batch_\w+{{endpoint="{name}"', text.decode(), re.M)

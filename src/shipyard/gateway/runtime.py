@@ -214,8 +214,7 @@ def observe_batch(variant: VariantRoute, response: Response) -> None:
     if value is not None:
         batch = parse_batch(value)
         if batch is not None:
-            variant.metrics.batch_size.observe(batch[0])
-            variant.metrics.batch_wait.observe(batch[1])
+            variant.metrics.observe_batch(*batch)
 
 
 def count_invocation(chosen: list[VariantRoute], status: int) -> None:
