@@ -22,5 +22,5 @@ def test_local_is_registered_with_what_it_can_run(tmp_path: Path) -> None:
 
 
 def test_an_unknown_backend_is_refused_naming_the_known_ones(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"unknown backend 'ray' \(known: local"):
-        create_backend("ray", BackendContext(home=tmp_path, environ={}, s3={}))
+    with pytest.raises(ValueError, match=r"unknown backend 'kubernetes' \(known: local, ray"):
+        create_backend("kubernetes", BackendContext(home=tmp_path, environ={}, s3={}))
