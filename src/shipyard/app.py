@@ -283,6 +283,7 @@ class Gateway:
         state = ConsoleState(
             endpoints=self.service,
             fleets=self.reconciler.fleets,
+            routes=self.router.routes,
             backlogs=self.consumer.backlogs,
             metrics=self.metrics,
             newest_jobs=self.jobs.store.newest,

@@ -7,6 +7,7 @@ model cannot load (``broken``); invocations are real boto3 calls.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -104,10 +105,13 @@ def test_an_endpoints_charts_follow_its_invocations(
     assert chart.locator(".legend").inner_text().split() == ["blue", "green"]
     latency = page.locator('figure[data-chart="latency"]')
     assert int(latency.get_attribute("data-total") or 0) >= before + 30
-    _invoke(gw, 15)  # a second burst, so the screenshot shows traffic over time
+    points = int(chart.get_attribute("data-points") or 0)
+    for _ in range(4):  # steady traffic over a few polls, so the screenshot shows a line
+        _invoke(gw, 12)
+        time.sleep(1)
     page.wait_for_function(
-        "n => Number(document.querySelector('figure[data-chart=invocations]').dataset.total) >= n",
-        arg=before + 45,
+        "n => Number(document.querySelector('figure[data-chart=invocations]').dataset.points) >= n",
+        arg=points + 3,
     )
     tab.screenshot("endpoint.png")
     assert tab.errors == []
@@ -163,3 +167,26 @@ def test_a_phone_width_screen_gets_cards_without_sideways_scrolling(
         assert not header.is_visible()  # rows are cards, each cell labelled instead
         tab.screenshot(shot)
         assert tab.errors == []
+
+
+def test_a_transform_job_shows_its_progress(
+    gw: GatewayProcess, open_tab: Callable[..., Tab], tmp_path: Path
+) -> None:
+    from tests.e2e.test_transform import create_model, transform, wait_done, write_csv
+
+    model = unique("lines")
+    create_model(gw, model, "lines", tmp_path)
+    data = tmp_path / "in"
+    for n in range(3):
+        write_csv(data, f"part-{n}.csv", [[i, 1] for i in range(100)])
+    name = unique("tf")
+    transform(gw, name, model, data.as_uri(), tmp_path / "out")
+    tab = open_tab(f"{gw.url}/console/transform-jobs/{name}")
+    tab.page.locator(".progress", has_text="3/3 objects · 300 records").wait_for()
+    assert wait_done(gw, name)["TransformJobStatus"] == "Completed"
+    tab.page.locator(".status", has_text="Completed").wait_for()
+    jobs = open_tab(gw.url + "/console/jobs")
+    _loaded(jobs)
+    row = jobs.page.locator("tr", has_text=name)
+    assert "3/3 objects" in row.inner_text() and row.locator("progress").count() == 1
+    assert tab.errors == jobs.errors == []

@@ -181,6 +181,11 @@ def _instances(detail: EndpointDetail) -> str:
         f'<p class="muted">{n} more starting for {esc(variant)}.</p>'
         for variant, n in sorted(detail.starting.items()) if n
     )  # fmt: skip
+    if detail.mirrored:
+        starting += (
+            '<p class="muted">Another gateway sharing this store runs these instances; '
+            "this one routes to them. Its console shows their restarts.</p>"
+        )
     return (
         table(
             (
@@ -198,8 +203,8 @@ def _instances(detail: EndpointDetail) -> str:
                     esc(i.variant),
                     badge(i.state),
                     str(i.in_flight),
-                    str(i.restarts),
-                    str(i.ping_failures),
+                    "—" if i.restarts is None else str(i.restarts),
+                    "—" if i.ping_failures is None else str(i.ping_failures),
                     f"{i.latency_ms:.1f}",
                 )
                 for i in detail.instances

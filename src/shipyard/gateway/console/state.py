@@ -26,6 +26,7 @@ from shipyard.control.fleet import Fleet, Slot
 from shipyard.errors import ShipyardError
 from shipyard.metrics import Metrics
 from shipyard.records import Endpoint, EndpointConfig, Job, TransformJob, VariantSpec
+from shipyard.routing.table import EndpointRoute
 from shipyard.storage.events import EventLog, EventState
 
 MAX_LISTED = 50
@@ -73,8 +74,9 @@ class InstanceRow:
     state: str
     """``healthy``, ``unhealthy`` or ``starting``."""
     in_flight: int
-    restarts: int
-    ping_failures: int
+    restarts: int | None
+    """None where this gateway only routes to it (another one runs its fleet)."""
+    ping_failures: int | None
     latency_ms: float
     models: tuple[str, ...]
     """Multi-model: the TargetModels the gateway believes it holds, least recent first."""
@@ -102,6 +104,8 @@ class EndpointDetail:
     """Variants that serve a MultiModel model."""
     serverless: tuple[ServerlessRow, ...]
     backlog: BacklogReading | None
+    mirrored: bool = False
+    """Another gateway sharing the store runs the fleet; this one only routes to it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +125,7 @@ class ConsoleState:
         *,
         endpoints: EndpointService,
         fleets: Mapping[str, Fleet],
+        routes: Mapping[str, EndpointRoute],
         backlogs: Mapping[str, BacklogReading],
         metrics: Metrics,
         newest_jobs: Callable[[int], tuple[list[Job], dict[str, int]]],
@@ -131,6 +136,7 @@ class ConsoleState:
     ) -> None:
         self.endpoints = endpoints
         self.fleets = fleets
+        self.routes = routes
         self.backlogs = backlogs
         self.metrics = metrics
         self.newest_jobs = newest_jobs
@@ -227,6 +233,9 @@ class ConsoleState:
                         instances=len(fleet.slots.get(variant, ())),
                     )
                 )
+        table = self.routes.get(endpoint.name) if fleet is None else None
+        if table is not None:
+            instances, multi_model, serverless = _from_route(table)
         return EndpointDetail(
             row=self.row(endpoint, config),
             instances=tuple(instances),
@@ -234,6 +243,7 @@ class ConsoleState:
             multi_model=frozenset(multi_model),
             serverless=tuple(serverless),
             backlog=self.backlogs.get(endpoint.name),
+            mirrored=table is not None,
         )
 
     def series(self, endpoint: str) -> dict[str, dict[str, float]]:
@@ -273,7 +283,10 @@ class ConsoleState:
     def _healthy(self, endpoint: str) -> dict[str, int]:
         fleet = self.fleets.get(endpoint)
         if fleet is None:
-            return {}
+            route = self.routes.get(endpoint)
+            if route is None:
+                return {}
+            return {v.name: sum(1 for i in v.instances if i.healthy) for v in route.variants}
         return {
             name: sum(1 for s in slots if s.instance is not None and s.instance.healthy)
             for name, slots in fleet.slots.items()
@@ -296,6 +309,45 @@ def _instance_row(instance_id: str, variant: str, slot: Slot) -> InstanceRow:
         latency_ms=instance.latency_s * 1000,
         models=tuple(instance.models),
     )
+
+
+def _from_route(route: EndpointRoute) -> tuple[list[InstanceRow], set[str], list[ServerlessRow]]:
+    """What the router's table says of a fleet another gateway runs: its instances as
+    published there, without the restarts and pings only their supervisor knows."""
+    instances: list[InstanceRow] = []
+    multi_model: set[str] = set()
+    serverless: list[ServerlessRow] = []
+    for v in route.variants:
+        for i in v.instances:
+            state = "healthy" if i.healthy else "unhealthy"
+            latency_ms = i.latency_s * 1000
+            instances.append(
+                InstanceRow(
+                    i.instance_id,
+                    v.name,
+                    state,
+                    i.in_flight,
+                    None,
+                    None,
+                    latency_ms,
+                    tuple(i.models),
+                )
+            )
+        if v.multi_model is not None:
+            multi_model.add(v.name)
+        if v.serverless is not None:
+            config = v.serverless.config
+            serverless.append(
+                ServerlessRow(
+                    variant=v.name,
+                    active=v.serverless.active,
+                    max_concurrency=config.max_concurrency,
+                    memory_mb=config.memory_mb,
+                    provisioned=config.provisioned_concurrency,
+                    instances=len(v.instances),
+                )
+            )
+    return instances, multi_model, serverless
 
 
 def _listing(jobs: Sequence[Any], by_status: dict[str, int]) -> Listing:

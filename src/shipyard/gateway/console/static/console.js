@@ -24,7 +24,8 @@
     "MissingAuthenticationTokenException",
   ]);
   const PALETTE = ["#2f6fde", "#e0792b", "#2a9d5b", "#a34fc9", "#c73a4a", "#7a7f87"];
-  const HISTORY_POINTS = 90;
+  const HISTORY_POINTS = 90; // 3 minutes at one reading every 2 s
+  const MIN_SPAN_POINTS = 30;
   const encoder = new TextEncoder();
   let generation = 0; // bumped to stop every poller (sign-out)
 
@@ -169,7 +170,7 @@
         last = html;
       }
       element.dataset.loaded = String(Date.now());
-      return response.ok; // a 404 (deleted meanwhile) stays on screen, polled no more
+      return response.status !== 404; // deleted meanwhile: stays on screen, polled no more
     }, Number(element.dataset.everyMs) || 3000, denied(element));
   }
 
@@ -177,7 +178,8 @@
     let offset = "tail";
     poll(async () => {
       const response = await api(`${pre.dataset.log}?offset=${offset}`);
-      if (!response.ok) return false;
+      if (response.status === 404) return false;
+      if (!response.ok) return true; // try again at the next tick
       const chunk = await response.json();
       if (chunk.text) {
         const following = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 8;
@@ -260,7 +262,9 @@
       ctx.stroke();
       ctx.fillText(format((top * i) / 2), left - 4, y);
     }
-    const x = (i) => left + plotW - ((history.length - 1 - i) * plotW) / (HISTORY_POINTS - 1);
+    // A minute wide at first, growing to the whole history kept.
+    const span = Math.min(HISTORY_POINTS, Math.max(MIN_SPAN_POINTS, history.length));
+    const x = (i) => left + plotW - ((history.length - 1 - i) * plotW) / (span - 1);
     variants.forEach((variant, n) => {
       ctx.strokeStyle = PALETTE[n % PALETTE.length];
       ctx.lineWidth = 2;
@@ -302,7 +306,7 @@
     let previous = null;
     poll(async () => {
       const response = await api(section.dataset.metrics);
-      if (!response.ok) return false;
+      if (!response.ok) return true; // try again at the next tick
       const current = await response.json();
       if (previous) {
         history.push(rates(previous, current));
