@@ -1,0 +1,81 @@
+"""The console's server side without a browser: escaping, log chunks, and what auth asks."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from shipyard.gateway.auth import Door, action_of
+from shipyard.gateway.console import fragments, pages
+from shipyard.gateway.console.door import LOG_CHUNK_BYTES, _read_log
+from shipyard.gateway.console.state import EndpointRow, VariantRow
+
+NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+
+
+def _row(**changes: object) -> EndpointRow:
+    variant = VariantRow("v1", "m", "ml.m5.large", 2, 1, 1.0, "RANDOM")
+    values: dict[str, object] = {
+        "name": "scores",
+        "status": "InService",
+        "failure_reason": None,
+        "config_name": "scores-v1",
+        "pending_config_name": None,
+        "modified": NOW,
+        "variants": (variant,),
+        "is_async": False,
+    }
+    values.update(changes)
+    return EndpointRow(**values)  # type: ignore[arg-type]
+
+
+def test_text_from_users_and_processes_is_escaped() -> None:
+    reason = '<img src=x onerror="alert(1)"> & more'
+    html = fragments.overview([_row(status="Failed", failure_reason=reason)])
+    assert "<img" not in html
+    assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt; &amp; more" in html
+    assert 'data-label="Status"' in html  # cells labelled for the phone layout
+
+
+def test_a_page_is_a_shell_that_names_its_views() -> None:
+    html = pages.shell(
+        title='<b>"x"</b>', active="Endpoints", body=pages.endpoint("a b"), auth=True, region="eu"
+    )
+    assert "<title>&lt;b&gt;&quot;x&quot;&lt;/b&gt; · shipyard</title>" in html
+    assert 'data-view="/console/api/endpoints/a%20b"' in html
+    assert 'data-metrics="/console/api/endpoints/a%20b/metrics"' in html
+    assert 'data-auth="1" data-region="eu"' in html
+    assert "<script>" not in html  # no inline script: the CSP allows none
+
+
+def test_a_log_is_read_in_whole_lines_from_an_offset_or_its_tail(tmp_path: Path) -> None:
+    first, second = tmp_path / "1.log", tmp_path / "2.log"
+    first.write_text("one\ntwo\n")
+    second.write_text("three\nfour-unfinished")
+    files = [first, second, tmp_path / "missing.log"]
+    text, offset = _read_log(files, 0, False)
+    assert (text, offset) == ("one\ntwo\nthree\n", 14)  # the unfinished line waits
+    assert _read_log(files, offset, False) == ("", 14)
+    assert _read_log(files, offset, True) == ("four-unfinished", 29)  # the job has ended
+    big = tmp_path / "big.log"
+    big.write_text("".join(f"line {n}\n" for n in range(20_000)))
+    tail, end = _read_log([big], None, False)
+    assert end == big.stat().st_size and tail.endswith("line 19999\n")
+    assert len(tail) <= LOG_CHUNK_BYTES and tail.startswith("line ")  # from a line start
+
+
+def test_pages_load_unsigned_and_each_view_is_scoped_as_what_it_reads() -> None:
+    for path in ("/console", "/console/", "/console/jobs/x", "/console/static/console.js"):
+        assert action_of("GET", path, None) is None
+    assert action_of("POST", "/console", None) is not None
+    expected = {
+        "/console/api/endpoints": "sagemaker:DescribeEndpoint",
+        "/console/api/endpoints/x": "sagemaker:DescribeEndpoint",
+        "/console/api/endpoints/x/metrics": "shipyard:GetMetrics",
+        "/console/api/jobs/x/log": "sagemaker:DescribeTrainingJob",
+        "/console/api/transform-jobs/x": "sagemaker:DescribeTransformJob",
+        "/console/api/events": "shipyard:GetEvents",
+        "/console/api/other": "shipyard:Unknown",
+    }
+    for path, action in expected.items():
+        assert action_of("GET", path, None) == (Door.OTHER, action)
