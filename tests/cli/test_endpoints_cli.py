@@ -108,6 +108,15 @@ def test_logs_print_each_instance_s_lines_with_its_id(gw: GatewayProcess) -> Non
     ]
 
 
+def test_shipyard_logs_reads_an_endpoint_when_no_job_has_the_name(gw: GatewayProcess) -> None:
+    out = CliRunner().invoke(app, ["logs", "echo", "--url", gw.url])
+    assert out.exit_code == 0, out.output
+    assert out.stdout.startswith("[echo-v1-")
+    out = CliRunner().invoke(app, ["logs", "nope", "--url", gw.url])
+    assert out.exit_code == 1
+    assert "Could not find job nope" in out.stderr
+
+
 def test_delete_removes_the_endpoint(gw: GatewayProcess, tmp_path: Path) -> None:
     deploy(gw.sm, "doomed", make_tarball("echo", tmp_path / "m.tar.gz").as_uri())
     out = shipyard(gw, "delete", "doomed", "--yes")

@@ -96,7 +96,7 @@ app.add_typer(transform.app, name="transform")
 app.add_typer(endpoints.app, name="endpoints")
 app.command("apply")(apply.apply)
 app.command("destroy")(apply.destroy)
-app.command("logs", help="Print a job's log (as `shipyard jobs logs`).")(jobs.logs)
+app.command("logs")(endpoints.job_or_endpoint_logs)
 
 
 def main() -> None:

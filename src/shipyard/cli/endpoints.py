@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from shipyard.cli.client import DEFAULT_URL, Endpoints, Gateway, GatewayError
-from shipyard.cli.jobs import _iso, _out, _reported, _when
+from shipyard.cli.jobs import _iso, _out, _print_logs, _reported, _when
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -172,6 +172,28 @@ def logs(
                 time.sleep(_POLL_PERIOD_S)
         except KeyboardInterrupt:
             return
+
+
+def job_or_endpoint_logs(
+    name: Annotated[str, typer.Argument(help="Job or endpoint name.")],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")
+    ] = False,
+    url: Url = DEFAULT_URL,
+) -> None:
+    """Print a job's log, or an endpoint's instance logs when NAME is an endpoint."""
+    with _reported():
+        gateway = Gateway(url)
+        try:
+            gateway.logs(name, 0)
+        except GatewayError as missing:
+            try:
+                Endpoints(gateway).describe(name)
+            except GatewayError:
+                raise missing from None
+            logs(name, instance=None, follow=follow, url=url)
+            return
+        _print_logs(gateway, name, follow=follow)
 
 
 def _print_stream(
