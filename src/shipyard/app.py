@@ -390,6 +390,7 @@ class Gateway:
             period_s=settings.autoscaling_period_s,
             notify=stack.autoscaling.notify,
             on_event=self.dispatcher.wake,
+            acts_on=self.reconciler.leases.holds,
         )
         self.consumer.on_backlog_without_capacity = self.autoscaler.wake
         self.scaling = ScalingService(

@@ -200,8 +200,12 @@ class Autoscaler:
         period_s: float,
         notify: Sequence[str] = (),
         on_event: Callable[[], None] = lambda: None,
+        acts_on: Callable[[str], bool] = lambda endpoint: True,
     ) -> None:
         self.store = store
+        self.acts_on = acts_on
+        """Whether this gateway scales an endpoint: the one holding its fleet lease does,
+        so gateways sharing the store never step one target twice."""
         self.endpoints = endpoints
         self.reader = reader
         self.period_s = period_s
@@ -260,6 +264,8 @@ class Autoscaler:
         for target in targets:
             endpoint = endpoints.get(target.endpoint)
             if endpoint is None or target.resource_id in self._open:
+                continue
+            if not self.acts_on(target.endpoint):
                 continue
             if endpoint.status is not EndpointStatus.IN_SERVICE:
                 continue  # a step or an update is under way; look again next pass

@@ -24,9 +24,12 @@ taken back once they answer.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
+import socket
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from shipyard.backends.base import InstanceSpec
 from shipyard.background import Wakeup
@@ -48,6 +51,7 @@ def routes_of(fleet: Fleet) -> dict[str, Any]:
     """What the holder records of ``fleet``: enough for another gateway to route to it."""
     return {
         "config": fleet.config.name,
+        "host": socket.gethostname(),
         "variants": [
             {
                 "name": name,
@@ -216,6 +220,17 @@ class FleetMirror:
             fleet.starting[name] = max(int(variant["starting"]), 1)
             fleet.slots[name] = []
             for recorded in variant["instances"]:
+                if not _reachable(recorded["url"], routes.get("host")):
+                    log.warning(
+                        "instance %s of %s listens on %s, on host %s: not reachable from "
+                        "here (gateways on several hosts need a backend whose instances "
+                        "listen on their node's address, such as ray)",
+                        recorded["id"],
+                        endpoint,
+                        recorded["url"],
+                        routes.get("host"),
+                    )
+                    continue
                 key = (recorded["id"], recorded["url"])
                 instance = known.pop(key, None)
                 if instance is None:
@@ -286,3 +301,14 @@ class FleetMirror:
     def close(self) -> None:
         for endpoint in list(self.fleets):
             self._let_go(endpoint)
+
+
+def _reachable(url: str, host: str | None) -> bool:
+    """Whether an instance's address can be reached from this host: a loopback address
+    is only reachable on the host that recorded it."""
+    address = urlsplit(url).hostname or ""
+    try:
+        loopback = address == "localhost" or ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        loopback = False
+    return not loopback or host in (None, socket.gethostname())

@@ -177,8 +177,11 @@ class Reconciler:
             await self._wake.wait(min(1.0, self.leases.renew_s))
 
     async def _converge_once(self) -> None:
+        names = [ep.name for ep in await asyncio.to_thread(self.store.list_endpoints)]
+        held = await self.leases.claim(names)
+        # Read again after the claim: from here to each spawn nothing may be awaited, or
+        # a step finishing meanwhile would be judged by the status it found, and repeated.
         endpoints = await asyncio.to_thread(self.store.list_endpoints)
-        held = await self.leases.claim([ep.name for ep in endpoints])
         seen = set()
         steps = self.converger
         for ep in endpoints:
@@ -212,7 +215,16 @@ class Reconciler:
             task.cancel()  # a step stops the instances it started as it unwinds
         elif name in self.fleets:
             log.warning("lost the fleet lease of %s; stopping its fleet here", name)
-            self._spawn(name, self.converger.retire(name))
+            self._spawn(name, self._stop_fleet(name))
+
+    async def _stop_fleet(self, name: str) -> None:
+        """Out of routing and stopped at once, undrained: another gateway may be starting
+        the endpoint's fleet already, and two must not run side by side."""
+        self.publisher.withdraw(name)
+        fleet = self.fleets.pop(name, None)
+        if fleet is not None:
+            await self.provisioner.stop_slots(fleet.all_slots())
+            self.publisher.forget_gauges(fleet)
 
     def _record(self, endpoint: str, fleet: Fleet | None) -> None:
         """Record a table this gateway published, if it holds the endpoint's lease."""
