@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -41,6 +42,7 @@ STACK_TAG = "shipyard:stack"
 NAME_TAG = "shipyard:name"
 DIGEST_TAG = "shipyard:digest"
 NAMESPACE = "sagemaker"
+_TAG_READERS = 8
 DIMENSION = "sagemaker:variant:DesiredInstanceCount"
 
 
@@ -146,28 +148,31 @@ class _Live:
     def _tagged(
         self, lister: Callable[..., Any], key: str, name_key: str, arn_key: str
     ) -> tuple[set[str], list[_Version]]:
-        names: set[str] = set()
-        owned: list[_Version] = []
+        items: list[dict[str, Any]] = []
         query: dict[str, Any] = {"MaxResults": 100}
         while True:
             with translated(self.gateway.url):
                 page = lister(**query)
-            for item in page[key]:
-                names.add(item[name_key])
-                tags = self._tags(item[arn_key])
-                if tags.get(STACK_TAG) == self.stack:
-                    owned.append(
-                        _Version(
-                            item[name_key],
-                            tags.get(NAME_TAG, item[name_key]),
-                            tags.get(DIGEST_TAG, ""),
-                            item[arn_key],
-                            tags,
-                        )
-                    )
+            items.extend(page[key])
             if not page.get("NextToken"):
-                return names, owned
+                break
             query["NextToken"] = page["NextToken"]
+        # One ListTags per resource (there is no bulk form): a few at a time, since each
+        # is a round trip that mostly waits.
+        with ThreadPoolExecutor(max_workers=_TAG_READERS) as pool:
+            all_tags = list(pool.map(self._tags, [item[arn_key] for item in items]))
+        owned = [
+            _Version(
+                item[name_key],
+                tags.get(NAME_TAG, item[name_key]),
+                tags.get(DIGEST_TAG, ""),
+                item[arn_key],
+                tags,
+            )
+            for item, tags in zip(items, all_tags, strict=True)
+            if tags.get(STACK_TAG) == self.stack
+        ]
+        return {item[name_key] for item in items}, owned
 
     def _tags(self, arn: str) -> dict[str, str]:
         found: dict[str, str] = {}
