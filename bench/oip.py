@@ -10,7 +10,10 @@ For each concurrency, the same load generator drives, in turn and alternating or
 - ``invoke``: ``POST /endpoints/sklearn/invocations``, the peers' JSON body;
 - ``rest-json``: ``POST /v2/models/sklearn/infer``, the MLServer peer's V2 JSON body;
 - ``rest-binary``: the same tensor in the binary extension (FP64 bytes after the header);
-- ``grpc``: ``ModelInfer`` with ``raw_input_contents``, over one HTTP/2 channel.
+- ``grpc``: ``ModelInfer`` with ``raw_input_contents``, over one HTTP/2 channel;
+- ``mlserver-rest`` and ``mlserver-grpc``: the same V2 JSON body and the same gRPC
+  request to MLServer serving the same pickle (bench/peer_apps/mlserver_sklearn.py, its
+  default ``parallel_workers`` of 1), when ``bench/peer_apps/install.sh`` has installed it.
 
 The load generator is one Python process (uvloop): keep-alive HTTP/1.1 connections
 written by hand for the REST doors, grpc.aio for gRPC, requests pre-encoded, c requests
@@ -42,6 +45,7 @@ from harness import (
     env_float,
     env_ints,
     free_port,
+    http_status,
     measure,
     post,
     require_wrk,
@@ -78,6 +82,8 @@ ROW = [
 ]  # fmt: skip
 """The peers' request row (bench-peers/shipyard/request.json)."""
 PATHS = ["invoke", "rest-json", "rest-binary", "grpc"]
+MLSERVER = Path(os.environ.get("PEERS_ROOT", "/tmp/peers")) / "minilm-mlserver" / "bin"
+PEER_APPS = Path(__file__).resolve().parent / "peer_apps"
 
 
 def bodies() -> dict[str, tuple[str, bytes, dict[str, str]]]:
@@ -93,17 +99,14 @@ def bodies() -> dict[str, tuple[str, bytes, dict[str, str]]]:
     grpc_request = service_pb2.ModelInferRequest(model_name="sklearn")
     grpc_request.inputs.add(**tensor)
     grpc_request.raw_input_contents.append(raw)
+    v2_json = json.dumps({"inputs": [{**tensor, "data": ROW}]}).encode()
     return {
         "invoke": (
             "/endpoints/sklearn/invocations",
             json.dumps({"instances": [ROW]}).encode(),
             {"Content-Type": "application/json"},
         ),
-        "rest-json": (
-            "/v2/models/sklearn/infer",
-            json.dumps({"inputs": [{**tensor, "data": ROW}]}).encode(),
-            {"Content-Type": "application/json"},
-        ),
+        "rest-json": ("/v2/models/sklearn/infer", v2_json, {"Content-Type": "application/json"}),
         "rest-binary": (
             "/v2/models/sklearn/infer",
             head + raw,
@@ -114,7 +117,49 @@ def bodies() -> dict[str, tuple[str, bytes, dict[str, str]]]:
             grpc_request.SerializeToString(),
             {},
         ),
+        "mlserver-rest": (
+            "/v2/models/sklearn/infer",
+            v2_json,
+            {"Content-Type": "application/json"},
+        ),
+        "mlserver-grpc": (
+            "/inference.GRPCInferenceService/ModelInfer",
+            grpc_request.SerializeToString(),
+            {},
+        ),
     }
+
+
+def start_mlserver(work: Path, model_pickle: Path) -> tuple[ServerProcess, str, str]:
+    """MLServer serving ``model_pickle``; its process, REST host:port and gRPC host:port."""
+    run = work / "mlserver"
+    (run / "sklearn").mkdir(parents=True)
+    (run / "sklearn" / "mlserver_sklearn.py").write_bytes(
+        (PEER_APPS / "mlserver_sklearn.py").read_bytes()
+    )
+    http_port, grpc_port = free_port(), free_port()
+    settings = {"host": "127.0.0.1", "http_port": http_port, "grpc_port": grpc_port}
+    settings["metrics_port"] = free_port()
+    (run / "settings.json").write_text(json.dumps(settings))
+    model = {
+        "name": "sklearn",
+        "implementation": "mlserver_sklearn.Sklearn",
+        "parameters": {"uri": str(model_pickle)},
+    }
+    (run / "sklearn" / "model-settings.json").write_text(json.dumps(model))
+    env = {"PATH": f"{MLSERVER}:{os.environ['PATH']}"}
+    server = ServerProcess.start(
+        "mlserver", [str(MLSERVER / "mlserver"), "start", str(run)], work / "mlserver.log", env
+    )
+    rest = f"127.0.0.1:{http_port}"
+    body = bodies()["mlserver-rest"][1]
+    deadline = time.monotonic() + 180
+    while http_status(f"http://{rest}/v2/models/sklearn/infer", body) != 200:
+        if not server.alive() or time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError(f"mlserver did not start:\n{server.log_tail()}")
+        time.sleep(0.2)
+    return server, rest, f"127.0.0.1:{grpc_port}"
 
 
 # -- the load generator (run as a subprocess: python bench/oip.py --load ...) -----------
@@ -159,7 +204,7 @@ async def _load(kind: str, target: str, conc: int, duration_s: float) -> dict[st
     path, body, headers = bodies()[kind]
     latencies: list[float] = []
     stop = time.perf_counter() + duration_s
-    if kind == "grpc":
+    if kind.endswith("grpc"):
         import grpc
 
         async with grpc.aio.insecure_channel(target) as channel:
@@ -198,6 +243,8 @@ def run_load(kind: str, target: str, conc: int, duration_s: float) -> dict[str, 
 
 def check(gateway_url: str, grpc_target: str) -> None:
     for kind, (path, body, _) in bodies().items():
+        if kind.startswith("mlserver"):
+            continue  # checked once the gateway is up
         if kind == "grpc":
             result = run_load(kind, grpc_target, 1, 0.3)
             if result["errors"] or not result["requests"]:
@@ -219,7 +266,8 @@ def main() -> int:
     duration_s = env_float("DURATION", 6.0)
     warmup_s = env_float("WARMUP", 2.0)
     concs = env_ints("CONCS", [1, 8, 32])
-    runs = len(concs) * (len(PATHS) + 2)
+    paths = PATHS + (["mlserver-rest", "mlserver-grpc"] if (MLSERVER / "mlserver").exists() else [])
+    runs = len(concs) * (len(paths) + 2)
     with (
         tempfile.TemporaryDirectory(prefix="shipyard-bench-") as tmp,
         time_budget(runs * (warmup_s + duration_s + 20) + 180),
@@ -232,20 +280,37 @@ def main() -> int:
         (model_dir / "code" / "inference.py").write_text(CODE)
         grpc_port = free_port()
         gateway: ServerProcess | None = None
+        mlserver: ServerProcess | None = None
+        targets: dict[str, str] = {}
         try:
+            if "mlserver-grpc" in paths:
+                mlserver, targets["mlserver-rest"], targets["mlserver-grpc"] = start_mlserver(
+                    work, model_dir / "model.pkl"
+                )
             gateway, url = start_gateway(work / "home", args=["--grpc-port", str(grpc_port)])
             Control(url).deploy("sklearn", model_dir.as_uri(), count=1)
             gateway.track()
             grpc_target = f"127.0.0.1:{grpc_port}"
             check(url, grpc_target)
+            targets.update(
+                {
+                    kind: url.removeprefix("http://")
+                    for kind in ("invoke", "rest-json", "rest-binary")
+                }
+            )
+            targets["grpc"] = grpc_target
+            for kind in ("mlserver-rest", "mlserver-grpc"):
+                result = run_load(kind, targets[kind], 1, 0.3) if kind in targets else None
+                if result is not None and (result["errors"] or not result["requests"]):
+                    raise RuntimeError(f"{kind}: {result}")
             probe_before = cpu_probe_ms()
             when = time.strftime("%Y-%m-%d %H:%M")
             rows, wrk_rows = [], []
             for i, conc in enumerate(concs):
-                order = PATHS if i % 2 == 0 else list(reversed(PATHS))
+                order = paths if i % 2 == 0 else list(reversed(paths))
                 cell: dict[str, dict[str, Any]] = {}
                 for kind in order:
-                    target = grpc_target if kind == "grpc" else url.removeprefix("http://")
+                    target = targets[kind]
                     run_load(kind, target, conc, warmup_s)
                     cell[kind] = run_load(kind, target, conc, duration_s)
                     r = cell[kind]
@@ -256,7 +321,7 @@ def main() -> int:
                         flush=True,
                     )
                 base = cell["invoke"]["rps"] or 1.0
-                for kind in PATHS:
+                for kind in paths:
                     r = cell[kind]
                     rows.append(
                         [conc, kind, r["rps"], r["p50_ms"], r["p99_ms"],
@@ -272,10 +337,9 @@ def main() -> int:
                     wrk_rows.append([conc, kind, w.rps, w.p50_ms, w.p99_ms, w.note])
             probe_after = cpu_probe_ms()
         finally:
-            if gateway is not None:
-                left = gateway.stop()
-                if left:
-                    print(f"WARNING: gateway left PIDs alive: {left}", file=sys.stderr)
+            for server in (gateway, mlserver):
+                if server is not None and (left := server.stop()):
+                    print(f"WARNING: {server.name} left PIDs alive: {left}", file=sys.stderr)
     print(f"## OIP v2 gRPC vs REST vs InvokeEndpoint ({when}, {os.cpu_count()} cores)\n")
     print(
         f"sklearn (LogisticRegression, one [1, 20] FP64 row), one instance; {warmup_s:g} s "
