@@ -1,0 +1,89 @@
+"""The endpoint page for the other kinds of endpoint: a multi-model endpoint's cache, a
+serverless endpoint's state, an asynchronous endpoint's backlog."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import GatewayProcess, deploy, make_tarball, start_gateway
+from tests.console.conftest import Tab
+from tests.e2e.test_multimodel import _deploy_mme, _invoke
+from tests.e2e.test_serverless import create_serverless
+from tests.runtime.mme_models import write_models
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    home = tmp_path_factory.mktemp("console-kinds")
+    gw = start_gateway(home / "home")
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+def _endpoint_page(open_tab: Callable[..., Tab], gw: GatewayProcess, name: str) -> Tab:
+    tab = open_tab(f"{gw.url}/console/endpoints/{name}")
+    tab.page.wait_for_selector("section[data-view][data-loaded]")
+    return tab
+
+
+def test_a_multi_model_endpoint_shows_what_each_instance_holds(
+    gw: GatewayProcess, open_tab: Callable[..., Tab], tmp_path: Path
+) -> None:
+    prefix = tmp_path / "models"
+    write_models(prefix, 2)
+    _deploy_mme(gw, "many", prefix)
+    for target in ("model-0.tar.gz", "model-1.tar.gz"):
+        _invoke(gw, "many", target)
+    tab = _endpoint_page(open_tab, gw, "many")
+    cache = tab.page.locator("section[data-view] tr", has_text="model-0.tar.gz")
+    cache.wait_for()
+    assert "model-1.tar.gz" in cache.inner_text()
+    assert tab.errors == []
+
+
+def test_a_serverless_endpoint_shows_its_concurrency_and_instances(
+    gw: GatewayProcess, open_tab: Callable[..., Tab], tmp_path: Path
+) -> None:
+    url = make_tarball("sum", tmp_path / "sum.tar.gz").as_uri()
+    create_serverless(gw, "lambda", url, MaxConcurrency=4)
+    tab = _endpoint_page(open_tab, gw, "lambda")
+    serverless = tab.page.locator("section[data-view] tr", has_text="/ 4")
+    serverless.wait_for()
+    assert "0 / 4" in serverless.inner_text() and "1024 MB" in serverless.inner_text()
+    gw.rt.invoke_endpoint(EndpointName="lambda", ContentType="application/json", Body=b"[[1, 2]]")
+    tab.page.locator("section[data-view] tr", has_text="healthy").wait_for()
+    assert "serverless" in tab.page.locator("section[data-view]").inner_text()
+    assert tab.errors == []
+
+
+def test_an_async_endpoint_shows_its_backlog(
+    gw: GatewayProcess, open_tab: Callable[..., Tab], tmp_path: Path
+) -> None:
+    url = make_tarball("sum", tmp_path / "sum.tar.gz").as_uri()
+    out = tmp_path / "async-out"
+    deploy(
+        gw.sm,
+        "queued",
+        url,
+        async_config={"OutputConfig": {"S3OutputPath": out.as_uri()}},
+    )
+    inputs = tmp_path / "async-in"
+    inputs.mkdir()
+    for n in range(3):
+        (inputs / f"{n}.json").write_text("[[1, 2]]")
+        gw.rt.invoke_endpoint_async(
+            EndpointName="queued",
+            InputLocation=(inputs / f"{n}.json").as_uri(),
+            ContentType="application/json",
+        )
+    tab = _endpoint_page(open_tab, gw, "queued")
+    backlog = tab.page.locator("[data-backlog]")
+    backlog.wait_for()
+    tab.page.wait_for_selector('[data-backlog="0"]')  # all three answered
+    assert "asynchronous" in tab.page.locator("dl.facts").first.inner_text()
+    assert tab.errors == []
