@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from tests.conftest import MODELS, Bucket, GatewayProcess, deploy, wait_in_service, wait_until
 from tests.e2e.processes import instance_pids
 from tests.ray.conftest import RayCluster, instance_processes
 
-JOB_CODE = Path(__file__).parents[1] / "e2e" / "job_code"
+# Starting a Ray node takes 15 s on an idle 2-core machine, and several times that on a busy one.
+pytestmark = pytest.mark.timeout(300)
 
 
 def s3_model(bucket: Bucket, model: str) -> str:
@@ -49,7 +51,7 @@ def s3_env(bucket: Bucket) -> dict[str, str]:
     return {"SHIPYARD_S3_ENDPOINT_URL": bucket.endpoint_url}
 
 
-def test_an_endpoint_is_deployed_updated_scaled_and_deleted_on_ray(
+def test_an_endpoint_is_deployed_healed_updated_scaled_and_deleted_on_ray(
     ray_cluster: RayCluster, ray_gateway: Callable[..., GatewayProcess], bucket: Bucket
 ) -> None:
     gw = ray_gateway(s3_env(bucket))
@@ -63,6 +65,16 @@ def test_an_endpoint_is_deployed_updated_scaled_and_deleted_on_ray(
     cmdline = psutil.Process(running["ep-v1-1"]).cmdline()
     assert cmdline[cmdline.index("--model-url") + 1].startswith("s3://")
     assert str(gw.home) not in " ".join(cmdline)
+
+    # An instance whose process is killed is replaced.
+    os.kill(running["ep-v1-1"], signal.SIGKILL)
+    wait_until(
+        lambda: instance_processes(ray_cluster).get("ep-v1-1") not in (None, running["ep-v1-1"]),
+        "a new process for the instance",
+        timeout_s=60,
+    )
+    wait_until(lambda: _answers(gw, "ep"), "the endpoint answers again", timeout_s=30)
+    assert "instance ep-v1-1 exited: the process exited with code -9" in gw.log()
 
     sm.create_model(
         ModelName="sum",
@@ -108,25 +120,9 @@ def test_an_endpoint_is_deployed_updated_scaled_and_deleted_on_ray(
     wait_until(lambda: not instance_processes(ray_cluster), "instances stopped", timeout_s=30)
 
 
-def test_an_instance_whose_process_is_killed_is_replaced(
-    ray_cluster: RayCluster, ray_gateway: Callable[..., GatewayProcess], bucket: Bucket
-) -> None:
-    gw = ray_gateway(s3_env(bucket))
-    deploy(gw.sm, "kill", s3_model(bucket, "echo"))
-    (old,) = instance_processes(ray_cluster).values()
-    os.kill(old, signal.SIGKILL)
-    wait_until(
-        lambda: instance_processes(ray_cluster).get("kill-v1-1") not in (None, old),
-        "a new process for the instance",
-        timeout_s=30,
-    )
-    wait_until(lambda: _answers(gw, "kill"), "the endpoint answers again", timeout_s=30)
-    assert "instance kill-v1-1 exited: the process exited with code -9" in gw.log()
-
-
 def _answers(gw: GatewayProcess, name: str) -> bool:
     try:
-        return bool(invoke(gw, name, [1]) == [1])
+        return bool(invoke(gw, name, {"x": 1}) == {"x": 1})
     except Exception:
         return False
 
@@ -134,7 +130,7 @@ def _answers(gw: GatewayProcess, name: str) -> bool:
 def test_a_variant_no_node_can_hold_stays_creating_then_fails_saying_why(
     ray_gateway: Callable[..., GatewayProcess],
 ) -> None:
-    gw = ray_gateway({"SHIPYARD_INSTANCE_START_TIMEOUT_S": "6"})
+    gw = ray_gateway({"SHIPYARD_INSTANCE_START_TIMEOUT_S": "4"})
     sm = gw.sm
     sm.create_model(
         ModelName="huge",
@@ -153,7 +149,7 @@ def test_a_variant_no_node_can_hold_stays_creating_then_fails_saying_why(
         ],
     )
     sm.create_endpoint(EndpointName="huge", EndpointConfigName="huge")
-    time.sleep(2)
+    time.sleep(1)
     assert sm.describe_endpoint(EndpointName="huge")["EndpointStatus"] == "Creating"
     wait_until(
         lambda: sm.describe_endpoint(EndpointName="huge")["EndpointStatus"] == "Failed",
@@ -161,55 +157,7 @@ def test_a_variant_no_node_can_hold_stays_creating_then_fails_saying_why(
         timeout_s=30,
     )
     reason = sm.describe_endpoint(EndpointName="huge")["FailureReason"]
-    assert "could not be placed on the Ray cluster within 6 s" in reason
+    assert "could not be placed on the Ray cluster within 4 s" in reason
     assert "it needs 96 vCPU and 384 GiB of memory" in reason
     assert "127.0.0.1: 8 vCPU, 32 GiB" in reason
     assert "waits for a Ray node with 96 vCPU" in gw.log()
-
-
-def test_a_training_job_runs_on_a_node_and_reports_back(
-    ray_gateway: Callable[..., GatewayProcess], bucket: Bucket
-) -> None:
-    gw = ray_gateway({**s3_env(bucket), "SHIPYARD_JOB_POLL_PERIOD_S": "0.2"})
-    bucket.put("data/a.txt", b"1 2 3")
-    bucket.put("data/part/b.txt", b"4")
-    code = bucket.put("code/sourcedir.tar.gz", _tar(JOB_CODE))
-    gw.sm.create_training_job(
-        TrainingJobName="sum-job",
-        AlgorithmSpecification={"TrainingImage": "shipyard/python", "TrainingInputMode": "File"},
-        RoleArn="arn:aws:iam::123456789012:role/x",
-        HyperParameters={"sagemaker_program": "infer.py", "sagemaker_submit_directory": code},
-        InputDataConfig=[
-            {
-                "ChannelName": "data",
-                "DataSource": {
-                    "S3DataSource": {
-                        "S3Uri": f"s3://{bucket.name}/data/",
-                        "S3DataType": "S3Prefix",
-                    }
-                },
-            }
-        ],
-        OutputDataConfig={"S3OutputPath": f"s3://{bucket.name}/out"},
-        ResourceConfig={"InstanceType": "ml.m5.large", "InstanceCount": 1, "VolumeSizeInGB": 1},
-        StoppingCondition={"MaxRuntimeInSeconds": 120},
-    )
-    wait_until(
-        lambda: (
-            gw.sm.describe_training_job(TrainingJobName="sum-job")["TrainingJobStatus"]
-            != "InProgress"
-        ),
-        "the job ends",
-        timeout_s=60,
-    )
-    job = gw.sm.describe_training_job(TrainingJobName="sum-job")
-    assert job["TrainingJobStatus"] == "Completed", job.get("FailureReason")
-    artifact = job["ModelArtifacts"]["S3ModelArtifacts"]
-    key = artifact.removeprefix(f"s3://{bucket.name}/")
-    body = bucket.client.get_object(Bucket=bucket.name, Key=key)["Body"].read()
-    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
-        member = tar.extractfile("result.json") or tar.extractfile("./result.json")
-        assert member is not None
-        assert json.loads(member.read()) == {"total": 10.0}
-    # The job's log reached the gateway (copied from the node with its status lines).
-    assert "total 10.0" in (gw.home / "jobs" / "sum-job" / "attempt-1" / "job.log").read_text()

@@ -26,7 +26,10 @@ from moto.server import ThreadedMotoServer
 from tests.conftest import Bucket, GatewayProcess, deploy, free_port, wait_until
 from tests.ray.conftest import RayCluster, instance_processes, new_cluster, start_node
 from tests.ray.netns import Subnet, netns_unavailable, new_subnet
-from tests.ray.test_one_node import JOB_CODE, _tar, invoke, s3_model
+from tests.ray.test_one_node import _tar, invoke, s3_model
+
+# Three Ray nodes start in this test: 15 s each on an idle 2-core machine, more when busy.
+pytestmark = pytest.mark.timeout(400)
 
 
 @dataclass
@@ -213,15 +216,14 @@ def a_job_on_a_lost_node_is_retried_from_its_checkpoint(
         wrap=["ip", "netns", "exec", nodes.worker_ns],
     )
     bucket = nodes.bucket
-    code = bucket.put("code/sourcedir.tar.gz", _tar(JOB_CODE))
+    code = bucket.put("code/sourcedir.tar.gz", _tar(Path(__file__).parent / "job_code"))
     gw.sm.create_training_job(
         TrainingJobName="steps",
         AlgorithmSpecification={"TrainingImage": "shipyard/python", "TrainingInputMode": "File"},
         RoleArn="arn:aws:iam::123456789012:role/x",
         HyperParameters={
-            "sagemaker_program": "infer.py",
+            "sagemaker_program": "steps.py",
             "sagemaker_submit_directory": code,
-            "mode": "steps",
             "steps": "40",
         },
         OutputDataConfig={"S3OutputPath": f"s3://{bucket.name}/out"},
@@ -259,3 +261,5 @@ def a_job_on_a_lost_node_is_retried_from_its_checkpoint(
         member = tar.extractfile("result.json") or tar.extractfile("./result.json")
         assert member is not None
         assert json.loads(member.read())["resumed_from"] > 0
+    # What the runners reported reached the gateway's folder (copied from their nodes).
+    assert "step 40" in (gw.home / "jobs" / "steps" / "attempt-2" / "job.log").read_text()

@@ -185,15 +185,16 @@ class RayBackend:
         """What ``started`` returns, once Ray has placed the actor and it has started the
         process; BackendError, saying why, if it cannot within the start timeout."""
         future = asyncio.wrap_future(started.future())
+        note_after = min(_PLACEMENT_NOTE_AFTER_S, self.start_timeout_s / 2)
         waited = 0.0
         try:
             while waited < self.start_timeout_s:
-                step = min(_PLACEMENT_NOTE_AFTER_S, self.start_timeout_s - waited)
+                step = min(note_after, self.start_timeout_s - waited)
                 done, _ = await asyncio.wait({future}, timeout=step)
                 if done:
                     return future.result()
                 waited += step
-                if waited == _PLACEMENT_NOTE_AFTER_S:
+                if waited == note_after:
                     log.warning(
                         "instance %s waits for a Ray node with %s free (%s)",
                         spec.instance_id,
