@@ -43,8 +43,11 @@ from shipyard.storage.metadata import MetadataStore
 
 log = logging.getLogger(__name__)
 
-_ROUTED = (EndpointStatus.IN_SERVICE, EndpointStatus.UPDATING)
-"""Statuses whose endpoints a gateway routes to, its fleet up or not yet."""
+_ROUTED = (EndpointStatus.CREATING, EndpointStatus.IN_SERVICE, EndpointStatus.UPDATING)
+"""Statuses whose endpoints a mirror routes to, their fleet up or not yet. Creating too,
+unlike the holder: a client that saw the endpoint InService through the holder may
+invoke it here before this gateway has read its routes, and should wait, not be told
+the endpoint does not exist."""
 
 
 def routes_of(fleet: Fleet) -> dict[str, Any]:
@@ -178,8 +181,8 @@ class FleetMirror:
             return
         self._recorded[ep.name] = routes
         if routes is None:
-            # In service, and its holder is starting the fleet, has not recorded it yet,
-            # or gave it up for another to take: its requests wait for the routes.
+            # Its holder is starting the fleet, has not recorded it yet, or gave it up
+            # for another to take: its requests wait for the routes.
             config = await self._config(ep.config_name)
             if self.holds(ep.name):
                 return  # taken here meanwhile: the reconciler publishes it now

@@ -56,6 +56,8 @@ from shipyard.storage.transactions import serialize, transaction
 log = logging.getLogger(__name__)
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
+_MIGRATION_LOCK = 0x5348_4950_5944
+"""The advisory lock migrations take on PostgreSQL ("SHIPYD")."""
 
 
 def _utc(value: datetime) -> datetime:
@@ -78,10 +80,16 @@ class MetadataStore:
         return f"MetadataStore({self.engine.url.render_as_string(hide_password=True)!r})"
 
     def migrate(self) -> None:
-        """Bring the schema to the newest Alembic revision; safe to call on every start."""
+        """Bring the schema to the newest Alembic revision; safe to call on every start.
+
+        On PostgreSQL gateways starting together take turns (an advisory lock held until
+        the migration commits): two creating the same tables at once would fail one.
+        """
         cfg = AlembicConfig()
         cfg.set_main_option("script_location", str(_MIGRATIONS))
         with transaction(self.engine) as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(select(func.pg_advisory_xact_lock(_MIGRATION_LOCK)))
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
 
