@@ -104,11 +104,14 @@ class StackConfig:
         }
         try:
             checked = StackFile.model_validate(raw)
+            Topics(checked.topics)  # its own check of the subscribers, as at start
         except ValidationError as exc:
             first = exc.errors(include_url=False)[0]
             where = ".".join(str(p) for p in first["loc"])
             message = first["msg"].removeprefix("Value error, ")
             raise InvalidParameter(f"{where}: {message}" if where else message) from exc
+        except ValueError as exc:
+            raise InvalidParameter(str(exc)) from exc
         # From here on nothing can fail: the swap is all or nothing.
         self.topics.replace(checked.topics)
         self._declared = {name: list(urls) for name, urls in checked.topics.items()}

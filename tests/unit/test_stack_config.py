@@ -1,0 +1,105 @@
+"""StackConfig: the topics and jobs sections of a running gateway, changed by their owners."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from shipyard.control.stack_config import OwnedElsewhere, StackChange, StackConfig
+from shipyard.errors import InvalidParameter
+from shipyard.events.topics import Topics
+from shipyard.settings import JobsConfig
+
+TEMPLATE = {"AlgorithmSpecification": {"TrainingImage": "shipyard/python"}}
+
+
+def config(origin: str | None = "site") -> tuple[StackConfig, Topics, Any, Any]:
+    """A StackConfig as ``serve --config site.yaml`` builds it: topic ``done``, type ``a``."""
+    topics = Topics({"done": ["json://127.0.0.1:9/x"]})
+    jobs_config = JobsConfig(
+        white_list=["a"],
+        s3_bucket="file:///out",
+        templates={"a": TEMPLATE},
+        notify={"Completed": ["done"]},
+    )
+    jobs = SimpleNamespace(config=jobs_config, announcer=SimpleNamespace(notify={}))
+    transforms = SimpleNamespace(announcer=SimpleNamespace(notify={}))
+    stack = StackConfig(
+        topics=topics,
+        jobs=jobs,  # type: ignore[arg-type]
+        transforms=transforms,  # type: ignore[arg-type]
+        declared={"done": ["json://127.0.0.1:9/x"]},
+        jobs_declared=True,
+        origin=origin,
+        default_jobs=JobsConfig(limit=4),
+        autoscaling_notify=[],
+    )
+    return stack, topics, jobs, transforms
+
+
+def test_the_config_file_s_stack_owns_what_it_declared() -> None:
+    stack, *_ = config()
+    snapshot = stack.snapshot()
+    assert snapshot["topic_owners"] == {"done": "site"}
+    assert snapshot["jobs_owner"] == "site"
+    assert snapshot["jobs"]["templates"] == {"a": TEMPLATE}
+
+
+def test_a_change_by_the_owner_takes_effect_everywhere_at_once() -> None:
+    stack, topics, jobs, transforms = config()
+    jobs_section = {
+        "limit": 2,
+        "white_list": ["a", "b"],
+        "s3_bucket": "file:///out",
+        "templates": {"a": TEMPLATE, "b": TEMPLATE},
+        "notify": {"Failed": ["alerts"]},
+    }
+    stack.change(
+        StackChange(
+            stack="site",
+            put_topics={"alerts": ["json://127.0.0.1:10/y"]},
+            remove_topics=["done"],
+            jobs=jobs_section,
+        )
+    )
+    assert topics.names == ["alerts"]
+    assert jobs.config.limit == 2 and jobs.config.white_list == ["a", "b"]
+    assert jobs.announcer.notify == {"Failed": ("alerts",)}
+    assert transforms.announcer.notify == {"Failed": ("alerts",)}
+    assert stack.snapshot()["topic_owners"] == {"alerts": "site"}
+
+
+def test_another_stack_may_not_touch_what_it_does_not_own() -> None:
+    stack, topics, jobs, _ = config()
+    with pytest.raises(OwnedElsewhere, match="topic done belongs to stack site"):
+        stack.change(StackChange("other", {"done": ["json://127.0.0.1:1/z"]}, []))
+    with pytest.raises(OwnedElsewhere, match="topic done belongs to stack site"):
+        stack.change(StackChange("other", {}, ["done"]))
+    with pytest.raises(OwnedElsewhere, match="the jobs section belongs to stack site"):
+        stack.change(StackChange("other", {}, [], remove_jobs=True))
+    # A topic nobody has is anyone's to put.
+    stack.change(StackChange("other", {"new": ["json://127.0.0.1:1/z"]}, []))
+    assert topics.names == ["done", "new"]
+    assert jobs.config.white_list == ["a"]
+
+
+def test_a_change_that_breaks_the_file_s_rules_changes_nothing() -> None:
+    stack, topics, jobs, _ = config()
+    before = stack.snapshot()
+    # jobs.notify still names "done": removing it alone is refused, whole.
+    with pytest.raises(InvalidParameter, match="jobs.notify.Completed: unknown topic 'done'"):
+        stack.change(StackChange("site", {"extra": ["json://127.0.0.1:1/z"]}, ["done"]))
+    with pytest.raises(InvalidParameter, match="not an apprise URL"):
+        stack.change(StackChange("site", {"done": ["nope"]}, []))
+    assert stack.snapshot() == before
+    assert topics.names == ["done"]
+
+
+def test_removing_the_jobs_section_brings_back_the_defaults() -> None:
+    stack, _, jobs, _ = config()
+    stack.change(StackChange("site", {}, ["done"], remove_jobs=True))
+    assert jobs.config == JobsConfig(limit=4)
+    assert jobs.announcer.notify == {}
+    assert stack.snapshot()["jobs_owner"] is None and stack.snapshot()["topics"] == {}
