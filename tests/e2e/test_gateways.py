@@ -10,6 +10,7 @@ import json
 import signal
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +53,13 @@ def _fleet(*gateways: GatewayProcess) -> list[int]:
 def two_gateways(
     gateway_factory: Callable[..., GatewayProcess], pg_schema: PgSchema, tmp_path: Path
 ) -> tuple[GatewayProcess, GatewayProcess]:
+    """Two gateways started at once on a new schema: they migrate it in turn."""
     args = ["--db", pg_schema.url]
-    first = gateway_factory(tmp_path / "a", args=args, extra_env=LEASES)
-    second = gateway_factory(tmp_path / "b", args=args, extra_env=LEASES)
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(
+            lambda home: gateway_factory(home, args=args, extra_env=LEASES),
+            (tmp_path / "a", tmp_path / "b"),
+        )
     return first, second
 
 
@@ -63,6 +68,9 @@ def test_two_gateways_on_one_database_run_one_fleet_and_both_route_to_it(
 ) -> None:
     a, b = two_gateways
     deploy(b.sm, "shared", model_tarball("sleepy"), count=2)
+    for gw in (a, b):  # at once: a gateway yet to read the routes holds the request
+        rt = gw.client("sagemaker-runtime", max_attempts=1)
+        rt.invoke_endpoint(EndpointName="shared", Body=b"{}")["Body"].read()
     wait_until(lambda: len(_fleet(a, b)) == 2, "two instances in all", timeout_s=60)
     wait_until(lambda: _answers(a, "shared") and _answers(b, "shared"), "both answer", 60)
     fleet = set(_fleet(a, b))
