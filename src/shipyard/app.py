@@ -292,12 +292,13 @@ class Gateway:
             describe_transform=self.transforms.describe,
             events=EventLog(self.store.engine),
         )
-        return ConsoleDoor(
+        self.console = ConsoleDoor(
             state=state,
             log_files=self.jobs.log_files,
             auth=stack.auth is not None,
             region=settings.region,
         )
+        return self.console
 
     def _leases(self, kind: str) -> Leases:
         """This gateway's leases on resources of ``kind``: what it runs of them when
@@ -464,6 +465,7 @@ class Gateway:
         self.loops.start("autoscaler", self.autoscaler.run)
         self.loops.start("transform-supervisor", self.transform_supervisor.run)
         self.loops.start("capture-writer", self.capture.run)
+        self.loops.start("console-history", self.console.history.run)
         if self.settings.grpc_port is not None:
             from shipyard.gateway.oip_grpc import start_grpc
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from shipyard.gateway.auth import Door, action_of
 from shipyard.gateway.console import fragments, pages
 from shipyard.gateway.console.door import LOG_CHUNK_BYTES, _read_log
+from shipyard.gateway.console.history import MetricsHistory
 from shipyard.gateway.console.state import EndpointRow, VariantRow
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
@@ -79,3 +80,18 @@ def test_pages_load_unsigned_and_each_view_is_scoped_as_what_it_reads() -> None:
     }
     for path, action in expected.items():
         assert action_of("GET", path, None) == (Door.OTHER, action)
+
+
+def test_the_history_keeps_the_last_readings_of_endpoints_that_still_exist() -> None:
+    now = [100.0]
+    current = {"a": {"v1": {"invocations": 1.0}}, "b": {"v1": {"invocations": 5.0}}}
+    history = MetricsHistory(lambda: current, keep=2, clock=lambda: now[0])
+    for n in range(3):
+        now[0] = 100.0 + 5 * n
+        current["a"]["v1"] = {"invocations": float(n)}
+        history.sample()
+    assert [r["t"] for r in history.readings("a")] == [105.0, 110.0]
+    assert history.readings("a")[-1]["variants"] == {"v1": {"invocations": 2.0}}
+    del current["b"]
+    history.sample()
+    assert history.readings("b") == [] and history.readings("nope") == []

@@ -30,6 +30,7 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from shipyard.errors import ResourceNotFound, ShipyardError
 from shipyard.gateway.console import fragments, pages
+from shipyard.gateway.console.history import MetricsHistory
 from shipyard.gateway.console.state import ConsoleState
 
 LOG_CHUNK_BYTES = 64 * 1024
@@ -67,6 +68,8 @@ class ConsoleDoor:
         self.log_files = log_files
         self.auth = auth
         self.region = region
+        self.history = MetricsHistory(state.counters)
+        """Sampled by the app's lifespan (``history.run``)."""
         folder = resources.files("shipyard.gateway.console") / "static"
         self._static = {
             name: (folder / name).read_bytes() for name in ("console.js", "console.css")
@@ -141,8 +144,13 @@ class ConsoleDoor:
         return _fragment(fragments.endpoint(self.state.detail(endpoint, config)))
 
     async def metrics_view(self, request: Request) -> Response:
-        series = self.state.series(request.path_params["name"])
-        return JSONResponse({"t": time.time(), "variants": series}, headers=_API_HEADERS)
+        name = request.path_params["name"]
+        answer = {
+            "t": time.time(),
+            "variants": self.state.series(name),
+            "history": self.history.readings(name),
+        }
+        return JSONResponse(answer, headers=_API_HEADERS)
 
     async def jobs_view(self, request: Request) -> Response:
         training = await run_in_threadpool(self.state.jobs)

@@ -29,6 +29,16 @@ from shipyard.records import Endpoint, EndpointConfig, Job, TransformJob, Varian
 from shipyard.routing.table import EndpointRoute
 from shipyard.storage.events import EventLog, EventState
 
+_WANTED = {
+    "shipyard_invocations_total": "invocations",
+    "shipyard_invocation_4xx_errors_total": "errors_4xx",
+    "shipyard_invocation_5xx_errors_total": "errors_5xx",
+    "shipyard_model_latency_seconds_sum": "model_latency_sum_s",
+    "shipyard_model_latency_seconds_count": "model_latency_count",
+    "shipyard_overhead_latency_seconds_sum": "overhead_latency_sum_s",
+}
+"""Series the charts read, by their sample name, and the key each is sent under."""
+
 MAX_LISTED = 50
 """Most jobs (and transform jobs) a list shows, newest first; the rest are counted.
 
@@ -247,35 +257,28 @@ class ConsoleState:
         )
 
     def series(self, endpoint: str) -> dict[str, dict[str, float]]:
-        """Per variant, the endpoint's cumulative counters now; the page takes the rates.
+        """Per variant, the endpoint's cumulative counters now; the page takes the rates."""
+        return self.counters(only=endpoint).get(endpoint, {})
+
+    def counters(self, *, only: str | None = None) -> dict[str, dict[str, dict[str, float]]]:
+        """Per endpoint (or ``only`` one) and variant, the cumulative counters charts need.
 
         Read from the registry's own samples: one pass over each metric's series, so
         the cost grows with the number of variants served, never with traffic.
         """
         m = self.metrics
-        out: dict[str, dict[str, float]] = {}
-        wanted = {
-            "shipyard_invocations_total": "invocations",
-            "shipyard_invocation_4xx_errors_total": "errors_4xx",
-            "shipyard_invocation_5xx_errors_total": "errors_5xx",
-            "shipyard_model_latency_seconds_sum": "model_latency_sum_s",
-            "shipyard_model_latency_seconds_count": "model_latency_count",
-            "shipyard_overhead_latency_seconds_sum": "overhead_latency_sum_s",
-        }
-        for metric in (
-            m.invocations,
-            m.errors_4xx,
-            m.errors_5xx,
-            m.model_latency,
-            m.overhead_latency,
-        ):
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        metrics = (m.invocations, m.errors_4xx, m.errors_5xx, m.model_latency, m.overhead_latency)
+        for metric in metrics:
             for family in metric.collect():
                 for sample in family.samples:
-                    key = wanted.get(sample.name)
-                    if key is None or sample.labels.get("endpoint") != endpoint:
+                    key = _WANTED.get(sample.name)
+                    endpoint = sample.labels.get("endpoint", "")
+                    if key is None or (only is not None and endpoint != only):
                         continue
-                    counters = out.setdefault(
-                        sample.labels["variant"], dict.fromkeys(wanted.values(), 0.0)
+                    variants = out.setdefault(endpoint, {})
+                    counters = variants.setdefault(
+                        sample.labels["variant"], dict.fromkeys(_WANTED.values(), 0.0)
                     )
                     counters[key] = sample.value
         return out

@@ -24,8 +24,8 @@
     "MissingAuthenticationTokenException",
   ]);
   const PALETTE = ["#2f6fde", "#e0792b", "#2a9d5b", "#a34fc9", "#c73a4a", "#7a7f87"];
-  const HISTORY_POINTS = 90; // 3 minutes at one reading every 2 s
-  const MIN_SPAN_POINTS = 30;
+  const WINDOW_S = 180; // charts show the last 3 minutes...
+  const MIN_WINDOW_S = 60; // ...and are a minute wide while they have less
   const encoder = new TextEncoder();
   let generation = 0; // bumped to stop every poller (sign-out)
 
@@ -228,7 +228,7 @@
 
   const format = (v) => (v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v.toFixed(2));
 
-  function draw(figure, kind, history, variants) {
+  function draw(figure, kind, history, variants, now) {
     const canvas = figure.querySelector("canvas");
     const ratio = window.devicePixelRatio || 1;
     const width = canvas.clientWidth || 300;
@@ -243,7 +243,7 @@
     const grid = style.getPropertyValue("--grid").trim() || "#ddd";
     let top = 0;
     for (const point of history) {
-      for (const v of variants) top = Math.max(top, (point[v] && point[v][kind]) || 0);
+      for (const v of variants) top = Math.max(top, (point.values[v] || {})[kind] || 0);
     }
     top = niceMax(top);
     const left = 40, right = 6, topPad = 6, bottom = 6;
@@ -262,25 +262,25 @@
       ctx.stroke();
       ctx.fillText(format((top * i) / 2), left - 4, y);
     }
-    // A minute wide at first, growing to the whole history kept.
-    const span = Math.min(HISTORY_POINTS, Math.max(MIN_SPAN_POINTS, history.length));
-    const x = (i) => left + plotW - ((history.length - 1 - i) * plotW) / (span - 1);
+    const oldest = history.length ? history[0].t : now;
+    const span = Math.min(WINDOW_S, Math.max(MIN_WINDOW_S, now - oldest));
+    const x = (t) => left + plotW - ((now - t) * plotW) / span;
     variants.forEach((variant, n) => {
       ctx.strokeStyle = PALETTE[n % PALETTE.length];
       ctx.lineWidth = 2;
       ctx.beginPath();
       let drawing = false;
-      history.forEach((point, i) => {
-        const value = point[variant] ? point[variant][kind] : null;
+      for (const point of history) {
+        const value = point.values[variant] ? point.values[variant][kind] : null;
         if (value === null || value === undefined) {
           drawing = false;
-          return;
+          continue;
         }
         const y = topPad + plotH - (plotH * value) / top;
-        if (drawing) ctx.lineTo(x(i), y);
-        else ctx.moveTo(x(i), y);
+        if (drawing) ctx.lineTo(x(point.t), y);
+        else ctx.moveTo(x(point.t), y);
         drawing = true;
-      });
+      }
       ctx.stroke();
     });
   }
@@ -308,10 +308,19 @@
       const response = await api(section.dataset.metrics);
       if (!response.ok) return true; // try again at the next tick
       const current = await response.json();
-      if (previous) {
-        history.push(rates(previous, current));
-        if (history.length > HISTORY_POINTS) history.shift();
+      if (!previous && Array.isArray(current.history)) {
+        // The gateway's own readings of the last minutes (console/history.py).
+        for (const reading of current.history) {
+          if (previous && reading.t > previous.t) {
+            history.push({ t: reading.t, values: rates(previous, reading) });
+          }
+          previous = reading;
+        }
       }
+      if (previous && current.t > previous.t) {
+        history.push({ t: current.t, values: rates(previous, current) });
+      }
+      while (history.length && history[0].t < current.t - WINDOW_S) history.shift();
       previous = current;
       const variants = Object.keys(current.variants).sort();
       const totals = {
@@ -320,7 +329,7 @@
           (s, v) => s + current.variants[v].errors_4xx + current.variants[v].errors_5xx, 0),
         latency: variants.reduce((s, v) => s + current.variants[v].model_latency_count, 0),
       };
-      const last = history[history.length - 1] || {};
+      const last = history.length ? history[history.length - 1].values : {};
       for (const figure of figures) {
         const kind = figure.dataset.chart;
         const now = variants.map((v) => last[v] && last[v][kind]).filter((v) => v != null);
@@ -332,7 +341,7 @@
         figure.dataset.total = String(totals[kind]);
         figure.dataset.points = String(history.length);
         legend(figure, variants);
-        draw(figure, kind, history, variants);
+        draw(figure, kind, history, variants, current.t);
       }
       return true;
     }, Number(section.dataset.everyMs) || 2000, denied(section));
