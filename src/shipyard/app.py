@@ -37,7 +37,7 @@ from shipyard.events.notify import Notifier
 from shipyard.events.topics import Topics
 from shipyard.gateway.async_invocations import AsyncDoor
 from shipyard.gateway.auth import Verifier
-from shipyard.gateway.console import ConsoleDoor, ConsoleState
+from shipyard.gateway.console import ConsoleDoor, ConsoleState, JobReads
 from shipyard.gateway.control import ControlDoor
 from shipyard.gateway.errors import unknown_path_response
 from shipyard.gateway.facade import JobsDoor
@@ -286,10 +286,12 @@ class Gateway:
             routes=self.router.routes,
             backlogs=self.consumer.backlogs,
             metrics=self.metrics,
-            newest_jobs=self.jobs.store.newest,
-            describe_job=self.jobs.describe,
-            newest_transforms=self.transforms.store.newest,
-            describe_transform=self.transforms.describe,
+            jobs=JobReads(
+                newest_jobs=self.jobs.store.newest,
+                describe_job=self.jobs.describe,
+                newest_transforms=self.transforms.store.newest,
+                describe_transform=self.transforms.describe,
+            ),
             events=EventLog(self.store.engine),
         )
         self.console = ConsoleDoor(

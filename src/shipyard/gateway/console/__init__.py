@@ -10,6 +10,6 @@ No build step: the script and stylesheet are written by hand and served as they 
 """
 
 from shipyard.gateway.console.door import ConsoleDoor
-from shipyard.gateway.console.state import ConsoleState
+from shipyard.gateway.console.state import ConsoleState, JobReads
 
-__all__ = ["ConsoleDoor", "ConsoleState"]
+__all__ = ["ConsoleDoor", "ConsoleState", "JobReads"]

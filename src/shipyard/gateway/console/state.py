@@ -127,6 +127,16 @@ class Listing:
     by_status: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class JobReads:
+    """How the console reads training and transform jobs (store calls: they block)."""
+
+    newest_jobs: Callable[[int], tuple[list[Job], dict[str, int]]]
+    describe_job: Callable[[str], Job]
+    newest_transforms: Callable[[int], tuple[list[TransformJob], dict[str, int]]]
+    describe_transform: Callable[[str], TransformJob]
+
+
 class ConsoleState:
     """Reads for the console; the store methods block (run them in a thread)."""
 
@@ -138,10 +148,7 @@ class ConsoleState:
         routes: Mapping[str, EndpointRoute],
         backlogs: Mapping[str, BacklogReading],
         metrics: Metrics,
-        newest_jobs: Callable[[int], tuple[list[Job], dict[str, int]]],
-        describe_job: Callable[[str], Job],
-        newest_transforms: Callable[[int], tuple[list[TransformJob], dict[str, int]]],
-        describe_transform: Callable[[str], TransformJob],
+        jobs: JobReads,
         events: EventLog,
     ) -> None:
         self.endpoints = endpoints
@@ -149,10 +156,9 @@ class ConsoleState:
         self.routes = routes
         self.backlogs = backlogs
         self.metrics = metrics
-        self.newest_jobs = newest_jobs
-        self.describe_job = describe_job
-        self.newest_transforms = newest_transforms
-        self.describe_transform = describe_transform
+        self.describe_job = jobs.describe_job
+        self.describe_transform = jobs.describe_transform
+        self._jobs = jobs
         self.events = events
 
     def __repr__(self) -> str:
@@ -175,10 +181,10 @@ class ConsoleState:
         return endpoint, config
 
     def jobs(self) -> Listing:
-        return _listing(*self.newest_jobs(MAX_LISTED))
+        return _listing(*self._jobs.newest_jobs(MAX_LISTED))
 
     def transforms(self) -> Listing:
-        return _listing(*self.newest_transforms(MAX_LISTED))
+        return _listing(*self._jobs.newest_transforms(MAX_LISTED))
 
     def recent_events(self, limit: int) -> list[EventState]:
         return self.events.recent_events(limit)
