@@ -297,6 +297,7 @@ class Gateway:
         self.console = ConsoleDoor(
             state=state,
             log_files=self.jobs.log_files,
+            logs_dir=settings.home / "logs",
             auth=stack.auth is not None,
             region=settings.region,
         )

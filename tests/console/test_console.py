@@ -133,6 +133,9 @@ def test_a_failed_endpoint_shows_its_failure_reason(
     failure = tab.page.locator(".failure")
     assert "weights missing" in failure.inner_text()
     assert "Failed" in tab.page.locator(".status").inner_text()
+    logs = tab.page.locator('section[data-view$="/logs"] pre.tail').first
+    logs.wait_for()
+    assert "weights missing" in logs.inner_text()  # the instance's own traceback
     tab.screenshot("failed.png", full_page=False)
     assert tab.errors == []
 
@@ -193,6 +196,7 @@ def test_a_transform_job_shows_its_progress(
     tab.page.locator(".progress", has_text="3/3 objects · 300 records").wait_for()
     assert wait_done(gw, name)["TransformJobStatus"] == "Completed"
     tab.page.locator(".status", has_text="Completed").wait_for()
+    assert tab.page.locator("details.tail summary").first.inner_text().startswith(name)
     jobs = open_tab(gw.url + "/console/jobs")
     _loaded(jobs)
     row = jobs.page.locator("tr", has_text=name)

@@ -9,6 +9,7 @@ from shipyard.gateway.auth import Door, action_of
 from shipyard.gateway.console import fragments, pages
 from shipyard.gateway.console.door import LOG_CHUNK_BYTES, _read_log
 from shipyard.gateway.console.history import MetricsHistory
+from shipyard.gateway.console.logs import TAIL_BYTES, instance_tails
 from shipyard.gateway.console.state import EndpointRow, VariantRow
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
@@ -73,6 +74,8 @@ def test_pages_load_unsigned_and_each_view_is_scoped_as_what_it_reads() -> None:
         "/console/api/endpoints": "sagemaker:DescribeEndpoint",
         "/console/api/endpoints/x": "sagemaker:DescribeEndpoint",
         "/console/api/endpoints/x/metrics": "shipyard:GetMetrics",
+        "/console/api/endpoints/x/logs": "logs:GetLogEvents",
+        "/console/api/transform-jobs/x/logs": "logs:GetLogEvents",
         "/console/api/jobs/x/log": "sagemaker:DescribeTrainingJob",
         "/console/api/transform-jobs/x": "sagemaker:DescribeTransformJob",
         "/console/api/events": "shipyard:GetEvents",
@@ -95,3 +98,15 @@ def test_the_history_keeps_the_last_readings_of_endpoints_that_still_exist() -> 
     del current["b"]
     history.sample()
     assert history.readings("b") == [] and history.readings("nope") == []
+
+
+def test_instance_logs_are_the_ends_of_each_instances_file(tmp_path: Path) -> None:
+    folder = tmp_path / "scores"
+    folder.mkdir()
+    (folder / "scores-v1-1.log").write_text("".join(f"line {n}\n" for n in range(5000)))
+    (folder / "scores-v1-2.log").write_text("serving\n")
+    tails = dict(instance_tails(tmp_path, "scores"))
+    assert tails["scores-v1-2"] == "serving\n"
+    long = tails["scores-v1-1"]
+    assert long.endswith("line 4999\n") and long.startswith("line ") and len(long) <= TAIL_BYTES
+    assert instance_tails(tmp_path, "..") == instance_tails(tmp_path, "nope") == []

@@ -27,6 +27,8 @@ as IAM writes them, ``*`` wildcards, case-insensitive):
     GET /console/api/endpoints...           sagemaker:DescribeEndpoint
     GET /console/api/endpoints/{name}/metrics
                                             shipyard:GetMetrics
+    GET /console/api/endpoints/{name}/logs, /console/api/transform-jobs/{name}/logs
+                                            logs:GetLogEvents (instance logs)
     GET /console/api/jobs...                sagemaker:DescribeTrainingJob
     GET /console/api/transform-jobs/...     sagemaker:DescribeTransformJob
     GET /console/api/events                 shipyard:GetEvents
@@ -294,6 +296,8 @@ def _is_console_page(path: str) -> bool:
 
 def _console_action(path: str) -> str:
     kind = path.removeprefix("/console/api/").split("/", 1)[0]
+    if kind in ("endpoints", "transform-jobs") and path.endswith("/logs"):
+        return "logs:GetLogEvents"
     if kind == "endpoints":
         return "shipyard:GetMetrics" if path.endswith("/metrics") else "sagemaker:DescribeEndpoint"
     return {

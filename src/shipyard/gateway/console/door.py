@@ -31,6 +31,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from shipyard.errors import ResourceNotFound, ShipyardError
 from shipyard.gateway.console import fragments, pages
 from shipyard.gateway.console.history import MetricsHistory
+from shipyard.gateway.console.logs import instance_tails
 from shipyard.gateway.console.state import ConsoleState
 
 LOG_CHUNK_BYTES = 64 * 1024
@@ -61,11 +62,14 @@ class ConsoleDoor:
         *,
         state: ConsoleState,
         log_files: Callable[[str], list[Path]],
+        logs_dir: Path,
         auth: bool,
         region: str,
     ) -> None:
         self.state = state
         self.log_files = log_files
+        self.logs_dir = logs_dir
+        """Where instances log: ``<logs_dir>/<endpoint or transform job>/<id>.log``."""
         self.auth = auth
         self.region = region
         self.history = MetricsHistory(state.counters)
@@ -84,10 +88,12 @@ class ConsoleDoor:
             Route("/endpoints", self.endpoints_view),
             Route("/endpoints/{name}", self.endpoint_view),
             Route("/endpoints/{name}/metrics", self.metrics_view),
+            Route("/endpoints/{name}/logs", self.instance_logs_view),
             Route("/jobs", self.jobs_view),
             Route("/jobs/{name}", self.job_view),
             Route("/jobs/{name}/log", self.log_view),
             Route("/transform-jobs/{name}", self.transform_view),
+            Route("/transform-jobs/{name}/logs", self.instance_logs_view),
             Route("/events", self.events_view),
         ]
         return [
@@ -176,6 +182,11 @@ class ConsoleDoor:
     async def events_view(self, request: Request) -> Response:
         states = await run_in_threadpool(self.state.recent_events, EVENTS_SHOWN)
         return _fragment(fragments.events(states))
+
+    async def instance_logs_view(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        tails = await run_in_threadpool(instance_tails, self.logs_dir, name)
+        return _fragment(fragments.instance_logs(tails))
 
     async def log_view(self, request: Request) -> Response:
         """The job's log from ``offset`` (or its tail), whole lines, and where to go on.

@@ -390,5 +390,15 @@ def events(states: Sequence[EventState]) -> str:
     )
 
 
+def instance_logs(tails: Sequence[tuple[str, str]]) -> str:
+    if not tails:
+        return '<p class="muted">No instance logs.</p>'
+    return "".join(
+        f'<details class="tail" open><summary>{esc(instance)}</summary>'
+        f'<pre class="log tail">{esc(text) or "(empty)"}</pre></details>'
+        for instance, text in tails
+    )
+
+
 def not_found(what: str) -> str:
     return f'<p class="problem">{esc(what)}</p>'

@@ -88,7 +88,10 @@ def endpoint(name: str) -> str:
     )
     return (
         f'<section class="charts" data-metrics="{base}/metrics" data-every-ms="2000" '
-        f'aria-label="Charts">{charts}</section>' + view(base, every_ms=2000, label="Endpoint")
+        f'aria-label="Charts">{charts}</section>'
+        + view(base, every_ms=2000, label="Endpoint")
+        + "<h2>Instance logs</h2>"
+        + view(f"{base}/logs", every_ms=3000, label="Instance logs")
     )
 
 
@@ -105,8 +108,11 @@ def job(name: str) -> str:
 
 
 def transform_job(name: str) -> str:
-    return view(
-        f"/console/api/transform-jobs/{quote(name, safe='')}", every_ms=2000, label="Transform job"
+    base = f"/console/api/transform-jobs/{quote(name, safe='')}"
+    return (
+        view(base, every_ms=2000, label="Transform job")
+        + "<h2>Instance logs</h2>"
+        + view(f"{base}/logs", every_ms=3000, label="Instance logs")
     )
 
 

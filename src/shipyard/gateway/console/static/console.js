@@ -168,6 +168,7 @@
       if (html !== last) {
         element.innerHTML = html; // rendered and escaped by the server (fragments.py)
         last = html;
+        for (const tail of element.querySelectorAll("pre.tail")) tail.scrollTop = tail.scrollHeight;
       }
       element.dataset.loaded = String(Date.now());
       return response.status !== 404; // deleted meanwhile: stays on screen, polled no more
