@@ -177,3 +177,24 @@ def test_each_training_job_is_run_by_one_of_two_gateways(
         assert steps == ["Starting", "Downloading", "Training", "Uploading", "Completed"]
         runs = [gw.home for gw in (a, b) if (gw.home / "jobs" / name / "attempt-1").exists()]
         assert len(runs) == 1, f"{name} ran on {runs}"
+
+
+def test_a_holder_paused_past_its_lease_gives_its_fleet_up_when_it_wakes(
+    two_gateways: tuple[GatewayProcess, GatewayProcess], model_tarball: Any
+) -> None:
+    """SIGSTOP freezes the holder: its instances run on, but it renews nothing, so the
+    other gateway takes the lease and starts a fleet of its own. Woken, the old holder
+    finds the lease gone and stops its fleet: one fleet again, run by the new holder."""
+    a, b = two_gateways
+    deploy(a.sm, "paused", model_tarball("sleepy"), count=1)
+    wait_until(lambda: len(_fleet(a, b)) == 1, "one instance", 60)
+    holder, other = (a, b) if instance_pids(a.process.pid) else (b, a)
+    old = instance_pids(holder.process.pid)
+    holder.process.send_signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: instance_pids(other.process.pid), "the other's fleet", 60)
+    finally:
+        holder.process.send_signal(signal.SIGCONT)
+    wait_until(lambda: not any(alive(p) for p in old), "the old fleet stopped", 30)
+    assert len(_fleet(a, b)) == 1
+    assert _pids(holder, "paused") == set(instance_pids(other.process.pid))
