@@ -57,7 +57,7 @@ def test_a_serverless_endpoint_shows_its_concurrency_and_instances(
     assert "0 / 4" in serverless.inner_text() and "1024 MB" in serverless.inner_text()
     gw.rt.invoke_endpoint(EndpointName="lambda", ContentType="application/json", Body=b"[[1, 2]]")
     tab.page.locator("section[data-view] tr", has_text="healthy").wait_for()
-    assert "serverless" in tab.page.locator("section[data-view]").inner_text()
+    assert "serverless" in tab.page.locator("section[data-view]").first.inner_text()
     assert tab.errors == []
 
 
