@@ -161,3 +161,68 @@ def test_a_variant_no_node_can_hold_stays_creating_then_fails_saying_why(
     assert "it needs 96 vCPU and 384 GiB of memory" in reason
     assert "127.0.0.1: 8 vCPU, 32 GiB" in reason
     assert "waits for a Ray node with 96 vCPU" in gw.log()
+
+
+def test_multi_model_and_serverless_variants_run_on_ray(
+    ray_cluster: RayCluster, ray_gateway: Callable[..., GatewayProcess], bucket: Bucket
+) -> None:
+    """A multi-model instance loads its TargetModels from S3 into a cache of its node's;
+    a serverless variant starts its instance on Ray when a request comes."""
+    gw = ray_gateway(s3_env(bucket))
+    sm = gw.sm
+    s3_model(bucket, "echo")
+    s3_model(bucket, "sum")
+    sm.create_model(
+        ModelName="many",
+        PrimaryContainer={
+            "Image": "shipyard/python",
+            "Mode": "MultiModel",
+            "ModelDataUrl": f"s3://{bucket.name}/",
+        },
+        ExecutionRoleArn="arn:aws:iam::123456789012:role/x",
+    )
+    sm.create_model(
+        ModelName="lazy",
+        PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": s3_model(bucket, "sum")},
+        ExecutionRoleArn="arn:aws:iam::123456789012:role/x",
+    )
+    sm.create_endpoint_config(
+        EndpointConfigName="many",
+        ProductionVariants=[
+            {
+                "VariantName": "v1",
+                "ModelName": "many",
+                "InstanceType": "ml.m5.large",
+                "InitialInstanceCount": 1,
+            }
+        ],
+    )
+    sm.create_endpoint_config(
+        EndpointConfigName="lazy",
+        ProductionVariants=[
+            {
+                "VariantName": "v1",
+                "ModelName": "lazy",
+                "ServerlessConfig": {"MemorySizeInMB": 2048, "MaxConcurrency": 2},
+            }
+        ],
+    )
+    sm.create_endpoint(EndpointName="many", EndpointConfigName="many")
+    sm.create_endpoint(EndpointName="lazy", EndpointConfigName="lazy")
+    wait_in_service(sm, "many")
+    wait_in_service(sm, "lazy")
+    for target, body, expected in (
+        ("sum/model.tar.gz", [[1, 2]], [3.0]),
+        ("echo/model.tar.gz", {"e": 1}, {"e": 1}),
+    ):
+        answer = gw.rt.invoke_endpoint(
+            EndpointName="many",
+            TargetModel=target,
+            Body=json.dumps(body),
+            ContentType="application/json",
+        )
+        assert json.loads(answer["Body"].read()) == expected
+    # The instance's model cache is its node's, not a folder of the gateway's.
+    assert not any((gw.home / "instances").rglob("*.py"))
+    assert invoke(gw, "lazy", [[2, 2]]) == [4.0]
+    assert "lazy-v1-" in " ".join(instance_processes(ray_cluster))
