@@ -121,7 +121,6 @@ def _ray(context: BackendContext) -> FullBackend:
         ) from exc
     return RayBackend(
         address=context.ray_address,
-        environ=context.environ,
         s3=context.s3,
         start_timeout_s=context.start_timeout_s,
     )

@@ -71,9 +71,6 @@ _RemoteInstance: Any = ray.remote(max_restarts=0)(InstanceActor)
 _RemoteJob: Any = ray.remote(max_restarts=0)(JobActor)
 
 
-# -- on the gateway -------------------------------------------------------------------------
-
-
 @dataclass(slots=True)
 class RayInstance:
     instance_id: str
@@ -115,13 +112,13 @@ class RayBackend:
         self,
         *,
         address: str,
-        environ: Mapping[str, str],
         s3: Mapping[str, str],
         start_timeout_s: float = 600.0,
     ) -> None:
         self.address = address
-        self._environ = dict(environ)
         self._s3 = dict(s3)
+        """The S3 access sent to processes that use s3:// (their plain environment is
+        their node's own: PATH and PYTHONPATH there, not the gateway's)."""
         self.start_timeout_s = start_timeout_s
         self._jobs: dict[str, Any] = {}
         """Job actors by handle ref, found once."""
