@@ -38,10 +38,12 @@ def test_an_expired_lease_passes_to_the_next_claimer_with_a_new_term(
     a, b = LeaseStore(meta.engine, holder="a"), LeaseStore(meta.engine, holder="b")
     assert a.claim(ENDPOINT, ["e1"], lease_s=0.2) == {"e1": 1}
     time.sleep(0.3)
+    assert a.record_routes("e1", {"config": "c", "variants": []})
     assert b.claim(ENDPOINT, ["e1"], lease_s=30) == {"e1": 2}
     assert a.claim(ENDPOINT, ["e1"], lease_s=30) == {}
     lease = a.get(ENDPOINT, "e1")
     assert lease is not None and lease.holder == "b" and lease.term == 2
+    assert lease.routes is None  # the old holder's fleet is not the new one's
 
 
 def test_routes_are_recorded_only_by_the_holder_and_released_with_the_lease(

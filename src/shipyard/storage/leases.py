@@ -90,6 +90,8 @@ class LeaseStore:
                     holder=self.holder,
                     expires_at=now + timedelta(seconds=lease_s),
                     term=case((_L.c.holder == self.holder, _L.c.term), else_=_L.c.term + 1),
+                    # What the previous holder recorded describes a fleet no one runs now.
+                    routes=case((_L.c.holder == self.holder, _L.c.routes), else_=None),
                 )
             )
             held = select(_L.c.name, _L.c.term).where(mine, _L.c.name.in_(list(names)))
