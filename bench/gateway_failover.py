@@ -125,10 +125,13 @@ def _lease(engine: sqlalchemy.Engine, schema: str, endpoint: str) -> tuple[str |
     return (None, None) if row is None else (row[0], row[1])
 
 
-def _healthy(routes: Any) -> int:
+def _healthy(routes: Any, old: set[str]) -> int:
+    """Healthy instances in ``routes`` other than the ``old`` ones (by address: each
+    gateway numbers its instances from 1)."""
     if not routes:
         return 0
-    return sum(i["healthy"] for v in routes["variants"] for i in v["instances"])
+    instances = [i for v in routes["variants"] for i in v["instances"]]
+    return sum(i["healthy"] and i["url"] not in old for i in instances)
 
 
 def run_once(pg: str, clients: int, count: int, warm_s: float, tail_s: float) -> dict[str, Any]:
@@ -152,7 +155,8 @@ def run_once(pg: str, clients: int, count: int, warm_s: float, tail_s: float) ->
             time.sleep(warm_s)
             holder = next(n for n, (g, _) in gateways.items() if _instances(g))
             survivor = "b" if holder == "a" else "a"
-            old_holder, _ = _lease(engine, schema, "failover")
+            old_holder, old_routes = _lease(engine, schema, "failover")
+            old_urls = {i["url"] for v in old_routes["variants"] for i in v["instances"]}
             killed = gateways[holder][0]
             killed.track()
             kill_at = time.monotonic()
@@ -164,7 +168,8 @@ def run_once(pg: str, clients: int, count: int, warm_s: float, tail_s: float) ->
                 now = time.monotonic() - kill_at
                 if taken_s is None and who not in (None, old_holder):
                     taken_s = now
-                if taken_s is not None and healthy_s is None and _healthy(routes) >= count:
+                fresh = _healthy(routes, old_urls)
+                if taken_s is not None and healthy_s is None and fresh >= count:
                     healthy_s = now
                 if healthy_s is not None and now >= healthy_s + tail_s:
                     break
