@@ -65,6 +65,9 @@ def test_an_endpoint_is_deployed_healed_updated_scaled_and_deleted_on_ray(
     cmdline = psutil.Process(running["ep-v1-1"]).cmdline()
     assert cmdline[cmdline.index("--model-url") + 1].startswith("s3://")
     assert str(gw.home) not in " ".join(cmdline)
+    # Its log is copied from its node into the gateway's logs folder.
+    log = gw.home / "logs" / "ep" / "ep-v1-2.log"
+    wait_until(lambda: log.exists() and "serving" in log.read_text(), "the instance's log copied")
 
     # An instance whose process is killed is replaced.
     os.kill(running["ep-v1-1"], signal.SIGKILL)

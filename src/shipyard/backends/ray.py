@@ -22,6 +22,9 @@ A variant that fits no node waits in ``start`` (the endpoint stays Creating, and
 log says what it waits for) until the start timeout, then fails saying what it asked
 for and what the nodes have.
 
+An instance's log is written on its node and copied into the gateway's logs folder as it
+grows (a ``read_log`` asked at each ``exit_reason``, appended when answered).
+
 Job runners run the same way under a detached, named actor, since a job outlives the
 gateway that started it; the gateway keeps a copy of the runner's status lines and log
 in the job's folder (jobs/spec.py), fetched from the actor, so a job whose node is
@@ -79,6 +82,12 @@ class RayInstance:
     actor: Any
     ended: Any
     """The reference of the actor's ``wait()``."""
+    log_path: Path | None = None
+    """The gateway's copy of the instance's log, which the log door reads."""
+    log_read: Any = None
+    """The reference of the actor's ``read_log()`` asked last, not yet copied."""
+    log_copied: int = 0
+    """Bytes of this process's log copied so far."""
     reason: str | None = None
 
     def __repr__(self) -> str:
@@ -176,6 +185,7 @@ class RayBackend:
             pid=pid,
             actor=actor,
             ended=actor.wait.remote(),
+            log_path=spec.log_path,
         )
 
     async def _placed(self, started: Any, spec: InstanceSpec) -> Any:
@@ -239,7 +249,10 @@ class RayBackend:
             ray.kill(handle.actor, no_restart=True)
 
     def exit_reason(self, handle: InstanceHandle) -> str | None:
+        """Also copies what the instance logged since the last call into the gateway's
+        copy of its log (the reconciler asks every health-check period)."""
         assert isinstance(handle, RayInstance)
+        _copy_log(handle)
         if handle.reason is not None:
             return handle.reason
         done, _ = ray.wait([handle.ended], timeout=0, fetch_local=False)
@@ -388,6 +401,24 @@ class RayBackend:
         self._probes.pop(ref, None)
 
 
+def _copy_log(handle: RayInstance) -> None:
+    """Append the answer of the last ``read_log`` to the gateway's copy, if it has come,
+    and ask for the next: never waits, as ``exit_reason`` runs on the event loop."""
+    if handle.log_path is None:
+        return
+    if handle.log_read is not None:
+        if not ray.wait([handle.log_read], timeout=0, fetch_local=False)[0]:
+            return
+        try:
+            data = ray.get(handle.log_read, timeout=_CALL_TIMEOUT_S)
+            _append(handle.log_path, data, durable=False)
+        except (ray.exceptions.RayError, OSError):
+            handle.log_path = None  # the actor is gone (or the copy cannot be written)
+            return
+        handle.log_copied += len(data)
+    handle.log_read = handle.actor.read_log.remote(handle.log_copied)
+
+
 def _death(exc: ray.exceptions.ActorDiedError) -> str:
     text = str(exc)
     if "node" in text.lower() and ("died" in text.lower() or "dead" in text.lower()):
@@ -422,9 +453,11 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _append(path: Path, data: bytes) -> None:
+def _append(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """``durable``: synced to disk before returning, for what the gateway acts on."""
     if data:
         with open(path, "ab") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())

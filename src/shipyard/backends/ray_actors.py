@@ -102,6 +102,7 @@ class InstanceActor:
         self.process: subprocess.Popen[bytes] | None = None
         self.error_file: Path | None = None
         self.log_path: Path | None = None
+        self.log_start = 0
 
     async def start(self, command: Command) -> tuple[str, int, int]:
         """Start the instance; its node's address, its port and its PID."""
@@ -115,6 +116,7 @@ class InstanceActor:
         self.error_file.unlink(missing_ok=True)
         self.log_path = root / "logs" / f"{command.instance_id}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         env = process_environment(os.environ, home=home)
         env.update(command.environment)
         env["SAGEMAKER_BIND_TO_PORT"] = str(port)
@@ -170,6 +172,13 @@ class InstanceActor:
             except TimeoutError:
                 pass
         _signal_group(process.pid, signal.SIGKILL)  # the leader, or what it left behind
+
+    def read_log(self, offset: int) -> bytes:
+        """What this process has logged past ``offset`` (at most 1 MiB); an earlier
+        process of the instance on this node logged before it, in the same file."""
+        if self.log_path is None:
+            return b""
+        return _read_from(self.log_path, self.log_start + offset)
 
     def memory_bytes(self) -> int | None:
         import psutil
