@@ -229,3 +229,48 @@ def test_multi_model_and_serverless_variants_run_on_ray(
     assert not any((gw.home / "instances").rglob("*.py"))
     assert invoke(gw, "lazy", [[2, 2]]) == [4.0]
     assert "lazy-v1-" in " ".join(instance_processes(ray_cluster))
+
+
+def test_an_async_endpoint_on_ray_reads_and_writes_s3(
+    ray_gateway: Callable[..., GatewayProcess], bucket: Bucket
+) -> None:
+    gw = ray_gateway(s3_env(bucket))
+    sm = gw.sm
+    sm.create_model(
+        ModelName="later",
+        PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": s3_model(bucket, "sum")},
+        ExecutionRoleArn="arn:aws:iam::123456789012:role/x",
+    )
+    sm.create_endpoint_config(
+        EndpointConfigName="later",
+        ProductionVariants=[
+            {
+                "VariantName": "v1",
+                "ModelName": "later",
+                "InstanceType": "ml.t2.medium",
+                "InitialInstanceCount": 1,
+            }
+        ],
+        AsyncInferenceConfig={
+            "OutputConfig": {
+                "S3OutputPath": f"s3://{bucket.name}/async/ok",
+                "S3FailurePath": f"s3://{bucket.name}/async/failed",
+            }
+        },
+    )
+    sm.create_endpoint(EndpointName="later", EndpointConfigName="later")
+    wait_in_service(sm, "later")
+    source = bucket.put("async/in/1.json", b"[[1, 2, 3]]")
+    answer = gw.rt.invoke_endpoint_async(
+        EndpointName="later", InputLocation=source, ContentType="application/json"
+    )
+    key = answer["OutputLocation"].removeprefix(f"s3://{bucket.name}/")
+
+    def output() -> bytes | None:
+        try:
+            return bytes(bucket.client.get_object(Bucket=bucket.name, Key=key)["Body"].read())
+        except bucket.client.exceptions.NoSuchKey:
+            return None
+
+    wait_until(lambda: output() is not None, "the async answer in S3", timeout_s=60)
+    assert json.loads(output() or b"") == [6.0]
