@@ -162,6 +162,7 @@ def test_a_jobs_log_streams_while_it_runs(
     events = open_tab(gw.url + "/console/events")
     _loaded(events)
     assert "SageMaker Training Job State Change" in events.page.inner_text("main")
+    assert events.page.locator(f'a[href="/console/jobs/{name}"]').count() >= 1
     assert tab.errors == jobs.errors == events.errors == []
 
 

@@ -380,7 +380,7 @@ def events(states: Sequence[EventState]) -> str:
             (
                 when(s.event.time),
                 esc(s.event.detail_type),
-                esc(s.event.resource.rsplit("/", 1)[-1]),
+                _resource(s.event.detail, s.event.resource),
                 esc(s.event.message),
                 delivery(s),
             )
@@ -398,6 +398,16 @@ def instance_logs(tails: Sequence[tuple[str, str]]) -> str:
         f'<pre class="log tail">{esc(text) or "(empty)"}</pre></details>'
         for instance, text in tails
     )
+
+
+def _resource(detail: dict[str, object], arn: str) -> str:
+    """A link to the job an event is about (its detail has the name as given: ARNs
+    lower-case it); else the ARN's last part."""
+    for key, kind in (("TrainingJobName", "jobs"), ("TransformJobName", "transform-jobs")):
+        name = detail.get(key)
+        if isinstance(name, str):
+            return _link(kind, name)
+    return esc(arn.rsplit("/", 1)[-1])
 
 
 def not_found(what: str) -> str:
