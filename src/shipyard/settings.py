@@ -146,9 +146,11 @@ class Settings(BaseSettings):
     the lease has gone ``lease_s - lease_renew_s`` unrenewed, before another gateway may
     take it, so an endpoint never has two fleets; keep it well below ``lease_s``."""
 
-    routes_refresh_s: float = Field(default=1.0, gt=0)
+    routes_refresh_s: float = Field(default=0.25, gt=0)
     """How often a gateway reads the routes of fleets other gateways hold (their instances'
-    addresses and health), off the request path, to route to the same instances."""
+    addresses and health), off the request path, to route to the same instances. It
+    should be shorter than an instance takes to start, so a gateway sees an endpoint
+    being created, and holds requests to it, before a client can see it InService."""
 
     autoscaling_period_s: float = Field(default=5.0, gt=0)
     """How often scaling policies are evaluated (DESIGN 3.1)."""

@@ -150,9 +150,16 @@ class FleetMirror:
     def __repr__(self) -> str:
         return f"FleetMirror(fleets={sorted(self.fleets)})"
 
-    async def refresh(self, endpoints: list[Endpoint]) -> None:
-        """One pass: publish what changed in the routes recorded by other gateways."""
+    async def refresh(self, list_endpoints: Callable[[], list[Endpoint]]) -> None:
+        """One pass: publish what changed in the routes recorded by other gateways.
+
+        The endpoints are listed only when another gateway holds a lease, or did: a
+        gateway alone on its store reads one row set per pass, and usually none.
+        """
         leases = await asyncio.to_thread(self.leases.held_elsewhere, ENDPOINT)
+        if not leases and not self._recorded:
+            return
+        endpoints = await asyncio.to_thread(list_endpoints)
         seen = set()
         for ep in endpoints:
             seen.add(ep.name)

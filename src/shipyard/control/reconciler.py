@@ -36,7 +36,7 @@ from shipyard.control.serverless import ServerlessScaler
 from shipyard.control.supervision import InstanceSupervisor
 from shipyard.errors import ShipyardError
 from shipyard.metrics import Metrics
-from shipyard.records import Endpoint, EndpointStatus
+from shipyard.records import EndpointStatus
 from shipyard.routing.router import Router
 from shipyard.storage.metadata import MetadataStore
 
@@ -219,10 +219,11 @@ class Reconciler:
 
     async def _stop_fleet(self, name: str) -> None:
         """Out of routing and stopped at once, undrained: another gateway may be starting
-        the endpoint's fleet already, and two must not run side by side."""
-        self.publisher.withdraw(name)
+        the endpoint's fleet already, and two must not run side by side. Its requests
+        wait meanwhile for the routes of the new holder's fleet (control/mirror.py)."""
         fleet = self.fleets.pop(name, None)
         if fleet is not None:
+            self.publisher.publish_starting(name, fleet.config, waiting=True)
             await self.provisioner.stop_slots(fleet.all_slots())
             self.publisher.forget_gauges(fleet)
 
@@ -239,8 +240,7 @@ class Reconciler:
     async def _mirror_loop(self) -> None:
         while True:
             try:
-                endpoints: list[Endpoint] = await asyncio.to_thread(self.store.list_endpoints)
-                await self.mirror.refresh(endpoints)
+                await self.mirror.refresh(self.store.list_endpoints)
             except Exception:
                 log.exception("mirroring the routes of other gateways failed; retrying")
             await asyncio.sleep(self.routes_refresh_s)
