@@ -145,7 +145,12 @@ class ServerProcess:
 
     @classmethod
     def start(
-        cls, name: str, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None
+        cls,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> ServerProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as out:
@@ -155,6 +160,7 @@ class ServerProcess:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **(env or {})},
+                cwd=cwd,
                 start_new_session=True,
             )
         return cls(name, process, log_path)

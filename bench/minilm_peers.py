@@ -137,7 +137,7 @@ def mlserver(tmp: Path, s: Settings) -> Iterator[str]:
     venv = PEERS_ROOT / "minilm-mlserver" / "bin"
     env = {**s.env, "PATH": f"{venv}:{os.environ['PATH']}"}
     process = h.ServerProcess.start(
-        "mlserver", [str(venv / "mlserver"), "start", str(run)], tmp / "mlserver.log", env
+        "mlserver", [str(venv / "mlserver"), "start", str(run)], tmp / "mlserver.log", env, run
     )
     url = f"http://127.0.0.1:{port}/v2/models/minilm/infer"
     try:

@@ -149,16 +149,19 @@ def start_mlserver(work: Path, model_pickle: Path) -> tuple[ServerProcess, str, 
     (run / "sklearn" / "model-settings.json").write_text(json.dumps(model))
     env = {"PATH": f"{MLSERVER}:{os.environ['PATH']}"}
     server = ServerProcess.start(
-        "mlserver", [str(MLSERVER / "mlserver"), "start", str(run)], work / "mlserver.log", env
+        "mlserver", [str(MLSERVER / "mlserver"), "start", str(run)], work / "mlserver.log", env, run
     )
     rest = f"127.0.0.1:{http_port}"
     body = bodies()["mlserver-rest"][1]
     deadline = time.monotonic() + 180
-    while http_status(f"http://{rest}/v2/models/sklearn/infer", body) != 200:
-        if not server.alive() or time.monotonic() > deadline:
-            server.stop()
-            raise RuntimeError(f"mlserver did not start:\n{server.log_tail()}")
-        time.sleep(0.2)
+    try:
+        while http_status(f"http://{rest}/v2/models/sklearn/infer", body) != 200:
+            if not server.alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"mlserver did not start:\n{server.log_tail()}")
+            time.sleep(0.2)
+    except BaseException:
+        server.stop()
+        raise
     return server, rest, f"127.0.0.1:{grpc_port}"
 
 
