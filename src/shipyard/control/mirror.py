@@ -38,6 +38,7 @@ from shipyard.control.publishing import RoutePublisher
 from shipyard.errors import ShipyardError
 from shipyard.records import Endpoint, EndpointConfig, EndpointStatus
 from shipyard.routing.instance import Instance
+from shipyard.routing.table import EndpointRoute
 from shipyard.storage.leases import ENDPOINT, Lease, LeaseStore
 from shipyard.storage.metadata import MetadataStore
 
@@ -145,6 +146,9 @@ class FleetMirror:
         self.fleets: dict[str, Fleet] = {}
         """The fleets mirrored now, by endpoint."""
         self._recorded: dict[str, dict[str, Any] | None] = {}
+        self._tables: dict[str, EndpointRoute | None] = {}
+        """Per endpoint, the table this mirror published last: another published since
+        (its reconciler's, as it let the lease go) is replaced on the next pass."""
         self._configs: dict[str, EndpointConfig] = {}
 
     def __repr__(self) -> str:
@@ -183,8 +187,8 @@ class FleetMirror:
                 self._let_go(ep.name)
                 self.publisher.withdraw(ep.name)
             return
-        published = ep.name in self.publisher.router.routes  # not withdrawn meanwhile
-        if published and ep.name in self._recorded and self._recorded[ep.name] == routes:
+        ours = self.publisher.router.routes.get(ep.name) is self._tables.get(ep.name)
+        if ours and ep.name in self._recorded and self._recorded[ep.name] == routes:
             return
         self._recorded[ep.name] = routes
         if routes is None:
@@ -195,6 +199,7 @@ class FleetMirror:
                 return  # taken here meanwhile: the reconciler publishes it now
             self._drop(ep.name)
             self.publisher.publish_starting(ep.name, config, waiting=True)
+            self._tables[ep.name] = self.publisher.router.routes.get(ep.name)
             return
         config = await self._config(routes["config"])
         if self.holds(ep.name):
@@ -202,6 +207,7 @@ class FleetMirror:
         fleet = self._rebuild(ep.name, config, routes)
         self.fleets[ep.name] = fleet
         self.publisher.publish(fleet)
+        self._tables[ep.name] = self.publisher.router.routes.get(ep.name)
 
     def _rebuild(self, endpoint: str, config: EndpointConfig, routes: dict[str, Any]) -> Fleet:
         """The fleet as recorded, keeping the Instance of every instance already known:
@@ -269,8 +275,9 @@ class FleetMirror:
             back = [i for i, ok in zip(down, answers, strict=True) if ok]
             for instance in back:
                 instance.healthy = True
-            if back and self.fleets.get(endpoint) is fleet:
+            if back and self.fleets.get(endpoint) is fleet and not self.holds(endpoint):
                 self.publisher.publish(fleet)
+                self._tables[endpoint] = self.publisher.router.routes.get(endpoint)
 
     def _up(self, endpoint: str, slot: Slot) -> bool:
         """Whether the holder last recorded the slot's instance healthy."""
@@ -306,6 +313,7 @@ class FleetMirror:
     def _let_go(self, endpoint: str) -> None:
         """Stop mirroring ``endpoint``; its table stays until someone publishes another."""
         self._recorded.pop(endpoint, None)
+        self._tables.pop(endpoint, None)
         self._drop(endpoint)
 
     def close(self) -> None:
