@@ -192,13 +192,15 @@ class FleetMirror:
             return
         self._recorded[ep.name] = routes
         if routes is None:
-            # Its holder is starting the fleet, has not recorded it yet, or gave it up
-            # for another to take: its requests wait for the routes.
+            # Its holder is starting the fleet or has not recorded it yet: its requests
+            # wait for the routes. Nobody holds it (given up for another to take, maybe
+            # this gateway): they wait only if this gateway was routing it already.
             config = await self._config(ep.config_name)
             if self.holds(ep.name):
                 return  # taken here meanwhile: the reconciler publishes it now
             self._drop(ep.name)
-            self.publisher.publish_starting(ep.name, config, waiting=True)
+            held = lease is not None and lease.holder is not None
+            self.publisher.publish_starting(ep.name, config, waiting=held)
             self._tables[ep.name] = self.publisher.router.routes.get(ep.name)
             return
         config = await self._config(routes["config"])
