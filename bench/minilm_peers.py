@@ -77,7 +77,7 @@ def wait_ready(process: h.ServerProcess, url: str, body: bytes, timeout_s: float
 
 @contextmanager
 def shipyard(tmp: Path, s: Settings, batched: bool) -> Iterator[str]:
-    gateway, url = h.start_gateway(tmp / "home")
+    gateway, url = h.start_gateway(tmp / f"home-{time.monotonic_ns()}")  # one per round
     try:
         environment = dict(s.env)
         if batched:
