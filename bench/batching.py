@@ -75,7 +75,7 @@ def main() -> int:
                 "SHIPYARD_MAX_BATCH_SIZE": max_batch,
                 "SHIPYARD_MAX_BATCH_DELAY_MS": delay_ms,
             }
-            for name, env in (("batched", batching), ("single", None)):
+            for name, env in (("batched", {**batching, **threads}), ("single", threads)):
                 control.deploy(
                     name,
                     EXAMPLE.as_uri(),
