@@ -91,7 +91,13 @@ def two_nodes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[TwoNo
         subnet.delete()
 
 
-def gateway_in(nodes: TwoNodes, home: Path) -> GatewayProcess:
+def gateway_in(
+    nodes: TwoNodes,
+    home: Path,
+    *,
+    args: list[str] | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> GatewayProcess:
     """A gateway in the head's namespace, on its address."""
     import subprocess
 
@@ -104,10 +110,11 @@ def gateway_in(nodes: TwoNodes, home: Path) -> GatewayProcess:
         **nodes.cluster.env,
         "SHIPYARD_HEALTH_CHECK_PERIOD_S": "0.5",
         "SHIPYARD_S3_ENDPOINT_URL": nodes.bucket.endpoint_url,
+        **(extra_env or {}),
     }
     argv = ["ip", "netns", "exec", nodes.head_ns, sys.executable, "-m", "shipyard", "serve"]
     argv += ["--host", nodes.head_ip, "--insecure", "--port", str(port), "--home", str(home)]
-    argv += nodes.cluster.gateway_args()
+    argv += [*nodes.cluster.gateway_args(), *(args or [])]
     log_path = home / "gateway.log"
     with open(log_path, "wb") as out:
         process = subprocess.Popen(

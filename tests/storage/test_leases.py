@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,6 +45,27 @@ def test_an_expired_lease_passes_to_the_next_claimer_with_a_new_term(
     lease = a.get(ENDPOINT, "e1")
     assert lease is not None and lease.holder == "b" and lease.term == 2
     assert lease.routes is None  # the old holder's fleet is not the new one's
+
+
+def test_the_next_holder_is_told_what_a_holder_that_died_recorded_and_nothing_else(
+    meta: MetadataStore,
+) -> None:
+    a, b = LeaseStore(meta.engine, holder="a"), LeaseStore(meta.engine, holder="b")
+    c = LeaseStore(meta.engine, holder="c")
+    routes: dict[str, Any] = {"config": "c", "variants": [{"name": "v1", "instances": []}]}
+    c.claim(ENDPOINT, ["held"], lease_s=30)
+    assert c.record_routes("held", routes)
+    a.claim(ENDPOINT, ["died", "handed-back"], lease_s=0.2)
+    assert a.record_routes("died", routes) and a.record_routes("handed-back", routes)
+    a.release(ENDPOINT, ["handed-back"])
+    time.sleep(0.3)
+    taken: dict[str, dict[str, Any]] = {}
+    terms = b.claim(ENDPOINT, ["died", "handed-back", "held"], lease_s=30, taken=taken)
+    assert sorted(terms) == ["died", "handed-back"]
+    assert taken == {"died": routes}  # a lease handed back was stopped with its fleet
+    again: dict[str, dict[str, Any]] = {}
+    b.claim(ENDPOINT, ["died", "handed-back"], lease_s=30, taken=again)
+    assert again == {}  # told once, as the lease changes hands
 
 
 def test_routes_are_recorded_only_by_the_holder_and_released_with_the_lease(

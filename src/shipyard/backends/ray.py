@@ -13,6 +13,13 @@ URI and is fetched on the node (shipyard/launch.py), so use ``s3://`` artifacts;
 ``file://`` URI or a path is read on the node, which works only where nodes share the
 gateway's disk. A multi-model instance keeps its disk cache in a folder of the node's.
 
+Instances outlive the gateway that started them: an instance of an endpoint's fleet
+runs under a detached actor named ``instance/<endpoint>/<instance id>/<start>``, which
+the fleet's routes in the store record (``RayInstance.ref``). The gateway that takes
+the endpoint's lease over adopts the recorded instances that still answer (``adopt``)
+and kills every other actor filed under the endpoint (``sweep``), so none is left
+behind; one that stops cleanly stops its fleets, and with them their actors.
+
 Liveness without blocking: each handle holds the reference of the actor's ``wait()``,
 which resolves when the process ends and fails when the actor dies (its node lost), so
 ``exit_reason`` only looks at whether it has resolved. The reconciler's health checks
@@ -39,7 +46,8 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Mapping
+import uuid
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +90,9 @@ class RayInstance:
     actor: Any
     ended: Any
     """The reference of the actor's ``wait()``."""
+    ref: str | None = None
+    """The actor's name, for an instance of an endpoint's fleet (detached, see the
+    module); None: its actor dies with this gateway."""
     log_path: Path | None = None
     """The gateway's copy of the instance's log, which the log door reads."""
     log_read: Any = None
@@ -169,8 +180,13 @@ class RayBackend:
             environment=environment,
             cpu_nice=spec.cpu_nice,
         )
+        ref = None
+        named: dict[str, Any] = {}
+        if spec.endpoint is not None:
+            ref = f"{_instance_prefix(spec.endpoint)}{spec.instance_id}/{uuid.uuid4().hex[:8]}"
+            named = {"name": ref, "lifetime": "detached"}
         actor = _RemoteInstance.options(
-            scheduling_strategy="SPREAD", **_reservation(spec.resources)
+            scheduling_strategy="SPREAD", **named, **_reservation(spec.resources)
         ).remote()
         try:
             host, port, pid = await self._placed(actor.start.remote(command), spec)
@@ -178,15 +194,66 @@ class RayBackend:
             ray.kill(actor, no_restart=True)
             raise
         log.info("started instance %s pid %s on %s:%s", spec.instance_id, pid, host, port)
-        url_host = f"[{host}]" if ":" in host else host
         return RayInstance(
             instance_id=spec.instance_id,
-            url=f"http://{url_host}:{port}",
+            url=_url(host, port),
             pid=pid,
             actor=actor,
             ended=actor.wait.remote(),
+            ref=ref,
             log_path=spec.log_path,
         )
+
+    async def adopt(
+        self, ref: str, *, url: str, instance_id: str, log_path: Path | None
+    ) -> RayInstance | None:
+        """The instance whose actor is named ``ref``, started by another gateway, if it
+        still runs at ``url``; None otherwise (its actor is then killed)."""
+        try:
+            actor = ray.get_actor(ref, namespace=NAMESPACE)
+        except ValueError:
+            return None
+        answer: tuple[str, int, int] | None
+        try:
+            answer = await asyncio.wait_for(
+                asyncio.wrap_future(actor.where.remote().future()), _CALL_TIMEOUT_S
+            )
+        except (TimeoutError, ray.exceptions.RayError):
+            answer = None
+        if answer is None or _url(answer[0], answer[1]) != url:
+            with contextlib.suppress(ray.exceptions.RayError, ValueError):
+                ray.kill(actor, no_restart=True)
+            return None
+        log.info("adopted instance %s pid %s at %s as %s", ref, answer[2], url, instance_id)
+        return RayInstance(
+            instance_id=instance_id,
+            url=url,
+            pid=int(answer[2]),
+            actor=actor,
+            ended=actor.wait.remote(),
+            ref=ref,
+            log_path=log_path,
+        )
+
+    def sweep(self, endpoint: str, *, keep: Collection[str] = ()) -> list[str]:
+        """Kill every instance actor filed under ``endpoint`` but those named in ``keep``
+        (the fleet run here); the names of those killed."""
+        prefix = _instance_prefix(endpoint)
+        try:
+            names = ray.util.list_named_actors()
+        except Exception as exc:  # the next sweep tries again
+            log.warning("could not list the instances of %s on the Ray cluster: %s", endpoint, exc)
+            return []
+        killed = []
+        for name in names:
+            if not isinstance(name, str) or not name.startswith(prefix) or name in keep:
+                continue
+            with contextlib.suppress(ray.exceptions.RayError, ValueError):
+                ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+                killed.append(name)
+        if killed:
+            log.info("stopped instances of %s no gateway runs: %s", endpoint, ", ".join(killed))
+        return killed
 
     async def _placed(self, started: Any, spec: InstanceSpec) -> Any:
         """What ``started`` returns, once Ray has placed the actor and it has started the
@@ -275,8 +342,9 @@ class RayBackend:
         return None if used is None else int(used)
 
     def stop_leftovers(self) -> list[int]:
-        """Nothing to do: an instance's actor belongs to the gateway's Ray driver, and Ray
-        stops it when the driver goes, and with it its process."""
+        """Nothing to do: an endpoint's instances are the business of whoever holds its
+        lease (adopted or swept), and any other instance's actor belongs to the gateway's
+        Ray driver, which Ray stops when the driver goes, and with it its process."""
         return []
 
     def close(self) -> None:
@@ -417,6 +485,15 @@ def _copy_log(handle: RayInstance) -> None:
             return
         handle.log_copied += len(data)
     handle.log_read = handle.actor.read_log.remote(handle.log_copied)
+
+
+def _instance_prefix(endpoint: str) -> str:
+    # Endpoint names have no "/": no endpoint's prefix is another's.
+    return f"instance/{endpoint}/"
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _death(exc: ray.exceptions.ActorDiedError) -> str:

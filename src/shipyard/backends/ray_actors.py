@@ -3,7 +3,8 @@
 Each actor starts its process on the node Ray placed it on, in a folder of that node's,
 with the node's own plain environment (PATH, PYTHONPATH: the node's Python and shipyard,
 not the gateway's) plus what the gateway sends: the model's Environment and, for a
-process that reads ``s3://``, the gateway's S3 access. Its process dies with it.
+process that reads ``s3://``, the gateway's S3 access. Its process dies with it; the
+actors are detached, so both outlive the gateway that started them.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ class InstanceActor:
         self.error_file: Path | None = None
         self.log_path: Path | None = None
         self.log_start = 0
+        self.address: tuple[str, int] | None = None
 
     async def start(self, command: Command) -> tuple[str, int, int]:
         """Start the instance; its node's address, its port and its PID."""
@@ -149,7 +151,15 @@ class InstanceActor:
                 start_new_session=True,
                 preexec_fn=functools.partial(_start_child, os.getpid(), command.cpu_nice),
             )
+        self.address = (host, port)
         return host, port, self.process.pid
+
+    def where(self) -> tuple[str, int, int] | None:
+        """What ``start`` answered, while the process runs; None once it has ended (a
+        gateway adopting the instance asks)."""
+        if self.process is None or self.address is None or self.process.poll() is not None:
+            return None
+        return (*self.address, self.process.pid)
 
     async def wait(self) -> str:
         """Once the process has ended: why, as the local backend says it."""

@@ -51,10 +51,13 @@ class Converger:
     def __repr__(self) -> str:
         return f"Converger(fleets={sorted(self.fleets)})"
 
-    async def create(self, ep: Endpoint) -> None:
+    async def create(self, ep: Endpoint, *, taken: dict[str, Any] | None = None) -> None:
+        """``taken``: what the endpoint's previous lease holder recorded of its fleet,
+        when this gateway took the lease over from it (Provisioner.launch adopts it)."""
         try:
             config = await asyncio.to_thread(self.store.get_endpoint_config, ep.config_name)
-            if ep.status is EndpointStatus.IN_SERVICE:
+            adopting = bool(taken) and self.provisioner.adopts
+            if ep.status is EndpointStatus.IN_SERVICE and not adopting:
                 # A gateway restart: the endpoint exists for its clients, who should hear
                 # "not ready yet, retry" (429) until its instances are up, not "not found".
                 self.publisher.publish_starting(ep.name, config)
@@ -62,7 +65,9 @@ class Converger:
             trial = ep.status is EndpointStatus.CREATING
             counts |= self._serverless_counts(config, trial=trial)
             weights = {v.name: v.desired_weight for v in ep.variants}
-            fleet = await self.provisioner.launch(ep.name, config, counts, weights)
+            fleet = await self.provisioner.launch(
+                ep.name, config, counts, weights, take_over=taken or {}
+            )
         except (FleetFailed, ShipyardError) as exc:
             log.warning("endpoint %s failed: %s", ep.name, exc)
             if ep.name not in self.fleets:
@@ -76,16 +81,21 @@ class Converger:
                 ep.name, expect=[EndpointStatus.CREATING], status=EndpointStatus.IN_SERVICE
             )
 
-    async def update(self, ep: Endpoint) -> None:
+    async def update(self, ep: Endpoint, *, taken: dict[str, Any] | None = None) -> None:
         if ep.pending_config_name is None:
-            await self.rescale(ep)
+            await self.rescale(ep, taken=taken)
             return
         try:
             config = await asyncio.to_thread(self.store.get_endpoint_config, ep.pending_config_name)
             counts = {v.name: v.instance_count for v in config.variants}
             counts |= self._serverless_counts(config, trial=True)
             weights = {v.name: v.weight for v in config.variants}
-            fleet = await self.provisioner.launch(ep.name, config, counts, weights)
+            # Taken over mid-update: what the previous holder ran is of the old config,
+            # and stopped; the new one starts afresh.
+            taken = None if ep.name in self.fleets else (taken or {})
+            fleet = await self.provisioner.launch(
+                ep.name, config, counts, weights, adoptable=True, take_over=taken
+            )
         except (FleetFailed, ShipyardError) as exc:
             log.warning("update of endpoint %s failed, keeping its fleet: %s", ep.name, exc)
             # Blue/green: the old fleet never stopped serving, so a failed update rolls
@@ -117,10 +127,10 @@ class Converger:
             await self.provisioner.drain_and_stop(old.all_slots())
             self.publisher.forget_model_series(old, old.all_slots())
 
-    async def rescale(self, ep: Endpoint) -> None:
+    async def rescale(self, ep: Endpoint, *, taken: dict[str, Any] | None = None) -> None:
         fleet = self.fleets.get(ep.name)
         if fleet is None:
-            await self.create(ep)
+            await self.create(ep, taken=taken)
             if ep.name not in self.fleets:
                 return
             fleet = self.fleets[ep.name]
@@ -199,6 +209,7 @@ class Converger:
         if fleet is not None:
             await self.provisioner.drain_and_stop(fleet.all_slots())
             self.publisher.forget_gauges(fleet)
+        await self.provisioner.sweep(name)
 
     async def _change(self, name: str, **changes: Any) -> None:
         try:

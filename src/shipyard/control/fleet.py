@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from shipyard.backends import Capabilities
 from shipyard.backends.base import (
@@ -131,6 +132,9 @@ class Fleet:
     starting: dict[str, int] = field(default_factory=dict)
     """Per variant: instances being started (a scale-out, or a serverless variant's
     demand), not in ``slots`` yet. The routing table counts them as capacity coming."""
+    adoptable: bool = False
+    """An endpoint's fleet, whose instances the next holder of its lease may adopt if
+    they outlive this gateway (InstanceSpec.endpoint); not a transform job's."""
 
     def all_slots(self) -> list[Slot]:
         return [s for slots in self.slots.values() for s in slots]
@@ -153,6 +157,7 @@ class Provisioner:
         serverless_slots: int = 1,
     ) -> None:
         self.store = store
+        self._own = backend
         # Multi-container instances are started as groups of the backend's (containers.py).
         self.backend: Backend = ContainerGroups(backend)
         self.capabilities = capabilities
@@ -167,6 +172,11 @@ class Provisioner:
     def __repr__(self) -> str:
         return f"Provisioner(backend={self.backend!r})"
 
+    @property
+    def adopts(self) -> bool:
+        """Whether instances outlive their gateway, for the next one to adopt."""
+        return hasattr(self._own, "adopt")
+
     async def launch(
         self,
         endpoint: str,
@@ -176,13 +186,28 @@ class Provisioner:
         *,
         environment: dict[str, str] | None = None,
         warm: bool = False,
+        adoptable: bool = False,
+        take_over: dict[str, Any] | None = None,
     ) -> Fleet:
         """Start every instance of ``config`` and return once all pass ``/ping``.
 
         ``environment`` is added to every instance's (a transform job's own variables);
         ``warm`` lets them start from warm spares (InstanceSpec.warm).
+
+        ``adoptable``: an endpoint's fleet (Fleet.adoptable). ``take_over`` (which implies
+        it): the endpoint's fleet is started by a gateway that runs none of it,
+        and this is what the endpoint's previous lease holder recorded of its fleet
+        (mirror.routes_of; empty: nothing). On a backend whose instances outlive their
+        gateway, those of ``config`` that still answer are adopted instead of started,
+        and every other instance filed under the endpoint is stopped.
         """
-        fleet = Fleet(endpoint=endpoint, config=config, slots={}, weights=dict(weights))
+        fleet = Fleet(
+            endpoint=endpoint,
+            config=config,
+            slots={},
+            weights=dict(weights),
+            adoptable=adoptable or take_over is not None,
+        )
         for variant in config.variants:
             model = await asyncio.to_thread(self.store.get_model, variant.model_name)
             template = await self._template(model, variant.name)
@@ -199,8 +224,10 @@ class Provisioner:
             ]
         slots = fleet.all_slots()
         try:
+            if take_over is not None:
+                await self._adopt(fleet, take_over)
             results = await asyncio.gather(
-                *(self.start_slot(s) for s in slots), return_exceptions=True
+                *(self.start_slot(s) for s in slots if s.handle is None), return_exceptions=True
             )
         except BaseException:
             # Cancelled (the gateway is stopping): instances that did come up must not outlive it.
@@ -214,6 +241,56 @@ class Provisioner:
                 raise first
             raise FleetFailed(str(first))
         return fleet
+
+    async def _adopt(self, fleet: Fleet, recorded: dict[str, Any]) -> None:
+        """Give ``fleet``'s slots the recorded instances that still answer ``/ping``, as
+        far as they go; then stop every other instance filed under the endpoint."""
+        adopt = getattr(self._own, "adopt", None)
+        sweep = getattr(self._own, "sweep", None)
+        if adopt is None or sweep is None:
+            return  # its instances died with their gateway
+        kept: set[str] = set()
+        if recorded.get("config") == fleet.config.name:
+            found = await asyncio.gather(
+                *(
+                    self._adopt_slot(adopt, slot, instance)
+                    for variant in recorded.get("variants", [])
+                    for slot, instance in zip(
+                        fleet.slots.get(variant["name"], []),
+                        [i for i in variant["instances"] if i.get("ref") and i.get("healthy")],
+                        strict=False,
+                    )
+                )
+            )
+            kept = {ref for ref in found if ref is not None}
+        await asyncio.to_thread(sweep, fleet.endpoint, keep=kept)
+
+    async def _adopt_slot(self, adopt: Any, slot: Slot, recorded: dict[str, Any]) -> str | None:
+        """The actor's ref once ``slot`` runs the recorded instance; None: it does not."""
+        if isinstance(slot.spec, GroupSpec):
+            return None
+        handle = await adopt(
+            recorded["ref"],
+            url=recorded["url"],
+            instance_id=slot.spec.instance_id,
+            log_path=slot.spec.log_path,
+        )
+        if handle is None:
+            return None
+        instance = Instance(
+            slot.spec.instance_id,
+            slot.variant,
+            handle.url,
+            concurrency=instance_concurrency(slot.spec),
+        )
+        if self.backend.exit_reason(handle) is not None or not await self.ping(
+            instance, timeout_s=2.0
+        ):
+            instance.pool.close()
+            await self.backend.stop(handle, timeout_s=5.0)
+            return None
+        slot.handle, slot.instance = handle, instance
+        return str(recorded["ref"])
 
     async def _template(self, model: Model, variant: str) -> VariantTemplate:
         """Nothing is fetched here: each instance fetches its artifact (or, multi-model,
@@ -312,6 +389,7 @@ class Provisioner:
             resources=next(
                 (variant_resources(v) for v in fleet.config.variants if v.name == variant), None
             ),
+            endpoint=endpoint if fleet.adoptable else None,
         )
         if template.group is not None:
             spec = group_spec(spec, template.group)
@@ -368,6 +446,28 @@ class Provisioner:
         except (TimeoutError, OSError, Exception):
             return False
         return response.status == 200
+
+    async def sweep(self, endpoint: str) -> None:
+        """Stop every instance still filed under ``endpoint`` on a backend whose
+        instances outlive their gateway (a deleted endpoint's, started by a gateway that
+        died before it could stop them)."""
+        sweep = getattr(self._own, "sweep", None)
+        if sweep is not None:
+            await asyncio.to_thread(sweep, endpoint)
+
+    async def let_go(self, slots: Sequence[Slot]) -> None:
+        """Give up ``slots`` to the gateway that takes their endpoint's lease over: those
+        whose instances outlive this gateway are left running, for it to adopt or stop
+        (a gateway that lost a lease cannot tell whether the new holder adopted them
+        already); the others are stopped."""
+        left = [s for s in slots if getattr(s.handle, "ref", None) is not None]
+        for slot in left:
+            if slot.instance is not None:
+                slot.instance.pool.close()
+            slot.handle, slot.instance = None, None
+            if slot.scratch is not None:  # this gateway's folder, not the instance's
+                await asyncio.to_thread(shutil.rmtree, slot.scratch, True)
+        await self.stop_slots([s for s in slots if s not in left])
 
     async def drain_and_stop(self, slots: Sequence[Slot]) -> None:
         """Wait for in-flight requests on ``slots`` to finish (bounded), then stop them."""

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Collection
+from typing import Any
 
 from shipyard.storage.leases import LeaseStore
 
@@ -49,6 +50,8 @@ class Leases:
         self._clock = clock
         self._until: dict[str, float] = {}
         """Per name held: when (our clock) to stop counting on the lease."""
+        self._taken: dict[str, dict[str, Any]] = {}
+        """Per lease taken over from a holder that died: the routes it had recorded."""
 
     def __repr__(self) -> str:
         return f"Leases({self.kind!r}, holder={self.store.holder!r}, held={sorted(self.held())})"
@@ -56,6 +59,11 @@ class Leases:
     def holds(self, name: str) -> bool:
         until = self._until.get(name)
         return until is not None and self._clock() < until
+
+    def taken_from(self, name: str) -> dict[str, Any] | None:
+        """What the previous holder of ``name``'s lease recorded before it died, once,
+        if this gateway took the lease over from it (the fleet it may adopt)."""
+        return self._taken.pop(name, None)
 
     def held(self) -> set[str]:
         now = self._clock()
@@ -69,9 +77,10 @@ class Leases:
         held run out on our clock as they would in the store.
         """
         started = self._clock()
+        recorded: dict[str, dict[str, Any]] = {}
         try:
             terms = await asyncio.to_thread(
-                self.store.claim, self.kind, names, lease_s=self.lease_s
+                self.store.claim, self.kind, names, lease_s=self.lease_s, taken=recorded
             )
         except Exception:
             log.exception(
@@ -83,6 +92,7 @@ class Leases:
         if taken:
             log.info("took the %s leases of %s", self.kind, ", ".join(sorted(taken)))
         self._until = dict.fromkeys(terms, until)
+        self._taken = {n: r for n, r in (self._taken | recorded).items() if n in terms}
         return set(terms)
 
     async def release(self, names: Collection[str]) -> None:

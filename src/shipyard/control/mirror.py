@@ -68,6 +68,9 @@ def routes_of(fleet: Fleet) -> dict[str, Any]:
                         "url": s.instance.url,
                         "healthy": s.instance.healthy,
                         "concurrency": s.instance.concurrency,
+                        # Where the backend finds it again (an instance that outlives
+                        # its gateway), for the gateway that takes the lease over.
+                        "ref": getattr(s.handle, "ref", None),
                     }
                     for s in slots
                     if s.instance is not None
@@ -181,6 +184,11 @@ class FleetMirror:
         await self._recheck()
 
     async def _follow(self, ep: Endpoint, lease: Lease | None) -> None:
+        if lease is None and ep.name in self.fleets:
+            # The store has its lease as this gateway's, taken over from a holder that
+            # died: the reconciler takes the fleet over (adopting its instances, where
+            # they outlive their gateway), and its table serves until then.
+            return
         routes = None if lease is None else lease.routes
         if routes is None and ep.status not in _ROUTED:
             if ep.name in self._recorded:

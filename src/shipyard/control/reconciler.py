@@ -14,9 +14,12 @@ actual state is the fleets held here. Two loops, and one part each for what they
 
 Gateways sharing the store each converge only the endpoints whose fleet lease they hold
 (control/leases.py), claimed on every converge pass; a fleet whose lease ran out is
-retired at once. The holder records its fleets' routes in the store, and the other
-gateways publish them as their own tables (control/mirror.py), so however many gateways
-run, an endpoint has one fleet and every gateway routes to it.
+retired at once. On a backend whose instances outlive their gateway (Ray), the gateway
+that takes a lease over from a holder that died adopts the instances it recorded that
+still answer, and stops the rest (Provisioner.launch). The holder records its fleets'
+routes in the store, and the other gateways publish them as their own tables
+(control/mirror.py), so however many gateways run, an endpoint has one fleet and every
+gateway routes to it.
 """
 
 from __future__ import annotations
@@ -192,14 +195,17 @@ class Reconciler:
             if ep.name in self._tasks:
                 continue
             fleet = self.fleets.get(ep.name)
+            # Taken over from a holder that died: the fleet it recorded, to adopt.
+            taken = self.leases.taken_from(ep.name) if fleet is None else None
             if ep.status is EndpointStatus.DELETING:
                 self._spawn(ep.name, steps.delete(ep))
             elif ep.status is EndpointStatus.CREATING:
-                self._spawn(ep.name, steps.create(ep))
+                self._spawn(ep.name, steps.create(ep, taken=taken))
             elif ep.status is EndpointStatus.UPDATING:
-                self._spawn(ep.name, steps.update(ep))
+                self._spawn(ep.name, steps.update(ep, taken=taken))
             elif ep.status is EndpointStatus.IN_SERVICE and fleet is None:
-                self._spawn(ep.name, steps.create(ep))  # after a gateway restart
+                # After a gateway restart, or a lease taken over.
+                self._spawn(ep.name, steps.create(ep, taken=taken))
             elif ep.status is EndpointStatus.FAILED and fleet is not None:
                 self._spawn(ep.name, steps.retire(ep.name))
         for name in list(self.fleets):
@@ -220,11 +226,13 @@ class Reconciler:
     async def _stop_fleet(self, name: str) -> None:
         """Out of routing and stopped at once, undrained: another gateway may be starting
         the endpoint's fleet already, and two must not run side by side. Its requests
-        wait meanwhile for the routes of the new holder's fleet (control/mirror.py)."""
+        wait meanwhile for the routes of the new holder's fleet (control/mirror.py).
+        Instances that outlive their gateway are left to the new holder instead, which
+        adopts or stops them."""
         fleet = self.fleets.pop(name, None)
         if fleet is not None:
             self.publisher.publish_starting(name, fleet.config, waiting=True)
-            await self.provisioner.stop_slots(fleet.all_slots())
+            await self.provisioner.let_go(fleet.all_slots())
             self.publisher.forget_gauges(fleet)
 
     def _record(self, endpoint: str, fleet: Fleet | None) -> None:

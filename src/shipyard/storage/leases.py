@@ -16,7 +16,9 @@ reconciled only by the gateway holding its lease, however many gateways share th
 - **Fenced records.** The holder of an endpoint's lease records its fleet's routes in
   the lease's row (``record_routes``), for the gateways that do not run the fleet; the
   write only lands while the writer holds the lease, so a gateway that lost it cannot
-  overwrite what the new holder recorded.
+  overwrite what the new holder recorded. The gateway that takes a lease over is told
+  what its previous holder recorded (``claim``'s ``taken``): on a backend whose
+  instances outlive their gateway, the fleet it may adopt.
 """
 
 from __future__ import annotations
@@ -69,11 +71,20 @@ class LeaseStore:
         with transaction(self.engine) as conn:
             yield conn
 
-    def claim(self, kind: str, names: Collection[str], *, lease_s: float) -> dict[str, int]:
+    def claim(
+        self,
+        kind: str,
+        names: Collection[str],
+        *,
+        lease_s: float,
+        taken: dict[str, dict[str, Any]] | None = None,
+    ) -> dict[str, int]:
         """Renew or take the leases on ``names``; return those held now, with their terms.
 
         Leases of ``kind`` this holder has on anything not in ``names`` (a resource
-        deleted since) are dropped in the same transaction.
+        deleted since) are dropped in the same transaction. ``taken``, if given, gets
+        the routes recorded under each lease taken from another holder (one that
+        expired: a lease handed back has none).
         """
         with self._tx() as conn:
             now = _now(conn)
@@ -82,6 +93,20 @@ class LeaseStore:
             if not names:
                 return {}
             _insert_missing(conn, kind, names, now)
+            if taken is not None:
+                # Locked (PostgreSQL): a gateway racing for the same rows waits here, then
+                # reads them as the winner left them, no longer expired.
+                expired = (
+                    select(_L.c.name, _L.c.routes)
+                    .where(
+                        _L.c.kind == kind,
+                        _L.c.name.in_(list(names)),
+                        _L.c.holder != self.holder,
+                        _L.c.expires_at < now,
+                    )
+                    .with_for_update()
+                )
+                recorded = {row.name: row.routes for row in conn.execute(expired)}
             free = or_(_L.c.holder == self.holder, _L.c.holder.is_(None), _L.c.expires_at < now)
             conn.execute(
                 update(_L)
@@ -95,7 +120,10 @@ class LeaseStore:
                 )
             )
             held = select(_L.c.name, _L.c.term).where(mine, _L.c.name.in_(list(names)))
-            return {row.name: int(row.term) for row in conn.execute(held)}
+            terms = {row.name: int(row.term) for row in conn.execute(held)}
+            if taken is not None:
+                taken.update((n, r) for n, r in recorded.items() if n in terms and r)
+            return terms
 
     def release(self, kind: str, names: Collection[str]) -> None:
         """Give up the leases on ``names`` at once, and what was recorded under them: the
