@@ -329,6 +329,9 @@ class RayBackend:
             handle.reason = str(ray.get(handle.ended, timeout=_CALL_TIMEOUT_S))
         except ray.exceptions.ActorDiedError as exc:
             handle.reason = f"its Ray actor was lost ({_death(exc)})"
+        except ray.exceptions.ActorUnavailableError as exc:
+            # How a detached actor's node loss first shows (it is never restarted).
+            handle.reason = f"its Ray actor was lost (unreachable: {_cause(exc)})"
         except ray.exceptions.RayError as exc:
             handle.reason = f"its Ray actor failed: {_cause(exc)}"
         return handle.reason
