@@ -55,11 +55,11 @@ from shipyard.runtime.multimodel import (
 )
 from shipyard.runtime.server import (
     CUSTOM_ATTRIBUTES,
-    DEFAULT_TYPE,
     Receive,
     Scope,
     Send,
     describe_failure,
+    request_headers,
 )
 from shipyard.runtime.workers import HandlerThreads
 
@@ -296,20 +296,7 @@ async def _read_request(scope: Scope, receive: Receive) -> _Request | None:
     body = await _read_body(receive)
     if body is None:
         return None
-    content_type = accept = DEFAULT_TYPE
-    attributes: str | None = None
-    target: bytes | None = None
-    for name, value in scope["headers"]:
-        if name == b"content-type":
-            content_type = value.decode("latin-1") or DEFAULT_TYPE
-        elif name == b"accept":
-            accept = value.decode("latin-1")
-            if accept == "*/*" or not accept:
-                accept = DEFAULT_TYPE
-        elif name == CUSTOM_ATTRIBUTES:
-            attributes = value.decode("latin-1")
-        elif name == _TARGET_MODEL:
-            target = value
+    content_type, accept, attributes, _, target = request_headers(scope["headers"], _TARGET_MODEL)
     return _Request(body, content_type, accept, attributes, target)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import uvicorn
 
@@ -97,7 +97,7 @@ class RuntimeApp:
             body = b"".join(chunks)
         if message["type"] == "http.disconnect":
             return
-        content_type, accept, attributes, streamed = _request_headers(scope["headers"])
+        content_type, accept, attributes, streamed, _ = request_headers(scope["headers"])
         handlers = self.handlers
         context = Context(attributes) if handlers.uses_context else None
         if self.batcher is not None and handlers.batchable(content_type):
@@ -156,11 +156,25 @@ class RuntimeApp:
         await streaming.send_stream(send, receive, self.threads, chunks, first, headers, _described)
 
 
-def _request_headers(headers: list[tuple[bytes, bytes]]) -> tuple[str, str, str | None, bool]:
-    """Content type, accept, custom attributes and whether a streamed answer is asked for."""
+class RequestHeaders(NamedTuple):
+    content_type: str
+    accept: str
+    attributes: str | None
+    """Custom attributes, when sent."""
+    streamed: bool
+    """Whether a streamed answer is asked for (RESPONSE_STREAM)."""
+    target: bytes | None
+    """The header named ``target`` (a multi-model server's TargetModel), when sent."""
+
+
+def request_headers(
+    headers: list[tuple[bytes, bytes]], target: bytes | None = None
+) -> RequestHeaders:
+    """What the runtime reads of an invocation's headers; defaults where one is missing."""
     content_type = accept = DEFAULT_TYPE
     attributes: str | None = None
     streamed = False
+    found: bytes | None = None
     for name, value in headers:
         if name == b"content-type":
             content_type = value.decode("latin-1") or DEFAULT_TYPE
@@ -172,7 +186,9 @@ def _request_headers(headers: list[tuple[bytes, bytes]]) -> tuple[str, str, str 
             attributes = value.decode("latin-1")
         elif name == RESPONSE_STREAM:
             streamed = True
-    return content_type, accept, attributes, streamed
+        elif name == target:
+            found = value
+    return RequestHeaders(content_type, accept, attributes, streamed, found)
 
 
 def _described(exc: Exception) -> str:
