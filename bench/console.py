@@ -33,6 +33,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from gateway_overhead import write_echo
 from harness import (
     PEER_BODY,
     Control,
@@ -47,9 +48,6 @@ from harness import (
     time_budget,
 )
 
-ECHO_CODE = """def transform_fn(model, body, content_type, accept):
-    return body, "application/json"
-"""
 JOBS = 1000
 ENDPOINTS = 100
 LOG_LINES = 5000
@@ -271,8 +269,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-console-") as tmp, time_budget(900):
         work = Path(tmp)
         model_dir = work / "echo"
-        (model_dir / "code").mkdir(parents=True)
-        (model_dir / "code" / "inference.py").write_text(ECHO_CODE)
+        write_echo(model_dir)
         print("filling the store with 1,000 jobs", file=sys.stderr, flush=True)
         job = fill_jobs(work / "home")
         gateway: ServerProcess | None = None

@@ -73,7 +73,8 @@ class Row:
 
 
 def write_echo(model_dir: Path) -> None:
-    (model_dir / "code").mkdir(parents=True)
+    """The echo model: the request body back, unchanged (the peer harness's echo)."""
+    (model_dir / "code").mkdir(parents=True, exist_ok=True)
     (model_dir / "code" / "inference.py").write_text(ECHO_CODE)
 
 

@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gateway_overhead import write_echo
 from harness import (
     PEER_BODY,
     ROLE_ARN,
@@ -44,19 +45,7 @@ from harness import (
     time_budget,
 )
 
-ECHO_CODE = '''"""Echo: the request body back, unchanged, as JSON."""
-
-
-def transform_fn(model, body, content_type, accept):
-    return body, "application/json"
-'''
-
 HOPS = 3
-
-
-def write_echo(model_dir: Path) -> None:
-    (model_dir / "code").mkdir(parents=True, exist_ok=True)
-    (model_dir / "code" / "inference.py").write_text(ECHO_CODE)
 
 
 def deploy_pipeline(control: Control, name: str, model_url: str, containers: int) -> None:

@@ -31,6 +31,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from gateway_overhead import write_echo
 from harness import (
     PEER_BODY,
     ROLE_ARN,
@@ -49,19 +50,7 @@ from harness import (
     time_budget,
 )
 
-ECHO_CODE = '''"""Echo: the request body back, unchanged, as JSON."""
-
-
-def transform_fn(model, body, content_type, accept):
-    return body, "application/json"
-'''
-
 SHADOW_WEIGHTS = {"off": None, "all": 1.0, "tenth": 0.1}
-
-
-def write_echo(model_dir: Path) -> None:
-    (model_dir / "code").mkdir(parents=True, exist_ok=True)
-    (model_dir / "code" / "inference.py").write_text(ECHO_CODE)
 
 
 def deploy(control: Control, name: str, model_url: str, shadow_weight: float | None) -> None:
