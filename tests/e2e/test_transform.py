@@ -225,8 +225,14 @@ def test_a_restart_resumes_the_job_without_redoing_finished_objects(
     name = unique("tfresume")
     transform(gw, name, "sleepy", data.as_uri(), out,
               TransformInput={"ContentType": "application/json"})  # fmt: skip
-    wait_until(lambda: (out / "1.jsonl.out").exists(), "two objects written", 60)
-    written = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name.endswith(".out")}
+    # Objects go in order, each recorded finished just after its output is in place: an
+    # output seen before its record (the kill may fall between) is rightly redone.
+    done = f'shipyard_transform_objects{{job="{name}",state="done"}}'
+    wait_until(lambda: (metric(gw, done) or 0) >= 2, "two objects finished", 60)
+    finished = int(metric(gw, done) or 0)
+    written = {
+        f"{i}.jsonl.out": (out / f"{i}.jsonl.out").stat().st_mtime_ns for i in range(finished)
+    }
     gw.stop(signal.SIGKILL)
     gw = gateway_factory(home=home)
     job = wait_done(gw, name)
