@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOME_DIR ?= $(CURDIR)/.shipyard
 PORT ?= 8080
 
-.PHONY: run test coverage lint check bench install install-dev chromium clean
+.PHONY: run test coverage lint check bench install install-dev chromium bubblewrap clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
-install-dev: $(VENV)/.installed-dev chromium
+install-dev: $(VENV)/.installed-dev chromium bubblewrap
 
 # The console's browser tests (tests/console/) drive Debian's chromium through Playwright.
 # Installed with apt-get where that works (as root); elsewhere those tests skip, saying so.
@@ -29,6 +29,15 @@ chromium:
 	  (export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq chromium >/dev/null 2>&1 || \
 	   (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1)) || \
 	  echo "chromium could not be installed: the console's browser tests will skip"
+
+# With auth:, instances and jobs run under bubblewrap (auth.sandbox, DESIGN 2.9); the
+# sandbox tests need it. Installed as chromium is; a gateway asked to sandbox without it
+# refuses to start and says what to install.
+bubblewrap:
+	@command -v bwrap >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1 || \
+	  (export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+	   (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1)) || \
+	  echo "bubblewrap could not be installed: the sandbox tests will skip"
 
 run: install
 	$(BIN)/shipyard serve --host 127.0.0.1 --port $(PORT) --home $(HOME_DIR) --demo

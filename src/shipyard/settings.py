@@ -82,6 +82,19 @@ class Settings(BaseSettings):
     head_timeout_s: float = 10.0
     """How long a request's head may take to arrive once begun; then 408."""
 
+    idle_timeout_s: float = Field(default=20.0, gt=0)
+    """How long a connection may stay open sending nothing, from the moment it opens and
+    between requests; then it is closed (DESIGN 2.9)."""
+
+    max_connections: int = Field(default=1000, ge=1)
+    """Connections open at once; beyond them a new request is answered 503."""
+
+    tls_cert: Path | None = None
+    """PEM certificate (chain) to serve HTTPS with; needs ``tls_key``."""
+
+    tls_key: Path | None = None
+    """PEM private key of ``tls_cert``."""
+
     max_queue_per_instance: int = 64
     """Requests an instance may have outstanding before the gateway answers 503."""
 
@@ -231,6 +244,9 @@ class AccessKey(BaseModel):
     allow: list[str] = Field(default_factory=lambda: ["*"])
     """Actions this key may call, as ``service:Action`` with ``*`` wildcards
     (``sagemaker-runtime:InvokeEndpoint*``, ``sagemaker:Describe*``) or ``*`` for all."""
+    resources: list[str] = Field(default_factory=lambda: ["*"])
+    """ARN patterns (``*`` matches any characters, as IAM matches them) of the resources
+    this key's actions may reach; List actions show only these."""
 
 
 class AuthConfig(BaseModel):
@@ -245,6 +261,15 @@ class AuthConfig(BaseModel):
     file_roots: list[Path] = Field(default_factory=list)
     """Folders that ``file://`` and plain-path locations must lie under (after ``..`` and
     links are resolved); empty means no local locations at all."""
+    allow_environment: list[str] = Field(default_factory=list)
+    """With ``allow_commands: false``, more variable names (or ``PREFIX_*``) a caller's
+    ``Environment`` may set beyond SageMaker's; interpreter and loader variables stay
+    refused whatever this says."""
+    sandbox: bool = True
+    """Run instances and jobs of the local backend under bubblewrap (DESIGN 2.9)."""
+    notify_targets: list[str] = Field(default_factory=list)
+    """URL patterns (``*`` matches any characters) that notification targets named by
+    callers must match; the stack file's own topics are always allowed."""
 
     @model_validator(mode="after")
     def _check(self) -> AuthConfig:
@@ -256,6 +281,17 @@ class AuthConfig(BaseModel):
         if relative:
             raise ValueError(f"auth.file_roots: not absolute paths: {relative}")
         return self
+
+
+class TlsConfig(BaseModel):
+    """The ``tls:`` section: serve HTTPS (and gRPC over TLS) on the gateway's port."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cert: Path
+    """PEM certificate (chain)."""
+    key: Path
+    """PEM private key."""
 
 
 class AutoscalingConfig(BaseModel):
@@ -283,6 +319,8 @@ class StackFile(StackResources):
     autoscaling: AutoscalingConfig = Field(default_factory=AutoscalingConfig)
     auth: AuthConfig | None = None
     """Without it, requests are not checked (local use); see DESIGN 2.9."""
+    tls: TlsConfig | None = None
+    """Serve HTTPS; ``shipyard serve --tls-cert/--tls-key`` win over it."""
     account_id: str | None = Field(default=None, pattern=r"^\d{12}$")
     """The account id written into ARNs, unless ``SHIPYARD_ACCOUNT_ID`` says otherwise."""
 
