@@ -97,8 +97,11 @@ class Gateway:
         self.settings = settings
         self.metrics = Metrics()
         self.loops = Loops()
-        self.filesystems = Filesystems(s3_endpoint_url=settings.s3_endpoint_url)
-        """The one storage layer: every store of this gateway reaches S3 through it."""
+        self.filesystems = Filesystems(
+            s3_endpoint_url=settings.s3_endpoint_url, file_roots=self.host_access.file_roots
+        )
+        """The one storage layer: every store of this gateway reaches S3 through it, and
+        opens no local file a caller names outside ``auth.file_roots``."""
         self.store = MetadataStore(settings.db_url)
         self.router = Router(
             timeout_s=settings.invocation_timeout_s,

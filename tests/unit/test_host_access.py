@@ -1,14 +1,25 @@
-"""HostAccess: which commands and local locations a gateway with auth: accepts."""
+"""HostAccess: which commands, variables, local locations and notification targets a
+gateway with auth: accepts; FileRoots, the guard the stores open local files through."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
 from shipyard.errors import InvalidParameter
-from shipyard.host_access import HostAccess, local_path
+from shipyard.host_access import HostAccess, environment_refusal, wildcard
 from shipyard.settings import AccessKey, AuthConfig
+from shipyard.storage.artifacts import ArtifactError, ArtifactStore
+from shipyard.storage.filesystems import (
+    FileRoots,
+    Filesystems,
+    OutsideFileRoots,
+    local_location,
+    local_path,
+)
+from shipyard.storage.objects import ObjectStore, ObjectStoreError
 
 
 def access(tmp_path: Path, **kw: object) -> HostAccess:
@@ -18,17 +29,22 @@ def access(tmp_path: Path, **kw: object) -> HostAccess:
 
 def test_without_auth_everything_is_allowed(tmp_path: Path) -> None:
     open_access = HostAccess.from_auth(None)
-    open_access.check_image("cmd:id", "Image")
+    open_access.check_process(
+        image="cmd:id", entrypoint=["sh"], environment={"LD_PRELOAD": "/x.so", "PATH": "/"}
+    )
     open_access.check_location("file:///etc/passwd", "ModelDataUrl")
+    open_access.check_notify_target("json://10.0.0.1/hook", "SuccessTopic")
 
 
 def test_with_auth_commands_are_refused_unless_allowed(tmp_path: Path) -> None:
-    with pytest.raises(InvalidParameter, match="allow_commands"):
-        access(tmp_path).check_image("cmd:id > /tmp/x", "PrimaryContainer.Image")
+    with pytest.raises(InvalidParameter, match=r"PrimaryContainer\.Image.*allow_commands"):
+        access(tmp_path).check_process(
+            image="cmd:id > /tmp/x", image_field="PrimaryContainer.Image"
+        )
     with pytest.raises(InvalidParameter, match="ContainerEntrypoint"):
-        access(tmp_path).check_entrypoint(["sh"], "AlgorithmSpecification.ContainerEntrypoint")
-    access(tmp_path).check_image("shipyard/python", "PrimaryContainer.Image")
-    access(tmp_path, allow_commands=True).check_image("cmd:id", "PrimaryContainer.Image")
+        access(tmp_path).check_process(entrypoint=["sh"])
+    access(tmp_path).check_process(image="shipyard/python")
+    access(tmp_path, allow_commands=True).check_process(image="cmd:id", entrypoint=["sh"])
 
 
 @pytest.mark.parametrize(
@@ -38,8 +54,10 @@ def test_with_auth_commands_are_refused_unless_allowed(tmp_path: Path) -> None:
         "file://ROOT/model.tar.gz",
         "file://localhost/ROOT/sub/not-yet-made/out",
         "file://ROOT/a%20b/model.tar.gz",
+        "FILE://ROOT/model.tar.gz",
         "ROOT",
         "s3://bucket/anything",
+        "http://example.com/opens/no/local/file",
     ],
 )
 def test_locations_under_a_root_or_in_s3_are_accepted(tmp_path: Path, uri: str) -> None:
@@ -52,11 +70,16 @@ def test_locations_under_a_root_or_in_s3_are_accepted(tmp_path: Path, uri: str) 
     [
         "/etc/hostname",
         "file:///etc/hostname",
+        "FILE:///etc/hostname",
+        " file:///etc/hostname",
+        "\nfile:///etc/hostname",
+        "fi\tle:///etc/hostname",
+        "File:/etc/hostname",
         "ROOT/../outside",
         "file://ROOT/%2E%2E/outside",
         "ROOT-evil/model.tar.gz",
         "ROOT/link-out/secret",
-        "file://otherhost/ROOT/x",
+        "ROOT/not-yet/../../outside",
     ],
 )
 def test_locations_outside_the_roots_are_refused(tmp_path: Path, uri: str) -> None:
@@ -64,8 +87,18 @@ def test_locations_outside_the_roots_are_refused(tmp_path: Path, uri: str) -> No
     root.mkdir()
     (tmp_path / "outside").mkdir()
     (root / "link-out").symlink_to(tmp_path / "outside")
-    with pytest.raises(InvalidParameter, match="auth.file_roots"):
+    with pytest.raises(InvalidParameter, match=r"S3Uri: .*auth\.file_roots"):
         access(tmp_path).check_location(uri.replace("ROOT", str(root)), "S3Uri")
+
+
+def test_the_check_reads_a_location_as_the_opener_does() -> None:
+    """Finding 5: the check and the opener once parsed ``FILE:///etc/x`` apart."""
+    for uri in ("FILE:///etc/x", " file:///etc/x", "fi\tle:///etc/x", "file:/etc/x"):
+        assert local_location(uri) == local_path(uri) == Path("/etc/x")
+    assert local_path("file:///a/b%20c") == Path("/a/b c")
+    assert local_location("s3://b/k") is None
+    assert local_location("file://otherhost/x") is None  # the stores refuse it too
+    assert local_location("https://x/y") is None
 
 
 def test_no_roots_means_no_local_locations(tmp_path: Path) -> None:
@@ -76,12 +109,162 @@ def test_no_roots_means_no_local_locations(tmp_path: Path) -> None:
     strict.check_location("s3://b/k", "ModelDataUrl")
 
 
-def test_local_path_reads_file_uris_and_plain_paths() -> None:
-    assert local_path("file:///a/b%20c") == "/a/b c"
-    assert local_path("/a/b") == "/a/b"
-    assert local_path("s3://b/k") is None
-
-
 def test_a_nul_in_a_path_is_a_validation_error(tmp_path: Path) -> None:
     with pytest.raises(InvalidParameter, match="NUL"):
         access(tmp_path).check_location("file:///srv/a\x00b", "CheckpointConfig.S3Uri")
+
+
+# -- environment --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["PYTHONWARNINGS", "PYTHONPATH", "LD_PRELOAD", "BROWSER", "BASH_ENV", "ENV", "PERL5OPT",
+     "NODE_OPTIONS", "JAVA_TOOL_OPTIONS", "GCONV_PATH", "PATH", "HOME", "http_proxy",
+     "AWS_CONFIG_FILE", "BASH_FUNC_x%%", "pythonstartup"],
+)  # fmt: skip
+def test_interpreter_variables_are_refused_even_when_allowed(name: str) -> None:
+    allowed = (wildcard("*"),)
+    for allow_commands in (False, True):
+        why = environment_refusal(name, allow_commands=allow_commands, allowed=allowed)
+        assert why is not None, name
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["SAGEMAKER_PROGRAM", "SAGEMAKER_TS_BATCH_SIZE", "SHIPYARD_MAX_BATCH_SIZE", "SM_NUM_GPUS",
+     "TS_DEFAULT_RESPONSE_TIMEOUT", "MMS_DEFAULT_WORKERS_PER_MODEL", "HF_TASK",
+     "OMP_NUM_THREADS", "MKL_NUM_THREADS"],
+)  # fmt: skip
+def test_sagemaker_variables_are_allowed(name: str) -> None:
+    assert environment_refusal(name, allow_commands=False) is None
+
+
+def test_other_variables_need_allow_environment_or_commands() -> None:
+    assert environment_refusal("MY_FLAG", allow_commands=False) is not None
+    assert environment_refusal("MY_FLAG", allow_commands=True) is None
+    allowed = (wildcard("MY_*"), wildcard("OTHER"))
+    assert environment_refusal("MY_FLAG", allow_commands=False, allowed=allowed) is None
+    assert environment_refusal("OTHER", allow_commands=False, allowed=allowed) is None
+    assert environment_refusal("OTHERS", allow_commands=False, allowed=allowed) is not None
+
+
+def test_the_gateways_own_variables_and_odd_names_are_refused() -> None:
+    for name in ("SHIPYARD_IMPORTS_FILE", "SHIPYARD_MODEL_PREFIX", "A=B", "", "1X"):
+        assert environment_refusal(name, allow_commands=True) is not None, name
+
+
+def test_check_process_names_the_variable(tmp_path: Path) -> None:
+    checked = access(tmp_path, allow_environment=["TEAM_*", "PYTHONPATH"])
+    checked.check_process(environment={"SAGEMAKER_PROGRAM": "x.py", "TEAM_MODE": "fast"})
+    for name in ("PYTHONWARNINGS", "LD_PRELOAD", "BROWSER", "PYTHONPATH", "FOO"):
+        with pytest.raises(InvalidParameter, match=rf"Containers\.2\.Environment: '{name}'"):
+            checked.check_process(
+                environment={name: "x"}, environment_field="Containers.2.Environment"
+            )
+
+
+def test_a_submit_directory_variable_is_a_location(tmp_path: Path) -> None:
+    (tmp_path / "root").mkdir()
+    checked = access(tmp_path)
+    checked.check_process(environment={"SAGEMAKER_SUBMIT_DIRECTORY": str(tmp_path / "root")})
+    checked.check_process(environment={"SAGEMAKER_SUBMIT_DIRECTORY": "s3://b/code.tar.gz"})
+    with pytest.raises(InvalidParameter, match=r"SAGEMAKER_SUBMIT_DIRECTORY: .*file_roots"):
+        checked.check_process(environment={"SAGEMAKER_SUBMIT_DIRECTORY": "FILE:///etc"})
+
+
+# -- notification targets -----------------------------------------------------------
+
+
+def test_notify_targets_match_whole_urls_with_star_only(tmp_path: Path) -> None:
+    checked = access(
+        tmp_path, notify_targets=["https://hooks.example.com/*", "mailto://ops@mail.example?x"]
+    )
+    checked.check_notify_target("https://hooks.example.com/team/a?x=1", "SuccessTopic")
+    checked.check_notify_target("mailto://ops@mail.example?x", "SuccessTopic")
+    checked.check_notify_target("done", "SuccessTopic")  # a topic: the operator's
+    checked.check_notify_target("arn:aws:sns:us-east-1:123456789012:done", "SuccessTopic")
+    for url in (
+        "http://hooks.example.com/x",
+        "https://hooks.example.com.evil.net/x",
+        "json://10.0.0.1/hook",
+        "mailto://ops@mail.exampleAx",  # '?' is literal, not any one character
+        "xhttps://hooks.example.com/",
+    ):
+        with pytest.raises(InvalidParameter, match="ErrorTopic: .*auth.notify_targets"):
+            checked.check_notify_target(url, "ErrorTopic")
+
+
+def test_no_notify_targets_means_no_urls(tmp_path: Path) -> None:
+    with pytest.raises(InvalidParameter, match=r"'json://u:\*\*\*\*@h/'"):
+        access(tmp_path).check_notify_target("json://u:secret@h/", "SuccessTopic")
+
+
+# -- the guard in the stores ---------------------------------------------------------
+
+
+def guarded(tmp_path: Path) -> Filesystems:
+    return Filesystems(file_roots=FileRoots([tmp_path / "root"]))
+
+
+def test_file_roots_resolve_links_and_dots(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "out").symlink_to(tmp_path)
+    roots = FileRoots([root])
+    assert roots.check(root / "a" / "b", "x") == root / "a" / "b"
+    for path in (root / "out" / "x", root / "a" / ".." / ".." / "x", tmp_path / "rootx"):
+        with pytest.raises(OutsideFileRoots, match="auth.file_roots"):
+            roots.check(path, str(path))
+
+
+def test_the_object_store_opens_nothing_outside_the_roots(tmp_path: Path) -> None:
+    """Findings 3 and 5: whatever route a location took, the store refuses it."""
+    (tmp_path / "root").mkdir()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("secret")
+    store = ObjectStore(filesystems=guarded(tmp_path))
+    inside = (tmp_path / "root" / "in.txt").as_uri()
+    asyncio.run(store.write_bytes(inside, b"ok"))
+    assert store.read_bytes(inside, limit=10) == b"ok"
+    escapes = [
+        secret.as_uri(),
+        "FILE://" + str(secret),
+        " " + secret.as_uri(),
+        store.join((tmp_path / "root").as_uri(), "../secret.txt"),
+    ]
+    for uri in escapes:
+        with pytest.raises(ObjectStoreError, match="auth.file_roots"):
+            store.read_bytes(uri, limit=10)
+        with pytest.raises(ObjectStoreError, match="auth.file_roots"):
+            asyncio.run(store.write_bytes(uri + ".out", b"x"))
+        with pytest.raises(ObjectStoreError, match="auth.file_roots"):
+            store.delete(uri)
+    assert not list(tmp_path.glob("*.out")) and secret.read_text() == "secret"
+
+
+def test_the_artifact_store_follows_no_link_out_of_the_roots(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "model").mkdir(parents=True)
+    (root / "model" / "weights.bin").write_text("w")
+    (tmp_path / "secret.txt").write_text("secret")
+    store = ArtifactStore(filesystems=guarded(tmp_path))
+    assert store.download(str(root / "model"), tmp_path / "copy") == 1
+    (root / "model" / "leak").symlink_to(tmp_path / "secret.txt")
+    with pytest.raises(ArtifactError, match="auth.file_roots"):
+        store.fetch_model(str(root / "model"), tmp_path / "cache" / "m")
+    with pytest.raises(ArtifactError, match="auth.file_roots"):
+        store.fetch_model(str(tmp_path / "secret.txt"), tmp_path / "cache" / "n")
+    with pytest.raises(ArtifactError, match="auth.file_roots"):
+        store.upload_file(root / "model" / "weights.bin", (tmp_path / "dropped").as_uri())
+    assert not (tmp_path / "cache" / "m").exists() and not (tmp_path / "dropped").exists()
+
+
+def test_the_gateways_own_folders_are_not_checked(tmp_path: Path) -> None:
+    """A destination given as a Path (a cache slot in the gateway's home) is its own."""
+    root = tmp_path / "root"
+    (root / "model").mkdir(parents=True)
+    (root / "model" / "weights.bin").write_text("w")
+    store = ArtifactStore(filesystems=guarded(tmp_path))
+    home = tmp_path / "home" / "cache" / "m"
+    assert store.fetch_model((root / "model").as_uri(), home) == home

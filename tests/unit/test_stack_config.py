@@ -10,6 +10,7 @@ import pytest
 from shipyard.control.stack_config import OwnedElsewhere, StackChange, StackConfig
 from shipyard.errors import InvalidParameter
 from shipyard.events.topics import Topics
+from shipyard.host_access import HostAccess
 from shipyard.settings import JobsConfig
 
 TEMPLATE = {"AlgorithmSpecification": {"TrainingImage": "shipyard/python"}}
@@ -24,7 +25,13 @@ def config(origin: str | None = "site") -> tuple[StackConfig, Topics, Any, Any]:
         templates={"a": TEMPLATE},
         notify={"Completed": ["done"]},
     )
-    jobs = SimpleNamespace(config=jobs_config, announcer=SimpleNamespace(notify={}))
+    jobs = SimpleNamespace(
+        config=jobs_config,
+        announcer=SimpleNamespace(notify={}),
+        host_access=HostAccess(),
+        check_templates=lambda config: None,
+        live_templates=False,
+    )
     transforms = SimpleNamespace(announcer=SimpleNamespace(notify={}))
     stack = StackConfig(
         topics=topics,

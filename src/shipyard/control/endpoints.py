@@ -83,7 +83,12 @@ class EndpointService:
         execution_role_arn: str | None,
         raw: dict[str, object],
     ) -> Model:
-        self.host_access.check_image(image, "PrimaryContainer.Image")
+        self.host_access.check_process(
+            image=image,
+            environment=environment,
+            image_field="PrimaryContainer.Image",
+            environment_field="PrimaryContainer.Environment",
+        )
         self.host_access.check_location(model_data_url, "PrimaryContainer.ModelDataUrl")
         model = Model(
             name=name,
@@ -370,7 +375,10 @@ class EndpointService:
             ("SuccessTopic", config.success_topic),
             ("ErrorTopic", config.error_topic),
         ):
-            if topic is not None and self._unknown_topics([topic]):
+            if topic is None:
+                continue
+            self.host_access.check_notify_target(topic, f"NotificationConfig.{field}")
+            if self._unknown_topics([topic]):
                 raise InvalidParameter(
                     f"NotificationConfig.{field}: topic {topic!r} does not exist; declare it "
                     "under topics: in the stack file, or give an apprise URL."

@@ -112,6 +112,7 @@ class StackConfig:
             raise InvalidParameter(f"{where}: {message}" if where else message) from exc
         except ValueError as exc:
             raise InvalidParameter(str(exc)) from exc
+        self._check_host_access(change, checked)
         # From here on nothing can fail: the swap is all or nothing.
         self.topics.replace(checked.topics)
         self._declared = {name: list(urls) for name, urls in checked.topics.items()}
@@ -124,5 +125,21 @@ class StackConfig:
             self.jobs.config = new_jobs
             self.jobs.announcer.notify = {s: tuple(t) for s, t in new_jobs.notify.items()}
             self.transforms.announcer.notify = dict(self.jobs.announcer.notify)
+            self.jobs.live_templates = not change.remove_jobs
             self._jobs_owner = None if change.remove_jobs else change.stack
         return self.snapshot()
+
+    def _check_host_access(self, change: StackChange, checked: StackFile) -> None:
+        """What a change puts is checked as the calls that name the same things are
+        (DESIGN 2.9): a template as CreateTrainingJob, a subscriber or notify URL as a
+        notification target named by a caller. Only the stack file read at start is the
+        operator's own; ``PUT /stack`` is a call like any other."""
+        access = self.jobs.host_access
+        for name in change.put_topics:
+            for i, url in enumerate(checked.topics[name]):
+                access.check_notify_target(url, f"topics.{name}[{i}]")
+        if change.jobs is not None:
+            for status, targets in checked.jobs.notify.items():
+                for target in targets:
+                    access.check_notify_target(target, f"jobs.notify.{status}")
+            self.jobs.check_templates(checked.jobs)

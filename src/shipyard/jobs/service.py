@@ -54,6 +54,9 @@ class JobService:
         self.tagging = tagging
         """Where the Tags of CreateTrainingJob go; None: they are dropped."""
         self.config = config
+        self.live_templates = False
+        """Whether ``config`` was put through ``PUT /stack`` rather than read from the
+        stack file at start: its jobs are then checked as any caller's (check_templates)."""
         self.announcer = announcer
         self._wake = wake
         self.jobs_dir = jobs_dir
@@ -74,9 +77,10 @@ class JobService:
         the name is taken, InvalidParameter for a job this gateway cannot run.
         """
         _check_runnable(request)
-        if job_type is None:
-            # Facade jobs come from the operator's own stack-file templates: trusted.
-            self._check_host_access(request)
+        if job_type is None or self.live_templates:
+            # Templates from the stack file the gateway started with are the operator's
+            # own; those put through PUT /stack are checked as any caller's request.
+            self.check_host_access(request)
         name = request["TrainingJobName"]
         created = now()
         job = Job(
@@ -96,23 +100,26 @@ class JobService:
         self._wake()
         return job, remaining
 
-    def _check_host_access(self, request: dict[str, Any]) -> None:
-        """Refuse commands and local locations the auth: section does not allow."""
+    def check_host_access(self, request: dict[str, Any]) -> None:
+        """Refuse commands, variables and local locations the auth: section does not
+        allow (InvalidParameter naming the field)."""
         access = self.host_access
         algorithm = request.get("AlgorithmSpecification") or {}
-        access.check_image(
-            str(algorithm.get("TrainingImage", "")), "AlgorithmSpecification.TrainingImage"
-        )
-        access.check_entrypoint(
-            algorithm.get("ContainerEntrypoint"), "AlgorithmSpecification.ContainerEntrypoint"
+        access.check_process(
+            image=str(algorithm.get("TrainingImage", "")),
+            entrypoint=algorithm.get("ContainerEntrypoint"),
+            environment=request.get("Environment"),
+            image_field="AlgorithmSpecification.TrainingImage",
+            entrypoint_field="AlgorithmSpecification.ContainerEntrypoint",
         )
         for n, channel in enumerate(request.get("InputDataConfig") or [], start=1):
             source = (channel.get("DataSource") or {}).get("S3DataSource") or {}
             access.check_location(source.get("S3Uri"), f"InputDataConfig.{n}.S3Uri")
-        submit = (request.get("HyperParameters") or {}).get("sagemaker_submit_directory")
-        if isinstance(submit, str):
-            # The sagemaker SDK sends hyperparameters JSON-encoded: '"s3://b/k"'.
-            access.check_location(submit.strip('"'), "HyperParameters.sagemaker_submit_directory")
+        # Read as the supervisor reads it for the runner (JSON-decoded, as the SDK sends it).
+        access.check_location(
+            hyperparameter(request, "sagemaker_submit_directory"),
+            "HyperParameters.sagemaker_submit_directory",
+        )
         access.check_location(
             (request.get("OutputDataConfig") or {}).get("S3OutputPath"),
             "OutputDataConfig.S3OutputPath",
@@ -130,7 +137,7 @@ class JobService:
         if job_type not in self.config.white_list:
             raise JobTypeNotAllowed(f"The type [{job_type}] is not in the white list.")
         for _ in range(3):
-            request = self._from_template(job_type)
+            request = _from_template(self.config, job_type)
             try:
                 return self.create(request, job_type=job_type)
             except ResourceLimitExceeded as exc:
@@ -164,17 +171,29 @@ class JobService:
             self.jobs_dir / job.name / f"attempt-{n}" / "job.log" for n in range(1, job.attempt + 1)
         ]
 
-    def _from_template(self, job_type: str) -> dict[str, Any]:
-        request = copy.deepcopy(self.config.templates[job_type])
-        stamp = now().strftime("%Y%m%d-%H%M%S-%f")
-        prefix = _NAME_UNSAFE.sub("-", job_type).strip("-")[: 62 - len(stamp)] or "job"
-        request["TrainingJobName"] = f"{prefix}-{stamp}"
-        request["RoleArn"] = self.config.role_arn
-        output = request.setdefault("OutputDataConfig", {})
-        output["S3OutputPath"] = self.config.s3_bucket
-        request.setdefault("AlgorithmSpecification", {}).setdefault("TrainingInputMode", "File")
-        request.setdefault("StoppingCondition", {})
-        return request
+    def check_templates(self, config: JobsConfig) -> None:
+        """Refuse ``config`` (a jobs section put through ``PUT /stack``) when a job of one
+        of its templates would be refused by CreateTrainingJob: InvalidParameter naming
+        the template and the field."""
+        for job_type in config.templates:
+            try:
+                self.check_host_access(_from_template(config, job_type))
+            except InvalidParameter as exc:
+                raise InvalidParameter(f"jobs.templates.{job_type}: {exc.message}") from None
+
+
+def _from_template(config: JobsConfig, job_type: str) -> dict[str, Any]:
+    """The CreateTrainingJob request of a ``job_type`` job, from its template."""
+    request = copy.deepcopy(config.templates[job_type])
+    stamp = now().strftime("%Y%m%d-%H%M%S-%f")
+    prefix = _NAME_UNSAFE.sub("-", job_type).strip("-")[: 62 - len(stamp)] or "job"
+    request["TrainingJobName"] = f"{prefix}-{stamp}"
+    request["RoleArn"] = config.role_arn
+    output = request.setdefault("OutputDataConfig", {})
+    output["S3OutputPath"] = config.s3_bucket
+    request.setdefault("AlgorithmSpecification", {}).setdefault("TrainingInputMode", "File")
+    request.setdefault("StoppingCondition", {})
+    return request
 
 
 def hyperparameter(request: dict[str, Any], key: str) -> str | None:

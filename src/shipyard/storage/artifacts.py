@@ -39,7 +39,6 @@ from shipyard.storage.filesystems import (
     S3_SCHEME,
     Filesystems,
     UnsupportedLocation,
-    local_path,
     s3_path,
 )
 
@@ -97,7 +96,9 @@ class ArtifactStore:
         s3_endpoint_url: an S3-compatible endpoint (MinIO, a test server) instead of AWS.
             Credentials and region come from the environment, as for any AWS client.
         filesystems: the storage layer to share with other stores, whose endpoint
-            then applies; built from ``s3_endpoint_url`` when not given.
+            and ``file_roots`` then apply: every local URI this store reads or writes
+            (never a destination folder it is given as a Path) is checked against
+            them; built from ``s3_endpoint_url`` when not given.
     """
 
     def __init__(
@@ -172,10 +173,9 @@ class ArtifactStore:
         if uri.startswith(S3_SCHEME):
             self._fetch_s3(uri, tree, staging, words)
             return
-        source = _local_path(uri, words)
+        source = self._local_path(uri, words)
         if source.is_dir():
-            # Symlinks are followed and their content copied, so no link points out of dest.
-            shutil.copytree(source, tree, dirs_exist_ok=True)
+            self._copy_tree(source, tree, uri, words)
         elif source.exists():
             _extract(source, uri, tree, words)
         else:
@@ -233,11 +233,9 @@ class ArtifactStore:
                 return _download_prefix(fs, path, uri, dest, words)
             fs.get_file(path, str(dest / path.rsplit("/", 1)[-1]))
             return 1
-        source = _local_path(uri, words)
+        source = self._local_path(uri, words)
         if source.is_dir():
-            count = sum(len(files) for _, _, files in os.walk(source))
-            shutil.copytree(source, dest, dirs_exist_ok=True)
-            return count
+            return self._copy_tree(source, dest, uri, words)
         shutil.copy2(source, dest / source.name)  # FileNotFoundError when it is missing
         return 1
 
@@ -288,11 +286,41 @@ class ArtifactStore:
         if uri.startswith(S3_SCHEME):
             self._s3_filesystem().put_file(str(path), _s3_path(uri, _OUTPUT_WORDS))
             return
-        target = _local_path(uri, _OUTPUT_WORDS)
+        target = self._local_path(uri, _OUTPUT_WORDS)
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.partial")
         shutil.copyfile(path, partial)
         os.replace(partial, target)
+
+    def _local_path(self, uri: str, words: _Words) -> Path:
+        """The local path of ``uri``, refused outside ``file_roots`` (filesystems.py)."""
+        try:
+            return self._filesystems.local_file(uri)
+        except UnsupportedLocation as exc:
+            raise ArtifactError(f"{words.subject} {exc}") from None
+
+    def _copy_tree(self, source: Path, dest: Path, uri: str, words: _Words) -> int:
+        """Copy the folder ``source`` into ``dest``; return how many files were copied.
+
+        Symlinks are followed and their content copied, so no link points out of
+        ``dest``; a file a link leads to outside ``file_roots`` is refused, as its URI
+        would be.
+        """
+        copied = 0
+
+        def copy(src: str, dst: str) -> str:
+            nonlocal copied
+            if not self._filesystems.allows(Path(src)):
+                raise ArtifactError(
+                    f"{words.subject} {uri} is unsafe: {src} leads outside the folders this "
+                    "gateway may read (auth.file_roots)."
+                )
+            copied += 1
+            return str(shutil.copy2(src, dst))
+
+        # copytree collects OSErrors and goes on; an ArtifactError stops it at once.
+        shutil.copytree(source, dest, dirs_exist_ok=True, copy_function=copy)
+        return copied
 
     def _s3_filesystem(self) -> Any:
         # No listings cache (filesystems.py): a retry after the user uploads the missing
@@ -325,13 +353,6 @@ def _remove(path: Path) -> None:
         path.unlink()
     elif path.is_dir():
         shutil.rmtree(path)
-
-
-def _local_path(uri: str, words: _Words) -> Path:
-    try:
-        return local_path(uri)
-    except UnsupportedLocation as exc:
-        raise ArtifactError(f"{words.subject} {exc}") from None
 
 
 def _s3_path(uri: str, words: _Words) -> str:

@@ -16,11 +16,29 @@ fetched folder, and the standard library's tar extraction filter over real paths
 
 Errors are ``UnsupportedLocation`` with a message that names the URI and what to write
 instead; each store prefixes it with its own subject ("Model data ...").
+
+**The one guard on local files** (DESIGN 2.9, ``auth.file_roots``). A ``Filesystems``
+built with ``file_roots`` refuses, with ``OutsideFileRoots``, every local path a store
+opens, lists or writes for a URI that is not under one of them: ``local_file`` is the
+only way the stores turn a URI into a local path. The check runs on the path the store
+is about to open, parsed by ``local_path`` below, the one parser of locations (the
+early checks of the control plane, host_access.py, call it too): ``FILE:///x``, a
+leading space or a tab in the scheme are read as the opener reads them, because they
+*are* the opener's reading. So a location reached by any route (a manifest's prefix and
+keys, ``..`` included; an output key; a capture destination; an async input or output;
+a multi-model ``TargetModel``) is checked where it is opened, without a check of its
+own. The guard applies to URIs only, which callers name: the folders a store is given
+as ``Path`` (a fetch's destination, the gateway's home, its caches and logs) are the
+gateway's own and are never checked. A link swapped in between the check and the open
+could still lead out; only code that runs on this host can make one, and with
+``auth:`` that code runs in a sandbox that sees no more than the roots.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -45,8 +63,18 @@ class UnsupportedScheme(UnsupportedLocation):
         self.scheme = scheme
 
 
+class OutsideFileRoots(UnsupportedLocation):
+    """A local location outside ``auth.file_roots``; the message names it and the roots."""
+
+
 def local_path(uri: str) -> Path:
-    """The local path of a ``file://`` URI or a plain path."""
+    """The local path of a ``file://`` URI or a plain path: the one reading of a location.
+
+    ``urlsplit`` reads the scheme as a browser would (case folded, leading whitespace
+    and control characters dropped, tabs and newlines removed), so ``FILE:///x`` and
+    ``" file:///x"`` both name ``/x``. Every store opens what this returns, and the
+    checks of ``file_roots`` check what it returns; nothing else parses a location.
+    """
     parts = urlsplit(uri)
     if parts.scheme == "file":
         if parts.netloc not in ("", "localhost"):
@@ -57,6 +85,57 @@ def local_path(uri: str) -> Path:
     if parts.scheme:
         raise UnsupportedScheme(uri, parts.scheme)
     return Path(uri)
+
+
+def local_location(uri: str) -> Path | None:
+    """The local path a store would open for ``uri``; None when it opens none.
+
+    An ``s3://`` URI, another scheme or a ``file://`` URI naming another host open no
+    local file (the stores refuse the last two), so there is nothing to check there.
+    """
+    if uri.startswith(S3_SCHEME):
+        return None
+    try:
+        return local_path(uri)
+    except UnsupportedLocation:
+        return None
+
+
+class FileRoots:
+    """The folders (``auth.file_roots``) that local locations named by callers must lie
+    under; see the module docstring for where it is checked.
+
+    A path is resolved before it is compared: ``..`` and symbolic links are followed
+    (``os.path.realpath``; for a path that does not exist yet, from its deepest existing
+    parent), so neither leads out. No roots means no local location at all.
+    """
+
+    def __init__(self, roots: Iterable[str | os.PathLike[str]]) -> None:
+        self.roots = tuple(Path(os.path.realpath(root)) for root in roots)
+
+    def __repr__(self) -> str:
+        return f"FileRoots({[str(root) for root in self.roots]!r})"
+
+    def check(self, path: Path, uri: str) -> Path:
+        """``path`` (what ``uri`` opens), or OutsideFileRoots naming ``uri`` when it
+        resolves outside every root."""
+        if "\x00" in str(path):
+            raise OutsideFileRoots(f"{uri[:200]!r}: a path may not contain a NUL character.")
+        real = Path(os.path.realpath(path))
+        if not any(real == root or real.is_relative_to(root) for root in self.roots):
+            roots = ", ".join(str(root) for root in self.roots) or "none"
+            raise OutsideFileRoots(
+                f"{uri[:200]!r} is outside the folders this gateway may read and write "
+                f"(auth.file_roots: {roots})."
+            )
+        return path
+
+    def check_uri(self, uri: str) -> None:
+        """Refuse ``uri`` when it names a local path outside the roots (OutsideFileRoots);
+        a URI that opens no local file passes."""
+        path = local_location(uri)
+        if path is not None:
+            self.check(path, uri)
 
 
 def s3_path(uri: str, *, object_key: bool = False) -> str:
@@ -81,15 +160,45 @@ class Filesystems:
 
     Args:
         s3_endpoint_url: an S3-compatible endpoint (MinIO, a test server) instead of AWS.
+        file_roots: the folders local URIs must lie under (the module docstring);
+            None, without ``auth:``, means anywhere.
     """
 
-    def __init__(self, *, s3_endpoint_url: str | None = None) -> None:
+    def __init__(
+        self, *, s3_endpoint_url: str | None = None, file_roots: FileRoots | None = None
+    ) -> None:
         self.s3_endpoint_url = s3_endpoint_url
+        self.file_roots = file_roots
         self._s3: Any = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"Filesystems(s3_endpoint_url={self.s3_endpoint_url!r})"
+        return (
+            f"Filesystems(s3_endpoint_url={self.s3_endpoint_url!r}, file_roots={self.file_roots!r})"
+        )
+
+    def local_file(self, uri: str) -> Path:
+        """The local path of ``uri`` (``local_path``), checked against ``file_roots``.
+
+        Raises:
+            UnsupportedLocation: ``uri`` names no local path; OutsideFileRoots, one of
+                them, when it resolves outside the roots.
+        """
+        path = local_path(uri)
+        if self.file_roots is not None:
+            self.file_roots.check(path, uri)
+        return path
+
+    def allows(self, path: Path) -> bool:
+        """Whether the local ``path`` lies under ``file_roots`` (a file found inside a
+        folder the store was asked to copy)."""
+        if self.file_roots is None:
+            return True
+        try:
+            self.file_roots.check(path, str(path))
+        except OutsideFileRoots:
+            return False
+        return True
 
     def s3(self) -> Any:
         """The one S3 filesystem (an ``s3fs.S3FileSystem``), built on first use."""

@@ -24,7 +24,8 @@ Errors, translated here from the filesystem's, s3fs's and botocore's and chained
     Exception
      ├── ObjectNotFound     a read names nothing
      └── ObjectStoreError   anything else: unreadable, unwritable, a folder, an
-                            unsupported URI, larger than allowed
+                            unsupported URI, a local path outside auth.file_roots,
+                            larger than allowed
 """
 
 from __future__ import annotations
@@ -47,7 +48,6 @@ from shipyard.storage.filesystems import (
     Filesystems,
     UnsupportedLocation,
     UnsupportedScheme,
-    local_path,
     s3_path,
 )
 
@@ -88,7 +88,9 @@ class ObjectStore:
         s3_endpoint_url: an S3-compatible endpoint (MinIO, a test server) instead of AWS.
             Credentials and region come from the environment, as for any AWS client.
         filesystems: the storage layer to share with other stores, whose endpoint
-            then applies; built from ``s3_endpoint_url`` when not given.
+            and ``file_roots`` then apply (every local URI this store reads, lists,
+            writes or deletes is checked against them); built from ``s3_endpoint_url``
+            when not given.
     """
 
     def __init__(
@@ -112,7 +114,7 @@ class ObjectStore:
                 if info["type"] != "file":
                     raise _NotAnObject(_folder_message(uri))
                 return int(info["size"])
-            status = _local_path(uri).stat()
+            status = self._local_path(uri).stat()
             if not stat.S_ISREG(status.st_mode):
                 raise _NotAnObject(_folder_message(uri))
             return status.st_size
@@ -205,7 +207,7 @@ class ObjectStore:
             if uri.startswith(S3_SCHEME):
                 self._s3().rm_file(_s3_path(uri))
             else:
-                _local_path(uri).unlink(missing_ok=True)
+                self._local_path(uri).unlink(missing_ok=True)
 
     def list_prefix(self, prefix: str) -> list[tuple[str, str]]:
         """Every object whose key starts with ``prefix``, as (URI, key relative to the
@@ -227,7 +229,7 @@ class ObjectStore:
                 uris = [S3_SCHEME + key for key in found if key.startswith(path)]
                 folder = S3_SCHEME + folder_path
             else:
-                local = _local_path(prefix)
+                local = self._local_path(prefix)
                 if local.is_dir():
                     folder = local.as_uri() + "/"
                     uris = [p.as_uri() for p in local.rglob("*") if p.is_file()]
@@ -252,7 +254,7 @@ class ObjectStore:
     def _open_read(self, uri: str, *, read_ahead: bool = True) -> Any:
         with _translate(uri, "read"):
             if not uri.startswith(S3_SCHEME):
-                return open(_local_path(uri), "rb")  # the caller closes it
+                return open(self._local_path(uri), "rb")  # the caller closes it
             file = self._s3().open(
                 _s3_path(uri),
                 "rb",
@@ -268,10 +270,22 @@ class ObjectStore:
         with _translate(uri, "write"):
             if uri.startswith(S3_SCHEME):
                 return _S3Sink(uri, self._s3().open(_s3_path(uri), "wb", block_size=_S3_PART_BYTES))
-            return _LocalSink(uri, _local_path(uri))
+            return _LocalSink(uri, self._local_path(uri))
 
     def _s3(self) -> Any:
         return self._filesystems.s3()
+
+    def _local_path(self, uri: str) -> Path:
+        """The local path of ``uri``, refused outside ``file_roots`` (filesystems.py)."""
+        try:
+            return self._filesystems.local_file(uri)
+        except UnsupportedScheme as exc:
+            # This store's own wording, older than the shared layer's ("or a local path").
+            raise ObjectStoreError(
+                f"{uri} has the unsupported scheme '{exc.scheme}'; use s3://, file:// or a path."
+            ) from None
+        except UnsupportedLocation as exc:
+            raise ObjectStoreError(str(exc)) from None
 
 
 class _LocalSink:
@@ -419,18 +433,6 @@ def _cause(exc: BaseException) -> str:
 
 def _folder_message(uri: str) -> str:
     return f"{uri} names a folder, not an object."
-
-
-def _local_path(uri: str) -> Path:
-    try:
-        return local_path(uri)
-    except UnsupportedScheme as exc:
-        # This store's own wording, older than the shared layer's ("or a local path").
-        raise ObjectStoreError(
-            f"{uri} has the unsupported scheme '{exc.scheme}'; use s3://, file:// or a path."
-        ) from None
-    except UnsupportedLocation as exc:
-        raise ObjectStoreError(str(exc)) from None
 
 
 def _s3_path(uri: str) -> str:

@@ -186,6 +186,8 @@ class TransformService:
                     f"{field}: {uri!r} is not an s3:// or file:// URI or an absolute path."
                 )
             self.host_access.check_location(uri, field)
+        # The model's instances start with this Environment added to the model's own.
+        self.host_access.check_process(environment=request.get("Environment"))
         count = int(request["TransformResources"]["InstanceCount"])
         if count > self.max_instances:
             raise InvalidParameter(

@@ -30,10 +30,15 @@ def create_model(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
         raise InvalidParameter("PrimaryContainer.Image must be provided.")
     _check_mode(p, container)
     _check_containers(p)
-    # None of the containers may run a command or name a file this gateway's auth:
-    # section does not allow.
+    # None of the containers may run a command, set a variable or name a file this
+    # gateway's auth: section does not allow.
     for n, other in enumerate(p.get("Containers") or [], start=1):
-        svc.host_access.check_image(str(other.get("Image", "")), f"Containers.{n}.Image")
+        svc.host_access.check_process(
+            image=str(other.get("Image", "")),
+            environment=other.get("Environment"),
+            image_field=f"Containers.{n}.Image",
+            environment_field=f"Containers.{n}.Environment",
+        )
         svc.host_access.check_location(other.get("ModelDataUrl"), f"Containers.{n}.ModelDataUrl")
     model = svc.create_model(
         p["ModelName"],
