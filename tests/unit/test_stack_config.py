@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,7 +12,9 @@ from shipyard.control.stack_config import OwnedElsewhere, StackChange, StackConf
 from shipyard.errors import InvalidParameter
 from shipyard.events.topics import Topics
 from shipyard.host_access import HostAccess
-from shipyard.settings import JobsConfig
+from shipyard.jobs.announce import JobAnnouncer
+from shipyard.jobs.service import JobService
+from shipyard.settings import AccessKey, AuthConfig, JobsConfig
 
 TEMPLATE = {"AlgorithmSpecification": {"TrainingImage": "shipyard/python"}}
 
@@ -110,3 +113,54 @@ def test_removing_the_jobs_section_brings_back_the_defaults() -> None:
     assert jobs.config == JobsConfig(limit=4)
     assert jobs.announcer.notify == {}
     assert stack.snapshot()["jobs_owner"] is None and stack.snapshot()["topics"] == {}
+
+
+def guarded_jobs(config: JobsConfig) -> JobService:
+    """A JobService under ``auth:`` with ``allow_commands: false``; never reaches a store."""
+    key = AccessKey(access_key_id="AKIATEST", secret_access_key_env="X")
+    return JobService(
+        store=None,  # type: ignore[arg-type]
+        config=config,
+        announcer=JobAnnouncer(notify={}),
+        wake=lambda: None,
+        jobs_dir=Path("/nonexistent"),
+        region="us-east-1",
+        account_id="123456789012",
+        host_access=HostAccess.from_auth(
+            AuthConfig(keys=[key], notify_targets=["json://127.0.0.1:*"])
+        ),
+    )
+
+
+def test_under_auth_a_live_change_is_checked_as_the_calls_it_stands_for() -> None:
+    """Finding 4 and 8: templates as CreateTrainingJob, URLs as callers' targets."""
+    stack, topics, _, transforms = config()
+    jobs = guarded_jobs(stack.jobs.config)
+    stack.jobs = jobs
+    before = stack.snapshot()
+    cmd = {"AlgorithmSpecification": {"TrainingImage": "cmd:id"}}
+    section = {"white_list": ["a"], "s3_bucket": "s3://b/out", "templates": {"a": cmd}}
+    with pytest.raises(InvalidParameter, match=r"jobs\.templates\.a: .*allow_commands"):
+        stack.change(StackChange("site", {}, [], jobs=section))
+    section["templates"] = {"a": {**TEMPLATE, "Environment": {"LD_PRELOAD": "/x.so"}}}
+    with pytest.raises(InvalidParameter, match=r"jobs\.templates\.a: .*'LD_PRELOAD'"):
+        stack.change(StackChange("site", {}, [], jobs=section))
+    section["templates"] = {"a": TEMPLATE}
+    section["notify"] = {"Failed": ["http://10.0.0.1/hook"]}
+    with pytest.raises(InvalidParameter, match=r"jobs\.notify\.Failed: .*notify_targets"):
+        stack.change(StackChange("site", {}, [], jobs=section))
+    with pytest.raises(InvalidParameter, match=r"topics\.x\[0\]: .*notify_targets"):
+        stack.change(StackChange("site", {"x": ["mailto://a@b.example"]}, []))
+    assert stack.snapshot() == before and not jobs.live_templates
+    section["notify"] = {"Failed": ["done", "json://127.0.0.1:9/ok"]}
+    stack.change(StackChange("site", {"x": ["json://127.0.0.1:9/x"]}, [], jobs=section))
+    assert jobs.live_templates and topics.names == ["done", "x"]
+
+
+def test_a_job_from_a_live_template_is_checked_again_when_it_starts() -> None:
+    """However a template got in, a live one starts no job CreateTrainingJob would refuse."""
+    cmd = {"AlgorithmSpecification": {"TrainingImage": "cmd:id"}}
+    jobs = guarded_jobs(JobsConfig(white_list=["a"], s3_bucket="s3://b/out", templates={"a": cmd}))
+    jobs.live_templates = True
+    with pytest.raises(InvalidParameter, match="allow_commands"):
+        jobs.submit("a")

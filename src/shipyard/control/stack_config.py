@@ -12,6 +12,11 @@ it, and for what ``--config`` declared, the stack named after that file's stem (
 change or remove only what it owns, or put what nobody owns, as with the resources it
 tags. Changes live in this gateway's memory: a restarted gateway reads ``--config``
 again, so point it at the file you apply.
+
+Under ``auth:`` a change is a call like any other (DESIGN 2.9): its job templates must
+pass what CreateTrainingJob checks (``allow_commands``, the environment rule,
+``file_roots``), and the URLs it puts as topic subscribers or notify targets must match
+``auth.notify_targets``. Only the file read at start is the operator's own.
 """
 
 from __future__ import annotations
