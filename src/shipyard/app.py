@@ -45,7 +45,7 @@ from shipyard.gateway.oip import InferenceProtocol
 from shipyard.gateway.oip_rest import OipRestDoor
 from shipyard.gateway.ops import healthz, metrics_endpoint
 from shipyard.gateway.runtime import RuntimeDoor
-from shipyard.gateway.signatures import ASGIApp, RequireSignature
+from shipyard.gateway.signatures import ASGIApp, ReadOnce, RequireSignature
 from shipyard.gateway.stack_config import StackConfigDoor
 from shipyard.gateway.streaming import ResponseStreamDoor
 from shipyard.gateway.validation import RequestValidator
@@ -409,7 +409,9 @@ class Gateway:
         )
 
     def _guarded(self, settings: Settings, stack: StackFile) -> ASGIApp:
-        """Every request through SigV4 verification when the stack file has ``auth:``."""
+        """The edge every request passes first: its head read once (repeated
+        security-relevant headers refused), and SigV4 verification when the stack file
+        has ``auth:`` (gateway/signatures.py)."""
         if stack.auth is None:
             if not (_is_loopback(settings.host) or settings.insecure):
                 raise ValueError(
@@ -418,7 +420,7 @@ class Gateway:
                     "the port could run commands on this host. Add an auth: section "
                     "(see SECURITY.md) or pass --insecure."
                 )
-            return self._dispatch
+            return ReadOnce(self._dispatch, account_id=settings.account_id)
         return RequireSignature(
             self._dispatch,
             verifier=Verifier.from_config(stack.auth, os.environ),

@@ -4,7 +4,8 @@
     ├── ValidationException            400  bad input on the control plane
     │   ├── ResourceNotFound           400  SageMaker's "Could not find ..." wording
     │   ├── AlreadyExists              400  "Cannot create already existing model ..."
-    │   └── InvalidParameter           400  a value that breaks a constraint
+    │   ├── InvalidParameter           400  a value that breaks a constraint
+    │   └── RepeatedHeader             400  a security-relevant header sent twice
     ├── ResourceInUse                  400  a name already taken, or a resource still used
     ├── ResourceLimitExceeded          400  a quota hit
     ├── ObjectNotFound                 400  Application Auto Scaling: no such target or policy
@@ -23,7 +24,8 @@
     │   ├── MissingAuthenticationToken      no signature at all
     │   ├── UnrecognizedClient              an access key this gateway does not know
     │   ├── InvalidSignature                a wrong, malformed or expired signature
-    │   └── AccessDenied                    a key whose ``allow`` list lacks the action
+    │   └── AccessDenied                    a key whose ``allow`` lacks the action, or
+    │                                       whose ``resources`` lack the resource
     └── FacadeRefusal                       the jobs facade's refusals (POST /inference)
         ├── MissingJobType             501  no or malformed ``type``, or a body not a JSON object
         ├── JobLimitReached            502  ``limit`` jobs are already active
@@ -79,6 +81,15 @@ class AlreadyExists(ValidationException):
 
 class InvalidParameter(ValidationException):
     """A parameter that breaks one of the API's constraints."""
+
+
+class RepeatedHeader(ValidationException):
+    """A request carrying a header its security rests on (``X-Amz-Target``,
+    ``Authorization``, ``Content-Length``, ...) more than once.
+
+    Refused at the edge before anything reads it: two values let the signature check
+    and the door that acts each pick a different one (DESIGN 2.9, "read once").
+    """
 
 
 class ResourceInUse(ShipyardError):
@@ -223,7 +234,8 @@ class InvalidSignature(AuthFailure):
 
 
 class AccessDenied(AuthFailure):
-    """The key is known and the signature good, but the key may not call this action."""
+    """The key is known and the signature good, but the key may not call this action, or
+    not on this resource (its ``resources`` patterns do not match the resource's ARN)."""
 
     wire_type = "AccessDeniedException"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Any
 
@@ -14,6 +15,7 @@ from shipyard.errors import (
     AccessDenied,
     InvalidSignature,
     MissingAuthenticationToken,
+    RepeatedHeader,
     UnrecognizedClient,
 )
 from shipyard.gateway.auth import (
@@ -23,6 +25,7 @@ from shipyard.gateway.auth import (
     Verifier,
     action_of,
     authorize,
+    read_head,
 )
 
 KEY, SECRET = "AKIATESTOPS000000001", "ops-secret/with+chars"
@@ -237,3 +240,53 @@ def test_a_malformed_date_is_an_invalid_signature() -> None:
         headers = [(k, stamp if k == b"x-amz-date" else v) for k, v in request.headers]
         with pytest.raises(InvalidSignature):
             verifier().verify(SignedRequest("POST", b"/", b"", headers, request.body))
+
+
+def test_a_header_the_signature_rests_on_may_come_only_once() -> None:
+    request = signed()
+    for name in (b"x-amz-target", b"authorization", b"x-amz-date", b"host"):
+        value = next(v for k, v in request.headers if k == name)
+        with pytest.raises(RepeatedHeader, match=f"{name.decode()} header more than once"):
+            read_head([*request.headers, (name, value)])
+    assert read_head(request.headers).target == "SageMaker.DescribeEndpoint"
+
+
+def test_the_head_is_checked_and_the_key_known_before_any_body() -> None:
+    request = signed(key="AKIAUNKNOWN000000000")
+    with pytest.raises(UnrecognizedClient):
+        verifier().start(
+            "POST", b"/", b"", request.headers, read_head(request.headers), secure=False
+        )
+    request = signed()
+    pending = verifier().start(
+        "POST", b"/", b"", request.headers, read_head(request.headers), secure=False
+    )
+    assert pending.needs_body
+    assert verifier().finish(pending, request.body).access_key_id == KEY
+
+
+def test_an_unsigned_payload_is_taken_over_tls_only() -> None:
+    headers = {"X-Amz-Target": "SageMaker.ListModels", "X-Amz-Content-SHA256": "UNSIGNED-PAYLOAD"}
+    request = signed(headers=headers)
+    with pytest.raises(InvalidSignature, match="only over TLS"):
+        verifier().verify(request)
+    over_tls = dataclasses.replace(request, secure=True, body=b"anything at all")
+    assert verifier().verify(over_tls).access_key_id == KEY
+    pending = verifier().start(
+        "POST", b"/", b"", request.headers, read_head(request.headers), secure=True
+    )
+    assert not pending.needs_body
+
+
+def test_keys_are_scoped_to_the_resources_they_name() -> None:
+    team_a = Caller("K", ("*",), ("arn:aws:sagemaker:*:*:endpoint/team-a-*",))
+    authorize(team_a, "x:Y", account_id="1", arn="arn:aws:sagemaker:r:1:endpoint/team-a-x")
+    assert team_a.reaches("arn:aws:sagemaker:r:1:endpoint/TEAM-A-x")  # names are lower-case
+    assert not team_a.reaches("arn:aws:sagemaker:r:1:endpoint/team-b-x")
+    assert not team_a.reaches("arn:aws:sagemaker:r:1:model/team-a-x")
+    with pytest.raises(AccessDenied, match="on resource: arn:aws:sagemaker:r:1:endpoint/team-b"):
+        authorize(team_a, "x:Y", account_id="1", arn="arn:aws:sagemaker:r:1:endpoint/team-b")
+    single = Caller("K", ("*",), ("arn:aws:sagemaker:*:*:endpoint/a?c",))
+    assert single.reaches("arn:aws:sagemaker:r:1:endpoint/abc")
+    assert not single.reaches("arn:aws:sagemaker:r:1:endpoint/abbc")
+    assert Caller("K", ("*",)).reaches("anything")

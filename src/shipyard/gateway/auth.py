@@ -36,6 +36,17 @@ as IAM writes them, ``*`` wildcards, case-insensitive):
 The console's pages and static files (``GET /console`` and below, but ``/console/api``)
 need no signature: a browser cannot sign a navigation, so they hold no data, and the
 page's script signs each ``/console/api`` call itself.
+
+A request is read once (``read_head``): the headers its security rests on may appear
+only once, and what the edge read of them travels to the doors as a value
+(``Admitted``, under ``scope[ADMITTED]``) instead of being read again. A signature must
+cover ``host``, its date header and (when there is one) ``x-amz-target``, and may leave
+the body unsigned (``UNSIGNED-PAYLOAD``) only over TLS. Everything but the body is
+checked first (``Verifier.start``), so a request with no key, or a key this gateway
+does not know, is refused before a byte of its body is read.
+
+Keys may also be scoped by resource (``resources``, ARN patterns): a door that acts on
+an endpoint, model, config or job asks ``Admitted.reach`` with that resource's ARN.
 """
 
 from __future__ import annotations
@@ -61,6 +72,7 @@ from shipyard.errors import (
     AuthFailure,
     InvalidSignature,
     MissingAuthenticationToken,
+    RepeatedHeader,
     UnrecognizedClient,
 )
 from shipyard.settings import AuthConfig
@@ -87,16 +99,137 @@ class Door(Enum):
     OTHER = "other"
 
 
+ADMITTED = "shipyard.admitted"
+"""The ASGI scope key under which the edge leaves a request's ``Admitted`` value."""
+
+_READ_ONCE = frozenset(
+    (
+        b"x-amz-target",
+        b"authorization",
+        b"x-amz-date",
+        b"date",
+        b"x-amz-content-sha256",
+        b"content-length",
+        b"host",
+    )
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The headers a request's security rests on, each read once (``read_head``)."""
+
+    target: str | None = None
+    authorization: str | None = None
+    amz_date: str | None = None
+    date: str | None = None
+    content_sha256: str | None = None
+    content_length: str | None = None
+
+
+def read_head(headers: list[tuple[bytes, bytes]]) -> Head:
+    """The security-relevant headers of ``headers`` (lower-cased names, as ASGI gives
+    them); RepeatedHeader when one of them comes twice, ``Host`` included."""
+    found: dict[bytes, str] = {}
+    for key, value in headers:
+        if key in _READ_ONCE:
+            if key in found:
+                raise RepeatedHeader(
+                    f"The request carries the {key.decode('latin-1')} header more than once; "
+                    "send it once."
+                )
+            found[key] = value.decode("latin-1")
+    if not found:
+        return _NO_HEAD
+    return Head(
+        target=found.get(b"x-amz-target"),
+        authorization=found.get(b"authorization"),
+        amz_date=found.get(b"x-amz-date"),
+        date=found.get(b"date"),
+        content_sha256=found.get(b"x-amz-content-sha256"),
+        content_length=found.get(b"content-length"),
+    )
+
+
+_NO_HEAD = Head()
+
+
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """A verified signer: the key it used and what that key may call."""
+    """A verified signer: the key it used, what that key may call and on what."""
 
     access_key_id: str
     allow: tuple[str, ...]
+    resources: tuple[str, ...] = ("*",)
+    """ARN patterns, lower-cased; ``("*",)`` reaches everything."""
 
     def may(self, action: str) -> bool:
         action = action.lower()
         return any(fnmatch.fnmatchcase(action, pattern) for pattern in self.allow)
+
+    @property
+    def reaches_all(self) -> bool:
+        return "*" in self.resources
+
+    def reaches(self, arn: str) -> bool:
+        """Whether ``arn`` matches one of the key's resource patterns (names in ARNs are
+        lower-case, so the match ignores case)."""
+        if self.reaches_all:
+            return True
+        arn = arn.lower()
+        return any(_arn_pattern(pattern).fullmatch(arn) for pattern in self.resources)
+
+
+@lru_cache(maxsize=1024)
+def _arn_pattern(pattern: str) -> re.Pattern[str]:
+    # As IAM matches a Resource: ``*`` any run of characters (``/`` and ``:`` included),
+    # ``?`` any one; nothing else is special.
+    parts = (".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    return re.compile("".join(parts), re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A request as the edge let it in: the value the doors act on.
+
+    Doors never read ``X-Amz-Target`` (or any header of ``Head``) again: they take it from
+    here, so what was authorised is what runs.
+    """
+
+    head: Head
+    action: str | None = None
+    """The action the request was authorised as; None where nothing was checked (no
+    ``auth:`` section, or a path that needs no signature)."""
+    caller: Caller | None = None
+    """Its verified signer; None where nothing was checked."""
+    account_id: str = ""
+
+    @property
+    def target(self) -> str:
+        """``X-Amz-Target`` as read at the edge, "" when absent."""
+        return self.head.target or ""
+
+    def reach(self, action: str, arn: str) -> None:
+        """Raise AccessDenied unless the caller's key reaches the resource ``arn``."""
+        if self.caller is not None and not self.caller.reaches(arn):
+            raise _denied(self.caller, action, self.account_id, arn)
+
+    def reaches(self, arn: str) -> bool:
+        """Whether the caller's key reaches ``arn`` (every resource without ``auth:``)."""
+        return self.caller is None or self.caller.reaches(arn)
+
+
+_OPEN = Admitted(_NO_HEAD)
+
+
+def admitted(scope: Mapping[str, object]) -> Admitted:
+    """What the edge read of the request in ``scope``.
+
+    A request that did not come through the edge is treated as one with no
+    security-relevant headers and no caller: no target to run, nothing reached.
+    """
+    found = scope.get(ADMITTED)
+    return found if isinstance(found, Admitted) else _OPEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,12 +241,34 @@ class SignedRequest:
     query_string: bytes
     headers: list[tuple[bytes, bytes]]
     body: bytes
+    secure: bool = False
+    """Whether it came over TLS (``UNSIGNED-PAYLOAD`` is accepted only then)."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Key:
     secret: str
     caller: Caller
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A signature checked in all but the body: ``Verifier.finish`` checks that part."""
+
+    key: _Key
+    canonical_head: str
+    """The canonical request up to (not including) the payload hash."""
+    stamp: str
+    scope: tuple[str, str, str]
+    """Day, region and service of the Credential."""
+    declared: str | None
+    """``x-amz-content-sha256`` as sent."""
+    signature: str
+
+    @property
+    def needs_body(self) -> bool:
+        """Whether the body is signed, so must be read before the signature is known good."""
+        return self.declared != _UNSIGNED
 
 
 class Verifier:
@@ -126,10 +281,19 @@ class Verifier:
         self,
         keys: Mapping[str, tuple[str, Iterable[str]]],
         *,
+        resources: Mapping[str, Iterable[str]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        scoped = resources or {}
         self._keys = {
-            key_id: _Key(secret, Caller(key_id, tuple(p.lower() for p in allow)))
+            key_id: _Key(
+                secret,
+                Caller(
+                    key_id,
+                    tuple(p.lower() for p in allow),
+                    tuple(p.lower() for p in scoped.get(key_id, ("*",))),
+                ),
+            )
             for key_id, (secret, allow) in keys.items()
         }
         self._clock = clock
@@ -146,19 +310,43 @@ class Verifier:
                     f"{key.secret_access_key_env} is not set"
                 )
             keys[key.access_key_id] = (secret, key.allow)
-        return cls(keys)
+        resources = {key.access_key_id: key.resources for key in auth.keys}
+        return cls(keys, resources=resources)
 
     def __repr__(self) -> str:
         return f"Verifier(keys={sorted(self._keys)})"
 
     def verify(self, request: SignedRequest) -> Caller:
-        headers = _header_map(request.headers)
-        authorization = headers.get("authorization")
+        """The whole check of one request, body included (``start`` then ``finish``)."""
+        pending = self.start(
+            request.method,
+            request.raw_path,
+            request.query_string,
+            request.headers,
+            read_head(request.headers),
+            secure=request.secure,
+        )
+        return self.finish(pending, request.body)
+
+    def start(
+        self,
+        method: str,
+        raw_path: bytes,
+        query_string: bytes,
+        headers: list[tuple[bytes, bytes]],
+        head: Head,
+        *,
+        secure: bool,
+    ) -> Pending:
+        """Check everything the head says, before any of the body is read: that there is
+        a signature, of a known key, dated within 15 minutes, covering what it must."""
+        authorization = head.authorization
         if authorization is None:
             raise MissingAuthenticationToken("Missing Authentication Token")
         algorithm, _, rest = authorization.partition(" ")
-        fields = dict(_FIELD.findall(rest))
-        if algorithm != _ALGORITHM or len(fields) != 3:
+        found = _FIELD.findall(rest)
+        fields = dict(found)
+        if algorithm != _ALGORITHM or len(fields) != 3 or len(found) != 3:
             raise InvalidSignature(
                 "Authorization header requires 'Credential', 'SignedHeaders' and "
                 f"'Signature' parameters, signed with {_ALGORITHM}."
@@ -167,55 +355,76 @@ class Verifier:
         if len(scope) != 5 or scope[4] != "aws4_request":
             raise InvalidSignature(
                 "Credential should be scoped to a valid region, service and aws4_request: "
-                f"'{fields['Credential']}'."
+                f"'{fields['Credential'][:200]}'."
             )
         key = self._keys.get(scope[0])
         if key is None:
             raise UnrecognizedClient("The security token included in the request is invalid.")
-        stamp = self._timestamp(headers)
+        signed = fields["SignedHeaders"]
+        _check_signed(signed, head)
+        stamp = self._timestamp(head)
         if stamp[:8] != scope[1]:
             raise InvalidSignature(
                 f"Date in Credential scope does not match YYYYMMDD from ISO-8601 version of "
-                f"date from HTTP: '{scope[1]}' != '{stamp[:8]}', from '{stamp}'."
+                f"date from HTTP: '{scope[1][:20]}' != '{stamp[:8]}', from '{stamp}'."
             )
-        signed = fields["SignedHeaders"]
-        payload = self._payload_hash(headers, request.body)
-        canonical = "\n".join(
+        declared = head.content_sha256
+        if declared == _UNSIGNED and not secure:
+            raise InvalidSignature(
+                "'x-amz-content-sha256: UNSIGNED-PAYLOAD' is accepted only over TLS (https): "
+                "over plain HTTP the body must be signed, or anyone on the way could change it."
+            )
+        canonical_head = "\n".join(
             (
-                request.method,
-                _canonical_uri(request.raw_path),
-                _canonical_query(request.query_string),
-                _canonical_headers(signed, request.headers),
+                method,
+                _canonical_uri(raw_path),
+                _canonical_query(query_string),
+                _canonical_headers(signed, headers),
                 signed,
-                payload,
             )
         )
+        return Pending(
+            key=key,
+            canonical_head=canonical_head,
+            stamp=stamp,
+            scope=(scope[1], scope[2], scope[3]),
+            declared=declared,
+            signature=fields["Signature"],
+        )
+
+    def finish(self, pending: Pending, body: bytes) -> Caller:
+        """Check the body's hash and the signature itself; the caller when both hold.
+
+        ``body`` is not read when the payload is unsigned (``pending.needs_body``)."""
+        payload = _payload_hash(pending.declared, body)
+        canonical = f"{pending.canonical_head}\n{payload}"
+        day, region, service = pending.scope
         to_sign = "\n".join(
             (
                 _ALGORITHM,
-                stamp,
-                "/".join(scope[1:]),
+                pending.stamp,
+                f"{day}/{region}/{service}/aws4_request",
                 hashlib.sha256(canonical.encode()).hexdigest(),
             )
         )
-        signing_key = _signing_key(key.secret, scope[1], scope[2], scope[3])
+        signing_key = _signing_key(pending.key.secret, day, region, service)
         expected = hmac.new(signing_key, to_sign.encode(), hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(expected, fields["Signature"]):
+        if not hmac.compare_digest(expected.encode(), pending.signature.encode("latin-1")):
             raise InvalidSignature(_BAD_SIGNATURE)
-        return key.caller
+        return pending.key.caller
 
-    def _timestamp(self, headers: Mapping[str, str]) -> str:
-        stamp = headers.get("x-amz-date")
+    def _timestamp(self, head: Head) -> str:
+        stamp = head.amz_date
         try:
             if stamp is not None:
                 # By hand: datetime.strptime alone took a third of a verification.
                 match = _AMZ_DATE.fullmatch(stamp)
                 if match is None:
-                    raise ValueError(f"{stamp!r} is not YYYYMMDDTHHMMSSZ")
+                    raise ValueError(f"{stamp[:40]!r} is not YYYYMMDDTHHMMSSZ")
                 parts = tuple(int(p) for p in match.groups())
                 when = datetime.fromtimestamp(calendar.timegm(parts), UTC)
-            elif "date" in headers:
-                when = parsedate_to_datetime(headers["date"]).astimezone(UTC)
+            elif head.date is not None:
+                when = parsedate_to_datetime(head.date).astimezone(UTC)
                 stamp = when.strftime("%Y%m%dT%H%M%SZ")
             else:
                 raise InvalidSignature(
@@ -230,28 +439,62 @@ class Verifier:
             raise InvalidSignature(_expired(stamp, now, skew > 0))
         return stamp
 
-    @staticmethod
-    def _payload_hash(headers: Mapping[str, str], body: bytes) -> str:
-        actual = hashlib.sha256(body).hexdigest()
-        declared = headers.get("x-amz-content-sha256")
-        if declared is None or declared == actual:
-            return actual
-        if declared == _UNSIGNED:
-            # The signer chose not to sign the body (as clients over TLS may); the
-            # signature then covers everything but the body, as on AWS.
-            return declared
-        raise InvalidSignature(
-            "The provided 'x-amz-content-sha256' header does not match what was computed."
-        )
+
+def _check_signed(signed: str, head: Head) -> None:
+    """The headers a signature must cover: ``host``, the header that dates it and
+    ``x-amz-target`` when present (it names the action), so that none can be changed
+    or added by anyone on the way."""
+    names = signed.split(";")
+    required = ["host", "x-amz-date" if head.amz_date is not None else "date"]
+    if head.target is not None:
+        required.append("x-amz-target")
+    for name in required:
+        if name not in names:
+            raise InvalidSignature(
+                f"The Authorization header's SignedHeaders must include '{name}'; it lists "
+                f"'{signed[:200]}'."
+            )
 
 
-def authorize(caller: Caller, action: str, *, account_id: str) -> None:
-    """Raise AccessDenied unless ``caller``'s key may call ``action``."""
-    if not caller.may(action):
-        raise AccessDenied(
-            f"User: arn:aws:iam::{account_id}:user/{caller.access_key_id} is not authorized "
-            f"to perform: {action} because no identity-based policy allows the {action} action"
-        )
+def _payload_hash(declared: str | None, body: bytes) -> str:
+    if declared == _UNSIGNED:
+        # The signer chose not to sign the body (over TLS, checked by start); the
+        # signature then covers everything but the body, as on AWS.
+        return declared
+    actual = hashlib.sha256(body).hexdigest()
+    if declared is None or declared == actual:
+        return actual
+    raise InvalidSignature(
+        "The provided 'x-amz-content-sha256' header does not match what was computed."
+    )
+
+
+def _denied(caller: Caller, action: str, account_id: str, arn: str | None = None) -> AccessDenied:
+    on = f" on resource: {arn}" if arn is not None else ""
+    return AccessDenied(
+        f"User: arn:aws:iam::{account_id}:user/{caller.access_key_id} is not authorized "
+        f"to perform: {action}{on} because no identity-based policy allows the {action} action"
+    )
+
+
+def authorize(caller: Caller, action: str, *, account_id: str, arn: str | None = None) -> None:
+    """Raise AccessDenied unless ``caller``'s key may call ``action`` (on ``arn``, when
+    given: the one place both an action and a resource are decided)."""
+    if not caller.may(action) or (arn is not None and not caller.reaches(arn)):
+        raise _denied(caller, action, account_id, arn)
+
+
+def door_of(path: str) -> Door:
+    """The door whose error shape a refusal of ``path`` takes."""
+    if path == "/":
+        return Door.CONTROL
+    if path.startswith("/endpoints/"):
+        return Door.RUNTIME
+    if path.startswith("/v2"):
+        return Door.V2
+    if path == "/inference":
+        return Door.FACADE
+    return Door.OTHER
 
 
 def action_of(method: str, path: str, target: str | None) -> tuple[Door, str] | None:
@@ -305,11 +548,6 @@ def _console_action(path: str) -> str:
         "transform-jobs": "sagemaker:DescribeTransformJob",
         "events": "shipyard:GetEvents",
     }.get(kind, "shipyard:Unknown")
-
-
-def _header_map(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
-    # The few headers the verifier reads itself; a repeated one keeps its last value.
-    return {k.decode("latin-1"): v.decode("latin-1") for k, v in headers}
 
 
 def _canonical_uri(raw_path: bytes) -> str:
@@ -367,11 +605,18 @@ def _expired(stamp: str, now: float, future: bool) -> str:
 
 
 __all__ = [
+    "ADMITTED",
+    "Admitted",
     "AuthFailure",
     "Caller",
     "Door",
+    "Head",
+    "Pending",
     "SignedRequest",
     "Verifier",
     "action_of",
+    "admitted",
     "authorize",
+    "door_of",
+    "read_head",
 ]

@@ -28,6 +28,7 @@ from shipyard.gateway.actions import ACTIONS, JOB_ACTIONS
 from shipyard.gateway.actions.autoscaling import ACTIONS as SCALING_ACTIONS
 from shipyard.gateway.actions.logs import ACTIONS as LOG_ACTIONS
 from shipyard.gateway.actions.transform_jobs import ACTIONS as TRANSFORM_ACTIONS
+from shipyard.gateway.auth import admitted
 from shipyard.gateway.errors import AMZ_JSON, control_error_response
 from shipyard.gateway.validation import RequestValidator
 from shipyard.jobs.service import JobService
@@ -58,7 +59,8 @@ def _json_default(value: object) -> object:
 
 
 class ControlDoor:
-    """Parses ``X-Amz-Target``, validates against the service model, runs the action."""
+    """Runs the ``X-Amz-Target`` the edge read (``auth.Admitted``), validated against the
+    service model."""
 
     def __init__(
         self,
@@ -96,7 +98,9 @@ class ControlDoor:
         return Response(body, media_type=AMZ_JSON, headers=request_id)
 
     async def _handle(self, request: Request) -> dict[str, Any]:
-        target = request.headers.get("x-amz-target", "")
+        # The target the edge read and authorised, never the header again: a second
+        # reading could pick another value (DESIGN 2.9, "read once").
+        target = admitted(request.scope).target
         if target.startswith(_LOGS_PREFIX) and self.logs is not None:
             return await self._logs(request, target.removeprefix(_LOGS_PREFIX))
         if target.startswith(_SCALING_PREFIX) and self.scaling is not None:
@@ -148,7 +152,7 @@ async def read_body(request: Request, *, max_bytes: int) -> bytes:
 
     Shared by the doors that buffer small JSON bodies (the control plane, the facade).
     """
-    declared = request.headers.get("content-length", "")
+    declared = admitted(request.scope).head.content_length or ""
     if declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)
     chunks: list[bytes] = []

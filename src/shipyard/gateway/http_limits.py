@@ -1,11 +1,21 @@
-"""Limits on request heads, enforced while they arrive (uvicorn's httptools protocol).
+"""Limits on connections and request heads, enforced while they arrive (uvicorn's
+httptools protocol).
 
 uvicorn takes any number of headers of any size, and waits forever for a head that
 never ends; by the time the app sees ``scope["headers"]`` a 32 MB header has been
 buffered whole. So the protocol itself counts: a head with more than ``max_headers``
 headers or more than ``max_head_bytes`` bytes is answered ``431`` and the connection
 closed, and a head not complete ``head_timeout_s`` after its first byte is answered
-``408``. Everything after the head (bodies, the app) is uvicorn's, unchanged.
+``408``.
+
+Time is bounded around requests too. A connection that sends nothing is closed
+``timeout_keep_alive`` (the gateway's ``idle_timeout_s``) after it opens, as uvicorn
+already closes one idle between requests; uvicorn alone arms that timer only after a
+first response, so a connection that never spoke was kept for ever. And a request
+answered before its body was read (a refusal at the edge, a body over the limit) has
+``drain_timeout_s`` for the rest of its body to arrive, dropped unread as it comes,
+so the client reads the answer rather than a reset; then the connection is closed.
+Everything else (bodies, the app) is uvicorn's, unchanged.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     max_headers = 100
     max_head_bytes = 64 * 1024
     head_timeout_s = 10.0
+    drain_timeout_s = 3.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -30,6 +41,15 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._header_count = 0
         self._refused: tuple[int, str] | None = None
         self._head_timer: Any = None
+        self._drain_timer: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        # uvicorn's keep-alive timer, armed before the first request as after each:
+        # data cancels it (and a begun head has the head timer).
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.timeout_keep_alive, self.timeout_keep_alive_handler
+        )
 
     def data_received(self, data: bytes) -> None:
         if self._awaiting_head and self._head_timer is None:
@@ -71,10 +91,29 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_complete()
         self._awaiting_head = True
         self._head_started_here = True
+        self._cancel_drain_timer()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.cycle.response_complete and not self._awaiting_head and self._drain_timer is None:
+            # Answered while its body is still coming: drop the rest (uvicorn does once
+            # the response is complete) for a while, then give up on the connection.
+            self._drain_timer = self.loop.call_later(self.drain_timeout_s, self._drain_timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        self._cancel_drain_timer()
         super().connection_lost(exc)
+
+    def _drain_timed_out(self) -> None:
+        self._drain_timer = None
+        if not self._awaiting_head and not self.transport.is_closing():
+            self.transport.close()
+
+    def _cancel_drain_timer(self) -> None:
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+            self._drain_timer = None
 
     def _head_timed_out(self) -> None:
         # Armed when the first byte of a head arrives and cancelled when the head is
@@ -107,9 +146,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
 
 def limited_protocol(
-    *, max_headers: int, max_head_bytes: int, head_timeout_s: float
+    *,
+    max_headers: int,
+    max_head_bytes: int,
+    head_timeout_s: float,
+    drain_timeout_s: float = LimitedHttpToolsProtocol.drain_timeout_s,
 ) -> type[LimitedHttpToolsProtocol]:
-    """The protocol class to give ``uvicorn.run(http=...)``, with these limits."""
+    """The protocol class to give ``uvicorn.run(http=...)``, with these limits; the idle
+    timeout is uvicorn's ``timeout_keep_alive``."""
     return type(
         "LimitedHttpToolsProtocol",
         (LimitedHttpToolsProtocol,),
@@ -117,5 +161,6 @@ def limited_protocol(
             "max_headers": max_headers,
             "max_head_bytes": max_head_bytes,
             "head_timeout_s": head_timeout_s,
+            "drain_timeout_s": drain_timeout_s,
         },
     )

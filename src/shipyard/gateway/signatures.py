@@ -1,23 +1,50 @@
-"""The ASGI layer that lets only signed, allowed requests through (DESIGN 2.9).
+"""The edge: the ASGI layer every request passes first (DESIGN 2.9).
 
-It sits in front of every door when the stack file has an ``auth:`` section, and is not
-there at all without one, so local use pays nothing. A SigV4 signature covers the body,
-so the body is read here (up to the largest body any door takes, and within a time
-limit) and handed on to the door as one message: the door reads it as if from the
-socket. A request that carries no signature at all is refused before its body is read.
+``ReadOnce`` reads the headers a request's security rests on, once (``auth.read_head``):
+one of them sent twice is refused (400, in the door's error shape) before anything else
+sees the request, and what was read travels to the doors as a value under
+``scope[auth.ADMITTED]``. It is the whole edge of a gateway without ``auth:``.
+
+``RequireSignature`` is the edge of a gateway with ``auth:``: it also lets only signed,
+allowed requests through. Everything the head says is checked before the body is read
+(no signature, an unknown key, a stale date, a signature that covers too little: refused
+at once, the body never buffered). A signed body is then read (up to the largest body
+any door takes, within a time limit), checked against the signature and handed on to the
+door as one message: the door reads it as if from the socket. An unsigned body (TLS
+only) is not read here at all.
+
+A refusal is answered at once, before the rest of the body: the HTTP protocol
+(gateway/http_limits.py) drops what the client still sends for a few seconds, so that it
+reads the refusal rather than a reset, then closes the connection.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from shipyard.errors import AuthFailure, ShipyardError
-from shipyard.gateway.auth import Door, SignedRequest, Verifier, action_of, authorize
+from shipyard.errors import (
+    AuthFailure,
+    RepeatedHeader,
+    RuntimeValidationError,
+    ShipyardError,
+    ValidationException,
+)
+from shipyard.gateway.auth import (
+    ADMITTED,
+    Admitted,
+    Caller,
+    Door,
+    Head,
+    Verifier,
+    action_of,
+    authorize,
+    door_of,
+    read_head,
+)
 from shipyard.gateway.errors import (
     control_error_response,
     facade_error_response,
@@ -31,26 +58,45 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-_DISCARD_TIMEOUT_S = 2.0
-_DISCARD_LIMIT = 1 << 20  # of an unsigned request's body, read so the client sees the 403
 
-
-class BodyTooLarge(ShipyardError):
+class BodyTooLarge(ValidationException):
     """A signed request whose body is larger than any door takes."""
 
-    wire_type = "ValidationException"
     status_code = 413
 
 
-class BodyTimeout(ShipyardError):
+class BodyTimeout(ValidationException):
     """The client did not send its whole body in time."""
 
-    wire_type = "ValidationException"
     status_code = 408
 
 
-class RequireSignature:
-    """Wraps the gateway's app: verify, authorise, then pass the request on unchanged."""
+class ReadOnce:
+    """Wraps the gateway's app: read the head once, refuse repeats, hand the doors the value."""
+
+    def __init__(self, app: ASGIApp, *, account_id: str = "") -> None:
+        self.app = app
+        self.account_id = account_id
+
+    def __repr__(self) -> str:
+        return "ReadOnce()"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            head = read_head(scope["headers"])
+        except RepeatedHeader as exc:
+            log.info("refused %s %s: %s", scope["method"], scope["path"], exc.message)
+            await _render(door_of(scope["path"]), exc, scope, receive, send)
+            return
+        scope[ADMITTED] = Admitted(head, account_id=self.account_id)
+        await self.app(scope, receive, send)
+
+
+class RequireSignature(ReadOnce):
+    """Wraps the gateway's app: read once, verify, authorise, then pass the request on."""
 
     def __init__(
         self,
@@ -61,9 +107,8 @@ class RequireSignature:
         max_body_bytes: int,
         body_timeout_s: float,
     ) -> None:
-        self.app = app
+        super().__init__(app, account_id=account_id)
         self.verifier = verifier
-        self.account_id = account_id
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
 
@@ -74,41 +119,50 @@ class RequireSignature:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        wanted = _wanted(scope)
-        target = wanted.get(b"x-amz-target")
-        door_action = action_of(scope["method"], scope["path"], target)
+        try:
+            head = read_head(scope["headers"])
+        except RepeatedHeader as exc:
+            log.info("refused %s %s: %s", scope["method"], scope["path"], exc.message)
+            await _render(door_of(scope["path"]), exc, scope, receive, send)
+            return
+        door_action = action_of(scope["method"], scope["path"], head.target)
         if door_action is None:
+            scope[ADMITTED] = Admitted(head, account_id=self.account_id)
             await self.app(scope, receive, send)
             return
         door, action = door_action
         try:
-            declared = wanted.get(b"content-length") or ""
-            if declared.isdigit() and int(declared) > self.max_body_bytes:
-                # Refused at once: waiting for a body we would refuse lets a client that
-                # declares 100 MB and sends nothing hold the request open.
-                raise BodyTooLarge(
-                    f"Request body is larger than the maximum of {self.max_body_bytes} bytes."
-                )
-            if b"authorization" not in wanted:
-                await _discard(receive, _DISCARD_LIMIT)
-                body = b""
-            else:
-                body = await self._read_body(receive)
-            caller = self.verifier.verify(
-                SignedRequest(
-                    method=scope["method"],
-                    raw_path=scope.get("raw_path") or scope["path"].encode(),
-                    query_string=scope.get("query_string", b""),
-                    headers=scope["headers"],
-                    body=body,
-                )
-            )
-            authorize(caller, action, account_id=self.account_id)
+            caller, body = await self._admit(scope, receive, head, action)
         except (AuthFailure, BodyTooLarge, BodyTimeout) as exc:
             log.info("refused %s %s: %s", scope["method"], scope["path"], exc.wire_type)
             await _render(door, exc, scope, receive, send)
             return
-        await self.app(scope, _replay(body, receive), send)
+        scope[ADMITTED] = Admitted(head, action, caller, self.account_id)
+        await self.app(scope, receive if body is None else _replay(body, receive), send)
+
+    async def _admit(
+        self, scope: Scope, receive: Receive, head: Head, action: str
+    ) -> tuple[Caller, bytes | None]:
+        """The verified caller, and the body read to verify it (None: left unread)."""
+        declared = head.content_length or ""
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            # Refused at once: waiting for a body we would refuse lets a client that
+            # declares 100 MB and sends nothing hold the request open.
+            raise BodyTooLarge(
+                f"Request body is larger than the maximum of {self.max_body_bytes} bytes."
+            )
+        pending = self.verifier.start(
+            scope["method"],
+            scope.get("raw_path") or scope["path"].encode(),
+            scope.get("query_string", b""),
+            scope["headers"],
+            head,
+            secure=scope.get("scheme") == "https",
+        )
+        body = await self._read_body(receive) if pending.needs_body else None
+        caller = self.verifier.finish(pending, body or b"")
+        authorize(caller, action, account_id=self.account_id)
+        return caller, body
 
     async def _read_body(self, receive: Receive) -> bytes:
         chunks: list[bytes] = []
@@ -122,8 +176,6 @@ class RequireSignature:
                     chunk = message.get("body", b"")
                     size += len(chunk)
                     if size > self.max_body_bytes:
-                        if message.get("more_body", False):
-                            await _discard(receive, _DISCARD_LIMIT)
                         raise BodyTooLarge(
                             f"Request body is larger than the maximum of "
                             f"{self.max_body_bytes} bytes."
@@ -136,14 +188,6 @@ class RequireSignature:
                 f"The request body did not arrive within {self.body_timeout_s:g} seconds."
             ) from None
         return b"".join(chunks)
-
-
-_WANTED = (b"x-amz-target", b"content-length", b"authorization")
-
-
-def _wanted(scope: Scope) -> dict[bytes, str]:
-    """The few headers this layer reads itself, in one pass."""
-    return {key: value.decode("latin-1") for key, value in scope["headers"] if key in _WANTED}
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -160,25 +204,15 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def _discard(receive: Receive, limit: int) -> None:
-    """Read and drop up to ``limit`` bytes of body so the client reads our refusal.
-
-    Bounded in time too: a client that trickles its body must not hold the refusal back.
-    """
-    seen = 0
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(_DISCARD_TIMEOUT_S):
-            while seen <= limit:
-                message = await receive()
-                if message["type"] != "http.request" or not message.get("more_body", False):
-                    return
-                seen += len(message.get("body", b""))
-
-
 async def _render(
     door: Door, exc: ShipyardError, scope: Scope, receive: Receive, send: Send
 ) -> None:
     if door is Door.RUNTIME:
+        if isinstance(exc, ValidationException):
+            # The runtime's clients know ValidationError, not the control plane's code.
+            runtime = RuntimeValidationError(exc.message)
+            runtime.status_code = exc.status_code
+            exc = runtime
         await runtime_error_response(exc, send)
         return
     if door is Door.FACADE:
