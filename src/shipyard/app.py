@@ -129,6 +129,9 @@ class Gateway:
                 warm_spares=settings.warm_spares,
                 ray_address=settings.ray_address,
                 start_timeout_s=settings.instance_start_timeout_s,
+                sandbox_file_roots=tuple(stack.auth.file_roots)
+                if stack.auth is not None and stack.auth.sandbox
+                else None,
             ),
         )
         backend = self.backend

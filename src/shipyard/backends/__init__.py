@@ -44,6 +44,11 @@ class BackendContext:
     start_timeout_s: float = 600.0
     """How long an instance may wait to be placed and to start (the gateway's
     ``instance_start_timeout_s``)."""
+    sandbox_file_roots: tuple[Path, ...] | None = None
+    """None: processes run unsandboxed. Else (``auth.sandbox``) the local backend runs
+    each in a bubblewrap sandbox (backends/sandbox.py) that grants these folders
+    (``auth.file_roots``); it refuses to be built where it cannot. The Ray backend
+    ignores it: its processes run as Ray starts them on the cluster's nodes."""
 
 
 class FullBackend(Backend, JobBackend, Protocol):
@@ -83,7 +88,8 @@ def create_backend(name: str, context: BackendContext) -> tuple[FullBackend, Cap
     """The backend called ``name`` and what it can run.
 
     Raises:
-        ValueError: no backend of that name; the message names the known ones.
+        ValueError: no backend of that name (the message names the known ones), or a
+            sandbox asked for where none can be made (``SandboxUnavailable``).
     """
     registration = _REGISTRY.get(name)
     if registration is None:
@@ -93,13 +99,21 @@ def create_backend(name: str, context: BackendContext) -> tuple[FullBackend, Cap
 
 def _local(context: BackendContext) -> FullBackend:
     from shipyard.backends.local import LocalBackend
+    from shipyard.backends.sandbox import Sandbox
 
+    sandbox = None
+    if context.sandbox_file_roots is not None:
+        # Tried here, at start: a gateway that cannot sandbox refuses to start.
+        sandbox = Sandbox.create(
+            file_roots=context.sandbox_file_roots, hidden=[context.home], environ=context.environ
+        )
     return LocalBackend(
         run_dir=context.home / "run",
         models_dir=context.home / "models",
         environ=context.environ,
         s3=context.s3,
         warm_spares=context.warm_spares,
+        sandbox=sandbox,
     )
 
 

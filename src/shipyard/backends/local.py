@@ -2,6 +2,12 @@
 
 Each instance is a child process in its own session, so stopping it by its PID also
 stops whatever it spawned (a user's ``cmd:`` server may fork workers).
+
+With a :class:`~shipyard.backends.sandbox.Sandbox` (``auth.sandbox``), every instance and
+job runner is started through ``bwrap``, which is then the process the backend holds: its
+PID leads the group, its exit code is the process's, and a SIGKILL to its group ends the
+whole sandbox. Polite signals (SIGTERM) go to the processes inside instead
+(``_signal_inside``), since ``bwrap`` itself dies of them at once.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 
 import psutil
 
+from shipyard import launch
 from shipyard.backends.base import (
     BackendError,
     InstanceHandle,
@@ -31,6 +38,7 @@ from shipyard.backends.base import (
     runtime_for,
 )
 from shipyard.backends.environment import process_environment
+from shipyard.backends.sandbox import MODEL_DIR, Sandbox
 from shipyard.jobs.spec import (
     RUNNER_PID_FILE,
     SCRIPT_PID_FILE,
@@ -43,6 +51,9 @@ from shipyard.runtime import spare
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+_LOCAL = "local"
+_SANDBOXED = "local-sandboxed"
+"""The kinds of job handle: a runner's PID, or the PID of the bwrap running it."""
 _REFILL_AFTER_S = 0.5
 """How long after a warm start the spares are refilled."""
 
@@ -54,9 +65,23 @@ class LocalInstance:
     process: subprocess.Popen[bytes]
     error_file: Path
     log_path: Path | None
+    sandboxed: bool = False
+    """Whether ``process`` is the ``bwrap`` of a sandbox (backends/sandbox.py)."""
 
     def __repr__(self) -> str:
         return f"LocalInstance(id={self.instance_id!r}, pid={self.process.pid}, url={self.url!r})"
+
+
+def _command(
+    spec: InstanceSpec, kind: str, port: int, where: list[str], error_file: Path
+) -> list[str]:
+    """The command of an instance: the built-in runtime, or ``shipyard.launch`` running
+    a ``cmd:`` image's command; ``where`` says where its model is."""
+    if kind == "python":
+        argv = [sys.executable, "-m", "shipyard.runtime", "--port", str(port)]
+        return [*argv, *where, "--error-file", str(error_file)]
+    argv = [sys.executable, "-m", "shipyard.launch", *where, "--error-file", str(error_file)]
+    return [*argv, "--", "/bin/sh", "-c", spec.image.removeprefix("cmd:")]
 
 
 def _free_port() -> int:
@@ -76,6 +101,7 @@ class LocalBackend:
         environ: Mapping[str, str] | None = None,
         s3: Mapping[str, str] | None = None,
         warm_spares: int = 0,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.models_dir = models_dir or run_dir.parent / "models"
@@ -89,9 +115,11 @@ class LocalBackend:
         self.warm_spares = warm_spares
         self._spares: list[subprocess.Popen[bytes]] = []
         """Started ``--spare`` runtimes, waiting for work (runtime/spare.py)."""
+        self.sandbox = sandbox
+        """Runs every instance and job runner in a sandbox (``auth.sandbox``); None: not."""
 
     def __repr__(self) -> str:
-        return f"LocalBackend(run_dir={str(self.run_dir)!r})"
+        return f"LocalBackend(run_dir={str(self.run_dir)!r}, sandbox={self.sandbox!r})"
 
     async def start(self, spec: InstanceSpec) -> InstanceHandle:
         kind = runtime_for(spec.image)
@@ -111,34 +139,12 @@ class LocalBackend:
         env.update(spec.environment)
         env["SHIPYARD_INSTANCE_ID"] = spec.instance_id
         env["SAGEMAKER_BIND_TO_PORT"] = str(port)
-        # The model folder: the instance's own, or the artifact fetched by the instance
-        # itself into this host's cache (shipyard/launch.py), shared by its instances.
-        if spec.workdir is not None:
-            where = ["--model-dir", str(spec.workdir)]
-            env["SM_MODEL_DIR"] = str(spec.workdir)
-        else:
-            where = ["--model-cache", str(self.models_dir)]
-            if spec.model_url:
-                where += ["--model-url", spec.model_url]
-        warm = kind == "python" and spec.warm and self.warm_spares > 0
-        if warm:
-            env[spare.IMPORTS_FILE] = str(self._imports_file)
-        if kind == "python":
-            argv = [sys.executable, "-m", "shipyard.runtime", "--port", str(port)]
-            if spec.workdir is None and not spec.model_url:
-                where = ["--model-dir", str(self._empty_model_dir())]
-            argv += [*where, "--error-file", str(error_file)]
-        else:
-            argv = [sys.executable, "-m", "shipyard.launch", *where]
-            argv += ["--error-file", str(error_file), "--", "/bin/sh", "-c"]
-            argv.append(spec.image.removeprefix("cmd:"))
         cwd = spec.workdir or home
-        process = self._from_spare(argv[3:], env, cwd, spec.log_path) if warm else None
-        if warm:
-            # Later: a spare importing now would take the CPU the new instance needs.
-            asyncio.get_running_loop().call_later(_REFILL_AFTER_S, self._refill)
-        if process is None:
+        if self.sandbox is not None:
+            argv = await self._sandboxed(spec, kind, port, env, error_file, home)
             process = self._popen(argv, env, cwd, spec)
+        else:
+            process = self._start_process(spec, kind, port, env, error_file, cwd)
         (self.run_dir / f"{spec.instance_id}.pid").write_text(str(process.pid))
         log.info("started instance %s pid %s on port %s", spec.instance_id, process.pid, port)
         return LocalInstance(
@@ -147,7 +153,89 @@ class LocalBackend:
             process=process,
             error_file=error_file,
             log_path=spec.log_path,
+            sandboxed=self.sandbox is not None,
         )
+
+    def _start_process(
+        self,
+        spec: InstanceSpec,
+        kind: str,
+        port: int,
+        env: dict[str, str],
+        error_file: Path,
+        cwd: Path,
+    ) -> subprocess.Popen[bytes]:
+        """Start the instance unsandboxed, from a warm spare when it may."""
+        # The model folder: the instance's own, or the artifact fetched by the instance
+        # itself into this host's cache (shipyard/launch.py), shared by its instances.
+        if spec.workdir is not None:
+            where = ["--model-dir", str(spec.workdir)]
+            env["SM_MODEL_DIR"] = str(spec.workdir)
+        elif kind == "python" and not spec.model_url:
+            where = ["--model-dir", str(self._empty_model_dir())]
+        else:
+            where = ["--model-cache", str(self.models_dir)]
+            if spec.model_url:
+                where += ["--model-url", spec.model_url]
+        argv = _command(spec, kind, port, where, error_file)
+        warm = kind == "python" and spec.warm and self.warm_spares > 0
+        if not warm:
+            return self._popen(argv, env, cwd, spec)
+        env[spare.IMPORTS_FILE] = str(self._imports_file)
+        process = self._from_spare(argv[3:], env, cwd, spec.log_path)
+        # Later: a spare importing now would take the CPU the new instance needs.
+        asyncio.get_running_loop().call_later(_REFILL_AFTER_S, self._refill)
+        return process or self._popen(argv, env, cwd, spec)
+
+    async def _sandboxed(
+        self,
+        spec: InstanceSpec,
+        kind: str,
+        port: int,
+        env: dict[str, str],
+        error_file: Path,
+        home: Path,
+    ) -> list[str]:
+        """The ``bwrap`` command of a sandboxed instance.
+
+        Its model folder is read-only, so the instance cannot fetch into it: the
+        artifact is fetched here (into the same cache slot an unsandboxed instance uses)
+        and shown at ``/opt/ml/model``; a framework model's code is fetched by the
+        instance into its own ``/tmp``. A multi-model instance's folder (its disk cache)
+        is its own and writable. Never from a warm spare: a spare is started before it
+        knows its model, so it would have to see every model of the cache (and write
+        the shared list of imports); serverless cold starts pay the imports instead.
+        """
+        assert self.sandbox is not None
+        env["TMPDIR"] = "/tmp"  # the gateway's may be a folder the sandbox does not show
+        error_file.touch()  # bound, so it must exist; an empty one reads as no reason
+        writable = [home, error_file]
+        model = None
+        if spec.workdir is not None:
+            where = ["--model-dir", str(spec.workdir)]
+            env["SM_MODEL_DIR"] = str(spec.workdir)
+            writable.append(spec.workdir)
+        else:
+            model = await asyncio.to_thread(self._fetch, spec)
+            where = ["--model-dir", str(MODEL_DIR)]
+        argv = _command(spec, kind, port, where, error_file)
+        return self.sandbox.wrap(argv, chdir=spec.workdir or home, writable=writable, model=model)
+
+    def _fetch(self, spec: InstanceSpec) -> Path:
+        """The instance's model folder in this host's cache, fetched if need be."""
+        if not spec.model_url:
+            return self._empty_model_dir()
+        try:
+            return launch.model_folder(
+                spec.model_url,
+                self.models_dir,
+                s3_endpoint_url=self._s3.get("SHIPYARD_S3_ENDPOINT_URL") or None,
+            )
+        except Exception as exc:
+            text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+            raise BackendError(
+                f"Instance {spec.instance_id} failed to start: {type(exc).__name__}: {text}"
+            ) from exc
 
     def _popen(
         self, argv: list[str], env: dict[str, str], cwd: Path, spec: InstanceSpec
@@ -246,7 +334,10 @@ class LocalBackend:
         assert isinstance(handle, LocalInstance)
         process = handle.process
         if process.poll() is None:
-            _signal_group(process.pid, signal.SIGTERM)
+            if handle.sandboxed:
+                _signal_inside(process.pid, signal.SIGTERM, group=True)
+            else:
+                _signal_group(process.pid, signal.SIGTERM)
             try:
                 await asyncio.wait_for(asyncio.to_thread(process.wait), timeout_s)
             except TimeoutError:
@@ -314,6 +405,11 @@ class LocalBackend:
         env = process_environment(self._environ, home=workdir, s3=self._s3 if s3_access else None)
         if s3_endpoint_url:
             argv += ["--s3-endpoint-url", s3_endpoint_url]
+        if self.sandbox is not None:
+            env["TMPDIR"] = "/tmp"  # the gateway's may be a folder the sandbox does not show
+            # Not tied to the gateway: a job outlives it. Its runner's end ends the
+            # sandbox, and with it a script the runner left running.
+            argv = self.sandbox.wrap(argv, chdir=workdir, writable=[workdir], die_with_parent=False)
         with open(workdir / "runner.log", "ab") as out:
             try:
                 process = subprocess.Popen(
@@ -331,7 +427,7 @@ class LocalBackend:
                 raise BackendError(f"Could not start the job runner: {exc}") from exc
         self._runners[process.pid] = process
         log.info("started job runner pid %s in %s", process.pid, workdir)
-        return _job_handle(process.pid, workdir)
+        return _job_handle(process.pid, workdir, sandboxed=self.sandbox is not None)
 
     def attach_job(self, ref: str) -> JobHandle:
         _job_parts(ref)  # refuse a ref that is not ours at once
@@ -342,12 +438,17 @@ class LocalBackend:
             pid = int((workdir / RUNNER_PID_FILE).read_text().strip())
         except (OSError, ValueError):
             return None
+        # A sandboxed runner wrote the PID it has inside its sandbox: the bwrap holding
+        # it is found by its command line instead, while it runs.
+        sandbox = _sandboxed_runner(workdir)
+        if sandbox is not None:
+            return _job_handle(sandbox, workdir, sandboxed=True)
         # Running or ended: one that ended while no gateway watched still has its status
         # lines to apply, and starting it again would repeat them.
         return _job_handle(pid, workdir)
 
     def job_running(self, handle: JobHandle) -> bool:
-        pid, workdir = _job_parts(handle.ref)
+        pid, workdir, _ = _job_parts(handle.ref)
         process = self._runners.get(pid)
         if process is not None:
             if process.poll() is None:
@@ -365,19 +466,24 @@ class LocalBackend:
         return str(workdir) in cmdline
 
     def job_status(self, handle: JobHandle, *, skip: int) -> list[StatusLine]:
-        _, workdir = _job_parts(handle.ref)
+        _, workdir, _ = _job_parts(handle.ref)
         return read_status(workdir / STATUS_FILE, skip=skip)
 
     def signal_job(self, handle: JobHandle, sig: int) -> None:
         if self.job_running(handle):
-            pid, _ = _job_parts(handle.ref)
+            pid, _, sandboxed = _job_parts(handle.ref)
+            if sandboxed:
+                _signal_inside(pid, sig, group=False)
+                return
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
 
     def kill_job(self, handle: JobHandle) -> None:
-        pid, workdir = _job_parts(handle.ref)
+        pid, workdir, sandboxed = _job_parts(handle.ref)
         if self.job_running(handle):
             _signal_group(pid, signal.SIGKILL)
+        if sandboxed:
+            return  # the sandbox ended with its bwrap, and every process in it
         # The script leads its own session; once its runner is gone nobody else stops it.
         with contextlib.suppress(OSError, ValueError, psutil.Error):
             script = int((workdir / SCRIPT_PID_FILE).read_text().strip())
@@ -388,17 +494,35 @@ class LocalBackend:
                 _signal_group(script, signal.SIGKILL)
 
 
-def _job_handle(pid: int, workdir: Path) -> JobHandle:
-    return JobHandle(f"local:{pid}:{workdir}")
+def _job_handle(pid: int, workdir: Path, *, sandboxed: bool = False) -> JobHandle:
+    return JobHandle(f"{_SANDBOXED if sandboxed else _LOCAL}:{pid}:{workdir}")
 
 
-def _job_parts(ref: str) -> tuple[int, Path]:
-    """The PID and working folder in a local handle's ``ref``."""
+def _job_parts(ref: str) -> tuple[int, Path, bool]:
+    """The PID and working folder in a local handle's ``ref``, and whether that PID is
+    the bwrap of a sandboxed runner."""
     kind, _, rest = ref.partition(":")
     pid, _, workdir = rest.partition(":")
-    if kind != "local" or not pid.isdigit() or not workdir:
+    if kind not in (_LOCAL, _SANDBOXED) or not pid.isdigit() or not workdir:
         raise ValueError(f"not a local job runner: {ref!r}")
-    return int(pid), Path(workdir)
+    return int(pid), Path(workdir), kind == _SANDBOXED
+
+
+def _sandboxed_runner(workdir: Path) -> int | None:
+    """The PID of the bwrap running the sandboxed runner of ``workdir``, if one runs.
+
+    Inside, bwrap forks its own init, which carries the same command line: the one
+    whose parent is not among them is the outer one, which the backend started.
+    """
+    found: dict[int, int] = {}
+    for proc in psutil.process_iter(["name", "ppid", "cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if proc.info["name"] == "bwrap" and "shipyard.jobs.runner" in cmdline:
+            runner = cmdline[cmdline.index("shipyard.jobs.runner") + 1 :]
+            if runner[:1] == [str(workdir)]:
+                found[proc.pid] = proc.info["ppid"]
+    outer = [pid for pid, parent in found.items() if parent not in found]
+    return outer[0] if outer else None
 
 
 def _start_instance(gateway_pid: int, cpu_nice: int) -> None:
@@ -447,6 +571,26 @@ def _groups_carrying(instances: Mapping[int, str]) -> set[int]:
         except (OSError, psutil.Error):
             continue
     return found
+
+
+def _signal_inside(pid: int, sig: int, *, group: bool) -> None:
+    """Send ``sig`` to the processes a sandbox's bwrap (``pid``) runs, not to bwrap.
+
+    bwrap handles no signal: a SIGTERM kills it at once, and its end SIGKILLs the
+    sandbox, so the process inside would never get to stop politely. Inside, bwrap's
+    own init (its child) runs the command: ``group`` sends to every process of bwrap's
+    group under that init (as ``killpg`` would, but for bwrap and its init), else to
+    the command alone (as ``kill`` would).
+    """
+    try:
+        inits = psutil.Process(pid).children()
+        inside = [p for init in inits for p in init.children(recursive=group)]
+    except psutil.Error:
+        return
+    for process in inside:
+        with contextlib.suppress(OSError, psutil.Error):
+            if not group or os.getpgid(process.pid) == pid:
+                process.send_signal(sig)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -1,0 +1,134 @@
+"""The local backend with a sandbox: what a process inside sees, and how the backend
+still stops, watches and cleans up after it when the process it holds is ``bwrap``.
+
+Real bubblewrap, real processes; skipped where bwrap is not installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from shipyard.backends.base import BackendError, InstanceSpec
+from shipyard.backends.local import LocalBackend, LocalInstance
+from shipyard.backends.sandbox import Sandbox, SandboxUnavailable
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("bwrap") is None,
+    reason="bubblewrap (bwrap) is not installed; make install-dev installs it",
+)
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Sandbox:
+    (tmp_path / "root").mkdir()
+    return Sandbox.create(
+        file_roots=[tmp_path / "root", tmp_path], hidden=[tmp_path / "home"], environ=os.environ
+    )
+
+
+@pytest.fixture
+def backend(tmp_path: Path, sandbox: Sandbox) -> Iterator[LocalBackend]:
+    backend = LocalBackend(run_dir=tmp_path / "home" / "run", sandbox=sandbox)
+    yield backend
+    backend.close()
+
+
+def run(sandbox: Sandbox, script: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    argv = sandbox.wrap(["/bin/sh", "-c", script], chdir=Path("/"), **kwargs)  # type: ignore[arg-type]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+
+
+def in_group(pgid: int) -> list[int]:
+    """The live processes of group ``pgid`` (a zombie bwrap waiting for init is dead)."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process.pid)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def test_the_home_is_hidden_even_under_a_root_but_a_process_gets_its_own_folders(
+    tmp_path: Path, sandbox: Sandbox
+) -> None:
+    home = tmp_path / "home"
+    (home / "mine").mkdir(parents=True)
+    (home / "store.db").write_text("secret")
+    (tmp_path / "root" / "data.txt").write_text("granted\n")
+    done = run(
+        sandbox,
+        f"cat {tmp_path}/root/data.txt; cat {home}/store.db; echo made > {home}/mine/out; "
+        "touch /usr/x; id -u",
+        writable=[home / "mine"],
+    )
+    assert "granted" in done.stdout
+    assert "secret" not in done.stdout
+    assert (home / "mine" / "out").read_text() == "made\n"
+    assert "Read-only file system" in done.stderr
+    assert done.stdout.split()[-1] == "65534"
+
+
+def test_a_sandbox_that_cannot_run_says_how_to_turn_it_off(tmp_path: Path) -> None:
+    broken = Sandbox(bwrap="/bin/false", python=(), file_roots=(), hidden=())
+    with pytest.raises(SandboxUnavailable, match="auth.sandbox: false"):
+        broken.check()
+    with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
+        Sandbox.create(file_roots=[], hidden=[], environ={"PATH": str(tmp_path)})
+
+
+def test_a_sandboxed_instance_is_watched_and_stopped_politely(backend: LocalBackend) -> None:
+    """stop() sends SIGTERM to the process inside (bwrap would die of it at once, and
+    SIGKILL the sandbox), so a server's handler runs; nothing of it is left."""
+    trap = "trap 'echo stopped > $HOME/stopped; exit 0' TERM; while :; do sleep 0.05; done"
+
+    async def main() -> None:
+        handle = await backend.start(InstanceSpec("i-1", f"cmd:{trap}"))
+        assert isinstance(handle, LocalInstance) and handle.sandboxed
+        assert psutil.Process(handle.process.pid).name() == "bwrap"
+        assert backend.exit_reason(handle) is None
+        assert (backend.memory_bytes(handle) or 0) > 0
+        await asyncio.sleep(0.5)  # the shell has set its trap
+        await backend.stop(handle, timeout_s=10)
+        assert handle.process.returncode == 0
+        # bwrap exits as its init reports the code, a moment before that init is gone.
+        wait_until(lambda: in_group(handle.process.pid) == [], "the sandbox's end", 5)
+
+    asyncio.run(main())
+    assert (backend.run_dir / "home" / "i-1" / "stopped").read_text() == "stopped\n"
+
+
+def test_a_sandboxed_instance_reports_its_exit(backend: LocalBackend) -> None:
+    async def main() -> None:
+        handle = await backend.start(InstanceSpec("i-2", "cmd:exit 3"))
+        assert isinstance(handle, LocalInstance)
+        await asyncio.to_thread(handle.process.wait, 10)
+        assert backend.exit_reason(handle) == "the process exited with code 3"
+        await backend.stop(handle)
+
+    asyncio.run(main())
+
+
+def test_a_model_that_cannot_be_fetched_fails_the_start(backend: LocalBackend) -> None:
+    spec = InstanceSpec("i-3", "shipyard/python", model_url="file:///nowhere/model.tar.gz")
+    with pytest.raises(BackendError, match="i-3 failed to start: ArtifactError"):
+        asyncio.run(backend.start(spec))
+
+
+def test_an_earlier_gateways_sandboxed_instance_is_stopped_whole(backend: LocalBackend) -> None:
+    handle = asyncio.run(backend.start(InstanceSpec("i-4", "cmd:sleep 60 & sleep 60")))
+    assert isinstance(handle, LocalInstance)
+    pgid = handle.process.pid
+    assert LocalBackend(run_dir=backend.run_dir).stop_leftovers() == [pgid]
+    handle.process.wait(10)
+    wait_until(lambda: in_group(pgid) == [], "the sandbox's end", 5)
