@@ -9,7 +9,9 @@ import ipaddress
 import logging
 import os
 import socket
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -92,6 +94,8 @@ class Gateway:
         stack = StackFile.load(settings.config) if settings.config else StackFile()
         if stack.account_id is not None and "account_id" not in settings.model_fields_set:
             settings.account_id = stack.account_id
+        self.tls = _tls(settings, stack)
+        """The certificate and key this gateway serves HTTPS (and gRPC) with, if any."""
         self.host_access = HostAccess.from_auth(stack.auth)
         settings.home.mkdir(parents=True, exist_ok=True)
         self.settings = settings
@@ -480,11 +484,15 @@ class Gateway:
         if self.settings.grpc_port is not None:
             from shipyard.gateway.oip_grpc import start_grpc
 
+            pem = None
+            if self.tls is not None:  # gRPC takes the PEM text, not the files
+                pem = (self.tls[0].read_bytes(), self.tls[1].read_bytes())
             self._grpc = await start_grpc(
                 self.oip,
                 host=self.settings.host,
                 port=self.settings.grpc_port,
                 max_message_bytes=self.settings.max_payload_bytes + 64 * 1024,
+                tls=pem,
             )
         if self._on_startup is not None:
             await self._on_startup(self.service)
@@ -523,6 +531,30 @@ def _identity(settings: Settings) -> str:
     a time), so it takes back at once what its previous run held."""
     identity = f"{socket.gethostname()}:{settings.home.resolve()}"
     return hashlib.sha1(identity.encode()).hexdigest()[:16]
+
+
+def _tls(settings: Settings, stack: StackFile) -> tuple[Path, Path] | None:
+    """The certificate and key to serve with: the flags, else the stack file's ``tls:``
+    (relative to the file); checked here so that a wrong one fails the start, naming it."""
+    if settings.tls_cert is not None or settings.tls_key is not None:
+        if settings.tls_cert is None or settings.tls_key is None:
+            raise ValueError("tls_cert, tls_key: give both (--tls-cert and --tls-key), or neither")
+        cert, key = settings.tls_cert, settings.tls_key
+    elif stack.tls is not None:
+        base = settings.config.parent if settings.config is not None else Path()
+        cert, key = base / stack.tls.cert, base / stack.tls.key
+    else:
+        return None
+    try:
+        # An encrypted key is refused rather than prompting for its passphrase.
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key, password=lambda: b"")
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(
+            f"tls: cannot serve HTTPS with certificate {cert} and key {key} (PEM files, "
+            f"the key unencrypted): {exc}"
+        ) from None
+    return cert, key
 
 
 def _is_loopback(host: str) -> bool:

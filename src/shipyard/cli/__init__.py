@@ -44,6 +44,13 @@ def serve(
         int | None,
         typer.Option(help="Also serve the Open Inference Protocol over gRPC on this port."),
     ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(help="Serve HTTPS (and gRPC over TLS) with this PEM certificate chain."),
+    ] = None,
+    tls_key: Annotated[
+        Path | None, typer.Option(help="The unencrypted PEM private key of --tls-cert.")
+    ] = None,
 ) -> None:
     """Start the gateway."""
     import uvicorn
@@ -63,6 +70,8 @@ def serve(
         "ray_address": ray_address,
         "insecure": insecure or None,
         "grpc_port": grpc_port,
+        "tls_cert": tls_cert,
+        "tls_key": tls_key,
     }
     settings = Settings(**{k: v for k, v in given.items() if v is not None})
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -92,6 +101,9 @@ def serve(
         # max_connections be open and served, and answers 503 to the next (DESIGN 2.9).
         limit_concurrency=settings.max_connections + 1,
         timeout_graceful_shutdown=int(settings.drain_timeout_s),
+        # The flags, else the stack file's tls: section (create_app checked them).
+        ssl_certfile=gateway.tls[0] if gateway.tls else None,
+        ssl_keyfile=gateway.tls[1] if gateway.tls else None,
     )
 
 

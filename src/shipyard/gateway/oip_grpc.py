@@ -176,9 +176,12 @@ async def start_grpc(
     host: str,
     port: int,
     max_message_bytes: int,
+    tls: tuple[bytes, bytes] | None = None,
 ) -> Any:
     """A started grpc.aio server for ``protocol`` on ``host:port``; stop it with
-    ``await server.stop(grace_s)``. A port that cannot be bound raises OSError."""
+    ``await server.stop(grace_s)``. A port that cannot be bound raises OSError.
+
+    ``tls``: the PEM certificate chain and private key to serve it over TLS with."""
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -189,11 +192,16 @@ async def start_grpc(
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(OipGrpcService(protocol), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        if tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            cert, key = tls
+            credentials = grpc.ssl_server_credentials([(key, cert)])
+            bound = server.add_secure_port(address, credentials)
     except RuntimeError as exc:
         raise OSError(f"gRPC cannot listen on {address}: {exc}") from exc
     if bound == 0:
         raise OSError(f"gRPC cannot listen on {address}.")
     await server.start()
-    log.info("OIP gRPC listening on %s", address)
+    log.info("OIP gRPC listening on %s%s", address, " (TLS)" if tls is not None else "")
     return server
