@@ -251,10 +251,6 @@ class HostAccess:
         except OutsideFileRoots as exc:
             raise InvalidParameter(f"{field}: {exc}") from None
 
-    def check_locations(self, uris: Iterable[tuple[str, str | None]]) -> None:
-        for field, uri in uris:
-            self.check_location(uri, field)
-
     def check_notify_target(self, target: str, field: str) -> None:
         """Refuse a notification target a caller names that is a URL (an apprise URL, a
         webhook, a mail server) not matching ``auth.notify_targets``.
