@@ -227,6 +227,8 @@ class HostAccess:
                 f"{entrypoint_field}: a container entrypoint runs a command on the gateway's "
                 "host, which this gateway's auth.allow_commands does not allow."
             )
+        if environment is not None and not isinstance(environment, Mapping):
+            raise InvalidParameter(f"{environment_field}: a map of names to values is expected.")
         for name, value in (environment or {}).items():
             why = environment_refusal(
                 str(name), allow_commands=self.allow_commands, allowed=self.allow_environment

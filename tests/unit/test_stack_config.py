@@ -164,3 +164,11 @@ def test_a_job_from_a_live_template_is_checked_again_when_it_starts() -> None:
     jobs.live_templates = True
     with pytest.raises(InvalidParameter, match="allow_commands"):
         jobs.submit("a")
+
+
+def test_a_template_of_the_wrong_shape_is_refused_not_failed_on() -> None:
+    jobs = guarded_jobs(JobsConfig())
+    for template in ({"Environment": ["PATH=/x"]}, {"AlgorithmSpecification": "cmd:id"}):
+        config = JobsConfig(s3_bucket="s3://b/out", templates={"a": template})
+        with pytest.raises(InvalidParameter, match=r"jobs\.templates\.a: "):
+            jobs.check_templates(config)

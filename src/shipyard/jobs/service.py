@@ -180,6 +180,11 @@ class JobService:
                 self.check_host_access(_from_template(config, job_type))
             except InvalidParameter as exc:
                 raise InvalidParameter(f"jobs.templates.{job_type}: {exc.message}") from None
+            except (AttributeError, TypeError) as exc:
+                # A template is checked by botocore's shapes only when a job is made of it.
+                raise InvalidParameter(
+                    f"jobs.templates.{job_type}: not a CreateTrainingJob request ({exc})."
+                ) from None
 
 
 def _from_template(config: JobsConfig, job_type: str) -> dict[str, Any]:
