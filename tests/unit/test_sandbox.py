@@ -30,9 +30,9 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture
 def sandbox(tmp_path: Path) -> Sandbox:
     (tmp_path / "root").mkdir()
-    return Sandbox.create(
-        file_roots=[tmp_path / "root", tmp_path], hidden=[tmp_path / "home"], environ=os.environ
-    )
+    (tmp_path / "home" / "shared").mkdir(parents=True)
+    roots = [tmp_path / "root", tmp_path, tmp_path / "home" / "shared"]
+    return Sandbox.create(file_roots=roots, hidden=[tmp_path / "home"], environ=os.environ)
 
 
 @pytest.fixture
@@ -66,13 +66,15 @@ def test_the_home_is_hidden_even_under_a_root_but_a_process_gets_its_own_folders
     (home / "mine").mkdir(parents=True)
     (home / "store.db").write_text("secret")
     (tmp_path / "root" / "data.txt").write_text("granted\n")
+    (home / "shared" / "data.txt").write_text("also granted\n")
     done = run(
         sandbox,
-        f"cat {tmp_path}/root/data.txt; cat {home}/store.db; echo made > {home}/mine/out; "
-        "touch /usr/x; id -u",
+        f"cat {tmp_path}/root/data.txt {home}/shared/data.txt; cat {home}/store.db; "
+        f"echo made > {home}/mine/out; touch /usr/x; id -u",
         writable=[home / "mine"],
     )
     assert "granted" in done.stdout
+    assert "also granted" in done.stdout, "a root inside the home is shown all the same"
     assert "secret" not in done.stdout
     assert (home / "mine" / "out").read_text() == "made\n"
     assert "Read-only file system" in done.stderr

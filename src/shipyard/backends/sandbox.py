@@ -199,16 +199,16 @@ class Sandbox:
         if die_with_parent:
             args.append("--die-with-parent")
         args += _system()
-        bound: list[Path] = []
-        for path in self.python:
-            args += ["--ro-bind-try", str(path), str(path)]
-            bound.append(path)
-        for path in self.file_roots:
-            args += ["--bind-try", str(path), str(path)]
-            bound.append(path)
-        for path in self.hidden:
-            if any(_inside(path, b) for b in bound):
-                args += ["--tmpfs", str(path)]
+        bound = [("--ro-bind-try", p) for p in self.python]
+        bound += [("--bind-try", p) for p in self.file_roots]
+        for option, path in bound:
+            args += [option, str(path), str(path)]
+        masked = [h for h in self.hidden if any(_inside(h, p) for _, p in bound)]
+        for path in masked:
+            args += ["--tmpfs", str(path)]
+        for option, path in bound:  # one strictly inside the home is granted all the same
+            if any(_inside(path, m) and not _inside(m, path) for m in masked):
+                args += [option, str(path), str(path)]
         for path in readonly:
             args += ["--ro-bind-try", str(path), str(path)]
         if model is not None:
