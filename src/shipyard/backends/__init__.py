@@ -8,12 +8,15 @@ cluster's nodes.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from shipyard.backends.base import Backend, JobBackend
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +130,11 @@ register(
 def _ray(context: BackendContext) -> FullBackend:
     if not context.ray_address:
         raise ValueError("ray_address: the ray backend needs the address of a Ray cluster")
+    if context.sandbox_file_roots is not None:
+        log.warning(
+            "auth.sandbox: the ray backend does not sandbox its processes; they run as Ray "
+            "starts them on the cluster's nodes"
+        )
     try:
         from shipyard.backends.ray import RayBackend
     except ImportError as exc:
