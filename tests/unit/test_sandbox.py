@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -134,3 +136,31 @@ def test_an_earlier_gateways_sandboxed_instance_is_stopped_whole(backend: LocalB
     assert LocalBackend(run_dir=backend.run_dir).stop_leftovers() == [pgid]
     handle.process.wait(10)
     wait_until(lambda: in_group(pgid) == [], "the sandbox's end", 5)
+
+
+def test_a_sandboxed_runner_is_found_watched_and_signalled_through_its_bwrap(
+    tmp_path: Path, sandbox: Sandbox, backend: LocalBackend
+) -> None:
+    """The runner writes the PID it has inside its sandbox; a restarted gateway finds the
+    bwrap running it by its command line instead, and a stop reaches the runner."""
+    workdir = tmp_path / "home" / "jobs" / "j" / "attempt-1"
+    workdir.mkdir(parents=True)
+    (workdir / "runner.pid").write_text("2\n")
+    # A stand-in with the runner's command line: it sleeps, and dies of SIGTERM.
+    script = "import time; time.sleep(60)"
+    argv = [sys.executable, "-c", script, "shipyard.jobs.runner", str(workdir)]
+    wrapped = sandbox.wrap(argv, chdir=workdir, writable=[workdir], die_with_parent=False)
+    process = subprocess.Popen(wrapped, start_new_session=True)
+    try:
+        wait_until(lambda: len(psutil.Process(process.pid).children()) == 1, "bwrap's init", 5)
+        handle = backend.find_job(workdir)
+        assert handle is not None and handle.ref == f"local-sandboxed:{process.pid}:{workdir}"
+        assert backend.job_running(handle)
+        backend.signal_job(handle, signal.SIGTERM)
+        # bwrap was not signalled itself: it ends with the code of the runner it ran.
+        assert process.wait(10) == 128 + signal.SIGTERM
+        assert not backend.job_running(handle)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
