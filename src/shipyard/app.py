@@ -359,6 +359,7 @@ class Gateway:
                 queue=queue, wake=self.consumer.wake, host_access=self.host_access
             ),
             account_id=settings.account_id,
+            region=settings.region,
         )
 
     def _build_transforms(self, settings: Settings, stack: StackFile) -> None:

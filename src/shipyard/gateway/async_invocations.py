@@ -14,7 +14,8 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from shipyard.async_inference.queue import AsyncInvocations
-from shipyard.errors import InternalFailure, RuntimeFailure, RuntimeValidationError
+from shipyard.errors import AuthFailure, InternalFailure, RuntimeFailure, RuntimeValidationError
+from shipyard.gateway.auth import admitted, resource_arn
 from shipyard.gateway.errors import runtime_error_response
 from shipyard.gateway.runtime import discard_body
 from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT_ASYNC, check_header
@@ -28,10 +29,18 @@ _PREFIX = b"x-amzn-sagemaker-"
 class AsyncDoor:
     """Translates InvokeEndpointAsync into AsyncInvocations.submit and back."""
 
-    def __init__(self, *, router: Router, invocations: AsyncInvocations, account_id: str) -> None:
+    def __init__(
+        self,
+        *,
+        router: Router,
+        invocations: AsyncInvocations,
+        account_id: str,
+        region: str = "us-east-1",
+    ) -> None:
         self.router = router
         self.invocations = invocations
         self.account_id = account_id
+        self.region = region
 
     def __repr__(self) -> str:
         return f"AsyncDoor({self.invocations!r})"
@@ -40,7 +49,7 @@ class AsyncDoor:
         try:
             await discard_body(receive)  # the payload lives at InputLocation; ignore any body
             body, headers = await self._submit(scope, name)
-        except RuntimeFailure as exc:
+        except (RuntimeFailure, AuthFailure) as exc:
             await runtime_error_response(exc, send)
             return
         except Exception:
@@ -58,6 +67,9 @@ class AsyncDoor:
     async def _submit(
         self, scope: dict[str, Any], name: str
     ) -> tuple[dict[str, str], list[tuple[bytes, bytes]]]:
+        edge = admitted(scope)
+        if edge.caller is not None:  # keys scoped by resource (DESIGN 2.9)
+            edge.reach(resource_arn(self.region, self.account_id, "endpoint", name))
         route = self.router.routes.get(name)
         if route is None:
             raise RuntimeValidationError(f"Endpoint {name} of account {self.account_id} not found.")

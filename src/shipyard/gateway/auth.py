@@ -209,10 +209,11 @@ class Admitted:
         """``X-Amz-Target`` as read at the edge, "" when absent."""
         return self.head.target or ""
 
-    def reach(self, action: str, arn: str) -> None:
-        """Raise AccessDenied unless the caller's key reaches the resource ``arn``."""
+    def reach(self, arn: str) -> None:
+        """Raise AccessDenied unless the caller's key reaches the resource ``arn``: what
+        every door asks with the ARN it acts on (DESIGN 2.9)."""
         if self.caller is not None and not self.caller.reaches(arn):
-            raise _denied(self.caller, action, self.account_id, arn)
+            raise _denied(self.caller, self.action or "", self.account_id, arn)
 
     def reaches(self, arn: str) -> bool:
         """Whether the caller's key reaches ``arn`` (every resource without ``auth:``)."""
@@ -484,6 +485,12 @@ def authorize(caller: Caller, action: str, *, account_id: str, arn: str | None =
         raise _denied(caller, action, account_id, arn)
 
 
+def resource_arn(region: str, account_id: str, kind: str, name: str) -> str:
+    """The ARN of a resource, as the services write it (names lower-cased, as SageMaker
+    does), for the doors to ask ``Admitted.reach`` with."""
+    return f"arn:aws:sagemaker:{region}:{account_id}:{kind}/{name.lower()}"
+
+
 def door_of(path: str) -> Door:
     """The door whose error shape a refusal of ``path`` takes."""
     if path == "/":
@@ -619,4 +626,5 @@ __all__ = [
     "authorize",
     "door_of",
     "read_head",
+    "resource_arn",
 ]

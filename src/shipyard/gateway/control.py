@@ -12,8 +12,9 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -21,14 +22,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from shipyard.control.endpoints import EndpointService
-from shipyard.control.logs import LogService
+from shipyard.control.logs import ENDPOINTS_GROUP, JOBS_GROUP, LogService
 from shipyard.control.scaling import ScalingService
 from shipyard.errors import RequestTooLarge, SerializationException, UnknownOperation
 from shipyard.gateway.actions import ACTIONS, JOB_ACTIONS
 from shipyard.gateway.actions.autoscaling import ACTIONS as SCALING_ACTIONS
 from shipyard.gateway.actions.logs import ACTIONS as LOG_ACTIONS
 from shipyard.gateway.actions.transform_jobs import ACTIONS as TRANSFORM_ACTIONS
-from shipyard.gateway.auth import admitted
+from shipyard.gateway.auth import Admitted, admitted
 from shipyard.gateway.errors import AMZ_JSON, control_error_response
 from shipyard.gateway.validation import RequestValidator
 from shipyard.jobs.service import JobService
@@ -46,6 +47,15 @@ MAX_DEPTH = 64
 
 BODY_TIMEOUT_S = 30.0
 """How long the whole body may take to arrive; a slower client gets a 400."""
+
+_NAMED = {
+    "ModelName": "model",
+    "EndpointConfigName": "endpoint-config",
+    "EndpointName": "endpoint",
+    "TrainingJobName": "training-job",
+    "TransformJobName": "transform-job",
+}
+"""Request members that name a resource, and the kind of ARN its name makes."""
 
 _DRAIN_BYTES = 8 << 20
 _DRAIN_S = 2.0
@@ -100,51 +110,86 @@ class ControlDoor:
     async def _handle(self, request: Request) -> dict[str, Any]:
         # The target the edge read and authorised, never the header again: a second
         # reading could pick another value (DESIGN 2.9, "read once").
-        target = admitted(request.scope).target
-        if target.startswith(_LOGS_PREFIX) and self.logs is not None:
-            return await self._logs(request, target.removeprefix(_LOGS_PREFIX))
-        if target.startswith(_SCALING_PREFIX) and self.scaling is not None:
-            return await self._scaling(request, target.removeprefix(_SCALING_PREFIX))
-        action = target.removeprefix(_PREFIX) if target.startswith(_PREFIX) else None
-        served = action is not None and (
-            action in ACTIONS
-            or action in JOB_ACTIONS
-            or (action in TRANSFORM_ACTIONS and self.transforms is not None)
-        )
-        if action is None or not served:
-            raise UnknownOperation(f"The operation {target[:200] or '(none)'} is not supported.")
+        edge = admitted(request.scope)
+        validator, action, run = self._call(edge.target)
+        # List calls, and the Describe* of Logs and Application Auto Scaling, list.
+        lists = action.startswith("List") or validator is not self.validator
         params = _parse(await read_body(request, max_bytes=MAX_BODY_BYTES))
-        self.validator.validate(action, params)
+        validator.validate(action, params)
         assert isinstance(params, dict)  # validate refuses anything but a JSON object
         _drop_nulls(params)
-        if action in JOB_ACTIONS:
-            return await run_in_threadpool(JOB_ACTIONS[action], self.jobs, params)
-        if action in TRANSFORM_ACTIONS:
-            assert self.transforms is not None  # "served" checked it
-            return await run_in_threadpool(TRANSFORM_ACTIONS[action], self.transforms, params)
-        return await run_in_threadpool(ACTIONS[action], self.service, params)
+        scoped = edge.caller is not None and not edge.caller.reaches_all
+        if scoped:  # keys scoped by resource: every resource the call names (DESIGN 2.9)
+            for arn in self._resources(params, params):
+                edge.reach(arn)
+        result: dict[str, Any] = await run_in_threadpool(run, params)
+        if scoped and lists:  # only what the key may see
+            self._only_reached(result, params, edge)
+        return result
 
-    async def _logs(self, request: Request, action: str) -> dict[str, Any]:
-        if action not in LOG_ACTIONS:
-            raise UnknownOperation(f"The operation {_LOGS_PREFIX}{action[:200]} is not supported.")
-        params = _parse(await read_body(request, max_bytes=MAX_BODY_BYTES))
-        assert self._logs_validator is not None and self.logs is not None
-        self._logs_validator.validate(action, params)
-        assert isinstance(params, dict)
-        _drop_nulls(params)
-        return await run_in_threadpool(LOG_ACTIONS[action], self.logs, params)
+    def _call(self, target: str) -> tuple[RequestValidator, str, Callable[[dict[str, Any]], Any]]:
+        """The validator, action name and bound action of ``target``."""
+        if target.startswith(_LOGS_PREFIX) and self.logs is not None:
+            action = target.removeprefix(_LOGS_PREFIX)
+            if action not in LOG_ACTIONS:
+                raise UnknownOperation(
+                    f"The operation {_LOGS_PREFIX}{action[:200]} is not supported."
+                )
+            assert self._logs_validator is not None
+            return self._logs_validator, action, partial(LOG_ACTIONS[action], self.logs)
+        if target.startswith(_SCALING_PREFIX) and self.scaling is not None:
+            action = target.removeprefix(_SCALING_PREFIX)
+            if action not in SCALING_ACTIONS:
+                raise UnknownOperation(
+                    f"The operation {_SCALING_PREFIX}{action[:200]} is not supported."
+                )
+            assert self._scaling_validator is not None
+            return self._scaling_validator, action, partial(SCALING_ACTIONS[action], self.scaling)
+        action = target.removeprefix(_PREFIX)
+        if target.startswith(_PREFIX):
+            if action in JOB_ACTIONS:
+                return self.validator, action, partial(JOB_ACTIONS[action], self.jobs)
+            if action in TRANSFORM_ACTIONS and self.transforms is not None:
+                return self.validator, action, partial(TRANSFORM_ACTIONS[action], self.transforms)
+            if action in ACTIONS:
+                return self.validator, action, partial(ACTIONS[action], self.service)
+        raise UnknownOperation(f"The operation {target[:200] or '(none)'} is not supported.")
 
-    async def _scaling(self, request: Request, action: str) -> dict[str, Any]:
-        if action not in SCALING_ACTIONS:
-            raise UnknownOperation(
-                f"The operation {_SCALING_PREFIX}{action[:200]} is not supported."
-            )
-        params = _parse(await read_body(request, max_bytes=MAX_BODY_BYTES))
-        assert self._scaling_validator is not None and self.scaling is not None
-        self._scaling_validator.validate(action, params)
-        assert isinstance(params, dict)
-        _drop_nulls(params)
-        return await run_in_threadpool(SCALING_ACTIONS[action], self.scaling, params)
+    def _resources(self, value: dict[str, Any], params: dict[str, Any]) -> list[str]:
+        """The ARNs of the resources a request (or an item of an answer to ``params``)
+        names at its top level: by name (``EndpointName``...), by ARN (``ResourceArn``,
+        ``EndpointArn``...), by Application Auto Scaling's ``ResourceId`` or by log group
+        and stream. A Create names the resource it creates; CreateEndpoint both the
+        endpoint and its config, as IAM asks of both."""
+        arn = self.service.arn
+        found = []
+        for key, item in value.items():
+            if not isinstance(item, str):
+                continue
+            if key in _NAMED:
+                found.append(arn(_NAMED[key], item))
+            elif key.lower().endswith("arn") and item.lower().startswith("arn:aws:sagemaker:"):
+                found.append(item)
+            elif key == "ResourceId" and item.startswith("endpoint/"):
+                found.append(arn("endpoint", item.split("/")[1]))
+            elif key == "logGroupName" and item.startswith(ENDPOINTS_GROUP):
+                found.append(arn("endpoint", item.removeprefix(ENDPOINTS_GROUP)))
+            elif key == "logStreamName" and params.get("logGroupName") == JOBS_GROUP:
+                found.append(arn("training-job", item.split("/")[0]))
+        return found
+
+    def _only_reached(self, result: dict[str, Any], params: dict[str, Any], edge: Admitted) -> None:
+        """Drop from each list of the answer the items naming a resource the key does
+        not reach. Each page is filtered as it is served: a page may come out short or
+        empty, with its NextToken, which clients and boto3's paginators follow."""
+        for key, value in result.items():
+            if isinstance(value, list):
+                result[key] = [
+                    item
+                    for item in value
+                    if not isinstance(item, dict)
+                    or all(edge.reaches(arn) for arn in self._resources(item, params))
+                ]
 
 
 async def read_body(request: Request, *, max_bytes: int) -> bytes:

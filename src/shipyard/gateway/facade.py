@@ -14,9 +14,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from shipyard.errors import JobTypeNotAllowed, MissingJobType, ResourceNotFound
+from shipyard.errors import AccessDenied, JobTypeNotAllowed, MissingJobType, ResourceNotFound
+from shipyard.gateway.auth import admitted, resource_arn
 from shipyard.gateway.control import read_body
-from shipyard.gateway.errors import facade_error_response
+from shipyard.gateway.errors import control_error_response, facade_error_response
 from shipyard.jobs.service import JobService
 
 _MAX_LOG_CHUNK_BYTES = 1 << 20
@@ -60,6 +61,12 @@ class JobsDoor:
         whether more can come, which is all ``shipyard logs --follow`` needs.
         """
         name = request.path_params["name"]
+        jobs = self.jobs
+        try:  # keys scoped by resource reach the job's ARN (DESIGN 2.9)
+            arn = resource_arn(jobs.region, jobs.account_id, "training-job", name)
+            admitted(request.scope).reach(arn)
+        except AccessDenied as exc:
+            return control_error_response(exc)
         try:
             offset = max(0, int(request.query_params.get("offset", "0")))
         except ValueError:

@@ -22,6 +22,7 @@ from typing import Any
 
 from shipyard import __version__
 from shipyard.errors import (
+    AuthFailure,
     EndpointNotFound,
     ModelError,
     ModelNotReady,
@@ -195,6 +196,8 @@ def status_of(exc: Exception) -> Status:
     if not isinstance(exc, ShipyardError):
         return Status(500, "INTERNAL", "Internal failure.")
     message = exc.message
+    if isinstance(exc, AuthFailure):
+        return Status(403, "PERMISSION_DENIED", message)
     if isinstance(exc, EndpointNotFound):
         return Status(404, "NOT_FOUND", message)
     if isinstance(exc, RuntimeValidationError):

@@ -18,7 +18,7 @@ import json
 import logging
 from typing import Any
 
-from shipyard.errors import PayloadTooLarge, RuntimeFailure
+from shipyard.errors import AuthFailure, PayloadTooLarge, RuntimeFailure
 from shipyard.gateway.oip import InferenceProtocol, status_of
 from shipyard.gateway.runtime import count_invocation, discard_body
 from shipyard.routing.router import ClientGone
@@ -60,7 +60,7 @@ class OipRestDoor:
         except ClientGone:
             return
         except Exception as exc:
-            if not isinstance(exc, RuntimeFailure | TensorError):
+            if not isinstance(exc, RuntimeFailure | TensorError | AuthFailure):
                 log.exception("v2 request %s %s failed", method, scope["path"])
             if isinstance(exc, PayloadTooLarge) and exc.body_left:
                 await discard_body(receive)
@@ -89,6 +89,7 @@ class OipRestDoor:
                 return await _json(send, 200 if ready else 503, {"ready": ready})
         if parts[:2] == ["v2", "models"] and len(parts) >= 3:
             name, version, action = _model_path(parts[2:])
+            self.runtime.reach(scope, name)  # each /v2/models path acts on the endpoint
             if action == "" and method == "GET":
                 return await _json(send, 200, protocol.model_metadata(name, version))
             if action == "ready" and method == "GET":

@@ -16,6 +16,7 @@ from typing import Any
 
 from shipyard.contract import BATCH, FORWARDED, parse_batch
 from shipyard.errors import (
+    AuthFailure,
     EndpointNotFound,
     InternalFailure,
     ModelError,
@@ -23,6 +24,7 @@ from shipyard.errors import (
     RuntimeFailure,
     RuntimeValidationError,
 )
+from shipyard.gateway.auth import admitted, resource_arn
 from shipyard.gateway.errors import runtime_error_response
 from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT, check_header
 from shipyard.routing.client import Response
@@ -69,7 +71,7 @@ class RuntimeDoor:
         chosen: list[VariantRoute] = []  # filled once a variant is picked, for its metrics
         try:
             status = await self._invoke(scope, receive, send, name, started, chosen)
-        except RuntimeFailure as exc:
+        except (RuntimeFailure, AuthFailure) as exc:
             status = exc.status_code
             if isinstance(exc, PayloadTooLarge) and exc.body_left:
                 await discard_body(receive)
@@ -91,6 +93,7 @@ class RuntimeDoor:
         started: float,
         chosen: list[VariantRoute],
     ) -> int:
+        self.reach(scope, name)
         route = self.route_of(name)
         forward: list[tuple[bytes, bytes]] = []
         target: str | None = None
@@ -152,6 +155,13 @@ class RuntimeDoor:
         if variant.capture is not None:  # one random draw; sampled records only buffered
             variant.capture.offer(forward, body, response.body, headers[0][1])
         return 200
+
+    def reach(self, scope: Scope, name: str) -> None:
+        """AccessDenied unless the caller's key reaches endpoint ``name`` (its
+        ``resources``, DESIGN 2.9); every runtime door asks before it acts."""
+        edge = admitted(scope)
+        if edge.caller is not None:
+            edge.reach(resource_arn(self.region, self.account_id, "endpoint", name))
 
     def route_of(self, name: str) -> EndpointRoute:
         """The routing table of a real-time endpoint, or the error its clients get."""

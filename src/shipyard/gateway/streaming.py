@@ -33,6 +33,7 @@ from typing import Any
 
 from shipyard.contract import FORWARDED, RESPONSE_STREAM_HEADER, STREAM_ERROR
 from shipyard.errors import (
+    AuthFailure,
     InternalFailure,
     ModelError,
     ModelNotReady,
@@ -78,7 +79,7 @@ class ResponseStreamDoor:
         client = _Client(receive)
         try:
             status = await self._invoke(scope, client, send, name, started, chosen)
-        except RuntimeFailure as exc:
+        except (RuntimeFailure, AuthFailure) as exc:
             status = exc.status_code
             if isinstance(exc, PayloadTooLarge) and exc.body_left:
                 await discard_body(receive)
@@ -114,6 +115,7 @@ class ResponseStreamDoor:
         chosen: list[VariantRoute],
     ) -> int:
         runtime = self.runtime
+        runtime.reach(scope, name)
         route = runtime.route_of(name)
         forward, target, content_length = _request_headers(scope)
         if content_length is not None and content_length > runtime.max_payload_bytes:
