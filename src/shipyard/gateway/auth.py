@@ -184,7 +184,7 @@ class Caller:
 def _arn_pattern(pattern: str) -> re.Pattern[str]:
     # As IAM matches a Resource: ``*`` any run of characters (``/`` and ``:`` included),
     # ``?`` any one; nothing else is special.
-    parts = (".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    parts = (".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern.lower())
     return re.compile("".join(parts), re.DOTALL)
 
 
@@ -203,6 +203,7 @@ class Admitted:
     caller: Caller | None = None
     """Its verified signer; None where nothing was checked."""
     account_id: str = ""
+    """This gateway's account, named in refusals."""
 
     @property
     def target(self) -> str:
