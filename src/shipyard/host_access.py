@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from shipyard.errors import InvalidParameter
+from shipyard.launch import MODEL_CODE
 from shipyard.settings import AuthConfig
 from shipyard.storage.filesystems import FileRoots, OutsideFileRoots
 
@@ -235,7 +236,7 @@ class HostAccess:
             )
             if why is not None:
                 raise InvalidParameter(f"{environment_field}: {str(name)[:80]!r} {why}.")
-            if name in LOCATION_VARIABLES:
+            if name in LOCATION_VARIABLES and not _inside_model(str(value)):
                 self.check_location(str(value), f"{environment_field}.{name}")
 
     def check_location(self, uri: str | None, field: str) -> None:
@@ -268,6 +269,13 @@ class HostAccess:
             f"{field}: the notification target {_masked(target)[:200]!r} is not one this "
             "gateway may notify (auth.notify_targets); name a topic of the stack file."
         )
+
+
+def _inside_model(value: str) -> bool:
+    """``/opt/ml/model/code``: the container path of the model's own files, which the
+    sagemaker SDK writes into ``SAGEMAKER_SUBMIT_DIRECTORY`` when the code is packed in
+    the model; it names the instance's model, not a file of this host."""
+    return value.rstrip("/") == MODEL_CODE
 
 
 def _masked(url: str) -> str:

@@ -268,3 +268,12 @@ def test_the_gateways_own_folders_are_not_checked(tmp_path: Path) -> None:
     store = ArtifactStore(filesystems=guarded(tmp_path))
     home = tmp_path / "home" / "cache" / "m"
     assert store.fetch_model((root / "model").as_uri(), home) == home
+
+
+def test_the_sdks_model_code_path_names_the_model_not_a_host_file(tmp_path):
+    checked = access(tmp_path)
+    checked.check_process(environment={"SAGEMAKER_SUBMIT_DIRECTORY": "/opt/ml/model/code"})
+    with pytest.raises(InvalidParameter, match="file_roots"):
+        checked.check_process(
+            environment={"SAGEMAKER_SUBMIT_DIRECTORY": "/opt/ml/model/code/../../../../etc"}
+        )

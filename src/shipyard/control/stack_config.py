@@ -135,16 +135,9 @@ class StackConfig:
         return self.snapshot()
 
     def _check_host_access(self, change: StackChange, checked: StackFile) -> None:
-        """What a change puts is checked as the calls that name the same things are
-        (DESIGN 2.9): a template as CreateTrainingJob, a subscriber or notify URL as a
-        notification target named by a caller. Only the stack file read at start is the
-        operator's own; ``PUT /stack`` is a call like any other."""
-        access = self.jobs.host_access
-        for name in change.put_topics:
-            for i, url in enumerate(checked.topics[name]):
-                access.check_notify_target(url, f"topics.{name}[{i}]")
+        """A template is checked as CreateTrainingJob checks a request (DESIGN 2.9):
+        ``PUT /stack`` must not start what no call could. Topics and notify targets are
+        a stack file's, the operator's (only a key allowed ``shipyard:PutStack`` puts
+        them), and stay allowed as the file read at start is."""
         if change.jobs is not None:
-            for status, targets in checked.jobs.notify.items():
-                for target in targets:
-                    access.check_notify_target(target, f"jobs.notify.{status}")
             self.jobs.check_templates(checked.jobs)
