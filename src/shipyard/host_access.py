@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from shipyard.errors import InvalidParameter
 from shipyard.launch import MODEL_CODE
@@ -122,6 +123,14 @@ GATEWAY_VARIABLES = frozenset(
 """Variables the gateway sets on its instances itself (a file it writes, the instance's
 id, port, model prefix and S3 endpoint): a caller may not set them."""
 
+CODE_VARIABLES = frozenset(
+    {"SAGEMAKER_SUBMIT_DIRECTORY", "SAGEMAKER_PROGRAM", "SHIPYARD_INSTALL_REQUIREMENTS"}
+)
+"""Variables that choose which code a model's instances run (its submit directory, its
+entry point, whether its requirements are installed). The model's maker names them on
+CreateModel; a call that only uses a model (CreateTransformJob) may not, or a key
+allowed only to run transforms would run code of its own choosing."""
+
 LOCATION_VARIABLES = frozenset({"SAGEMAKER_SUBMIT_DIRECTORY", "SHIPYARD_MODEL_CACHE_DIR"})
 """Variables whose value is a location the instance reads or writes: checked against
 ``file_roots`` like any location."""
@@ -183,7 +192,7 @@ class HostAccess:
     """Folders local locations must lie under; None means anywhere (no ``auth:``)."""
     allow_environment: tuple[re.Pattern[str], ...] = ()
     """More variables a caller's ``Environment`` may name (``auth.allow_environment``)."""
-    notify_targets: tuple[re.Pattern[str], ...] = ()
+    notify_targets: tuple[str, ...] = ()
     """URL patterns a caller's notification targets must match (``auth.notify_targets``)."""
 
     @classmethod
@@ -195,7 +204,7 @@ class HostAccess:
             allow_commands=auth.allow_commands,
             file_roots=FileRoots(auth.file_roots),
             allow_environment=tuple(wildcard(p) for p in auth.allow_environment),
-            notify_targets=tuple(wildcard(p) for p in auth.notify_targets),
+            notify_targets=tuple(auth.notify_targets),
         )
 
     def check_process(
@@ -207,6 +216,7 @@ class HostAccess:
         image_field: str = "Image",
         entrypoint_field: str = "ContainerEntrypoint",
         environment_field: str = "Environment",
+        chooses_code: bool = True,
     ) -> None:
         """Refuse, with InvalidParameter naming the field, a process a caller may not start.
 
@@ -236,6 +246,11 @@ class HostAccess:
             )
             if why is not None:
                 raise InvalidParameter(f"{environment_field}: {str(name)[:80]!r} {why}.")
+            if name in CODE_VARIABLES and not chooses_code and not self.allow_commands:
+                raise InvalidParameter(
+                    f"{environment_field}: {name!r} chooses the code the model runs; only "
+                    "the model's own Environment (CreateModel) may set it on this gateway."
+                )
             if name in LOCATION_VARIABLES and not _inside_model(str(value)):
                 self.check_location(str(value), f"{environment_field}.{name}")
 
@@ -263,12 +278,41 @@ class HostAccess:
         """
         if not self.enforced or "://" not in target:
             return
-        if _matches(target, self.notify_targets):
+        if any(_target_matches(target, p) for p in self.notify_targets):
             return
         raise InvalidParameter(
             f"{field}: the notification target {_masked(target)[:200]!r} is not one this "
             "gateway may notify (auth.notify_targets); name a topic of the stack file."
         )
+
+
+def _target_matches(target: str, pattern: str) -> bool:
+    """Whether a notification ``target`` matches an ``auth.notify_targets`` pattern.
+
+    The whole URL must match, part by part: a ``*`` stands for characters of the part it
+    is written in and never reaches into the next. In the host part it matches no
+    ``@``, so ``mailto://*@example.com`` does not let through
+    ``mailto://a@evil.test/@example.com``; and a target's query (where apprise reads a
+    mail server, ``smtp=``, and recipients) must be matched by the pattern's own, so
+    neither does it let through ``mailto://a@example.com?smtp=evil.test``. A fragment
+    never matches.
+    """
+    if "#" in target:
+        return False
+    try:
+        got, want = urlsplit(target), urlsplit(pattern)
+    except ValueError:
+        return False
+    parts = (
+        (got.scheme, want.scheme, "[^:]*"),
+        (got.netloc, want.netloc, "[^@/]*"),
+        (got.path, want.path, ".*"),
+        (got.query, want.query, ".*"),
+    )
+    return all(
+        re.fullmatch(star.join(re.escape(p) for p in wanted.split("*")), value, re.DOTALL)
+        for value, wanted, star in parts
+    )
 
 
 def _inside_model(value: str) -> bool:

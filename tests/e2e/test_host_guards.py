@@ -116,7 +116,7 @@ def manifest_job(gw: GatewayProcess, roots: Path, entries: list[Any], out: Path)
         },
         TransformOutput={"S3OutputPath": out.as_uri(), "Accept": "application/json"},
         TransformResources={"InstanceType": "ml.m5.large", "InstanceCount": 1},
-        Environment={"SAGEMAKER_PROGRAM": "inference.py", "TEAM_MODE": "batch"},
+        Environment={"SAGEMAKER_MODEL_SERVER_TIMEOUT": "60", "TEAM_MODE": "batch"},
     )
     try:
         sm.get_waiter("transform_job_completed_or_stopped").wait(
@@ -236,6 +236,36 @@ def test_sagemaker_and_operator_allowed_variables_are_accepted(guarded: GatewayP
         )
     )
     assert "'OTHER'" in message and "auth.allow_environment" in message
+
+
+def test_a_transform_may_not_choose_the_code_its_model_runs(
+    guarded: GatewayProcess, roots: Path
+) -> None:
+    """A key allowed only CreateTransformJob set SAGEMAKER_SUBMIT_DIRECTORY and
+    SAGEMAKER_PROGRAM on the job and so ran code of its own choosing."""
+    sm = client(guarded, "sagemaker")
+    for name, value in (
+        ("SAGEMAKER_SUBMIT_DIRECTORY", (roots / "models" / "job_code").as_uri()),
+        ("SAGEMAKER_PROGRAM", "train.py"),
+    ):
+        message = refused(
+            lambda name=name, value=value: sm.create_transform_job(
+                TransformJobName=unique("code"),
+                ModelName="echo",
+                TransformInput={
+                    "DataSource": {
+                        "S3DataSource": {
+                            "S3DataType": "S3Prefix",
+                            "S3Uri": (roots / "data").as_uri(),
+                        }
+                    }
+                },
+                TransformOutput={"S3OutputPath": (roots / "data" / "never").as_uri()},
+                TransformResources={"InstanceType": "ml.m5.large", "InstanceCount": 1},
+                Environment={name: value},
+            )
+        )
+        assert f"'{name}' chooses the code" in message
 
 
 # -- finding 4: templates put live obey the rules of CreateTrainingJob ---------------

@@ -178,9 +178,15 @@ def test_a_submit_directory_variable_is_a_location(tmp_path: Path) -> None:
 
 def test_notify_targets_match_whole_urls_with_star_only(tmp_path: Path) -> None:
     checked = access(
-        tmp_path, notify_targets=["https://hooks.example.com/*", "mailto://ops@mail.example?x"]
+        tmp_path,
+        notify_targets=[
+            "https://hooks.example.com/*",
+            "https://hooks.example.com/q?*",
+            "mailto://ops@mail.example?x",
+        ],
     )
-    checked.check_notify_target("https://hooks.example.com/team/a?x=1", "SuccessTopic")
+    checked.check_notify_target("https://hooks.example.com/team/a", "SuccessTopic")
+    checked.check_notify_target("https://hooks.example.com/q?x=1", "SuccessTopic")
     checked.check_notify_target("mailto://ops@mail.example?x", "SuccessTopic")
     checked.check_notify_target("done", "SuccessTopic")  # a topic: the operator's
     checked.check_notify_target("arn:aws:sns:us-east-1:123456789012:done", "SuccessTopic")
@@ -190,6 +196,8 @@ def test_notify_targets_match_whole_urls_with_star_only(tmp_path: Path) -> None:
         "json://10.0.0.1/hook",
         "mailto://ops@mail.exampleAx",  # '?' is literal, not any one character
         "xhttps://hooks.example.com/",
+        "https://hooks.example.com/team/a?x=1",  # a query only where the pattern has one
+        "https://hooks.example.com/a#x",
     ):
         with pytest.raises(InvalidParameter, match="ErrorTopic: .*auth.notify_targets"):
             checked.check_notify_target(url, "ErrorTopic")
@@ -277,3 +285,32 @@ def test_the_sdks_model_code_path_names_the_model_not_a_host_file(tmp_path):
         checked.check_process(
             environment={"SAGEMAKER_SUBMIT_DIRECTORY": "/opt/ml/model/code/../../../../etc"}
         )
+
+
+def test_a_star_never_reaches_past_its_part_of_the_url(tmp_path: Path) -> None:
+    """apprise reads the mail server from the host and from ``smtp=`` in the query: a
+    pattern naming the domain must hold against both."""
+    checked = access(tmp_path, notify_targets=["mailto://*@example.com*"])
+    checked.check_notify_target("mailto://ops@example.com", "SuccessTopic")
+    for url in (
+        "mailto://attacker@evil.test/?x=@example.com",
+        "mailto://attacker@evil.test/@example.com",
+        "mailto://a@example.com?smtp=evil.test&to=a@evil.test",
+    ):
+        with pytest.raises(InvalidParameter, match="auth.notify_targets"):
+            checked.check_notify_target(url, "SuccessTopic")
+
+
+def test_a_call_that_only_uses_a_model_may_not_choose_its_code(tmp_path: Path) -> None:
+    checked = access(tmp_path)
+    checked.check_process(environment={"SAGEMAKER_PROGRAM": "serve.py"})  # CreateModel
+    for name in (
+        "SAGEMAKER_PROGRAM",
+        "SAGEMAKER_SUBMIT_DIRECTORY",
+        "SHIPYARD_INSTALL_REQUIREMENTS",
+    ):
+        with pytest.raises(InvalidParameter, match=f"'{name}' chooses the code"):
+            checked.check_process(environment={name: "x"}, chooses_code=False)
+    access(tmp_path, allow_commands=True).check_process(
+        environment={"SAGEMAKER_PROGRAM": "serve.py"}, chooses_code=False
+    )

@@ -13,10 +13,10 @@ change or remove only what it owns, or put what nobody owns, as with the resourc
 tags. Changes live in this gateway's memory: a restarted gateway reads ``--config``
 again, so point it at the file you apply.
 
-Under ``auth:`` a change is a call like any other (DESIGN 2.9): its job templates must
-pass what CreateTrainingJob checks (``allow_commands``, the environment rule,
-``file_roots``), and the URLs it puts as topic subscribers or notify targets must match
-``auth.notify_targets``. Only the file read at start is the operator's own.
+Under ``auth:`` a change's job templates must pass what CreateTrainingJob checks
+(``allow_commands``, the environment rule, ``file_roots``; DESIGN 2.9): ``PUT /stack``
+must not start what no call could. Its topics and notify targets are a stack file's, the
+operator's, and stay allowed, as those of the file read at start are.
 """
 
 from __future__ import annotations

@@ -187,7 +187,7 @@ class TransformService:
                 )
             self.host_access.check_location(uri, field)
         # The model's instances start with this Environment added to the model's own.
-        self.host_access.check_process(environment=request.get("Environment"))
+        self.host_access.check_process(environment=request.get("Environment"), chooses_code=False)
         count = int(request["TransformResources"]["InstanceCount"])
         if count > self.max_instances:
             raise InvalidParameter(
