@@ -23,6 +23,7 @@ from pathlib import Path
 
 from shipyard.errors import ShipyardError
 from shipyard.jobs.service import JobService
+from shipyard.jobs.spec import open_untrusted, untrusted_size
 
 JOBS_GROUP = "/aws/sagemaker/TrainingJobs"
 ENDPOINTS_GROUP = "/aws/sagemaker/Endpoints/"
@@ -56,7 +57,10 @@ class LogStream:
         return sum(_size(f) for f in self.files)
 
     def last_written_ms(self) -> int:
-        stamps = [int(f.stat().st_mtime * 1000) for f in self.files if f.exists()]
+        stamps: list[int] = []
+        for f in self.files:
+            with contextlib.suppress(OSError):  # not followed: a job may have left a link
+                stamps.append(int(f.lstat().st_mtime * 1000))
         return max(stamps, default=self.created_ms)
 
 
@@ -136,17 +140,16 @@ def _instance_stream(endpoint: str, path: Path) -> LogStream:
 
 
 def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
+    return untrusted_size(path)
 
 
 def _lines(files: tuple[Path, ...], start: int) -> Iterator[tuple[int, bytes]]:
     """(offset in the stream, line) of every complete line at or after ``start``.
 
     A last line without its newline is still being written: it is left for a later
-    read, so a follower never sees half a line twice.
+    read, so a follower never sees half a line twice. A job's log is in a folder the
+    job's code writes: a link or a FIFO put in its place reads as empty
+    (``open_untrusted``), never as the file it points to.
     """
     base = 0
     for path in files:
@@ -154,7 +157,7 @@ def _lines(files: tuple[Path, ...], start: int) -> Iterator[tuple[int, bytes]]:
         if start >= base + size:
             base += size
             continue
-        with contextlib.suppress(OSError), open(path, "rb") as f:
+        with contextlib.suppress(OSError), open_untrusted(path) as f:
             f.seek(max(start - base, 0))
             position = base + f.tell()
             for line in f:

@@ -7,7 +7,6 @@ The facade answers with the HTTP status equal to the body's ``status`` (DESIGN 2
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from starlette.concurrency import run_in_threadpool
@@ -19,6 +18,7 @@ from shipyard.gateway.auth import admitted, resource_arn
 from shipyard.gateway.control import read_body
 from shipyard.gateway.errors import control_error_response, facade_error_response
 from shipyard.jobs.service import JobService
+from shipyard.jobs.spec import open_untrusted, untrusted_size
 
 _MAX_LOG_CHUNK_BYTES = 1 << 20
 
@@ -103,16 +103,20 @@ def _job_type(raw: bytes) -> str:
 
 
 def _read_from(files: list[Path], offset: int) -> bytes:
-    """Bytes ``offset``.. of the files read as one stream; missing files are empty."""
+    """Bytes ``offset``.. of the files read as one stream; missing files are empty.
+
+    The job's code may have replaced its log (a link to a file it cannot read itself,
+    a FIFO): such a file reads as empty (jobs/spec.py ``open_untrusted``).
+    """
     for path in files:
-        try:
-            size = os.path.getsize(path)
-        except OSError:
-            size = 0
+        size = untrusted_size(path)
         if offset >= size:
             offset -= size
             continue
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read(_MAX_LOG_CHUNK_BYTES)
+        try:
+            with open_untrusted(path) as f:
+                f.seek(offset)
+                return f.read(_MAX_LOG_CHUNK_BYTES)
+        except OSError:
+            return b""
     return b""

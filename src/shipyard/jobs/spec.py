@@ -11,16 +11,24 @@ the whole protocol, and this module is its one definition:
 - ``runner.pid``: the runner's PID, locked (``flock``) for as long as the runner lives.
 - ``script.pid``: the script's PID, which is also its process group and session id;
   present while the script may be running, removed once it and its group are gone.
+
+The job's own processes write this folder (in a sandbox, ``auth.sandbox``, they are the
+only ones that may), so anything in it may have been replaced by the job's code: a link
+to a file the job cannot see, a FIFO that never answers. The gateway opens what it
+reads there, and what it writes there once the runner runs, with :func:`open_untrusted`
+only, and sizes it with :func:`untrusted_size`.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -177,14 +185,55 @@ def read_status(path: Path, *, skip: int = 0) -> list[StatusLine]:
     A last line without its newline is still being written and is left for the next read.
 
     Raises:
-        ValueError: a complete line is not a status line (the file is not a runner's).
+        ValueError: a complete line is not a status line (the file is not a runner's),
+            or the file is no regular file (``open_untrusted``).
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        with open_untrusted(path) as f:
+            text = f.read().decode("utf-8", errors="replace")
     except FileNotFoundError:
         return []
+    except OSError as exc:
+        raise ValueError(f"{path} cannot be read as a status file: {exc}") from exc
     complete = text.split("\n")[:-1]  # the last piece is "" or a line being written
     try:
         return [_STATUS_LINE.validate_json(raw) for raw in complete[skip:]]
     except ValidationError as exc:
         raise ValueError(f"{path} holds a line that is not a status line: {exc}") from exc
+
+
+def open_untrusted(path: Path, *, append: bool = False) -> BinaryIO:
+    """Open ``path``, a file that code the gateway does not trust may have replaced (one
+    in a job's working folder), for reading or, with ``append``, for appending (created
+    if missing): never through a link, and only when it is a regular file.
+
+    ``O_NOFOLLOW`` refuses a link in place of the file (the job's code could point one
+    at any file the gateway may read); ``O_NONBLOCK`` keeps a FIFO from blocking the
+    open, and the ``fstat`` of what was opened refuses anything but a regular file (a
+    FIFO, a device, a socket), so the gateway never waits on what a job put there. The
+    folders above ``path`` must be the gateway's: only the last part is not followed.
+
+    Raises:
+        FileNotFoundError: nothing there (reading).
+        OSError: a link (``ELOOP``), or not a regular file (``EINVAL``).
+    """
+    flags = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    flags |= os.O_WRONLY | os.O_APPEND | os.O_CREAT if append else os.O_RDONLY
+    fd = os.open(path, flags, 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return os.fdopen(fd, "ab" if append else "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def untrusted_size(path: Path) -> int:
+    """The size of ``path`` as :func:`open_untrusted` would read it: 0 when it is missing,
+    a link or no regular file (so a link's target is not even measured)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return 0
+    return info.st_size if stat.S_ISREG(info.st_mode) else 0

@@ -33,6 +33,7 @@ from shipyard.gateway.console import fragments, pages
 from shipyard.gateway.console.history import MetricsHistory
 from shipyard.gateway.console.logs import instance_tails
 from shipyard.gateway.console.state import ConsoleState
+from shipyard.jobs.spec import open_untrusted, untrusted_size
 
 LOG_CHUNK_BYTES = 64 * 1024
 """Most log bytes one poll returns; a page opened on a long log starts at its tail."""
@@ -214,13 +215,7 @@ def _fragment(html: str, status_code: int = 200) -> Response:
 
 
 def _total_size(files: list[Path]) -> int:
-    total = 0
-    for path in files:
-        try:
-            total += path.stat().st_size
-        except OSError:
-            pass
-    return total
+    return sum(untrusted_size(path) for path in files)
 
 
 def _read_log(files: list[Path], offset: int | None, final: bool) -> tuple[str, int]:
@@ -228,20 +223,21 @@ def _read_log(files: list[Path], offset: int | None, final: bool) -> tuple[str, 
 
     A last line without its newline is left for the next poll (unless a line is longer
     than a chunk, or the job has ended: ``final``), so a character is never cut in two.
+    A log the job's code replaced (a link, a FIFO) reads as empty (``open_untrusted``).
     """
     total = _total_size(files)
     start = max(0, total - LOG_CHUNK_BYTES) if offset is None else min(offset, total)
     data = bytearray()
     base = 0
     for path in files:
-        try:
-            size = path.stat().st_size
-        except OSError:
-            continue
+        size = untrusted_size(path)
         if start < base + size and len(data) < LOG_CHUNK_BYTES:
-            with open(path, "rb") as f:
-                f.seek(max(start - base, 0))
-                data += f.read(LOG_CHUNK_BYTES - len(data))
+            try:
+                with open_untrusted(path) as f:
+                    f.seek(max(start - base, 0))
+                    data += f.read(LOG_CHUNK_BYTES - len(data))
+            except OSError:
+                break
         base += size
     if offset is None and start > 0:
         # Started mid-file: drop the partial first line.
