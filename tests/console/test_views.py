@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from shipyard.gateway.auth import Door, action_of
 from shipyard.gateway.console import fragments, pages
 from shipyard.gateway.console.door import LOG_CHUNK_BYTES, _read_log
 from shipyard.gateway.console.history import MetricsHistory
 from shipyard.gateway.console.logs import TAIL_BYTES, instance_tails
-from shipyard.gateway.console.state import EndpointRow, VariantRow
+from shipyard.gateway.console.state import ConsoleState, EndpointRow, JobReads, VariantRow
+from shipyard.records import Event, JobStatus
+from shipyard.storage.events import EventState
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 
@@ -110,3 +114,61 @@ def test_instance_logs_are_the_ends_of_each_instances_file(tmp_path: Path) -> No
     long = tails["scores-v1-1"]
     assert long.endswith("line 4999\n") and long.startswith("line ") and len(long) <= TAIL_BYTES
     assert instance_tails(tmp_path, "..") == instance_tails(tmp_path, "nope") == []
+
+
+def test_a_key_scoped_by_resource_lists_only_the_jobs_and_events_it_reaches() -> None:
+    def arn(kind: str, name: str) -> str:
+        return f"arn:aws:sagemaker:eu:1:{kind}/{name}"
+
+    def job(name: str, status: JobStatus) -> Any:
+        return SimpleNamespace(name=name, arn=arn("training-job", name), status=status)
+
+    jobs = [
+        job("b-1", JobStatus.FAILED),
+        job("a-1", JobStatus.COMPLETED),
+        job("b-2", JobStatus.FAILED),
+    ]
+
+    def event(resource: str, **detail: str) -> EventState:
+        source = "aws.application-autoscaling" if "ResourceId" in detail else "aws.sagemaker"
+        made = Event("k", "t", source, resource, dict(detail), (), "s", "m", NOW)
+        return EventState(made, 0, NOW, None, NOW)
+
+    events = [
+        event(arn("training-job", "a-1")),
+        event(arn("training-job", "b-1")),
+        # A scaling activity is about the endpoint it scales, not its scalable target.
+        event(
+            "arn:aws:application-autoscaling:eu:1:scalable-target/f0",
+            ResourceId="endpoint/a-e/variant/v",
+        ),
+        event(
+            "arn:aws:application-autoscaling:eu:1:scalable-target/f1",
+            ResourceId="endpoint/b-e/variant/v",
+        ),
+    ]
+    state = ConsoleState(
+        endpoints=SimpleNamespace(arn=arn),  # type: ignore[arg-type]
+        fleets={},
+        routes={},
+        backlogs={},
+        metrics=None,  # type: ignore[arg-type]
+        jobs=JobReads(
+            newest_jobs=lambda n: (jobs[:n], {"Failed": 2, "Completed": 1}),
+            describe_job=lambda name: jobs[0],
+            newest_transforms=lambda n: ([], {}),
+            describe_transform=lambda name: jobs[0],
+        ),
+        events=SimpleNamespace(recent_events=lambda n: events[:n]),  # type: ignore[arg-type]
+    )
+
+    def reaches(resource: str) -> bool:
+        return resource.rsplit("/", 1)[-1].startswith("a-") or "endpoint/a-" in resource
+
+    listing = state.jobs(reaches)
+    assert [j.name for j in listing.jobs] == ["a-1"]
+    assert (listing.total, listing.by_status) == (1, {"Completed": 1})  # not the others'
+    assert state.jobs().total == 3
+    shown = [s.event for s in state.recent_events(10, reaches)]
+    assert [e.resource.rsplit("/", 1)[-1] for e in shown] == ["a-1", "f0"]
+    assert len(state.recent_events(10)) == 4

@@ -2,13 +2,15 @@
 
 Two endpoints, ``team-a-x`` and ``team-b-x``; a key that reaches only
 ``endpoint/team-a-*`` invokes the one and not the other on every door, and its List
-calls show only what it reaches.
+calls show only what it reaches. The console's views and lists, the names a request
+holds below its top level and the jobs ``POST /inference`` makes are scoped alike.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +18,23 @@ import pytest
 
 from tests.conftest import GatewayProcess, deploy, make_tarball, start_gateway
 from tests.e2e.test_auth import OPS, OPS_SECRET, client, error_code, signed_http
+from tests.e2e.test_jobs import CODE, ENV
 
 TEAM, TEAM_SECRET = "AKIATESTTEAMA0000001", "team-a-secret"
 BUILDER, BUILDER_SECRET = "AKIATESTBUILDA000001", "team-a-builder-secret"
+VIEWER, VIEWER_SECRET = "AKIATESTVIEWA000001", "team-a-viewer-secret"
+ROLE = "arn:aws:iam::123456789012:role/x"
+
+
+def _template() -> dict[str, Any]:
+    return {
+        "AlgorithmSpecification": {"TrainingImage": "shipyard/python"},
+        "HyperParameters": {
+            "sagemaker_program": "infer.py",
+            "sagemaker_submit_directory": CODE.as_uri(),
+        },
+        "ResourceConfig": {"InstanceType": "ml.m5.large", "InstanceCount": 1, "VolumeSizeInGB": 1},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -41,15 +57,33 @@ def teams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayPro
                 {
                     "access_key_id": BUILDER,
                     "secret_access_key_env": "K_BUILDER",
-                    "allow": ["sagemaker:*", "logs:*"],
+                    "allow": ["sagemaker:*", "logs:*", "application-autoscaling:*"],
                     "resources": ["arn:aws:sagemaker:*:*:*/TEAM-A-*"],  # names: any case
+                },
+                {  # what the console asks of a key
+                    "access_key_id": VIEWER,
+                    "secret_access_key_env": "K_VIEWER",
+                    "allow": ["sagemaker:Describe*", "logs:GetLogEvents", "shipyard:Get*"],
+                    "resources": ["arn:aws:sagemaker:*:*:*/team-a-*"],
                 },
             ],
             "file_roots": [str(models)],
-        }
+        },
+        "jobs": {
+            "limit": 8,
+            "white_list": ["team-a-run", "team-b-run"],
+            "s3_bucket": (models / "jobs-out").as_uri(),
+            "templates": {"team-a-run": _template(), "team-b-run": _template()},
+        },
     }
     (home / "stack.yaml").write_text(json.dumps(stack))
-    secrets = {"K_OPS": OPS_SECRET, "K_TEAM": TEAM_SECRET, "K_BUILDER": BUILDER_SECRET}
+    secrets = {
+        "K_OPS": OPS_SECRET,
+        "K_TEAM": TEAM_SECRET,
+        "K_BUILDER": BUILDER_SECRET,
+        "K_VIEWER": VIEWER_SECRET,
+        **ENV,
+    }
     gw = start_gateway(
         home / "home", extra_env=secrets, args=["--config", str(home / "stack.yaml")]
     )
@@ -174,3 +208,165 @@ def test_log_groups_are_scoped_as_their_endpoints(teams: tuple[GatewayProcess, P
         lambda: logs.describe_log_streams(logGroupName="/aws/sagemaker/Endpoints/team-b-x")
     )
     assert (code, status) == ("AccessDeniedException", 403)
+
+
+def test_names_inside_a_request_are_resources_too(teams: tuple[GatewayProcess, Path]) -> None:
+    gw, tarball = teams
+    sm = client(gw, "sagemaker", BUILDER, BUILDER_SECRET)
+
+    def variant(model: str) -> dict[str, Any]:
+        return {
+            "VariantName": "v1",
+            "ModelName": model,
+            "InitialInstanceCount": 1,
+            "InstanceType": "ml.m5.large",
+        }
+
+    # Team A may not serve team B's model, as a variant or as a shadow.
+    for extra in (
+        {"ProductionVariants": [variant("team-b-x")]},
+        {
+            "ProductionVariants": [variant("team-a-x")],
+            "ShadowProductionVariants": [variant("team-b-x") | {"VariantName": "s1"}],
+        },
+    ):
+        code, status, message = error_code(
+            partial(sm.create_endpoint_config, EndpointConfigName="team-a-c", **extra)
+        )
+        assert (code, status) == ("AccessDeniedException", 403)
+        assert "sagemaker:CreateEndpointConfig on resource: " in message
+        assert "model/team-b-x because" in message
+    sm.create_endpoint_config(
+        EndpointConfigName="team-a-c", ProductionVariants=[variant("team-a-x")]
+    )
+    # Nor run it in a transform job, nor move its endpoint to team B's config.
+    code, _, message = error_code(
+        lambda: sm.create_transform_job(
+            TransformJobName="team-a-t",
+            ModelName="team-b-x",
+            TransformInput={
+                "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": "s3://b/in"}}
+            },
+            TransformOutput={"S3OutputPath": "s3://b/out"},
+            TransformResources={"InstanceType": "ml.m5.large", "InstanceCount": 1},
+        )
+    )
+    assert code == "AccessDeniedException" and "model/team-b-x because" in message
+    code, _, message = error_code(
+        lambda: sm.update_endpoint(EndpointName="team-a-x", EndpointConfigName="team-b-x")
+    )
+    assert code == "AccessDeniedException" and "endpoint-config/team-b-x" in message
+    # A scaling policy of team A's endpoint may not read team B's metrics.
+    scaling = client(gw, "application-autoscaling", BUILDER, BUILDER_SECRET)
+    custom = {
+        "MetricName": "InvocationsPerInstance",
+        "Namespace": "AWS/SageMaker",
+        "Statistic": "Sum",
+        "Dimensions": [
+            {"Name": "EndpointName", "Value": "team-b-x"},
+            {"Name": "VariantName", "Value": "v1"},
+        ],
+    }
+    code, _, message = error_code(
+        lambda: scaling.put_scaling_policy(
+            PolicyName="team-a-p",
+            ServiceNamespace="sagemaker",
+            ResourceId="endpoint/team-a-x/variant/v1",
+            ScalableDimension="sagemaker:variant:DesiredInstanceCount",
+            PolicyType="TargetTrackingScaling",
+            TargetTrackingScalingPolicyConfiguration={
+                "TargetValue": 10.0,
+                "CustomizedMetricSpecification": custom,
+            },
+        )
+    )
+    assert code == "AccessDeniedException" and "endpoint/team-b-x" in message
+
+
+def _post_job(gw: GatewayProcess, job_type: str, key: str, secret: str) -> tuple[int, Any]:
+    body = json.dumps({"type": job_type}).encode()
+    status, _, answer = signed_http(gw, "POST", "/inference", body, key=key, secret=secret)
+    return status, json.loads(answer)
+
+
+def test_the_facade_makes_only_jobs_the_key_reaches(teams: tuple[GatewayProcess, Path]) -> None:
+    gw, _ = teams
+    status, answer = _post_job(gw, "team-b-run", BUILDER, BUILDER_SECRET)
+    assert (status, answer["status"]) == (403, 403), answer
+    assert "sagemaker:CreateTrainingJob on resource: " in answer["errMsg"]
+    assert ":training-job/team-b-run-" in answer["errMsg"]
+    listed = client(gw, "sagemaker").list_training_jobs()["TrainingJobSummaries"]
+    names = [j["TrainingJobName"] for j in listed]
+    assert not any(name.startswith("team-b-run-") for name in names)  # nothing scheduled
+    status, answer = _post_job(gw, "team-a-run", BUILDER, BUILDER_SECRET)
+    assert (status, answer["status"]) == (200, 200), answer
+    assert answer["jobName"].startswith("team-a-run-")
+
+
+@pytest.fixture(scope="module")
+def team_jobs(teams: tuple[GatewayProcess, Path]) -> tuple[str, str]:
+    """A training job of each team, made with the operator's key."""
+    gw, _ = teams
+    names = []
+    for job_type in ("team-a-run", "team-b-run"):
+        status, answer = _post_job(gw, job_type, OPS, OPS_SECRET)
+        assert status == 200, answer
+        names.append(answer["jobName"])
+    return names[0], names[1]
+
+
+def _view(gw: GatewayProcess, path: str, key: str = VIEWER) -> tuple[int, str]:
+    secret = {VIEWER: VIEWER_SECRET, OPS: OPS_SECRET}[key]
+    status, _, body = signed_http(gw, "GET", "/console/api" + path, key=key, secret=secret)
+    return status, body.decode()
+
+
+def test_a_console_view_of_one_resource_needs_the_key_to_reach_it(
+    teams: tuple[GatewayProcess, Path], team_jobs: tuple[str, str]
+) -> None:
+    gw, _ = teams
+    mine, theirs = team_jobs
+    for path in (
+        "/endpoints/team-a-x",
+        "/endpoints/team-a-x/metrics",
+        "/endpoints/team-a-x/logs",
+        f"/jobs/{mine}",
+        f"/jobs/{mine}/log",
+    ):
+        status, body = _view(gw, path)
+        assert status == 200, (path, body)
+    assert _view(gw, "/transform-jobs/team-a-none")[0] == 404  # reached, and not there
+    for path, arn in (
+        ("/endpoints/team-b-x", "endpoint/team-b-x"),
+        ("/endpoints/team-b-x/metrics", "endpoint/team-b-x"),
+        ("/endpoints/team-b-x/logs", "endpoint/team-b-x"),
+        (f"/jobs/{theirs}", f"training-job/{theirs}"),
+        (f"/jobs/{theirs}/log", f"training-job/{theirs}"),
+        ("/transform-jobs/team-b-t", "transform-job/team-b-t"),
+        ("/transform-jobs/team-b-t/logs", "transform-job/team-b-t"),
+    ):
+        status, body = _view(gw, path)
+        assert status == 403, (path, body)
+        error = json.loads(body)  # the console's shape, as the edge refuses
+        assert error["__type"] == "AccessDeniedException"
+        assert f":000000000000:{arn} because" in error["message"], error
+    # The operator's key reaches both teams'.
+    assert _view(gw, "/endpoints/team-b-x", OPS)[0] == 200
+    assert _view(gw, f"/jobs/{theirs}/log", OPS)[0] == 200
+
+
+def test_console_lists_keep_what_the_key_reaches(
+    teams: tuple[GatewayProcess, Path], team_jobs: tuple[str, str]
+) -> None:
+    gw, _ = teams
+    mine, theirs = team_jobs
+    shown = {path: _view(gw, path) for path in ("/endpoints", "/jobs", "/events")}
+    for path, (status, body) in shown.items():
+        assert status == 200, (path, body)
+        assert "team-b" not in body, path
+    assert "team-a-x" in shown["/endpoints"][1] and "1 endpoints" in shown["/endpoints"][1]
+    assert mine in shown["/jobs"][1] and mine in shown["/events"][1]
+    for path in ("/endpoints", "/jobs", "/events"):  # the operator sees both teams
+        status, body = _view(gw, path, OPS)
+        assert status == 200 and "team-b" in body, path
+    assert theirs in _view(gw, "/jobs", OPS)[1]

@@ -46,7 +46,10 @@ checked first (``Verifier.start``), so a request with no key, or a key this gate
 does not know, is refused before a byte of its body is read.
 
 Keys may also be scoped by resource (``resources``, ARN patterns): a door that acts on
-an endpoint, model, config or job asks ``Admitted.reach`` with that resource's ARN.
+an endpoint, model, config or job asks ``Admitted.reach`` with that resource's ARN:
+every resource a control-plane request names, at its top level or below it (the models
+of CreateEndpointConfig's variants), the job ``POST /inference`` would make, and the
+resource each console view shows; lists keep only what the key reaches.
 """
 
 from __future__ import annotations
@@ -219,6 +222,12 @@ class Admitted:
     def reaches(self, arn: str) -> bool:
         """Whether the caller's key reaches ``arn`` (every resource without ``auth:``)."""
         return self.caller is None or self.caller.reaches(arn)
+
+    @property
+    def reaches_all(self) -> bool:
+        """Whether the caller's key reaches every resource (no ``resources`` patterns, or
+        no ``auth:``): nothing to ask ``reach``, no list to filter."""
+        return self.caller is None or self.caller.reaches_all
 
 
 _OPEN = Admitted(_NO_HEAD)

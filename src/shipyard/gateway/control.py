@@ -14,9 +14,10 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import datetime
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
+import botocore.session
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -56,6 +57,12 @@ _NAMED = {
     "TransformJobName": "transform-job",
 }
 """Request members that name a resource, and the kind of ARN its name makes."""
+
+_SERVICES = {_LOGS_PREFIX: "logs", _SCALING_PREFIX: "application-autoscaling"}
+"""botocore's name for the service of each X-Amz-Target prefix but SageMaker's."""
+
+_DIMENSION = "dimension"
+"""A metric dimension (``{"Name", "Value"}``): ``EndpointName`` names an endpoint."""
 
 _DRAIN_BYTES = 8 << 20
 _DRAIN_S = 2.0
@@ -118,9 +125,11 @@ class ControlDoor:
         validator.validate(action, params)
         assert isinstance(params, dict)  # validate refuses anything but a JSON object
         _drop_nulls(params)
-        scoped = edge.caller is not None and not edge.caller.reaches_all
+        scoped = not edge.reaches_all
         if scoped:  # keys scoped by resource: every resource the call names (DESIGN 2.9)
-            for arn in self._resources(params, params):
+            # In a worker: the first call of an action reads botocore's model (_nested_paths).
+            nested = await run_in_threadpool(self._nested, edge.target, params)
+            for arn in self._resources(params, params) + nested:
                 edge.reach(arn)
         result: dict[str, Any] = await run_in_threadpool(run, params)
         if scoped and lists:  # only what the key may see
@@ -178,6 +187,26 @@ class ControlDoor:
                 found.append(arn("training-job", item.split("/")[0]))
         return found
 
+    def _nested(self, target: str, params: dict[str, Any]) -> list[str]:
+        """The ARNs of the resources a request names below its top level: the models of
+        CreateEndpointConfig's ``ProductionVariants`` and ``ShadowProductionVariants``,
+        the endpoint a scaling policy's metric dimension reads, and any other member
+        the action's input shape has at ``_nested_paths``."""
+        prefix, _, action = target.partition(".")
+        found = []
+        for path, kind in _nested_paths(_SERVICES.get(prefix + ".", "sagemaker"), action):
+            for item in _at(params, path):
+                if kind == _DIMENSION:
+                    if isinstance(item, dict) and item.get("Name") == "EndpointName":
+                        found.append(self.service.arn("endpoint", str(item.get("Value", ""))))
+                elif not isinstance(item, str):
+                    continue
+                elif kind in _NAMED.values():
+                    found.append(self.service.arn(kind, item))
+                elif item.lower().startswith("arn:aws:sagemaker:"):
+                    found.append(item)
+        return found
+
     def _only_reached(self, result: dict[str, Any], params: dict[str, Any], edge: Admitted) -> None:
         """Drop from each list of the answer the items naming a resource the key does
         not reach. Each page is filtered as it is served: a page may come out short or
@@ -190,6 +219,58 @@ class ControlDoor:
                     if not isinstance(item, dict)
                     or all(edge.reaches(arn) for arn in self._resources(item, params))
                 ]
+
+
+@cache
+def _service_model(service: str) -> Any:
+    return botocore.session.get_session().get_service_model(service)
+
+
+@cache
+def _nested_paths(service: str, action: str) -> tuple[tuple[tuple[str, ...], str], ...]:
+    """Where below its top level a request of ``action`` names a resource, read from
+    botocore's input shape once: (path, kind) with ``"*"`` for a list's items, kind a
+    value of ``_NAMED`` (a member of that name), ``"arn"`` (a member ending in ``Arn``)
+    or ``_DIMENSION``. Maps (``Environment``, ``HyperParameters``, tags) hold the
+    caller's own names, not the service's, and are not walked."""
+    model = _service_model(service)
+    if action not in model.operation_names or model.operation_model(action).input_shape is None:
+        return ()
+    found: list[tuple[tuple[str, ...], str]] = []
+
+    def walk(shape: Any, path: tuple[str, ...], seen: frozenset[str]) -> None:
+        if shape.name in seen or len(path) > MAX_DEPTH:
+            return
+        seen = seen | {shape.name}
+        if shape.type_name == "list":
+            walk(shape.member, (*path, "*"), seen)
+        if shape.type_name != "structure":
+            return
+        members = shape.members
+        if path and set(members) == {"Name", "Value"}:
+            found.append((path, _DIMENSION))
+            return
+        for name, member in members.items():
+            if path and member.type_name == "string":
+                if name in _NAMED:
+                    found.append(((*path, name), _NAMED[name]))
+                elif name.lower().endswith("arn"):
+                    found.append(((*path, name), "arn"))
+            walk(member, (*path, name), seen)
+
+    walk(model.operation_model(action).input_shape, (), frozenset())
+    return tuple(found)
+
+
+def _at(value: object, path: tuple[str, ...]) -> list[object]:
+    """The values at ``path`` in a request (``"*"``: each item of a list)."""
+    values = [value]
+    for step in path:
+        if step == "*":
+            values = [item for v in values if isinstance(v, list) for item in v]
+        else:
+            values = [v[step] for v in values if isinstance(v, dict) and step in v]
+    return values
 
 
 async def read_body(request: Request, *, max_bytes: int) -> bytes:

@@ -11,14 +11,17 @@ but the CPU its own requests take.
 
 With an ``auth:`` section the pages and static files load unsigned and every view is
 signed by the page's script; gateway/auth.py scopes each view as the action it
-reads (e.g. ``sagemaker:DescribeEndpoint``, ``shipyard:GetMetrics``).
+reads (e.g. ``sagemaker:DescribeEndpoint``, ``shipyard:GetMetrics``). A key scoped by
+resource sees only what it reaches: a view of one endpoint or job (its logs and
+metrics included) is refused unless the key reaches that resource's ARN, and the lists
+(endpoints, jobs, events) keep what it reaches.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -28,11 +31,13 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
-from shipyard.errors import ResourceNotFound, ShipyardError
+from shipyard.errors import AccessDenied, ResourceNotFound, ShipyardError
+from shipyard.gateway.auth import admitted
 from shipyard.gateway.console import fragments, pages
 from shipyard.gateway.console.history import MetricsHistory
 from shipyard.gateway.console.logs import instance_tails
-from shipyard.gateway.console.state import ConsoleState
+from shipyard.gateway.console.state import ConsoleState, Reaches
+from shipyard.gateway.errors import control_error_response
 from shipyard.jobs.spec import open_untrusted, untrusted_size
 
 LOG_CHUNK_BYTES = 64 * 1024
@@ -53,6 +58,8 @@ _PAGE_HEADERS = {
 }
 _API_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 _STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+
+View = Callable[[Request], Awaitable[Response]]
 
 
 class ConsoleDoor:
@@ -84,17 +91,17 @@ class ConsoleDoor:
         return f"ConsoleDoor(auth={self.auth})"
 
     def routes(self) -> list[BaseRoute]:
-        page = self._page
-        api = [
+        page, one = self._page, self._one
+        api = [  # a view of one resource asks first whether the key reaches it
             Route("/endpoints", self.endpoints_view),
-            Route("/endpoints/{name}", self.endpoint_view),
-            Route("/endpoints/{name}/metrics", self.metrics_view),
-            Route("/endpoints/{name}/logs", self.instance_logs_view),
+            Route("/endpoints/{name}", one("endpoint", self.endpoint_view)),
+            Route("/endpoints/{name}/metrics", one("endpoint", self.metrics_view)),
+            Route("/endpoints/{name}/logs", one("endpoint", self.instance_logs_view)),
             Route("/jobs", self.jobs_view),
-            Route("/jobs/{name}", self.job_view),
-            Route("/jobs/{name}/log", self.log_view),
-            Route("/transform-jobs/{name}", self.transform_view),
-            Route("/transform-jobs/{name}/logs", self.instance_logs_view),
+            Route("/jobs/{name}", one("training-job", self.job_view)),
+            Route("/jobs/{name}/log", one("training-job", self.log_view)),
+            Route("/transform-jobs/{name}", one("transform-job", self.transform_view)),
+            Route("/transform-jobs/{name}/logs", one("transform-job", self.instance_logs_view)),
             Route("/events", self.events_view),
         ]
         return [
@@ -136,10 +143,29 @@ class ConsoleDoor:
         # The URL carries the version (pages.py), so a cached copy is never stale.
         return Response(content, media_type=media_type, headers={"Cache-Control": "max-age=3600"})
 
+    # -- keys scoped by resource (DESIGN 2.9) -----------------------------------------
+
+    def _one(self, kind: str, view: View) -> View:
+        """``view`` of the resource ``{name}`` of ``kind``, refused as the edge refuses
+        (403, ``{"__type", "message"}``) unless the caller's key reaches its ARN."""
+
+        async def handle(request: Request) -> Response:
+            arn = self.state.arn(kind, request.path_params["name"])
+            try:
+                admitted(request.scope).reach(arn)
+            except AccessDenied as exc:
+                refusal = control_error_response(exc)
+                refusal.headers.update(_API_HEADERS)
+                return refusal
+            return await view(request)
+
+        return handle
+
     # -- views ------------------------------------------------------------------------
 
     async def endpoints_view(self, request: Request) -> Response:
-        endpoints, configs = await run_in_threadpool(self.state.endpoint_records)
+        reaches = _reaches(request)
+        endpoints, configs = await run_in_threadpool(self.state.endpoint_records, reaches)
         return _fragment(fragments.overview(self.state.rows(endpoints, configs)))
 
     async def endpoint_view(self, request: Request) -> Response:
@@ -160,8 +186,9 @@ class ConsoleDoor:
         return JSONResponse(answer, headers=_API_HEADERS)
 
     async def jobs_view(self, request: Request) -> Response:
-        training = await run_in_threadpool(self.state.jobs)
-        transforms = await run_in_threadpool(self.state.transforms)
+        reaches = _reaches(request)
+        training = await run_in_threadpool(self.state.jobs, reaches)
+        transforms = await run_in_threadpool(self.state.transforms, reaches)
         return _fragment(fragments.jobs(training, transforms))
 
     async def job_view(self, request: Request) -> Response:
@@ -181,7 +208,7 @@ class ConsoleDoor:
         return _fragment(fragments.transform_job(job))
 
     async def events_view(self, request: Request) -> Response:
-        states = await run_in_threadpool(self.state.recent_events, EVENTS_SHOWN)
+        states = await run_in_threadpool(self.state.recent_events, EVENTS_SHOWN, _reaches(request))
         return _fragment(fragments.events(states))
 
     async def instance_logs_view(self, request: Request) -> Response:
@@ -208,6 +235,12 @@ class ConsoleDoor:
             {"text": text, "next": next_offset, "status": job.status.value, "done": done},
             headers=_API_HEADERS,
         )
+
+
+def _reaches(request: Request) -> Reaches | None:
+    """What the caller's key reaches, for a list to keep; None: everything."""
+    edge = admitted(request.scope)
+    return None if edge.reaches_all else edge.reaches
 
 
 def _fragment(html: str, status_code: int = 200) -> Response:

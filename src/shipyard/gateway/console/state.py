@@ -25,7 +25,7 @@ from shipyard.control.endpoints import EndpointService
 from shipyard.control.fleet import Fleet, Slot
 from shipyard.errors import ShipyardError
 from shipyard.metrics import Metrics
-from shipyard.records import Endpoint, EndpointConfig, Job, TransformJob, VariantSpec
+from shipyard.records import Endpoint, EndpointConfig, Event, Job, TransformJob, VariantSpec
 from shipyard.routing.table import EndpointRoute
 from shipyard.storage.events import EventLog, EventState
 
@@ -44,6 +44,13 @@ MAX_LISTED = 50
 
 Every row shown costs its JSON decoded on the gateway's CPU, which the data path shares
 (a thread holding the GIL delays the event loop), so lists stay short."""
+
+MAX_SCANNED = 500
+"""For a key scoped by resource, the newest jobs (or events) looked through for those it
+reaches: its lists, and their counts, are of what it reaches among these."""
+
+Reaches = Callable[[str], bool]
+"""Whether the caller's key reaches a resource, by its ARN (``auth.Caller.reaches``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,9 +173,14 @@ class ConsoleState:
 
     # -- from the store (blocking) ----------------------------------------------------
 
-    def endpoint_records(self) -> tuple[list[Endpoint], dict[str, EndpointConfig]]:
-        """Every endpoint and the configs they name: two queries, whatever their number."""
+    def endpoint_records(
+        self, reaches: Reaches | None = None
+    ) -> tuple[list[Endpoint], dict[str, EndpointConfig]]:
+        """Every endpoint (that ``reaches``) and the configs they name: two queries,
+        whatever their number."""
         endpoints = self.endpoints.list_endpoints()
+        if reaches is not None:
+            endpoints = [e for e in endpoints if reaches(e.arn)]
         configs = {c.name: c for c in self.endpoints.list_endpoint_configs()}
         return endpoints, configs
 
@@ -180,14 +192,37 @@ class ConsoleState:
             config = None  # deleted under a live endpoint: show the endpoint anyway
         return endpoint, config
 
-    def jobs(self) -> Listing:
-        return _listing(*self._jobs.newest_jobs(MAX_LISTED))
+    def arn(self, kind: str, name: str) -> str:
+        """The ARN of resource ``name`` of ``kind`` (``endpoint``, ``training-job``...)."""
+        return self.endpoints.arn(kind, name)
 
-    def transforms(self) -> Listing:
-        return _listing(*self._jobs.newest_transforms(MAX_LISTED))
+    def jobs(self, reaches: Reaches | None = None) -> Listing:
+        if reaches is None:
+            return _listing(*self._jobs.newest_jobs(MAX_LISTED))
+        return _reached(self._jobs.newest_jobs(MAX_SCANNED)[0], reaches)
 
-    def recent_events(self, limit: int) -> list[EventState]:
-        return self.events.recent_events(limit)
+    def transforms(self, reaches: Reaches | None = None) -> Listing:
+        if reaches is None:
+            return _listing(*self._jobs.newest_transforms(MAX_LISTED))
+        return _reached(self._jobs.newest_transforms(MAX_SCANNED)[0], reaches)
+
+    def recent_events(self, limit: int, reaches: Reaches | None = None) -> list[EventState]:
+        """The ``limit`` newest events (about resources that ``reaches``)."""
+        if reaches is None:
+            return self.events.recent_events(limit)
+        scanned = self.events.recent_events(max(limit, MAX_SCANNED))
+        return [s for s in scanned if reaches(self.about(s.event))][:limit]
+
+    def about(self, event: Event) -> str:
+        """The ARN of the resource an event is about: its ``resource``, but for a scaling
+        activity (whose resource is the scalable target) the endpoint it scales, as the
+        control door scopes Application Auto Scaling's ``ResourceId``."""
+        resource_id = event.detail.get("ResourceId")
+        if event.source == "aws.application-autoscaling" and isinstance(resource_id, str):
+            kind, _, rest = resource_id.partition("/")
+            if kind == "endpoint" and rest:
+                return self.arn("endpoint", rest.split("/")[0])
+        return event.resource
 
     # -- from memory (on the event loop) ----------------------------------------------
 
@@ -361,3 +396,13 @@ def _from_route(route: EndpointRoute) -> tuple[list[InstanceRow], set[str], list
 
 def _listing(jobs: Sequence[Any], by_status: dict[str, int]) -> Listing:
     return Listing(tuple(jobs), sum(by_status.values()), by_status)
+
+
+def _reached(jobs: Sequence[Job | TransformJob], reaches: Reaches) -> Listing:
+    """The newest ``MAX_LISTED`` of the ``jobs`` that ``reaches``, counted among those
+    alone: a scoped key learns nothing of the others, not even how many there are."""
+    kept = [j for j in jobs if reaches(j.arn)]
+    by_status: dict[str, int] = {}
+    for job in kept:
+        by_status[job.status.value] = by_status.get(job.status.value, 0) + 1
+    return Listing(tuple(kept[:MAX_LISTED]), len(kept), by_status)
