@@ -7,6 +7,7 @@ Real bubblewrap, real processes; skipped where bwrap is not installed.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -19,8 +20,10 @@ import psutil
 import pytest
 
 from shipyard.backends.base import BackendError, InstanceSpec
-from shipyard.backends.local import LocalBackend, LocalInstance
+from shipyard.backends.local import LocalBackend, LocalInstance, _record_runner
 from shipyard.backends.sandbox import Sandbox, SandboxUnavailable
+from shipyard.jobs.spec import Checkpoint, JobSpec
+from shipyard.routing.model_agent import MODELS_FOLDER
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.skipif(
@@ -142,18 +145,16 @@ def test_a_sandboxed_runner_is_found_watched_and_signalled_through_its_bwrap(
     tmp_path: Path, sandbox: Sandbox, backend: LocalBackend
 ) -> None:
     """The runner writes the PID it has inside its sandbox; a restarted gateway finds the
-    bwrap running it by its command line instead, and a stop reaches the runner."""
+    bwrap running it by the record its start left instead, and a stop reaches the runner."""
     workdir = tmp_path / "home" / "jobs" / "j" / "attempt-1"
     workdir.mkdir(parents=True)
     (workdir / "runner.pid").write_text("2\n")
     # A stand-in with the runner's command line: it sleeps, and dies of SIGTERM.
-    script = "import time; time.sleep(60)"
-    argv = [sys.executable, "-c", script, "shipyard.jobs.runner", str(workdir)]
-    wrapped = sandbox.wrap(argv, chdir=workdir, writable=[workdir], die_with_parent=False)
-    process = subprocess.Popen(wrapped, start_new_session=True)
+    process = _stand_in(sandbox, workdir)
     try:
-        wait_until(lambda: len(psutil.Process(process.pid).children()) == 1, "bwrap's init", 5)
-        handle = backend.find_job(workdir)
+        _record_runner(workdir, process.pid)
+        wait_until(lambda: _inside(process.pid), "the runner inside bwrap's init", 5)
+        handle = LocalBackend(run_dir=backend.run_dir, sandbox=sandbox).find_job(workdir)
         assert handle is not None and handle.ref == f"local-sandboxed:{process.pid}:{workdir}"
         assert backend.job_running(handle)
         backend.signal_job(handle, signal.SIGTERM)
@@ -161,6 +162,157 @@ def test_a_sandboxed_runner_is_found_watched_and_signalled_through_its_bwrap(
         assert process.wait(10) == 128 + signal.SIGTERM
         assert not backend.job_running(handle)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        _end(process)
+
+
+def test_a_process_that_takes_bwraps_name_and_a_runners_command_line_is_not_the_runner(
+    tmp_path: Path, sandbox: Sandbox, backend: LocalBackend
+) -> None:
+    """Any process may call itself bwrap and name a job's folder in its arguments (one
+    started inside another job's sandbox, say): the backend trusts only the bwrap it
+    recorded at the start, by PID and start time."""
+    workdir = tmp_path / "home" / "jobs" / "j" / "attempt-1"
+    workdir.mkdir(parents=True)
+    (workdir / "runner.pid").write_text("2\n")
+    fake = tmp_path / "bin" / "bwrap"
+    fake.parent.mkdir()
+    fake.symlink_to(sys.executable)
+    script = "import time; time.sleep(60)"
+    forged = subprocess.Popen(
+        [str(fake), "-c", script, "shipyard.jobs.runner", str(workdir)], start_new_session=True
+    )
+    try:
+        wait_until(lambda: psutil.Process(forged.pid).name() == "bwrap", "the forged name", 5)
+        handle = backend.find_job(workdir)
+        assert handle is None or not handle.ref.startswith("local-sandboxed:")
+        # Recorded, but with another start time (a PID reused since): not running.
+        record = workdir.parent / "attempt-1.sandbox"
+        record.write_text(json.dumps({"pid": forged.pid, "started": 1.0}))
+        handle = backend.find_job(workdir)
+        assert handle is not None and handle.ref == f"local-sandboxed:{forged.pid}:{workdir}"
+        assert not backend.job_running(handle)
+        backend.kill_job(handle)
+        assert forged.poll() is None, "a process that is not the runner is not killed"
+    finally:
+        _end(forged)
+
+
+def test_roots_are_read_only_and_a_read_only_folder_stays_so_inside_a_writable_one(
+    tmp_path: Path, sandbox: Sandbox
+) -> None:
+    """Every root is read-only in every sandbox (one model must not overwrite another's
+    files, nor a virtual environment or stack file that lies under a root); and a bind
+    that comes later wins, so a read-only folder inside a writable one stays read-only."""
+    root = tmp_path / "root"
+    (root / "models").mkdir()
+    (root / "models" / "theirs.txt").write_text("theirs\n")
+    (root / "mine" / "kept").mkdir(parents=True)
+    done = run(
+        sandbox,
+        f"echo mine > {root}/models/theirs.txt; touch {root}/new; "
+        f"echo ok > {root}/mine/out && echo wrote; touch {root}/mine/kept/x",
+        writable=[root / "mine"],
+        readonly=[root / "mine" / "kept"],
+    )
+    assert "wrote" in done.stdout, done.stderr
+    assert (root / "models" / "theirs.txt").read_text() == "theirs\n"
+    assert not (root / "new").exists()
+    assert not (root / "mine" / "kept" / "x").exists()
+    assert done.stderr.count("Read-only file system") == 3, done.stderr
+
+
+def test_a_granted_folder_is_made_under_a_root_and_written_and_nothing_else_is(
+    tmp_path: Path,
+) -> None:
+    root, home = tmp_path / "root", tmp_path / "root" / "home"
+    (home / "store").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    (root / "link").symlink_to(tmp_path / "outside")
+    sandbox = Sandbox.create(file_roots=[root], hidden=[home], environ=os.environ)
+    out = root / "out" / "job" / "output"
+    fd = sandbox.grant(out)
+    try:
+        argv = sandbox.wrap(
+            ["/bin/sh", "-c", f"echo model > {out}/model.tar.gz; touch {root}/out/x"],
+            chdir=Path("/"),
+            granted=[(fd, out)],
+        )
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, pass_fds=[fd])
+    finally:
+        os.close(fd)
+    assert (out / "model.tar.gz").read_text() == "model\n"
+    assert not (root / "out" / "x").exists(), "only the granted folder is writable"
+    for refused, why in [
+        (tmp_path / "outside" / "x", "outside auth.file_roots"),
+        (root / "link" / "x", "outside auth.file_roots"),
+        (root, "overlaps"),  # it holds the gateway's home
+        (home / "store", "overlaps"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            sandbox.grant(refused)
+    assert not (tmp_path / "outside" / "x").exists()
+    assert done.returncode != 0 and "Read-only file system" in done.stderr
+
+
+def test_a_job_may_not_be_granted_the_gateways_home(tmp_path: Path, backend: LocalBackend) -> None:
+    workdir = tmp_path / "home" / "jobs" / "j" / "attempt-1"
+    workdir.mkdir(parents=True)
+    spec = JobSpec(
+        name="j",
+        arn="arn:aws:sagemaker:us-east-1:123456789012:training-job/j",
+        image="shipyard/python",
+        output_path=(tmp_path / "root" / "out").as_uri(),
+        started_at=0.0,
+        checkpoint=Checkpoint(uri=str(tmp_path / "home" / "run")),
+    )
+    (workdir / "job.json").write_text(spec.to_json())
+    with pytest.raises(BackendError, match="may not write .*overlaps"):
+        asyncio.run(backend.start_job(workdir, s3_endpoint_url=None))
+    assert not (workdir / "runner.log").exists(), "no runner was started"
+
+
+def test_a_multi_model_server_cannot_replace_the_folder_the_gateway_fetches_into(
+    tmp_path: Path, backend: LocalBackend
+) -> None:
+    """A cmd: multi-model server's own folder is writable, but the gateway fetches its
+    models into ``.models`` there and deletes them (routing/model_agent.py): a link put
+    in its place would lead the gateway's writes out, so it is read-only inside."""
+    scratch = tmp_path / "home" / "instances" / "i-6"
+    scratch.mkdir(parents=True)
+    target = tmp_path / "home" / "elsewhere"
+    target.mkdir()
+    script = (
+        f"mv {MODELS_FOLDER} moved; rm -rf {MODELS_FOLDER}; ln -s {target} {MODELS_FOLDER}; "
+        f"touch {MODELS_FOLDER}/planted; echo done > $HOME/done; sleep 60"
+    )
+
+    async def main() -> None:
+        handle = await backend.start(InstanceSpec("i-6", f"cmd:{script}", workdir=scratch))
+        done = backend.run_dir / "home" / "i-6" / "done"
+        await asyncio.to_thread(wait_until, done.exists, "the server's attempts", 10)
+        await backend.stop(handle)
+
+    asyncio.run(main())
+    models = scratch / MODELS_FOLDER
+    assert models.is_dir() and not models.is_symlink()
+    assert list(models.iterdir()) == []
+    assert list(target.iterdir()) == []
+
+
+def _stand_in(sandbox: Sandbox, workdir: Path) -> subprocess.Popen[bytes]:
+    """A sandboxed process with a runner's command line: it sleeps, and dies of SIGTERM."""
+    script = "import time; time.sleep(60)"
+    argv = [sys.executable, "-c", script, "shipyard.jobs.runner", str(workdir)]
+    wrapped = sandbox.wrap(argv, chdir=workdir, writable=[workdir], die_with_parent=False)
+    return subprocess.Popen(wrapped, start_new_session=True)
+
+
+def _inside(pid: int) -> list[psutil.Process]:
+    """The processes bwrap ``pid``'s init runs (none until the command has started)."""
+    return [child for init in psutil.Process(pid).children() for child in init.children()]
+
+
+def _end(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()

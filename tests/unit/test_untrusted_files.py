@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from shipyard.backends.local import LocalBackend
 from shipyard.control.logs import LogStream, _lines
 from shipyard.gateway.console.door import _read_log
 from shipyard.gateway.facade import _read_from
@@ -97,3 +98,18 @@ def test_status_lines_are_not_followed(tmp_path: Path, linked: Path, fifo: Path)
     with pytest.raises(ValueError, match="cannot be read"):
         read_status(fifo)
     assert read_status(tmp_path / "missing") == []
+
+
+@pytest.mark.timeout(10)
+def test_pid_files_are_not_followed(tmp_path: Path) -> None:
+    """The backend reads a runner's PID from its folder: a link to a file holding a PID
+    (init's, here) is not taken for it, nor is a FIFO waited on."""
+    workdir = tmp_path / "attempt-3"
+    workdir.mkdir()
+    (tmp_path / "init.pid").write_text("1\n")
+    (workdir / "runner.pid").symlink_to(tmp_path / "init.pid")
+    backend = LocalBackend(run_dir=tmp_path / "run")
+    assert backend.find_job(workdir) is None
+    (workdir / "runner.pid").unlink()
+    os.mkfifo(workdir / "runner.pid")
+    assert backend.find_job(workdir) is None

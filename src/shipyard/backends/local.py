@@ -8,6 +8,12 @@ job runner is started through ``bwrap``, which is then the process the backend h
 PID leads the group, its exit code is the process's, and a SIGKILL to its group ends the
 whole sandbox. Polite signals (SIGTERM) go to the processes inside instead
 (``_signal_inside``), since ``bwrap`` itself dies of them at once.
+
+A sandboxed process writes its own folders, so the backend reads nothing there through
+a link or from a FIFO (jobs/spec.py ``open_untrusted``), and keeps what it must trust
+outside them: a sandboxed runner's bwrap is recorded beside its working folder
+(``<attempt>.sandbox``, its PID and start time), never found by a name or a command
+line, which any process can take.
 """
 
 from __future__ import annotations
@@ -40,13 +46,19 @@ from shipyard.backends.base import (
 from shipyard.backends.environment import process_environment
 from shipyard.backends.sandbox import MODEL_DIR, Sandbox
 from shipyard.jobs.spec import (
+    JOB_FILE,
     RUNNER_PID_FILE,
     SCRIPT_PID_FILE,
     STATUS_FILE,
+    JobSpec,
     StatusLine,
+    open_untrusted,
     read_status,
 )
+from shipyard.routing.model_agent import MODELS_FOLDER
 from shipyard.runtime import spare
+from shipyard.storage.artifacts import join_uri
+from shipyard.storage.filesystems import local_location
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +214,10 @@ class LocalBackend:
         artifact is fetched here (into the same cache slot an unsandboxed instance uses)
         and shown at ``/opt/ml/model``; a framework model's code is fetched by the
         instance into its own ``/tmp``. A multi-model instance's folder (its disk cache)
-        is its own and writable. Never from a warm spare: a spare is started before it
+        is its own and writable, but for the folder a ``cmd:`` server's models are
+        fetched into by the gateway (routing/model_agent.py), read-only inside: the
+        gateway writes and deletes there, so the instance must not be able to put a
+        link in its place. Never from a warm spare: a spare is started before it
         knows its model, so it would have to see every model of the cache (and write
         the shared list of imports); serverless cold starts pay the imports instead.
         """
@@ -210,16 +225,21 @@ class LocalBackend:
         env["TMPDIR"] = "/tmp"  # the gateway's may be a folder the sandbox does not show
         error_file.touch()  # bound, so it must exist; an empty one reads as no reason
         writable = [home, error_file]
+        readonly = []
         model = None
         if spec.workdir is not None:
             where = ["--model-dir", str(spec.workdir)]
             env["SM_MODEL_DIR"] = str(spec.workdir)
             writable.append(spec.workdir)
+            if kind == "cmd":
+                readonly.append(_gateway_folder(spec.workdir / MODELS_FOLDER))
         else:
             model = await asyncio.to_thread(self._fetch, spec)
             where = ["--model-dir", str(MODEL_DIR)]
         argv = _command(spec, kind, port, where, error_file)
-        return self.sandbox.wrap(argv, chdir=spec.workdir or home, writable=writable, model=model)
+        return self.sandbox.wrap(
+            argv, chdir=spec.workdir or home, writable=writable, readonly=readonly, model=model
+        )
 
     def _fetch(self, spec: InstanceSpec) -> Path:
         """The instance's model folder in this host's cache, fetched if need be."""
@@ -405,13 +425,21 @@ class LocalBackend:
         env = process_environment(self._environ, home=workdir, s3=self._s3 if s3_access else None)
         if s3_endpoint_url:
             argv += ["--s3-endpoint-url", s3_endpoint_url]
-        if self.sandbox is not None:
-            env["TMPDIR"] = "/tmp"  # the gateway's may be a folder the sandbox does not show
-            # Not tied to the gateway: a job outlives it. Its runner's end ends the
-            # sandbox, and with it a script the runner left running.
-            argv = self.sandbox.wrap(argv, chdir=workdir, writable=[workdir], die_with_parent=False)
-        with open(workdir / "runner.log", "ab") as out:
-            try:
+        granted: list[tuple[int, Path]] = []
+        try:
+            if self.sandbox is not None:
+                env["TMPDIR"] = "/tmp"  # the gateway's may be a folder the sandbox does not show
+                granted = self._grant_outputs(self.sandbox, workdir)
+                # Not tied to the gateway: a job outlives it. Its runner's end ends the
+                # sandbox, and with it a script the runner left running.
+                argv = self.sandbox.wrap(
+                    argv,
+                    chdir=workdir,
+                    writable=[workdir],
+                    granted=granted,
+                    die_with_parent=False,
+                )
+            with open_untrusted(workdir / "runner.log", append=True) as out:
                 process = subprocess.Popen(
                     argv,
                     cwd=workdir,
@@ -422,33 +450,69 @@ class LocalBackend:
                     # Its own session: the job outlives the gateway, and a signal to the
                     # gateway's group never reaches it.
                     start_new_session=True,
+                    pass_fds=[fd for fd, _ in granted],
                 )
-            except OSError as exc:
-                raise BackendError(f"Could not start the job runner: {exc}") from exc
+        except OSError as exc:
+            raise BackendError(f"Could not start the job runner: {exc}") from exc
+        finally:
+            for fd, _ in granted:
+                os.close(fd)
         self._runners[process.pid] = process
+        if self.sandbox is not None:
+            try:
+                _record_runner(workdir, process.pid)
+            except OSError as exc:  # found again only while this gateway runs
+                log.warning("could not record the bwrap of the runner in %s: %s", workdir, exc)
         log.info("started job runner pid %s in %s", process.pid, workdir)
         return _job_handle(process.pid, workdir, sandboxed=self.sandbox is not None)
+
+    def _grant_outputs(self, sandbox: Sandbox, workdir: Path) -> list[tuple[int, Path]]:
+        """The local folders a sandboxed job writes (``Sandbox.grant``), opened, with the
+        path its runner writes them at: ``<S3OutputPath>/<job>/output``, where it puts
+        ``model.tar.gz`` and ``output.tar.gz``, and its checkpoint location. Read from
+        the ``job.json`` the gateway has just written, before the job's code runs.
+
+        Raises:
+            BackendError: one may not be granted (outside the roots, over the gateway's
+                home); the message names it. Whatever was opened is closed.
+        """
+        spec = JobSpec.from_json((workdir / JOB_FILE).read_bytes())
+        locations = [join_uri(spec.output_path, spec.name, "output")]
+        if spec.checkpoint is not None:
+            locations.append(spec.checkpoint.uri)
+        granted: list[tuple[int, Path]] = []
+        for uri in locations:
+            path = local_location(uri)
+            if path is None:  # S3
+                continue
+            path = Path(os.path.abspath(path))
+            try:
+                granted.append((sandbox.grant(path), path))
+            except ValueError as exc:
+                for fd, _ in granted:
+                    os.close(fd)
+                raise BackendError(f"The job may not write {uri}: {exc}") from None
+        return granted
 
     def attach_job(self, ref: str) -> JobHandle:
         _job_parts(ref)  # refuse a ref that is not ours at once
         return JobHandle(ref)
 
     def find_job(self, workdir: Path) -> JobHandle | None:
-        try:
-            pid = int((workdir / RUNNER_PID_FILE).read_text().strip())
-        except (OSError, ValueError):
+        # A sandboxed runner writes the PID it has inside its sandbox: its bwrap is the
+        # one recorded at its start, running or ended.
+        recorded = _recorded_runner(workdir)
+        if recorded is not None:
+            return _job_handle(recorded[0], workdir, sandboxed=True)
+        pid = _read_pid(workdir / RUNNER_PID_FILE)
+        if pid is None:
             return None
-        # A sandboxed runner wrote the PID it has inside its sandbox: the bwrap holding
-        # it is found by its command line instead, while it runs.
-        sandbox = _sandboxed_runner(workdir)
-        if sandbox is not None:
-            return _job_handle(sandbox, workdir, sandboxed=True)
         # Running or ended: one that ended while no gateway watched still has its status
         # lines to apply, and starting it again would repeat them.
         return _job_handle(pid, workdir)
 
     def job_running(self, handle: JobHandle) -> bool:
-        pid, workdir, _ = _job_parts(handle.ref)
+        pid, workdir, sandboxed = _job_parts(handle.ref)
         process = self._runners.get(pid)
         if process is not None:
             if process.poll() is None:
@@ -457,6 +521,11 @@ class LocalBackend:
                 return True
             del self._runners[pid]  # reaped: a zombie would still be listed
             return False
+        if sandboxed:
+            # The bwrap recorded at the start, if it still runs: any process of a
+            # sandbox can take bwrap's name and a runner's command line, none the PID
+            # and start time of one the gateway started.
+            return _recorded_runner(workdir, alive=True) == (pid, True)
         # A runner started by an earlier gateway is found by its command line, which
         # names its working folder; that also guards against a reused PID.
         try:
@@ -485,8 +554,10 @@ class LocalBackend:
         if sandboxed:
             return  # the sandbox ended with its bwrap, and every process in it
         # The script leads its own session; once its runner is gone nobody else stops it.
-        with contextlib.suppress(OSError, ValueError, psutil.Error):
-            script = int((workdir / SCRIPT_PID_FILE).read_text().strip())
+        script = _read_pid(workdir / SCRIPT_PID_FILE)
+        if script is None:
+            return
+        with contextlib.suppress(OSError, psutil.Error):
             # It runs in the job's folder: a reused PID would not. Compared as paths, so
             # attempt-10 is not inside attempt-1, and resolved, as the runner does (macOS's
             # /tmp is a link to /private/tmp).
@@ -508,21 +579,59 @@ def _job_parts(ref: str) -> tuple[int, Path, bool]:
     return int(pid), Path(workdir), kind == _SANDBOXED
 
 
-def _sandboxed_runner(workdir: Path) -> int | None:
-    """The PID of the bwrap running the sandboxed runner of ``workdir``, if one runs.
+def _runner_record(workdir: Path) -> Path:
+    """Where a sandboxed runner's bwrap is recorded: beside its working folder, which
+    the sandbox writes, in its job's folder, which no sandbox sees."""
+    return workdir.parent / f"{workdir.name}.sandbox"
 
-    Inside, bwrap forks its own init, which carries the same command line: the one
-    whose parent is not among them is the outer one, which the backend started.
-    """
-    found: dict[int, int] = {}
-    for proc in psutil.process_iter(["name", "ppid", "cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if proc.info["name"] == "bwrap" and "shipyard.jobs.runner" in cmdline:
-            runner = cmdline[cmdline.index("shipyard.jobs.runner") + 1 :]
-            if runner[:1] == [str(workdir)]:
-                found[proc.pid] = proc.info["ppid"]
-    outer = [pid for pid, parent in found.items() if parent not in found]
-    return outer[0] if outer else None
+
+def _record_runner(workdir: Path, pid: int) -> None:
+    """Record the bwrap ``pid`` the backend has just started for ``workdir``'s runner,
+    with its start time, so a reused PID is not taken for it."""
+    try:
+        started = psutil.Process(pid).create_time()
+    except psutil.Error:
+        started = None  # ended already: recorded all the same, as not running
+    record = _runner_record(workdir)
+    partial = record.with_name(f".{record.name}.partial")
+    partial.write_text(json.dumps({"pid": pid, "started": started}))
+    partial.replace(record)
+
+
+def _recorded_runner(workdir: Path, *, alive: bool = False) -> tuple[int, bool] | None:
+    """The PID of the bwrap recorded for ``workdir``'s runner, and (with ``alive``)
+    whether that very process still runs; None when none was recorded."""
+    try:
+        record = json.loads(_runner_record(workdir).read_text())
+        pid, started = int(record["pid"]), record["started"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not alive:
+        return pid, False
+    try:
+        process = psutil.Process(pid)
+        running = started is not None and process.create_time() == started
+        return pid, running and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return pid, False
+
+
+def _read_pid(path: Path) -> int | None:
+    """The PID in a PID file a job's processes write; None when there is none to read."""
+    try:
+        with open_untrusted(path) as f:
+            return int(f.read(32).strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _gateway_folder(path: Path) -> Path:
+    """``path``, a folder inside a sandbox's writable one that only the gateway writes
+    (bound read-only over it), made a real folder again if something replaced it."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        path.unlink()
+    path.mkdir(exist_ok=True)
+    return path
 
 
 def _start_instance(gateway_pid: int, cpu_nice: int) -> None:

@@ -15,18 +15,31 @@ What a sandboxed process gets:
   read-only, the few files of ``/etc`` that programs read to run and to reach the network
   (never ``shadow``, ``ssl/private`` or the rest), a minimal ``/dev``, the CPU topology
   of ``/sys``, and a private ``/tmp`` in memory; the root itself is read-only;
+- every ``auth.file_roots`` folder, read-only: a call that names a location under a
+  root was granted it, and a process may read its data there. A root is the
+  operator's promise that what lies under it may be read by every model and job of
+  the gateway;
 - the Python installation the gateway runs (its prefixes, and shipyard's source tree
   when it is installed editable) and the folders of its ``PYTHONPATH``, read-only;
-- every ``auth.file_roots`` folder, read-write: a call that names a location under a
-  root was granted it, and a process may read its data there or write its output
-  there (a transform's or a job's). A root is the operator's promise that what lies
-  under it may be shared by every model and job of the gateway;
 - what the backend names for the process: its model folder read-only, its own home,
-  error file and working folder read-write.
+  error file and working folder read-write, and, for a job, the local locations its
+  call named for it to write (its output and checkpoint folders, under a root:
+  :meth:`Sandbox.grant`), read-write.
 
-What it never gets: the gateway's home (its store, logs, keys folder, other instances'
-folders; masked even when a root contains it), the gateway's environment (the backend
-hands each process its own, backends/environment.py), the host's ``/proc``.
+What it never gets: a write to a root outside the folders granted to it (another
+team's models, data, captures and outputs; the stack file or a virtual environment
+that lies under a root), the gateway's home (its store, logs, keys folder, other
+instances' folders; masked even when a root contains it), the gateway's environment
+(the backend hands each process its own, backends/environment.py), the host's
+``/proc``. An instance writes no root at all: transform and async outputs and captured
+data are written by the gateway, not by the model.
+
+The binds are made in an order where the later one wins: the roots, then the folders
+granted and the process's own writable folders, then the read-only ones (the Python
+installation, shipyard's source, what the backend names read-only), then the masks over
+the gateway's home and, again, whatever of the above lies inside it; the model last. So
+a read-only folder inside a writable one stays read-only, and a root or a grant that
+contains the Python installation does not make it writable.
 
 What it does not guarantee:
 
@@ -44,10 +57,12 @@ What it does not guarantee:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +101,7 @@ _ETC = (
 )
 """What of ``/etc`` a process reads to run, resolve names and trust TLS: nothing secret."""
 _TRIAL_TIMEOUT_S = 30.0
+_NO_LINK_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class SandboxUnavailable(ValueError):
@@ -106,7 +122,8 @@ class Sandbox:
     python: tuple[Path, ...]
     """Read-only in every sandbox: the Python installation and shipyard's source."""
     file_roots: tuple[Path, ...]
-    """Read-write in every sandbox: ``auth.file_roots``."""
+    """Read-only in every sandbox: ``auth.file_roots``; a process writes only in the
+    folders under them granted to it (:meth:`grant`)."""
     hidden: tuple[Path, ...]
     """Never visible, even under a root: the gateway's home."""
 
@@ -142,30 +159,84 @@ class Sandbox:
         return sandbox
 
     def check(self) -> None:
-        """Run Python in a sandbox once; raise SandboxUnavailable saying why it failed."""
-        argv = self.wrap([sys.executable, "-c", ""], chdir=Path("/"))
-        try:
-            done = subprocess.run(
-                argv,
-                env={"PATH": os.defpath},
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=_TRIAL_TIMEOUT_S,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            failure = str(exc)
-        else:
-            if done.returncode == 0:
-                return
-            failure = (done.stderr or done.stdout).decode(errors="replace").strip()
-            failure = failure or f"exit code {done.returncode}"
+        """Run Python in a sandbox once, granted a folder as a job is (``--bind-fd``,
+        bubblewrap 0.5 and later); raise SandboxUnavailable saying why it failed."""
+        with tempfile.TemporaryDirectory() as trial:
+            fd = os.open(trial, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            argv = self.wrap([sys.executable, "-c", ""], chdir=Path("/"), granted=[(fd, trial)])
+            try:
+                done = subprocess.run(
+                    argv,
+                    env={"PATH": os.defpath},
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=_TRIAL_TIMEOUT_S,
+                    check=False,
+                    pass_fds=(fd,),
+                )
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                failure = str(exc)
+            else:
+                if done.returncode == 0:
+                    return
+                failure = (done.stderr or done.stdout).decode(errors="replace").strip()
+                failure = failure or f"exit code {done.returncode}"
+            finally:
+                os.close(fd)
         raise SandboxUnavailable(
             f"auth.sandbox: bubblewrap ({self.bwrap}) cannot run a sandbox here: {failure}. "
-            "It needs unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 "
-            "and user.max_user_namespaces > 0; inside a container, one allowed to create "
-            "them); or set auth.sandbox: false in the stack file"
+            "It needs bubblewrap 0.5 or later and unprivileged user namespaces "
+            "(sysctl kernel.unprivileged_userns_clone=1 and user.max_user_namespaces > 0; "
+            "inside a container, one allowed to create them); or set auth.sandbox: false "
+            "in the stack file"
         )
+
+    def grant(self, path: Path) -> int:
+        """An open descriptor of the folder ``path``, made if missing, for a process to
+        write (``wrap``'s ``granted``): a job's local output or checkpoint location.
+
+        The folder must lie under a root, and neither lie inside nor contain the
+        gateway's home or the Python installation. It is reached from its root one
+        folder at a time without following a link, and a sandbox binds the folder
+        opened, not a path, so a link or a rename made by another process (a job
+        writing its own granted folder, which a later path goes through) between this
+        check and the sandbox's start cannot lead elsewhere. The caller closes it.
+
+        Raises:
+            ValueError: the folder may not be granted, or cannot be made or opened;
+                the message says why.
+        """
+        real = Path(os.path.realpath(path))
+        roots = [Path(os.path.realpath(r)) for r in self.file_roots]
+        root = next((r for r in roots if real.is_relative_to(r)), None)
+        if root is None:
+            raise ValueError(f"{path} is outside auth.file_roots")
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in real.relative_to(root).parts:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, dir_fd=fd)
+                inner = os.open(part, _NO_LINK_DIR, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+            # Where the folder opened is (the kernel's word for it): checked, not assumed.
+            self._check_grant(Path(os.readlink(f"/proc/self/fd/{fd}")), path)
+        except OSError as exc:
+            os.close(fd)
+            raise ValueError(f"{path} cannot be made or opened without a link: {exc}") from exc
+        except ValueError:
+            os.close(fd)
+            raise
+        return fd
+
+    def _check_grant(self, real: Path, path: Path) -> None:
+        for kept in [*self.hidden, *self.python]:
+            kept = Path(os.path.realpath(kept))
+            if real.is_relative_to(kept) or kept.is_relative_to(real):
+                raise ValueError(
+                    f"{path} overlaps {kept}, which a sandboxed process never writes "
+                    "(the gateway's home or its Python installation)"
+                )
 
     def wrap(
         self,
@@ -174,15 +245,19 @@ class Sandbox:
         chdir: Path,
         readonly: Iterable[Path] = (),
         writable: Iterable[Path] = (),
+        granted: Iterable[tuple[int, str | Path]] = (),
         model: Path | None = None,
         die_with_parent: bool = True,
     ) -> list[str]:
         """The command that runs ``argv`` in a sandbox, in the folder ``chdir``.
 
-        ``readonly`` and ``writable`` folders and files are seen at their own paths,
-        after the roots and the masking of the gateway's home, so they may lie inside
-        the home; they must exist, except ``readonly`` ones, which are skipped when
-        missing. ``model``: a folder seen read-only at ``/opt/ml/model``.
+        ``writable`` folders and files (the backend's own for the process) and
+        ``readonly`` ones are seen at their own paths, in the order of the module's
+        docstring, so they may lie inside the gateway's home, and a read-only one inside
+        a writable one stays read-only; ``writable`` ones must exist, ``readonly`` ones
+        are skipped when missing. ``granted``: (descriptor from :meth:`grant`, path the
+        process sees it at), read-write; pass the descriptors to the child
+        (``pass_fds``). ``model``: a folder seen read-only at ``/opt/ml/model``.
         ``die_with_parent``: the sandbox is SIGKILLed when the process that started
         ``bwrap`` ends (an instance, which never outlives its gateway; not a job).
 
@@ -199,24 +274,35 @@ class Sandbox:
         if die_with_parent:
             args.append("--die-with-parent")
         args += _system()
-        bound = [("--ro-bind-try", p) for p in self.python]
-        bound += [("--bind-try", p) for p in self.file_roots]
-        for option, path in bound:
-            args += [option, str(path), str(path)]
-        masked = [h for h in self.hidden if any(_inside(h, p) for _, p in bound)]
+        args += _binds(("--ro-bind-try", p) for p in self.file_roots)
+        for fd, path in granted:
+            args += ["--bind-fd", str(fd), str(path)]
+        bound = [("--bind", p) for p in writable]
+        bound += [("--ro-bind-try", p) for p in [*self.python, *readonly]]
+        args += _binds(bound)
+        every = [*self.file_roots, *(p for _, p in bound)]
+        masked = [h for h in self.hidden if any(_inside(h, p) for p in every)]
         for path in masked:
             args += ["--tmpfs", str(path)]
-        for option, path in bound:  # one strictly inside the home is granted all the same
-            if any(_inside(path, m) and not _inside(m, path) for m in masked):
-                args += [option, str(path), str(path)]
-        for path in readonly:
-            args += ["--ro-bind-try", str(path), str(path)]
+        # What lies inside the home is bound again over the mask, in the same order: a
+        # root the operator put there, the process's own folders.
+        inside = [("--ro-bind-try", p) for p in self.file_roots] + bound
+        args += _binds(
+            (option, path)
+            for option, path in inside
+            if any(_inside(path, m) and not _inside(m, path) for m in masked)
+        )
         if model is not None:
             args += ["--ro-bind", str(model), str(MODEL_DIR)]
-        for path in writable:
-            args += ["--bind", str(path), str(path)]
         args += ["--remount-ro", "/", "--chdir", str(chdir), "--", *argv]
         return args
+
+
+def _binds(binds: Iterable[tuple[str, Path]]) -> list[str]:
+    args: list[str] = []
+    for option, path in binds:
+        args += [option, str(path), str(path)]
+    return args
 
 
 def _system() -> list[str]:

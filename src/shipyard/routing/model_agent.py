@@ -45,6 +45,11 @@ Headers = list[tuple[bytes, bytes]]
 _JSON = [(b"Content-Type", b"application/json")]
 _MAX_PAGES = 1000
 
+MODELS_FOLDER = ".models"
+"""Where, in an instance's own folder, the agent fetches its models: written and deleted
+by the gateway, so a sandboxed instance sees it read-only (backends/local.py), lest it
+put a link there that the gateway would follow out of the folder."""
+
 
 @dataclass(slots=True)
 class _Load:
@@ -164,7 +169,7 @@ class ModelAgent:
 
     def _artifact_dir(self, instance: Instance, model: str) -> Path:
         key = hashlib.sha256(model.encode()).hexdigest()[:32]
-        return self._folder(instance.instance_id) / ".models" / key
+        return self._folder(instance.instance_id) / MODELS_FOLDER / key
 
 
 def _with_report(response: Response, report: _Load | None, waited_s: float) -> Response:
