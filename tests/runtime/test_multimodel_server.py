@@ -269,6 +269,7 @@ def test_a_model_whose_code_fails_to_load_is_500_with_its_reason(
 
 def test_a_handler_error_is_answered_as_in_single_model_mode(served: MultiModelRuntime) -> None:
     """The model's own 406, without X-Shipyard-Error: the gateway makes it a ModelError."""
+    served.invoke_model("model-0.tar.gz")  # loaded here, whichever tests ran before
     reply = served.invoke_model("model-0.tar.gz", accept="image/png")
     assert reply.status == 406
     assert reply.body.startswith(b"UnsupportedAccept: ")

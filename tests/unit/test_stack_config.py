@@ -133,7 +133,7 @@ def guarded_jobs(config: JobsConfig) -> JobService:
 
 
 def test_under_auth_a_live_change_is_checked_as_the_calls_it_stands_for() -> None:
-    """Finding 4 and 8: templates as CreateTrainingJob, URLs as callers' targets."""
+    """Finding 4: templates as CreateTrainingJob."""
     stack, topics, _, transforms = config()
     jobs = guarded_jobs(stack.jobs.config)
     stack.jobs = jobs
@@ -145,15 +145,12 @@ def test_under_auth_a_live_change_is_checked_as_the_calls_it_stands_for() -> Non
     section["templates"] = {"a": {**TEMPLATE, "Environment": {"LD_PRELOAD": "/x.so"}}}
     with pytest.raises(InvalidParameter, match=r"jobs\.templates\.a: .*'LD_PRELOAD'"):
         stack.change(StackChange("site", {}, [], jobs=section))
-    section["templates"] = {"a": TEMPLATE}
-    section["notify"] = {"Failed": ["http://10.0.0.1/hook"]}
-    with pytest.raises(InvalidParameter, match=r"jobs\.notify\.Failed: .*notify_targets"):
-        stack.change(StackChange("site", {}, [], jobs=section))
-    with pytest.raises(InvalidParameter, match=r"topics\.x\[0\]: .*notify_targets"):
-        stack.change(StackChange("site", {"x": ["mailto://a@b.example"]}, []))
     assert stack.snapshot() == before and not jobs.live_templates
-    section["notify"] = {"Failed": ["done", "json://127.0.0.1:9/ok"]}
-    stack.change(StackChange("site", {"x": ["json://127.0.0.1:9/x"]}, [], jobs=section))
+    # Topics and notify targets are a stack file's, the operator's: not held to
+    # auth.notify_targets, which is for the targets callers name.
+    section["templates"] = {"a": TEMPLATE}
+    section["notify"] = {"Failed": ["done", "http://10.0.0.1/hook"]}
+    stack.change(StackChange("site", {"x": ["mailto://a@b.example"]}, [], jobs=section))
     assert jobs.live_templates and topics.names == ["done", "x"]
 
 
