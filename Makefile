@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOME_DIR ?= $(CURDIR)/.shipyard
 PORT ?= 8080
 
-.PHONY: run test coverage lint check bench install install-dev chromium bubblewrap clean
+.PHONY: run test coverage lint check bench bench-guard install install-dev chromium bubblewrap clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,11 @@ check: lint test
 bench: install-dev
 	$(BIN)/python bench/gateway_overhead.py
 	$(BIN)/python bench/routing_policies.py
+
+# The data path against bench/peer/reference on the peer harness (../shared/bench-peers):
+# fails below 0.9x of it. Needs a quiet machine and a few minutes; not part of CI.
+bench-guard:
+	BENCH_DIR=$${BENCH_DIR:-$(CURDIR)/../shared/bench-peers} bench/peer/guard.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

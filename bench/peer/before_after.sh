@@ -3,7 +3,8 @@
 # one run: usage before_after.sh BEFORE_SRC AFTER_SRC (two source trees of the project).
 # Interleaved (before, after, rayserve_tput per model) so this noisy machine's drift hits
 # all alike; each result JSON is kept in bench/results/before_after/<label>__<model>.json
-# and a table of req/s (p99 ms) is printed. Knobs as run_one.sh (CONCS default "8 32").
+# and a table of req/s (p99 ms) is printed. Knobs as run_one.sh (CONCS default "8 32");
+# LABELS="before after" leaves Ray Serve out (make bench-guard does).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 BENCH_DIR=${BENCH_DIR:-/work/shared/bench-peers}
@@ -12,7 +13,7 @@ BEFORE=$(cd "$1" && pwd) AFTER=$(cd "$2" && pwd)
 export CONCS=${CONCS:-"8 32"}
 mkdir -p "$OUT"
 for model in sklearn echo; do
-  for label in before after rayserve_tput; do
+  for label in ${LABELS:-before after rayserve_tput}; do
     case $label in
       before) peer=shipyard; export SHIPYARD_SRC=$BEFORE ;;
       after) peer=shipyard; export SHIPYARD_SRC=$AFTER ;;
