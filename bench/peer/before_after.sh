@@ -8,7 +8,7 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 BENCH_DIR=${BENCH_DIR:-/work/shared/bench-peers}
-OUT=$HERE/../results/before_after
+OUT=${OUT:-$HERE/../results/before_after}
 BEFORE=$(cd "$1" && pwd) AFTER=$(cd "$2" && pwd)
 export CONCS=${CONCS:-"8 32"}
 mkdir -p "$OUT"
