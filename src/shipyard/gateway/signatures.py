@@ -91,6 +91,10 @@ class ReadOnce:
             log.info("refused %s %s: %s", scope["method"], scope["path"], exc.message)
             await _render(door_of(scope["path"]), exc, scope, receive, send)
             return
+        await self.admit(head, scope, receive, send)
+
+    async def admit(self, head: Head, scope: Scope, receive: Receive, send: Send) -> None:
+        """Hand the request, read once as ``head``, to the app; nothing is checked here."""
         scope[ADMITTED] = Admitted(head, account_id=self.account_id)
         await self.app(scope, receive, send)
 
@@ -115,20 +119,11 @@ class RequireSignature(ReadOnce):
     def __repr__(self) -> str:
         return f"RequireSignature({self.verifier!r})"
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        try:
-            head = read_head(scope["headers"])
-        except RepeatedHeader as exc:
-            log.info("refused %s %s: %s", scope["method"], scope["path"], exc.message)
-            await _render(door_of(scope["path"]), exc, scope, receive, send)
-            return
+    async def admit(self, head: Head, scope: Scope, receive: Receive, send: Send) -> None:
+        """Verify and authorise the request read once as ``head``, then pass it on."""
         door_action = action_of(scope["method"], scope["path"], head.target)
         if door_action is None:
-            scope[ADMITTED] = Admitted(head, account_id=self.account_id)
-            await self.app(scope, receive, send)
+            await super().admit(head, scope, receive, send)
             return
         door, action = door_action
         try:
