@@ -421,7 +421,7 @@ def _invoke_in_background(runtime: Runtime, body: bytes) -> tuple[threading.Thre
 def test_ping_answers_while_a_long_prediction_runs(
     start_runtime: Callable[..., Runtime], tmp_path: Path
 ) -> None:
-    """A prediction runs on a handler thread, so the event loop still answers /ping."""
+    """The prediction holds the event loop (one worker runs it there); /ping answers."""
     started = tmp_path / "started"
     sleepy = start_runtime(MODELS / "sleepy", SLEEPY_STARTED_FILE=str(started))
     thread, replies = _invoke_in_background(sleepy, b'{"sleep": 3}')
@@ -434,6 +434,38 @@ def test_ping_answers_while_a_long_prediction_runs(
     thread.join(30)
     assert replies and replies[0].status == 200
     assert json.loads(replies[0].body)["slept"] == 3
+
+
+def test_while_a_prediction_holds_the_loop_the_standby_answers_pings_and_passes_on_the_rest(
+    start_runtime: Callable[..., Runtime], tmp_path: Path
+) -> None:
+    started = tmp_path / "started"
+    sleepy = start_runtime(MODELS / "sleepy", SLEEPY_STARTED_FILE=str(started))
+    long, long_replies = _invoke_in_background(sleepy, b'{"spin": 4, "tag": "long"}')
+    deadline = time.monotonic() + 10
+    while not started.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+    # Busy in Python, not asleep: the standby thread still gets its turn at the GIL.
+    for method in ("GET", "HEAD"):
+        asked = time.monotonic()
+        ping = sleepy.request(method, "/ping")
+        assert (ping.status, ping.body) == (200, b"")
+        assert time.monotonic() - asked < 2
+        assert ping.headers["connection"] == "close"  # the standby's answer, not the loop's
+    assert long.is_alive()
+
+    # Any other request that arrives meanwhile is handed to the loop, unread, and served
+    # once the long one is done.
+    second, second_replies = _invoke_in_background(sleepy, b'{"tag": "second"}')
+    for thread in (long, second):
+        thread.join(30)
+    assert [r.status for r in long_replies + second_replies] == [200, 200]
+    assert json.loads(second_replies[0].body)["slept"] == 0
+    assert started.read_text().splitlines() == ["started long", "started second"]
+    ping = sleepy.request("GET", "/ping")
+    assert ping.status == 200 and "connection" not in ping.headers  # the loop's again
 
 
 def test_model_server_workers_sets_how_many_predictions_run_at_once(

@@ -442,7 +442,7 @@ class Provisioner:
     async def ping(self, instance: Instance, *, timeout_s: float) -> bool:
         try:
             async with asyncio.timeout(timeout_s):
-                response = await instance.pool.request(b"GET", b"/ping", [])
+                response = await instance.pool.ping()
         except (TimeoutError, OSError, Exception):
             return False
         return response.status == 200

@@ -301,7 +301,7 @@ class FleetMirror:
     async def _ping(self, instance: Instance) -> bool:
         try:
             async with asyncio.timeout(self.ping_timeout_s):
-                response = await instance.pool.request(b"GET", b"/ping", [])
+                response = await instance.pool.ping()
         except Exception:
             return False
         return response.status == 200

@@ -493,6 +493,26 @@ class ConnectionPool:
             return response
         raise AssertionError("unreachable")
 
+    async def ping(self) -> Response:
+        """``GET /ping`` on a connection of its own, closed after the answer.
+
+        Never on a pooled connection: an instance whose loop is held by a long handler
+        call answers pings only on new connections (runtime/workers.py PingStandby), and
+        a health check must not wait behind anything a kept-alive connection carries.
+        """
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await loop.create_connection(_Connection, self.host, self.port)
+        except OSError as exc:
+            raise UpstreamError(f"cannot connect to instance: {exc}", sent=False) from exc
+        head = (
+            b"GET /ping HTTP/1.1\r\nHost: " + self._host_header + b"\r\nConnection: close\r\n\r\n"
+        )
+        try:
+            return await conn.send(head, b"", None)
+        finally:
+            conn.close()
+
     @asynccontextmanager
     async def stream(
         self,

@@ -213,11 +213,17 @@ class ContainerGroupPool(ConnectionPool):
         assert answer is not None, "a group has at least one container"
         return answer
 
+    async def ping(self) -> Response:
+        """The group's health: every container's own ping, the first failure named."""
+        return self._health(await asyncio.gather(*(c.pool.ping() for c in self.containers)))
+
     async def _ping(self, method: bytes, headers: Headers) -> Response:
         """Every container's ``/ping`` at once: the group is healthy when all are."""
-        answers = await asyncio.gather(
-            *(c.pool.request(method, _PING, headers) for c in self.containers)
+        return self._health(
+            await asyncio.gather(*(c.pool.request(method, _PING, headers) for c in self.containers))
         )
+
+    def _health(self, answers: list[Response]) -> Response:
         for container, answer in zip(self.containers, answers, strict=True):
             if answer.status != 200:
                 answer.headers.append((FAILED_CONTAINER, container.name.encode()))

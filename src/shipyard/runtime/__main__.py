@@ -13,8 +13,9 @@ a prefix instead, loaded on demand, configured by:
 - ``SHIPYARD_MODEL_LOAD_WAIT_S``: how long a request waits for a load; default 50.
 - ``SHIPYARD_S3_ENDPOINT_URL``: an S3-compatible endpoint for s3:// prefixes.
 
-In both modes ``SAGEMAKER_MODEL_SERVER_WORKERS`` (default 1) handler threads run the
-user's handlers, off the event loop (:mod:`shipyard.runtime.workers`), and
+In both modes ``SAGEMAKER_MODEL_SERVER_WORKERS`` (default 1) says how many handler calls
+run at once: one runs on the event loop, more on that many threads, and ``/ping`` answers
+while they run either way (:mod:`shipyard.runtime.workers`);
 ``SHIPYARD_MAX_BATCH_SIZE`` with ``SHIPYARD_MAX_BATCH_DELAY_MS`` (default 10) turn on
 server-side batching (:mod:`shipyard.runtime.batching`): for the model, which must define
 ``predict_batch_fn``, or in multi-model mode for each model that defines it.
@@ -32,10 +33,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from shipyard import launch
-from shipyard.runtime import handlers, server, spare
+from shipyard.runtime import handlers, server, spare, workers
 from shipyard.runtime.batching import DEFAULT_MAX_DELAY_MS, BatchConfig
 from shipyard.runtime.multimodel import DEFAULT_LOAD_WAIT_S
-from shipyard.runtime.workers import HandlerThreads
 
 if TYPE_CHECKING:
     from shipyard.runtime import model_source
@@ -115,7 +115,7 @@ def _code_dir(cache: Path, environ: Mapping[str, str]) -> Path | None:
 
 def _app(model_dir: Path, environ: Mapping[str, str], code_dir: Path | None = None) -> server.App:
     program = environ.get("SAGEMAKER_PROGRAM")
-    threads = HandlerThreads(_number(environ, "SAGEMAKER_MODEL_SERVER_WORKERS", int) or 1)
+    threads = workers.runner(_number(environ, "SAGEMAKER_MODEL_SERVER_WORKERS", int) or 1)
     batching = _batching(environ)
     if environ.get("SAGEMAKER_MULTI_MODEL", "").strip().lower() != "true":
         loaded = handlers.load(model_dir, program=program, code_dir=code_dir)

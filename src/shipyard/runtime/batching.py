@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from shipyard.runtime.handlers import Handlers, Request
-from shipyard.runtime.workers import HandlerThreads
+from shipyard.runtime.workers import Runner
 
 DEFAULT_MAX_DELAY_MS = 10.0
 
@@ -84,7 +84,7 @@ class _Waiting:
 class Batcher:
     """Gathers the requests of one model into batches for its handler threads."""
 
-    def __init__(self, handlers: Handlers, threads: HandlerThreads, config: BatchConfig) -> None:
+    def __init__(self, handlers: Handlers, threads: Runner, config: BatchConfig) -> None:
         if not handlers.batches:
             raise ValueError(
                 f"SHIPYARD_MAX_BATCH_SIZE is set, but {handlers.program or 'the model'} "

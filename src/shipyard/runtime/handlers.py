@@ -23,8 +23,9 @@ may take an extra keyword parameter ``context``: a :class:`Context` carrying the
 custom attributes and taking the response's. Which handlers want it is decided once, at
 load time, so a request pays for one flag test per handler.
 
-Handlers are plain synchronous functions, called on a handler thread (:mod:`workers`): an
-instance serves one request at a time by default, like one SageMaker model-server worker.
+Handlers are plain synchronous functions, called on the event loop or on a handler thread
+(:mod:`workers`): an instance serves one request at a time by default, like one SageMaker
+model-server worker.
 
 Server-side batching (:mod:`batching`), when the model's Environment sets
 ``SHIPYARD_MAX_BATCH_SIZE``: ``predict_batch_fn(data_list, model) -> list`` replaces

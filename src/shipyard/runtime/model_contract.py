@@ -61,7 +61,7 @@ from shipyard.runtime.server import (
     describe_failure,
     request_headers,
 )
-from shipyard.runtime.workers import HandlerThreads
+from shipyard.runtime.workers import Inline, Runner, batch_runner
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +93,11 @@ class MultiModelApp:
         self,
         cache: ModelCache[Handlers],
         *,
-        threads: HandlerThreads | None = None,
+        threads: Runner | None = None,
         batching: BatchConfig | None = None,
     ) -> None:
         self.cache = cache
-        self.threads = threads or HandlerThreads()
+        self.threads = threads or Inline()
         self.batching = batching
         """Server-side batching, for each model that defines ``predict_batch_fn``."""
 
@@ -153,7 +153,7 @@ class MultiModelApp:
             return await self.threads.run(_respond, acquired, request, self.cache)
         batcher = handlers.batcher
         if batcher is None:
-            batcher = handlers.batcher = Batcher(handlers, self.threads, config)
+            batcher = handlers.batcher = Batcher(handlers, batch_runner(self.threads), config)
         headers = _model_headers(acquired, self.cache)
         context = Context(request.attributes) if handlers.uses_context else None
         try:

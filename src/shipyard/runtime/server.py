@@ -2,11 +2,12 @@
 
 A raw ASGI callable rather than a framework app: every invocation passes through here, and
 two routes need no router, no request object and no middleware. The per-request work is
-one pass over the headers, the handlers (on a handler thread, so ``/ping`` answers
-while they run: :mod:`workers`), and two ``send`` calls (the floor we compare
-against is ``bench-peers/raw_asgi``). In multi-model mode :mod:`model_contract`'s app is
-served instead, so none of its work lands on this path. With server-side batching on, a
-request goes to the :mod:`batching` FIFO instead of straight to a handler thread, and its
+one pass over the headers, the handlers (inline on the loop with one worker, on handler
+threads with more; ``/ping`` answers while they run either way: :mod:`workers`), and two
+``send`` calls (the floor we compare against is ``bench-peers/raw_asgi``). In multi-model
+mode :mod:`model_contract`'s app is served instead, so none of its work lands on this
+path. With server-side batching on, a request goes to the :mod:`batching` FIFO instead of
+straight to the handlers, and its
 answer carries ``X-Shipyard-Batch``; without it, the only cost is one attribute test.
 
 Errors: a handler that raises is logged with its traceback and answered with 500 (or the
@@ -17,6 +18,8 @@ streamed answer (:mod:`streaming`) that fails once begun ends with that text ins
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import socket
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -29,7 +32,7 @@ from shipyard.runtime import streaming
 from shipyard.runtime.batching import BatchConfig, Batcher
 from shipyard.runtime.codecs import CodecError
 from shipyard.runtime.handlers import Context, Handlers, Request
-from shipyard.runtime.workers import HandlerThreads
+from shipyard.runtime.workers import Inline, PingStandby, Runner, batch_runner
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +60,14 @@ class RuntimeApp:
         self,
         handlers: Handlers,
         *,
-        threads: HandlerThreads | None = None,
+        threads: Runner | None = None,
         batching: BatchConfig | None = None,
     ) -> None:
         self.handlers = handlers
-        self.threads = threads or HandlerThreads()
-        self.batcher = None if batching is None else Batcher(handlers, self.threads, batching)
+        self.threads = threads or Inline()
+        self.batcher = (
+            None if batching is None else Batcher(handlers, batch_runner(self.threads), batching)
+        )
 
     def __repr__(self) -> str:
         return f"RuntimeApp({self.handlers!r}, {self.threads!r})"
@@ -248,7 +253,11 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(app: App, sock: socket.socket) -> None:
-    """Serve ``app`` (a RuntimeApp, or a MultiModelApp) on ``sock`` until SIGINT or SIGTERM."""
+    """Serve ``app`` (a RuntimeApp, or a MultiModelApp) on ``sock`` until SIGINT or SIGTERM.
+
+    When the app runs its handlers inline, a PingStandby answers ``/ping`` on ``sock``
+    while one of them holds the loop.
+    """
     config = uvicorn.Config(
         app,
         loop="uvloop",
@@ -262,4 +271,29 @@ def serve(app: App, sock: socket.socket) -> None:
         server_header=False,
         timeout_keep_alive=120,
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    runner = getattr(app, "threads", None)
+    standby = PingStandby(sock, runner) if isinstance(runner, Inline) else None
+    _Server(config, standby).run(sockets=[sock])
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, starting the standby once it listens."""
+
+    def __init__(self, config: uvicorn.Config, standby: PingStandby | None) -> None:
+        super().__init__(config)
+        self.standby = standby
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.standby is None:
+            return
+        config = self.config
+        # The protocol uvicorn's own startup builds for each accepted connection (its
+        # create_protocol), so a connection the standby hands over is served the same way.
+        protocol = functools.partial(
+            config.http_protocol_class,
+            config=config,  # type: ignore[call-arg]  # typed as asyncio.Protocol's class
+            server_state=self.server_state,
+            app_state=self.lifespan.state,
+        )
+        self.standby.start(asyncio.get_running_loop(), protocol)

@@ -13,9 +13,10 @@ Either way, one item is one chunk:
   answer is sent whole, so a handler that raises part-way gives an ordinary ModelError.
 
 Status and headers leave before the first item is produced, so custom attributes must be
-set on the ``context`` before the iterator is returned. Each item is pulled on a
-handler thread, one at a time; once the gateway has gone (its client disconnected) no
-more are pulled and the generator is closed, so its ``finally`` blocks run.
+set on the ``context`` before the iterator is returned. Each item is pulled by the
+instance's runner (:mod:`workers`), one at a time; once the gateway has gone (its client
+disconnected) no more are pulled and the generator is closed, so its ``finally`` blocks
+run.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 
 from shipyard.contract import STREAM_ERROR
 from shipyard.runtime import codecs
-from shipyard.runtime.workers import HandlerThreads
+from shipyard.runtime.workers import Runner
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -79,7 +80,7 @@ def encoded(predictions: Iterator[Any], accept: str) -> Chunks:
 @contextlib.contextmanager
 def _closing(items: Iterator[Any]) -> Iterator[None]:
     """Close the user's generator when ours is closed (the client left), so its own
-    ``finally`` blocks run then, on the handler thread, not whenever it is collected."""
+    ``finally`` blocks run then, on the runner, not whenever it is collected."""
     try:
         yield
     finally:
@@ -93,7 +94,7 @@ def join(items: Chunks) -> bytes:
     return b"".join(items)
 
 
-async def first_chunk(threads: HandlerThreads, items: Chunks) -> bytes | None:
+async def first_chunk(threads: Runner, items: Chunks) -> bytes | None:
     """The first item, or None when there is none. Pulled before the answer's head is
     sent, so that handlers failing at once (a generator's body runs only now) get an
     ordinary error status, and whatever they set on ``context`` makes the head."""
@@ -104,14 +105,14 @@ async def first_chunk(threads: HandlerThreads, items: Chunks) -> bytes | None:
 async def send_stream(
     send: Send,
     receive: Receive,
-    threads: HandlerThreads,
+    threads: Runner,
     items: Chunks,
     first: bytes | None,
     headers: list[tuple[bytes, bytes]],
     describe: Callable[[Exception], str],
 ) -> None:
-    """Answer chunked with ``first`` then the rest of ``items``, pulled on a handler
-    thread one at a time.
+    """Answer chunked with ``first`` then the rest of ``items``, pulled by ``threads`` one
+    at a time.
 
     An exception from the handlers ends the answer with a last chunk holding the
     STREAM_ERROR token and ``describe(exc)`` (see contract.py); the answer itself ends
@@ -130,6 +131,9 @@ async def send_stream(
         while chunk is not _END and not gone.done():
             if chunk:  # an empty chunk would end a chunked answer
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            # Inline.run never gives the loop a turn: give it one per chunk, or it would
+            # never see the gateway leave (nor serve anyone else) while a stream lasts.
+            await asyncio.sleep(0)
             try:
                 chunk = await threads.run(next, items, _END)
             except Exception as exc:

@@ -1,6 +1,7 @@
 """Sleeps for the number of seconds in the request's "sleep" field, then answers.
 
-With "hold_mb", it first fills that many MB of memory, 32 MB at a time.
+With "hold_mb", it first fills that many MB of memory, 32 MB at a time; with "spin", it
+then keeps the CPU busy for that many seconds.
 """
 
 import json
@@ -24,4 +25,7 @@ def transform_fn(model, body, content_type, accept):
         held.append(bytearray(b"\x01") * (32 << 20))
         time.sleep(0.01)
     time.sleep(float(request.get("sleep", 0)))
+    spin_until = time.monotonic() + float(request.get("spin", 0))
+    while time.monotonic() < spin_until:  # busy in Python, holding the GIL between switches
+        pass
     return json.dumps({"pid": model, "slept": request.get("sleep", 0)}), "application/json"
