@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from shipyard import heap
 from shipyard.async_inference.consumer import Consumer
 from shipyard.async_inference.queue import AsyncInvocations
 from shipyard.backends import BackendContext, FullBackend, create_backend
@@ -497,6 +498,7 @@ class Gateway:
             )
         if self._on_startup is not None:
             await self._on_startup(self.service)
+        heap.settle()
         app.state.ready = True
         log.info(
             "gateway ready: account %s, region %s, home %s",

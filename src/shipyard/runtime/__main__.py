@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from shipyard import launch
+from shipyard import heap, launch
 from shipyard.runtime import handlers, server, spare, workers
 from shipyard.runtime.batching import DEFAULT_MAX_DELAY_MS, BatchConfig
 from shipyard.runtime.multimodel import DEFAULT_LOAD_WAIT_S
@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         log.exception("could not start the model in %s", args.model_dir or args.model_url)
         launch.write_reason(args.error_file, exc, fetched=fetched)
         return 1
+    heap.settle()  # the model is loaded: later collections need not walk it
     log.info("serving %r on %s:%s", app, args.host, args.port)
     server.serve(app, sock)
     return 0

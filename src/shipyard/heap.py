@@ -1,0 +1,27 @@
+"""The garbage collector's settings for the gateway and the instances.
+
+Both hold a large heap that never becomes garbage (imported modules, botocore's service
+models, the loaded model) and allocate many short-lived objects per request, some in
+reference cycles. With CPython's defaults every full collection walks that whole heap:
+in the gateway, 45-220 ms pauses every few seconds under load, which set the tail
+latency of every request caught behind one (bench/results/handler_runner.md). So once a
+process has loaded what it keeps, :func:`settle` collects once and freezes what is left
+(``gc.freeze``: later collections skip it; reference counting still frees it), and raises
+the young generation's threshold so the objects of requests in flight are not promoted
+(and walked again) after a few hundred allocations.
+"""
+
+from __future__ import annotations
+
+import gc
+
+YOUNG_THRESHOLD = 20_000
+"""Allocations between two collections of the youngest generation (CPython: 700)."""
+
+
+def settle() -> None:
+    """Collect, then freeze everything alive now out of later collections."""
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(YOUNG_THRESHOLD, middle, old)
