@@ -95,6 +95,9 @@ def serve(
         ),
         access_log=False,
         log_level="warning",
+        # No caller's X-Forwarded-* rewrites who it is, and no header says what we run on.
+        proxy_headers=False,
+        server_header=False,
         # Closed idle from the moment it opens (http_limits), and between requests.
         timeout_keep_alive=settings.idle_timeout_s,  # type: ignore[arg-type]
         # uvicorn counts the connection asking among the open ones: one more lets
