@@ -163,8 +163,31 @@ def npy(array: np.ndarray) -> bytes:
 
 
 def test_ping_answers_200_with_an_empty_body(echo: Runtime) -> None:
-    reply = echo.request("GET", "/ping")
-    assert (reply.status, reply.body) == (200, b"")
+    for method in ("GET", "HEAD"):  # HEAD: a head and nothing after it
+        reply = echo.request(method, "/ping")
+        assert (reply.status, reply.body) == (200, b"")
+        assert reply.headers["content-length"] == "0"
+
+
+def test_a_client_expecting_100_continue_gets_it_before_it_sends_the_body(
+    echo: Runtime,
+) -> None:
+    body = b'{"continued": true}'
+    with socket.create_connection(("127.0.0.1", echo.port), timeout=5) as sock:
+        sock.sendall(
+            b"POST /invocations HTTP/1.1\r\nHost: instance\r\n"
+            b"Content-Type: application/json\r\nExpect: 100-continue\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)
+        )
+        assert sock.recv(1024).startswith(b"HTTP/1.1 100 ")  # the body is still unsent
+        sock.sendall(body)
+        answer = b""
+        while not answer.endswith(b"}"):
+            chunk = sock.recv(4096)
+            assert chunk, answer
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {"continued": True}
 
 
 def test_an_unknown_path_is_404(echo: Runtime) -> None:

@@ -138,3 +138,46 @@ def test_streamed_request_bodies_carry_the_given_length() -> None:
         await server.wait_closed()
 
     asyncio.run(main())
+
+
+def test_a_ping_goes_on_a_connection_of_its_own_even_with_idle_ones_pooled() -> None:
+    """An instance whose loop is held answers pings only on new connections, so a ping
+    never takes a kept-alive one (nor is kept alive itself)."""
+    heads: list[bytes] = []
+    connections = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                break
+            heads.append(head)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server, port = await _serve(handler)
+        pool = ConnectionPool("127.0.0.1", port)
+        await pool.request(b"GET", b"/other", [])
+        assert len(pool._idle) == 1
+        kept = pool._idle[0]
+        for _ in range(2):
+            response = await pool.ping()
+            assert (response.status, response.body) == (200, b"ok")
+        assert pool._idle == [kept]  # untouched, and no ping connection joined it
+        pool.close()
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(main())
+    assert connections == 3
+    assert [h.split(b"\r\n")[0] for h in heads] == [
+        b"GET /other HTTP/1.1",
+        b"GET /ping HTTP/1.1",
+        b"GET /ping HTTP/1.1",
+    ]
+    assert all(b"Connection: close" in h for h in heads[1:])
