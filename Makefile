@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOME_DIR ?= $(CURDIR)/.shipyard
 PORT ?= 8080
 
-.PHONY: run test coverage lint check bench bench-guard install install-dev chromium bubblewrap clean
+.PHONY: run test coverage lint check bench bench-guard install install-dev chromium bubblewrap wrk clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,13 @@ bubblewrap:
 	   (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1)) || \
 	  echo "bubblewrap could not be installed: the sandbox tests will skip"
 
+# The load generator of the peer harness (bench-guard), installed as chromium is.
+wrk:
+	@command -v wrk >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1 || \
+	  (export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq wrk >/dev/null 2>&1 || \
+	   (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq wrk >/dev/null 2>&1))
+	@command -v wrk >/dev/null 2>&1 || { echo "bench-guard needs wrk (apt-get install wrk)"; exit 2; }
+
 run: install
 	$(BIN)/shipyard serve --host 127.0.0.1 --port $(PORT) --home $(HOME_DIR) --demo
 
@@ -61,7 +68,7 @@ bench: install-dev
 
 # The data path against bench/peer/reference on the peer harness (../shared/bench-peers):
 # fails below 0.9x of it. Needs a quiet machine and a few minutes; not part of CI.
-bench-guard:
+bench-guard: wrk
 	BENCH_DIR=$${BENCH_DIR:-$(CURDIR)/../shared/bench-peers} bench/peer/guard.sh
 
 clean:

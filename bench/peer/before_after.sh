@@ -15,8 +15,8 @@ mkdir -p "$OUT"
 for model in sklearn echo; do
   for label in ${LABELS:-before after rayserve_tput}; do
     case $label in
-      before) peer=shipyard; export SHIPYARD_SRC=$BEFORE ;;
-      after) peer=shipyard; export SHIPYARD_SRC=$AFTER ;;
+      before) peer=shipyard; export SHIPYARD_SRC=$BEFORE SHIPYARD_VENV=shipyard-before ;;
+      after) peer=shipyard; export SHIPYARD_SRC=$AFTER SHIPYARD_VENV=shipyard ;;
       *) peer=$label ;;
     esac
     (cd "$SHIPYARD_SRC" && "$BENCH_DIR/run_one.sh" "$peer" "$model" 1)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # shipyard's slot in the peer harness (/work/shared/bench-peers): install.
 # Contract (bench-peers/_template/install.sh): idempotent; everything goes into
-# $PEERS_ROOT/shipyard (a venv under /tmp/peers, never inside the repository).
+# $PEERS_ROOT/shipyard (a venv under /tmp/peers, never inside the repository), or
+# $PEERS_ROOT/$SHIPYARD_VENV when set: before_after.sh keeps one venv per tree it compares,
+# so switching trees costs no new venv.
 # Exit 0 = ready, other = failure.
 #
 # make_venv re-creates the venv only when its argument list changes, and installing the
@@ -13,7 +15,8 @@ source "${BENCH_DIR:-/work/shared/bench-peers}/_lib/common.sh"
 SHIPYARD_SRC=${SHIPYARD_SRC:-$(cd "$(dirname "$0")/../.." && pwd)}
 [[ -f $SHIPYARD_SRC/pyproject.toml ]] || { echo "no pyproject.toml in $SHIPYARD_SRC" >&2; exit 1; }
 
-venv=$PEERS_ROOT/shipyard
+name=${SHIPYARD_VENV:-shipyard}
+venv=$PEERS_ROOT/$name
 stamp=$venv/.shipyard-src-hash
 src_hash=$(cd "$SHIPYARD_SRC" && find src pyproject.toml -type f ! -name '*.pyc' -print0 \
   | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
@@ -21,7 +24,7 @@ before=$(stat -c %Y.%Z "$venv/.bench-installed" 2>/dev/null || echo none)
 
 # The harness installs with the machine's pip (23.x), whose resolver gives up on fsspec /
 # s3fs / aiobotocore without a hint; these bounds are that hint (newer pips need none).
-make_venv shipyard "$SHIPYARD_SRC" "$SKLEARN_SPEC" "fsspec>=2025.9" "s3fs>=2025.9"
+make_venv "$name" "$SHIPYARD_SRC" "$SKLEARN_SPEC" "fsspec>=2025.9" "s3fs>=2025.9"
 
 if [[ $(stat -c %Y.%Z "$venv/.bench-installed") != "$before" ]]; then
   printf '%s' "$src_hash" > "$stamp"  # make_venv just built the venv from this source

@@ -49,6 +49,6 @@ fi
 home=$PEERS_ROOT/shipyard_home/$MODEL-w$WORKERS
 rm -rf "$home"
 mkdir -p "$home"
-launch "${SERVER_LOG:-$LOG_DIR/shipyard.log}" "$PEERS_ROOT/shipyard/bin/python" "$HERE/serve.py" \
+launch "${SERVER_LOG:-$LOG_DIR/shipyard.log}" "$PEERS_ROOT/${SHIPYARD_VENV:-shipyard}/bin/python" "$HERE/serve.py" \
   --port "$PORT" --home "$home" --model "$MODEL" --model-dir "$model_dir" --instances "$WORKERS"
 echo "URL=http://127.0.0.1:$PORT/endpoints/$MODEL/invocations"
