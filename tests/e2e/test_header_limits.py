@@ -71,6 +71,31 @@ def test_a_head_that_trickles_is_cut_off_while_others_are_served(gw: GatewayProc
     assert answer.startswith(b"HTTP/1.1 408")
 
 
+def test_bytes_that_begin_no_head_and_a_head_begun_behind_a_request_are_cut_off_too(
+    gw: GatewayProcess,
+) -> None:
+    with connect(gw) as blank:  # line ends before any request line, forever
+        for _ in range(100):
+            try:
+                blank.sendall(b"\r\n")
+            except OSError:
+                break
+            time.sleep(0.05)
+        assert blank.recv(65536).startswith(b"HTTP/1.1 408")
+    with connect(gw) as pipelined:  # a whole request, and the start of one that stalls
+        pipelined.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\n")
+        assert _response(pipelined).startswith(b"HTTP/1.1 200")
+        started = time.monotonic()
+        rest = b""
+        while True:  # the head timer of the second, not the 20 s idle timeout, ends it
+            chunk = pipelined.recv(65536)
+            if not chunk:
+                break
+            rest += chunk
+        assert rest.startswith(b"HTTP/1.1 408")
+        assert time.monotonic() - started < 10
+
+
 def _response(s: socket.socket) -> bytes:
     """One whole response: head and body may arrive in separate segments."""
     data = b""

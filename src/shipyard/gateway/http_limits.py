@@ -36,6 +36,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._awaiting_head = True
+        self._in_head = False
+        """A head began (on_message_begin) and is not complete."""
+        self._completed_here = False
+        """A message was completed by the data being parsed."""
         self._head_started_here = False
         self._head_bytes = 0
         self._header_count = 0
@@ -52,8 +56,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         )
 
     def data_received(self, data: bytes) -> None:
-        if self._awaiting_head and self._head_timer is None:
-            self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timed_out)
+        self._completed_here = False
         super().data_received(data)
         if self._refused is not None:
             self._refuse(*self._refused)
@@ -67,9 +70,16 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 self._head_bytes += len(data)
             if self._head_bytes > self.max_head_bytes:
                 self._refuse(431, "Request header fields too large.")
+                return
+            # Armed once this data is parsed, and only for a head left incomplete (or
+            # bytes that began none): a whole request in one read, the common case,
+            # costs no timer.
+            if self._head_timer is None and (self._in_head or not self._completed_here):
+                self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timed_out)
 
     def on_message_begin(self) -> None:
         self._header_count = 0
+        self._in_head = True
         super().on_message_begin()
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -80,6 +90,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
         self._awaiting_head = False
         self._head_bytes = 0
         self._cancel_head_timer()
@@ -89,6 +100,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
+        self._completed_here = True
         self._awaiting_head = True
         self._head_started_here = True
         self._cancel_drain_timer()
