@@ -172,8 +172,8 @@ class PingStandby:
         """Accept while the call that began at ``since`` still holds the loop."""
         while self.inline.since == since:
             ready, _, _ = select.select([self.sock], [], [], 0.1)
-            if not ready:
-                continue
+            if not ready or self.inline.since != since:
+                continue  # (the loop is free again: the connection is its to take)
             try:
                 conn, _ = self.sock.accept()
             except (BlockingIOError, InterruptedError):
