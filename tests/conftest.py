@@ -241,6 +241,35 @@ async def wait_until_async(check: Callable[[], object], what: str, timeout_s: fl
         await asyncio.sleep(0.001)
 
 
+def post_expecting_continue(port: int, path: str, body: bytes) -> tuple[bytes, bytes]:
+    """POST ``body`` (JSON) to ``127.0.0.1:port`` with ``Expect: 100-continue`` over a
+    raw socket: asserts the interim ``100`` comes before the body is sent, then returns
+    the final answer's head and its body (read to its Content-Length)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            f"Expect: 100-continue\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        )
+        assert sock.recv(1024).startswith(b"HTTP/1.1 100 ")  # the body is still unsent
+        sock.sendall(body)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = sock.recv(65536)
+            assert chunk, answer
+            answer += chunk
+        head, _, payload = answer.partition(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        while len(payload) < length:
+            chunk = sock.recv(65536)
+            assert chunk, answer
+            payload += chunk
+    return head, payload
+
+
 def in_flight(gw: GatewayProcess, endpoint: str, variant: str = "v1") -> float:
     """The gateway's shipyard_requests_in_flight for one variant (0 when not listed)."""
     status, body = gw.get("/metrics")

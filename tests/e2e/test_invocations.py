@@ -20,6 +20,7 @@ from tests.conftest import (
     PgSchema,
     deploy,
     in_flight,
+    post_expecting_continue,
     wait_in_service,
     wait_until,
 )
@@ -307,25 +308,11 @@ def test_large_and_chunked_bodies_stream_through(gateway: GatewayProcess) -> Non
 def test_a_client_expecting_100_continue_gets_it_then_its_answer(
     gateway: GatewayProcess, model_tarball: Any
 ) -> None:
-    import socket
-
     deploy(gateway.sm, "continued", model_tarball("sum"))
-    body = b'{"instances": [[1, 2]]}'
-    host, port = gateway.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(
-            b"POST /endpoints/continued/invocations HTTP/1.1\r\nHost: gateway\r\n"
-            b"Content-Type: application/json\r\nExpect: 100-continue\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(body)
-        )
-        assert sock.recv(1024).startswith(b"HTTP/1.1 100 ")  # the body is still unsent
-        sock.sendall(body)
-        answer = b""
-        while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
-            chunk = sock.recv(4096)
-            assert chunk, answer
-            answer += chunk
-    head, payload = answer.split(b"\r\n\r\n", 1)
+    port = int(gateway.url.rsplit(":", 1)[1])
+    head, payload = post_expecting_continue(
+        port, "/endpoints/continued/invocations", b'{"instances": [[1, 2]]}'
+    )
     assert head.startswith(b"HTTP/1.1 200 ")
     assert b"x-amzn-invoked-production-variant: v1" in head.lower()
     assert json.loads(payload) == json.loads(_expected_sum([[1, 2]]))

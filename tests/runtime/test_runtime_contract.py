@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.conftest import wait_until
+from tests.conftest import post_expecting_continue, wait_until
 
 MODELS = Path(__file__).parent.parent / "models"
 START_TIMEOUT_S = 20.0
@@ -173,22 +173,9 @@ def test_ping_answers_200_with_an_empty_body(echo: Runtime) -> None:
 def test_a_client_expecting_100_continue_gets_it_before_it_sends_the_body(
     echo: Runtime,
 ) -> None:
-    body = b'{"continued": true}'
-    with socket.create_connection(("127.0.0.1", echo.port), timeout=5) as sock:
-        sock.sendall(
-            b"POST /invocations HTTP/1.1\r\nHost: instance\r\n"
-            b"Content-Type: application/json\r\nExpect: 100-continue\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(body)
-        )
-        assert sock.recv(1024).startswith(b"HTTP/1.1 100 ")  # the body is still unsent
-        sock.sendall(body)
-        answer = b""
-        while not answer.endswith(b"}"):
-            chunk = sock.recv(4096)
-            assert chunk, answer
-            answer += chunk
-    assert answer.startswith(b"HTTP/1.1 200 ")
-    assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {"continued": True}
+    head, payload = post_expecting_continue(echo.port, "/invocations", b'{"continued": true}')
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert json.loads(payload) == {"continued": True}
 
 
 def test_an_unknown_path_is_404(echo: Runtime) -> None:
@@ -449,10 +436,7 @@ def test_ping_answers_while_a_long_prediction_runs(
     started = tmp_path / "started"
     sleepy = start_runtime(MODELS / "sleepy", SLEEPY_STARTED_FILE=str(started))
     thread, replies = _invoke_in_background(sleepy, b'{"sleep": 3}')
-    deadline = time.monotonic() + 10
-    while not started.exists():  # the prediction is under way, for 3 s
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_until(started.exists, "the prediction under way, for 3 s", timeout_s=10)
     assert sleepy.request("GET", "/ping").status == 200
     assert thread.is_alive()  # the ping did not wait for the prediction
     thread.join(30)
@@ -466,10 +450,7 @@ def test_while_a_prediction_holds_the_loop_the_standby_answers_pings_and_passes_
     started = tmp_path / "started"
     sleepy = start_runtime(MODELS / "sleepy", SLEEPY_STARTED_FILE=str(started))
     long, long_replies = _invoke_in_background(sleepy, b'{"spin": 4, "tag": "long"}')
-    deadline = time.monotonic() + 10
-    while not started.exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_until(started.exists, "the prediction under way", timeout_s=10)
 
     # Busy in Python, not asleep: the standby thread still gets its turn at the GIL.
     for method in ("GET", "HEAD"):

@@ -433,12 +433,15 @@ class ConnectionPool:
             conn = self._idle.pop()
             if not conn.closed:
                 return conn, True
+        return await self._connect(), False
+
+    async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await loop.create_connection(_Connection, self.host, self.port)
         except OSError as exc:
             raise UpstreamError(f"cannot connect to instance: {exc}", sent=False) from exc
-        return conn, False
+        return conn
 
     def _release(self, conn: _Connection) -> None:
         if conn.closed or len(self._idle) >= self.max_idle:
@@ -500,11 +503,7 @@ class ConnectionPool:
         call answers pings only on new connections (runtime/workers.py PingStandby), and
         a health check must not wait behind anything a kept-alive connection carries.
         """
-        loop = asyncio.get_running_loop()
-        try:
-            _, conn = await loop.create_connection(_Connection, self.host, self.port)
-        except OSError as exc:
-            raise UpstreamError(f"cannot connect to instance: {exc}", sent=False) from exc
+        conn = await self._connect()
         head = (
             b"GET /ping HTTP/1.1\r\nHost: " + self._host_header + b"\r\nConnection: close\r\n\r\n"
         )

@@ -43,7 +43,6 @@ FAILED_CONTAINER = b"x-shipyard-failed-container"
 """Set by the pool on the answer of the step that failed: the container's name."""
 
 _INVOCATIONS = b"/invocations"
-_PING = b"/ping"
 _CONTENT_TYPE = b"content-type"
 _TARGET = TARGET_CONTAINER_HOSTNAME.lower()
 
@@ -72,7 +71,7 @@ class ContainerGroupPool(ConnectionPool):
     """The connections of one container group, sending as its model's mode says.
 
     Its own (inherited) connections go to the first container, for paths other than
-    ``/ping`` and ``/invocations``.
+    ``/invocations``; its ``ping`` asks every container.
     """
 
     def __init__(self, containers: Sequence[Container], *, direct: bool) -> None:
@@ -103,8 +102,6 @@ class ContainerGroupPool(ConnectionPool):
                 )
             self._no_target(headers)
             return await self._serial(self.containers, headers, body, content_length, max_body)
-        if path == _PING:
-            return await self._ping(method, headers)
         return await super().request(
             method, path, headers, body, content_length=content_length, max_body=max_body
         )
@@ -214,16 +211,9 @@ class ContainerGroupPool(ConnectionPool):
         return answer
 
     async def ping(self) -> Response:
-        """The group's health: every container's own ping, the first failure named."""
-        return self._health(await asyncio.gather(*(c.pool.ping() for c in self.containers)))
-
-    async def _ping(self, method: bytes, headers: Headers) -> Response:
-        """Every container's ``/ping`` at once: the group is healthy when all are."""
-        return self._health(
-            await asyncio.gather(*(c.pool.request(method, _PING, headers) for c in self.containers))
-        )
-
-    def _health(self, answers: list[Response]) -> Response:
+        """Every container's ``/ping`` at once: the group is healthy when all are; the
+        first failure is named."""
+        answers = await asyncio.gather(*(c.pool.ping() for c in self.containers))
         for container, answer in zip(self.containers, answers, strict=True):
             if answer.status != 200:
                 answer.headers.append((FAILED_CONTAINER, container.name.encode()))

@@ -100,6 +100,8 @@ class MultiModelApp:
         self.threads = threads or Inline()
         self.batching = batching
         """Server-side batching, for each model that defines ``predict_batch_fn``."""
+        self._batch_runner = None if batching is None else batch_runner(self.threads)
+        """What runs every model's batches: one runner, however many models come and go."""
 
     def __repr__(self) -> str:
         return f"MultiModelApp({self.cache!r}, {self.threads!r})"
@@ -153,7 +155,8 @@ class MultiModelApp:
             return await self.threads.run(_respond, acquired, request, self.cache)
         batcher = handlers.batcher
         if batcher is None:
-            batcher = handlers.batcher = Batcher(handlers, batch_runner(self.threads), config)
+            assert self._batch_runner is not None, "batching is configured"
+            batcher = handlers.batcher = Batcher(handlers, self._batch_runner, config)
         headers = _model_headers(acquired, self.cache)
         context = Context(request.attributes) if handlers.uses_context else None
         try:
