@@ -16,6 +16,9 @@ answered before its body was read (a refusal at the edge, a body over the limit)
 ``drain_timeout_s`` for the rest of its body to arrive, dropped unread as it comes,
 so the client reads the answer rather than a reset; then the connection is closed.
 Everything else (bodies, the app) is uvicorn's, unchanged.
+
+The edge also tells the app whether a request's body has arrived whole (``body_arrived``):
+a body parsed in the same read as its head, the common case, is read with no deadline.
 """
 
 from __future__ import annotations
@@ -23,6 +26,16 @@ from __future__ import annotations
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+_EDGE = "shipyard.edge"
+"""The scope key for (the connection's protocol, the request's number on it)."""
+
+
+def body_arrived(scope: dict[str, Any]) -> bool:
+    """Whether the request's whole body has been parsed already, so that reading it
+    cannot wait on the client; False when the edge did not see the request."""
+    edge = scope.get(_EDGE)
+    return edge is not None and edge[0].completed_messages >= edge[1]
 
 
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
@@ -46,6 +59,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._refused: tuple[int, str] | None = None
         self._head_timer: Any = None
         self._drain_timer: Any = None
+        self._begun_messages = 0
+        self.completed_messages = 0
+        """Requests on the connection whose body has been parsed whole."""
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -81,6 +97,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._header_count = 0
         self._in_head = True
         super().on_message_begin()
+        self._begun_messages += 1
+        self.scope[_EDGE] = (self, self._begun_messages)  # type: ignore[literal-required]
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_count += 1
@@ -100,6 +118,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
+        self.completed_messages += 1
         self._completed_here = True
         self._awaiting_head = True
         self._head_started_here = True

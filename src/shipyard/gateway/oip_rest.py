@@ -119,7 +119,7 @@ class OipRestDoor:
         runtime = self.runtime
         if content_length is not None and content_length > runtime.max_payload_bytes:
             raise runtime.too_large(body_left=True)
-        body = await runtime.read_body(receive)
+        body = await runtime.read_body(scope, receive)
         length = header_length_of(None, header_length.decode("latin-1") if header_length else None)
         request = parse_request(body, length)
         answer = await self.protocol.infer(name, version, request, chosen)

@@ -26,6 +26,7 @@ from shipyard.errors import (
 )
 from shipyard.gateway.auth import admitted, resource_arn
 from shipyard.gateway.errors import runtime_error_response
+from shipyard.gateway.http_limits import body_arrived
 from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT, check_header
 from shipyard.routing.client import Response
 from shipyard.routing.multimodel import refusal, target_model
@@ -111,7 +112,7 @@ class RuntimeDoor:
             raise self.too_large(body_left=True)
         # The whole body before any instance is chosen: a client that trickles it must
         # not hold an instance's slot (or a place in its queue) while it does.
-        body = await self.read_body(receive)
+        body = await self.read_body(scope, receive)
         variant = self.router.variant_for(route, target)
         chosen.append(variant)
         multi = variant.multi_model
@@ -178,28 +179,34 @@ class RuntimeDoor:
         """The ModelError for an instance's error answer (see _model_error)."""
         return _model_error(name, response, self._log_group_arn(name))
 
-    async def read_body(self, receive: Receive) -> bytes:
-        """The whole body, at most ``max_payload_bytes``, within ``body_timeout_s``."""
-        chunks: list[bytes] = []
-        size = 0
+    async def read_body(self, scope: Scope, receive: Receive) -> bytes:
+        """The whole body, at most ``max_payload_bytes``, within ``body_timeout_s`` (no
+        deadline needed for one the edge has seen arrive whole)."""
+        if body_arrived(scope):
+            return await self._read_body(receive)
         try:
             async with asyncio.timeout(self.body_timeout_s):
-                while True:
-                    message = await receive()
-                    if message["type"] != "http.request":
-                        raise ClientGone()
-                    chunk: bytes = message.get("body", b"")
-                    more = message.get("more_body", False)
-                    size += len(chunk)
-                    if size > self.max_payload_bytes:
-                        raise self.too_large(body_left=more)
-                    if not more:
-                        break
-                    chunks.append(chunk)
+                return await self._read_body(receive)
         except TimeoutError:
             raise BodyTimeout(
                 f"The request body did not arrive within {self.body_timeout_s:g} seconds."
             ) from None
+
+    async def _read_body(self, receive: Receive) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                raise ClientGone()
+            chunk: bytes = message.get("body", b"")
+            more = message.get("more_body", False)
+            size += len(chunk)
+            if size > self.max_payload_bytes:
+                raise self.too_large(body_left=more)
+            if not more:
+                break
+            chunks.append(chunk)
         if not chunks:
             return chunk
         chunks.append(chunk)

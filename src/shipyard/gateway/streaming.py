@@ -120,7 +120,7 @@ class ResponseStreamDoor:
         forward, target, content_length = _request_headers(scope)
         if content_length is not None and content_length > runtime.max_payload_bytes:
             raise runtime.too_large(body_left=True)
-        body = await runtime.read_body(client.receive)
+        body = await runtime.read_body(scope, client.receive)
         variant = self.router.variant_for(route, target)
         chosen.append(variant)
         if variant.multi_model is not None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from shipyard.errors import ModelError, ModelNotReady, RuntimeValidationError, ServiceUnavailable
 from shipyard.routing.client import Response, ResponseTooLarge, StreamedResponse, UpstreamError
+from shipyard.routing.deadlines import Deadlines
 from shipyard.routing.instance import Instance
 from shipyard.routing.table import EndpointRoute, VariantRoute
 
@@ -90,6 +91,7 @@ class Router:
         self.max_response_bytes = max_response_bytes
         self.routes: dict[str, EndpointRoute] = {}
         self._rng = rng or random.Random()
+        self._deadlines = Deadlines()
 
     def __repr__(self) -> str:
         return f"Router(endpoints={sorted(self.routes)})"
@@ -166,7 +168,7 @@ class Router:
             serverless.admit()
         taken = False
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with self._deadlines.after(self.timeout_s):
                 while True:
                     variant, instance = await self._take(route, variant, call, tried, turn)
                     turn = taken = True

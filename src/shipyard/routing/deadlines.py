@@ -1,0 +1,93 @@
+"""Deadlines for many concurrent calls on one periodic sweep, instead of one timer each.
+
+``asyncio.timeout`` pushes a timer on the loop's heap for every call and cancels it when
+the call ends: 4.7 µs a call with uvloop, measured, about 5% of the gateway's CPU per
+invocation. The router's deadline (the invocation timeout, tens of seconds) needs no
+finer resolution than a fraction of a second, so each call enters an ``asyncio.Timeout``
+with no deadline (no timer: 1.7 µs) and is put in a set; one sweep every
+``resolution_s``, scheduled only while calls are in the set, moves the overdue ones'
+deadline to now. From there asyncio's own ``Timeout`` cancels the task and turns the
+cancellation into ``TimeoutError`` exactly as ``asyncio.timeout`` does (a cancellation
+from elsewhere stays a cancellation).
+
+A deadline fires up to ``resolution_s`` late, never early. Entered on a loop other than
+the one its sweep runs on, a deadline falls back to ``asyncio.timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+from typing import Any
+
+
+class Deadlines:
+    """Hands out deadlines (``async with deadlines.after(30):``) swept together."""
+
+    def __init__(self, resolution_s: float = 0.1) -> None:
+        self.resolution_s = resolution_s
+        self._live: set[Deadline] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sweep_handle: asyncio.TimerHandle | None = None
+
+    def __repr__(self) -> str:
+        return f"Deadlines(resolution_s={self.resolution_s}, live={len(self._live)})"
+
+    def after(self, delay_s: float) -> Deadline | asyncio.Timeout:
+        """A context manager raising TimeoutError in its block ``delay_s`` seconds from
+        now (up to ``resolution_s`` later)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif loop is not self._loop:
+            return asyncio.timeout(delay_s)
+        return Deadline(self, loop.time() + delay_s)
+
+    def _add(self, deadline: Deadline) -> None:
+        self._live.add(deadline)
+        if self._sweep_handle is None:
+            assert self._loop is not None
+            self._sweep_handle = self._loop.call_later(self.resolution_s, self._sweep)
+
+    def _sweep(self) -> None:
+        self._sweep_handle = None
+        assert self._loop is not None
+        now = self._loop.time()
+        overdue = [d for d in self._live if d.when <= now]
+        for deadline in overdue:
+            self._live.discard(deadline)
+            deadline.expire(now)
+        if self._live:
+            self._sweep_handle = self._loop.call_later(self.resolution_s, self._sweep)
+
+
+class Deadline:
+    """One call's deadline: see Deadlines."""
+
+    __slots__ = ("_owner", "when", "_timeout")
+
+    def __init__(self, owner: Deadlines, when: float) -> None:
+        self._owner = owner
+        self.when = when
+        self._timeout = asyncio.Timeout(None)
+
+    async def __aenter__(self) -> Deadline:
+        await self._timeout.__aenter__()
+        self._owner._add(self)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Any:
+        self._owner._live.discard(self)
+        return await self._timeout.__aexit__(exc_type, exc, tb)
+
+    def expire(self, now: float) -> None:
+        """Let the deadline fire now: asyncio cancels the task on the loop's next turn."""
+        self._timeout.reschedule(now)
+
+    def expired(self) -> bool:
+        return self._timeout.expired()
