@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -12,6 +13,7 @@ import psutil
 from tests.conftest import GatewayProcess, unique, wait_in_service, wait_until
 from tests.e2e.processes import listening
 from tests.e2e.test_serverless import gone, instances, serverless_variant
+from tests.e2e.test_transform import create_model, transform, wait_done
 
 
 def spares(gw: GatewayProcess) -> list[psutil.Process]:
@@ -111,3 +113,36 @@ def test_no_spares_when_turned_off(
     for _ in range(2):
         assert cold_invoke(gw, name)["preloaded"] is False
     assert spares(gw) == []
+
+
+def test_a_transform_job_starts_on_a_spare_unless_it_sets_variables(
+    gateway_factory: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    gw = gateway_factory(extra_env={"SHIPYARD_WARM_SPARES": "1"})
+    create_model(gw, "preloaded", "preloaded", tmp_path)
+    data = tmp_path / "in"
+    data.mkdir()
+    (data / "one.json").write_text("{}")
+
+    def answer(job: str, **extra: Any) -> dict[str, Any]:
+        out = tmp_path / job
+        transform(gw, job, "preloaded", data.as_uri(), out, TransformInput={
+            "SplitType": "None", "ContentType": "application/json"}, **extra)  # fmt: skip
+        described = wait_done(gw, job)
+        assert described["TransformJobStatus"] == "Completed", described.get("FailureReason")
+        result: dict[str, Any] = json.loads((out / "one.json.out").read_text())
+        return result
+
+    # The first job finds no spare (none was needed yet); its instance teaches the spare
+    # started after it what to import, and the next job's instance is that very process.
+    assert answer(unique("tf"))["preloaded"] is False
+    spare = one_spare(gw)
+    warm = answer(unique("tf"))
+    assert warm["pid"] == spare.pid and warm["preloaded"] is True
+
+    # A job with an Environment of its own starts fresh: a spare's libraries read their
+    # variables when it imported them.
+    waiting = one_spare(gw)
+    own = answer(unique("tf"), Environment={"GREETING": "hi"})
+    assert own["greeting"] == "hi" and own["pid"] != waiting.pid and own["preloaded"] is False
+    assert [p.pid for p in spares(gw)] == [waiting.pid]

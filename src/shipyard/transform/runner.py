@@ -1,8 +1,8 @@
 """One batch transform job, run to its end (DESIGN 2.6).
 
 ``TransformRun.run`` starts the job's own instances (InstanceCount of them, through the
-Provisioner like any fleet, with ``SAGEMAKER_BATCH=true`` and the other batch variables),
-asks one of them ``GET /execution-parameters``, then feeds every input object not yet
+Provisioner like any fleet, with ``SAGEMAKER_BATCH=true`` and the other batch variables;
+from warm spares where the backend keeps them) while it lists the input, asks one of them ``GET /execution-parameters``, then feeds every input object not yet
 finished through them and stops them, whatever happens.
 
 Each object is streamed, never held whole: read in chunks, decompressed, split into
@@ -108,6 +108,9 @@ class TransformRun:
 
     async def run(self) -> None:
         """Every input object through the model; raises TransformFailed with the reason."""
+        # The instances start while the input is listed: both take seconds (a model's
+        # imports; an S3 prefix of many objects), and neither needs the other.
+        launching = asyncio.create_task(self._launch())
         try:
             inputs = await asyncio.to_thread(self._inputs)
             if self.job.objects_total != len(inputs):
@@ -117,7 +120,7 @@ class TransformRun:
             todo = [(uri, key) for uri, key in inputs if key not in done]
             if not todo:
                 return
-            fleet = await self._launch()
+            fleet = await launching
             plan = await self._plan(fleet)
             router = Router(timeout_s=plan.timeout_s, max_response_bytes=_MAX_RESPONSE_BYTES)
             try:
@@ -137,6 +140,9 @@ class TransformRun:
         except ObjectStoreError as exc:
             raise TransformFailed(f"ClientError: {exc}") from exc
         finally:
+            if not launching.done():
+                launching.cancel()  # the fleet stops what it started
+            await asyncio.gather(launching, return_exceptions=True)
             if self._fleet is not None:
                 await self.provisioner.stop_slots(self._fleet.all_slots())
 
@@ -193,6 +199,10 @@ class TransformRun:
                 {VARIANT: count},
                 {VARIANT: 1.0},
                 environment=environment,
+                # From a warm spare (imports done) where the backend keeps one, unless
+                # the job sets variables of its own: a spare cannot take on those that
+                # its libraries read when they were imported (runtime/spare.py).
+                warm=not request.get("Environment"),
             )
         except Exception as exc:
             raise TransformFailed(f"AlgorithmError: {exc}") from exc
