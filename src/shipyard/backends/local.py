@@ -190,7 +190,12 @@ class LocalBackend:
             if spec.model_url:
                 where += ["--model-url", spec.model_url]
         argv = _command(spec, kind, port, where, error_file)
-        warm = kind == "python" and spec.warm and self.warm_spares > 0
+        warm = (
+            kind == "python"
+            and spec.warm
+            and self.warm_spares > 0
+            and spare.can_become(self._spare_environment(), env)
+        )
         if not warm:
             return self._popen(argv, env, cwd, spec)
         env[spare.IMPORTS_FILE] = str(self._imports_file)
@@ -285,6 +290,13 @@ class LocalBackend:
         """What the serverless instances of this home imported: what spares preload."""
         return self.run_dir / "warm-imports"
 
+    @property
+    def _spare_home(self) -> Path:
+        return self.run_dir / "home" / "_spare"
+
+    def _spare_environment(self) -> dict[str, str]:
+        return process_environment(self._environ, home=self._spare_home)
+
     def _from_spare(
         self, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path | None
     ) -> subprocess.Popen[bytes] | None:
@@ -310,7 +322,7 @@ class LocalBackend:
         """Start spares until ``warm_spares`` wait; each imports for a second or so on
         its own, off the gateway's path."""
         self._spares = [p for p in self._spares if p.poll() is None]
-        home = self.run_dir / "home" / "_spare"
+        home = self._spare_home
         home.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "shipyard.runtime", "--spare"]
         argv += ["--preload-file", str(self._imports_file)]
@@ -318,7 +330,7 @@ class LocalBackend:
             try:
                 process = subprocess.Popen(
                     argv,
-                    env=process_environment(self._environ, home=home),
+                    env=self._spare_environment(),
                     cwd=home,
                     stdin=subprocess.PIPE,
                     stdout=subprocess.DEVNULL,

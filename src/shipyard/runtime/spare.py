@@ -11,8 +11,9 @@ the backend gives it when an instance must start::
 It then becomes that instance: the environment, working folder and output are the
 instance's, and it runs ``main(argv)`` as a fresh process would. What it cannot take on
 is what was decided at import: variables read by a library when it was imported (e.g.
-``OMP_NUM_THREADS`` for numpy's thread pool) keep the spare's values. The backend only
-uses spares for instances that ask for it (serverless ones).
+``OMP_NUM_THREADS`` for numpy's thread pool) keep the spare's values, so an instance
+that sets such a variable otherwise is started fresh (``can_become``). The backend only
+uses spares for instances that ask for it (serverless ones, a transform job's).
 
 The preload file is learned: an instance started with ``SHIPYARD_IMPORTS_FILE`` set adds
 the modules it imported while loading its model to that file (see ``record_imports``).
@@ -25,10 +26,33 @@ import importlib
 import json
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 IMPORTS_FILE = "SHIPYARD_IMPORTS_FILE"
 _MAX_MODULES = 5000
+
+# Variables read when the interpreter starts or a library is imported (thread pools,
+# allocators, devices, hashing), by name prefix. A spare that imported with other values
+# cannot take them on, so an instance that sets them otherwise starts fresh.
+_READ_AT_IMPORT = (
+    "OMP_", "MKL_", "OPENBLAS_", "GOTO", "BLIS_", "VECLIB_", "NUMEXPR_", "KMP_", "MALLOC_",
+    "LD_", "PYTHON", "CUDA_", "NVIDIA_", "TF_", "TORCH", "PYTORCH_", "JAX_", "XLA_", "HF_",
+    "TRANSFORMERS_", "TOKENIZERS_", "NUMBA_", "NUMPY_", "SCIPY_", "SKLEARN_",
+)  # fmt: skip
+_TAKEN_ON = frozenset({"PYTHONPATH"})
+"""Read at import, but taken on by ``wait_for_work`` (put on ``sys.path``)."""
+
+
+def can_become(spare_environ: Mapping[str, str], environ: Mapping[str, str]) -> bool:
+    """Whether a spare started with ``spare_environ`` can become an instance run with
+    ``environ``: every variable read at import must have the spare's value."""
+    names = {
+        name
+        for name in (*spare_environ, *environ)
+        if name.startswith(_READ_AT_IMPORT) and name not in _TAKEN_ON
+    }
+    return all(spare_environ.get(name) == environ.get(name) for name in names)
 
 
 def preload(path: Path | None) -> None:

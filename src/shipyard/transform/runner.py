@@ -2,8 +2,9 @@
 
 ``TransformRun.run`` starts the job's own instances (InstanceCount of them, through the
 Provisioner like any fleet, with ``SAGEMAKER_BATCH=true`` and the other batch variables;
-from warm spares where the backend keeps them) while it lists the input, asks one of them ``GET /execution-parameters``, then feeds every input object not yet
-finished through them and stops them, whatever happens.
+from warm spares where the backend keeps them) while it lists the input, asks one of
+them ``GET /execution-parameters``, then feeds every input object not yet finished
+through them and stops them, whatever happens.
 
 Each object is streamed, never held whole: read in chunks, decompressed, split into
 records, filtered, packed into payloads and sent through a router of the job's own (the
@@ -199,10 +200,9 @@ class TransformRun:
                 {VARIANT: count},
                 {VARIANT: 1.0},
                 environment=environment,
-                # From a warm spare (imports done) where the backend keeps one, unless
-                # the job sets variables of its own: a spare cannot take on those that
-                # its libraries read when they were imported (runtime/spare.py).
-                warm=not request.get("Environment"),
+                # From a warm spare (imports done) where the backend keeps one and the
+                # instance's variables allow it (runtime/spare.py).
+                warm=True,
             )
         except Exception as exc:
             raise TransformFailed(f"AlgorithmError: {exc}") from exc
