@@ -135,10 +135,11 @@ def test_a_transform_job_starts_on_a_spare_unless_it_sets_an_import_time_variabl
         result: dict[str, Any] = json.loads((out / "one.json.out").read_text())
         return result
 
-    # The first job finds no spare (none was needed yet); its instance teaches the spare
-    # started after it what to import, and the next job's instance is that very process,
-    # with the job's own variables.
-    assert answer()["preloaded"] is False
+    # The first job finds no spare (none was needed yet), and a spare starts while its
+    # instance loads the model; the instance then records what it imported, the waiting
+    # spare imports it too, and the next job's instance is that very process, with the
+    # job's own variables.
+    assert answer(LOAD_S="2")["preloaded"] is False
     spare = one_spare(gw)
     warm = answer(GREETING="hi")
     assert warm["pid"] == spare.pid and warm["preloaded"] is True

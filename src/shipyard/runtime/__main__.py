@@ -188,8 +188,7 @@ def spare_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m shipyard.runtime --spare")
     parser.add_argument("--preload-file", type=Path, help="modules to import, one a line")
     args = parser.parse_args(argv)
-    spare.preload(args.preload_file)
-    return main(spare.wait_for_work())
+    return main(spare.wait_for_work(args.preload_file))
 
 
 if __name__ == "__main__":

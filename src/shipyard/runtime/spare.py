@@ -25,12 +25,15 @@ import contextlib
 import importlib
 import json
 import os
+import select
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 IMPORTS_FILE = "SHIPYARD_IMPORTS_FILE"
 _MAX_MODULES = 5000
+_LOOK_AGAIN_S = 0.5
+"""How often a waiting spare looks for modules added to its preload file."""
 
 # Variables read when the interpreter starts or a library is imported (thread pools,
 # allocators, devices, hashing), by name prefix. A spare that imported with other values
@@ -65,11 +68,22 @@ def preload(path: Path | None) -> None:
                 importlib.import_module(name)
 
 
-def wait_for_work() -> list[str]:
-    """Block until the backend sends the instance to become; its runtime argv."""
+def wait_for_work(preload_file: Path | None = None) -> list[str]:
+    """Import what ``preload_file`` lists, then block until the backend sends the
+    instance to become; its runtime argv.
+
+    While it waits, and once more when the work comes, it imports what instances have
+    added to the file since: the first instance of a model records its imports only once
+    its model is loaded, which may be after this spare started.
+    """
+    seen = _mtime(preload_file)
+    preload(preload_file)
+    while not select.select([sys.stdin], [], [], _LOOK_AGAIN_S)[0]:
+        seen = _preload_if_changed(preload_file, seen)
     line = sys.stdin.readline()
     if not line:
         raise SystemExit(0)  # the backend closed the pipe: not needed after all
+    _preload_if_changed(preload_file, seen)
     work = json.loads(line)
     os.chdir(work["cwd"])
     os.environ.clear()
@@ -79,6 +93,20 @@ def wait_for_work() -> list[str]:
             sys.path.insert(0, entry)
     _redirect(work.get("log"))
     return list(work["argv"])
+
+
+def _mtime(path: Path | None) -> float | None:
+    try:
+        return path.stat().st_mtime if path is not None else None
+    except OSError:
+        return None
+
+
+def _preload_if_changed(path: Path | None, seen: float | None) -> float | None:
+    now = _mtime(path)
+    if now != seen:
+        preload(path)
+    return now
 
 
 def _redirect(log: str | None) -> None:
