@@ -18,11 +18,15 @@ so the client reads the answer rather than a reset; then the connection is close
 Everything else (bodies, the app) is uvicorn's, unchanged.
 
 The edge also tells the app whether a request's body has arrived whole (``body_arrived``):
-a body parsed in the same read as its head, the common case, is read with no deadline.
+a body parsed in the same read as its head, the common case, is read with no deadline;
+and calls it back when a client's connection is lost (``on_disconnect``), so a request
+waiting for an instance leaves the queue without a task of its own watching ``receive``.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
@@ -36,6 +40,22 @@ def body_arrived(scope: dict[str, Any]) -> bool:
     cannot wait on the client; False when the edge did not see the request."""
     edge = scope.get(_EDGE)
     return edge is not None and edge[0].completed_messages >= edge[1]
+
+
+def on_disconnect(scope: dict[str, Any]) -> Callable[[Callable[[], None]], Callable[[], None]]:
+    """What arranges for a callback once the request's client has disconnected (soon, if
+    it has already); it returns what cancels the arrangement. One that never calls back
+    when the edge did not see the request."""
+    edge = scope.get(_EDGE)
+    return _never if edge is None else edge[0].watch_lost
+
+
+def _never(callback: Callable[[], None]) -> Callable[[], None]:
+    return _nothing
+
+
+def _nothing() -> None:
+    pass
 
 
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
@@ -60,6 +80,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer: Any = None
         self._drain_timer: Any = None
         self._begun_messages = 0
+        self._lost = False
+        self._lost_watchers: set[Callable[[], None]] = set()
         self.completed_messages = 0
         """Requests on the connection whose body has been parsed whole."""
 
@@ -135,6 +157,18 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._cancel_head_timer()
         self._cancel_drain_timer()
         super().connection_lost(exc)
+        self._lost = True
+        watchers, self._lost_watchers = self._lost_watchers, set()
+        for callback in watchers:
+            callback()
+
+    def watch_lost(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` once the connection is lost; see on_disconnect."""
+        if self._lost:
+            self.loop.call_soon(callback)
+            return _nothing
+        self._lost_watchers.add(callback)
+        return functools.partial(self._lost_watchers.discard, callback)
 
     def _drain_timed_out(self) -> None:
         self._drain_timer = None

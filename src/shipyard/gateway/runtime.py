@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from typing import Any
@@ -26,7 +25,7 @@ from shipyard.errors import (
 )
 from shipyard.gateway.auth import admitted, resource_arn
 from shipyard.gateway.errors import runtime_error_response
-from shipyard.gateway.http_limits import body_arrived
+from shipyard.gateway.http_limits import body_arrived, on_disconnect
 from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT, check_header
 from shipyard.routing.client import Response
 from shipyard.routing.multimodel import refusal, target_model
@@ -122,7 +121,7 @@ class RuntimeDoor:
             body,
             content_length=content_length,
             model=model,
-            gone=functools.partial(disconnected, receive),
+            watch_gone=on_disconnect(scope),
         )
         shadows = self.shadows
         copies = shadows.pick(route, variant) if shadows is not None and route.copies else None
@@ -264,12 +263,6 @@ def _model_error(name: str, response: Response, log_group_arn: str) -> ModelErro
         original_message=message,
         log_stream_arn=log_group_arn,
     )
-
-
-async def disconnected(receive: Receive) -> None:
-    """Return once the client has disconnected; call it only once the body is read."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 async def discard_body(receive: Receive) -> None:

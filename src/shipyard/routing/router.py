@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 from shipyard.errors import ModelError, ModelNotReady, RuntimeValidationError, ServiceUnavailable
@@ -48,18 +48,18 @@ class Call:
 
     ``body`` is bytes, or an iterator of chunks (then ``content_length`` should say how
     many, and the request is never sent twice). ``model`` is the TargetModel, required by
-    a multi-model variant and ignored by others. ``gone``, when given, returns once the
-    client has disconnected: a request still waiting for an instance then leaves the
-    queue with ClientGone instead of being served to nobody (a client that timed out and
-    retried would otherwise have its request served twice, and the queue would hold
-    work nobody waits for).
+    a multi-model variant and ignored by others. ``watch_gone``, when given, arranges for
+    a callback once the client has disconnected and returns what cancels that: a request
+    still waiting for an instance then leaves the queue with ClientGone instead of being
+    served to nobody (a client that timed out and retried would otherwise have its
+    request served twice, and the queue would hold work nobody waits for).
     """
 
     headers: Headers
     body: bytes | AsyncIterator[bytes]
     content_length: int | None = None
     model: str | None = None
-    gone: Callable[[], Awaitable[object]] | None = None
+    watch_gone: Callable[[Callable[[], None]], Callable[[], None]] | None = None
 
 
 class ClientGone(Exception):
@@ -304,7 +304,7 @@ class Router:
                 instance.in_flight += 1
                 return variant, instance
             # Woken but beaten to the instance: keep our place at the front.
-            await self._wait(variant, front=turn, gone=call.gone)
+            await self._wait(variant, front=turn, watch_gone=call.watch_gone)
             turn = True
 
     def _give_back(self, route: EndpointRoute, variant: VariantRoute, instance: Instance) -> None:
@@ -415,7 +415,7 @@ class Router:
         variant: VariantRoute,
         *,
         front: bool = False,
-        gone: Callable[[], Awaitable[object]] | None = None,
+        watch_gone: Callable[[Callable[[], None]], Callable[[], None]] | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
         waiter = loop.create_future()
@@ -423,8 +423,13 @@ class Router:
             variant.waiters.appendleft(waiter)
         else:
             variant.waiters.append(waiter)
-        # Only a request that waits watches its client: one task, off the fast path.
-        watch = None if gone is None else loop.create_task(_fail_when(gone, waiter))
+
+        def gone() -> None:
+            if not waiter.done():
+                waiter.set_exception(ClientGone())
+
+        # Only a request that waits watches its client, by a callback (no task).
+        unwatch = None if watch_gone is None else watch_gone(gone)
         try:
             await waiter
         except BaseException:
@@ -436,8 +441,8 @@ class Router:
                     variant.waiters.remove(waiter)
             raise
         finally:
-            if watch is not None:
-                watch.cancel()
+            if unwatch is not None:
+                unwatch()
 
     def fail_waiting(self, endpoint: str, variant: str, error: Callable[[], Exception]) -> None:
         """Fail every request waiting for an instance of ``variant`` with ``error()``:
@@ -455,10 +460,3 @@ class Router:
         for route in self.routes.values():
             for instance in route.instances():
                 instance.pool.close()
-
-
-async def _fail_when(gone: Callable[[], Awaitable[object]], waiter: asyncio.Future[None]) -> None:
-    """Fail ``waiter`` with ClientGone once ``gone()`` returns (the client disconnected)."""
-    await gone()
-    if not waiter.done():
-        waiter.set_exception(ClientGone())
