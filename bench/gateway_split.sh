@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Where a request's CPU goes: the gateway's and the instance's, measured apart.
+#   bench/gateway_split.sh PYTHON [CONC] [DURATION]
+# PYTHON is an interpreter with shipyard installed (compare two trees with two venvs,
+# alternating runs). Starts the gateway with one echo instance (bench/peer/serve.py, the
+# peer harness's echo model), drives it with wrk -t1 -cCONC (default 32) for DURATION
+# seconds (default 8, after 2 s of warm-up), and prints one line: req/s, the gateway's
+# and the instance's CPU µs per request (/proc/PID/stat), and the write and read system
+# calls per request (/proc/PID/io). Everything started is stopped by PID.
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+PYTHON=$1 CONC=${2:-32} DURATION=${3:-8}
+BODY=${BODY:-${BENCH_DIR:-$HERE/../../shared/bench-peers}/shipyard/request.json}
+work=$(mktemp -d)
+mkdir -p "$work/echo/code"
+cat > "$work/echo/code/inference.py" <<'PY'
+import json
+
+
+def transform_fn(model, body, content_type, accept):
+    return json.dumps(json.loads(body)), "application/json"
+PY
+port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$PYTHON" "$HERE/peer/serve.py" --port "$port" --home "$work/home" --model echo \
+  --model-dir "$work/echo" --instances 1 >"$work/serve.log" 2>&1 &
+serve=$!
+trap 'kill "$serve" 2>/dev/null; wait "$serve" 2>/dev/null || true; rm -rf "$work"' EXIT
+url=http://127.0.0.1:$port/endpoints/echo/invocations
+for _ in $(seq 300); do
+  curl -sf -o /dev/null -X POST -H 'content-type: application/json' --data-binary "@$BODY" "$url" \
+    && break
+  kill -0 "$serve" 2>/dev/null || { cat "$work/serve.log" >&2; exit 1; }
+  sleep 0.2
+done
+gateway=$(pgrep -P "$serve" | head -1)
+instance=$(pgrep -P "$gateway" | head -1)
+cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+io() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/io"; }
+export BENCH_BODY_FILE=$BODY
+wrk -t1 -c"$CONC" -d2s -s "$HERE/post.lua" "$url" >/dev/null
+g0=$(cpu "$gateway") i0=$(cpu "$instance")
+w0=$(io "$gateway" syscw) r0=$(io "$gateway" syscr) iw0=$(io "$instance" syscw)
+out=$(wrk -t1 -c"$CONC" -d"${DURATION}s" -s "$HERE/post.lua" "$url")
+g1=$(cpu "$gateway") i1=$(cpu "$instance")
+w1=$(io "$gateway" syscw) r1=$(io "$gateway" syscr) iw1=$(io "$instance" syscw)
+python3 - "$out" "$CONC" "$(getconf CLK_TCK)" "$g0 $g1 $i0 $i1 $w0 $w1 $r0 $r1 $iw0 $iw1" <<'PY'
+import re, sys
+out, conc, tck = sys.argv[1], sys.argv[2], int(sys.argv[3])
+g0, g1, i0, i1, w0, w1, r0, r1, iw0, iw1 = map(int, sys.argv[4].split())
+n = int(re.search(r"(\d+) requests in", out).group(1))
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+us = 1e6 / tck / n
+print(
+    f"c={conc} req/s={rps:,.0f} gateway_us/req={(g1 - g0) * us:.0f} "
+    f"instance_us/req={(i1 - i0) * us:.0f} gateway_writes/req={(w1 - w0) / n:.2f} "
+    f"gateway_reads/req={(r1 - r0) / n:.2f} instance_writes/req={(iw1 - iw0) / n:.2f} "
+    f"errors={errors.group(1) if errors else 0}"
+)
+PY
