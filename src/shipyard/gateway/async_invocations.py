@@ -15,9 +15,9 @@ from starlette.concurrency import run_in_threadpool
 
 from shipyard.async_inference.queue import AsyncInvocations
 from shipyard.errors import AuthFailure, InternalFailure, RuntimeFailure, RuntimeValidationError
+from shipyard.gateway import bodies
 from shipyard.gateway.auth import admitted, resource_arn
 from shipyard.gateway.errors import runtime_error_response
-from shipyard.gateway.runtime import discard_body
 from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT_ASYNC, check_header
 from shipyard.routing.router import Router
 
@@ -47,7 +47,7 @@ class AsyncDoor:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any, name: str) -> None:
         try:
-            await discard_body(receive)  # the payload lives at InputLocation; ignore any body
+            await bodies.drain(receive)  # the payload lives at InputLocation; ignore any body
             body, headers = await self._submit(scope, name)
         except (RuntimeFailure, AuthFailure) as exc:
             await runtime_error_response(exc, send)

@@ -8,24 +8,23 @@ checked against botocore's service model before an action sees it.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from functools import cache, partial
 from typing import Any
 
 import botocore.session
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 
 from shipyard.control.endpoints import EndpointService
 from shipyard.control.logs import ENDPOINTS_GROUP, JOBS_GROUP, LogService
 from shipyard.control.scaling import ScalingService
 from shipyard.errors import RequestTooLarge, SerializationException, UnknownOperation
+from shipyard.gateway import bodies
 from shipyard.gateway.actions import ACTIONS, JOB_ACTIONS
 from shipyard.gateway.actions.autoscaling import ACTIONS as SCALING_ACTIONS
 from shipyard.gateway.actions.logs import ACTIONS as LOG_ACTIONS
@@ -276,44 +275,27 @@ def _at(value: object, path: tuple[str, ...]) -> list[object]:
 async def read_body(request: Request, *, max_bytes: int) -> bytes:
     """The body, refused with RequestTooLarge as soon as it is known to pass ``max_bytes``.
 
-    Shared by the doors that buffer small JSON bodies (the control plane, the facade).
+    Shared by the doors that buffer small JSON bodies (the control plane, the facade);
+    gateway/bodies.py reads it.
     """
     declared = admitted(request.scope).head.content_length or ""
     if declared.isdigit() and int(declared) > max_bytes:
-        raise _too_large(max_bytes)
-    chunks: list[bytes] = []
-    size = 0
-    stream = request.stream()
+        raise _too_large(max_bytes)  # unread: the edge drops what comes after the answer
     try:
-        async with asyncio.timeout(BODY_TIMEOUT_S):
-            async for chunk in stream:
-                size += len(chunk)
-                if size > max_bytes:
-                    break
-                chunks.append(chunk)
-    except TimeoutError:
+        return await bodies.read_body(
+            request.scope, request.receive, max_bytes=max_bytes, timeout_s=BODY_TIMEOUT_S
+        )
+    except bodies.BodyTooLarge as exc:
+        if exc.body_left:
+            await bodies.drain(request.receive, max_bytes=_DRAIN_BYTES, timeout_s=_DRAIN_S)
+        raise _too_large(max_bytes) from None
+    except bodies.BodyTimedOut:
         raise SerializationException(
             f"The request body did not arrive within {BODY_TIMEOUT_S:g} seconds."
         ) from None
-    except ClientDisconnect:
+    except bodies.ClientLeft:
         # Nobody is left to read the answer; say so without a traceback in the log.
         raise SerializationException("The client closed the connection mid-body.") from None
-    if size > max_bytes:
-        await _drain(stream)
-        raise _too_large(max_bytes)
-    return b"".join(chunks)
-
-
-async def _drain(stream: AsyncIterator[bytes]) -> None:
-    """Read and drop a little more of an oversize body, so that a client still sending
-    reads the 413 rather than a reset connection; then give up and let it close."""
-    seen = 0
-    with contextlib.suppress(TimeoutError, ClientDisconnect):
-        async with asyncio.timeout(_DRAIN_S):
-            async for chunk in stream:
-                seen += len(chunk)
-                if seen > _DRAIN_BYTES:
-                    return
 
 
 def _too_large(max_bytes: int) -> RequestTooLarge:

@@ -26,7 +26,7 @@ waiting for an instance leaves the queue without a task of its own watching ``re
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
@@ -35,7 +35,7 @@ _EDGE = "shipyard.edge"
 """The scope key for (the connection's protocol, the request's number on it)."""
 
 
-def body_arrived(scope: dict[str, Any]) -> bool:
+def body_arrived(scope: Mapping[str, Any]) -> bool:
     """Whether the request's whole body has been parsed already, so that reading it
     cannot wait on the client; False when the edge did not see the request."""
     edge = scope.get(_EDGE)

@@ -19,8 +19,9 @@ import logging
 from typing import Any
 
 from shipyard.errors import AuthFailure, PayloadTooLarge, RuntimeFailure
+from shipyard.gateway import bodies
 from shipyard.gateway.oip import InferenceProtocol, status_of
-from shipyard.gateway.runtime import count_invocation, discard_body
+from shipyard.gateway.runtime import count_invocation
 from shipyard.routing.router import ClientGone
 from shipyard.routing.table import VariantRoute
 from shipyard.tensors import (
@@ -63,7 +64,7 @@ class OipRestDoor:
             if not isinstance(exc, RuntimeFailure | TensorError | AuthFailure):
                 log.exception("v2 request %s %s failed", method, scope["path"])
             if isinstance(exc, PayloadTooLarge) and exc.body_left:
-                await discard_body(receive)
+                await bodies.drain(receive)
             error = status_of(exc)
             status = error.http
             await _json(send, status, {"error": error.message})

@@ -7,8 +7,6 @@ per-request work is picking an instance and copying bytes.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
@@ -23,9 +21,10 @@ from shipyard.errors import (
     RuntimeFailure,
     RuntimeValidationError,
 )
+from shipyard.gateway import bodies
 from shipyard.gateway.auth import admitted, resource_arn
 from shipyard.gateway.errors import runtime_error_response
-from shipyard.gateway.http_limits import body_arrived, on_disconnect
+from shipyard.gateway.http_limits import on_disconnect
 from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT, check_header
 from shipyard.routing.client import Response
 from shipyard.routing.multimodel import refusal, target_model
@@ -42,8 +41,6 @@ Send = Any
 
 _TARGET_VARIANT = b"x-amzn-sagemaker-target-variant"
 _CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
-_DISCARD_LIMIT = 64 * 1024 * 1024  # read at most this much of an oversize body, then close
-_DISCARD_TIMEOUT_S = 5.0
 
 
 class RuntimeDoor:
@@ -74,7 +71,7 @@ class RuntimeDoor:
         except (RuntimeFailure, AuthFailure) as exc:
             status = exc.status_code
             if isinstance(exc, PayloadTooLarge) and exc.body_left:
-                await discard_body(receive)
+                await bodies.drain(receive)
             await runtime_error_response(exc, send)
         except ClientGone:
             return
@@ -179,37 +176,20 @@ class RuntimeDoor:
         return _model_error(name, response, self._log_group_arn(name))
 
     async def read_body(self, scope: Scope, receive: Receive) -> bytes:
-        """The whole body, at most ``max_payload_bytes``, within ``body_timeout_s`` (no
-        deadline needed for one the edge has seen arrive whole)."""
-        if body_arrived(scope):
-            return await self._read_body(receive)
+        """The whole body, at most ``max_payload_bytes``, within ``body_timeout_s``, in
+        the runtime doors' errors (gateway/bodies.py reads it)."""
         try:
-            async with asyncio.timeout(self.body_timeout_s):
-                return await self._read_body(receive)
-        except TimeoutError:
+            return await bodies.read_body(
+                scope, receive, max_bytes=self.max_payload_bytes, timeout_s=self.body_timeout_s
+            )
+        except bodies.BodyTooLarge as exc:
+            raise self.too_large(body_left=exc.body_left) from None
+        except bodies.BodyTimedOut as exc:
             raise BodyTimeout(
-                f"The request body did not arrive within {self.body_timeout_s:g} seconds."
+                f"The request body did not arrive within {exc.timeout_s:g} seconds."
             ) from None
-
-    async def _read_body(self, receive: Receive) -> bytes:
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                raise ClientGone()
-            chunk: bytes = message.get("body", b"")
-            more = message.get("more_body", False)
-            size += len(chunk)
-            if size > self.max_payload_bytes:
-                raise self.too_large(body_left=more)
-            if not more:
-                break
-            chunks.append(chunk)
-        if not chunks:
-            return chunk
-        chunks.append(chunk)
-        return b"".join(chunks)
+        except bodies.ClientLeft:
+            raise ClientGone() from None
 
     def too_large(self, *, body_left: bool) -> PayloadTooLarge:
         exc = PayloadTooLarge(
@@ -263,22 +243,3 @@ def _model_error(name: str, response: Response, log_group_arn: str) -> ModelErro
         original_message=message,
         log_stream_arn=log_group_arn,
     )
-
-
-async def discard_body(receive: Receive) -> None:
-    """Read and drop the rest of a refused body, so the client reads our answer instead of
-    a reset connection; stop after _DISCARD_LIMIT bytes or _DISCARD_TIMEOUT_S seconds.
-
-    Call it only while more of the body is to come: once the body is complete,
-    ``receive`` waits for the client to disconnect.
-    """
-    seen = 0
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(_DISCARD_TIMEOUT_S):
-            while seen < _DISCARD_LIMIT:
-                message = await receive()
-                if message["type"] != "http.request":
-                    return
-                seen += len(message.get("body", b""))
-                if not message.get("more_body", False):
-                    return

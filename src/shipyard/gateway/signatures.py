@@ -20,7 +20,6 @@ reads the refusal rather than a reset, then closes the connection.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -33,6 +32,7 @@ from shipyard.errors import (
     ShipyardError,
     ValidationException,
 )
+from shipyard.gateway import bodies
 from shipyard.gateway.auth import (
     ADMITTED,
     Admitted,
@@ -128,6 +128,8 @@ class RequireSignature(ReadOnce):
         door, action = door_action
         try:
             caller, body = await self._admit(scope, receive, head, action)
+        except bodies.ClientLeft:
+            return  # gone before its body was whole: nobody to answer
         except (AuthFailure, BodyTooLarge, BodyTimeout) as exc:
             log.info("refused %s %s: %s", scope["method"], scope["path"], exc.wire_type)
             await _render(door, exc, scope, receive, send)
@@ -154,35 +156,24 @@ class RequireSignature(ReadOnce):
             head,
             secure=scope.get("scheme") == "https",
         )
-        body = await self._read_body(receive) if pending.needs_body else None
+        body = await self._read_body(scope, receive) if pending.needs_body else None
         caller = self.verifier.finish(pending, body or b"")
         authorize(caller, action, account_id=self.account_id)
         return caller, body
 
-    async def _read_body(self, receive: Receive) -> bytes:
-        chunks: list[bytes] = []
-        size = 0
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         try:
-            async with asyncio.timeout(self.body_timeout_s):
-                while True:
-                    message = await receive()
-                    if message["type"] != "http.request":
-                        break
-                    chunk = message.get("body", b"")
-                    size += len(chunk)
-                    if size > self.max_body_bytes:
-                        raise BodyTooLarge(
-                            f"Request body is larger than the maximum of "
-                            f"{self.max_body_bytes} bytes."
-                        )
-                    chunks.append(chunk)
-                    if not message.get("more_body", False):
-                        break
-        except TimeoutError:
-            raise BodyTimeout(
-                f"The request body did not arrive within {self.body_timeout_s:g} seconds."
+            return await bodies.read_body(
+                scope, receive, max_bytes=self.max_body_bytes, timeout_s=self.body_timeout_s
+            )
+        except bodies.BodyTooLarge:
+            raise BodyTooLarge(
+                f"Request body is larger than the maximum of {self.max_body_bytes} bytes."
             ) from None
-        return b"".join(chunks)
+        except bodies.BodyTimedOut as exc:
+            raise BodyTimeout(
+                f"The request body did not arrive within {exc.timeout_s:g} seconds."
+            ) from None
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -41,9 +41,9 @@ from shipyard.errors import (
     RuntimeFailure,
     RuntimeValidationError,
 )
-from shipyard.gateway import eventstream
+from shipyard.gateway import bodies, eventstream
 from shipyard.gateway.errors import runtime_error_response
-from shipyard.gateway.runtime import RuntimeDoor, count_invocation, discard_body
+from shipyard.gateway.runtime import RuntimeDoor, count_invocation
 from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT_STREAM, check_header
 from shipyard.routing.client import Response, StreamedResponse, UpstreamError
 from shipyard.routing.router import Call, ClientGone, Exchange
@@ -82,7 +82,7 @@ class ResponseStreamDoor:
         except (RuntimeFailure, AuthFailure) as exc:
             status = exc.status_code
             if isinstance(exc, PayloadTooLarge) and exc.body_left:
-                await discard_body(receive)
+                await bodies.drain(receive)
             await runtime_error_response(exc, send)
         except ClientGone:
             return

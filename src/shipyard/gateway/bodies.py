@@ -1,0 +1,117 @@
+"""Reading a request's body: the one reader every door uses.
+
+A door reads a body whole before it acts: the data path never holds an instance for a
+body still arriving, the control plane parses JSON, a signature covers the body. Each
+wants the same three things. A size cap, refused as soon as it is known to be passed
+(the declared length first). A deadline for the whole body, and none for a body the
+edge saw arrive whole (``http_limits.body_arrived``), the common case. And for a body
+refused while more of it is coming, ``drain``: read and drop a bounded amount for a
+bounded time, so that the client reads the answer rather than a reset connection.
+
+The errors raised here say what happened; each door words them in its own error shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from typing import Any
+
+from shipyard.gateway.http_limits import body_arrived
+
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+DRAIN_BYTES = 64 * 1024 * 1024
+"""The most of a refused body ``drain`` reads by default."""
+DRAIN_S = 5.0
+"""How long ``drain`` waits for the rest of a refused body by default."""
+
+
+class BodyError(Exception):
+    """The body could not be read whole."""
+
+
+class BodyTooLarge(BodyError):
+    """The body passes ``limit`` bytes; ``body_left``: more of it is still coming."""
+
+    def __init__(self, limit: int, *, body_left: bool) -> None:
+        super().__init__(f"the body is larger than {limit} bytes")
+        self.limit = limit
+        self.body_left = body_left
+
+
+class BodyTimedOut(BodyError):
+    """The whole body did not arrive within ``timeout_s``."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"the body did not arrive within {timeout_s:g} seconds")
+        self.timeout_s = timeout_s
+
+
+class ClientLeft(BodyError):
+    """The client disconnected before its body was whole."""
+
+
+async def read_body(
+    scope: Mapping[str, Any],
+    receive: Receive,
+    *,
+    max_bytes: int,
+    timeout_s: float,
+    declared: int | None = None,
+) -> bytes:
+    """The whole body, at most ``max_bytes``, within ``timeout_s``; ``declared`` is its
+    Content-Length when the door has read it (a body declared too large is refused
+    before a byte of it is read)."""
+    if declared is not None and declared > max_bytes:
+        raise BodyTooLarge(max_bytes, body_left=True)
+    if body_arrived(scope):
+        return await _read(receive, max_bytes)
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read(receive, max_bytes)
+    except TimeoutError:
+        raise BodyTimedOut(timeout_s) from None
+
+
+async def _read(receive: Receive, max_bytes: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise ClientLeft("the client disconnected before its body was whole")
+        chunk: bytes = message.get("body", b"")
+        more = message.get("more_body", False)
+        size += len(chunk)
+        if size > max_bytes:
+            raise BodyTooLarge(max_bytes, body_left=more)
+        if not more:
+            break
+        chunks.append(chunk)
+    if not chunks:
+        return chunk
+    chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def drain(
+    receive: Receive, *, max_bytes: int = DRAIN_BYTES, timeout_s: float = DRAIN_S
+) -> None:
+    """Read and drop the rest of a refused body: stop after ``max_bytes`` or
+    ``timeout_s``, whichever comes first.
+
+    Call it only while more of the body is to come (``BodyTooLarge.body_left``): once the
+    body is complete, ``receive`` waits for the client to disconnect.
+    """
+    seen = 0
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            while seen < max_bytes:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return
+                seen += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return

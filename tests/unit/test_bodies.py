@@ -1,0 +1,107 @@
+"""The one body reader: whole bodies in pieces, the cap (declared or counted), the
+deadline, a client that leaves, and the drain of a refused body. The doors' wording of
+each is tested through real gateways (tests/e2e/test_runtime_limits.py and others)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from shipyard.gateway import bodies
+
+SCOPE: dict[str, Any] = {"type": "http"}  # not seen by the edge: read under a deadline
+
+
+def pieces(*chunks: bytes, then: str = "end", pause_s: float = 0.0) -> Any:
+    """A ``receive`` giving ``chunks`` as one body; afterwards it waits ("end") or says
+    the client left ("leave")."""
+    sent: list[dict[str, Any]] = [
+        {"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1}
+        for i, chunk in enumerate(chunks)
+    ]
+    taken: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        if pause_s:
+            await asyncio.sleep(pause_s)
+        if sent:
+            taken.append(len(sent[0]["body"]))
+            return sent.pop(0)
+        if then == "leave":
+            return {"type": "http.disconnect"}
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    receive.taken = taken  # type: ignore[attr-defined]
+    return receive
+
+
+def run(reader: Callable[[], Awaitable[Any]]) -> Any:
+    return asyncio.run(reader())
+
+
+def test_a_body_in_pieces_is_read_whole() -> None:
+    body = run(lambda: bodies.read_body(SCOPE, pieces(b"ab", b"", b"cd"), max_bytes=4, timeout_s=5))
+    assert body == b"abcd"
+
+
+def test_a_declared_length_over_the_cap_is_refused_unread() -> None:
+    receive = pieces(b"x" * 10)
+    with pytest.raises(bodies.BodyTooLarge) as info:
+        run(lambda: bodies.read_body(SCOPE, receive, max_bytes=4, timeout_s=5, declared=10))
+    assert info.value.body_left and receive.taken == []
+
+
+def test_a_body_counted_over_the_cap_says_whether_more_is_coming() -> None:
+    with pytest.raises(bodies.BodyTooLarge) as info:
+        run(lambda: bodies.read_body(SCOPE, pieces(b"abc", b"de", b"f"), max_bytes=4, timeout_s=5))
+    assert info.value.body_left and info.value.limit == 4
+    with pytest.raises(bodies.BodyTooLarge) as info:
+        run(lambda: bodies.read_body(SCOPE, pieces(b"abcde"), max_bytes=4, timeout_s=5))
+    assert not info.value.body_left
+
+
+def test_a_body_that_stops_coming_times_out() -> None:
+    receive = pieces(b"ab", b"cd")
+    receive_first_only = pieces(b"ab", b"more")
+
+    async def stalled() -> dict[str, Any]:
+        message: dict[str, Any] = await receive_first_only()
+        if message["body"] == b"more":
+            await asyncio.Event().wait()
+        return message
+
+    with pytest.raises(bodies.BodyTimedOut) as info:
+        run(lambda: bodies.read_body(SCOPE, stalled, max_bytes=100, timeout_s=0.2))
+    assert info.value.timeout_s == 0.2
+    assert run(lambda: bodies.read_body(SCOPE, receive, max_bytes=100, timeout_s=0.2)) == b"abcd"
+
+
+def test_a_client_that_leaves_mid_body() -> None:
+    # Two pieces of a body whose third never comes: the client disconnects instead.
+    receive = pieces(b"ab", b"cd", then="leave")
+
+    async def cut() -> dict[str, Any]:
+        message: dict[str, Any] = await receive()
+        message["more_body"] = True
+        return message
+
+    with pytest.raises(bodies.ClientLeft):
+        run(lambda: bodies.read_body(SCOPE, cut, max_bytes=100, timeout_s=5))
+
+
+def test_drain_stops_at_the_end_the_limit_or_the_deadline() -> None:
+    ended = pieces(b"a" * 10, b"b" * 10)
+    run(lambda: bodies.drain(ended, max_bytes=100, timeout_s=5))
+    assert ended.taken == [10, 10]
+
+    endless = pieces(*[b"c" * 10] * 50)
+    run(lambda: bodies.drain(endless, max_bytes=25, timeout_s=5))
+    assert endless.taken == [10, 10, 10]
+
+    slow = pieces(*[b"d" * 10] * 50, pause_s=0.05)
+    run(lambda: bodies.drain(slow, max_bytes=10_000, timeout_s=0.2))
+    assert 1 <= len(slow.taken) < 50
