@@ -12,9 +12,13 @@
     ├── UnknownOperation               400  an X-Amz-Target we do not implement
     ├── SerializationException         400  a body that is not JSON
     │   └── RequestTooLarge            413  a control-plane body over the door's cap
+    ├── SignedBodyTooLarge             413  (ValidationException) a signed body over any cap
+    ├── SignedBodyTimeout              408  (ValidationException) a signed body too slow
     ├── RuntimeFailure                      errors of the runtime door (sagemaker-runtime)
     │   ├── RuntimeValidationError     400  unknown endpoint, bad headers, body too large
-    │   │   └── EndpointNotFound       400  no such endpoint (404 on the /v2 doors)
+    │   │   ├── EndpointNotFound       400  no such endpoint (404 on the /v2 doors)
+    │   │   ├── PayloadTooLarge        413  a body over the runtime's limit
+    │   │   └── BodyTimeout            408  a body that did not arrive in time
     │   ├── ModelError                 424  the model answered with an error status
     │   ├── ModelNotReady              429  instances still starting
     │   ├── Throttling                 429  a serverless variant at its MaxConcurrency
@@ -133,6 +137,20 @@ class RequestTooLarge(SerializationException):
     status_code = 413
 
 
+class SignedBodyTooLarge(ValidationException):
+    """A signed request whose body is larger than any door takes (the signature layer's
+    refusal, before any door sees the request)."""
+
+    status_code = 413
+
+
+class SignedBodyTimeout(ValidationException):
+    """A signed request whose body did not arrive in time for its signature to be
+    checked."""
+
+    status_code = 408
+
+
 class RuntimeFailure(ShipyardError):
     """Root of the runtime door's errors (``sagemaker-runtime``)."""
 
@@ -155,6 +173,12 @@ class PayloadTooLarge(RuntimeValidationError):
     status_code = 413
     body_left = True
     """Whether more of the body is still to come (and should be read and dropped)."""
+
+
+class BodyTimeout(RuntimeValidationError):
+    """A runtime door's request body did not arrive within the door's deadline."""
+
+    status_code = 408
 
 
 class ModelError(RuntimeFailure):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shipyard.storage.objects import ObjectNotFound, ObjectStore, ObjectStoreError
+from shipyard.storage.objects import NoSuchObject, ObjectStore, ObjectStoreError
 from tests.conftest import Bucket
 
 MiB = 1 << 20
@@ -164,11 +164,11 @@ def test_a_cancelled_write_leaves_nothing(place: Place) -> None:
 def test_a_missing_object_is_object_not_found(place: Place) -> None:
     uri = place.uri("nothing-here")
     assert not place.store.exists(uri)
-    with pytest.raises(ObjectNotFound, match="nothing-here"):
+    with pytest.raises(NoSuchObject, match="nothing-here"):
         place.store.size(uri)
-    with pytest.raises(ObjectNotFound, match="nothing-here"):
+    with pytest.raises(NoSuchObject, match="nothing-here"):
         place.store.read_bytes(uri, limit=10)
-    with pytest.raises(ObjectNotFound, match="nothing-here") as err:
+    with pytest.raises(NoSuchObject, match="nothing-here") as err:
         asyncio.run(read_all(place.store, uri))
     assert isinstance(err.value.__cause__, FileNotFoundError)
 
@@ -270,11 +270,11 @@ def test_a_local_write_streams_with_bounded_memory(tmp_path: Path) -> None:
 def test_a_missing_bucket_is_not_found_on_read_and_an_error_on_write(bucket: Bucket) -> None:
     store = ObjectStore(s3_endpoint_url=bucket.endpoint_url)
     uri = f"s3://{bucket.name}-absent/result.out"
-    with pytest.raises(ObjectNotFound):
+    with pytest.raises(NoSuchObject):
         store.size(uri)
     with pytest.raises(ObjectStoreError, match="Could not write") as err:
         asyncio.run(store.write_bytes(uri, b"x"))
-    assert not isinstance(err.value, ObjectNotFound)
+    assert not isinstance(err.value, NoSuchObject)
     assert uri in str(err.value)
 
 

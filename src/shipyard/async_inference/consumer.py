@@ -41,7 +41,7 @@ from shipyard.routing.router import Call, InstanceFailed, Router
 from shipyard.routing.table import EndpointRoute
 from shipyard.storage.async_queue import AsyncQueue
 from shipyard.storage.metadata import now
-from shipyard.storage.objects import ObjectNotFound, ObjectStore, ObjectStoreError
+from shipyard.storage.objects import NoSuchObject, ObjectStore, ObjectStoreError
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class Consumer:
             )
         try:
             size = await asyncio.to_thread(self.objects.size, request.input_location)
-        except (ObjectNotFound, ObjectStoreError) as exc:
+        except (NoSuchObject, ObjectStoreError) as exc:
             return _Outcome(False, f"ClientError: Could not read the input: {exc}")
         try:
             async with asyncio.timeout(request.invocation_timeout_s):
@@ -213,7 +213,7 @@ class Consumer:
         except (ModelNotReady, ServiceUnavailable) as exc:
             log.info("request %s goes back to the queue: %s", request.inference_id, exc)
             return None
-        except (ObjectNotFound, ObjectStoreError) as exc:
+        except (NoSuchObject, ObjectStoreError) as exc:
             return _Outcome(False, f"ClientError: {exc}")
 
     async def _invoke(self, route: EndpointRoute, request: AsyncRequest, size: int) -> _Outcome:
@@ -280,7 +280,7 @@ class Consumer:
             self._on_event()
 
     async def _remove(self, uri: str) -> None:
-        with contextlib.suppress(ObjectNotFound, ObjectStoreError):
+        with contextlib.suppress(NoSuchObject, ObjectStoreError):
             await asyncio.to_thread(self.objects.delete, uri)
 
     async def _export_backlog(self, name: str, instances: int, free: int) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from shipyard.contract import BATCH, FORWARDED, parse_batch
 from shipyard.errors import (
     AuthFailure,
+    BodyTimeout,
     EndpointNotFound,
     InternalFailure,
     ModelError,
@@ -222,12 +223,6 @@ def count_invocation(chosen: list[VariantRoute], status: int) -> None:
             m.errors_5xx.inc()
         elif status >= 400:
             m.errors_4xx.inc()
-
-
-class BodyTimeout(RuntimeValidationError):
-    """The body did not arrive within the door's deadline."""
-
-    status_code = 408
 
 
 def _model_error(name: str, response: Response, log_group_arn: str) -> ModelError:

@@ -30,6 +30,8 @@ from shipyard.errors import (
     RepeatedHeader,
     RuntimeValidationError,
     ShipyardError,
+    SignedBodyTimeout,
+    SignedBodyTooLarge,
     ValidationException,
 )
 from shipyard.gateway import bodies
@@ -57,18 +59,6 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-class BodyTooLarge(ValidationException):
-    """A signed request whose body is larger than any door takes."""
-
-    status_code = 413
-
-
-class BodyTimeout(ValidationException):
-    """The client did not send its whole body in time."""
-
-    status_code = 408
 
 
 class ReadOnce:
@@ -130,7 +120,7 @@ class RequireSignature(ReadOnce):
             caller, body = await self._admit(scope, receive, head, action)
         except bodies.ClientLeft:
             return  # gone before its body was whole: nobody to answer
-        except (AuthFailure, BodyTooLarge, BodyTimeout) as exc:
+        except (AuthFailure, SignedBodyTooLarge, SignedBodyTimeout) as exc:
             log.info("refused %s %s: %s", scope["method"], scope["path"], exc.wire_type)
             await _render(door, exc, scope, receive, send)
             return
@@ -145,7 +135,7 @@ class RequireSignature(ReadOnce):
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             # Refused at once: waiting for a body we would refuse lets a client that
             # declares 100 MB and sends nothing hold the request open.
-            raise BodyTooLarge(
+            raise SignedBodyTooLarge(
                 f"Request body is larger than the maximum of {self.max_body_bytes} bytes."
             )
         pending = self.verifier.start(
@@ -167,11 +157,11 @@ class RequireSignature(ReadOnce):
                 scope, receive, max_bytes=self.max_body_bytes, timeout_s=self.body_timeout_s
             )
         except bodies.BodyTooLarge:
-            raise BodyTooLarge(
+            raise SignedBodyTooLarge(
                 f"Request body is larger than the maximum of {self.max_body_bytes} bytes."
             ) from None
         except bodies.BodyTimedOut as exc:
-            raise BodyTimeout(
+            raise SignedBodyTimeout(
                 f"The request body did not arrive within {exc.timeout_s:g} seconds."
             ) from None
 

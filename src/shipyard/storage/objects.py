@@ -22,7 +22,7 @@ Errors, translated here from the filesystem's, s3fs's and botocore's and chained
 ``from exc``::
 
     Exception
-     ├── ObjectNotFound     a read names nothing
+     ├── NoSuchObject       a read names nothing
      └── ObjectStoreError   anything else: unreadable, unwritable, a folder, an
                             unsupported URI, a local path outside auth.file_roots,
                             larger than allowed
@@ -61,7 +61,7 @@ _WRITE_BATCH_BYTES = 1 << 20
 """Small chunks are gathered to about this size before each hop to a worker thread."""
 
 
-class ObjectNotFound(Exception):
+class NoSuchObject(Exception):
     """A read names no object: the key, file or bucket does not exist. Names the URI."""
 
 
@@ -105,7 +105,7 @@ class ObjectStore:
         """The object's size in bytes.
 
         Raises:
-            ObjectNotFound: nothing is at ``uri``.
+            NoSuchObject: nothing is at ``uri``.
             ObjectStoreError: ``uri`` names a folder, or storage could not be asked.
         """
         with _translate(uri, "read"):
@@ -127,7 +127,7 @@ class ObjectStore:
         """
         try:
             self.size(uri)
-        except (ObjectNotFound, _NotAnObject):
+        except (NoSuchObject, _NotAnObject):
             return False
         return True
 
@@ -140,7 +140,7 @@ class ObjectStore:
         during the read fails it with ObjectStoreError.
 
         Raises:
-            ObjectNotFound: nothing is at ``uri``.
+            NoSuchObject: nothing is at ``uri``.
             ObjectStoreError: it is a folder or could not be read.
         """
         if chunk_bytes <= 0:
@@ -156,7 +156,7 @@ class ObjectStore:
         """The whole object, for small ones only.
 
         Raises:
-            ObjectNotFound: nothing is at ``uri``.
+            NoSuchObject: nothing is at ``uri``.
             ObjectStoreError: it is larger than ``limit`` bytes (nothing more than
                 ``limit + 1`` bytes is read to find out), a folder, or unreadable.
         """
@@ -410,14 +410,14 @@ async def _single(data: bytes) -> AsyncIterator[bytes]:
 def _translate(uri: str, action: str) -> Iterator[None]:
     """Turn the filesystem's, s3fs's and botocore's errors into ours, naming ``uri``.
 
-    A missing file or key is ObjectNotFound only when reading: a write or delete that
+    A missing file or key is NoSuchObject only when reading: a write or delete that
     finds nothing (a missing bucket) has failed, not found an answer.
     """
     try:
         yield
     except FileNotFoundError as exc:
         if action == "read":
-            raise ObjectNotFound(f"Could not find {uri}.") from exc
+            raise NoSuchObject(f"Could not find {uri}.") from exc
         raise ObjectStoreError(f"Could not {action} {uri}: {_cause(exc)}") from exc
     except IsADirectoryError as exc:
         raise _NotAnObject(_folder_message(uri)) from exc
