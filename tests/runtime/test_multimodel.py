@@ -28,7 +28,7 @@ from shipyard.runtime.multimodel import (
     ModelLoadFailed,
     ModelNotFound,
     ModelNotLoaded,
-    ModelNotReady,
+    ModelStillLoading,
     ModelTooLarge,
     check_model_name,
 )
@@ -238,7 +238,7 @@ def test_a_request_that_stops_waiting_gets_429_and_the_load_goes_on() -> None:
     async def scenario() -> None:
         cache, source, _ = make_cache({"a": 10}, wait_s=0.05)
         source.gates[url("a")] = gate = asyncio.Event()
-        with pytest.raises(ModelNotReady, match="'a' is still loading after 0.05 s"):
+        with pytest.raises(ModelStillLoading, match="'a' is still loading after 0.05 s"):
             await cache.acquire("a")
         gate.set()
         await wait_until_async(lambda: cache.loaded_count == 1, "the load went on")

@@ -244,6 +244,16 @@ def test_a_missing_model_is_404_naming_it(served: MultiModelRuntime) -> None:
     assert reply.body.startswith(b"ModelNotFound: Could not find model 'Houston_TX.tar.gz' at ")
 
 
+def test_a_load_that_outlasts_the_wait_is_429_model_not_ready(
+    start_mme: Callable[..., MultiModelRuntime], roomy: Prefix
+) -> None:
+    """The code the gateway turns into ModelNotReadyException (routing/multimodel.py)."""
+    impatient = start_mme(roomy.path.as_uri(), SHIPYARD_MODEL_LOAD_WAIT_S="0.2")
+    reply = impatient.invoke_model("slow.tar.gz")
+    assert (reply.status, reply.headers[ERROR]) == (429, "ModelNotReady")
+    assert reply.body.startswith(b"ModelNotReady: ")
+
+
 @pytest.mark.parametrize("target", ["../x", "/abs", "a/../../b", "x" * 1025])
 def test_an_unsafe_target_model_is_400(served: MultiModelRuntime, target: str) -> None:
     reply = served.invoke_model(target)

@@ -241,7 +241,7 @@ class MultiModelApp:
         return (_LOADED, str(self.cache.loaded_count).encode())
 
     async def _refuse(self, send: Send, exc: MultiModelError) -> None:
-        code = type(exc).__name__
+        code = exc.code
         log.warning("%s (%s): %s", code, exc.status_code, exc)
         await _text(
             send, exc.status_code, f"{code}: {exc}", [(_ERROR, code.encode()), self._count()]

@@ -16,7 +16,7 @@ Platform errors are answered with their status, a ``text/plain`` body
      ├── ModelNotFound        404  nothing at <prefix>/<name>
      ├── ModelNotLoaded       404  /models/{name} routes: the model is not in memory
      ├── ModelAlreadyLoaded   409  POST /models: the name is loaded or being loaded
-     ├── ModelNotReady        429  still loading when the wait ran out; retry
+     ├── ModelStillLoading    429  still loading when the wait ran out; retry (code ModelNotReady)
      ├── ModelLoadFailed      500  the artifact is unusable, or the model's code raised
      └── ModelTooLarge        507  the model alone needs more memory than the budget
 """
@@ -44,9 +44,14 @@ DEFAULT_LOAD_WAIT_S = 50.0
 
 
 class MultiModelError(Exception):
-    """A multi-model request the instance refuses; ``status_code`` is its HTTP status."""
+    """A multi-model request the instance refuses; ``status_code`` is its HTTP status,
+    ``code`` what its error header says (the class's name unless it says otherwise)."""
 
     status_code = 500
+
+    @property
+    def code(self) -> str:
+        return type(self).__name__
 
 
 class InvalidTargetModel(MultiModelError):
@@ -79,10 +84,15 @@ class ModelAlreadyLoaded(MultiModelError):
     status_code = 409
 
 
-class ModelNotReady(MultiModelError):
-    """The model was still loading when the request stopped waiting; the load goes on."""
+class ModelStillLoading(MultiModelError):
+    """The model was still loading when the request stopped waiting; the load goes on.
+    Its code is the gateway's ModelNotReady, which the gateway answers with."""
 
     status_code = 429
+
+    @property
+    def code(self) -> str:
+        return "ModelNotReady"
 
 
 class ModelLoadFailed(MultiModelError):
@@ -191,7 +201,7 @@ class ModelCache(Generic[M]):
     The first request for a model not in memory starts its load: the source fetches and
     loads it off the event loop, which keeps serving the models in memory meanwhile.
     Every request for that model, including later ones, waits for that same load (single
-    flight), for at most ``load_wait_timeout_s``; past that it fails with ModelNotReady
+    flight), for at most ``load_wait_timeout_s``; past that it fails with ModelStillLoading
     (429, which clients retry) while the load goes on, so a retry finds the model ready.
     A failed load is not remembered: a model copied under the prefix after a ModelNotFound
     is served on the next request.
@@ -260,7 +270,7 @@ class ModelCache(Generic[M]):
         """The model a request's TargetModel names, loaded first when it is not in memory.
 
         Raises:
-            InvalidTargetModel, ModelNotFound, ModelNotReady, ModelLoadFailed, ModelTooLarge.
+            InvalidTargetModel, ModelNotFound, ModelStillLoading, ModelLoadFailed, ModelTooLarge.
         """
         entry = self._entries.get(name)
         if entry is not None:
@@ -340,7 +350,7 @@ class ModelCache(Generic[M]):
             async with asyncio.timeout(self.load_wait_timeout_s):
                 outcome = await asyncio.shield(task)  # giving up must not stop the load
         except TimeoutError:
-            raise ModelNotReady(
+            raise ModelStillLoading(
                 f"Model '{name}' is still loading after {self.load_wait_timeout_s:g} s; "
                 "retry the request."
             ) from None
