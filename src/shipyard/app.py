@@ -29,7 +29,6 @@ from shipyard.background import Loops
 from shipyard.capture.writer import CaptureWriter
 from shipyard.control.autoscaler import Autoscaler, MetricReader
 from shipyard.control.endpoints import EndpointService
-from shipyard.control.fleet import Provisioner
 from shipyard.control.leases import Leases
 from shipyard.control.logs import LogService
 from shipyard.control.reconciler import Reconciler
@@ -57,6 +56,7 @@ from shipyard.jobs.announce import JobAnnouncer
 from shipyard.jobs.service import JobService
 from shipyard.jobs.supervisor import JobSupervisor
 from shipyard.metrics import Metrics
+from shipyard.provisioning.fleet import Provisioner
 from shipyard.routing.router import Router
 from shipyard.routing.shadow import ShadowCopier
 from shipyard.settings import JobsConfig, Settings, StackFile

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from shipyard.jobs.spec import Channel, Checkpoint, JobSpec, read_status
+from shipyard.job_contract import Channel, Checkpoint, JobSpec, read_status
 from tests.conftest import Bucket
 
 SCRIPTS = Path(__file__).parent / "scripts"

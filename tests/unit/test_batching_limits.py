@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from shipyard.contract import format_batch, parse_batch
-from shipyard.control.fleet import builtin_concurrency
+from shipyard.provisioning.fleet import builtin_concurrency
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import LeastOutstandingRequests
 

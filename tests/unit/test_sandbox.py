@@ -22,7 +22,7 @@ import pytest
 from shipyard.backends.base import BackendError, InstanceSpec
 from shipyard.backends.local import LocalBackend, LocalInstance, _record_runner
 from shipyard.backends.sandbox import Sandbox, SandboxUnavailable
-from shipyard.jobs.spec import Checkpoint, JobSpec
+from shipyard.job_contract import Checkpoint, JobSpec
 from shipyard.routing.model_agent import MODELS_FOLDER
 from tests.conftest import wait_until
 

@@ -17,7 +17,7 @@ from shipyard.backends.local import LocalBackend
 from shipyard.control.logs import LogStream, _lines
 from shipyard.gateway.console.door import _read_log
 from shipyard.gateway.facade import _read_from
-from shipyard.jobs.spec import open_untrusted, read_status, untrusted_size
+from shipyard.job_contract import open_untrusted, read_status, untrusted_size
 
 SECRET = b"the gateway's secret\n"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from shipyard.jobs.spec import StatusLine
+    from shipyard.job_contract import StatusLine
     from shipyard.records import VariantSpec
 
 BUILTIN_IMAGES = ("shipyard/python",)
@@ -151,7 +151,7 @@ class JobBackend(Protocol):
 
     The supervisor never reads a PID or a runner's files itself: it holds handles, and
     asks the backend whether a runner lives and what it has reported (the status lines
-    of jobs/spec.py), so the runner may be a process on another machine.
+    of job_contract.py), so the runner may be a process on another machine.
     """
 
     async def start_job(

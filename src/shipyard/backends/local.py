@@ -10,7 +10,7 @@ whole sandbox. Polite signals (SIGTERM) go to the processes inside instead
 (``_signal_inside``), since ``bwrap`` itself dies of them at once.
 
 A sandboxed process writes its own folders, so the backend reads nothing there through
-a link or from a FIFO (jobs/spec.py ``open_untrusted``), and keeps what it must trust
+a link or from a FIFO (job_contract.py ``open_untrusted``), and keeps what it must trust
 outside them: a sandboxed runner's bwrap is recorded beside its working folder
 (``<attempt>.sandbox``, its PID and start time), never found by a name or a command
 line, which any process can take.
@@ -45,7 +45,7 @@ from shipyard.backends.base import (
 )
 from shipyard.backends.environment import process_environment
 from shipyard.backends.sandbox import MODEL_DIR, Sandbox
-from shipyard.jobs.spec import (
+from shipyard.job_contract import (
     JOB_FILE,
     RUNNER_PID_FILE,
     SCRIPT_PID_FILE,

@@ -34,7 +34,7 @@ grows (a ``read_log`` asked at each ``exit_reason``, appended when answered).
 
 Job runners run the same way under a detached, named actor, since a job outlives the
 gateway that started it; the gateway keeps a copy of the runner's status lines and log
-in the job's folder (jobs/spec.py), fetched from the actor, so a job whose node is
+in the job's folder (job_contract.py), fetched from the actor, so a job whose node is
 lost still has what it reported, and is retried per its RetryStrategy.
 
 Every call into Ray is in this module.
@@ -66,7 +66,7 @@ from shipyard.backends.base import (
 )
 from shipyard.backends.ray_actors import Command, InstanceActor, JobActor
 from shipyard.instance_types import GIB, INSTANCE_TYPES
-from shipyard.jobs.spec import JOB_FILE, LOG_FILE, STATUS_FILE, JobSpec, StatusLine, read_status
+from shipyard.job_contract import JOB_FILE, LOG_FILE, STATUS_FILE, JobSpec, StatusLine, read_status
 
 log = logging.getLogger(__name__)
 

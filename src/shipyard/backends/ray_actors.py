@@ -26,7 +26,7 @@ import ray
 import ray.util
 
 from shipyard.backends.environment import process_environment
-from shipyard.jobs.spec import JOB_FILE, LOG_FILE, SCRIPT_PID_FILE, STATUS_FILE
+from shipyard.job_contract import JOB_FILE, LOG_FILE, SCRIPT_PID_FILE, STATUS_FILE
 
 _PR_SET_PDEATHSIG = 1
 

@@ -20,10 +20,10 @@ import contextlib
 import logging
 from typing import Any
 
-from shipyard.control.fleet import Fleet, FleetFailed, Provisioner, Slot
 from shipyard.control.publishing import RoutePublisher
 from shipyard.control.serverless import ServerlessScaler
 from shipyard.errors import ShipyardError
+from shipyard.provisioning.fleet import Fleet, FleetFailed, Provisioner, Slot
 from shipyard.records import Endpoint, EndpointConfig, EndpointStatus, VariantState
 from shipyard.storage.metadata import MetadataStore
 

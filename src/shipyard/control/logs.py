@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shipyard.errors import ShipyardError
+from shipyard.job_contract import open_untrusted, untrusted_size
 from shipyard.jobs.service import JobService
-from shipyard.jobs.spec import open_untrusted, untrusted_size
 
 JOBS_GROUP = "/aws/sagemaker/TrainingJobs"
 ENDPOINTS_GROUP = "/aws/sagemaker/Endpoints/"
@@ -133,7 +133,7 @@ class LogService:
 
 def _instance_stream(endpoint: str, path: Path) -> LogStream:
     instance = path.stem
-    # Instance ids are <endpoint>-<variant>-<n> (control/fleet.py).
+    # Instance ids are <endpoint>-<variant>-<n> (provisioning/fleet.py).
     variant = instance.removeprefix(f"{endpoint}-").rpartition("-")[0] or "AllTraffic"
     created_ms = int(path.stat().st_ctime * 1000)
     return LogStream(f"{variant}/{instance}", (path,), created_ms)

@@ -33,9 +33,9 @@ from urllib.parse import urlsplit
 
 from shipyard.backends.base import InstanceSpec
 from shipyard.background import Wakeup
-from shipyard.control.fleet import Fleet, Slot, VariantTemplate
 from shipyard.control.publishing import RoutePublisher
 from shipyard.errors import ShipyardError
+from shipyard.provisioning.fleet import Fleet, Slot, VariantTemplate
 from shipyard.records import Endpoint, EndpointConfig, EndpointStatus
 from shipyard.routing.instance import Instance
 from shipyard.routing.table import EndpointRoute

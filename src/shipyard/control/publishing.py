@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 from shipyard.capture.config import capture_of
 from shipyard.capture.writer import CaptureWriter
-from shipyard.control.fleet import Fleet, Slot
 from shipyard.metrics import Metrics
+from shipyard.provisioning.fleet import Fleet, Slot
 from shipyard.records import EndpointConfig, VariantSpec
 from shipyard.routing.instance import Instance
 from shipyard.routing.multimodel import MultiModelRoute

@@ -31,7 +31,6 @@ from typing import Any
 
 from shipyard.background import Wakeup
 from shipyard.control.convergence import Converger
-from shipyard.control.fleet import Fleet, Provisioner
 from shipyard.control.leases import Leases
 from shipyard.control.mirror import FleetMirror, RouteRecorder
 from shipyard.control.publishing import RoutePublisher
@@ -39,6 +38,7 @@ from shipyard.control.serverless import ServerlessScaler
 from shipyard.control.supervision import InstanceSupervisor
 from shipyard.errors import ShipyardError
 from shipyard.metrics import Metrics
+from shipyard.provisioning.fleet import Fleet, Provisioner
 from shipyard.records import EndpointStatus
 from shipyard.routing.router import Router
 from shipyard.storage.metadata import MetadataStore

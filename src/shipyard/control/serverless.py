@@ -23,9 +23,9 @@ import math
 import time
 from collections.abc import Callable
 
-from shipyard.control.fleet import Fleet, Provisioner, Slot
 from shipyard.errors import ModelError
 from shipyard.metrics import Metrics
+from shipyard.provisioning.fleet import Fleet, Provisioner, Slot
 from shipyard.records import VariantSpec
 from shipyard.routing.router import Router
 

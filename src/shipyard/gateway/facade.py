@@ -17,8 +17,8 @@ from shipyard.errors import AccessDenied, JobTypeNotAllowed, MissingJobType, Res
 from shipyard.gateway.auth import admitted, resource_arn
 from shipyard.gateway.control import read_body
 from shipyard.gateway.errors import control_error_response, facade_error_response
+from shipyard.job_contract import open_untrusted, untrusted_size
 from shipyard.jobs.service import JobService, _from_template
-from shipyard.jobs.spec import open_untrusted, untrusted_size
 
 _MAX_LOG_CHUNK_BYTES = 1 << 20
 
@@ -119,7 +119,7 @@ def _read_from(files: list[Path], offset: int) -> bytes:
     """Bytes ``offset``.. of the files read as one stream; missing files are empty.
 
     The job's code may have replaced its log (a link to a file it cannot read itself,
-    a FIFO): such a file reads as empty (jobs/spec.py ``open_untrusted``).
+    a FIFO): such a file reads as empty (job_contract.py ``open_untrusted``).
     """
     for path in files:
         size = untrusted_size(path)

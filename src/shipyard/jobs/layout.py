@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from shipyard.jobs.spec import JobSpec
+from shipyard.job_contract import JobSpec
 
 HOST = "algo-1"
 """The only host of a job: SageMaker's name for the first instance."""

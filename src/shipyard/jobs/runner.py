@@ -2,7 +2,7 @@
 
 The runner reads ``job.json``, lays out ``WORKDIR/ml`` as SageMaker's ``/opt/ml``, brings
 in the code, channels and checkpoints, runs the script, uploads ``model.tar.gz`` and
-``output.tar.gz``, and reports every step in ``status.jsonl`` (see jobs/spec.py). It
+``output.tar.gz``, and reports every step in ``status.jsonl`` (see job_contract.py). It
 runs in its own session and talks to the gateway only through that folder and signals,
 so it outlives a gateway restart.
 
@@ -40,6 +40,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from shipyard.job_contract import (
+    JOB_FILE,
+    LOG_FILE,
+    RUNNER_PID_FILE,
+    SCRIPT_PID_FILE,
+    STATUS_FILE,
+    JobSpec,
+    Outcome,
+    StatusLine,
+    append_status,
+)
 from shipyard.jobs.layout import (
     FAILURE_REASON_MAX_CHARS,
     ClientError,
@@ -51,17 +62,6 @@ from shipyard.jobs.layout import (
     script_environment,
 )
 from shipyard.jobs.script_io import CheckpointSync, JobLog
-from shipyard.jobs.spec import (
-    JOB_FILE,
-    LOG_FILE,
-    RUNNER_PID_FILE,
-    SCRIPT_PID_FILE,
-    STATUS_FILE,
-    JobSpec,
-    Outcome,
-    StatusLine,
-    append_status,
-)
 from shipyard.storage.artifacts import ArtifactError, ArtifactStore, join_uri
 
 log = logging.getLogger(__name__)

@@ -31,9 +31,7 @@ from typing import Any
 
 from shipyard.backends.base import BackendError, JobBackend, JobHandle
 from shipyard.background import Wakeup
-from shipyard.jobs.announce import JobAnnouncer
-from shipyard.jobs.service import hyperparameter
-from shipyard.jobs.spec import (
+from shipyard.job_contract import (
     JOB_FILE,
     Channel,
     Checkpoint,
@@ -41,6 +39,8 @@ from shipyard.jobs.spec import (
     Resource,
     StatusLine,
 )
+from shipyard.jobs.announce import JobAnnouncer
+from shipyard.jobs.service import hyperparameter
 from shipyard.metrics import Metrics
 from shipyard.records import ACTIVE_JOB_STATUSES, Job, JobStatus, StatusTransition
 from shipyard.storage.jobs import JobStore

@@ -18,7 +18,7 @@ finds their oldest already past the delay and cuts at once with up to ``max_size
 them. So under load batches fill without waiting, and a lone request waits the delay at
 most (the dynamic batcher of Triton and TorchServe, where a worker that frees up takes
 what is queued). The instance advertises ``max_size × (threads + 1)`` as its concurrency
-(control/fleet.py), so the gateway sends enough to fill the next batch while one runs.
+(provisioning/fleet.py), so the gateway sends enough to fill the next batch while one runs.
 
 Written here rather than taken from a library: the gathering is small, has to hand
 batches to our handler threads and report each request's wait (``X-Shipyard-Batch``),

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from shipyard.contract import ACCEPT, CONTENT_TYPE
-from shipyard.control.fleet import Fleet, Provisioner
 from shipyard.errors import RuntimeFailure, ShipyardError
 from shipyard.metrics import Metrics
+from shipyard.provisioning.fleet import Fleet, Provisioner
 from shipyard.records import EndpointConfig, RoutingStrategy, TransformJob, VariantSpec
 from shipyard.routing.client import UpstreamError
 from shipyard.routing.policies import LeastOutstandingRequests

@@ -19,10 +19,10 @@ import logging
 from collections.abc import Callable
 
 from shipyard.background import Wakeup
-from shipyard.control.fleet import Provisioner
 from shipyard.errors import ShipyardError
 from shipyard.jobs.supervisor import Claim
 from shipyard.metrics import Metrics
+from shipyard.provisioning.fleet import Provisioner
 from shipyard.records import JobStatus, TransformJob
 from shipyard.storage.metadata import MetadataStore, now
 from shipyard.storage.objects import ObjectStore

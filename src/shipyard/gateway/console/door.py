@@ -38,7 +38,7 @@ from shipyard.gateway.console.history import MetricsHistory
 from shipyard.gateway.console.logs import instance_tails
 from shipyard.gateway.console.state import ConsoleState, Reaches
 from shipyard.gateway.errors import control_error_response
-from shipyard.jobs.spec import open_untrusted, untrusted_size
+from shipyard.job_contract import open_untrusted, untrusted_size
 
 LOG_CHUNK_BYTES = 64 * 1024
 """Most log bytes one poll returns; a page opened on a long log starts at its tail."""

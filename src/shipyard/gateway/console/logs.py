@@ -1,7 +1,7 @@
 """Instance logs for the console: the end of each log file of an endpoint or a job.
 
 Endpoint instances and a transform job's instances write ``<home>/logs/<name>/<instance
-id>.log`` (control/fleet.py). The console shows the last lines of the most recently
+id>.log`` (provisioning/fleet.py). The console shows the last lines of the most recently
 written few, rendered again at each poll: enough to see why an instance died or what
 it prints now. The whole history is one ``shipyard logs`` or GetLogEvents away.
 """

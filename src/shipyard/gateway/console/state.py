@@ -22,9 +22,9 @@ from typing import Any
 
 from shipyard.async_inference.consumer import BacklogReading
 from shipyard.control.endpoints import EndpointService
-from shipyard.control.fleet import Fleet, Slot
 from shipyard.errors import ShipyardError
 from shipyard.metrics import Metrics
+from shipyard.provisioning.fleet import Fleet, Slot
 from shipyard.records import Endpoint, EndpointConfig, Event, Job, TransformJob, VariantSpec
 from shipyard.routing.table import EndpointRoute
 from shipyard.storage.events import EventLog, EventState

@@ -24,14 +24,14 @@ from shipyard.backends.base import (
     runtime_for,
     variant_resources,
 )
-from shipyard.control.containers import (
+from shipyard.errors import ShipyardError
+from shipyard.provisioning.containers import (
     ContainerGroups,
     GroupHandle,
     GroupSpec,
     GroupTemplate,
     group_spec,
 )
-from shipyard.errors import ShipyardError
 from shipyard.records import EndpointConfig, Model
 from shipyard.routing.instance import Instance
 from shipyard.routing.model_agent import ModelAgent
