@@ -33,7 +33,6 @@ from shipyard.control.leases import Leases
 from shipyard.control.logs import LogService
 from shipyard.control.reconciler import Reconciler
 from shipyard.control.scaling import ScalingService
-from shipyard.control.stack_config import StackConfig
 from shipyard.events.dispatcher import Dispatcher
 from shipyard.events.notify import Notifier
 from shipyard.events.topics import Topics
@@ -60,6 +59,7 @@ from shipyard.provisioning.fleet import Provisioner
 from shipyard.routing.router import Router
 from shipyard.routing.shadow import ShadowCopier
 from shipyard.settings import JobsConfig, Settings, StackFile
+from shipyard.stack_config import StackConfig
 from shipyard.storage.artifacts import ArtifactStore
 from shipyard.storage.async_queue import AsyncQueue
 from shipyard.storage.events import EventLog

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from shipyard.control.stack_config import OwnedElsewhere, StackChange, StackConfig
 from shipyard.errors import InvalidParameter
 from shipyard.events.topics import Topics
 from shipyard.host_access import HostAccess
 from shipyard.jobs.announce import JobAnnouncer
 from shipyard.jobs.service import JobService
 from shipyard.settings import AccessKey, AuthConfig, JobsConfig
+from shipyard.stack_config import OwnedElsewhere, StackChange, StackConfig
 
 TEMPLATE = {"AlgorithmSpecification": {"TrainingImage": "shipyard/python"}}
 

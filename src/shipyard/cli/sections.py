@@ -1,6 +1,6 @@
 """The plan for a stack file's ``topics:`` and ``jobs:`` sections on a running gateway.
 
-The gateway holds them in memory (``GET /stack``; control/stack_config.py) with an owner
+The gateway holds them in memory (``GET /stack``; stack_config.py) with an owner
 each: a topic, and the jobs section as a whole, belong to the stack that last put them,
 or to the stack named after ``serve --config``'s file. As with tagged resources, a stack
 changes or deletes only what it owns or what nobody owns; the rows and the one

@@ -1,6 +1,6 @@
 """``GET /stack`` and ``PUT /stack``: the stack file's topics and jobs sections, live.
 
-``shipyard apply`` reads them to plan and puts what changed (control/stack_config.py
+``shipyard apply`` reads them to plan and puts what changed (stack_config.py
 says who may change what). Answers are JSON; a refused change is 400 with
 ``{"message": ...}`` and changes nothing.
 """
@@ -13,9 +13,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from shipyard.control.stack_config import StackChange, StackConfig
 from shipyard.errors import ShipyardError
 from shipyard.gateway.control import read_body
+from shipyard.stack_config import StackChange, StackConfig
 
 MAX_BODY_BYTES = 1 << 20
 
