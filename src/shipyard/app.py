@@ -25,7 +25,7 @@ from shipyard.async_inference.consumer import Consumer
 from shipyard.async_inference.queue import AsyncInvocations
 from shipyard.backends import BackendContext, FullBackend, create_backend
 from shipyard.backends.environment import s3_variables
-from shipyard.background import Loops
+from shipyard.background import Loops, Wakeup
 from shipyard.capture.writer import CaptureWriter
 from shipyard.control.autoscaler import Autoscaler, MetricReader
 from shipyard.control.endpoints import EndpointService
@@ -107,6 +107,11 @@ class Gateway:
         )
         """The one storage layer: every store of this gateway reaches S3 through it, and
         opens no local file a caller names outside ``auth.file_roots``."""
+        self.objects = ObjectStore(filesystems=self.filesystems)
+        """The one object store (data capture, async inputs and outputs, transforms)."""
+        self.scale_now = Wakeup()
+        """Wakes the autoscaler: the async consumer sets it when requests wait for an
+        endpoint scaled to zero."""
         self.store = MetadataStore(settings.db_url)
         self.router = Router(
             timeout_s=settings.invocation_timeout_s,
@@ -151,6 +156,12 @@ class Gateway:
             s3_endpoint_url=settings.s3_endpoint_url,
             serverless_slots=settings.serverless_slots_per_instance,
         )
+        self.capture = CaptureWriter(
+            objects=self.objects,
+            metrics=self.metrics,
+            flush_interval_s=settings.capture_flush_interval_s,
+            max_buffer_bytes=settings.capture_buffer_bytes,
+        )
         self.reconciler = Reconciler(
             store=self.store,
             provisioner=provisioner,
@@ -164,14 +175,8 @@ class Gateway:
             unhealthy_restart_after_s=settings.unhealthy_restart_after_s,
             serverless_idle_s=settings.serverless_idle_s,
             serverless_slots=settings.serverless_slots_per_instance,
+            capture=self.capture,
         )
-        self.capture = CaptureWriter(
-            objects=ObjectStore(filesystems=self.filesystems),
-            metrics=self.metrics,
-            flush_interval_s=settings.capture_flush_interval_s,
-            max_buffer_bytes=settings.capture_buffer_bytes,
-        )
-        self.reconciler.publisher.capture = self.capture
         self.tagging = Tagging(
             store=TagStore(self.store.engine), resource_exists=self._resource_exists
         )
@@ -347,12 +352,13 @@ class Gateway:
         self.consumer = Consumer(
             queue=queue,
             router=self.router,
-            objects=ObjectStore(filesystems=self.filesystems),
+            objects=self.objects,
             metrics=self.metrics,
             owner=_identity(settings),
             region=settings.region,
             account_id=settings.account_id,
             on_event=self.dispatcher.wake,
+            on_backlog_without_capacity=self.scale_now.set,
         )
         self.async_door = AsyncDoor(
             router=self.router,
@@ -371,7 +377,7 @@ class Gateway:
             store=store,
             models=self.store,
             provisioner=self.provisioner,
-            objects=ObjectStore(filesystems=self.filesystems),
+            objects=self.objects,
             metrics=self.metrics,
             announcer=announcer,
             on_event=self.dispatcher.wake,
@@ -407,8 +413,8 @@ class Gateway:
             notify=stack.autoscaling.notify,
             on_event=self.dispatcher.wake,
             acts_on=self.reconciler.leases.holds,
+            wakeup=self.scale_now,
         )
-        self.consumer.on_backlog_without_capacity = self.autoscaler.wake
         self.scaling = ScalingService(
             store=store,
             endpoints=self.service,

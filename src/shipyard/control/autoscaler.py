@@ -201,6 +201,7 @@ class Autoscaler:
         notify: Sequence[str] = (),
         on_event: Callable[[], None] = lambda: None,
         acts_on: Callable[[str], bool] = lambda endpoint: True,
+        wakeup: Wakeup | None = None,
     ) -> None:
         self.store = store
         self.acts_on = acts_on
@@ -211,7 +212,8 @@ class Autoscaler:
         self.period_s = period_s
         self.notify = tuple(notify)
         self._on_event = on_event
-        self._wake = Wakeup()
+        self._wake = wakeup or Wakeup()
+        """Set to evaluate now; shared with whoever knows when (the async consumer)."""
         self._last_out: dict[str, datetime] = {}
         self._last_any: dict[str, datetime] = {}
         self._open: dict[str, ScalingActivity] = {}

@@ -35,6 +35,7 @@ class RoutePublisher:
         max_in_flight: int,
         model_routing: str,
         serverless_slots: int = 1,
+        capture: CaptureWriter | None = None,
     ) -> None:
         self.router = router
         self.metrics = metrics
@@ -45,7 +46,7 @@ class RoutePublisher:
         self.on_demand: Callable[[Fleet, str, int], None] = lambda fleet, variant, wanted: None
         """Where a serverless variant's demand for instances goes (the reconciler's
         ServerlessScaler)."""
-        self.capture: CaptureWriter | None = None
+        self.capture = capture
         """Where variants of configs with a DataCaptureConfig hand their records."""
         self.on_change: Callable[[str, Fleet | None], None] = lambda endpoint, fleet: None
         """Told of every table published: the fleet, or None for a table withdrawn or

@@ -30,6 +30,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from shipyard.background import Wakeup
+from shipyard.capture.writer import CaptureWriter
 from shipyard.control.convergence import Converger
 from shipyard.control.leases import Leases
 from shipyard.control.mirror import FleetMirror, RouteRecorder
@@ -64,6 +65,7 @@ class Reconciler:
         serverless_idle_s: float = 300.0,
         serverless_slots: int = 1,
         routes_refresh_s: float = 1.0,
+        capture: CaptureWriter | None = None,
     ) -> None:
         self.store = store
         self.leases = leases
@@ -77,6 +79,7 @@ class Reconciler:
             max_in_flight=max_in_flight,
             model_routing=model_routing,
             serverless_slots=serverless_slots,
+            capture=capture,
         )
         self.serverless = ServerlessScaler(
             provisioner=provisioner,
