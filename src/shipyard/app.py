@@ -56,6 +56,7 @@ from shipyard.jobs.service import JobService
 from shipyard.jobs.supervisor import JobSupervisor
 from shipyard.metrics import Metrics
 from shipyard.provisioning.fleet import Provisioner
+from shipyard.routing.invocation import Invocations
 from shipyard.routing.router import Router
 from shipyard.routing.shadow import ShadowCopier
 from shipyard.settings import JobsConfig, Settings, StackFile
@@ -195,13 +196,16 @@ class Gateway:
             max_instance_memory_bytes=settings.max_instance_memory_bytes,
             tagging=self.tagging,
         )
-        self.runtime = RuntimeDoor(
-            router=self.router,
-            max_payload_bytes=settings.max_payload_bytes,
-            account_id=settings.account_id,
-            region=settings.region,
-            body_timeout_s=settings.body_read_timeout_s,
+        self.invocations = Invocations(
+            self.router,
             shadows=self.shadows,
+            region=settings.region,
+            account_id=settings.account_id,
+        )
+        self.runtime = RuntimeDoor(
+            invocations=self.invocations,
+            max_payload_bytes=settings.max_payload_bytes,
+            body_timeout_s=settings.body_read_timeout_s,
         )
         self.streaming = ResponseStreamDoor(runtime=self.runtime)
         self.oip = InferenceProtocol(runtime=self.runtime, is_ready=lambda: self.app.state.ready)
@@ -351,7 +355,7 @@ class Gateway:
         queue = AsyncQueue(self.store.engine)
         self.consumer = Consumer(
             queue=queue,
-            router=self.router,
+            invocations=self.invocations,
             objects=self.objects,
             metrics=self.metrics,
             owner=_identity(settings),

@@ -11,6 +11,7 @@ from shipyard.async_inference.consumer import Consumer
 from shipyard.background import Loops, Wakeup
 from shipyard.metrics import Metrics
 from shipyard.records import AsyncRequest, AsyncStatus
+from shipyard.routing.invocation import Invocations
 from shipyard.routing.router import Router
 from shipyard.storage.async_queue import AsyncQueue
 from shipyard.storage.metadata import MetadataStore, now
@@ -89,7 +90,7 @@ def test_the_async_consumer_survives_a_database_that_is_not_ready_at_start(
     store = MetadataStore(f"sqlite:///{tmp_path / 'late.db'}")
     consumer = Consumer(
         queue=HeldQueue(store.engine),
-        router=Router(timeout_s=5),
+        invocations=Invocations(Router(timeout_s=5)),
         objects=ObjectStore(),
         metrics=Metrics(),
         owner="test",

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -32,12 +33,12 @@ from datetime import datetime
 from shipyard.async_inference.notices import result_event
 from shipyard.background import Wakeup
 from shipyard.contract import ACCEPT, CONTENT_TYPE, CUSTOM_ATTRIBUTES, INFERENCE_ID
-from shipyard.errors import ModelNotReady, ServiceUnavailable
+from shipyard.errors import ModelError, ModelNotReady, ServiceUnavailable
 from shipyard.metrics import Metrics
 from shipyard.records import AsyncRequest, AsyncStatus
 from shipyard.routing.client import UpstreamError
-from shipyard.routing.pipeline import FAILED_CONTAINER
-from shipyard.routing.router import Call, InstanceFailed, Router
+from shipyard.routing.invocation import Invocations
+from shipyard.routing.router import Call, InstanceFailed
 from shipyard.routing.table import EndpointRoute
 from shipyard.storage.async_queue import AsyncQueue
 from shipyard.storage.metadata import now
@@ -45,8 +46,8 @@ from shipyard.storage.objects import NoSuchObject, ObjectStore, ObjectStoreError
 
 log = logging.getLogger(__name__)
 
-_ERROR_BODY_BYTES = 64 * 1024
-"""How much of a model's error answer goes into the failure reason."""
+_ERROR_REASON_CHARS = 64 * 1024
+"""How much of a model's error goes into the failure reason."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +87,7 @@ class Consumer:
         self,
         *,
         queue: AsyncQueue,
-        router: Router,
+        invocations: Invocations,
         objects: ObjectStore,
         metrics: Metrics,
         owner: str,
@@ -98,7 +99,8 @@ class Consumer:
         on_backlog_without_capacity: Callable[[], None] | None = None,
     ) -> None:
         self.queue = queue
-        self.router = router
+        self.invocations = invocations
+        self.router = invocations.router
         self.objects = objects
         self.metrics = metrics
         self.owner = owner
@@ -224,22 +226,26 @@ class Consumer:
             headers.append((CUSTOM_ATTRIBUTES, request.custom_attributes.encode()))
         headers.append((INFERENCE_ID, request.inference_id.encode()))
         call = Call(headers, self.objects.read_chunks(request.input_location), content_length=size)
-        variant = self.router.variant_for(route, None)
-        async with self.router.stream(route, variant, call) as exchange:
-            response = exchange.response
-            kind = (response.header(b"content-type") or b"application/octet-stream").decode()
-            if response.status >= 300:
-                text = (await _head(response.chunks(), _ERROR_BODY_BYTES)).decode(errors="replace")
-                side = "client" if response.status < 500 else "server"
-                step = response.header(FAILED_CONTAINER)  # a multi-container model's step
-                source = step.decode(errors="replace") if step is not None else "the model"
-                return _Outcome(
-                    False,
-                    f"ModelError: Received {side} error ({response.status}) from {source} "
-                    f'with message "{text}".',
-                )
-            head = bytearray()
-            await self.objects.write(request.output_location, _tee(response.chunks(), head))
+        status: int | None = None  # counted once the model's answer is known
+        try:
+            async with self.invocations.stream(route, call) as exchange:
+                response = exchange.response
+                kind = (response.header(b"content-type") or b"application/octet-stream").decode()
+                head = bytearray()
+                began = time.perf_counter()
+                await self.objects.write(request.output_location, _tee(response.chunks(), head))
+                model_s = exchange.head_s + time.perf_counter() - began
+            status = 200
+        except ModelError as exc:
+            status = exc.status_code
+            return _Outcome(False, f"ModelError: {exc.message[:_ERROR_REASON_CHARS]}")
+        except (InstanceFailed, UpstreamError):
+            status = 500
+            raise
+        finally:
+            if status is not None:
+                Invocations.count(call, status)
+        self.invocations.latency(call, model_s)
         return _Outcome(True, response=bytes(head), response_type=kind)
 
     async def _record(self, request: AsyncRequest, outcome: _Outcome) -> None:
@@ -310,12 +316,3 @@ async def _tee(chunks: AsyncIterator[bytes], head: bytearray) -> AsyncIterator[b
         if room > 0:
             head += chunk[:room]
         yield chunk
-
-
-async def _head(chunks: AsyncIterator[bytes], limit: int) -> bytes:
-    out = bytearray()
-    async for chunk in chunks:
-        out += chunk[: limit - len(out)]
-        if len(out) >= limit:
-            break
-    return bytes(out)

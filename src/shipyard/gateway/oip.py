@@ -31,7 +31,7 @@ from shipyard.errors import (
     ShipyardError,
     Throttling,
 )
-from shipyard.gateway.runtime import RuntimeDoor, observe_batch
+from shipyard.gateway.runtime import RuntimeDoor
 from shipyard.routing.client import Response
 from shipyard.routing.router import Call
 from shipyard.routing.table import EndpointRoute, VariantRoute
@@ -78,6 +78,7 @@ class InferenceProtocol:
 
     def __init__(self, *, runtime: RuntimeDoor, is_ready: Callable[[], bool]) -> None:
         self.runtime = runtime
+        self.invocations = runtime.invocations
         self.router = runtime.router
         self.is_ready = is_ready
 
@@ -90,7 +91,7 @@ class InferenceProtocol:
     def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
         """What the protocol says of a model. Inputs and outputs are whatever the model
         takes and gives (the SageMaker contract declares none), so both lists are empty."""
-        route = self.runtime.route_of(name)
+        route = self.invocations.route(name)
         if version is not None:
             _variant(route, version)
         return {
@@ -104,7 +105,7 @@ class InferenceProtocol:
     def model_ready(self, name: str, version: str | None) -> bool:
         """Whether a request would find an instance: a healthy one, or a serverless
         variant that starts one on demand."""
-        route = self.runtime.route_of(name)
+        route = self.invocations.route(name)
         variants = [_variant(route, version)] if version is not None else route.variants
         return any(
             v.serverless is not None or any(i.healthy for i in v.instances)
@@ -113,26 +114,15 @@ class InferenceProtocol:
         )
 
     async def infer(
-        self, name: str, version: str | None, request: InferRequest, chosen: list[VariantRoute]
+        self, name: str, version: str | None, request: InferRequest, calls: list[Call]
     ) -> Inference:
         """Send one inference to an instance of ``name`` and return its outputs.
 
-        ``chosen`` receives the variant as soon as it is picked, for the door's counting
-        (gateway.runtime.count_invocation). Raises the runtime's errors or TensorError.
+        ``calls`` receives the call as soon as it is made, for the door's counting
+        (Invocations.count). Raises the runtime's errors or TensorError.
         """
         started = time.perf_counter()
-        route = self.runtime.route_of(name)
-        variant = (
-            _variant(route, version)
-            if version is not None
-            else self.router.variant_for(route, None)
-        )
-        chosen.append(variant)
-        if variant.multi_model is not None:
-            raise RuntimeValidationError(
-                f"Endpoint {name} serves many models (Mode: MultiModel); call it with "
-                "InvokeEndpoint and TargetModel."
-            )
+        route = self.invocations.route(name)
         body, length = wire_request(request)
         call = Call(
             [
@@ -142,15 +132,20 @@ class InferenceProtocol:
             ],
             body,
             content_length=len(body),
+            started=started,
         )
-        response, model_s = await self.router.invoke(route, variant, call)
-        observe_batch(variant, response)
-        if response.status >= 300:
-            raise self.runtime.model_error(name, response)
-        outputs = _outputs(name, response)
-        variant.metrics.model_latency.observe(model_s)
-        variant.metrics.overhead_latency.observe(max(time.perf_counter() - started - model_s, 0.0))
-        return Inference(name, variant.name, outputs)
+        calls.append(call)
+        if version is not None:
+            call.variant = _variant(route, version)
+        variant = call.variant or self.router.variant_for(route, None)
+        call.variant = variant
+        if variant.multi_model is not None:
+            raise RuntimeValidationError(
+                f"Endpoint {name} serves many models (Mode: MultiModel); call it with "
+                "InvokeEndpoint and TargetModel."
+            )
+        response = await self.invocations.run(route, call)
+        return Inference(name, variant.name, _outputs(name, response))
 
 
 def _variant(route: EndpointRoute, version: str) -> VariantRoute:

@@ -30,8 +30,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from shipyard.errors import RuntimeFailure
 from shipyard.gateway.oip import InferenceProtocol, status_of
-from shipyard.gateway.runtime import count_invocation
-from shipyard.routing.table import VariantRoute
+from shipyard.routing.invocation import Invocations
+from shipyard.routing.router import Call
 from shipyard.tensors import (
     DTYPES,
     InferRequest,
@@ -96,12 +96,12 @@ class OipGrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
         return service_pb2.ModelMetadataResponse(**metadata)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
-        chosen: list[VariantRoute] = []
+        calls: list[Call] = []
         status = 200
         try:
             infer = _infer_request(request)
             answer = await self.protocol.infer(
-                request.model_name, request.model_version or None, infer, chosen
+                request.model_name, request.model_version or None, infer, calls
             )
             response = service_pb2.ModelInferResponse(
                 model_name=answer.model_name, model_version=answer.model_version, id=request.id
@@ -111,9 +111,9 @@ class OipGrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
                 response.raw_output_contents.append(tensor.raw)
         except Exception as exc:
             status = status_of(exc).http
-            count_invocation(chosen, status)
+            Invocations.count(calls[0] if calls else None, status)
             await _abort(context, exc)
-        count_invocation(chosen, status)
+        Invocations.count(calls[0] if calls else None, status)
         return response
 
 

@@ -21,9 +21,8 @@ from typing import Any
 from shipyard.errors import AuthFailure, PayloadTooLarge, RuntimeFailure
 from shipyard.gateway import bodies
 from shipyard.gateway.oip import InferenceProtocol, status_of
-from shipyard.gateway.runtime import count_invocation
-from shipyard.routing.router import ClientGone
-from shipyard.routing.table import VariantRoute
+from shipyard.routing.invocation import Invocations
+from shipyard.routing.router import Call, ClientGone
 from shipyard.tensors import (
     HEADER_LENGTH,
     TensorError,
@@ -55,9 +54,9 @@ class OipRestDoor:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         parts = scope["path"].strip("/").split("/")
         method = scope["method"]
-        chosen: list[VariantRoute] = []
+        calls: list[Call] = []
         try:
-            status = await self._route(scope, receive, send, parts, method, chosen)
+            status = await self._route(scope, receive, send, parts, method, calls)
         except ClientGone:
             return
         except Exception as exc:
@@ -68,7 +67,7 @@ class OipRestDoor:
             error = status_of(exc)
             status = error.http
             await _json(send, status, {"error": error.message})
-        count_invocation(chosen, status)
+        Invocations.count(calls[0] if calls else None, status)
 
     async def _route(
         self,
@@ -77,7 +76,7 @@ class OipRestDoor:
         send: Send,
         parts: list[str],
         method: str,
-        chosen: list[VariantRoute],
+        calls: list[Call],
     ) -> int:
         protocol = self.protocol
         if parts == ["v2"] and method == "GET":
@@ -97,7 +96,7 @@ class OipRestDoor:
                 ready = protocol.model_ready(name, version)
                 return await _json(send, 200 if ready else 400, {"name": name, "ready": ready})
             if action == "infer" and method == "POST":
-                return await self._infer(scope, receive, send, name, version, chosen)
+                return await self._infer(scope, receive, send, name, version, calls)
         path = scope["path"]
         raise _NoSuchPath(f"shipyard does not serve {method} {path}.")
 
@@ -108,7 +107,7 @@ class OipRestDoor:
         send: Send,
         name: str,
         version: str | None,
-        chosen: list[VariantRoute],
+        calls: list[Call],
     ) -> int:
         header_length: bytes | None = None
         content_length: int | None = None
@@ -123,7 +122,7 @@ class OipRestDoor:
         body = await runtime.read_body(scope, receive)
         length = header_length_of(None, header_length.decode("latin-1") if header_length else None)
         request = parse_request(body, length)
-        answer = await self.protocol.infer(name, version, request, chosen)
+        answer = await self.protocol.infer(name, version, request, calls)
         header: dict[str, Any] = {
             "model_name": answer.model_name,
             "model_version": answer.model_version,

@@ -25,7 +25,6 @@ chunks, never the whole stream, which may run as long as the model keeps produci
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -36,18 +35,16 @@ from shipyard.errors import (
     AuthFailure,
     InternalFailure,
     ModelError,
-    ModelNotReady,
     PayloadTooLarge,
     RuntimeFailure,
-    RuntimeValidationError,
 )
 from shipyard.gateway import bodies, eventstream
 from shipyard.gateway.errors import runtime_error_response
-from shipyard.gateway.runtime import RuntimeDoor, count_invocation
+from shipyard.gateway.runtime import RuntimeDoor
 from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT_STREAM, check_header
-from shipyard.routing.client import Response, StreamedResponse, UpstreamError
+from shipyard.routing.client import Response, UpstreamError
+from shipyard.routing.invocation import Invocations
 from shipyard.routing.router import Call, ClientGone, Exchange
-from shipyard.routing.table import VariantRoute
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +57,6 @@ _ACCEPT = b"x-amzn-sagemaker-accept"  # the model's Accept; the client's own is 
 _CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
 _NOT_FORWARDED = (b"accept", b"x-amzn-sagemaker-target-model")
 _ASK = (RESPONSE_STREAM_HEADER.encode(), b"true")
-_ERROR_BODY_BYTES = 1 << 20  # of a model's error answer, at most this much is reported
 
 
 class ResponseStreamDoor:
@@ -68,6 +64,7 @@ class ResponseStreamDoor:
 
     def __init__(self, *, runtime: RuntimeDoor) -> None:
         self.runtime = runtime
+        self.invocations = runtime.invocations
         self.router = runtime.router
 
     def __repr__(self) -> str:
@@ -75,10 +72,10 @@ class ResponseStreamDoor:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, name: str) -> None:
         started = time.perf_counter()
-        chosen: list[VariantRoute] = []
+        calls: list[Call] = []
         client = _Client(receive)
         try:
-            status = await self._invoke(scope, client, send, name, started, chosen)
+            status = await self._invoke(scope, client, send, name, started, calls)
         except (RuntimeFailure, AuthFailure) as exc:
             status = exc.status_code
             if isinstance(exc, PayloadTooLarge) and exc.body_left:
@@ -103,7 +100,8 @@ class ResponseStreamDoor:
                 await runtime_error_response(InternalFailure("Internal failure."), send)
         finally:
             client.stop_watching()
-        count_invocation(chosen, status)
+        if calls:
+            Invocations.count(calls[0], status)
 
     async def _invoke(
         self,
@@ -112,47 +110,24 @@ class ResponseStreamDoor:
         send: Send,
         name: str,
         started: float,
-        chosen: list[VariantRoute],
+        calls: list[Call],
     ) -> int:
         runtime = self.runtime
         runtime.reach(scope, name)
-        route = runtime.route_of(name)
+        route = self.invocations.route(name)
         forward, target, content_length = _request_headers(scope)
         if content_length is not None and content_length > runtime.max_payload_bytes:
             raise runtime.too_large(body_left=True)
         body = await runtime.read_body(scope, client.receive)
-        variant = self.router.variant_for(route, target)
-        chosen.append(variant)
-        if variant.multi_model is not None:
-            raise RuntimeValidationError(
-                f"Endpoint {name} is a multi-model endpoint: InvokeEndpointWithResponseStream "
-                "does not support multi-model endpoints; use InvokeEndpoint."
-            )
-        call = Call(forward, body)
-        shadows = runtime.shadows
-        copies = shadows.pick(route, variant) if shadows is not None and route.copies else None
+        call = Call(forward, body, target=target, started=started)
+        calls.append(call)
         client.watch()  # from here a disconnect cancels the exchange
-        try:
-            async with contextlib.AsyncExitStack() as stack:
-                try:
-                    async with asyncio.timeout(self.router.timeout_s):
-                        exchange = await stack.enter_async_context(
-                            self.router.stream(route, variant, call)
-                        )
-                except TimeoutError:
-                    raise self._late(variant) from None
-                response = exchange.response
-                if response.status >= 300:
-                    raise runtime.model_error(name, await _whole(response, self.router.timeout_s))
-                await self._relay(exchange, client, send, name)
-                total = time.perf_counter() - started
-        finally:
-            if shadows is not None and copies:
-                shadows.send(route, copies, call)
-        metrics = exchange.variant.metrics
-        model_s = min(exchange.head_s + client.streamed_s, total)
-        metrics.model_latency.observe(model_s)
-        metrics.overhead_latency.observe(total - model_s)
+        async with self.invocations.stream(
+            route, call, head_timeout_s=self.router.timeout_s
+        ) as exchange:
+            await self._relay(exchange, client, send, name)
+            model_s = min(exchange.head_s + client.streamed_s, time.perf_counter() - started)
+        self.invocations.latency(call, model_s)
         return 200
 
     async def _relay(self, exchange: Exchange, client: _Client, send: Send, name: str) -> None:
@@ -171,7 +146,7 @@ class ResponseStreamDoor:
             chunk = await self._next(chunks, client, marker)
             if isinstance(chunk, _Failure):
                 if not client.answered:
-                    raise chunk.model_error(name, self.runtime)
+                    raise chunk.model_error(name, self.invocations)
                 break
             if not client.answered:
                 await send(_head(exchange))
@@ -220,22 +195,6 @@ class ResponseStreamDoor:
             text = chunk[len(marker) :].decode(errors="replace")
             return _Failure("StreamBroken", f"The model failed mid-stream: {text}", 500)
         return chunk
-
-    def _late(self, variant: VariantRoute) -> RuntimeFailure:
-        """No answer's head within the invocation timeout: a serverless variant with no
-        instance up is still starting (retried by boto3), anything else timed out."""
-        timeout_s = self.router.timeout_s
-        if variant.serverless is not None and not any(i.healthy for i in variant.instances):
-            return ModelNotReady(
-                f"No instance of serverless variant {variant.name} started within the "
-                f"invocation timeout of {timeout_s:g} s; retry later."
-            )
-        return ModelError(
-            f"Your invocation timed out while waiting for a response from {variant.name} "
-            f"after {timeout_s:g} s.",
-            original_status_code=504,
-            original_message="timed out",
-        )
 
 
 class _Client:
@@ -330,20 +289,6 @@ def _request_headers(scope: Scope) -> tuple[list[tuple[bytes, bytes]], str | Non
     return forward, target, content_length
 
 
-async def _whole(response: StreamedResponse, timeout_s: float) -> Response:
-    """An error answer read whole (its first MiB), to be reported as a ModelError."""
-    pieces: list[bytes] = []
-    size = 0
-    with contextlib.suppress(TimeoutError, UpstreamError):
-        async with asyncio.timeout(timeout_s):
-            async for chunk in response.chunks():
-                pieces.append(chunk)
-                size += len(chunk)
-                if size >= _ERROR_BODY_BYTES:
-                    break
-    return Response(response.status, response.headers, b"".join(pieces)[:_ERROR_BODY_BYTES])
-
-
 def _head(exchange: Exchange) -> dict[str, Any]:
     response = exchange.response
     headers = [
@@ -374,6 +319,6 @@ class _Failure:
     def event(self) -> bytes:
         return eventstream.stream_error("ModelStreamError", self.message, self.code)
 
-    def model_error(self, name: str, runtime: RuntimeDoor) -> ModelError:
+    def model_error(self, name: str, invocations: Invocations) -> ModelError:
         response = Response(self.status, [], self.message.encode())
-        return runtime.model_error(name, response)
+        return invocations.model_error(name, response)

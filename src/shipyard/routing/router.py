@@ -25,7 +25,7 @@ import contextlib
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shipyard.errors import ModelError, ModelNotReady, RuntimeValidationError, ServiceUnavailable
 from shipyard.routing.client import Response, ResponseTooLarge, StreamedResponse, UpstreamError
@@ -53,6 +53,10 @@ class Call:
     still waiting for an instance then leaves the queue with ClientGone instead of being
     served to nobody (a client that timed out and retried would otherwise have its
     request served twice, and the queue would hold work nobody waits for).
+
+    ``target`` is the variant the client named (TargetVariant); ``variant`` the one the
+    call was routed to, once chosen (routing/invocation.py); ``started`` when the door
+    took the request (``time.perf_counter``), for the gateway's share of its latency.
     """
 
     headers: Headers
@@ -60,6 +64,9 @@ class Call:
     content_length: int | None = None
     model: str | None = None
     watch_gone: Callable[[Callable[[], None]], Callable[[], None]] | None = None
+    target: str | None = None
+    variant: VariantRoute | None = None
+    started: float = field(default_factory=time.perf_counter)
 
 
 class ClientGone(Exception):
@@ -207,20 +214,26 @@ class Router:
                             continue
                     return response, model_s
         except TimeoutError:
-            if serverless is not None and not taken:
-                raise ModelNotReady(
-                    f"No instance of serverless variant {variant.name} started within the "
-                    f"invocation timeout of {self.timeout_s:g} s; retry later."
-                ) from None
-            raise ModelError(
-                f"Your invocation timed out while waiting for a response from "
-                f"{variant.name} after {self.timeout_s:g} s.",
-                original_status_code=504,
-                original_message="timed out",
-            ) from None
+            raise self.late(variant, reached=taken) from None
         finally:
             if serverless is not None:
                 serverless.leave()
+
+    def late(self, variant: VariantRoute, *, reached: bool) -> ModelNotReady | ModelError:
+        """The error for a call with no answer within ``timeout_s``: a serverless variant
+        whose request ``reached`` no instance is still starting (boto3 retries that), any
+        other call timed out."""
+        if variant.serverless is not None and not reached:
+            return ModelNotReady(
+                f"No instance of serverless variant {variant.name} started within the "
+                f"invocation timeout of {self.timeout_s:g} s; retry later."
+            )
+        return ModelError(
+            f"Your invocation timed out while waiting for a response from "
+            f"{variant.name} after {self.timeout_s:g} s.",
+            original_status_code=504,
+            original_message="timed out",
+        )
 
     @contextlib.asynccontextmanager
     async def stream(

@@ -32,6 +32,7 @@ from shipyard.metrics import Metrics
 from shipyard.provisioning.fleet import Fleet, Provisioner
 from shipyard.records import EndpointConfig, RoutingStrategy, TransformJob, VariantSpec
 from shipyard.routing.client import UpstreamError
+from shipyard.routing.invocation import Invocations
 from shipyard.routing.policies import LeastOutstandingRequests
 from shipyard.routing.router import Call, Router
 from shipyard.routing.table import EndpointRoute, VariantRoute
@@ -124,12 +125,13 @@ class TransformRun:
             fleet = await launching
             plan = await self._plan(fleet)
             router = Router(timeout_s=plan.timeout_s, max_response_bytes=_MAX_RESPONSE_BYTES)
+            invocations = Invocations(router)
             try:
                 route = self._route(fleet, plan)
                 router.publish(route)
                 records_done = sum(done.values())
                 for number, (uri, key) in enumerate(todo, start=len(done) + 1):
-                    count = await self._object(router, route, plan, uri, key)
+                    count = await self._object(invocations, route, plan, uri, key)
                     await asyncio.to_thread(self.store.finish_object, self.job.name, key, count)
                     records_done += count
                     self._export(len(inputs), number, records_done)
@@ -277,17 +279,17 @@ class TransformRun:
     # -- objects ----------------------------------------------------------------------
 
     async def _object(
-        self, router: Router, route: EndpointRoute, plan: Plan, uri: str, key: str
+        self, invocations: Invocations, route: EndpointRoute, plan: Plan, uri: str, key: str
     ) -> int:
         """Send one object through the model and write its output; its record count."""
         output = self.objects.join(self.job.request["TransformOutput"]["S3OutputPath"], key)
         chunks = decompress(self.objects.read_chunks(uri), plan.compression)
         counted = [0]
         if plan.split_type == "None":
-            answers = self._whole(router, route, plan, uri, chunks, counted)
+            answers = self._whole(invocations, route, plan, uri, chunks, counted)
         else:
             window = max(len(route.instances()), 1) * plan.concurrency
-            answers = self._records(router, route, plan, uri, chunks, counted, window)
+            answers = self._records(invocations, route, plan, uri, chunks, counted, window)
         try:
             await self.objects.write(output + ".out", answers)
         except SplitError as exc:
@@ -296,7 +298,7 @@ class TransformRun:
 
     async def _whole(
         self,
-        router: Router,
+        invocations: Invocations,
         route: EndpointRoute,
         plan: Plan,
         uri: str,
@@ -317,13 +319,13 @@ class TransformRun:
         sent = record
         if plan.input_filter is not None:
             sent = apply_input_filter(record, plan.input_filter, plan.content_type)
-        answer = await self._send(router, route, plan, sent, f"Object {uri}")
+        answer = await self._send(invocations, route, plan, sent, f"Object {uri}")
         counted[0] = 1
         yield self._render(plan, Payload(sent, 0, 1), answer, {0: record}, whole=True)
 
     async def _records(
         self,
-        router: Router,
+        invocations: Invocations,
         route: EndpointRoute,
         plan: Plan,
         uri: str,
@@ -358,7 +360,9 @@ class TransformRun:
                     yield self._render(plan, done, await task, originals)
                     counted[0] += done.count
                 where = _where(uri, payload)
-                task = asyncio.create_task(self._send(router, route, plan, payload.body, where))
+                task = asyncio.create_task(
+                    self._send(invocations, route, plan, payload.body, where)
+                )
                 pending.append((payload, task))
             while pending:
                 done, task = pending.popleft()
@@ -408,7 +412,7 @@ class TransformRun:
         return text + b"\n" if line else text
 
     async def _send(
-        self, router: Router, route: EndpointRoute, plan: Plan, body: bytes, where: str
+        self, invocations: Invocations, route: EndpointRoute, plan: Plan, body: bytes, where: str
     ) -> bytes:
         """One payload to the model, retried up to InvocationsMaxRetries; its answer."""
         headers: list[tuple[bytes, bytes]] = []
@@ -418,21 +422,14 @@ class TransformRun:
             headers.append((ACCEPT, plan.accept.encode("latin-1")))
         problem = ""
         for _ in range(plan.retries + 1):
+            call = Call(headers=headers, body=body, content_length=len(body))
+            call.variant = route.variants[0]
             try:
-                answer, _ = await router.invoke(
-                    route,
-                    route.variants[0],
-                    Call(headers=headers, body=body, content_length=len(body)),
-                )
+                answer = await invocations.run(route, call)
             except RuntimeFailure as exc:
                 problem = exc.message
                 continue
-            if answer.status == 200:
-                return answer.body
-            problem = (
-                f"the model answered {answer.status}: "
-                f"{answer.body[:512].decode('utf-8', 'replace')}"
-            )
+            return answer.body
         raise TransformFailed(f"ClientError: {where}: {problem}")
 
     def _export(self, total: int, done: int, records_done: int) -> None:

@@ -1,0 +1,236 @@
+"""Invocation: everything around a router call, once, for every door.
+
+A door (InvokeEndpoint, response streaming, the Open Inference Protocol over REST and
+gRPC, the asynchronous consumer, batch transform) only translates its wire format into
+a :class:`~shipyard.routing.router.Call` and the answer back. What happens in between
+lives here:
+
+- the variant (the one the client named, or one by weight) and, for a multi-model
+  variant, the TargetModel the request names;
+- the router call (routing/router.py), which chooses the instance, queues, and admits a
+  serverless variant's requests against its MaxConcurrency;
+- the shadow copies (routing/shadow.py), sent once the production answer is in;
+- the server-side batch the instance reports, and the model and overhead latency;
+- data capture of what was answered (capture/writer.py);
+- a model's error answer turned into the runtime's ModelError (or, for a multi-model
+  instance's platform error, the error SageMaker gives for it).
+
+Two ways to invoke, as the router has: ``run`` returns the whole answer; ``stream``
+yields it as it arrives. Counting an answer (Invocations, its 4XX/5XX errors) is the
+door's last step, through ``count``: only the door knows the status its client got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+from shipyard.contract import BATCH, parse_batch
+from shipyard.errors import EndpointNotFound, ModelError, RuntimeValidationError
+from shipyard.routing.client import Response, StreamedResponse, UpstreamError
+from shipyard.routing.multimodel import refusal, target_model
+from shipyard.routing.pipeline import FAILED_CONTAINER
+from shipyard.routing.router import Call, Exchange, Router
+from shipyard.routing.shadow import ShadowCopier
+from shipyard.routing.table import EndpointRoute, VariantRoute
+
+_OCTET_STREAM = b"application/octet-stream"
+_ERROR_BODY_BYTES = 1 << 20
+"""Of a streamed error answer, at most this much is read into the ModelError."""
+
+
+class Invocations:
+    """Invokes endpoints through one router, with everything a door needs around it.
+
+    Guarantee: every invocation that reaches ``run`` or ``stream`` is routed, copied to
+    shadows, measured and captured the same way, whichever door it came through.
+    """
+
+    __slots__ = ("router", "shadows", "region", "account_id")
+
+    def __init__(
+        self,
+        router: Router,
+        *,
+        shadows: ShadowCopier | None = None,
+        region: str = "us-east-1",
+        account_id: str = "000000000000",
+    ) -> None:
+        self.router = router
+        self.shadows = shadows
+        self.region = region
+        self.account_id = account_id
+
+    def __repr__(self) -> str:
+        return f"Invocations({self.router!r})"
+
+    # -- before the call --------------------------------------------------------------
+
+    def route(self, name: str) -> EndpointRoute:
+        """The routing table of real-time endpoint ``name``, or the error its clients get."""
+        route = self.router.routes.get(name)
+        if route is None:
+            raise EndpointNotFound(f"Endpoint {name} of account {self.account_id} not found.")
+        if route.async_config is not None:
+            raise RuntimeValidationError(
+                f"Endpoint {name} is an asynchronous endpoint: invoke it with InvokeEndpointAsync."
+            )
+        return route
+
+    def pick(self, route: EndpointRoute, call: Call) -> VariantRoute:
+        """Choose the call's variant (``call.target``, or by weight) and, for a multi-model
+        variant, read its TargetModel; both are kept on the call."""
+        variant = self.router.variant_for(route, call.target)
+        call.variant = variant
+        if variant.multi_model is not None and call.model is None:
+            call.model = target_model(route.name, call.headers)
+        return variant
+
+    # -- the call ---------------------------------------------------------------------
+
+    async def run(self, route: EndpointRoute, call: Call) -> Response:
+        """Send ``call`` and return the model's successful answer.
+
+        Raises:
+            The router's errors (routing/router.py); ModelError, or a multi-model
+            instance's platform error, for an error answer.
+        """
+        variant = call.variant or self.pick(route, call)
+        shadows = self.shadows
+        copies = (
+            shadows.pick(route, variant)
+            if shadows is not None and route.copies and isinstance(call.body, bytes)
+            else None  # a body read from its source as it is sent cannot be sent twice
+        )
+        try:
+            response, model_s = await self.router.invoke(route, variant, call)
+        finally:
+            # Copies start once the production answer is in (or failed), and run only
+            # when this request next yields: after the client's answer is written.
+            if copies:
+                assert shadows is not None
+                shadows.send(route, copies, call)
+        batch = response.header(BATCH)
+        if batch is not None:
+            observed = parse_batch(batch)
+            if observed is not None:
+                variant.metrics.observe_batch(*observed)
+        if response.status >= 300:
+            multi = variant.multi_model
+            if multi is not None and call.model is not None:
+                failure = refusal(response, call.model, multi.prefix)
+                if failure is not None:
+                    raise failure
+            raise self.model_error(route.name, response)
+        self.latency(call, model_s)
+        capture = variant.capture
+        if capture is not None and isinstance(call.body, bytes):
+            # One random draw; only sampled records are buffered.
+            kind = response.header(b"content-type") or _OCTET_STREAM
+            capture.offer(call.headers, call.body, response.body, kind)
+        return response
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self, route: EndpointRoute, call: Call, *, head_timeout_s: float | None = None
+    ) -> AsyncIterator[Exchange]:
+        """Send ``call`` and yield the model's successful answer once its head is in.
+
+        ``head_timeout_s`` bounds the wait for the head (an instance, then its answer);
+        without it the caller's own deadline covers the whole exchange. The caller reads
+        ``exchange.response.chunks()`` inside the block and reports the model's time
+        through ``latency``.
+
+        Raises:
+            As ``run``; RuntimeValidationError for a multi-model variant, whose answers
+            are never streamed.
+        """
+        variant = call.variant
+        if variant is None:
+            variant = call.variant = self.router.variant_for(route, call.target)
+        if variant.multi_model is not None:
+            raise RuntimeValidationError(
+                f"Endpoint {route.name} is a multi-model endpoint: a streamed invocation "
+                "does not support multi-model endpoints; use InvokeEndpoint."
+            )
+        shadows = self.shadows
+        copies = (
+            shadows.pick(route, variant)
+            if shadows is not None and route.copies and isinstance(call.body, bytes)
+            else None  # a body read from its source as it is sent cannot be sent twice
+        )
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    async with asyncio.timeout(head_timeout_s):
+                        exchange = await stack.enter_async_context(
+                            self.router.stream(route, variant, call)
+                        )
+                except TimeoutError:
+                    if head_timeout_s is None:
+                        raise
+                    up = any(i.healthy for i in variant.instances)
+                    raise self.router.late(variant, reached=up) from None
+                if exchange.response.status >= 300:
+                    whole = await _whole(exchange.response, self.router.timeout_s)
+                    raise self.model_error(route.name, whole)
+                yield exchange
+        finally:
+            if copies:
+                assert shadows is not None
+                shadows.send(route, copies, call)
+
+    # -- after the call ---------------------------------------------------------------
+
+    @staticmethod
+    def latency(call: Call, model_s: float) -> None:
+        """Record the model's share of the call and the gateway's (the rest, from the
+        moment the door took the request)."""
+        variant = call.variant
+        if variant is not None:
+            metrics = variant.metrics
+            metrics.model_latency.observe(model_s)
+            metrics.overhead_latency.observe(max(time.perf_counter() - call.started - model_s, 0.0))
+
+    @staticmethod
+    def count(call: Call | None, status: int) -> None:
+        """Count one answered request, and its 4xx/5xx, on the variant it was routed to
+        (none, when it failed before a variant was chosen)."""
+        if call is not None and call.variant is not None:
+            m = call.variant.metrics
+            m.invocations.inc()
+            if status >= 500:
+                m.errors_5xx.inc()
+            elif status >= 400:
+                m.errors_4xx.inc()
+
+    def model_error(self, name: str, response: Response) -> ModelError:
+        """The instance answered with an error status: the model's own failure. A step of
+        a multi-container model is named by its ContainerHostname or position (DESIGN 2.7)."""
+        message = response.body.decode(errors="replace")
+        kind = "client" if response.status < 500 else "server"
+        source = (response.header(FAILED_CONTAINER) or b"primary").decode(errors="replace")
+        group = f"/aws/sagemaker/Endpoints/{name}"
+        return ModelError(
+            f"Received {kind} error ({response.status}) from {source} with message "
+            f'"{message}". See the instance log for more information.',
+            original_status_code=response.status,
+            original_message=message,
+            log_stream_arn=f"arn:aws:logs:{self.region}:{self.account_id}:log-group:{group}",
+        )
+
+
+async def _whole(response: StreamedResponse, timeout_s: float) -> Response:
+    """An error answer read whole (its first MiB), to be reported as a ModelError."""
+    pieces: list[bytes] = []
+    size = 0
+    with contextlib.suppress(TimeoutError, UpstreamError):
+        async with asyncio.timeout(timeout_s):
+            async for chunk in response.chunks():
+                pieces.append(chunk)
+                size += len(chunk)
+                if size >= _ERROR_BODY_BYTES:
+                    break
+    return Response(response.status, response.headers, b"".join(pieces)[:_ERROR_BODY_BYTES])
