@@ -1,9 +1,9 @@
 """Multi-model routes: the TargetModel a request names, who holds it, and what went wrong.
 
 A variant that serves a ``Mode: MultiModel`` model carries a MultiModelRoute, set by the
-reconciler: the strategy the router (routing/router.py) asks to choose an instance for a
-TargetModel, to send the request and to learn from the answer. The router reaches it only
-for such variants, so none of this work lands on the single-model path.
+reconciler: its Dispatch strategy (routing/strategies.py), which the router asks to choose
+an instance for a TargetModel, to send the request and to learn from the answer. Only
+such variants have it, so none of this work lands on the single-model path.
 
 The instance speaks the contract of shipyard/contract.py: every answer says whether the
 model was in memory (``X-Shipyard-Model-Cache``), what was unloaded for it
@@ -32,7 +32,12 @@ from shipyard.contract import (
     parse_evicted,
     parse_timings,
 )
-from shipyard.errors import ModelNotReady, RuntimeFailure, RuntimeValidationError
+from shipyard.errors import (
+    ModelNotReady,
+    RuntimeFailure,
+    RuntimeValidationError,
+    ServiceUnavailable,
+)
 from shipyard.metrics import ModelMetrics
 from shipyard.routing.client import Response
 from shipyard.routing.instance import Instance
@@ -40,6 +45,7 @@ from shipyard.routing.policies import ModelPolicy
 
 if TYPE_CHECKING:
     from shipyard.routing.model_agent import ModelAgent
+    from shipyard.routing.router import Call
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -77,31 +83,41 @@ class MultiModelRoute:
     def __repr__(self) -> str:
         return f"MultiModelRoute(prefix={self.prefix!r}, policy={self.policy!r})"
 
-    def choose(self, instances: Sequence[Instance], model: str) -> Instance | None:
-        """The instance for a request for ``model`` (model affinity), or None if all are full."""
-        return self.policy.choose(instances, model)
+    # -- Dispatch (routing/strategies.py) --------------------------------------------
 
-    @staticmethod
-    def try_elsewhere(response: Response) -> bool:
-        """Whether another instance may serve what this one refused: too large for its
-        memory budget, while another's may be larger."""
+    def choose(self, instances: Sequence[Instance], call: Call) -> Instance | None:
+        """The instance for a request for the call's model (model affinity), or None if
+        all are full."""
+        if call.model is None:
+            # The variant became multi-model while the request waited for an instance.
+            raise ServiceUnavailable("The variant now serves multiple models; retry naming one.")
+        return self.policy.choose(instances, call.model)
+
+    async def send(self, instance: Instance, call: Call, max_body: int | None) -> Response:
+        """Send one invocation of the call's model to ``instance``; its answer.
+
+        The instance counts as holding the model from now on, so requests for it that
+        follow wait for this load instead of starting another elsewhere.
+        """
+        model, body = call.model, call.body
+        assert model is not None and isinstance(body, bytes)
+        if self.agent is not None:
+            return await self.agent.invoke(instance, model, call.headers, body)
+        _touch(instance.models, model)
+        return await instance.pool.request(b"POST", b"/invocations", call.headers, body)
+
+    def learn(self, instance: Instance, call: Call, response: Response) -> bool:
+        """Observe the answer; True when it was too large for this instance's memory
+        budget, while another's may be larger."""
+        assert call.model is not None
+        self.observe(instance, call.model, response)
         return response.header(ERROR) == TOO_LARGE
 
     @staticmethod
-    def forget(instance: Instance, model: str) -> None:
-        """The request never reached ``instance``: do not count it as holding ``model``."""
-        instance.models.pop(model, None)
-
-    async def send(self, instance: Instance, model: str, headers: Headers, body: bytes) -> Response:
-        """Send one invocation of ``model`` to ``instance`` and return its answer.
-
-        The instance counts as holding ``model`` from now on, so requests for it that
-        follow wait for this load instead of starting another elsewhere.
-        """
-        if self.agent is not None:
-            return await self.agent.invoke(instance, model, headers, body)
-        _touch(instance.models, model)
-        return await instance.pool.request(b"POST", b"/invocations", headers, body)
+    def unreachable(instance: Instance, call: Call) -> None:
+        """The request never reached ``instance``: do not count it as holding the model."""
+        if call.model is not None:
+            instance.models.pop(call.model, None)
 
     def observe(self, instance: Instance, model: str, response: Response) -> None:
         """Learn from an answer which models ``instance`` holds, and record its metrics."""

@@ -3,9 +3,13 @@
 Real-time, multi-model, asynchronous and streamed requests all come through here, so
 this is the only place that chooses an instance and counts the work in flight on it:
 the policies, the reconciler's "busy" exemption, draining and the async consumer's
-capacity all read that one count. Per request: the variant (by weight, or the one the
-client named), an instance by the variant's policy (or its multi-model strategy) after
-waiting in the variant's queue if the policy queues, then bytes over a pooled connection.
+capacity all read that one count. Per request, the same steps for every variant: admit
+it, take an instance (after waiting in the variant's queue if none can take it now),
+send, learn from the answer, give the instance back. What differs between kinds of
+variant (one model or many, a standing fleet or a serverless one) is the variant's
+Dispatch and Admission strategies (routing/strategies.py), not a branch here. What
+surrounds a call (the variant a client named, shadow copies, metrics, capture, errors)
+is routing/invocation.py's.
 
 The router reads only the route tables the reconciler publishes (routing/table.py),
 never the store. Two ways to send, sharing the choosing and the counting:
@@ -170,60 +174,42 @@ class Router:
         """
         tried: list[Instance] = []
         turn = not variant.waiters  # first come, first served
-        serverless = variant.serverless
-        if serverless is not None:
-            serverless.admit()
+        admission = variant.admission
+        admission.admit()
         taken = False
         try:
             async with self._deadlines.after(self.timeout_s):
                 while True:
                     variant, instance = await self._take(route, variant, call, tried, turn)
                     turn = taken = True
-                    multi = variant.multi_model
+                    dispatch = variant.dispatch
                     started = time.perf_counter()
                     try:
-                        if multi is None:
-                            response = await instance.pool.request(
-                                b"POST",
-                                _INVOCATIONS,
-                                call.headers,
-                                call.body,
-                                content_length=call.content_length,
-                                max_body=self.max_response_bytes,
-                            )
-                        else:
-                            assert call.model is not None and isinstance(call.body, bytes)
-                            response = await multi.send(
-                                instance, call.model, call.headers, call.body
-                            )
+                        response = await dispatch.send(instance, call, self.max_response_bytes)
                     except UpstreamError as exc:
-                        self._unsent(route, instance, call, exc, tried)
+                        self._unsent(route, variant, instance, call, exc, tried)
                         continue
                     finally:
                         self._give_back(route, variant, instance)
                     model_s = time.perf_counter() - started
                     instance.observe(model_s)
-                    if multi is not None:
-                        assert call.model is not None
-                        multi.observe(instance, call.model, response)
-                        if multi.try_elsewhere(response) and any(
-                            i.healthy and i is not instance and i not in tried
-                            for i in variant.instances
-                        ):
-                            tried.append(instance)
-                            continue
+                    if dispatch.learn(instance, call, response) and any(
+                        i.healthy and i is not instance and i not in tried
+                        for i in variant.instances
+                    ):
+                        tried.append(instance)
+                        continue
                     return response, model_s
         except TimeoutError:
             raise self.late(variant, reached=taken) from None
         finally:
-            if serverless is not None:
-                serverless.leave()
+            admission.leave()
 
     def late(self, variant: VariantRoute, *, reached: bool) -> ModelNotReady | ModelError:
         """The error for a call with no answer within ``timeout_s``: a serverless variant
         whose request ``reached`` no instance is still starting (boto3 retries that), any
         other call timed out."""
-        if variant.serverless is not None and not reached:
+        if variant.admission.starts_instances and not reached:
             return ModelNotReady(
                 f"No instance of serverless variant {variant.name} started within the "
                 f"invocation timeout of {self.timeout_s:g} s; retry later."
@@ -252,15 +238,13 @@ class Router:
         """
         tried: list[Instance] = []
         turn = not variant.waiters
-        serverless = variant.serverless
-        if serverless is not None:
-            serverless.admit()
+        admission = variant.admission
+        admission.admit()
         try:
             async with self._exchange(route, variant, call, tried, turn) as exchange:
                 yield exchange
         finally:
-            if serverless is not None:
-                serverless.leave()
+            admission.leave()
 
     @contextlib.asynccontextmanager
     async def _exchange(
@@ -288,7 +272,7 @@ class Router:
                             )
                         )
                     except UpstreamError as exc:
-                        self._unsent(route, instance, call, exc, tried)
+                        self._unsent(route, variant, instance, call, exc, tried)
                         continue
                     yield Exchange(variant, instance, response, time.perf_counter() - started)
                     return
@@ -312,7 +296,7 @@ class Router:
         """
         while True:
             variant = self.current(route, variant)
-            instance = self._choose(variant, call.model, tried, turn=turn)
+            instance = self._choose(variant, call, tried, turn=turn)
             if instance is not None:
                 instance.in_flight += 1
                 return variant, instance
@@ -322,8 +306,7 @@ class Router:
 
     def _give_back(self, route: EndpointRoute, variant: VariantRoute, instance: Instance) -> None:
         instance.in_flight -= 1
-        if variant.serverless is not None:
-            instance.last_used = time.monotonic()
+        instance.last_used = time.monotonic()  # a serverless variant's idle clock
         # The turn goes to the queue of the table published now: a swap since the request
         # was taken moved the waiting requests there, and a turn given to the old table's
         # (empty) queue would be lost, leaving them asleep beside an idle instance.
@@ -335,6 +318,7 @@ class Router:
     @staticmethod
     def _unsent(
         route: EndpointRoute,
+        variant: VariantRoute,
         instance: Instance,
         call: Call,
         exc: UpstreamError,
@@ -361,8 +345,7 @@ class Router:
             raise InstanceFailed(
                 f"The instance serving {route.name} failed during the request: {exc}"
             ) from exc
-        if call.model is not None:
-            instance.models.pop(call.model, None)
+        variant.dispatch.unreachable(instance, call)
         instance.healthy = False  # the reconciler re-checks and restores it
         if not isinstance(call.body, bytes):
             # Nothing of it was read, but an iterator cannot be offered to another
@@ -388,35 +371,23 @@ class Router:
         return current.pick_variant(self._rng)
 
     def _choose(
-        self, variant: VariantRoute, model: str | None, tried: list[Instance], *, turn: bool
+        self, variant: VariantRoute, call: Call, tried: list[Instance], *, turn: bool
     ) -> Instance | None:
         """An instance for the request, or None to wait in the variant's queue."""
         candidates = variant.instances
         if tried:
             candidates = [i for i in candidates if i not in tried]
         if turn:
-            multi = variant.multi_model
-            if multi is None:
-                instance = variant.policy.choose(candidates)
-            elif model is None:
-                raise ServiceUnavailable(
-                    f"Variant {variant.name} now serves multiple models; retry naming one."
-                )
-            else:
-                instance = multi.choose(candidates, model)
+            instance = variant.dispatch.choose(candidates, call)
             if instance is not None:
                 return instance
             if (
-                variant.serverless is None
+                not variant.admission.starts_instances
                 and not variant.coming
                 and not any(i.healthy for i in candidates)
             ):
                 raise ModelNotReady(f"No instance of variant {variant.name} is ready yet.")
-        if variant.serverless is not None:
-            # No instance can take it now: ask for as many as the work at hand needs,
-            # this request included, and wait for one (a cold start, or an answer).
-            busy = sum(i.in_flight for i in variant.instances) + len(variant.waiters) + 1
-            variant.serverless.want(busy)
+        variant.admission.waiting(variant)
         if len(variant.waiters) >= variant.queue_limit:
             raise ServiceUnavailable(
                 f"Every instance of variant {variant.name} is at capacity; retry later."

@@ -1,12 +1,12 @@
 """Serverless variants on the data path: admission against MaxConcurrency, and demand.
 
-A serverless variant (DESIGN 3.2) has instances only while it has work. The router asks
-this object two things per request: may it enter (at most ``MaxConcurrency`` requests in
-flight across the variant, counting those waiting for a cold start; past that,
-ThrottlingException), and, when no instance can take it now, to ask for more instances
-(``want``). Starting them is the control plane's business (control/serverless.py); the
-request waits in the variant's queue meanwhile, and publishing the new instance gives it
-its turn.
+A serverless variant (DESIGN 3.2) has instances only while it has work. This object is
+its Admission strategy (routing/strategies.py); the router asks it two things per
+request: may it enter (at most ``MaxConcurrency`` requests in flight across the variant,
+counting those waiting for a cold start; past that, ThrottlingException), and, when no
+instance can take it now, to ask for more instances (``waiting``). Starting them is the
+control plane's business (control/serverless.py); the request waits in the variant's
+queue meanwhile, and publishing the new instance gives it its turn.
 
 One object lives as long as the fleet it belongs to, across every routing table
 published for it, so the count of requests admitted stays true while instances come and
@@ -17,15 +17,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from shipyard.errors import Throttling
 from shipyard.records import ServerlessConfig
+
+if TYPE_CHECKING:  # the tables import this module
+    from shipyard.routing.table import VariantRoute
 
 
 class ServerlessRoute:
     """Admission and demand of one serverless variant."""
 
     __slots__ = ("variant", "config", "slots", "max_instances", "active", "_demand")
+
+    starts_instances = True
 
     def __init__(
         self,
@@ -61,6 +67,12 @@ class ServerlessRoute:
 
     def leave(self) -> None:
         self.active -= 1
+
+    def waiting(self, variant: VariantRoute) -> None:
+        """No instance can take a request now: ask for as many as the work at hand needs,
+        this request included, and let it wait for one (a cold start, or an answer)."""
+        busy = sum(i.in_flight for i in variant.instances) + len(variant.waiters) + 1
+        self.want(busy)
 
     def want(self, busy: int) -> None:
         """``busy`` requests need an instance slot (in flight or waiting): ask for the

@@ -22,6 +22,7 @@ from shipyard.routing.multimodel import MultiModelRoute
 from shipyard.routing.policies import Policy
 from shipyard.routing.serverless import ServerlessRoute
 from shipyard.routing.shadow import copy_shares
+from shipyard.routing.strategies import UNLIMITED, Admission, Dispatch, OneModel
 
 
 class VariantRoute:
@@ -44,6 +45,10 @@ class VariantRoute:
     queue otherwise, instead of being refused while capacity is on its way. ``shadow``
     marks a shadow variant: never picked by weight nor by TargetVariant, it only takes
     the copies routing/shadow.py sends it.
+
+    ``dispatch`` and ``admission`` are the strategies the router follows for the
+    variant's requests (routing/strategies.py): the multi-model route or one model under
+    ``policy``; the serverless route or no limit.
     """
 
     __slots__ = (
@@ -59,6 +64,8 @@ class VariantRoute:
         "serverless",
         "coming",
         "shadow",
+        "dispatch",
+        "admission",
     )
 
     def __init__(
@@ -84,6 +91,8 @@ class VariantRoute:
         self.capture = capture
         self.multi_model = multi_model
         self.serverless = serverless
+        self.dispatch: Dispatch = multi_model if multi_model is not None else OneModel(policy)
+        self.admission: Admission = serverless if serverless is not None else UNLIMITED
         self.coming = coming
         self.waiters: deque[asyncio.Future[None]] = deque()
         queued = len(instances) if policy.queues else 0

@@ -1,0 +1,132 @@
+"""The strategies a variant gives the router: how its requests are placed and admitted.
+
+The router (routing/router.py) does the same steps for every variant: admit the request,
+take an instance (waiting in the variant's queue when none can take it), send, learn from
+the answer, give the instance back. What differs between kinds of variant is behind two
+small interfaces, set on each VariantRoute by whoever builds the table:
+
+- **Dispatch**: which instance may take the request, how it is sent there, and what the
+  answer teaches. ``OneModel`` for a variant that serves one model (its routing policy
+  chooses; the body goes to ``/invocations``); MultiModelRoute (routing/multimodel.py)
+  for ``Mode: MultiModel``, which chooses by TargetModel, keeps the view of which
+  instance holds which model and retries a model too large for one instance on another.
+- **Admission**: whether a request may enter, and what the variant does when no instance
+  can take it. ``Unlimited`` for a fleet that is there all the time; ServerlessRoute
+  (routing/serverless.py) admits against MaxConcurrency and asks for instances on demand.
+
+A new kind of variant (inference components, sticky sessions) is a new strategy here and
+in the module that owns it, not a branch in the router.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from shipyard.routing.client import Response
+from shipyard.routing.instance import Instance
+from shipyard.routing.policies import Policy
+
+if TYPE_CHECKING:
+    from shipyard.routing.router import Call
+    from shipyard.routing.table import VariantRoute
+
+_INVOCATIONS = b"/invocations"
+
+
+class Dispatch(Protocol):
+    """Places the requests of one variant on its instances."""
+
+    def choose(self, instances: Sequence[Instance], call: Call) -> Instance | None:
+        """The instance for ``call``, or None when every one is full."""
+        ...
+
+    def send(self, instance: Instance, call: Call, max_body: int | None) -> Awaitable[Response]:
+        """Send ``call`` to ``instance``; its answer (an UpstreamError if none came)."""
+        ...
+
+    def learn(self, instance: Instance, call: Call, response: Response) -> bool:
+        """Learn from ``instance``'s answer; True when another instance may serve what
+        this one refused."""
+        ...
+
+    def unreachable(self, instance: Instance, call: Call) -> None:
+        """The request never reached ``instance``."""
+        ...
+
+
+class Admission(Protocol):
+    """Lets the requests of one variant in, and brings instances for them."""
+
+    starts_instances: bool
+    """Whether the variant starts instances for the requests that wait (then waiting for
+    one with none up is a cold start, not an outage)."""
+
+    def admit(self) -> None:
+        """Count one request in, or raise (ThrottlingException) to refuse it."""
+        ...
+
+    def leave(self) -> None:
+        """An admitted request is done."""
+        ...
+
+    def waiting(self, variant: VariantRoute) -> None:
+        """No instance of ``variant`` can take a request now: it is about to wait."""
+        ...
+
+
+class OneModel:
+    """Dispatch for a variant serving one model: its routing policy chooses, and the
+    request goes to the instance's ``/invocations`` as it came."""
+
+    __slots__ = ("policy",)
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def __repr__(self) -> str:
+        return f"OneModel({self.policy!r})"
+
+    def choose(self, instances: Sequence[Instance], call: Call) -> Instance | None:
+        return self.policy.choose(instances)
+
+    def send(self, instance: Instance, call: Call, max_body: int | None) -> Awaitable[Response]:
+        # The pool's own coroutine, not one wrapped around it: no extra frame per request.
+        return instance.pool.request(
+            b"POST",
+            _INVOCATIONS,
+            call.headers,
+            call.body,
+            content_length=call.content_length,
+            max_body=max_body,
+        )
+
+    def learn(self, instance: Instance, call: Call, response: Response) -> bool:
+        return False
+
+    def unreachable(self, instance: Instance, call: Call) -> None:
+        pass
+
+
+class Unlimited:
+    """Admission for a fleet that is always there: every request enters; one that finds
+    every instance full waits in the queue (or is refused) as the policy says."""
+
+    __slots__ = ()
+
+    starts_instances = False
+
+    def __repr__(self) -> str:
+        return "Unlimited()"
+
+    def admit(self) -> None:
+        pass
+
+    def leave(self) -> None:
+        pass
+
+    def waiting(self, variant: VariantRoute) -> None:
+        pass
+
+
+UNLIMITED = Unlimited()
