@@ -23,19 +23,19 @@ from starlette.routing import Route
 from shipyard import heap
 from shipyard.async_inference.consumer import Consumer
 from shipyard.async_inference.queue import AsyncInvocations
+from shipyard.autoscaling.autoscaler import Autoscaler, MetricReader
+from shipyard.autoscaling.scaling import ScalingService
 from shipyard.backends import BackendContext, FullBackend, create_backend
 from shipyard.backends.environment import s3_variables
 from shipyard.background import Loops, Wakeup
 from shipyard.capture.writer import CaptureWriter
-from shipyard.control.autoscaler import Autoscaler, MetricReader
 from shipyard.control.endpoints import EndpointService
 from shipyard.control.leases import Leases
-from shipyard.control.logs import LogService
 from shipyard.control.reconciler import Reconciler
-from shipyard.control.scaling import ScalingService
 from shipyard.events.dispatcher import Dispatcher
 from shipyard.events.notify import Notifier
 from shipyard.events.topics import Topics
+from shipyard.gateway.actions import registry
 from shipyard.gateway.async_invocations import AsyncDoor
 from shipyard.gateway.auth import Verifier
 from shipyard.gateway.console import ConsoleDoor, ConsoleState, JobReads
@@ -45,6 +45,7 @@ from shipyard.gateway.facade import JobsDoor
 from shipyard.gateway.oip import InferenceProtocol
 from shipyard.gateway.oip_rest import OipRestDoor
 from shipyard.gateway.ops import healthz, metrics_endpoint
+from shipyard.gateway.paths import PathRouter
 from shipyard.gateway.runtime import RuntimeDoor
 from shipyard.gateway.signatures import ASGIApp, ReadOnce, RequireSignature
 from shipyard.gateway.stack_config import StackConfigDoor
@@ -54,6 +55,7 @@ from shipyard.host_access import HostAccess
 from shipyard.jobs.announce import JobAnnouncer
 from shipyard.jobs.service import JobService
 from shipyard.jobs.supervisor import JobSupervisor
+from shipyard.logs.service import LogService
 from shipyard.metrics import Metrics
 from shipyard.provisioning.fleet import Provisioner
 from shipyard.routing.invocation import Invocations
@@ -86,9 +88,10 @@ StartupHook = Callable[[EndpointService], Awaitable[None]]
 
 
 class Gateway:
-    """The gateway's ASGI app.
+    """The gateway's ASGI app: every component, built from Settings and wired together.
 
-    Invocations take a fast path straight to the runtime door; everything else goes
+    Requests pass the edge (read once, signatures checked: gateway/signatures.py), then
+    the path router (gateway/paths.py): the data path's doors straight, everything else
     through Starlette's routing.
     """
 
@@ -178,9 +181,7 @@ class Gateway:
             serverless_slots=settings.serverless_slots_per_instance,
             capture=self.capture,
         )
-        self.tagging = Tagging(
-            store=TagStore(self.store.engine), resource_exists=self._resource_exists
-        )
+        self.tagging = Tagging(store=TagStore(self.store.engine))
         self.service = EndpointService(
             store=self.store,
             wake=self.reconciler.wake,
@@ -220,19 +221,20 @@ class Gateway:
         self._build_async(settings)
         self._build_scaling(settings, stack)
         self._build_transforms(settings, stack)
-        validator = RequestValidator(unpatterned=_LOCAL_URI_SHAPES)
         control = ControlDoor(
-            service=self.service,
-            jobs=self.jobs,
-            validator=validator,
-            logs=LogService(jobs=self.jobs, logs_dir=settings.home / "logs"),
-            scaling=self.scaling,
-            transforms=self.transforms,
+            actions=registry(
+                validator=RequestValidator(unpatterned=_LOCAL_URI_SHAPES),
+                endpoints_service=self.service,
+                jobs=self.jobs,
+                transforms=self.transforms,
+                scaling=self.scaling,
+                log_service=LogService(jobs=self.jobs, logs_dir=settings.home / "logs"),
+            ),
+            arn=self.service.arn,
         )
         jobs_door = JobsDoor(jobs=self.jobs)
         stack_door = self._stack_config(settings, stack)
         self._on_startup = on_startup
-        self._entry = self._guarded(settings, stack)
         self.app = Starlette(
             routes=[
                 Route("/", control.handle, methods=["POST"]),
@@ -248,6 +250,16 @@ class Gateway:
             exception_handlers={404: _unknown_path, 405: _unknown_path},
         )
         self.app.state.ready = False
+        doors = PathRouter(
+            endpoint_doors={
+                "invocations": self.runtime,
+                "async-invocations": self.async_door,
+                "invocations-response-stream": self.streaming,
+            },
+            v2=self.oip_rest,
+            fallback=self.app,
+        )
+        self._entry = self._guarded(settings, stack, doors)
 
     def _stack_config(self, settings: Settings, stack: StackFile) -> StackConfigDoor:
         """``/stack``: the topics and jobs sections, changed live by ``shipyard apply``."""
@@ -333,23 +345,6 @@ class Gateway:
             renew_s=self.settings.lease_renew_s,
         )
 
-    def _resource_exists(self, kind: str, arn: str) -> bool:
-        """Whether the resource of ``arn`` exists (ARNs lower-case names, so by ARN)."""
-        listed: list[Any]
-        if kind == "model":
-            listed = self.service.list_models()
-        elif kind == "endpoint-config":
-            listed = self.service.list_endpoint_configs()
-        elif kind == "endpoint":
-            listed = self.service.list_endpoints()
-        elif kind == "training-job":
-            listed = self.jobs.store.list()
-        elif kind == "transform-job":
-            listed = self.transforms.list_jobs()
-        else:
-            return False
-        return any(resource.arn == arn for resource in listed)
-
     def _build_async(self, settings: Settings) -> None:
         """The asynchronous-inference queue, its door and its consumer."""
         queue = AsyncQueue(self.store.engine)
@@ -427,7 +422,7 @@ class Gateway:
             account_id=settings.account_id,
         )
 
-    def _guarded(self, settings: Settings, stack: StackFile) -> ASGIApp:
+    def _guarded(self, settings: Settings, stack: StackFile, doors: ASGIApp) -> ASGIApp:
         """The edge every request passes first: its head read once (repeated
         security-relevant headers refused), and SigV4 verification when the stack file
         has ``auth:`` (gateway/signatures.py)."""
@@ -439,9 +434,9 @@ class Gateway:
                     "the port could run commands on this host. Add an auth: section "
                     "(see SECURITY.md) or pass --insecure."
                 )
-            return ReadOnce(self._dispatch, account_id=settings.account_id)
+            return ReadOnce(doors, account_id=settings.account_id)
         return RequireSignature(
-            self._dispatch,
+            doors,
             verifier=Verifier.from_config(stack.auth, os.environ),
             account_id=settings.account_id,
             max_body_bytes=settings.max_payload_bytes,
@@ -453,30 +448,6 @@ class Gateway:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         await self._entry(scope, receive, send)
-
-    async def _dispatch(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v2"):
-            if scope["path"] == "/v2" or scope["path"].startswith("/v2/"):
-                await self.oip_rest(scope, receive, send)
-                return
-        if scope["type"] == "http" and scope["method"] == "POST":
-            path: str = scope["path"]
-            if path.startswith("/endpoints/") and path.endswith("/invocations"):
-                name = path[len("/endpoints/") : -len("/invocations")].strip("/")
-                if name and "/" not in name:
-                    await self.runtime(scope, receive, send, name)
-                    return
-            if path.startswith("/endpoints/") and path.endswith("/async-invocations"):
-                name = path[len("/endpoints/") : -len("/async-invocations")].strip("/")
-                if name and "/" not in name:
-                    await self.async_door(scope, receive, send, name)
-                    return
-            if path.startswith("/endpoints/") and path.endswith("/invocations-response-stream"):
-                name = path[len("/endpoints/") : -len("/invocations-response-stream")].strip("/")
-                if name and "/" not in name:
-                    await self.streaming(scope, receive, send, name)
-                    return
-        await self.app(scope, receive, send)
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:

@@ -2,7 +2,7 @@
 code writes: a link or a FIFO put in place of one is never followed, never waited on.
 
 Each reader of a job's log is tried: GET /jobs/{name}/logs (gateway/facade.py),
-GetLogEvents (control/logs.py), the console's log view, the status lines and the PID
+GetLogEvents (logs/service.py), the console's log view, the status lines and the PID
 files the backend reads.
 """
 
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from shipyard.backends.local import LocalBackend
-from shipyard.control.logs import LogStream, _lines
 from shipyard.gateway.console.door import _read_log
 from shipyard.gateway.facade import _read_from
 from shipyard.job_contract import open_untrusted, read_status, untrusted_size
+from shipyard.logs.service import LogStream, _lines
 
 SECRET = b"the gateway's secret\n"
 

@@ -50,9 +50,10 @@ class EndpointService:
     ) -> None:
         self.store = store
         self.host_access = host_access or HostAccess()
-        self.tagging = tagging or Tagging(
-            store=TagStore(store.engine), resource_exists=lambda kind, arn: False
-        )
+        self.tagging = tagging or Tagging(store=TagStore(store.engine))
+        self.tagging.track("model", self.list_models)
+        self.tagging.track("endpoint-config", self.list_endpoint_configs)
+        self.tagging.track("endpoint", self.list_endpoints)
         self.max_instances = max_instances
         self.max_instance_memory_bytes = max_instance_memory_bytes
         self._wake = wake

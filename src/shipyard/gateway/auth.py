@@ -78,6 +78,7 @@ from shipyard.errors import (
     RepeatedHeader,
     UnrecognizedClient,
 )
+from shipyard.gateway.registry import iam_action
 from shipyard.settings import AuthConfig
 
 _ALGORITHM = "AWS4-HMAC-SHA256"
@@ -521,13 +522,7 @@ def action_of(method: str, path: str, target: str | None) -> tuple[Door, str] | 
     if path.startswith("/console/api/"):
         return Door.OTHER, _console_action(path)
     if path == "/":
-        service, _, name = (target or "").partition(".")
-        prefix = {
-            "SageMaker": "sagemaker",
-            "AnyScaleFrontendService": "application-autoscaling",
-            "Logs_20140328": "logs",
-        }.get(service, "sagemaker")
-        return Door.CONTROL, f"{prefix}:{name or 'UnknownOperation'}"
+        return Door.CONTROL, iam_action(target)
     if path.startswith("/endpoints/"):
         kind = path.rstrip("/").rsplit("/", 1)[-1]
         action = {

@@ -12,7 +12,7 @@ import json
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from functools import cache, partial
+from functools import cache
 from typing import Any
 
 import botocore.session
@@ -20,24 +20,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from shipyard.control.endpoints import EndpointService
-from shipyard.control.logs import ENDPOINTS_GROUP, JOBS_GROUP, LogService
-from shipyard.control.scaling import ScalingService
-from shipyard.errors import RequestTooLarge, SerializationException, UnknownOperation
+from shipyard.errors import RequestTooLarge, SerializationException
 from shipyard.gateway import bodies
-from shipyard.gateway.actions import ACTIONS, JOB_ACTIONS
-from shipyard.gateway.actions.autoscaling import ACTIONS as SCALING_ACTIONS
-from shipyard.gateway.actions.logs import ACTIONS as LOG_ACTIONS
-from shipyard.gateway.actions.transform_jobs import ACTIONS as TRANSFORM_ACTIONS
 from shipyard.gateway.auth import Admitted, admitted
 from shipyard.gateway.errors import AMZ_JSON, control_error_response
-from shipyard.gateway.validation import RequestValidator
-from shipyard.jobs.service import JobService
-from shipyard.transform.service import TransformService
-
-_PREFIX = "SageMaker."
-_LOGS_PREFIX = "Logs_20140328."
-_SCALING_PREFIX = "AnyScaleFrontendService."
+from shipyard.gateway.registry import Action, ActionRegistry
+from shipyard.logs.service import ENDPOINTS_GROUP, JOBS_GROUP
 
 MAX_BODY_BYTES = 1 << 20
 """SageMaker's control-plane requests are a few KiB; a bigger body is refused unread."""
@@ -57,9 +45,6 @@ _NAMED = {
 }
 """Request members that name a resource, and the kind of ARN its name makes."""
 
-_SERVICES = {_LOGS_PREFIX: "logs", _SCALING_PREFIX: "application-autoscaling"}
-"""botocore's name for the service of each X-Amz-Target prefix but SageMaker's."""
-
 _DIMENSION = "dimension"
 """A metric dimension (``{"Name", "Value"}``): ``EndpointName`` names an endpoint."""
 
@@ -76,31 +61,15 @@ def _json_default(value: object) -> object:
 
 class ControlDoor:
     """Runs the ``X-Amz-Target`` the edge read (``auth.Admitted``), validated against the
-    service model."""
+    service model, from the action registry (gateway/registry.py).
 
-    def __init__(
-        self,
-        *,
-        service: EndpointService,
-        jobs: JobService,
-        validator: RequestValidator,
-        logs: LogService | None = None,
-        scaling: ScalingService | None = None,
-        transforms: TransformService | None = None,
-    ) -> None:
-        self.service = service
-        self.jobs = jobs
-        self.validator = validator
-        self.logs = logs
-        """CloudWatch Logs' calls (``Logs_20140328.*``), when served."""
-        self._logs_validator = RequestValidator("logs") if logs is not None else None
-        self.transforms = transforms
-        """Batch transform's calls, when served."""
-        self.scaling = scaling
-        """Application Auto Scaling's calls (``AnyScaleFrontendService.*``), when served."""
-        self._scaling_validator = (
-            RequestValidator("application-autoscaling") if scaling is not None else None
-        )
+    ``arn(kind, name)`` makes the ARN of a resource a request names by name, for keys
+    scoped by resource.
+    """
+
+    def __init__(self, *, actions: ActionRegistry, arn: Callable[[str, str], str]) -> None:
+        self.actions = actions
+        self.arn = arn
 
     async def handle(self, request: Request) -> Response:
         request_id = {"x-amzn-RequestId": str(uuid.uuid4())}
@@ -117,51 +86,21 @@ class ControlDoor:
         # The target the edge read and authorised, never the header again: a second
         # reading could pick another value (DESIGN 2.9, "read once").
         edge = admitted(request.scope)
-        validator, action, run = self._call(edge.target)
-        # List calls, and the Describe* of Logs and Application Auto Scaling, list.
-        lists = action.startswith("List") or validator is not self.validator
+        action = self.actions.find(edge.target)
         params = _parse(await read_body(request, max_bytes=MAX_BODY_BYTES))
-        validator.validate(action, params)
+        action.validator.validate(action.name, params)
         assert isinstance(params, dict)  # validate refuses anything but a JSON object
         _drop_nulls(params)
         scoped = not edge.reaches_all
         if scoped:  # keys scoped by resource: every resource the call names (DESIGN 2.9)
             # In a worker: the first call of an action reads botocore's model (_nested_paths).
-            nested = await run_in_threadpool(self._nested, edge.target, params)
+            nested = await run_in_threadpool(self._nested, action, params)
             for arn in self._resources(params, params) + nested:
                 edge.reach(arn)
-        result: dict[str, Any] = await run_in_threadpool(run, params)
-        if scoped and lists:  # only what the key may see
+        result: dict[str, Any] = await run_in_threadpool(action.run, params)
+        if scoped and action.lists:  # only what the key may see
             self._only_reached(result, params, edge)
         return result
-
-    def _call(self, target: str) -> tuple[RequestValidator, str, Callable[[dict[str, Any]], Any]]:
-        """The validator, action name and bound action of ``target``."""
-        if target.startswith(_LOGS_PREFIX) and self.logs is not None:
-            action = target.removeprefix(_LOGS_PREFIX)
-            if action not in LOG_ACTIONS:
-                raise UnknownOperation(
-                    f"The operation {_LOGS_PREFIX}{action[:200]} is not supported."
-                )
-            assert self._logs_validator is not None
-            return self._logs_validator, action, partial(LOG_ACTIONS[action], self.logs)
-        if target.startswith(_SCALING_PREFIX) and self.scaling is not None:
-            action = target.removeprefix(_SCALING_PREFIX)
-            if action not in SCALING_ACTIONS:
-                raise UnknownOperation(
-                    f"The operation {_SCALING_PREFIX}{action[:200]} is not supported."
-                )
-            assert self._scaling_validator is not None
-            return self._scaling_validator, action, partial(SCALING_ACTIONS[action], self.scaling)
-        action = target.removeprefix(_PREFIX)
-        if target.startswith(_PREFIX):
-            if action in JOB_ACTIONS:
-                return self.validator, action, partial(JOB_ACTIONS[action], self.jobs)
-            if action in TRANSFORM_ACTIONS and self.transforms is not None:
-                return self.validator, action, partial(TRANSFORM_ACTIONS[action], self.transforms)
-            if action in ACTIONS:
-                return self.validator, action, partial(ACTIONS[action], self.service)
-        raise UnknownOperation(f"The operation {target[:200] or '(none)'} is not supported.")
 
     def _resources(self, value: dict[str, Any], params: dict[str, Any]) -> list[str]:
         """The ARNs of the resources a request (or an item of an answer to ``params``)
@@ -169,7 +108,7 @@ class ControlDoor:
         ``EndpointArn``...), by Application Auto Scaling's ``ResourceId`` or by log group
         and stream. A Create names the resource it creates; CreateEndpoint both the
         endpoint and its config, as IAM asks of both."""
-        arn = self.service.arn
+        arn = self.arn
         found = []
         for key, item in value.items():
             if not isinstance(item, str):
@@ -186,22 +125,21 @@ class ControlDoor:
                 found.append(arn("training-job", item.split("/")[0]))
         return found
 
-    def _nested(self, target: str, params: dict[str, Any]) -> list[str]:
+    def _nested(self, action: Action, params: dict[str, Any]) -> list[str]:
         """The ARNs of the resources a request names below its top level: the models of
         CreateEndpointConfig's ``ProductionVariants`` and ``ShadowProductionVariants``,
         the endpoint a scaling policy's metric dimension reads, and any other member
         the action's input shape has at ``_nested_paths``."""
-        prefix, _, action = target.partition(".")
         found = []
-        for path, kind in _nested_paths(_SERVICES.get(prefix + ".", "sagemaker"), action):
+        for path, kind in _nested_paths(action.service.botocore, action.name):
             for item in _at(params, path):
                 if kind == _DIMENSION:
                     if isinstance(item, dict) and item.get("Name") == "EndpointName":
-                        found.append(self.service.arn("endpoint", str(item.get("Value", ""))))
+                        found.append(self.arn("endpoint", str(item.get("Value", ""))))
                 elif not isinstance(item, str):
                     continue
                 elif kind in _NAMED.values():
-                    found.append(self.service.arn(kind, item))
+                    found.append(self.arn(kind, item))
                 elif item.lower().startswith("arn:aws:sagemaker:"):
                     found.append(item)
         return found

@@ -53,6 +53,8 @@ class JobService:
         self.host_access = host_access or HostAccess()
         self.tagging = tagging
         """Where the Tags of CreateTrainingJob go; None: they are dropped."""
+        if tagging is not None:
+            tagging.track("training-job", store.list)
         self.config = config
         self.live_templates = False
         """Whether ``config`` was put through ``PUT /stack`` rather than read from the

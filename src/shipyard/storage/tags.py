@@ -10,7 +10,7 @@ tags go when it does (``Tagging.forget``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import Engine, delete, func, select
@@ -91,12 +91,26 @@ _KIND_WORDS = {
 
 
 class Tagging:
-    """Tags of the resources ``resource_exists`` knows of, by ARN."""
+    """Tags of the resources its services track, by ARN.
 
-    def __init__(self, *, store: TagStore, resource_exists: Callable[[str, str], bool]) -> None:
+    Each service that owns a taggable kind says so when it is built (``track``), with
+    the call that lists its resources: the tags of an ARN are served only while a
+    resource of that ARN exists.
+    """
+
+    def __init__(self, *, store: TagStore) -> None:
         self.store = store
-        self.resource_exists = resource_exists
-        """(kind, ARN) -> whether such a resource exists now."""
+        self._listed: dict[str, Callable[[], Iterable[Any]]] = {}
+
+    def track(self, kind: str, listed: Callable[[], Iterable[Any]]) -> None:
+        """Resources of ``kind`` (an ARN's resource type) are those ``listed()`` returns
+        (each with an ``arn``)."""
+        self._listed[kind] = listed
+
+    def exists(self, kind: str, arn: str) -> bool:
+        """Whether a resource of ``kind`` has ``arn`` (ARNs lower-case names: by ARN)."""
+        listed = self._listed.get(kind)
+        return listed is not None and any(resource.arn == arn for resource in listed())
 
     def __repr__(self) -> str:
         return f"Tagging({self.store!r})"
@@ -134,5 +148,5 @@ class Tagging:
                 f"{arn} is not the ARN of a SageMaker model, endpoint configuration, "
                 "endpoint or training job."
             )
-        if not self.resource_exists(kind, arn):
+        if not self.exists(kind, arn):
             raise ResourceNotFound.of(_KIND_WORDS[kind], arn)

@@ -115,6 +115,8 @@ class TransformService:
         self.max_instances = max_instances
         self.host_access = host_access or HostAccess()
         self.tagging = tagging
+        if tagging is not None:
+            tagging.track("transform-job", self.list_jobs)
 
     def __repr__(self) -> str:
         return f"TransformService({self.store!r})"

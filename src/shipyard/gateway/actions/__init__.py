@@ -1,26 +1,53 @@
 """Control-plane actions: one module per resource family.
 
-Each action takes the services and the request's JSON object and returns the response's
-JSON object. AWS's field names stop here; services see plain arguments and records.
+Each action takes the service it acts on and the request's JSON object and returns the
+response's JSON object. AWS's field names stop here; services see plain arguments and
+records. ``registry`` gathers every family into the one table ``POST /`` serves
+(gateway/registry.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
+from shipyard.autoscaling.scaling import ScalingService
 from shipyard.control.endpoints import EndpointService
-from shipyard.gateway.actions import endpoint_configs, endpoints, models, tags, training_jobs
+from shipyard.gateway.actions import (
+    autoscaling,
+    endpoint_configs,
+    endpoints,
+    logs,
+    models,
+    tags,
+    training_jobs,
+    transform_jobs,
+)
+from shipyard.gateway.registry import LOGS, SAGEMAKER, SCALING, ActionRegistry
+from shipyard.gateway.validation import RequestValidator
 from shipyard.jobs.service import JobService
+from shipyard.logs.service import LogService
+from shipyard.transform.service import TransformService
 
-Action = Callable[[EndpointService, dict[str, Any]], dict[str, Any]]
-JobAction = Callable[[JobService, dict[str, Any]], dict[str, Any]]
+ACTIONS = {**models.ACTIONS, **endpoint_configs.ACTIONS, **endpoints.ACTIONS, **tags.ACTIONS}
+"""SageMaker's actions on models, endpoint configs, endpoints and tags (EndpointService)."""
 
-ACTIONS: dict[str, Action] = {
-    **models.ACTIONS,
-    **endpoint_configs.ACTIONS,
-    **endpoints.ACTIONS,
-    **tags.ACTIONS,
-}
+JOB_ACTIONS = training_jobs.ACTIONS
+"""SageMaker's training-job actions (JobService)."""
 
-JOB_ACTIONS: dict[str, JobAction] = training_jobs.ACTIONS
+
+def registry(
+    *,
+    validator: RequestValidator,
+    endpoints_service: EndpointService,
+    jobs: JobService,
+    transforms: TransformService,
+    scaling: ScalingService,
+    log_service: LogService,
+) -> ActionRegistry:
+    """Every control-plane action, bound to the service it acts on; SageMaker's requests
+    checked by ``validator``."""
+    actions = ActionRegistry()
+    actions.add(SAGEMAKER, ACTIONS, endpoints_service, validator=validator)
+    actions.add(SAGEMAKER, JOB_ACTIONS, jobs, validator=validator)
+    actions.add(SAGEMAKER, transform_jobs.ACTIONS, transforms, validator=validator)
+    actions.add(SCALING, autoscaling.ACTIONS, scaling)
+    actions.add(LOGS, logs.ACTIONS, log_service)
+    return actions

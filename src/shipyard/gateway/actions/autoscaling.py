@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from shipyard.control.scaling import ScalingService
+from shipyard.autoscaling.scaling import ScalingService
 from shipyard.errors import InvalidParameter
 from shipyard.gateway.actions.listing import offset, token
 from shipyard.records import (

@@ -1,13 +1,13 @@
 """CloudWatch Logs (``X-Amz-Target: Logs_20140328.*``): the calls the sagemaker SDK's
 ``logs_for_job`` and ``aws logs tail`` make: DescribeLogGroups, DescribeLogStreams,
-GetLogEvents, FilterLogEvents. Served from control/logs.py."""
+GetLogEvents, FilterLogEvents. Served from logs/service.py."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from shipyard.control.logs import InvalidLogParameter, LogService, LogStream
+from shipyard.logs.service import InvalidLogParameter, LogService, LogStream
 
 LogAction = Callable[[LogService, dict[str, Any]], dict[str, Any]]
 

@@ -41,13 +41,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from shipyard.async_inference.consumer import BacklogReading
-from shipyard.background import Wakeup
-from shipyard.control.endpoints import EndpointService
-from shipyard.control.scaling import (
+from shipyard.autoscaling.scaling import (
     DEFAULT_COOLDOWN_S,
     PREDEFINED_METRICS,
     metric_endpoint,
 )
+from shipyard.background import Wakeup
+from shipyard.control.endpoints import EndpointService
 from shipyard.errors import ShipyardError
 from shipyard.metrics import Metrics
 from shipyard.records import (

@@ -3,7 +3,7 @@
 The control plane's actions for ``AnyScaleFrontendService.*`` land here. It checks what
 botocore's model cannot (the endpoint and variant exist, Min <= Max, MinCapacity 0 only
 for asynchronous endpoints, a metric shipyard publishes) and records desired state; the
-Autoscaler (control/autoscaler.py) acts on it.
+Autoscaler (autoscaling/autoscaler.py) acts on it.
 """
 
 from __future__ import annotations

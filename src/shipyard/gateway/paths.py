@@ -1,0 +1,55 @@
+"""The gateway's doors by path: one router in front of all of them.
+
+The data path's doors are raw ASGI handlers reached without a framework in between: the
+runtime doors by ``POST /endpoints/{name}/{action}`` (one dict lookup on the last
+segment), the Open Inference Protocol's REST door by ``/v2``. Every other path goes to
+the Starlette app of the control plane, the facade, the console and the operations
+endpoints, which answers unknown paths in the shape of the door they look like.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+Scope = dict[str, Any]
+ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
+EndpointDoor = Callable[[Scope, Any, Any, str], Awaitable[None]]
+
+_ENDPOINTS = "/endpoints/"
+
+
+class PathRouter:
+    """Sends each request to its door (see the module).
+
+    ``endpoint_doors`` maps the last path segment of ``POST /endpoints/{name}/...``
+    (``invocations``, ``async-invocations``, ``invocations-response-stream``) to the
+    door that serves it, called with the endpoint's name.
+    """
+
+    __slots__ = ("endpoint_doors", "v2", "fallback")
+
+    def __init__(
+        self, *, endpoint_doors: Mapping[str, EndpointDoor], v2: ASGIApp, fallback: ASGIApp
+    ) -> None:
+        self.endpoint_doors = dict(endpoint_doors)
+        self.v2 = v2
+        self.fallback = fallback
+
+    def __repr__(self) -> str:
+        return f"PathRouter(endpoint_doors={sorted(self.endpoint_doors)})"
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            path: str = scope["path"]
+            if path.startswith(_ENDPOINTS) and scope["method"] == "POST":
+                name, _, action = path[len(_ENDPOINTS) :].rpartition("/")
+                door = self.endpoint_doors.get(action)
+                name = name.strip("/")
+                if door is not None and name and "/" not in name:
+                    await door(scope, receive, send, name)
+                    return
+            elif path == "/v2" or path.startswith("/v2/"):
+                await self.v2(scope, receive, send)
+                return
+        await self.fallback(scope, receive, send)

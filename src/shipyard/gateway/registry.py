@@ -1,0 +1,109 @@
+"""The action registry of ``POST /``: which ``X-Amz-Target`` runs what, checked how, and
+allowed as which IAM action.
+
+One table for the control-plane door (gateway/control.py), which looks an action up to
+validate and run it, and for the signature layer (gateway/signatures.py, through
+``iam_action``), which names the action a key must be allowed before the door sees the
+request. A new control-plane action is one line in its family's ``ACTIONS``
+(gateway/actions/); a new service is one ``Service`` here and one ``add`` where the
+gateway is composed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+from shipyard.errors import UnknownOperation
+from shipyard.gateway.validation import RequestValidator
+
+S = TypeVar("S")
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    """An AWS service the door speaks: its ``X-Amz-Target`` prefix, its IAM prefix, and
+    botocore's name for it (whose service model validates its requests)."""
+
+    target: str
+    iam: str
+    botocore: str
+
+    @property
+    def prefix(self) -> str:
+        return self.target + "."
+
+
+SAGEMAKER = Service("SageMaker", "sagemaker", "sagemaker")
+SCALING = Service("AnyScaleFrontendService", "application-autoscaling", "application-autoscaling")
+LOGS = Service("Logs_20140328", "logs", "logs")
+
+SERVICES = {s.target: s for s in (SAGEMAKER, SCALING, LOGS)}
+
+
+def iam_action(target: str | None) -> str:
+    """The IAM action a request with ``target`` is allowed as (``sagemaker:CreateModel``);
+    a target of no known service counts as SageMaker's, so an unknown one is still scoped."""
+    prefix, _, name = (target or "").partition(".")
+    service = SERVICES.get(prefix, SAGEMAKER)
+    return f"{service.iam}:{name or 'UnknownOperation'}"
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One control-plane action, ready to run."""
+
+    service: Service
+    name: str
+    validator: RequestValidator
+    run: Callable[[Json], Json]
+
+    @property
+    def lists(self) -> bool:
+        """Whether its answer lists resources (then a scoped key sees only those it
+        reaches): the List calls, and the Describe* of Logs and Application Auto Scaling."""
+        return self.name.startswith("List") or self.service is not SAGEMAKER
+
+
+class ActionRegistry:
+    """Every action the control-plane door serves, by ``X-Amz-Target``."""
+
+    def __init__(self) -> None:
+        self._actions: dict[str, Action] = {}
+        self._validators: dict[Service, RequestValidator] = {}
+
+    def __repr__(self) -> str:
+        return f"ActionRegistry(actions={len(self._actions)})"
+
+    def add(
+        self,
+        service: Service,
+        actions: Mapping[str, Callable[[S, Json], Json]],
+        on: S,
+        *,
+        validator: RequestValidator | None = None,
+    ) -> None:
+        """Serve ``actions`` of ``service``, each called with ``on`` and the request's
+        JSON object; validated by ``validator`` (by default botocore's model of the
+        service). A target served twice is a mistake in the composition: refused."""
+        if validator is None:
+            validator = self._validators.get(service) or RequestValidator(service.botocore)
+        self._validators.setdefault(service, validator)
+        for name, run in actions.items():
+            target = service.prefix + name
+            if target in self._actions:
+                raise ValueError(f"{target} is registered twice")
+            self._actions[target] = Action(service, name, validator, partial(run, on))
+
+    def find(self, target: str) -> Action:
+        """The action of ``target``, or UnknownOperation."""
+        action = self._actions.get(target)
+        if action is None:
+            raise UnknownOperation(f"The operation {target[:200] or '(none)'} is not supported.")
+        return action
+
+    def targets(self) -> list[str]:
+        return sorted(self._actions)

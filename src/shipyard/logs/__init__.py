@@ -1,0 +1,1 @@
+"""The CloudWatch Logs subset: instance and job logs as log groups and streams."""
