@@ -33,6 +33,7 @@ from shipyard.control.endpoints import EndpointService
 from shipyard.control.leases import Leases
 from shipyard.control.reconciler import Reconciler
 from shipyard.events.dispatcher import Dispatcher
+from shipyard.events.kinds import Announcer, training_job_event, transform_job_event
 from shipyard.events.notify import Notifier
 from shipyard.events.topics import Topics
 from shipyard.gateway.actions import registry
@@ -52,7 +53,6 @@ from shipyard.gateway.stack_config import StackConfigDoor
 from shipyard.gateway.streaming import ResponseStreamDoor
 from shipyard.gateway.validation import RequestValidator
 from shipyard.host_access import HostAccess
-from shipyard.jobs.announce import JobAnnouncer
 from shipyard.jobs.service import JobService
 from shipyard.jobs.supervisor import JobSupervisor
 from shipyard.logs.service import LogService
@@ -74,7 +74,7 @@ from shipyard.storage.objects import ObjectStore
 from shipyard.storage.scaling import ScalingStore
 from shipyard.storage.tags import Tagging, TagStore
 from shipyard.storage.transform_jobs import TransformStore
-from shipyard.transform.service import TransformAnnouncer, TransformService
+from shipyard.transform.service import TransformService
 from shipyard.transform.supervisor import TransformSupervisor
 
 log = logging.getLogger(__name__)
@@ -282,7 +282,7 @@ class Gateway:
             if "jobs" in stack.model_fields_set
             else JobsConfig(limit=settings.max_active_jobs)
         )
-        announcer = JobAnnouncer(notify=config.notify)
+        announcer = Announcer(training_job_event, notify=config.notify)
         job_store = JobStore(self.store.engine)
         jobs_dir = settings.home / "jobs"
         self.supervisor = JobSupervisor(
@@ -371,7 +371,7 @@ class Gateway:
     def _build_transforms(self, settings: Settings, stack: StackFile) -> None:
         """Batch transform: its service and the supervisor that runs its jobs."""
         store = TransformStore(self.store.engine)
-        announcer = TransformAnnouncer(notify=stack.jobs.notify)
+        announcer = Announcer(transform_job_event, notify=stack.jobs.notify)
         self.transform_supervisor = TransformSupervisor(
             store=store,
             models=self.store,

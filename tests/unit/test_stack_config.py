@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from shipyard.errors import InvalidParameter
+from shipyard.events.kinds import Announcer, training_job_event
 from shipyard.events.topics import Topics
 from shipyard.host_access import HostAccess
-from shipyard.jobs.announce import JobAnnouncer
 from shipyard.jobs.service import JobService
 from shipyard.settings import AccessKey, AuthConfig, JobsConfig
 from shipyard.stack_config import OwnedElsewhere, StackChange, StackConfig
@@ -121,7 +121,7 @@ def guarded_jobs(config: JobsConfig) -> JobService:
     return JobService(
         store=None,  # type: ignore[arg-type]
         config=config,
-        announcer=JobAnnouncer(notify={}),
+        announcer=Announcer(training_job_event, notify={}),
         wake=lambda: None,
         jobs_dir=Path("/nonexistent"),
         region="us-east-1",

@@ -30,10 +30,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from shipyard.async_inference.notices import result_event
 from shipyard.background import Wakeup
 from shipyard.contract import ACCEPT, CONTENT_TYPE, CUSTOM_ATTRIBUTES, INFERENCE_ID
 from shipyard.errors import ModelError, ModelNotReady, ServiceUnavailable
+from shipyard.events.kinds import inference_result_event
 from shipyard.metrics import Metrics
 from shipyard.records import AsyncRequest, AsyncStatus
 from shipyard.routing.client import UpstreamError
@@ -259,7 +259,7 @@ class Consumer:
         arn = (
             f"arn:aws:sagemaker:{self.region}:{self.account_id}:endpoint/{request.endpoint.lower()}"
         )
-        event = result_event(
+        event = inference_result_event(
             request,
             succeeded=outcome.succeeded,
             at=at,

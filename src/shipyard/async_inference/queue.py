@@ -12,8 +12,8 @@ import re
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
-from shipyard.async_inference.notices import notify_settings
 from shipyard.errors import InvalidParameter, RuntimeValidationError
 from shipyard.host_access import HostAccess
 from shipyard.records import AsyncConfig, AsyncRequest
@@ -140,3 +140,12 @@ def _filename(value: str | None) -> str | None:
 
 def _join(prefix: str, name: str) -> str:
     return prefix.rstrip("/") + "/" + name
+
+
+def notify_settings(config: AsyncConfig) -> dict[str, Any]:
+    """The part of the config a request keeps, so its notifications don't change later."""
+    return {
+        "success_topic": config.success_topic,
+        "error_topic": config.error_topic,
+        "include_response_in": list(config.include_response_in),
+    }

@@ -49,6 +49,7 @@ from shipyard.autoscaling.scaling import (
 from shipyard.background import Wakeup
 from shipyard.control.endpoints import EndpointService
 from shipyard.errors import ShipyardError
+from shipyard.events.kinds import scaling_activity_event
 from shipyard.metrics import Metrics
 from shipyard.records import (
     ActivityStatus,
@@ -65,7 +66,6 @@ from shipyard.storage.scaling import ScalingStore, policies_by_target
 
 log = logging.getLogger(__name__)
 
-DETAIL_TYPE = "Application Auto Scaling Scaling Activity State Change"
 
 PER_INSTANCE = frozenset(
     {"InvocationsPerInstance", "ConcurrentRequestsPerModel", "ApproximateBacklogSizePerInstance"}
@@ -441,41 +441,7 @@ class Autoscaler:
             del self._open[resource]
 
     def _event(self, target: ScalableTarget, activity: ScalingActivity) -> Event:
-        return Event(
-            key=f"scaling-activity:{activity.activity_id}",
-            detail_type=DETAIL_TYPE,
-            source="aws.application-autoscaling",
-            resource=target.arn,
-            detail=activity_detail(activity),
-            topics=self.notify,
-            subject=f"Scaling {activity.resource_id} {activity.status}",
-            message=(
-                f"{activity.resource_id}: {activity.description} "
-                f"({activity.from_count} -> {activity.to_count})\n"
-                f"Cause: {activity.cause}\n"
-                f"Status: {activity.status}: {activity.status_message or ''}"
-            ),
-            time=activity.ended or activity.started,
-        )
-
-
-def activity_detail(activity: ScalingActivity) -> dict[str, Any]:
-    """A ScalingActivity as DescribeScalingActivities spells it, timestamps as ISO text."""
-    detail: dict[str, Any] = {
-        "ActivityId": activity.activity_id,
-        "ServiceNamespace": "sagemaker",
-        "ResourceId": activity.resource_id,
-        "ScalableDimension": "sagemaker:variant:DesiredInstanceCount",
-        "Description": activity.description,
-        "Cause": activity.cause,
-        "StartTime": activity.started.isoformat(),
-        "StatusCode": activity.status.value,
-    }
-    if activity.ended is not None:
-        detail["EndTime"] = activity.ended.isoformat()
-    if activity.status_message:
-        detail["StatusMessage"] = activity.status_message
-    return detail
+        return scaling_activity_event(target, activity, self.notify)
 
 
 def endpoint_moved(exc: ShipyardError) -> bool:

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 from sqlalchemy import Connection
 
-from shipyard.async_inference.notices import test_event
 from shipyard.errors import InvalidParameter, ResourceLimitExceeded, ResourceNotFound
+from shipyard.events.kinds import test_notification_event
 from shipyard.host_access import HostAccess
 from shipyard.instance_types import GIB, memory_bytes
 from shipyard.records import (
@@ -203,7 +203,7 @@ class EndpointService:
         )
         events = []
         if config.async_config is not None:
-            test = test_event(
+            test = test_notification_event(
                 config.async_config,
                 endpoint=name,
                 endpoint_arn=endpoint.arn,

@@ -22,8 +22,8 @@ from shipyard.errors import (
     ResourceInUse,
     ResourceLimitExceeded,
 )
+from shipyard.events.kinds import Announcer
 from shipyard.host_access import HostAccess
-from shipyard.jobs.announce import JobAnnouncer
 from shipyard.records import Job, JobStatus, StatusTransition
 from shipyard.settings import JobsConfig
 from shipyard.storage.jobs import JobStore
@@ -41,7 +41,7 @@ class JobService:
         *,
         store: JobStore,
         config: JobsConfig,
-        announcer: JobAnnouncer,
+        announcer: Announcer[Job],
         wake: Callable[[], None],
         jobs_dir: Path,
         region: str,

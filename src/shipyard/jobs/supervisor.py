@@ -31,6 +31,7 @@ from typing import Any
 
 from shipyard.backends.base import BackendError, JobBackend, JobHandle
 from shipyard.background import Wakeup
+from shipyard.events.kinds import Announcer
 from shipyard.job_contract import (
     JOB_FILE,
     Channel,
@@ -39,7 +40,6 @@ from shipyard.job_contract import (
     Resource,
     StatusLine,
 )
-from shipyard.jobs.announce import JobAnnouncer
 from shipyard.jobs.service import hyperparameter
 from shipyard.metrics import Metrics
 from shipyard.records import ACTIVE_JOB_STATUSES, Job, JobStatus, StatusTransition
@@ -63,7 +63,7 @@ class JobSupervisor:
         *,
         store: JobStore,
         backend: JobBackend,
-        announcer: JobAnnouncer,
+        announcer: Announcer[Job],
         metrics: Metrics,
         jobs_dir: Path,
         s3_endpoint_url: str | None,

@@ -7,87 +7,20 @@ event, and wakes the TransformSupervisor, which runs it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from collections.abc import Callable
 from typing import Any
 
 from shipyard.errors import InvalidParameter, ResourceNotFound
+from shipyard.events.kinds import Announcer
 from shipyard.host_access import HostAccess
-from shipyard.records import Event, JobStatus, TransformJob
+from shipyard.records import JobStatus, TransformJob
 from shipyard.storage.metadata import MetadataStore, now
 from shipyard.storage.tags import Tagging
 from shipyard.storage.transform_jobs import TransformStore
 from shipyard.transform.jsonpath import compile_filter
 
-DETAIL_TYPE = "SageMaker Transform Job State Change"
-FINAL = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.STOPPED})
-
 DEFAULT_MAX_PAYLOAD_MB = 6
 DEFAULT_CONCURRENCY = 1
-
-
-class TransformAnnouncer:
-    """The event of each status change; ``notify`` maps a status to topics (the stack
-    file's ``jobs.notify``, shared with training jobs)."""
-
-    def __init__(self, *, notify: Mapping[str, Sequence[str]]) -> None:
-        self.notify = {status: tuple(targets) for status, targets in notify.items()}
-
-    def __repr__(self) -> str:
-        return f"TransformAnnouncer(notify={self.notify!r})"
-
-    def __call__(self, job: TransformJob, previous: TransformJob | None) -> Event | None:
-        if previous is not None and previous.status == job.status:
-            return None
-        return Event(
-            key=f"{job.arn}#{job.status}",
-            detail_type=DETAIL_TYPE,
-            source="aws.sagemaker",
-            resource=job.arn,
-            detail=detail(job),
-            topics=self.notify.get(job.status.value, ()),
-            subject=f"Transform job {job.name} {job.status}",
-            message=message(job),
-            time=job.modified,
-        )
-
-
-def detail(job: TransformJob) -> dict[str, Any]:
-    return {
-        "TransformJobName": job.name,
-        "TransformJobArn": job.arn,
-        "TransformJobStatus": job.status.value,
-        "FailureReason": job.failure_reason,
-        "ModelName": job.request.get("ModelName"),
-        "TransformOutput": job.request.get("TransformOutput"),
-        "CreationTime": _iso(job.created),
-        "TransformStartTime": _iso(job.started),
-        "TransformEndTime": _iso(job.ended),
-        "ObjectsDone": job.objects_done,
-        "ObjectsTotal": job.objects_total,
-        "RecordsDone": job.records_done,
-    }
-
-
-def message(job: TransformJob) -> str:
-    lines = [
-        f"Transform job: {job.name}",
-        f"Status: {job.status.value}",
-        f"Model: {job.request.get('ModelName')}",
-        f"Started: {_iso(job.started or job.created)}",
-    ]
-    if job.ended is not None:
-        lines.append(f"Ended: {_iso(job.ended)}")
-    total = "?" if job.objects_total is None else str(job.objects_total)
-    lines.append(f"Objects: {job.objects_done} of {total}, records: {job.records_done}")
-    if job.failure_reason:
-        lines.append(f"Reason: {job.failure_reason}")
-    lines.append(f"Output: {job.request.get('TransformOutput', {}).get('S3OutputPath')}")
-    return "\n".join(lines)
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 class TransformService:
@@ -98,7 +31,7 @@ class TransformService:
         *,
         store: TransformStore,
         models: MetadataStore,
-        announcer: TransformAnnouncer,
+        announcer: Announcer[TransformJob],
         wake: Callable[[], None],
         region: str,
         account_id: str,

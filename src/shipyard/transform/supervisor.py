@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from shipyard.background import Wakeup
 from shipyard.errors import ShipyardError
+from shipyard.events.kinds import Announcer
 from shipyard.jobs.supervisor import Claim
 from shipyard.metrics import Metrics
 from shipyard.provisioning.fleet import Provisioner
@@ -28,7 +29,6 @@ from shipyard.storage.metadata import MetadataStore, now
 from shipyard.storage.objects import ObjectStore
 from shipyard.storage.transform_jobs import TransformStore
 from shipyard.transform.runner import TransformFailed, TransformRun
-from shipyard.transform.service import TransformAnnouncer
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class TransformSupervisor:
         provisioner: Provisioner,
         objects: ObjectStore,
         metrics: Metrics,
-        announcer: TransformAnnouncer,
+        announcer: Announcer[TransformJob],
         on_event: Callable[[], None],
         poll_period_s: float = 1.0,
         claim: Claim | None = None,
