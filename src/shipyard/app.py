@@ -61,8 +61,9 @@ from shipyard.provisioning.fleet import Provisioner
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.router import Router
 from shipyard.routing.shadow import ShadowCopier
-from shipyard.settings import JobsConfig, Settings, StackFile
+from shipyard.settings import Settings
 from shipyard.stack_config import StackConfig
+from shipyard.stackfile import JobsConfig, StackFile
 from shipyard.storage.artifacts import ArtifactStore
 from shipyard.storage.async_queue import AsyncQueue
 from shipyard.storage.events import EventLog

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from shipyard.errors import InvalidParameter
 from shipyard.launch import MODEL_CODE
-from shipyard.settings import AuthConfig
+from shipyard.stackfile import AuthConfig
 from shipyard.storage.filesystems import FileRoots, OutsideFileRoots
 
 CALLER_VARIABLES = (

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from shipyard.errors import InvalidParameter
 from shipyard.events.topics import Topics
 from shipyard.jobs.service import JobService
-from shipyard.settings import JobsConfig, StackFile
+from shipyard.stackfile import JobsConfig, StackFile
 from shipyard.transform.service import TransformService
 
 

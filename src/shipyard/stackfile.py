@@ -1,4 +1,7 @@
-"""The stack file's resource sections, and YAML read with the line of every value.
+"""The stack file, whole: its schema (every section), and YAML read with the line of every
+value. ``shipyard serve --config`` loads it at start (StackFile.load); ``shipyard apply``
+converges its resource sections (cli/apply.py); ``PUT /stack`` changes its ``topics:`` and
+``jobs:`` sections live (stack_config.py).
 
 ``models``, ``endpoint_configs`` and ``endpoints`` map a name to the body of its SageMaker
 Create call without the name (DESIGN 2.5); ``scaling`` maps ``endpoint/variant`` to one
@@ -20,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 _NAME = r"^[a-zA-Z0-9](-*[a-zA-Z0-9])*$"
 """SageMaker's pattern for model, endpoint config, endpoint and variant names."""
@@ -203,3 +206,155 @@ def _dotted(loc: tuple[int | str, ...]) -> str:
         else:
             out += f".{part}" if out else str(part)
     return out
+
+
+# -- the sections beyond the resources: how the gateway serves them ------------------------
+
+
+class JobsConfig(BaseModel):
+    """The ``jobs:`` section: the ``POST /inference`` facade and job notifications."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(default=4, ge=1)
+    """Jobs active at once, from either door."""
+    white_list: list[str] = Field(default_factory=list)
+    """Job types ``POST /inference`` accepts; each needs a template."""
+    s3_bucket: str | None = None
+    """Output root: a job's output lands under ``<s3_bucket>/<job>/output/``."""
+    role_arn: str = "arn:aws:iam::000000000000:role/shipyard"
+    """Recorded on each job as its RoleArn."""
+    templates: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Per type, a partial CreateTrainingJob request."""
+    notify: dict[str, list[str]] = Field(default_factory=dict)
+    """TrainingJobStatus -> topics (names, SNS topic ARNs or apprise URLs)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> JobsConfig:
+        missing = [name for name in self.white_list if name not in self.templates]
+        if missing:
+            raise ValueError(f"jobs.templates: no template for white-listed type(s) {missing}")
+        if self.white_list and not self.s3_bucket:
+            raise ValueError("jobs.s3_bucket: required when jobs.white_list is set")
+        known = {"InProgress", "Completed", "Failed", "Stopping", "Stopped"}
+        unknown = sorted(set(self.notify) - known)
+        if unknown:
+            raise ValueError(f"jobs.notify: unknown TrainingJobStatus {unknown}")
+        return self
+
+
+class AccessKey(BaseModel):
+    """One key that may sign requests (DESIGN 2.9). The secret is read from the environment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    access_key_id: str = Field(min_length=1, max_length=128, pattern=r"^\w+$")
+    """The key's id, as clients send it in the SigV4 ``Credential``."""
+    secret_access_key_env: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Name of the environment variable holding the secret; the file never holds it."""
+    allow: list[str] = Field(default_factory=lambda: ["*"])
+    """Actions this key may call, as ``service:Action`` with ``*`` wildcards
+    (``sagemaker-runtime:InvokeEndpoint*``, ``sagemaker:Describe*``) or ``*`` for all."""
+    resources: list[str] = Field(default_factory=lambda: ["*"])
+    """ARN patterns (``*`` matches any characters, as IAM matches them) of the resources
+    this key's actions may reach; List actions show only these."""
+
+
+class AuthConfig(BaseModel):
+    """The ``auth:`` section: who may call, and what the callers may make the host do."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    keys: list[AccessKey] = Field(min_length=1)
+    """Keys that may sign requests; at least one."""
+    allow_commands: bool = False
+    """Whether ``cmd:`` images and ``ContainerEntrypoint`` (commands on this host) may run."""
+    file_roots: list[Path] = Field(default_factory=list)
+    """Folders that ``file://`` and plain-path locations must lie under (after ``..`` and
+    links are resolved); empty means no local locations at all."""
+    allow_environment: list[str] = Field(default_factory=list)
+    """With ``allow_commands: false``, more variable names (or ``PREFIX_*``) a caller's
+    ``Environment`` may set beyond SageMaker's; interpreter and loader variables stay
+    refused whatever this says."""
+    sandbox: bool = True
+    """Run instances and jobs of the local backend under bubblewrap (DESIGN 2.9)."""
+    notify_targets: list[str] = Field(default_factory=list)
+    """URL patterns (``*`` matches any characters) that notification targets named by
+    callers must match; the stack file's own topics are always allowed."""
+
+    @model_validator(mode="after")
+    def _check(self) -> AuthConfig:
+        ids = [key.access_key_id for key in self.keys]
+        duplicated = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicated:
+            raise ValueError(f"auth.keys: access_key_id {duplicated} given more than once")
+        relative = [str(root) for root in self.file_roots if not root.is_absolute()]
+        if relative:
+            raise ValueError(f"auth.file_roots: not absolute paths: {relative}")
+        return self
+
+
+class TlsConfig(BaseModel):
+    """The ``tls:`` section: serve HTTPS (and gRPC over TLS) on the gateway's port."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cert: Path
+    """PEM certificate (chain)."""
+    key: Path
+    """PEM private key."""
+
+
+class AutoscalingConfig(BaseModel):
+    """The ``autoscaling:`` section: who hears of scaling steps."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    notify: list[str] = Field(default_factory=list)
+    """Topics (names, SNS topic ARNs or apprise URLs) told of every scaling activity's
+    end, successful or not."""
+
+
+class StackFile(StackResources):
+    """A stack file (YAML). Sections this version does not converge are refused.
+
+    The resource sections (``models``, ``endpoint_configs``, ``endpoints``, ``scaling``,
+    from StackResources) are converged by ``shipyard apply``, not at start.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    topics: dict[str, list[str]] = Field(default_factory=dict)
+    """Topic name -> subscribers, as apprise URLs."""
+    jobs: JobsConfig = Field(default_factory=JobsConfig)
+    autoscaling: AutoscalingConfig = Field(default_factory=AutoscalingConfig)
+    auth: AuthConfig | None = None
+    """Without it, requests are not checked (local use); see DESIGN 2.9."""
+    tls: TlsConfig | None = None
+    """Serve HTTPS; ``shipyard serve --tls-cert/--tls-key`` win over it."""
+    account_id: str | None = Field(default=None, pattern=r"^\d{12}$")
+    """The account id written into ARNs, unless ``SHIPYARD_ACCOUNT_ID`` says otherwise."""
+
+    @model_validator(mode="after")
+    def _check_topics(self) -> StackFile:
+        self.check_resources()
+        for status, targets in self.jobs.notify.items():
+            for target in targets:
+                if "://" in target or target.startswith("arn:aws:sns:"):
+                    continue
+                if target not in self.topics:
+                    raise ValueError(f"jobs.notify.{status}: unknown topic {target!r}")
+        for target in self.autoscaling.notify:
+            if "://" not in target and not target.startswith("arn:aws:sns:"):
+                if target not in self.topics:
+                    raise ValueError(f"autoscaling.notify: unknown topic {target!r}")
+        return self
+
+    @classmethod
+    def load(cls, path: Path) -> StackFile:
+        """Read and validate ``path``; errors name the file, the line and the field."""
+        data, lines = read_yaml(path)
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ValueError(validation_errors(path, exc, lines)) from exc

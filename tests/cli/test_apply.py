@@ -15,7 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from shipyard.cli import app
-from shipyard.settings import StackFile
+from shipyard.stackfile import StackFile
 from tests.conftest import GatewayProcess, make_tarball, start_gateway
 
 ROLE = "arn:aws:iam::123456789012:role/x"

@@ -10,7 +10,7 @@ import pytest
 
 from shipyard.errors import InvalidParameter
 from shipyard.host_access import HostAccess, environment_refusal, wildcard
-from shipyard.settings import AccessKey, AuthConfig
+from shipyard.stackfile import AccessKey, AuthConfig
 from shipyard.storage.artifacts import ArtifactError, ArtifactStore
 from shipyard.storage.filesystems import (
     FileRoots,

@@ -13,8 +13,8 @@ from shipyard.events.kinds import Announcer, training_job_event
 from shipyard.events.topics import Topics
 from shipyard.host_access import HostAccess
 from shipyard.jobs.service import JobService
-from shipyard.settings import AccessKey, AuthConfig, JobsConfig
 from shipyard.stack_config import OwnedElsewhere, StackChange, StackConfig
+from shipyard.stackfile import AccessKey, AuthConfig, JobsConfig
 
 TEMPLATE = {"AlgorithmSpecification": {"TrainingImage": "shipyard/python"}}
 

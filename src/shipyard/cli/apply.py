@@ -22,7 +22,7 @@ from shipyard.cli.jobs import _out, _reported
 
 if TYPE_CHECKING:
     from shipyard.cli.stack import Plan
-    from shipyard.settings import StackFile
+    from shipyard.stackfile import StackFile
 
 # The stack modules (and pydantic, under settings) are imported by the commands that use
 # them: every other command would pay about 0.3 s for them at start.
@@ -97,7 +97,7 @@ def destroy(
 
 def _load(file: Path) -> StackFile:
     """The stack file, or its errors (file:line: field: message) and exit 2."""
-    from shipyard.settings import StackFile
+    from shipyard.stackfile import StackFile
 
     try:
         return StackFile.load(file)

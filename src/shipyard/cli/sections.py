@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from shipyard.settings import StackFile
+from shipyard.stackfile import StackFile
 
 _SETTINGS = ("limit", "white_list", "s3_bucket", "role_arn", "notify")
 """Fields of the jobs section shown as one "jobs settings" row (templates have their own)."""

@@ -35,8 +35,7 @@ from typing import Any
 
 from shipyard.cli import sections
 from shipyard.cli.client import Gateway, GatewayError, translated
-from shipyard.settings import StackFile
-from shipyard.stackfile import StackResources
+from shipyard.stackfile import StackFile, StackResources
 
 STACK_TAG = "shipyard:stack"
 NAME_TAG = "shipyard:name"

@@ -79,7 +79,7 @@ from shipyard.errors import (
     UnrecognizedClient,
 )
 from shipyard.gateway.registry import iam_action
-from shipyard.settings import AuthConfig
+from shipyard.stackfile import AuthConfig
 
 _ALGORITHM = "AWS4-HMAC-SHA256"
 _MAX_SKEW_S = 15 * 60

@@ -25,7 +25,7 @@ from shipyard.errors import (
 from shipyard.events.kinds import Announcer
 from shipyard.host_access import HostAccess
 from shipyard.records import Job, JobStatus, StatusTransition
-from shipyard.settings import JobsConfig
+from shipyard.stackfile import JobsConfig
 from shipyard.storage.jobs import JobStore
 from shipyard.storage.metadata import now
 from shipyard.storage.tags import Tagging
