@@ -55,7 +55,7 @@ LOG_LINES = 5000
 
 def fill_jobs(home: Path) -> str:
     """1,000 Completed jobs in the store, as the job service writes them; one job's name."""
-    from shipyard.jobs.announce import JobAnnouncer
+    from shipyard.events.kinds import Announcer, training_job_event
     from shipyard.records import Job, JobStatus, StatusTransition
     from shipyard.settings import Settings
     from shipyard.storage.jobs import JobStore
@@ -65,7 +65,7 @@ def fill_jobs(home: Path) -> str:
     store = MetadataStore(Settings(home=home).db_url)
     store.migrate()
     jobs = JobStore(store.engine)
-    announce = JobAnnouncer(notify={})
+    announce = Announcer(training_job_event, notify={})
     start = datetime.now(UTC) - timedelta(days=3)
     name = ""
     for n in range(JOBS):
