@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import ipaddress
 import logging
 import os
-import socket
-import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -38,9 +33,9 @@ from shipyard.events.notify import Notifier
 from shipyard.events.topics import Topics
 from shipyard.gateway.actions import registry
 from shipyard.gateway.async_invocations import AsyncDoor
-from shipyard.gateway.auth import Verifier
 from shipyard.gateway.console import ConsoleDoor, ConsoleState, JobReads
 from shipyard.gateway.control import ControlDoor
+from shipyard.gateway.edge import edge, serving_tls
 from shipyard.gateway.errors import unknown_path_response
 from shipyard.gateway.facade import JobsDoor
 from shipyard.gateway.oip import InferenceProtocol
@@ -48,7 +43,6 @@ from shipyard.gateway.oip_rest import OipRestDoor
 from shipyard.gateway.ops import healthz, metrics_endpoint
 from shipyard.gateway.paths import PathRouter
 from shipyard.gateway.runtime import RuntimeDoor
-from shipyard.gateway.signatures import ASGIApp, ReadOnce, RequireSignature
 from shipyard.gateway.stack_config import StackConfigDoor
 from shipyard.gateway.streaming import ResponseStreamDoor
 from shipyard.gateway.validation import RequestValidator
@@ -100,7 +94,7 @@ class Gateway:
         stack = StackFile.load(settings.config) if settings.config else StackFile()
         if stack.account_id is not None and "account_id" not in settings.model_fields_set:
             settings.account_id = stack.account_id
-        self.tls = _tls(settings, stack)
+        self.tls = serving_tls(settings, stack)
         """The certificate and key this gateway serves HTTPS (and gRPC) with, if any."""
         self.host_access = HostAccess.from_auth(stack.auth)
         settings.home.mkdir(parents=True, exist_ok=True)
@@ -260,7 +254,7 @@ class Gateway:
             v2=self.oip_rest,
             fallback=self.app,
         )
-        self._entry = self._guarded(settings, stack, doors)
+        self._entry = edge(doors, settings, stack)
 
     def _stack_config(self, settings: Settings, stack: StackFile) -> StackConfigDoor:
         """``/stack``: the topics and jobs sections, changed live by ``shipyard apply``."""
@@ -340,7 +334,7 @@ class Gateway:
         """This gateway's leases on resources of ``kind``: what it runs of them when
         other gateways share the store."""
         return Leases(
-            store=LeaseStore(self.store.engine, holder=_identity(self.settings)),
+            store=LeaseStore(self.store.engine, holder=self.settings.identity),
             kind=kind,
             lease_s=self.settings.lease_s,
             renew_s=self.settings.lease_renew_s,
@@ -354,7 +348,7 @@ class Gateway:
             invocations=self.invocations,
             objects=self.objects,
             metrics=self.metrics,
-            owner=_identity(settings),
+            owner=settings.identity,
             region=settings.region,
             account_id=settings.account_id,
             on_event=self.dispatcher.wake,
@@ -423,27 +417,6 @@ class Gateway:
             account_id=settings.account_id,
         )
 
-    def _guarded(self, settings: Settings, stack: StackFile, doors: ASGIApp) -> ASGIApp:
-        """The edge every request passes first: its head read once (repeated
-        security-relevant headers refused), and SigV4 verification when the stack file
-        has ``auth:`` (gateway/signatures.py)."""
-        if stack.auth is None:
-            if not (_is_loopback(settings.host) or settings.insecure):
-                raise ValueError(
-                    f"host: refusing to listen on {settings.host}, which is not a loopback "
-                    "address, with no auth: section in the stack file: anyone who reaches "
-                    "the port could run commands on this host. Add an auth: section "
-                    "(see SECURITY.md) or pass --insecure."
-                )
-            return ReadOnce(doors, account_id=settings.account_id)
-        return RequireSignature(
-            doors,
-            verifier=Verifier.from_config(stack.auth, os.environ),
-            account_id=settings.account_id,
-            max_body_bytes=settings.max_payload_bytes,
-            body_timeout_s=settings.body_read_timeout_s,
-        )
-
     def __repr__(self) -> str:
         return f"Gateway(home={str(self.settings.home)!r}, store={self.store!r})"
 
@@ -508,47 +481,6 @@ class Gateway:
 async def _unknown_path(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 404
     return unknown_path_response(request.url.path, request.method, status)
-
-
-def _identity(settings: Settings) -> str:
-    """Who this gateway is in the store: the owner of its async claims, the holder of its
-    fleet leases. Stable across restarts of this gateway (one home serves one gateway at
-    a time), so it takes back at once what its previous run held."""
-    identity = f"{socket.gethostname()}:{settings.home.resolve()}"
-    return hashlib.sha1(identity.encode()).hexdigest()[:16]
-
-
-def _tls(settings: Settings, stack: StackFile) -> tuple[Path, Path] | None:
-    """The certificate and key to serve with: the flags, else the stack file's ``tls:``
-    (relative to the file); checked here so that a wrong one fails the start, naming it."""
-    if settings.tls_cert is not None or settings.tls_key is not None:
-        if settings.tls_cert is None or settings.tls_key is None:
-            raise ValueError("tls_cert, tls_key: give both (--tls-cert and --tls-key), or neither")
-        cert, key = settings.tls_cert, settings.tls_key
-    elif stack.tls is not None:
-        base = settings.config.parent if settings.config is not None else Path()
-        cert, key = base / stack.tls.cert, base / stack.tls.key
-    else:
-        return None
-    try:
-        # An encrypted key is refused rather than prompting for its passphrase.
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(cert, key, password=lambda: b"")
-    except (OSError, ssl.SSLError) as exc:
-        raise ValueError(
-            f"tls: cannot serve HTTPS with certificate {cert} and key {key} (PEM files, "
-            f"the key unencrypted): {exc}"
-        ) from None
-    return cert, key
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def create_app(settings: Settings, *, on_startup: StartupHook | None = None) -> Gateway:

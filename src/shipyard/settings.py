@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import socket
 from pathlib import Path
 from typing import Literal
 
@@ -193,3 +195,11 @@ class Settings(BaseSettings):
     @property
     def db_url(self) -> str:
         return self.db or f"sqlite:///{self.home / 'shipyard.db'}"
+
+    @property
+    def identity(self) -> str:
+        """Who this gateway is in the store: the owner of its async claims, the holder of
+        its fleet leases. Stable across restarts of this gateway (one home serves one
+        gateway at a time), so it takes back at once what its previous run held."""
+        identity = f"{socket.gethostname()}:{self.home.resolve()}"
+        return hashlib.sha1(identity.encode()).hexdigest()[:16]

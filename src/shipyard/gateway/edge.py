@@ -1,0 +1,73 @@
+"""What every request passes before a door: the transport the gateway serves, and the
+edge that reads each request's head once and checks its signature.
+
+``serving_tls`` decides, at start, the certificate and key the gateway serves HTTPS (and
+gRPC) with; ``edge`` wraps the doors in ReadOnce (no ``auth:``) or RequireSignature
+(gateway/signatures.py), and refuses to serve an open gateway beyond loopback.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import ssl
+from pathlib import Path
+
+from shipyard.gateway.auth import Verifier
+from shipyard.gateway.signatures import ASGIApp, ReadOnce, RequireSignature
+from shipyard.settings import Settings
+from shipyard.stackfile import StackFile
+
+
+def edge(doors: ASGIApp, settings: Settings, stack: StackFile) -> ASGIApp:
+    """The doors behind the edge: their heads read once (repeated security-relevant
+    headers refused), and SigV4 verified when the stack file has ``auth:``."""
+    if stack.auth is None:
+        if not (is_loopback(settings.host) or settings.insecure):
+            raise ValueError(
+                f"host: refusing to listen on {settings.host}, which is not a loopback "
+                "address, with no auth: section in the stack file: anyone who reaches "
+                "the port could run commands on this host. Add an auth: section "
+                "(see SECURITY.md) or pass --insecure."
+            )
+        return ReadOnce(doors, account_id=settings.account_id)
+    return RequireSignature(
+        doors,
+        verifier=Verifier.from_config(stack.auth, os.environ),
+        account_id=settings.account_id,
+        max_body_bytes=settings.max_payload_bytes,
+        body_timeout_s=settings.body_read_timeout_s,
+    )
+
+
+def serving_tls(settings: Settings, stack: StackFile) -> tuple[Path, Path] | None:
+    """The certificate and key to serve with: the flags, else the stack file's ``tls:``
+    (relative to the file); checked here so that a wrong one fails the start, naming it."""
+    if settings.tls_cert is not None or settings.tls_key is not None:
+        if settings.tls_cert is None or settings.tls_key is None:
+            raise ValueError("tls_cert, tls_key: give both (--tls-cert and --tls-key), or neither")
+        cert, key = settings.tls_cert, settings.tls_key
+    elif stack.tls is not None:
+        base = settings.config.parent if settings.config is not None else Path()
+        cert, key = base / stack.tls.cert, base / stack.tls.key
+    else:
+        return None
+    try:
+        # An encrypted key is refused rather than prompting for its passphrase.
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key, password=lambda: b"")
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(
+            f"tls: cannot serve HTTPS with certificate {cert} and key {key} (PEM files, "
+            f"the key unencrypted): {exc}"
+        ) from None
+    return cert, key
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
