@@ -9,7 +9,7 @@ renamed on one side only. The SageMaker container contract (``POST /invocations`
   ``X-Shipyard-Model-Cache`` and, after a load or unload, ``X-Shipyard-Model-Timings``
   and ``X-Shipyard-Evicted``;
 - a platform error (rather than the model's own) names itself in ``X-Shipyard-Error``,
-  e.g. ``ModelNotFound`` (runtime/multimodel.py lists them);
+  e.g. ``ModelNotFound`` (errors.py lists them, under MultiModelError);
 - an answer that came out of a server-side batch says how big the batch was and how long
   the request waited for it in ``X-Shipyard-Batch``.
 

@@ -5,10 +5,13 @@
     │   ├── ResourceNotFound           400  SageMaker's "Could not find ..." wording
     │   ├── AlreadyExists              400  "Cannot create already existing model ..."
     │   ├── InvalidParameter           400  a value that breaks a constraint
+    │   │   └── OwnedElsewhere         400  a stack changing what another stack owns
     │   └── RepeatedHeader             400  a security-relevant header sent twice
     ├── ResourceInUse                  400  a name already taken, or a resource still used
     ├── ResourceLimitExceeded          400  a quota hit
     ├── ObjectNotFound                 400  Application Auto Scaling: no such target or policy
+    ├── LogResourceNotFound            400  CloudWatch Logs: no such log group or stream
+    ├── InvalidLogParameter            400  CloudWatch Logs: a bad parameter (a foreign token)
     ├── UnknownOperation               400  an X-Amz-Target we do not implement
     ├── SerializationException         400  a body that is not JSON
     │   └── RequestTooLarge            413  a control-plane body over the door's cap
@@ -23,6 +26,7 @@
     │   ├── ModelNotReady              429  instances still starting
     │   ├── Throttling                 429  a serverless variant at its MaxConcurrency
     │   ├── ServiceUnavailable         503  no instance can take the request now
+    │   │   └── InstanceFailed         503  an instance failed after the request may have reached it
     │   └── InternalFailure            500  a bug of ours
     ├── AuthFailure                    403  a request that is not signed, or not allowed
     │   ├── MissingAuthenticationToken      no signature at all
@@ -37,6 +41,63 @@
 
 The runtime's codes differ from the control plane's on purpose (SageMaker's do too):
 boto3's ``sagemaker-runtime`` client knows ``ValidationError``, not ``ValidationException``.
+
+Failures inside the gateway and its instances, never sent as they are: the code that
+catches one turns it into an error above, a FailureReason, an instance's answer or an exit
+code. By who raises them:
+
+    routing/ (the data path)
+      UpstreamError                         the connection to an instance failed mid-request
+      └── ResponseTooLarge                  the answer outgrew the limit it was sent with
+      ClientGone                            the client left before it could be answered
+    gateway/bodies.py (reading a request's body)
+      BodyError                             a body that could not be read whole
+      ├── BodyTooLarge                      larger than the door's limit
+      ├── BodyTimedOut                      not all there within the door's deadline
+      └── ClientLeft                        the client disconnected before it was whole
+    storage/
+      ArtifactError                         model data missing, unreadable, corrupt or unsafe
+      NoSuchObject                          a read names no object: no such key, file or bucket
+      ObjectStoreError                      reading or writing an object failed otherwise
+      UnsupportedLocation                   (ValueError) a URI that names no local path or S3
+      ├── UnsupportedScheme                 a scheme other than s3:// or file://
+      └── OutsideFileRoots                  a local path outside ``auth.file_roots``
+    runtime/ (the built-in instance; the codes are its answers)
+      CodecError                       400  a request the default codecs cannot handle
+      ├── UnsupportedContentType       415  no default decoder for the Content-Type
+      ├── UnsupportedAccept            406  no default encoder for any Accept type
+      └── InvalidBody                  400  a body that does not parse as its Content-Type says
+      MultiModelError                  500  a multi-model request the instance refuses
+      ├── InvalidTargetModel           400  a model name missing, too long or out of the prefix
+      ├── BadModelRequest              400  a /models body or query not of the contract's form
+      ├── ModelNotFound                404  no artifact at ``<prefix>/<name>``
+      ├── ModelNotLoaded               404  a /models/{name} route for a model not in memory
+      ├── ModelAlreadyLoaded           409  POST /models for a model loaded or loading
+      ├── ModelStillLoading            429  still loading when the request stopped waiting
+      ├── ModelLoadFailed              500  the artifact not fetched, or the model's code raised
+      └── ModelTooLarge                507  alone, more than the whole memory budget
+    transform/ (batch transform; the message becomes the job's FailureReason)
+      SplitError                            an object that cannot be read as records
+      ├── RecordTooLarge                    a record over max_record_bytes or MaxPayloadInMB
+      ├── FilterError                       a record a filter or join cannot apply to
+      └── AnswerMismatch                    a MultiRecord answer not one line per record
+      TransformFailed                       the job cannot go on
+    backends/
+      BackendError                          an instance could not be started: its FailureReason
+      SandboxUnavailable                    (ValueError) ``auth.sandbox`` asked for, none possible
+    provisioning/
+      FleetFailed                           a fleet could not be brought up: its FailureReason
+    jobs/
+      ClientError                           a job that cannot run as given: its FailureReason
+    cli/ (each becomes one red line and an exit code)
+      GatewayError                          the gateway answered with an error, or is unreachable
+      ├── Refused                           ``POST /inference`` did not schedule the job
+      └── PlanError                         a stack file that cannot be applied as it stands
+      SectionConflict                       (ValueError) a topic or jobs section of another stack
+    tensors.py
+      TensorError                           (ValueError) tensors that do not parse
+    events/
+      DeliveryError                         (ShipyardError) a subscriber refused a notification
 """
 
 from __future__ import annotations
@@ -87,6 +148,10 @@ class InvalidParameter(ValidationException):
     """A parameter that breaks one of the API's constraints."""
 
 
+class OwnedElsewhere(InvalidParameter):
+    """A stack asked to change what another stack owns."""
+
+
 class RepeatedHeader(ValidationException):
     """A request carrying a header its security rests on (``X-Amz-Target``,
     ``Authorization``, ``Content-Length``, ...) more than once.
@@ -114,6 +179,20 @@ class ObjectNotFound(ShipyardError):
     """Application Auto Scaling's missing scalable target or scaling policy."""
 
     wire_type = "ObjectNotFoundException"
+    status_code = 400
+
+
+class LogResourceNotFound(ShipyardError):
+    """CloudWatch Logs' ResourceNotFoundException: no such log group or stream."""
+
+    wire_type = "ResourceNotFoundException"
+    status_code = 400
+
+
+class InvalidLogParameter(ShipyardError):
+    """CloudWatch Logs' InvalidParameterException (a token that is not ours, say)."""
+
+    wire_type = "InvalidParameterException"
     status_code = 400
 
 
@@ -225,6 +304,10 @@ class ServiceUnavailable(RuntimeFailure):
     status_code = 503
 
 
+class InstanceFailed(ServiceUnavailable):
+    """The instance failed once the request may have reached it: not sent again."""
+
+
 class InternalFailure(RuntimeFailure):
     """An unexpected failure inside the gateway."""
 
@@ -291,3 +374,255 @@ class JobTypeNotAllowed(FacadeRefusal):
     """The ``type`` is not in ``jobs.white_list``; nothing was scheduled."""
 
     status_code = 510
+
+
+class UpstreamError(Exception):
+    """The connection failed before a whole response arrived."""
+
+    def __init__(self, message: str, *, sent: bool) -> None:
+        super().__init__(message)
+        self.sent = sent
+        """Whether the request may have reached the instance (then it is not retried)."""
+
+
+class ResponseTooLarge(UpstreamError):
+    """The answer's body outgrew the limit the request was sent with; the connection is
+    closed, since the rest of the answer is still on its way."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the answer is larger than {limit} bytes", sent=True)
+        self.limit = limit
+
+
+class ClientGone(Exception):
+    """The client closed its connection before it could be answered: nobody to answer."""
+
+
+class BodyError(Exception):
+    """The body could not be read whole."""
+
+
+class BodyTooLarge(BodyError):
+    """The body passes ``limit`` bytes; ``body_left``: more of it is still coming."""
+
+    def __init__(self, limit: int, *, body_left: bool) -> None:
+        super().__init__(f"the body is larger than {limit} bytes")
+        self.limit = limit
+        self.body_left = body_left
+
+
+class BodyTimedOut(BodyError):
+    """The whole body did not arrive within ``timeout_s``."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"the body did not arrive within {timeout_s:g} seconds")
+        self.timeout_s = timeout_s
+
+
+class ClientLeft(BodyError):
+    """The client disconnected before its body was whole."""
+
+
+class ArtifactError(Exception):
+    """Model data that cannot be fetched: missing, unreadable, corrupt or unsafe.
+
+    The message names the URI and the problem in words meant for the user, because the
+    control plane shows it verbatim as the endpoint's ``FailureReason``.
+    """
+
+
+class NoSuchObject(Exception):
+    """A read names no object: the key, file or bucket does not exist. Names the URI."""
+
+
+class ObjectStoreError(Exception):
+    """Reading or writing an object failed for any other reason; names the URI and cause."""
+
+
+class UnsupportedLocation(ValueError):
+    """A URI that names no local path or S3 location; the message says what to write."""
+
+
+class UnsupportedScheme(UnsupportedLocation):
+    """A URI with a scheme other than ``s3`` or ``file``; ``scheme`` is the one it has."""
+
+    def __init__(self, uri: str, scheme: str) -> None:
+        super().__init__(
+            f"{uri} has the unsupported scheme '{scheme}'; use s3://, file:// or a local path."
+        )
+        self.scheme = scheme
+
+
+class OutsideFileRoots(UnsupportedLocation):
+    """A local location outside ``auth.file_roots``; the message names it and the roots."""
+
+
+class CodecError(Exception):
+    """A request the default codecs cannot handle; ``status_code`` says why."""
+
+    status_code = 400
+
+
+class UnsupportedContentType(CodecError):
+    """The body's ``Content-Type`` has no default decoder."""
+
+    status_code = 415
+
+
+class UnsupportedAccept(CodecError):
+    """None of the ``Accept`` types has a default encoder."""
+
+    status_code = 406
+
+
+class InvalidBody(CodecError):
+    """The body does not parse as its ``Content-Type`` says it should."""
+
+    status_code = 400
+
+
+class MultiModelError(Exception):
+    """A multi-model request the instance refuses; ``status_code`` is its HTTP status,
+    ``code`` what its error header says (the class's name unless it says otherwise)."""
+
+    status_code = 500
+
+    @property
+    def code(self) -> str:
+        return type(self).__name__
+
+
+class InvalidTargetModel(MultiModelError):
+    """The model name is missing, too long, absolute, or climbs out of the prefix."""
+
+    status_code = 400
+
+
+class BadModelRequest(MultiModelError):
+    """A /models request whose body or query is not of the contract's form."""
+
+    status_code = 400
+
+
+class ModelNotFound(MultiModelError):
+    """No artifact at ``<prefix>/<name>``; not remembered, so a later copy is found."""
+
+    status_code = 404
+
+
+class ModelNotLoaded(MultiModelError):
+    """A /models/{name} route named a model that is not in memory."""
+
+    status_code = 404
+
+
+class ModelAlreadyLoaded(MultiModelError):
+    """POST /models named a model that is in memory or being loaded."""
+
+    status_code = 409
+
+
+class ModelStillLoading(MultiModelError):
+    """The model was still loading when the request stopped waiting; the load goes on.
+    Its code is the gateway's ModelNotReady, which the gateway answers with."""
+
+    status_code = 429
+
+    @property
+    def code(self) -> str:
+        return "ModelNotReady"
+
+
+class ModelLoadFailed(MultiModelError):
+    """The artifact could not be fetched or extracted, or the model's code raised."""
+
+    status_code = 500
+
+
+class ModelTooLarge(MultiModelError):
+    """Loaded alone, the model measured more than the whole memory budget; unloaded."""
+
+    status_code = 507
+
+
+class SplitError(Exception):
+    """An object cannot be read as records of its SplitType (or CompressionType).
+
+    The message says where (a byte offset of the object, as decompressed) and is meant for
+    the job's FailureReason."""
+
+
+class RecordTooLarge(SplitError):
+    """A record is larger than the limit: ``max_record_bytes`` while splitting, or the
+    payload limit (MaxPayloadInMB) when packing; the job fails with it."""
+
+    def __init__(self, index: int, size: int, limit: int, *, at_least: bool = False) -> None:
+        self.index = index
+        self.size = size
+        self.limit = limit
+        amount = f"at least {size}" if at_least else str(size)
+        super().__init__(
+            f"Record {index + 1} is {amount} bytes, more than the limit of {limit} bytes "
+            "(MaxPayloadInMB)."
+        )
+
+
+class FilterError(SplitError):
+    """A record that an InputFilter or OutputFilter cannot apply to, or a join cannot read
+    (not JSON or CSV, a missing key, an index outside the record)."""
+
+
+class AnswerMismatch(SplitError):
+    """A MultiRecord answer does not carry one line per record it answers."""
+
+
+class TransformFailed(Exception):
+    """The job cannot go on; the message is its FailureReason."""
+
+
+class BackendError(Exception):
+    """An instance could not be started; the message becomes the FailureReason."""
+
+
+class SandboxUnavailable(ValueError):
+    """The gateway was told to sandbox (``auth.sandbox``) and cannot: bubblewrap is
+    missing or cannot make a sandbox here. Raised at start; the message says what to do."""
+
+
+class FleetFailed(Exception):
+    """A fleet could not be brought up; the message becomes the FailureReason."""
+
+
+class ClientError(Exception):
+    """The job's request cannot run as given: the message becomes its FailureReason.
+
+    SageMaker calls such failures ClientError, as opposed to the script's AlgorithmError.
+    """
+
+
+class GatewayError(Exception):
+    """The gateway answered with an error, or could not be reached; the message is one line."""
+
+
+class Refused(GatewayError):
+    """``POST /inference`` did not schedule the job; the message is the gateway's ``errMsg``."""
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class PlanError(GatewayError):
+    """The file cannot be applied as it stands (a name conflict, a missing reference)."""
+
+
+class SectionConflict(ValueError):
+    """The file declares a topic or a jobs section that another stack owns."""
+
+
+class TensorError(ValueError):
+    """Tensors that do not parse: malformed JSON, a wrong shape, data that do not fit."""
+
+
+class DeliveryError(ShipyardError):
+    """A subscriber did not take a notification; the message is apprise's reason."""

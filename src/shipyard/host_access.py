@@ -25,10 +25,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from shipyard.errors import InvalidParameter
+from shipyard.errors import InvalidParameter, OutsideFileRoots
 from shipyard.launch import MODEL_CODE
 from shipyard.stackfile import AuthConfig
-from shipyard.storage.filesystems import FileRoots, OutsideFileRoots
+from shipyard.storage.filesystems import FileRoots
 
 CALLER_VARIABLES = (
     "SAGEMAKER_*",

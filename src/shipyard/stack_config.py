@@ -27,15 +27,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from shipyard.errors import InvalidParameter
+from shipyard.errors import InvalidParameter, OwnedElsewhere
 from shipyard.events.topics import Topics
 from shipyard.jobs.service import JobService
 from shipyard.stackfile import JobsConfig, StackFile
 from shipyard.transform.service import TransformService
-
-
-class OwnedElsewhere(InvalidParameter):
-    """A stack asked to change what another stack owns."""
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from shipyard.errors import TensorError
+
 TENSORS = "application/vnd.shipyard.v2+tensors"
 """The content type of the wire format, both ways."""
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -61,10 +63,6 @@ DTYPES: dict[str, np.dtype[Any]] = {
 # The numpy kinds of JSON data that fit each family of datatype: [1.5] is no INT32.
 _KINDS = {"?": "b", "u": "iu", "i": "iu", "f": "iuf"}
 _LENGTH = struct.Struct("<I")
-
-
-class TensorError(ValueError):
-    """Tensors that do not parse: malformed JSON, a wrong shape, data that do not fit."""
 
 
 @dataclass(slots=True)

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from shipyard.events.notify import DELIVERY_KEY_HEADER, DeliveryError, Notifier
+from shipyard.errors import DeliveryError
+from shipyard.events.notify import DELIVERY_KEY_HEADER, Notifier
 from tests.conftest import free_port
 from tests.listeners import SmtpListener, WebhookListener
 

@@ -20,18 +20,16 @@ from shipyard.contract import (
     parse_evicted,
     parse_timings,
 )
-from shipyard.runtime.multimodel import (
+from shipyard.errors import (
     InvalidTargetModel,
-    Loaded,
     ModelAlreadyLoaded,
-    ModelCache,
     ModelLoadFailed,
     ModelNotFound,
     ModelNotLoaded,
     ModelStillLoading,
     ModelTooLarge,
-    check_model_name,
 )
+from shipyard.runtime.multimodel import Loaded, ModelCache, check_model_name
 
 T = TypeVar("T")
 PREFIX = "s3://bucket/models"

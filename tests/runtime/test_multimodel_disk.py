@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from mme_models import write_model
 
+from shipyard.errors import ArtifactError, ModelLoadFailed, ModelNotFound
 from shipyard.runtime.disk_cache import DiskCache
 from shipyard.runtime.model_source import HandlersSource
-from shipyard.runtime.multimodel import ModelLoadFailed, ModelNotFound
-from shipyard.storage.artifacts import ArtifactError, ArtifactStore
+from shipyard.storage.artifacts import ArtifactStore
 
 KIB = 1024
 

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from shipyard.errors import InvalidBody, UnsupportedAccept, UnsupportedContentType
 from shipyard.runtime import codecs
 
 
@@ -31,7 +32,7 @@ def test_one_csv_line_is_still_2d() -> None:
 
 @pytest.mark.parametrize("body", [b"", b" \n", b"1,2\n3\n", b"a,b", b"\xff,1"])
 def test_bad_csv_is_invalid_body(body: bytes) -> None:
-    with pytest.raises(codecs.InvalidBody) as info:
+    with pytest.raises(InvalidBody) as info:
         codecs.decode(body, "text/csv")
     assert info.value.status_code == 400
 
@@ -46,7 +47,7 @@ def test_npy_round_trips() -> None:
 
 
 def test_unknown_content_type_is_415() -> None:
-    with pytest.raises(codecs.UnsupportedContentType) as info:
+    with pytest.raises(UnsupportedContentType) as info:
         codecs.decode(b"x", "text/plain")
     assert info.value.status_code == 415
 
@@ -90,7 +91,7 @@ def test_accept_picks_the_first_known_type(accept: str, chosen: str) -> None:
 
 
 def test_unknown_accept_is_406() -> None:
-    with pytest.raises(codecs.UnsupportedAccept) as info:
+    with pytest.raises(UnsupportedAccept) as info:
         codecs.encode([1], "image/png")
     assert info.value.status_code == 406
 

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Literal
 
 import pytest
 
-from shipyard.storage.artifacts import COMPLETE_MARKER, ArtifactError, ArtifactStore
+from shipyard.errors import ArtifactError
+from shipyard.storage.artifacts import COMPLETE_MARKER, ArtifactStore
 
 if TYPE_CHECKING:
     from tests.storage.conftest import Bucket

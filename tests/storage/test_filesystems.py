@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from shipyard.storage.artifacts import ArtifactError, ArtifactStore
-from shipyard.storage.filesystems import Filesystems, UnsupportedLocation, local_path, s3_path
-from shipyard.storage.objects import ObjectStore, ObjectStoreError
+from shipyard.errors import ArtifactError, ObjectStoreError, UnsupportedLocation
+from shipyard.storage.artifacts import ArtifactStore
+from shipyard.storage.filesystems import Filesystems, local_path, s3_path
+from shipyard.storage.objects import ObjectStore
 from tests.conftest import Bucket
 
 

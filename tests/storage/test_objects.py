@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from shipyard.storage.objects import NoSuchObject, ObjectStore, ObjectStoreError
+from shipyard.errors import NoSuchObject, ObjectStoreError
+from shipyard.storage.objects import ObjectStore
 from tests.conftest import Bucket
 
 MiB = 1 << 20

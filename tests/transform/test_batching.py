@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from shipyard.transform.batching import AnswerMismatch, Payload, payloads, split_answer
-from shipyard.transform.splitting import RecordTooLarge, SplitError, records
+from shipyard.errors import AnswerMismatch, RecordTooLarge, SplitError
+from shipyard.transform.batching import Payload, payloads, split_answer
+from shipyard.transform.splitting import records
 
 from .streams import collect, random_chunks, recordio, tfrecord
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from shipyard.errors import FilterError, SplitError
 from shipyard.transform.jsonpath import (
-    FilterError,
     apply_input_filter,
     apply_output_filter,
     compile_filter,
     join_input,
 )
-from shipyard.transform.splitting import SplitError
 
 JSON = "application/json"
 CSV = "text/csv"

@@ -10,13 +10,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from shipyard.transform.splitting import (
-    RecordTooLarge,
-    SplitError,
-    decompress,
-    masked_crc32c,
-    records,
-)
+from shipyard.errors import RecordTooLarge, SplitError
+from shipyard.transform.splitting import decompress, masked_crc32c, records
 
 from .streams import (
     MAGIC,

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from shipyard.errors import BodyTimedOut, BodyTooLarge, ClientLeft
 from shipyard.gateway import bodies
 
 SCOPE: dict[str, Any] = {"type": "http"}  # not seen by the edge: read under a deadline
@@ -50,16 +51,16 @@ def test_a_body_in_pieces_is_read_whole() -> None:
 
 def test_a_declared_length_over_the_cap_is_refused_unread() -> None:
     receive = pieces(b"x" * 10)
-    with pytest.raises(bodies.BodyTooLarge) as info:
+    with pytest.raises(BodyTooLarge) as info:
         run(lambda: bodies.read_body(SCOPE, receive, max_bytes=4, timeout_s=5, declared=10))
     assert info.value.body_left and receive.taken == []
 
 
 def test_a_body_counted_over_the_cap_says_whether_more_is_coming() -> None:
-    with pytest.raises(bodies.BodyTooLarge) as info:
+    with pytest.raises(BodyTooLarge) as info:
         run(lambda: bodies.read_body(SCOPE, pieces(b"abc", b"de", b"f"), max_bytes=4, timeout_s=5))
     assert info.value.body_left and info.value.limit == 4
-    with pytest.raises(bodies.BodyTooLarge) as info:
+    with pytest.raises(BodyTooLarge) as info:
         run(lambda: bodies.read_body(SCOPE, pieces(b"abcde"), max_bytes=4, timeout_s=5))
     assert not info.value.body_left
 
@@ -74,7 +75,7 @@ def test_a_body_that_stops_coming_times_out() -> None:
             await asyncio.Event().wait()
         return message
 
-    with pytest.raises(bodies.BodyTimedOut) as info:
+    with pytest.raises(BodyTimedOut) as info:
         run(lambda: bodies.read_body(SCOPE, stalled, max_bytes=100, timeout_s=0.2))
     assert info.value.timeout_s == 0.2
     assert run(lambda: bodies.read_body(SCOPE, receive, max_bytes=100, timeout_s=0.2)) == b"abcd"
@@ -89,7 +90,7 @@ def test_a_client_that_leaves_mid_body() -> None:
         message["more_body"] = True
         return message
 
-    with pytest.raises(bodies.ClientLeft):
+    with pytest.raises(ClientLeft):
         run(lambda: bodies.read_body(SCOPE, cut, max_bytes=100, timeout_s=5))
 
 

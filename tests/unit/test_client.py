@@ -7,7 +7,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from shipyard.routing.client import ConnectionPool, UpstreamError
+from shipyard.errors import UpstreamError
+from shipyard.routing.client import ConnectionPool
 from tests.conftest import wait_until_async
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

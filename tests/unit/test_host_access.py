@@ -8,18 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from shipyard.errors import InvalidParameter
+from shipyard.errors import ArtifactError, InvalidParameter, ObjectStoreError, OutsideFileRoots
 from shipyard.host_access import HostAccess, environment_refusal, wildcard
 from shipyard.stackfile import AccessKey, AuthConfig
-from shipyard.storage.artifacts import ArtifactError, ArtifactStore
-from shipyard.storage.filesystems import (
-    FileRoots,
-    Filesystems,
-    OutsideFileRoots,
-    local_location,
-    local_path,
-)
-from shipyard.storage.objects import ObjectStore, ObjectStoreError
+from shipyard.storage.artifacts import ArtifactStore
+from shipyard.storage.filesystems import FileRoots, Filesystems, local_location, local_path
+from shipyard.storage.objects import ObjectStore
 
 
 def access(tmp_path: Path, **kw: object) -> HostAccess:

@@ -19,9 +19,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shipyard.backends.base import BackendError, InstanceSpec
+from shipyard.backends.base import InstanceSpec
 from shipyard.backends.local import LocalBackend, LocalInstance, _record_runner
-from shipyard.backends.sandbox import Sandbox, SandboxUnavailable
+from shipyard.backends.sandbox import Sandbox
+from shipyard.errors import BackendError, SandboxUnavailable
 from shipyard.job_contract import Checkpoint, JobSpec
 from shipyard.routing.model_agent import MODELS_FOLDER
 from tests.conftest import wait_until

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from shipyard.errors import InvalidParameter
+from shipyard.errors import InvalidParameter, OwnedElsewhere
 from shipyard.events.kinds import Announcer, training_job_event
 from shipyard.events.topics import Topics
 from shipyard.host_access import HostAccess
 from shipyard.jobs.service import JobService
-from shipyard.stack_config import OwnedElsewhere, StackChange, StackConfig
+from shipyard.stack_config import StackChange, StackConfig
 from shipyard.stackfile import AccessKey, AuthConfig, JobsConfig
 
 TEMPLATE = {"AlgorithmSpecification": {"TrainingImage": "shipyard/python"}}

@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
+from shipyard.errors import TensorError
 from shipyard.runtime import codecs
 from shipyard.tensors import (
     InferRequest,
     Tensor,
-    TensorError,
     encode_binary,
     from_numpy,
     header_length_of,

@@ -32,17 +32,24 @@ from datetime import datetime
 
 from shipyard.background import Wakeup
 from shipyard.contract import ACCEPT, CONTENT_TYPE, CUSTOM_ATTRIBUTES, INFERENCE_ID
-from shipyard.errors import ModelError, ModelNotReady, ServiceUnavailable
+from shipyard.errors import (
+    InstanceFailed,
+    ModelError,
+    ModelNotReady,
+    NoSuchObject,
+    ObjectStoreError,
+    ServiceUnavailable,
+    UpstreamError,
+)
 from shipyard.events.kinds import inference_result_event
 from shipyard.metrics import Metrics
 from shipyard.records import AsyncRequest, AsyncStatus
-from shipyard.routing.client import UpstreamError
 from shipyard.routing.invocation import Invocations
-from shipyard.routing.router import Call, InstanceFailed
+from shipyard.routing.router import Call
 from shipyard.routing.table import EndpointRoute
 from shipyard.storage.async_queue import AsyncQueue
 from shipyard.storage.metadata import now
-from shipyard.storage.objects import NoSuchObject, ObjectStore, ObjectStoreError
+from shipyard.storage.objects import ObjectStore
 
 log = logging.getLogger(__name__)
 

@@ -110,10 +110,6 @@ class InstanceHandle(Protocol):
         ...
 
 
-class BackendError(Exception):
-    """An instance could not be started; the message becomes the FailureReason."""
-
-
 class Backend(Protocol):
     """Starts, stops and locates instances.
 

@@ -36,15 +36,10 @@ from pathlib import Path
 import psutil
 
 from shipyard import launch
-from shipyard.backends.base import (
-    BackendError,
-    InstanceHandle,
-    InstanceSpec,
-    JobHandle,
-    runtime_for,
-)
+from shipyard.backends.base import InstanceHandle, InstanceSpec, JobHandle, runtime_for
 from shipyard.backends.environment import process_environment
 from shipyard.backends.sandbox import MODEL_DIR, Sandbox
+from shipyard.errors import BackendError
 from shipyard.job_contract import (
     JOB_FILE,
     RUNNER_PID_FILE,

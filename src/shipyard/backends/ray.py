@@ -56,15 +56,9 @@ import ray
 import ray.exceptions
 import ray.util
 
-from shipyard.backends.base import (
-    BackendError,
-    InstanceHandle,
-    InstanceSpec,
-    JobHandle,
-    Resources,
-    runtime_for,
-)
+from shipyard.backends.base import InstanceHandle, InstanceSpec, JobHandle, Resources, runtime_for
 from shipyard.backends.ray_actors import Command, InstanceActor, JobActor
+from shipyard.errors import BackendError
 from shipyard.instance_types import GIB, INSTANCE_TYPES
 from shipyard.job_contract import JOB_FILE, LOG_FILE, STATUS_FILE, JobSpec, StatusLine, read_status
 

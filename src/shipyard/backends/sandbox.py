@@ -67,6 +67,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from shipyard.errors import SandboxUnavailable
+
 SANDBOX_UID = 65534
 """The uid and gid a sandboxed process has inside (``nobody``)."""
 MODEL_DIR = Path("/opt/ml/model")
@@ -102,11 +104,6 @@ _ETC = (
 """What of ``/etc`` a process reads to run, resolve names and trust TLS: nothing secret."""
 _TRIAL_TIMEOUT_S = 30.0
 _NO_LINK_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-class SandboxUnavailable(ValueError):
-    """The gateway was told to sandbox (``auth.sandbox``) and cannot: bubblewrap is
-    missing or cannot make a sandbox here. Raised at start; the message says what to do."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,23 +21,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from shipyard.errors import GatewayError, Refused
 from shipyard.records import JobStatus
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 FINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.STOPPED})
 _TIMEOUT_S = 30.0
-
-
-class GatewayError(Exception):
-    """The gateway answered with an error, or could not be reached; the message is one line."""
-
-
-class Refused(GatewayError):
-    """``POST /inference`` did not schedule the job; the message is the gateway's ``errMsg``."""
-
-    def __init__(self, message: str, *, status: int) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)

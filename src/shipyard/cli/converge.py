@@ -11,8 +11,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from shipyard.cli.client import Gateway, GatewayError, translated
+from shipyard.cli.client import Gateway, translated
 from shipyard.cli.stack import DIMENSION, NAMESPACE, Plan, policy_name
+from shipyard.errors import GatewayError
 
 _POLL_PERIOD_S = 0.25
 

@@ -20,8 +20,9 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from shipyard.cli.client import DEFAULT_URL, Endpoints, Gateway, GatewayError
+from shipyard.cli.client import DEFAULT_URL, Endpoints, Gateway
 from shipyard.cli.jobs import _iso, _out, _print_logs, _reported, _when
+from shipyard.errors import GatewayError
 
 app = typer.Typer(
     no_args_is_help=True,

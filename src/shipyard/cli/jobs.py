@@ -22,7 +22,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from shipyard.cli.client import DEFAULT_URL, FINAL_STATUSES, Gateway, GatewayError
+from shipyard.cli.client import DEFAULT_URL, FINAL_STATUSES, Gateway
+from shipyard.errors import GatewayError
 from shipyard.records import JobStatus
 
 app = typer.Typer(

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from shipyard.errors import SectionConflict
 from shipyard.stackfile import StackFile
 
 _SETTINGS = ("limit", "white_list", "s3_bucket", "role_arn", "notify")
@@ -23,10 +24,6 @@ Row = tuple[str, str, str, str]
 
 Planner = Callable[[str, dict[str, Any], StackFile], tuple[list[Row], dict[str, Any] | None]]
 """``plan_apply`` or ``plan_destroy``: (stack, ``GET /stack``'s answer, file) -> rows, body."""
-
-
-class SectionConflict(ValueError):
-    """The file declares a topic or a jobs section that another stack owns."""
 
 
 def plan_apply(

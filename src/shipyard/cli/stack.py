@@ -34,7 +34,8 @@ from enum import StrEnum
 from typing import Any
 
 from shipyard.cli import sections
-from shipyard.cli.client import Gateway, GatewayError, translated
+from shipyard.cli.client import Gateway, translated
+from shipyard.errors import PlanError, SectionConflict
 from shipyard.stackfile import StackFile, StackResources
 
 STACK_TAG = "shipyard:stack"
@@ -60,10 +61,6 @@ class Kind(StrEnum):
     TOPIC = "topic"
     JOB_TEMPLATE = "job template"
     JOBS = "jobs settings"
-
-
-class PlanError(GatewayError):
-    """The file cannot be applied as it stands (a name conflict, a missing reference)."""
 
 
 @dataclass(frozen=True)
@@ -283,7 +280,7 @@ def _plan_sections(
     """Topics and the jobs section, first: endpoint configs may name topics."""
     try:
         rows, plan.sections = planner(plan.stack, gateway.stack_config(), file)
-    except sections.SectionConflict as exc:
+    except SectionConflict as exc:
         raise PlanError(str(exc)) from None
     plan.changes += [Change(Kind(k), name, Action(a), detail) for k, name, a, detail in rows]
 

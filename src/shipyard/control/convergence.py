@@ -22,8 +22,8 @@ from typing import Any
 
 from shipyard.control.publishing import RoutePublisher
 from shipyard.control.serverless import ServerlessScaler
-from shipyard.errors import ShipyardError
-from shipyard.provisioning.fleet import Fleet, FleetFailed, Provisioner, Slot
+from shipyard.errors import FleetFailed, ShipyardError
+from shipyard.provisioning.fleet import Fleet, Provisioner, Slot
 from shipyard.records import Endpoint, EndpointConfig, EndpointStatus, VariantState
 from shipyard.storage.metadata import MetadataStore
 

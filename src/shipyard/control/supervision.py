@@ -19,8 +19,9 @@ import logging
 import time
 from collections.abc import Callable
 
+from shipyard.errors import FleetFailed
 from shipyard.metrics import Metrics
-from shipyard.provisioning.fleet import Fleet, FleetFailed, Provisioner, Slot
+from shipyard.provisioning.fleet import Fleet, Provisioner, Slot
 from shipyard.routing.model_agent import loaded_models
 from shipyard.routing.multimodel import resync
 

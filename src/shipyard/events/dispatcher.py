@@ -44,7 +44,8 @@ from enum import Enum
 from typing import ParamSpec, TypeVar
 
 from shipyard.background import Wakeup
-from shipyard.events.notify import DeliveryError, Notifier
+from shipyard.errors import DeliveryError
+from shipyard.events.notify import Notifier
 from shipyard.events.topics import Subscriber, Topics
 from shipyard.records import Event
 from shipyard.storage.events import (

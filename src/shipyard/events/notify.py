@@ -44,7 +44,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import apprise
 
-from shipyard.errors import ShipyardError
+from shipyard.errors import DeliveryError
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +53,6 @@ DELIVERY_KEY_HEADER = "X-Shipyard-Delivery-Key"
 _captured: ContextVar[list[str] | None] = ContextVar("shipyard_apprise_log", default=None)
 _setup_lock = threading.Lock()
 _HEADER_SAFE = re.compile(r"[!-~]{1,256}")
-
-
-class DeliveryError(ShipyardError):
-    """A subscriber did not take a notification; the message is apprise's reason."""
 
 
 class _Capture(logging.Handler):

@@ -18,6 +18,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
+from shipyard.errors import BodyTimedOut, BodyTooLarge, ClientLeft
 from shipyard.gateway.http_limits import body_arrived
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -26,31 +27,6 @@ DRAIN_BYTES = 64 * 1024 * 1024
 """The most of a refused body ``drain`` reads by default."""
 DRAIN_S = 5.0
 """How long ``drain`` waits for the rest of a refused body by default."""
-
-
-class BodyError(Exception):
-    """The body could not be read whole."""
-
-
-class BodyTooLarge(BodyError):
-    """The body passes ``limit`` bytes; ``body_left``: more of it is still coming."""
-
-    def __init__(self, limit: int, *, body_left: bool) -> None:
-        super().__init__(f"the body is larger than {limit} bytes")
-        self.limit = limit
-        self.body_left = body_left
-
-
-class BodyTimedOut(BodyError):
-    """The whole body did not arrive within ``timeout_s``."""
-
-    def __init__(self, timeout_s: float) -> None:
-        super().__init__(f"the body did not arrive within {timeout_s:g} seconds")
-        self.timeout_s = timeout_s
-
-
-class ClientLeft(BodyError):
-    """The client disconnected before its body was whole."""
 
 
 async def read_body(

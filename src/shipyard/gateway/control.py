@@ -20,7 +20,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from shipyard.errors import RequestTooLarge, SerializationException
+from shipyard.errors import (
+    BodyTimedOut,
+    BodyTooLarge,
+    ClientLeft,
+    RequestTooLarge,
+    SerializationException,
+)
 from shipyard.gateway import bodies
 from shipyard.gateway.auth import Admitted, admitted
 from shipyard.gateway.errors import AMZ_JSON, control_error_response
@@ -223,15 +229,15 @@ async def read_body(request: Request, *, max_bytes: int) -> bytes:
         return await bodies.read_body(
             request.scope, request.receive, max_bytes=max_bytes, timeout_s=BODY_TIMEOUT_S
         )
-    except bodies.BodyTooLarge as exc:
+    except BodyTooLarge as exc:
         if exc.body_left:
             await bodies.drain(request.receive, max_bytes=_DRAIN_BYTES, timeout_s=_DRAIN_S)
         raise _too_large(max_bytes) from None
-    except bodies.BodyTimedOut:
+    except BodyTimedOut:
         raise SerializationException(
             f"The request body did not arrive within {BODY_TIMEOUT_S:g} seconds."
         ) from None
-    except bodies.ClientLeft:
+    except ClientLeft:
         # Nobody is left to read the answer; say so without a traceback in the log.
         raise SerializationException("The client closed the connection mid-body.") from None
 

@@ -15,7 +15,8 @@ first response, so a connection that never spoke was kept for ever. And a reques
 answered before its body was read (a refusal at the edge, a body over the limit) has
 ``drain_timeout_s`` for the rest of its body to arrive, dropped unread as it comes,
 so the client reads the answer rather than a reset; then the connection is closed.
-Everything else (bodies, the app) is uvicorn's, unchanged.
+What the protocol writes in one turn of the loop leaves in one system call
+(shipyard/writes.py). Everything else (bodies, the app) is uvicorn's, unchanged.
 
 The edge also tells the app whether a request's body has arrived whole (``body_arrived``):
 a body parsed in the same read as its head, the common case, is read with no deadline;
@@ -30,6 +31,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from shipyard.writes import CoalescingTransport
 
 _EDGE = "shipyard.edge"
 """The scope key for (the connection's protocol, the request's number on it)."""
@@ -86,7 +89,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         """Requests on the connection whose body has been parsed whole."""
 
     def connection_made(self, transport: Any) -> None:
-        super().connection_made(transport)
+        # A response's head and body in one system call (shipyard/writes.py).
+        super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
         # uvicorn's keep-alive timer, armed before the first request as after each:
         # data cancels it (and a begun head has the head timer).
         self.timeout_keep_alive_task = self.loop.call_later(

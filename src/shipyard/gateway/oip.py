@@ -29,6 +29,7 @@ from shipyard.errors import (
     RuntimeValidationError,
     ServiceUnavailable,
     ShipyardError,
+    TensorError,
     Throttling,
 )
 from shipyard.gateway.runtime import RuntimeDoor
@@ -40,7 +41,6 @@ from shipyard.tensors import (
     TENSORS,
     InferRequest,
     Tensor,
-    TensorError,
     header_length_of,
     parse_response,
     wire_request,

@@ -28,7 +28,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from shipyard.errors import RuntimeFailure
+from shipyard.errors import RuntimeFailure, TensorError
 from shipyard.gateway.oip import InferenceProtocol, status_of
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.router import Call
@@ -36,7 +36,6 @@ from shipyard.tensors import (
     DTYPES,
     InferRequest,
     Tensor,
-    TensorError,
     check_raw,
     check_shape,
     json_to_raw,

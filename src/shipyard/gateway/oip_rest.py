@@ -18,14 +18,13 @@ import json
 import logging
 from typing import Any
 
-from shipyard.errors import AuthFailure, PayloadTooLarge, RuntimeFailure
+from shipyard.errors import AuthFailure, ClientGone, PayloadTooLarge, RuntimeFailure, TensorError
 from shipyard.gateway import bodies
 from shipyard.gateway.oip import InferenceProtocol, status_of
 from shipyard.routing.invocation import Invocations
-from shipyard.routing.router import Call, ClientGone
+from shipyard.routing.router import Call
 from shipyard.tensors import (
     HEADER_LENGTH,
-    TensorError,
     header_length_of,
     parse_request,
     rest_response,

@@ -14,7 +14,11 @@ from typing import Any
 from shipyard.contract import FORWARDED
 from shipyard.errors import (
     AuthFailure,
+    BodyTimedOut,
     BodyTimeout,
+    BodyTooLarge,
+    ClientGone,
+    ClientLeft,
     InternalFailure,
     PayloadTooLarge,
     RuntimeFailure,
@@ -25,7 +29,7 @@ from shipyard.gateway.errors import runtime_error_response
 from shipyard.gateway.http_limits import on_disconnect
 from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT, check_header
 from shipyard.routing.invocation import Invocations
-from shipyard.routing.router import Call, ClientGone
+from shipyard.routing.router import Call
 
 log = logging.getLogger(__name__)
 
@@ -137,13 +141,13 @@ class RuntimeDoor:
             return await bodies.read_body(
                 scope, receive, max_bytes=self.max_payload_bytes, timeout_s=self.body_timeout_s
             )
-        except bodies.BodyTooLarge as exc:
+        except BodyTooLarge as exc:
             raise self.too_large(body_left=exc.body_left) from None
-        except bodies.BodyTimedOut as exc:
+        except BodyTimedOut as exc:
             raise BodyTimeout(
                 f"The request body did not arrive within {exc.timeout_s:g} seconds."
             ) from None
-        except bodies.ClientLeft:
+        except ClientLeft:
             raise ClientGone() from None
 
     def too_large(self, *, body_left: bool) -> PayloadTooLarge:

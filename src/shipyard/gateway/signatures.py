@@ -27,6 +27,9 @@ from typing import Any
 
 from shipyard.errors import (
     AuthFailure,
+    BodyTimedOut,
+    BodyTooLarge,
+    ClientLeft,
     RepeatedHeader,
     RuntimeValidationError,
     ShipyardError,
@@ -118,7 +121,7 @@ class RequireSignature(ReadOnce):
         door, action = door_action
         try:
             caller, body = await self._admit(scope, receive, head, action)
-        except bodies.ClientLeft:
+        except ClientLeft:
             return  # gone before its body was whole: nobody to answer
         except (AuthFailure, SignedBodyTooLarge, SignedBodyTimeout) as exc:
             log.info("refused %s %s: %s", scope["method"], scope["path"], exc.wire_type)
@@ -156,11 +159,11 @@ class RequireSignature(ReadOnce):
             return await bodies.read_body(
                 scope, receive, max_bytes=self.max_body_bytes, timeout_s=self.body_timeout_s
             )
-        except bodies.BodyTooLarge:
+        except BodyTooLarge:
             raise SignedBodyTooLarge(
                 f"Request body is larger than the maximum of {self.max_body_bytes} bytes."
             ) from None
-        except bodies.BodyTimedOut as exc:
+        except BodyTimedOut as exc:
             raise SignedBodyTimeout(
                 f"The request body did not arrive within {exc.timeout_s:g} seconds."
             ) from None

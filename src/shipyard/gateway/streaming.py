@@ -33,18 +33,20 @@ from typing import Any
 from shipyard.contract import FORWARDED, RESPONSE_STREAM_HEADER, STREAM_ERROR
 from shipyard.errors import (
     AuthFailure,
+    ClientGone,
     InternalFailure,
     ModelError,
     PayloadTooLarge,
     RuntimeFailure,
+    UpstreamError,
 )
 from shipyard.gateway import bodies, eventstream
 from shipyard.gateway.errors import runtime_error_response
 from shipyard.gateway.runtime import RuntimeDoor
 from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT_STREAM, check_header
-from shipyard.routing.client import Response, UpstreamError
+from shipyard.routing.client import Response
 from shipyard.routing.invocation import Invocations
-from shipyard.routing.router import Call, ClientGone, Exchange
+from shipyard.routing.router import Call, Exchange
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from shipyard.errors import ClientError
 from shipyard.job_contract import JobSpec
 
 HOST = "algo-1"
@@ -32,13 +33,6 @@ FAILURE_REASON_MAX_CHARS = 1024  # SageMaker's limit on FailureReason
 
 # SageMaker's rule for channel names; it also keeps a name a single, safe folder name.
 _CHANNEL_NAME = re.compile(r"[A-Za-z0-9.\-_]+")
-
-
-class ClientError(Exception):
-    """The job's request cannot run as given: the message becomes its FailureReason.
-
-    SageMaker calls such failures ClientError, as opposed to the script's AlgorithmError.
-    """
 
 
 @dataclass(frozen=True, slots=True)

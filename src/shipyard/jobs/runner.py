@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from shipyard.errors import ArtifactError, ClientError
 from shipyard.job_contract import (
     JOB_FILE,
     LOG_FILE,
@@ -53,7 +54,6 @@ from shipyard.job_contract import (
 )
 from shipyard.jobs.layout import (
     FAILURE_REASON_MAX_CHARS,
-    ClientError,
     Layout,
     failure_reason,
     pack,
@@ -62,7 +62,7 @@ from shipyard.jobs.layout import (
     script_environment,
 )
 from shipyard.jobs.script_io import CheckpointSync, JobLog
-from shipyard.storage.artifacts import ArtifactError, ArtifactStore, join_uri
+from shipyard.storage.artifacts import ArtifactStore, join_uri
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,8 @@ from collections import deque
 from pathlib import Path
 from typing import IO
 
-from shipyard.storage.artifacts import ArtifactError, ArtifactStore, FileStamp
+from shipyard.errors import ArtifactError
+from shipyard.storage.artifacts import ArtifactStore, FileStamp
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from shipyard.backends.base import BackendError, JobBackend, JobHandle
+from shipyard.backends.base import JobBackend, JobHandle
 from shipyard.background import Wakeup
+from shipyard.errors import BackendError
 from shipyard.events.kinds import Announcer
 from shipyard.job_contract import (
     JOB_FILE,

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from shipyard.errors import ShipyardError
+from shipyard.errors import LogResourceNotFound
 from shipyard.job_contract import open_untrusted, untrusted_size
 from shipyard.jobs.service import JobService
 
@@ -31,20 +31,6 @@ ENDPOINTS_GROUP = "/aws/sagemaker/Endpoints/"
 MAX_EVENTS = 10_000
 MAX_BYTES = 1 << 20
 """GetLogEvents' own limits per call: 10,000 events or 1 MB."""
-
-
-class LogResourceNotFound(ShipyardError):
-    """CloudWatch Logs' ResourceNotFoundException: no such log group or stream."""
-
-    wire_type = "ResourceNotFoundException"
-    status_code = 400
-
-
-class InvalidLogParameter(ShipyardError):
-    """CloudWatch Logs' InvalidParameterException (a token that is not ours, say)."""
-
-    wire_type = "InvalidParameterException"
-    status_code = 400
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,13 +18,12 @@ from typing import Any
 from shipyard.backends import Capabilities
 from shipyard.backends.base import (
     Backend,
-    BackendError,
     InstanceHandle,
     InstanceSpec,
     runtime_for,
     variant_resources,
 )
-from shipyard.errors import ShipyardError
+from shipyard.errors import BackendError, FleetFailed, ShipyardError
 from shipyard.provisioning.containers import (
     ContainerGroups,
     GroupHandle,
@@ -42,10 +41,6 @@ from shipyard.storage.metadata import MetadataStore
 SHADOW_CPU_NICE = 10
 """How much lower a shadow variant's instances run than production ones (nice(2)): a
 shadow must not take the CPU of the instances whose answers clients wait for."""
-
-
-class FleetFailed(Exception):
-    """A fleet could not be brought up; the message becomes the FailureReason."""
 
 
 def builtin_concurrency(environment: dict[str, str]) -> int:
@@ -317,7 +312,9 @@ class Provisioner:
         environment["SHIPYARD_MODEL_PREFIX"] = prefix
         agent = None
         if runtime_for(model.image) == "cmd":
-            agent = ModelAgent(prefix=prefix, artifacts=self.artifacts, folder=self.scratch_dir)
+            agent = ModelAgent(
+                prefix=prefix, fetch=self.artifacts.fetch_model, folder=self.scratch_dir
+            )
         return VariantTemplate(model.image, environment, None, prefix=prefix, agent=agent)
 
     def _check_runnable(self, model: Model, variant: str) -> None:

@@ -25,28 +25,12 @@ from contextlib import asynccontextmanager
 
 import httptools
 
+from shipyard.errors import ResponseTooLarge, UpstreamError
+
 _STREAM_BUFFER_BYTES = 1 << 20
 """Response bytes a stream holds unread before it stops reading from the socket."""
 _PART_BYTES = 256 * 1024
 """Most bytes of one HTTP chunk a stream gathers before handing them over unfinished."""
-
-
-class UpstreamError(Exception):
-    """The connection failed before a whole response arrived."""
-
-    def __init__(self, message: str, *, sent: bool) -> None:
-        super().__init__(message)
-        self.sent = sent
-        """Whether the request may have reached the instance (then it is not retried)."""
-
-
-class ResponseTooLarge(UpstreamError):
-    """The answer's body outgrew the limit the request was sent with; the connection is
-    closed, since the rest of the answer is still on its way."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"the answer is larger than {limit} bytes", sent=True)
-        self.limit = limit
 
 
 class Response:

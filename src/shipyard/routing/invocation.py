@@ -28,8 +28,8 @@ import time
 from collections.abc import AsyncIterator
 
 from shipyard.contract import BATCH, parse_batch
-from shipyard.errors import EndpointNotFound, ModelError, RuntimeValidationError
-from shipyard.routing.client import Response, StreamedResponse, UpstreamError
+from shipyard.errors import EndpointNotFound, ModelError, RuntimeValidationError, UpstreamError
+from shipyard.routing.client import Response, StreamedResponse
 from shipyard.routing.multimodel import refusal, target_model
 from shipyard.routing.pipeline import FAILED_CONTAINER
 from shipyard.routing.router import Call, Exchange, Router

@@ -36,9 +36,9 @@ from shipyard.contract import (
     format_timings,
     model_url,
 )
+from shipyard.errors import ArtifactError
 from shipyard.routing.client import Response
 from shipyard.routing.instance import Instance
-from shipyard.storage.artifacts import ArtifactError, ArtifactStore
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -74,14 +74,20 @@ class ModelAgent:
 
     Args:
         prefix: where TargetModels are found, as ``<prefix>/<name>``.
+        fetch: makes a folder hold a model's files, named by its URL, and returns the
+            folder (``ArtifactStore.fetch_model``); raises ArtifactError.
         folder: an instance's own folder, by instance id; artifacts go under it.
     """
 
     def __init__(
-        self, *, prefix: str, artifacts: ArtifactStore, folder: Callable[[str], Path]
+        self,
+        *,
+        prefix: str,
+        fetch: Callable[[str, Path], Path],
+        folder: Callable[[str], Path],
     ) -> None:
         self.prefix = prefix
-        self._artifacts = artifacts
+        self._fetch = fetch
         self._folder = folder
         self._loading: dict[tuple[str, str], asyncio.Task[_Load]] = {}
 
@@ -128,7 +134,7 @@ class ModelAgent:
         dest = self._artifact_dir(instance, model)
         started = time.perf_counter()
         try:
-            local = await asyncio.to_thread(self._artifacts.fetch_model, url, dest)
+            local = await asyncio.to_thread(self._fetch, url, dest)
         except ArtifactError as exc:
             if isinstance(exc.__cause__, FileNotFoundError):
                 return _Load(_refusal(404, "ModelNotFound", f"Could not find model '{model}'."))

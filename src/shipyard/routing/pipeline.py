@@ -28,14 +28,8 @@ from collections.abc import AsyncIterator, Sequence
 from urllib.parse import urlsplit
 
 from shipyard.contract import TARGET_CONTAINER_HOSTNAME
-from shipyard.errors import RuntimeValidationError
-from shipyard.routing.client import (
-    ConnectionPool,
-    Response,
-    ResponseTooLarge,
-    StreamedResponse,
-    UpstreamError,
-)
+from shipyard.errors import ResponseTooLarge, RuntimeValidationError, UpstreamError
+from shipyard.routing.client import ConnectionPool, Response, StreamedResponse
 
 Headers = list[tuple[bytes, bytes]]
 

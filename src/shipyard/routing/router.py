@@ -31,8 +31,17 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
-from shipyard.errors import ModelError, ModelNotReady, RuntimeValidationError, ServiceUnavailable
-from shipyard.routing.client import Response, ResponseTooLarge, StreamedResponse, UpstreamError
+from shipyard.errors import (
+    ClientGone,
+    InstanceFailed,
+    ModelError,
+    ModelNotReady,
+    ResponseTooLarge,
+    RuntimeValidationError,
+    ServiceUnavailable,
+    UpstreamError,
+)
+from shipyard.routing.client import Response, StreamedResponse
 from shipyard.routing.deadlines import Deadlines
 from shipyard.routing.instance import Instance
 from shipyard.routing.table import EndpointRoute, VariantRoute
@@ -40,10 +49,6 @@ from shipyard.routing.table import EndpointRoute, VariantRoute
 Headers = list[tuple[bytes, bytes]]
 
 _INVOCATIONS = b"/invocations"
-
-
-class InstanceFailed(ServiceUnavailable):
-    """The instance failed once the request may have reached it: not sent again."""
 
 
 @dataclass(slots=True)
@@ -71,10 +76,6 @@ class Call:
     target: str | None = None
     variant: VariantRoute | None = None
     started: float = field(default_factory=time.perf_counter)
-
-
-class ClientGone(Exception):
-    """The client closed its connection before it could be answered: nobody to answer."""
 
 
 @dataclass(slots=True)

@@ -37,35 +37,13 @@ import io
 import json
 from typing import Any
 
+from shipyard.errors import InvalidBody, TensorError, UnsupportedAccept, UnsupportedContentType
+
 JSON = "application/json"
 CSV = "text/csv"
 NPY = "application/x-npy"
 TENSORS = "application/vnd.shipyard.v2+tensors"
 SUPPORTED = (JSON, CSV, NPY)
-
-
-class CodecError(Exception):
-    """A request the default codecs cannot handle; ``status_code`` says why."""
-
-    status_code = 400
-
-
-class UnsupportedContentType(CodecError):
-    """The body's ``Content-Type`` has no default decoder."""
-
-    status_code = 415
-
-
-class UnsupportedAccept(CodecError):
-    """None of the ``Accept`` types has a default encoder."""
-
-    status_code = 406
-
-
-class InvalidBody(CodecError):
-    """The body does not parse as its ``Content-Type`` says it should."""
-
-    status_code = 400
 
 
 def media_type(value: str) -> str:
@@ -125,7 +103,7 @@ def decode_tensors(body: bytes, content_type: str) -> dict[str, Any]:
     try:
         length = tensors.header_length_of(content_type, None)
         request = tensors.parse_request(body, length)
-    except tensors.TensorError as exc:
+    except TensorError as exc:
         raise InvalidBody(str(exc)) from exc
     return {t.name: tensors.to_numpy(t) for t in request.inputs}
 

@@ -43,16 +43,10 @@ from shipyard.contract import (
     format_evicted,
     format_timings,
 )
+from shipyard.errors import BadModelRequest, InvalidTargetModel, MultiModelError
 from shipyard.runtime.batching import BatchConfig, Batcher
 from shipyard.runtime.handlers import Context, Handlers
-from shipyard.runtime.multimodel import (
-    Acquired,
-    BadModelRequest,
-    InvalidTargetModel,
-    ModelCache,
-    MultiModelError,
-    check_model_name,
-)
+from shipyard.runtime.multimodel import Acquired, ModelCache, check_model_name
 from shipyard.runtime.server import (
     CUSTOM_ATTRIBUTES,
     Receive,

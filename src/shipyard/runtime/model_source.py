@@ -26,17 +26,12 @@ from typing import Any, TypeVar
 
 import psutil
 
+from shipyard.errors import ArtifactError, ModelLoadFailed, ModelNotFound
 from shipyard.runtime import handlers
 from shipyard.runtime.disk_cache import DiskCache
 from shipyard.runtime.handlers import Handlers
-from shipyard.runtime.multimodel import (
-    DEFAULT_LOAD_WAIT_S,
-    Loaded,
-    ModelCache,
-    ModelLoadFailed,
-    ModelNotFound,
-)
-from shipyard.storage.artifacts import ArtifactError, ArtifactStore
+from shipyard.runtime.multimodel import DEFAULT_LOAD_WAIT_S, Loaded, ModelCache
+from shipyard.storage.artifacts import ArtifactStore
 
 log = logging.getLogger(__name__)
 

@@ -33,6 +33,15 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from shipyard.contract import format_timings, model_name_problem, model_url
+from shipyard.errors import (
+    InvalidTargetModel,
+    ModelAlreadyLoaded,
+    ModelLoadFailed,
+    ModelNotLoaded,
+    ModelStillLoading,
+    ModelTooLarge,
+    MultiModelError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,70 +50,6 @@ M_co = TypeVar("M_co", covariant=True)
 
 DEFAULT_LOAD_WAIT_S = 50.0
 """Below the gateway's 60 s invocation timeout, so a slow load is a 429, never a hang."""
-
-
-class MultiModelError(Exception):
-    """A multi-model request the instance refuses; ``status_code`` is its HTTP status,
-    ``code`` what its error header says (the class's name unless it says otherwise)."""
-
-    status_code = 500
-
-    @property
-    def code(self) -> str:
-        return type(self).__name__
-
-
-class InvalidTargetModel(MultiModelError):
-    """The model name is missing, too long, absolute, or climbs out of the prefix."""
-
-    status_code = 400
-
-
-class BadModelRequest(MultiModelError):
-    """A /models request whose body or query is not of the contract's form."""
-
-    status_code = 400
-
-
-class ModelNotFound(MultiModelError):
-    """No artifact at ``<prefix>/<name>``; not remembered, so a later copy is found."""
-
-    status_code = 404
-
-
-class ModelNotLoaded(MultiModelError):
-    """A /models/{name} route named a model that is not in memory."""
-
-    status_code = 404
-
-
-class ModelAlreadyLoaded(MultiModelError):
-    """POST /models named a model that is in memory or being loaded."""
-
-    status_code = 409
-
-
-class ModelStillLoading(MultiModelError):
-    """The model was still loading when the request stopped waiting; the load goes on.
-    Its code is the gateway's ModelNotReady, which the gateway answers with."""
-
-    status_code = 429
-
-    @property
-    def code(self) -> str:
-        return "ModelNotReady"
-
-
-class ModelLoadFailed(MultiModelError):
-    """The artifact could not be fetched or extracted, or the model's code raised."""
-
-    status_code = 500
-
-
-class ModelTooLarge(MultiModelError):
-    """Loaded alone, the model measured more than the whole memory budget; unloaded."""
-
-    status_code = 507
 
 
 def check_model_name(name: str, *, what: str = "TargetModel") -> str:

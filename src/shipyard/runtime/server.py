@@ -26,13 +26,15 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, NamedTuple
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from shipyard.contract import BATCH, RESPONSE_STREAM, format_batch
+from shipyard.errors import CodecError
 from shipyard.runtime import streaming
 from shipyard.runtime.batching import BatchConfig, Batcher
-from shipyard.runtime.codecs import CodecError
 from shipyard.runtime.handlers import Context, Handlers, Request
 from shipyard.runtime.workers import Inline, PingStandby, Runner, batch_runner
+from shipyard.writes import coalescing
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +263,8 @@ def serve(app: App, sock: socket.socket) -> None:
     config = uvicorn.Config(
         app,
         loop="uvloop",
-        http="httptools",
+        # uvicorn's httptools protocol, a response's head and body in one system call.
+        http=coalescing(HttpToolsProtocol),
         ws="none",
         lifespan="off",
         interface="asgi3",

@@ -35,12 +35,8 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError
 
-from shipyard.storage.filesystems import (
-    S3_SCHEME,
-    Filesystems,
-    UnsupportedLocation,
-    s3_path,
-)
+from shipyard.errors import ArtifactError, UnsupportedLocation
+from shipyard.storage.filesystems import S3_SCHEME, Filesystems, s3_path
 
 logger = getLogger(__name__)
 
@@ -75,14 +71,6 @@ _OUTPUT_WORDS = _Words("output location", "the output location")
 def join_uri(uri: str, *parts: str) -> str:
     """``uri`` with ``parts`` appended as path segments: ``join_uri("s3://b/out", "j")``."""
     return "/".join([uri.rstrip("/"), *(part.strip("/") for part in parts)])
-
-
-class ArtifactError(Exception):
-    """Model data that cannot be fetched: missing, unreadable, corrupt or unsafe.
-
-    The message names the URI and the problem in words meant for the user, because the
-    control plane shows it verbatim as the endpoint's ``FailureReason``.
-    """
 
 
 class ArtifactStore:

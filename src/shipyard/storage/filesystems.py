@@ -46,25 +46,9 @@ from urllib.request import url2pathname
 
 import fsspec.core
 
+from shipyard.errors import OutsideFileRoots, UnsupportedLocation, UnsupportedScheme
+
 S3_SCHEME = "s3://"
-
-
-class UnsupportedLocation(ValueError):
-    """A URI that names no local path or S3 location; the message says what to write."""
-
-
-class UnsupportedScheme(UnsupportedLocation):
-    """A URI with a scheme other than ``s3`` or ``file``; ``scheme`` is the one it has."""
-
-    def __init__(self, uri: str, scheme: str) -> None:
-        super().__init__(
-            f"{uri} has the unsupported scheme '{scheme}'; use s3://, file:// or a local path."
-        )
-        self.scheme = scheme
-
-
-class OutsideFileRoots(UnsupportedLocation):
-    """A local location outside ``auth.file_roots``; the message names it and the roots."""
 
 
 def local_path(uri: str) -> Path:

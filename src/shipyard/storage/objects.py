@@ -43,13 +43,8 @@ from typing import Any, BinaryIO, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from shipyard.storage.filesystems import (
-    S3_SCHEME,
-    Filesystems,
-    UnsupportedLocation,
-    UnsupportedScheme,
-    s3_path,
-)
+from shipyard.errors import NoSuchObject, ObjectStoreError, UnsupportedLocation, UnsupportedScheme
+from shipyard.storage.filesystems import S3_SCHEME, Filesystems, s3_path
 
 logger = logging.getLogger(__name__)
 
@@ -59,14 +54,6 @@ _S3_READ_AHEAD_BYTES = 8 << 20
 """Bytes an S3 read fetches per request beyond what was asked, to need few requests."""
 _WRITE_BATCH_BYTES = 1 << 20
 """Small chunks are gathered to about this size before each hop to a worker thread."""
-
-
-class NoSuchObject(Exception):
-    """A read names no object: the key, file or bucket does not exist. Names the URI."""
-
-
-class ObjectStoreError(Exception):
-    """Reading or writing an object failed for any other reason; names the URI and cause."""
 
 
 class _NotAnObject(ObjectStoreError):

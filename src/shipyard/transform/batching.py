@@ -20,13 +20,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from shipyard.transform.splitting import SPLIT_TYPES, RecordTooLarge, SplitError
+from shipyard.errors import AnswerMismatch, RecordTooLarge
+from shipyard.transform.splitting import SPLIT_TYPES
 
 STRATEGIES = ("SingleRecord", "MultiRecord")
-
-
-class AnswerMismatch(SplitError):
-    """A MultiRecord answer does not carry one line per record it answers."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,14 +47,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from shipyard.transform.splitting import SplitError
+from shipyard.errors import FilterError
 
 _SUBSET = "$, .name, ['name'(,'name')], [n(,n)], [start:end], *"
-
-
-class FilterError(SplitError):
-    """A record that an InputFilter or OutputFilter cannot apply to, or a join cannot read
-    (not JSON or CSV, a missing key, an index outside the record)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,17 +27,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from shipyard.contract import ACCEPT, CONTENT_TYPE
-from shipyard.errors import RuntimeFailure, ShipyardError
+from shipyard.errors import (
+    ObjectStoreError,
+    RuntimeFailure,
+    ShipyardError,
+    SplitError,
+    TransformFailed,
+    UpstreamError,
+)
 from shipyard.metrics import Metrics
 from shipyard.provisioning.fleet import Fleet, Provisioner
 from shipyard.records import EndpointConfig, RoutingStrategy, TransformJob, VariantSpec
-from shipyard.routing.client import UpstreamError
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.policies import LeastOutstandingRequests
 from shipyard.routing.router import Call, Router
 from shipyard.routing.table import EndpointRoute, VariantRoute
 from shipyard.storage.metadata import MetadataStore, now
-from shipyard.storage.objects import ObjectStore, ObjectStoreError
+from shipyard.storage.objects import ObjectStore
 from shipyard.storage.transform_jobs import TransformStore
 from shipyard.transform.batching import Payload, payloads, split_answer
 from shipyard.transform.jsonpath import (
@@ -46,7 +52,7 @@ from shipyard.transform.jsonpath import (
     compile_filter,
     join_input,
 )
-from shipyard.transform.splitting import SplitError, decompress, records
+from shipyard.transform.splitting import decompress, records
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +62,6 @@ _DEFAULT_TIMEOUT_S = 600.0
 _DEFAULT_RETRIES = 3
 _MAX_RESPONSE_BYTES = 256 * _MB
 _MANIFEST_BYTES = 64 * _MB
-
-
-class TransformFailed(Exception):
-    """The job cannot go on; the message is its FailureReason."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,12 +26,12 @@ API_TransformInput.html):
 - ``None`` is not a split: the runner sends the object whole as one request body, so
   ``records`` refuses it.
 
-Errors (the runner turns each into the job's FailureReason)::
+Errors (in shipyard.errors; the runner turns each into the job's FailureReason)::
 
     SplitError                  the object cannot be made into records; names the byte offset
       RecordTooLarge            a record over max_record_bytes or the payload limit
-      jsonpath.FilterError      a record that DataProcessing cannot filter or join
-      batching.AnswerMismatch   a MultiRecord answer without one line per record
+      FilterError               a record that DataProcessing cannot filter or join (jsonpath.py)
+      AnswerMismatch            a MultiRecord answer without one line per record (batching.py)
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ import zlib
 from collections.abc import AsyncIterator
 
 import google_crc32c
+
+from shipyard.errors import RecordTooLarge, SplitError
 
 SPLIT_TYPES = ("Line", "RecordIO", "TFRecord")
 COMPRESSION_TYPES = ("None", "Gzip")
@@ -55,28 +57,6 @@ _TFRECORD_HEADER = struct.Struct("<QI")
 _TFRECORD_FOOTER = struct.Struct("<I")
 _INFLATE_STEP_BYTES = 256 * 1024
 """At most this much inflated output per step, so a small chunk of a zip bomb stays small."""
-
-
-class SplitError(Exception):
-    """An object cannot be read as records of its SplitType (or CompressionType).
-
-    The message says where (a byte offset of the object, as decompressed) and is meant for
-    the job's FailureReason."""
-
-
-class RecordTooLarge(SplitError):
-    """A record is larger than the limit: ``max_record_bytes`` while splitting, or the
-    payload limit (MaxPayloadInMB) when packing; the job fails with it."""
-
-    def __init__(self, index: int, size: int, limit: int, *, at_least: bool = False) -> None:
-        self.index = index
-        self.size = size
-        self.limit = limit
-        amount = f"at least {size}" if at_least else str(size)
-        super().__init__(
-            f"Record {index + 1} is {amount} bytes, more than the limit of {limit} bytes "
-            "(MaxPayloadInMB)."
-        )
 
 
 def decompress(chunks: AsyncIterator[bytes], compression: str) -> AsyncIterator[bytes]:

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable
 
 from shipyard.background import Wakeup
-from shipyard.errors import ShipyardError
+from shipyard.errors import ShipyardError, TransformFailed
 from shipyard.events.kinds import Announcer
 from shipyard.jobs.supervisor import Claim
 from shipyard.metrics import Metrics
@@ -28,7 +28,7 @@ from shipyard.records import JobStatus, TransformJob
 from shipyard.storage.metadata import MetadataStore, now
 from shipyard.storage.objects import ObjectStore
 from shipyard.storage.transform_jobs import TransformStore
-from shipyard.transform.runner import TransformFailed, TransformRun
+from shipyard.transform.runner import TransformRun
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from shipyard.logs.service import InvalidLogParameter, LogService, LogStream
+from shipyard.errors import InvalidLogParameter
+from shipyard.logs.service import LogService, LogStream
 
 LogAction = Callable[[LogService, dict[str, Any]], dict[str, Any]]
 
