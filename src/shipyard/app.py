@@ -13,22 +13,18 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from shipyard import heap
-from shipyard.async_inference.consumer import Consumer
-from shipyard.async_inference.queue import AsyncInvocations
-from shipyard.autoscaling.autoscaler import Autoscaler, MetricReader
-from shipyard.autoscaling.scaling import ScalingService
-from shipyard.backends import BackendContext, FullBackend, create_backend
+from shipyard.async_inference import assembly as async_assembly
+from shipyard.autoscaling import assembly as scaling_assembly
+from shipyard.backends import BackendContext, create_backend
 from shipyard.backends.environment import s3_variables
 from shipyard.background import Loops, Wakeup
-from shipyard.capture.writer import CaptureWriter
+from shipyard.control import assembly as endpoint_assembly
 from shipyard.control.endpoints import EndpointService
-from shipyard.control.leases import Leases
-from shipyard.control.reconciler import Reconciler
+from shipyard.core import Core
 from shipyard.events.dispatcher import Dispatcher
-from shipyard.events.kinds import Announcer, training_job_event, transform_job_event
 from shipyard.events.notify import Notifier
 from shipyard.events.topics import Topics
 from shipyard.gateway.actions import registry
@@ -47,30 +43,21 @@ from shipyard.gateway.stack_config import StackConfigDoor
 from shipyard.gateway.streaming import ResponseStreamDoor
 from shipyard.gateway.validation import RequestValidator
 from shipyard.host_access import HostAccess
-from shipyard.jobs.service import JobService
-from shipyard.jobs.supervisor import JobSupervisor
+from shipyard.jobs import assembly as jobs_assembly
 from shipyard.logs.service import LogService
 from shipyard.metrics import Metrics
-from shipyard.provisioning.fleet import Provisioner
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.router import Router
 from shipyard.routing.shadow import ShadowCopier
 from shipyard.settings import Settings
 from shipyard.stack_config import StackConfig
 from shipyard.stackfile import JobsConfig, StackFile
-from shipyard.storage.artifacts import ArtifactStore
-from shipyard.storage.async_queue import AsyncQueue
 from shipyard.storage.events import EventLog
 from shipyard.storage.filesystems import Filesystems
-from shipyard.storage.jobs import JobStore
-from shipyard.storage.leases import ENDPOINT, TRAINING_JOB, TRANSFORM_JOB, LeaseStore
 from shipyard.storage.metadata import MetadataStore
 from shipyard.storage.objects import ObjectStore
-from shipyard.storage.scaling import ScalingStore
 from shipyard.storage.tags import Tagging, TagStore
-from shipyard.storage.transform_jobs import TransformStore
-from shipyard.transform.service import TransformService
-from shipyard.transform.supervisor import TransformSupervisor
+from shipyard.transform import assembly as transform_assembly
 
 log = logging.getLogger(__name__)
 
@@ -96,22 +83,38 @@ class Gateway:
             settings.account_id = stack.account_id
         self.tls = serving_tls(settings, stack)
         """The certificate and key this gateway serves HTTPS (and gRPC) with, if any."""
-        self.host_access = HostAccess.from_auth(stack.auth)
+        if settings.grpc_port is not None and stack.auth is not None:
+            raise ValueError(
+                "grpc_port: the gRPC door cannot check AWS signatures, and the stack file "
+                "has an auth: section; serve the Open Inference Protocol over REST (/v2)."
+            )
         settings.home.mkdir(parents=True, exist_ok=True)
         self.settings = settings
+        self.store = MetadataStore(settings.db_url)
         self.metrics = Metrics()
         self.loops = Loops()
-        self.filesystems = Filesystems(
-            s3_endpoint_url=settings.s3_endpoint_url, file_roots=self.host_access.file_roots
+        self.topics = Topics(stack.topics)
+        self.dispatcher = Dispatcher(
+            log=EventLog(self.store.engine),
+            topics=self.topics,
+            notifier=Notifier(),
+            lease_s=settings.event_lease_s,
         )
-        """The one storage layer: every store of this gateway reaches S3 through it, and
-        opens no local file a caller names outside ``auth.file_roots``."""
-        self.objects = ObjectStore(filesystems=self.filesystems)
-        """The one object store (data capture, async inputs and outputs, transforms)."""
-        self.scale_now = Wakeup()
-        """Wakes the autoscaler: the async consumer sets it when requests wait for an
-        endpoint scaled to zero."""
-        self.store = MetadataStore(settings.db_url)
+        host_access = HostAccess.from_auth(stack.auth)
+        filesystems = Filesystems(
+            s3_endpoint_url=settings.s3_endpoint_url, file_roots=host_access.file_roots
+        )
+        core = Core(
+            settings=settings,
+            stack=stack,
+            store=self.store,
+            metrics=self.metrics,
+            filesystems=filesystems,
+            objects=ObjectStore(filesystems=filesystems),
+            host_access=host_access,
+            tagging=Tagging(store=TagStore(self.store.engine)),
+            on_event=self.dispatcher.wake,
+        )
         self.router = Router(
             timeout_s=settings.invocation_timeout_s,
             max_response_bytes=settings.max_response_bytes,
@@ -122,82 +125,52 @@ class Gateway:
             max_pending=settings.shadow_max_pending_copies,
             dropped=self.metrics.shadow_copies_dropped,
         )
-        self.topics = Topics(stack.topics)
-        self.dispatcher = Dispatcher(
-            log=EventLog(self.store.engine),
-            topics=self.topics,
-            notifier=Notifier(),
-            lease_s=settings.event_lease_s,
-        )
-        self.backend, capabilities = create_backend(
-            settings.backend,
-            BackendContext(
-                home=settings.home,
-                environ=os.environ,
-                s3=s3_variables(os.environ, s3_endpoint_url=settings.s3_endpoint_url),
-                warm_spares=settings.warm_spares,
-                ray_address=settings.ray_address,
-                start_timeout_s=settings.instance_start_timeout_s,
-                sandbox_file_roots=tuple(stack.auth.file_roots)
-                if stack.auth is not None and stack.auth.sandbox
-                else None,
-            ),
-        )
-        backend = self.backend
-        self.provisioner = provisioner = Provisioner(
-            store=self.store,
-            backend=backend,
-            capabilities=capabilities,
-            artifacts=ArtifactStore(filesystems=self.filesystems),
-            home=settings.home,
-            start_timeout_s=settings.instance_start_timeout_s,
-            drain_timeout_s=settings.drain_timeout_s,
-            s3_endpoint_url=settings.s3_endpoint_url,
-            serverless_slots=settings.serverless_slots_per_instance,
-        )
-        self.capture = CaptureWriter(
-            objects=self.objects,
-            metrics=self.metrics,
-            flush_interval_s=settings.capture_flush_interval_s,
-            max_buffer_bytes=settings.capture_buffer_bytes,
-        )
-        self.reconciler = Reconciler(
-            store=self.store,
-            provisioner=provisioner,
-            router=self.router,
-            metrics=self.metrics,
-            leases=self._leases(ENDPOINT),
-            routes_refresh_s=settings.routes_refresh_s,
-            health_check_period_s=settings.health_check_period_s,
-            max_in_flight=settings.max_queue_per_instance,
-            model_routing=settings.multi_model_routing,
-            unhealthy_restart_after_s=settings.unhealthy_restart_after_s,
-            serverless_idle_s=settings.serverless_idle_s,
-            serverless_slots=settings.serverless_slots_per_instance,
-            capture=self.capture,
-        )
-        self.tagging = Tagging(store=TagStore(self.store.engine))
-        self.service = EndpointService(
-            store=self.store,
-            wake=self.reconciler.wake,
-            current_counts=self.reconciler.current_instance_counts,
-            unknown_topics=lambda targets: self.topics.resolve(targets).unknown,
-            on_event=self.dispatcher.wake,
-            region=settings.region,
-            account_id=settings.account_id,
-            max_endpoints=settings.max_endpoints,
-            max_instances_per_variant=settings.max_instances_per_variant,
-            host_access=self.host_access,
-            max_instances=settings.max_instances,
-            max_instance_memory_bytes=settings.max_instance_memory_bytes,
-            tagging=self.tagging,
-        )
         self.invocations = Invocations(
             self.router,
             shadows=self.shadows,
             region=settings.region,
             account_id=settings.account_id,
         )
+        self.backend, capabilities = create_backend(
+            settings.backend, _backend_context(settings, stack)
+        )
+        endpoints = endpoint_assembly.build(
+            core,
+            backend=self.backend,
+            capabilities=capabilities,
+            router=self.router,
+            unknown_topics=lambda targets: self.topics.resolve(targets).unknown,
+        )
+        self.provisioner, self.capture = endpoints.provisioner, endpoints.capture
+        self.reconciler, self.service = endpoints.reconciler, endpoints.service
+        scale_now = Wakeup()
+        """Wakes the autoscaler: the async consumer sets it when requests wait for an
+        endpoint scaled to zero."""
+        asynchronous = async_assembly.build(
+            core, invocations=self.invocations, on_backlog_without_capacity=scale_now.set
+        )
+        self.consumer = asynchronous.consumer
+        jobs = jobs_assembly.build(core, self.backend)
+        self.jobs, self.supervisor = jobs.service, jobs.supervisor
+        transforms = transform_assembly.build(core, self.provisioner)
+        self.transforms, self.transform_supervisor = transforms.service, transforms.supervisor
+        scaling = scaling_assembly.build(
+            core,
+            endpoints=endpoints,
+            router=self.router,
+            backlogs=self.consumer.backlogs,
+            wakeup=scale_now,
+        )
+        self.scaling, self.autoscaler = scaling.service, scaling.autoscaler
+        self.console = self._console(settings, stack)
+        self._on_startup = on_startup
+        self._grpc: Any = None
+        self.app = Starlette(
+            routes=self._routes(settings, stack),
+            lifespan=self._lifespan,
+            exception_handlers={404: _unknown_path, 405: _unknown_path},
+        )
+        self.app.state.ready = False
         self.runtime = RuntimeDoor(
             invocations=self.invocations,
             max_payload_bytes=settings.max_payload_bytes,
@@ -205,18 +178,27 @@ class Gateway:
         )
         self.streaming = ResponseStreamDoor(runtime=self.runtime)
         self.oip = InferenceProtocol(runtime=self.runtime, is_ready=lambda: self.app.state.ready)
-        self.oip_rest = OipRestDoor(self.oip)
-        self._grpc: Any = None
-        if settings.grpc_port is not None and stack.auth is not None:
-            raise ValueError(
-                "grpc_port: the gRPC door cannot check AWS signatures, and the stack file "
-                "has an auth: section; serve the Open Inference Protocol over REST (/v2)."
-            )
-        self._build_jobs(settings, stack, backend)
-        self._build_async(settings)
-        self._build_scaling(settings, stack)
-        self._build_transforms(settings, stack)
-        control = ControlDoor(
+        async_door = AsyncDoor(
+            router=self.router,
+            invocations=asynchronous.requests,
+            account_id=settings.account_id,
+            region=settings.region,
+        )
+        doors = PathRouter(
+            endpoint_doors={
+                "invocations": self.runtime,
+                "async-invocations": async_door,
+                "invocations-response-stream": self.streaming,
+            },
+            v2=OipRestDoor(self.oip),
+            fallback=self.app,
+        )
+        self._entry = edge(doors, settings, stack)
+
+    def _routes(self, settings: Settings, stack: StackFile) -> list[BaseRoute]:
+        """Every door but the data path's: the control plane's ``POST /`` (one action
+        registry), the jobs facade, live stack config, operations and the console."""
+        control_door = ControlDoor(
             actions=registry(
                 validator=RequestValidator(unpatterned=_LOCAL_URI_SHAPES),
                 endpoints_service=self.service,
@@ -228,81 +210,28 @@ class Gateway:
             arn=self.service.arn,
         )
         jobs_door = JobsDoor(jobs=self.jobs)
-        stack_door = self._stack_config(settings, stack)
-        self._on_startup = on_startup
-        self.app = Starlette(
-            routes=[
-                Route("/", control.handle, methods=["POST"]),
-                Route("/inference", jobs_door.inference, methods=["POST"]),
-                Route("/jobs/{name}/logs", jobs_door.logs, methods=["GET"]),
-                Route("/stack", stack_door.get, methods=["GET"]),
-                Route("/stack", stack_door.put, methods=["PUT"]),
-                Route("/healthz", healthz, methods=["GET"]),
-                Route("/metrics", metrics_endpoint(self.metrics), methods=["GET"]),  # type: ignore[arg-type]
-                *self._console(settings, stack).routes(),
-            ],
-            lifespan=self._lifespan,
-            exception_handlers={404: _unknown_path, 405: _unknown_path},
+        stack_door = StackConfigDoor(
+            StackConfig(
+                topics=self.topics,
+                jobs=self.jobs,
+                transforms=self.transforms,
+                declared=stack.topics,
+                jobs_declared="jobs" in stack.model_fields_set,
+                origin=settings.config.stem if settings.config else None,
+                default_jobs=JobsConfig(limit=settings.max_active_jobs),
+                autoscaling_notify=stack.autoscaling.notify,
+            )
         )
-        self.app.state.ready = False
-        doors = PathRouter(
-            endpoint_doors={
-                "invocations": self.runtime,
-                "async-invocations": self.async_door,
-                "invocations-response-stream": self.streaming,
-            },
-            v2=self.oip_rest,
-            fallback=self.app,
-        )
-        self._entry = edge(doors, settings, stack)
-
-    def _stack_config(self, settings: Settings, stack: StackFile) -> StackConfigDoor:
-        """``/stack``: the topics and jobs sections, changed live by ``shipyard apply``."""
-        config = StackConfig(
-            topics=self.topics,
-            jobs=self.jobs,
-            transforms=self.transforms,
-            declared=stack.topics,
-            jobs_declared="jobs" in stack.model_fields_set,
-            origin=settings.config.stem if settings.config else None,
-            default_jobs=JobsConfig(limit=settings.max_active_jobs),
-            autoscaling_notify=stack.autoscaling.notify,
-        )
-        return StackConfigDoor(config)
-
-    def _build_jobs(self, settings: Settings, stack: StackFile, backend: FullBackend) -> None:
-        """The job service, its supervisor and the event dispatcher that announces jobs."""
-        config = (
-            stack.jobs
-            if "jobs" in stack.model_fields_set
-            else JobsConfig(limit=settings.max_active_jobs)
-        )
-        announcer = Announcer(training_job_event, notify=config.notify)
-        job_store = JobStore(self.store.engine)
-        jobs_dir = settings.home / "jobs"
-        self.supervisor = JobSupervisor(
-            store=job_store,
-            backend=backend,
-            announcer=announcer,
-            metrics=self.metrics,
-            jobs_dir=jobs_dir,
-            s3_endpoint_url=settings.s3_endpoint_url,
-            stop_grace_s=settings.job_stop_grace_s,
-            poll_period_s=settings.job_poll_period_s,
-            on_event=self.dispatcher.wake,
-            claim=self._leases(TRAINING_JOB).claim,
-        )
-        self.jobs = JobService(
-            store=job_store,
-            config=config,
-            announcer=announcer,
-            wake=self.supervisor.wake,
-            jobs_dir=jobs_dir,
-            region=settings.region,
-            account_id=settings.account_id,
-            host_access=self.host_access,
-            tagging=self.tagging,
-        )
+        return [
+            Route("/", control_door.handle, methods=["POST"]),
+            Route("/inference", jobs_door.inference, methods=["POST"]),
+            Route("/jobs/{name}/logs", jobs_door.logs, methods=["GET"]),
+            Route("/stack", stack_door.get, methods=["GET"]),
+            Route("/stack", stack_door.put, methods=["PUT"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics_endpoint(self.metrics), methods=["GET"]),  # type: ignore[arg-type]
+            *self.console.routes(),
+        ]
 
     def _console(self, settings: Settings, stack: StackFile) -> ConsoleDoor:
         """The web console: reads of the store and of this gateway's memory, never of
@@ -321,100 +250,12 @@ class Gateway:
             ),
             events=EventLog(self.store.engine),
         )
-        self.console = ConsoleDoor(
+        return ConsoleDoor(
             state=state,
             log_files=self.jobs.log_files,
             logs_dir=settings.home / "logs",
             auth=stack.auth is not None,
             region=settings.region,
-        )
-        return self.console
-
-    def _leases(self, kind: str) -> Leases:
-        """This gateway's leases on resources of ``kind``: what it runs of them when
-        other gateways share the store."""
-        return Leases(
-            store=LeaseStore(self.store.engine, holder=self.settings.identity),
-            kind=kind,
-            lease_s=self.settings.lease_s,
-            renew_s=self.settings.lease_renew_s,
-        )
-
-    def _build_async(self, settings: Settings) -> None:
-        """The asynchronous-inference queue, its door and its consumer."""
-        queue = AsyncQueue(self.store.engine)
-        self.consumer = Consumer(
-            queue=queue,
-            invocations=self.invocations,
-            objects=self.objects,
-            metrics=self.metrics,
-            owner=settings.identity,
-            region=settings.region,
-            account_id=settings.account_id,
-            on_event=self.dispatcher.wake,
-            on_backlog_without_capacity=self.scale_now.set,
-        )
-        self.async_door = AsyncDoor(
-            router=self.router,
-            invocations=AsyncInvocations(
-                queue=queue, wake=self.consumer.wake, host_access=self.host_access
-            ),
-            account_id=settings.account_id,
-            region=settings.region,
-        )
-
-    def _build_transforms(self, settings: Settings, stack: StackFile) -> None:
-        """Batch transform: its service and the supervisor that runs its jobs."""
-        store = TransformStore(self.store.engine)
-        announcer = Announcer(transform_job_event, notify=stack.jobs.notify)
-        self.transform_supervisor = TransformSupervisor(
-            store=store,
-            models=self.store,
-            provisioner=self.provisioner,
-            objects=self.objects,
-            metrics=self.metrics,
-            announcer=announcer,
-            on_event=self.dispatcher.wake,
-            claim=self._leases(TRANSFORM_JOB).claim,
-        )
-        self.transforms = TransformService(
-            store=store,
-            models=self.store,
-            announcer=announcer,
-            wake=self.transform_supervisor.wake,
-            region=settings.region,
-            account_id=settings.account_id,
-            max_instances=settings.max_instances_per_variant,
-            host_access=self.host_access,
-            tagging=self.tagging,
-        )
-
-    def _build_scaling(self, settings: Settings, stack: StackFile) -> None:
-        """Application Auto Scaling: its API and the autoscaler that acts on it."""
-        store = ScalingStore(self.store.engine)
-        self.autoscaler = Autoscaler(
-            store=store,
-            endpoints=self.service,
-            reader=MetricReader(
-                metrics=self.metrics,
-                router=self.router,
-                healthy=self.reconciler.current_instance_counts,
-                backlogs=self.consumer.backlogs,
-                window_s=settings.autoscaling_window_s,
-                period_s=settings.autoscaling_period_s,
-            ),
-            period_s=settings.autoscaling_period_s,
-            notify=stack.autoscaling.notify,
-            on_event=self.dispatcher.wake,
-            acts_on=self.reconciler.leases.holds,
-            wakeup=self.scale_now,
-        )
-        self.scaling = ScalingService(
-            store=store,
-            endpoints=self.service,
-            wake=self.autoscaler.wake,
-            region=settings.region,
-            account_id=settings.account_id,
         )
 
     def __repr__(self) -> str:
@@ -476,6 +317,20 @@ class Gateway:
             self.router.close()
             self.store.close()
             log.info("gateway stopped")
+
+
+def _backend_context(settings: Settings, stack: StackFile) -> BackendContext:
+    return BackendContext(
+        home=settings.home,
+        environ=os.environ,
+        s3=s3_variables(os.environ, s3_endpoint_url=settings.s3_endpoint_url),
+        warm_spares=settings.warm_spares,
+        ray_address=settings.ray_address,
+        start_timeout_s=settings.instance_start_timeout_s,
+        sandbox_file_roots=tuple(stack.auth.file_roots)
+        if stack.auth is not None and stack.auth.sandbox
+        else None,
+    )
 
 
 async def _unknown_path(request: Request, exc: Exception) -> Response:

@@ -1,6 +1,6 @@
 """Shared routes: every gateway routes to the same instances, whoever runs the fleet.
 
-The gateway holding an endpoint's lease (control/leases.py) runs its fleet; the others
+The gateway holding an endpoint's lease (leases.py) runs its fleet; the others
 send their requests to those instances and never start their own. So:
 
 - the holder records a fleet's routes in the store each time it publishes them

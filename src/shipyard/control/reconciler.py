@@ -13,7 +13,7 @@ actual state is the fleets held here. Two loops, and one part each for what they
   instances reach the data path.
 
 Gateways sharing the store each converge only the endpoints whose fleet lease they hold
-(control/leases.py), claimed on every converge pass; a fleet whose lease ran out is
+(leases.py), claimed on every converge pass; a fleet whose lease ran out is
 retired at once. On a backend whose instances outlive their gateway (Ray), the gateway
 that takes a lease over from a holder that died adopts the instances it recorded that
 still answer, and stops the rest (Provisioner.launch). The holder records its fleets'
@@ -32,12 +32,12 @@ from typing import Any
 from shipyard.background import Wakeup
 from shipyard.capture.writer import CaptureWriter
 from shipyard.control.convergence import Converger
-from shipyard.control.leases import Leases
 from shipyard.control.mirror import FleetMirror, RouteRecorder
 from shipyard.control.publishing import RoutePublisher
 from shipyard.control.serverless import ServerlessScaler
 from shipyard.control.supervision import InstanceSupervisor
 from shipyard.errors import ShipyardError
+from shipyard.leases import Leases
 from shipyard.metrics import Metrics
 from shipyard.provisioning.fleet import Fleet, Provisioner
 from shipyard.records import EndpointStatus

@@ -13,7 +13,7 @@ status lines it reports, both reached through the backend's JobHandle. Each pass
 Runners outlive the gateway; a new gateway finds them again from the handle refs in the
 store (or, for a start never recorded, from the attempt's folder), so a restart neither
 stops a job nor loses its end. Gateways sharing the store watch only the jobs whose
-lease they hold (control/leases.py): two would start a job twice and announce each of
+lease they hold (leases.py): two would start a job twice and announce each of
 its changes twice. When a holder dies, another takes its jobs over with their refs.
 """
 
@@ -50,7 +50,7 @@ from shipyard.storage.metadata import now
 log = logging.getLogger(__name__)
 
 Claim = Callable[[Collection[str]], Awaitable[set[str]]]
-"""Leases.claim (control/leases.py): the names of those this gateway holds now."""
+"""Leases.claim (leases.py): the names of those this gateway holds now."""
 
 _SPOT_RETRIES = 10
 """Managed spot without MaxWaitTimeInSeconds: how many times a lost job is taken again."""

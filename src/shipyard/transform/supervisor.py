@@ -8,7 +8,7 @@ reason. Each of these changes is written with its event in one transaction.
 
 Runs live in the gateway (they stream objects through it); stopping the gateway cancels
 them and stops their instances, leaving the jobs InProgress for the next start. Gateways
-sharing the store each run only the jobs whose lease they hold (control/leases.py); a
+sharing the store each run only the jobs whose lease they hold (leases.py); a
 run whose lease runs out is cancelled the same way, for the next holder to resume.
 """
 

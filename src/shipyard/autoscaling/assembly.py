@@ -1,0 +1,58 @@
+"""Application Auto Scaling put together: the service (the API) and the autoscaler that
+reads the gateway's metrics and steps the endpoints' instance counts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shipyard.async_inference.consumer import BacklogReading
+from shipyard.autoscaling.autoscaler import Autoscaler, MetricReader
+from shipyard.autoscaling.scaling import ScalingService
+from shipyard.background import Wakeup
+from shipyard.control.assembly import Endpoints
+from shipyard.core import Core
+from shipyard.routing.router import Router
+from shipyard.storage.scaling import ScalingStore
+
+
+@dataclass(frozen=True)
+class Scaling:
+    service: ScalingService
+    autoscaler: Autoscaler
+
+
+def build(
+    core: Core,
+    *,
+    endpoints: Endpoints,
+    router: Router,
+    backlogs: dict[str, BacklogReading],
+    wakeup: Wakeup,
+) -> Scaling:
+    settings = core.settings
+    store = ScalingStore(core.store.engine)
+    autoscaler = Autoscaler(
+        store=store,
+        endpoints=endpoints.service,
+        reader=MetricReader(
+            metrics=core.metrics,
+            router=router,
+            healthy=endpoints.reconciler.current_instance_counts,
+            backlogs=backlogs,
+            window_s=settings.autoscaling_window_s,
+            period_s=settings.autoscaling_period_s,
+        ),
+        period_s=settings.autoscaling_period_s,
+        notify=core.stack.autoscaling.notify,
+        on_event=core.on_event,
+        acts_on=endpoints.reconciler.leases.holds,
+        wakeup=wakeup,
+    )
+    service = ScalingService(
+        store=store,
+        endpoints=endpoints.service,
+        wake=autoscaler.wake,
+        region=settings.region,
+        account_id=settings.account_id,
+    )
+    return Scaling(service=service, autoscaler=autoscaler)
