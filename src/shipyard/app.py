@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -19,7 +18,6 @@ from shipyard import heap
 from shipyard.async_inference import assembly as async_assembly
 from shipyard.autoscaling import assembly as scaling_assembly
 from shipyard.backends import BackendContext, create_backend
-from shipyard.backends.environment import s3_variables
 from shipyard.background import Loops, Wakeup
 from shipyard.control import assembly as endpoint_assembly
 from shipyard.control.endpoints import EndpointService
@@ -41,7 +39,6 @@ from shipyard.gateway.paths import PathRouter
 from shipyard.gateway.runtime import RuntimeDoor
 from shipyard.gateway.stack_config import StackConfigDoor
 from shipyard.gateway.streaming import ResponseStreamDoor
-from shipyard.gateway.validation import RequestValidator
 from shipyard.host_access import HostAccess
 from shipyard.jobs import assembly as jobs_assembly
 from shipyard.logs.service import LogService
@@ -60,11 +57,6 @@ from shipyard.storage.tags import Tagging, TagStore
 from shipyard.transform import assembly as transform_assembly
 
 log = logging.getLogger(__name__)
-
-# Shapes whose AWS pattern allows only https/s3 URLs or registry images; shipyard also
-# takes file:// and plain paths, and cmd: images.
-# DestinationS3Uri likewise; SnsTopicArn also takes topic names and apprise URLs.
-_LOCAL_URI_SHAPES = frozenset({"Url", "ContainerImage", "S3Uri", "DestinationS3Uri", "SnsTopicArn"})
 
 StartupHook = Callable[[EndpointService], Awaitable[None]]
 
@@ -132,7 +124,7 @@ class Gateway:
             account_id=settings.account_id,
         )
         self.backend, capabilities = create_backend(
-            settings.backend, _backend_context(settings, stack)
+            settings.backend, BackendContext.of(settings, stack)
         )
         endpoints = endpoint_assembly.build(
             core,
@@ -200,7 +192,6 @@ class Gateway:
         registry), the jobs facade, live stack config, operations and the console."""
         control_door = ControlDoor(
             actions=registry(
-                validator=RequestValidator(unpatterned=_LOCAL_URI_SHAPES),
                 endpoints_service=self.service,
                 jobs=self.jobs,
                 transforms=self.transforms,
@@ -317,20 +308,6 @@ class Gateway:
             self.router.close()
             self.store.close()
             log.info("gateway stopped")
-
-
-def _backend_context(settings: Settings, stack: StackFile) -> BackendContext:
-    return BackendContext(
-        home=settings.home,
-        environ=os.environ,
-        s3=s3_variables(os.environ, s3_endpoint_url=settings.s3_endpoint_url),
-        warm_spares=settings.warm_spares,
-        ray_address=settings.ray_address,
-        start_timeout_s=settings.instance_start_timeout_s,
-        sandbox_file_roots=tuple(stack.auth.file_roots)
-        if stack.auth is not None and stack.auth.sandbox
-        else None,
-    )
 
 
 async def _unknown_path(request: Request, exc: Exception) -> Response:

@@ -7,8 +7,7 @@ import random
 import botocore.session
 import pytest
 
-from shipyard.app import _LOCAL_URI_SHAPES
-from shipyard.gateway.actions import ACTIONS, JOB_ACTIONS
+from shipyard.gateway.actions import ACTIONS, JOB_ACTIONS, LOCAL_URI_SHAPES
 from shipyard.gateway.validation import RequestValidator
 from tests.fuzz.shapes import MISSING, Skeletons, mutate
 
@@ -22,7 +21,7 @@ def model() -> object:
 
 @pytest.fixture(scope="module")
 def validator() -> RequestValidator:
-    return RequestValidator(unpatterned=_LOCAL_URI_SHAPES)
+    return RequestValidator(unpatterned=LOCAL_URI_SHAPES)
 
 
 @pytest.mark.parametrize("operation", OPERATIONS)

@@ -9,12 +9,16 @@ cluster's nodes.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from shipyard.backends.base import Backend, JobBackend
+from shipyard.backends.environment import s3_variables
+from shipyard.settings import Settings
+from shipyard.stackfile import StackFile
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,21 @@ class BackendContext:
     each in a bubblewrap sandbox (backends/sandbox.py) that grants these folders
     (``auth.file_roots``); it refuses to be built where it cannot. The Ray backend
     ignores it: its processes run as Ray starts them on the cluster's nodes."""
+
+    @classmethod
+    def of(cls, settings: Settings, stack: StackFile) -> BackendContext:
+        """The context a gateway with these settings and stack file builds its backend in."""
+        return cls(
+            home=settings.home,
+            environ=os.environ,
+            s3=s3_variables(os.environ, s3_endpoint_url=settings.s3_endpoint_url),
+            warm_spares=settings.warm_spares,
+            ray_address=settings.ray_address,
+            start_timeout_s=settings.instance_start_timeout_s,
+            sandbox_file_roots=tuple(stack.auth.file_roots)
+            if stack.auth is not None and stack.auth.sandbox
+            else None,
+        )
 
 
 class FullBackend(Backend, JobBackend, Protocol):

@@ -32,10 +32,15 @@ ACTIONS = {**models.ACTIONS, **endpoint_configs.ACTIONS, **endpoints.ACTIONS, **
 JOB_ACTIONS = training_jobs.ACTIONS
 """SageMaker's training-job actions (JobService)."""
 
+LOCAL_URI_SHAPES = frozenset({"Url", "ContainerImage", "S3Uri", "DestinationS3Uri", "SnsTopicArn"})
+"""Shapes whose AWS pattern allows only https/s3 URLs or registry images: shipyard also
+takes file:// and plain paths, and cmd: images (where ``auth:`` allows them, decided by
+host_access.py), so their patterns are not enforced; their lengths are.
+DestinationS3Uri likewise; SnsTopicArn also takes topic names and apprise URLs."""
+
 
 def registry(
     *,
-    validator: RequestValidator,
     endpoints_service: EndpointService,
     jobs: JobService,
     transforms: TransformService,
@@ -43,7 +48,8 @@ def registry(
     log_service: LogService,
 ) -> ActionRegistry:
     """Every control-plane action, bound to the service it acts on; SageMaker's requests
-    checked by ``validator``."""
+    checked against botocore's model (but LOCAL_URI_SHAPES' patterns)."""
+    validator = RequestValidator(unpatterned=LOCAL_URI_SHAPES)
     actions = ActionRegistry()
     actions.add(SAGEMAKER, ACTIONS, endpoints_service, validator=validator)
     actions.add(SAGEMAKER, JOB_ACTIONS, jobs, validator=validator)
