@@ -135,6 +135,7 @@ class Gateway:
         )
         self.provisioner, self.capture = endpoints.provisioner, endpoints.capture
         self.reconciler, self.service = endpoints.reconciler, endpoints.service
+        self.components = endpoints.components
         scale_now = Wakeup()
         """Wakes the autoscaler: the async consumer sets it when requests wait for an
         endpoint scaled to zero."""
@@ -193,6 +194,7 @@ class Gateway:
         control_door = ControlDoor(
             actions=registry(
                 endpoints_service=self.service,
+                components=self.components,
                 jobs=self.jobs,
                 transforms=self.transforms,
                 scaling=self.scaling,

@@ -150,6 +150,14 @@ class VariantSpec:
     shadow: bool = False
     """A ShadowProductionVariant (DESIGN 2.7): it gets copies of the production
     variant's requests, never a client's own, and its answers go only to /metrics."""
+    managed_scaling: tuple[int, int] | None = None
+    """ManagedInstanceScaling (ENABLED): the (MinInstanceCount, MaxInstanceCount) a
+    variant of inference components grows and shrinks within as its copies need."""
+
+    @property
+    def hosts_components(self) -> bool:
+        """A variant without a model: its instances host inference components."""
+        return not self.model_name and self.serverless is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +178,79 @@ class EndpointConfig:
     @property
     def shadow_variants(self) -> tuple[VariantSpec, ...]:
         return tuple(v for v in self.variants if v.shadow)
+
+    @property
+    def hosts_components(self) -> bool:
+        """An endpoint config for inference components: its variants name no model."""
+        return any(v.hosts_components for v in self.variants)
+
+
+class ComponentStatus(StrEnum):
+    """InferenceComponentStatus."""
+
+    CREATING = "Creating"
+    UPDATING = "Updating"
+    IN_SERVICE = "InService"
+    DELETING = "Deleting"
+    FAILED = "Failed"
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeRequirements:
+    """InferenceComponentComputeResourceRequirements: what each copy reserves on an
+    instance of its variant."""
+
+    min_memory_mb: int
+    cpus: float = 0.0
+    """NumberOfCpuCoresRequired (0: not said; a copy then reserves no cores)."""
+    max_memory_mb: int | None = None
+    accelerators: float = 0.0
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"MinMemoryRequiredInMb": self.min_memory_mb}
+        if self.cpus:
+            out["NumberOfCpuCoresRequired"] = self.cpus
+        if self.max_memory_mb is not None:
+            out["MaxMemoryRequiredInMb"] = self.max_memory_mb
+        if self.accelerators:
+            out["NumberOfAcceleratorDevicesRequired"] = self.accelerators
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentSpec:
+    """InferenceComponentSpecification: what each copy of a component runs."""
+
+    model_name: str | None = None
+    """ModelName: a model created with CreateModel; else ``image`` (Container)."""
+    image: str | None = None
+    artifact_url: str | None = None
+    environment: dict[str, str] = field(default_factory=dict)
+    requirements: ComputeRequirements | None = None
+    """None only for an adapter (``base``), which runs in its base's copies."""
+    base: str | None = None
+    """BaseInferenceComponentName: the component whose copies load this adapter."""
+    startup_timeout_s: int | None = None
+    """StartupParameters.ContainerStartupHealthCheckTimeoutInSeconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceComponent:
+    name: str
+    arn: str
+    endpoint: str
+    variant: str
+    spec: ComponentSpec
+    copies: int
+    """RuntimeConfig.CopyCount: the copies wanted (DesiredCopyCount)."""
+    status: ComponentStatus
+    created: datetime
+    modified: datetime
+    failure_reason: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+    """The Specification as the client gave it, echoed by DescribeInferenceComponent."""
+    generation: int = 0
+    """Bumped when the specification changes: copies of an older one are replaced."""
 
 
 @dataclass(frozen=True, slots=True)

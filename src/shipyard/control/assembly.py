@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from shipyard.backends import Capabilities, FullBackend
 from shipyard.capture.writer import CaptureWriter
+from shipyard.control.components import ComponentService
 from shipyard.control.endpoints import EndpointService
 from shipyard.control.reconciler import Reconciler
 from shipyard.core import Core
@@ -24,6 +25,7 @@ class Endpoints:
     capture: CaptureWriter
     reconciler: Reconciler
     service: EndpointService
+    components: ComponentService
 
 
 def build(
@@ -82,6 +84,19 @@ def build(
         max_instance_memory_bytes=settings.max_instance_memory_bytes,
         tagging=core.tagging,
     )
+    components = ComponentService(
+        store=core.store,
+        components=reconciler.converger.components,
+        wake=reconciler.wake,
+        arn=service.arn,
+        host_access=core.host_access,
+        tagging=core.tagging,
+        current=reconciler.current_copies,
+    )
     return Endpoints(
-        provisioner=provisioner, capture=capture, reconciler=reconciler, service=service
+        provisioner=provisioner,
+        capture=capture,
+        reconciler=reconciler,
+        service=service,
+        components=components,
     )

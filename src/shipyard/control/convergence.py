@@ -10,7 +10,10 @@ endpoint) and ends by recording the outcome in the store:
   fleet serving;
 - rescale (new weights or instance counts): instances removed drain first, new ones
   take traffic once healthy;
-- delete and retire: out of routing first, then drained and stopped.
+- delete and retire: out of routing first, then drained and stopped;
+- components (an endpoint of inference components): copies placed on the variant's
+  instances (control/placement.py), started, stopped or replaced to match each
+  component's copy count and specification, and each component's status recorded.
 """
 
 from __future__ import annotations
@@ -20,11 +23,22 @@ import contextlib
 import logging
 from typing import Any
 
+from shipyard.backends.base import Resources
+from shipyard.control.placement import Demand, place
 from shipyard.control.publishing import RoutePublisher
 from shipyard.control.serverless import ServerlessScaler
 from shipyard.errors import FleetFailed, ShipyardError
-from shipyard.provisioning.fleet import Fleet, Provisioner, Slot
-from shipyard.records import Endpoint, EndpointConfig, EndpointStatus, VariantState
+from shipyard.provisioning.fleet import ComponentCopies, Fleet, Provisioner, Slot
+from shipyard.records import (
+    ComponentStatus,
+    Endpoint,
+    EndpointConfig,
+    EndpointStatus,
+    InferenceComponent,
+    VariantSpec,
+    VariantState,
+)
+from shipyard.storage.components import ComponentStore
 from shipyard.storage.metadata import MetadataStore
 
 log = logging.getLogger(__name__)
@@ -41,8 +55,10 @@ class Converger:
         publisher: RoutePublisher,
         fleets: dict[str, Fleet],
         serverless: ServerlessScaler,
+        components: ComponentStore | None = None,
     ) -> None:
         self.store = store
+        self.components = components or ComponentStore(store.engine)
         self.provisioner = provisioner
         self.publisher = publisher
         self.fleets = fleets
@@ -199,8 +215,179 @@ class Converger:
 
     async def delete(self, ep: Endpoint) -> None:
         await self.retire(ep.name)
+        for component in await asyncio.to_thread(self.components.list, ep.name):
+            await asyncio.to_thread(self.components.delete, component.name)
         with contextlib.suppress(ShipyardError):
             await asyncio.to_thread(self.store.delete_endpoint, ep.name)
+
+    # -- inference components -----------------------------------------------------------
+
+    @staticmethod
+    def components_settled(fleet: Fleet, components: list[InferenceComponent]) -> bool:
+        """Whether ``fleet`` runs what ``components`` ask for, so no step is needed."""
+        for c in components:
+            if c.status in (ComponentStatus.CREATING, ComponentStatus.UPDATING):
+                return False
+            if c.status is ComponentStatus.DELETING:
+                return False
+            if c.status is ComponentStatus.FAILED or c.spec.base is not None:
+                continue
+            running = fleet.components.get(c.name)
+            if running is None and c.copies:
+                return False
+            if running is not None and (
+                running.generation != c.generation or len(fleet.slots[c.name]) != c.copies
+            ):
+                return False
+        return True
+
+    async def place_components(self, ep: Endpoint, components: list[InferenceComponent]) -> None:
+        """Bring the copies of ``ep``'s components to what the store asks, placing them
+        on its variants' instances, and record each component's status."""
+        fleet = self.fleets.get(ep.name)
+        if fleet is None:
+            return
+        for c in components:
+            if c.status is ComponentStatus.DELETING:
+                await self._remove_component(fleet, c)
+        live = [
+            c
+            for c in components
+            if c.status not in (ComponentStatus.DELETING, ComponentStatus.FAILED)
+        ]
+        counts = {v.name: v.desired_instance_count for v in ep.variants}
+        for variant in fleet.config.variants:
+            if not variant.hosts_components:
+                continue
+            hosted = [c for c in live if c.variant == variant.name and c.spec.base is None]
+            least, most = variant.managed_scaling or (counts.get(variant.name, 0),) * 2
+            plan = place(
+                variant.instance_type,
+                [
+                    Demand(c.name, c.copies, r.cpus, r.min_memory_mb)
+                    for c in hosted
+                    if (r := c.spec.requirements) is not None
+                ],
+                least=least,
+                most=most,
+                keep_all=variant.managed_scaling is None,
+            )
+            fleet.hosts[variant.name] = plan.hosts
+            for c in hosted:
+                await self._converge_component(
+                    fleet, variant, c, plan.copies(c.name), plan.short.get(c.name, 0)
+                )
+        self.publisher.publish(fleet)
+
+    async def _converge_component(
+        self,
+        fleet: Fleet,
+        variant: VariantSpec,
+        c: InferenceComponent,
+        fit: int,
+        short: int,
+    ) -> None:
+        running = fleet.components.get(c.name)
+        try:
+            if running is None or running.generation != c.generation:
+                await self._respecify(fleet, variant, c, fit)
+            else:
+                await self._scale_copies(fleet, c, fit)
+        except (FleetFailed, ShipyardError) as exc:
+            log.warning("inference component %s failed: %s", c.name, exc)
+            if c.status is ComponentStatus.CREATING:
+                await self._component_status(c, ComponentStatus.FAILED, str(exc))
+            else:
+                await self._component_status(
+                    c,
+                    ComponentStatus.IN_SERVICE,
+                    f"Updating inference component {c.name} failed, it keeps its previous "
+                    f"copies: {exc}",
+                )
+            return
+        if short:
+            size = variant.instance_type
+            limit = (
+                f"up to its MaxInstanceCount ({variant.managed_scaling[1]})"
+                if variant.managed_scaling
+                else f"its {fleet.hosts[variant.name]}"
+            )
+            await self._component_status(
+                c,
+                c.status,
+                f"Insufficient capacity: {short} of the {c.copies} copies of inference "
+                f"component {c.name} fit on none of variant {variant.name}'s instances "
+                f"({limit} {size}); free room or raise the instance count.",
+            )
+            return
+        await self._component_status(c, ComponentStatus.IN_SERVICE)
+
+    async def _respecify(
+        self, fleet: Fleet, variant: VariantSpec, c: InferenceComponent, fit: int
+    ) -> None:
+        """Start ``fit`` copies of the component's current specification; once all
+        answer, they replace the copies of the previous one, which drain first."""
+        template = await self.provisioner.component_template(c)
+        needs = c.spec.requirements
+        resources = (
+            None if needs is None else Resources(needs.cpus or 0.0, needs.min_memory_mb << 20)
+        )
+        old = fleet.slots.get(c.name, [])
+        fleet.templates[c.name] = template
+        fleet.components[c.name] = ComponentCopies(variant.name, c.generation, resources)
+        new = [self.provisioner.new_slot(fleet.endpoint, fleet, c.name) for _ in range(fit)]
+        fleet.slots[c.name] = list(old)
+        outcomes = await asyncio.gather(
+            *(self.provisioner.start_slot(s) for s in new), return_exceptions=True
+        )
+        failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
+        if failed is not None:
+            await self.provisioner.stop_slots(new)
+            # The previous copies, if any, go on serving; the failure is recorded and the
+            # specification not tried again until it changes.
+            if not old:
+                fleet.slots.pop(c.name, None)
+                fleet.components.pop(c.name, None)
+                fleet.templates.pop(c.name, None)
+            raise failed
+        fleet.slots[c.name] = new
+        self.publisher.publish(fleet)
+        if old:
+            await self.provisioner.drain_and_stop(old)
+
+    async def _scale_copies(self, fleet: Fleet, c: InferenceComponent, fit: int) -> None:
+        slots = fleet.slots[c.name]
+        extra = slots[fit:]
+        if extra:
+            del slots[fit:]
+            self.publisher.publish(fleet)
+            await self.provisioner.drain_and_stop(extra)
+        missing = fit - len(slots)
+        if missing > 0:
+            await self._scale_out(fleet.endpoint, fleet, c.name, missing)
+
+    async def _remove_component(self, fleet: Fleet, c: InferenceComponent) -> None:
+        slots = fleet.slots.pop(c.name, [])
+        fleet.components.pop(c.name, None)
+        fleet.templates.pop(c.name, None)
+        self.publisher.publish(fleet)
+        await self.provisioner.drain_and_stop(slots)
+        await asyncio.to_thread(self.components.delete, c.name)
+
+    async def _component_status(
+        self, c: InferenceComponent, status: ComponentStatus, reason: str | None = None
+    ) -> None:
+        """Record what the step reached, unless the component changed meanwhile (a new
+        copy count or specification: the next step judges that)."""
+        if status is c.status and reason == c.failure_reason:
+            return
+        await asyncio.to_thread(
+            self.components.change,
+            c.name,
+            unchanged_since=c.modified,
+            status=status,
+            failure_reason=reason,
+        )
 
     async def retire(self, name: str) -> None:
         """Out of routing, then drained and stopped: the endpoint's fleet is gone."""

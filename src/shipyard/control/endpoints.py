@@ -134,7 +134,11 @@ class EndpointService:
                 "ProductionVariants and ShadowProductionVariants."
             )
         _check_shadow_counts(variants, async_config)
+        _check_component_variants(variants, raw)
         for variant in variants:
+            if variant.hosts_components:
+                self._check_instance_count(variant.name, variant.instance_count)
+                continue
             try:
                 model = self.store.get_model(variant.model_name)
             except ResourceNotFound:
@@ -392,6 +396,30 @@ class EndpointService:
                 f"{self.max_instances_per_variant} Instances; variant {variant} asked for "
                 f"{count}."
             )
+
+
+def _check_component_variants(variants: Sequence[VariantSpec], raw: dict[str, object]) -> None:
+    """An endpoint config hosts inference components (no variant names a model) or
+    models (every variant does), never both; for components, its ExecutionRoleArn is
+    the role their copies run with, and SageMaker requires it."""
+    hosting = [v.name for v in variants if v.hosts_components]
+    if not hosting:
+        return
+    if len(hosting) != len(variants):
+        raise InvalidParameter(
+            "Every production variant of an endpoint configuration for inference "
+            f"components must leave out ModelName; {', '.join(hosting)} do, the others not."
+        )
+    if any(v.shadow for v in variants):
+        raise InvalidParameter(
+            "An endpoint configuration for inference components cannot have "
+            "ShadowProductionVariants."
+        )
+    if not raw.get("ExecutionRoleArn"):
+        raise InvalidParameter(
+            "ExecutionRoleArn is required for an endpoint configuration whose production "
+            "variants host inference components (they name no ModelName)."
+        )
 
 
 def _check_shadow_counts(variants: Sequence[VariantSpec], async_config: AsyncConfig | None) -> None:

@@ -84,10 +84,39 @@ class RoutePublisher:
                 )
             )
         self.router.publish(
-            EndpointRoute(fleet.endpoint, variants, async_config=fleet.config.async_config)
+            EndpointRoute(
+                fleet.endpoint,
+                variants,
+                async_config=fleet.config.async_config,
+                components=self._component_routes(fleet) if fleet.config.hosts_components else None,
+            )
         )
         self.export_gauges([fleet])
         self.on_change(fleet.endpoint, fleet)
+
+    def _component_routes(self, fleet: Fleet) -> list[VariantRoute]:
+        """One route per inference component: its copies, under its variant's policy."""
+        variants = {v.name: v for v in fleet.config.variants}
+        routes = []
+        for name, copies in fleet.components.items():
+            variant = variants[copies.variant]
+            routes.append(
+                VariantRoute(
+                    variant.name,
+                    weight=0.0,
+                    policy=policy_for(variant.routing_strategy, max_in_flight=self.max_in_flight),
+                    instances=[s.instance for s in fleet.slots[name] if s.instance is not None],
+                    metrics=self.metrics.for_variant(fleet.endpoint, name),
+                    capture=None
+                    if self.capture is None
+                    else self.capture.for_variant(
+                        fleet.endpoint, variant.name, capture_of(fleet.config)
+                    ),
+                    coming=fleet.starting.get(name, 0),
+                    component=name,
+                )
+            )
+        return routes
 
     def publish_starting(
         self, endpoint: str, config: EndpointConfig, *, waiting: bool = False
@@ -116,7 +145,14 @@ class RoutePublisher:
             )
             for v in config.variants
         ]
-        self.router.publish(EndpointRoute(endpoint, variants, async_config=config.async_config))
+        self.router.publish(
+            EndpointRoute(
+                endpoint,
+                variants,
+                async_config=config.async_config,
+                components=[] if config.hosts_components else None,
+            )
+        )
         self.on_change(endpoint, None)
 
     def _serverless_route(self, fleet: Fleet, variant: VariantSpec) -> ServerlessRoute | None:
@@ -145,8 +181,8 @@ class RoutePublisher:
         self, fleet: Fleet, variant: str, instances: list[Instance]
     ) -> MultiModelRoute | None:
         """Set for a variant serving a MultiModel model: its requests then need a TargetModel."""
-        template = fleet.templates[variant]
-        if template.prefix is None:
+        template = fleet.templates.get(variant)
+        if template is None or template.prefix is None:
             return None
         return MultiModelRoute(
             prefix=template.prefix,
@@ -179,7 +215,8 @@ class RoutePublisher:
     def forget_model_series(self, fleet: Fleet, slots: Sequence[Slot]) -> None:
         """Drop the multi-model series of instances that are gone."""
         for slot in slots:
-            if fleet.templates[slot.variant].prefix is not None:
+            template = fleet.templates.get(slot.variant)
+            if template is not None and template.prefix is not None:
                 self.metrics.forget_instance_models(
                     fleet.endpoint, slot.variant, slot.spec.instance_id
                 )

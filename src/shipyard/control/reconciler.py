@@ -40,7 +40,7 @@ from shipyard.errors import ShipyardError
 from shipyard.leases import Leases
 from shipyard.metrics import Metrics
 from shipyard.provisioning.fleet import Fleet, Provisioner
-from shipyard.records import EndpointStatus
+from shipyard.records import Endpoint, EndpointStatus, InferenceComponent
 from shipyard.routing.router import Router
 from shipyard.storage.metadata import MetadataStore
 
@@ -125,10 +125,20 @@ class Reconciler:
         fleet = self.fleets.get(endpoint) or self.mirror.fleets.get(endpoint)
         if fleet is None:
             return {}
-        return {
+        counts = {
             name: sum(1 for s in slots if s.instance is not None and s.instance.healthy)
             for name, slots in fleet.slots.items()
+            if name not in fleet.components
         }
+        return counts | fleet.hosts
+
+    def current_copies(self, component: InferenceComponent) -> int:
+        """How many copies of ``component`` answer their health checks now."""
+        fleet = self.fleets.get(component.endpoint) or self.mirror.fleets.get(component.endpoint)
+        if fleet is None or component.name not in fleet.components:
+            return 0
+        slots = fleet.slots.get(component.name, [])
+        return sum(1 for s in slots if s.instance is not None and s.instance.healthy)
 
     async def announce_known(self) -> None:
         """Publish a not-ready table for every endpoint the store has in service.
@@ -185,9 +195,15 @@ class Reconciler:
     async def _converge_once(self) -> None:
         names = [ep.name for ep in await asyncio.to_thread(self.store.list_endpoints)]
         held = await self.leases.claim(names)
+        # Components first: a component step judged by a stale read repeats harmlessly
+        # (it places what the store asks, again).
+        components = await asyncio.to_thread(self.converger.components.list)
         # Read again after the claim: from here to each spawn nothing may be awaited, or
         # a step finishing meanwhile would be judged by the status it found, and repeated.
         endpoints = await asyncio.to_thread(self.store.list_endpoints)
+        hosted: dict[str, list[InferenceComponent]] = {}
+        for component in components:
+            hosted.setdefault(component.endpoint, []).append(component)
         seen = set()
         steps = self.converger
         for ep in endpoints:
@@ -197,23 +213,40 @@ class Reconciler:
                 continue
             if ep.name in self._tasks:
                 continue
-            fleet = self.fleets.get(ep.name)
-            # Taken over from a holder that died: the fleet it recorded, to adopt.
-            taken = self.leases.taken_from(ep.name) if fleet is None else None
-            if ep.status is EndpointStatus.DELETING:
-                self._spawn(ep.name, steps.delete(ep))
-            elif ep.status is EndpointStatus.CREATING:
-                self._spawn(ep.name, steps.create(ep, taken=taken))
-            elif ep.status is EndpointStatus.UPDATING:
-                self._spawn(ep.name, steps.update(ep, taken=taken))
-            elif ep.status is EndpointStatus.IN_SERVICE and fleet is None:
-                # After a gateway restart, or a lease taken over.
-                self._spawn(ep.name, steps.create(ep, taken=taken))
-            elif ep.status is EndpointStatus.FAILED and fleet is not None:
-                self._spawn(ep.name, steps.retire(ep.name))
+            step = self._step_for(ep, hosted.get(ep.name, []))
+            if step is not None:
+                self._spawn(ep.name, step)
         for name in list(self.fleets):
             if name not in seen and name not in self._tasks:
                 self._spawn(name, steps.retire(name))
+
+    def _step_for(
+        self, ep: Endpoint, components: list[InferenceComponent]
+    ) -> Coroutine[Any, Any, None] | None:
+        """The converge step ``ep`` needs now, if any."""
+        steps = self.converger
+        fleet = self.fleets.get(ep.name)
+        # Taken over from a holder that died: the fleet it recorded, to adopt.
+        taken = self.leases.taken_from(ep.name) if fleet is None else None
+        if ep.status is EndpointStatus.DELETING:
+            return steps.delete(ep)
+        if ep.status is EndpointStatus.CREATING:
+            return steps.create(ep, taken=taken)
+        if ep.status is EndpointStatus.UPDATING:
+            return steps.update(ep, taken=taken)
+        if ep.status is EndpointStatus.IN_SERVICE and fleet is None:
+            # After a gateway restart, or a lease taken over.
+            return steps.create(ep, taken=taken)
+        if ep.status is EndpointStatus.FAILED and fleet is not None:
+            return steps.retire(ep.name)
+        if (
+            ep.status is EndpointStatus.IN_SERVICE
+            and fleet is not None
+            and fleet.config.hosts_components
+            and not steps.components_settled(fleet, components)
+        ):
+            return steps.place_components(ep, components)
+        return None
 
     def _let_go(self, name: str) -> None:
         """Another gateway holds (or may take) the endpoint's lease: stop converging it

@@ -38,6 +38,7 @@ Receive = Any
 Send = Any
 
 _TARGET_VARIANT = b"x-amzn-sagemaker-target-variant"
+_COMPONENT = b"x-amzn-sagemaker-inference-component"
 _CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
 
 
@@ -90,6 +91,7 @@ class RuntimeDoor:
         route = self.invocations.route(name)
         forward: list[tuple[bytes, bytes]] = []
         target: str | None = None
+        component: str | None = None
         content_length: int | None = None
         for key, value in scope["headers"]:
             check_header(INVOKE_ENDPOINT, key, value)
@@ -100,6 +102,8 @@ class RuntimeDoor:
                 content_length = int(value)
             elif key == _TARGET_VARIANT:
                 target = value.decode()
+            elif key == _COMPONENT:
+                component = value.decode()
         if content_length is not None and content_length > self.max_payload_bytes:
             raise self.too_large(body_left=True)
         # The whole body before any instance is chosen: a client that trickles it must
@@ -112,6 +116,7 @@ class RuntimeDoor:
             watch_gone=on_disconnect(scope),
             target=target,
             started=started,
+            component=component,
         )
         calls.append(call)
         response = await self.invocations.run(route, call)

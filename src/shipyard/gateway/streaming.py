@@ -55,6 +55,7 @@ Receive = Any
 Send = Any
 
 _TARGET_VARIANT = b"x-amzn-sagemaker-target-variant"
+_COMPONENT = b"x-amzn-sagemaker-inference-component"
 _ACCEPT = b"x-amzn-sagemaker-accept"  # the model's Accept; the client's own is for events
 _CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
 _NOT_FORWARDED = (b"accept", b"x-amzn-sagemaker-target-model")
@@ -117,11 +118,11 @@ class ResponseStreamDoor:
         runtime = self.runtime
         runtime.reach(scope, name)
         route = self.invocations.route(name)
-        forward, target, content_length = _request_headers(scope)
+        forward, target, component, content_length = _request_headers(scope)
         if content_length is not None and content_length > runtime.max_payload_bytes:
             raise runtime.too_large(body_left=True)
         body = await runtime.read_body(scope, client.receive)
-        call = Call(forward, body, target=target, started=started)
+        call = Call(forward, body, target=target, started=started, component=component)
         calls.append(call)
         client.watch()  # from here a disconnect cancels the exchange
         async with self.invocations.stream(
@@ -271,10 +272,14 @@ class _Client:
             self._timer.cancel()
 
 
-def _request_headers(scope: Scope) -> tuple[list[tuple[bytes, bytes]], str | None, int | None]:
-    """The headers for the instance, the target variant and the declared body length."""
+def _request_headers(
+    scope: Scope,
+) -> tuple[list[tuple[bytes, bytes]], str | None, str | None, int | None]:
+    """The headers for the instance, the target variant, the inference component and
+    the declared body length."""
     forward: list[tuple[bytes, bytes]] = [_ASK]
     target: str | None = None
+    component: str | None = None
     content_length: int | None = None
     for key, value in scope["headers"]:
         check_header(INVOKE_ENDPOINT_STREAM, key, value)
@@ -288,7 +293,9 @@ def _request_headers(scope: Scope) -> tuple[list[tuple[bytes, bytes]], str | Non
             content_length = int(value)
         elif key == _TARGET_VARIANT:
             target = value.decode()
-    return forward, target, content_length
+        elif key == _COMPONENT:
+            component = value.decode()
+    return forward, target, component, content_length
 
 
 def _head(exchange: Exchange) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from shipyard.backends.base import (
     Backend,
     InstanceHandle,
     InstanceSpec,
+    Resources,
     runtime_for,
     variant_resources,
 )
@@ -31,7 +32,7 @@ from shipyard.provisioning.containers import (
     GroupTemplate,
     group_spec,
 )
-from shipyard.records import EndpointConfig, Model
+from shipyard.records import EndpointConfig, InferenceComponent, Model
 from shipyard.routing.instance import Instance
 from shipyard.routing.model_agent import ModelAgent
 from shipyard.routing.serverless import ServerlessRoute
@@ -113,6 +114,17 @@ class Slot:
         return f"Slot(id={self.spec.instance_id!r}, variant={self.variant!r})"
 
 
+@dataclass(slots=True)
+class ComponentCopies:
+    """What a fleet runs of one inference component (its slots are ``Fleet.slots[name]``)."""
+
+    variant: str
+    generation: int
+    """The component's specification generation its copies run."""
+    resources: Resources | None = None
+    """What each copy reserves (its ComputeResourceRequirements)."""
+
+
 @dataclass(eq=False)
 class Fleet:
     """The instances serving one endpoint config of one endpoint."""
@@ -130,6 +142,12 @@ class Fleet:
     adoptable: bool = False
     """An endpoint's fleet, whose instances the next holder of its lease may adopt if
     they outlive this gateway (InstanceSpec.endpoint); not a transform job's."""
+    components: dict[str, ComponentCopies] = field(default_factory=dict)
+    """For an endpoint of inference components: each component's copies are the slots
+    (and template) under its name; this says which variant hosts them, and of which
+    specification they are."""
+    hosts: dict[str, int] = field(default_factory=dict)
+    """Per variant of inference components: the instances it has (placement.py)."""
 
     def all_slots(self) -> list[Slot]:
         return [s for slots in self.slots.values() for s in slots]
@@ -204,6 +222,12 @@ class Provisioner:
             adoptable=adoptable or take_over is not None,
         )
         for variant in config.variants:
+            if variant.hosts_components:
+                # Its instances are where copies are placed: the copies are the processes,
+                # started once its components are (control/convergence.py).
+                fleet.slots[variant.name] = []
+                fleet.hosts[variant.name] = counts.get(variant.name, variant.instance_count)
+                continue
             model = await asyncio.to_thread(self.store.get_model, variant.model_name)
             template = await self._template(model, variant.name)
             template.environment.update(environment or {})
@@ -286,6 +310,26 @@ class Provisioner:
             return None
         slot.handle, slot.instance = handle, instance
         return str(recorded["ref"])
+
+    async def component_template(self, component: InferenceComponent) -> VariantTemplate:
+        """How each copy of ``component`` starts: its model's container, or the
+        container its Specification gives."""
+        spec = component.spec
+        if spec.model_name is not None:
+            model = await asyncio.to_thread(self.store.get_model, spec.model_name)
+        else:
+            model = Model(
+                name=component.name,
+                arn=component.arn,
+                image=spec.image or "",
+                model_data_url=spec.artifact_url,
+                environment=dict(spec.environment),
+                execution_role_arn=None,
+                created=component.created,
+            )
+        template = await self._template(model, component.name)
+        template.environment["SHIPYARD_INFERENCE_COMPONENT"] = component.name
+        return template
 
     async def _template(self, model: Model, variant: str) -> VariantTemplate:
         """Nothing is fetched here: each instance fetches its artifact (or, multi-model,
@@ -383,7 +427,9 @@ class Provisioner:
             cpu_nice=SHADOW_CPU_NICE
             if any(v.name == variant and v.shadow for v in fleet.config.variants)
             else 0,
-            resources=next(
+            resources=fleet.components[variant].resources
+            if variant in fleet.components
+            else next(
                 (variant_resources(v) for v in fleet.config.variants if v.name == variant), None
             ),
             endpoint=endpoint if fleet.adoptable else None,

@@ -82,10 +82,38 @@ class Invocations:
     def pick(self, route: EndpointRoute, call: Call) -> VariantRoute:
         """Choose the call's variant (``call.target``, or by weight) and, for a multi-model
         variant, read its TargetModel; both are kept on the call."""
-        variant = self.router.variant_for(route, call.target)
+        variant = (
+            self.component(route, call.component)
+            if route.hosts_components or call.component is not None
+            else self.router.variant_for(route, call.target)
+        )
         call.variant = variant
         if variant.multi_model is not None and call.model is None:
             call.model = target_model(route.name, call.headers)
+        return variant
+
+    @staticmethod
+    def component(route: EndpointRoute, name: str | None) -> VariantRoute:
+        """The copies of inference component ``name`` on ``route``'s endpoint, or the
+        error SageMaker gives for a name missing, unknown, or sent to an endpoint of
+        models."""
+        if not route.hosts_components:
+            raise RuntimeValidationError(
+                "Inference Component Name header is not allowed for endpoints to which you "
+                "dont plan to deploy inference components. Please remove the Inference "
+                "Component Name header and try again."
+            )
+        if name is None:
+            raise RuntimeValidationError(
+                "Inference Component Name header is required for endpoints to which you "
+                "plan to deploy inference components. Please include Inference Component "
+                "Name header or consider using SageMaker models."
+            )
+        variant = route.components.get(name)
+        if variant is None:
+            raise RuntimeValidationError(
+                f"Inference Component {name} does not exist on endpoint {route.name}."
+            )
         return variant
 
     # -- the call ---------------------------------------------------------------------

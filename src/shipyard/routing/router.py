@@ -63,7 +63,8 @@ class Call:
     served to nobody (a client that timed out and retried would otherwise have its
     request served twice, and the queue would hold work nobody waits for).
 
-    ``target`` is the variant the client named (TargetVariant); ``variant`` the one the
+    ``target`` is the variant the client named (TargetVariant), ``component`` the
+    inference component (InferenceComponentName); ``variant`` the route the
     call was routed to, once chosen (routing/invocation.py); ``started`` when the door
     took the request (``time.perf_counter``), for the gateway's share of its latency.
     """
@@ -76,6 +77,8 @@ class Call:
     target: str | None = None
     variant: VariantRoute | None = None
     started: float = field(default_factory=time.perf_counter)
+    component: str | None = None
+    """The InferenceComponentName the client named, if any."""
 
 
 @dataclass(slots=True)

@@ -46,6 +46,9 @@ class VariantRoute:
     marks a shadow variant: never picked by weight nor by TargetVariant, it only takes
     the copies routing/shadow.py sends it.
 
+    A route may hold the copies of one inference component instead of a variant's
+    instances (``component``); it is then found by that name, never by weight.
+
     ``dispatch`` and ``admission`` are the strategies the router follows for the
     variant's requests (routing/strategies.py): the multi-model route or one model under
     ``policy``; the serverless route or no limit.
@@ -66,6 +69,7 @@ class VariantRoute:
         "shadow",
         "dispatch",
         "admission",
+        "component",
     )
 
     def __init__(
@@ -81,8 +85,12 @@ class VariantRoute:
         serverless: ServerlessRoute | None = None,
         coming: int = 0,
         shadow: bool = False,
+        component: str | None = None,
     ) -> None:
         self.name = name
+        self.component = component
+        """For the copies of an inference component: its name (``name`` is then the
+        variant that hosts it)."""
         self.shadow = shadow
         self.weight = weight
         self.policy = policy
@@ -134,6 +142,8 @@ class EndpointRoute:
         "by_name",
         "async_config",
         "copies",
+        "components",
+        "hosts_components",
         "_production",
         "_cumulative",
         "_total",
@@ -145,9 +155,13 @@ class EndpointRoute:
         variants: Sequence[VariantRoute],
         *,
         async_config: AsyncConfig | None = None,
+        components: Sequence[VariantRoute] | None = None,
     ) -> None:
         self.name = name
         self.async_config = async_config
+        self.hosts_components = components is not None
+        """An endpoint of inference components: its requests name one (``components``)."""
+        self.components = {c.component: c for c in components or () if c.component}
         """Set for an asynchronous endpoint, whose requests come from the queue."""
         self.variants = list(variants)
         self.by_name = {v.name: v for v in self.variants}
@@ -168,4 +182,4 @@ class EndpointRoute:
         return self._production[bisect.bisect_right(self._cumulative, rng.random() * self._total)]
 
     def instances(self) -> list[Instance]:
-        return [i for v in self.variants for i in v.instances]
+        return [i for v in (*self.variants, *self.components.values()) for i in v.instances]

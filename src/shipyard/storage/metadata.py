@@ -310,6 +310,7 @@ def _variant_json(v: VariantSpec) -> dict[str, Any]:
             "provisioned_concurrency": v.serverless.provisioned_concurrency,
         },
         "shadow": v.shadow,
+        "managed_scaling": None if v.managed_scaling is None else list(v.managed_scaling),
     }
 
 
@@ -337,6 +338,9 @@ def _endpoint_config(row: Any) -> EndpointConfig:
             routing_strategy=RoutingStrategy(v["routing_strategy"]),
             serverless=ServerlessConfig(**v["serverless"]) if v.get("serverless") else None,
             shadow=bool(v.get("shadow", False)),
+            managed_scaling=None
+            if not v.get("managed_scaling")
+            else (int(v["managed_scaling"][0]), int(v["managed_scaling"][1])),
         )
         for v in row["variants"]
     )

@@ -42,6 +42,23 @@ endpoint_configs = Table(
     Column("async_config", JSON),
 )
 
+inference_components = Table(
+    "inference_components",
+    metadata,
+    Column("name", String(63), primary_key=True),
+    Column("arn", String(256), nullable=False),
+    Column("endpoint", String(63), nullable=False, index=True),
+    Column("variant", String(63), nullable=False),
+    Column("spec", JSON, nullable=False),
+    Column("raw", JSON, nullable=False),
+    Column("copies", Integer, nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("failure_reason", Text),
+    Column("created", DateTime(timezone=True), nullable=False),
+    Column("modified", DateTime(timezone=True), nullable=False),
+    Column("generation", Integer, nullable=False, default=0),
+)
+
 endpoints = Table(
     "endpoints",
     metadata,

@@ -9,11 +9,13 @@ records. ``registry`` gathers every family into the one table ``POST /`` serves
 from __future__ import annotations
 
 from shipyard.autoscaling.scaling import ScalingService
+from shipyard.control.components import ComponentService
 from shipyard.control.endpoints import EndpointService
 from shipyard.gateway.actions import (
     autoscaling,
     endpoint_configs,
     endpoints,
+    inference_components,
     logs,
     models,
     tags,
@@ -42,6 +44,7 @@ DestinationS3Uri likewise; SnsTopicArn also takes topic names and apprise URLs."
 def registry(
     *,
     endpoints_service: EndpointService,
+    components: ComponentService,
     jobs: JobService,
     transforms: TransformService,
     scaling: ScalingService,
@@ -52,6 +55,7 @@ def registry(
     validator = RequestValidator(unpatterned=LOCAL_URI_SHAPES)
     actions = ActionRegistry()
     actions.add(SAGEMAKER, ACTIONS, endpoints_service, validator=validator)
+    actions.add(SAGEMAKER, inference_components.ACTIONS, components, validator=validator)
     actions.add(SAGEMAKER, JOB_ACTIONS, jobs, validator=validator)
     actions.add(SAGEMAKER, transform_jobs.ACTIONS, transforms, validator=validator)
     actions.add(SCALING, autoscaling.ACTIONS, scaling)

@@ -66,12 +66,11 @@ def _variant(v: dict[str, Any]) -> VariantSpec:
     # validation may still lack what an instance-based variant needs.
     name = v["VariantName"]
     model_name = v.get("ModelName")
-    if model_name is None:
-        raise InvalidParameter(
-            f"ModelName is required for production variant {name}: this gateway serves "
-            "models, not inference components."
-        )
     if "ServerlessConfig" in v:
+        if model_name is None:
+            raise InvalidParameter(
+                f"ModelName is required for serverless production variant {name}."
+            )
         return VariantSpec(
             name=name,
             model_name=model_name,
@@ -84,14 +83,39 @@ def _variant(v: dict[str, Any]) -> VariantSpec:
     count = v.get("InitialInstanceCount")
     if count is None:
         raise InvalidParameter(f"InitialInstanceCount is required for production variant {name}.")
+    if model_name is None and "InstanceType" not in v:
+        raise InvalidParameter(
+            f"Production variant {name} names no model: a variant that hosts inference "
+            "components needs an InstanceType."
+        )
     return VariantSpec(
         name=name,
-        model_name=model_name,
+        model_name=model_name or "",
         instance_type=v.get("InstanceType", "ml.m5.large"),
         instance_count=int(count),
         weight=float(v.get("InitialVariantWeight", 1.0)),
         routing_strategy=_routing_strategy(v),
+        managed_scaling=_managed_scaling(name, v, int(count)),
     )
+
+
+def _managed_scaling(name: str, v: dict[str, Any], count: int) -> tuple[int, int] | None:
+    """ManagedInstanceScaling, when ENABLED: (MinInstanceCount, MaxInstanceCount)."""
+    c = v.get("ManagedInstanceScaling")
+    if not c or c.get("Status", "DISABLED") != "ENABLED":
+        return None
+    if v.get("ModelName") is not None:
+        raise InvalidParameter(
+            f"Production variant {name}: ManagedInstanceScaling is for variants that host "
+            "inference components (no ModelName)."
+        )
+    least, most = int(c.get("MinInstanceCount", 1)), int(c.get("MaxInstanceCount", count))
+    if least > most or not least <= count <= most:
+        raise InvalidParameter(
+            f"Production variant {name}: ManagedInstanceScaling needs MinInstanceCount "
+            f"({least}) <= InitialInstanceCount ({count}) <= MaxInstanceCount ({most})."
+        )
+    return least, most
 
 
 def _serverless(name: str, v: dict[str, Any]) -> ServerlessConfig:
@@ -153,8 +177,8 @@ def describe_endpoint_config(svc: EndpointService, p: dict[str, Any]) -> dict[st
         out["ShadowProductionVariants"] = _echo(
             config.shadow_variants, config.raw["ShadowProductionVariants"]
         )
-    for key in ("DataCaptureConfig", "KmsKeyId", "AsyncInferenceConfig", "Tags"):
-        if key in config.raw and key != "Tags":
+    for key in ("DataCaptureConfig", "KmsKeyId", "AsyncInferenceConfig", "ExecutionRoleArn"):
+        if key in config.raw:
             out[key] = config.raw[key]
     return out
 

@@ -1,0 +1,179 @@
+"""ComponentStore: inference components, the desired state of what each endpoint of
+components hosts (how many copies of which specification).
+
+The control plane writes it (control/components.py); the reconciler reads it and records
+what it reached (status, failure reason), and deletes a component once its copies are
+gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine, delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from shipyard.errors import AlreadyExists, ResourceNotFound
+from shipyard.records import (
+    ComponentSpec,
+    ComponentStatus,
+    ComputeRequirements,
+    InferenceComponent,
+)
+from shipyard.storage import tables as t
+from shipyard.storage.transactions import transaction
+
+
+def not_found(name: str) -> ResourceNotFound:
+    return ResourceNotFound.of("inference component", name)
+
+
+class ComponentStore:
+    """Inference components in the metadata store's database."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def __repr__(self) -> str:
+        return f"ComponentStore({self.engine.url.render_as_string(hide_password=True)!r})"
+
+    def create(self, component: InferenceComponent) -> None:
+        row = _row(component)
+        try:
+            with transaction(self.engine) as conn:
+                conn.execute(insert(t.inference_components).values(**row))
+        except IntegrityError as exc:
+            raise AlreadyExists(
+                f'Cannot create already existing inference component "{component.arn}".'
+            ) from exc
+
+    def get(self, name: str) -> InferenceComponent:
+        table = t.inference_components
+        with transaction(self.engine) as conn:
+            row = conn.execute(select(table).where(table.c.name == name)).mappings().first()
+        if row is None:
+            raise not_found(name)
+        return _component(row)
+
+    def list(self, endpoint: str | None = None) -> list[InferenceComponent]:
+        table = t.inference_components
+        query = select(table)
+        if endpoint is not None:
+            query = query.where(table.c.endpoint == endpoint)
+        with transaction(self.engine) as conn:
+            rows = conn.execute(query.order_by(table.c.created, table.c.name)).mappings().all()
+        return [_component(r) for r in rows]
+
+    def change(
+        self,
+        name: str,
+        *,
+        expect: Sequence[ComponentStatus] = (),
+        unchanged_since: datetime | None = None,
+        **changes: Any,
+    ) -> bool:
+        """Apply ``changes`` (record field names) to the component; False when it is gone,
+        or its status is not one of ``expect``, or (``unchanged_since``) it was changed
+        after that: then nothing was written."""
+        table = t.inference_components
+        values = {k: _column_value(k, v) for k, v in changes.items()}
+        values["modified"] = datetime.now(UTC)
+        query = update(table).where(table.c.name == name)
+        if expect:
+            query = query.where(table.c.status.in_([s.value for s in expect]))
+        if unchanged_since is not None:
+            query = query.where(table.c.modified == unchanged_since)
+        with transaction(self.engine) as conn:
+            return conn.execute(query.values(**values)).rowcount > 0
+
+    def respecify(
+        self, name: str, spec: ComponentSpec, raw: dict[str, Any], copies: int | None
+    ) -> None:
+        """A new specification (and maybe copy count): its copies are to be replaced."""
+        table = t.inference_components
+        values: dict[str, Any] = {
+            "spec": _spec_json(spec),
+            "raw": raw,
+            "status": ComponentStatus.UPDATING.value,
+            "failure_reason": None,
+            "modified": datetime.now(UTC),
+            "generation": table.c.generation + 1,
+        }
+        if copies is not None:
+            values["copies"] = copies
+        with transaction(self.engine) as conn:
+            if conn.execute(update(table).where(table.c.name == name).values(**values)).rowcount:
+                return
+        raise not_found(name)
+
+    def delete(self, name: str) -> None:
+        table = t.inference_components
+        with transaction(self.engine) as conn:
+            conn.execute(delete(table).where(table.c.name == name))
+
+
+def _column_value(key: str, value: Any) -> Any:
+    if isinstance(value, ComponentStatus):
+        return value.value
+    if key == "spec":
+        return _spec_json(value)
+    return value
+
+
+def _row(c: InferenceComponent) -> dict[str, Any]:
+    return {
+        "name": c.name,
+        "arn": c.arn,
+        "endpoint": c.endpoint,
+        "variant": c.variant,
+        "spec": _spec_json(c.spec),
+        "raw": c.raw,
+        "copies": c.copies,
+        "status": c.status.value,
+        "failure_reason": c.failure_reason,
+        "created": c.created,
+        "modified": c.modified,
+        "generation": c.generation,
+    }
+
+
+def _spec_json(spec: ComponentSpec) -> dict[str, Any]:
+    out = asdict(spec)
+    return out
+
+
+def _spec(data: dict[str, Any]) -> ComponentSpec:
+    requirements = data.get("requirements")
+    return ComponentSpec(
+        model_name=data.get("model_name"),
+        image=data.get("image"),
+        artifact_url=data.get("artifact_url"),
+        environment=dict(data.get("environment") or {}),
+        requirements=None if requirements is None else ComputeRequirements(**requirements),
+        base=data.get("base"),
+        startup_timeout_s=data.get("startup_timeout_s"),
+    )
+
+
+def _utc(value: datetime) -> datetime:
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _component(row: Any) -> InferenceComponent:
+    return InferenceComponent(
+        name=row["name"],
+        arn=row["arn"],
+        endpoint=row["endpoint"],
+        variant=row["variant"],
+        spec=_spec(dict(row["spec"])),
+        copies=int(row["copies"]),
+        status=ComponentStatus(row["status"]),
+        created=_utc(row["created"]),
+        modified=_utc(row["modified"]),
+        failure_reason=row["failure_reason"],
+        raw=dict(row["raw"] or {}),
+        generation=int(row["generation"] or 0),
+    )

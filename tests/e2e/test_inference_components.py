@@ -1,0 +1,365 @@
+"""Inference components end to end, driven by boto3: an endpoint config without a model,
+components packed onto its instances by their compute needs, invoked by name, scaled,
+updated, deleted, refused when they cannot fit, and kept across a gateway restart."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from tests.conftest import GatewayProcess, deploy, wait_in_service, wait_until
+
+ROLE = "arn:aws:iam::123456789012:role/x"
+
+
+def component_endpoint(
+    sm: Any, name: str, *, count: int = 2, managed: dict[str, Any] | None = None
+) -> None:
+    variant: dict[str, Any] = {
+        "VariantName": "AllTraffic",
+        "InstanceType": "ml.m5.large",  # 2 vCPUs, 8 GiB
+        "InitialInstanceCount": count,
+        "RoutingConfig": {"RoutingStrategy": "LEAST_OUTSTANDING_REQUESTS"},
+    }
+    if managed:
+        variant["ManagedInstanceScaling"] = managed
+    sm.create_endpoint_config(
+        EndpointConfigName=name, ExecutionRoleArn=ROLE, ProductionVariants=[variant]
+    )
+    sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
+    wait_in_service(sm, name)
+
+
+def create_component(
+    sm: Any,
+    name: str,
+    endpoint: str,
+    *,
+    copies: int,
+    cpus: float = 1,
+    memory_mb: int = 1024,
+    model: str | None = None,
+    container: dict[str, Any] | None = None,
+) -> None:
+    spec: dict[str, Any] = {
+        "ComputeResourceRequirements": {
+            "NumberOfCpuCoresRequired": cpus,
+            "MinMemoryRequiredInMb": memory_mb,
+        }
+    }
+    if model is not None:
+        spec["ModelName"] = model
+    if container is not None:
+        spec["Container"] = container
+    sm.create_inference_component(
+        InferenceComponentName=name,
+        EndpointName=endpoint,
+        VariantName="AllTraffic",
+        Specification=spec,
+        RuntimeConfig={"CopyCount": copies},
+    )
+
+
+def wait_component(sm: Any, name: str, status: str = "InService", timeout_s: float = 90) -> Any:
+    found: dict[str, Any] = {}
+
+    def reached() -> bool:
+        found.update(sm.describe_inference_component(InferenceComponentName=name))
+        if found["InferenceComponentStatus"] == "Failed" and status != "Failed":
+            raise AssertionError(f"{name} failed: {found.get('FailureReason')}")
+        return bool(found["InferenceComponentStatus"] == status)
+
+    wait_until(reached, f"inference component {name} {status}", timeout_s=timeout_s)
+    return found
+
+
+def env_of(rt: Any, endpoint: str, component: str) -> dict[str, str]:
+    out = rt.invoke_endpoint(
+        EndpointName=endpoint, InferenceComponentName=component, Body=b"{}",
+        ContentType="application/json",
+    )  # fmt: skip
+    assert out["InvokedProductionVariant"] == "AllTraffic"
+    env: dict[str, str] = json.loads(out["Body"].read())
+    return env
+
+
+@pytest.fixture
+def env_model(gateway: GatewayProcess, model_tarball: Callable[[str], str]) -> str:
+    gateway.sm.create_model(
+        ModelName="envdump",
+        PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": model_tarball("env_dump")},
+        ExecutionRoleArn=ROLE,
+    )
+    return model_tarball("env_dump")
+
+
+def test_components_are_packed_invoked_by_name_scaled_and_deleted(
+    gateway: GatewayProcess, env_model: str
+) -> None:
+    sm, rt = gateway.sm, gateway.rt
+    component_endpoint(sm, "shared")
+    # 2 instances of 2 cores: a (1 core, 2 copies) and b (1 core, 2 copies) fill them.
+    create_component(sm, "a", "shared", copies=2, memory_mb=2048, model="envdump")
+    create_component(
+        sm, "b", "shared", copies=2,
+        container={"Image": "shipyard/python", "ArtifactUrl": env_model,
+                   "Environment": {"WHO": "b"}},
+    )  # fmt: skip
+    a = wait_component(sm, "a")
+    wait_component(sm, "b")
+    assert a["RuntimeConfig"] == {"DesiredCopyCount": 2, "CurrentCopyCount": 2}
+    assert a["Specification"]["ModelName"] == "envdump"
+    assert a["EndpointName"] == "shared" and a["VariantName"] == "AllTraffic"
+    b = sm.describe_inference_component(InferenceComponentName="b")
+    assert b["Specification"]["Container"]["DeployedImage"]["SpecifiedImage"] == "shipyard/python"
+
+    assert env_of(rt, "shared", "a")["SHIPYARD_INFERENCE_COMPONENT"] == "a"
+    answered_b = env_of(rt, "shared", "b")
+    assert answered_b["SHIPYARD_INFERENCE_COMPONENT"] == "b" and answered_b["WHO"] == "b"
+    described = sm.describe_endpoint(EndpointName="shared")
+    assert described["ProductionVariants"][0]["CurrentInstanceCount"] == 2
+
+    with pytest.raises(ClientError) as missing:
+        rt.invoke_endpoint(EndpointName="shared", Body=b"{}")
+    assert missing.value.response["Error"]["Code"] == "ValidationError"
+    assert "Inference Component Name header is required" in str(missing.value)
+    with pytest.raises(ClientError) as unknown:
+        rt.invoke_endpoint(EndpointName="shared", InferenceComponentName="nope", Body=b"{}")
+    assert unknown.value.response["Error"]["Code"] == "ValidationError"
+    assert "nope" in str(unknown.value)
+
+    # No core is left: c stays Creating, and says why.
+    create_component(sm, "c", "shared", copies=1, model="envdump")
+    wait_until(
+        lambda: (
+            "Insufficient capacity"
+            in (
+                sm.describe_inference_component(InferenceComponentName="c").get("FailureReason")
+                or ""
+            )
+        ),
+        "c refused for capacity",
+    )
+    assert (
+        sm.describe_inference_component(InferenceComponentName="c")["InferenceComponentStatus"]
+        == "Creating"
+    )
+    # One copy of a fewer makes room for it.
+    sm.update_inference_component_runtime_config(
+        InferenceComponentName="a", DesiredRuntimeConfig={"CopyCount": 1}
+    )
+    assert wait_component(sm, "a")["RuntimeConfig"]["CurrentCopyCount"] == 1
+    wait_component(sm, "c")
+    assert env_of(rt, "shared", "c")["SHIPYARD_INFERENCE_COMPONENT"] == "c"
+
+    listed = sm.list_inference_components(EndpointNameEquals="shared", SortBy="Name",
+                                          SortOrder="Ascending")["InferenceComponents"]  # fmt: skip
+    assert [c["InferenceComponentName"] for c in listed] == ["a", "b", "c"]
+    assert (
+        sm.list_inference_components(NameContains="b")["InferenceComponents"][0][
+            "InferenceComponentName"
+        ]
+        == "b"
+    )
+
+    sm.delete_inference_component(InferenceComponentName="c")
+
+    def gone() -> bool:
+        try:
+            sm.describe_inference_component(InferenceComponentName="c")
+        except ClientError as exc:
+            assert "Could not find inference component" in str(exc)
+            return True
+        return False
+
+    wait_until(gone, "c deleted")
+    with pytest.raises(ClientError):
+        rt.invoke_endpoint(EndpointName="shared", InferenceComponentName="c", Body=b"{}")
+
+
+def test_a_new_specification_replaces_copies_without_failing_requests(
+    gateway: GatewayProcess, env_model: str
+) -> None:
+    sm, rt = gateway.sm, gateway.rt
+    component_endpoint(sm, "rolling", count=1)
+    container = {"Image": "shipyard/python", "ArtifactUrl": env_model,
+                 "Environment": {"VERSION": "1"}}  # fmt: skip
+    create_component(sm, "m", "rolling", copies=1, cpus=0.5, container=container)
+    wait_component(sm, "m")
+    errors: list[Exception] = []
+    versions: set[str] = set()
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            try:
+                versions.add(env_of(rt, "rolling", "m")["VERSION"])
+            except Exception as exc:  # every failure counts
+                errors.append(exc)
+
+    worker = threading.Thread(target=load)
+    worker.start()
+    try:
+        sm.update_inference_component(
+            InferenceComponentName="m",
+            Specification={
+                "Container": {**container, "Environment": {"VERSION": "2"}},
+                "ComputeResourceRequirements": {
+                    "NumberOfCpuCoresRequired": 0.5, "MinMemoryRequiredInMb": 1024,
+                },
+            },
+        )  # fmt: skip
+        assert (
+            sm.describe_inference_component(InferenceComponentName="m")["InferenceComponentStatus"]
+            == "Updating"
+        )
+        wait_component(sm, "m")
+        wait_until(lambda: "2" in versions, "the new specification answering")
+    finally:
+        stop.set()
+        worker.join(timeout=30)
+    assert errors == []
+    assert env_of(rt, "rolling", "m")["VERSION"] == "2"
+
+
+def test_managed_instance_scaling_grows_and_shrinks_the_variant(
+    gateway: GatewayProcess, env_model: str
+) -> None:
+    sm = gateway.sm
+    component_endpoint(
+        sm, "elastic", count=1,
+        managed={"Status": "ENABLED", "MinInstanceCount": 1, "MaxInstanceCount": 3},
+    )  # fmt: skip
+    create_component(sm, "big", "elastic", copies=2, cpus=2, model="envdump")
+    wait_component(sm, "big")
+
+    def instances() -> int:
+        described = sm.describe_endpoint(EndpointName="elastic")
+        return int(described["ProductionVariants"][0]["CurrentInstanceCount"])
+
+    assert instances() == 2  # one 2-core copy per instance
+    sm.update_inference_component_runtime_config(
+        InferenceComponentName="big", DesiredRuntimeConfig={"CopyCount": 1}
+    )
+    wait_until(lambda: instances() == 1, "the empty instance released")
+    # Past MaxInstanceCount: 4 copies of 2 cores need 4 instances, 3 may be had.
+    sm.update_inference_component_runtime_config(
+        InferenceComponentName="big", DesiredRuntimeConfig={"CopyCount": 4}
+    )
+    wait_until(
+        lambda: "MaxInstanceCount (3)"
+        in (sm.describe_inference_component(InferenceComponentName="big").get("FailureReason")
+            or ""),
+        "the fourth copy refused",
+    )  # fmt: skip
+    assert instances() == 3
+    assert (
+        sm.describe_inference_component(InferenceComponentName="big")["RuntimeConfig"][
+            "CurrentCopyCount"
+        ]
+        == 3
+    )
+
+
+def test_bad_inputs_are_refused_with_validation_errors(
+    gateway: GatewayProcess, env_model: str, model_tarball: Callable[[str], str]
+) -> None:
+    sm, rt = gateway.sm, gateway.rt
+    deploy(sm, "plain", model_tarball("echo"))
+    component_endpoint(sm, "hosts", count=1)
+
+    def refused(call: Callable[[], object], words: str) -> None:
+        with pytest.raises(ClientError) as error:
+            call()
+        assert error.value.response["Error"]["Code"] == "ValidationException", error.value
+        assert words in str(error.value), error.value
+
+    refused(
+        lambda: create_component(sm, "x", "plain", copies=1, model="envdump"),
+        "inference components need an endpoint whose production variants name no ModelName",
+    )
+    refused(
+        lambda: create_component(sm, "x", "hosts", copies=1, cpus=4, model="envdump"),
+        "an instance of ml.m5.large has 2 cores",
+    )
+    refused(
+        lambda: create_component(sm, "x", "hosts", copies=1, model="missing"),
+        'Could not find model "arn:aws:sagemaker:',
+    )
+    refused(
+        lambda: create_component(sm, "x", "nowhere", copies=1, model="envdump"),
+        "Could not find endpoint",
+    )
+    refused(
+        lambda: sm.create_endpoint_config(
+            EndpointConfigName="norole",
+            ProductionVariants=[
+                {"VariantName": "v", "InstanceType": "ml.m5.large", "InitialInstanceCount": 1}
+            ],
+        ),  # fmt: skip
+        "ExecutionRoleArn is required",
+    )
+    refused(
+        lambda: sm.create_endpoint_config(
+            EndpointConfigName="mixed",
+            ExecutionRoleArn=ROLE,
+            ProductionVariants=[
+                {"VariantName": "v", "InstanceType": "ml.m5.large", "InitialInstanceCount": 1},
+                {
+                    "VariantName": "w",
+                    "ModelName": "envdump",
+                    "InstanceType": "ml.m5.large",
+                    "InitialInstanceCount": 1,
+                },
+            ],
+        ),  # fmt: skip
+        "must leave out ModelName",
+    )
+    refused(
+        lambda: sm.update_inference_component_runtime_config(
+            InferenceComponentName="ghost", DesiredRuntimeConfig={"CopyCount": 1}
+        ),
+        "Could not find inference component",
+    )
+    with pytest.raises(ClientError) as not_hosting:
+        rt.invoke_endpoint(EndpointName="plain", InferenceComponentName="a", Body=b"x")
+    assert not_hosting.value.response["Error"]["Code"] == "ValidationError"
+    assert "not allowed for endpoints" in str(not_hosting.value)
+
+
+def test_a_restarted_gateway_brings_components_back(
+    gateway_factory: Callable[..., GatewayProcess], model_tarball: Callable[[str], str]
+) -> None:
+    first = gateway_factory()
+    home = first.home
+    first.sm.create_model(
+        ModelName="envdump",
+        PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": model_tarball("env_dump")},
+        ExecutionRoleArn=ROLE,
+    )
+    component_endpoint(first.sm, "kept", count=1)
+    create_component(first.sm, "k", "kept", copies=2, cpus=0.5, model="envdump")
+    wait_component(first.sm, "k")
+    first.stop()
+
+    second = gateway_factory(home=home)
+    started = time.monotonic()
+    k = wait_component(second.sm, "k")
+    wait_until(
+        lambda: (
+            second.sm.describe_inference_component(InferenceComponentName="k")["RuntimeConfig"][
+                "CurrentCopyCount"
+            ]
+            == 2
+        ),
+        "both copies back",
+    )
+    assert k["RuntimeConfig"]["DesiredCopyCount"] == 2
+    assert env_of(second.rt, "kept", "k")["SHIPYARD_INFERENCE_COMPONENT"] == "k"
+    assert time.monotonic() - started < 90
