@@ -415,6 +415,14 @@ def _check_component_variants(variants: Sequence[VariantSpec], raw: dict[str, ob
             "An endpoint configuration for inference components cannot have "
             "ShadowProductionVariants."
         )
+    if raw.get("AsyncInferenceConfig"):
+        # InvokeEndpointAsync names no component in botocore's model: no request to such
+        # an endpoint could say which component it is for.
+        raise InvalidParameter(
+            "An endpoint configuration for inference components cannot have an "
+            "AsyncInferenceConfig on this gateway: InvokeEndpointAsync names no "
+            "InferenceComponentName."
+        )
     if not raw.get("ExecutionRoleArn"):
         raise InvalidParameter(
             "ExecutionRoleArn is required for an endpoint configuration whose production "

@@ -28,6 +28,7 @@ from shipyard.gateway.auth import admitted, resource_arn
 from shipyard.gateway.errors import runtime_error_response
 from shipyard.gateway.http_limits import on_disconnect
 from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT, check_header
+from shipyard.routing import sessions
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.router import Call
 
@@ -128,6 +129,8 @@ class RuntimeDoor:
         attributes = response.header(_CUSTOM_ATTRIBUTES)
         if attributes is not None:
             headers.append((b"x-amzn-sagemaker-custom-attributes", attributes))
+        if call.session is not None:
+            headers += session_headers(call, response.header(sessions.CLOSED_HEADER))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": response.body})
         return 200
@@ -161,3 +164,14 @@ class RuntimeDoor:
         )
         exc.body_left = body_left
         return exc
+
+
+def session_headers(call: Call, closed: bytes | None) -> list[tuple[bytes, bytes]]:
+    """The session headers of an answer: the session the call opened, the one the model
+    closed (routing/sessions.py)."""
+    out = []
+    if call.opened is not None:
+        out.append((sessions.NEW_HEADER, call.opened))
+    if closed:
+        out.append((sessions.CLOSED_HEADER, closed))
+    return out

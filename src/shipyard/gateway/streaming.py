@@ -42,8 +42,9 @@ from shipyard.errors import (
 )
 from shipyard.gateway import bodies, eventstream
 from shipyard.gateway.errors import runtime_error_response
-from shipyard.gateway.runtime import RuntimeDoor
+from shipyard.gateway.runtime import RuntimeDoor, session_headers
 from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT_STREAM, check_header
+from shipyard.routing import sessions
 from shipyard.routing.client import Response
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.router import Call, Exchange
@@ -128,12 +129,14 @@ class ResponseStreamDoor:
         async with self.invocations.stream(
             route, call, head_timeout_s=self.router.timeout_s
         ) as exchange:
-            await self._relay(exchange, client, send, name)
+            await self._relay(exchange, call, client, send, name)
             model_s = min(exchange.head_s + client.streamed_s, time.perf_counter() - started)
         self.invocations.latency(call, model_s)
         return 200
 
-    async def _relay(self, exchange: Exchange, client: _Client, send: Send, name: str) -> None:
+    async def _relay(
+        self, exchange: Exchange, call: Call, client: _Client, send: Send, name: str
+    ) -> None:
         """One event per chunk, then the end or a ModelStreamError.
 
         The head goes out with the first chunk, not before: a stream that fails before
@@ -152,7 +155,7 @@ class ResponseStreamDoor:
                     raise chunk.model_error(name, self.invocations)
                 break
             if not client.answered:
-                await send(_head(exchange))
+                await send(_head(exchange, call))
                 client.answered = True
             if chunk is None:
                 break
@@ -298,7 +301,7 @@ def _request_headers(
     return forward, target, component, content_length
 
 
-def _head(exchange: Exchange) -> dict[str, Any]:
+def _head(exchange: Exchange, call: Call) -> dict[str, Any]:
     response = exchange.response
     headers = [
         (b"content-type", eventstream.MEDIA_TYPE),
@@ -311,6 +314,7 @@ def _head(exchange: Exchange) -> dict[str, Any]:
     attributes = response.header(_CUSTOM_ATTRIBUTES)
     if attributes is not None:
         headers.append((b"x-amzn-sagemaker-custom-attributes", attributes))
+    headers += session_headers(call, response.header(sessions.CLOSED_HEADER))
     return {"type": "http.response.start", "status": 200, "headers": headers}
 
 

@@ -33,6 +33,7 @@ from shipyard.routing.client import Response, StreamedResponse
 from shipyard.routing.multimodel import refusal, target_model
 from shipyard.routing.pipeline import FAILED_CONTAINER
 from shipyard.routing.router import Call, Exchange, Router
+from shipyard.routing.sessions import CLOSED_HEADER, NEW_SESSION, REQUEST_HEADER, Sessions
 from shipyard.routing.shadow import ShadowCopier
 from shipyard.routing.table import EndpointRoute, VariantRoute
 
@@ -48,18 +49,20 @@ class Invocations:
     shadows, measured and captured the same way, whichever door it came through.
     """
 
-    __slots__ = ("router", "shadows", "region", "account_id")
+    __slots__ = ("router", "shadows", "sessions", "region", "account_id")
 
     def __init__(
         self,
         router: Router,
         *,
         shadows: ShadowCopier | None = None,
+        sessions: Sessions | None = None,
         region: str = "us-east-1",
         account_id: str = "000000000000",
     ) -> None:
         self.router = router
         self.shadows = shadows
+        self.sessions = sessions or Sessions()
         self.region = region
         self.account_id = account_id
 
@@ -82,15 +85,46 @@ class Invocations:
     def pick(self, route: EndpointRoute, call: Call) -> VariantRoute:
         """Choose the call's variant (``call.target``, or by weight) and, for a multi-model
         variant, read its TargetModel; both are kept on the call."""
-        variant = (
-            self.component(route, call.component)
-            if route.hosts_components or call.component is not None
-            else self.router.variant_for(route, call.target)
-        )
-        call.variant = variant
+        variant = call.variant = self._variant(route, call)
         if variant.multi_model is not None and call.model is None:
             call.model = target_model(route.name, call.headers)
         return variant
+
+    def _variant(self, route: EndpointRoute, call: Call) -> VariantRoute:
+        if route.hosts_components or call.component is not None:
+            return self.component(route, call.component)
+        return self.router.variant_for(route, call.target)
+
+    def _session(self, route: EndpointRoute, call: Call) -> bool:
+        """Read the call's SessionId (routing/sessions.py): pin the call to its session's
+        instance, or, for NEW_SESSION, give the model the new session's id. True when
+        the call opens a session."""
+        found = next(
+            (n for n, (key, _) in enumerate(call.headers) if key.lower() == REQUEST_HEADER),
+            None,
+        )
+        if found is None:
+            return False
+        key, value = call.headers[found]
+        asked = value.decode()
+        if asked == NEW_SESSION:
+            call.session = self.sessions.new_id()
+            call.headers[found] = (key, call.session.encode())
+            return True
+        call.session = asked
+        call.pinned = self.sessions.instance_for(route.name, asked)
+        return False
+
+    def _settle_session(
+        self, route: EndpointRoute, call: Call, opening: bool, closed: bytes | None
+    ) -> None:
+        """After a good answer: the session the call opened is recorded on the instance
+        that gave it; one the model closed is forgotten."""
+        if opening and call.session is not None and call.instance is not None:
+            session = self.sessions.open(call.session, route.name, call.instance.instance_id)
+            call.opened = session.header(call.session)
+        if closed:
+            self.sessions.close(closed.decode(errors="replace").strip())
 
     @staticmethod
     def component(route: EndpointRoute, name: str | None) -> VariantRoute:
@@ -126,6 +160,7 @@ class Invocations:
             instance's platform error, for an error answer.
         """
         variant = call.variant or self.pick(route, call)
+        opening = self._session(route, call)
         shadows = self.shadows
         copies = (
             shadows.pick(route, variant)
@@ -153,6 +188,8 @@ class Invocations:
                     raise failure
             raise self.model_error(route.name, response)
         self.latency(call, model_s)
+        if call.session is not None:
+            self._settle_session(route, call, opening, response.header(CLOSED_HEADER))
         capture = variant.capture
         if capture is not None and isinstance(call.body, bytes):
             # One random draw; only sampled records are buffered.
@@ -177,7 +214,8 @@ class Invocations:
         """
         variant = call.variant
         if variant is None:
-            variant = call.variant = self.router.variant_for(route, call.target)
+            variant = call.variant = self._variant(route, call)
+        opening = self._session(route, call)
         if variant.multi_model is not None:
             raise RuntimeValidationError(
                 f"Endpoint {route.name} is a multi-model endpoint: a streamed invocation "
@@ -204,6 +242,9 @@ class Invocations:
                 if exchange.response.status >= 300:
                     whole = await _whole(exchange.response, self.router.timeout_s)
                     raise self.model_error(route.name, whole)
+                if call.session is not None:
+                    closed = exchange.response.header(CLOSED_HEADER)
+                    self._settle_session(route, call, opening, closed)
                 yield exchange
         finally:
             if copies:

@@ -41,6 +41,7 @@ from shipyard.errors import (
     ServiceUnavailable,
     UpstreamError,
 )
+from shipyard.routing import sessions
 from shipyard.routing.client import Response, StreamedResponse
 from shipyard.routing.deadlines import Deadlines
 from shipyard.routing.instance import Instance
@@ -79,6 +80,14 @@ class Call:
     started: float = field(default_factory=time.perf_counter)
     component: str | None = None
     """The InferenceComponentName the client named, if any."""
+    session: str | None = None
+    """The SessionId the client sent (routing/sessions.py), if any."""
+    pinned: str | None = None
+    """The instance the call must go to (its session's), if any."""
+    instance: Instance | None = None
+    """The instance the call was sent to, once chosen."""
+    opened: bytes | None = None
+    """Set when the call opened a session: the New-Session-Id header's value."""
 
 
 @dataclass(slots=True)
@@ -122,20 +131,20 @@ class Router:
         old = self.routes.get(route.name)
         self.routes[route.name] = route
         if old is not None:
-            for variant in old.variants:
-                successor = route.by_name.get(variant.name)
+            for variant in (*old.variants, *old.components.values()):
+                successor = route.successor(variant)
                 if successor is not None and successor is not variant:
                     successor.waiters.extend(variant.waiters)
                     variant.waiters.clear()
                 variant.wake_all()
-            for variant in route.variants:
+            for variant in (*route.variants, *route.components.values()):
                 variant.wake_all()
         return old
 
     def withdraw(self, name: str) -> EndpointRoute | None:
         old = self.routes.pop(name, None)
         if old is not None:
-            for variant in old.variants:
+            for variant in (*old.variants, *old.components.values()):
                 variant.wake_all()
         return old
 
@@ -303,6 +312,7 @@ class Router:
             instance = self._choose(variant, call, tried, turn=turn)
             if instance is not None:
                 instance.in_flight += 1
+                call.instance = instance
                 return variant, instance
             # Woken but beaten to the instance: keep our place at the front.
             await self._wait(variant, front=turn, watch_gone=call.watch_gone)
@@ -316,7 +326,7 @@ class Router:
         # (empty) queue would be lost, leaving them asleep beside an idle instance.
         current = self.routes.get(route.name)
         if current is not None and current is not route:
-            variant = current.by_name.get(variant.name, variant)
+            variant = current.successor(variant) or variant
         variant.release()
 
     @staticmethod
@@ -366,9 +376,13 @@ class Router:
             raise ServiceUnavailable(f"Endpoint {route.name} is being deleted.")
         if current is route:
             return variant
-        successor = current.by_name.get(variant.name)
+        successor = current.successor(variant)
         if successor is not None:
             return successor
+        if variant.component is not None:
+            raise ServiceUnavailable(
+                f"Inference component {variant.component} of {route.name} is gone."
+            )
         if variant.shadow:
             # A copy must never reach a production variant in its shadow's place.
             raise ServiceUnavailable(f"Shadow variant {variant.name} of {route.name} is gone.")
@@ -379,6 +393,11 @@ class Router:
     ) -> Instance | None:
         """An instance for the request, or None to wait in the variant's queue."""
         candidates = variant.instances
+        if call.pinned is not None:
+            # A session's requests go to its instance, or nowhere (sessions.py).
+            candidates = [i for i in candidates if i.instance_id == call.pinned]
+            if not candidates or tried:
+                raise sessions.gone(call.session or "")
         if tried:
             candidates = [i for i in candidates if i not in tried]
         if turn:

@@ -176,6 +176,13 @@ class EndpointRoute:
     def __repr__(self) -> str:
         return f"EndpointRoute({self.name!r}, variants={[v.name for v in self.variants]})"
 
+    def successor(self, variant: VariantRoute) -> VariantRoute | None:
+        """What in this table stands for ``variant`` of an earlier one: the variant of
+        its name, or the copies of its inference component."""
+        if variant.component is not None:
+            return self.components.get(variant.component)
+        return self.by_name.get(variant.name)
+
     def pick_variant(self, rng: random.Random) -> VariantRoute:
         if len(self._production) == 1:
             return self._production[0]

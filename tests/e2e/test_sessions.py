@@ -1,0 +1,128 @@
+"""Stateful sessions (SessionId) end to end with boto3: opened on the instance chosen
+for the request, followed there, closed by the model, refused once gone, on plain
+variants, on inference components and on the response stream."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from tests.conftest import MODELS, GatewayProcess, deploy, wait_until
+from tests.e2e.test_inference_components import component_endpoint, wait_component
+
+SERVER = MODELS / "sessions" / "server.py"
+IMAGE = f"cmd:python {SERVER}"
+
+
+def ask(rt: Any, endpoint: str, body: bytes = b"hi", **extra: Any) -> tuple[dict[str, Any], Any]:
+    out = rt.invoke_endpoint(EndpointName=endpoint, Body=body, **extra)
+    return json.loads(out["Body"].read()), out
+
+
+def test_a_session_stays_on_its_instance_until_the_model_closes_it(
+    gateway: GatewayProcess,
+) -> None:
+    sm, rt = gateway.sm, gateway.rt
+    deploy(sm, "chat", (MODELS / "sessions").as_uri(), image=IMAGE, count=3,
+           strategy="LEAST_OUTSTANDING_REQUESTS")  # fmt: skip
+
+    first, out = ask(rt, "chat", SessionId="NEW_SESSION")
+    header = out["NewSessionId"]
+    session, expires = header.split("; Expires=")
+    assert first["session"] == session and first["turn"] == 1  # the model was told
+    assert expires.endswith("Z")
+    followed = [ask(rt, "chat", SessionId=session)[0] for _ in range(6)]
+    assert {f["pid"] for f in followed} == {first["pid"]}
+    assert [f["turn"] for f in followed] == [2, 3, 4, 5, 6, 7]
+
+    # Without a session, requests spread over the instances as before.
+    assert len({ask(rt, "chat")[0]["pid"] for _ in range(30)}) > 1
+
+    closing, out = ask(rt, "chat", b"close", SessionId=session)
+    assert out["ClosedSessionId"] == session and closing["turn"] == 8
+    with pytest.raises(ClientError) as gone:
+        ask(rt, "chat", SessionId=session)
+    assert gone.value.response["Error"]["Code"] == "ValidationError"
+    assert f"Session {session} is not valid" in str(gone.value)
+    with pytest.raises(ClientError) as unknown:
+        ask(rt, "chat", SessionId="never-opened")
+    assert unknown.value.response["Error"]["Code"] == "ValidationError"
+
+
+def test_a_session_ends_with_its_instance(gateway: GatewayProcess) -> None:
+    sm, rt = gateway.sm, gateway.rt
+    deploy(sm, "short", (MODELS / "sessions").as_uri(), image=IMAGE, count=2)
+    # Sessions on both instances, so one of them loses its instance below.
+    opened: dict[int, str] = {}
+    while len(opened) < 2:
+        answer, out = ask(rt, "short", SessionId="NEW_SESSION")
+        opened.setdefault(answer["pid"], out["NewSessionId"].split(";")[0])
+    sm.update_endpoint_weights_and_capacities(
+        EndpointName="short",
+        DesiredWeightsAndCapacities=[{"VariantName": "v1", "DesiredInstanceCount": 1}],
+    )
+    wait_until(
+        lambda: (
+            sm.describe_endpoint(EndpointName="short")["ProductionVariants"][0][
+                "CurrentInstanceCount"
+            ]
+            == 1
+        ),
+        "one instance left",
+    )
+    left = ask(rt, "short")[0]["pid"]
+    assert ask(rt, "short", SessionId=opened[left])[0]["pid"] == left
+    (lost,) = [session for pid, session in opened.items() if pid != left]
+    with pytest.raises(ClientError) as gone:
+        ask(rt, "short", SessionId=lost)
+    assert gone.value.response["Error"]["Code"] == "ValidationError"
+    assert "is not valid" in str(gone.value)
+
+
+def test_sessions_on_components_and_on_the_response_stream(gateway: GatewayProcess) -> None:
+    sm, rt = gateway.sm, gateway.rt
+    component_endpoint(sm, "talk", count=1)
+    sm.create_inference_component(
+        InferenceComponentName="talker",
+        EndpointName="talk",
+        VariantName="AllTraffic",
+        Specification={
+            "Container": {"Image": IMAGE, "ArtifactUrl": (MODELS / "sessions").as_uri()},
+            "ComputeResourceRequirements": {
+                "NumberOfCpuCoresRequired": 0.5,
+                "MinMemoryRequiredInMb": 512,
+            },
+        },  # fmt: skip
+        RuntimeConfig={"CopyCount": 2},
+    )
+    wait_component(sm, "talker")
+    first, out = ask(rt, "talk", SessionId="NEW_SESSION", InferenceComponentName="talker")
+    session = out["NewSessionId"].split(";")[0]
+    pids = {
+        ask(rt, "talk", SessionId=session, InferenceComponentName="talker")[0]["pid"]
+        for _ in range(5)
+    }
+    assert pids == {first["pid"]}
+
+    streamed = rt.invoke_endpoint_with_response_stream(
+        EndpointName="talk", Body=b"hi", SessionId=session, InferenceComponentName="talker"
+    )
+    body = b"".join(e["PayloadPart"]["Bytes"] for e in streamed["Body"] if "PayloadPart" in e)
+    answer = json.loads(body)
+    assert answer["pid"] == first["pid"] and answer["session"] == session
+    opened = rt.invoke_endpoint_with_response_stream(
+        EndpointName="talk", Body=b"hi", SessionId="NEW_SESSION", InferenceComponentName="talker"
+    )
+    header = opened["ResponseMetadata"]["HTTPHeaders"]["x-amzn-sagemaker-new-session-id"]
+    list(opened["Body"])
+    new_session = header.split(";")[0]
+    wait_until(
+        lambda: (
+            ask(rt, "talk", SessionId=new_session, InferenceComponentName="talker")[0]["session"]
+            == new_session
+        ),
+        "the streamed session followed",
+    )
