@@ -418,6 +418,15 @@ class AsyncRequest:
 
 SAGEMAKER_NAMESPACE = "sagemaker"
 VARIANT_INSTANCES = "sagemaker:variant:DesiredInstanceCount"
+COMPONENT_COPIES = "sagemaker:inference-component:DesiredCopyCount"
+
+
+def dimension_of(resource_id: str) -> str:
+    """The ScalableDimension a ResourceId's form goes with: an inference component's
+    (``inference-component/<name>``) copies, else a variant's instances."""
+    return COMPONENT_COPIES if resource_id.startswith("inference-component/") else VARIANT_INSTANCES
+
+
 """The one ScalableDimension shipyard scales (DESIGN 3.1)."""
 
 
@@ -437,6 +446,14 @@ class ScalableTarget:
     suspended: dict[str, bool] = field(default_factory=dict)
     """SuspendedState: DynamicScalingInSuspended, DynamicScalingOutSuspended,
     ScheduledScalingSuspended."""
+    component: str | None = None
+    """For ``inference-component/<name>`` (DesiredCopyCount): the component's name;
+    ``variant`` is then that name too (its metrics are keyed by it) and ``endpoint`` its
+    endpoint, once known (the store leaves it empty)."""
+
+    @property
+    def dimension(self) -> str:
+        return dimension_of(self.resource_id)
 
 
 @dataclass(frozen=True, slots=True)

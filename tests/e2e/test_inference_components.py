@@ -363,3 +363,97 @@ def test_a_restarted_gateway_brings_components_back(
     assert k["RuntimeConfig"]["DesiredCopyCount"] == 2
     assert env_of(second.rt, "kept", "k")["SHIPYARD_INFERENCE_COMPONENT"] == "k"
     assert time.monotonic() - started < 90
+
+
+COPIES = "sagemaker:inference-component:DesiredCopyCount"
+
+
+def test_copies_follow_a_target_tracking_policy_without_failing_a_request(
+    gateway_factory: Callable[..., GatewayProcess], model_tarball: Callable[[str], str]
+) -> None:
+    gw = gateway_factory(
+        extra_env={"SHIPYARD_AUTOSCALING_PERIOD_S": "0.3", "SHIPYARD_AUTOSCALING_WINDOW_S": "3"}
+    )
+    sm, rt = gw.sm, gw.rt
+    aas = gw.client("application-autoscaling")
+    sm.create_model(
+        ModelName="sleepy",
+        PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": model_tarball("sleepy")},
+        ExecutionRoleArn=ROLE,
+    )
+    component_endpoint(sm, "tracked", count=1)
+    create_component(sm, "auto", "tracked", copies=1, cpus=0.25, memory_mb=256, model="sleepy")
+    wait_component(sm, "auto")
+    resource = "inference-component/auto"
+    with pytest.raises(ClientError) as mismatched:
+        aas.register_scalable_target(
+            ServiceNamespace="sagemaker", ResourceId=resource, MinCapacity=1, MaxCapacity=3,
+            ScalableDimension="sagemaker:variant:DesiredInstanceCount",
+        )  # fmt: skip
+    assert "does not go with resource ID" in str(mismatched.value)
+    with pytest.raises(ClientError) as unknown:
+        aas.register_scalable_target(
+            ServiceNamespace="sagemaker", ResourceId="inference-component/nope",
+            ScalableDimension=COPIES, MinCapacity=1, MaxCapacity=3,
+        )  # fmt: skip
+    assert 'could not find inference component "nope"' in str(unknown.value)
+    aas.register_scalable_target(
+        ServiceNamespace="sagemaker", ResourceId=resource, ScalableDimension=COPIES,
+        MinCapacity=1, MaxCapacity=3,
+    )  # fmt: skip
+    with pytest.raises(ClientError) as wrong_metric:
+        aas.put_scaling_policy(
+            PolicyName="p", ServiceNamespace="sagemaker", ResourceId=resource,
+            ScalableDimension=COPIES, PolicyType="TargetTrackingScaling",
+            TargetTrackingScalingPolicyConfiguration={"TargetValue": 1.0,
+                "PredefinedMetricSpecification": {
+                    "PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"}},
+        )  # fmt: skip
+    assert "not supported for sagemaker:inference-component:DesiredCopyCount" in str(
+        wrong_metric.value
+    )
+    aas.put_scaling_policy(
+        PolicyName="p", ServiceNamespace="sagemaker", ResourceId=resource,
+        ScalableDimension=COPIES, PolicyType="TargetTrackingScaling",
+        TargetTrackingScalingPolicyConfiguration={
+            "TargetValue": 1.0, "ScaleOutCooldown": 0, "ScaleInCooldown": 0,
+            "PredefinedMetricSpecification": {"PredefinedMetricType":
+                "SageMakerInferenceComponentConcurrentRequestsPerCopyHighResolution"}},
+    )  # fmt: skip
+
+    def copies() -> int:
+        described = sm.describe_inference_component(InferenceComponentName="auto")
+        return int(described["RuntimeConfig"]["DesiredCopyCount"])
+
+    errors: list[Exception] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                rt.invoke_endpoint(
+                    EndpointName="tracked", InferenceComponentName="auto",
+                    Body=json.dumps({"sleep": 0.2}), ContentType="application/json",
+                )  # fmt: skip
+            except Exception as exc:  # every failure counts
+                errors.append(exc)
+
+    clients = [threading.Thread(target=client) for _ in range(3)]
+    for thread in clients:
+        thread.start()
+    try:
+        wait_until(lambda: copies() == 3, "three copies under three clients", timeout_s=60)
+        wait_component(sm, "auto")
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(timeout=30)
+    assert errors == []
+    wait_until(lambda: copies() == 1, "back to one copy once idle", timeout_s=60)
+    described = aas.describe_scaling_activities(ServiceNamespace="sagemaker", ResourceId=resource)
+    activities = described["ScalingActivities"]
+    assert any(
+        a["StatusCode"] == "Successful" and "desired copy count to 3" in a["Description"]
+        for a in activities
+    ), activities
+    assert all(a["ScalableDimension"] == COPIES for a in activities)

@@ -47,6 +47,7 @@ def build(
         on_event=core.on_event,
         acts_on=endpoints.reconciler.leases.holds,
         wakeup=wakeup,
+        components=endpoints.components,
     )
     service = ScalingService(
         store=store,
@@ -54,5 +55,6 @@ def build(
         wake=autoscaler.wake,
         region=settings.region,
         account_id=settings.account_id,
+        components=endpoints.components,
     )
     return Scaling(service=service, autoscaler=autoscaler)

@@ -36,7 +36,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -47,15 +47,18 @@ from shipyard.autoscaling.scaling import (
     metric_endpoint,
 )
 from shipyard.background import Wakeup
+from shipyard.control.components import ComponentService
 from shipyard.control.endpoints import EndpointService
 from shipyard.errors import ShipyardError
 from shipyard.events.kinds import scaling_activity_event
 from shipyard.metrics import Metrics
 from shipyard.records import (
     ActivityStatus,
+    ComponentStatus,
     Endpoint,
     EndpointStatus,
     Event,
+    InferenceComponent,
     ScalableTarget,
     ScalingActivity,
     ScalingPolicy,
@@ -68,7 +71,13 @@ log = logging.getLogger(__name__)
 
 
 PER_INSTANCE = frozenset(
-    {"InvocationsPerInstance", "ConcurrentRequestsPerModel", "ApproximateBacklogSizePerInstance"}
+    {
+        "InvocationsPerInstance",
+        "ConcurrentRequestsPerModel",
+        "ApproximateBacklogSizePerInstance",
+        "InvocationsPerCopy",
+        "ConcurrentRequestsPerCopy",
+    }
 )
 
 
@@ -148,13 +157,13 @@ class MetricReader:
     def value(self, metric: str, endpoint: str, variant: str) -> float | None:
         """``metric``'s value for the variant (per instance where the name says so)."""
         instances = max(self.healthy(endpoint).get(variant, 0), 1)
-        if metric in ("InvocationsPerInstance", "Invocations"):
+        if metric in ("InvocationsPerInstance", "InvocationsPerCopy", "Invocations"):
             series = self._invocations.get((endpoint, variant))
             rate = series.per_minute() if series is not None else None
             if rate is None:
                 return None
-            return rate / instances if metric == "InvocationsPerInstance" else rate
-        if metric == "ConcurrentRequestsPerModel":
+            return rate if metric == "Invocations" else rate / instances
+        if metric in ("ConcurrentRequestsPerModel", "ConcurrentRequestsPerCopy"):
             gauge = self._in_flight.get((endpoint, variant))
             level = gauge.mean() if gauge is not None else None
             return None if level is None else level / instances
@@ -202,8 +211,11 @@ class Autoscaler:
         on_event: Callable[[], None] = lambda: None,
         acts_on: Callable[[str], bool] = lambda endpoint: True,
         wakeup: Wakeup | None = None,
+        components: ComponentService | None = None,
     ) -> None:
         self.store = store
+        self.components = components
+        """Inference components, whose DesiredCopyCount targets are scaled like variants."""
         self.acts_on = acts_on
         """Whether this gateway scales an endpoint: the one holding its fleet lease does,
         so gateways sharing the store never step one target twice."""
@@ -261,9 +273,16 @@ class Autoscaler:
         the event loop, where the fleets and the samples live.
         """
         endpoints, targets, policies = await asyncio.to_thread(self._read)
-        await asyncio.to_thread(self._finish_steps, endpoints)
-        self.reader.forget((e.name, v.name) for e in endpoints.values() for v in e.variants)
+        components = await asyncio.to_thread(self._read_components)
+        await asyncio.to_thread(self._finish_steps, endpoints, components)
+        self.reader.forget(
+            [(e.name, v.name) for e in endpoints.values() for v in e.variants]
+            + [(c.endpoint, c.name) for c in components.values()]
+        )
         for target in targets:
+            if target.component is not None:
+                await self._evaluate_copies(target, components, policies)
+                continue
             endpoint = endpoints.get(target.endpoint)
             if endpoint is None or target.resource_id in self._open:
                 continue
@@ -279,6 +298,32 @@ class Autoscaler:
             if wanted is not None and wanted != current:
                 await asyncio.to_thread(self._step, target, current, wanted, cause)
 
+    def _read_components(self) -> dict[str, InferenceComponent]:
+        if self.components is None:
+            return {}
+        return {c.name: c for c in self.components.list()}
+
+    async def _evaluate_copies(
+        self,
+        target: ScalableTarget,
+        components: dict[str, InferenceComponent],
+        policies: dict[str, list[ScalingPolicy]],
+    ) -> None:
+        """One pass for an inference component's DesiredCopyCount: as for a variant's
+        instances, with its copies in their place."""
+        component = components.get(target.component or "")
+        if component is None or target.resource_id in self._open:
+            return
+        if not self.acts_on(component.endpoint):
+            return
+        if component.status is not ComponentStatus.IN_SERVICE:
+            return  # a step or an update is under way; look again next pass
+        target = replace(target, endpoint=component.endpoint, variant=component.name)
+        current = component.copies
+        wanted, cause = self._wanted(target, current, policies.get(target.resource_id, []))
+        if wanted is not None and wanted != current:
+            await asyncio.to_thread(self._step, target, current, wanted, cause)
+
     def _read(
         self,
     ) -> tuple[dict[str, Endpoint], list[ScalableTarget], dict[str, list[ScalingPolicy]]]:
@@ -287,10 +332,11 @@ class Autoscaler:
 
     def _step(self, target: ScalableTarget, current: int, wanted: int, cause: str) -> None:
         stamp = now()
+        what = "copy count" if target.component is not None else "instance count"
         activity = ScalingActivity(
             activity_id=str(uuid.uuid4()),
             resource_id=target.resource_id,
-            description=f"Setting desired instance count to {wanted}.",
+            description=f"Setting desired {what} to {wanted}.",
             cause=f"At {stamp.isoformat(timespec='seconds')} {cause}",
             started=stamp,
             status=ActivityStatus.IN_PROGRESS,
@@ -298,18 +344,25 @@ class Autoscaler:
             to_count=wanted,
         )
         try:
-            self.endpoints.update_weights_and_capacities(
-                target.endpoint,
-                {target.variant: (None, wanted)},
-                also=lambda conn: self.store.start_activity(conn, activity),
-            )
+            if target.component is not None and self.components is not None:
+                self.components.update_copies(
+                    target.component,
+                    wanted,
+                    also=lambda conn: self.store.start_activity(conn, activity),
+                )
+            else:
+                self.endpoints.update_weights_and_capacities(
+                    target.endpoint,
+                    {target.variant: (None, wanted)},
+                    also=lambda conn: self.store.start_activity(conn, activity),
+                )
         except ShipyardError as exc:
             if endpoint_moved(exc):
                 return  # the user changed the endpoint meanwhile; next pass decides again
             failed = ScalingActivity(
                 **{**_fields(activity), "status": ActivityStatus.FAILED},
                 ended=now(),
-                status_message=f"Failed to set desired instance count to {wanted}: {exc.message}",
+                status_message=f"Failed to set desired {what} to {wanted}: {exc.message}",
             )
             self.store.record_activity(failed, self._event(target, failed))
             self._on_event()
@@ -398,9 +451,16 @@ class Autoscaler:
 
     # -- ending steps -----------------------------------------------------------------
 
-    def _finish_steps(self, endpoints: dict[str, Endpoint]) -> None:
+    def _finish_steps(
+        self, endpoints: dict[str, Endpoint], components: dict[str, InferenceComponent]
+    ) -> None:
         for resource, activity in list(self._open.items()):
             name = resource.split("/")[1]
+            if resource.startswith("inference-component/"):
+                outcome = _copies_outcome(activity, components.get(name), name)
+                if outcome is not None:
+                    self._end(resource, activity, *outcome)
+                continue
             endpoint = endpoints.get(name)
             if endpoint is not None and endpoint.status is EndpointStatus.UPDATING:
                 continue
@@ -422,26 +482,54 @@ class Autoscaler:
                     f"Successfully set desired instance count to {activity.to_count}. Change "
                     "successfully fulfilled by sagemaker.",
                 )
-            ended = ScalingActivity(
-                **{**_fields(activity), "status": status},
-                ended=now(),
-                status_message=message,
-            )
-            target = self.store.get_target(resource)
-            event = self._event(target, ended) if target is not None else None
-            self.store.finish_activity(
-                activity.activity_id,
-                status=status,
-                message=message,
-                ended=ended.ended or now(),
-                event=event,
-            )
-            if event is not None:
-                self._on_event()
-            del self._open[resource]
+            self._end(resource, activity, status, message)
+
+    def _end(
+        self, resource: str, activity: ScalingActivity, status: ActivityStatus, message: str
+    ) -> None:
+        """Record the end of a step with its event, in one transaction."""
+        ended = ScalingActivity(
+            **{**_fields(activity), "status": status},
+            ended=now(),
+            status_message=message,
+        )
+        target = self.store.get_target(resource)
+        event = self._event(target, ended) if target is not None else None
+        self.store.finish_activity(
+            activity.activity_id,
+            status=status,
+            message=message,
+            ended=ended.ended or now(),
+            event=event,
+        )
+        if event is not None:
+            self._on_event()
+        del self._open[resource]
 
     def _event(self, target: ScalableTarget, activity: ScalingActivity) -> Event:
         return scaling_activity_event(target, activity, self.notify)
+
+
+def _copies_outcome(
+    activity: ScalingActivity, component: InferenceComponent | None, name: str
+) -> tuple[ActivityStatus, str] | None:
+    """How a step of a component's copies ended; None while it is under way."""
+    if component is None or component.status in (ComponentStatus.DELETING, ComponentStatus.FAILED):
+        state = "gone" if component is None else component.status.value
+        return ActivityStatus.FAILED, (
+            f"Failed to set desired copy count to {activity.to_count}: inference component "
+            f"{name} is {state}."
+        )
+    if component.status is ComponentStatus.IN_SERVICE and not component.failure_reason:
+        return ActivityStatus.SUCCESSFUL, (
+            f"Successfully set desired copy count to {activity.to_count}. Change "
+            "successfully fulfilled by sagemaker."
+        )
+    if component.failure_reason:
+        return ActivityStatus.FAILED, (
+            f"Failed to set desired copy count to {activity.to_count}: {component.failure_reason}"
+        )
+    return None
 
 
 def endpoint_moved(exc: ShipyardError) -> bool:

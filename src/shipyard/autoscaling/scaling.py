@@ -14,24 +14,34 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from shipyard.control.components import ComponentService
 from shipyard.control.endpoints import EndpointService
 from shipyard.errors import InvalidParameter, ObjectNotFound, ResourceNotFound
 from shipyard.records import (
+    COMPONENT_COPIES,
     SAGEMAKER_NAMESPACE,
     VARIANT_INSTANCES,
     ScalableTarget,
     ScalingActivity,
     ScalingPolicy,
+    dimension_of,
 )
 from shipyard.storage.metadata import now
-from shipyard.storage.scaling import ScalingStore, parse_resource_id
+from shipyard.storage.scaling import ScalingStore, component_of, parse_resource_id
 
 TARGET_TRACKING = "TargetTrackingScaling"
 
-PREDEFINED_METRICS = {
+VARIANT_METRICS = {
     "SageMakerVariantInvocationsPerInstance": "InvocationsPerInstance",
     "SageMakerVariantConcurrentRequestsPerModelHighResolution": "ConcurrentRequestsPerModel",
 }
+COMPONENT_METRICS = {
+    "SageMakerInferenceComponentInvocationsPerCopy": "InvocationsPerCopy",
+    "SageMakerInferenceComponentConcurrentRequestsPerCopyHighResolution": (
+        "ConcurrentRequestsPerCopy"
+    ),
+}
+PREDEFINED_METRICS = {**VARIANT_METRICS, **COMPONENT_METRICS}
 """Predefined metric types shipyard tracks -> the CloudWatch metric each stands for."""
 
 CUSTOM_METRICS = frozenset(
@@ -43,6 +53,8 @@ CUSTOM_METRICS = frozenset(
         "ApproximateBacklogSizePerInstance",
         "ApproximateAgeOfOldestRequest",
         "HasBacklogWithoutCapacity",
+        "InvocationsPerCopy",
+        "ConcurrentRequestsPerCopy",
     }
 )
 """CloudWatch metric names (namespace AWS/SageMaker) a customized metric may name."""
@@ -78,9 +90,11 @@ class ScalingService:
         wake: Callable[[], None],
         region: str,
         account_id: str,
+        components: ComponentService | None = None,
     ) -> None:
         self.store = store
         self.endpoints = endpoints
+        self.components = components
         self._wake = wake
         self.region = region
         self.account_id = account_id
@@ -99,7 +113,8 @@ class ScalingService:
         role_arn: str | None,
         suspended: dict[str, bool] | None,
     ) -> ScalableTarget:
-        endpoint, variant = self._variant(resource)
+        component = self._component(resource)
+        endpoint, variant = ("", component) if component is not None else self._variant(resource)
         current = self.store.get_target(resource)
         if current is not None:
             low = current.min_capacity if min_capacity is None else min_capacity
@@ -114,23 +129,14 @@ class ScalingService:
             raise InvalidParameter(
                 f"Minimum capacity {low} cannot be greater than maximum capacity {high}."
             )
-        config = self._config_of(endpoint)
-        spec = next(v for v in config.variants if v.name == variant)
-        if spec.serverless is not None:
-            raise InvalidParameter(
-                f"Production variant {variant} of endpoint {endpoint} is serverless: it has no "
-                f"{VARIANT_INSTANCES} to scale (its instances follow its requests)."
-            )
-        if low == 0 and config.async_config is None:
-            raise InvalidParameter(
-                f"MinCapacity 0 is only allowed for asynchronous endpoints; endpoint "
-                f"{endpoint} is real-time, so its variant {variant} keeps at least 1 instance."
-            )
+        if component is None:
+            self._check_variant_bounds(endpoint, variant, low)
         limit = self.endpoints.max_instances_per_variant
         if high > limit:
+            what = "copies per component" if component else "instances per production variant"
             raise InvalidParameter(
-                f"MaxCapacity {high} is more than the limit of {limit} instances per "
-                "production variant (SHIPYARD_MAX_INSTANCES_PER_VARIANT)."
+                f"MaxCapacity {high} is more than the limit of {limit} {what} "
+                "(SHIPYARD_MAX_INSTANCES_PER_VARIANT)."
             )
         flags = dict(current.suspended) if current is not None else {}
         for key in _SUSPENDED:
@@ -147,6 +153,7 @@ class ScalingService:
                 role_arn=role_arn or self._service_role(),
                 created=now(),
                 suspended=flags,
+                component=component,
             )
         else:
             target = replace(
@@ -159,6 +166,20 @@ class ScalingService:
         self.store.put_target(target)
         self._wake()  # a count now outside [min, max] is brought inside at once
         return target
+
+    def _check_variant_bounds(self, endpoint: str, variant: str, low: int) -> None:
+        config = self._config_of(endpoint)
+        spec = next(v for v in config.variants if v.name == variant)
+        if spec.serverless is not None:
+            raise InvalidParameter(
+                f"Production variant {variant} of endpoint {endpoint} is serverless: it has no "
+                f"{VARIANT_INSTANCES} to scale (its instances follow its requests)."
+            )
+        if low == 0 and config.async_config is None:
+            raise InvalidParameter(
+                f"MinCapacity 0 is only allowed for asynchronous endpoints; endpoint "
+                f"{endpoint} is real-time, so its variant {variant} keeps at least 1 instance."
+            )
 
     def describe_targets(self, resources: list[str] | None) -> list[ScalableTarget]:
         targets = self.store.list_targets()
@@ -215,7 +236,7 @@ class ScalingService:
         if not self.store.delete_policy(resource, name):
             raise ObjectNotFound(
                 f"No scaling policy found for service namespace: {SAGEMAKER_NAMESPACE}, "
-                f"resource ID: {resource}, scalable dimension: {VARIANT_INSTANCES}, policy "
+                f"resource ID: {resource}, scalable dimension: {dimension_of(resource)}, policy "
                 f"name: {name}"
             )
 
@@ -223,6 +244,26 @@ class ScalingService:
         return self.store.list_activities(resource)
 
     # -- checks -----------------------------------------------------------------------
+
+    def _component(self, resource: str) -> str | None:
+        """The inference component ``resource`` names, checked to exist; None for a
+        variant's ResourceId."""
+        if dimension_of(resource) != COMPONENT_COPIES:
+            return None
+        name = component_of(resource)
+        if name is None or self.components is None:
+            raise InvalidParameter(
+                f"Unsupported resource ID {resource}: an inference component is "
+                "inference-component/<name>."
+            )
+        try:
+            self.components.describe(name)
+        except ResourceNotFound:
+            raise InvalidParameter(
+                f"The target resource {resource} does not exist: could not find inference "
+                f'component "{name}".'
+            ) from None
+        return name
 
     def _variant(self, resource: str) -> tuple[str, str]:
         parsed = parse_resource_id(resource)
@@ -276,7 +317,7 @@ class ScalingService:
                     f"{field} must be between 0 and {_MAX_COOLDOWN_S} seconds; it is {cooldown}."
                 )
         if predefined is not None:
-            _check_predefined(predefined)
+            _check_predefined(predefined, target)
         else:
             self._check_custom(custom or {}, target)
 
@@ -334,12 +375,13 @@ class ScalingService:
         )
 
 
-def _check_predefined(predefined: dict[str, Any]) -> None:
+def _check_predefined(predefined: dict[str, Any], target: ScalableTarget) -> None:
     kind = predefined["PredefinedMetricType"]
-    if kind not in PREDEFINED_METRICS:
+    allowed = COMPONENT_METRICS if target.component is not None else VARIANT_METRICS
+    if kind not in allowed:
         raise InvalidParameter(
-            f"PredefinedMetricType {kind} is not supported for {VARIANT_INSTANCES}; use one "
-            f"of {', '.join(sorted(PREDEFINED_METRICS))}, or a CustomizedMetricSpecification."
+            f"PredefinedMetricType {kind} is not supported for {target.dimension}; use one "
+            f"of {', '.join(sorted(allowed))}, or a CustomizedMetricSpecification."
         )
     if predefined.get("ResourceLabel"):
         raise InvalidParameter(f"ResourceLabel is not used with PredefinedMetricType {kind}.")
@@ -357,5 +399,5 @@ def metric_endpoint(custom: dict[str, Any], default: str) -> str:
 def _no_target(resource: str) -> str:
     return (
         f"No scalable target registered for service namespace: {SAGEMAKER_NAMESPACE}, resource "
-        f"ID: {resource}, scalable dimension: {VARIANT_INSTANCES}"
+        f"ID: {resource}, scalable dimension: {dimension_of(resource)}"
     )

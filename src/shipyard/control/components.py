@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sqlalchemy import Connection
+
 from shipyard.control.placement import capacity_of, fits_one
 from shipyard.errors import InvalidParameter, ResourceInUse, ResourceNotFound
 from shipyard.host_access import HostAccess
@@ -109,10 +111,13 @@ class ComponentService:
         self._wake()
         return self.components.get(name)
 
-    def update_copies(self, name: str, copies: int) -> InferenceComponent:
-        """UpdateInferenceComponentRuntimeConfig: a new copy count."""
+    def update_copies(
+        self, name: str, copies: int, *, also: Callable[[Connection], None] | None = None
+    ) -> InferenceComponent:
+        """UpdateInferenceComponentRuntimeConfig: a new copy count. The autoscaler's
+        steps come here too, ``also`` recording their activity in the same transaction."""
         self._changeable(name)
-        self._set_copies(name, copies)
+        self._set_copies(name, copies, also=also)
         self._wake()
         return self.components.get(name)
 
@@ -130,13 +135,16 @@ class ComponentService:
 
     # -- checks -----------------------------------------------------------------------
 
-    def _set_copies(self, name: str, copies: int) -> None:
+    def _set_copies(
+        self, name: str, copies: int, also: Callable[[Connection], None] | None = None
+    ) -> None:
         if not self.components.change(
             name,
             expect=[ComponentStatus.IN_SERVICE, ComponentStatus.CREATING, ComponentStatus.UPDATING],
             copies=copies,
             status=ComponentStatus.UPDATING,
             failure_reason=None,
+            also=also,
         ):
             raise not_found(name)
 

@@ -128,7 +128,6 @@ class Reconciler:
         counts = {
             name: sum(1 for s in slots if s.instance is not None and s.instance.healthy)
             for name, slots in fleet.slots.items()
-            if name not in fleet.components
         }
         return counts | fleet.hosts
 

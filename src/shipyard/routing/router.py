@@ -155,6 +155,9 @@ class Router:
             for variant in route.variants:
                 busy = sum(i.in_flight for i in variant.instances) + len(variant.waiters)
                 yield route.name, variant.name, busy
+            for name, copies in route.components.items():
+                busy = sum(i.in_flight for i in copies.instances) + len(copies.waiters)
+                yield route.name, name, busy
 
     def variant_for(self, route: EndpointRoute, target: str | None) -> VariantRoute:
         """The variant the client named, or one by weight."""

@@ -8,12 +8,12 @@ gone.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, delete, insert, select, update
+from sqlalchemy import Connection, Engine, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from shipyard.errors import AlreadyExists, ResourceNotFound
@@ -73,11 +73,13 @@ class ComponentStore:
         *,
         expect: Sequence[ComponentStatus] = (),
         unchanged_since: datetime | None = None,
+        also: Callable[[Connection], None] | None = None,
         **changes: Any,
     ) -> bool:
         """Apply ``changes`` (record field names) to the component; False when it is gone,
         or its status is not one of ``expect``, or (``unchanged_since``) it was changed
-        after that: then nothing was written."""
+        after that: then nothing was written. ``also`` writes in the same transaction,
+        when the change is made (the autoscaler's activity)."""
         table = t.inference_components
         values = {k: _column_value(k, v) for k, v in changes.items()}
         values["modified"] = datetime.now(UTC)
@@ -87,7 +89,10 @@ class ComponentStore:
         if unchanged_since is not None:
             query = query.where(table.c.modified == unchanged_since)
         with transaction(self.engine) as conn:
-            return conn.execute(query.values(**values)).rowcount > 0
+            changed = conn.execute(query.values(**values)).rowcount > 0
+            if changed and also is not None:
+                also(conn)
+            return changed
 
     def respecify(
         self, name: str, spec: ComponentSpec, raw: dict[str, Any], copies: int | None

@@ -206,8 +206,15 @@ class ScalingStore:
         return latest
 
 
+def component_of(resource: str) -> str | None:
+    """The inference component ``inference-component/<name>`` names, or None."""
+    kind, _, name = resource.partition("/")
+    return name if kind == "inference-component" and name and "/" not in name else None
+
+
 def _target(row: Any) -> ScalableTarget:
-    endpoint, variant = parse_resource_id(row["resource_id"]) or ("", "")
+    component = component_of(row["resource_id"])
+    endpoint, variant = parse_resource_id(row["resource_id"]) or ("", component or "")
     created = _utc(row["created"])
     assert created is not None
     return ScalableTarget(
@@ -220,6 +227,7 @@ def _target(row: Any) -> ScalableTarget:
         role_arn=row["role_arn"],
         created=created,
         suspended={k: bool(v) for k, v in (row["suspended"] or {}).items()},
+        component=component,
     )
 
 

@@ -11,11 +11,13 @@ from shipyard.autoscaling.scaling import ScalingService
 from shipyard.errors import InvalidParameter
 from shipyard.gateway.actions.listing import offset, token
 from shipyard.records import (
+    COMPONENT_COPIES,
     SAGEMAKER_NAMESPACE,
     VARIANT_INSTANCES,
     ScalableTarget,
     ScalingActivity,
     ScalingPolicy,
+    dimension_of,
 )
 
 T = TypeVar("T")
@@ -33,9 +35,17 @@ def _scope(p: dict[str, Any], *, dimension_required: bool = True) -> None:
     dimension = p.get("ScalableDimension")
     if dimension is None and not dimension_required:
         return
-    if dimension != VARIANT_INSTANCES:
+    if dimension not in (VARIANT_INSTANCES, COMPONENT_COPIES):
         raise InvalidParameter(
-            f"Unsupported scalable dimension {dimension}: shipyard scales {VARIANT_INSTANCES} only."
+            f"Unsupported scalable dimension {dimension}: shipyard scales {VARIANT_INSTANCES} "
+            f"and {COMPONENT_COPIES} only."
+        )
+    resource = p.get("ResourceId")
+    if resource is not None and dimension_of(resource) != dimension:
+        raise InvalidParameter(
+            f"Scalable dimension {dimension} does not go with resource ID {resource}: "
+            f"{VARIANT_INSTANCES} scales endpoint/<endpoint>/variant/<variant>, "
+            f"{COMPONENT_COPIES} scales inference-component/<name>."
         )
 
 
@@ -111,7 +121,7 @@ def _target(t: ScalableTarget) -> dict[str, Any]:
     return {
         "ServiceNamespace": SAGEMAKER_NAMESPACE,
         "ResourceId": t.resource_id,
-        "ScalableDimension": VARIANT_INSTANCES,
+        "ScalableDimension": t.dimension,
         "MinCapacity": t.min_capacity,
         "MaxCapacity": t.max_capacity,
         "RoleARN": t.role_arn,
@@ -131,7 +141,7 @@ def _policy(x: ScalingPolicy) -> dict[str, Any]:
         "PolicyName": x.name,
         "ServiceNamespace": SAGEMAKER_NAMESPACE,
         "ResourceId": x.resource_id,
-        "ScalableDimension": VARIANT_INSTANCES,
+        "ScalableDimension": dimension_of(x.resource_id),
         "PolicyType": x.policy_type,
         "TargetTrackingScalingPolicyConfiguration": x.config,
         "Alarms": [],
@@ -144,7 +154,7 @@ def _activity(a: ScalingActivity) -> dict[str, Any]:
         "ActivityId": a.activity_id,
         "ServiceNamespace": SAGEMAKER_NAMESPACE,
         "ResourceId": a.resource_id,
-        "ScalableDimension": VARIANT_INSTANCES,
+        "ScalableDimension": dimension_of(a.resource_id),
         "Description": a.description,
         "Cause": a.cause,
         "StartTime": a.started,
