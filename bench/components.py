@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from shipyard.control.placement import Demand, place  # noqa: E402
 
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
+FROM_ZERO = int(os.environ.get("FROM_ZERO", "20"))
 REQUESTS = int(os.environ.get("REQUESTS", "2000"))
 
 
@@ -55,6 +56,26 @@ def _timed(port: int, endpoint: str, headers: dict[str, str], n: int) -> list[fl
             out.append((time.perf_counter() - began) * 1000)
     finally:
         conn.close()
+    return out
+
+
+def _copies(control: Control) -> int:
+    described = control.call("DescribeInferenceComponent", {"InferenceComponentName": "echo-ic"})
+    return int(described["RuntimeConfig"]["CurrentCopyCount"])
+
+
+def _from_zero(control: Control, port: int, times: int) -> list[float]:
+    """Scale the component to zero, then time one request: it starts a copy and waits."""
+    out = []
+    for _ in range(times):
+        control.call(
+            "UpdateInferenceComponentRuntimeConfig",
+            {"InferenceComponentName": "echo-ic", "DesiredRuntimeConfig": {"CopyCount": 0}},
+        )
+        while _copies(control) != 0:
+            time.sleep(0.05)
+        headers = {"X-Amzn-SageMaker-Inference-Component": "echo-ic"}
+        out += _timed(port, "ic", headers, 1)
     return out
 
 
@@ -119,6 +140,7 @@ def main() -> int:
                 for kind in order:
                     endpoint, headers = kinds[kind]
                     samples[kind] += _timed(port, endpoint, headers, REQUESTS)
+            zero = _from_zero(control, port, FROM_ZERO)
         finally:
             gateway.stop()
     probe_after = cpu_probe_ms()
@@ -129,6 +151,11 @@ def main() -> int:
         p50 = statistics.median(values)
         rows.append([kind, len(values), f"{p50:.3f}", f"{cuts[98]:.3f}", f"{p50 - base:+.3f}"])
     print(table(["route", "requests", "p50 ms", "p99 ms", "p50 vs plain ms"], rows))
+    cuts = statistics.quantiles(zero, n=100, method="inclusive")
+    print(
+        f"\nFrom zero copies to the answer, {len(zero)} times: p50 "
+        f"{statistics.median(zero):.0f} ms, p99 {cuts[98]:.0f} ms, max {max(zero):.0f} ms"
+    )
     plan = place("ml.m5.4xlarge", [Demand("m", 64, 1, 2048)], least=1, most=1, keep_all=True)
     print(
         f"\nPacking: {plan.copies('m')} copies of a 1-core, 2 GiB component fit on one "

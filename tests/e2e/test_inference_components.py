@@ -457,3 +457,43 @@ def test_copies_follow_a_target_tracking_policy_without_failing_a_request(
         for a in activities
     ), activities
     assert all(a["ScalableDimension"] == COPIES for a in activities)
+
+
+def test_a_component_at_zero_copies_answers_its_next_request(
+    gateway: GatewayProcess, env_model: str
+) -> None:
+    sm, rt = gateway.sm, gateway.rt
+    component_endpoint(sm, "sleeper", count=1)
+    create_component(sm, "idle", "sleeper", copies=0, model="envdump")
+    described = wait_component(sm, "idle")
+    assert described["RuntimeConfig"] == {"DesiredCopyCount": 0, "CurrentCopyCount": 0}
+    # Held, not refused: the request starts a copy and waits for it.
+    assert env_of(rt, "sleeper", "idle")["SHIPYARD_INFERENCE_COMPONENT"] == "idle"
+    assert wait_component(sm, "idle")["RuntimeConfig"] == {
+        "DesiredCopyCount": 1,
+        "CurrentCopyCount": 1,
+    }
+    # Back to zero, and again: several requests at once share the one copy started.
+    sm.update_inference_component_runtime_config(
+        InferenceComponentName="idle", DesiredRuntimeConfig={"CopyCount": 0}
+    )
+    wait_until(
+        lambda: wait_component(sm, "idle")["RuntimeConfig"]["CurrentCopyCount"] == 0,
+        "no copy left",
+    )
+    answers: list[str] = []
+    errors: list[Exception] = []
+
+    def one() -> None:
+        try:
+            answers.append(env_of(rt, "sleeper", "idle")["SHIPYARD_INFERENCE_COMPONENT"])
+        except Exception as exc:  # every failure counts
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == [] and answers == ["idle"] * 4
+    assert wait_component(sm, "idle")["RuntimeConfig"]["DesiredCopyCount"] == 1

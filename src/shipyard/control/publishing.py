@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 
 from shipyard.capture.config import capture_of
 from shipyard.capture.writer import CaptureWriter
@@ -21,6 +22,7 @@ from shipyard.routing.multimodel import MultiModelRoute
 from shipyard.routing.policies import LeastOutstandingRequests, model_policy_for, policy_for
 from shipyard.routing.router import Router
 from shipyard.routing.serverless import ServerlessRoute
+from shipyard.routing.strategies import FromZero
 from shipyard.routing.table import EndpointRoute, VariantRoute
 
 
@@ -48,6 +50,8 @@ class RoutePublisher:
         ServerlessScaler)."""
         self.capture = capture
         """Where variants of configs with a DataCaptureConfig hand their records."""
+        self.on_component_demand: Callable[[Fleet, str], None] = lambda fleet, name: None
+        """Where a request for a component with no copy goes (the reconciler starts one)."""
         self.on_change: Callable[[str, Fleet | None], None] = lambda endpoint, fleet: None
         """Told of every table published: the fleet, or None for a table withdrawn or
         waiting for its fleet (the reconciler records them for other gateways)."""
@@ -114,6 +118,7 @@ class RoutePublisher:
                     ),
                     coming=fleet.starting.get(name, 0),
                     component=name,
+                    admission=FromZero(partial(self.on_component_demand, fleet, name)),
                 )
             )
         return routes

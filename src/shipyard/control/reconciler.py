@@ -91,6 +91,7 @@ class Reconciler:
             slots=serverless_slots,
         )
         self.publisher.on_demand = self._demand
+        self.publisher.on_component_demand = self._component_demand
         self.recorder = RouteRecorder(leases=leases.store, period_s=leases.renew_s)
         self.publisher.on_change = self._record
         self.mirror = FleetMirror(
@@ -111,6 +112,9 @@ class Reconciler:
         )
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._wake = Wakeup()
+        self._from_zero: set[str] = set()
+        """Components a request asked to bring back from zero copies, being recorded."""
+        self._background: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
         return f"Reconciler(fleets={sorted(self.fleets)})"
@@ -279,6 +283,27 @@ class Reconciler:
         """A serverless variant's demand starts instances only in a fleet run here."""
         if self.fleets.get(fleet.endpoint) is fleet:
             self.serverless.demand(fleet, variant, wanted)
+
+    def _component_demand(self, fleet: Fleet, name: str) -> None:
+        """A request waits for a component with no copy: ask the store for one (once;
+        the request waits for it in the component's queue), as the serverless endpoints
+        do for an instance."""
+        if self.fleets.get(fleet.endpoint) is not fleet or name in self._from_zero:
+            return
+        self._from_zero.add(name)
+
+        async def start() -> None:
+            try:
+                store = self.converger.components
+                if await asyncio.to_thread(store.start_from_zero, name):
+                    log.info("inference component %s: a request wakes it from zero", name)
+                    self.wake()
+            finally:
+                self._from_zero.discard(name)
+
+        task = asyncio.get_running_loop().create_task(start(), name=f"from-zero.{name}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _mirror_loop(self) -> None:
         while True:

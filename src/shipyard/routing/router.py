@@ -226,9 +226,14 @@ class Router:
         whose request ``reached`` no instance is still starting (boto3 retries that), any
         other call timed out."""
         if variant.admission.starts_instances and not reached:
+            what = (
+                f"copy of inference component {variant.component}"
+                if variant.component is not None
+                else f"instance of serverless variant {variant.name}"
+            )
             return ModelNotReady(
-                f"No instance of serverless variant {variant.name} started within the "
-                f"invocation timeout of {self.timeout_s:g} s; retry later."
+                f"No {what} started within the invocation timeout of {self.timeout_s:g} s; "
+                "retry later."
             )
         return ModelError(
             f"Your invocation timed out while waiting for a response from "

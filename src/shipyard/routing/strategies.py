@@ -20,7 +20,7 @@ in the module that owns it, not a branch in the router.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from shipyard.routing.client import Response
@@ -130,3 +130,30 @@ class Unlimited:
 
 
 UNLIMITED = Unlimited()
+
+
+class FromZero:
+    """Admission for the copies of an inference component, which may be scaled to zero:
+    every request enters, and one that finds no copy running and none starting asks for
+    one (``start``) and waits for it, instead of failing while the component comes back.
+    (SageMaker fails such requests until an alarm's step policy adds a copy.)"""
+
+    __slots__ = ("_start",)
+
+    starts_instances = True
+
+    def __init__(self, start: Callable[[], None]) -> None:
+        self._start = start
+
+    def __repr__(self) -> str:
+        return "FromZero()"
+
+    def admit(self) -> None:
+        pass
+
+    def leave(self) -> None:
+        pass
+
+    def waiting(self, variant: VariantRoute) -> None:
+        if not variant.instances and not variant.coming:
+            self._start()

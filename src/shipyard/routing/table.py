@@ -86,6 +86,7 @@ class VariantRoute:
         coming: int = 0,
         shadow: bool = False,
         component: str | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.name = name
         self.component = component
@@ -100,7 +101,11 @@ class VariantRoute:
         self.multi_model = multi_model
         self.serverless = serverless
         self.dispatch: Dispatch = multi_model if multi_model is not None else OneModel(policy)
-        self.admission: Admission = serverless if serverless is not None else UNLIMITED
+        self.admission: Admission = UNLIMITED
+        if admission is not None:
+            self.admission = admission
+        elif serverless is not None:
+            self.admission = serverless
         self.coming = coming
         self.waiters: deque[asyncio.Future[None]] = deque()
         queued = len(instances) if policy.queues else 0
@@ -109,6 +114,9 @@ class VariantRoute:
             # Admission already bounds it: every request admitted may wait here for an
             # instance, the first ones for a cold start.
             self.queue_limit = serverless.config.max_concurrency
+        elif admission is not None and admission.starts_instances:
+            # Room to wait for the first instance, and as many as the policy queues.
+            self.queue_limit = policy.max_in_flight * max(queued + coming, 1)
 
     def __repr__(self) -> str:
         return f"VariantRoute({self.name!r}, weight={self.weight}, instances={self.instances})"

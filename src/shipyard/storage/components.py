@@ -94,6 +94,23 @@ class ComponentStore:
                 also(conn)
             return changed
 
+    def start_from_zero(self, name: str) -> bool:
+        """One copy for a component at zero that is in service; whether it was at zero."""
+        table = t.inference_components
+        query = (
+            update(table)
+            .where(table.c.name == name)
+            .where(table.c.copies == 0)
+            .where(table.c.status == ComponentStatus.IN_SERVICE.value)
+            .values(
+                copies=1,
+                status=ComponentStatus.UPDATING.value,
+                modified=datetime.now(UTC),
+            )
+        )
+        with transaction(self.engine) as conn:
+            return conn.execute(query).rowcount > 0
+
     def respecify(
         self, name: str, spec: ComponentSpec, raw: dict[str, Any], copies: int | None
     ) -> None:
