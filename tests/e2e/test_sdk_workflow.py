@@ -19,24 +19,14 @@ from tests.conftest import MODELS, Bucket, GatewayProcess
 SCRIPT = Path(__file__).with_name("sdk_workflow.py")
 
 
-@pytest.mark.timeout(300)
-def test_fit_deploy_multi_model_and_async_with_the_sdk(
-    gateway_factory: Callable[..., GatewayProcess], bucket: Bucket, tmp_path: Path
-) -> None:
-    gw = gateway_factory(
-        extra_env={
-            "SHIPYARD_S3_ENDPOINT_URL": bucket.endpoint_url,
-            "SHIPYARD_JOB_POLL_PERIOD_S": "0.2",
-            "SHIPYARD_ACCOUNT_ID": "123456789012",  # what moto's STS tells the SDK
-        }
-    )
-    bucket.put("data/part-1.txt", b"1 2")
+def sdk_env(gw: GatewayProcess, bucket: Bucket, tmp_path: Path) -> dict[str, str]:
+    """The environment of a process running the SDK against ``gw`` and ``bucket`` only."""
     config = tmp_path / "sagemaker.yaml"
     config.write_text(  # the SDK would otherwise send telemetry to AWS
         "SchemaVersion: '1.0'\n"
         "SageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n"
     )
-    env = {
+    return {
         "PATH": os.environ.get("PATH", ""),
         "HOME": str(tmp_path),
         "AWS_ACCESS_KEY_ID": "testing",
@@ -52,6 +42,21 @@ def test_fit_deploy_multi_model_and_async_with_the_sdk(
         "SAGEMAKER_USER_CONFIG_OVERRIDE": str(config),
         "SAGEMAKER_SUPPRESS_V2_WARNING": "1",
     }
+
+
+@pytest.mark.timeout(300)
+def test_fit_deploy_multi_model_and_async_with_the_sdk(
+    gateway_factory: Callable[..., GatewayProcess], bucket: Bucket, tmp_path: Path
+) -> None:
+    gw = gateway_factory(
+        extra_env={
+            "SHIPYARD_S3_ENDPOINT_URL": bucket.endpoint_url,
+            "SHIPYARD_JOB_POLL_PERIOD_S": "0.2",
+            "SHIPYARD_ACCOUNT_ID": "123456789012",  # what moto's STS tells the SDK
+        }
+    )
+    bucket.put("data/part-1.txt", b"1 2")
+    env = sdk_env(gw, bucket, tmp_path)
     argv = [sys.executable, str(SCRIPT), bucket.name, str(MODELS / "sdk_sklearn")]
     out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=280)
     assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
