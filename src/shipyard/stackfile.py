@@ -3,11 +3,12 @@ value. ``shipyard serve --config`` loads it at start (StackFile.load); ``shipyar
 converges its resource sections (cli/apply.py); ``PUT /stack`` changes its ``topics:`` and
 ``jobs:`` sections live (stack_config.py).
 
-``models``, ``endpoint_configs`` and ``endpoints`` map a name to the body of its SageMaker
-Create call without the name (DESIGN 2.5); ``scaling`` maps ``endpoint/variant`` to one
-scalable target and its target-tracking policy. The fields checked here are the ones a
-plan depends on (names, counts, weights, references); everything else in a body is passed
-through to the gateway, which validates it against the service model on the Create call.
+``models``, ``endpoint_configs``, ``endpoints`` and ``inference_components`` map a name to
+the body of its SageMaker Create call without the name (DESIGN 2.5); ``scaling`` maps
+``endpoint/variant`` to one scalable target and its target-tracking policy. The fields
+checked here are the ones a plan depends on (names, counts, weights, references);
+everything else in a body is passed through to the gateway, which validates it against
+the service model on the Create call.
 
 Errors name the file, the line and the field, one per line::
 
@@ -73,6 +74,20 @@ class EndpointBody(BaseModel):
     Tags: list[dict[str, str]] = Field(default_factory=list)
 
 
+class ComponentBody(BaseModel):
+    """CreateInferenceComponent without ``InferenceComponentName``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    EndpointName: str = Field(pattern=_NAME, max_length=63)
+    """An endpoint the file declares, or one that exists."""
+    VariantName: str | None = Field(default=None, pattern=_NAME, max_length=63)
+    Specification: dict[str, Any]
+    """Its ``ModelName`` may name a model the file declares (its deployed version is used)."""
+    RuntimeConfig: dict[str, Any] | None = None
+    Tags: list[dict[str, str]] = Field(default_factory=list)
+
+
 class ScalingTarget(BaseModel):
     """RegisterScalableTarget on one variant, and one target-tracking policy on it."""
 
@@ -97,10 +112,12 @@ class StackResources(BaseModel):
     """Endpoint name -> CreateEndpoint body without the name."""
     scaling: dict[str, ScalingTarget] = Field(default_factory=dict)
     """``endpoint/variant`` -> its scalable target and target-tracking policy."""
+    inference_components: dict[str, ComponentBody] = Field(default_factory=dict)
+    """Inference component name -> CreateInferenceComponent body without the name."""
 
     def check_resources(self) -> None:
         """Names are SageMaker names and ``scaling`` keys name a declared endpoint."""
-        for section in ("models", "endpoint_configs", "endpoints"):
+        for section in ("models", "endpoint_configs", "endpoints", "inference_components"):
             for name in getattr(self, section):
                 if not _valid_name(name):
                     raise ValueError(f"{section}.{name}: not a SageMaker name ({_NAME})")

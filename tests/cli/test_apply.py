@@ -440,3 +440,71 @@ def test_apply_signs_its_calls_and_needs_the_stack_actions(
     assert actions(out.stdout) == [("topic", "ops", "create")]
     out = as_key("ops", "ops-secret", "destroy", str(path), "--yes")
     assert out.exit_code == 0, out.output
+
+
+def components_stack(model_url: str, *, copies: int, cores: float = 0.5) -> dict[str, Any]:
+    """A model, an endpoint config without models, its endpoint and one component."""
+    return {
+        "models": {
+            "icm": {
+                "PrimaryContainer": {"Image": "shipyard/python", "ModelDataUrl": model_url},
+                "ExecutionRoleArn": ROLE,
+            }
+        },
+        "endpoint_configs": {
+            "ichost": {
+                "ExecutionRoleArn": ROLE,
+                "ProductionVariants": [
+                    {"VariantName": "AllTraffic", "InstanceType": "ml.m5.large",
+                     "InitialInstanceCount": 1}
+                ],
+            }
+        },
+        "endpoints": {"ichost": {"EndpointConfigName": "ichost"}},
+        "inference_components": {
+            "icc": {
+                "EndpointName": "ichost",
+                "Specification": {
+                    "ModelName": "icm",
+                    "ComputeResourceRequirements": {
+                        "NumberOfCpuCoresRequired": cores, "MinMemoryRequiredInMb": 512,
+                    },
+                },
+                "RuntimeConfig": {"CopyCount": copies},
+            }
+        },
+    }  # fmt: skip
+
+
+def test_inference_components_are_applied_updated_and_destroyed(
+    gw: GatewayProcess, artifacts: dict[str, str], tmp_path: Path
+) -> None:
+    sm = gw.sm
+    path = write(tmp_path / "ic.yaml", components_stack(artifacts["echo"], copies=1))
+    out = shipyard(gw, "apply", str(path), "--yes")
+    assert out.exit_code == 0, out.output
+    assert ("inference component", "icc", "create") in actions(out.stdout)
+    described = sm.describe_inference_component(InferenceComponentName="icc")
+    assert described["InferenceComponentStatus"] == "InService"
+    assert described["RuntimeConfig"]["CurrentCopyCount"] == 1
+    answer = gw.rt.invoke_endpoint(
+        EndpointName="ichost", InferenceComponentName="icc", Body=b'{"x": 2}'
+    )
+    assert answer["Body"].read() == b'{"x": 2}'
+
+    write(path, components_stack(artifacts["echo"], copies=2))
+    out = shipyard(gw, "apply", str(path), "--yes")
+    assert out.exit_code == 0, out.output
+    assert ("inference component", "icc", "update") in actions(out.stdout)
+    assert ("endpoint", "ichost", "unchanged") in actions(out.stdout)
+    described = sm.describe_inference_component(InferenceComponentName="icc")
+    assert described["RuntimeConfig"] == {"DesiredCopyCount": 2, "CurrentCopyCount": 2}
+
+    out = shipyard(gw, "apply", str(path), "--yes")
+    assert out.exit_code == 0 and "Nothing to change." in out.stdout, out.output
+
+    out = shipyard(gw, "destroy", str(path), "--yes")
+    assert out.exit_code == 0, out.output
+    assert ("inference component", "icc", "delete") in actions(out.stdout)
+    assert sm.list_inference_components(EndpointNameEquals="ichost")["InferenceComponents"] == []
+    assert "icm" not in {m["ModelName"] for m in sm.list_models()["Models"]}

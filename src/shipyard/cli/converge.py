@@ -31,6 +31,7 @@ def converge(
     _create_versions(gateway, plan)
     _change_endpoints(gateway, plan, timeout_s)
     _wait_endpoints(gateway, {e: c for e, c, _ in plan.endpoints}, on_progress, timeout_s)
+    _apply_components(gateway, plan, on_progress, timeout_s)
     _put_scaling(gateway, plan)
     _delete(gateway, plan, on_progress, timeout_s)
 
@@ -76,6 +77,40 @@ def _change_endpoints(gateway: Gateway, plan: Plan, timeout_s: float) -> None:
                 sm.delete_tags(ResourceArn=arn, TagKeys=stale)
 
 
+def _apply_components(
+    gateway: Gateway, plan: Plan, on_progress: EndpointProgress, timeout_s: float
+) -> None:
+    """Create and update the plan's inference components, waited for until InService."""
+    sm = gateway.sagemaker
+    for name, body, tags in plan.components:
+        with translated(gateway.url, about=f"inference component {name}"):
+            sm.create_inference_component(InferenceComponentName=name, **body, Tags=tags)
+    for name, body, arn, tags in plan.components_updated:
+        with translated(gateway.url, about=f"inference component {name}"):
+            update = {k: body[k] for k in ("Specification", "RuntimeConfig") if k in body}
+            sm.update_inference_component(InferenceComponentName=name, **update)
+            sm.add_tags(ResourceArn=arn, Tags=tags)
+    names = [name for name, *_ in plan.components] + [n for n, *_ in plan.components_updated]
+    deadline = time.monotonic() + timeout_s
+    waiting = set(names)
+    while waiting:
+        for name in sorted(waiting):
+            with translated(gateway.url, about=f"inference component {name}"):
+                described = sm.describe_inference_component(InferenceComponentName=name)
+            status = described["InferenceComponentStatus"]
+            on_progress(name, status)
+            if status == "InService":
+                waiting.discard(name)
+            elif status == "Failed":
+                reason = described.get("FailureReason", "no reason given")
+                raise GatewayError(f"inference component {name}: Failed: {reason}")
+        if waiting and time.monotonic() > deadline:
+            names_left = ", ".join(sorted(waiting))
+            raise GatewayError(f"inference component(s) {names_left} not InService in time")
+        if waiting:
+            time.sleep(_POLL_PERIOD_S)
+
+
 def _put_scaling(gateway: Gateway, plan: Plan) -> None:
     scaling = gateway.client("application-autoscaling")
     for rid, body in plan.scaling:
@@ -100,6 +135,10 @@ def _put_scaling(gateway: Gateway, plan: Plan) -> None:
 def _delete(gateway: Gateway, plan: Plan, on_progress: EndpointProgress, timeout_s: float) -> None:
     """Endpoints (waited for until gone), then the configs and models under them."""
     sm = gateway.sagemaker
+    for name in plan.components_removed:
+        with translated(gateway.url, about=f"inference component {name}"):
+            sm.delete_inference_component(InferenceComponentName=name)
+    _wait_components_gone(gateway, plan.components_removed, on_progress, timeout_s)
     for name in plan.endpoints_removed:
         with translated(gateway.url, about=f"endpoint {name}"):
             sm.delete_endpoint(EndpointName=name)
@@ -147,6 +186,28 @@ def _wait_settled(gateway: Gateway, name: str, timeout_s: float) -> None:
         if time.monotonic() > deadline:
             raise GatewayError(f"endpoint {name}: still {described['EndpointStatus']}")
         time.sleep(_POLL_PERIOD_S)
+
+
+def _wait_components_gone(
+    gateway: Gateway, names: list[str], on_progress: EndpointProgress, timeout_s: float
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    waiting = set(names)
+    while waiting:
+        for name in sorted(waiting):
+            try:
+                with translated(gateway.url, about=name):
+                    gateway.sagemaker.describe_inference_component(InferenceComponentName=name)
+            except GatewayError as exc:
+                if "Could not find" not in str(exc):
+                    raise
+                on_progress(name, "Deleted")
+                waiting.discard(name)
+        if waiting and time.monotonic() > deadline:
+            left = ", ".join(sorted(waiting))
+            raise GatewayError(f"inference component(s) {left} not deleted in time")
+        if waiting:
+            time.sleep(_POLL_PERIOD_S)
 
 
 def _wait_deleted(

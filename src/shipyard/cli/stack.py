@@ -57,6 +57,7 @@ class Kind(StrEnum):
     MODEL = "model"
     ENDPOINT_CONFIG = "endpoint config"
     ENDPOINT = "endpoint"
+    COMPONENT = "inference component"
     SCALING = "scaling"
     TOPIC = "topic"
     JOB_TEMPLATE = "job template"
@@ -101,6 +102,13 @@ class Plan:
     endpoint_tags: list[tuple[str, list[dict[str, str]], list[str]]] = field(default_factory=list)
     """(endpoint ARN, tags to put, tag keys to delete) for endpoints whose Tags changed."""
     scaling: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    components: list[tuple[str, dict[str, Any], list[dict[str, str]]]] = field(default_factory=list)
+    """(name, CreateInferenceComponent body, tags) to create."""
+    components_updated: list[tuple[str, dict[str, Any], str, list[dict[str, str]]]] = field(
+        default_factory=list
+    )
+    """(name, body, ARN, tags) of owned components whose body changed: updated in place."""
+    components_removed: list[str] = field(default_factory=list)
     endpoints_removed: list[str] = field(default_factory=list)
     configs_removed: list[str] = field(default_factory=list)
     models_removed: list[str] = field(default_factory=list)
@@ -140,6 +148,14 @@ class _Live:
             in_use = {described["EndpointConfigName"]}
             self.endpoint_configs[name] = in_use | {pending} if pending else in_use
         self.targets, self.policies = self._scaling()
+        components, owned_components = self._tagged(
+            sm.list_inference_components,
+            "InferenceComponents",
+            "InferenceComponentName",
+            "InferenceComponentArn",
+        )
+        self.components = components
+        self.owned_components = {v.name: v for v in owned_components}
 
     def _tagged(
         self, lister: Callable[..., Any], key: str, name_key: str, arn_key: str
@@ -259,7 +275,8 @@ def plan_apply(gateway: Gateway, stack: str, file: StackFile) -> Plan:
     config_names = _plan_versions(plan, live, Kind.ENDPOINT_CONFIG, bodies)
     final_configs = _plan_endpoints(plan, live, file, config_names)
     _plan_scaling(plan, live, file)
-    final_models = {
+    component_models = _plan_components(plan, live, file, model_names)
+    final_models = component_models | {
         variant["ModelName"]
         for body in bodies.values()
         for key in ("ProductionVariants", "ShadowProductionVariants")
@@ -359,6 +376,57 @@ def _plan_endpoints(
     return final
 
 
+def _plan_components(
+    plan: Plan, live: _Live, file: StackResources, model_names: dict[str, str]
+) -> set[str]:
+    """Plan each declared inference component; the models they end up on.
+
+    Components change in place (UpdateInferenceComponent replaces their copies a few at a
+    time), so a changed body is an update, not a new version.
+    """
+    models: set[str] = set()
+    for name, declared in file.inference_components.items():
+        body = declared.model_dump(exclude_unset=True)
+        user_tags = body.pop("Tags", [])
+        spec = body["Specification"] = dict(body["Specification"])
+        model = spec.get("ModelName")
+        if model is not None:
+            if model not in model_names and model not in live.models:
+                raise PlanError(
+                    f"inference_components.{name}: model {model!r} is neither declared nor on "
+                    "the gateway"
+                )
+            spec["ModelName"] = model_names.get(model, model)
+            models.add(spec["ModelName"])
+        if (
+            body["EndpointName"] not in file.endpoints
+            and body["EndpointName"] not in live.endpoints
+        ):
+            raise PlanError(
+                f"inference_components.{name}: endpoint {body['EndpointName']!r} is neither "
+                "declared nor on the gateway"
+            )
+        body_digest = digest({**body, "Tags": user_tags})
+        tags = _tags(plan.stack, name, body_digest, user_tags)
+        copies = (body.get("RuntimeConfig") or {}).get("CopyCount")
+        summary = f"on {body['EndpointName']}" + (f", {copies} copies" if copies else "")
+        if name not in live.components:
+            plan.components.append((name, body, tags))
+            plan.changes.append(Change(Kind.COMPONENT, name, Action.CREATE, summary))
+            continue
+        now = live.owned_components.get(name)
+        if now is None:
+            raise PlanError(
+                f"inference component {name} exists and was not created by stack {plan.stack}"
+            )
+        if now.digest == body_digest:
+            plan.changes.append(Change(Kind.COMPONENT, name, Action.UNCHANGED, summary))
+            continue
+        plan.components_updated.append((name, body, now.arn, tags))
+        plan.changes.append(Change(Kind.COMPONENT, name, Action.UPDATE, summary))
+    return models
+
+
 def _scaling_body(target: Any) -> dict[str, Any]:
     policy: dict[str, Any] = {
         "TargetValue": float(target.TargetValue),
@@ -407,6 +475,9 @@ def _plan_leftovers(
             plan.scaling_removed.append(rid)
             key = "/".join(rid.split("/")[1::2])
             plan.changes.append(Change(Kind.SCALING, key, Action.DELETE))
+    for name in sorted(set(live.owned_components) - set(file.inference_components)):
+        plan.components_removed.append(name)
+        plan.changes.append(Change(Kind.COMPONENT, name, Action.DELETE))
     for name in sorted(set(live.owned_endpoints) - set(file.endpoints)):
         plan.endpoints_removed.append(name)
         plan.changes.append(Change(Kind.ENDPOINT, name, Action.DELETE))
@@ -437,6 +508,10 @@ def plan_destroy(gateway: Gateway, stack: str, file: StackFile) -> Plan:
         if resource_id(key) in live.policies:
             plan.scaling_removed.append(resource_id(key))
             plan.changes.append(Change(Kind.SCALING, key, Action.DELETE))
+    for name in file.inference_components:
+        if name in live.owned_components:
+            plan.components_removed.append(name)
+            plan.changes.append(Change(Kind.COMPONENT, name, Action.DELETE))
     for name in file.endpoints:
         if name in live.owned_endpoints:
             plan.endpoints_removed.append(name)

@@ -78,13 +78,21 @@ class TagStore:
             conn.execute(query)
 
 
-TAGGABLE = ("model", "endpoint-config", "endpoint", "training-job", "transform-job")
+TAGGABLE = (
+    "model",
+    "endpoint-config",
+    "endpoint",
+    "inference-component",
+    "training-job",
+    "transform-job",
+)
 """The resource kinds in ARNs (``arn:aws:sagemaker:<region>:<account>:<kind>/<name>``)."""
 
 _KIND_WORDS = {
     "model": "model",
     "endpoint-config": "endpoint configuration",
     "endpoint": "endpoint",
+    "inference-component": "inference component",
     "training-job": "training job",
     "transform-job": "transform job",
 }
@@ -146,7 +154,7 @@ class Tagging:
         if parts[:3] != ["arn", "aws", "sagemaker"] or kind not in TAGGABLE or not name:
             raise InvalidParameter(
                 f"{arn} is not the ARN of a SageMaker model, endpoint configuration, "
-                "endpoint or training job."
+                "endpoint, inference component, training job or transform job."
             )
         if not self.exists(kind, arn):
             raise ResourceNotFound.of(_KIND_WORDS[kind], arn)
