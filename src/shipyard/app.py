@@ -242,6 +242,8 @@ class Gateway:
                 describe_transform=self.transforms.describe,
             ),
             events=EventLog(self.store.engine),
+            components=self.components.components.list,
+            sessions=self.invocations.sessions.count,
         )
         return ConsoleDoor(
             state=state,

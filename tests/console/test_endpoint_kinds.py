@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import GatewayProcess, deploy, make_tarball, start_gateway
+from tests.conftest import GatewayProcess, deploy, make_tarball, start_gateway, wait_until
 from tests.console.conftest import Tab
 from tests.e2e.test_multimodel import _deploy_mme, _invoke
 from tests.e2e.test_serverless import create_serverless
@@ -86,4 +86,54 @@ def test_an_async_endpoint_shows_its_backlog(
     backlog.wait_for()
     tab.page.wait_for_selector('[data-backlog="0"]')  # all three answered
     assert "asynchronous" in tab.page.locator("dl.facts").first.inner_text()
+    assert tab.errors == []
+
+
+def test_an_endpoint_of_components_shows_them_their_copies_placement_and_sessions(
+    gw: GatewayProcess, open_tab: Callable[..., Tab], tmp_path: Path
+) -> None:
+    role = "arn:aws:iam::123456789012:role/x"
+    url = make_tarball("echo", tmp_path / "echo.tar.gz").as_uri()
+    gw.sm.create_model(
+        ModelName="ic-echo",
+        PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": url},
+        ExecutionRoleArn=role,
+    )
+    gw.sm.create_endpoint_config(
+        EndpointConfigName="shared", ExecutionRoleArn=role,
+        ProductionVariants=[{"VariantName": "AllTraffic", "InstanceType": "ml.m5.large",
+                             "InitialInstanceCount": 2}],
+    )  # fmt: skip
+    gw.sm.create_endpoint(EndpointName="shared", EndpointConfigName="shared")
+    gw.sm.get_waiter("endpoint_in_service").wait(
+        EndpointName="shared", WaiterConfig={"Delay": 0.2, "MaxAttempts": 300}
+    )
+    gw.sm.create_inference_component(
+        InferenceComponentName="echoes", EndpointName="shared", VariantName="AllTraffic",
+        Specification={"ModelName": "ic-echo", "ComputeResourceRequirements": {
+            "NumberOfCpuCoresRequired": 1.5, "MinMemoryRequiredInMb": 1024}},
+        RuntimeConfig={"CopyCount": 2},
+    )  # fmt: skip
+    wait_until(
+        lambda: (
+            gw.sm.describe_inference_component(InferenceComponentName="echoes")[
+                "InferenceComponentStatus"
+            ]
+            == "InService"
+        ),
+        "echoes in service",
+    )
+    gw.rt.invoke_endpoint(
+        EndpointName="shared", InferenceComponentName="echoes", Body=b"{}",
+        SessionId="NEW_SESSION",
+    )  # fmt: skip
+    tab = _endpoint_page(open_tab, gw, "shared")
+    row = tab.page.locator("section[data-view] tr", has_text="cores, 1024 MB")
+    row.filter(has_text="2/2").wait_for()
+    text = row.inner_text()
+    assert "echoes" in text
+    assert "1.5 cores, 1024 MB" in text
+    assert "0, 1" in text  # 1.5 cores each: one copy per 2-core instance
+    view = tab.page.locator("section[data-view]").first.inner_text()
+    assert "Variant AllTraffic: 2 instances." in view and "Open sessions: 1." in view
     assert tab.errors == []

@@ -273,6 +273,7 @@ class Converger:
                 keep_all=variant.managed_scaling is None,
             )
             fleet.hosts[variant.name] = plan.hosts
+            fleet.placement.update(plan.placed)
             for c in hosted:
                 await self._converge_component(
                     fleet, variant, c, plan.copies(c.name), plan.short.get(c.name, 0)
@@ -337,9 +338,15 @@ class Converger:
         fleet.components[c.name] = ComponentCopies(variant.name, c.generation, resources)
         new = [self.provisioner.new_slot(fleet.endpoint, fleet, c.name) for _ in range(fit)]
         fleet.slots[c.name] = list(old)
-        outcomes = await asyncio.gather(
-            *(self.provisioner.start_slot(s) for s in new), return_exceptions=True
-        )
+        # Requests for the component wait for these copies meanwhile, rather than failing.
+        fleet.starting[c.name] = len(new)
+        self.publisher.publish(fleet)
+        try:
+            outcomes = await asyncio.gather(
+                *(self.provisioner.start_slot(s) for s in new), return_exceptions=True
+            )
+        finally:
+            fleet.starting.pop(c.name, None)
         failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
         if failed is not None:
             await self.provisioner.stop_slots(new)
@@ -368,6 +375,7 @@ class Converger:
 
     async def _remove_component(self, fleet: Fleet, c: InferenceComponent) -> None:
         slots = fleet.slots.pop(c.name, [])
+        fleet.placement.pop(c.name, None)
         fleet.components.pop(c.name, None)
         fleet.templates.pop(c.name, None)
         self.publisher.publish(fleet)

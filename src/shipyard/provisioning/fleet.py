@@ -148,6 +148,8 @@ class Fleet:
     specification they are."""
     hosts: dict[str, int] = field(default_factory=dict)
     """Per variant of inference components: the instances it has (placement.py)."""
+    placement: dict[str, list[int]] = field(default_factory=dict)
+    """Per inference component: the instance (index in its variant) of each copy."""
 
     def all_slots(self) -> list[Slot]:
         return [s for slots in self.slots.values() for s in slots]

@@ -82,6 +82,11 @@ class Sessions:
             raise gone(session_id)
         return session.instance_id
 
+    def count(self, endpoint: str) -> int:
+        """Sessions of ``endpoint`` not yet expired (for the console)."""
+        now = self._clock()
+        return sum(1 for s in self._live.values() if s.endpoint == endpoint and s.expires > now)
+
     def close(self, session_id: str) -> None:
         self._live.pop(session_id, None)
 

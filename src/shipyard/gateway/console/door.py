@@ -174,7 +174,12 @@ class ConsoleDoor:
             endpoint, config = await run_in_threadpool(self.state.endpoint_record, name)
         except ResourceNotFound:
             return _fragment(fragments.not_found(f'Could not find endpoint "{name}".'), 404)
-        return _fragment(fragments.endpoint(self.state.detail(endpoint, config)))
+        components = (
+            await run_in_threadpool(self.state.components_of, name)
+            if config is not None and config.hosts_components
+            else []
+        )
+        return _fragment(fragments.endpoint(self.state.detail(endpoint, config, components)))
 
     async def metrics_view(self, request: Request) -> Response:
         name = request.path_params["name"]

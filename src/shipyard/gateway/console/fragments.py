@@ -145,6 +145,8 @@ def endpoint(detail: EndpointDetail) -> str:
         "<h2>Instances</h2>",
         _instances(detail),
     ]
+    if detail.components or detail.hosts:
+        parts += ["<h2>Inference components</h2>", _components(detail)]
     if detail.multi_model:
         parts += ["<h2>Multi-model cache</h2>", _model_cache(detail)]
     if detail.serverless:
@@ -212,6 +214,33 @@ def _instances(detail: EndpointDetail) -> str:
             empty="No instances running.",
         )
         + starting
+    )
+
+
+def _components(detail: EndpointDetail) -> str:
+    hosts = "".join(
+        f'<p class="muted">Variant {esc(variant)}: {n} instance{"" if n == 1 else "s"}.</p>'
+        for variant, n in sorted(detail.hosts.items())
+    )
+    sessions = f'<p class="muted">Open sessions: {detail.sessions}.</p>' if detail.sessions else ""
+    return (
+        table(
+            ("Component", "Variant", "Status", "Copies", "Per copy", "Placed on instances"),
+            (
+                (
+                    esc(c.name) + _failure(c.failure_reason),
+                    esc(c.variant),
+                    badge(c.status),
+                    f"{c.current}/{c.desired}",
+                    f"{c.cpus:g} cores, {c.memory_mb} MB",
+                    esc(", ".join(str(i) for i in c.placed_on)) or "—",
+                )
+                for c in detail.components
+            ),
+            empty="No inference components.",
+        )
+        + hosts
+        + sessions
     )
 
 

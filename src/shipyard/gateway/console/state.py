@@ -25,7 +25,15 @@ from shipyard.control.endpoints import EndpointService
 from shipyard.errors import ShipyardError
 from shipyard.metrics import Metrics
 from shipyard.provisioning.fleet import Fleet, Slot
-from shipyard.records import Endpoint, EndpointConfig, Event, Job, TransformJob, VariantSpec
+from shipyard.records import (
+    Endpoint,
+    EndpointConfig,
+    Event,
+    InferenceComponent,
+    Job,
+    TransformJob,
+    VariantSpec,
+)
 from shipyard.routing.table import EndpointRoute
 from shipyard.storage.events import EventLog, EventState
 
@@ -111,6 +119,22 @@ class ServerlessRow:
 
 
 @dataclass(frozen=True, slots=True)
+class ComponentRow:
+    """One inference component of an endpoint: its copies and where they are placed."""
+
+    name: str
+    variant: str
+    status: str
+    failure_reason: str | None
+    desired: int
+    current: int
+    cpus: float
+    memory_mb: int
+    placed_on: tuple[int, ...]
+    """The instance (index in its variant) of each copy."""
+
+
+@dataclass(frozen=True, slots=True)
 class EndpointDetail:
     """Everything the endpoint page shows but its charts."""
 
@@ -123,6 +147,11 @@ class EndpointDetail:
     backlog: BacklogReading | None
     mirrored: bool = False
     """Another gateway sharing the store runs the fleet; this one only routes to it."""
+    components: tuple[ComponentRow, ...] = ()
+    hosts: dict[str, int] = field(default_factory=dict)
+    """Per variant of inference components: its instances."""
+    sessions: int = 0
+    """Sessions open on the endpoint (on this gateway)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,8 +186,13 @@ class ConsoleState:
         metrics: Metrics,
         jobs: JobReads,
         events: EventLog,
+        components: Callable[[str], list[InferenceComponent]] = lambda endpoint: [],
+        sessions: Callable[[str], int] = lambda endpoint: 0,
     ) -> None:
         self.endpoints = endpoints
+        self.components_of = components
+        """An endpoint's inference components (a store read: it blocks)."""
+        self.sessions = sessions
         self.fleets = fleets
         self.routes = routes
         self.backlogs = backlogs
@@ -261,7 +295,12 @@ class ConsoleState:
             is_async=bool(config and config.async_config),
         )
 
-    def detail(self, endpoint: Endpoint, config: EndpointConfig | None) -> EndpointDetail:
+    def detail(
+        self,
+        endpoint: Endpoint,
+        config: EndpointConfig | None,
+        components: Sequence[InferenceComponent] = (),
+    ) -> EndpointDetail:
         fleet = self.fleets.get(endpoint.name)
         instances: list[InstanceRow] = []
         serverless: list[ServerlessRow] = []
@@ -295,6 +334,9 @@ class ConsoleState:
             serverless=tuple(serverless),
             backlog=self.backlogs.get(endpoint.name),
             mirrored=table is not None,
+            components=tuple(_component_row(c, fleet) for c in components),
+            hosts=dict(fleet.hosts) if fleet is not None else {},
+            sessions=self.sessions(endpoint.name),
         )
 
     def series(self, endpoint: str) -> dict[str, dict[str, float]]:
@@ -335,6 +377,22 @@ class ConsoleState:
             name: sum(1 for s in slots if s.instance is not None and s.instance.healthy)
             for name, slots in fleet.slots.items()
         }
+
+
+def _component_row(c: InferenceComponent, fleet: Fleet | None) -> ComponentRow:
+    slots = fleet.slots.get(c.name, []) if fleet is not None else []
+    needs = c.spec.requirements
+    return ComponentRow(
+        name=c.name,
+        variant=c.variant,
+        status=c.status.value,
+        failure_reason=c.failure_reason,
+        desired=c.copies,
+        current=sum(1 for s in slots if s.instance is not None and s.instance.healthy),
+        cpus=needs.cpus if needs is not None else 0.0,
+        memory_mb=needs.min_memory_mb if needs is not None else 0,
+        placed_on=tuple(fleet.placement.get(c.name, ())) if fleet is not None else (),
+    )
 
 
 def _instance_row(instance_id: str, variant: str, slot: Slot) -> InstanceRow:
