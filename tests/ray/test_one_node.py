@@ -274,3 +274,62 @@ def test_an_async_endpoint_on_ray_reads_and_writes_s3(
 
     wait_until(lambda: output() is not None, "the async answer in S3", timeout_s=60)
     assert json.loads(output() or b"") == [6.0]
+
+
+def test_inference_component_copies_run_on_ray_and_a_session_follows_its_copy(
+    ray_cluster: RayCluster, ray_gateway: Callable[..., GatewayProcess], bucket: Bucket
+) -> None:
+    """Each copy is an instance process under a Ray actor on the node, reserving the
+    component's cores and memory; requests name the component, and a session stays on
+    the copy that opened it."""
+    gw = ray_gateway(s3_env(bucket))
+    sm, role = gw.sm, "arn:aws:iam::123456789012:role/x"
+    sm.create_model(
+        ModelName="envs",
+        PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": s3_model(bucket, "env_dump")},
+        ExecutionRoleArn=role,
+    )
+    sm.create_endpoint_config(
+        EndpointConfigName="hosts", ExecutionRoleArn=role,
+        ProductionVariants=[{"VariantName": "AllTraffic", "InstanceType": "ml.m5.large",
+                             "InitialInstanceCount": 1}],
+    )  # fmt: skip
+    sm.create_endpoint(EndpointName="hosts", EndpointConfigName="hosts")
+    wait_in_service(sm, "hosts")
+    sm.create_inference_component(
+        InferenceComponentName="on-ray", EndpointName="hosts", VariantName="AllTraffic",
+        Specification={"ModelName": "envs", "ComputeResourceRequirements": {
+            "NumberOfCpuCoresRequired": 0.5, "MinMemoryRequiredInMb": 256}},
+        RuntimeConfig={"CopyCount": 2},
+    )  # fmt: skip
+    wait_until(
+        lambda: (
+            sm.describe_inference_component(InferenceComponentName="on-ray")[
+                "InferenceComponentStatus"
+            ]
+            == "InService"
+        ),
+        "on-ray in service",
+        timeout_s=180,
+    )
+    copies = {i: pid for i, pid in instance_processes(ray_cluster).items() if "on-ray" in i}
+    assert len(copies) == 2, copies
+
+    def ask(**extra: Any) -> tuple[dict[str, str], Any]:
+        out = gw.rt.invoke_endpoint(
+            EndpointName="hosts", InferenceComponentName="on-ray", Body=b"{}", **extra
+        )
+        return json.loads(out["Body"].read()), out
+
+    env, opened = ask(SessionId="NEW_SESSION")
+    assert env["SHIPYARD_INFERENCE_COMPONENT"] == "on-ray"
+    assert env["SHIPYARD_INSTANCE_ID"] in copies
+    session = opened["NewSessionId"].split(";")[0]
+    followed = {ask(SessionId=session)[0]["SHIPYARD_INSTANCE_ID"] for _ in range(5)}
+    assert followed == {env["SHIPYARD_INSTANCE_ID"]}
+    sm.delete_inference_component(InferenceComponentName="on-ray")
+    wait_until(
+        lambda: not any("on-ray" in i for i in instance_processes(ray_cluster)),
+        "the copies stopped on the node",
+        timeout_s=60,
+    )
