@@ -497,3 +497,51 @@ def test_a_component_at_zero_copies_answers_its_next_request(
         thread.join(timeout=60)
     assert errors == [] and answers == ["idle"] * 4
     assert wait_component(sm, "idle")["RuntimeConfig"]["DesiredCopyCount"] == 1
+
+
+def test_an_endpoint_update_keeps_its_components_serving(
+    gateway: GatewayProcess, env_model: str
+) -> None:
+    sm, rt = gateway.sm, gateway.rt
+    component_endpoint(sm, "moving", count=1)
+    create_component(sm, "stays", "moving", copies=1, cpus=1.5, model="envdump")
+    wait_component(sm, "stays")
+    pid = env_of(rt, "moving", "stays")["SHIPYARD_INSTANCE_ID"]
+    sm.create_endpoint_config(
+        EndpointConfigName="moving-2", ExecutionRoleArn=ROLE,
+        ProductionVariants=[{"VariantName": "AllTraffic", "InstanceType": "ml.m5.large",
+                             "InitialInstanceCount": 2}],
+    )  # fmt: skip
+    errors: list[Exception] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            try:
+                env_of(rt, "moving", "stays")
+            except Exception as exc:  # every failure counts
+                errors.append(exc)
+
+    worker = threading.Thread(target=load)
+    worker.start()
+    try:
+        sm.update_endpoint(EndpointName="moving", EndpointConfigName="moving-2")
+        wait_in_service(sm, "moving")
+        # The new config's second instance makes room for a second 1.5-core copy.
+        sm.update_inference_component_runtime_config(
+            InferenceComponentName="stays", DesiredRuntimeConfig={"CopyCount": 2}
+        )
+        wait_until(
+            lambda: wait_component(sm, "stays")["RuntimeConfig"]["CurrentCopyCount"] == 2,
+            "two copies on two instances",
+        )
+    finally:
+        stop.set()
+        worker.join(timeout=30)
+    assert errors == []
+    described = sm.describe_endpoint(EndpointName="moving")
+    assert described["EndpointConfigName"] == "moving-2"
+    assert described["ProductionVariants"][0]["CurrentInstanceCount"] == 2
+    # The copy that served before the update still serves after it.
+    seen = {env_of(rt, "moving", "stays")["SHIPYARD_INSTANCE_ID"] for _ in range(20)}
+    assert pid in seen

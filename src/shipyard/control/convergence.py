@@ -127,6 +127,8 @@ class Converger:
             )
             return
         old = self.fleets.get(ep.name)
+        if old is not None:
+            _hand_over_components(old, fleet)
         self.fleets[ep.name] = fleet
         self.publisher.publish(fleet)
         await self._change(
@@ -412,3 +414,17 @@ class Converger:
         except ShipyardError as exc:
             # The user moved the endpoint meanwhile (deleted it, say); the next pass sees it.
             log.info("endpoint %s changed underneath a converge step: %s", name, exc)
+
+
+def _hand_over_components(old: Fleet, new: Fleet) -> None:
+    """An endpoint of components moves to a new config: the copies running go with it
+    (they are processes of their own, not of the old config's instances), so they serve
+    on without a gap; the next converge pass places them on the new config's instances,
+    stopping those that no longer fit."""
+    for name, copies in list(old.components.items()):
+        if copies.variant not in new.slots:
+            continue  # its variant is gone: its copies stop with the old fleet
+        new.components[name] = old.components.pop(name)
+        new.slots[name] = old.slots.pop(name, [])
+        new.templates[name] = old.templates.pop(name)
+        new.placement[name] = old.placement.pop(name, [])
