@@ -4,6 +4,7 @@ and the Predictor it returns, unchanged."""
 
 import json
 import sys
+import time
 
 import boto3
 import sagemaker
@@ -37,7 +38,19 @@ predictor = model.deploy(
     inference_component_name="sdk-ic-component",
     serializer=JSONSerializer(),
     deserializer=JSONDeserializer(),
+    # The SDK's own waits poll every 30 s; the component is waited for below instead.
+    wait=False,
 )
+waiter_delay = 0.25
+while True:
+    status = session.sagemaker_client.describe_inference_component(
+        InferenceComponentName="sdk-ic-component"
+    )["InferenceComponentStatus"]
+    if status == "InService":
+        break
+    if status == "Failed":
+        raise SystemExit("the component failed")
+    time.sleep(waiter_delay)
 print("COMPONENT", predictor.component_name, flush=True)
 answer = predictor.predict({"x": 1})
 print("ANSWER", json.dumps(answer["SHIPYARD_INFERENCE_COMPONENT"]), flush=True)
