@@ -50,7 +50,7 @@ run: install
 	$(BIN)/shipyard serve --host 127.0.0.1 --port $(PORT) --home $(HOME_DIR) --demo
 
 test: install-dev
-	$(BIN)/pytest -q -n 3 --dist loadgroup --durations=25
+	$(BIN)/pytest -q -n 3 --durations=25
 
 coverage: install-dev
 	$(BIN)/pytest -q -n 3 --cov=shipyard --cov-report=term-missing:skip-covered

@@ -21,10 +21,6 @@ from tests.conftest import GatewayProcess, make_tarball, start_gateway
 ROLE = "arn:aws:iam::123456789012:role/x"
 
 
-# One worker runs the module (make test's --dist loadgroup): its gateway starts once.
-pytestmark = pytest.mark.xdist_group("cli-apply")
-
-
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     gateway = start_gateway(tmp_path_factory.mktemp("apply") / "home")

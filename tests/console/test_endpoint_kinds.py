@@ -14,9 +14,6 @@ from tests.e2e.test_multimodel import _deploy_mme, _invoke
 from tests.e2e.test_serverless import create_serverless
 from tests.runtime.mme_models import write_models
 
-# One worker runs the module (make test's --dist loadgroup): its gateway starts once.
-pytestmark = pytest.mark.xdist_group("console-kinds")
-
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:

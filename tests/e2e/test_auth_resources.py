@@ -370,3 +370,38 @@ def test_console_lists_keep_what_the_key_reaches(
         status, body = _view(gw, path, OPS)
         assert status == 200 and "team-b" in body, path
     assert theirs in _view(gw, "/jobs", OPS)[1]
+
+
+def test_inference_components_are_scoped_by_their_name(
+    teams: tuple[GatewayProcess, Path],
+) -> None:
+    """Describe/Update/Delete name the component: a builder scoped to team-a-* cannot
+    reach team B's, nor scale it through Application Auto Scaling."""
+    gw, _ = teams
+    builder = client(gw, "sagemaker", BUILDER, BUILDER_SECRET)
+    for call in (
+        lambda: builder.describe_inference_component(InferenceComponentName="team-b-ic"),
+        lambda: builder.delete_inference_component(InferenceComponentName="team-b-ic"),
+        lambda: builder.update_inference_component_runtime_config(
+            InferenceComponentName="team-b-ic", DesiredRuntimeConfig={"CopyCount": 0}
+        ),
+    ):
+        code, status, message = error_code(call)
+        assert (code, status) == ("AccessDeniedException", 403), message
+        assert "inference-component/team-b-ic" in message
+    scaling = client(gw, "application-autoscaling", BUILDER, BUILDER_SECRET)
+    code, status, message = error_code(
+        lambda: scaling.register_scalable_target(
+            ServiceNamespace="sagemaker",
+            ResourceId="inference-component/team-b-ic",
+            ScalableDimension="sagemaker:inference-component:DesiredCopyCount",
+            MinCapacity=0,
+            MaxCapacity=1,
+        )  # fmt: skip
+    )
+    assert (code, status) == ("AccessDeniedException", 403), message
+    # Its own name is reached (and then found missing, as SageMaker says).
+    code, _, message = error_code(
+        lambda: builder.describe_inference_component(InferenceComponentName="team-a-ic")
+    )
+    assert code == "ValidationException" and "Could not find inference component" in message

@@ -545,3 +545,10 @@ def test_an_endpoint_update_keeps_its_components_serving(
     # The copy that served before the update still serves after it.
     seen = {env_of(rt, "moving", "stays")["SHIPYARD_INSTANCE_ID"] for _ in range(20)}
     assert pid in seen
+    # A weight change on a variant of components settles, and leaves the copies alone.
+    sm.update_endpoint_weights_and_capacities(
+        EndpointName="moving",
+        DesiredWeightsAndCapacities=[{"VariantName": "AllTraffic", "DesiredWeight": 2.0}],
+    )
+    wait_in_service(sm, "moving")
+    assert wait_component(sm, "stays")["RuntimeConfig"]["CurrentCopyCount"] == 2

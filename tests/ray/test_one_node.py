@@ -25,8 +25,7 @@ from tests.e2e.processes import instance_pids
 from tests.ray.conftest import RayCluster, instance_processes
 
 # Starting a Ray node takes 15 s on an idle 2-core machine, and several times that on a busy one.
-# One worker runs the module (make test's --dist loadgroup): its Ray node is started once.
-pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("ray-one-node")]
+pytestmark = pytest.mark.timeout(300)
 
 
 def s3_model(bucket: Bucket, model: str) -> str:

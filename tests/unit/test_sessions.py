@@ -26,7 +26,9 @@ def test_a_closed_session_or_another_endpoints_is_refused() -> None:
     sessions.open("s1", "e", "i-1")
     with pytest.raises(RuntimeValidationError):
         sessions.instance_for("other", "s1")
-    sessions.close("s1")
+    sessions.close("s1", "other")  # another endpoint's model cannot close it
+    assert sessions.instance_for("e", "s1") == "i-1"
+    sessions.close("s1", "e")
     with pytest.raises(RuntimeValidationError):
         sessions.instance_for("e", "s1")
 

@@ -59,6 +59,11 @@ class Converger:
     ) -> None:
         self.store = store
         self.components = components or ComponentStore(store.engine)
+        self._placed: dict[str, tuple[Any, ...]] = {}
+        """Per endpoint of components: what its last component step was asked (the
+        components' rows and the desired instance counts). Until that changes, what the
+        step could not reach (copies that fit nowhere, a copy that fails to start) is
+        not tried again on every pass."""
         self.provisioner = provisioner
         self.publisher = publisher
         self.fleets = fleets
@@ -91,6 +96,7 @@ class Converger:
             await self._change(ep.name, status=EndpointStatus.FAILED, failure_reason=str(exc))
             return
         self.fleets[ep.name] = fleet
+        self._placed.pop(ep.name, None)
         self.publisher.publish(fleet)
         if ep.status is EndpointStatus.CREATING:
             await self._change(
@@ -129,6 +135,7 @@ class Converger:
         old = self.fleets.get(ep.name)
         if old is not None:
             _hand_over_components(old, fleet)
+        self._placed.pop(ep.name, None)
         self.fleets[ep.name] = fleet
         self.publisher.publish(fleet)
         await self._change(
@@ -153,10 +160,13 @@ class Converger:
                 return
             fleet = self.fleets[ep.name]
         serverless = {v.name for v in fleet.config.variants if v.serverless is not None}
+        hosting = {v.name for v in fleet.config.variants if v.hosts_components}
         for state in ep.variants:
             fleet.weights[state.name] = state.desired_weight
             if state.name in serverless:
                 continue  # its instances follow its requests, not a count
+            if state.name in hosting:
+                continue  # its instances are capacity for copies: placed by the next pass
             slots = fleet.slots[state.name]
             extra = slots[state.desired_instance_count :]
             if extra:
@@ -224,9 +234,13 @@ class Converger:
 
     # -- inference components -----------------------------------------------------------
 
-    @staticmethod
-    def components_settled(fleet: Fleet, components: list[InferenceComponent]) -> bool:
-        """Whether ``fleet`` runs what ``components`` ask for, so no step is needed."""
+    def components_settled(
+        self, ep: Endpoint, fleet: Fleet, components: list[InferenceComponent]
+    ) -> bool:
+        """Whether ``fleet`` runs what ``components`` ask for, or a step was already
+        asked exactly this, so no step is needed."""
+        if self._placed.get(ep.name) == _asked(ep, components):
+            return True
         for c in components:
             if c.status in (ComponentStatus.CREATING, ComponentStatus.UPDATING):
                 return False
@@ -235,7 +249,7 @@ class Converger:
             if c.status is ComponentStatus.FAILED or c.spec.base is not None:
                 continue
             running = fleet.components.get(c.name)
-            if running is None and c.copies:
+            if running is None:
                 return False
             if running is not None and (
                 running.generation != c.generation or len(fleet.slots[c.name]) != c.copies
@@ -249,6 +263,7 @@ class Converger:
         fleet = self.fleets.get(ep.name)
         if fleet is None:
             return
+        self._placed[ep.name] = _asked(ep, components)
         for c in components:
             if c.status is ComponentStatus.DELETING:
                 await self._remove_component(fleet, c)
@@ -428,3 +443,10 @@ def _hand_over_components(old: Fleet, new: Fleet) -> None:
         new.slots[name] = old.slots.pop(name, [])
         new.templates[name] = old.templates.pop(name)
         new.placement[name] = old.placement.pop(name, [])
+
+
+def _asked(ep: Endpoint, components: list[InferenceComponent]) -> tuple[Any, ...]:
+    return (
+        tuple((c.name, c.modified) for c in components),
+        tuple((v.name, v.desired_instance_count) for v in ep.variants),
+    )

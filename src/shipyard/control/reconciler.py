@@ -246,7 +246,7 @@ class Reconciler:
             ep.status is EndpointStatus.IN_SERVICE
             and fleet is not None
             and fleet.config.hosts_components
-            and not steps.components_settled(fleet, components)
+            and not steps.components_settled(ep, fleet, components)
         ):
             return steps.place_components(ep, components)
         return None

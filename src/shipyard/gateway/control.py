@@ -46,6 +46,7 @@ _NAMED = {
     "ModelName": "model",
     "EndpointConfigName": "endpoint-config",
     "EndpointName": "endpoint",
+    "InferenceComponentName": "inference-component",
     "TrainingJobName": "training-job",
     "TransformJobName": "transform-job",
 }
@@ -125,6 +126,8 @@ class ControlDoor:
                 found.append(item)
             elif key == "ResourceId" and item.startswith("endpoint/"):
                 found.append(arn("endpoint", item.split("/")[1]))
+            elif key == "ResourceId" and item.startswith("inference-component/"):
+                found.append(arn("inference-component", item.split("/")[1]))
             elif key == "logGroupName" and item.startswith(ENDPOINTS_GROUP):
                 found.append(arn("endpoint", item.removeprefix(ENDPOINTS_GROUP)))
             elif key == "logStreamName" and params.get("logGroupName") == JOBS_GROUP:

@@ -104,7 +104,7 @@ class RuntimeDoor:
             elif key == _TARGET_VARIANT:
                 target = value.decode()
             elif key == _COMPONENT:
-                component = value.decode()
+                component = value.decode(errors="replace")
         if content_length is not None and content_length > self.max_payload_bytes:
             raise self.too_large(body_left=True)
         # The whole body before any instance is chosen: a client that trickles it must

@@ -297,7 +297,7 @@ def _request_headers(
         elif key == _TARGET_VARIANT:
             target = value.decode()
         elif key == _COMPONENT:
-            component = value.decode()
+            component = value.decode(errors="replace")
     return forward, target, component, content_length
 
 

@@ -106,7 +106,7 @@ class Invocations:
         if found is None:
             return False
         key, value = call.headers[found]
-        asked = value.decode()
+        asked = value.decode(errors="replace")
         if asked == NEW_SESSION:
             call.session = self.sessions.new_id()
             call.headers[found] = (key, call.session.encode())
@@ -124,7 +124,7 @@ class Invocations:
             session = self.sessions.open(call.session, route.name, call.instance.instance_id)
             call.opened = session.header(call.session)
         if closed:
-            self.sessions.close(closed.decode(errors="replace").strip())
+            self.sessions.close(closed.decode(errors="replace").strip(), route.name)
 
     @staticmethod
     def component(route: EndpointRoute, name: str | None) -> VariantRoute:

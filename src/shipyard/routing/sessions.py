@@ -87,8 +87,11 @@ class Sessions:
         now = self._clock()
         return sum(1 for s in self._live.values() if s.endpoint == endpoint and s.expires > now)
 
-    def close(self, session_id: str) -> None:
-        self._live.pop(session_id, None)
+    def close(self, session_id: str, endpoint: str) -> None:
+        """The model of ``endpoint`` closed the session (one of its own only)."""
+        session = self._live.get(session_id)
+        if session is not None and session.endpoint == endpoint:
+            del self._live[session_id]
 
     def _sweep(self) -> None:
         """Forget expired sessions (on each open: their number stays bounded by what a

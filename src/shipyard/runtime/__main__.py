@@ -74,7 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     cache: Path = args.model_cache or Path(tempfile.mkdtemp(prefix="shipyard-model-"))
     fetched: dict[Path, str] = {}  # host folder -> the URI the user gave
+    sock = None
     try:
+        # The port first: the gateway chose it free a moment ago, and a model that takes
+        # seconds to load would leave it free for another process to take meanwhile.
+        sock = server.bind(args.host, args.port)
         model_dir: Path = args.model_dir or _fetch(args.model_url, cache, os.environ)
         if args.model_url:
             fetched[model_dir] = args.model_url
@@ -83,10 +87,11 @@ def main(argv: list[str] | None = None) -> int:
             fetched[code_dir] = os.environ["SAGEMAKER_SUBMIT_DIRECTORY"]
         app = _app(model_dir, os.environ, code_dir)
         spare.record_imports(os.environ)
-        sock = server.bind(args.host, args.port)
     except Exception as exc:
         log.exception("could not start the model in %s", args.model_dir or args.model_url)
         launch.write_reason(args.error_file, exc, fetched=fetched)
+        if sock is not None:
+            sock.close()
         return 1
     heap.settle()  # the model is loaded: later collections need not walk it
     log.info("serving %r on %s:%s", app, args.host, args.port)

@@ -126,8 +126,11 @@ class ComponentStore:
         }
         if copies is not None:
             values["copies"] = copies
+        live = [ComponentStatus.IN_SERVICE.value, ComponentStatus.CREATING.value,
+                ComponentStatus.UPDATING.value]  # fmt: skip
+        query = update(table).where(table.c.name == name).where(table.c.status.in_(live))
         with transaction(self.engine) as conn:
-            if conn.execute(update(table).where(table.c.name == name).values(**values)).rowcount:
+            if conn.execute(query.values(**values)).rowcount:
                 return
         raise not_found(name)
 
