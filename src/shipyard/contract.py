@@ -30,6 +30,10 @@ INFERENCE_ID = b"X-Amzn-SageMaker-Inference-Id"
 TARGET_MODEL = b"X-Amzn-SageMaker-Target-Model"
 SESSION_ID = b"X-Amzn-SageMaker-Session-Id"
 TARGET_CONTAINER_HOSTNAME = b"X-Amzn-SageMaker-Target-Container-Hostname"
+ADAPTER_IDENTIFIER = b"x-amzn-sagemaker-adapter-identifier"
+"""Which adapter (an adapter inference component) a request is for, as SageMaker's LoRA
+container standard names it; written by the gateway only, never forwarded from a client
+(runtime/adapters.py)."""
 
 FORWARDED: dict[bytes, bytes] = {
     name.lower(): name

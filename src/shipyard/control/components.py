@@ -138,6 +138,11 @@ class ComponentService:
     def _set_copies(
         self, name: str, copies: int, also: Callable[[Connection], None] | None = None
     ) -> None:
+        if self.components.get(name).spec.base is not None:
+            raise InvalidParameter(
+                f"Inference component {name} is an adapter: it runs in the copies of its "
+                "base component, so scale that one instead."
+            )
         if not self.components.change(
             name,
             expect=[ComponentStatus.IN_SERVICE, ComponentStatus.CREATING, ComponentStatus.UPDATING],
@@ -192,11 +197,7 @@ class ComponentService:
     def _check_spec(self, name: str, spec: ComponentSpec, host: VariantSpec, endpoint: str) -> None:
         if spec.base is not None:
             self._check_adapter(name, spec, endpoint)
-            raise InvalidParameter(
-                f"Inference component {name} is an adapter (BaseInferenceComponentName): "
-                "adapters loaded into their base component's copies are not supported by "
-                "this gateway yet."
-            )
+            return
         if (spec.model_name is None) == (spec.image is None):
             raise InvalidParameter(
                 f"Inference component {name}: its Specification needs either ModelName or "
@@ -269,5 +270,10 @@ class ComponentService:
                 f"Inference component {name} is an adapter (BaseInferenceComponentName): "
                 "it takes its base's copies, model and compute resources, so its "
                 "Specification gives only Container.ArtifactUrl."
+            )
+        if not spec.artifact_url:
+            raise InvalidParameter(
+                f"Inference component {name} is an adapter (BaseInferenceComponentName): "
+                "Specification.Container.ArtifactUrl, where its adapter is, is required."
             )
         self.host_access.check_location(spec.artifact_url, "Specification.Container.ArtifactUrl")

@@ -28,7 +28,7 @@ from shipyard.control.placement import Demand, place
 from shipyard.control.publishing import RoutePublisher
 from shipyard.control.serverless import ServerlessScaler
 from shipyard.errors import FleetFailed, ShipyardError
-from shipyard.provisioning.fleet import ComponentCopies, Fleet, Provisioner, Slot
+from shipyard.provisioning.fleet import AdapterOf, ComponentCopies, Fleet, Provisioner, Slot
 from shipyard.records import (
     ComponentStatus,
     Endpoint,
@@ -246,7 +246,12 @@ class Converger:
                 return False
             if c.status is ComponentStatus.DELETING:
                 return False
-            if c.status is ComponentStatus.FAILED or c.spec.base is not None:
+            if c.status is ComponentStatus.FAILED:
+                continue
+            if c.spec.base is not None:
+                adapter = fleet.adapters.get(c.name)
+                if adapter is None or adapter.generation != c.generation:
+                    return False
                 continue
             running = fleet.components.get(c.name)
             if running is None:
@@ -295,7 +300,37 @@ class Converger:
                 await self._converge_component(
                     fleet, variant, c, plan.copies(c.name), plan.short.get(c.name, 0)
                 )
+        by_name = {c.name: c for c in components}
+        for c in live:
+            if c.spec.base is not None:
+                await self._converge_adapter(fleet, c, by_name.get(c.spec.base))
         self.publisher.publish(fleet)
+
+    async def _converge_adapter(
+        self, fleet: Fleet, c: InferenceComponent, base: InferenceComponent | None
+    ) -> None:
+        """An adapter serves once its base has copies (or is at zero copies, which a
+        request for the adapter brings back); each copy loads it before its first
+        request for it (routing/adapters.py)."""
+        assert c.spec.base is not None
+        if base is None or base.status in (ComponentStatus.DELETING, ComponentStatus.FAILED):
+            fleet.adapters.pop(c.name, None)
+            state = "gone" if base is None else base.status.value
+            await self._component_status(
+                c,
+                ComponentStatus.FAILED,
+                f"Its base inference component {c.spec.base} is {state}.",
+            )
+            return
+        if c.spec.base not in fleet.components:
+            await self._component_status(
+                c,
+                c.status,
+                f"Waiting for its base inference component {c.spec.base} to be placed.",
+            )
+            return
+        fleet.adapters[c.name] = AdapterOf(c.spec.base, c.spec.artifact_url or "", c.generation)
+        await self._component_status(c, ComponentStatus.IN_SERVICE)
 
     async def _converge_component(
         self,
@@ -395,8 +430,12 @@ class Converger:
         fleet.placement.pop(c.name, None)
         fleet.components.pop(c.name, None)
         fleet.templates.pop(c.name, None)
+        adapter = fleet.adapters.pop(c.name, None)
         self.publisher.publish(fleet)
         await self.provisioner.drain_and_stop(slots)
+        if adapter is not None:
+            copies = [s.instance for s in fleet.slots.get(adapter.base, []) if s.instance]
+            await self.publisher.adapters.unregister(copies, c.name)
         await asyncio.to_thread(self.components.delete, c.name)
 
     async def _component_status(
@@ -443,6 +482,9 @@ def _hand_over_components(old: Fleet, new: Fleet) -> None:
         new.slots[name] = old.slots.pop(name, [])
         new.templates[name] = old.templates.pop(name)
         new.placement[name] = old.placement.pop(name, [])
+    for name, adapter in list(old.adapters.items()):
+        if adapter.base in new.components:
+            new.adapters[name] = old.adapters.pop(name)
 
 
 def _asked(ep: Endpoint, components: list[InferenceComponent]) -> tuple[Any, ...]:

@@ -17,6 +17,7 @@ from shipyard.capture.writer import CaptureWriter
 from shipyard.metrics import Metrics
 from shipyard.provisioning.fleet import Fleet, Slot
 from shipyard.records import EndpointConfig, VariantSpec
+from shipyard.routing.adapters import AdapterLoader, AdapterRoute
 from shipyard.routing.instance import Instance
 from shipyard.routing.multimodel import MultiModelRoute
 from shipyard.routing.policies import LeastOutstandingRequests, model_policy_for, policy_for
@@ -50,6 +51,8 @@ class RoutePublisher:
         ServerlessScaler)."""
         self.capture = capture
         """Where variants of configs with a DataCaptureConfig hand their records."""
+        self.adapters = AdapterLoader()
+        """The adapters registered in component copies (routing/adapters.py)."""
         self.on_component_demand: Callable[[Fleet, str], None] = lambda fleet, name: None
         """Where a request for a component with no copy goes (the reconciler starts one)."""
         self.on_change: Callable[[str, Fleet | None], None] = lambda endpoint, fleet: None
@@ -104,24 +107,36 @@ class RoutePublisher:
         routes = []
         for name, copies in fleet.components.items():
             variant = variants[copies.variant]
-            routes.append(
-                VariantRoute(
-                    variant.name,
-                    weight=0.0,
-                    policy=policy_for(variant.routing_strategy, max_in_flight=self.max_in_flight),
-                    instances=[s.instance for s in fleet.slots[name] if s.instance is not None],
-                    metrics=self.metrics.for_variant(fleet.endpoint, name),
-                    capture=None
-                    if self.capture is None
-                    else self.capture.for_variant(
-                        fleet.endpoint, variant.name, capture_of(fleet.config)
-                    ),
-                    coming=fleet.starting.get(name, 0),
-                    component=name,
-                    admission=FromZero(partial(self.on_component_demand, fleet, name)),
-                )
+            routes.append(self._component_route(fleet, variant, name, name))
+        for name, adapter in fleet.adapters.items():
+            base = fleet.components.get(adapter.base)
+            if base is None:
+                continue
+            route = self._component_route(fleet, variants[base.variant], name, adapter.base)
+            route.dispatch = AdapterRoute(
+                route.policy, name=name, src=adapter.src, loader=self.adapters
             )
+            routes.append(route)
         return routes
+
+    def _component_route(
+        self, fleet: Fleet, variant: VariantSpec, name: str, copies_of: str
+    ) -> VariantRoute:
+        """The route of component ``name``, to the copies of ``copies_of`` (itself, or
+        for an adapter its base)."""
+        return VariantRoute(
+            variant.name,
+            weight=0.0,
+            policy=policy_for(variant.routing_strategy, max_in_flight=self.max_in_flight),
+            instances=[s.instance for s in fleet.slots[copies_of] if s.instance is not None],
+            metrics=self.metrics.for_variant(fleet.endpoint, name),
+            capture=None
+            if self.capture is None
+            else self.capture.for_variant(fleet.endpoint, variant.name, capture_of(fleet.config)),
+            coming=fleet.starting.get(copies_of, 0),
+            component=name,
+            admission=FromZero(partial(self.on_component_demand, fleet, copies_of)),
+        )
 
     def publish_starting(
         self, endpoint: str, config: EndpointConfig, *, waiting: bool = False

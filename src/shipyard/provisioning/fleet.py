@@ -7,6 +7,7 @@ down (through the Backend) but not when; deciding that is the Reconciler's job.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import shutil
 import time
@@ -89,6 +90,10 @@ class VariantTemplate:
     group: GroupTemplate | None = None
     """For a multi-container model: its containers, each a process of every instance.
     ``environment`` then holds only what the gateway adds to each container's own."""
+    start_timeout_s: float | None = None
+    """How long an instance has to pass its first ``/ping`` (an inference component's
+    StartupParameters.ContainerStartupHealthCheckTimeoutInSeconds); None: the gateway's
+    ``instance_start_timeout_s``."""
 
 
 @dataclass(eq=False)
@@ -109,6 +114,8 @@ class Slot:
     retired: bool = False
     """Taken out of its fleet for good (a serverless instance idle or over its memory):
     never restarted."""
+    start_timeout_s: float | None = None
+    """Its template's ``start_timeout_s``."""
 
     def __repr__(self) -> str:
         return f"Slot(id={self.spec.instance_id!r}, variant={self.variant!r})"
@@ -123,6 +130,16 @@ class ComponentCopies:
     """The component's specification generation its copies run."""
     resources: Resources | None = None
     """What each copy reserves (its ComputeResourceRequirements)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterOf:
+    """An adapter component a fleet serves in the copies of its base component."""
+
+    base: str
+    src: str
+    """Its artifact (Container.ArtifactUrl), which each base copy fetches and loads."""
+    generation: int
 
 
 @dataclass(eq=False)
@@ -150,6 +167,8 @@ class Fleet:
     """Per variant of inference components: the instances it has (placement.py)."""
     placement: dict[str, list[int]] = field(default_factory=dict)
     """Per inference component: the instance (index in its variant) of each copy."""
+    adapters: dict[str, AdapterOf] = field(default_factory=dict)
+    """Adapter components (BaseInferenceComponentName), served by their base's copies."""
 
     def all_slots(self) -> list[Slot]:
         return [s for slots in self.slots.values() for s in slots]
@@ -331,6 +350,8 @@ class Provisioner:
             )
         template = await self._template(model, component.name)
         template.environment["SHIPYARD_INFERENCE_COMPONENT"] = component.name
+        if spec.startup_timeout_s is not None:
+            template = dataclasses.replace(template, start_timeout_s=spec.startup_timeout_s)
         return template
 
     async def _template(self, model: Model, variant: str) -> VariantTemplate:
@@ -438,7 +459,9 @@ class Provisioner:
         )
         if template.group is not None:
             spec = group_spec(spec, template.group)
-        return Slot(spec=spec, variant=variant, scratch=scratch)
+        return Slot(
+            spec=spec, variant=variant, scratch=scratch, start_timeout_s=template.start_timeout_s
+        )
 
     async def start_slot(self, slot: Slot) -> None:
         """Start the slot's process and wait for its first good ``/ping``."""
@@ -464,7 +487,8 @@ class Provisioner:
         slot.handle, slot.instance = handle, instance
 
     async def _wait_ready(self, slot: Slot, handle: InstanceHandle, instance: Instance) -> None:
-        deadline = time.monotonic() + self.start_timeout_s
+        timeout_s = slot.start_timeout_s or self.start_timeout_s
+        deadline = time.monotonic() + timeout_s
         delay = 0.02
         while True:
             reason = self.backend.exit_reason(handle)
@@ -478,8 +502,7 @@ class Provisioner:
             if time.monotonic() > deadline:
                 raise FleetFailed(
                     f"Instance {slot.spec.instance_id} of production variant {slot.variant} "
-                    f"did not pass the /ping health check within "
-                    f"{self.start_timeout_s:g} s."
+                    f"did not pass the /ping health check within {timeout_s:g} s."
                 )
             await asyncio.sleep(delay)
             # At most 0.1 s between pings: a ping on a fresh loopback connection costs far

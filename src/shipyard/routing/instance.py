@@ -31,6 +31,7 @@ class Instance:
         "concurrency",
         "latency_s",
         "models",
+        "adapters",
         "last_used",
         "stop_reason",
     )
@@ -48,6 +49,9 @@ class Instance:
         self.in_flight = 0
         self.healthy = True
         self.models: dict[str, None] = {}
+        self.adapters: dict[str, str] = {}
+        """On the copies of a base inference component: the adapters registered in this
+        process (routing/adapters.py), by name → the artifact they came from."""
         self.last_used = time.monotonic()
         """When it last finished a request (monotonic): serverless instances idle long
         enough are stopped."""

@@ -17,6 +17,7 @@ with the same headers.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -39,9 +40,10 @@ from shipyard.errors import (
     ServiceUnavailable,
 )
 from shipyard.metrics import ModelMetrics
-from shipyard.routing.client import Response
+from shipyard.routing.client import Response, StreamedResponse
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import ModelPolicy
+from shipyard.routing.strategies import open_invocation
 
 if TYPE_CHECKING:
     from shipyard.routing.model_agent import ModelAgent
@@ -112,6 +114,14 @@ class MultiModelRoute:
         assert call.model is not None
         self.observe(instance, call.model, response)
         return response.header(ERROR) == TOO_LARGE
+
+    @staticmethod
+    def open(
+        instance: Instance, call: Call
+    ) -> contextlib.AbstractAsyncContextManager[StreamedResponse]:
+        """A streamed invocation goes to ``/invocations`` as it came (the built-in
+        runtime reads its TargetModel there)."""
+        return open_invocation(instance, call)
 
     @staticmethod
     def unreachable(instance: Instance, call: Call) -> None:

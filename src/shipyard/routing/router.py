@@ -49,8 +49,6 @@ from shipyard.routing.table import EndpointRoute, VariantRoute
 
 Headers = list[tuple[bytes, bytes]]
 
-_INVOCATIONS = b"/invocations"
-
 
 @dataclass(slots=True)
 class Call:
@@ -284,13 +282,7 @@ class Router:
                     started = time.perf_counter()
                     try:
                         response = await stack.enter_async_context(
-                            instance.pool.stream(
-                                b"POST",
-                                _INVOCATIONS,
-                                call.headers,
-                                call.body,
-                                content_length=call.content_length,
-                            )
+                            variant.dispatch.open(instance, call)
                         )
                     except UpstreamError as exc:
                         self._unsent(route, variant, instance, call, exc, tried)

@@ -9,7 +9,9 @@ small interfaces, set on each VariantRoute by whoever builds the table:
   answer teaches. ``OneModel`` for a variant that serves one model (its routing policy
   chooses; the body goes to ``/invocations``); MultiModelRoute (routing/multimodel.py)
   for ``Mode: MultiModel``, which chooses by TargetModel, keeps the view of which
-  instance holds which model and retries a model too large for one instance on another.
+  instance holds which model and retries a model too large for one instance on another;
+  AdapterRoute (routing/adapters.py) for an adapter inference component, which registers
+  the adapter in its base's copies and names it in each request.
 - **Admission**: whether a request may enter, and what the variant does when no instance
   can take it. ``Unlimited`` for a fleet that is there all the time; ServerlessRoute
   (routing/serverless.py) admits against MaxConcurrency and asks for instances on demand.
@@ -20,10 +22,11 @@ in the module that owns it, not a branch in the router.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from shipyard.routing.client import Response
+from shipyard.routing.client import Response, StreamedResponse
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import Policy
 
@@ -43,6 +46,13 @@ class Dispatch(Protocol):
 
     def send(self, instance: Instance, call: Call, max_body: int | None) -> Awaitable[Response]:
         """Send ``call`` to ``instance``; its answer (an UpstreamError if none came)."""
+        ...
+
+    def open(
+        self, instance: Instance, call: Call
+    ) -> contextlib.AbstractAsyncContextManager[StreamedResponse]:
+        """Send ``call`` to ``instance`` for a streamed answer: ``async with`` yields it
+        once its head is in."""
         ...
 
     def learn(self, instance: Instance, call: Call, response: Response) -> bool:
@@ -101,11 +111,25 @@ class OneModel:
             max_body=max_body,
         )
 
+    def open(
+        self, instance: Instance, call: Call
+    ) -> contextlib.AbstractAsyncContextManager[StreamedResponse]:
+        return open_invocation(instance, call)
+
     def learn(self, instance: Instance, call: Call, response: Response) -> bool:
         return False
 
     def unreachable(self, instance: Instance, call: Call) -> None:
         pass
+
+
+def open_invocation(
+    instance: Instance, call: Call
+) -> contextlib.AbstractAsyncContextManager[StreamedResponse]:
+    """``POST /invocations`` of ``call`` as it came, its answer streamed."""
+    return instance.pool.stream(
+        b"POST", _INVOCATIONS, call.headers, call.body, content_length=call.content_length
+    )
 
 
 class Unlimited:

@@ -50,8 +50,8 @@ class VariantRoute:
     instances (``component``); it is then found by that name, never by weight.
 
     ``dispatch`` and ``admission`` are the strategies the router follows for the
-    variant's requests (routing/strategies.py): the multi-model route or one model under
-    ``policy``; the serverless route or no limit.
+    variant's requests (routing/strategies.py): the one given (an adapter component's),
+    the multi-model route or one model under ``policy``; the serverless route or no limit.
     """
 
     __slots__ = (
@@ -87,6 +87,7 @@ class VariantRoute:
         shadow: bool = False,
         component: str | None = None,
         admission: Admission | None = None,
+        dispatch: Dispatch | None = None,
     ) -> None:
         self.name = name
         self.component = component
@@ -100,7 +101,13 @@ class VariantRoute:
         self.capture = capture
         self.multi_model = multi_model
         self.serverless = serverless
-        self.dispatch: Dispatch = multi_model if multi_model is not None else OneModel(policy)
+        self.dispatch: Dispatch = (
+            dispatch
+            if dispatch is not None
+            else multi_model
+            if multi_model is not None
+            else OneModel(policy)
+        )
         self.admission: Admission = UNLIMITED
         if admission is not None:
             self.admission = admission

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from shipyard import heap, launch
 from shipyard.runtime import handlers, server, spare, workers
+from shipyard.runtime.adapters import Adapters
 from shipyard.runtime.batching import DEFAULT_MAX_DELAY_MS, BatchConfig
 from shipyard.runtime.multimodel import DEFAULT_LOAD_WAIT_S
 
@@ -125,7 +126,14 @@ def _app(model_dir: Path, environ: Mapping[str, str], code_dir: Path | None = No
     batching = _batching(environ)
     if environ.get("SAGEMAKER_MULTI_MODEL", "").strip().lower() != "true":
         loaded = handlers.load(model_dir, program=program, code_dir=code_dir)
-        return server.RuntimeApp(loaded, threads=threads, batching=batching)
+        adapters = None
+        if loaded.load_adapter is not None:
+            adapters = Adapters(
+                loaded,
+                Path(tempfile.mkdtemp(prefix="shipyard-adapters-")),
+                s3_endpoint_url=environ.get("SHIPYARD_S3_ENDPOINT_URL") or None,
+            )
+        return server.RuntimeApp(loaded, threads=threads, batching=batching, adapters=adapters)
     # Imported here: s3fs and the artifact store are for multi-model instances only.
     from shipyard.runtime import model_contract, model_source
 

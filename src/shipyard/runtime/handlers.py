@@ -20,8 +20,13 @@ type, and the default ``output_fn`` encodes the dict (or one array) the chain re
 a ``(body, content_type)`` tuple; an iterator or generator in place of the body (or from
 ``predict_fn``) is a streamed answer, one chunk per item (:mod:`streaming`). Any handler
 may take an extra keyword parameter ``context``: a :class:`Context` carrying the request's
-custom attributes and taking the response's. Which handlers want it is decided once, at
-load time, so a request pays for one flag test per handler.
+custom attributes (and the adapter it names) and taking the response's. Which handlers
+want it is decided once, at load time, so a request pays for one flag test per handler.
+
+Adapters (LoRA-style adapter inference components, :mod:`adapters`): a program that
+defines ``load_adapter_fn(model, name, adapter_dir)`` takes adapters into its model, and
+``unload_adapter_fn(model, name)``, when defined, drops one; a request for an adapter
+carries its name in ``context.adapter``.
 
 Handlers are plain synchronous functions, called on the event loop or on a handler thread
 (:mod:`workers`): an instance serves one request at a time by default, like one SageMaker
@@ -65,19 +70,25 @@ class Context:
 
     ``request_custom_attributes`` is the ``X-Amzn-SageMaker-Custom-Attributes`` header of
     the request (``None`` when absent); setting ``response_custom_attributes`` sends that
-    header back with the response.
+    header back with the response. ``adapter`` names the adapter the request is for (an
+    adapter inference component, registered through ``load_adapter_fn``), or is None for
+    the base model.
     """
 
-    __slots__ = ("request_custom_attributes", "response_custom_attributes")
+    __slots__ = ("request_custom_attributes", "response_custom_attributes", "adapter")
 
-    def __init__(self, request_custom_attributes: str | None = None) -> None:
+    def __init__(
+        self, request_custom_attributes: str | None = None, adapter: str | None = None
+    ) -> None:
         self.request_custom_attributes = request_custom_attributes
         self.response_custom_attributes: str | None = None
+        self.adapter = adapter
 
     def __repr__(self) -> str:
         return (
             f"Context(request_custom_attributes={self.request_custom_attributes!r}, "
-            f"response_custom_attributes={self.response_custom_attributes!r})"
+            f"response_custom_attributes={self.response_custom_attributes!r}, "
+            f"adapter={self.adapter!r})"
         )
 
 
@@ -93,6 +104,9 @@ class Handlers:
         self._output: Handler = _find(module, "output_fn") or codecs.encode
         self._predict_tensors = _find(module, "predict_tensors_fn")
         self._predict_batch = _find(module, "predict_batch_fn")
+        self.load_adapter = _find(module, "load_adapter_fn")
+        """``load_adapter_fn(model, name, adapter_dir)``, when the program takes adapters."""
+        self.unload_adapter = _find(module, "unload_adapter_fn")
         self._transform_ctx = _takes_context(self._transform)
         self._input_ctx = _takes_context(self._input)
         self._predict_ctx = _takes_context(self._predict)

@@ -24,13 +24,15 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, NamedTuple
+from urllib.parse import unquote
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from shipyard.contract import BATCH, RESPONSE_STREAM, format_batch
+from shipyard.contract import ADAPTER_IDENTIFIER, BATCH, ERROR, RESPONSE_STREAM, format_batch
 from shipyard.errors import CodecError
 from shipyard.runtime import streaming
+from shipyard.runtime.adapters import NOT_FOUND, UNSUPPORTED, AdapterError, Adapters
 from shipyard.runtime.batching import BatchConfig, Batcher
 from shipyard.runtime.handlers import Context, Handlers, Request
 from shipyard.runtime.workers import Inline, PingStandby, Runner, batch_runner
@@ -64,9 +66,12 @@ class RuntimeApp:
         *,
         threads: Runner | None = None,
         batching: BatchConfig | None = None,
+        adapters: Adapters | None = None,
     ) -> None:
         self.handlers = handlers
         self.threads = threads or Inline()
+        self.adapters = adapters
+        """Set when the program takes adapters (``load_adapter_fn``): :mod:`adapters`."""
         self.batcher = (
             None if batching is None else Batcher(handlers, batch_runner(self.threads), batching)
         )
@@ -90,6 +95,8 @@ class RuntimeApp:
                 await send(_EMPTY_BODY)
             else:
                 await _plain(send, 405, "Method Not Allowed", allow=b"GET, HEAD")
+        elif path == "/adapters" or path.startswith("/adapters/"):
+            await self._adapters(scope, receive, send)
         else:
             await _plain(send, 404, "Not Found")
 
@@ -104,9 +111,27 @@ class RuntimeApp:
             body = b"".join(chunks)
         if message["type"] == "http.disconnect":
             return
-        content_type, accept, attributes, streamed, _ = request_headers(scope["headers"])
+        adapters = self.adapters
+        if adapters is None:
+            content_type, accept, attributes, streamed, _ = request_headers(scope["headers"])
+            adapter = None
+        else:
+            content_type, accept, attributes, streamed, raw = request_headers(
+                scope["headers"], ADAPTER_IDENTIFIER
+            )
+            adapter = None if raw is None else raw.decode("latin-1")
+            if adapter is not None and adapter not in adapters.registered:
+                await _plain(
+                    send,
+                    404,
+                    f"{NOT_FOUND}: Adapter {adapter} is not registered.",
+                    code=NOT_FOUND,
+                )
+                return
         handlers = self.handlers
-        context = Context(attributes) if handlers.uses_context else None
+        context = (
+            Context(attributes, adapter) if handlers.uses_context or adapter is not None else None
+        )
         if self.batcher is not None and handlers.batchable(content_type):
             await self._batched(send, self.batcher, (body, content_type, accept, context))
             return
@@ -130,6 +155,38 @@ class RuntimeApp:
             return
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
+
+    async def _adapters(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /adapters`` and ``DELETE /adapters/<name>`` (:mod:`adapters`)."""
+        method, path = scope["method"], scope["path"]
+        body = await _read_body(receive)
+        try:
+            if self.adapters is None:
+                raise AdapterError(
+                    400,
+                    UNSUPPORTED,
+                    f"The model's program ({self.handlers.program or 'none'}) defines no "
+                    "load_adapter_fn(model, name, adapter_dir): it takes no adapters.",
+                )
+            if path == "/adapters" and method == "POST":
+                name, src = Adapters.request(body)
+                await asyncio.to_thread(self.adapters.register, name, src)
+                text = f"Adapter {name} registered"
+            elif path != "/adapters" and method == "DELETE":
+                name = unquote(path.removeprefix("/adapters/"))
+                await asyncio.to_thread(self.adapters.unregister, name)
+                text = f"Adapter {name} unregistered"
+            else:
+                await _plain(send, 405, "Method Not Allowed", allow=b"POST, DELETE")
+                return
+        except AdapterError as exc:
+            log.warning("adapter request refused (%s): %s", exc.status, exc)
+            await _plain(send, exc.status, f"{exc.code}: {exc}", code=exc.code)
+            return
+        except Exception as exc:
+            await _failure(send, exc)
+            return
+        await _plain(send, 200, text)
 
     async def _batched(self, send: Send, batcher: Batcher, request: Request) -> None:
         try:
@@ -225,7 +282,9 @@ def describe_failure(exc: Exception) -> tuple[int, str]:
     return status, f"{name}: {text}" if text else name
 
 
-async def _plain(send: Send, status: int, text: str, *, allow: bytes | None = None) -> None:
+async def _plain(
+    send: Send, status: int, text: str, *, allow: bytes | None = None, code: str | None = None
+) -> None:
     body = text.encode()
     headers = [
         (b"content-type", b"text/plain; charset=utf-8"),
@@ -233,8 +292,19 @@ async def _plain(send: Send, status: int, text: str, *, allow: bytes | None = No
     ]
     if allow is not None:
         headers.append((b"allow", allow))
+    if code is not None:
+        headers.append((ERROR, code.encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def bind(host: str, port: int) -> socket.socket:

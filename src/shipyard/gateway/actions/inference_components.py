@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from shipyard.control.components import ComponentService
-from shipyard.errors import InvalidParameter
+from shipyard.errors import InvalidParameter, ResourceNotFound
 from shipyard.gateway.actions.listing import page
 from shipyard.records import ComponentSpec, ComputeRequirements, InferenceComponent
 
@@ -39,6 +39,8 @@ def create_inference_component(svc: ComponentService, p: dict[str, Any]) -> dict
 
 def describe_inference_component(svc: ComponentService, p: dict[str, Any]) -> dict[str, Any]:
     c = svc.describe(p["InferenceComponentName"])
+    # An adapter runs in its base's copies: those are its copies.
+    copies = c if c.spec.base is None else _base_or_self(svc, c)
     out: dict[str, Any] = {
         "InferenceComponentName": c.name,
         "InferenceComponentArn": c.arn,
@@ -46,7 +48,10 @@ def describe_inference_component(svc: ComponentService, p: dict[str, Any]) -> di
         "EndpointArn": svc.arn("endpoint", c.endpoint),
         "VariantName": c.variant,
         "Specification": _describe_spec(c),
-        "RuntimeConfig": {"DesiredCopyCount": c.copies, "CurrentCopyCount": svc.current(c)},
+        "RuntimeConfig": {
+            "DesiredCopyCount": copies.copies,
+            "CurrentCopyCount": svc.current(copies),
+        },
         "CreationTime": c.created,
         "LastModifiedTime": c.modified,
         "InferenceComponentStatus": c.status.value,
@@ -54,6 +59,13 @@ def describe_inference_component(svc: ComponentService, p: dict[str, Any]) -> di
     if c.failure_reason:
         out["FailureReason"] = c.failure_reason
     return out
+
+
+def _base_or_self(svc: ComponentService, c: InferenceComponent) -> InferenceComponent:
+    try:
+        return svc.describe(c.spec.base or c.name)
+    except ResourceNotFound:
+        return c
 
 
 def list_inference_components(svc: ComponentService, p: dict[str, Any]) -> dict[str, Any]:
