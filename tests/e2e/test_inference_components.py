@@ -226,6 +226,20 @@ def test_a_new_specification_replaces_copies_without_failing_requests(
         worker.join(timeout=30)
     assert errors == []
     assert env_of(rt, "rolling", "m")["VERSION"] == "2"
+    # The same specification again (a stack file applied twice) replaces nothing.
+    before = sm.describe_inference_component(InferenceComponentName="m")
+    sm.update_inference_component(
+        InferenceComponentName="m",
+        Specification={
+            "Container": {**container, "Environment": {"VERSION": "2"}},
+            "ComputeResourceRequirements": {
+                "NumberOfCpuCoresRequired": 0.5, "MinMemoryRequiredInMb": 1024,
+            },
+        },
+    )  # fmt: skip
+    after = sm.describe_inference_component(InferenceComponentName="m")
+    assert after["InferenceComponentStatus"] == "InService"
+    assert after["LastModifiedTime"] == before["LastModifiedTime"]
 
 
 def test_managed_instance_scaling_grows_and_shrinks_the_variant(
@@ -331,6 +345,12 @@ def test_bad_inputs_are_refused_with_validation_errors(
         rt.invoke_endpoint(EndpointName="plain", InferenceComponentName="a", Body=b"x")
     assert not_hosting.value.response["Error"]["Code"] == "ValidationError"
     assert "not allowed for endpoints" in str(not_hosting.value)
+    # An update that would leave a component no variant to run on.
+    create_component(sm, "kept", "hosts", copies=0, model="envdump")
+    refused(
+        lambda: sm.update_endpoint(EndpointName="hosts", EndpointConfigName="plain"),
+        "Delete the inference components first",
+    )
 
 
 def test_a_restarted_gateway_brings_components_back(

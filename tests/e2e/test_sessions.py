@@ -5,6 +5,8 @@ variants, on inference components and on the response stream."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from typing import Any
 
 import pytest
@@ -80,6 +82,21 @@ def test_a_session_ends_with_its_instance(gateway: GatewayProcess) -> None:
         ask(rt, "short", SessionId=lost)
     assert gone.value.response["Error"]["Code"] == "ValidationError"
     assert "is not valid" in str(gone.value)
+
+    # The instance left crashes and is restarted in place (same instance id): its
+    # sessions died with its process.
+    os.kill(left, signal.SIGKILL)
+    wait_until(lambda: _pid_or_none(rt, "short") not in (None, left), "restarted in place")
+    with pytest.raises(ClientError) as crashed:
+        ask(rt, "short", SessionId=opened[left])
+    assert crashed.value.response["Error"]["Code"] == "ValidationError"
+
+
+def _pid_or_none(rt: Any, endpoint: str) -> int | None:
+    try:
+        return int(ask(rt, endpoint)[0]["pid"])
+    except ClientError:
+        return None
 
 
 def test_sessions_on_components_and_on_the_response_stream(gateway: GatewayProcess) -> None:

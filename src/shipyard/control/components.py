@@ -102,6 +102,12 @@ class ComponentService:
         """A new specification (its copies replaced, a few at a time, never all at
         once) and/or a new copy count."""
         current = self._changeable(name)
+        if spec == current.spec:
+            # The same specification again (a stack file applied twice): nothing to
+            # replace; only a copy count, if given, changes.
+            spec = None
+            if copies is None:
+                return current
         if spec is not None:
             host = self._variant_of(current.endpoint, current.variant)
             self._check_spec(name, spec, host, current.endpoint)

@@ -386,6 +386,7 @@ class Converger:
             None if needs is None else Resources(needs.cpus or 0.0, needs.min_memory_mb << 20)
         )
         old = fleet.slots.get(c.name, [])
+        old_template, old_copies = fleet.templates.get(c.name), fleet.components.get(c.name)
         fleet.templates[c.name] = template
         fleet.components[c.name] = ComponentCopies(variant.name, c.generation, resources)
         new = [self.provisioner.new_slot(fleet.endpoint, fleet, c.name) for _ in range(fit)]
@@ -408,6 +409,9 @@ class Converger:
                 fleet.slots.pop(c.name, None)
                 fleet.components.pop(c.name, None)
                 fleet.templates.pop(c.name, None)
+            elif old_template is not None and old_copies is not None:
+                # The previous copies restart, should they fail, as what they are.
+                fleet.templates[c.name], fleet.components[c.name] = old_template, old_copies
             raise failed
         fleet.slots[c.name] = new
         self.publisher.publish(fleet)

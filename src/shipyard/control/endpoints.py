@@ -17,6 +17,7 @@ from shipyard.host_access import HostAccess
 from shipyard.instance_types import GIB, memory_bytes
 from shipyard.records import (
     AsyncConfig,
+    ComponentStatus,
     Endpoint,
     EndpointConfig,
     EndpointStatus,
@@ -24,6 +25,7 @@ from shipyard.records import (
     VariantSpec,
     VariantState,
 )
+from shipyard.storage.components import ComponentStore
 from shipyard.storage.metadata import MetadataStore, now
 from shipyard.storage.tags import Tagging, TagStore
 
@@ -49,6 +51,7 @@ class EndpointService:
         tagging: Tagging | None = None,
     ) -> None:
         self.store = store
+        self.components = ComponentStore(store.engine)
         self.host_access = host_access or HostAccess()
         self.tagging = tagging or Tagging(store=TagStore(store.engine))
         self.tagging.track("model", self.list_models)
@@ -230,6 +233,7 @@ class EndpointService:
 
     def update_endpoint(self, name: str, config_name: str) -> Endpoint:
         config = self._config_for_endpoint(config_name)
+        self._check_components_kept(name, config)
         self._check_budget(
             [(v.instance_type, v.instance_count) for v in config.variants], replacing=name
         )
@@ -243,6 +247,25 @@ class EndpointService:
             )
         self._wake()
         return endpoint
+
+    def _check_components_kept(self, name: str, config: EndpointConfig) -> None:
+        """An update must leave the endpoint's inference components a variant to run on:
+        SageMaker refuses to strand them too."""
+        hosting = {v.name for v in config.variants if v.hosts_components}
+        stranded = [
+            c
+            for c in self.components.list(name)
+            if c.variant not in hosting and c.status is not ComponentStatus.DELETING
+        ]
+        if stranded:
+            names = ", ".join(sorted(c.name for c in stranded))
+            variants = ", ".join(sorted({c.variant for c in stranded}))
+            raise InvalidParameter(
+                f"Endpoint {name} hosts inference components ({names}) on production "
+                f"variant {variants}, which endpoint configuration {config.name} has no "
+                "variant for inference components by that name. Delete the inference "
+                "components first, or keep their variant."
+            )
 
     def update_weights_and_capacities(
         self,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections import deque
 from urllib.parse import urlsplit
 
 from shipyard.routing.client import ConnectionPool
@@ -32,6 +34,7 @@ class Instance:
         "latency_s",
         "models",
         "adapters",
+        "pinned",
         "last_used",
         "stop_reason",
     )
@@ -49,6 +52,10 @@ class Instance:
         self.in_flight = 0
         self.healthy = True
         self.models: dict[str, None] = {}
+        self.pinned: deque[asyncio.Future[None]] = deque()
+        """Requests of its sessions waiting for it (routing/router.py): they can take no
+        other instance, so they wait here, not in the variant's queue, where they would
+        take turns other requests could use."""
         self.adapters: dict[str, str] = {}
         """On the copies of a base inference component: the adapters registered in this
         process (routing/adapters.py), by name → the artifact they came from."""

@@ -27,7 +27,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
-from shipyard.contract import BATCH, parse_batch
+from shipyard.contract import BATCH, SESSION_ID, parse_batch
 from shipyard.errors import EndpointNotFound, ModelError, RuntimeValidationError, UpstreamError
 from shipyard.routing.client import Response, StreamedResponse
 from shipyard.routing.multimodel import refusal, target_model
@@ -99,8 +99,14 @@ class Invocations:
         """Read the call's SessionId (routing/sessions.py): pin the call to its session's
         instance, or, for NEW_SESSION, give the model the new session's id. True when
         the call opens a session."""
+        # The doors forward headers under their canonical names (contract.FORWARDED), so
+        # no name is lower-cased here, on every request.
         found = next(
-            (n for n, (key, _) in enumerate(call.headers) if key.lower() == REQUEST_HEADER),
+            (
+                n
+                for n, (key, _) in enumerate(call.headers)
+                if key == SESSION_ID or key == REQUEST_HEADER
+            ),
             None,
         )
         if found is None:
@@ -121,7 +127,7 @@ class Invocations:
         """After a good answer: the session the call opened is recorded on the instance
         that gave it; one the model closed is forgotten."""
         if opening and call.session is not None and call.instance is not None:
-            session = self.sessions.open(call.session, route.name, call.instance.instance_id)
+            session = self.sessions.open(call.session, route.name, call.instance)
             call.opened = session.header(call.session)
         if closed:
             self.sessions.close(closed.decode(errors="replace").strip(), route.name)

@@ -28,8 +28,10 @@ import asyncio
 import contextlib
 import random
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 
 from shipyard.errors import (
     ClientGone,
@@ -80,7 +82,7 @@ class Call:
     """The InferenceComponentName the client named, if any."""
     session: str | None = None
     """The SessionId the client sent (routing/sessions.py), if any."""
-    pinned: str | None = None
+    pinned: Instance | None = None
     """The instance the call must go to (its session's), if any."""
     instance: Instance | None = None
     """The instance the call was sent to, once chosen."""
@@ -135,6 +137,7 @@ class Router:
                     successor.waiters.extend(variant.waiters)
                     variant.waiters.clear()
                 variant.wake_all()
+                _wake_pinned(variant)
             for variant in (*route.variants, *route.components.values()):
                 variant.wake_all()
         return old
@@ -144,6 +147,7 @@ class Router:
         if old is not None:
             for variant in (*old.variants, *old.components.values()):
                 variant.wake_all()
+                _wake_pinned(variant)
         return old
 
     def in_flight(self) -> Iterator[tuple[str, str, int]]:
@@ -305,8 +309,12 @@ class Router:
         """An instance for the request, counted in flight until ``_give_back``.
 
         Waits in the variant's queue when its policy queues and no instance can take the
-        request now; ``turn`` says whether the request is at the front already.
+        request now; ``turn`` says whether the request is at the front already. A
+        request of a session waits for its instance alone (``Instance.pinned``), and is
+        at the front when no other request of that instance's sessions waits.
         """
+        if call.pinned is not None and not call.pinned.pinned:
+            turn = True
         while True:
             variant = self.current(route, variant)
             instance = self._choose(variant, call, tried, turn=turn)
@@ -315,7 +323,17 @@ class Router:
                 call.instance = instance
                 return variant, instance
             # Woken but beaten to the instance: keep our place at the front.
-            await self._wait(variant, front=turn, watch_gone=call.watch_gone)
+            if call.pinned is not None:
+                await self._wait(
+                    call.pinned.pinned,
+                    partial(self._pass_on, variant, call.pinned),
+                    front=turn,
+                    watch_gone=call.watch_gone,
+                )
+            else:
+                await self._wait(
+                    variant.waiters, variant.release, front=turn, watch_gone=call.watch_gone
+                )
             turn = True
 
     def _give_back(self, route: EndpointRoute, variant: VariantRoute, instance: Instance) -> None:
@@ -327,6 +345,18 @@ class Router:
         current = self.routes.get(route.name)
         if current is not None and current is not route:
             variant = current.successor(variant) or variant
+        self._pass_on(variant, instance)
+
+    @staticmethod
+    def _pass_on(variant: VariantRoute, instance: Instance) -> None:
+        """``instance`` has room for one more request: the turn goes to a request of one
+        of its sessions waiting for it, else to the variant's queue."""
+        pinned = instance.pinned
+        while pinned:
+            waiter = pinned.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
         variant.release()
 
     @staticmethod
@@ -395,7 +425,7 @@ class Router:
         candidates = variant.instances
         if call.pinned is not None:
             # A session's requests go to its instance, or nowhere (sessions.py).
-            candidates = [i for i in candidates if i.instance_id == call.pinned]
+            candidates = [i for i in candidates if i is call.pinned]
             if not candidates or tried:
                 raise sessions.gone(call.session or "")
         if tried:
@@ -411,7 +441,8 @@ class Router:
             ):
                 raise ModelNotReady(f"No instance of variant {variant.name} is ready yet.")
         variant.admission.waiting(variant)
-        if len(variant.waiters) >= variant.queue_limit:
+        queue = variant.waiters if call.pinned is None else call.pinned.pinned
+        if len(queue) >= variant.queue_limit:
             raise ServiceUnavailable(
                 f"Every instance of variant {variant.name} is at capacity; retry later."
             )
@@ -419,17 +450,20 @@ class Router:
 
     async def _wait(
         self,
-        variant: VariantRoute,
+        queue: deque[asyncio.Future[None]],
+        pass_on: Callable[[], None],
         *,
         front: bool = False,
         watch_gone: Callable[[Callable[[], None]], Callable[[], None]] | None = None,
     ) -> None:
+        """Wait in ``queue`` for a turn; a turn that comes as the request gives up goes
+        on by ``pass_on``."""
         loop = asyncio.get_running_loop()
         waiter = loop.create_future()
         if front:
-            variant.waiters.appendleft(waiter)
+            queue.appendleft(waiter)
         else:
-            variant.waiters.append(waiter)
+            queue.append(waiter)
 
         def gone() -> None:
             if not waiter.done():
@@ -441,11 +475,11 @@ class Router:
             await waiter
         except BaseException:
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                variant.release()  # our turn came as we gave up: pass it on
+                pass_on()  # our turn came as we gave up: pass it on
             else:
                 waiter.cancel()
                 with contextlib.suppress(ValueError):  # its place counts against the queue
-                    variant.waiters.remove(waiter)
+                    queue.remove(waiter)
             raise
         finally:
             if unwatch is not None:
@@ -467,3 +501,14 @@ class Router:
         for route in self.routes.values():
             for instance in route.instances():
                 instance.pool.close()
+
+
+def _wake_pinned(variant: VariantRoute) -> None:
+    """The table changed: requests waiting for their session's instance look again (it
+    may be gone, and they fail, or still there, and they wait on)."""
+    for instance in variant.instances:
+        pinned = instance.pinned
+        while pinned:
+            waiter = pinned.popleft()
+            if not waiter.done():
+                waiter.set_result(None)

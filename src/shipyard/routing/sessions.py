@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from shipyard.errors import RuntimeValidationError
+from shipyard.routing.instance import Instance
 
 NEW_SESSION = "NEW_SESSION"
 REQUEST_HEADER = b"x-amzn-sagemaker-session-id"
@@ -35,7 +36,9 @@ DEFAULT_TTL_S = 20 * 60.0
 @dataclass(frozen=True, slots=True)
 class Session:
     endpoint: str
-    instance_id: str
+    instance: Instance
+    """The process that holds it: an instance restarted in place is a new Instance, so
+    its sessions, whose state died with the old process, are gone."""
     expires: float
     """Wall-clock seconds (time.time) after which the session is gone."""
 
@@ -62,13 +65,13 @@ class Sessions:
     def new_id() -> str:
         return uuid.uuid4().hex
 
-    def open(self, session_id: str, endpoint: str, instance_id: str) -> Session:
+    def open(self, session_id: str, endpoint: str, instance: Instance) -> Session:
         self._sweep()
-        session = Session(endpoint, instance_id, self._clock() + self.ttl_s)
+        session = Session(endpoint, instance, self._clock() + self.ttl_s)
         self._live[session_id] = session
         return session
 
-    def instance_for(self, endpoint: str, session_id: str) -> str:
+    def instance_for(self, endpoint: str, session_id: str) -> Instance:
         """The instance holding session ``session_id`` of ``endpoint``.
 
         Raises:
@@ -80,7 +83,7 @@ class Sessions:
         if session.expires <= self._clock():
             del self._live[session_id]
             raise gone(session_id)
-        return session.instance_id
+        return session.instance
 
     def count(self, endpoint: str) -> int:
         """Sessions of ``endpoint`` not yet expired (for the console)."""

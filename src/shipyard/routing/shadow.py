@@ -17,6 +17,7 @@ copy holds its request body, so the bound also caps the memory copies take.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 from collections.abc import Sequence
@@ -107,8 +108,12 @@ class ShadowCopier:
         self, route: EndpointRoute, shadow: VariantRoute, call: Call, key: tuple[str, str]
     ) -> None:
         metrics = shadow.metrics
+        # A copy of its own: the shadow's instance is not the production call's, nor is
+        # its session's (a session lives on one production instance; the shadow gets the
+        # id and may keep its own state under it).
+        copy = dataclasses.replace(call, pinned=None, instance=None, variant=shadow)
         try:
-            response, model_s = await self.router.invoke(route, shadow, call)
+            response, model_s = await self.router.invoke(route, shadow, copy)
         except RuntimeFailure as exc:
             # What the model (or the gateway, for it) answered, as CloudWatch counts it.
             status = exc.original_status_code if isinstance(exc, ModelError) else exc.status_code
