@@ -442,8 +442,20 @@ def test_apply_signs_its_calls_and_needs_the_stack_actions(
     assert out.exit_code == 0, out.output
 
 
-def components_stack(model_url: str, *, copies: int, cores: float = 0.5) -> dict[str, Any]:
-    """A model, an endpoint config without models, its endpoint and one component."""
+def components_stack(
+    model_url: str, *, copies: int, cores: float = 0.5, adapter: bool = False
+) -> dict[str, Any]:
+    """A model, an endpoint config without models, its endpoint and one component (and
+    an adapter on it, declared first)."""
+    adapters = {
+        "icc-a": {
+            "EndpointName": "ichost",
+            "Specification": {
+                "BaseInferenceComponentName": "icc",
+                "Container": {"ArtifactUrl": model_url},
+            },
+        }
+    }
     return {
         "models": {
             "icm": {
@@ -462,6 +474,7 @@ def components_stack(model_url: str, *, copies: int, cores: float = 0.5) -> dict
         },
         "endpoints": {"ichost": {"EndpointConfigName": "ichost"}},
         "inference_components": {
+            **(adapters if adapter else {}),
             "icc": {
                 "EndpointName": "ichost",
                 "Specification": {
@@ -492,10 +505,15 @@ def test_inference_components_are_applied_updated_and_destroyed(
     )
     assert answer["Body"].read() == b'{"x": 2}'
 
-    write(path, components_stack(artifacts["echo"], copies=2))
+    write(path, components_stack(artifacts["echo"], copies=2, adapter=True))
     out = shipyard(gw, "apply", str(path), "--yes")
     assert out.exit_code == 0, out.output
     assert ("inference component", "icc", "update") in actions(out.stdout)
+    assert ("inference component", "icc-a", "create") in actions(out.stdout)
+    adapted = gw.rt.invoke_endpoint(
+        EndpointName="ichost", InferenceComponentName="icc-a", Body=b'{"x": 3}'
+    )
+    assert adapted["Body"].read() == b'{"x": 3}'
     assert ("endpoint", "ichost", "unchanged") in actions(out.stdout)
     described = sm.describe_inference_component(InferenceComponentName="icc")
     assert described["RuntimeConfig"] == {"DesiredCopyCount": 2, "CurrentCopyCount": 2}
@@ -506,5 +524,6 @@ def test_inference_components_are_applied_updated_and_destroyed(
     out = shipyard(gw, "destroy", str(path), "--yes")
     assert out.exit_code == 0, out.output
     assert ("inference component", "icc", "delete") in actions(out.stdout)
+    assert ("inference component", "icc-a", "delete") in actions(out.stdout)
     assert sm.list_inference_components(EndpointNameEquals="ichost")["InferenceComponents"] == []
     assert "icm" not in {m["ModelName"] for m in sm.list_models()["Models"]}

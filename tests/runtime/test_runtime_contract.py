@@ -490,3 +490,44 @@ def test_model_server_workers_sets_how_many_predictions_run_at_once(
             assert replies[0].status == 200
             answers.append(replies[0].body)
         assert answers == expected, workers
+
+
+def test_adapters_are_registered_invoked_replaced_and_dropped(
+    start_runtime: Callable[..., Runtime], tmp_path: Path
+) -> None:
+    """SageMaker's LoRA container routes: ``model_fn(model_dir, adapter_dir)`` builds
+    each adapter's model; a request names it in X-Amzn-SageMaker-Adapter-Identifier."""
+    lora = start_runtime(MODELS / "lora")
+    for name, scale in (("x2", 2), ("x3", 3)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "adapter.json").write_text(json.dumps({"scale": scale}))
+
+    def register(name: str, src: str) -> Reply:
+        body = json.dumps({"name": name, "src": src}).encode()
+        return lora.request("POST", "/adapters", body, {"Content-Type": "application/json"})
+
+    def ask(adapter: str | None) -> Reply:
+        headers = {"Content-Type": "application/json"}
+        if adapter is not None:
+            headers["X-Amzn-SageMaker-Adapter-Identifier"] = adapter
+        return lora.request("POST", "/invocations", b"[1, 2]", headers)
+
+    assert register("a", str(tmp_path / "x2")).status == 200
+    assert ask("a").json() == {"sum": 6.0, "adapter": "a", "pid": lora.process.pid}
+    assert ask(None).json()["sum"] == 3.0
+    assert register("a", (tmp_path / "x3").as_uri()).status == 200  # replaced
+    assert ask("a").json()["sum"] == 9.0
+
+    unknown = ask("b")
+    assert unknown.status == 404
+    assert unknown.headers["x-shipyard-error"] == "AdapterNotFound"
+    failed = register("b", str(tmp_path / "missing"))
+    assert failed.status == 424 and failed.headers["x-shipyard-error"] == "AdapterLoadFailed"
+    assert ask("b").status == 404  # a failed load registers nothing
+    bad = lora.request("POST", "/adapters", b"[1]")
+    assert bad.status == 400 and bad.headers["x-shipyard-error"] == "InvalidRequest"
+    assert lora.request("GET", "/adapters").status == 405
+
+    assert lora.request("DELETE", "/adapters/a").status == 200
+    assert ask("a").status == 404
+    assert lora.request("DELETE", "/adapters/a").status == 404

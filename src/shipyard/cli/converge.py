@@ -135,7 +135,14 @@ def _put_scaling(gateway: Gateway, plan: Plan) -> None:
 def _delete(gateway: Gateway, plan: Plan, on_progress: EndpointProgress, timeout_s: float) -> None:
     """Endpoints (waited for until gone), then the configs and models under them."""
     sm = gateway.sagemaker
-    for name in plan.components_removed:
+
+    def adapter_first(name: str) -> bool:
+        with translated(gateway.url, about=f"inference component {name}"):
+            described = sm.describe_inference_component(InferenceComponentName=name)
+        return "BaseInferenceComponentName" not in described["Specification"]
+
+    # Adapters before the components they run in, which cannot go while they are there.
+    for name in sorted(plan.components_removed, key=adapter_first):
         with translated(gateway.url, about=f"inference component {name}"):
             sm.delete_inference_component(InferenceComponentName=name)
     _wait_components_gone(gateway, plan.components_removed, on_progress, timeout_s)

@@ -424,6 +424,8 @@ def _plan_components(
             continue
         plan.components_updated.append((name, body, now.arn, tags))
         plan.changes.append(Change(Kind.COMPONENT, name, Action.UPDATE, summary))
+    # Adapters after the components they run in (a stable sort keeps the file's order).
+    plan.components.sort(key=lambda item: "BaseInferenceComponentName" in item[1]["Specification"])
     return models
 
 

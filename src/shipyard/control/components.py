@@ -66,6 +66,10 @@ class ComponentService:
         copies: int,
         raw: dict[str, object],
     ) -> InferenceComponent:
+        if spec.base is not None and variant is None:
+            # An adapter names no variant: it runs where its base does.
+            base = next((c for c in self.components.list(endpoint) if c.name == spec.base), None)
+            variant = None if base is None else base.variant
         host = self._variant_of(endpoint, variant)
         self._check_spec(name, spec, host, endpoint)
         stamp = now()
@@ -129,7 +133,11 @@ class ComponentService:
 
     def delete(self, name: str) -> None:
         component = self.components.get(name)
-        adapters = [c.name for c in self.components.list(component.endpoint) if c.spec.base == name]
+        adapters = [
+            c.name
+            for c in self.components.list(component.endpoint)
+            if c.spec.base == name and c.status is not ComponentStatus.DELETING
+        ]
         if adapters:
             raise ResourceInUse(
                 f"Inference component {name} is the base of {', '.join(adapters)}; delete "

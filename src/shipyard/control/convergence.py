@@ -329,7 +329,24 @@ class Converger:
                 f"Waiting for its base inference component {c.spec.base} to be placed.",
             )
             return
-        fleet.adapters[c.name] = AdapterOf(c.spec.base, c.spec.artifact_url or "", c.generation)
+        adapter = AdapterOf(c.spec.base, c.spec.artifact_url or "", c.generation)
+        # InService once loaded in the copies its base runs now; copies started later
+        # load it before their first request for it.
+        copies = [s.instance for s in fleet.slots.get(c.spec.base, []) if s.instance]
+        failure = await self.publisher.adapters.load_all(copies, c.name, adapter.src)
+        if failure is not None:
+            log.warning("adapter %s failed to load: %s", c.name, failure)
+            if c.name in fleet.adapters:  # an update: the previous artifact serves on
+                await self._component_status(
+                    c,
+                    ComponentStatus.IN_SERVICE,
+                    f"Updating inference component {c.name} failed, it keeps its previous "
+                    f"adapter: {failure}",
+                )
+            else:
+                await self._component_status(c, ComponentStatus.FAILED, failure)
+            return
+        fleet.adapters[c.name] = adapter
         await self._component_status(c, ComponentStatus.IN_SERVICE)
 
     async def _converge_component(

@@ -72,6 +72,22 @@ class AdapterLoader:
             return None
         return answer
 
+    async def load_all(self, instances: Sequence[Instance], name: str, src: str) -> str | None:
+        """Register ``name`` in every copy of ``instances``; the first refusal's words, or
+        None once each holds it (a copy that cannot be reached is left to load it at
+        its next request)."""
+
+        async def one(instance: Instance) -> Response | None:
+            try:
+                return await self.ensure(instance, name, src)
+            except (UpstreamError, OSError):
+                return None
+
+        for refusal in await asyncio.gather(*(one(i) for i in instances)):
+            if refusal is not None:
+                return refusal.body.decode(errors="replace")[:1000]
+        return None
+
     def forget(self, instance: Instance, name: str) -> None:
         """``instance`` does not hold ``name`` (it said so): register it again next time."""
         instance.adapters.pop(name, None)

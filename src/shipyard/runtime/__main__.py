@@ -126,13 +126,12 @@ def _app(model_dir: Path, environ: Mapping[str, str], code_dir: Path | None = No
     batching = _batching(environ)
     if environ.get("SAGEMAKER_MULTI_MODEL", "").strip().lower() != "true":
         loaded = handlers.load(model_dir, program=program, code_dir=code_dir)
-        adapters = None
-        if loaded.load_adapter is not None:
-            adapters = Adapters(
-                loaded,
-                Path(tempfile.mkdtemp(prefix="shipyard-adapters-")),
-                s3_endpoint_url=environ.get("SHIPYARD_S3_ENDPOINT_URL") or None,
-            )
+        adapters = Adapters(
+            loaded,
+            model_dir,
+            Path(tempfile.gettempdir()) / f"shipyard-adapters-{os.getpid()}",
+            s3_endpoint_url=environ.get("SHIPYARD_S3_ENDPOINT_URL") or None,
+        )
         return server.RuntimeApp(loaded, threads=threads, batching=batching, adapters=adapters)
     # Imported here: s3fs and the artifact store are for multi-model instances only.
     from shipyard.runtime import model_contract, model_source

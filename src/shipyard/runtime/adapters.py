@@ -1,22 +1,25 @@
-"""Adapters: small models (LoRA adapters) loaded into the process of the model they adapt.
+"""Adapters: models loaded into the process of the model they adapt (LoRA adapters).
 
 An adapter inference component (BaseInferenceComponentName) runs in its base component's
-copies. The gateway registers it in each copy before that copy's first request for it,
-with the route SageMaker's LoRA container standard gives:
+copies. The gateway registers it in each copy, with the route SageMaker's LoRA container
+standard gives:
 
 - ``POST /adapters`` ``{"name": <adapter>, "src": <ArtifactUrl>}``: fetch the artifact
-  (a folder, a ``.tar.gz``, ``file://`` or ``s3://``, as a ModelDataUrl) and hand it to the
-  program's ``load_adapter_fn(model, name, adapter_dir)``; 200 once done. Registering a
-  name again with another ``src`` replaces it (an UpdateInferenceComponent).
-- ``DELETE /adapters/<name>``: ``unload_adapter_fn(model, name)`` when the program has
-  one; 404 when the name is not registered.
-- an invocation for the adapter carries ``X-Amzn-SageMaker-Adapter-Identifier: <name>``,
-  which reaches the handlers as ``context.adapter``; an unregistered name is answered
-  404 with ``X-Shipyard-Error: AdapterNotFound`` (the gateway registers it again).
+  (a folder, a ``.tar.gz``, ``file://`` or ``s3://``, as a ModelDataUrl) and load it; 200
+  once done. Registering a name again with another ``src`` replaces it (an
+  UpdateInferenceComponent).
+- ``DELETE /adapters/<name>``: drop it; 404 when the name is not registered.
+- an invocation for the adapter carries ``X-Amzn-SageMaker-Adapter-Identifier: <name>``
+  and is served by the adapter's model (handlers see the name in ``context.adapter``);
+  an unregistered name is answered 404 with ``X-Shipyard-Error: AdapterNotFound`` (the
+  gateway registers it again).
 
-A program without ``load_adapter_fn`` refuses registrations (400, ``AdaptersUnsupported``),
-so an adapter component on such a base fails its requests with that reason rather than
-being served by the base model as if it were the adapter.
+How an adapter is loaded (the built-in runtime's side of the contract): a program whose
+``model_fn`` takes a second argument is called as ``model_fn(model_dir, adapter_dir)``,
+and the model it returns serves the adapter's requests through the program's handlers
+(the base model with the adapter applied). Otherwise the adapter's folder is loaded as a
+model of its own, as a multi-model instance loads one: its own ``code/inference.py``, or
+the default handlers.
 
 Loading runs on a thread of its own, so ``/ping`` and requests for the base model go on
 meanwhile; registrations are serialised among themselves.
@@ -25,20 +28,22 @@ meanwhile; registrations are serialised among themselves.
 from __future__ import annotations
 
 import json
+import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 from shipyard import launch
+from shipyard.runtime import handlers
 from shipyard.runtime.handlers import Handlers
 
 NOT_FOUND = "AdapterNotFound"
-UNSUPPORTED = "AdaptersUnsupported"
 LOAD_FAILED = "AdapterLoadFailed"
 
 
 class AdapterError(Exception):
-    """A registration refused: the HTTP status and the ``X-Shipyard-Error`` code to answer."""
+    """A request refused: the HTTP status and the ``X-Shipyard-Error`` code to answer."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(message)
@@ -47,13 +52,21 @@ class AdapterError(Exception):
 
 
 class Adapters:
-    """The adapters registered in this process, by name → the ``src`` they came from."""
+    """The adapters registered in this process: name → (src, the Handlers serving it)."""
 
-    def __init__(self, handlers: Handlers, cache: Path, *, s3_endpoint_url: str | None) -> None:
-        self.handlers = handlers
+    def __init__(
+        self,
+        base: Handlers,
+        model_dir: Path,
+        cache: Path,
+        *,
+        s3_endpoint_url: str | None,
+    ) -> None:
+        self.base = base
+        self.model_dir = model_dir
         self.cache = cache
         self.s3_endpoint_url = s3_endpoint_url
-        self.registered: dict[str, str] = {}
+        self.registered: dict[str, tuple[str, Handlers]] = {}
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -74,33 +87,49 @@ class Adapters:
         return name, src
 
     def register(self, name: str, src: str) -> None:
-        """Fetch ``src`` and load it as ``name`` (blocking: run it on a thread)."""
-        load = self.handlers.load_adapter
-        if load is None:
-            raise AdapterError(
-                400,
-                UNSUPPORTED,
-                f"The model's program ({self.handlers.program or 'none'}) defines no "
-                "load_adapter_fn(model, name, adapter_dir), so it cannot load adapter "
-                f"{name}.",
-            )
+        """Fetch ``src`` and load it as adapter ``name`` (blocking: run it on a thread)."""
         with self._lock:
-            if self.registered.get(name) == src:
+            held = self.registered.get(name)
+            if held is not None and held[0] == src:
                 return
             try:
                 folder = launch.model_folder(src, self.cache, s3_endpoint_url=self.s3_endpoint_url)
-                load(self.handlers.model, name, str(folder))
+                served = self._load(folder)
             except Exception as exc:
                 raise AdapterError(
                     424, LOAD_FAILED, f"Adapter {name} failed to load: {type(exc).__name__}: {exc}"
                 ) from exc
-            self.registered[name] = src
+            self.registered[name] = (src, served)
+
+    def _load(self, folder: Path) -> Handlers:
+        module = self.base.module
+        if handlers.takes_adapter_dir(module):
+            model = handlers.call_model_fn(module, self.model_dir, str(folder))
+            return Handlers(model=model, module=module)
+        return _load_apart(folder)
 
     def unregister(self, name: str) -> None:
-        """Drop ``name`` (blocking: run it on a thread); AdapterError when not registered."""
+        """Drop ``name``; AdapterError when it is not registered."""
         with self._lock:
             if self.registered.pop(name, None) is None:
                 raise AdapterError(404, NOT_FOUND, f"Adapter {name} is not registered.")
-            unload = self.handlers.unload_adapter
-            if unload is not None:
-                unload(self.handlers.model, name)
+
+
+def _load_apart(folder: Path) -> Handlers:
+    """``handlers.load`` of an adapter's own folder, leaving ``sys.modules`` and
+    ``sys.path`` as they were for the base model: its ``inference`` module must not
+    replace the base's, nor its code folder shadow the base's imports."""
+    modules = dict(sys.modules)
+    path = list(sys.path)
+    root = os.path.realpath(folder) + os.sep
+    try:
+        return handlers.load(folder)
+    finally:
+        sys.path[:] = path
+        for name in set(sys.modules) - set(modules):
+            file = getattr(sys.modules.get(name), "__file__", None)
+            if file and os.path.realpath(file).startswith(root):
+                del sys.modules[name]
+        for name, module in modules.items():
+            if sys.modules.get(name) is not module:
+                sys.modules[name] = module

@@ -23,10 +23,12 @@ may take an extra keyword parameter ``context``: a :class:`Context` carrying the
 custom attributes (and the adapter it names) and taking the response's. Which handlers
 want it is decided once, at load time, so a request pays for one flag test per handler.
 
-Adapters (LoRA-style adapter inference components, :mod:`adapters`): a program that
-defines ``load_adapter_fn(model, name, adapter_dir)`` takes adapters into its model, and
-``unload_adapter_fn(model, name)``, when defined, drops one; a request for an adapter
-carries its name in ``context.adapter``.
+Adapters (adapter inference components, :mod:`adapters`): a ``model_fn`` that takes a
+second argument, ``model_fn(model_dir, adapter_dir)``, is called once per adapter with its
+extracted folder, and returns the model that serves the adapter's requests (the base
+model with the adapter applied, say, as LoRA adapters are); without one, the adapter's
+folder is loaded as a model of its own. Handlers see the adapter's name in
+``context.adapter``.
 
 Handlers are plain synchronous functions, called on the event loop or on a handler thread
 (:mod:`workers`): an instance serves one request at a time by default, like one SageMaker
@@ -104,9 +106,7 @@ class Handlers:
         self._output: Handler = _find(module, "output_fn") or codecs.encode
         self._predict_tensors = _find(module, "predict_tensors_fn")
         self._predict_batch = _find(module, "predict_batch_fn")
-        self.load_adapter = _find(module, "load_adapter_fn")
-        """``load_adapter_fn(model, name, adapter_dir)``, when the program takes adapters."""
-        self.unload_adapter = _find(module, "unload_adapter_fn")
+        self.module = module
         self._transform_ctx = _takes_context(self._transform)
         self._input_ctx = _takes_context(self._input)
         self._predict_ctx = _takes_context(self._predict)
@@ -249,14 +249,54 @@ def load(model_dir: Path, *, program: str | None = None, code_dir: Path | None =
     elif program is not None:
         where = "SAGEMAKER_SUBMIT_DIRECTORY" if submitted else "the model's code/ folder"
         raise FileNotFoundError(f"SAGEMAKER_PROGRAM {program} is not in {where} ({code_dir}).")
+    # The base model of a program whose model_fn takes adapters: with no adapter, or
+    # None where that parameter has no default.
+    adapter = _adapter_parameter(module)
+    required = (
+        adapter is not None
+        and adapter.default is inspect.Parameter.empty
+        and adapter.kind is not inspect.Parameter.VAR_POSITIONAL
+    )
+    base = (None,) if required else ()
+    return Handlers(model=call_model_fn(module, model_dir, *base), module=module)
+
+
+def call_model_fn(module: ModuleType | None, model_dir: Path, *extra: str | None) -> Any:
+    """``model_fn(model_dir, *extra)`` of ``module``; None when it has none."""
     model_fn = _find(module, "model_fn")
-    model: Any = None
-    if model_fn is not None:
-        if _takes_context(model_fn):
-            model = model_fn(str(model_dir), context=Context())
-        else:
-            model = model_fn(str(model_dir))
-    return Handlers(model=model, module=module)
+    if model_fn is None:
+        return None
+    if _takes_context(model_fn):
+        return model_fn(str(model_dir), *extra, context=Context())
+    return model_fn(str(model_dir), *extra)
+
+
+def takes_adapter_dir(module: ModuleType | None) -> bool:
+    """Whether the program's ``model_fn`` takes a second positional argument (an
+    adapter's folder)."""
+    return _adapter_parameter(module) is not None
+
+
+def _adapter_parameter(module: ModuleType | None) -> inspect.Parameter | None:
+    model_fn = _find(module, "model_fn")
+    if model_fn is None:
+        return None
+    try:
+        parameters = list(inspect.signature(model_fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    positional = [
+        p
+        for p in parameters
+        if p.kind
+        in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            inspect.Parameter.VAR_POSITIONAL,
+        )
+        and p.name != "context"
+    ]
+    return positional[1] if len(positional) >= 2 else None
 
 
 def _import(path: Path, code_dir: Path) -> ModuleType:

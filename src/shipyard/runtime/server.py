@@ -32,7 +32,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from shipyard.contract import ADAPTER_IDENTIFIER, BATCH, ERROR, RESPONSE_STREAM, format_batch
 from shipyard.errors import CodecError
 from shipyard.runtime import streaming
-from shipyard.runtime.adapters import NOT_FOUND, UNSUPPORTED, AdapterError, Adapters
+from shipyard.runtime.adapters import NOT_FOUND, AdapterError, Adapters
 from shipyard.runtime.batching import BatchConfig, Batcher
 from shipyard.runtime.handlers import Context, Handlers, Request
 from shipyard.runtime.workers import Inline, PingStandby, Runner, batch_runner
@@ -71,7 +71,7 @@ class RuntimeApp:
         self.handlers = handlers
         self.threads = threads or Inline()
         self.adapters = adapters
-        """Set when the program takes adapters (``load_adapter_fn``): :mod:`adapters`."""
+        """The adapters loaded into this process (:mod:`adapters`)."""
         self.batcher = (
             None if batching is None else Batcher(handlers, batch_runner(self.threads), batching)
         )
@@ -112,29 +112,42 @@ class RuntimeApp:
         if message["type"] == "http.disconnect":
             return
         adapters = self.adapters
+        handlers = self.handlers
         if adapters is None:
             content_type, accept, attributes, streamed, _ = request_headers(scope["headers"])
-            adapter = None
+            context = Context(attributes) if handlers.uses_context else None
         else:
             content_type, accept, attributes, streamed, raw = request_headers(
                 scope["headers"], ADAPTER_IDENTIFIER
             )
-            adapter = None if raw is None else raw.decode("latin-1")
-            if adapter is not None and adapter not in adapters.registered:
-                await _plain(
-                    send,
-                    404,
-                    f"{NOT_FOUND}: Adapter {adapter} is not registered.",
-                    code=NOT_FOUND,
-                )
+            context = Context(attributes) if handlers.uses_context else None
+            if raw is not None:
+                adapter = raw.decode("latin-1")
+                held = adapters.registered.get(adapter)
+                if held is None:
+                    text = f"{NOT_FOUND}: Adapter {adapter} is not registered."
+                    await _plain(send, 404, text, code=NOT_FOUND)
+                    return
+                # Never batched: a batch is of the base model's requests.
+                await self._answer(send, receive, held[1], body, content_type, accept,
+                                   Context(attributes, adapter), streamed)  # fmt: skip
                 return
-        handlers = self.handlers
-        context = (
-            Context(attributes, adapter) if handlers.uses_context or adapter is not None else None
-        )
         if self.batcher is not None and handlers.batchable(content_type):
             await self._batched(send, self.batcher, (body, content_type, accept, context))
             return
+        await self._answer(send, receive, handlers, body, content_type, accept, context, streamed)
+
+    async def _answer(
+        self,
+        send: Send,
+        receive: Receive,
+        handlers: Handlers,
+        body: bytes,
+        content_type: str,
+        accept: str,
+        context: Context | None,
+        streamed: bool,
+    ) -> None:
         try:
             payload, media_type = await self.threads.run(
                 handlers.answer, body, content_type, accept, context
@@ -162,12 +175,7 @@ class RuntimeApp:
         body = await _read_body(receive)
         try:
             if self.adapters is None:
-                raise AdapterError(
-                    400,
-                    UNSUPPORTED,
-                    f"The model's program ({self.handlers.program or 'none'}) defines no "
-                    "load_adapter_fn(model, name, adapter_dir): it takes no adapters.",
-                )
+                raise AdapterError(404, "NotFound", "This server takes no adapters.")
             if path == "/adapters" and method == "POST":
                 name, src = Adapters.request(body)
                 await asyncio.to_thread(self.adapters.register, name, src)

@@ -1,30 +1,19 @@
-"""A base model that takes adapters, as a LoRA-serving program does: each adapter's
-folder holds ``adapter.json`` (``{"scale": k}``), and a request for an adapter multiplies
-the base model's answer (the sum of its input) by that adapter's scale."""
+"""A base model that takes adapters as a LoRA-serving program does: ``model_fn`` gets an
+adapter's folder as its second argument and returns the adapted model. An adapter's
+folder holds ``adapter.json`` (``{"scale": k}``); the adapted model multiplies the base
+model's answer (the sum of its input) by k."""
 
 import json
 import os
 from pathlib import Path
 
 
-def model_fn(model_dir):
-    return {"adapters": {}}
-
-
-def load_adapter_fn(model, name, adapter_dir):
+def model_fn(model_dir, adapter_dir=None):
+    if adapter_dir is None:
+        return {"scale": 1.0}
     config = json.loads((Path(adapter_dir) / "adapter.json").read_text())
-    model["adapters"][name] = float(config["scale"])
-
-
-def unload_adapter_fn(model, name):
-    del model["adapters"][name]
+    return {"scale": float(config["scale"])}
 
 
 def predict_fn(data, model, context):
-    scale = 1.0 if context.adapter is None else model["adapters"][context.adapter]
-    return {
-        "sum": sum(data) * scale,
-        "adapter": context.adapter,
-        "loaded": sorted(model["adapters"]),
-        "pid": os.getpid(),
-    }
+    return {"sum": sum(data) * model["scale"], "adapter": context.adapter, "pid": os.getpid()}
