@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import GatewayProcess, PgSchema, deploy, unique, wait_until
 from tests.e2e.processes import alive, instance_pids
+from tests.e2e.test_inference_components import component_endpoint, wait_component
 from tests.e2e.test_jobs import ENV as JOBS_ENV
 from tests.e2e.test_jobs import job_request, wait_final
 
@@ -198,3 +199,56 @@ def test_a_holder_paused_past_its_lease_gives_its_fleet_up_when_it_wakes(
     wait_until(lambda: not any(alive(p) for p in old), "the old fleet stopped", 30)
     assert len(_fleet(a, b)) == 1
     assert _pids(holder, "paused") == set(instance_pids(other.process.pid))
+
+
+def test_both_gateways_route_to_inference_components_and_their_adapters(
+    two_gateways: tuple[GatewayProcess, GatewayProcess],
+    model_tarball: Any,
+    tmp_path: Path,
+) -> None:
+    a, b = two_gateways
+    component_endpoint(a.sm, "ics", count=1)
+    a.sm.create_inference_component(
+        InferenceComponentName="base",
+        EndpointName="ics",
+        Specification={
+            "Container": {"Image": "shipyard/python", "ArtifactUrl": model_tarball("lora")},
+            "ComputeResourceRequirements": {
+                "NumberOfCpuCoresRequired": 0.5, "MinMemoryRequiredInMb": 512,
+            },
+        },
+        RuntimeConfig={"CopyCount": 1},
+    )  # fmt: skip
+    wait_component(a.sm, "base")
+    (tmp_path / "x5").mkdir()
+    (tmp_path / "x5" / "adapter.json").write_text('{"scale": 5}')
+    a.sm.create_inference_component(
+        InferenceComponentName="x5",
+        EndpointName="ics",
+        Specification={
+            "BaseInferenceComponentName": "base",
+            "Container": {"ArtifactUrl": (tmp_path / "x5").as_uri()},
+        },
+    )
+    wait_component(a.sm, "x5")
+
+    def ask(gw: GatewayProcess, component: str) -> float:
+        rt = gw.client("sagemaker-runtime")
+        out = rt.invoke_endpoint(EndpointName="ics", InferenceComponentName=component,
+                                 Body=b"[1, 2]", ContentType="application/json")  # fmt: skip
+        return float(json.loads(out["Body"].read())["sum"])
+
+    def both_answer() -> bool:
+        try:
+            return [ask(gw, c) for gw in (a, b) for c in ("base", "x5")] == [3, 15, 3, 15]
+        except Exception:
+            return False
+
+    wait_until(both_answer, "both gateways serve the component and its adapter", 60)
+    # At zero copies, a request through either gateway brings a copy back.
+    a.sm.update_inference_component_runtime_config(
+        InferenceComponentName="base", DesiredRuntimeConfig={"CopyCount": 0}
+    )
+    wait_until(lambda: not _fleet(a, b), "no copy left", timeout_s=60)
+    for gw in (a, b):
+        assert ask(gw, "x5") == 15.0

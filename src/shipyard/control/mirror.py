@@ -35,7 +35,7 @@ from shipyard.backends.base import InstanceSpec
 from shipyard.background import Wakeup
 from shipyard.control.publishing import RoutePublisher
 from shipyard.errors import ShipyardError
-from shipyard.provisioning.fleet import Fleet, Slot, VariantTemplate
+from shipyard.provisioning.fleet import AdapterOf, ComponentCopies, Fleet, Slot, VariantTemplate
 from shipyard.records import Endpoint, EndpointConfig, EndpointStatus
 from shipyard.routing.instance import Instance
 from shipyard.routing.table import EndpointRoute
@@ -78,6 +78,13 @@ def routes_of(fleet: Fleet) -> dict[str, Any]:
             }
             for name, slots in fleet.slots.items()
         ],
+        # An endpoint of inference components: each component's copies are the slots
+        # under its name, on the variant that hosts it; adapters run in their base's.
+        "components": {name: c.variant for name, c in fleet.components.items()},
+        "adapters": {
+            name: {"base": a.base, "src": a.src, "generation": a.generation}
+            for name, a in fleet.adapters.items()
+        },
     }
 
 
@@ -234,16 +241,29 @@ class FleetMirror:
             }
         )
         fleet = Fleet(endpoint=endpoint, config=config, slots={}, weights={})
+        hosted = routes.get("components") or {}
+        variants = {v.name: v for v in config.variants}
+        for name, variant_name in hosted.items():
+            if variant_name in variants:
+                fleet.components[name] = ComponentCopies(variant_name, generation=0)
+        for name, adapter in (routes.get("adapters") or {}).items():
+            fleet.adapters[name] = AdapterOf(
+                adapter["base"], adapter["src"], int(adapter["generation"])
+            )
         for variant in routes["variants"]:
             name = variant["name"]
-            spec = next((v for v in config.variants if v.name == name), None)
-            if spec is None:
+            spec = variants.get(name)
+            if spec is None and name not in fleet.components:
                 continue
-            fleet.weights[name] = (
-                spec.weight if variant["weight"] is None else float(variant["weight"])
-            )
+            if spec is not None:
+                fleet.weights[name] = (
+                    spec.weight if variant["weight"] is None else float(variant["weight"])
+                )
             fleet.templates[name] = VariantTemplate("", {}, None, prefix=variant["prefix"])
-            fleet.starting[name] = max(int(variant["starting"]), 1)
+            # A component's copies are not always coming: at zero, its requests ask the
+            # holder (through the store) for one, as they would on the holder.
+            coming = int(variant["starting"])
+            fleet.starting[name] = coming if name in fleet.components else max(coming, 1)
             fleet.slots[name] = []
             for recorded in variant["instances"]:
                 if not _reachable(recorded["url"], routes.get("host")):

@@ -288,7 +288,9 @@ class Reconciler:
         """A request waits for a component with no copy: ask the store for one (once;
         the request waits for it in the component's queue), as the serverless endpoints
         do for an instance."""
-        if self.fleets.get(fleet.endpoint) is not fleet or name in self._from_zero:
+        ours = self.fleets.get(fleet.endpoint) is fleet
+        mirrored = self.mirror.fleets.get(fleet.endpoint) is fleet  # the holder starts it
+        if not (ours or mirrored) or name in self._from_zero:
             return
         self._from_zero.add(name)
 
