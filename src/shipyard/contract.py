@@ -34,6 +34,10 @@ ADAPTER_IDENTIFIER = b"x-amzn-sagemaker-adapter-identifier"
 """Which adapter (an adapter inference component) a request is for, as SageMaker's LoRA
 container standard names it; written by the gateway only, never forwarded from a client
 (runtime/adapters.py)."""
+ADAPTERS_TOKEN = b"x-shipyard-adapters-token"
+"""On ``POST /adapters`` and ``DELETE /adapters/<name>``: the token the copy got in its
+environment (ADAPTERS_TOKEN_ENV), so only the gateway registers adapters in it."""
+ADAPTERS_TOKEN_ENV = "SHIPYARD_ADAPTERS_TOKEN"
 
 FORWARDED: dict[bytes, bytes] = {
     name.lower(): name

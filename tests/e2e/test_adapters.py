@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,16 @@ def test_an_adapter_is_loaded_into_its_base_components_copies(
     assert {a["adapter"] for a in answers} == {"ten"}
     base = ask(rt, "base", [1, 2, 3])
     assert base["sum"] == 6.0 and base["adapter"] is None
+    # Requests for the base and the adapter share its copies' queue: under concurrent
+    # load of both, none waits beside a copy left idle.
+    quick = gateway.client("sagemaker-runtime", read_timeout=20, max_attempts=1)
+
+    def burst(n: int) -> list[float]:
+        return [ask(quick, "ten" if k % 2 else "base", [1])["sum"] for k in range(n)]
+
+    with ThreadPoolExecutor(6) as pool:
+        sums = [s for part in pool.map(burst, [12] * 6) for s in part]
+    assert sorted(set(sums)) == [1.0, 10.0] and len(sums) == 72
     streamed = rt.invoke_endpoint_with_response_stream(
         EndpointName="lora",
         InferenceComponentName="ten",

@@ -497,14 +497,17 @@ def test_adapters_are_registered_invoked_replaced_and_dropped(
 ) -> None:
     """SageMaker's LoRA container routes: ``model_fn(model_dir, adapter_dir)`` builds
     each adapter's model; a request names it in X-Amzn-SageMaker-Adapter-Identifier."""
-    lora = start_runtime(MODELS / "lora")
+    lora = start_runtime(MODELS / "lora", SHIPYARD_ADAPTERS_TOKEN="t0ken")
+    token = {"X-Shipyard-Adapters-Token": "t0ken"}
     for name, scale in (("x2", 2), ("x3", 3)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "adapter.json").write_text(json.dumps({"scale": scale}))
 
     def register(name: str, src: str) -> Reply:
         body = json.dumps({"name": name, "src": src}).encode()
-        return lora.request("POST", "/adapters", body, {"Content-Type": "application/json"})
+        return lora.request(
+            "POST", "/adapters", body, {"Content-Type": "application/json", **token}
+        )
 
     def ask(adapter: str | None) -> Reply:
         headers = {"Content-Type": "application/json"}
@@ -524,10 +527,22 @@ def test_adapters_are_registered_invoked_replaced_and_dropped(
     failed = register("b", str(tmp_path / "missing"))
     assert failed.status == 424 and failed.headers["x-shipyard-error"] == "AdapterLoadFailed"
     assert ask("b").status == 404  # a failed load registers nothing
-    bad = lora.request("POST", "/adapters", b"[1]")
+    bad = lora.request("POST", "/adapters", b"[1]", token)
     assert bad.status == 400 and bad.headers["x-shipyard-error"] == "InvalidRequest"
-    assert lora.request("GET", "/adapters").status == 405
+    assert lora.request("GET", "/adapters", b"", token).status == 405
+    # Only the holder of the copy's token registers or drops adapters.
+    body = json.dumps({"name": "c", "src": str(tmp_path / "x2")}).encode()
+    assert lora.request("POST", "/adapters", body).status == 403
+    wrong = {"X-Shipyard-Adapters-Token": "guess"}
+    assert lora.request("DELETE", "/adapters/a", b"", wrong).status == 403
+    assert ask("a").status == 200
 
-    assert lora.request("DELETE", "/adapters/a").status == 200
+    assert lora.request("DELETE", "/adapters/a", b"", token).status == 200
     assert ask("a").status == 404
-    assert lora.request("DELETE", "/adapters/a").status == 404
+    assert lora.request("DELETE", "/adapters/a", b"", token).status == 404
+
+
+def test_a_process_that_is_no_components_copy_has_no_adapters_route(echo: Runtime) -> None:
+    body = json.dumps({"name": "a", "src": "/"}).encode()
+    refused = echo.request("POST", "/adapters", body, {"X-Shipyard-Adapters-Token": ""})
+    assert refused.status == 404

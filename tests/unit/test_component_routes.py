@@ -4,15 +4,20 @@ table swaps by their component, not by the variant that hosts them."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
 import pytest
 
+from shipyard.backends.base import InstanceSpec
+from shipyard.control.publishing import RoutePublisher
 from shipyard.errors import RuntimeValidationError, ServiceUnavailable
 from shipyard.metrics import Metrics
+from shipyard.provisioning.fleet import AdapterOf, ComponentCopies, Fleet, Slot
+from shipyard.records import EndpointConfig, RoutingStrategy, VariantSpec
 from shipyard.routing.instance import Instance
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.policies import LeastOutstandingRequests
-from shipyard.routing.router import Router
+from shipyard.routing.router import Call, Router
 from shipyard.routing.table import EndpointRoute, VariantRoute
 
 METRICS = Metrics()
@@ -82,5 +87,43 @@ def test_requests_waiting_for_a_component_move_to_its_next_table() -> None:
         # Moved, then given a turn: the new table may have room.
         assert waiter.done()
         assert not old.components["a"].waiters
+
+    asyncio.run(scenario())
+
+
+def test_an_adapter_and_its_base_wait_in_one_queue_for_their_shared_copies() -> None:
+    """A copy freed by a request of the base serves a request of its adapter waiting
+    (and the reverse): they share the copies, so they share the queue."""
+
+    async def scenario() -> None:
+        router = Router(timeout_s=5)
+        publisher = RoutePublisher(
+            router=router, metrics=Metrics(), max_in_flight=1, model_routing="lru"
+        )
+        variant = VariantSpec(
+            "AllTraffic", "", "ml.m5.large", 1, 1.0, RoutingStrategy.LEAST_OUTSTANDING_REQUESTS
+        )
+        config = EndpointConfig("e", "arn:e", (variant,), datetime.now(UTC))
+        copy = Instance("e-base-1", "base", "http://127.0.0.1:9")
+        slot = Slot(spec=InstanceSpec("e-base-1", ""), variant="base", instance=copy)
+        fleet = Fleet(
+            endpoint="e",
+            config=config,
+            slots={"AllTraffic": [], "base": [slot]},
+            weights={"AllTraffic": 1.0},
+            components={"base": ComponentCopies("AllTraffic", 1, token="t")},
+            adapters={"ten": AdapterOf("base", "file:///ten", 1)},
+        )
+        publisher.publish(fleet)
+        route = router.routes["e"]
+        base, adapter = route.components["base"], route.components["ten"]
+        assert adapter.waiters is base.waiters
+        assert adapter.instances == [copy]
+        await router._take(route, base, Call([], b""), [], True)  # the copy is busy
+        waiting = asyncio.create_task(router._take(route, adapter, Call([], b""), [], True))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        router._give_back(route, base, copy)
+        assert (await asyncio.wait_for(waiting, 1))[1] is copy
 
     asyncio.run(scenario())

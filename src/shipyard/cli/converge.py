@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from botocore.exceptions import ClientError
+
 from shipyard.cli.client import Gateway, translated
 from shipyard.cli.stack import DIMENSION, NAMESPACE, Plan, policy_name
 from shipyard.errors import GatewayError
@@ -137,8 +139,10 @@ def _delete(gateway: Gateway, plan: Plan, on_progress: EndpointProgress, timeout
     sm = gateway.sagemaker
 
     def adapter_first(name: str) -> bool:
-        with translated(gateway.url, about=f"inference component {name}"):
+        try:
             described = sm.describe_inference_component(InferenceComponentName=name)
+        except ClientError:
+            return True  # gone already, or the delete below says why
         return "BaseInferenceComponentName" not in described["Specification"]
 
     # Adapters before the components they run in, which cannot go while they are there.

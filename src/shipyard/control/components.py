@@ -106,7 +106,7 @@ class ComponentService:
         """A new specification (its copies replaced, a few at a time, never all at
         once) and/or a new copy count."""
         current = self._changeable(name)
-        if spec == current.spec:
+        if spec == current.spec and not current.failure_reason:
             # The same specification again (a stack file applied twice): nothing to
             # replace; only a copy count, if given, changes.
             spec = None

@@ -24,6 +24,7 @@ import logging
 from typing import Any
 
 from shipyard.backends.base import Resources
+from shipyard.contract import ADAPTERS_TOKEN_ENV
 from shipyard.control.placement import Demand, place
 from shipyard.control.publishing import RoutePublisher
 from shipyard.control.serverless import ServerlessScaler
@@ -38,6 +39,7 @@ from shipyard.records import (
     VariantSpec,
     VariantState,
 )
+from shipyard.routing.adapters import Adapter
 from shipyard.storage.components import ComponentStore
 from shipyard.storage.metadata import MetadataStore
 
@@ -322,7 +324,7 @@ class Converger:
                 f"Its base inference component {c.spec.base} is {state}.",
             )
             return
-        if c.spec.base not in fleet.components:
+        if c.spec.base not in fleet.components or base.status is ComponentStatus.CREATING:
             await self._component_status(
                 c,
                 c.status,
@@ -330,10 +332,11 @@ class Converger:
             )
             return
         adapter = AdapterOf(c.spec.base, c.spec.artifact_url or "", c.generation)
-        # InService once loaded in the copies its base runs now; copies started later
-        # load it before their first request for it.
+        # InService once loaded in the copies its base runs now, and routed; copies
+        # started later load it before their first request for it.
         copies = [s.instance for s in fleet.slots.get(c.spec.base, []) if s.instance]
-        failure = await self.publisher.adapters.load_all(copies, c.name, adapter.src)
+        loaded = Adapter(c.name, adapter.src, c.generation, fleet.components[c.spec.base].token)
+        failure = await self.publisher.adapters.load_all(copies, loaded)
         if failure is not None:
             log.warning("adapter %s failed to load: %s", c.name, failure)
             if c.name in fleet.adapters:  # an update: the previous artifact serves on
@@ -347,6 +350,7 @@ class Converger:
                 await self._component_status(c, ComponentStatus.FAILED, failure)
             return
         fleet.adapters[c.name] = adapter
+        self.publisher.publish(fleet)
         await self._component_status(c, ComponentStatus.IN_SERVICE)
 
     async def _converge_component(
@@ -405,7 +409,12 @@ class Converger:
         old = fleet.slots.get(c.name, [])
         old_template, old_copies = fleet.templates.get(c.name), fleet.components.get(c.name)
         fleet.templates[c.name] = template
-        fleet.components[c.name] = ComponentCopies(variant.name, c.generation, resources)
+        fleet.components[c.name] = ComponentCopies(
+            variant.name,
+            c.generation,
+            resources,
+            token=template.environment.get(ADAPTERS_TOKEN_ENV, ""),
+        )
         new = [self.provisioner.new_slot(fleet.endpoint, fleet, c.name) for _ in range(fit)]
         fleet.slots[c.name] = list(old)
         # Requests for the component wait for these copies meanwhile, rather than failing.
@@ -454,9 +463,11 @@ class Converger:
         adapter = fleet.adapters.pop(c.name, None)
         self.publisher.publish(fleet)
         await self.provisioner.drain_and_stop(slots)
-        if adapter is not None:
+        base = fleet.components.get(adapter.base) if adapter is not None else None
+        if adapter is not None and base is not None:
             copies = [s.instance for s in fleet.slots.get(adapter.base, []) if s.instance]
-            await self.publisher.adapters.unregister(copies, c.name)
+            dropped = Adapter(c.name, adapter.src, adapter.generation, base.token)
+            await self.publisher.adapters.unregister(copies, dropped)
         await asyncio.to_thread(self.components.delete, c.name)
 
     async def _component_status(

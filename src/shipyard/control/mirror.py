@@ -80,7 +80,9 @@ def routes_of(fleet: Fleet) -> dict[str, Any]:
         ],
         # An endpoint of inference components: each component's copies are the slots
         # under its name, on the variant that hosts it; adapters run in their base's.
-        "components": {name: c.variant for name, c in fleet.components.items()},
+        "components": {
+            name: {"variant": c.variant, "token": c.token} for name, c in fleet.components.items()
+        },
         "adapters": {
             name: {"base": a.base, "src": a.src, "generation": a.generation}
             for name, a in fleet.adapters.items()
@@ -243,9 +245,11 @@ class FleetMirror:
         fleet = Fleet(endpoint=endpoint, config=config, slots={}, weights={})
         hosted = routes.get("components") or {}
         variants = {v.name: v for v in config.variants}
-        for name, variant_name in hosted.items():
-            if variant_name in variants:
-                fleet.components[name] = ComponentCopies(variant_name, generation=0)
+        for name, hosting in hosted.items():
+            if hosting["variant"] in variants:
+                fleet.components[name] = ComponentCopies(
+                    hosting["variant"], generation=0, token=hosting["token"]
+                )
         for name, adapter in (routes.get("adapters") or {}).items():
             fleet.adapters[name] = AdapterOf(
                 adapter["base"], adapter["src"], int(adapter["generation"])

@@ -17,7 +17,7 @@ from shipyard.capture.writer import CaptureWriter
 from shipyard.metrics import Metrics
 from shipyard.provisioning.fleet import Fleet, Slot
 from shipyard.records import EndpointConfig, VariantSpec
-from shipyard.routing.adapters import AdapterLoader, AdapterRoute
+from shipyard.routing.adapters import Adapter, AdapterLoader, AdapterRoute
 from shipyard.routing.instance import Instance
 from shipyard.routing.multimodel import MultiModelRoute
 from shipyard.routing.policies import LeastOutstandingRequests, model_policy_for, policy_for
@@ -104,20 +104,25 @@ class RoutePublisher:
     def _component_routes(self, fleet: Fleet) -> list[VariantRoute]:
         """One route per inference component: its copies, under its variant's policy."""
         variants = {v.name: v for v in fleet.config.variants}
-        routes = []
-        for name, copies in fleet.components.items():
-            variant = variants[copies.variant]
-            routes.append(self._component_route(fleet, variant, name, name))
+        routes = {
+            name: self._component_route(fleet, variants[copies.variant], name, name)
+            for name, copies in fleet.components.items()
+        }
         for name, adapter in fleet.adapters.items():
             base = fleet.components.get(adapter.base)
             if base is None:
                 continue
             route = self._component_route(fleet, variants[base.variant], name, adapter.base)
             route.dispatch = AdapterRoute(
-                route.policy, name=name, src=adapter.src, loader=self.adapters
+                route.policy,
+                adapter=Adapter(name, adapter.src, adapter.generation, base.token),
+                loader=self.adapters,
             )
-            routes.append(route)
-        return routes
+            # One queue for the base and its adapters: they share the copies, so a copy
+            # freed by a request of either serves the next waiting request of any.
+            route.waiters = routes[adapter.base].waiters
+            routes[name] = route
+        return list(routes.values())
 
     def _component_route(
         self, fleet: Fleet, variant: VariantSpec, name: str, copies_of: str

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import secrets
 import shutil
 import time
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from shipyard.backends.base import (
     runtime_for,
     variant_resources,
 )
+from shipyard.contract import ADAPTERS_TOKEN_ENV
 from shipyard.errors import BackendError, FleetFailed, ShipyardError
 from shipyard.provisioning.containers import (
     ContainerGroups,
@@ -130,6 +132,8 @@ class ComponentCopies:
     """The component's specification generation its copies run."""
     resources: Resources | None = None
     """What each copy reserves (its ComputeResourceRequirements)."""
+    token: str = ""
+    """What its copies' ``/adapters`` route takes (contract.ADAPTERS_TOKEN)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +354,8 @@ class Provisioner:
             )
         template = await self._template(model, component.name)
         template.environment["SHIPYARD_INFERENCE_COMPONENT"] = component.name
+        # Its copies take adapters from the gateway alone (routing/adapters.py).
+        template.environment[ADAPTERS_TOKEN_ENV] = secrets.token_hex(16)
         if spec.startup_timeout_s is not None:
             template = dataclasses.replace(template, start_timeout_s=spec.startup_timeout_s)
         return template

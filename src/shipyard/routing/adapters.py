@@ -1,13 +1,19 @@
 """Adapter components on the data path: their base's copies, the adapter registered first.
 
 An adapter inference component (``BaseInferenceComponentName``) has no copies of its own:
-its requests go to the copies of its base component, under the base's routing policy,
-with ``X-Amzn-SageMaker-Adapter-Identifier: <adapter>`` so the model applies it. Before a
-copy's first request for an adapter the gateway registers it there (``POST /adapters``
-``{"name", "src"}``, SageMaker's LoRA container contract; runtime/adapters.py serves it),
-once per copy process and specification: a copy restarted is a new Instance, and so is
-registered again; a copy that answers ``AdapterNotFound`` anyway is forgotten, so the
-next request registers it again.
+its requests go to the copies of its base component, under the base's routing policy and
+in the base's queue (the routes share it: a copy freed by either serves the next request
+of both), with ``X-Amzn-SageMaker-Adapter-Identifier: <adapter>`` so the copy serves it
+with the adapter. Before a copy's first request for an adapter the gateway registers it
+there (``POST /adapters`` ``{"name", "src"}``, SageMaker's LoRA container contract;
+runtime/adapters.py serves it), once per copy process and adapter generation: a copy
+restarted is a new Instance, and so is registered again; a copy that answers
+``AdapterNotFound`` anyway is forgotten, so the next request registers it again. A route
+of an older generation (a table not yet swapped) never registers over a newer one.
+
+The registration routes are the gateway's alone: each copy of a component gets a token
+in its environment (``SHIPYARD_ADAPTERS_TOKEN``) that ``/adapters`` requires, so another
+process on the host cannot make it fetch and run code of its choosing.
 
 What each copy holds is kept on its Instance (``adapters``); the registrations under way
 in one AdapterLoader (the route publisher's), not in the routes, which are rebuilt on
@@ -20,10 +26,11 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from shipyard.contract import ADAPTER_IDENTIFIER, ERROR
+from shipyard.contract import ADAPTER_IDENTIFIER, ADAPTERS_TOKEN, ERROR
 from shipyard.errors import ModelError, UpstreamError
 from shipyard.routing.client import Response, StreamedResponse
 from shipyard.routing.instance import Instance
@@ -32,54 +39,84 @@ from shipyard.routing.policies import Policy
 if TYPE_CHECKING:
     from shipyard.routing.router import Call
 
-_JSON = [(b"Content-Type", b"application/json")]
 _NOT_FOUND = b"AdapterNotFound"
 _UNREGISTER_TIMEOUT_S = 10.0
+LOAD_TIMEOUT_S = 600.0
+"""How long a copy may take to fetch and load an adapter before the load counts as failed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Adapter:
+    """One adapter as a route knows it: which artifact, of which specification, and the
+    token its copies' ``/adapters`` take."""
+
+    name: str
+    src: str
+    generation: int
+    token: str
 
 
 class AdapterLoader:
-    """Registers adapters in copies, once per copy and ``src``, one at a time per pair."""
+    """Registers adapters in copies, once per copy and generation, one at a time per pair."""
 
-    def __init__(self) -> None:
-        self._loading: dict[tuple[int, str], asyncio.Task[Response | None]] = {}
+    def __init__(self, *, load_timeout_s: float = LOAD_TIMEOUT_S) -> None:
+        self.load_timeout_s = load_timeout_s
+        self._loading: dict[tuple[Instance, str], asyncio.Task[Response | None]] = {}
 
     def __repr__(self) -> str:
         return f"AdapterLoader(loading={len(self._loading)})"
 
-    async def ensure(self, instance: Instance, name: str, src: str) -> Response | None:
-        """Register ``name`` from ``src`` in ``instance`` unless it holds it; None once it
-        does, or the copy's refusal (an error answer)."""
-        held = instance.adapters
-        if held.get(name) == src:
-            return None
-        key = (id(instance), name)
-        task = self._loading.get(key)
-        if task is None:
-            task = asyncio.create_task(self._register(instance, name, src), name=f"adapter {name}")
-            self._loading[key] = task
-            task.add_done_callback(lambda _: self._loading.pop(key, None))
-        refusal = await asyncio.shield(task)
-        if refusal is None and held.get(name) != src:
-            # Another src was registered meanwhile (an update): register this one.
-            return await self.ensure(instance, name, src)
-        return refusal
+    async def ensure(self, instance: Instance, adapter: Adapter) -> Response | None:
+        """Register ``adapter`` in ``instance`` unless it holds it, or a newer one; None
+        once it does, or the copy's refusal (an error answer)."""
+        key = (instance, adapter.name)
+        while True:
+            held = instance.adapters.get(adapter.name)
+            if held is not None and held >= adapter.generation:
+                return None
+            task = self._loading.get(key)
+            if task is None:
+                task = asyncio.create_task(
+                    self._register(instance, adapter), name=f"adapter {adapter.name}"
+                )
+                self._loading[key] = task
+            refusal = await asyncio.shield(task)
+            if refusal is not None and self._loading.get(key) is None:
+                held = instance.adapters.get(adapter.name)
+                if held is None or held < adapter.generation:
+                    return refusal
+            # Another generation's registration ran meanwhile: look again.
 
-    async def _register(self, instance: Instance, name: str, src: str) -> Response | None:
-        payload = json.dumps({"name": name, "src": src}).encode()
-        answer = await instance.pool.request(b"POST", b"/adapters", _JSON, payload)
-        if answer.status == 200:
-            instance.adapters[name] = src
-            return None
-        return answer
+    async def _register(self, instance: Instance, adapter: Adapter) -> Response | None:
+        try:
+            payload = json.dumps({"name": adapter.name, "src": adapter.src}).encode()
+            headers = [
+                (b"Content-Type", b"application/json"),
+                (ADAPTERS_TOKEN, adapter.token.encode()),
+            ]
+            try:
+                async with asyncio.timeout(self.load_timeout_s):
+                    answer = await instance.pool.request(b"POST", b"/adapters", headers, payload)
+            except TimeoutError:
+                text = f"Adapter {adapter.name} did not load within {self.load_timeout_s:g} s."
+                return Response(504, [(ERROR, b"AdapterLoadFailed")], text.encode())
+            if answer.status == 200:
+                held = instance.adapters.get(adapter.name)
+                if held is None or held < adapter.generation:
+                    instance.adapters[adapter.name] = adapter.generation
+                return None
+            return answer
+        finally:
+            self._loading.pop((instance, adapter.name), None)
 
-    async def load_all(self, instances: Sequence[Instance], name: str, src: str) -> str | None:
-        """Register ``name`` in every copy of ``instances``; the first refusal's words, or
-        None once each holds it (a copy that cannot be reached is left to load it at
+    async def load_all(self, instances: Sequence[Instance], adapter: Adapter) -> str | None:
+        """Register ``adapter`` in every copy of ``instances``; the first refusal's words,
+        or None once each holds it (a copy that cannot be reached is left to load it at
         its next request)."""
 
         async def one(instance: Instance) -> Response | None:
             try:
-                return await self.ensure(instance, name, src)
+                return await self.ensure(instance, adapter)
             except (UpstreamError, OSError):
                 return None
 
@@ -88,43 +125,49 @@ class AdapterLoader:
                 return refusal.body.decode(errors="replace")[:1000]
         return None
 
-    def forget(self, instance: Instance, name: str) -> None:
+    @staticmethod
+    def forget(instance: Instance, name: str) -> None:
         """``instance`` does not hold ``name`` (it said so): register it again next time."""
         instance.adapters.pop(name, None)
 
-    async def unregister(self, instances: Sequence[Instance], name: str) -> None:
-        """Drop ``name`` from the copies that hold it (the adapter was deleted)."""
+    async def unregister(self, instances: Sequence[Instance], adapter: Adapter) -> None:
+        """Drop ``adapter`` from the copies (it was deleted), once any registration of it
+        under way is over."""
         for instance in instances:
-            if instance.adapters.pop(name, None) is None:
+            task = self._loading.get((instance, adapter.name))
+            if task is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(task)
+            if instance.adapters.pop(adapter.name, None) is None:
                 continue
-            path = b"/adapters/" + quote(name, safe="").encode()
+            path = b"/adapters/" + quote(adapter.name, safe="").encode()
             # Best effort: a copy busy past the timeout keeps the adapter in memory, and
             # no request names it any more.
             with contextlib.suppress(UpstreamError, OSError, TimeoutError):
                 async with asyncio.timeout(_UNREGISTER_TIMEOUT_S):
-                    await instance.pool.request(b"DELETE", path, [])
+                    token = [(ADAPTERS_TOKEN, adapter.token.encode())]
+                    await instance.pool.request(b"DELETE", path, token)
 
 
 class AdapterRoute:
     """Dispatch (routing/strategies.py) for the requests of one adapter component."""
 
-    __slots__ = ("policy", "name", "src", "loader", "_header")
+    __slots__ = ("policy", "adapter", "loader", "_header")
 
-    def __init__(self, policy: Policy, *, name: str, src: str, loader: AdapterLoader) -> None:
+    def __init__(self, policy: Policy, *, adapter: Adapter, loader: AdapterLoader) -> None:
         self.policy = policy
-        self.name = name
-        self.src = src
+        self.adapter = adapter
         self.loader = loader
-        self._header = (ADAPTER_IDENTIFIER, name.encode())
+        self._header = (ADAPTER_IDENTIFIER, adapter.name.encode())
 
     def __repr__(self) -> str:
-        return f"AdapterRoute({self.name!r}, {self.policy!r})"
+        return f"AdapterRoute({self.adapter.name!r}, {self.policy!r})"
 
     def choose(self, instances: Sequence[Instance], call: Call) -> Instance | None:
         return self.policy.choose(instances)
 
     async def send(self, instance: Instance, call: Call, max_body: int | None) -> Response:
-        refusal = await self.loader.ensure(instance, self.name, self.src)
+        refusal = await self.loader.ensure(instance, self.adapter)
         if refusal is not None:
             return refusal
         return await instance.pool.request(
@@ -138,7 +181,7 @@ class AdapterRoute:
 
     @contextlib.asynccontextmanager
     async def open(self, instance: Instance, call: Call) -> AsyncIterator[StreamedResponse]:
-        refusal = await self.loader.ensure(instance, self.name, self.src)
+        refusal = await self.loader.ensure(instance, self.adapter)
         if refusal is not None:
             raise self.failure(refusal)
         async with instance.pool.stream(
@@ -149,12 +192,12 @@ class AdapterRoute:
             content_length=call.content_length,
         ) as response:
             if response.header(ERROR) == _NOT_FOUND:
-                self.loader.forget(instance, self.name)
+                self.loader.forget(instance, self.adapter.name)
             yield response
 
     def learn(self, instance: Instance, call: Call, response: Response) -> bool:
         if response.header(ERROR) == _NOT_FOUND:
-            self.loader.forget(instance, self.name)
+            self.loader.forget(instance, self.adapter.name)
         return False
 
     def unreachable(self, instance: Instance, call: Call) -> None:
@@ -165,7 +208,7 @@ class AdapterRoute:
         text = refusal.body.decode(errors="replace")[:1000]
         return ModelError(
             f"Received client error ({refusal.status}) from primary while loading adapter "
-            f'{self.name}: "{text}".',
+            f'{self.adapter.name}: "{text}".',
             original_status_code=refusal.status,
             original_message=text,
         )

@@ -56,9 +56,9 @@ class Instance:
         """Requests of its sessions waiting for it (routing/router.py): they can take no
         other instance, so they wait here, not in the variant's queue, where they would
         take turns other requests could use."""
-        self.adapters: dict[str, str] = {}
+        self.adapters: dict[str, int] = {}
         """On the copies of a base inference component: the adapters registered in this
-        process (routing/adapters.py), by name → the artifact they came from."""
+        process (routing/adapters.py), by name → the generation of its specification."""
         self.last_used = time.monotonic()
         """When it last finished a request (monotonic): serverless instances idle long
         enough are stopped."""

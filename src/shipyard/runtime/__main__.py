@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from shipyard import heap, launch
+from shipyard.contract import ADAPTERS_TOKEN_ENV
 from shipyard.runtime import handlers, server, spare, workers
 from shipyard.runtime.adapters import Adapters
 from shipyard.runtime.batching import DEFAULT_MAX_DELAY_MS, BatchConfig
@@ -126,12 +127,18 @@ def _app(model_dir: Path, environ: Mapping[str, str], code_dir: Path | None = No
     batching = _batching(environ)
     if environ.get("SAGEMAKER_MULTI_MODEL", "").strip().lower() != "true":
         loaded = handlers.load(model_dir, program=program, code_dir=code_dir)
-        adapters = Adapters(
-            loaded,
-            model_dir,
-            Path(tempfile.gettempdir()) / f"shipyard-adapters-{os.getpid()}",
-            s3_endpoint_url=environ.get("SHIPYARD_S3_ENDPOINT_URL") or None,
-        )
+        # Only a copy of an inference component takes adapters, from whoever holds its
+        # token (the gateway): the route fetches and runs code.
+        token = environ.get(ADAPTERS_TOKEN_ENV, "")
+        adapters = None
+        if token:
+            adapters = Adapters(
+                loaded,
+                model_dir,
+                Path(tempfile.gettempdir()) / f"shipyard-adapters-{os.getpid()}",
+                token=token,
+                s3_endpoint_url=environ.get("SHIPYARD_S3_ENDPOINT_URL") or None,
+            )
         return server.RuntimeApp(loaded, threads=threads, batching=batching, adapters=adapters)
     # Imported here: s3fs and the artifact store are for multi-model instances only.
     from shipyard.runtime import model_contract, model_source

@@ -9,6 +9,10 @@ standard gives:
   once done. Registering a name again with another ``src`` replaces it (an
   UpdateInferenceComponent).
 - ``DELETE /adapters/<name>``: drop it; 404 when the name is not registered.
+- both take the token the copy got in its environment (``SHIPYARD_ADAPTERS_TOKEN``) in
+  ``X-Shipyard-Adapters-Token``, else 403: registering fetches and runs code, so only the
+  gateway may. A process started without a token (not a component's copy) has no
+  ``/adapters`` at all.
 - an invocation for the adapter carries ``X-Amzn-SageMaker-Adapter-Identifier: <name>``
   and is served by the adapter's model (handlers see the name in ``context.adapter``);
   an unregistered name is answered 404 with ``X-Shipyard-Error: AdapterNotFound`` (the
@@ -27,6 +31,7 @@ meanwhile; registrations are serialised among themselves.
 
 from __future__ import annotations
 
+import hmac
 import json
 import os
 import sys
@@ -35,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from shipyard import launch
+from shipyard.contract import ADAPTERS_TOKEN
 from shipyard.runtime import handlers
 from shipyard.runtime.handlers import Handlers
 
@@ -60,8 +66,10 @@ class Adapters:
         model_dir: Path,
         cache: Path,
         *,
+        token: str,
         s3_endpoint_url: str | None,
     ) -> None:
+        self.token = token.encode()
         self.base = base
         self.model_dir = model_dir
         self.cache = cache
@@ -86,6 +94,12 @@ class Adapters:
             raise AdapterError(400, "InvalidRequest", '"name" and "src" must be non-empty strings.')
         return name, src
 
+    def check(self, headers: list[tuple[bytes, bytes]]) -> None:
+        """AdapterError unless ``headers`` carry this process's token."""
+        sent = next((v for k, v in headers if k == ADAPTERS_TOKEN), b"")
+        if not hmac.compare_digest(sent, self.token):
+            raise AdapterError(403, "Forbidden", "Adapters are registered by the gateway only.")
+
     def register(self, name: str, src: str) -> None:
         """Fetch ``src`` and load it as adapter ``name`` (blocking: run it on a thread)."""
         with self._lock:
@@ -106,7 +120,7 @@ class Adapters:
         if handlers.takes_adapter_dir(module):
             model = handlers.call_model_fn(module, self.model_dir, str(folder))
             return Handlers(model=model, module=module)
-        return _load_apart(folder)
+        return _load_apart(folder, self.base)
 
     def unregister(self, name: str) -> None:
         """Drop ``name``; AdapterError when it is not registered."""
@@ -115,13 +129,24 @@ class Adapters:
                 raise AdapterError(404, NOT_FOUND, f"Adapter {name} is not registered.")
 
 
-def _load_apart(folder: Path) -> Handlers:
+def _load_apart(folder: Path, base: Handlers) -> Handlers:
     """``handlers.load`` of an adapter's own folder, leaving ``sys.modules`` and
     ``sys.path`` as they were for the base model: its ``inference`` module must not
-    replace the base's, nor its code folder shadow the base's imports."""
+    replace the base's, nor its code folder shadow the base's imports, and while it
+    loads the base's own modules (its code folder's) are out of sight, so the adapter's
+    ``import helpers`` finds its own. (Imports its handlers make later, per request,
+    resolve against the base's path: an adapter's code imports what it needs at load.)"""
     modules = dict(sys.modules)
     path = list(sys.path)
     root = os.path.realpath(folder) + os.sep
+    base_file = getattr(base.module, "__file__", None)
+    if base_file:
+        base_root = os.path.dirname(os.path.realpath(base_file)) + os.sep
+        for name, module in modules.items():
+            file = getattr(module, "__file__", None)
+            if file and os.path.realpath(file).startswith(base_root):
+                del sys.modules[name]
+        sys.path[:] = [p for p in path if os.path.realpath(p) + os.sep != base_root]
     try:
         return handlers.load(folder)
     finally:

@@ -172,12 +172,12 @@ class RuntimeApp:
     async def _adapters(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``POST /adapters`` and ``DELETE /adapters/<name>`` (:mod:`adapters`)."""
         method, path = scope["method"], scope["path"]
-        body = await _read_body(receive)
         try:
             if self.adapters is None:
                 raise AdapterError(404, "NotFound", "This server takes no adapters.")
+            self.adapters.check(scope["headers"])
             if path == "/adapters" and method == "POST":
-                name, src = Adapters.request(body)
+                name, src = Adapters.request(await _read_body(receive))
                 await asyncio.to_thread(self.adapters.register, name, src)
                 text = f"Adapter {name} registered"
             elif path != "/adapters" and method == "DELETE":
