@@ -143,3 +143,23 @@ def test_sessions_on_components_and_on_the_response_stream(gateway: GatewayProce
         ),
         "the streamed session followed",
     )
+
+
+def test_a_session_follows_its_instance_across_weighted_variants(gateway: GatewayProcess) -> None:
+    """With two production variants, a session's requests go to its instance's variant,
+    not to the one a draw by weight would give."""
+    sm, rt = gateway.sm, gateway.rt
+    model = (MODELS / "sessions").as_uri()
+    variants = [
+        {"VariantName": name, "ModelName": "split", "InstanceType": "ml.m5.large",
+         "InitialInstanceCount": 1, "InitialVariantWeight": 1.0}
+        for name in ("a", "b")
+    ]  # fmt: skip
+    deploy(sm, "split", model, image=IMAGE, variants=variants)
+    first, out = ask(rt, "split", SessionId="NEW_SESSION")
+    session = out["NewSessionId"].split(";")[0]
+    variant = out["InvokedProductionVariant"]
+    for _ in range(12):
+        answer, out = ask(rt, "split", SessionId=session)
+        assert answer["pid"] == first["pid"]
+        assert out["InvokedProductionVariant"] == variant

@@ -121,6 +121,20 @@ class Invocations:
         call.pinned = self.sessions.instance_for(route.name, asked)
         return False
 
+    @staticmethod
+    def _session_variant(route: EndpointRoute, call: Call, variant: VariantRoute) -> VariantRoute:
+        """The variant holding the instance of the call's session: with several
+        production variants, the one drawn by weight may not be (unless the client named
+        one with TargetVariant, which the router then holds it to)."""
+        pinned = call.pinned
+        if pinned is None or pinned in variant.instances or call.target is not None:
+            return variant
+        for candidate in route.variants:
+            if not candidate.shadow and pinned in candidate.instances:
+                call.variant = candidate
+                return candidate
+        return variant  # gone: the router says so
+
     def _settle_session(
         self, route: EndpointRoute, call: Call, opening: bool, closed: bytes | None
     ) -> None:
@@ -167,6 +181,8 @@ class Invocations:
         """
         variant = call.variant or self.pick(route, call)
         opening = self._session(route, call)
+        if call.pinned is not None:
+            variant = self._session_variant(route, call, variant)
         shadows = self.shadows
         copies = (
             shadows.pick(route, variant)
@@ -222,6 +238,8 @@ class Invocations:
         if variant is None:
             variant = call.variant = self._variant(route, call)
         opening = self._session(route, call)
+        if call.pinned is not None:
+            variant = self._session_variant(route, call, variant)
         if variant.multi_model is not None:
             raise RuntimeValidationError(
                 f"Endpoint {route.name} is a multi-model endpoint: a streamed invocation "
