@@ -15,6 +15,7 @@ scikit-learn, not boto3.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import subprocess
@@ -39,6 +40,11 @@ def main() -> int:
     parser.add_argument("--model", required=True)
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--instances", type=int, default=1)
+    parser.add_argument(
+        "--strategy",
+        default=os.environ.get("SHIPYARD_BENCH_STRATEGY", "RANDOM"),
+        help="the variant's RoutingStrategy (RANDOM, LEAST_OUTSTANDING_REQUESTS)",
+    )
     args = parser.parse_args()
 
     shipyard = shutil.which("shipyard", path=str(Path(sys.executable).parent)) or "shipyard"
@@ -59,7 +65,9 @@ def main() -> int:
 
         wait_until(healthy, 60, "gateway /healthz")
         started = time.monotonic()
-        Control(url).deploy(args.model, str(args.model_dir), count=args.instances)
+        Control(url).deploy(
+            args.model, str(args.model_dir), count=args.instances, strategy=args.strategy
+        )
         log(f"endpoint {args.model} InService after {time.monotonic() - started:.2f} s")
         return gateway.wait()
     except KeyboardInterrupt:
