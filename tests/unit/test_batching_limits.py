@@ -29,10 +29,10 @@ def test_a_batching_instance_takes_a_batch_per_thread_and_one_more(
 
 def test_least_outstanding_requests_keeps_feeding_a_batching_instance() -> None:
     batching = Instance("i-1", "v1", "http://127.0.0.1:1", concurrency=16)
-    batching.latency_s = 0.05  # a model slower than pipelining applies to
+    batching.service_s = 0.05  # a model slower than pipelining applies to
     batching.in_flight = 15
     plain = Instance("i-2", "v1", "http://127.0.0.1:2", concurrency=1)
-    plain.latency_s = 0.05
+    plain.service_s = 0.05
     plain.in_flight = 1
     policy = LeastOutstandingRequests(max_in_flight=64)
     assert policy.choose([batching, plain]) is batching

@@ -61,13 +61,27 @@ def test_least_outstanding_pipelines_one_more_request_to_fast_instances() -> Non
     fast, slow = _instances(1, 1)
     for inst, latency in ((fast, 0.0002), (slow, 0.3)):
         inst.concurrency = 1
-        inst.latency_s = latency
+        inst.service_s = latency
     policy = LeastOutstandingRequests(max_in_flight=8)
     assert policy.choose([slow, fast]) is fast
     fast.in_flight = 2
     assert policy.choose([slow, fast]) is None
-    fast.observe(1.0)  # the average moves 1/8 of the way
-    assert fast.latency_s == pytest.approx(0.0002 + (1.0 - 0.0002) / 8)
+    fast.observe(1.0)  # the averages move 1/8 of the way
+    assert fast.latency_s == pytest.approx(1.0 / 8)
+    assert fast.service_s == pytest.approx(0.0002 + (1.0 - 0.0002) / 8)
+
+
+def test_a_queue_at_the_instance_does_not_count_as_a_slow_model() -> None:
+    """An answer that waited behind another on the instance took twice the model's time:
+    its service time is half its latency, so pipelining goes on for a fast model."""
+    (fast,) = _instances(0)
+    fast.concurrency = 1
+    for _ in range(64):
+        fast.observe(0.0016, ahead=1)  # 1.6 ms of latency, one request ahead of it
+    assert fast.latency_s == pytest.approx(0.0016, rel=0.01)
+    assert fast.service_s == pytest.approx(0.0008, rel=0.01)
+    fast.in_flight = 1
+    assert LeastOutstandingRequests(max_in_flight=8).choose([fast]) is fast
 
 
 def test_policy_for_maps_routing_strategies() -> None:
@@ -160,7 +174,7 @@ def _lor_route(n: int, log: list[str], *, max_in_flight: int = 4) -> EndpointRou
     instances = _instances(*([0] * n))
     for inst in instances:
         inst.concurrency = 1
-        inst.latency_s = 0.3  # a slow model: no pipelining
+        inst.service_s = 0.3  # a slow model: no pipelining
         inst.pool = FakePool(inst.instance_id, log)  # type: ignore[assignment]
     variant = VariantRoute(
         "v",

@@ -32,6 +32,7 @@ class Instance:
         "healthy",
         "concurrency",
         "latency_s",
+        "service_s",
         "models",
         "adapters",
         "pinned",
@@ -48,6 +49,10 @@ class Instance:
         self.url = url
         self.concurrency = concurrency
         self.latency_s = 0.0
+        self.service_s = 0.0
+        """A moving average of the time it takes per request it works on: an answer's
+        latency shared among the requests it had in flight when that one was sent, which
+        on an instance that works on one at a time were served one after the other."""
         self.pool = ConnectionPool(parts.hostname or "127.0.0.1", parts.port or 80)
         self.in_flight = 0
         self.healthy = True
@@ -66,9 +71,11 @@ class Instance:
         """Why the gateway stopped it on purpose (over its memory), for the request it
         was serving."""
 
-    def observe(self, latency_s: float) -> None:
-        """Fold one answer's latency into the moving average (weight 1/8)."""
+    def observe(self, latency_s: float, ahead: int = 0) -> None:
+        """Fold one answer's latency into the moving averages (weight 1/8); ``ahead``
+        requests were in flight on the instance when it was sent."""
         self.latency_s += (latency_s - self.latency_s) * 0.125
+        self.service_s += (latency_s / (ahead + 1) - self.service_s) * 0.125
 
     def __repr__(self) -> str:
         return (

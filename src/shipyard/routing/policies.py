@@ -65,8 +65,10 @@ class LeastOutstandingRequests:
     others are eligible up to ``max_in_flight``. When none is eligible the router holds
     the request in the variant's FIFO queue and retries on the next answer (``queues`` is
     True), so a request never waits behind a slow one on a busy instance while another
-    would have been free sooner. One exception: an instance that answers in under
-    ``pipeline_below_s`` on average may take one request more than its concurrency, since
+    would have been free sooner. One exception: an instance that works on a request for
+    under ``pipeline_below_s`` on average (``Instance.service_s``: its answers' latency
+    shared among the requests it had in flight, so a queue at the instance does not count)
+    may take one request more than its concurrency, since
     for such fast models the round trip to fetch the next request from the gateway would
     leave it idle a large share of the time (25-40 % less throughput, measured), while a
     request queued behind a fast one waits little. Ties are broken at random. Fails by
@@ -96,7 +98,7 @@ class LeastOutstandingRequests:
             if not candidate.healthy or candidate.in_flight > least:
                 continue
             limit = candidate.concurrency or self.max_in_flight
-            if candidate.concurrency and candidate.latency_s < self.pipeline_below_s:
+            if candidate.concurrency and candidate.service_s < self.pipeline_below_s:
                 limit += 1
             if candidate.in_flight >= min(limit, self.max_in_flight):
                 continue

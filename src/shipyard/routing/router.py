@@ -200,6 +200,7 @@ class Router:
                 while True:
                     variant, instance = await self._take(route, variant, call, tried, turn)
                     turn = taken = True
+                    ahead = instance.in_flight - 1
                     dispatch = variant.dispatch
                     started = time.perf_counter()
                     try:
@@ -210,7 +211,7 @@ class Router:
                     finally:
                         self._give_back(route, variant, instance)
                     model_s = time.perf_counter() - started
-                    instance.observe(model_s)
+                    instance.observe(model_s, ahead)
                     if dispatch.learn(instance, call, response) and any(
                         i.healthy and i is not instance and i not in tried
                         for i in variant.instances
