@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -43,6 +44,9 @@ _NOT_FOUND = b"AdapterNotFound"
 _UNREGISTER_TIMEOUT_S = 10.0
 LOAD_TIMEOUT_S = 600.0
 """How long a copy may take to fetch and load an adapter before the load counts as failed."""
+RETRY_AFTER_S = 30.0
+"""How long a copy's refusal to load an adapter answers that adapter's requests there
+before the copy is asked again (an artifact fixed in place, a transient fetch error)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +74,13 @@ class AdapterLoader:
         """Register ``adapter`` in ``instance`` unless it holds it, or a newer one; None
         once it does, or the copy's refusal (an error answer)."""
         key = (instance, adapter.name)
+        refused = instance.adapter_refusals.get(adapter.name)
+        if (
+            refused is not None
+            and refused[0] == adapter.generation
+            and time.monotonic() - refused[1] < RETRY_AFTER_S
+        ):
+            return refused[2]
         while True:
             held = instance.adapters.get(adapter.name)
             if held is not None and held >= adapter.generation:
@@ -99,13 +110,20 @@ class AdapterLoader:
                     answer = await instance.pool.request(b"POST", b"/adapters", headers, payload)
             except TimeoutError:
                 text = f"Adapter {adapter.name} did not load within {self.load_timeout_s:g} s."
-                return Response(504, [(ERROR, b"AdapterLoadFailed")], text.encode())
+                answer = Response(504, [(ERROR, b"AdapterLoadFailed")], text.encode())
             if answer.status == 200:
+                instance.adapter_refusals.pop(adapter.name, None)
                 held = instance.adapters.get(adapter.name)
                 if held is None or held < adapter.generation:
                     instance.adapters[adapter.name] = adapter.generation
                 return None
-            return answer
+            refusal = Response(answer.status, answer.headers, answer.body)
+            instance.adapter_refusals[adapter.name] = (
+                adapter.generation,
+                time.monotonic(),
+                refusal,
+            )
+            return refusal
         finally:
             self._loading.pop((instance, adapter.name), None)
 

@@ -7,7 +7,7 @@ import time
 from collections import deque
 from urllib.parse import urlsplit
 
-from shipyard.routing.client import ConnectionPool
+from shipyard.routing.client import ConnectionPool, Response
 
 
 class Instance:
@@ -35,6 +35,7 @@ class Instance:
         "service_s",
         "models",
         "adapters",
+        "adapter_refusals",
         "pinned",
         "last_used",
         "stop_reason",
@@ -61,6 +62,9 @@ class Instance:
         """Requests of its sessions waiting for it (routing/router.py): they can take no
         other instance, so they wait here, not in the variant's queue, where they would
         take turns other requests could use."""
+        self.adapter_refusals: dict[str, tuple[int, float, Response]] = {}
+        """Adapters this process refused to load: name → (generation, when, its answer),
+        given again to their requests for a while rather than loaded again each time."""
         self.adapters: dict[str, int] = {}
         """On the copies of a base inference component: the adapters registered in this
         process (routing/adapters.py), by name → the generation of its specification."""
