@@ -463,6 +463,12 @@ class Converger:
         adapter = fleet.adapters.pop(c.name, None)
         self.publisher.publish(fleet)
         await self.provisioner.drain_and_stop(slots)
+        if c.spec.base is not None:
+            # One that failed to load is forgotten too: a component made again under
+            # the name is loaded afresh.
+            for slot in fleet.slots.get(c.spec.base, []):
+                if slot.instance is not None:
+                    slot.instance.adapter_refusals.pop(c.name, None)
         base = fleet.components.get(adapter.base) if adapter is not None else None
         if adapter is not None and base is not None:
             copies = [s.instance for s in fleet.slots.get(adapter.base, []) if s.instance]

@@ -156,6 +156,8 @@ class AdapterLoader:
             if task is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(task)
+            # A component made again under the name starts afresh, refusals included.
+            instance.adapter_refusals.pop(adapter.name, None)
             if instance.adapters.pop(adapter.name, None) is None:
                 continue
             path = b"/adapters/" + quote(adapter.name, safe="").encode()
