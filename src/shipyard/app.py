@@ -19,6 +19,7 @@ from shipyard.async_inference import assembly as async_assembly
 from shipyard.autoscaling import assembly as scaling_assembly
 from shipyard.backends import BackendContext, create_backend
 from shipyard.background import Loops, Wakeup
+from shipyard.cloudwatch import assembly as cloudwatch_assembly
 from shipyard.control import assembly as endpoint_assembly
 from shipyard.control.endpoints import EndpointService
 from shipyard.core import Core
@@ -155,6 +156,14 @@ class Gateway:
             wakeup=scale_now,
         )
         self.scaling, self.autoscaler = scaling.service, scaling.autoscaler
+        self.cloudwatch = cloudwatch_assembly.build(
+            core,
+            router=self.router,
+            backlogs=self.consumer.backlogs,
+            run_policy=self.autoscaler.run_step_policy,
+            check_action=self._check_alarm_action,
+        )
+        self.scaling.alarms_naming = self._alarms_naming
         self.console = self._console(settings, stack)
         self._on_startup = on_startup
         self._grpc: Any = None
@@ -188,6 +197,30 @@ class Gateway:
         )
         self._entry = edge(doors, settings, stack)
 
+    def _check_alarm_action(self, arn: str) -> str | None:
+        """Why an alarm cannot run the action ``arn`` (None: it can): an SNS topic this
+        gateway knows, or a step scaling policy (DESIGN 2.12)."""
+        if arn.startswith("arn:aws:autoscaling:"):
+            policy = self.scaling.policy_by_arn(arn)
+            if policy is None:
+                return "no scaling policy has this ARN."
+            if policy.policy_type != "StepScaling":
+                return f"policy {policy.name} is a {policy.policy_type} policy, not StepScaling."
+            return None
+        if arn.startswith("arn:aws:sns:"):
+            if self.topics.resolve([arn]).unknown:
+                return "no such topic: declare it under topics: in the stack file."
+            return None
+        return "shipyard runs SNS topic and Application Auto Scaling policy actions only."
+
+    def _alarms_naming(self, arn: str) -> list[tuple[str, str]]:
+        keys = ("AlarmActions", "OKActions", "InsufficientDataActions")
+        return [
+            (a.name, a.arn)
+            for a in self.cloudwatch.service.describe_alarms()
+            if any(arn in (a.config.get(k) or ()) for k in keys)
+        ]
+
     def _routes(self, settings: Settings, stack: StackFile) -> list[BaseRoute]:
         """Every door but the data path's: the control plane's ``POST /`` (one action
         registry), the jobs facade, live stack config, operations and the console."""
@@ -199,6 +232,7 @@ class Gateway:
                 transforms=self.transforms,
                 scaling=self.scaling,
                 log_service=LogService(jobs=self.jobs, logs_dir=settings.home / "logs"),
+                cloudwatch_service=self.cloudwatch.service,
             ),
             arn=self.service.arn,
         )
@@ -217,6 +251,11 @@ class Gateway:
         )
         return [
             Route("/", control_door.handle, methods=["POST"]),
+            Route(
+                "/service/{service}/operation/{operation}",
+                control_door.handle_rpc_v2,
+                methods=["POST"],
+            ),
             Route("/inference", jobs_door.inference, methods=["POST"]),
             Route("/jobs/{name}/logs", jobs_door.logs, methods=["GET"]),
             Route("/stack", stack_door.get, methods=["GET"]),
@@ -274,6 +313,8 @@ class Gateway:
         self.loops.start("transform-supervisor", self.transform_supervisor.run)
         self.loops.start("capture-writer", self.capture.run)
         self.loops.start("console-history", self.console.history.run)
+        self.loops.start("cloudwatch-recorder", self.cloudwatch.recorder.run)
+        self.loops.start("alarm-evaluator", self.cloudwatch.evaluator.run)
         if self.settings.grpc_port is not None:
             from shipyard.gateway.oip_grpc import start_grpc
 

@@ -12,6 +12,15 @@
     ├── ObjectNotFound                 400  Application Auto Scaling: no such target or policy
     ├── LogResourceNotFound            400  CloudWatch Logs: no such log group or stream
     ├── InvalidLogParameter            400  CloudWatch Logs: a bad parameter (a foreign token)
+    ├── MetricsFault                        CloudWatch's own codes (``x-amzn-query-error``)
+    │   ├── InvalidParameterValue      400  a value CloudWatch refuses
+    │   ├── InvalidParameterCombination
+    │   │                              400  parameters that do not go together
+    │   ├── MissingParameter           400  a parameter an action needs
+    │   ├── InvalidNextToken           400  a NextToken that is not ours
+    │   ├── LimitExceeded              400  too many alarms
+    │   ├── InvalidFormat              400  StateReasonData that is not JSON
+    │   └── AlarmNotFound              404  ResourceNotFound: no such alarm
     ├── UnknownOperation               400  an X-Amz-Target we do not implement
     ├── SerializationException         400  a body that is not JSON
     │   └── RequestTooLarge            413  a control-plane body over the door's cap
@@ -194,6 +203,51 @@ class InvalidLogParameter(ShipyardError):
 
     wire_type = "InvalidParameterException"
     status_code = 400
+
+
+class MetricsFault(ShipyardError):
+    """CloudWatch's errors: ``wire_type`` is the query-compatible code botocore's
+    errorfactory matches (sent as ``x-amzn-query-error``), ``shape`` the error shape's
+    name in the JSON and CBOR protocols."""
+
+    wire_type = "InvalidParameterValue"
+    shape = "InvalidParameterValueException"
+    status_code = 400
+
+
+class InvalidParameterValue(MetricsFault):
+    """A value CloudWatch refuses (a bad statistic, period, expression...)."""
+
+
+class InvalidParameterCombination(MetricsFault):
+    wire_type = "InvalidParameterCombination"
+    shape = "InvalidParameterCombinationException"
+
+
+class MissingParameter(MetricsFault):
+    wire_type = "MissingParameter"
+    shape = "MissingRequiredParameterException"
+
+
+class InvalidNextToken(MetricsFault):
+    wire_type = "InvalidNextToken"
+    shape = "InvalidNextToken"
+
+
+class LimitExceeded(MetricsFault):
+    wire_type = "LimitExceeded"
+    shape = "LimitExceededFault"
+
+
+class InvalidFormat(MetricsFault):
+    wire_type = "InvalidFormat"
+    shape = "InvalidFormatFault"
+
+
+class AlarmNotFound(MetricsFault):
+    wire_type = "ResourceNotFound"
+    shape = "ResourceNotFound"
+    status_code = 404
 
 
 class UnknownOperation(ShipyardError):

@@ -11,6 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from shipyard.statsets import StatSet
+
 # Latency buckets from 0.1 ms: gateway overhead lives well under a millisecond.
 _BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -167,6 +169,11 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.latency_stats: dict[tuple[str, str], tuple[StatSet, StatSet]] = {}
+        """Per (endpoint, variant), ModelLatency and OverheadLatency in microseconds as
+        CloudWatch keeps them (count, sum, min, max, distribution) since the CloudWatch
+        recorder last took them (cloudwatch/recorder.py)."""
+
         self._async_metrics()
         self._model_metrics()
 
@@ -272,6 +279,9 @@ class Metrics:
 
     def for_variant(self, endpoint: str, variant: str) -> VariantMetrics:
         """Children bound once per variant, so the hot path never looks labels up."""
+        stats = self.latency_stats.get((endpoint, variant))
+        if stats is None:
+            stats = self.latency_stats[(endpoint, variant)] = (StatSet(), StatSet())
         return VariantMetrics(
             invocations=self.invocations.labels(endpoint, variant),
             errors_4xx=self.errors_4xx.labels(endpoint, variant),
@@ -280,6 +290,8 @@ class Metrics:
             overhead_latency=self.overhead_latency.labels(endpoint, variant),
             batch_size=functools.partial(self.batch_size.labels, endpoint, variant),
             batch_wait=functools.partial(self.batch_wait.labels, endpoint, variant),
+            model_us=stats[0],
+            overhead_us=stats[1],
         )
 
 
@@ -292,6 +304,8 @@ class VariantMetrics:
     overhead_latency: Histogram
     batch_size: Callable[[], Histogram]
     batch_wait: Callable[[], Histogram]
+    model_us: StatSet
+    overhead_us: StatSet
     _batches: tuple[Histogram, Histogram] | None = None
 
     def observe_batch(self, size: int, wait_s: float) -> None:

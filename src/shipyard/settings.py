@@ -172,6 +172,14 @@ class Settings(BaseSettings):
     """The sliding window invocations per instance are counted over, scaled to a
     minute (CloudWatch's one-minute period)."""
 
+    metrics_retention_days: float = Field(default=15.0, gt=0)
+    """How long one-minute CloudWatch datapoints are kept (DESIGN 2.12); 10 s ones are
+    kept three hours."""
+
+    metrics_tick_s: float = Field(default=10.0, gt=0, le=10.0)
+    """How often the CloudWatch recorder writes what the data path counted, and alarms
+    are evaluated; 10 s datapoints need it at most 10."""
+
     serverless_idle_s: float = Field(default=300.0, ge=0)
     """A serverless instance idle this long is stopped; a model's Environment may say
     otherwise with SHIPYARD_SERVERLESS_IDLE_S."""

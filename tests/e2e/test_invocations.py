@@ -208,7 +208,8 @@ def test_metrics_count_invocations_and_errors(gateway: GatewayProcess, model_tar
     assert status == 200
     lines = text.decode().splitlines()
     assert 'shipyard_invocations_total{endpoint="counted",variant="v1"} 3.0' in lines
-    assert 'shipyard_invocation_4xx_errors_total{endpoint="counted",variant="v1"} 3.0' in lines
+    # The model answered 500: Invocation5XXErrors, as CloudWatch counts it (not ModelError's 424).
+    assert 'shipyard_invocation_5xx_errors_total{endpoint="counted",variant="v1"} 3.0' in lines
     assert any(line.startswith("shipyard_overhead_latency_seconds_bucket") for line in lines)
     assert 'shipyard_instances{endpoint="counted",state="healthy",variant="v1"} 1.0' in lines
     wait_in_service(gateway.sm, "counted")

@@ -244,7 +244,7 @@ class Consumer:
                 model_s = exchange.head_s + time.perf_counter() - began
             status = 200
         except ModelError as exc:
-            status = exc.status_code
+            status = exc.original_status_code  # as CloudWatch counts a model's error
             return _Outcome(False, f"ModelError: {exc.message[:_ERROR_REASON_CHARS]}")
         except (InstanceFailed, UpstreamError):
             status = 500

@@ -44,12 +44,14 @@ from shipyard.async_inference.consumer import BacklogReading
 from shipyard.autoscaling.scaling import (
     DEFAULT_COOLDOWN_S,
     PREDEFINED_METRICS,
+    STEP_SCALING,
     metric_endpoint,
+    step_wanted,
 )
 from shipyard.background import Wakeup
 from shipyard.control.components import ComponentService
 from shipyard.control.endpoints import EndpointService
-from shipyard.errors import ShipyardError
+from shipyard.errors import InvalidParameter, ObjectNotFound, ResourceNotFound, ShipyardError
 from shipyard.events.kinds import scaling_activity_event
 from shipyard.metrics import Metrics
 from shipyard.records import (
@@ -230,6 +232,8 @@ class Autoscaler:
         self._last_any: dict[str, datetime] = {}
         self._open: dict[str, ScalingActivity] = {}
         """Per ResourceId, its step in flight."""
+        self._stepped: dict[str, datetime] = {}
+        """Per step scaling policy ARN, when an alarm last made it step (its Cooldown)."""
 
     def __repr__(self) -> str:
         return f"Autoscaler(period_s={self.period_s:g}, open={sorted(self._open)})"
@@ -448,6 +452,73 @@ class Autoscaler:
             scale_in_cooldown_s=float(config.get("ScaleInCooldown", DEFAULT_COOLDOWN_S)),
             disable_scale_in=bool(config.get("DisableScaleIn", False)),
         )
+
+    # -- step scaling -----------------------------------------------------------------
+
+    def run_step_policy(self, arn: str, alarm: str, value: float | None, threshold: float) -> str:
+        """Run the step scaling policy ``arn`` for ``alarm``, whose value is ``value``
+        against ``threshold`` (DESIGN 3.1); what it did, in words. Called by the alarm's
+        evaluation (or SetAlarmState), from a worker thread."""
+        policy = next((p for p in self.store.list_policies() if p.arn == arn), None)
+        if policy is None:
+            raise ObjectNotFound(f"No scaling policy has the ARN {arn}.")
+        if policy.policy_type != STEP_SCALING:
+            raise InvalidParameter(
+                f"Policy {policy.name} is a {policy.policy_type} policy: alarms run step "
+                "scaling policies only."
+            )
+        target = self.store.get_target(policy.resource_id)
+        if target is None:
+            raise ObjectNotFound(f"Policy {policy.name} has no scalable target.")
+        if target.resource_id in self._open:
+            return (
+                f"Policy {policy.name} waits: a scaling activity of {target.resource_id} is "
+                "under way."
+            )
+        when = now()
+        cooldown = float(policy.config.get("Cooldown", DEFAULT_COOLDOWN_S))
+        if _cooling(self._stepped.get(arn), cooldown, when):
+            return f"Policy {policy.name} is in its cooldown of {cooldown:g} s."
+        current = self._current(target)
+        if current is None:
+            return f"{target.resource_id} is being updated; the policy runs at the next period."
+        breach = None if value is None else value - threshold
+        wanted = step_wanted(policy.config, current, breach)
+        if wanted is None:
+            return f"No step of policy {policy.name} covers the alarm's value {value}."
+        wanted = min(max(wanted, target.min_capacity), target.max_capacity)
+        out = wanted > current
+        key = "DynamicScalingOutSuspended" if out else "DynamicScalingInSuspended"
+        if target.suspended.get(key, False):
+            return f"{key} is set on {target.resource_id}."
+        if wanted == current:
+            return f"{target.resource_id} is already at {current}."
+        self._stepped[arn] = when
+        self._step(
+            target,
+            current,
+            wanted,
+            f"monitor alarm {alarm} in state ALARM triggered policy {policy.name}.",
+        )
+        return f"Setting {target.resource_id} from {current} to {wanted}."
+
+    def _current(self, target: ScalableTarget) -> int | None:
+        """The target's desired capacity now; None while it is being changed."""
+        if target.component is not None:
+            if self.components is None:
+                return None
+            component = self.components.describe(target.component)
+            if component.status is not ComponentStatus.IN_SERVICE:
+                return None
+            return component.copies
+        try:
+            endpoint = self.endpoints.store.get_endpoint(target.endpoint)
+        except ResourceNotFound:
+            return None
+        if endpoint.status is not EndpointStatus.IN_SERVICE:
+            return None
+        state = next((v for v in endpoint.variants if v.name == target.variant), None)
+        return None if state is None else state.desired_instance_count
 
     # -- ending steps -----------------------------------------------------------------
 

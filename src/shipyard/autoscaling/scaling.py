@@ -9,6 +9,7 @@ Autoscaler (autoscaling/autoscaler.py) acts on it.
 from __future__ import annotations
 
 import hashlib
+import math
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
@@ -30,6 +31,8 @@ from shipyard.storage.metadata import now
 from shipyard.storage.scaling import ScalingStore, component_of, parse_resource_id
 
 TARGET_TRACKING = "TargetTrackingScaling"
+STEP_SCALING = "StepScaling"
+ADJUSTMENT_TYPES = ("ChangeInCapacity", "PercentChangeInCapacity", "ExactCapacity")
 
 VARIANT_METRICS = {
     "SageMakerVariantInvocationsPerInstance": "InvocationsPerInstance",
@@ -98,9 +101,15 @@ class ScalingService:
         self._wake = wake
         self.region = region
         self.account_id = account_id
+        self.alarms_naming: Callable[[str], list[tuple[str, str]]] = lambda arn: []
+        """A policy's ARN -> (name, ARN) of the CloudWatch alarms whose actions name it;
+        set where the gateway is composed (alarms live in cloudwatch/)."""
 
     def __repr__(self) -> str:
         return f"ScalingService({self.store!r})"
+
+    def policy_by_arn(self, arn: str) -> ScalingPolicy | None:
+        return next((p for p in self.store.list_policies() if p.arn == arn), None)
 
     # -- targets ----------------------------------------------------------------------
 
@@ -125,6 +134,9 @@ class ScalingService:
             )
         else:
             low, high = min_capacity, max_capacity
+        for field, value in (("MinCapacity", low), ("MaxCapacity", high)):
+            if value < 0:
+                raise InvalidParameter(f"{field} must be 0 or more; it is {value}.")
         if low > high:
             raise InvalidParameter(
                 f"Minimum capacity {low} cannot be greater than maximum capacity {high}."
@@ -197,20 +209,34 @@ class ScalingService:
     def put_policy(
         self, name: str, resource: str, policy_type: str, config: dict[str, Any] | None
     ) -> ScalingPolicy:
+        """A target tracking policy (``config`` its TargetTrackingScalingPolicyConfiguration)
+        or a step scaling one (its StepScalingPolicyConfiguration), which a CloudWatch
+        alarm naming its ARN runs (``run_step_policy``)."""
         target = self.store.get_target(resource)
         if target is None:
             raise ObjectNotFound(_no_target(resource))
-        if policy_type != TARGET_TRACKING:
+        if policy_type not in (TARGET_TRACKING, STEP_SCALING):
             raise InvalidParameter(
-                f"PolicyType {policy_type} is not supported: shipyard scales with "
-                f"{TARGET_TRACKING} policies only (StepScaling needs CloudWatch alarms)."
+                f"PolicyType {policy_type} is not supported: use {TARGET_TRACKING} or "
+                f"{STEP_SCALING}."
             )
         if config is None:
             raise InvalidParameter(
-                "TargetTrackingScalingPolicyConfiguration is required for a "
+                f"{policy_type}PolicyConfiguration is required for a {policy_type} policy."
+                if policy_type == STEP_SCALING
+                else f"TargetTrackingScalingPolicyConfiguration is required for a "
                 f"{TARGET_TRACKING} policy."
             )
-        self._check_tracking(config, target)
+        if policy_type == TARGET_TRACKING:
+            self._check_tracking(config, target)
+        else:
+            check_steps(config)
+        current = next((p for p in self.store.list_policies(resource) if p.name == name), None)
+        if current is not None and current.policy_type != policy_type:
+            raise InvalidParameter(
+                f"Policy {name} is a {current.policy_type} policy; delete it before putting a "
+                f"{policy_type} policy of that name."
+            )
         policy = ScalingPolicy(
             name=name,
             resource_id=resource,
@@ -385,6 +411,75 @@ def _check_predefined(predefined: dict[str, Any], target: ScalableTarget) -> Non
         )
     if predefined.get("ResourceLabel"):
         raise InvalidParameter(f"ResourceLabel is not used with PredefinedMetricType {kind}.")
+
+
+def check_steps(config: dict[str, Any]) -> None:
+    """StepScalingPolicyConfiguration as Application Auto Scaling checks it: an
+    adjustment type, steps whose intervals do not overlap, at most one without a lower
+    bound and one without an upper bound."""
+    kind = config.get("AdjustmentType")
+    if kind not in ADJUSTMENT_TYPES:
+        raise InvalidParameter(
+            f"AdjustmentType {kind} is not valid: use one of {', '.join(ADJUSTMENT_TYPES)}."
+        )
+    steps = config.get("StepAdjustments") or []
+    if not steps:
+        raise InvalidParameter("StepScalingPolicyConfiguration needs at least one StepAdjustment.")
+    magnitude = config.get("MinAdjustmentMagnitude")
+    if magnitude is not None and kind != "PercentChangeInCapacity":
+        raise InvalidParameter(
+            "MinAdjustmentMagnitude is only allowed with AdjustmentType PercentChangeInCapacity."
+        )
+    intervals = []
+    for n, step in enumerate(steps, start=1):
+        low = step.get("MetricIntervalLowerBound")
+        high = step.get("MetricIntervalUpperBound")
+        if low is None and high is None and len(steps) > 1:
+            raise InvalidParameter(
+                f"StepAdjustments {n} has no bound: only a policy's single step may be unbounded."
+            )
+        if low is not None and high is not None and float(low) >= float(high):
+            raise InvalidParameter(
+                f"StepAdjustments {n}: MetricIntervalLowerBound must be below its upper bound."
+            )
+        if kind == "ExactCapacity" and int(step["ScalingAdjustment"]) < 0:
+            raise InvalidParameter("An ExactCapacity ScalingAdjustment must be 0 or more.")
+        intervals.append(
+            (-math.inf if low is None else float(low), math.inf if high is None else float(high))
+        )
+    intervals.sort()
+    for (_, high), (low, _) in zip(intervals, intervals[1:], strict=False):
+        if low < high:
+            raise InvalidParameter("The StepAdjustments' metric intervals overlap.")
+    cooldown = config.get("Cooldown")
+    if cooldown is not None and not 0 <= int(cooldown) <= _MAX_COOLDOWN_S:
+        raise InvalidParameter(f"Cooldown must be between 0 and {_MAX_COOLDOWN_S} seconds.")
+
+
+def step_wanted(config: dict[str, Any], current: int, breach: float | None) -> int | None:
+    """The capacity a step scaling policy asks for when its alarm's value is ``breach``
+    above (or below) the threshold; None when no step's interval holds it."""
+    for step in config.get("StepAdjustments") or []:
+        low = step.get("MetricIntervalLowerBound")
+        high = step.get("MetricIntervalUpperBound")
+        if breach is not None:
+            if low is not None and breach < float(low):
+                continue
+            if high is not None and breach >= float(high):
+                continue
+        adjustment = int(step["ScalingAdjustment"])
+        kind = config.get("AdjustmentType")
+        if kind == "ExactCapacity":
+            return adjustment
+        if kind == "PercentChangeInCapacity":
+            change = current * adjustment / 100.0
+            change = math.floor(change) if change > 0 else math.ceil(change)
+            magnitude = int(config.get("MinAdjustmentMagnitude") or 0)
+            if adjustment and abs(change) < magnitude:
+                change = magnitude if adjustment > 0 else -magnitude
+            return current + int(change)
+        return current + adjustment
+    return None
 
 
 def metric_endpoint(custom: dict[str, Any], default: str) -> str:

@@ -15,6 +15,9 @@ as IAM writes them, ``*`` wildcards, case-insensitive):
     POST /  (X-Amz-Target SageMaker.X)      sagemaker:X
     POST /  (AnyScaleFrontendService.X)     application-autoscaling:X
     POST /  (Logs_20140328.X)               logs:X
+    POST /  (GraniteServiceVersion20100801.X), and
+    POST /service/GraniteServiceVersion20100801/operation/X
+                                            cloudwatch:X
     /endpoints/{name}/invocations           sagemaker-runtime:InvokeEndpoint
     /endpoints/{name}/async-invocations     sagemaker-runtime:InvokeEndpointAsync
     /endpoints/{name}/invocations-response-stream
@@ -78,7 +81,7 @@ from shipyard.errors import (
     RepeatedHeader,
     UnrecognizedClient,
 )
-from shipyard.gateway.registry import iam_action
+from shipyard.gateway.registry import RPC_V2, iam_action, rpc_v2_target
 from shipyard.stackfile import AuthConfig
 
 _ALGORITHM = "AWS4-HMAC-SHA256"
@@ -97,6 +100,7 @@ class Door(Enum):
     """Which door a request came through: it decides the shape of an auth error."""
 
     CONTROL = "control"
+    RPC_V2 = "rpc-v2"
     RUNTIME = "runtime"
     V2 = "v2"
     FACADE = "facade"
@@ -506,6 +510,8 @@ def door_of(path: str) -> Door:
     """The door whose error shape a refusal of ``path`` takes."""
     if path == "/":
         return Door.CONTROL
+    if path.startswith(RPC_V2):
+        return Door.RPC_V2
     if path.startswith("/endpoints/"):
         return Door.RUNTIME
     if path.startswith("/v2"):
@@ -523,6 +529,8 @@ def action_of(method: str, path: str, target: str | None) -> tuple[Door, str] | 
         return Door.OTHER, _console_action(path)
     if path == "/":
         return Door.CONTROL, iam_action(target)
+    if path.startswith(RPC_V2):
+        return Door.RPC_V2, iam_action(rpc_v2_target(path) or "Unknown.UnknownOperation")
     if path.startswith("/endpoints/"):
         kind = path.rstrip("/").rsplit("/", 1)[-1]
         action = {

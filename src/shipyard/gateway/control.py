@@ -1,4 +1,6 @@
-"""The control-plane door: ``POST /`` in AWS JSON 1.1, as boto3's ``sagemaker`` sends it.
+"""The control-plane door: ``POST /`` in AWS JSON (1.1 as boto3's ``sagemaker`` sends it,
+1.0 as its ``cloudwatch`` can), and ``POST /service/<prefix>/operation/<action>`` in Smithy
+RPC v2 CBOR, as botocore sends CloudWatch's by default. One pipeline behind both wires.
 
 Whatever arrives, the answer is an AWS JSON error or a result, never a 500 or a hang:
 the body is read up to a cap (``MAX_BODY_BYTES``) within a time limit, JSON nested
@@ -11,11 +13,12 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
 import botocore.session
+import cbor2
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
@@ -29,8 +32,8 @@ from shipyard.errors import (
 )
 from shipyard.gateway import bodies
 from shipyard.gateway.auth import Admitted, admitted
-from shipyard.gateway.errors import AMZ_JSON, control_error_response
-from shipyard.gateway.registry import Action, ActionRegistry
+from shipyard.gateway.errors import AMZ_JSON, CBOR, control_error_response, rpc_v2_error_response
+from shipyard.gateway.registry import Action, ActionRegistry, rpc_v2_target
 from shipyard.logs.service import ENDPOINTS_GROUP, JOBS_GROUP
 
 MAX_BODY_BYTES = 1 << 20
@@ -79,22 +82,40 @@ class ControlDoor:
         self.arn = arn
 
     async def handle(self, request: Request) -> Response:
+        """AWS JSON: the action named by ``X-Amz-Target``, the body a JSON object."""
         request_id = {"x-amzn-RequestId": str(uuid.uuid4())}
+        edge = admitted(request.scope)
+        media_type = AMZ_JSON
         try:
-            result = await self._handle(request)
+            # The target the edge read and authorised, never the header again: a second
+            # reading could pick another value (DESIGN 2.9, "read once").
+            action = self.actions.find(edge.target)
+            media_type = action.service.media_type
+            params = _parse(await read_body(request, max_bytes=MAX_BODY_BYTES))
+            result = await self._run(action, params, edge)
         except Exception as exc:  # every error leaves through the one renderer
-            response = control_error_response(exc)
+            response = control_error_response(exc, media_type=media_type)
             response.headers.update(request_id)
             return response
         body = json.dumps(result, default=_json_default)
-        return Response(body, media_type=AMZ_JSON, headers=request_id)
+        return Response(body, media_type=media_type, headers=request_id)
 
-    async def _handle(self, request: Request) -> dict[str, Any]:
-        # The target the edge read and authorised, never the header again: a second
-        # reading could pick another value (DESIGN 2.9, "read once").
-        edge = admitted(request.scope)
-        action = self.actions.find(edge.target)
-        params = _parse(await read_body(request, max_bytes=MAX_BODY_BYTES))
+    async def handle_rpc_v2(self, request: Request) -> Response:
+        """Smithy RPC v2 CBOR: the action named by the path (which the signature covers
+        and the edge authorised), the body a CBOR map."""
+        request_id = {"x-amzn-RequestId": str(uuid.uuid4()), "smithy-protocol": "rpc-v2-cbor"}
+        try:
+            action = self.actions.find(rpc_v2_target(request.url.path) or "", rpc_v2=True)
+            params = _parse_cbor(await read_body(request, max_bytes=MAX_BODY_BYTES))
+            result = await self._run(action, params, admitted(request.scope))
+        except Exception as exc:  # every error leaves through the one renderer
+            response = rpc_v2_error_response(exc)
+            response.headers.update(request_id)
+            return response
+        body = cbor2.dumps(result, datetime_as_timestamp=True, timezone=UTC)
+        return Response(body, media_type=CBOR, headers=request_id)
+
+    async def _run(self, action: Action, params: object, edge: Admitted) -> dict[str, Any]:
         action.validator.validate(action.name, params)
         assert isinstance(params, dict)  # validate refuses anything but a JSON object
         _drop_nulls(params)
@@ -118,6 +139,8 @@ class ControlDoor:
         arn = self.arn
         found = []
         for key, item in value.items():
+            if key == "Dimensions" and isinstance(item, list):  # a metric's, or an alarm's
+                found.extend(self._dimension_resources(item))
             if not isinstance(item, str):
                 continue
             if key in _NAMED:
@@ -134,6 +157,15 @@ class ControlDoor:
                 found.append(arn("training-job", item.split("/")[0]))
         return found
 
+    def _dimension_resources(self, dimensions: list[Any]) -> list[str]:
+        """The endpoints and inference components a metric's dimensions name."""
+        kinds = {"EndpointName": "endpoint", "InferenceComponentName": "inference-component"}
+        return [
+            self.arn(kinds[d["Name"]], str(d.get("Value", "")))
+            for d in dimensions
+            if isinstance(d, dict) and d.get("Name") in kinds
+        ]
+
     def _nested(self, action: Action, params: dict[str, Any]) -> list[str]:
         """The ARNs of the resources a request names below its top level: the models of
         CreateEndpointConfig's ``ProductionVariants`` and ``ShadowProductionVariants``,
@@ -143,8 +175,7 @@ class ControlDoor:
         for path, kind in _nested_paths(action.service.botocore, action.name):
             for item in _at(params, path):
                 if kind == _DIMENSION:
-                    if isinstance(item, dict) and item.get("Name") == "EndpointName":
-                        found.append(self.arn("endpoint", str(item.get("Value", ""))))
+                    found.extend(self._dimension_resources([item]))
                 elif not isinstance(item, str):
                     continue
                 elif kind in _NAMED.values():
@@ -261,6 +292,48 @@ def _parse(raw: bytes) -> object:
         raise SerializationException(f"Request body is not valid JSON: {exc}") from exc
     _check_depth(params)
     return params
+
+
+def _parse_cbor(raw: bytes) -> object:
+    """The body as CBOR, in JSON's terms (timestamps as epoch seconds, as AWS JSON sends
+    them); ``SerializationException`` for anything else, too deep or of a type no
+    CloudWatch shape has (sets, decimals, tags beyond timestamps)."""
+    try:
+        params = cbor2.loads(raw) if raw else {}
+    except RecursionError:
+        raise _too_deep() from None
+    except (cbor2.CBORDecodeError, ValueError, OverflowError) as exc:
+        raise SerializationException(f"Request body is not valid CBOR: {exc}") from None
+    params = _plain(params)
+    _check_depth(params)
+    return params
+
+
+def _plain(value: object) -> object:
+    """``value`` with datetimes as epoch seconds; SerializationException for a type no
+    JSON value has. Iterative, like ``_check_depth``: the decoder caps nesting, this
+    never recurses."""
+    root: list[object] = [value]
+    stack: list[tuple[Any, Any]] = [(root, 0)]
+    while stack:
+        holder, key = stack.pop()
+        item = holder[key]
+        if isinstance(item, datetime):
+            holder[key] = item.timestamp()
+        elif isinstance(item, dict):
+            if not all(isinstance(k, str) for k in item):
+                raise SerializationException(
+                    "Request body is not valid CBOR: a map key is not text."
+                )
+            stack.extend((item, k) for k in item)
+        elif isinstance(item, list):
+            stack.extend((item, i) for i in range(len(item)))
+        elif not (item is None or isinstance(item, str | bool | int | float | bytes)):
+            raise SerializationException(
+                f"Request body holds a CBOR value of type {type(item).__name__}, which no "
+                "parameter takes."
+            )
+    return root[0]
 
 
 def _check_depth(value: object) -> None:

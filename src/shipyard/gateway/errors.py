@@ -1,6 +1,9 @@
 """The one place errors become responses, in each door's wire shape.
 
-- control plane (AWS JSON 1.1): HTTP 400 with ``{"__type": code, "message": ...}``
+- control plane (AWS JSON 1.1 and 1.0): HTTP 400 with ``{"__type": code, "message": ...}``;
+  CloudWatch's faults (``MetricsFault``) name their error shape in ``__type`` and their
+  query-compatible code in ``x-amzn-query-error``, as botocore's errorfactory expects
+- Smithy RPC v2 CBOR (CloudWatch): the same members, CBOR-encoded
 - runtime (rest-json, sagemaker-runtime): ``x-amzn-ErrorType`` header and a body that
   carries ModelError's ``OriginalStatusCode``, ``OriginalMessage`` and ``LogStreamArn``
 - jobs facade (``POST /inference``): ``{"status": code, "errMsg": ...}``, same HTTP status
@@ -12,27 +15,38 @@ import json
 import logging
 from typing import Any
 
+import cbor2
 from starlette.responses import Response
 
-from shipyard.errors import AuthFailure, FacadeRefusal, ModelError, ShipyardError
+from shipyard.errors import AuthFailure, FacadeRefusal, MetricsFault, ModelError, ShipyardError
 
 log = logging.getLogger(__name__)
 
 AMZ_JSON = "application/x-amz-json-1.1"
+CBOR = "application/cbor"
 
 
-def control_error_response(exc: Exception) -> Response:
+def _control_error(exc: Exception) -> tuple[int, dict[str, str], dict[str, str]]:
+    """Status, body and headers of a control-plane error, whatever the wire."""
     if not isinstance(exc, ShipyardError):
         log.error("control-plane request failed", exc_info=exc)
-        body = {"__type": "InternalFailure", "message": "An internal error occurred."}
-        return Response(json.dumps(body), status_code=500, media_type=AMZ_JSON)
+        return 500, {"__type": "InternalFailure", "message": "An internal error occurred."}, {}
+    if isinstance(exc, MetricsFault):
+        body = {"__type": exc.shape, "message": exc.message}
+        return exc.status_code, body, {"x-amzn-query-error": f"{exc.wire_type};Sender"}
     body = {"__type": exc.wire_type, "message": exc.message}
-    return Response(
-        json.dumps(body),
-        status_code=exc.status_code,
-        media_type=AMZ_JSON,
-        headers={"x-amzn-ErrorType": exc.wire_type},
-    )
+    return exc.status_code, body, {"x-amzn-ErrorType": exc.wire_type}
+
+
+def control_error_response(exc: Exception, *, media_type: str = AMZ_JSON) -> Response:
+    status, body, headers = _control_error(exc)
+    return Response(json.dumps(body), status_code=status, media_type=media_type, headers=headers)
+
+
+def rpc_v2_error_response(exc: Exception) -> Response:
+    status, body, headers = _control_error(exc)
+    headers["smithy-protocol"] = "rpc-v2-cbor"
+    return Response(cbor2.dumps(body), status_code=status, media_type=CBOR, headers=headers)
 
 
 def runtime_error_body(exc: ShipyardError) -> dict[str, Any]:
@@ -87,6 +101,12 @@ def unknown_path_response(path: str, method: str, status_code: int) -> Response:
     if path.startswith("/inference"):  # the jobs facade
         facade = {"status": status_code, "errMsg": message}
         return Response(json.dumps(facade), status_code=status_code, media_type="application/json")
+    if path.startswith("/service/"):  # Smithy RPC v2 (CloudWatch)
+        from shipyard.errors import UnknownOperation
+
+        response = rpc_v2_error_response(UnknownOperation(message))
+        response.status_code = status_code
+        return response
     if path.startswith("/jobs/"):  # job logs
         logs = {"message": message}
         return Response(json.dumps(logs), status_code=status_code, media_type="application/json")

@@ -110,7 +110,7 @@ class OipGrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
                 response.raw_output_contents.append(tensor.raw)
         except Exception as exc:
             status = status_of(exc).http
-            Invocations.count(calls[0] if calls else None, status)
+            Invocations.count(calls[0] if calls else None, status, exc)
             await _abort(context, exc)
         Invocations.count(calls[0] if calls else None, status)
         return response

@@ -54,11 +54,13 @@ class OipRestDoor:
         parts = scope["path"].strip("/").split("/")
         method = scope["method"]
         calls: list[Call] = []
+        failure: BaseException | None = None
         try:
             status = await self._route(scope, receive, send, parts, method, calls)
         except ClientGone:
             return
         except Exception as exc:
+            failure = exc
             if not isinstance(exc, RuntimeFailure | TensorError | AuthFailure):
                 log.exception("v2 request %s %s failed", method, scope["path"])
             if isinstance(exc, PayloadTooLarge) and exc.body_left:
@@ -66,7 +68,7 @@ class OipRestDoor:
             error = status_of(exc)
             status = error.http
             await _json(send, status, {"error": error.message})
-        Invocations.count(calls[0] if calls else None, status)
+        Invocations.count(calls[0] if calls else None, status, failure)
 
     async def _route(
         self,

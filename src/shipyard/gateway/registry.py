@@ -31,17 +31,44 @@ class Service:
     target: str
     iam: str
     botocore: str
+    json_version: str = "1.1"
+    rpc_v2: bool = False
+    """Whether it is also served in Smithy RPC v2 CBOR (``RPC_V2``)."""
 
     @property
     def prefix(self) -> str:
         return self.target + "."
 
+    @property
+    def media_type(self) -> str:
+        """Its AWS JSON answers' Content-Type."""
+        return f"application/x-amz-json-{self.json_version}"
+
 
 SAGEMAKER = Service("SageMaker", "sagemaker", "sagemaker")
 SCALING = Service("AnyScaleFrontendService", "application-autoscaling", "application-autoscaling")
 LOGS = Service("Logs_20140328", "logs", "logs")
+CLOUDWATCH = Service(
+    "GraniteServiceVersion20100801", "cloudwatch", "cloudwatch", json_version="1.0", rpc_v2=True
+)
 
-SERVICES = {s.target: s for s in (SAGEMAKER, SCALING, LOGS)}
+SERVICES = {s.target: s for s in (SAGEMAKER, SCALING, LOGS, CLOUDWATCH)}
+
+RPC_V2 = "/service/"
+"""Where Smithy RPC v2 (CBOR) requests go: ``POST /service/<prefix>/operation/<action>``,
+as botocore sends CloudWatch's; the path names the action ``X-Amz-Target`` names in
+AWS JSON."""
+
+
+def rpc_v2_target(path: str) -> str | None:
+    """The ``X-Amz-Target`` equivalent of an RPC v2 path (``<prefix>.<action>``), or None
+    when ``path`` is not one."""
+    if not path.startswith(RPC_V2):
+        return None
+    parts = path[len(RPC_V2) :].split("/")
+    if len(parts) != 3 or parts[1] != "operation" or not parts[0] or not parts[2]:
+        return None
+    return f"{parts[0]}.{parts[2]}"
 
 
 def iam_action(target: str | None) -> str:
@@ -64,7 +91,8 @@ class Action:
     @property
     def lists(self) -> bool:
         """Whether its answer lists resources (then a scoped key sees only those it
-        reaches): the List calls, and the Describe* of Logs and Application Auto Scaling."""
+        reaches): the List calls, and the Describe* of Logs, Application Auto Scaling and
+        CloudWatch."""
         return self.name.startswith("List") or self.service is not SAGEMAKER
 
 
@@ -98,10 +126,11 @@ class ActionRegistry:
                 raise ValueError(f"{target} is registered twice")
             self._actions[target] = Action(service, name, validator, partial(run, on))
 
-    def find(self, target: str) -> Action:
-        """The action of ``target``, or UnknownOperation."""
+    def find(self, target: str, *, rpc_v2: bool = False) -> Action:
+        """The action of ``target``, or UnknownOperation (also for an action of a service
+        not served in RPC v2, asked ``rpc_v2``)."""
         action = self._actions.get(target)
-        if action is None:
+        if action is None or (rpc_v2 and not action.service.rpc_v2):
             raise UnknownOperation(f"The operation {target[:200] or '(none)'} is not supported.")
         return action
 

@@ -63,10 +63,11 @@ class RuntimeDoor:
     async def __call__(self, scope: Scope, receive: Receive, send: Send, name: str) -> None:
         started = time.perf_counter()
         calls: list[Call] = []  # the call, once made, for its variant's counts
+        error: BaseException | None = None
         try:
             status = await self._invoke(scope, receive, send, name, started, calls)
         except (RuntimeFailure, AuthFailure) as exc:
-            status = exc.status_code
+            status, error = exc.status_code, exc
             if isinstance(exc, PayloadTooLarge) and exc.body_left:
                 await bodies.drain(receive)
             await runtime_error_response(exc, send)
@@ -77,7 +78,7 @@ class RuntimeDoor:
             status = 500
             await runtime_error_response(InternalFailure("Internal failure."), send)
         if calls:
-            Invocations.count(calls[0], status)
+            Invocations.count(calls[0], status, error)
 
     async def _invoke(
         self,

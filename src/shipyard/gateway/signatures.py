@@ -53,6 +53,7 @@ from shipyard.gateway.auth import (
 from shipyard.gateway.errors import (
     control_error_response,
     facade_error_response,
+    rpc_v2_error_response,
     runtime_error_response,
 )
 
@@ -196,6 +197,8 @@ async def _render(
         return
     if door is Door.FACADE:
         response = facade_error_response(exc)
+    elif door is Door.RPC_V2:
+        response = rpc_v2_error_response(exc)
     elif door is Door.V2:
         from starlette.responses import Response
 

@@ -78,10 +78,11 @@ class ResponseStreamDoor:
         started = time.perf_counter()
         calls: list[Call] = []
         client = _Client(receive)
+        error: BaseException | None = None
         try:
             status = await self._invoke(scope, client, send, name, started, calls)
         except (RuntimeFailure, AuthFailure) as exc:
-            status = exc.status_code
+            status, error = exc.status_code, exc
             if isinstance(exc, PayloadTooLarge) and exc.body_left:
                 await bodies.drain(receive)
             await runtime_error_response(exc, send)
@@ -105,7 +106,7 @@ class ResponseStreamDoor:
         finally:
             client.stop_watching()
         if calls:
-            Invocations.count(calls[0], status)
+            Invocations.count(calls[0], status, error)
 
     async def _invoke(
         self,

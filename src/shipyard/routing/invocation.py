@@ -284,13 +284,20 @@ class Invocations:
         variant = call.variant
         if variant is not None:
             metrics = variant.metrics
+            overhead_s = max(time.perf_counter() - call.started - model_s, 0.0)
             metrics.model_latency.observe(model_s)
-            metrics.overhead_latency.observe(max(time.perf_counter() - call.started - model_s, 0.0))
+            metrics.overhead_latency.observe(overhead_s)
+            metrics.model_us.observe(model_s * 1e6)
+            metrics.overhead_us.observe(overhead_s * 1e6)
 
     @staticmethod
-    def count(call: Call | None, status: int) -> None:
+    def count(call: Call | None, status: int, error: BaseException | None = None) -> None:
         """Count one answered request, and its 4xx/5xx, on the variant it was routed to
-        (none, when it failed before a variant was chosen)."""
+        (none, when it failed before a variant was chosen). A model's own error (``error``
+        a ModelError) counts by the status the model answered, as CloudWatch's
+        Invocation4XXErrors and Invocation5XXErrors do, not by ModelError's 424."""
+        if isinstance(error, ModelError):
+            status = error.original_status_code
         if call is not None and call.variant is not None:
             m = call.variant.metrics
             m.invocations.inc()

@@ -123,6 +123,7 @@ class ShadowCopier:
         else:
             status = response.status
             metrics.model_latency.observe(model_s)
+            metrics.model_us.observe(model_s * 1e6)
         finally:
             left = self._pending[key] - 1
             if left:

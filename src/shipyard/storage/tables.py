@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Column,
     DateTime,
     Float,
@@ -234,4 +235,58 @@ leases = Table(
     Column("expires_at", DateTime(timezone=True), nullable=False),
     Column("term", Integer, nullable=False),
     Column("routes", JSON),
+)
+
+metric_series = Table(
+    "metric_series",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    # sha256 of the namespace, name and dimensions (longer than an index may take).
+    Column("key", String(64), nullable=False, unique=True),
+    Column("namespace", String(255), nullable=False),
+    Column("name", String(255), nullable=False),
+    Column("dimensions", JSON, nullable=False),
+    Column("unit", String(32)),
+    Column("last_seen", BigInteger, nullable=False, index=True),
+)
+
+metric_points = Table(
+    "metric_points",
+    metadata,
+    Column("series", Integer, primary_key=True),
+    Column("period", Integer, primary_key=True),
+    Column("start", BigInteger, primary_key=True),
+    # The gateway that recorded it (``put`` for PutMetricData): gateways sharing the
+    # store never write the same row, and a read adds their rows up.
+    Column("source", String(64), primary_key=True),
+    Column("count", Float, nullable=False),
+    Column("sum", Float, nullable=False),
+    Column("min", Float, nullable=False),
+    Column("max", Float, nullable=False),
+    Column("hist", JSON),
+)
+
+alarms = Table(
+    "alarms",
+    metadata,
+    Column("name", String(255), primary_key=True),
+    Column("arn", String(1600), nullable=False),
+    Column("config", JSON, nullable=False),
+    Column("state", String(32), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("reason_data", Text),
+    Column("state_updated", DateTime(timezone=True), nullable=False),
+    Column("config_updated", DateTime(timezone=True), nullable=False),
+    Column("evaluated", DateTime(timezone=True)),
+)
+
+alarm_history = Table(
+    "alarm_history",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("alarm", String(255), nullable=False, index=True),
+    Column("time", DateTime(timezone=True), nullable=False, index=True),
+    Column("item_type", String(32), nullable=False),
+    Column("summary", Text, nullable=False),
+    Column("data", Text, nullable=False),
 )

@@ -9,10 +9,12 @@ records. ``registry`` gathers every family into the one table ``POST /`` serves
 from __future__ import annotations
 
 from shipyard.autoscaling.scaling import ScalingService
+from shipyard.cloudwatch.service import CloudWatchService
 from shipyard.control.components import ComponentService
 from shipyard.control.endpoints import EndpointService
 from shipyard.gateway.actions import (
     autoscaling,
+    cloudwatch,
     endpoint_configs,
     endpoints,
     inference_components,
@@ -22,7 +24,7 @@ from shipyard.gateway.actions import (
     training_jobs,
     transform_jobs,
 )
-from shipyard.gateway.registry import LOGS, SAGEMAKER, SCALING, ActionRegistry
+from shipyard.gateway.registry import CLOUDWATCH, LOGS, SAGEMAKER, SCALING, ActionRegistry
 from shipyard.gateway.validation import RequestValidator
 from shipyard.jobs.service import JobService
 from shipyard.logs.service import LogService
@@ -49,6 +51,7 @@ def registry(
     transforms: TransformService,
     scaling: ScalingService,
     log_service: LogService,
+    cloudwatch_service: CloudWatchService,
 ) -> ActionRegistry:
     """Every control-plane action, bound to the service it acts on; SageMaker's requests
     checked against botocore's model (but LOCAL_URI_SHAPES' patterns)."""
@@ -60,4 +63,5 @@ def registry(
     actions.add(SAGEMAKER, transform_jobs.ACTIONS, transforms, validator=validator)
     actions.add(SCALING, autoscaling.ACTIONS, scaling)
     actions.add(LOGS, logs.ACTIONS, log_service)
+    actions.add(CLOUDWATCH, cloudwatch.ACTIONS, cloudwatch_service)
     return actions

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from shipyard.autoscaling.scaling import ScalingService
+from shipyard.autoscaling.scaling import STEP_SCALING, ScalingService
 from shipyard.errors import InvalidParameter
 from shipyard.gateway.actions.listing import offset, token
 from shipyard.records import (
@@ -89,20 +89,25 @@ def deregister_scalable_target(svc: ScalingService, p: dict[str, Any]) -> dict[s
 
 def put_scaling_policy(svc: ScalingService, p: dict[str, Any]) -> dict[str, Any]:
     _scope(p)
+    kind = p.get("PolicyType", STEP_SCALING)  # AWS's default when it is left out
     policy = svc.put_policy(
         p["PolicyName"],
         p["ResourceId"],
-        p.get("PolicyType", "StepScaling"),  # AWS's default when it is left out
-        p.get("TargetTrackingScalingPolicyConfiguration"),
+        kind,
+        p.get(
+            "StepScalingPolicyConfiguration"
+            if kind == STEP_SCALING
+            else "TargetTrackingScalingPolicyConfiguration"
+        ),
     )
-    return {"PolicyARN": policy.arn, "Alarms": []}
+    return {"PolicyARN": policy.arn, "Alarms": _alarms(svc, policy)}
 
 
 def describe_scaling_policies(svc: ScalingService, p: dict[str, Any]) -> dict[str, Any]:
     _scope(p, dimension_required=False)
     policies = svc.describe_policies(p.get("ResourceId"), p.get("PolicyNames"))
     window, next_token = _page(policies, p)
-    return _listed("ScalingPolicies", [_policy(x) for x in window], next_token)
+    return _listed("ScalingPolicies", [_policy(svc, x) for x in window], next_token)
 
 
 def delete_scaling_policy(svc: ScalingService, p: dict[str, Any]) -> dict[str, Any]:
@@ -135,18 +140,24 @@ def _target(t: ScalableTarget) -> dict[str, Any]:
     }
 
 
-def _policy(x: ScalingPolicy) -> dict[str, Any]:
+def _policy(svc: ScalingService, x: ScalingPolicy) -> dict[str, Any]:
+    kind = x.policy_type
     return {
         "PolicyARN": x.arn,
         "PolicyName": x.name,
         "ServiceNamespace": SAGEMAKER_NAMESPACE,
         "ResourceId": x.resource_id,
         "ScalableDimension": dimension_of(x.resource_id),
-        "PolicyType": x.policy_type,
-        "TargetTrackingScalingPolicyConfiguration": x.config,
-        "Alarms": [],
+        "PolicyType": kind,
+        f"{kind if kind == STEP_SCALING else 'TargetTrackingScaling'}PolicyConfiguration": x.config,
+        "Alarms": _alarms(svc, x),
         "CreationTime": x.created,
     }
+
+
+def _alarms(svc: ScalingService, x: ScalingPolicy) -> list[dict[str, str]]:
+    """The CloudWatch alarms whose actions name the policy."""
+    return [{"AlarmName": name, "AlarmARN": arn} for name, arn in svc.alarms_naming(x.arn)]
 
 
 def _activity(a: ScalingActivity) -> dict[str, Any]:

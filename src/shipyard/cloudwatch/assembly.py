@@ -1,0 +1,63 @@
+"""CloudWatch put together: the recorder, the service and the alarms' evaluator."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from shipyard.async_inference.consumer import BacklogReading
+from shipyard.cloudwatch.alarms import AlarmActions, AlarmEvaluator, PolicyRunner
+from shipyard.cloudwatch.recorder import Readings, Recorder
+from shipyard.cloudwatch.service import CloudWatchService
+from shipyard.core import Core
+from shipyard.routing.router import Router
+from shipyard.storage.metrics import MetricStore
+
+
+@dataclass(frozen=True)
+class CloudWatch:
+    service: CloudWatchService
+    recorder: Recorder
+    evaluator: AlarmEvaluator
+
+
+def build(
+    core: Core,
+    *,
+    router: Router,
+    backlogs: dict[str, BacklogReading],
+    run_policy: PolicyRunner,
+    check_action: Callable[[str], str | None],
+) -> CloudWatch:
+    settings = core.settings
+    store = MetricStore(core.store.engine)
+    actions = AlarmActions(
+        store=store,
+        region=settings.region,
+        account_id=settings.account_id,
+        run_policy=run_policy,
+        on_event=core.on_event,
+    )
+    service = CloudWatchService(
+        store=store,
+        region=settings.region,
+        account_id=settings.account_id,
+        check_action=check_action,
+        transition=actions.transition,
+        retention_days=settings.metrics_retention_days,
+    )
+    recorder = Recorder(
+        store=store,
+        read=Readings(metrics=core.metrics, router=router, backlogs=backlogs).take,
+        source=settings.identity,
+        retention_days=settings.metrics_retention_days,
+        tick_s=settings.metrics_tick_s,
+    )
+    evaluator = AlarmEvaluator(
+        service=service,
+        actions=actions,
+        leases=core.leases("alarms"),
+        tick_s=settings.metrics_tick_s,
+        lag_s=settings.metrics_tick_s + 2.0,
+    )
+    return CloudWatch(service=service, recorder=recorder, evaluator=evaluator)

@@ -1,0 +1,280 @@
+"""The recorder: what the data path counts, written to the store as CloudWatch datapoints.
+
+Every ``tick_s`` (10 s) it takes what accumulated since the last tick, off the request
+path and on the event loop (where the data path counts, so nothing is counted twice or
+lost between a read and a reset):
+
+- per variant (``EndpointName``, ``VariantName``) and per inference component
+  (``InferenceComponentName``), under ``AWS/SageMaker``: ``Invocations``,
+  ``Invocation4XXErrors``, ``Invocation5XXErrors`` (1 per failed request, 0 per other,
+  as SageMaker sends them, so Average is the error rate), ``InvocationsPerInstance``
+  (1/instances per request), ``ModelLatency`` and ``OverheadLatency`` in microseconds,
+  and ``ConcurrentRequestsPerModel`` sampled each tick;
+- per asynchronous endpoint (``EndpointName``): ``ApproximateBacklogSize``,
+  ``ApproximateBacklogSizePerInstance``, ``ApproximateAgeOfOldestRequest``,
+  ``HasBacklogWithoutCapacity``;
+- per serverless variant: ``ModelSetupTime`` (microseconds) of its cold starts.
+
+Each tick's readings are added to the rows of the 10 s and 60 s periods they fall in, in
+one transaction, in a worker thread. Nothing is written for a series with no values in a
+period, as CloudWatch publishes nothing then (alarms see missing data). Rows older than
+the retention are purged once an hour.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from shipyard.async_inference.consumer import BacklogReading
+from shipyard.metrics import Metrics
+from shipyard.routing.router import Router
+from shipyard.statsets import StatSet
+from shipyard.storage.metrics import Dimensions, MetricStore, Point
+
+log = logging.getLogger(__name__)
+
+SAGEMAKER = "AWS/SageMaker"
+PERIODS = (10, 60)
+"""Every recorded metric is kept at both: 10 s rows for high-resolution reads and
+alarms (kept ``HIGH_RESOLUTION_KEEP_S``), 60 s rows for the retention."""
+
+HIGH_RESOLUTION_KEEP_S = 3 * 3600
+"""As CloudWatch keeps sub-minute datapoints: three hours."""
+
+Reading = tuple[str, str, Dimensions, StatSet]
+"""(namespace, metric name, dimensions, values) taken at one tick."""
+
+
+@dataclass
+class _Counters:
+    """The cumulative counters of one variant at the last tick."""
+
+    invocations: float = 0.0
+    errors_4xx: float = 0.0
+    errors_5xx: float = 0.0
+
+
+@dataclass
+class Readings:
+    """Reads what the data path counted since the last call (``take``)."""
+
+    metrics: Metrics
+    router: Router
+    backlogs: dict[str, BacklogReading]
+    _last: dict[tuple[str, str], _Counters] = field(default_factory=dict)
+    _setup: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+
+    def take(self) -> list[Reading]:
+        dims = self._dimensions()
+        out = list(self._invocations(dims))
+        out.extend(self._latencies(dims))
+        out.extend(self._concurrency(dims))
+        out.extend(self._backlogs())
+        out.extend(self._setup_times(dims))
+        return out
+
+    def _dimensions(self) -> dict[tuple[str, str], tuple[Dimensions, int]]:
+        """Per (endpoint, label) published now, its dimensions and healthy instances."""
+        found: dict[tuple[str, str], tuple[Dimensions, int]] = {}
+        for route in list(self.router.routes.values()):
+            for variant in route.variants:
+                healthy = sum(1 for i in variant.instances if i.healthy)
+                found[(route.name, variant.name)] = (
+                    (("EndpointName", route.name), ("VariantName", variant.name)),
+                    healthy,
+                )
+            for name, copies in route.components.items():
+                healthy = sum(1 for i in copies.instances if i.healthy)
+                found[(route.name, name)] = ((("InferenceComponentName", name),), healthy)
+        return found
+
+    def _invocations(
+        self, dims: dict[tuple[str, str], tuple[Dimensions, int]]
+    ) -> Iterator[Reading]:
+        now: dict[tuple[str, str], _Counters] = {}
+        for attr, metric in (
+            ("invocations", self.metrics.invocations),
+            ("errors_4xx", self.metrics.errors_4xx),
+            ("errors_5xx", self.metrics.errors_5xx),
+        ):
+            for family in metric.collect():
+                for s in family.samples:
+                    if s.name.endswith("_total"):
+                        key = (s.labels["endpoint"], s.labels["variant"])
+                        setattr(now.setdefault(key, _Counters()), attr, s.value)
+        for key, counters in now.items():
+            last = self._last.get(key) or _Counters()
+            self._last[key] = counters
+            found = dims.get(key)
+            n = counters.invocations - last.invocations
+            if found is None or n <= 0:
+                continue
+            where, healthy = found
+            e4 = max(counters.errors_4xx - last.errors_4xx, 0.0)
+            e5 = max(counters.errors_5xx - last.errors_5xx, 0.0)
+            yield SAGEMAKER, "Invocations", where, StatSet.of(n, n, 1.0, 1.0)
+            yield SAGEMAKER, "Invocation4XXErrors", where, _ones(n, e4)
+            yield SAGEMAKER, "Invocation5XXErrors", where, _ones(n, e5)
+            share = 1.0 / max(healthy, 1)
+            per = (
+                "InvocationsPerCopy"
+                if where[0][0] == "InferenceComponentName"
+                else ("InvocationsPerInstance")
+            )
+            yield SAGEMAKER, per, where, StatSet.of(n, n * share, share, share)
+        for key in [k for k in self._last if k not in now]:
+            del self._last[key]
+
+    def _latencies(self, dims: dict[tuple[str, str], tuple[Dimensions, int]]) -> Iterator[Reading]:
+        for key, (model, overhead) in list(self.metrics.latency_stats.items()):
+            found = dims.get(key)
+            for name, stats in (("ModelLatency", model), ("OverheadLatency", overhead)):
+                if stats.count <= 0:
+                    continue
+                taken = _take(stats)
+                if found is not None:
+                    yield SAGEMAKER, name, found[0], taken
+
+    def _concurrency(
+        self, dims: dict[tuple[str, str], tuple[Dimensions, int]]
+    ) -> Iterator[Reading]:
+        for endpoint, label, busy in self.router.in_flight():
+            found = dims.get((endpoint, label))
+            if found is None:
+                continue
+            where, healthy = found
+            name = (
+                "ConcurrentRequestsPerCopy"
+                if where[0][0] == "InferenceComponentName"
+                else "ConcurrentRequestsPerModel"
+            )
+            stats = StatSet()
+            stats.observe(busy / max(healthy, 1))
+            yield SAGEMAKER, name, where, stats
+
+    def _backlogs(self) -> Iterator[Reading]:
+        for endpoint, backlog in list(self.backlogs.items()):
+            where = (("EndpointName", endpoint),)
+            values = {
+                "ApproximateBacklogSize": float(backlog.size),
+                "ApproximateBacklogSizePerInstance": backlog.size / max(backlog.instances, 1),
+                "ApproximateAgeOfOldestRequest": backlog.oldest_age_s,
+                "HasBacklogWithoutCapacity": 1.0 if backlog.without_capacity else 0.0,
+            }
+            for name, value in values.items():
+                stats = StatSet()
+                stats.observe(value)
+                yield SAGEMAKER, name, where, stats
+
+    def _setup_times(
+        self, dims: dict[tuple[str, str], tuple[Dimensions, int]]
+    ) -> Iterator[Reading]:
+        # The histogram's count and sum: the average of the period's cold starts is exact,
+        # their minimum and maximum are taken to be that average.
+        for family in self.metrics.model_setup_time.collect():
+            counts: dict[tuple[str, str], list[float]] = {}
+            for s in family.samples:
+                key = (s.labels.get("endpoint", ""), s.labels.get("variant", ""))
+                if s.name.endswith("_count"):
+                    counts.setdefault(key, [0.0, 0.0])[0] = s.value
+                elif s.name.endswith("_sum"):
+                    counts.setdefault(key, [0.0, 0.0])[1] = s.value
+            for key, (count, total) in counts.items():
+                last_count, last_total = self._setup.get(key, (0.0, 0.0))
+                self._setup[key] = (count, total)
+                n, spent = count - last_count, total - last_total
+                found = dims.get(key)
+                if n > 0 and found is not None:
+                    mean = spent / n * 1e6
+                    yield (
+                        SAGEMAKER,
+                        "ModelSetupTime",
+                        found[0],
+                        StatSet.of(n, spent * 1e6, mean, mean),
+                    )
+
+
+def _ones(n: float, ones: float) -> StatSet:
+    """``n`` values, ``ones`` of them 1 and the rest 0."""
+    ones = min(ones, n)
+    stats = StatSet.of(n, ones, 0.0 if ones < n else 1.0, 1.0 if ones > 0 else 0.0)
+    stats.hist = {"0": n - ones, "+0": ones} if ones else {"0": n}
+    return stats
+
+
+def _take(stats: StatSet) -> StatSet:
+    """A copy of ``stats``, which is emptied (the data path goes on adding to it)."""
+    taken = stats.copy()
+    stats.count, stats.sum = 0.0, 0.0
+    stats.min, stats.max = float("inf"), float("-inf")
+    stats.hist = {}
+    return taken
+
+
+class Recorder:
+    """Writes the readings of each tick as datapoints (see the module)."""
+
+    def __init__(
+        self,
+        *,
+        store: MetricStore,
+        read: Callable[[], Iterable[Reading]],
+        source: str,
+        retention_days: float,
+        tick_s: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.read = read
+        self.source = source
+        self.retention_s = retention_days * 86_400
+        self.tick_s = tick_s
+        self._clock = clock
+        self._purged_at = 0.0
+
+    def __repr__(self) -> str:
+        return f"Recorder(source={self.source!r}, tick_s={self.tick_s:g})"
+
+    def collect(self, at: float) -> list[Point]:
+        """This tick's readings as points of the 10 s and 60 s periods they fall in
+        (those of the tick's middle: a tick on a boundary counts for the period before)."""
+        middle = at - self.tick_s / 2
+        points = []
+        for namespace, name, dims, stats in self.read():
+            for period in PERIODS:
+                start = int(middle // period * period)
+                points.append(Point(namespace, name, dims, period, start, stats))
+        return points
+
+    async def run(self) -> None:
+        """Tick until cancelled, each tick's points written as soon as they are taken:
+        a period's rows grow tick by tick (the store merges them), so a datapoint is
+        readable within one tick, and complete one tick after its period ends."""
+        try:
+            while True:
+                # Just after the tick's boundary, so a 10 s period is written whole at once.
+                await asyncio.sleep(self.tick_s - self._clock() % self.tick_s + 0.05)
+                await self._tick(self._clock())
+        finally:
+            # The gateway stops: what was counted since the last tick is not lost.
+            with contextlib.suppress(Exception):
+                await self._tick(self._clock())
+
+    async def _tick(self, at: float) -> None:
+        points = self.collect(at)
+        try:
+            await asyncio.to_thread(self.store.write, points, self.source, seen=int(at))
+            if at - self._purged_at >= 3600:
+                self._purged_at = at
+                await asyncio.to_thread(self._purge, at)
+        except Exception:  # a store that is down loses this tick, not the loop
+            log.exception("recording %d datapoints failed", len(points))
+
+    def _purge(self, at: float) -> None:
+        self.store.purge(period=10, before=int(at - HIGH_RESOLUTION_KEEP_S))
+        self.store.purge(period=60, before=int(at - self.retention_s))

@@ -1,0 +1,389 @@
+"""MetricStore: CloudWatch's metric datapoints, alarms and alarm history (DESIGN 2.12).
+
+A series is a namespace, a metric name and its dimensions; its datapoints are statistic
+sets (cloudwatch/stats.py) per period (10 s and 60 s), per source: each gateway writes
+its own rows, PutMetricData writes under ``put``, and a read adds the rows up. An
+alarm's change of state, its history item and its event are written in one transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, and_, delete, insert, select, tuple_, update
+
+from shipyard.records import Event
+from shipyard.statsets import StatSet
+from shipyard.storage import tables as t
+from shipyard.storage.events import record_event
+from shipyard.storage.transactions import transaction
+
+Dimensions = tuple[tuple[str, str], ...]
+"""(name, value) pairs, sorted by name: the same metric whatever the order given."""
+
+
+def dimensions_of(items: Iterable[dict[str, Any]] | None) -> Dimensions:
+    return tuple(sorted((str(d["Name"]), str(d["Value"])) for d in items or ()))
+
+
+def series_key(namespace: str, name: str, dimensions: Dimensions) -> str:
+    text = json.dumps([namespace, name, [list(d) for d in dimensions]], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    id: int
+    namespace: str
+    name: str
+    dimensions: Dimensions
+    unit: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One statistic set to record: ``stats`` of ``name`` over [start, start + period)."""
+
+    namespace: str
+    name: str
+    dimensions: Dimensions
+    period: int
+    start: int
+    stats: StatSet
+    unit: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Alarm:
+    name: str
+    arn: str
+    config: dict[str, Any]
+    """PutMetricAlarm's request as given (less AlarmName), JSON-ready."""
+    state: str
+    reason: str
+    reason_data: str | None
+    state_updated: datetime
+    config_updated: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryItem:
+    alarm: str
+    time: datetime
+    item_type: str
+    summary: str
+    data: str
+
+
+def _utc(value: datetime) -> datetime:
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+class MetricStore:
+    """Series, datapoints and alarms in the metadata store's database."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._ids: dict[str, int] = {}
+        """Series key -> id, as this process has seen them (ids never change)."""
+
+    def __repr__(self) -> str:
+        return f"MetricStore({self.engine.url.render_as_string(hide_password=True)!r})"
+
+    # -- datapoints -------------------------------------------------------------------
+
+    def write(self, points: Sequence[Point], source: str, *, seen: int) -> None:
+        """Add ``points`` to the rows of ``source`` (merged with what a row holds already:
+        a period recorded in two parts, or PutMetricData called twice in it)."""
+        if not points:
+            return
+        with transaction(self.engine) as conn:
+            merged: dict[tuple[int, int, int], StatSet] = {}
+            for point in points:
+                series = self._series_id(conn, point, seen)
+                key = (series, point.period, point.start)
+                found = merged.get(key)
+                if found is None:
+                    merged[key] = point.stats.copy()
+                else:
+                    found.add(point.stats)
+            existing = conn.execute(
+                select(t.metric_points).where(
+                    t.metric_points.c.source == source,
+                    tuple_(
+                        t.metric_points.c.series, t.metric_points.c.period, t.metric_points.c.start
+                    ).in_(list(merged)),
+                )
+            ).all()
+            updated = set()
+            for row in existing:
+                key = (row.series, row.period, row.start)
+                stats = _stats(row)
+                stats.add(merged[key])
+                updated.add(key)
+                conn.execute(
+                    update(t.metric_points)
+                    .where(
+                        t.metric_points.c.series == row.series,
+                        t.metric_points.c.period == row.period,
+                        t.metric_points.c.start == row.start,
+                        t.metric_points.c.source == source,
+                    )
+                    .values(**_columns(stats))
+                )
+            fresh = [
+                {"series": k[0], "period": k[1], "start": k[2], "source": source, **_columns(s)}
+                for k, s in merged.items()
+                if k not in updated
+            ]
+            if fresh:
+                conn.execute(insert(t.metric_points), fresh)
+
+    def _series_id(self, conn: Connection, point: Point, seen: int) -> int:
+        key = series_key(point.namespace, point.name, point.dimensions)
+        found = self._ids.get(key)
+        if found is not None:
+            if seen % 3600 < 60:  # once an hour is enough for ListMetrics' two weeks
+                conn.execute(
+                    update(t.metric_series)
+                    .where(t.metric_series.c.id == found)
+                    .values(last_seen=seen)
+                )
+            return found
+        row = conn.execute(select(t.metric_series.c.id).where(t.metric_series.c.key == key)).first()
+        if row is None:
+            result = conn.execute(
+                insert(t.metric_series).values(
+                    key=key,
+                    namespace=point.namespace,
+                    name=point.name,
+                    dimensions=[list(d) for d in point.dimensions],
+                    unit=point.unit,
+                    last_seen=seen,
+                )
+            )
+            found = int(result.inserted_primary_key[0])  # type: ignore[index]
+        else:
+            found = int(row.id)
+            conn.execute(
+                update(t.metric_series).where(t.metric_series.c.id == found).values(last_seen=seen)
+            )
+        self._ids[key] = found
+        return found
+
+    def find(self, namespace: str, name: str, dimensions: Dimensions) -> Series | None:
+        """The series of exactly these dimensions, if anything was ever recorded for it."""
+        key = series_key(namespace, name, dimensions)
+        with self.engine.connect() as conn:
+            row = conn.execute(select(t.metric_series).where(t.metric_series.c.key == key)).first()
+        return None if row is None else _series(row)
+
+    def list_series(
+        self,
+        *,
+        namespace: str | None = None,
+        name: str | None = None,
+        since: int | None = None,
+    ) -> list[Series]:
+        """Series by namespace and name, seen since ``since`` (epoch seconds), oldest
+        id first; dimension filters are the caller's."""
+        query = select(t.metric_series).order_by(t.metric_series.c.id)
+        if namespace is not None:
+            query = query.where(t.metric_series.c.namespace == namespace)
+        if name is not None:
+            query = query.where(t.metric_series.c.name == name)
+        if since is not None:
+            query = query.where(t.metric_series.c.last_seen >= since)
+        with self.engine.connect() as conn:
+            return [_series(row) for row in conn.execute(query)]
+
+    def read(
+        self, series: Sequence[int], period: int, start: int, end: int
+    ) -> dict[int, dict[int, StatSet]]:
+        """Per series, per row start in [start, end), the statistic sets of ``period``
+        rows, every source's added up."""
+        out: dict[int, dict[int, StatSet]] = {s: {} for s in series}
+        if not series:
+            return out
+        c = t.metric_points.c
+        query = select(c.series, c.start, c.count, c.sum, c.min, c.max, c.hist).where(
+            c.series.in_(list(series)), c.period == period, c.start >= start, c.start < end
+        )
+        with self.engine.connect() as conn:
+            for row in conn.execute(query):
+                points = out[row.series]
+                stats = _stats(row)
+                found = points.get(row.start)
+                if found is None:
+                    points[row.start] = stats
+                else:
+                    found.add(stats)
+        return out
+
+    def purge(self, *, period: int, before: int) -> int:
+        """Delete ``period`` rows older than ``before`` (epoch seconds); how many."""
+        with transaction(self.engine) as conn:
+            c = t.metric_points.c
+            result = conn.execute(
+                delete(t.metric_points).where(and_(c.period == period, c.start < before))
+            )
+            return int(result.rowcount or 0)
+
+    # -- alarms -----------------------------------------------------------------------
+
+    def put_alarm(self, alarm: Alarm, history: HistoryItem) -> None:
+        """Create or replace ``alarm`` (its state kept by the caller), with its history."""
+        row = _alarm_row(alarm)
+        with transaction(self.engine) as conn:
+            found = conn.execute(
+                update(t.alarms).where(t.alarms.c.name == alarm.name).values(**row)
+            )
+            if found.rowcount == 0:
+                conn.execute(insert(t.alarms).values(name=alarm.name, **row))
+            _add_history(conn, history)
+
+    def get_alarm(self, name: str) -> Alarm | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(t.alarms).where(t.alarms.c.name == name)).first()
+        return None if row is None else _alarm(row)
+
+    def list_alarms(self) -> list[Alarm]:
+        with self.engine.connect() as conn:
+            return [_alarm(r) for r in conn.execute(select(t.alarms).order_by(t.alarms.c.name))]
+
+    def delete_alarms(self, names: Sequence[str]) -> None:
+        with transaction(self.engine) as conn:
+            conn.execute(delete(t.alarms).where(t.alarms.c.name.in_(list(names))))
+            conn.execute(delete(t.alarm_history).where(t.alarm_history.c.alarm.in_(list(names))))
+
+    def change_state(
+        self,
+        name: str,
+        *,
+        state: str,
+        reason: str,
+        reason_data: str | None,
+        when: datetime,
+        history: HistoryItem,
+        event: Event | None,
+        expected: str | None = None,
+    ) -> bool:
+        """Set an alarm's state with its history item and event, in one transaction;
+        False (nothing written) when the alarm is gone, or is no longer in ``expected``."""
+        with transaction(self.engine) as conn:
+            query = update(t.alarms).where(t.alarms.c.name == name)
+            if expected is not None:
+                query = query.where(t.alarms.c.state == expected)
+            changed = conn.execute(
+                query.values(
+                    state=state, reason=reason, reason_data=reason_data, state_updated=when
+                )
+            )
+            if changed.rowcount == 0:
+                return False
+            _add_history(conn, history)
+            if event is not None:
+                record_event(conn, event)
+        return True
+
+    def add_history(self, item: HistoryItem) -> None:
+        with transaction(self.engine) as conn:
+            _add_history(conn, item)
+
+    def history(
+        self,
+        *,
+        alarm: str | None,
+        item_type: str | None,
+        start: datetime | None,
+        end: datetime | None,
+        newest_first: bool,
+    ) -> list[HistoryItem]:
+        c = t.alarm_history.c
+        query = select(t.alarm_history).order_by(c.seq.desc() if newest_first else c.seq)
+        if alarm is not None:
+            query = query.where(c.alarm == alarm)
+        if item_type is not None:
+            query = query.where(c.item_type == item_type)
+        if start is not None:
+            query = query.where(c.time >= start)
+        if end is not None:
+            query = query.where(c.time <= end)
+        with self.engine.connect() as conn:
+            return [
+                HistoryItem(r.alarm, _utc(r.time), r.item_type, r.summary, r.data)
+                for r in conn.execute(query)
+            ]
+
+
+def _add_history(conn: Connection, item: HistoryItem) -> None:
+    conn.execute(
+        insert(t.alarm_history).values(
+            alarm=item.alarm,
+            time=item.time,
+            item_type=item.item_type,
+            summary=item.summary,
+            data=item.data,
+        )
+    )
+
+
+def _alarm_row(alarm: Alarm) -> dict[str, Any]:
+    return {
+        "arn": alarm.arn,
+        "config": alarm.config,
+        "state": alarm.state,
+        "reason": alarm.reason,
+        "reason_data": alarm.reason_data,
+        "state_updated": alarm.state_updated,
+        "config_updated": alarm.config_updated,
+    }
+
+
+def _alarm(row: Any) -> Alarm:
+    return Alarm(
+        name=row.name,
+        arn=row.arn,
+        config=dict(row.config),
+        state=row.state,
+        reason=row.reason,
+        reason_data=row.reason_data,
+        state_updated=_utc(row.state_updated),
+        config_updated=_utc(row.config_updated),
+    )
+
+
+def _series(row: Any) -> Series:
+    return Series(
+        id=int(row.id),
+        namespace=row.namespace,
+        name=row.name,
+        dimensions=tuple((str(n), str(v)) for n, v in row.dimensions),
+        unit=row.unit,
+    )
+
+
+def _stats(row: Any) -> StatSet:
+    hist = row.hist
+    return StatSet(
+        float(row.count),
+        float(row.sum),
+        float(row.min),
+        float(row.max),
+        None if hist is None else {str(k): float(v) for k, v in hist.items()},
+    )
+
+
+def _columns(stats: StatSet) -> dict[str, Any]:
+    return {
+        "count": stats.count,
+        "sum": stats.sum,
+        "min": stats.min,
+        "max": stats.max,
+        "hist": stats.hist,
+    }
