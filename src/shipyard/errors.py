@@ -13,6 +13,7 @@
     ├── LogResourceNotFound            400  CloudWatch Logs: no such log group or stream
     ├── InvalidLogParameter            400  CloudWatch Logs: a bad parameter (a foreign token)
     ├── MetricsFault                        CloudWatch's own codes (``x-amzn-query-error``)
+    │   ├── MetricsValidationError     400  ValidationError: a constraint of the model broken
     │   ├── InvalidParameterValue      400  a value CloudWatch refuses
     │   ├── InvalidParameterCombination
     │   │                              400  parameters that do not go together
@@ -213,6 +214,13 @@ class MetricsFault(ShipyardError):
     wire_type = "InvalidParameterValue"
     shape = "InvalidParameterValueException"
     status_code = 400
+
+
+class MetricsValidationError(MetricsFault):
+    """A request breaking a constraint of botocore's model, as CloudWatch answers it."""
+
+    wire_type = "ValidationError"
+    shape = "ValidationError"
 
 
 class InvalidParameterValue(MetricsFault):

@@ -157,8 +157,49 @@ def test_the_api_answers_as_application_auto_scaling_does(
             PolicyName="s", ServiceNamespace="sagemaker", ResourceId=rid(name),
             ScalableDimension=DIMENSION, PolicyType="StepScaling",
         ),
-        "ValidationException", "TargetTrackingScaling",
+        "ValidationException", "StepScalingPolicyConfiguration is required",
     )  # fmt: skip
+    step_configs = [
+        ({"AdjustmentType": "ChangeInCapacity", "StepAdjustments": []}, "at least one"),
+        (
+            {
+                "AdjustmentType": "ChangeInCapacity",
+                "StepAdjustments": [
+                    {"MetricIntervalLowerBound": 0, "ScalingAdjustment": 1},
+                    {"MetricIntervalLowerBound": 5, "ScalingAdjustment": 2},
+                ],
+            },
+            "overlap",
+        ),
+        (
+            {
+                "AdjustmentType": "ExactCapacity",
+                "StepAdjustments": [{"MetricIntervalLowerBound": 0, "ScalingAdjustment": -1}],
+            },
+            "0 or more",
+        ),
+        (
+            {
+                "AdjustmentType": "ChangeInCapacity",
+                "MinAdjustmentMagnitude": 2,
+                "StepAdjustments": [{"MetricIntervalLowerBound": 0, "ScalingAdjustment": 1}],
+            },
+            "MinAdjustmentMagnitude",
+        ),
+    ]
+    for config, words in step_configs:
+        refused(
+            lambda c=config: aas.put_scaling_policy(
+                PolicyName="s",
+                ServiceNamespace="sagemaker",
+                ResourceId=rid(name),
+                ScalableDimension=DIMENSION,
+                PolicyType="StepScaling",
+                StepScalingPolicyConfiguration=c,
+            ),
+            "ValidationException",
+            words,
+        )
 
     good = {"TargetValue": 1000.0, "PredefinedMetricSpecification": predefined,
             "ScaleInCooldown": 60, "ScaleOutCooldown": 30}  # fmt: skip

@@ -122,6 +122,9 @@ class ScalingService:
         role_arn: str | None,
         suspended: dict[str, bool] | None,
     ) -> ScalableTarget:
+        for field, value in (("MinCapacity", min_capacity), ("MaxCapacity", max_capacity)):
+            if value is not None and value < 0:
+                raise InvalidParameter(f"{field} must be 0 or more; it is {value}.")
         component = self._component(resource)
         endpoint, variant = ("", component) if component is not None else self._variant(resource)
         current = self.store.get_target(resource)
@@ -134,9 +137,6 @@ class ScalingService:
             )
         else:
             low, high = min_capacity, max_capacity
-        for field, value in (("MinCapacity", low), ("MaxCapacity", high)):
-            if value < 0:
-                raise InvalidParameter(f"{field} must be 0 or more; it is {value}.")
         if low > high:
             raise InvalidParameter(
                 f"Minimum capacity {low} cannot be greater than maximum capacity {high}."

@@ -13,8 +13,11 @@ Arithmetic between series keeps the timestamps both have, as CloudWatch does.
 from __future__ import annotations
 
 import ast
+import io
 import math
 import statistics
+import token
+import tokenize
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -45,8 +48,8 @@ def evaluate(expression: str, context: Context) -> Series:
     if len(expression) > MAX_LENGTH:
         raise _bad(expression, f"it is longer than {MAX_LENGTH} characters")
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        tree = ast.parse(_python(expression), mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError, tokenize.TokenError):
         raise _bad(expression, "it does not parse") from None
     try:
         value = _Walker(expression, context).walk(tree.body, 0)
@@ -60,11 +63,21 @@ def evaluate(expression: str, context: Context) -> Series:
     return value
 
 
+def _python(expression: str) -> str:
+    """``expression`` in Python's spelling: CloudWatch's power ``^`` (which binds tighter
+    than ``*``) is Python's ``**``; strings are left as they are."""
+    tokens = tokenize.generate_tokens(io.StringIO(expression.strip()).readline)
+    return tokenize.untokenize(
+        (token.OP, "**") if t.type == token.OP and t.string == "^" else (t.type, t.string)
+        for t in tokens
+    ).strip()
+
+
 def ids_in(expression: str) -> set[str]:
     """The query ids an expression names (for ordering queries by what they need)."""
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        tree = ast.parse(_python(expression), mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError, tokenize.TokenError):
         return set()
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
 
@@ -163,8 +176,7 @@ _OPERATORS: dict[type[ast.operator], Callable[[float, float], float]] = {
     ast.Sub: lambda a, b: a - b,
     ast.Mult: lambda a, b: a * b,
     ast.Div: _div,
-    ast.BitXor: _pow,  # CloudWatch writes a power as ^
-    ast.Pow: _pow,
+    ast.Pow: _pow,  # CloudWatch's ^ (_python)
 }
 
 _REDUCE: dict[str, Callable[[list[float]], float]] = {

@@ -27,6 +27,8 @@ from shipyard.errors import (
     BodyTimedOut,
     BodyTooLarge,
     ClientLeft,
+    InvalidParameter,
+    MetricsValidationError,
     RequestTooLarge,
     SerializationException,
 )
@@ -116,7 +118,12 @@ class ControlDoor:
         return Response(body, media_type=CBOR, headers=request_id)
 
     async def _run(self, action: Action, params: object, edge: Admitted) -> dict[str, Any]:
-        action.validator.validate(action.name, params)
+        try:
+            action.validator.validate(action.name, params)
+        except InvalidParameter as exc:
+            if not action.service.own_errors:
+                raise
+            raise MetricsValidationError(exc.message) from None
         assert isinstance(params, dict)  # validate refuses anything but a JSON object
         _drop_nulls(params)
         scoped = not edge.reaches_all

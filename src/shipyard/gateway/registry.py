@@ -34,6 +34,9 @@ class Service:
     json_version: str = "1.1"
     rpc_v2: bool = False
     """Whether it is also served in Smithy RPC v2 CBOR (``RPC_V2``)."""
+    own_errors: bool = False
+    """Whether it answers a request botocore's model refuses in its own error code
+    (CloudWatch's ValidationError) rather than ValidationException."""
 
     @property
     def prefix(self) -> str:
@@ -49,7 +52,12 @@ SAGEMAKER = Service("SageMaker", "sagemaker", "sagemaker")
 SCALING = Service("AnyScaleFrontendService", "application-autoscaling", "application-autoscaling")
 LOGS = Service("Logs_20140328", "logs", "logs")
 CLOUDWATCH = Service(
-    "GraniteServiceVersion20100801", "cloudwatch", "cloudwatch", json_version="1.0", rpc_v2=True
+    "GraniteServiceVersion20100801",
+    "cloudwatch",
+    "cloudwatch",
+    json_version="1.0",
+    rpc_v2=True,
+    own_errors=True,
 )
 
 SERVICES = {s.target: s for s in (SAGEMAKER, SCALING, LOGS, CLOUDWATCH)}
