@@ -27,7 +27,12 @@ ENDPOINT_TRANSITIONS: dict[EndpointStatus, frozenset[EndpointStatus]] = {
         {EndpointStatus.IN_SERVICE, EndpointStatus.FAILED, EndpointStatus.DELETING}
     ),
     EndpointStatus.UPDATING: frozenset(
-        {EndpointStatus.IN_SERVICE, EndpointStatus.FAILED, EndpointStatus.DELETING}
+        {
+            EndpointStatus.IN_SERVICE,
+            EndpointStatus.FAILED,
+            EndpointStatus.DELETING,
+            EndpointStatus.ROLLING_BACK,
+        }
     ),
     EndpointStatus.IN_SERVICE: frozenset(
         {EndpointStatus.UPDATING, EndpointStatus.DELETING, EndpointStatus.FAILED}
@@ -35,7 +40,9 @@ ENDPOINT_TRANSITIONS: dict[EndpointStatus, frozenset[EndpointStatus]] = {
     EndpointStatus.FAILED: frozenset({EndpointStatus.DELETING, EndpointStatus.UPDATING}),
     EndpointStatus.DELETING: frozenset(),
     EndpointStatus.SYSTEM_UPDATING: frozenset({EndpointStatus.IN_SERVICE}),
-    EndpointStatus.ROLLING_BACK: frozenset({EndpointStatus.IN_SERVICE}),
+    EndpointStatus.ROLLING_BACK: frozenset(
+        {EndpointStatus.IN_SERVICE, EndpointStatus.DELETING, EndpointStatus.FAILED}
+    ),
 }
 
 
@@ -278,6 +285,13 @@ class Endpoint:
     """Set while a blue/green UpdateEndpoint converges to a new config."""
     generation: int = 0
     """Bumped on every change of desired state, so the reconciler notices it."""
+    deployment: dict[str, Any] | None = None
+    """While an update with a DeploymentConfig runs: ``{"config": DeploymentConfig as
+    given, "started": epoch seconds, "share": the new fleet's share of traffic now,
+    "stage": "ActivatingTraffic" | "Baking" | ...}`` (control/deployments.py)."""
+    last_deployment: dict[str, Any] | None = None
+    """The DeploymentConfig of the last update (or create) that gave one, as given:
+    DescribeEndpoint's LastDeploymentConfig, and what RetainDeploymentConfig reuses."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from typing import Any
 
 from shipyard.backends.base import Resources
 from shipyard.contract import ADAPTERS_TOKEN_ENV
+from shipyard.control.deployments import Deployer
 from shipyard.control.placement import Demand, place
 from shipyard.control.publishing import RoutePublisher
 from shipyard.control.serverless import ServerlessScaler
@@ -70,6 +71,13 @@ class Converger:
         self.publisher = publisher
         self.fleets = fleets
         self.serverless = serverless
+        self.deployer = Deployer(
+            store=store,
+            provisioner=provisioner,
+            publisher=publisher,
+            scale_out=self._scale_out,
+            change=self._change,
+        )
 
     def __repr__(self) -> str:
         return f"Converger(fleets={sorted(self.fleets)})"
@@ -108,6 +116,9 @@ class Converger:
     async def update(self, ep: Endpoint, *, taken: dict[str, Any] | None = None) -> None:
         if ep.pending_config_name is None:
             await self.rescale(ep, taken=taken)
+            return
+        if ep.deployment is not None and self._deploys(ep.deployment):
+            await self._deploy(ep, taken=taken)
             return
         try:
             config = await asyncio.to_thread(self.store.get_endpoint_config, ep.pending_config_name)
@@ -153,6 +164,55 @@ class Converger:
         if old is not None:
             await self.provisioner.drain_and_stop(old.all_slots())
             self.publisher.forget_model_series(old, old.all_slots())
+
+    @staticmethod
+    def _deploys(deployment: dict[str, Any]) -> bool:
+        config = deployment.get("config") or {}
+        return bool(config.get("BlueGreenUpdatePolicy") or config.get("RollingUpdatePolicy"))
+
+    async def _deploy(self, ep: Endpoint, *, taken: dict[str, Any] | None) -> None:
+        """An update with a DeploymentConfig (control/deployments.py): the old fleet
+        serves throughout (started again first after a gateway restart); the new one
+        takes over step by step, or is stopped again on a rollback."""
+        assert ep.pending_config_name is not None
+        old = self.fleets.get(ep.name)
+        if old is None:
+            await self.create(ep, taken=taken)
+            old = self.fleets.get(ep.name)
+            if old is None:
+                return  # the old config cannot start: create recorded why
+        try:
+            config = await asyncio.to_thread(self.store.get_endpoint_config, ep.pending_config_name)
+            new = await self.deployer.run(ep, config, old)
+        except (FleetFailed, ShipyardError) as exc:
+            log.warning("deployment of %s failed, keeping its fleet: %s", ep.name, exc)
+            self.publisher.unblend(old)
+            await self._change(
+                ep.name,
+                status=EndpointStatus.IN_SERVICE,
+                pending_config_name=None,
+                deployment=None,
+                failure_reason=f"Update to endpoint configuration {ep.pending_config_name} "
+                f"failed, the endpoint keeps its previous configuration: {exc}",
+            )
+            return
+        if new is None:
+            return  # rolled back: the old fleet serves, the endpoint says why
+        self._placed.pop(ep.name, None)
+        self.fleets[ep.name] = new
+        await self._change(
+            ep.name,
+            status=EndpointStatus.IN_SERVICE,
+            config_name=config.name,
+            pending_config_name=None,
+            deployment=None,
+            failure_reason=None,
+            variants=tuple(
+                VariantState(v.name, v.weight, v.instance_count, v.shadow) for v in config.variants
+            ),
+        )
+        await self.provisioner.drain_and_stop(old.all_slots())
+        self.publisher.forget_model_series(old, old.all_slots())
 
     async def rescale(self, ep: Endpoint, *, taken: dict[str, Any] | None = None) -> None:
         fleet = self.fleets.get(ep.name)

@@ -7,10 +7,13 @@ process: it writes desired state to the store and wakes the reconciler.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from sqlalchemy import Connection
 
+from shipyard.control import deployments
 from shipyard.errors import InvalidParameter, ResourceLimitExceeded, ResourceNotFound
 from shipyard.events.kinds import test_notification_event
 from shipyard.host_access import HostAccess
@@ -27,6 +30,7 @@ from shipyard.records import (
 )
 from shipyard.storage.components import ComponentStore
 from shipyard.storage.metadata import MetadataStore, now
+from shipyard.storage.metrics import MetricStore
 from shipyard.storage.tags import Tagging, TagStore
 
 
@@ -190,8 +194,14 @@ class EndpointService:
 
     # -- endpoints --------------------------------------------------------------------
 
-    def create_endpoint(self, name: str, config_name: str) -> Endpoint:
+    def create_endpoint(
+        self, name: str, config_name: str, *, deployment: dict[str, Any] | None = None
+    ) -> Endpoint:
+        """Create an endpoint; ``deployment`` (a DeploymentConfig) is checked and kept for
+        its updates (RetainDeploymentConfig)."""
         config = self._config_for_endpoint(config_name)
+        if deployment is not None:
+            deployments.check(deployment, config, self._alarm_exists)
         self._check_budget(
             [(v.instance_type, v.instance_count) for v in config.variants], replacing=None
         )
@@ -207,6 +217,7 @@ class EndpointService:
             variants=tuple(
                 VariantState(v.name, v.weight, v.instance_count, v.shadow) for v in config.variants
             ),
+            last_deployment=deployment,
         )
         events = []
         if config.async_config is not None:
@@ -231,12 +242,28 @@ class EndpointService:
     def list_endpoints(self) -> list[Endpoint]:
         return self.store.list_endpoints()
 
-    def update_endpoint(self, name: str, config_name: str) -> Endpoint:
+    def update_endpoint(
+        self,
+        name: str,
+        config_name: str,
+        *,
+        deployment: dict[str, Any] | None = None,
+        retain_deployment: bool = False,
+    ) -> Endpoint:
+        """A blue/green update to ``config_name``, carried out as ``deployment`` (a
+        DeploymentConfig: control/deployments.py) says; with ``retain_deployment`` and
+        none given, as the last one given said."""
         config = self._config_for_endpoint(config_name)
         self._check_components_kept(name, config)
         self._check_budget(
             [(v.instance_type, v.instance_count) for v in config.variants], replacing=name
         )
+        if deployment is None and retain_deployment:
+            with self._missing_by_arn("endpoint", "endpoint", name):
+                deployment = self.store.get_endpoint(name).last_deployment
+        if deployment is not None:
+            deployments.check(deployment, config, self._alarm_exists)
+        running = {"config": deployment, "started": time.time()} if deployment else None
         with self._missing_by_arn("endpoint", "endpoint", name):
             endpoint = self.store.change_endpoint(
                 name,
@@ -244,9 +271,14 @@ class EndpointService:
                 status=EndpointStatus.UPDATING,
                 pending_config_name=config_name,
                 failure_reason=None,
+                deployment=running,
+                last_deployment=deployment,
             )
         self._wake()
         return endpoint
+
+    def _alarm_exists(self, name: str) -> bool:
+        return MetricStore(self.store.engine).get_alarm(name) is not None
 
     def _check_components_kept(self, name: str, config: EndpointConfig) -> None:
         """An update must leave the endpoint's inference components a variant to run on:

@@ -58,12 +58,52 @@ class RoutePublisher:
         self.on_change: Callable[[str, Fleet | None], None] = lambda endpoint, fleet: None
         """Told of every table published: the fleet, or None for a table withdrawn or
         waiting for its fleet (the reconciler records them for other gateways)."""
+        self._blends: dict[str, tuple[Fleet, Fleet, float]] = {}
+        """Per endpoint whose deployment runs: (old fleet, new fleet, new's share)."""
 
     def __repr__(self) -> str:
         return f"RoutePublisher(model_routing={self.model_routing!r})"
 
     def publish(self, fleet: Fleet) -> None:
-        """Swap in the routing table of ``fleet``'s instances that are up."""
+        """Swap in the routing table of ``fleet``'s instances that are up (with the other
+        fleet of its endpoint's deployment, while one runs: ``blend``)."""
+        blend = self._blends.get(fleet.endpoint)
+        if blend is not None and (fleet is blend[0] or fleet is blend[1]):
+            old, new, share = blend
+            self._publish([(old, 1.0 - share), (new, share)])
+        else:
+            self._publish([(fleet, 1.0)])
+        self.export_gauges([fleet])
+        self.on_change(fleet.endpoint, fleet)
+
+    def blend(self, old: Fleet, new: Fleet, share: float) -> None:
+        """Route ``share`` of the endpoint's traffic to ``new`` and the rest to ``old``
+        (a deployment's step, control/deployments.py), until ``unblend``. Both fleets'
+        variants keep their names, so their invocations count under the same
+        EndpointName and VariantName."""
+        self._blends[old.endpoint] = (old, new, share)
+        self.publish(new)
+
+    def unblend(self, fleet: Fleet) -> None:
+        """End the endpoint's deployment with all its traffic on ``fleet``."""
+        self._blends.pop(fleet.endpoint, None)
+        self.publish(fleet)
+
+    def _publish(self, shares: list[tuple[Fleet, float]]) -> None:
+        variants = []
+        for fleet, share in shares:
+            variants.extend(self._variant_routes(fleet, share))
+        fleet = shares[-1][0]
+        self.router.publish(
+            EndpointRoute(
+                fleet.endpoint,
+                variants,
+                async_config=fleet.config.async_config,
+                components=self._component_routes(fleet) if fleet.config.hosts_components else None,
+            )
+        )
+
+    def _variant_routes(self, fleet: Fleet, share: float) -> list[VariantRoute]:
         variants = []
         captured = capture_of(fleet.config) if self.capture is not None else None
         for variant in fleet.config.variants:
@@ -77,7 +117,7 @@ class RoutePublisher:
             variants.append(
                 VariantRoute(
                     variant.name,
-                    weight=fleet.weights.get(variant.name, variant.weight),
+                    weight=fleet.weights.get(variant.name, variant.weight) * share,
                     policy=policy,
                     instances=instances,
                     metrics=self.metrics.for_variant(fleet.endpoint, variant.name),
@@ -90,16 +130,7 @@ class RoutePublisher:
                     shadow=variant.shadow,
                 )
             )
-        self.router.publish(
-            EndpointRoute(
-                fleet.endpoint,
-                variants,
-                async_config=fleet.config.async_config,
-                components=self._component_routes(fleet) if fleet.config.hosts_components else None,
-            )
-        )
-        self.export_gauges([fleet])
-        self.on_change(fleet.endpoint, fleet)
+        return variants
 
     def _component_routes(self, fleet: Fleet) -> list[VariantRoute]:
         """One route per inference component: its copies, under its variant's policy."""
@@ -199,6 +230,7 @@ class RoutePublisher:
 
     def withdraw(self, endpoint: str) -> None:
         """Take the endpoint out of routing: requests to it fail from now on."""
+        self._blends.pop(endpoint, None)
         self.router.withdraw(endpoint)
         self.on_change(endpoint, None)
 

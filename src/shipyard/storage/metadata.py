@@ -397,6 +397,8 @@ def _endpoint(row: Any) -> Endpoint:
             for v in row["variants"]
         ),
         generation=int(row["generation"]),
+        deployment=row["deployment"],
+        last_deployment=row["last_deployment"],
     )
 
 
@@ -420,4 +422,6 @@ def _endpoint_row(e: Endpoint) -> dict[str, Any]:
             for v in e.variants
         ],
         "generation": e.generation,
+        "deployment": e.deployment,
+        "last_deployment": e.last_deployment,
     }

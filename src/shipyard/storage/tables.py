@@ -73,6 +73,8 @@ endpoints = Table(
     Column("modified", DateTime(timezone=True), nullable=False),
     Column("variants", JSON, nullable=False),
     Column("generation", Integer, nullable=False, default=0),
+    Column("deployment", JSON),
+    Column("last_deployment", JSON),
 )
 
 jobs = Table(

@@ -3,6 +3,7 @@ UpdateEndpointWeightsAndCapacities."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from shipyard.control.endpoints import EndpointService
@@ -13,7 +14,9 @@ from shipyard.records import Endpoint, EndpointConfig
 
 
 def create_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
-    endpoint = svc.create_endpoint(p["EndpointName"], p["EndpointConfigName"])
+    endpoint = svc.create_endpoint(
+        p["EndpointName"], p["EndpointConfigName"], deployment=p.get("DeploymentConfig")
+    )
     svc.tagging.add(endpoint.arn, p.get("Tags"), checked=True)
     return {"EndpointArn": endpoint.arn}
 
@@ -64,11 +67,52 @@ def describe_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]
     if capture := describe_data_capture(config):
         out["DataCaptureConfig"] = capture
     if endpoint.pending_config_name:
-        out["PendingDeploymentSummary"] = {
-            "EndpointConfigName": endpoint.pending_config_name,
-            "StartTime": endpoint.modified,
-        }
+        out["PendingDeploymentSummary"] = _pending(svc, endpoint)
+        share = float((endpoint.deployment or {}).get("share", 0.0))
+        for entry in variants:  # the old fleet's share of the traffic now
+            entry["CurrentWeight"] = entry["DesiredWeight"] * (1.0 - share)
+    if endpoint.last_deployment:
+        out["LastDeploymentConfig"] = endpoint.last_deployment
     return out
+
+
+def _pending(svc: EndpointService, endpoint: Endpoint) -> dict[str, Any]:
+    """PendingDeploymentSummary: the config being deployed, its variants' share of the
+    traffic and the step the deployment is at."""
+    deployment = endpoint.deployment or {}
+    started = deployment.get("started")
+    summary: dict[str, Any] = {
+        "EndpointConfigName": endpoint.pending_config_name,
+        "StartTime": datetime.fromtimestamp(float(started), UTC) if started else endpoint.modified,
+    }
+    config = _config(svc, endpoint.pending_config_name or "")
+    if config is None:
+        return summary
+    share = float(deployment.get("share", 0.0))
+    stage = deployment.get("stage", "Creating")
+    since = deployment.get("since")
+    status = {
+        "Status": {"RollingBack": "Deleting"}.get(stage, stage),
+        "StatusMessage": {
+            "Creating": "Starting the new fleet.",
+            "Baking": f"{share:.0%} of the traffic on the new fleet; watching its alarms.",
+            "RollingBack": "An alarm fired: the traffic is back on the old fleet.",
+        }.get(stage, stage),
+        "StartTime": datetime.fromtimestamp(float(since), UTC) if since else summary["StartTime"],
+    }
+    summary["ProductionVariants"] = [
+        {
+            "VariantName": v.name,
+            "CurrentWeight": v.weight * share,
+            "DesiredWeight": v.weight,
+            "DesiredInstanceCount": v.instance_count,
+            "InstanceType": v.instance_type,
+            "VariantStatus": [status],
+        }
+        for v in config.variants
+        if not v.shadow
+    ]
+    return summary
 
 
 def _config(svc: EndpointService, config_name: str) -> EndpointConfig | None:
@@ -114,7 +158,12 @@ def list_endpoints(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
 
 
 def update_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
-    endpoint = svc.update_endpoint(p["EndpointName"], p["EndpointConfigName"])
+    endpoint = svc.update_endpoint(
+        p["EndpointName"],
+        p["EndpointConfigName"],
+        deployment=p.get("DeploymentConfig"),
+        retain_deployment=bool(p.get("RetainDeploymentConfig", False)),
+    )
     return {"EndpointArn": endpoint.arn}
 
 

@@ -1,6 +1,6 @@
 """A model that fails on demand: ``{"fail": true}`` fails with a 500, and with
-``FAIL_PERCENT`` in its Environment that share of its requests fail (every request
-whose running number falls in the share: deterministic, not random)."""
+``FAIL_PERCENT`` in its Environment that share of its requests fail (spread evenly over
+its requests by their running number: deterministic, not random)."""
 
 import itertools
 import os
@@ -20,6 +20,6 @@ def model_fn(model_dir: str) -> str:
 
 def predict_fn(data: Any, model: str) -> Any:
     n = next(_COUNT)
-    if (isinstance(data, dict) and data.get("fail")) or n % 100 < _PERCENT:
+    if (isinstance(data, dict) and data.get("fail")) or (n * _PERCENT) % 100 + _PERCENT > 99:
         raise Failed(f"{model} failed request {n}")
     return {"model": model, "n": n}
