@@ -88,7 +88,8 @@ def alarm_on_errors(gw: GatewayProcess, name: str) -> str:
     alarm = f"{name}-errors"
     gw.client("cloudwatch").put_metric_alarm(
         AlarmName=alarm, Namespace="AWS/SageMaker", MetricName="Invocation5XXErrors",
-        Dimensions=[{"Name": "EndpointName", "Value": name}, {"Name": "VariantName", "Value": "v1"}],
+        Dimensions=[{"Name": "EndpointName", "Value": name},
+                    {"Name": "VariantName", "Value": "v1"}],
         Statistic="Sum", Period=10, EvaluationPeriods=1, Threshold=2,
         ComparisonOperator="GreaterThanOrEqualToThreshold", TreatMissingData="notBreaching",
     )  # fmt: skip
@@ -219,8 +220,8 @@ def test_a_rolling_update_replaces_instances_in_batches(
     make_config(gw, f"{name}-b", url, "new", count=3)
     gw.sm.create_endpoint(EndpointName=name, EndpointConfigName=f"{name}-a")
     wait_in_service(gw.sm, name)
-    deployment = {"RollingUpdatePolicy": {
-        "MaximumBatchSize": {"Type": "INSTANCE_COUNT", "Value": 1}, "WaitIntervalInSeconds": 2}}  # fmt: skip
+    batch = {"Type": "INSTANCE_COUNT", "Value": 1}
+    deployment = {"RollingUpdatePolicy": {"MaximumBatchSize": batch, "WaitIntervalInSeconds": 2}}
     with steady(gw, name) as traffic:
         gw.sm.update_endpoint(EndpointName=name, EndpointConfigName=f"{name}-b",
                               DeploymentConfig=deployment)  # fmt: skip
