@@ -5,7 +5,8 @@ converges its resource sections (cli/apply.py); ``PUT /stack`` changes its ``top
 
 ``models``, ``endpoint_configs``, ``endpoints`` and ``inference_components`` map a name to
 the body of its SageMaker Create call without the name (DESIGN 2.5); ``scaling`` maps
-``endpoint/variant`` to one scalable target and its target-tracking policy. The fields
+``endpoint/variant`` to one scalable target and its target-tracking policy; ``alarms`` a
+CloudWatch alarm's name to its PutMetricAlarm body. The fields
 checked here are the ones a plan depends on (names, counts, weights, references);
 everything else in a body is passed through to the gateway, which validates it against
 the service model on the Create call.
@@ -71,6 +72,20 @@ class EndpointBody(BaseModel):
     EndpointConfigName: str = Field(pattern=_NAME, max_length=63)
     """An endpoint config the file declares (its deployed version is used) or one that
     exists."""
+    DeploymentConfig: dict[str, Any] | None = None
+    """How an update to a new config is carried out (canary, linear, rolling, with
+    AutoRollbackConfiguration alarms, which may be ones the file declares)."""
+    Tags: list[dict[str, str]] = Field(default_factory=list)
+
+
+class AlarmBody(BaseModel):
+    """PutMetricAlarm without ``AlarmName`` (DESIGN 2.12)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    ComparisonOperator: str
+    EvaluationPeriods: int = Field(ge=1)
+    Threshold: float | None = None
     Tags: list[dict[str, str]] = Field(default_factory=list)
 
 
@@ -114,6 +129,8 @@ class StackResources(BaseModel):
     """``endpoint/variant`` -> its scalable target and target-tracking policy."""
     inference_components: dict[str, ComponentBody] = Field(default_factory=dict)
     """Inference component name -> CreateInferenceComponent body without the name."""
+    alarms: dict[str, AlarmBody] = Field(default_factory=dict)
+    """CloudWatch alarm name -> PutMetricAlarm body without the name."""
 
     def check_resources(self) -> None:
         """Names are SageMaker names and ``scaling`` keys name a declared endpoint."""

@@ -527,3 +527,60 @@ def test_inference_components_are_applied_updated_and_destroyed(
     assert ("inference component", "icc-a", "delete") in actions(out.stdout)
     assert sm.list_inference_components(EndpointNameEquals="ichost")["InferenceComponents"] == []
     assert "icm" not in {m["ModelName"] for m in sm.list_models()["Models"]}
+
+
+def test_alarms_and_deployment_configs_are_applied_and_destroyed(
+    gw: GatewayProcess, artifacts: dict[str, str], tmp_path: Path
+) -> None:
+    content = stack("guarded", artifacts["echo"])
+    del content["scaling"]
+    alarm = {
+        "Namespace": "AWS/SageMaker", "MetricName": "Invocation5XXErrors",
+        "Dimensions": [{"Name": "EndpointName", "Value": "guarded"},
+                       {"Name": "VariantName", "Value": "v1"}],
+        "Statistic": "Sum", "Period": 60, "EvaluationPeriods": 1, "Threshold": 5.0,
+        "ComparisonOperator": "GreaterThanOrEqualToThreshold",
+    }  # fmt: skip
+    content["alarms"] = {"guarded-errors": alarm}
+    deployment = {
+        "BlueGreenUpdatePolicy": {"TrafficRoutingConfiguration": {
+            "Type": "ALL_AT_ONCE", "WaitIntervalInSeconds": 0}},
+        "AutoRollbackConfiguration": {"Alarms": [{"AlarmName": "guarded-errors"}]},
+    }  # fmt: skip
+    content["endpoints"]["guarded"]["DeploymentConfig"] = deployment
+    file = write(tmp_path / "stack.yaml", content)
+    done = shipyard(gw, "apply", str(file), "--yes")
+    assert done.exit_code == 0, done.output
+    assert ("alarm", "guarded-errors", "create") in actions(done.output)
+    cloudwatch = gw.client("cloudwatch")
+    described = cloudwatch.describe_alarms(AlarmNames=["guarded-errors"])["MetricAlarms"][0]
+    assert described["Threshold"] == 5.0
+    assert gw.sm.describe_endpoint(EndpointName="guarded")["LastDeploymentConfig"] == deployment
+
+    again = shipyard(gw, "apply", str(file), "--yes")
+    assert ("alarm", "guarded-errors", "unchanged") in actions(again.output), again.output
+
+    # A new model version: the endpoint moves to it as its DeploymentConfig says.
+    content["models"]["guarded"]["PrimaryContainer"]["Environment"] = {"V": "2"}
+    content["alarms"]["guarded-errors"]["Threshold"] = 9.0
+    changed = shipyard(gw, "apply", str(write(file, content)), "--yes")
+    assert changed.exit_code == 0, changed.output
+    assert ("alarm", "guarded-errors", "update") in actions(changed.output)
+    described = cloudwatch.describe_alarms(AlarmNames=["guarded-errors"])["MetricAlarms"][0]
+    assert described["Threshold"] == 9.0
+    endpoint = gw.sm.describe_endpoint(EndpointName="guarded")
+    assert endpoint["EndpointStatus"] == "InService" and "FailureReason" not in endpoint
+    assert endpoint["EndpointConfigName"] != "guarded-cfg"  # the config's new version
+
+    # An alarm someone else made is not the stack's to change.
+    cloudwatch.put_metric_alarm(AlarmName="not-ours", **alarm)
+    content["alarms"]["not-ours"] = alarm
+    refused = shipyard(gw, "apply", str(write(file, content)), "--yes")
+    assert refused.exit_code != 0 and "not created by stack" in refused.output
+    del content["alarms"]["not-ours"]
+    cloudwatch.delete_alarms(AlarmNames=["not-ours"])
+
+    gone = shipyard(gw, "destroy", str(file), "--yes")
+    assert gone.exit_code == 0, gone.output
+    assert ("alarm", "guarded-errors", "delete") in actions(gone.output)
+    assert cloudwatch.describe_alarms(AlarmNames=["guarded-errors"])["MetricAlarms"] == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from botocore.exceptions import ClientError
 
@@ -31,11 +32,32 @@ def converge(
         gateway.put_stack_config(plan.sections)
     _remove_scaling(gateway, plan)
     _create_versions(gateway, plan)
+    _put_alarms(gateway, plan)
     _change_endpoints(gateway, plan, timeout_s)
     _wait_endpoints(gateway, {e: c for e, c, _ in plan.endpoints}, on_progress, timeout_s)
     _apply_components(gateway, plan, on_progress, timeout_s)
     _put_scaling(gateway, plan)
     _delete(gateway, plan, on_progress, timeout_s)
+    _remove_alarms(gateway, plan)
+
+
+def _put_alarms(gateway: Gateway, plan: Plan) -> None:
+    """Alarms first: an endpoint's DeploymentConfig may name them."""
+    cloudwatch = gateway.client("cloudwatch")
+    for name, body in plan.alarms:
+        with translated(gateway.url, about=f"alarm {name}"):
+            cloudwatch.put_metric_alarm(AlarmName=name, **body)
+            cloudwatch.tag_resource(ResourceARN=_alarm_arn(cloudwatch, name), Tags=body["Tags"])
+
+
+def _alarm_arn(cloudwatch: Any, name: str) -> str:
+    return str(cloudwatch.describe_alarms(AlarmNames=[name])["MetricAlarms"][0]["AlarmArn"])
+
+
+def _remove_alarms(gateway: Gateway, plan: Plan) -> None:
+    if plan.alarms_removed:
+        with translated(gateway.url, about="alarms"):
+            gateway.client("cloudwatch").delete_alarms(AlarmNames=plan.alarms_removed)
 
 
 def _remove_scaling(gateway: Gateway, plan: Plan) -> None:
@@ -67,11 +89,16 @@ def _change_endpoints(gateway: Gateway, plan: Plan, timeout_s: float) -> None:
     sm = gateway.sagemaker
     for name, config, create_tags in plan.endpoints:
         with translated(gateway.url, about=f"endpoint {name}"):
+            deployment = (
+                {"DeploymentConfig": plan.deployments[name]} if name in plan.deployments else {}
+            )
             if create_tags is not None:
-                sm.create_endpoint(EndpointName=name, EndpointConfigName=config, Tags=create_tags)
+                sm.create_endpoint(
+                    EndpointName=name, EndpointConfigName=config, Tags=create_tags, **deployment
+                )
             else:
                 _wait_settled(gateway, name, timeout_s)
-                sm.update_endpoint(EndpointName=name, EndpointConfigName=config)
+                sm.update_endpoint(EndpointName=name, EndpointConfigName=config, **deployment)
     for arn, tags, stale in plan.endpoint_tags:
         with translated(gateway.url, about=arn):
             sm.add_tags(ResourceArn=arn, Tags=tags)

@@ -59,6 +59,7 @@ class Kind(StrEnum):
     ENDPOINT = "endpoint"
     COMPONENT = "inference component"
     SCALING = "scaling"
+    ALARM = "alarm"
     TOPIC = "topic"
     JOB_TEMPLATE = "job template"
     JOBS = "jobs settings"
@@ -99,6 +100,11 @@ class Plan:
     configs: list[tuple[str, dict[str, Any], list[dict[str, str]]]] = field(default_factory=list)
     endpoints: list[tuple[str, str, list[dict[str, str]] | None]] = field(default_factory=list)
     """(endpoint, config, tags): tags for a CreateEndpoint, None for an UpdateEndpoint."""
+    deployments: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Endpoint -> the DeploymentConfig its CreateEndpoint or UpdateEndpoint carries."""
+    alarms: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    """(alarm, PutMetricAlarm body with the stack's tags) to put, before the endpoints."""
+    alarms_removed: list[str] = field(default_factory=list)
     endpoint_tags: list[tuple[str, list[dict[str, str]], list[str]]] = field(default_factory=list)
     """(endpoint ARN, tags to put, tag keys to delete) for endpoints whose Tags changed."""
     scaling: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
@@ -156,6 +162,29 @@ class _Live:
         )
         self.components = components
         self.owned_components = {v.name: v for v in owned_components}
+        self.alarms, self.owned_alarms = self._alarms()
+
+    def _alarms(self) -> tuple[set[str], dict[str, str]]:
+        """Every alarm's name, and the stack's own (by their tags) with their digests."""
+        client = self.gateway.client("cloudwatch")
+        names: dict[str, str] = {}
+        with translated(self.gateway.url, about="alarms"):
+            for page in client.get_paginator("describe_alarms").paginate():
+                names.update({a["AlarmName"]: a["AlarmArn"] for a in page["MetricAlarms"]})
+
+        def tags(arn: str) -> dict[str, str]:
+            with translated(self.gateway.url, about=arn):
+                listed = client.list_tags_for_resource(ResourceARN=arn)["Tags"]
+            return {t["Key"]: t["Value"] for t in listed}
+
+        with ThreadPoolExecutor(_TAG_READERS) as pool:
+            tagged = dict(zip(names, pool.map(tags, names.values()), strict=True))
+        owned = {
+            name: found.get(DIGEST_TAG, "")
+            for name, found in tagged.items()
+            if found.get(STACK_TAG) == self.stack
+        }
+        return set(names), owned
 
     def _tagged(
         self, lister: Callable[..., Any], key: str, name_key: str, arn_key: str
@@ -273,6 +302,7 @@ def plan_apply(gateway: Gateway, stack: str, file: StackFile) -> Plan:
                 variant["ModelName"] = model_names.get(model, model)
         bodies[name] = body
     config_names = _plan_versions(plan, live, Kind.ENDPOINT_CONFIG, bodies)
+    _plan_alarms(plan, live, file)
     final_configs = _plan_endpoints(plan, live, file, config_names)
     _plan_scaling(plan, live, file)
     component_models = _plan_components(plan, live, file, model_names)
@@ -354,6 +384,8 @@ def _plan_endpoints(
         # Tags are the endpoint's only other field; they change in place (AddTags).
         tags_digest = digest({"Tags": body.Tags})
         tags = _tags(plan.stack, name, tags_digest, body.Tags)
+        if body.DeploymentConfig is not None:
+            plan.deployments[name] = body.DeploymentConfig
         if name not in live.endpoints:
             plan.endpoints.append((name, config, tags))
             plan.changes.append(Change(Kind.ENDPOINT, name, Action.CREATE, f"config {config}"))
@@ -374,6 +406,27 @@ def _plan_endpoints(
             Change(Kind.ENDPOINT, name, action, "; ".join(changed) or f"config {config}")
         )
     return final
+
+
+def _plan_alarms(plan: Plan, live: _Live, file: StackResources) -> None:
+    """Put each declared alarm whose body changed (its digest tag says), and remove the
+    stack's alarms the file no longer declares."""
+    for name, alarm in file.alarms.items():
+        body = alarm.model_dump(exclude_unset=True)
+        user_tags = body.pop("Tags", [])
+        body_digest = digest({**body, "Tags": user_tags})
+        if name in live.alarms and name not in live.owned_alarms:
+            raise PlanError(f"alarm {name} exists and was not created by stack {plan.stack}")
+        if live.owned_alarms.get(name) == body_digest:
+            plan.changes.append(Change(Kind.ALARM, name, Action.UNCHANGED))
+            continue
+        body["Tags"] = _tags(plan.stack, name, body_digest, user_tags)
+        plan.alarms.append((name, body))
+        action = Action.UPDATE if name in live.owned_alarms else Action.CREATE
+        plan.changes.append(Change(Kind.ALARM, name, action))
+    for name in sorted(set(live.owned_alarms) - set(file.alarms)):
+        plan.alarms_removed.append(name)
+        plan.changes.append(Change(Kind.ALARM, name, Action.DELETE))
 
 
 def _plan_components(
@@ -518,6 +571,10 @@ def plan_destroy(gateway: Gateway, stack: str, file: StackFile) -> Plan:
         if name in live.owned_endpoints:
             plan.endpoints_removed.append(name)
             plan.changes.append(Change(Kind.ENDPOINT, name, Action.DELETE))
+    for name in file.alarms:
+        if name in live.owned_alarms:
+            plan.alarms_removed.append(name)
+            plan.changes.append(Change(Kind.ALARM, name, Action.DELETE))
     for kind, section, removed in (
         (Kind.ENDPOINT_CONFIG, file.endpoint_configs, plan.configs_removed),
         (Kind.MODEL, file.models, plan.models_removed),

@@ -33,6 +33,7 @@ from shipyard.storage.metrics import (
     Point,
     Series,
 )
+from shipyard.storage.tags import TagStore
 
 PUT_SOURCE = "put"
 """The source of PutMetricData's rows."""
@@ -108,6 +109,7 @@ class CloudWatchService:
         check_action: Callable[[str], str | None],
         transition: Callable[[Alarm, str, str, str | None], bool],
         retention_days: float,
+        tags: TagStore | None = None,
         wake_alarms: Callable[[], None] = lambda: None,
         clock: Callable[[], float] | None = None,
     ) -> None:
@@ -119,6 +121,8 @@ class CloudWatchService:
         self.transition = transition
         """Moves an alarm to a state and runs its actions (cloudwatch/alarms.py)."""
         self.retention_days = retention_days
+        self.tags = tags or TagStore(store.engine)
+        """Alarms' tags, by ARN (TagResource, ListTagsForResource, UntagResource)."""
         self._wake_alarms = wake_alarms
         self._clock = clock or (lambda: datetime.now(UTC).timestamp())
 
@@ -292,7 +296,9 @@ class CloudWatchService:
     def alarm_arn(self, name: str) -> str:
         return f"arn:aws:cloudwatch:{self.region}:{self.account_id}:alarm:{name}"
 
-    def put_alarm(self, name: str, config: dict[str, Any]) -> Alarm:
+    def put_alarm(
+        self, name: str, config: dict[str, Any], tags: Sequence[dict[str, Any]] = ()
+    ) -> Alarm:
         """Create or update an alarm; a new one starts INSUFFICIENT_DATA, an updated one
         keeps its state until its next evaluation (as CloudWatch does)."""
         check_alarm(config)
@@ -331,8 +337,27 @@ class CloudWatchService:
             summary = f'Alarm "{name}" updated'
         data = json.dumps({"type": "Update", "updatedAlarm": _history_config(name, config)})
         self.store.put_alarm(alarm, HistoryItem(name, when, "ConfigurationUpdate", summary, data))
+        if tags:
+            self.tags.add(alarm.arn, {str(t["Key"]): str(t.get("Value", "")) for t in tags})
         self._wake_alarms()
         return alarm
+
+    def _alarm_arn_known(self, arn: str) -> None:
+        prefix = f"arn:aws:cloudwatch:{self.region}:{self.account_id}:alarm:"
+        if not arn.startswith(prefix) or self.store.get_alarm(arn[len(prefix) :]) is None:
+            raise AlarmNotFound(f"Alarm {arn} not found")
+
+    def tag(self, arn: str, tags: Sequence[dict[str, Any]]) -> None:
+        self._alarm_arn_known(arn)
+        self.tags.add(arn, {str(t["Key"]): str(t.get("Value", "")) for t in tags})
+
+    def tags_of(self, arn: str) -> list[dict[str, str]]:
+        self._alarm_arn_known(arn)
+        return [{"Key": k, "Value": v} for k, v in self.tags.get(arn)]
+
+    def untag(self, arn: str, keys: Sequence[str]) -> None:
+        self._alarm_arn_known(arn)
+        self.tags.delete(arn, list(keys))
 
     def describe_alarms(
         self,
@@ -402,6 +427,8 @@ class CloudWatchService:
         if missing:
             raise AlarmNotFound(f"{len(missing)}/{len(names)} alarms not found: {missing}")
         self.store.delete_alarms(names)
+        for name in names:
+            self.tags.delete(self.alarm_arn(name))
 
     def history(self, **filters: Any) -> list[HistoryItem]:
         return self.store.history(**filters)

@@ -162,7 +162,21 @@ _ALARM_FIELDS = (
 def put_metric_alarm(svc: CloudWatchService, p: dict[str, Any]) -> dict[str, Any]:
     config = {k: p[k] for k in _ALARM_FIELDS if k in p}
     config.setdefault("ActionsEnabled", True)
-    svc.put_alarm(p["AlarmName"], config)
+    svc.put_alarm(p["AlarmName"], config, p.get("Tags") or ())
+    return {}
+
+
+def tag_resource(svc: CloudWatchService, p: dict[str, Any]) -> dict[str, Any]:
+    svc.tag(p["ResourceARN"], p["Tags"])
+    return {}
+
+
+def list_tags_for_resource(svc: CloudWatchService, p: dict[str, Any]) -> dict[str, Any]:
+    return {"Tags": svc.tags_of(p["ResourceARN"])}
+
+
+def untag_resource(svc: CloudWatchService, p: dict[str, Any]) -> dict[str, Any]:
+    svc.untag(p["ResourceARN"], p["TagKeys"])
     return {}
 
 
@@ -257,4 +271,7 @@ ACTIONS: dict[str, Callable[[CloudWatchService, dict[str, Any]], dict[str, Any]]
     "DeleteAlarms": delete_alarms,
     "SetAlarmState": set_alarm_state,
     "DescribeAlarmHistory": describe_alarm_history,
+    "TagResource": tag_resource,
+    "ListTagsForResource": list_tags_for_resource,
+    "UntagResource": untag_resource,
 }
