@@ -1,0 +1,107 @@
+"""MetricStore on SQLite and, where it runs, PostgreSQL: datapoints merged per source and
+added up across sources, series listed by when they were seen, old rows purged, and an
+alarm's state, history and event written together."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from shipyard.records import Event
+from shipyard.statsets import StatSet
+from shipyard.storage import tables as t
+from shipyard.storage.metadata import MetadataStore
+from shipyard.storage.metrics import Alarm, HistoryItem, MetricStore, Point
+
+DIMS = (("EndpointName", "e"), ("VariantName", "v1"))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetricStore]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'meta.db'}"
+    else:
+        url = request.getfixturevalue("pg_schema").url
+    meta = MetadataStore(url)
+    meta.migrate()
+    yield MetricStore(meta.engine)
+    meta.close()
+
+
+def latency(*values: float) -> StatSet:
+    stats = StatSet()
+    for value in values:
+        stats.observe(value)
+    return stats
+
+
+def test_a_period_written_in_parts_and_by_two_sources_reads_as_one(store: MetricStore) -> None:
+    point = Point("AWS/SageMaker", "ModelLatency", DIMS, 60, 600, latency(10, 20))
+    store.write([point], "gw-a", seen=600)
+    store.write(
+        [Point("AWS/SageMaker", "ModelLatency", DIMS, 60, 600, latency(30))], "gw-a", seen=610
+    )
+    store.write(
+        [Point("AWS/SageMaker", "ModelLatency", DIMS, 60, 600, latency(5, 40))], "gw-b", seen=620
+    )
+    store.write(
+        [Point("AWS/SageMaker", "ModelLatency", DIMS, 60, 660, latency(7))], "gw-a", seen=660
+    )
+    series = store.find("AWS/SageMaker", "ModelLatency", DIMS)
+    assert series is not None
+    rows = store.read([series.id], 60, 0, 10_000)[series.id]
+    first = rows[600]
+    assert (first.count, first.sum, first.min, first.max) == (5, 105, 5, 40)
+    assert first.value("p50") == pytest.approx(20, rel=0.05)
+    assert rows[660].value("Sum") == 7
+    assert store.read([series.id], 60, 0, 660)[series.id].keys() == {600}
+    with store.engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(t.metric_points)).scalar() == 3
+
+
+def test_series_are_listed_by_namespace_name_and_when_seen(store: MetricStore) -> None:
+    store.write([Point("Mine", "a", (), 60, 0, latency(1))], "put", seen=100)
+    store.write([Point("Mine", "b", (("K", "v"),), 60, 0, latency(1))], "put", seen=5000)
+    assert [s.name for s in store.list_series(namespace="Mine")] == ["a", "b"]
+    assert [s.dimensions for s in store.list_series(namespace="Mine", since=1000)] == [
+        (("K", "v"),)
+    ]
+    assert store.list_series(namespace="Other") == []
+    assert store.purge(period=60, before=1) == 2
+    assert store.find("Mine", "a", ()) is not None  # the series stays; its rows are gone
+
+
+def test_an_alarms_state_history_and_event_are_written_together(store: MetricStore) -> None:
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    alarm = Alarm("a", "arn:a", {"Threshold": 1.0}, "INSUFFICIENT_DATA", "new", None, when, when)
+    store.put_alarm(alarm, HistoryItem("a", when, "ConfigurationUpdate", "created", "{}"))
+    event = Event(
+        key="alarm:a:1", detail_type="CloudWatch Alarm State Change", source="aws.cloudwatch",
+        resource="arn:a", detail={}, topics=("ops",), subject="ALARM", message="{}", time=when,
+    )  # fmt: skip
+    history = HistoryItem("a", when, "StateUpdate", "to ALARM", json.dumps({}))
+    kwargs = {
+        "state": "ALARM",
+        "reason": "r",
+        "reason_data": "{}",
+        "when": when,
+        "history": history,
+    }
+    assert store.change_state("a", event=event, expected="INSUFFICIENT_DATA", **kwargs)  # type: ignore[arg-type]
+    # A second evaluator that read the old state changes nothing.
+    assert not store.change_state("a", event=None, expected="INSUFFICIENT_DATA", **kwargs)  # type: ignore[arg-type]
+    found = store.get_alarm("a")
+    assert found is not None and found.state == "ALARM"
+    types = [h.item_type for h in store.history(alarm="a", item_type=None, start=None, end=None,
+                                                newest_first=False)]  # fmt: skip
+    assert types == ["ConfigurationUpdate", "StateUpdate"]
+    with store.engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(t.events)).scalar() == 1
+    store.delete_alarms(["a"])
+    assert store.get_alarm("a") is None
+    assert store.history(alarm="a", item_type=None, start=None, end=None, newest_first=True) == []
