@@ -283,6 +283,7 @@ class Gateway:
             events=EventLog(self.store.engine),
             components=self.components.components.list,
             sessions=self.invocations.sessions.count,
+            cloudwatch=self.cloudwatch.service,
         )
         return ConsoleDoor(
             state=state,

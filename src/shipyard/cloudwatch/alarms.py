@@ -89,7 +89,7 @@ def judge(config: dict[str, Any], values: list[float | None], state: str) -> Ver
     else:
         breaches = sum(1 for v in present if compare(v, threshold))
     word = _WORDS[config["ComparisonOperator"]]
-    shown = ", ".join(f"{v:g}" for v in reversed(present[-5:]))
+    shown = ", ".join(f"{v:g}" for v in reversed(present[-5:])) or (f"no data, treated as {treat}")
     if breaches >= m:
         return Verdict(
             "ALARM",

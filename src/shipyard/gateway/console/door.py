@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -179,15 +180,20 @@ class ConsoleDoor:
             if config is not None and config.hosts_components
             else []
         )
-        return _fragment(fragments.endpoint(self.state.detail(endpoint, config, components)))
+        alarms = await run_in_threadpool(self.state.alarms_of, name)
+        detail = replace(self.state.detail(endpoint, config, components), alarms=alarms)
+        return _fragment(fragments.endpoint(detail))
 
     async def metrics_view(self, request: Request) -> Response:
         name = request.path_params["name"]
-        answer = {
+        variants = self.state.series(name)
+        answer: dict[str, object] = {
             "t": time.time(),
-            "variants": self.state.series(name),
+            "variants": variants,
             "history": self.history.readings(name),
         }
+        if request.query_params.get("history") == "1":  # the page's first poll
+            answer["datapoints"] = await run_in_threadpool(self.state.datapoints, name)
         return JSONResponse(answer, headers=_API_HEADERS)
 
     async def jobs_view(self, request: Request) -> Response:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from html import escape
+from typing import Any
 from urllib.parse import quote
 
 from shipyard.gateway.console.state import (
@@ -28,10 +29,10 @@ from shipyard.gateway.console.state import (
 from shipyard.records import Job, TransformJob
 from shipyard.storage.events import EventState
 
-_FAILED = {"Failed"}
+_FAILED = {"Failed", "ALARM"}
 _BUSY = {"Creating", "Updating", "SystemUpdating", "RollingBack", "Deleting", "InProgress",
-         "Stopping", "starting"}  # fmt: skip
-_GOOD = {"InService", "Completed", "healthy"}
+         "Stopping", "starting", "Baking", "INSUFFICIENT_DATA"}  # fmt: skip
+_GOOD = {"InService", "Completed", "healthy", "OK"}
 
 
 def esc(value: object) -> str:
@@ -145,6 +146,10 @@ def endpoint(detail: EndpointDetail) -> str:
         "<h2>Instances</h2>",
         _instances(detail),
     ]
+    if detail.deployment and row.pending_config_name:
+        parts += ["<h2>Deployment</h2>", _deployment(detail.deployment, row.pending_config_name)]
+    if detail.alarms:
+        parts += ["<h2>Alarms</h2>", _alarms(detail)]
     if detail.components or detail.hosts:
         parts += ["<h2>Inference components</h2>", _components(detail)]
     if detail.multi_model:
@@ -154,6 +159,41 @@ def endpoint(detail: EndpointDetail) -> str:
     if row.is_async:
         parts += ["<h2>Async backlog</h2>", _backlog(detail)]
     return "".join(parts)
+
+
+def _deployment(deployment: dict[str, Any], config: str) -> str:
+    """The deployment under way: its policy, its step and the new fleet's share."""
+    policy = deployment.get("config") or {}
+    if "RollingUpdatePolicy" in policy:
+        kind = "rolling"
+    else:
+        routing = (policy.get("BlueGreenUpdatePolicy") or {}).get("TrafficRoutingConfiguration")
+        kind = f"blue/green, {str((routing or {}).get('Type', 'ALL_AT_ONCE')).lower()}"
+    alarms = [
+        a["AlarmName"] for a in (policy.get("AutoRollbackConfiguration") or {}).get("Alarms") or ()
+    ]
+    share = float(deployment.get("share", 0.0))
+    stage = str(deployment.get("stage", "Creating"))
+    return (
+        f'<dl class="facts" data-deployment="{esc(stage)}">'
+        f"<dt>To config</dt><dd>{esc(config)}</dd>"
+        f"<dt>Policy</dt><dd>{esc(kind)}</dd>"
+        f"<dt>Step</dt><dd>{badge(stage)}</dd>"
+        f'<dt>New fleet\'s traffic</dt><dd><meter min="0" max="1" value="{share:.3f}"></meter> '
+        f"{share:.0%}</dd>"
+        f"<dt>Rolls back on</dt><dd>{esc(', '.join(alarms)) or 'no alarm'}</dd></dl>"
+    )
+
+
+def _alarms(detail: EndpointDetail) -> str:
+    return table(
+        ("Alarm", "Metric", "State", "Since", "Reason"),
+        (
+            (esc(a.name), esc(a.metric), badge(a.state), when(a.updated), esc(a.reason))
+            for a in detail.alarms
+        ),
+        empty="No alarms.",
+    )
 
 
 def _variants_table(variants: Sequence[VariantRow]) -> str:

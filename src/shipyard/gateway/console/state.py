@@ -15,12 +15,14 @@ snapshots; nothing holds a reference into live objects after a call returns.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from shipyard.async_inference.consumer import BacklogReading
+from shipyard.cloudwatch.service import CloudWatchService, MetricStat, Query
 from shipyard.control.endpoints import EndpointService
 from shipyard.errors import ShipyardError
 from shipyard.metrics import Metrics
@@ -36,6 +38,17 @@ from shipyard.records import (
 )
 from shipyard.routing.table import EndpointRoute
 from shipyard.storage.events import EventLog, EventState
+
+HISTORY_S = 1800
+"""How far back the charts start, from the stored datapoints."""
+
+_CHARTED = (
+    ("Invocations", "Sum"),
+    ("Invocation4XXErrors", "Sum"),
+    ("Invocation5XXErrors", "Sum"),
+    ("ModelLatency", "Average"),
+    ("OverheadLatency", "Average"),
+)
 
 _WANTED = {
     "shipyard_invocations_total": "invocations",
@@ -152,6 +165,21 @@ class EndpointDetail:
     """Per variant of inference components: its instances."""
     sessions: int = 0
     """Sessions open on the endpoint (on this gateway)."""
+    alarms: tuple[AlarmRow, ...] = ()
+    """CloudWatch alarms on the endpoint's metrics."""
+    deployment: dict[str, Any] | None = None
+    """The deployment under way (Endpoint.deployment), if any."""
+
+
+@dataclass(frozen=True, slots=True)
+class AlarmRow:
+    """A CloudWatch alarm whose dimensions name the endpoint."""
+
+    name: str
+    metric: str
+    state: str
+    reason: str
+    updated: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +216,10 @@ class ConsoleState:
         events: EventLog,
         components: Callable[[str], list[InferenceComponent]] = lambda endpoint: [],
         sessions: Callable[[str], int] = lambda endpoint: 0,
+        cloudwatch: CloudWatchService | None = None,
     ) -> None:
+        self.cloudwatch = cloudwatch
+        """Where the charts' history and the alarms come from (a store read: it blocks)."""
         self.endpoints = endpoints
         self.components_of = components
         """An endpoint's inference components (a store read: it blocks)."""
@@ -337,7 +368,64 @@ class ConsoleState:
             components=tuple(_component_row(c, fleet) for c in components),
             hosts=dict(fleet.hosts) if fleet is not None else {},
             sessions=self.sessions(endpoint.name),
+            deployment=endpoint.deployment,
         )
+
+    def alarms_of(self, endpoint: str) -> tuple[AlarmRow, ...]:
+        """The alarms on ``endpoint``'s metrics (a store read: it blocks)."""
+        if self.cloudwatch is None:
+            return ()
+        return tuple(
+            AlarmRow(
+                name=a.name,
+                metric=str(a.config.get("MetricName") or "metric math"),
+                state=a.state,
+                reason=a.reason,
+                updated=a.state_updated,
+            )
+            for a in self.cloudwatch.describe_alarms()
+            if {"Name": "EndpointName", "Value": endpoint} in (a.config.get("Dimensions") or ())
+        )
+
+    def datapoints(self, endpoint: str, *, seconds: int = HISTORY_S) -> list[dict[str, Any]]:
+        """The endpoint's 10 s datapoints of the last ``seconds``, as the charts draw
+        them: per period and variant, invocations and errors per second and the mean
+        latency in ms (store reads: they block)."""
+        if self.cloudwatch is None:
+            return []
+        try:
+            variants = [v.name for v in self.endpoints.store.get_endpoint(endpoint).variants]
+        except ShipyardError:
+            return []
+        queries: list[Query] = []
+        for n, variant in enumerate(sorted(variants)):
+            where = (("EndpointName", endpoint), ("VariantName", variant))
+            for metric, stat in _CHARTED:
+                stats = MetricStat("AWS/SageMaker", metric, where, 10, stat)
+                queries.append(Query(f"q{n}_{metric}", stat=stats, label=variant))
+        end = time.time()
+        results = self.cloudwatch.metric_data(queries, end - seconds, end) if queries else []
+        periods: dict[int, dict[str, dict[str, float | None]]] = {}
+        for query, result in zip(queries, results, strict=True):
+            metric = query.id.split("_", 1)[1]
+            for at, value in result.points.items():
+                values = periods.setdefault(at, {}).setdefault(result.label, {})
+                values[metric] = value
+        out = []
+        for at in sorted(periods):
+            shown = {}
+            for variant, v in periods[at].items():
+                latency = (v.get("ModelLatency") or 0.0) + (v.get("OverheadLatency") or 0.0)
+                errors = (v.get("Invocation4XXErrors") or 0.0) + (
+                    v.get("Invocation5XXErrors") or 0.0
+                )
+                shown[variant] = {
+                    "invocations": (v.get("Invocations") or 0.0) / 10,
+                    "errors": errors / 10,
+                    "latency": latency / 1000 if v.get("ModelLatency") is not None else None,
+                }
+            out.append({"t": at + 10, "values": shown})
+        return out
 
     def series(self, endpoint: str) -> dict[str, dict[str, float]]:
         """Per variant, the endpoint's cumulative counters now; the page takes the rates."""

@@ -24,7 +24,7 @@
     "MissingAuthenticationTokenException",
   ]);
   const PALETTE = ["#2f6fde", "#e0792b", "#2a9d5b", "#a34fc9", "#c73a4a", "#7a7f87"];
-  const WINDOW_S = 180; // charts show the last 3 minutes...
+  const WINDOW_S = 1800; // charts show the last 30 minutes (stored datapoints)...
   const MIN_WINDOW_S = 60; // ...and are a minute wide while they have less
   const encoder = new TextEncoder();
   let generation = 0; // bumped to stop every poller (sign-out)
@@ -305,10 +305,24 @@
     const figures = [...section.querySelectorAll("figure[data-chart]")];
     const history = [];
     let previous = null;
+    let stored = 0; // points drawn from the stored datapoints
     poll(async () => {
-      const response = await api(section.dataset.metrics);
+      // The first poll also asks for the stored datapoints (CloudWatch's, 10 s each).
+      const url = section.dataset.metrics + (previous ? "" : "?history=1");
+      const response = await api(url);
       if (!response.ok) return true; // try again at the next tick
       const current = await response.json();
+      if (!previous && Array.isArray(current.datapoints)) {
+        // Older than the gateway's in-memory readings: those take over from there.
+        const memory = Array.isArray(current.history) && current.history.length
+          ? current.history[0].t : current.t;
+        for (const point of current.datapoints) {
+          if (point.t < memory) {
+            history.push(point);
+            stored += 1;
+          }
+        }
+      }
       if (!previous && Array.isArray(current.history)) {
         // The gateway's own readings of the last minutes (console/history.py).
         for (const reading of current.history) {
@@ -341,6 +355,7 @@
           shown === null ? "" : ` · now ${format(shown)} · ${totals[kind]} in all`;
         figure.dataset.total = String(totals[kind]);
         figure.dataset.points = String(history.length);
+        figure.dataset.stored = String(stored);
         legend(figure, variants);
         draw(figure, kind, history, variants, current.t);
       }

@@ -1,0 +1,81 @@
+"""The console's view of CloudWatch and deployments, in a real browser: charts that start
+from the stored datapoints (so a restarted gateway still shows what came before), an
+endpoint's alarms and their states, and a deployment's progress and rollback."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.conftest import GatewayProcess, make_tarball, wait_in_service, wait_until
+from tests.console.conftest import Tab
+from tests.e2e.test_deployments import canary, make_config
+
+
+def test_charts_alarms_and_a_deployment_that_rolls_back(
+    gateway_factory: Callable[..., GatewayProcess],
+    open_tab: Callable[..., Tab],
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    env = {"SHIPYARD_METRICS_TICK_S": "2"}
+    gw = gateway_factory(home=home, extra_env=env)
+    url = make_tarball("flaky", tmp_path / "flaky.tar.gz").as_uri()
+    make_config(gw, "shop-a", url, "old")
+    make_config(gw, "shop-b", url, "new")
+    gw.sm.create_endpoint(EndpointName="shop", EndpointConfigName="shop-a")
+    wait_in_service(gw.sm, "shop")
+    for _ in range(20):
+        gw.rt.invoke_endpoint(EndpointName="shop", Body=b"{}", ContentType="application/json")
+    cw = gw.client("cloudwatch")
+    where = [{"Name": "EndpointName", "Value": "shop"}, {"Name": "VariantName", "Value": "v1"}]
+
+    def recorded() -> float:
+        now = time.time()
+        answer = cw.get_metric_statistics(
+            Namespace="AWS/SageMaker", MetricName="Invocations", Dimensions=where,
+            StartTime=now - 600, EndTime=now + 60, Period=600, Statistics=["Sum"],
+        )  # fmt: skip
+        return sum(p["Sum"] for p in answer["Datapoints"])
+
+    wait_until(lambda: recorded() == 20, "the invocations recorded")
+    # A new gateway on the same home: its memory is empty, its store is not.
+    gw.stop()
+    gw = gateway_factory(home=home, extra_env=env)
+    cw = gw.client("cloudwatch")
+    cw.put_metric_alarm(
+        AlarmName="shop-errors", Namespace="AWS/SageMaker", MetricName="Invocation5XXErrors",
+        Dimensions=where, Statistic="Sum", Period=10, EvaluationPeriods=1, Threshold=1,
+        ComparisonOperator="GreaterThanOrEqualToThreshold", TreatMissingData="notBreaching",
+    )  # fmt: skip
+    wait_in_service(gw.sm, "shop")
+
+    tab = open_tab(gw.url + "/console/endpoints/shop")
+    page = tab.page
+    page.wait_for_selector("[data-view][data-loaded]")
+    page.wait_for_function(
+        "() => Number(document.querySelector('figure[data-chart=invocations]').dataset.stored) >= 1"
+    )
+    alarms = page.locator("section[data-view] table", has_text="shop-errors")
+    assert "Invocation5XXErrors" in alarms.inner_text()
+
+    gw.sm.update_endpoint(
+        EndpointName="shop",
+        EndpointConfigName="shop-b",
+        DeploymentConfig=canary(300, ["shop-errors"]),
+    )
+    page.wait_for_selector('[data-deployment="Baking"]', timeout=60_000)
+    deployment = page.locator('[data-deployment="Baking"]')
+    assert "shop-b" in deployment.inner_text() and "blue/green, canary" in deployment.inner_text()
+    assert deployment.locator("meter").get_attribute("value") == "0.500"
+    assert "shop-errors" in deployment.inner_text()
+    tab.screenshot("deployment.png")
+
+    cw.set_alarm_state(AlarmName="shop-errors", StateValue="ALARM", StateReason="a drill")
+    page.wait_for_function("() => document.body.innerText.includes('rolled back')", timeout=60_000)
+    text = page.locator("section[data-view]").first.inner_text()
+    assert "shop-errors" in text and "InService" in text
+    assert page.locator("[data-deployment]").count() == 0
+    assert "ALARM" in page.locator("section[data-view] table", has_text="shop-errors").inner_text()
+    assert tab.errors == []
