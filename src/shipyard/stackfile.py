@@ -349,6 +349,16 @@ class AutoscalingConfig(BaseModel):
     end, successful or not."""
 
 
+class DeploymentsConfig(BaseModel):
+    """The ``deployments:`` section: who hears how deployments end."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    notify: list[str] = Field(default_factory=list)
+    """Topics (names, SNS topic ARNs or apprise URLs) told when an UpdateEndpoint's
+    DeploymentConfig completes, rolls back or fails."""
+
+
 class StackFile(StackResources):
     """A stack file (YAML). Sections this version does not converge are refused.
 
@@ -362,6 +372,7 @@ class StackFile(StackResources):
     """Topic name -> subscribers, as apprise URLs."""
     jobs: JobsConfig = Field(default_factory=JobsConfig)
     autoscaling: AutoscalingConfig = Field(default_factory=AutoscalingConfig)
+    deployments: DeploymentsConfig = Field(default_factory=DeploymentsConfig)
     auth: AuthConfig | None = None
     """Without it, requests are not checked (local use); see DESIGN 2.9."""
     tls: TlsConfig | None = None
@@ -378,10 +389,14 @@ class StackFile(StackResources):
                     continue
                 if target not in self.topics:
                     raise ValueError(f"jobs.notify.{status}: unknown topic {target!r}")
-        for target in self.autoscaling.notify:
-            if "://" not in target and not target.startswith("arn:aws:sns:"):
-                if target not in self.topics:
-                    raise ValueError(f"autoscaling.notify: unknown topic {target!r}")
+        for section, targets in (
+            ("autoscaling", self.autoscaling.notify),
+            ("deployments", self.deployments.notify),
+        ):
+            for target in targets:
+                if "://" not in target and not target.startswith("arn:aws:sns:"):
+                    if target not in self.topics:
+                        raise ValueError(f"{section}.notify: unknown topic {target!r}")
         return self
 
     @classmethod

@@ -14,10 +14,12 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import botocore.exceptions
 import pytest
+import yaml
 
 from tests.conftest import GatewayProcess, unique, wait_in_service, wait_until
 
@@ -139,10 +141,22 @@ def canary(wait_s: int, alarms: list[str] | None = None, **routing: Any) -> dict
     return config
 
 
+def notified(tmp_path: Path, webhook: Any) -> list[str]:
+    """``--config`` of a stack whose ``deployments.notify`` is the webhook."""
+    stack = tmp_path / "stack.yaml"
+    stack.write_text(
+        yaml.safe_dump({"topics": {"ops": [webhook.url]}, "deployments": {"notify": ["ops"]}})
+    )
+    return ["--config", str(stack)]
+
+
 def test_a_canary_of_a_good_model_completes_step_by_step(
-    gateway_factory: Callable[..., GatewayProcess], model_tarball: Callable[[str], str]
+    gateway_factory: Callable[..., GatewayProcess],
+    model_tarball: Callable[[str], str],
+    tmp_path: Path,
+    webhook: Any,
 ) -> None:
-    gw = gateway_factory(extra_env=FAST)
+    gw = gateway_factory(extra_env=FAST, args=notified(tmp_path, webhook))
     name, url = unique("canary"), model_tarball("flaky")
     make_config(gw, f"{name}-a", url, "old")
     make_config(gw, f"{name}-b", url, "new")
@@ -167,6 +181,8 @@ def test_a_canary_of_a_good_model_completes_step_by_step(
     assert "FailureReason" not in d and "PendingDeploymentSummary" not in d
     assert d["LastDeploymentConfig"] == deployment
     assert d["ProductionVariants"][0]["CurrentInstanceCount"] == 2
+    note = json.dumps(webhook.wait_for(1, timeout_s=30)[0].body)
+    assert "Completed" in note and f"{name}-b" in note, note
 
 
 @pytest.mark.parametrize("kind", ["CANARY", "LINEAR"])
@@ -174,8 +190,10 @@ def test_a_failing_model_rolls_back_by_itself_without_failing_the_old_models_cli
     gateway_factory: Callable[..., GatewayProcess],
     model_tarball: Callable[[str], str],
     kind: str,
+    tmp_path: Path,
+    webhook: Any,
 ) -> None:
-    gw = gateway_factory(extra_env=FAST)
+    gw = gateway_factory(extra_env=FAST, args=notified(tmp_path, webhook))
     name, url = unique(kind.lower()), model_tarball("flaky")
     make_config(gw, f"{name}-a", url, "old")
     make_config(gw, f"{name}-b", url, "bad", fail=30)
@@ -209,6 +227,8 @@ def test_a_failing_model_rolls_back_by_itself_without_failing_the_old_models_cli
     first_failure = next(t for t, a in traffic.answers if a.startswith("error"))
     last_bad = max(t for t, a in traffic.answers if a == "bad" or a.startswith("error"))
     assert last_bad - first_failure < 20, (first_failure, last_bad)
+    note = json.dumps(webhook.wait_for(1, timeout_s=30)[0].body)
+    assert "RolledBack" in note and alarm in note, note
 
 
 def test_a_rolling_update_replaces_instances_in_batches(

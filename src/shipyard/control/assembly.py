@@ -69,6 +69,9 @@ def build(
         serverless_slots=settings.serverless_slots_per_instance,
         capture=capture,
     )
+    deployer = reconciler.converger.deployer
+    deployer.notify = tuple(core.stack.deployments.notify)
+    deployer.on_event = core.on_event
     service = EndpointService(
         store=core.store,
         wake=reconciler.wake,

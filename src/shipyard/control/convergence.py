@@ -187,19 +187,27 @@ class Converger:
         except (FleetFailed, ShipyardError) as exc:
             log.warning("deployment of %s failed, keeping its fleet: %s", ep.name, exc)
             self.publisher.unblend(old)
+            reason = (
+                f"Update to endpoint configuration {ep.pending_config_name} failed, the "
+                f"endpoint keeps its previous configuration: {exc}"
+            )
+            also = self.deployer.recording(ep, ep.pending_config_name, "Failed", reason)
             await self._change(
                 ep.name,
                 status=EndpointStatus.IN_SERVICE,
                 pending_config_name=None,
                 deployment=None,
-                failure_reason=f"Update to endpoint configuration {ep.pending_config_name} "
-                f"failed, the endpoint keeps its previous configuration: {exc}",
+                failure_reason=reason,
+                also=also,
             )
+            if also is not None:
+                self.deployer.on_event()
             return
         if new is None:
             return  # rolled back: the old fleet serves, the endpoint says why
         self._placed.pop(ep.name, None)
         self.fleets[ep.name] = new
+        also = self.deployer.recording(ep, config.name, "Completed")
         await self._change(
             ep.name,
             status=EndpointStatus.IN_SERVICE,
@@ -207,10 +215,13 @@ class Converger:
             pending_config_name=None,
             deployment=None,
             failure_reason=None,
+            also=also,
             variants=tuple(
                 VariantState(v.name, v.weight, v.instance_count, v.shadow) for v in config.variants
             ),
         )
+        if also is not None:
+            self.deployer.on_event()
         await self.provisioner.drain_and_stop(old.all_slots())
         self.publisher.forget_model_series(old, old.all_slots())
 

@@ -31,11 +31,16 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
+from sqlalchemy import Connection
+
 from shipyard.errors import FleetFailed, InvalidParameter
+from shipyard.events.kinds import deployment_event
 from shipyard.provisioning.fleet import Fleet, Provisioner, Slot
 from shipyard.records import Endpoint, EndpointConfig, EndpointStatus
+from shipyard.storage.events import record_event
 from shipyard.storage.metadata import MetadataStore
 from shipyard.storage.metrics import MetricStore
 
@@ -196,6 +201,33 @@ class Deployer:
         self.scale_out = scale_out
         self.change = change
         self.clock = clock
+        self.notify: tuple[str, ...] = ()
+        """Topics told how each deployment ends (the stack file's ``deployments.notify``)."""
+        self.on_event: Callable[[], None] = lambda: None
+
+    def recording(
+        self, ep: Endpoint, config: str, state: str, reason: str = ""
+    ) -> Callable[[Connection], None] | None:
+        """What records the deployment's end with the endpoint's change (one
+        transaction), when any topic is to hear of it."""
+        if not self.notify:
+            return None
+        started = float((ep.deployment or {}).get("started") or self.clock())
+        event = deployment_event(
+            endpoint=ep.name,
+            arn=ep.arn,
+            config=config,
+            state=state,
+            reason=reason,
+            started=started,
+            at=datetime.now(UTC),
+            topics=self.notify,
+        )
+
+        def record(conn: Connection) -> None:
+            record_event(conn, event)
+
+        return record
 
     def __repr__(self) -> str:
         return "Deployer()"
@@ -357,13 +389,18 @@ class Deployer:
 
     async def _rolled_back(self, ep: Endpoint, config: EndpointConfig, why: str) -> None:
         log.warning("deployment of %s to %s rolled back: %s", ep.name, config.name, why)
+        reason = f"Update to endpoint configuration {config.name} was rolled back: {why}"
+        also = self.recording(ep, config.name, "RolledBack", reason)
         await self.change(
             ep.name,
             status=EndpointStatus.IN_SERVICE,
             pending_config_name=None,
             deployment=None,
-            failure_reason=f"Update to endpoint configuration {config.name} was rolled back: {why}",
+            failure_reason=reason,
+            also=also,
         )
+        if also is not None:
+            self.on_event()
 
 
 def _share(old: Fleet, new: Fleet) -> float:

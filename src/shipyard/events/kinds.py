@@ -15,6 +15,8 @@ builder                        the change, and who hears it
 ``test_notification_event``    an asynchronous endpoint was created; both topics
 ``scaling_activity_event``     an Application Auto Scaling activity ended;
                                ``autoscaling.notify``
+``deployment_event``           an UpdateEndpoint's DeploymentConfig completed, rolled
+                               back or failed; ``deployments.notify``
 =============================  ======================================================
 
 Every key is fixed per change (a final status, a request's outcome, an activity), so a
@@ -46,6 +48,7 @@ TRAINING_JOB = "SageMaker Training Job State Change"
 TRANSFORM_JOB = "SageMaker Transform Job State Change"
 INFERENCE_RESULT = "SageMaker Async Inference Result"
 SCALING_ACTIVITY = "Application Auto Scaling Scaling Activity State Change"
+DEPLOYMENT = "Endpoint Deployment State Change"
 
 MAX_INLINE_RESPONSE_BYTES = 128 * 1024
 """SageMaker includes an asynchronous response in a notification only up to 128 KB."""
@@ -332,6 +335,46 @@ def scaling_activity_detail(activity: ScalingActivity) -> dict[str, Any]:
     if activity.status_message:
         detail["StatusMessage"] = activity.status_message
     return detail
+
+
+# -- deployments --------------------------------------------------------------------------
+
+
+def deployment_event(
+    *,
+    endpoint: str,
+    arn: str,
+    config: str,
+    state: str,
+    reason: str,
+    started: float,
+    at: datetime,
+    topics: Sequence[str],
+) -> Event:
+    """A deployment's end (``Completed``, ``RolledBack`` or ``Failed``), once per
+    deployment and state."""
+    detail = {
+        "EndpointName": endpoint,
+        "EndpointArn": arn,
+        "EndpointConfigName": config,
+        "DeploymentState": state,
+        "StartTime": datetime.fromtimestamp(started, at.tzinfo).isoformat(),
+    }
+    if reason:
+        detail["Reason"] = reason
+    return Event(
+        key=f"deployment:{endpoint}:{started:.6f}:{state}",
+        detail_type=DEPLOYMENT,
+        source="aws.sagemaker",
+        resource=arn,
+        detail=detail,
+        topics=tuple(topics),
+        subject=f"Deployment of {endpoint} to {config} {state}"[:100],
+        message=f"Endpoint {endpoint}: the deployment of endpoint configuration {config} "
+        f"{state.lower().replace('rolledback', 'rolled back')}."
+        + (f"\nReason: {reason}" if reason else ""),
+        time=at,
+    )
 
 
 # -- shared -------------------------------------------------------------------------------
