@@ -25,6 +25,7 @@ old versions); ``destroy`` deletes what the file declares and the stack owns.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable
@@ -162,8 +163,19 @@ class _Live:
         )
         self.components = components
         self.owned_components = {v.name: v for v in owned_components}
-        self.alarms, self.owned_alarms = self._alarms()
 
+    @functools.cached_property
+    def alarms(self) -> set[str]:
+        """Every alarm's name; read when first asked (after the sections' plan, so a key
+        without shipyard:GetStack is refused for that first)."""
+        return self._alarms()[0]
+
+    @functools.cached_property
+    def owned_alarms(self) -> dict[str, str]:
+        """The stack's own alarms (by their tags) with their digests."""
+        return self._alarms()[1]
+
+    @functools.cache  # noqa: B019 (one _Live per plan)
     def _alarms(self) -> tuple[set[str], dict[str, str]]:
         """Every alarm's name, and the stack's own (by their tags) with their digests."""
         client = self.gateway.client("cloudwatch")

@@ -317,7 +317,7 @@
         const memory = Array.isArray(current.history) && current.history.length
           ? current.history[0].t : current.t;
         for (const point of current.datapoints) {
-          if (point.t < memory) {
+          if (point.t - 10 < memory) { // a period begun before the gateway's readings
             history.push(point);
             stored += 1;
           }
