@@ -13,6 +13,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any
 
 import botocore.exceptions
 import botocore.model
+import cbor2
 import pytest
 import yaml
 
@@ -461,3 +464,28 @@ def test_datapoints_and_alarms_survive_a_restart(
         assert invoke(gw, name, {})
     wait_until(lambda: sums(cw(gw), name, "Invocations") == {"Invocations": 8.0}, "8 in all")
     assert [a["AlarmName"] for a in cw(gw).describe_alarms()["MetricAlarms"]] == ["kept"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        bytes.fromhex("d81c81d81d00"),  # a list holding itself (CBOR shared values)
+        bytes.fromhex("d81c81d81c81d81d01d81d01"),  # one list held twice
+        b"\xff\x00garbage",
+        bytes.fromhex("a1d90102f6f6"),  # a map keyed by a tagged value
+    ],
+)
+def test_hostile_cbor_is_refused_and_the_gateway_keeps_answering(
+    gateway: GatewayProcess, body: bytes
+) -> None:
+    request = urllib.request.Request(
+        gateway.url + "/service/GraniteServiceVersion20100801/operation/ListMetrics",
+        data=body,
+        headers={"Content-Type": "application/cbor", "smithy-protocol": "rpc-v2-cbor"},
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 400
+    assert cbor2.loads(refused.value.read())["__type"] == "SerializationException"
+    assert gateway.get("/healthz")[0] == 200

@@ -318,13 +318,22 @@ def _parse_cbor(raw: bytes) -> object:
 
 def _plain(value: object) -> object:
     """``value`` with datetimes as epoch seconds; SerializationException for a type no
-    JSON value has. Iterative, like ``_check_depth``: the decoder caps nesting, this
-    never recurses."""
+    JSON value has, or a container met twice. Iterative, like ``_check_depth``: the
+    decoder caps nesting, this never recurses, and each container is walked once."""
     root: list[object] = [value]
     stack: list[tuple[Any, Any]] = [(root, 0)]
+    seen: set[int] = set()
     while stack:
         holder, key = stack.pop()
         item = holder[key]
+        if isinstance(item, dict | list):
+            # CBOR's shared values (tags 28/29) can make a container hold itself, or hold
+            # one container many times over: a walk would never end, or take 2^n steps.
+            if id(item) in seen:
+                raise SerializationException(
+                    "Request body is not valid CBOR here: a shared or self-referencing value."
+                )
+            seen.add(id(item))
         if isinstance(item, datetime):
             holder[key] = item.timestamp()
         elif isinstance(item, dict):
