@@ -235,6 +235,7 @@ class Gateway:
                 cloudwatch_service=self.cloudwatch.service,
             ),
             arn=self.service.arn,
+            alarm_arn=self.cloudwatch.service.alarm_arn,
         )
         jobs_door = JobsDoor(jobs=self.jobs)
         stack_door = StackConfigDoor(

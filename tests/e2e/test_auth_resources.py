@@ -23,6 +23,7 @@ from tests.e2e.test_jobs import CODE, ENV
 TEAM, TEAM_SECRET = "AKIATESTTEAMA0000001", "team-a-secret"
 BUILDER, BUILDER_SECRET = "AKIATESTBUILDA000001", "team-a-builder-secret"
 VIEWER, VIEWER_SECRET = "AKIATESTVIEWA000001", "team-a-viewer-secret"
+WATCHER, WATCHER_SECRET = "AKIATESTWATCHA000001", "team-a-watcher-secret"
 ROLE = "arn:aws:iam::123456789012:role/x"
 
 
@@ -60,6 +61,15 @@ def teams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayPro
                     "allow": ["sagemaker:*", "logs:*", "application-autoscaling:*"],
                     "resources": ["arn:aws:sagemaker:*:*:*/TEAM-A-*"],  # names: any case
                 },
+                {  # CloudWatch for team a: its endpoints' metrics and its own alarms
+                    "access_key_id": WATCHER,
+                    "secret_access_key_env": "K_WATCHER",
+                    "allow": ["cloudwatch:*"],
+                    "resources": [
+                        "arn:aws:sagemaker:*:*:*/team-a-*",
+                        "arn:aws:cloudwatch:*:*:alarm:team-a-*",
+                    ],
+                },
                 {  # what the console asks of a key
                     "access_key_id": VIEWER,
                     "secret_access_key_env": "K_VIEWER",
@@ -82,6 +92,7 @@ def teams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayPro
         "K_TEAM": TEAM_SECRET,
         "K_BUILDER": BUILDER_SECRET,
         "K_VIEWER": VIEWER_SECRET,
+        "K_WATCHER": WATCHER_SECRET,
         **ENV,
     }
     gw = start_gateway(
@@ -405,3 +416,61 @@ def test_inference_components_are_scoped_by_their_name(
         lambda: builder.describe_inference_component(InferenceComponentName="team-a-ic")
     )
     assert code == "ValidationException" and "Could not find inference component" in message
+
+
+def test_metrics_and_alarms_are_scoped_as_their_endpoints(
+    teams: tuple[GatewayProcess, Path],
+) -> None:
+    gw, _ = teams
+
+    def on(endpoint: str) -> dict[str, Any]:
+        return {
+            "Namespace": "AWS/SageMaker", "MetricName": "Invocation5XXErrors",
+            "Dimensions": [{"Name": "EndpointName", "Value": endpoint},
+                           {"Name": "VariantName", "Value": "v1"}],
+            "Statistic": "Sum", "Period": 60, "EvaluationPeriods": 1, "Threshold": 1.0,
+            "ComparisonOperator": "GreaterThanThreshold",
+        }  # fmt: skip
+
+    ops = client(gw, "cloudwatch")
+    ops.put_metric_alarm(AlarmName="team-b-errors", **on("team-b-x"))
+    aas = client(gw, "application-autoscaling")
+    aas.register_scalable_target(
+        ServiceNamespace="sagemaker", ResourceId="endpoint/team-b-x/variant/v1",
+        ScalableDimension="sagemaker:variant:DesiredInstanceCount", MinCapacity=1, MaxCapacity=2,
+    )  # fmt: skip
+    policy = aas.put_scaling_policy(
+        PolicyName="b", ServiceNamespace="sagemaker", ResourceId="endpoint/team-b-x/variant/v1",
+        ScalableDimension="sagemaker:variant:DesiredInstanceCount", PolicyType="StepScaling",
+        StepScalingPolicyConfiguration={"AdjustmentType": "ChangeInCapacity",
+                                        "StepAdjustments": [{"ScalingAdjustment": 1}]},
+    )["PolicyARN"]  # fmt: skip
+    cw = client(gw, "cloudwatch", WATCHER, WATCHER_SECRET)
+    cw.put_metric_alarm(AlarmName="team-a-errors", **on("team-a-x"))
+
+    def denied(call: Any) -> None:
+        code, status, _ = error_code(call)
+        assert (code, status) == ("AccessDeniedException", 403)
+
+    denied(lambda: cw.put_metric_alarm(AlarmName="team-a-spy", **on("team-b-x")))
+    denied(lambda: cw.put_metric_alarm(AlarmName="team-b-errors", **on("team-a-x")))
+    denied(lambda: cw.put_metric_alarm(AlarmName="team-a-hijack", AlarmActions=[policy],
+                                       **on("team-a-x")))  # fmt: skip
+    denied(lambda: cw.set_alarm_state(AlarmName="team-b-errors", StateValue="ALARM",
+                                      StateReason="x"))  # fmt: skip
+    denied(lambda: cw.delete_alarms(AlarmNames=["team-a-errors", "team-b-errors"]))
+    denied(lambda: cw.describe_alarm_history(AlarmName="team-b-errors"))
+    arn = ops.describe_alarms(AlarmNames=["team-b-errors"])["MetricAlarms"][0]["AlarmArn"]
+    denied(lambda: cw.list_tags_for_resource(ResourceARN=arn))
+    denied(lambda: cw.get_metric_statistics(
+        Namespace="AWS/SageMaker", MetricName="Invocations",
+        Dimensions=[{"Name": "EndpointName", "Value": "team-b-x"}],
+        StartTime=0, EndTime=60, Period=60, Statistics=["Sum"]))  # fmt: skip
+    assert [a["AlarmName"] for a in cw.describe_alarms()["MetricAlarms"]] == ["team-a-errors"]
+    every = [a["AlarmName"] for a in ops.describe_alarms()["MetricAlarms"]]
+    assert sorted(every) == ["team-a-errors", "team-b-errors"]
+    history = cw.describe_alarm_history()["AlarmHistoryItems"]
+    assert {h["AlarmName"] for h in history} == {"team-a-errors"}
+    cw.set_alarm_state(AlarmName="team-a-errors", StateValue="ALARM", StateReason="a drill")
+    cw.delete_alarms(AlarmNames=["team-a-errors"])
+    ops.delete_alarms(AlarmNames=["team-b-errors"])

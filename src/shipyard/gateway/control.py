@@ -57,6 +57,9 @@ _NAMED = {
 }
 """Request members that name a resource, and the kind of ARN its name makes."""
 
+_ALARM_LISTS = frozenset({"AlarmNames", "AlarmActions", "OKActions", "InsufficientDataActions"})
+"""Request members listing alarms, or the actions of one (scaling policies by ARN)."""
+
 _DIMENSION = "dimension"
 """A metric dimension (``{"Name", "Value"}``): ``EndpointName`` names an endpoint."""
 
@@ -79,9 +82,18 @@ class ControlDoor:
     scoped by resource.
     """
 
-    def __init__(self, *, actions: ActionRegistry, arn: Callable[[str, str], str]) -> None:
+    def __init__(
+        self,
+        *,
+        actions: ActionRegistry,
+        arn: Callable[[str, str], str],
+        alarm_arn: Callable[[str], str] | None = None,
+    ) -> None:
         self.actions = actions
         self.arn = arn
+        self.alarm_arn = alarm_arn
+        """A CloudWatch alarm's ARN by its name: what a scoped key must reach to put,
+        read, set, tag or delete it (``resources: [arn:aws:cloudwatch:*:*:alarm:team-*]``)."""
 
     async def handle(self, request: Request) -> Response:
         """AWS JSON: the action named by ``X-Amz-Target``, the body a JSON object."""
@@ -146,10 +158,15 @@ class ControlDoor:
         arn = self.arn
         found = []
         for key, item in value.items():
-            if key == "Dimensions" and isinstance(item, list):  # a metric's, or an alarm's
-                found.extend(self._dimension_resources(item))
+            if isinstance(item, list):
+                found.extend(self._listed_resources(key, item))
+                continue
             if not isinstance(item, str):
                 continue
+            if key == "AlarmName" and self.alarm_arn is not None:
+                found.append(self.alarm_arn(item))
+            elif key.lower().endswith("arn") and item.lower().startswith("arn:aws:cloudwatch:"):
+                found.append(item)
             if key in _NAMED:
                 found.append(arn(_NAMED[key], item))
             elif key.lower().endswith("arn") and item.lower().startswith("arn:aws:sagemaker:"):
@@ -162,6 +179,35 @@ class ControlDoor:
                 found.append(arn("endpoint", item.removeprefix(ENDPOINTS_GROUP)))
             elif key == "logStreamName" and params.get("logGroupName") == JOBS_GROUP:
                 found.append(arn("training-job", item.split("/")[0]))
+        return found
+
+    def _listed_resources(self, key: str, items: list[Any]) -> list[str]:
+        """What a list member names: a metric's (or alarm's) dimensions, alarms by name,
+        an alarm's actions."""
+        if key == "Dimensions":
+            return self._dimension_resources(items)
+        if key in _ALARM_LISTS:
+            return self._alarm_resources(key, items)
+        return []
+
+    def _alarm_resources(self, key: str, items: list[Any]) -> list[str]:
+        """The alarms AlarmNames names, and the endpoints (or components) of the scaling
+        policies an alarm's actions would run."""
+        found = []
+        for item in items:
+            if not isinstance(item, str):
+                continue
+            if key == "AlarmNames" and self.alarm_arn is not None:
+                found.append(self.alarm_arn(item))
+            elif item.startswith("arn:aws:autoscaling:"):
+                _, _, resource = item.partition(":resource/sagemaker/")
+                parts = resource.split(":policyName/")[0].split("/")
+                if parts[0] == "endpoint" and len(parts) > 1:
+                    found.append(self.arn("endpoint", parts[1]))
+                elif parts[0] == "inference-component" and len(parts) > 1:
+                    found.append(self.arn("inference-component", parts[1]))
+                else:
+                    found.append(item)  # not a policy of ours: reached only by "*"
         return found
 
     def _dimension_resources(self, dimensions: list[Any]) -> list[str]:
