@@ -414,18 +414,19 @@ def test_step_scaling_run_by_an_alarm_brings_an_async_endpoint_back_from_zero(
         )
         for n in range(8)
     ]
+
     # Back from zero at once by itself (HasBacklogWithoutCapacity), then to 2 instances
     # by the alarm's policy: the backlog is 5 or more above the threshold.
-    wait_until(
-        lambda: (
-            gw.sm.describe_endpoint(EndpointName=name)["ProductionVariants"][0][
-                "CurrentInstanceCount"
-            ]
-            == 2
-        ),
-        "two instances, as the step policy asks",
-        timeout_s=60,
-    )
+    def stepped_to_two() -> bool:
+        listed = scaling.describe_scaling_activities(
+            ServiceNamespace="sagemaker", ResourceId=resource
+        )
+        return any(
+            "triggered policy backlog" in a["Cause"] and a["Description"].endswith(" 2.")
+            for a in listed["ScalingActivities"]
+        )
+
+    wait_until(stepped_to_two, "a step to two instances by the alarm's policy", timeout_s=60)
     for answer in answers:
         wait_file(answer["OutputLocation"], timeout_s=90)
     pages = scaling.describe_scaling_activities(ServiceNamespace="sagemaker", ResourceId=resource)

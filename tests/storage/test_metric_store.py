@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -64,6 +65,15 @@ def test_a_period_written_in_parts_and_by_two_sources_reads_as_one(store: Metric
         assert conn.execute(select(func.count()).select_from(t.metric_points)).scalar() == 3
 
 
+def test_concurrent_writers_of_one_row_lose_nothing(store: MetricStore) -> None:
+    point = Point("Mine", "m", (), 60, 600, StatSet.of(1, 1.0, 1.0, 1.0))
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: store.write([point], "put", seen=600), range(40)))
+    series = store.find("Mine", "m", ())
+    assert series is not None
+    assert store.read([series.id], 60, 0, 10_000)[series.id][600].count == 40
+
+
 def test_series_are_listed_by_namespace_name_and_when_seen(store: MetricStore) -> None:
     store.write([Point("Mine", "a", (), 60, 0, latency(1))], "put", seen=100)
     store.write([Point("Mine", "b", (("K", "v"),), 60, 0, latency(1))], "put", seen=5000)
@@ -104,4 +114,7 @@ def test_an_alarms_state_history_and_event_are_written_together(store: MetricSto
         assert conn.execute(select(func.count()).select_from(t.events)).scalar() == 1
     store.delete_alarms(["a"])
     assert store.get_alarm("a") is None
-    assert store.history(alarm="a", item_type=None, start=None, end=None, newest_first=True) == []
+    # CloudWatch keeps a deleted alarm's history, until it is two weeks old.
+    kept = store.history(alarm="a", item_type=None, start=None, end=None, newest_first=True)
+    assert len(kept) == 2
+    assert store.purge_history(before=datetime(2026, 1, 2, tzinfo=UTC)) == 2

@@ -73,11 +73,14 @@ def test_metric_math() -> None:
         "NOPE(a)",
         "ABS(" * 60 + "a" + ")" * 60,
         "a" * 3000,
+        "a + 1" + "0" * 400,
+        "SUM([" + ", ".join(["METRICS()"] * 200) + "])",
     ],
 )
 def test_anything_else_is_refused(expression: str) -> None:
+    big = {t: 1.0 for t in range(0, 600_000, 60)}  # 10,000 points
     with pytest.raises(InvalidParameterValue):
-        evaluate(expression, context(a={0: 1.0}, b={0: 2.0}))
+        evaluate(expression, context(a=big, b={0: 2.0}))
 
 
 ALARM = {"Threshold": 5.0, "ComparisonOperator": "GreaterThanThreshold", "EvaluationPeriods": 3}
@@ -100,8 +103,10 @@ def test_missing_data_is_treated_as_the_alarm_says() -> None:
     assert breaching is not None and breaching.state == "ALARM"
     fine = judge({**ALARM, "TreatMissingData": "notBreaching"}, [None, 9.0, None], "ALARM")
     assert fine is not None and fine.state == "OK"
-    # missing: only the periods with data count
-    assert judge(ALARM, [None, 9.0, None], "OK").state == "OK"  # type: ignore[union-attr]
+    # missing: fewer datapoints than DatapointsToAlarm: all of those there must breach
+    assert judge(ALARM, [None, None, 9.0], "OK").state == "ALARM"  # type: ignore[union-attr]
+    assert judge(ALARM, [None, 1.0, 9.0], "ALARM").state == "OK"  # type: ignore[union-attr]
+    assert judge({**ALARM, "TreatMissingData": "ignore"}, [None, None, 9.0], "OK") is None
     some = judge({**ALARM, "DatapointsToAlarm": 1}, [None, 9.0, None], "OK")
     assert some is not None and some.state == "ALARM"
 
@@ -126,5 +131,8 @@ def test_step_adjustments_are_picked_by_the_breach() -> None:
         "StepAdjustments": [{"MetricIntervalLowerBound": 0, "ScalingAdjustment": 10}],
     }
     assert step_wanted(percent, 4, 1.0) == 6  # 10 % of 4 is 0.4: at least 2
+    half = {**percent, "MinAdjustmentMagnitude": None}
+    half["StepAdjustments"] = [{"MetricIntervalLowerBound": 0, "ScalingAdjustment": 50}]
+    assert step_wanted(half, 1, 1.0) == 2  # 50 % of 1 is 0.5: one instance
     exact = {"AdjustmentType": "ExactCapacity", "StepAdjustments": [{"ScalingAdjustment": 2}]}
     assert step_wanted(exact, 0, None) == 2

@@ -473,6 +473,10 @@ def step_wanted(config: dict[str, Any], current: int, breach: float | None) -> i
             return adjustment
         if kind == "PercentChangeInCapacity":
             change = current * adjustment / 100.0
+            # Rounded toward zero, but a change between -1 and 1 is one instance
+            # (Application Auto Scaling's rounding for SageMaker).
+            if 0 < abs(change) < 1:
+                change = 1.0 if change > 0 else -1.0
             change = math.floor(change) if change > 0 else math.ceil(change)
             magnitude = int(config.get("MinAdjustmentMagnitude") or 0)
             if adjustment and abs(change) < magnitude:

@@ -8,7 +8,8 @@ treated by ``TreatMissingData``: ``breaching`` or ``notBreaching`` count it as s
 with ``missing`` (the default) and ``ignore`` only the periods with data count, and an
 alarm whose periods all lack data goes to ``INSUFFICIENT_DATA`` (``missing``) or stays
 as it is (``ignore``). ``DatapointsToAlarm`` (M) of the N periods breaching is ALARM;
-fewer is OK.
+fewer is OK. With fewer than M datapoints present, ``missing`` needs all of them to
+breach for ALARM and ``ignore`` keeps the state.
 
 A change of state is written with its history item and, when the new state's actions
 name topics, its event (one transaction: the notification is sent exactly once). Scaling
@@ -88,6 +89,12 @@ def judge(config: dict[str, Any], values: list[float | None], state: str) -> Ver
         )
     else:
         breaches = sum(1 for v in present if compare(v, threshold))
+        if len(present) < m:
+            # Fewer datapoints than DatapointsToAlarm: with "missing", as many as there
+            # are must breach for ALARM; "ignore" keeps the state (CloudWatch's table).
+            if treat == "ignore":
+                return None
+            m = len(present)
     word = _WORDS[config["ComparisonOperator"]]
     shown = ", ".join(f"{v:g}" for v in reversed(present[-5:])) or (f"no data, treated as {treat}")
     if breaches >= m:
@@ -318,6 +325,7 @@ class AlarmEvaluator:
             now = self._clock()
             if not held:
                 self._done.clear()
+                next_at = now + renew_s  # not ours: ask again when a holder would renew
             elif now >= next_at:
                 next_at = (now // self.tick_s + 1) * self.tick_s + self.lag_s % self.tick_s
                 try:
@@ -337,6 +345,8 @@ class AlarmEvaluator:
                 self._evaluate(alarm, now)
             except ShipyardError as exc:
                 log.warning("alarm %s cannot be evaluated: %s", alarm.name, exc.message)
+            except Exception:  # one alarm's bug must not stop the others
+                log.exception("alarm %s cannot be evaluated", alarm.name)
 
     def _evaluate(self, alarm: Alarm, now: float) -> None:
         config = alarm.config

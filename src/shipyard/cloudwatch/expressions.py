@@ -31,6 +31,10 @@ Value = float | Series | list[Series]
 MAX_LENGTH = 2048
 """CloudWatch's limit on an expression's length."""
 
+MAX_POINTS = 1_000_000
+"""The most datapoints one expression may touch (names and METRICS() each count their
+series' points): a bound on the work and memory one request can ask for."""
+
 
 @dataclass(frozen=True, slots=True)
 class Context:
@@ -93,19 +97,19 @@ class _Walker:
     def __init__(self, expression: str, context: Context) -> None:
         self.expression = expression
         self.context = context
+        self.spent = 0
 
     def walk(self, node: ast.AST, depth: int) -> Value:
         if depth > _MAX_DEPTH:
             raise _bad(self.expression, "it nests too deeply")
         if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
-            if isinstance(node.value, bool):
-                raise _bad(self.expression, f"{node.value} is not a number")
-            return float(node.value)
+            return self._number(node.value)
         if isinstance(node, ast.Name):
             found = self.context.series.get(node.id)
             if found is None:
                 raise _bad(self.expression, f"no query has the id {node.id}")
-            return dict(found)
+            self._spend(len(found))
+            return found  # never changed in place: every operation makes a new series
         if isinstance(node, ast.List):
             items = [self.walk(item, depth + 1) for item in node.elts]
             out: list[Series] = []
@@ -125,6 +129,20 @@ class _Walker:
             return self._call(node.func.id, node.args, depth)
         raise _bad(self.expression, f"'{ast.unparse(node)[:100]}' is not supported")
 
+    def _number(self, value: float) -> float:
+        if isinstance(value, bool):
+            raise _bad(self.expression, f"{value} is not a number")
+        try:
+            return float(value)
+        except OverflowError:
+            raise _bad(self.expression, "a number is too large") from None
+
+    def _spend(self, points: int) -> None:
+        """Count the points an expression touches; past MAX_POINTS it is refused."""
+        self.spent += points
+        if self.spent > MAX_POINTS:
+            raise _bad(self.expression, f"it touches more than {MAX_POINTS} datapoints")
+
     def _call(self, name: str, args: list[ast.expr], depth: int) -> Value:
         if name == "METRICS":
             return self._metrics(args)
@@ -136,7 +154,9 @@ class _Walker:
         if name in _ELEMENTWISE and len(values) == 1:
             return _apply(lambda a, _: _ELEMENTWISE[name](a), values[0], 0.0)
         if name == "FILL" and len(values) == 2 and isinstance(values[1], float):
-            return _fill(values[0], values[1], self._stamps())
+            stamps = self._stamps()
+            self._spend(len(stamps) * (len(values[0]) if isinstance(values[0], list) else 1))
+            return _fill(values[0], values[1], stamps)
         if name in ("DIFF", "RATE") and len(values) == 1 and isinstance(values[0], dict):
             return _diff(values[0], rate=name == "RATE")
         raise _bad(self.expression, f"{name} with {len(values)} argument(s) is not supported")
@@ -147,11 +167,13 @@ class _Walker:
         ):
             raise _bad(self.expression, "METRICS takes nothing, or a label to look for")
         wanted = args[0].value if args else ""  # type: ignore[attr-defined]
-        return [
-            dict(s)
+        found = [
+            s
             for key, s in self.context.series.items()
             if wanted in self.context.labels.get(key, key)
         ]
+        self._spend(sum(len(s) for s in found))
+        return found
 
     def _stamps(self) -> list[int]:
         return sorted({t for s in self.context.series.values() for t in s})

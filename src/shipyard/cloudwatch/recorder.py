@@ -29,6 +29,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from shipyard.async_inference.consumer import BacklogReading
 from shipyard.metrics import Metrics
@@ -278,3 +279,5 @@ class Recorder:
     def _purge(self, at: float) -> None:
         self.store.purge(period=10, before=int(at - HIGH_RESOLUTION_KEEP_S))
         self.store.purge(period=60, before=int(at - self.retention_s))
+        # CloudWatch keeps alarm history two weeks, deleted alarms' included.
+        self.store.purge_history(before=datetime.fromtimestamp(at - 14 * 86_400, UTC))

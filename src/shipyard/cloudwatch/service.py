@@ -40,6 +40,9 @@ PUT_SOURCE = "put"
 
 MAX_ALARMS = 5000
 MAX_QUERIES = 500
+MAX_ROWS = 2_000_000
+"""The most stored rows one GetMetricData may read (its queries' rows added up, a
+series named twice counted twice): a bound on one request's work."""
 MAX_DATAPOINTS = 100_800
 """GetMetricData's default MaxDatapoints; GetMetricStatistics answers at most 1,440."""
 
@@ -269,6 +272,16 @@ class CloudWatchService:
         for step, ids in by_step.items():
             origin = int(start // step * step)
             rows[step] = self.store.read(ids, step, origin, int(end))
+        touched = sum(
+            len(rows[resolution(q.stat.period)][series.id])
+            for q, series in wanted
+            if series is not None and q.stat is not None
+        )
+        if touched > MAX_ROWS:
+            raise InvalidParameterValue(
+                f"The request reads {touched} datapoints, more than the {MAX_ROWS} one "
+                "GetMetricData may read: ask for a shorter time range or fewer queries."
+            )
         for q, series in wanted:
             stat = q.stat
             assert stat is not None
@@ -487,7 +500,12 @@ def _check_math_alarm(config: dict[str, Any]) -> None:
         raise InvalidParameterValue(
             "Exactly one element of the Metrics list must have ReturnData set to true."
         )
+    # Each expression is tried once on empty series: one that cannot be evaluated is
+    # refused now, not at every evaluation.
+    empty = expressions.Context(series={m["Id"]: {} for m in metrics}, labels={}, period=60)
     for m in metrics:
+        if m.get("Expression") is not None:
+            expressions.evaluate(m["Expression"], empty)
         query = query_of(m)
         if query.stat is not None:
             check_period(query.stat.period, what=f"Metrics {query.id} Period")
@@ -576,22 +594,26 @@ def query_of(m: dict[str, Any]) -> Query:
 
 
 def _in_order(queries: list[Query]) -> list[Query]:
-    """Expressions ordered so each comes after the expressions it names."""
-    pending = {q.id: q for q in queries}
+    """Expressions ordered so each comes after the expressions it names (each parsed
+    once; Kahn's algorithm)."""
+    ids = {q.id for q in queries}
+    needs = {q.id: expressions.ids_in(q.expression or "") & ids - {q.id} for q in queries}
+    by_id = {q.id: q for q in queries}
+    ready = [q.id for q in queries if not needs[q.id]]
     out: list[Query] = []
-    while pending:
-        ready = [
-            q
-            for q in pending.values()
-            if not (expressions.ids_in(q.expression or "") & (pending.keys() - {q.id}))
-        ]
-        if not ready:
-            raise InvalidParameterValue(
-                f"The expressions {', '.join(sorted(pending))} name each other in a circle."
-            )
-        for q in ready:
-            out.append(q)
-            del pending[q.id]
+    while ready:
+        done = ready.pop()
+        out.append(by_id[done])
+        for other, wanted in needs.items():
+            if done in wanted:
+                wanted.discard(done)
+                if not wanted:
+                    ready.append(other)
+    if len(out) != len(queries):
+        circle = sorted(q for q in ids if needs[q])
+        raise InvalidParameterValue(
+            f"The expressions {', '.join(circle)} name each other in a circle."
+        )
     return out
 
 

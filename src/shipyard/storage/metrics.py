@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, delete, insert, select, tuple_, update
+from sqlalchemy.exc import IntegrityError
 
 from shipyard.records import Event
 from shipyard.statsets import StatSet
@@ -25,6 +26,12 @@ from shipyard.storage.transactions import transaction
 
 Dimensions = tuple[tuple[str, str], ...]
 """(name, value) pairs, sorted by name: the same metric whatever the order given."""
+
+
+_WRITE_ATTEMPTS = 3
+_SEEN_EVERY_S = 3600
+"""How often a series' ``last_seen`` is written while it is written: ListMetrics looks
+back two weeks (three hours with RecentlyActive), an hour's slack is within both."""
 
 
 def dimensions_of(items: Iterable[dict[str, Any]] | None) -> Dimensions:
@@ -91,6 +98,8 @@ class MetricStore:
         self.engine = engine
         self._ids: dict[str, int] = {}
         """Series key -> id, as this process has seen them (ids never change)."""
+        self._seen: dict[str, int] = {}
+        """Series key -> the ``last_seen`` this process last wrote for it."""
 
     def __repr__(self) -> str:
         return f"MetricStore({self.engine.url.render_as_string(hide_password=True)!r})"
@@ -99,9 +108,23 @@ class MetricStore:
 
     def write(self, points: Sequence[Point], source: str, *, seen: int) -> None:
         """Add ``points`` to the rows of ``source`` (merged with what a row holds already:
-        a period recorded in two parts, or PutMetricData called twice in it)."""
+        a period recorded in two parts, or PutMetricData called twice in it).
+
+        Two writers of one row (PutMetricData from two threads or gateways) are
+        serialised: the rows are read ``FOR UPDATE``, and a writer that lost the race
+        to insert a row (or a series) writes again, merging into the winner's."""
         if not points:
             return
+        for attempt in range(_WRITE_ATTEMPTS):
+            try:
+                self._write(points, source, seen)
+                return
+            except IntegrityError:
+                self._ids.clear()  # a series another writer made: read it anew
+                if attempt == _WRITE_ATTEMPTS - 1:
+                    raise
+
+    def _write(self, points: Sequence[Point], source: str, seen: int) -> None:
         with transaction(self.engine) as conn:
             merged: dict[tuple[int, int, int], StatSet] = {}
             for point in points:
@@ -112,14 +135,15 @@ class MetricStore:
                     merged[key] = point.stats.copy()
                 else:
                     found.add(point.stats)
-            existing = conn.execute(
-                select(t.metric_points).where(
-                    t.metric_points.c.source == source,
-                    tuple_(
-                        t.metric_points.c.series, t.metric_points.c.period, t.metric_points.c.start
-                    ).in_(list(merged)),
-                )
-            ).all()
+            query = select(t.metric_points).where(
+                t.metric_points.c.source == source,
+                tuple_(
+                    t.metric_points.c.series, t.metric_points.c.period, t.metric_points.c.start
+                ).in_(list(merged)),
+            )
+            if conn.dialect.name == "postgresql":
+                query = query.with_for_update()
+            existing = conn.execute(query).all()
             updated = set()
             for row in existing:
                 key = (row.series, row.period, row.start)
@@ -148,12 +172,13 @@ class MetricStore:
         key = series_key(point.namespace, point.name, point.dimensions)
         found = self._ids.get(key)
         if found is not None:
-            if seen % 3600 < 60:  # once an hour is enough for ListMetrics' two weeks
+            if seen - self._seen.get(key, 0) >= _SEEN_EVERY_S:
                 conn.execute(
                     update(t.metric_series)
                     .where(t.metric_series.c.id == found)
                     .values(last_seen=seen)
                 )
+                self._seen[key] = seen
             return found
         row = conn.execute(select(t.metric_series.c.id).where(t.metric_series.c.key == key)).first()
         if row is None:
@@ -174,6 +199,7 @@ class MetricStore:
                 update(t.metric_series).where(t.metric_series.c.id == found).values(last_seen=seen)
             )
         self._ids[key] = found
+        self._seen[key] = seen
         return found
 
     def find(self, namespace: str, name: str, dimensions: Dimensions) -> Series | None:
@@ -257,9 +283,15 @@ class MetricStore:
             return [_alarm(r) for r in conn.execute(select(t.alarms).order_by(t.alarms.c.name))]
 
     def delete_alarms(self, names: Sequence[str]) -> None:
+        """Delete alarms; their history stays (as CloudWatch keeps it), until purged."""
         with transaction(self.engine) as conn:
             conn.execute(delete(t.alarms).where(t.alarms.c.name.in_(list(names))))
-            conn.execute(delete(t.alarm_history).where(t.alarm_history.c.alarm.in_(list(names))))
+
+    def purge_history(self, *, before: datetime) -> int:
+        """Delete alarm history older than ``before``; how many items."""
+        with transaction(self.engine) as conn:
+            c = t.alarm_history.c
+            return int(conn.execute(delete(t.alarm_history).where(c.time < before)).rowcount or 0)
 
     def change_state(
         self,
