@@ -26,10 +26,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shipyard.statsets import StatSet  # noqa: E402
-from shipyard.storage.metadata import MetadataStore  # noqa: E402
-from shipyard.storage.metrics import MetricStore, Point  # noqa: E402
-from tests.conftest import start_gateway  # noqa: E402
+from tests.conftest import start_gateway
+
+from shipyard.statsets import StatSet
+from shipyard.storage.metadata import MetadataStore
+from shipyard.storage.metrics import MetricStore, Point
 
 ENDPOINTS = int(os.environ.get("ENDPOINTS", "100"))
 HOURS = int(os.environ.get("HOURS", "24"))
@@ -92,6 +93,7 @@ def measure(gw: Any, now: int, period: int) -> tuple[float, float, int]:
 
 def run(label: str, url: str | None, home: Path) -> None:
     now = int(time.time()) // 60 * 60
+    home.mkdir(parents=True, exist_ok=True)
     db = url or f"sqlite:///{home / 'shipyard.db'}"
     began = time.perf_counter()
     fill(db, now)

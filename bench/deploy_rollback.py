@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.conftest import make_tarball, start_gateway, unique, wait_in_service  # noqa: E402
-from tests.e2e.test_deployments import alarm_on_errors_for, canary, make_config, steady  # noqa: E402
+from tests.conftest import make_tarball, start_gateway, unique, wait_in_service
+from tests.e2e.test_deployments import alarm_on_errors_for, canary, make_config, steady
 
 RUNS = int(os.environ.get("RUNS", "3"))
 PERIOD = int(os.environ.get("PERIOD", "10"))

@@ -87,12 +87,17 @@ def steady(gw: GatewayProcess, name: str, clients: int = 2) -> Iterator[Traffic]
 
 
 def alarm_on_errors(gw: GatewayProcess, name: str) -> str:
+    return alarm_on_errors_for(gw, name, period=10)
+
+
+def alarm_on_errors_for(gw: GatewayProcess, name: str, *, period: int) -> str:
+    """An alarm on the endpoint's Invocation5XXErrors: 2 or more in one period."""
     alarm = f"{name}-errors"
     gw.client("cloudwatch").put_metric_alarm(
         AlarmName=alarm, Namespace="AWS/SageMaker", MetricName="Invocation5XXErrors",
         Dimensions=[{"Name": "EndpointName", "Value": name},
                     {"Name": "VariantName", "Value": "v1"}],
-        Statistic="Sum", Period=10, EvaluationPeriods=1, Threshold=2,
+        Statistic="Sum", Period=period, EvaluationPeriods=1, Threshold=2,
         ComparisonOperator="GreaterThanOrEqualToThreshold", TreatMissingData="notBreaching",
     )  # fmt: skip
     return alarm

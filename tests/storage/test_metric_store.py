@@ -17,7 +17,7 @@ from shipyard.records import Event
 from shipyard.statsets import StatSet
 from shipyard.storage import tables as t
 from shipyard.storage.metadata import MetadataStore
-from shipyard.storage.metrics import Alarm, HistoryItem, MetricStore, Point
+from shipyard.storage.metrics import Alarm, HistoryItem, MetricStore, Point, stats_of
 
 DIMS = (("EndpointName", "e"), ("VariantName", "v1"))
 
@@ -55,12 +55,16 @@ def test_a_period_written_in_parts_and_by_two_sources_reads_as_one(store: Metric
     )
     series = store.find("AWS/SageMaker", "ModelLatency", DIMS)
     assert series is not None
-    rows = store.read([series.id], 60, 0, 10_000)[series.id]
-    first = rows[600]
+    rows = store.read([series.id], 60, 0, 10_000, distributions=True)[series.id]
+    first = StatSet.of(0, 0.0, float("inf"), float("-inf"))
+    first.hist = {}
+    for row in rows:
+        if row[0] == 600:
+            first.add(stats_of(row))  # the two gateways' rows
     assert (first.count, first.sum, first.min, first.max) == (5, 105, 5, 40)
     assert first.value("p50") == pytest.approx(20, rel=0.05)
-    assert rows[660].value("Sum") == 7
-    assert store.read([series.id], 60, 0, 660)[series.id].keys() == {600}
+    assert sorted(r[0] for r in rows) == [600, 600, 660]
+    assert [r[0] for r in store.read([series.id], 60, 0, 660)[series.id]] == [600, 600]
     with store.engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(t.metric_points)).scalar() == 3
 
@@ -71,7 +75,7 @@ def test_concurrent_writers_of_one_row_lose_nothing(store: MetricStore) -> None:
         list(pool.map(lambda _: store.write([point], "put", seen=600), range(40)))
     series = store.find("Mine", "m", ())
     assert series is not None
-    assert store.read([series.id], 60, 0, 10_000)[series.id][600].count == 40
+    assert store.aggregate([series.id], 60, 0, 10_000, 60)[series.id][600][0] == 40
 
 
 def test_series_are_listed_by_namespace_name_and_when_seen(store: MetricStore) -> None:
@@ -118,3 +122,20 @@ def test_an_alarms_state_history_and_event_are_written_together(store: MetricSto
     kept = store.history(alarm="a", item_type=None, start=None, end=None, newest_first=True)
     assert len(kept) == 2
     assert store.purge_history(before=datetime(2026, 1, 2, tzinfo=UTC)) == 2
+
+
+def test_rows_are_added_up_into_buckets_in_the_database(store: MetricStore) -> None:
+    points = [
+        Point("Mine", "m", (), 60, at, StatSet.of(2, 2.0 * at, float(at), float(at) + 1))
+        for at in range(0, 600, 60)
+    ]
+    store.write(points, "gw-a", seen=0)
+    store.write(points[:2], "gw-b", seen=0)
+    series = store.find("Mine", "m", ())
+    assert series is not None
+    hours = store.aggregate([series.id], 60, 0, 600, 300)[series.id]
+    # 0-240 (5 rows, two of them twice) and 300-540 (5 rows)
+    assert hours == {0: (14, 2 * (0 + 60 + 120 + 180 + 240 + 0 + 60), 0, 241),
+                     300: (10, 2 * (300 + 360 + 420 + 480 + 540), 300, 541)}  # fmt: skip
+    minutes = store.aggregate([series.id], 60, 0, 120, 60)[series.id]
+    assert minutes == {0: (4, 0, 0, 1), 60: (4, 240, 60, 61)}

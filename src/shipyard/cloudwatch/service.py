@@ -24,14 +24,16 @@ from shipyard.errors import (
     LimitExceeded,
     MissingParameter,
 )
-from shipyard.statsets import StatSet, is_statistic
+from shipyard.statsets import StatSet, is_statistic, percentile_of
 from shipyard.storage.metrics import (
     Alarm,
     Dimensions,
     HistoryItem,
     MetricStore,
     Point,
+    Row,
     Series,
+    stats_of,
 )
 from shipyard.storage.tags import TagStore
 
@@ -209,16 +211,8 @@ class CloudWatchService:
     def _buckets(self, series: int, period: int, start: float, end: float) -> dict[int, StatSet]:
         step = resolution(period)
         origin = int(start // step * step)
-        rows = self.store.read([series], step, origin, int(end))[series]
-        buckets: dict[int, StatSet] = {}
-        for at, stats in rows.items():
-            slot = origin + (at - origin) // period * period
-            found = buckets.get(slot)
-            if found is None:
-                buckets[slot] = stats
-            else:
-                found.add(stats)
-        return buckets
+        rows = self.store.read([series], step, origin, int(end), distributions=True)[series]
+        return _bucketed(rows, origin, period)
 
     def metric_data(self, queries: Sequence[Query], start: float, end: float) -> list[Result]:
         """GetMetricData: every query's series, ReturnData's or not, in the order given."""
@@ -264,42 +258,51 @@ class CloudWatchService:
             assert q.stat is not None
             s = q.stat
             wanted.append((q, self.store.find(s.namespace, s.name, s.dimensions)))
-        by_step: dict[int, list[int]] = {}
+        # Plain statistics are added up in the database, one read per (resolution,
+        # period); percentiles need each row's distribution, read once per resolution.
+        plain: dict[tuple[int, int], list[int]] = {}
+        kept: dict[int, list[int]] = {}
         for q, series in wanted:
-            if series is not None and q.stat is not None:
-                by_step.setdefault(resolution(q.stat.period), []).append(series.id)
-        rows: dict[int, dict[int, dict[int, StatSet]]] = {}
-        for step, ids in by_step.items():
-            origin = int(start // step * step)
-            rows[step] = self.store.read(ids, step, origin, int(end))
-        touched = sum(
-            len(rows[resolution(q.stat.period)][series.id])
-            for q, series in wanted
-            if series is not None and q.stat is not None
-        )
+            if series is None or q.stat is None:
+                continue
+            step = resolution(q.stat.period)
+            if percentile_of(q.stat.statistic) is None:
+                plain.setdefault((step, q.stat.period), []).append(series.id)
+            else:
+                kept.setdefault(step, []).append(series.id)
+        sums = {
+            (step, period): self.store.aggregate(
+                ids, step, int(start // step * step), int(end), period
+            )
+            for (step, period), ids in plain.items()
+        }
+        rows = {
+            step: self.store.read(
+                ids, step, int(start // step * step), int(end), distributions=True
+            )
+            for step, ids in kept.items()
+        }
+        touched = sum(len(found) for by_series in rows.values() for found in by_series.values())
         if touched > MAX_ROWS:
             raise InvalidParameterValue(
-                f"The request reads {touched} datapoints, more than the {MAX_ROWS} one "
-                "GetMetricData may read: ask for a shorter time range or fewer queries."
+                f"The request reads {touched} datapoints with their distributions, more than "
+                f"the {MAX_ROWS} one GetMetricData may: ask for a shorter time range or fewer "
+                "percentiles."
             )
         for q, series in wanted:
             stat = q.stat
             assert stat is not None
-            label = q.label or stat.name
-            result = results[q.id] = Result(q.id, label)
+            result = results[q.id] = Result(q.id, q.label or stat.name)
             if series is None:
                 continue
             step = resolution(stat.period)
+            if percentile_of(stat.statistic) is None:
+                found = sums[(step, stat.period)][series.id]
+                pick = _PICK[stat.statistic]
+                result.points = {slot: pick(v) for slot, v in found.items() if v[0] > 0}
+                continue
             origin = int(start // step * step)
-            buckets: dict[int, StatSet] = {}
-            for at, stats in rows[step][series.id].items():
-                slot = origin + (at - origin) // stat.period * stat.period
-                found = buckets.get(slot)
-                if found is None:
-                    buckets[slot] = stats.copy()
-                else:
-                    found.add(stats)
-            for slot, stats in buckets.items():
+            for slot, stats in _bucketed(rows[step][series.id], origin, stat.period).items():
                 value = stats.value(stat.statistic)
                 if value is not None:
                     result.points[slot] = value
@@ -591,6 +594,30 @@ def query_of(m: dict[str, Any]) -> Query:
         return_data=m.get("ReturnData", True),
         period=m.get("Period"),
     )
+
+
+def _bucketed(rows: Sequence[Row], origin: int, period: int) -> dict[int, StatSet]:
+    """Stored rows added up into ``period``-long buckets from ``origin``."""
+    buckets: dict[int, StatSet] = {}
+    for row in rows:
+        slot = origin + (row[0] - origin) // period * period
+        stats = stats_of(row)
+        found = buckets.get(slot)
+        if found is None:
+            buckets[slot] = stats
+        else:
+            found.add(stats)
+    return buckets
+
+
+_PICK: dict[str, Callable[[tuple[float, float, float, float]], float]] = {
+    "SampleCount": lambda v: v[0],
+    "Sum": lambda v: v[1],
+    "Average": lambda v: v[1] / v[0],
+    "Minimum": lambda v: v[2],
+    "Maximum": lambda v: v[3],
+}
+"""A plain statistic from a bucket's (count, sum, min, max)."""
 
 
 def _in_order(queries: list[Query]) -> list[Query]:

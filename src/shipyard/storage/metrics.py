@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, delete, insert, select, tuple_, update
+from sqlalchemy import Connection, Engine, and_, delete, func, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 
 from shipyard.records import Event
@@ -25,6 +25,9 @@ from shipyard.storage.events import record_event
 from shipyard.storage.transactions import transaction
 
 Dimensions = tuple[tuple[str, str], ...]
+
+Row = tuple[int, float, float, float, float, dict[str, float] | None]
+"""A stored datapoint: (start, count, sum, min, max, distribution or None)."""
 """(name, value) pairs, sorted by name: the same metric whatever the order given."""
 
 
@@ -229,26 +232,76 @@ class MetricStore:
             return [_series(row) for row in conn.execute(query)]
 
     def read(
-        self, series: Sequence[int], period: int, start: int, end: int
-    ) -> dict[int, dict[int, StatSet]]:
-        """Per series, per row start in [start, end), the statistic sets of ``period``
-        rows, every source's added up."""
-        out: dict[int, dict[int, StatSet]] = {s: {} for s in series}
+        self,
+        series: Sequence[int],
+        period: int,
+        start: int,
+        end: int,
+        *,
+        distributions: bool = False,
+    ) -> dict[int, list[Row]]:
+        """Per series, its ``period`` rows starting in [start, end), every source's:
+        ``(start, count, sum, min, max, hist)``, ``hist`` read only with
+        ``distributions`` (percentiles need it; the other statistics do not, and reading
+        it is most of a read's cost)."""
+        out: dict[int, list[Row]] = {s: [] for s in series}
         if not series:
             return out
         c = t.metric_points.c
-        query = select(c.series, c.start, c.count, c.sum, c.min, c.max, c.hist).where(
+        columns = [c.series, c.start, c.count, c.sum, c.min, c.max]
+        if distributions:
+            columns.append(c.hist)
+        query = select(*columns).where(
             c.series.in_(list(series)), c.period == period, c.start >= start, c.start < end
         )
         with self.engine.connect() as conn:
-            for row in conn.execute(query):
-                points = out[row.series]
-                stats = _stats(row)
-                found = points.get(row.start)
-                if found is None:
-                    points[row.start] = stats
-                else:
-                    found.add(stats)
+            rows = conn.execute(query).fetchall()
+        for row in rows:
+            hist = row[6] if distributions else None
+            out[row[0]].append((row[1], row[2], row[3], row[4], row[5], hist))
+        return out
+
+    def aggregate(
+        self, series: Sequence[int], step: int, origin: int, end: int, period: int
+    ) -> dict[int, dict[int, tuple[float, float, float, float]]]:
+        """Per series, its ``step`` rows in [origin, end) added up in the database into
+        ``period``-long buckets from ``origin``: bucket start -> (count, sum, min, max).
+        The plain statistics' read: what comes back is one row per bucket, not per
+        stored row (a day of minutes read at an hour is 24 rows, not 1,440)."""
+        out: dict[int, dict[int, tuple[float, float, float, float]]] = {s: {} for s in series}
+        if not series:
+            return out
+        c = t.metric_points.c
+        where = (c.series.in_(list(series)), c.period == step, c.start >= origin, c.start < end)
+        if period == step:  # a bucket a row: added up here only where sources share one
+            plain = select(c.series, c.start, c.count, c.sum, c.min, c.max).where(*where)
+            with self.engine.connect() as conn:
+                for found, at, count, total, low, high in conn.execute(plain).fetchall():
+                    points = out[found]
+                    was = points.get(at)
+                    points[at] = (
+                        (count, total, low, high)
+                        if was is None
+                        else (was[0] + count, was[1] + total, min(was[2], low), max(was[3], high))
+                    )
+            return out
+        bucket = ((c.start - origin) // period).label("bucket")
+        query = (
+            select(
+                c.series,
+                bucket,
+                func.sum(c.count),
+                func.sum(c.sum),
+                func.min(c.min),
+                func.max(c.max),
+            )
+            .where(*where)
+            .group_by(c.series, bucket)
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).fetchall()
+        for found, slot, count, total, low, high in rows:
+            out[found][origin + int(slot) * period] = (count, total, low, high)
         return out
 
     def purge(self, *, period: int, before: int) -> int:
@@ -397,6 +450,18 @@ def _series(row: Any) -> Series:
         name=row.name,
         dimensions=tuple((str(n), str(v)) for n, v in row.dimensions),
         unit=row.unit,
+    )
+
+
+def stats_of(row: Row) -> StatSet:
+    """A stored datapoint's statistic set."""
+    _, count, total, low, high, hist = row
+    return StatSet(
+        float(count),
+        float(total),
+        float(low),
+        float(high),
+        None if hist is None else {str(k): float(v) for k, v in hist.items()},
     )
 
 
