@@ -9,7 +9,9 @@ one row per minute and series). Then a real gateway on that store answers boto3'
 ``cloudwatch`` client: one GetMetricData naming every endpoint's Invocations (Sum), at
 Period 60 (100 x 1,440 = 144,000 points: AWS's MaxDatapoints of 100,800 cuts it, as it
 would on AWS, so MaxDatapoints is raised past it here), 300 and 3600; CALLS calls each,
-the median and the best reported, after one warm-up call. With PG set, the same on
+the median and the best reported, after one warm-up call; and the same queries through
+CloudWatchService in this process (the gateway's read, without HTTP and boto3's parsing
+of every timestamp). With PG set, the same on
 PostgreSQL (a schema of its own, dropped afterwards).
 """
 
@@ -28,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.conftest import start_gateway
 
+from shipyard.cloudwatch.service import CloudWatchService, MetricStat, Query
 from shipyard.statsets import StatSet
 from shipyard.storage.metadata import MetadataStore
 from shipyard.storage.metrics import MetricStore, Point
@@ -50,6 +53,28 @@ def fill(url: str, now: int) -> None:
         ]
         metrics.write(points, "bench", seen=now)
     store.close()
+
+
+def in_process(url: str, now: int, period: int) -> float:
+    """The gateway's share: CloudWatchService.metric_data on the same store, no HTTP."""
+    store = MetadataStore(url)
+    service = CloudWatchService(
+        store=MetricStore(store.engine), region="us-east-1", account_id="0" * 12,
+        check_action=lambda arn: None, transition=lambda *a: True, retention_days=15,
+    )  # fmt: skip
+    queries = [
+        Query(f"m{n}", stat=MetricStat("AWS/SageMaker", "Invocations",
+              (("EndpointName", f"ep-{n:03d}"), ("VariantName", "v1")), period, "Sum"))
+        for n in range(ENDPOINTS)
+    ]  # fmt: skip
+    service.metric_data(queries, now - HOURS * 3600, now)
+    times = []
+    for _ in range(CALLS):
+        began = time.perf_counter()
+        service.metric_data(queries, now - HOURS * 3600, now)
+        times.append((time.perf_counter() - began) * 1000)
+    store.close()
+    return statistics.median(times)
 
 
 def measure(gw: Any, now: int, period: int) -> tuple[float, float, int]:
@@ -102,9 +127,10 @@ def run(label: str, url: str | None, home: Path) -> None:
     try:
         for period in (60, 300, 3600):
             median, best, points = measure(gw, now, period)
+            inside = in_process(db, now, period)
             print(
-                f"{label}: Period {period:>4}: {points:>7} points, median {median:7.1f} ms, "
-                f"best {best:7.1f} ms"
+                f"{label}: Period {period:>4}: {points:>7} points, boto3 median {median:7.1f} ms "
+                f"(best {best:7.1f}), the gateway's read alone {inside:6.1f} ms"
             )
     finally:
         gw.stop()
