@@ -162,6 +162,8 @@ class Gateway:
             backlogs=self.consumer.backlogs,
             run_policy=self.autoscaler.run_step_policy,
             check_action=self._check_alarm_action,
+            fleets=self.reconciler.fleets,
+            backend=self.provisioner.backend,  # multi-container instances added up
         )
         self.scaling.alarms_naming = self._alarms_naming
         self.console = self._console(settings, stack)

@@ -490,3 +490,39 @@ def test_hostile_cbor_is_refused_and_the_gateway_keeps_answering(
     assert refused.value.code == 400
     assert cbor2.loads(refused.value.read())["__type"] == "SerializationException"
     assert gateway.get("/healthz")[0] == 200
+
+
+def test_multi_model_and_instance_metrics_are_published(
+    gateway_factory: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    from tests.e2e.test_multimodel import _deploy_mme, _invoke
+    from tests.runtime.mme_models import write_model
+
+    gw = gateway_factory(extra_env=FAST)
+    prefix = tmp_path / "prefix"
+    model = write_model(prefix, "a.tar.gz")
+    _deploy_mme(gw, "cwmme", prefix)
+    for _ in range(4):  # one miss (the load), then hits
+        _invoke(gw, "cwmme", model.name)
+    client = cw(gw)
+    now = time.time()
+
+    def stat(namespace: str, metric: str, statistic: str) -> float | None:
+        points = client.get_metric_statistics(
+            Namespace=namespace, MetricName=metric, Dimensions=dims("cwmme"),
+            StartTime=now - 600, EndTime=time.time() + 60, Period=3600, Statistics=[statistic],
+        )["Datapoints"]  # fmt: skip
+        return float(points[0][statistic]) if points else None
+
+    wait_until(lambda: stat("AWS/SageMaker", "ModelCacheHit", "SampleCount") == 4, "4 lookups")
+    assert stat("AWS/SageMaker", "ModelCacheHit", "Sum") == 3  # hits, of 4
+    assert (stat("AWS/SageMaker", "ModelLoadingTime", "SampleCount") or 0) >= 1
+    assert stat("AWS/SageMaker", "LoadedModelCount", "Maximum") == 1
+    wait_until(
+        lambda: stat("/aws/sagemaker/Endpoints", "CPUUtilization", "SampleCount") is not None,
+        "CPUUtilization of the instance",
+    )
+    memory = stat("/aws/sagemaker/Endpoints", "MemoryUtilization", "Maximum")
+    assert memory is not None and 0 < memory < 100  # of ml.m5.large's 8 GiB
+    cpu = stat("/aws/sagemaker/Endpoints", "CPUUtilization", "Maximum")
+    assert cpu is not None and 0 <= cpu <= 100 * (os.cpu_count() or 1)

@@ -130,6 +130,12 @@ class Backend(Protocol):
         briefly: call it off the event loop."""
         ...
 
+    def cpu_seconds(self, handle: InstanceHandle) -> float | None:
+        """CPU time (user and system) the instance and what it spawned have used so
+        far; None when unknown. CloudWatch's CPUUtilization is read from it. Blocks
+        briefly: call it off the event loop."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class JobHandle:

@@ -423,6 +423,20 @@ class LocalBackend:
                 total += process.memory_info().rss
         return total
 
+    def cpu_seconds(self, handle: InstanceHandle) -> float | None:
+        assert isinstance(handle, LocalInstance)
+        try:
+            leader = psutil.Process(handle.process.pid)
+            processes = [leader, *leader.children(recursive=True)]
+        except psutil.Error:
+            return None
+        total = 0.0
+        for process in processes:
+            with contextlib.suppress(psutil.Error):  # a child that just ended
+                times = process.cpu_times()
+                total += times.user + times.system
+        return total
+
     # -- job runners ----------------------------------------------------------------------
 
     async def start_job(

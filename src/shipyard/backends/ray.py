@@ -330,6 +330,11 @@ class RayBackend:
             handle.reason = f"its Ray actor failed: {_cause(exc)}"
         return handle.reason
 
+    def cpu_seconds(self, handle: InstanceHandle) -> float | None:
+        """Unknown on Ray: the instance runs on another node (its actor reports memory,
+        not CPU time); CPUUtilization is not published for it."""
+        return None
+
     def memory_bytes(self, handle: InstanceHandle) -> int | None:
         assert isinstance(handle, RayInstance)
         try:

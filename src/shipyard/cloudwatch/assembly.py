@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from shipyard.async_inference.consumer import BacklogReading
+from shipyard.backends.base import Backend
 from shipyard.cloudwatch.alarms import AlarmActions, AlarmEvaluator, PolicyRunner
-from shipyard.cloudwatch.recorder import Readings, Recorder
+from shipyard.cloudwatch.recorder import Instances, Readings, Recorder
 from shipyard.cloudwatch.service import CloudWatchService
 from shipyard.core import Core
+from shipyard.provisioning.fleet import Fleet
 from shipyard.routing.router import Router
 from shipyard.storage.metrics import MetricStore
 
@@ -28,6 +30,8 @@ def build(
     backlogs: dict[str, BacklogReading],
     run_policy: PolicyRunner,
     check_action: Callable[[str], str | None],
+    fleets: Mapping[str, Fleet] | None = None,
+    backend: Backend | None = None,
 ) -> CloudWatch:
     settings = core.settings
     store = MetricStore(core.store.engine)
@@ -50,6 +54,9 @@ def build(
         store=store,
         read=Readings(metrics=core.metrics, router=router, backlogs=backlogs).take,
         source=settings.identity,
+        read_slowly=None
+        if fleets is None or backend is None
+        else Instances(fleets=fleets, backend=backend).take,
         retention_days=settings.metrics_retention_days,
         tick_s=settings.metrics_tick_s,
     )

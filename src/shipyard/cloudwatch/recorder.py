@@ -13,7 +13,14 @@ lost between a read and a reset):
 - per asynchronous endpoint (``EndpointName``): ``ApproximateBacklogSize``,
   ``ApproximateBacklogSizePerInstance``, ``ApproximateAgeOfOldestRequest``,
   ``HasBacklogWithoutCapacity``;
-- per serverless variant: ``ModelSetupTime`` (microseconds) of its cold starts.
+- per serverless variant: ``ModelSetupTime`` (microseconds) of its cold starts;
+- per multi-model variant: ``ModelCacheHit`` (1 per hit, 0 per miss), ``LoadedModelCount``
+  (each instance's, each tick), ``ModelLoadingWaitTime``, ``ModelDownloadingTime``,
+  ``ModelLoadingTime`` and ``ModelUnloadingTime`` (microseconds);
+- under ``/aws/sagemaker/Endpoints``, per variant (``EndpointName``, ``VariantName``), each
+  instance's ``CPUUtilization`` (percent of one core, summed over cores, as SageMaker's)
+  and ``MemoryUtilization`` (percent of its InstanceType's memory), read from the backend
+  in a worker thread (``Instances``).
 
 Each tick's readings are added to the rows of the 10 s and 60 s periods they fall in, in
 one transaction, in a worker thread. Nothing is written for a series with no values in a
@@ -27,12 +34,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from shipyard.async_inference.consumer import BacklogReading
+from shipyard.backends.base import Backend
+from shipyard.instance_types import memory_bytes
 from shipyard.metrics import Metrics
+from shipyard.provisioning.fleet import Fleet
 from shipyard.routing.router import Router
 from shipyard.statsets import StatSet
 from shipyard.storage.metrics import Dimensions, MetricStore, Point
@@ -40,6 +51,7 @@ from shipyard.storage.metrics import Dimensions, MetricStore, Point
 log = logging.getLogger(__name__)
 
 SAGEMAKER = "AWS/SageMaker"
+ENDPOINTS = "/aws/sagemaker/Endpoints"
 PERIODS = (10, 60)
 """Every recorded metric is kept at both: 10 s rows for high-resolution reads and
 alarms (kept ``HIGH_RESOLUTION_KEEP_S``), 60 s rows for the retention."""
@@ -69,6 +81,7 @@ class Readings:
     backlogs: dict[str, BacklogReading]
     _last: dict[tuple[str, str], _Counters] = field(default_factory=dict)
     _setup: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    _totals: dict[tuple[str, ...], float] = field(default_factory=dict)
 
     def take(self) -> list[Reading]:
         dims = self._dimensions()
@@ -77,7 +90,49 @@ class Readings:
         out.extend(self._concurrency(dims))
         out.extend(self._backlogs())
         out.extend(self._setup_times(dims))
+        out.extend(self._multi_model(dims))
         return out
+
+    def _multi_model(
+        self, dims: dict[tuple[str, str], tuple[Dimensions, int]]
+    ) -> Iterator[Reading]:
+        m = self.metrics
+        hits = _per_variant(m.model_cache_hits, "_total")
+        misses = _per_variant(m.model_cache_misses, "_total")
+        for key in hits.keys() | misses.keys():
+            h = self._delta(("hits", *key), hits.get(key, 0.0))
+            n = h + self._delta(("misses", *key), misses.get(key, 0.0))
+            found = dims.get(key)
+            if n > 0 and found is not None:
+                yield SAGEMAKER, "ModelCacheHit", found[0], _ones(n, h)
+        for family in m.loaded_models.collect():
+            for s in family.samples:
+                found = dims.get((s.labels["endpoint"], s.labels["variant"]))
+                if found is not None:
+                    stats = StatSet()
+                    stats.observe(s.value)
+                    yield SAGEMAKER, "LoadedModelCount", found[0], stats
+        for name, histogram in (
+            ("ModelLoadingWaitTime", m.model_wait),
+            ("ModelDownloadingTime", m.model_download),
+            ("ModelLoadingTime", m.model_load),
+            ("ModelUnloadingTime", m.model_unload),
+        ):
+            counts = _per_variant(histogram, "_count")
+            sums = _per_variant(histogram, "_sum")
+            for key, count in counts.items():
+                n = self._delta((name, "count", *key), count)
+                spent = self._delta((name, "sum", *key), sums.get(key, 0.0))
+                found = dims.get(key)
+                if n > 0 and found is not None:
+                    mean = spent / n * 1e6
+                    yield SAGEMAKER, name, found[0], StatSet.of(n, spent * 1e6, mean, mean)
+
+    def _delta(self, key: tuple[str, ...], value: float) -> float:
+        """How much a cumulative value grew since the last tick (all of it, the first)."""
+        last = self._totals.get(key, 0.0)
+        self._totals[key] = value
+        return max(value - last, 0.0)
 
     def _dimensions(self) -> dict[tuple[str, str], tuple[Dimensions, int]]:
         """Per (endpoint, label) published now, its dimensions and healthy instances."""
@@ -200,6 +255,63 @@ class Readings:
                     )
 
 
+def _per_variant(metric: Any, suffix: str) -> dict[tuple[str, str], float]:
+    """A per-instance series added up per (endpoint, variant)."""
+    out: dict[tuple[str, str], float] = {}
+    for family in metric.collect():
+        for s in family.samples:
+            if s.name.endswith(suffix):
+                key = (s.labels["endpoint"], s.labels["variant"])
+                out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+@dataclass
+class Instances:
+    """Each instance's CPU and memory use, from its backend (blocking: in a thread)."""
+
+    fleets: Mapping[str, Fleet]
+    backend: Backend
+    clock: Callable[[], float] = time.monotonic
+    _cpu: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def take(self) -> list[Reading]:
+        out: list[Reading] = []
+        seen = set()
+        for fleet in list(self.fleets.values()):
+            types = {v.name: v.instance_type for v in fleet.config.variants}
+            for variant, slots in list(fleet.slots.items()):
+                if variant not in types:
+                    continue  # an inference component's copies: not an instance
+                where = (("EndpointName", fleet.endpoint), ("VariantName", variant))
+                for slot in list(slots):
+                    handle = slot.handle
+                    if handle is None:
+                        continue
+                    seen.add(handle.instance_id)
+                    out.extend(self._instance(handle, types[variant], where))
+        for gone in [k for k in self._cpu if k not in seen]:
+            del self._cpu[gone]
+        return out
+
+    def _instance(self, handle: Any, instance_type: str | None, where: Dimensions) -> list[Reading]:
+        readings: list[Reading] = []
+        used = self.backend.memory_bytes(handle)
+        if used is not None and instance_type:
+            stats = StatSet()
+            stats.observe(100.0 * used / memory_bytes(instance_type))
+            readings.append((ENDPOINTS, "MemoryUtilization", where, stats))
+        spent, now = self.backend.cpu_seconds(handle), self.clock()
+        if spent is not None:
+            last = self._cpu.get(handle.instance_id)
+            self._cpu[handle.instance_id] = (now, spent)
+            if last is not None and now > last[0]:
+                stats = StatSet()
+                stats.observe(100.0 * max(spent - last[1], 0.0) / (now - last[0]))
+                readings.append((ENDPOINTS, "CPUUtilization", where, stats))
+        return readings
+
+
 def _ones(n: float, ones: float) -> StatSet:
     """``n`` values, ``ones`` of them 1 and the rest 0."""
     ones = min(ones, n)
@@ -226,12 +338,15 @@ class Recorder:
         store: MetricStore,
         read: Callable[[], Iterable[Reading]],
         source: str,
+        read_slowly: Callable[[], Iterable[Reading]] | None = None,
         retention_days: float,
         tick_s: float = 10.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.read = read
+        self.read_slowly = read_slowly
+        """Readings that block (the backend's view of each instance): taken in a thread."""
         self.source = source
         self.retention_s = retention_days * 86_400
         self.tick_s = tick_s
@@ -244,9 +359,12 @@ class Recorder:
     def collect(self, at: float) -> list[Point]:
         """This tick's readings as points of the 10 s and 60 s periods they fall in
         (those of the tick's middle: a tick on a boundary counts for the period before)."""
+        return self._points(self.read(), at)
+
+    def _points(self, readings: Iterable[Reading], at: float) -> list[Point]:
         middle = at - self.tick_s / 2
         points = []
-        for namespace, name, dims, stats in self.read():
+        for namespace, name, dims, stats in readings:
             for period in PERIODS:
                 start = int(middle // period * period)
                 points.append(Point(namespace, name, dims, period, start, stats))
@@ -269,6 +387,9 @@ class Recorder:
     async def _tick(self, at: float) -> None:
         points = self.collect(at)
         try:
+            if self.read_slowly is not None:
+                slow = await asyncio.to_thread(lambda: list(self.read_slowly()))  # type: ignore[misc]
+                points.extend(self._points(slow, at))
             await asyncio.to_thread(self.store.write, points, self.source, seen=int(at))
             if at - self._purged_at >= 3600:
                 self._purged_at = at

@@ -195,3 +195,14 @@ class ContainerGroups:
                 return None
             total += used
         return total
+
+    def cpu_seconds(self, handle: InstanceHandle) -> float | None:
+        if not isinstance(handle, GroupHandle):
+            return self.backend.cpu_seconds(handle)
+        total = 0.0
+        for member in handle.members:
+            used = self.backend.cpu_seconds(member)
+            if used is None:
+                return None
+            total += used
+        return total
