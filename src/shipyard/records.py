@@ -17,6 +17,7 @@ class EndpointStatus(StrEnum):
     UPDATING = "Updating"
     SYSTEM_UPDATING = "SystemUpdating"
     ROLLING_BACK = "RollingBack"
+    UPDATE_ROLLBACK_FAILED = "UpdateRollbackFailed"
     IN_SERVICE = "InService"
     DELETING = "Deleting"
     FAILED = "Failed"
@@ -41,7 +42,15 @@ ENDPOINT_TRANSITIONS: dict[EndpointStatus, frozenset[EndpointStatus]] = {
     EndpointStatus.DELETING: frozenset(),
     EndpointStatus.SYSTEM_UPDATING: frozenset({EndpointStatus.IN_SERVICE}),
     EndpointStatus.ROLLING_BACK: frozenset(
-        {EndpointStatus.IN_SERVICE, EndpointStatus.DELETING, EndpointStatus.FAILED}
+        {
+            EndpointStatus.IN_SERVICE,
+            EndpointStatus.DELETING,
+            EndpointStatus.FAILED,
+            EndpointStatus.UPDATE_ROLLBACK_FAILED,
+        }
+    ),
+    EndpointStatus.UPDATE_ROLLBACK_FAILED: frozenset(
+        {EndpointStatus.UPDATING, EndpointStatus.DELETING, EndpointStatus.IN_SERVICE}
     ),
 }
 

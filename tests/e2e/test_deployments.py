@@ -27,13 +27,17 @@ FAST = {"SHIPYARD_METRICS_TICK_S": "2"}
 
 
 def make_config(gw: GatewayProcess, name: str, url: str, label: str, *, count: int = 2,
-                fail: int = 0) -> None:  # fmt: skip
+                fail: int = 0, environment: dict[str, str] | None = None) -> None:  # fmt: skip
     gw.sm.create_model(
         ModelName=name,
         PrimaryContainer={
             "Image": "shipyard/python",
             "ModelDataUrl": url,
-            "Environment": {"MODEL_LABEL": label, "FAIL_PERCENT": str(fail)},
+            "Environment": {
+                "MODEL_LABEL": label,
+                "FAIL_PERCENT": str(fail),
+                **(environment or {}),
+            },  # fmt: skip
         },
         ExecutionRoleArn="arn:aws:iam::123456789012:role/x",
     )
@@ -332,3 +336,40 @@ def test_deployment_configs_that_cannot_be_carried_out_are_refused(
     d = gateway.sm.describe_endpoint(EndpointName=name)
     assert d["EndpointConfigName"] == f"{name}-a"
     assert d["LastDeploymentConfig"] == canary(0)
+
+
+def test_a_rollback_that_cannot_start_the_old_instances_again_is_update_rollback_failed(
+    gateway_factory: Callable[..., GatewayProcess],
+    model_tarball: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    gw = gateway_factory(extra_env=FAST)
+    name, url = unique("stuck"), model_tarball("flaky")
+    marker = tmp_path / "refuse-loads"
+    make_config(gw, f"{name}-a", url, "old", environment={"FAIL_LOAD_IF": str(marker)})
+    make_config(gw, f"{name}-b", url, "new")
+    gw.sm.create_endpoint(EndpointName=name, EndpointConfigName=f"{name}-a")
+    wait_in_service(gw.sm, name)
+    alarm = alarm_on_errors(gw, name)
+    batch = {"Type": "INSTANCE_COUNT", "Value": 1}
+    gw.sm.update_endpoint(
+        EndpointName=name, EndpointConfigName=f"{name}-b",
+        DeploymentConfig={
+            "RollingUpdatePolicy": {"MaximumBatchSize": batch, "WaitIntervalInSeconds": 300},
+            "AutoRollbackConfiguration": {"Alarms": [{"AlarmName": alarm}]}},
+    )  # fmt: skip
+    stages(gw, name, lambda d: "Baking" in json.dumps(d, default=str))
+    marker.write_text("the old model can no longer start")
+    gw.client("cloudwatch").set_alarm_state(AlarmName=alarm, StateValue="ALARM", StateReason="x")
+    seen = stages(gw, name, lambda d: d["EndpointStatus"] == "UpdateRollbackFailed")
+    d = gw.sm.describe_endpoint(EndpointName=name)
+    assert "did not complete" in d["FailureReason"] and alarm in d["FailureReason"], d
+    assert d["EndpointConfigName"] == f"{name}-a" and "PendingDeploymentSummary" not in d
+    # What it could keep serves: the old instance that was never stopped.
+    answer = gw.rt.invoke_endpoint(EndpointName=name, Body=b"{}", ContentType="application/json")
+    assert json.loads(answer["Body"].read())["model"] == "old"
+    # An update from there is allowed, as on AWS.
+    marker.unlink()
+    gw.sm.update_endpoint(EndpointName=name, EndpointConfigName=f"{name}-b")
+    wait_in_service(gw.sm, name)
+    assert seen[0][0] == "Updating"

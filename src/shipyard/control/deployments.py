@@ -201,6 +201,9 @@ class Deployer:
         self.scale_out = scale_out
         self.change = change
         self.clock = clock
+        self._restore_failed: dict[str, str] = {}
+        """Per endpoint, why a rolling update's rollback could not start its old
+        instances again (the endpoint is then UpdateRollbackFailed)."""
         self.notify: tuple[str, ...] = ()
         """Topics told how each deployment ends (the stack file's ``deployments.notify``)."""
         self.on_event: Callable[[], None] = lambda: None
@@ -243,7 +246,7 @@ class Deployer:
                 return await self._rolling(ep, config, old, steps, started)
             return await self._blue_green(ep, config, old, steps, started)
         except RolledBack as why:
-            await self._rolled_back(ep, config, str(why))
+            await self._rolled_back(ep, config, str(why), self._restore_failed.pop(ep.name, None))
             return None
 
     # -- blue/green -------------------------------------------------------------------
@@ -328,6 +331,9 @@ class Deployer:
                 await self.scale_out(ep.name, old, name, count)
             except FleetFailed as exc:
                 log.warning("rolling back %s: restarting old instances failed: %s", ep.name, exc)
+                self._restore_failed[ep.name] = (
+                    f"starting {count} instance(s) of variant {name} again failed: {exc}"
+                )
         self.publisher.blend(old, new, 0.0)
         self.publisher.unblend(old)
         await self.provisioner.drain_and_stop(new.all_slots())
@@ -387,13 +393,21 @@ class Deployer:
                 return f"Alarm {name} went into ALARM state during the deployment: {alarm.reason}"
         return None
 
-    async def _rolled_back(self, ep: Endpoint, config: EndpointConfig, why: str) -> None:
+    async def _rolled_back(
+        self, ep: Endpoint, config: EndpointConfig, why: str, failed: str | None
+    ) -> None:
         log.warning("deployment of %s to %s rolled back: %s", ep.name, config.name, why)
         reason = f"Update to endpoint configuration {config.name} was rolled back: {why}"
-        also = self.recording(ep, config.name, "RolledBack", reason)
+        if failed is not None:
+            reason += f" The rollback did not complete: {failed}"
+        also = self.recording(
+            ep, config.name, "RolledBack" if failed is None else "UpdateRollbackFailed", reason
+        )
         await self.change(
             ep.name,
-            status=EndpointStatus.IN_SERVICE,
+            status=EndpointStatus.IN_SERVICE
+            if failed is None
+            else EndpointStatus.UPDATE_ROLLBACK_FAILED,
             pending_config_name=None,
             deployment=None,
             failure_reason=reason,

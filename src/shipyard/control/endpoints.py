@@ -267,7 +267,11 @@ class EndpointService:
         with self._missing_by_arn("endpoint", "endpoint", name):
             endpoint = self.store.change_endpoint(
                 name,
-                expect=[EndpointStatus.IN_SERVICE, EndpointStatus.FAILED],
+                expect=[
+                    EndpointStatus.IN_SERVICE,
+                    EndpointStatus.FAILED,
+                    EndpointStatus.UPDATE_ROLLBACK_FAILED,
+                ],
                 status=EndpointStatus.UPDATING,
                 pending_config_name=config_name,
                 failure_reason=None,

@@ -47,6 +47,11 @@ from shipyard.storage.metadata import MetadataStore
 log = logging.getLogger(__name__)
 
 
+_SERVING = frozenset({EndpointStatus.IN_SERVICE, EndpointStatus.UPDATE_ROLLBACK_FAILED})
+"""Statuses of an endpoint whose fleet serves (a rollback that failed left it serving
+what it could bring back)."""
+
+
 class Reconciler:
     """Starts, health-checks, restarts and stops instances to match the store."""
 
@@ -237,7 +242,7 @@ class Reconciler:
             return steps.create(ep, taken=taken)
         if ep.status is EndpointStatus.UPDATING:
             return steps.update(ep, taken=taken)
-        if ep.status is EndpointStatus.IN_SERVICE and fleet is None:
+        if ep.status in _SERVING and fleet is None:
             # After a gateway restart, or a lease taken over.
             return steps.create(ep, taken=taken)
         if ep.status is EndpointStatus.FAILED and fleet is not None:

@@ -29,7 +29,7 @@ from shipyard.gateway.console.state import (
 from shipyard.records import Job, TransformJob
 from shipyard.storage.events import EventState
 
-_FAILED = {"Failed", "ALARM"}
+_FAILED = {"Failed", "ALARM", "UpdateRollbackFailed"}
 _BUSY = {"Creating", "Updating", "SystemUpdating", "RollingBack", "Deleting", "InProgress",
          "Stopping", "starting", "Baking", "INSUFFICIENT_DATA"}  # fmt: skip
 _GOOD = {"InService", "Completed", "healthy", "OK"}

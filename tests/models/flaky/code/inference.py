@@ -15,6 +15,9 @@ class Failed(Exception):
 
 
 def model_fn(model_dir: str) -> str:
+    refuse = os.environ.get("FAIL_LOAD_IF")  # a file that, once it exists, fails loads
+    if refuse and os.path.exists(refuse):
+        raise RuntimeError(f"{refuse} exists: this model refuses to load")
     return os.environ.get("MODEL_LABEL", "flaky")
 
 
