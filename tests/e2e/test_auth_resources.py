@@ -474,3 +474,19 @@ def test_metrics_and_alarms_are_scoped_as_their_endpoints(
     cw.set_alarm_state(AlarmName="team-a-errors", StateValue="ALARM", StateReason="a drill")
     cw.delete_alarms(AlarmNames=["team-a-errors"])
     ops.delete_alarms(AlarmNames=["team-b-errors"])
+
+
+def test_the_query_protocol_is_authorised_by_the_action_its_signed_body_names(
+    teams: tuple[GatewayProcess, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import botocore.model
+    from botocore.exceptions import ClientError
+
+    gw, _ = teams
+    monkeypatch.setattr(botocore.model, "PRIORITY_ORDERED_SUPPORTED_PROTOCOLS", ("query",))
+    watcher = client(gw, "cloudwatch", WATCHER, WATCHER_SECRET)
+    assert watcher.meta.service_model.resolved_protocol == "query"
+    assert isinstance(watcher.describe_alarms()["MetricAlarms"], list)
+    with pytest.raises(ClientError) as refused:  # the team key may not call CloudWatch
+        client(gw, "cloudwatch", TEAM, TEAM_SECRET).describe_alarms()
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403

@@ -526,3 +526,61 @@ def test_multi_model_and_instance_metrics_are_published(
     assert memory is not None and 0 < memory < 100  # of ml.m5.large's 8 GiB
     cpu = stat("/aws/sagemaker/Endpoints", "CPUUtilization", "Maximum")
     assert cpu is not None and 0 <= cpu <= 100 * (os.cpu_count() or 1)
+
+
+def test_the_query_protocol_of_older_sdks(
+    gateway: GatewayProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # botocore before CloudWatch's JSON protocol sent a form and read XML back.
+    monkeypatch.setattr(botocore.model, "PRIORITY_ORDERED_SUPPORTED_PROTOCOLS", ("query",))
+    client = cw(gateway)
+    assert client.meta.service_model.resolved_protocol == "query"
+    now = time.time()
+    where = [{"Name": "Shop", "Value": "eu"}]
+    client.put_metric_data(
+        Namespace="Old/SDK",
+        MetricData=[{"MetricName": "Orders", "Dimensions": where, "Values": [1.0, 2.0, 3.0],
+                     "Timestamp": now}],
+    )  # fmt: skip
+    stats = client.get_metric_statistics(
+        Namespace="Old/SDK", MetricName="Orders", Dimensions=where,
+        StartTime=now - 120, EndTime=now + 120, Period=240, Statistics=["Sum", "Maximum"],
+    )["Datapoints"]  # fmt: skip
+    assert [(p["Sum"], p["Maximum"]) for p in stats] == [(6.0, 3.0)]
+    data = client.get_metric_data(
+        MetricDataQueries=[
+            {"Id": "o", "MetricStat": {"Metric": {"Namespace": "Old/SDK", "MetricName": "Orders",
+                                                  "Dimensions": where},
+                                       "Period": 240, "Stat": "SampleCount"}},
+            {"Id": "twice", "Expression": "o * 2"},
+        ],
+        StartTime=now - 120, EndTime=now + 120,
+    )["MetricDataResults"]  # fmt: skip
+    assert [(r["Id"], r["Values"]) for r in data] == [("o", [3.0]), ("twice", [6.0])]
+    assert data[0]["Timestamps"][0].tzinfo is not None
+    client.put_metric_alarm(
+        AlarmName="old-sdk", Namespace="Old/SDK", MetricName="Orders", Dimensions=where,
+        Statistic="Sum", Period=60, EvaluationPeriods=2, DatapointsToAlarm=1, Threshold=10,
+        ComparisonOperator="GreaterThanThreshold", ActionsEnabled=False,
+    )  # fmt: skip
+    alarm = client.describe_alarms(AlarmNames=["old-sdk"])["MetricAlarms"][0]
+    assert alarm["Dimensions"] == where and alarm["Threshold"] == 10.0
+    assert alarm["ActionsEnabled"] is False and alarm["StateValue"] == "INSUFFICIENT_DATA"
+    assert alarm["AlarmConfigurationUpdatedTimestamp"].tzinfo is not None
+    refused(lambda: client.delete_alarms(AlarmNames=["nope"]), "ResourceNotFound", "nope")
+    refused(lambda: client.set_alarm_state(AlarmName="old-sdk", StateValue="ALARM",
+                                           StateReason="x", StateReasonData="{no"),
+            "InvalidFormat")  # fmt: skip
+    client.delete_alarms(AlarmNames=["old-sdk"])
+    # Not a query body, and no X-Amz-Target: AWS JSON's refusal, as before.
+    status, body = _post(gateway, b'{"a": 1}')
+    assert status == 400 and json.loads(body)["__type"] == "UnknownOperationException"
+
+
+def _post(gw: GatewayProcess, body: bytes) -> tuple[int, bytes]:
+    request = urllib.request.Request(gw.url + "/", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()

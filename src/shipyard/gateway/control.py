@@ -31,11 +31,12 @@ from shipyard.errors import (
     MetricsValidationError,
     RequestTooLarge,
     SerializationException,
+    UnknownOperation,
 )
-from shipyard.gateway import bodies
+from shipyard.gateway import bodies, query
 from shipyard.gateway.auth import Admitted, admitted
 from shipyard.gateway.errors import AMZ_JSON, CBOR, control_error_response, rpc_v2_error_response
-from shipyard.gateway.registry import Action, ActionRegistry, rpc_v2_target
+from shipyard.gateway.registry import Action, ActionRegistry, query_target, rpc_v2_target
 from shipyard.logs.service import ENDPOINTS_GROUP, JOBS_GROUP
 
 MAX_BODY_BYTES = 1 << 20
@@ -99,6 +100,8 @@ class ControlDoor:
         """AWS JSON: the action named by ``X-Amz-Target``, the body a JSON object."""
         request_id = {"x-amzn-RequestId": str(uuid.uuid4())}
         edge = admitted(request.scope)
+        if not edge.target:
+            return await self._handle_query(request, edge, request_id)
         media_type = AMZ_JSON
         try:
             # The target the edge read and authorised, never the header again: a second
@@ -113,6 +116,37 @@ class ControlDoor:
             return response
         body = json.dumps(result, default=_json_default)
         return Response(body, media_type=media_type, headers=request_id)
+
+    async def _handle_query(
+        self, request: Request, edge: Admitted, request_id: dict[str, str]
+    ) -> Response:
+        """The AWS query protocol (gateway/query.py): no X-Amz-Target, the action named
+        by the form body (as the edge read it from the same bytes). A body that names
+        no action of a service served so is answered as AWS JSON answers a request with
+        no target."""
+        rid = request_id["x-amzn-RequestId"]
+        try:
+            body = await read_body(request, max_bytes=MAX_BODY_BYTES)
+        except Exception as exc:
+            body, failure = b"", exc
+        else:
+            failure = UnknownOperation("The operation (none) is not supported.")
+        target = query_target(body)
+        if target is None:  # not the query protocol either: AWS JSON's answer
+            response = control_error_response(failure)
+            response.headers.update(request_id)
+            return response
+        try:
+            action = self.actions.find(target)
+            operation = _service_model(action.service.botocore).operation_model(action.name)
+            params = query.params(body, operation.input_shape)
+            result = await self._run(action, params, edge)
+        except Exception as exc:  # every error leaves through the one renderer
+            status, payload = query.error(exc, rid)
+            return Response(payload, status_code=status, media_type="text/xml", headers=request_id)
+        xmlns = operation.service_model.metadata.get("xmlNamespace", "")
+        payload = query.render(action.name, result, operation.output_shape, xmlns, rid)
+        return Response(payload, media_type="text/xml", headers=request_id)
 
     async def handle_rpc_v2(self, request: Request) -> Response:
         """Smithy RPC v2 CBOR: the action named by the path (which the signature covers

@@ -11,6 +11,7 @@ gateway is composed.
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -66,6 +67,28 @@ RPC_V2 = "/service/"
 """Where Smithy RPC v2 (CBOR) requests go: ``POST /service/<prefix>/operation/<action>``,
 as botocore sends CloudWatch's; the path names the action ``X-Amz-Target`` names in
 AWS JSON."""
+
+
+QUERY_VERSIONS = {"2010-08-01": CLOUDWATCH}
+"""Services also served in the AWS query protocol (a form body naming ``Action`` and
+``Version``, answered in XML), by API version: CloudWatch, as botocore before its JSON
+protocol sent it."""
+
+
+def query_target(body: bytes) -> str | None:
+    """The ``X-Amz-Target`` equivalent of a query-protocol body (``<prefix>.<Action>``),
+    or None when ``body`` is not one of a service served so."""
+    if not body or len(body) > 1 << 20:
+        return None
+    try:
+        form = urllib.parse.parse_qs(body.decode("ascii"), max_num_fields=10_000)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    action, version = form.get("Action", [""]), form.get("Version", [""])
+    service = QUERY_VERSIONS.get(version[0]) if len(version) == 1 else None
+    if service is None or len(action) != 1 or not action[0].isalnum():
+        return None
+    return f"{service.target}.{action[0]}"
 
 
 def rpc_v2_target(path: str) -> str | None:

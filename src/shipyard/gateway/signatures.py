@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from starlette.responses import Response
 
 from shipyard.errors import (
     AuthFailure,
@@ -37,7 +40,7 @@ from shipyard.errors import (
     SignedBodyTooLarge,
     ValidationException,
 )
-from shipyard.gateway import bodies
+from shipyard.gateway import bodies, query
 from shipyard.gateway.auth import (
     ADMITTED,
     Admitted,
@@ -56,6 +59,7 @@ from shipyard.gateway.errors import (
     rpc_v2_error_response,
     runtime_error_response,
 )
+from shipyard.gateway.registry import iam_action, query_target
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +128,11 @@ class RequireSignature(ReadOnce):
             caller, body = await self._admit(scope, receive, head, action)
         except ClientLeft:
             return  # gone before its body was whole: nobody to answer
+        except _QueryRefused as refused:  # in the query protocol's XML, as its client reads
+            log.info("refused %s %s: %s", scope["method"], scope["path"], refused.exc.wire_type)
+            status, payload = query.error(refused.exc, str(uuid.uuid4()))
+            await Response(payload, status_code=status, media_type="text/xml")(scope, receive, send)
+            return
         except (AuthFailure, SignedBodyTooLarge, SignedBodyTimeout) as exc:
             log.info("refused %s %s: %s", scope["method"], scope["path"], exc.wire_type)
             await _render(door, exc, scope, receive, send)
@@ -152,6 +161,16 @@ class RequireSignature(ReadOnce):
         )
         body = await self._read_body(scope, receive) if pending.needs_body else None
         caller = self.verifier.finish(pending, body or b"")
+        if head.target is None and scope["path"] == "/" and body:
+            # The query protocol names its action in the (signed) body: the door reads
+            # the same bytes, replayed, so what is authorised here is what runs there.
+            target = query_target(body)
+            if target is not None:
+                try:
+                    authorize(caller, iam_action(target), account_id=self.account_id)
+                except AuthFailure as exc:
+                    raise _QueryRefused(exc) from None
+                return caller, body
         authorize(caller, action, account_id=self.account_id)
         return caller, body
 
@@ -168,6 +187,14 @@ class RequireSignature(ReadOnce):
             raise SignedBodyTimeout(
                 f"The request body did not arrive within {exc.timeout_s:g} seconds."
             ) from None
+
+
+class _QueryRefused(Exception):
+    """A query-protocol request (its action named in its body) its key may not make."""
+
+    def __init__(self, exc: AuthFailure) -> None:
+        super().__init__(exc.message)
+        self.exc = exc
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -200,8 +227,6 @@ async def _render(
     elif door is Door.RPC_V2:
         response = rpc_v2_error_response(exc)
     elif door is Door.V2:
-        from starlette.responses import Response
-
         payload = json.dumps({"error": exc.message})
         response = Response(payload, exc.status_code, media_type="application/json")
     else:
