@@ -455,7 +455,9 @@ class Autoscaler:
 
     # -- step scaling -----------------------------------------------------------------
 
-    def run_step_policy(self, arn: str, alarm: str, value: float | None, threshold: float) -> str:
+    def run_step_policy(
+        self, arn: str, alarm: str, state: str, value: float | None, threshold: float
+    ) -> str:
         """Run the step scaling policy ``arn`` for ``alarm``, whose value is ``value``
         against ``threshold`` (DESIGN 3.1); what it did, in words. Called by the alarm's
         evaluation (or SetAlarmState), from a worker thread."""
@@ -498,7 +500,7 @@ class Autoscaler:
             target,
             current,
             wanted,
-            f"monitor alarm {alarm} in state ALARM triggered policy {policy.name}.",
+            f"monitor alarm {alarm} in state {state} triggered policy {policy.name}.",
         )
         return f"Setting {target.resource_id} from {current} to {wanted}."
 

@@ -48,8 +48,9 @@ ALARM_STATE_CHANGE = "CloudWatch Alarm State Change"
 _POLICY_ARN = "arn:aws:autoscaling:"
 _SNS_ARN = "arn:aws:sns:"
 
-PolicyRunner = Callable[[str, str, float | None, float], str]
-"""(policy ARN, alarm name, the value that breached or None, threshold) -> what it did."""
+PolicyRunner = Callable[[str, str, str, float | None, float], str]
+"""(policy ARN, alarm name, its state, the value that breached or None, threshold) -> what
+it did."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +211,7 @@ class AlarmActions:
             if not arn.startswith(_POLICY_ARN):
                 continue
             try:
-                outcome = self.run_policy(arn, alarm.name, value, threshold)
+                outcome = self.run_policy(arn, alarm.name, state, value, threshold)
                 summary = f"Successfully executed action {arn}"
             except ShipyardError as exc:
                 outcome = exc.message
