@@ -15,7 +15,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, delete, func, insert, select, tuple_, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    delete,
+    func,
+    insert,
+    select,
+    text,
+    tuple_,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from shipyard.records import Event
@@ -113,9 +124,9 @@ class MetricStore:
         """Add ``points`` to the rows of ``source`` (merged with what a row holds already:
         a period recorded in two parts, or PutMetricData called twice in it).
 
-        Two writers of one row (PutMetricData from two threads or gateways) are
-        serialised: the rows are read ``FOR UPDATE``, and a writer that lost the race
-        to insert a row (or a series) writes again, merging into the winner's."""
+        Two writers of one source's rows (PutMetricData from two threads or gateways)
+        are serialised (a transaction lock on PostgreSQL), and a writer that lost the
+        race to insert a series writes again."""
         if not points:
             return
         for attempt in range(_WRITE_ATTEMPTS):
@@ -129,6 +140,12 @@ class MetricStore:
 
     def _write(self, points: Sequence[Point], source: str, seen: int) -> None:
         with transaction(self.engine) as conn:
+            if conn.dialect.name == "postgresql":
+                # One writer of a source's rows at a time, across threads and gateways
+                # (SQLite's writers are one at a time already): its rows are read and
+                # written back whole, which two writers at once could each overwrite.
+                lock = int(hashlib.sha256(source.encode()).hexdigest()[:15], 16)
+                conn.execute(text("SELECT pg_advisory_xact_lock(:lock)"), {"lock": lock})
             merged: dict[tuple[int, int, int], StatSet] = {}
             for point in points:
                 series = self._series_id(conn, point, seen)
