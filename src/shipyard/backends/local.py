@@ -29,7 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -411,31 +411,11 @@ class LocalBackend:
         return f"the process exited with code {code}{_log_tail(handle.log_path)}"
 
     def memory_bytes(self, handle: InstanceHandle) -> int | None:
-        assert isinstance(handle, LocalInstance)
-        try:
-            leader = psutil.Process(handle.process.pid)
-            processes = [leader, *leader.children(recursive=True)]
-        except psutil.Error:
-            return None
-        total = 0
-        for process in processes:
-            with contextlib.suppress(psutil.Error):  # a child that just ended
-                total += process.memory_info().rss
-        return total
+        used = _tree_sum(handle, lambda p: float(p.memory_info().rss))
+        return None if used is None else int(used)
 
     def cpu_seconds(self, handle: InstanceHandle) -> float | None:
-        assert isinstance(handle, LocalInstance)
-        try:
-            leader = psutil.Process(handle.process.pid)
-            processes = [leader, *leader.children(recursive=True)]
-        except psutil.Error:
-            return None
-        total = 0.0
-        for process in processes:
-            with contextlib.suppress(psutil.Error):  # a child that just ended
-                times = process.cpu_times()
-                total += times.user + times.system
-        return total
+        return _tree_sum(handle, lambda p: p.cpu_times().user + p.cpu_times().system)
 
     # -- job runners ----------------------------------------------------------------------
 
@@ -741,3 +721,19 @@ def _log_tail(path: Path | None, lines: int = 3) -> str:
     except OSError:
         return ""
     return ("; last log lines: " + " | ".join(tail)) if tail else ""
+
+
+def _tree_sum(handle: InstanceHandle, measure: Callable[[psutil.Process], float]) -> float | None:
+    """``measure`` added up over an instance's process and all it spawned; None when
+    the instance is gone."""
+    assert isinstance(handle, LocalInstance)
+    try:
+        leader = psutil.Process(handle.process.pid)
+        processes = [leader, *leader.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0.0
+    for process in processes:
+        with contextlib.suppress(psutil.Error):  # a child that just ended
+            total += measure(process)
+    return total

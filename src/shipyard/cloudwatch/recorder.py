@@ -80,7 +80,6 @@ class Readings:
     router: Router
     backlogs: dict[str, BacklogReading]
     _last: dict[tuple[str, str], _Counters] = field(default_factory=dict)
-    _setup: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
     _totals: dict[tuple[str, ...], float] = field(default_factory=dict)
 
     def take(self) -> list[Reading]:
@@ -118,15 +117,7 @@ class Readings:
             ("ModelLoadingTime", m.model_load),
             ("ModelUnloadingTime", m.model_unload),
         ):
-            counts = _per_variant(histogram, "_count")
-            sums = _per_variant(histogram, "_sum")
-            for key, count in counts.items():
-                n = self._delta((name, "count", *key), count)
-                spent = self._delta((name, "sum", *key), sums.get(key, 0.0))
-                found = dims.get(key)
-                if n > 0 and found is not None:
-                    mean = spent / n * 1e6
-                    yield SAGEMAKER, name, found[0], StatSet.of(n, spent * 1e6, mean, mean)
+            yield from self._means(name, histogram, dims)
 
     def _delta(self, key: tuple[str, ...], value: float) -> float:
         """How much a cumulative value grew since the last tick (all of it, the first)."""
@@ -230,29 +221,21 @@ class Readings:
     def _setup_times(
         self, dims: dict[tuple[str, str], tuple[Dimensions, int]]
     ) -> Iterator[Reading]:
-        # The histogram's count and sum: the average of the period's cold starts is exact,
-        # their minimum and maximum are taken to be that average.
-        for family in self.metrics.model_setup_time.collect():
-            counts: dict[tuple[str, str], list[float]] = {}
-            for s in family.samples:
-                key = (s.labels.get("endpoint", ""), s.labels.get("variant", ""))
-                if s.name.endswith("_count"):
-                    counts.setdefault(key, [0.0, 0.0])[0] = s.value
-                elif s.name.endswith("_sum"):
-                    counts.setdefault(key, [0.0, 0.0])[1] = s.value
-            for key, (count, total) in counts.items():
-                last_count, last_total = self._setup.get(key, (0.0, 0.0))
-                self._setup[key] = (count, total)
-                n, spent = count - last_count, total - last_total
-                found = dims.get(key)
-                if n > 0 and found is not None:
-                    mean = spent / n * 1e6
-                    yield (
-                        SAGEMAKER,
-                        "ModelSetupTime",
-                        found[0],
-                        StatSet.of(n, spent * 1e6, mean, mean),
-                    )
+        return self._means("ModelSetupTime", self.metrics.model_setup_time, dims)
+
+    def _means(
+        self, name: str, histogram: Any, dims: dict[tuple[str, str], tuple[Dimensions, int]]
+    ) -> Iterator[Reading]:
+        """A latency histogram's growth since the last tick, in microseconds: its count
+        and sum make the period's average exact; minimum and maximum are taken to be it."""
+        sums = _per_variant(histogram, "_sum")
+        for key, count in _per_variant(histogram, "_count").items():
+            n = self._delta((name, "count", *key), count)
+            spent = self._delta((name, "sum", *key), sums.get(key, 0.0))
+            found = dims.get(key)
+            if n > 0 and found is not None:
+                mean = spent / n * 1e6
+                yield SAGEMAKER, name, found[0], StatSet.of(n, spent * 1e6, mean, mean)
 
 
 def _per_variant(metric: Any, suffix: str) -> dict[tuple[str, str], float]:

@@ -33,6 +33,7 @@ from shipyard.storage.metrics import (
     Point,
     Row,
     Series,
+    dimensions_of,
     stats_of,
 )
 from shipyard.storage.tags import TagStore
@@ -645,7 +646,7 @@ def _in_order(queries: list[Query]) -> list[Query]:
 
 
 def _dimensions(items: Sequence[dict[str, Any]] | None) -> Dimensions:
-    dims = tuple(sorted((str(d["Name"]), str(d["Value"])) for d in items or ()))
+    dims = dimensions_of(items)
     if len({n for n, _ in dims}) != len(dims):
         raise InvalidParameterValue("A dimension name may appear only once per metric.")
     return dims

@@ -14,6 +14,7 @@ DesiredInstanceCount and the autoscaler.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,22 +187,23 @@ class ContainerGroups:
         return None
 
     def memory_bytes(self, handle: InstanceHandle) -> int | None:
-        if not isinstance(handle, GroupHandle):
-            return self.backend.memory_bytes(handle)
-        total = 0
-        for member in handle.members:
-            used = self.backend.memory_bytes(member)
-            if used is None:
-                return None
-            total += used
-        return total
+        used = self._summed(handle, self.backend.memory_bytes)
+        return None if used is None else int(used)
 
     def cpu_seconds(self, handle: InstanceHandle) -> float | None:
+        return self._summed(handle, self.backend.cpu_seconds)
+
+    @staticmethod
+    def _summed(
+        handle: InstanceHandle, measure: Callable[[InstanceHandle], float | None]
+    ) -> float | None:
+        """``measure`` of an instance, or added up over a group's containers; None when
+        any of them is unknown."""
         if not isinstance(handle, GroupHandle):
-            return self.backend.cpu_seconds(handle)
+            return measure(handle)
         total = 0.0
         for member in handle.members:
-            used = self.backend.cpu_seconds(member)
+            used = measure(member)
             if used is None:
                 return None
             total += used

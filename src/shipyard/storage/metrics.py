@@ -161,13 +161,12 @@ class MetricStore:
                     t.metric_points.c.series, t.metric_points.c.period, t.metric_points.c.start
                 ).in_(list(merged)),
             )
-            if conn.dialect.name == "postgresql":
-                query = query.with_for_update()
             existing = conn.execute(query).all()
             updated = set()
             for row in existing:
                 key = (row.series, row.period, row.start)
-                stats = _stats(row)
+                m = row._mapping
+                stats = stats_of((m["start"], m["count"], m["sum"], m["min"], m["max"], m["hist"]))
                 stats.add(merged[key])
                 updated.add(key)
                 conn.execute(
@@ -478,17 +477,6 @@ def stats_of(row: Row) -> StatSet:
         float(total),
         float(low),
         float(high),
-        None if hist is None else {str(k): float(v) for k, v in hist.items()},
-    )
-
-
-def _stats(row: Any) -> StatSet:
-    hist = row.hist
-    return StatSet(
-        float(row.count),
-        float(row.sum),
-        float(row.min),
-        float(row.max),
         None if hist is None else {str(k): float(v) for k, v in hist.items()},
     )
 

@@ -16,7 +16,7 @@ from shipyard.cloudwatch.service import (
 from shipyard.errors import InvalidNextToken, InvalidParameterValue
 from shipyard.gateway.actions.listing import offset, token
 from shipyard.statsets import STATISTICS
-from shipyard.storage.metrics import Alarm, HistoryItem, Series
+from shipyard.storage.metrics import Alarm, HistoryItem, Series, dimensions_of
 
 T = TypeVar("T")
 
@@ -89,7 +89,7 @@ def get_metric_statistics(svc: CloudWatchService, p: dict[str, Any]) -> dict[str
     stat = MetricStat(
         namespace=p["Namespace"],
         name=p["MetricName"],
-        dimensions=tuple(sorted((d["Name"], d["Value"]) for d in p.get("Dimensions") or ())),
+        dimensions=dimensions_of(p.get("Dimensions")),
         period=int(p["Period"]),
         statistic="Sum",
     )
@@ -199,7 +199,7 @@ def describe_alarms_for_metric(svc: CloudWatchService, p: dict[str, Any]) -> dic
     alarms = svc.alarms_for_metric(
         p["Namespace"],
         p["MetricName"],
-        tuple(sorted((d["Name"], d["Value"]) for d in p.get("Dimensions") or ())),
+        dimensions_of(p.get("Dimensions")),
         p.get("Statistic") or p.get("ExtendedStatistic"),
         p.get("Period"),
     )
