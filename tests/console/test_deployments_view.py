@@ -44,6 +44,7 @@ def test_charts_alarms_and_a_deployment_that_rolls_back(
     gw.stop()
     gw = gateway_factory(home=home, extra_env=env)
     cw = gw.client("cloudwatch")
+    # No traffic from here: with "ignore" the state SetAlarmState sets stays.
     cw.put_metric_alarm(
         AlarmName="shop-errors",
         Namespace="AWS/SageMaker",
@@ -55,7 +56,7 @@ def test_charts_alarms_and_a_deployment_that_rolls_back(
         Threshold=1,
         ComparisonOperator="GreaterThanOrEqualToThreshold",
         TreatMissingData="ignore",
-    )  # fmt: skip  (no traffic: the state SetAlarmState sets stays until the rollback)
+    )  # fmt: skip
     wait_in_service(gw.sm, "shop")
 
     tab = open_tab(gw.url + "/console/endpoints/shop")
