@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOME_DIR ?= $(CURDIR)/.shipyard
 PORT ?= 8080
 
-.PHONY: run test coverage lint check bench bench-guard install install-dev chromium bubblewrap wrk clean
+.PHONY: run test coverage lint check bench bench-guard install install-dev chromium bubblewrap containers wrk clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
-install-dev: $(VENV)/.installed-dev chromium bubblewrap
+install-dev: $(VENV)/.installed-dev chromium bubblewrap containers
 
 # The console's browser tests (tests/console/) drive Debian's chromium through Playwright.
 # Installed with apt-get where that works (as root); elsewhere those tests skip, saying so.
@@ -39,6 +39,18 @@ bubblewrap:
 	   (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1)) || \
 	  echo "bubblewrap could not be installed: the sandbox tests will skip"
 
+# The container backend's tests (tests/containers/) run Podman's Docker-compatible service
+# with runc, on images built from a root filesystem made by debootstrap. Installed as
+# chromium is; elsewhere those tests skip, saying so.
+containers:
+	@(command -v podman && command -v runc && command -v debootstrap) >/dev/null 2>&1 || \
+	  ! command -v apt-get >/dev/null 2>&1 || \
+	  (export DEBIAN_FRONTEND=noninteractive; \
+	   apt-get install -y -qq podman runc debootstrap >/dev/null 2>&1 || \
+	   (apt-get update -qq >/dev/null 2>&1 && \
+	    apt-get install -y -qq podman runc debootstrap >/dev/null 2>&1)) || \
+	  echo "podman could not be installed: the container tests will skip"
+
 # The load generator of the peer harness (bench-guard), installed as chromium is.
 wrk:
 	@command -v wrk >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1 || \
@@ -50,10 +62,10 @@ run: install
 	$(BIN)/shipyard serve --host 127.0.0.1 --port $(PORT) --home $(HOME_DIR) --demo
 
 test: install-dev
-	$(BIN)/pytest -q -n 3 --durations=25
+	$(BIN)/pytest -q -n 3 --dist loadgroup --durations=25
 
 coverage: install-dev
-	$(BIN)/pytest -q -n 3 --cov=shipyard --cov-report=term-missing:skip-covered
+	$(BIN)/pytest -q -n 3 --dist loadgroup --cov=shipyard --cov-report=term-missing:skip-covered
 
 lint: install-dev
 	$(BIN)/ruff check src tests bench

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from shipyard.backends.base import Backend, JobBackend
 from shipyard.backends.environment import s3_variables
+from shipyard.errors import BackendError
 from shipyard.settings import Settings
 from shipyard.stackfile import StackFile
 
@@ -119,7 +120,8 @@ def create_backend(name: str, context: BackendContext) -> tuple[FullBackend, Cap
     return registration.factory(context), registration.capabilities
 
 
-def _local(context: BackendContext) -> FullBackend:
+def _local(context: BackendContext, *, engine_required: bool = False) -> FullBackend:
+    from shipyard.backends.containers import ContainerBackend
     from shipyard.backends.local import LocalBackend
     from shipyard.backends.sandbox import Sandbox
 
@@ -129,6 +131,20 @@ def _local(context: BackendContext) -> FullBackend:
         sandbox = Sandbox.create(
             file_roots=context.sandbox_file_roots, hidden=[context.home], environ=context.environ
         )
+    # Container images go to the engine at DOCKER_HOST, connected to when one is first
+    # run: a gateway that runs none needs no engine.
+    containers = ContainerBackend(
+        home=context.home,
+        run_dir=context.home / "run",
+        models_dir=context.home / "models",
+        environ=context.environ,
+        s3_endpoint_url=context.s3.get("SHIPYARD_S3_ENDPOINT_URL") or None,
+    )
+    if engine_required:
+        try:
+            containers.check()
+        except BackendError as exc:
+            raise ValueError(f"backend: {exc}") from None
     return LocalBackend(
         run_dir=context.home / "run",
         models_dir=context.home / "models",
@@ -136,14 +152,16 @@ def _local(context: BackendContext) -> FullBackend:
         s3=context.s3,
         warm_spares=context.warm_spares,
         sandbox=sandbox,
+        containers=containers,
     )
 
 
-register(
-    "local",
-    Capabilities(runtimes=frozenset({"python", "cmd"}), shared_disk=True),
-    _local,
+_PROCESSES_AND_CONTAINERS = Capabilities(
+    runtimes=frozenset({"python", "cmd", "docker"}), shared_disk=True
 )
+register("local", _PROCESSES_AND_CONTAINERS, _local)
+# The same, but a gateway that cannot reach its container engine refuses to start.
+register("docker", _PROCESSES_AND_CONTAINERS, lambda c: _local(c, engine_required=True))
 
 
 def _ray(context: BackendContext) -> FullBackend:

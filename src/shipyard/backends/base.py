@@ -93,6 +93,9 @@ class InstanceSpec:
     instances they take only the CPU those leave. Backends that cannot lower it ignore it."""
     resources: Resources | None = None
     """What the instance reserves where it is placed (``variant_resources``)."""
+    hostname: str | None = None
+    """A container's ContainerHostname: a container image's instance gets it as its
+    host name; processes ignore it."""
     endpoint: str | None = None
     """The endpoint whose fleet the instance is in: a backend whose instances outlive
     their gateway files them under it, for the next gateway to adopt or stop."""

@@ -37,6 +37,7 @@ import psutil
 
 from shipyard import launch
 from shipyard.backends.base import InstanceHandle, InstanceSpec, JobHandle, runtime_for
+from shipyard.backends.containers import ContainerBackend, ContainerInstance
 from shipyard.backends.environment import process_environment
 from shipyard.backends.sandbox import MODEL_DIR, Sandbox
 from shipyard.errors import BackendError
@@ -109,6 +110,7 @@ class LocalBackend:
         s3: Mapping[str, str] | None = None,
         warm_spares: int = 0,
         sandbox: Sandbox | None = None,
+        containers: ContainerBackend | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.models_dir = models_dir or run_dir.parent / "models"
@@ -124,6 +126,8 @@ class LocalBackend:
         """Started ``--spare`` runtimes, waiting for work (runtime/spare.py)."""
         self.sandbox = sandbox
         """Runs every instance and job runner in a sandbox (``auth.sandbox``); None: not."""
+        self.containers = containers
+        """Runs the instances whose Image is a container image (backends/containers.py)."""
 
     def __repr__(self) -> str:
         return f"LocalBackend(run_dir={str(self.run_dir)!r}, sandbox={self.sandbox!r})"
@@ -131,10 +135,12 @@ class LocalBackend:
     async def start(self, spec: InstanceSpec) -> InstanceHandle:
         kind = runtime_for(spec.image)
         if kind == "docker":
-            raise BackendError(
-                f"Image {spec.image} is a container image, which needs a Docker engine; "
-                "this gateway runs the local backend. Use shipyard/python or cmd:<command>."
-            )
+            if self.containers is None:
+                raise BackendError(
+                    f"Image {spec.image} is a container image, which needs a Docker engine; "
+                    "this gateway runs none. Use shipyard/python or cmd:<command>."
+                )
+            return await self.containers.start(spec)
         port = _free_port()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         error_file = self.run_dir / f"{spec.instance_id}.error"
@@ -340,6 +346,8 @@ class LocalBackend:
 
     def close(self) -> None:
         """Stop the spares (instances are stopped by their fleets)."""
+        if self.containers is not None:
+            self.containers.close()
         spares, self._spares = self._spares, []
         for process in spares:
             if process.stdin is not None:
@@ -358,6 +366,9 @@ class LocalBackend:
         return empty
 
     async def stop(self, handle: InstanceHandle, *, timeout_s: float = 10.0) -> None:
+        if isinstance(handle, ContainerInstance):
+            assert self.containers is not None
+            return await self.containers.stop(handle, timeout_s=timeout_s)
         assert isinstance(handle, LocalInstance)
         process = handle.process
         if process.poll() is None:
@@ -385,6 +396,8 @@ class LocalBackend:
         that group (the instance leads its own session) with that instance id in its
         environment is ours, not a reused PID, and its whole group goes.
         """
+        if self.containers is not None:
+            self.containers.stop_leftovers()
         recorded: dict[int, str] = {}
         for pid_file in sorted(self.run_dir.glob("*.pid")):
             with contextlib.suppress(OSError, ValueError):
@@ -400,6 +413,9 @@ class LocalBackend:
         return stopped
 
     def exit_reason(self, handle: InstanceHandle) -> str | None:
+        if isinstance(handle, ContainerInstance):
+            assert self.containers is not None
+            return self.containers.exit_reason(handle)
         assert isinstance(handle, LocalInstance)
         code = handle.process.poll()
         if code is None:
@@ -411,10 +427,16 @@ class LocalBackend:
         return f"the process exited with code {code}{_log_tail(handle.log_path)}"
 
     def memory_bytes(self, handle: InstanceHandle) -> int | None:
+        if isinstance(handle, ContainerInstance):
+            assert self.containers is not None
+            return self.containers.memory_bytes(handle)
         used = _tree_sum(handle, lambda p: float(p.memory_info().rss))
         return None if used is None else int(used)
 
     def cpu_seconds(self, handle: InstanceHandle) -> float | None:
+        if isinstance(handle, ContainerInstance):
+            assert self.containers is not None
+            return self.containers.cpu_seconds(handle)
         return _tree_sum(handle, lambda p: p.cpu_times().user + p.cpu_times().system)
 
     # -- job runners ----------------------------------------------------------------------

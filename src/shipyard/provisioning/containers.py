@@ -100,6 +100,7 @@ def group_spec(base: InstanceSpec, group: GroupTemplate) -> GroupSpec:
                 warm=base.warm,
                 cpu_nice=base.cpu_nice,
                 resources=base.resources and base.resources.split(len(group.containers)),
+                hostname=container.hostname,
             )
         )
     return GroupSpec(

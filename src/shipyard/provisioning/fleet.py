@@ -256,6 +256,9 @@ class Provisioner:
             model = await asyncio.to_thread(self.store.get_model, variant.model_name)
             template = await self._template(model, variant.name)
             template.environment.update(environment or {})
+            startup = _startup_timeout(config, variant.name)
+            if startup is not None:
+                template = dataclasses.replace(template, start_timeout_s=startup)
             if variant.serverless is not None:
                 # The runtime serves as many requests at once as the router sends it.
                 template.environment.setdefault(
@@ -565,3 +568,15 @@ class Provisioner:
                 await asyncio.to_thread(shutil.rmtree, slot.scratch, True)
 
         await asyncio.gather(*(stop(s) for s in slots))
+
+
+def _startup_timeout(config: EndpointConfig, variant: str) -> float | None:
+    """The variant's ContainerStartupHealthCheckTimeoutInSeconds, if its config sets it:
+    how long its instances have to pass their first ``/ping``."""
+    variants = [*(config.raw.get("ProductionVariants") or ())]
+    variants += config.raw.get("ShadowProductionVariants") or ()
+    for raw in variants:
+        if isinstance(raw, dict) and raw.get("VariantName") == variant:
+            value = raw.get("ContainerStartupHealthCheckTimeoutInSeconds")
+            return float(value) if isinstance(value, int | float) and value > 0 else None
+    return None

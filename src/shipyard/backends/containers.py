@@ -1,0 +1,457 @@
+"""Container images, run through the Docker Engine API (Docker, or Podman's compatible
+service), honouring SageMaker's hosting contract (DESIGN 2.1).
+
+An instance of an image is one engine container: ``<image> serve``, its model artifact
+(fetched and extracted once on the gateway's host, into the same cache the local
+backend uses) bound read-only at ``/opt/ml/model``, its ``Environment`` and nothing of
+the gateway's, port 8080 (or ``SAGEMAKER_BIND_TO_PORT``, for an image whose label says
+it accepts one) published on a loopback port the router sends requests to, and its
+InstanceType's vCPUs and memory as the container's limits.
+
+Every container carries the label ``dev.shipyard.home`` with a digest of the gateway's
+home folder, and its name says which instance it is: a restarted gateway removes the
+containers of its home (it starts its fleets again) and never looks at any other.
+
+The engine is reached through the ``docker`` package, the Docker project's own client:
+it speaks the Engine API over ``DOCKER_HOST`` (a unix socket, TCP, TLS or SSH) and reads
+registry credentials from the usual Docker config file, which is what a user's own
+``docker`` command does. Calls block, so they run in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import re
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shipyard import launch
+from shipyard.backends.base import InstanceHandle, InstanceSpec
+from shipyard.errors import BackendError
+
+log = logging.getLogger(__name__)
+
+LABEL_HOME = "dev.shipyard.home"
+"""A digest of the home folder of the gateway that started the container."""
+LABEL_INSTANCE = "dev.shipyard.instance"
+LABEL_ENDPOINT = "dev.shipyard.endpoint"
+BIND_TO_PORT_LABEL = "com.amazonaws.sagemaker.capabilities.accept-bind-to-port"
+"""An image labelled ``true`` listens on ``SAGEMAKER_BIND_TO_PORT`` instead of 8080."""
+SERVE_PORT = 8080
+"""Where a hosting image listens, unless it accepts SAGEMAKER_BIND_TO_PORT."""
+BIND_PORT = 8080
+"""The port inside the container an image that accepts one is told to bind to; its
+network namespace is its own, so any port will do, and this one is in the range below."""
+SAFE_PORT_RANGE = "8080-8090"
+STOP_GRACE_S = 30.0
+"""SIGTERM, then SIGKILL this long after, as SageMaker stops a container."""
+MODEL_DIR = "/opt/ml/model"
+PULL_POLICIES = ("missing", "always", "never")
+_POLL_S = 0.5
+"""How often the states of this home's containers are read (one call for all)."""
+_USED_MARK = "containers"
+"""A file in the run folder, made at the first container's start: a gateway whose home
+never ran one does not contact an engine when it starts."""
+
+
+def home_label(home: Path) -> str:
+    """The ``dev.shipyard.home`` label of the containers a gateway on ``home`` starts."""
+    return hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:16]
+
+
+def container_name(home: str, instance_id: str) -> str:
+    """An engine-legal name saying whose container it is."""
+    return "shipyard-" + home[:8] + "-" + re.sub(r"[^a-zA-Z0-9_.-]", "-", instance_id)[:200]
+
+
+@dataclass(slots=True)
+class ContainerInstance:
+    """A started container, as the container backend knows it."""
+
+    instance_id: str
+    url: str
+    container_id: str
+    name: str
+    log_path: Path | None
+    state: tuple[str, int | None] = ("running", None)
+    """Its last read state, and its exit code once it has one."""
+    reason: str | None = None
+    follower: threading.Thread | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        return f"ContainerInstance(id={self.instance_id!r}, name={self.name!r}, url={self.url!r})"
+
+
+class Engine:
+    """One connection to the engine, opened when first needed and kept."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self._environ = {
+            k: v for k, v in environ.items() if k.startswith("DOCKER_") or k in ("HOME",)
+        }
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def where(self) -> str:
+        return self._environ.get("DOCKER_HOST") or "the default Docker socket"
+
+    def client(self) -> Any:
+        """The engine's client, connected.
+
+        Raises:
+            BackendError: no engine answers; the message says where it was looked for.
+        """
+        with self._lock:
+            if self._client is not None:
+                return self._client
+            import docker  # the engine's client is loaded by gateways that use one
+
+            try:
+                client = docker.DockerClient.from_env(environment=self._environ, timeout=120)
+                client.ping()
+            except Exception as exc:  # DockerException, or a connection's OSError
+                raise BackendError(
+                    f"No container engine answers at {self.where} ({_first_line(exc)}). "
+                    "Start Docker, or Podman's Docker-compatible service "
+                    "(podman system service), and set DOCKER_HOST."
+                ) from None
+            self._client = client
+            return client
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                with contextlib.suppress(Exception):
+                    self._client.close()
+                self._client = None
+
+
+class ContainerBackend:
+    """Starts, stops and watches the containers of instances whose Image is a
+    container image. The local backend hands it those (backends/local.py)."""
+
+    def __init__(
+        self,
+        *,
+        home: Path,
+        run_dir: Path,
+        models_dir: Path,
+        environ: Mapping[str, str],
+        s3_endpoint_url: str | None = None,
+    ) -> None:
+        self.engine = Engine(environ)
+        self.home = home_label(home)
+        self.run_dir = run_dir
+        self.models_dir = models_dir
+        self.s3_endpoint_url = s3_endpoint_url
+        policy = environ.get("SHIPYARD_IMAGE_PULL", "missing").strip().lower() or "missing"
+        if policy not in PULL_POLICIES:
+            raise ValueError(
+                f"SHIPYARD_IMAGE_PULL: {policy!r} is not one of {', '.join(PULL_POLICIES)}"
+            )
+        self.pull = policy
+        self._live: dict[str, ContainerInstance] = {}
+        """The containers this gateway runs, by container id."""
+        self._lock = threading.Lock()
+        self._watcher: threading.Thread | None = None
+        self._closed = threading.Event()
+
+    def __repr__(self) -> str:
+        return f"ContainerBackend(engine={self.engine.where!r}, home={self.home!r})"
+
+    def check(self) -> None:
+        """Connect now (``--backend docker``: a gateway without an engine refuses to
+        start). Raises BackendError as Engine.client."""
+        self.engine.client()
+
+    # -- instances ------------------------------------------------------------------------
+
+    async def start(self, spec: InstanceSpec) -> InstanceHandle:
+        model = await asyncio.to_thread(self._model_folder, spec)
+        handle = await asyncio.to_thread(self._start, spec, model)
+        self._watch()
+        return handle
+
+    def _model_folder(self, spec: InstanceSpec) -> Path:
+        if spec.workdir is not None:
+            return spec.workdir
+        try:
+            return launch.model_folder(
+                spec.model_url, self.models_dir, s3_endpoint_url=self.s3_endpoint_url
+            )
+        except Exception as exc:
+            raise BackendError(
+                f"Instance {spec.instance_id} failed to start: the model artifact "
+                f"{spec.model_url} could not be fetched: {_first_line(exc)}"
+            ) from exc
+
+    def _start(self, spec: InstanceSpec, model: Path) -> ContainerInstance:
+        client = self.engine.client()
+        image = self._image(client, spec.image)
+        labels = (image.attrs.get("Config") or {}).get("Labels") or {}
+        environment = dict(spec.environment)
+        port = SERVE_PORT
+        if str(labels.get(BIND_TO_PORT_LABEL, "")).lower() == "true":
+            port = BIND_PORT
+            environment["SAGEMAKER_BIND_TO_PORT"] = str(port)
+            environment["SAGEMAKER_SAFE_PORT_RANGE"] = SAFE_PORT_RANGE
+        else:
+            # The built-in runtime's port is no business of an image's.
+            environment.pop("SAGEMAKER_BIND_TO_PORT", None)
+        name = container_name(self.home, spec.instance_id)
+        self._remove_named(client, name)  # a restart of the slot, or a leftover
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / _USED_MARK).touch()
+        try:
+            container = client.containers.create(
+                image.id,
+                command=["serve"],
+                name=name,
+                hostname=spec.hostname or None,
+                environment=environment,
+                labels={
+                    LABEL_HOME: self.home,
+                    LABEL_INSTANCE: spec.instance_id,
+                    LABEL_ENDPOINT: spec.endpoint or "",
+                },
+                ports={f"{port}/tcp": ("127.0.0.1", None)},
+                volumes={str(model): {"bind": MODEL_DIR, "mode": "ro"}},
+                security_opt=["no-new-privileges"],
+                **self._limits(client, spec),
+            )
+            container.start()
+            container.reload()
+        except Exception as exc:
+            self._remove_named(client, name)
+            raise BackendError(
+                f"Instance {spec.instance_id} failed to start: the engine could not run "
+                f"{spec.image}: {_first_line(exc)}"
+            ) from None
+        published = (container.attrs["NetworkSettings"].get("Ports") or {}).get(f"{port}/tcp")
+        if not published:
+            reason = _exited(container.attrs) or "its port was not published"
+            self._remove_named(client, name)
+            raise BackendError(f"Instance {spec.instance_id} failed to start: {reason}")
+        handle = ContainerInstance(
+            instance_id=spec.instance_id,
+            url=f"http://127.0.0.1:{published[0]['HostPort']}",
+            container_id=container.id,
+            name=name,
+            log_path=spec.log_path,
+        )
+        if spec.log_path is not None:
+            handle.follower = threading.Thread(
+                target=self._follow, args=(handle,), name=f"logs-{name}", daemon=True
+            )
+            handle.follower.start()
+        with self._lock:
+            self._live[container.id] = handle
+        log.info("started container %s (%s) for instance %s", name, spec.image, spec.instance_id)
+        return handle
+
+    def _image(self, client: Any, image: str) -> Any:
+        from docker.errors import ImageNotFound
+
+        if self.pull != "always":
+            try:
+                return client.images.get(image)
+            except ImageNotFound:
+                if self.pull == "never":
+                    raise BackendError(
+                        f"Image {image} is not on the container engine, and "
+                        "SHIPYARD_IMAGE_PULL=never forbids pulling it."
+                    ) from None
+            except Exception as exc:
+                raise BackendError(
+                    f"The container engine could not look up {image}: {_first_line(exc)}"
+                ) from None
+        try:
+            return client.images.pull(image)
+        except Exception as exc:
+            raise BackendError(
+                f"Image {image} is not on the container engine and could not be pulled: "
+                f"{_first_line(exc)}"
+            ) from None
+
+    def _limits(self, client: Any, spec: InstanceSpec) -> dict[str, Any]:
+        """The InstanceType's vCPUs and memory, at most what the engine's host has (an
+        engine refuses a CPU limit above its CPU count)."""
+        if spec.resources is None:
+            return {}
+        info = client.info()
+        cpus = min(spec.resources.vcpus, float(info.get("NCPU") or spec.resources.vcpus))
+        memory = spec.resources.memory_bytes
+        if info.get("MemTotal"):
+            memory = min(memory, int(info["MemTotal"]))
+        return {"nano_cpus": int(cpus * 1e9), "mem_limit": memory}
+
+    def _remove_named(self, client: Any, name: str) -> None:
+        with contextlib.suppress(Exception):
+            client.api.remove_container(name, force=True)
+
+    def _follow(self, handle: ContainerInstance) -> None:
+        """Append the container's output to its instance's log until it ends."""
+        assert handle.log_path is not None
+        try:
+            client = self.engine.client()
+            with open(handle.log_path, "ab", buffering=0) as out:
+                for chunk in client.api.logs(
+                    handle.container_id, stream=True, follow=True, stdout=True, stderr=True
+                ):
+                    out.write(chunk)
+        except Exception as exc:  # the container was removed, the engine went away
+            log.debug("log of %s ends: %s", handle.name, exc)
+
+    async def stop(self, handle: InstanceHandle, *, timeout_s: float = 10.0) -> None:
+        assert isinstance(handle, ContainerInstance)
+        await asyncio.to_thread(self._stop, handle)
+
+    def _stop(self, handle: ContainerInstance) -> None:
+        with self._lock:
+            self._live.pop(handle.container_id, None)
+        try:
+            client = self.engine.client()
+        except BackendError:
+            return
+        with contextlib.suppress(Exception):
+            client.api.stop(handle.container_id, timeout=int(STOP_GRACE_S))
+        with contextlib.suppress(Exception):
+            client.api.remove_container(handle.container_id, force=True)
+        if handle.follower is not None:
+            handle.follower.join(timeout=5)
+
+    def exit_reason(self, handle: InstanceHandle) -> str | None:
+        assert isinstance(handle, ContainerInstance)
+        return handle.reason
+
+    def memory_bytes(self, handle: InstanceHandle) -> int | None:
+        stats = self._stats(handle)
+        usage = (stats.get("memory_stats") or {}).get("usage")
+        return int(usage) if usage is not None else None
+
+    def cpu_seconds(self, handle: InstanceHandle) -> float | None:
+        stats = self._stats(handle)
+        total = ((stats.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage")
+        return total / 1e9 if total is not None else None
+
+    def _stats(self, handle: InstanceHandle) -> dict[str, Any]:
+        assert isinstance(handle, ContainerInstance)
+        if handle.reason is not None:
+            return {}
+        try:
+            stats = self.engine.client().api.stats(handle.container_id, stream=False)
+        except Exception:
+            return {}
+        return stats if isinstance(stats, dict) else {}
+
+    # -- watching -------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """Start the thread that reads this home's containers' states, once."""
+        with self._lock:
+            if self._watcher is None:
+                self._watcher = threading.Thread(
+                    target=self._poll, name="container-states", daemon=True
+                )
+                self._watcher.start()
+
+    def _poll(self) -> None:
+        while not self._closed.wait(_POLL_S):
+            with self._lock:
+                live = dict(self._live)
+            if not live:
+                continue
+            try:
+                client = self.engine.client()
+                listed = client.api.containers(
+                    all=True, filters={"label": f"{LABEL_HOME}={self.home}"}
+                )
+            except Exception as exc:
+                log.warning("could not read the containers' states: %s", _first_line(exc))
+                continue
+            states = {c["Id"]: str(c.get("State", "")).lower() for c in listed}
+            for container_id, handle in live.items():
+                state = states.get(container_id)
+                if state == "running" or handle.reason is not None:
+                    continue
+                handle.reason = self._reason(client, handle, state)
+
+    def _reason(self, client: Any, handle: ContainerInstance, state: str | None) -> str:
+        """Why the container is not running, for the instance's FailureReason."""
+        if state is None:
+            return f"its container {handle.name} was removed from the engine"
+        try:
+            attrs = client.api.inspect_container(handle.container_id)
+        except Exception:
+            return f"its container {handle.name} is {state}"
+        reason = _exited(attrs) or f"its container {handle.name} is {state}"
+        return reason + _tail(handle.log_path)
+
+    # -- the gateway's start and stop ------------------------------------------------------
+
+    def stop_leftovers(self) -> list[str]:
+        """Remove the containers an earlier gateway on this home left (its fleets are
+        started again); no other container is looked at. A home that never ran a
+        container contacts no engine."""
+        if not (self.run_dir / _USED_MARK).exists():
+            return []
+        try:
+            client = self.engine.client()
+            listed = client.api.containers(all=True, filters={"label": f"{LABEL_HOME}={self.home}"})
+        except Exception as exc:
+            log.warning("could not look for containers left by an earlier gateway: %s", exc)
+            return []
+        removed = []
+        for container in listed:
+            if (container.get("Labels") or {}).get(LABEL_HOME) != self.home:
+                continue  # an engine that ignored the filter
+            with contextlib.suppress(Exception):
+                client.api.remove_container(container["Id"], force=True)
+                removed.append(container["Id"])
+                log.warning(
+                    "removed container %s, left by an earlier gateway",
+                    (container.get("Names") or [container["Id"]])[0],
+                )
+        return removed
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=2)
+        self.engine.close()
+
+
+def _exited(attrs: Mapping[str, Any]) -> str | None:
+    """What a container's inspection says of its end; None while it runs."""
+    state = attrs.get("State") or {}
+    if state.get("Running"):
+        return None
+    if state.get("OOMKilled"):
+        return "its container ran out of memory (the InstanceType's memory is its limit)"
+    code = state.get("ExitCode")
+    error = str(state.get("Error") or "").strip()
+    return f"its container exited with code {code}" + (f": {error}" if error else "")
+
+
+def _tail(path: Path | None) -> str:
+    if path is None:
+        return ""
+    time.sleep(0.1)  # the log follower's last chunk
+    try:
+        lines = path.read_bytes()[-2048:].decode(errors="replace").strip().splitlines()[-3:]
+    except OSError:
+        return ""
+    return ("; last log lines: " + " | ".join(lines)) if lines else ""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

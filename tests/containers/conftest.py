@@ -1,0 +1,195 @@
+"""A real container engine for the container backend's tests.
+
+Podman's Docker-compatible service (``podman system service``) is started by the tests
+on a socket of their own, with its storage in the test's folder and its configuration
+written here, not in the system's: these machines need the ``runc`` runtime and explicit
+``nofile``/``nproc`` limits (crun and the default limits fail on them). It is stopped by
+its PID at the end.
+
+No registry is reachable, so the images are built here: a Debian root filesystem with
+Python, made once with ``debootstrap`` and cached between runs (under
+``$XDG_CACHE_HOME/shipyard-tests``), is imported as the base image, and the test images
+are built on it through the engine's API, each a few lines around ``images/serve.py``
+(the hosting contract) or ``images/train.py`` (the training contract).
+
+Every test of the engine is in the xdist group ``engine``: one worker runs them all,
+against one engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+IMAGES = Path(__file__).parent / "images"
+BASE_IMAGE = "localhost/shipyard-test/python:bookworm"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "shipyard-tests"
+ROOTFS = CACHE / "rootfs-bookworm-python3.tar"
+MIRROR = "http://deb.debian.org/debian"
+MISSING_TOOLS = [t for t in ("podman", "runc", "debootstrap") if shutil.which(t) is None]
+
+needs_engine = [
+    pytest.mark.skipif(
+        bool(MISSING_TOOLS) or os.geteuid() != 0,
+        reason=f"the container tests need podman, runc and debootstrap as root "
+        f"(missing: {', '.join(MISSING_TOOLS) or 'root'}); make install-dev installs them",
+    ),
+    pytest.mark.xdist_group("engine"),
+]
+
+
+@dataclass
+class Engine:
+    """The engine the tests run, and how to reach it."""
+
+    host: str
+    """DOCKER_HOST for a gateway that uses it."""
+    client: Any
+    """A ``docker`` client of the engine."""
+    folder: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"DOCKER_HOST": self.host}
+
+    def build(self, tag: str, *, script: str = "serve.py", lines: tuple[str, ...] = ()) -> str:
+        """An image ``tag`` built on the base image: ``script`` as its entry point, and
+        ``lines`` (ENV, LABEL) of its Containerfile."""
+        context = self.folder / "contexts" / tag.replace("/", "_").replace(":", "_")
+        context.mkdir(parents=True, exist_ok=True)
+        shutil.copy(IMAGES / script, context / script)
+        (context / "Containerfile").write_text(
+            "\n".join(
+                [
+                    f"FROM {BASE_IMAGE}",
+                    f"COPY {script} /opt/program/{script}",
+                    *lines,
+                    f'ENTRYPOINT ["python3", "-u", "/opt/program/{script}"]',
+                ]
+            )
+            + "\n"
+        )
+        self.client.images.build(path=str(context), dockerfile="Containerfile", tag=tag, rm=True)
+        return tag
+
+    def containers(self, **labels: str) -> list[Any]:
+        """The engine's containers, running or not, that carry all of ``labels``."""
+        from docker.errors import APIError
+
+        filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+        found = []
+        for listed in self.client.api.containers(all=True, filters=filters):
+            with contextlib.suppress(APIError):  # removed since it was listed
+                found.append(self.client.containers.get(listed["Id"]))
+        return found
+
+
+def _rootfs() -> Path:
+    """The base image's root filesystem as a tar file, made once (under a lock, so
+    parallel runs make it once)."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "rootfs.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if ROOTFS.exists():
+            return ROOTFS
+        target = CACHE / "rootfs.partial"
+        shutil.rmtree(target, ignore_errors=True)
+        made = subprocess.run(
+            ["debootstrap", "--variant=minbase", "--include=python3", "bookworm", target, MIRROR],
+            capture_output=True,
+            text=True,
+        )
+        if made.returncode != 0:
+            shutil.rmtree(target, ignore_errors=True)
+            pytest.skip(f"debootstrap could not make the base image: {made.stdout[-500:]}")
+        partial = ROOTFS.with_suffix(".partial.tar")
+        subprocess.run(["tar", "-C", target, "-cf", partial, "."], check=True)
+        partial.replace(ROOTFS)
+        shutil.rmtree(target, ignore_errors=True)
+        return ROOTFS
+
+
+def _configuration(folder: Path) -> Path:
+    """containers.conf for the test engine: runc, and limits this machine allows."""
+    nofile = min(resource.getrlimit(resource.RLIMIT_NOFILE))
+    nproc = min(resource.getrlimit(resource.RLIMIT_NPROC))
+    nproc = 4096 if nproc == resource.RLIM_INFINITY else min(nproc, 4096)
+    conf = folder / "containers.conf"
+    conf.write_text(
+        "[containers]\n"
+        f'default_ulimits = ["nofile={nofile}:{nofile}", "nproc={nproc}:{nproc}"]\n'
+        "[engine]\n"
+        'runtime = "runc"\n'
+        'events_logger = "file"\n'
+    )
+    return conf
+
+
+@pytest.fixture(scope="session")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    import docker
+
+    rootfs = _rootfs()
+    folder = tmp_path_factory.mktemp("engine")
+    env = {**os.environ, "CONTAINERS_CONF": str(_configuration(folder))}
+    podman = ["podman", "--root", str(folder / "root"), "--runroot", str(folder / "run")]
+    socket = folder / "podman.sock"
+    with open(folder / "service.log", "wb") as out:
+        service = subprocess.Popen(
+            [*podman, "system", "service", "--time=0", f"unix://{socket}"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    client = None
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client = docker.DockerClient(base_url=f"unix://{socket}", timeout=120)
+                client.ping()
+                break
+            except Exception:
+                if client is not None:
+                    client.close()
+                    client = None
+                if service.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        "podman system service did not start: "
+                        + (folder / "service.log").read_text(errors="replace")[-2000:]
+                    ) from None
+                time.sleep(0.1)
+        subprocess.run(
+            [*podman, "import", str(rootfs), BASE_IMAGE],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+        yield Engine(host=f"unix://{socket}", client=client, folder=folder)
+    finally:
+        if client is not None:
+            for container in client.containers.list(all=True):
+                with contextlib.suppress(Exception):
+                    container.remove(force=True)
+            client.close()
+        service.send_signal(signal.SIGTERM)
+        try:
+            service.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(service.pid, signal.SIGKILL)
+            service.wait()
+        # The images go, and with them the storage's mounts; the folder goes with tmp_path.
+        subprocess.run([*podman, "rmi", "--all", "--force"], env=env, capture_output=True)

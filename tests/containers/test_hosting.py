@@ -1,0 +1,265 @@
+"""Endpoints whose Image is a container image, on a real engine (DESIGN 2.1): SageMaker's
+hosting contract, checked from inside the container (images/serve.py reports what it
+sees) and from the engine's side."""
+
+from __future__ import annotations
+
+import json
+import signal
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import GatewayProcess, deploy, unique, wait_until
+from tests.containers.conftest import Engine, needs_engine
+
+pytestmark = needs_engine
+
+ROLE = "arn:aws:iam::123456789012:role/x"
+SECRET = "SHIPYARD_TEST_GATEWAY_ONLY"
+"""A variable of the gateway's environment that no container may see."""
+
+
+@pytest.fixture(scope="module")
+def images(engine: Engine) -> dict[str, str]:
+    """The test images, built once."""
+    repo = "localhost/shipyard-test"
+    return {
+        "v1": engine.build(f"{repo}/echo:1", lines=("ENV IMAGE_VERSION=1",)),
+        "v2": engine.build(f"{repo}/echo:2", lines=("ENV IMAGE_VERSION=2",)),
+        "bind": engine.build(
+            f"{repo}/bind:1",
+            lines=(
+                "ENV IMAGE_VERSION=bind",
+                'LABEL com.amazonaws.sagemaker.capabilities.accept-bind-to-port="true"',
+            ),
+        ),
+        "exit": engine.build(f"{repo}/exit:1", lines=("ENV IMAGE_MODE=exit",)),
+        "noping": engine.build(f"{repo}/noping:1", lines=("ENV IMAGE_MODE=noping",)),
+    }
+
+
+@pytest.fixture
+def artifact(tmp_path: Path) -> str:
+    """A model.tar.gz holding answer.txt."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "answer.txt").write_text("42\n")
+    path = tmp_path / "model.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        tar.add(tmp_path / "model", arcname=".")
+    return path.as_uri()
+
+
+@pytest.fixture
+def gateway(gateway_factory: Callable[..., GatewayProcess], engine: Engine) -> GatewayProcess:
+    return gateway_factory(extra_env={**engine.env, SECRET: "not for containers"})
+
+
+def invoke(gw: GatewayProcess, endpoint: str, body: bytes = b"hello") -> dict[str, Any]:
+    answer = gw.rt.invoke_endpoint(EndpointName=endpoint, Body=body, ContentType="text/plain")
+    return dict(json.loads(answer["Body"].read()))
+
+
+def answered(gw: GatewayProcess, endpoint: str) -> bool:
+    """Whether the endpoint answers yet (after a restart, its first routing table)."""
+    try:
+        invoke(gw, endpoint)
+    except gw.rt.exceptions.ModelNotReadyException:
+        return False
+    return True
+
+
+def ours(engine: Engine, endpoint: str, *, running: bool = True) -> list[Any]:
+    found = engine.containers(**{"dev.shipyard.endpoint": endpoint})
+    return [c for c in found if c.status == "running"] if running else found
+
+
+def test_an_image_serves_invocations_under_the_hosting_contract(
+    gateway: GatewayProcess, engine: Engine, images: dict[str, str], artifact: str
+) -> None:
+    name = unique("img")
+    deploy(gateway.sm, name, artifact, image=images["v1"], environment={"GREETING": "hi"})
+
+    seen = invoke(gateway, name)
+    assert seen["argv"] == ["serve"]
+    assert seen["model"] == "42"  # the artifact, extracted, at /opt/ml/model
+    assert seen["model_writable"] is False  # read-only
+    assert seen["port"] == 8080  # no bind-to-port label: the contract's port
+    assert seen["body"] == "hello"
+    assert seen["environ"]["GREETING"] == "hi"
+    assert SECRET not in seen["environ"]  # nothing of the gateway's environment
+    assert "SAGEMAKER_BIND_TO_PORT" not in seen["environ"]
+
+    # From the engine's side: labelled with its endpoint, limited to ml.m5.large's
+    # 2 vCPUs and 8 GiB, published on loopback only, and no host folder but the model.
+    (container,) = ours(engine, name)
+    config = container.attrs["HostConfig"]
+    assert config["NanoCpus"] == 2 * 10**9
+    assert config["Memory"] == 8 << 30
+    mounts = container.attrs["Mounts"]
+    assert [(m["Destination"], m["RW"]) for m in mounts] == [("/opt/ml/model", False)]
+    bindings = container.attrs["NetworkSettings"]["Ports"]["8080/tcp"]
+    assert {b["HostIp"] for b in bindings} == {"127.0.0.1"}
+
+    # Its output is the instance's log; a model's own error is the client's ModelError.
+    logs = list((gateway.home / "logs" / name).glob("*.log"))
+    wait_until(lambda: any("serving version 1" in p.read_text() for p in logs), "the log")
+    with pytest.raises(gateway.rt.exceptions.ModelError) as failed:
+        invoke(gateway, name, b"fail")
+    assert failed.value.response["OriginalStatusCode"] == 500
+
+    gateway.sm.delete_endpoint(EndpointName=name)
+    wait_until(lambda: not ours(engine, name, running=False), "the container removed")
+
+
+def test_two_instances_a_killed_container_and_a_blue_green_update(
+    gateway: GatewayProcess, engine: Engine, images: dict[str, str], artifact: str
+) -> None:
+    name = unique("img")
+    deploy(gateway.sm, name, artifact, image=images["v1"], count=2,
+           strategy="LEAST_OUTSTANDING_REQUESTS")  # fmt: skip
+    assert len({invoke(gateway, name)["hostname"] for _ in range(20)}) == 2
+
+    # A container killed through the engine is replaced, as a dead process is.
+    victim = ours(engine, name)[0]
+    victim.kill()
+    wait_until(
+        lambda: (
+            len(ours(engine, name)) == 2 and victim.id not in {c.id for c in ours(engine, name)}
+        ),
+        "the killed container replaced",
+        timeout_s=60,
+    )
+    assert invoke(gateway, name)["version"] == "1"
+
+    # Blue/green to a new tag: the new fleet serves, the old containers go.
+    old = {c.id for c in ours(engine, name)}
+    gateway.sm.create_model(
+        ModelName=f"{name}-2",
+        PrimaryContainer={"Image": images["v2"], "ModelDataUrl": artifact},
+        ExecutionRoleArn=ROLE,
+    )
+    gateway.sm.create_endpoint_config(
+        EndpointConfigName=f"{name}-2",
+        ProductionVariants=[
+            {
+                "VariantName": "v1",
+                "ModelName": f"{name}-2",
+                "InstanceType": "ml.m5.large",
+                "InitialInstanceCount": 2,
+            }
+        ],
+    )
+    gateway.sm.update_endpoint(EndpointName=name, EndpointConfigName=f"{name}-2")
+    wait_until(
+        lambda: (
+            gateway.sm.describe_endpoint(EndpointName=name)["EndpointStatus"] == "InService"
+            and gateway.sm.describe_endpoint(EndpointName=name)["EndpointConfigName"] == f"{name}-2"
+        ),
+        "the update",
+        timeout_s=90,
+    )
+    assert {invoke(gateway, name)["version"] for _ in range(10)} == {"2"}
+    wait_until(lambda: not old & {c.id for c in ours(engine, name, running=False)}, "old gone")
+
+
+def test_a_two_container_pipeline_of_images(
+    gateway: GatewayProcess, images: dict[str, str], artifact: str
+) -> None:
+    name = unique("pipe")
+    gateway.sm.create_model(
+        ModelName=name,
+        Containers=[
+            {"Image": images["v1"], "ModelDataUrl": artifact, "ContainerHostname": "first"},
+            {"Image": images["bind"], "ContainerHostname": "second"},
+        ],
+        ExecutionRoleArn=ROLE,
+    )
+    gateway.sm.create_endpoint_config(
+        EndpointConfigName=name,
+        ProductionVariants=[
+            {
+                "VariantName": "v1",
+                "ModelName": name,
+                "InstanceType": "ml.m5.large",
+                "InitialInstanceCount": 1,
+            }
+        ],
+    )
+    gateway.sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
+    gateway.sm.get_waiter("endpoint_in_service").wait(
+        EndpointName=name, WaiterConfig={"Delay": 0.5, "MaxAttempts": 240}
+    )
+    second = invoke(gateway, name)
+    first = json.loads(second["body"])  # the first container's answer was its request
+    assert (first["hostname"], second["hostname"]) == ("first", "second")
+    assert first["model"] == "42" and second["model"] is None
+    # The image with the bind-to-port label is told its port, and listens there.
+    assert second["environ"]["SAGEMAKER_BIND_TO_PORT"] == str(second["port"])
+    assert second["environ"]["SAGEMAKER_SAFE_PORT_RANGE"]
+    assert "SAGEMAKER_BIND_TO_PORT" not in first["environ"]
+
+
+def test_images_that_cannot_serve_fail_their_endpoint_with_the_reason(
+    gateway_factory: Callable[..., GatewayProcess],
+    engine: Engine,
+    images: dict[str, str],
+    artifact: str,
+) -> None:
+    gw = gateway_factory(extra_env={**engine.env, "SHIPYARD_INSTANCE_START_TIMEOUT_S": "6"})
+    cases = {
+        "localhost/shipyard-test/absent:1": "could not be pulled",
+        images["exit"]: "ends at once, on purpose",
+        images["noping"]: "did not pass the /ping health check within 6 s",
+    }
+    names = {}
+    for image in cases:
+        names[image] = unique("bad")
+        deploy(gw.sm, names[image], artifact, image=image, wait=False)
+    for image, reason in cases.items():
+        wait_until(
+            lambda n=names[image]: (
+                gw.sm.describe_endpoint(EndpointName=n)["EndpointStatus"] == "Failed"
+            ),
+            f"{image} failed",
+            timeout_s=60,
+        )
+        described = gw.sm.describe_endpoint(EndpointName=names[image])
+        assert reason in described["FailureReason"], described["FailureReason"]
+    assert not [c for n in names.values() for c in ours(engine, n)]
+
+
+def test_a_restarted_gateway_removes_its_containers_and_no_one_elses(
+    gateway_factory: Callable[..., GatewayProcess],
+    engine: Engine,
+    images: dict[str, str],
+    artifact: str,
+    tmp_path: Path,
+) -> None:
+    foreign = engine.client.containers.run(
+        images["v1"], ["serve"], detach=True, name=unique("foreign")
+    )
+    home = tmp_path / "home"
+    gw = gateway_factory(home, extra_env=engine.env)
+    name = unique("img")
+    deploy(gw.sm, name, artifact, image=images["v1"])
+    (before,) = ours(engine, name)
+
+    # Killed, the gateway cannot stop its containers: the next one on its home does.
+    gw.stop(signal.SIGKILL)
+    assert before.id in {c.id for c in ours(engine, name)}
+    gw = gateway_factory(home, extra_env=engine.env)
+    wait_until(lambda: answered(gw, name), "the endpoint back", timeout_s=60)
+    assert invoke(gw, name)["model"] == "42"
+    (after,) = ours(engine, name, running=False)
+    assert after.id != before.id
+
+    # Stopped politely, it stops them; someone else's container is never touched.
+    gw.stop()
+    assert not ours(engine, name, running=False)
+    foreign.reload()
+    assert foreign.status == "running"
+    foreign.remove(force=True)
