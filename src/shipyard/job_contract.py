@@ -105,6 +105,10 @@ class JobSpec:
     environment: Mapping[str, str] = field(default_factory=dict)
     resource: Resource = field(default_factory=Resource)
     attempt: int = 1
+    entrypoint: tuple[str, ...] | None = None
+    """AlgorithmSpecification.ContainerEntrypoint, for a training image."""
+    arguments: tuple[str, ...] | None = None
+    """AlgorithmSpecification.ContainerArguments, for a training image."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

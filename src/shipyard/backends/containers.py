@@ -27,7 +27,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from typing import Any
 from shipyard import launch
 from shipyard.backends.base import InstanceHandle, InstanceSpec
 from shipyard.errors import BackendError
+from shipyard.job_contract import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,9 @@ LABEL_HOME = "dev.shipyard.home"
 """A digest of the home folder of the gateway that started the container."""
 LABEL_INSTANCE = "dev.shipyard.instance"
 LABEL_ENDPOINT = "dev.shipyard.endpoint"
+LABEL_JOB = "dev.shipyard.job"
+"""A training job's container (its runner's, not a gateway's: it outlives gateways)."""
+LABEL_WORKDIR = "dev.shipyard.workdir"
 BIND_TO_PORT_LABEL = "com.amazonaws.sagemaker.capabilities.accept-bind-to-port"
 """An image labelled ``true`` listens on ``SAGEMAKER_BIND_TO_PORT`` instead of 8080."""
 SERVE_PORT = 8080
@@ -94,10 +98,21 @@ class Engine:
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         self._environ = {
-            k: v for k, v in environ.items() if k.startswith("DOCKER_") or k in ("HOME",)
+            k: v
+            for k, v in environ.items()
+            if k.startswith("DOCKER_") or k in ("HOME", "SHIPYARD_IMAGE_PULL")
         }
         self._client: Any = None
         self._lock = threading.Lock()
+
+    def variables(self) -> dict[str, str]:
+        """What a process that talks to the engine itself (a job runner) is given: the
+        ``DOCKER_*`` variables, and the Docker config (registry credentials) of this
+        gateway's user, since the process has a home of its own."""
+        variables = {k: v for k, v in self._environ.items() if k != "HOME"}
+        if "DOCKER_CONFIG" not in variables and self._environ.get("HOME"):
+            variables["DOCKER_CONFIG"] = str(Path(self._environ["HOME"]) / ".docker")
+        return variables
 
     @property
     def where(self) -> str:
@@ -258,28 +273,7 @@ class ContainerBackend:
         return handle
 
     def _image(self, client: Any, image: str) -> Any:
-        from docker.errors import ImageNotFound
-
-        if self.pull != "always":
-            try:
-                return client.images.get(image)
-            except ImageNotFound:
-                if self.pull == "never":
-                    raise BackendError(
-                        f"Image {image} is not on the container engine, and "
-                        "SHIPYARD_IMAGE_PULL=never forbids pulling it."
-                    ) from None
-            except Exception as exc:
-                raise BackendError(
-                    f"The container engine could not look up {image}: {_first_line(exc)}"
-                ) from None
-        try:
-            return client.images.pull(image)
-        except Exception as exc:
-            raise BackendError(
-                f"Image {image} is not on the container engine and could not be pulled: "
-                f"{_first_line(exc)}"
-            ) from None
+        return _pulled(client, image, self.pull)
 
     def _limits(self, client: Any, spec: InstanceSpec) -> dict[str, Any]:
         """The InstanceType's vCPUs and memory, at most what the engine's host has (an
@@ -411,7 +405,8 @@ class ContainerBackend:
             return []
         removed = []
         for container in listed:
-            if (container.get("Labels") or {}).get(LABEL_HOME) != self.home:
+            labels = container.get("Labels") or {}
+            if labels.get(LABEL_HOME) != self.home or LABEL_JOB in labels:
                 continue  # an engine that ignored the filter
             with contextlib.suppress(Exception):
                 client.api.remove_container(container["Id"], force=True)
@@ -427,6 +422,152 @@ class ContainerBackend:
         if self._watcher is not None:
             self._watcher.join(timeout=2)
         self.engine.close()
+
+
+def job_container_name(workdir: Path) -> str:
+    """The container of the job attempt run in ``workdir``: its runner and the gateway
+    (``kill_job``) find it by this name alone."""
+    return "shipyard-job-" + hashlib.sha256(str(workdir.resolve()).encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingEnd:
+    exit_code: int
+    lost: bool
+    """Killed from outside (SIGKILL that nobody here sent, not for memory): the
+    instance was lost, as when a runner dies, rather than the algorithm failing."""
+    reason: str | None = None
+
+
+class TrainingContainer:
+    """One attempt of a training job in its image, under SageMaker's training contract:
+    ``<image> train`` (or ContainerEntrypoint / ContainerArguments) with the attempt's
+    ``/opt/ml`` tree (jobs/layout.py) bound at ``/opt/ml``, its Environment and
+    ``TRAINING_JOB_NAME`` / ``TRAINING_JOB_ARN``, limited to its InstanceType. Run by
+    the job runner (jobs/runner.py), which outlives the gateway; a gateway that gives
+    the job up removes it by name (``remove_job_container``)."""
+
+    def __init__(self, engine: Engine, workdir: Path) -> None:
+        self.engine = engine
+        self.name = job_container_name(workdir)
+        self.workdir = workdir
+        self.stopping = False
+        """Whether ``stop`` was called: its end is then no loss."""
+
+    def __repr__(self) -> str:
+        return f"TrainingContainer(name={self.name!r})"
+
+    def start(self, spec: JobSpec, opt_ml: Path, *, pull: str = "missing") -> None:
+        """Create and start it, replacing a container of the same name (an earlier run
+        of this very attempt). Raises BackendError saying why it cannot run."""
+        from shipyard.instance_types import INSTANCE_TYPES
+
+        client = self.engine.client()
+        with contextlib.suppress(Exception):
+            client.api.remove_container(self.name, force=True)
+        image = _pulled(client, spec.image, pull)
+        limits: dict[str, Any] = {}
+        known = INSTANCE_TYPES.get(spec.resource.instance_type)
+        if known is not None:
+            info = client.info()
+            cpus = min(known.vcpus, float(info.get("NCPU") or known.vcpus))
+            limits = {"nano_cpus": int(cpus * 1e9), "mem_limit": known.memory_bytes}
+            if info.get("MemTotal"):
+                limits["mem_limit"] = min(known.memory_bytes, int(info["MemTotal"]))
+        environment = {
+            **spec.environment,
+            "TRAINING_JOB_NAME": spec.name,
+            "TRAINING_JOB_ARN": spec.arn,
+        }
+        try:
+            container = client.containers.create(
+                image.id,
+                entrypoint=list(spec.entrypoint) if spec.entrypoint else None,
+                command=list(spec.arguments)
+                if spec.arguments
+                else []
+                if spec.entrypoint
+                else ["train"],
+                name=self.name,
+                hostname="algo-1",
+                environment=environment,
+                labels={LABEL_JOB: spec.name, LABEL_WORKDIR: str(self.workdir)},
+                volumes={str(opt_ml): {"bind": "/opt/ml", "mode": "rw"}},
+                security_opt=["no-new-privileges"],
+                **limits,
+            )
+            container.start()
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                client.api.remove_container(self.name, force=True)
+            raise BackendError(
+                f"The engine could not run the training image {spec.image}: {_first_line(exc)}"
+            ) from None
+
+    def output(self) -> Iterator[str]:
+        """Its output, line by line, until it ends."""
+        client = self.engine.client()
+        pending = b""
+        for chunk in client.api.logs(self.name, stream=True, follow=True):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                yield line.decode(errors="replace").rstrip("\r")
+        if pending:
+            yield pending.decode(errors="replace")
+
+    def end(self) -> TrainingEnd | None:
+        """How it ended; None while it runs."""
+        attrs = self.engine.client().api.inspect_container(self.name)
+        state = attrs.get("State") or {}
+        if state.get("Running") or str(state.get("Status", "")).lower() in ("created", "running"):
+            return None
+        code = int(state.get("ExitCode") or 0)
+        if state.get("OOMKilled"):
+            return TrainingEnd(code, False, "the training container ran out of memory")
+        return TrainingEnd(code, code == 137 and not self.stopping)
+
+    def stop(self, grace_s: float) -> None:
+        """SIGTERM, then SIGKILL after ``grace_s``, as StopTrainingJob does."""
+        self.stopping = True
+        with contextlib.suppress(Exception):
+            self.engine.client().api.stop(self.name, timeout=max(int(grace_s), 1))
+
+    def remove(self) -> None:
+        with contextlib.suppress(Exception):
+            self.engine.client().api.remove_container(self.name, force=True)
+
+
+def _pulled(client: Any, image: str, policy: str) -> Any:
+    """The image, pulled when missing (or always, or never, by ``policy``)."""
+    from docker.errors import ImageNotFound
+
+    if policy != "always":
+        try:
+            return client.images.get(image)
+        except ImageNotFound:
+            if policy == "never":
+                raise BackendError(
+                    f"Image {image} is not on the container engine, and "
+                    "SHIPYARD_IMAGE_PULL=never forbids pulling it."
+                ) from None
+        except Exception as exc:
+            raise BackendError(
+                f"The container engine could not look up {image}: {_first_line(exc)}"
+            ) from None
+    try:
+        return client.images.pull(image)
+    except Exception as exc:
+        raise BackendError(
+            f"Image {image} is not on the container engine and could not be pulled: "
+            f"{_first_line(exc)}"
+        ) from None
+
+
+def remove_job_container(engine: Engine, workdir: Path) -> None:
+    """Remove the container of the job attempt in ``workdir``, if there is one."""
+    with contextlib.suppress(Exception):
+        engine.client().api.remove_container(job_container_name(workdir), force=True)
 
 
 def _exited(attrs: Mapping[str, Any]) -> str | None:

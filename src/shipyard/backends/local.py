@@ -37,7 +37,11 @@ import psutil
 
 from shipyard import launch
 from shipyard.backends.base import InstanceHandle, InstanceSpec, JobHandle, runtime_for
-from shipyard.backends.containers import ContainerBackend, ContainerInstance
+from shipyard.backends.containers import (
+    ContainerBackend,
+    ContainerInstance,
+    remove_job_container,
+)
 from shipyard.backends.environment import process_environment
 from shipyard.backends.sandbox import MODEL_DIR, Sandbox
 from shipyard.errors import BackendError
@@ -446,6 +450,9 @@ class LocalBackend:
     ) -> JobHandle:
         argv = [sys.executable, "-m", "shipyard.jobs.runner", str(workdir)]
         env = process_environment(self._environ, home=workdir, s3=self._s3 if s3_access else None)
+        if self._in_image(workdir):
+            assert self.containers is not None
+            env.update(self.containers.engine.variables())  # the runner starts its container
         if s3_endpoint_url:
             argv += ["--s3-endpoint-url", s3_endpoint_url]
         granted: list[tuple[int, Path]] = []
@@ -488,6 +495,17 @@ class LocalBackend:
                 log.warning("could not record the bwrap of the runner in %s: %s", workdir, exc)
         log.info("started job runner pid %s in %s", process.pid, workdir)
         return _job_handle(process.pid, workdir, sandboxed=self.sandbox is not None)
+
+    def _in_image(self, workdir: Path) -> bool:
+        """Whether the job prepared in ``workdir`` runs in a training image (its runner
+        runs the container; backends/containers.py TrainingContainer)."""
+        if self.containers is None:
+            return False
+        try:
+            spec = JobSpec.from_json((workdir / JOB_FILE).read_bytes())
+        except (OSError, ValueError):
+            return False
+        return runtime_for(spec.image) == "docker"
 
     def _grant_outputs(self, sandbox: Sandbox, workdir: Path) -> list[tuple[int, Path]]:
         """The local folders a sandboxed job writes (``Sandbox.grant``), opened, with the
@@ -574,6 +592,10 @@ class LocalBackend:
         pid, workdir, sandboxed = _job_parts(handle.ref)
         if self.job_running(handle):
             _signal_group(pid, signal.SIGKILL)
+        if self._in_image(workdir):
+            assert self.containers is not None
+            remove_job_container(self.containers.engine, workdir)  # it outlives its runner
+            return
         if sandboxed:
             return  # the sandbox ended with its bwrap, and every process in it
         # The script leads its own session; once its runner is gone nobody else stops it.

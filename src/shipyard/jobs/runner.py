@@ -40,7 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from shipyard.errors import ArtifactError, ClientError
+from shipyard.backends.base import runtime_for
+from shipyard.backends.containers import Engine, TrainingContainer
+from shipyard.errors import ArtifactError, BackendError, ClientError
 from shipyard.job_contract import (
     JOB_FILE,
     LOG_FILE,
@@ -72,8 +74,16 @@ POLL_PERIOD_S = 0.1
 STDERR_TAIL_LINES = 20
 READER_JOIN_TIMEOUT_S = 5.0
 
+CONTAINER_POLL_PERIOD_S = 0.25
+"""How often a training container's state is read from the engine."""
+
 STOP = "stop"
 MAX_RUNTIME = "max_runtime"
+
+
+class InstanceLost(Exception):
+    """The job's instance was lost (its container killed from outside): the attempt
+    ends with no final status line, for the gateway to retry or fail it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +136,9 @@ class Runner:
         self._status("Starting", "Preparing the instances for training")
         try:
             end = self._run()
+        except InstanceLost as exc:
+            self._log.note(f"The instance was lost: {exc}; the attempt ends without an outcome")
+            return Outcome(status="Failed", failure_reason=str(exc))
         except Exception as exc:  # the gateway must see an end, whatever went wrong here
             log.exception("the job runner failed in %s", self.workdir)
             end = _failed(f"InternalServerError: {type(exc).__name__}: {exc}")
@@ -143,13 +156,19 @@ class Runner:
         try:
             self._status("Downloading", "Downloading input data")
             self._download(spec, layout)
-            argv = script_argv(spec, layout)
+            in_image = runtime_for(spec.image) == "docker"
+            argv = [] if in_image else script_argv(spec, layout)
             halted = self._halt_reason(spec)
             if halted is not None:
                 self._status("Stopping", _STOPPING_MESSAGES[halted])
                 return _stopped(halted, model_artifacts=None, exit_code=None)
-            run = self._train(spec, layout, argv)
+            if in_image:
+                run = self._train_in_image(spec, layout)
+            else:
+                run = self._train(spec, layout, argv)
         except (ArtifactError, ClientError, OSError) as exc:
+            return _failed(f"ClientError: {exc}")
+        except BackendError as exc:
             return _failed(f"ClientError: {exc}")
         return self._conclude(spec, layout, run)
 
@@ -207,6 +226,63 @@ class Runner:
                 sync.finish()
         self._log.note(f"The script exited with code {process.returncode}")
         return _ScriptRun(process.returncode, halted, list(tail))
+
+    def _train_in_image(self, spec: JobSpec, layout: Layout) -> _ScriptRun:
+        """Run the training image to its end, or stop it (backends/containers.py).
+
+        Its output is the job's log. A container killed from outside is a lost instance,
+        not a failed algorithm: ``InstanceLost`` leaves the attempt without an outcome, as
+        a lost runner does, for the gateway to retry it from its checkpoints where the
+        job's RetryStrategy allows (jobs/supervisor.py)."""
+        self._status("Training", "Training image download completed. Training in progress.")
+        container = TrainingContainer(Engine(self._inherited_env), self.workdir)
+        container.start(
+            spec, layout.root, pull=self._inherited_env.get("SHIPYARD_IMAGE_PULL", "missing")
+        )
+        self._log.note(f"Started the training container {container.name} ({spec.image})")
+        tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        reader = threading.Thread(
+            target=self._pump, args=(container, tail), name="job-log", daemon=True
+        )
+        reader.start()
+        sync = None
+        if spec.checkpoint:
+            sync = CheckpointSync(
+                self._store,
+                layout.checkpoints,
+                spec.checkpoint.uri,
+                period_s=self._checkpoint_sync_period_s,
+                job_log=self._log,
+            )
+        halted = None
+        try:
+            while (end := container.end()) is None:
+                halted = halted or self._halt_reason(spec)
+                if halted is not None and not container.stopping:
+                    container.stopping = True
+                    self._status("Stopping", _STOPPING_MESSAGES[halted])
+                    self._log.note(f"Stopping the container; SIGKILL after {spec.stop_grace_s:g} s")
+                    threading.Thread(
+                        target=container.stop, args=(spec.stop_grace_s,), daemon=True
+                    ).start()
+                time.sleep(CONTAINER_POLL_PERIOD_S)
+        finally:
+            reader.join(READER_JOIN_TIMEOUT_S)
+            if sync is not None:
+                sync.finish()
+        container.remove()
+        self._log.note(f"The training container exited with code {end.exit_code}")
+        if end.lost and halted is None:
+            raise InstanceLost(f"the training container was killed (exit code {end.exit_code})")
+        if end.reason is not None:
+            tail.append(end.reason)
+        return _ScriptRun(end.exit_code, halted, list(tail))
+
+    def _pump(self, container: TrainingContainer, tail: deque[str]) -> None:
+        with contextlib.suppress(Exception):  # the container was removed, the engine left
+            for line in container.output():
+                self._log.write(line)
+                tail.append(line)
 
     def _start_script(
         self, spec: JobSpec, layout: Layout, argv: list[str]

@@ -220,13 +220,8 @@ def _check_runnable(request: dict[str, Any]) -> None:
     image = algorithm.get("TrainingImage")
     if not image:
         raise InvalidParameter(
-            "AlgorithmSpecification.TrainingImage is required: shipyard runs script mode "
-            "(shipyard/python, a SageMaker framework image, or cmd:<command>)."
-        )
-    if runtime_for(image) == "docker":
-        raise InvalidParameter(
-            f"TrainingImage {image} is a container image, which needs a Docker engine; this "
-            "gateway runs the local backend. Use shipyard/python or cmd:<command>."
+            "AlgorithmSpecification.TrainingImage is required: shipyard/python or a "
+            "SageMaker framework image (script mode), cmd:<command>, or a training image."
         )
     if runtime_for(image) == "python" and not hyperparameter(request, "sagemaker_program"):
         raise InvalidParameter(

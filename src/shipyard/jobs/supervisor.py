@@ -282,6 +282,12 @@ class JobSupervisor:
                 volume_size_gb=int(resource.get("VolumeSizeInGB", 1)),
             ),
             attempt=job.attempt,
+            entrypoint=tuple(algorithm["ContainerEntrypoint"])
+            if algorithm.get("ContainerEntrypoint")
+            else None,
+            arguments=tuple(algorithm["ContainerArguments"])
+            if algorithm.get("ContainerArguments")
+            else None,
         )
 
 

@@ -1,0 +1,126 @@
+"""Training jobs in a training image, on a real engine (DESIGN 2.1): SageMaker's training
+contract, checked through what images/train.py leaves in the model it uploads."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import GatewayProcess, unique, wait_until
+from tests.containers.conftest import Engine, needs_engine
+from tests.e2e.test_jobs import ENV, wait_final
+
+pytestmark = needs_engine
+
+
+@pytest.fixture(scope="module")
+def image(engine: Engine) -> str:
+    return engine.build("localhost/shipyard-test/train:1", script="train.py")
+
+
+@pytest.fixture
+def gateway(gateway_factory: Callable[..., GatewayProcess], engine: Engine) -> GatewayProcess:
+    return gateway_factory(extra_env={**engine.env, **ENV})
+
+
+def request(name: str, image: str, place: Path, **hps: str) -> dict[str, Any]:
+    """A job on the two channels ``train`` and ``test`` under ``place``."""
+    channels = []
+    for channel, numbers in (("train", "1 2 3"), ("test", "10 20")):
+        folder = place / "data" / channel
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "part-0.txt").write_text(numbers)
+        source = {"S3DataType": "S3Prefix", "S3Uri": folder.as_uri()}
+        channels.append({"ChannelName": channel, "DataSource": {"S3DataSource": source}})
+    return {
+        "TrainingJobName": name,
+        "AlgorithmSpecification": {"TrainingImage": image, "TrainingInputMode": "File"},
+        "RoleArn": "arn:aws:iam::123456789012:role/x",
+        "HyperParameters": hps,
+        "InputDataConfig": channels,
+        "OutputDataConfig": {"S3OutputPath": (place / "out").as_uri()},
+        "ResourceConfig": {"InstanceType": "ml.m5.large", "InstanceCount": 1, "VolumeSizeInGB": 1},
+        "StoppingCondition": {"MaxRuntimeInSeconds": 600},
+        "Environment": {"GREETING": "hi"},
+    }
+
+
+def model_of(job: dict[str, Any], place: Path) -> dict[str, Any]:
+    artifact = Path(job["ModelArtifacts"]["S3ModelArtifacts"].removeprefix("file://"))
+    with tarfile.open(artifact) as tar:
+        member = tar.extractfile("model.json")
+        assert member is not None
+        return dict(json.loads(member.read()))
+
+
+def test_a_training_image_gets_its_channels_config_and_uploads_its_model(
+    gateway: GatewayProcess, engine: Engine, image: str, tmp_path: Path
+) -> None:
+    name = unique("train")
+    gateway.sm.create_training_job(**request(name, image, tmp_path, alpha="0.5", steps="2"))
+    job = wait_final(gateway.sm, name, timeout_s=90)
+    assert job["TrainingJobStatus"] == "Completed", job.get("FailureReason")
+    model = model_of(job, tmp_path)
+    assert model["argv"] == ["train"]
+    assert model["hyperparameters"] == {"alpha": "0.5", "steps": "2"}
+    assert model["sums"] == {"train": 6.0, "test": 30.0}
+    assert model["host"] == "algo-1"
+    assert (model["job"], model["greeting"]) == (name, "hi")
+    output = tmp_path / "out" / name / "output" / "output.tar.gz"
+    with tarfile.open(output) as tar:
+        assert "report.txt" in tar.getnames()
+    # The container's output is the job's log, and the container is gone.
+    log = next((gateway.home / "jobs" / name).glob("attempt-*/job.log")).read_text()
+    assert "training done" in log
+    assert not engine.containers(**{"dev.shipyard.job": name})
+
+
+def test_a_failure_file_is_the_failure_reason_and_a_missing_image_says_so(
+    gateway: GatewayProcess, image: str, tmp_path: Path
+) -> None:
+    failing = unique("fail")
+    gateway.sm.create_training_job(**request(failing, image, tmp_path / "a", fail="row 7"))
+    missing = unique("missing")
+    gateway.sm.create_training_job(
+        **request(missing, "localhost/shipyard-test/absent:1", tmp_path / "b")
+    )
+    job = wait_final(gateway.sm, failing, timeout_s=90)
+    assert (job["TrainingJobStatus"], job["FailureReason"]) == ("Failed", "bad data: row 7")
+    job = wait_final(gateway.sm, missing, timeout_s=90)
+    assert job["TrainingJobStatus"] == "Failed"
+    assert (
+        "absent:1 is not on the container engine and could not be pulled" in (job["FailureReason"])
+    )
+
+
+def test_a_killed_container_is_retried_from_its_checkpoints(
+    gateway: GatewayProcess, engine: Engine, image: str, tmp_path: Path
+) -> None:
+    name = unique("resume")
+    job = request(name, image, tmp_path, steps="100", step_s="0.2")
+    checkpoints = tmp_path / "checkpoints"
+    job["CheckpointConfig"] = {"S3Uri": checkpoints.as_uri()}
+    job["RetryStrategy"] = {"MaximumRetryAttempts": 1}
+    gateway.sm.create_training_job(**job)
+
+    def synced_step() -> int:
+        try:
+            return int((checkpoints / "step").read_text())
+        except (OSError, ValueError):
+            return 0
+
+    wait_until(lambda: synced_step() >= 3, "a checkpoint synced", timeout_s=60)
+    (container,) = [
+        c for c in engine.containers(**{"dev.shipyard.job": name}) if c.status == "running"
+    ]
+    container.kill()
+    described = wait_final(gateway.sm, name, timeout_s=120)
+    assert described["TrainingJobStatus"] == "Completed", described.get("FailureReason")
+    assert model_of(described, tmp_path)["resumed_from"] >= 3
+    secondary = [t["Status"] for t in described["SecondaryStatusTransitions"]]
+    assert "Restarting" in secondary
