@@ -203,6 +203,55 @@ def test_a_two_container_pipeline_of_images(
     assert "SAGEMAKER_BIND_TO_PORT" not in first["environ"]
 
 
+def test_a_multi_model_image_loads_its_target_models(
+    gateway: GatewayProcess, engine: Engine, images: dict[str, str], tmp_path: Path
+) -> None:
+    prefix = tmp_path / "models"
+    prefix.mkdir()
+    for model, answer in (("a", "alpha"), ("b", "beta")):
+        (tmp_path / model).mkdir()
+        (tmp_path / model / "answer.txt").write_text(answer)
+        with tarfile.open(prefix / f"{model}.tar.gz", "w:gz") as tar:
+            tar.add(tmp_path / model, arcname=".")
+    name = unique("mme")
+    gateway.sm.create_model(
+        ModelName=name,
+        PrimaryContainer={
+            "Image": images["v1"],
+            "Mode": "MultiModel",
+            "ModelDataUrl": prefix.as_uri() + "/",
+        },
+        ExecutionRoleArn=ROLE,
+    )
+    gateway.sm.create_endpoint_config(
+        EndpointConfigName=name,
+        ProductionVariants=[
+            {
+                "VariantName": "v1",
+                "ModelName": name,
+                "InstanceType": "ml.m5.large",
+                "InitialInstanceCount": 1,
+            }
+        ],
+    )
+    gateway.sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
+    gateway.sm.get_waiter("endpoint_in_service").wait(
+        EndpointName=name, WaiterConfig={"Delay": 0.5, "MaxAttempts": 240}
+    )
+    for model, answer in (("a.tar.gz", "alpha"), ("b.tar.gz", "beta"), ("a.tar.gz", "alpha")):
+        reply = gateway.rt.invoke_endpoint(EndpointName=name, TargetModel=model, Body=b"x")
+        seen = json.loads(reply["Body"].read())
+        assert seen["model"] == answer
+        assert seen["url"].startswith("/opt/ml/models/")  # where the container sees it
+    (container,) = ours(engine, name)
+    assert "SAGEMAKER_MULTI_MODEL=true" in container.attrs["Config"]["Env"]
+    mounts = container.attrs["Mounts"]
+    assert [(m["Destination"], m["RW"]) for m in mounts] == [("/opt/ml/models", False)]
+    with pytest.raises(gateway.rt.exceptions.ClientError) as missing:
+        gateway.rt.invoke_endpoint(EndpointName=name, TargetModel="none.tar.gz", Body=b"x")
+    assert "none.tar.gz" in str(missing.value)
+
+
 def test_images_that_cannot_serve_fail_their_endpoint_with_the_reason(
     gateway_factory: Callable[..., GatewayProcess],
     engine: Engine,

@@ -36,6 +36,7 @@ from shipyard import launch
 from shipyard.backends.base import InstanceHandle, InstanceSpec
 from shipyard.errors import BackendError
 from shipyard.job_contract import JobSpec
+from shipyard.routing.model_agent import MODELS_FOLDER
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,9 @@ SAFE_PORT_RANGE = "8080-8090"
 STOP_GRACE_S = 30.0
 """SIGTERM, then SIGKILL this long after, as SageMaker stops a container."""
 MODEL_DIR = "/opt/ml/model"
+CONTAINER_MODELS_DIR = "/opt/ml/models"
+"""Where a multi-model container sees the models the gateway fetched for it (read-only;
+the gateway's ModelAgent names a folder under it in each ``POST /models``)."""
 PULL_POLICIES = ("missing", "always", "never")
 _POLL_S = 0.5
 """How often the states of this home's containers are read (one call for all)."""
@@ -197,7 +201,10 @@ class ContainerBackend:
 
     def _model_folder(self, spec: InstanceSpec) -> Path:
         if spec.workdir is not None:
-            return spec.workdir
+            # A multi-model instance: the folder the gateway fetches its models into.
+            models = spec.workdir / MODELS_FOLDER
+            models.mkdir(parents=True, exist_ok=True)
+            return models
         try:
             return launch.model_folder(
                 spec.model_url, self.models_dir, s3_endpoint_url=self.s3_endpoint_url
@@ -238,7 +245,12 @@ class ContainerBackend:
                     LABEL_ENDPOINT: spec.endpoint or "",
                 },
                 ports={f"{port}/tcp": ("127.0.0.1", None)},
-                volumes={str(model): {"bind": MODEL_DIR, "mode": "ro"}},
+                volumes={
+                    str(model): {
+                        "bind": MODEL_DIR if spec.workdir is None else CONTAINER_MODELS_DIR,
+                        "mode": "ro",
+                    }
+                },
                 security_opt=["no-new-privileges"],
                 **self._limits(client, spec),
             )

@@ -26,6 +26,7 @@ from shipyard.backends.base import (
     runtime_for,
     variant_resources,
 )
+from shipyard.backends.containers import CONTAINER_MODELS_DIR
 from shipyard.contract import ADAPTERS_TOKEN_ENV
 from shipyard.errors import BackendError, FleetFailed, ShipyardError
 from shipyard.provisioning.containers import (
@@ -387,9 +388,14 @@ class Provisioner:
         environment["SAGEMAKER_MULTI_MODEL"] = "true"
         environment["SHIPYARD_MODEL_PREFIX"] = prefix
         agent = None
-        if runtime_for(model.image) == "cmd":
+        kind = runtime_for(model.image)
+        if kind in ("cmd", "docker"):
             agent = ModelAgent(
-                prefix=prefix, fetch=self.artifacts.fetch_model, folder=self.scratch_dir
+                prefix=prefix,
+                fetch=self.artifacts.fetch_model,
+                folder=self.scratch_dir,
+                # A container sees its models where the container backend mounts them.
+                models_at=CONTAINER_MODELS_DIR if kind == "docker" else None,
             )
         return VariantTemplate(model.image, environment, None, prefix=prefix, agent=agent)
 

@@ -2,7 +2,7 @@
 
 On SageMaker the platform, not a custom multi-model container, decides what is loaded
 where. The built-in runtime takes those decisions itself (runtime/multimodel.py), so only
-a user's own server (a ``cmd:`` image of a MultiModel model) is driven this way:
+a user's own server (a ``cmd:`` or container image of a MultiModel model) is driven this way:
 
 - before invoking a model the instance does not hold, fetch its artifact from the prefix
   into the instance's own folder (an archive is extracted) and ``POST /models``
@@ -85,10 +85,14 @@ class ModelAgent:
         prefix: str,
         fetch: Callable[[str, Path], Path],
         folder: Callable[[str], Path],
+        models_at: str | None = None,
     ) -> None:
         self.prefix = prefix
         self._fetch = fetch
         self._folder = folder
+        self._models_at = models_at
+        """Where the instance sees its ``MODELS_FOLDER`` (a container's mount); None: at
+        the gateway's own path (a process on this host)."""
         self._loading: dict[tuple[str, str], asyncio.Task[_Load]] = {}
 
     def __repr__(self) -> str:
@@ -141,10 +145,10 @@ class ModelAgent:
             return _Load(_refusal(500, "ModelLoadFailed", f"Model '{model}': {exc}"))
         report = _Load(download_s=time.perf_counter() - started, unload_s=0.0)
         evicted: list[str] = []
-        payload = json.dumps({"model_name": model, "url": str(local)}).encode()
+        payload = json.dumps({"model_name": model, "url": self._seen_at(instance, local)})
         while True:
             started = time.perf_counter()
-            answer = await instance.pool.request(b"POST", b"/models", _JSON, payload)
+            answer = await instance.pool.request(b"POST", b"/models", _JSON, payload.encode())
             if answer.status in (200, 409):
                 report.load_s = time.perf_counter() - started
                 break
@@ -172,6 +176,13 @@ class ModelAgent:
         instance.models.pop(name, None)
         await asyncio.to_thread(shutil.rmtree, self._artifact_dir(instance, name), True)
         return time.perf_counter() - started
+
+    def _seen_at(self, instance: Instance, local: Path) -> str:
+        """The ``url`` of a load: where the instance finds the folder ``local``."""
+        if self._models_at is None:
+            return str(local)
+        inside = local.relative_to(self._folder(instance.instance_id) / MODELS_FOLDER)
+        return f"{self._models_at.rstrip('/')}/{inside.as_posix()}"
 
     def _artifact_dir(self, instance: Instance, model: str) -> Path:
         key = hashlib.sha256(model.encode()).hexdigest()[:32]

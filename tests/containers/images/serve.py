@@ -3,7 +3,8 @@ it on 8080 (or SAGEMAKER_BIND_TO_PORT); it answers /ping and /invocations with w
 sees of its container, so the tests can check the contract from inside.
 
 Its behaviour is baked into each test image by the variable IMAGE_MODE: ``serve``
-(default), ``exit`` (ends at once, saying so), ``noping`` (never healthy)."""
+(default), ``exit`` (ends at once, saying so), ``noping`` (never healthy). With
+SAGEMAKER_MULTI_MODEL=true it is also a multi-model container (``/models``)."""
 
 import json
 import os
@@ -34,14 +35,38 @@ def model_writable():
         return False
 
 
+LOADED = {}
+"""Multi-model (SAGEMAKER_MULTI_MODEL=true): model name -> its answer.txt."""
+
+
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/ping" and MODE != "noping":
             return self.answer(200, b"")
+        if self.path == "/models":
+            listed = [{"modelName": n, "modelUrl": u} for n, (u, _) in LOADED.items()]
+            return self.answer(200, json.dumps({"models": listed}).encode())
         self.answer(404 if self.path != "/ping" else 503, b"")
+
+    def do_DELETE(self):
+        name = self.path.removeprefix("/models/")
+        self.answer(200 if LOADED.pop(name, None) else 404, b"")
 
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path == "/models":  # the multi-model container API's load
+            load = json.loads(body)
+            if load["model_name"] in LOADED:
+                return self.answer(409, b"")
+            with open(os.path.join(load["url"], "answer.txt")) as f:
+                LOADED[load["model_name"]] = (load["url"], f.read().strip())
+            return self.answer(200, b"")
+        if self.path.startswith("/models/") and self.path.endswith("/invoke"):
+            name = self.path.removeprefix("/models/").removesuffix("/invoke")
+            if name not in LOADED:
+                return self.answer(404, b"")
+            seen = {"model": LOADED[name][1], "url": LOADED[name][0], "body": body.decode()}
+            return self.answer(200, json.dumps(seen).encode(), "application/json")
         if self.path != "/invocations":
             return self.answer(404, b"")
         if body == b"fail":
