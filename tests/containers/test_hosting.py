@@ -252,6 +252,75 @@ def test_a_multi_model_image_loads_its_target_models(
     assert "none.tar.gz" in str(missing.value)
 
 
+def test_an_async_endpoint_and_a_batch_transform_of_an_image(
+    gateway: GatewayProcess, engine: Engine, images: dict[str, str], artifact: str, tmp_path: Path
+) -> None:
+    name = unique("async")
+    gateway.sm.create_model(
+        ModelName=name,
+        PrimaryContainer={"Image": images["v1"], "ModelDataUrl": artifact},
+        ExecutionRoleArn=ROLE,
+    )
+    gateway.sm.create_endpoint_config(
+        EndpointConfigName=name,
+        ProductionVariants=[
+            {
+                "VariantName": "v1",
+                "ModelName": name,
+                "InstanceType": "ml.m5.large",
+                "InitialInstanceCount": 1,
+            }
+        ],
+        AsyncInferenceConfig={"OutputConfig": {"S3OutputPath": (tmp_path / "out").as_uri()}},
+    )
+    gateway.sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
+    gateway.sm.get_waiter("endpoint_in_service").wait(
+        EndpointName=name, WaiterConfig={"Delay": 0.5, "MaxAttempts": 240}
+    )
+    (tmp_path / "in.txt").write_text("async body")
+    answer = gateway.rt.invoke_endpoint_async(
+        EndpointName=name, InputLocation=(tmp_path / "in.txt").as_uri(), ContentType="text/plain"
+    )
+    output = Path(answer["OutputLocation"].removeprefix("file://"))
+    wait_until(output.exists, "the async output", timeout_s=60)
+    seen = json.loads(output.read_text())
+    assert (seen["model"], seen["body"]) == ("42", "async body")
+
+    # A transform's instances get the batch variables; the image's execution parameters
+    # are asked for, and every record is scored.
+    (tmp_path / "input").mkdir()
+    (tmp_path / "input" / "rows.csv").write_text("a,b\nc,d\ne,f\n")
+    job = unique("transform")
+    gateway.sm.create_transform_job(
+        TransformJobName=job,
+        ModelName=name,
+        TransformInput={
+            "DataSource": {
+                "S3DataSource": {
+                    "S3DataType": "S3Prefix",
+                    "S3Uri": (tmp_path / "input").as_uri(),
+                }
+            },
+            "ContentType": "text/csv",
+            "SplitType": "Line",
+        },
+        TransformOutput={"S3OutputPath": (tmp_path / "scored").as_uri(), "AssembleWith": "Line"},
+        TransformResources={"InstanceType": "ml.m5.large", "InstanceCount": 1},
+    )
+    wait_until(
+        lambda: gateway.sm.describe_transform_job(TransformJobName=job)["TransformJobStatus"]
+        in ("Completed", "Failed", "Stopped"),
+        "the transform",
+        timeout_s=120,
+    )
+    described = gateway.sm.describe_transform_job(TransformJobName=job)
+    assert described["TransformJobStatus"] == "Completed", described.get("FailureReason")
+    scored = (tmp_path / "scored" / "rows.csv.out").read_text().split()
+    assert scored == ["A,B", "C,D", "E,F"]
+    logs = "".join(p.read_text() for p in gateway.home.glob("logs/**/*.log"))
+    assert "GET /execution-parameters" in logs
+
+
 def test_images_that_cannot_serve_fail_their_endpoint_with_the_reason(
     gateway_factory: Callable[..., GatewayProcess],
     engine: Engine,

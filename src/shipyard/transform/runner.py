@@ -259,7 +259,7 @@ class TransformRun:
             parsed = json.loads(answer.body)
         except (TimeoutError, UpstreamError, OSError, ValueError):
             return {}
-        return parsed if isinstance(parsed, dict) else {}
+        return _advertised(parsed) if isinstance(parsed, dict) else {}
 
     def _route(self, fleet: Fleet, plan: Plan) -> EndpointRoute:
         instances = [s.instance for s in fleet.all_slots() if s.instance is not None]
@@ -457,3 +457,28 @@ def _filter(expression: str | None) -> Any:
 
 def _strategy_env(strategy: str | None) -> str:
     return "MULTI_RECORD" if strategy == "MultiRecord" else "SINGLE_RECORD"
+
+
+_ADVERTISED_STRATEGIES = {
+    "MULTI_RECORD": "MultiRecord",
+    "SINGLE_RECORD": "SingleRecord",
+    "MultiRecord": "MultiRecord",
+    "SingleRecord": "SingleRecord",
+}
+"""What a model may answer as BatchStrategy at ``/execution-parameters``: SageMaker's
+documented ``MULTI_RECORD`` / ``SINGLE_RECORD``, or the API's own spelling."""
+
+
+def _advertised(parsed: dict[str, Any]) -> dict[str, Any]:
+    """The execution parameters a model answered that can be used; a value of the wrong
+    kind is left out (the job's own, or the default, applies), as a model's answer is
+    advice, not a request the job can be failed for."""
+    usable: dict[str, Any] = {}
+    strategy = _ADVERTISED_STRATEGIES.get(str(parsed.get("BatchStrategy")))
+    if strategy is not None:
+        usable["BatchStrategy"] = strategy
+    for key in ("MaxConcurrentTransforms", "MaxPayloadInMB"):
+        value = parsed.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            usable[key] = value
+    return usable

@@ -43,6 +43,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/ping" and MODE != "noping":
             return self.answer(200, b"")
+        if self.path == "/execution-parameters" and os.environ.get("SAGEMAKER_BATCH") == "true":
+            asked = {"MaxConcurrentTransforms": 1, "BatchStrategy": "SINGLE_RECORD"}
+            return self.answer(200, json.dumps(asked).encode(), "application/json")
         if self.path == "/models":
             listed = [{"modelName": n, "modelUrl": u} for n, (u, _) in LOADED.items()]
             return self.answer(200, json.dumps({"models": listed}).encode())
@@ -71,6 +74,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.answer(404, b"")
         if body == b"fail":
             return self.answer(500, b"failed on purpose")
+        if os.environ.get("SAGEMAKER_BATCH") == "true":  # a transform's records
+            return self.answer(200, body.upper(), "text/csv")
         seen = {
             "version": VERSION,
             "model": model_answer(),
