@@ -39,6 +39,11 @@ class Settings(BaseSettings):
     """Where instances run, a name from the registry in backends/__init__.py: ``local``
     processes (the embedded default), or ``ray`` (the nodes of a Ray cluster)."""
 
+    framework_images: Literal["builtin", "container"] = "builtin"
+    """What serves a SageMaker framework image URI (sklearn, pytorch, xgboost,
+    huggingface, ...): the built-in Python runtime, or (``container``) the image itself
+    on the container engine, for a user who has the real images."""
+
     ray_address: str | None = None
     """The Ray cluster ``--backend ray`` joins: its head's ``host:port`` (``ray start
     --head`` prints it). A cluster with token authentication also needs its token, which

@@ -308,8 +308,10 @@ def test_an_async_endpoint_and_a_batch_transform_of_an_image(
         TransformResources={"InstanceType": "ml.m5.large", "InstanceCount": 1},
     )
     wait_until(
-        lambda: gateway.sm.describe_transform_job(TransformJobName=job)["TransformJobStatus"]
-        in ("Completed", "Failed", "Stopped"),
+        lambda: (
+            gateway.sm.describe_transform_job(TransformJobName=job)["TransformJobStatus"]
+            in ("Completed", "Failed", "Stopped")
+        ),
         "the transform",
         timeout_s=120,
     )
@@ -319,6 +321,23 @@ def test_an_async_endpoint_and_a_batch_transform_of_an_image(
     assert scored == ["A,B", "C,D", "E,F"]
     logs = "".join(p.read_text() for p in gateway.home.glob("logs/**/*.log"))
     assert "GET /execution-parameters" in logs
+
+
+def test_framework_image_uris_run_their_image_when_the_setting_says_so(
+    gateway_factory: Callable[..., GatewayProcess],
+    engine: Engine,
+    images: dict[str, str],
+    artifact: str,
+) -> None:
+    framework = "localhost/sagemaker-scikit-learn:1.2-1-cpu-py3"
+    engine.client.images.get(images["v1"]).tag(*framework.rsplit(":", 1))
+    gw = gateway_factory(extra_env={**engine.env, "SHIPYARD_FRAMEWORK_IMAGES": "container"})
+    name = unique("framework")
+    deploy(gw.sm, name, artifact, image=framework)
+    assert invoke(gw, name)["argv"] == ["serve"]  # the image's server, not the built-in one
+    assert len(ours(engine, name)) == 1
+    with pytest.raises(RuntimeError, match="framework_images"):
+        gateway_factory(extra_env={"SHIPYARD_FRAMEWORK_IMAGES": "sometimes"})
 
 
 def test_images_that_cannot_serve_fail_their_endpoint_with_the_reason(

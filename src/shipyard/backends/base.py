@@ -6,6 +6,7 @@ backend only has to answer these few questions.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -27,12 +28,23 @@ FRAMEWORK_IMAGE_MARKERS = (
 )
 
 
+FRAMEWORK_IMAGES_ENV = "SHIPYARD_FRAMEWORK_IMAGES"
+"""``builtin`` (default) or ``container``: what serves a SageMaker framework image URI.
+The gateway's setting (Settings.framework_images); a job runner is given it too."""
+
+
 def runtime_for(image: str) -> str:
-    """Which runtime serves ``image``: ``python``, ``cmd`` or ``docker``."""
+    """Which runtime serves ``image``: ``python``, ``cmd`` or ``docker``.
+
+    A framework image URI is the built-in runtime's unless SHIPYARD_FRAMEWORK_IMAGES is
+    ``container`` (read here, each time: the gateway and its job runners, which are
+    processes of their own, decide alike)."""
     if image.startswith("cmd:"):
         return "cmd"
-    if image in BUILTIN_IMAGES or any(m in image for m in FRAMEWORK_IMAGE_MARKERS):
+    if image in BUILTIN_IMAGES:
         return "python"
+    if any(m in image for m in FRAMEWORK_IMAGE_MARKERS):
+        return "docker" if os.environ.get(FRAMEWORK_IMAGES_ENV) == "container" else "python"
     return "docker"
 
 

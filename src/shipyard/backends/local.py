@@ -36,7 +36,13 @@ from pathlib import Path
 import psutil
 
 from shipyard import launch
-from shipyard.backends.base import InstanceHandle, InstanceSpec, JobHandle, runtime_for
+from shipyard.backends.base import (
+    FRAMEWORK_IMAGES_ENV,
+    InstanceHandle,
+    InstanceSpec,
+    JobHandle,
+    runtime_for,
+)
 from shipyard.backends.containers import (
     ContainerBackend,
     ContainerInstance,
@@ -450,6 +456,8 @@ class LocalBackend:
     ) -> JobHandle:
         argv = [sys.executable, "-m", "shipyard.jobs.runner", str(workdir)]
         env = process_environment(self._environ, home=workdir, s3=self._s3 if s3_access else None)
+        if FRAMEWORK_IMAGES_ENV in self._environ:  # the runner decides as the gateway did
+            env[FRAMEWORK_IMAGES_ENV] = self._environ[FRAMEWORK_IMAGES_ENV]
         if self._in_image(workdir):
             assert self.containers is not None
             env.update(self.containers.engine.variables())  # the runner starts its container
