@@ -25,6 +25,7 @@ import resource
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -143,9 +144,12 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
 
     rootfs = _rootfs()
     folder = tmp_path_factory.mktemp("engine")
+    # Podman refuses a run root longer than 50 characters, and a socket's path must be
+    # short: both go in a short folder of their own.
+    short = Path(tempfile.mkdtemp(prefix="sy-engine-", dir="/tmp"))
     env = {**os.environ, "CONTAINERS_CONF": str(_configuration(folder))}
-    podman = ["podman", "--root", str(folder / "root"), "--runroot", str(folder / "run")]
-    socket = folder / "podman.sock"
+    podman = ["podman", "--root", str(folder / "root"), "--runroot", str(short / "run")]
+    socket = short / "podman.sock"
     with open(folder / "service.log", "wb") as out:
         service = subprocess.Popen(
             [*podman, "system", "service", "--time=0", f"unix://{socket}"],
@@ -193,3 +197,4 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
             service.wait()
         # The images go, and with them the storage's mounts; the folder goes with tmp_path.
         subprocess.run([*podman, "rmi", "--all", "--force"], env=env, capture_output=True)
+        shutil.rmtree(short, ignore_errors=True)

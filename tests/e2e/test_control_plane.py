@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -188,7 +190,10 @@ def test_model_whose_model_fn_fails_fails_the_endpoint(
     assert gateway.get("/healthz")[0] == 200
 
 
-def test_container_images_need_docker(gateway: GatewayProcess, model_tarball: Any) -> None:
+def test_container_images_need_an_engine(
+    gateway_factory: Callable[..., GatewayProcess], model_tarball: Any, tmp_path: Path
+) -> None:
+    gateway = gateway_factory(extra_env={"DOCKER_HOST": f"unix://{tmp_path}/none.sock"})
     sm = gateway.sm
     deploy(
         sm,
@@ -202,7 +207,8 @@ def test_container_images_need_docker(gateway: GatewayProcess, model_tarball: An
             EndpointName="docker", WaiterConfig={"Delay": 0.2, "MaxAttempts": 100}
         )
     reason = sm.describe_endpoint(EndpointName="docker")["FailureReason"]
-    assert "Docker engine" in reason
+    assert f"No container engine answers at unix://{tmp_path}/none.sock" in reason
+    assert "podman system service" in reason
 
 
 def test_responses_carry_a_request_id(gateway: GatewayProcess) -> None:

@@ -16,11 +16,25 @@ def test_local_is_registered_with_what_it_can_run(tmp_path: Path) -> None:
     )
     assert isinstance(backend, LocalBackend)
     assert backend.run_dir == tmp_path / "run" and backend.models_dir == tmp_path / "models"
-    assert capabilities.runtimes == {"python", "cmd"}
+    assert capabilities.runtimes == {"python", "cmd", "docker"}
     assert capabilities.shared_disk
     assert "local" in names()
 
 
 def test_an_unknown_backend_is_refused_naming_the_known_ones(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"unknown backend 'kubernetes' \(known: local, ray"):
+    with pytest.raises(
+        ValueError, match=r"unknown backend 'kubernetes' \(known: docker, local, ray"
+    ):
         create_backend("kubernetes", BackendContext(home=tmp_path, environ={}, s3={}))
+
+
+def test_the_docker_backend_refuses_to_start_without_an_engine(tmp_path: Path) -> None:
+    environ = {"DOCKER_HOST": f"unix://{tmp_path}/none.sock"}
+    with pytest.raises(ValueError, match=r"No container engine answers at unix://"):
+        create_backend("docker", BackendContext(home=tmp_path, environ=environ, s3={}))
+    # The local backend connects when a container image is first run, not before.
+    backend, capabilities = create_backend(
+        "local", BackendContext(home=tmp_path, environ=environ, s3={})
+    )
+    assert "docker" in capabilities.runtimes
+    backend.stop_leftovers()  # no container was ever run here: no engine is asked
