@@ -42,6 +42,7 @@ from harness import (
     entry,
     env_float,
     measure,
+    post,
     require_wrk,
     start_gateway,
     table,
@@ -53,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "shipyard-tests"
 ROOTFS = CACHE / "rootfs-bookworm-python3.tar"
 BASE = "localhost/shipyard-bench/python:bookworm"
-IMAGE = "localhost/shipyard-bench/sklearn:1"
+IMAGE = "localhost/shipyard-bench/runtime:1"
 SERVE = """#!/bin/sh
 # The SageMaker hosting contract: `serve`, port 8080, the model at /opt/ml/model.
 [ "$1" = serve ] || { echo "expected serve, got $*" >&2; exit 2; }
@@ -194,11 +195,9 @@ def container_pids(docker_host: str) -> list[int]:
 
     client = docker.DockerClient(base_url=docker_host)
     try:
-        pids = []
-        for container in client.containers.list(filters={"label": "dev.shipyard.endpoint"}):
-            top: dict[str, Any] = container.top(ps_args="-eo pid")
-            pids += [int(row[0]) for row in top["Processes"]]
-        return pids
+        # Each container's first process, as the host sees it; rss() adds its descendants.
+        containers = client.containers.list(filters={"label": "dev.shipyard.endpoint"})
+        return [int(c.attrs["State"]["Pid"]) for c in containers]
     finally:
         client.close()
 
@@ -257,6 +256,12 @@ def main() -> int:
                 "built-in": rss(builtin_pids(gateway)),
                 "container": rss(container_pids(docker_host)),
             }
+            for kind in kinds:  # both answer the model's predictions
+                status, answer = post(
+                    f"{url}/endpoints/{kind.replace('-', '')}/invocations", PEER_BODY.read_bytes()
+                )
+                if status != 200 or "predictions" not in json.loads(answer):
+                    raise RuntimeError(f"{kind}: {status} {answer[:300]!r}")
             rows = load(url, list(kinds), warmup, duration)
             probe_after = cpu_probe_ms()
     finally:

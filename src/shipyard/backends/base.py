@@ -16,16 +16,27 @@ if TYPE_CHECKING:
     from shipyard.records import VariantSpec
 
 BUILTIN_IMAGES = ("shipyard/python",)
-# SageMaker framework images served by the built-in runtime (matched inside the URI).
-FRAMEWORK_IMAGE_MARKERS = (
+FRAMEWORK_REPOSITORIES = (
     "sagemaker-scikit-learn",
-    "sklearn",
-    "pytorch-inference",
+    "sagemaker-xgboost",
     "xgboost",
-    "huggingface",
+    "pytorch-inference",
+    "pytorch-training",
     "tensorflow-inference",
+    "tensorflow-training",
     "mxnet-inference",
+    "mxnet-training",
 )
+"""The repositories of SageMaker's framework images (as the sagemaker SDK's image_uris
+names them), served by the built-in runtime; and every ``huggingface-*`` one. Matched on
+the repository's name, not anywhere in the URI: a team's own ``acme/sklearn-server`` is
+a container image."""
+
+
+def is_framework_image(image: str) -> bool:
+    """Whether ``image`` is a SageMaker framework image URI (by its repository's name)."""
+    repository = image.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0]
+    return repository in FRAMEWORK_REPOSITORIES or repository.startswith("huggingface-")
 
 
 FRAMEWORK_IMAGES_ENV = "SHIPYARD_FRAMEWORK_IMAGES"
@@ -43,7 +54,7 @@ def runtime_for(image: str) -> str:
         return "cmd"
     if image in BUILTIN_IMAGES:
         return "python"
-    if any(m in image for m in FRAMEWORK_IMAGE_MARKERS):
+    if is_framework_image(image):
         return "docker" if os.environ.get(FRAMEWORK_IMAGES_ENV) == "container" else "python"
     return "docker"
 
