@@ -58,7 +58,7 @@ IMAGE = "localhost/shipyard-bench/runtime:1"
 SERVE = """#!/bin/sh
 # The SageMaker hosting contract: `serve`, port 8080, the model at /opt/ml/model.
 [ "$1" = serve ] || { echo "expected serve, got $*" >&2; exit 2; }
-exec python3 -m shipyard.runtime --port "${SAGEMAKER_BIND_TO_PORT:-8080}" \\
+exec python3 -m shipyard.runtime --host 0.0.0.0 --port "${SAGEMAKER_BIND_TO_PORT:-8080}" \\
   --model-dir /opt/ml/model
 """
 
@@ -151,13 +151,14 @@ def deploy(control: Control, name: str, image: str, model_url: str) -> float:
     )
     started = time.monotonic()
     control.call("CreateEndpoint", {"EndpointName": name, "EndpointConfigName": name})
-    while True:
+    while time.monotonic() < started + 120:
         described = control.call("DescribeEndpoint", {"EndpointName": name})
         if described["EndpointStatus"] == "InService":
             return time.monotonic() - started
         if described["EndpointStatus"] == "Failed":
             raise RuntimeError(f"{name}: {described.get('FailureReason')}")
         time.sleep(0.02)
+    raise TimeoutError(f"{name} not InService after 120 s")
 
 
 def delete(control: Control, name: str) -> None:
