@@ -340,6 +340,28 @@ def test_framework_image_uris_run_their_image_when_the_setting_says_so(
         gateway_factory(extra_env={"SHIPYARD_FRAMEWORK_IMAGES": "sometimes"})
 
 
+def test_a_serverless_endpoint_of_an_image(
+    gateway: GatewayProcess, engine: Engine, images: dict[str, str], artifact: str
+) -> None:
+    name = unique("serverless")
+    deploy(
+        gateway.sm,
+        name,
+        artifact,
+        image=images["v1"],
+        variants=[
+            {
+                "VariantName": "v1",
+                "ModelName": name,
+                "ServerlessConfig": {"MemorySizeInMB": 2048, "MaxConcurrency": 2},
+            }
+        ],
+    )
+    assert invoke(gateway, name)["model"] == "42"
+    (container,) = ours(engine, name)
+    assert container.attrs["HostConfig"]["Memory"] == 2048 << 20  # MemorySizeInMB
+
+
 def test_images_that_cannot_serve_fail_their_endpoint_with_the_reason(
     gateway_factory: Callable[..., GatewayProcess],
     engine: Engine,
