@@ -233,6 +233,43 @@ def open_untrusted(path: Path, *, append: bool = False) -> BinaryIO:
         raise
 
 
+def open_beneath(root: Path, relative: str) -> BinaryIO:
+    """Open the file ``relative`` (a POSIX path) under ``root`` for reading, where every
+    part below ``root`` may have been made by code the gateway does not trust (a
+    training container writes its ``/opt/ml`` tree as root while the runner reads it).
+
+    Each folder is opened with ``O_NOFOLLOW`` relative to the one above it, so no link
+    (swapped in at any moment) leads out of ``root``; the file itself as
+    :func:`open_untrusted` opens it.
+
+    Raises:
+        FileNotFoundError: nothing there.
+        OSError: a link (``ELOOP``), a part that is no folder, or no regular file.
+        ValueError: ``relative`` climbs out of ``root`` or is absolute.
+    """
+    parts = relative.split("/")
+    if relative.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"not a path below its folder: {relative!r}")
+    folder_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            below = os.open(part, folder_flags, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        file = os.open(parts[-1], flags, dir_fd=fd)
+    finally:
+        os.close(fd)
+    try:
+        if not stat.S_ISREG(os.fstat(file).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", relative)
+        return os.fdopen(file, "rb")
+    except BaseException:
+        os.close(file)
+        raise
+
+
 def untrusted_size(path: Path) -> int:
     """The size of ``path`` as :func:`open_untrusted` would read it: 0 when it is missing,
     a link or no regular file (so a link's target is not even measured)."""

@@ -124,3 +124,37 @@ def test_a_killed_container_is_retried_from_its_checkpoints(
     assert model_of(described, tmp_path)["resumed_from"] >= 3
     secondary = [t["Status"] for t in described["SecondaryStatusTransitions"]]
     assert "Restarting" in secondary
+
+
+@pytest.mark.parametrize("exit_code", ["1", "0"])
+def test_links_a_training_image_makes_lead_nowhere_on_the_host(
+    gateway: GatewayProcess, image: str, tmp_path: Path, exit_code: str
+) -> None:
+    secret = tmp_path / "host" / "secret.txt"
+    secret.parent.mkdir()
+    secret.write_text("host secret")
+    name = unique("hostile")
+    job = request(name, image, tmp_path, hostile=str(secret), exit=exit_code)
+    job["CheckpointConfig"] = {"S3Uri": (tmp_path / "checkpoints").as_uri()}
+    gateway.sm.create_training_job(**job)
+    described = wait_final(gateway.sm, name, timeout_s=90)
+    assert described["TrainingJobStatus"] == "Failed"
+    assert "host secret" not in described["FailureReason"]
+    if exit_code == "0":  # a model folder that is a link is not uploaded
+        assert "model is a link" in described["FailureReason"]
+    else:
+        assert described["FailureReason"].startswith("AlgorithmError: ExitCode 1")
+    uploaded = [
+        path
+        for where in (tmp_path / "out", tmp_path / "checkpoints")
+        for path in where.rglob("*")
+        if path.is_file()
+    ]
+    assert uploaded or exit_code == "0"  # output.tar.gz of the failed one
+    for path in uploaded:
+        if path.suffix == ".gz":
+            with tarfile.open(path) as tar:
+                assert "secret.txt" not in tar.getnames(), path
+        else:
+            assert b"host secret" not in path.read_bytes(), path
+    assert not (tmp_path / "checkpoints" / "leak").exists()

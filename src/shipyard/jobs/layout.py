@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import signal
 import sys
@@ -20,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from shipyard.errors import ClientError
-from shipyard.job_contract import JobSpec
+from shipyard.errors import ArtifactError, ClientError
+from shipyard.job_contract import JobSpec, open_beneath
 
 HOST = "algo-1"
 """The only host of a job: SageMaker's name for the first instance."""
@@ -269,7 +270,9 @@ def failure_reason(layout: Layout, exit_code: int, stderr_tail: Sequence[str]) -
 
     The tail is trimmed from its start, since a traceback's last lines say the most.
     """
-    with contextlib.suppress(OSError), open(layout.failure_file, "rb") as failure:
+    # Through no link: a training container writes the tree as root, and a link there
+    # must not put a file of the host into the FailureReason.
+    with contextlib.suppress(OSError), open_beneath(layout.root, "output/failure") as failure:
         written = failure.read(4 * FAILURE_REASON_MAX_CHARS).decode(errors="replace").strip()
         if written:
             return written
@@ -287,7 +290,16 @@ def failure_reason(layout: Layout, exit_code: int, stderr_tail: Sequence[str]) -
 
 
 def pack(folder: Path, archive: Path) -> None:
-    """``folder``'s contents as a gzipped tar with the contents at its root, as SageMaker's."""
+    """``folder``'s contents as a gzipped tar with the contents at its root, as SageMaker's.
+
+    Links inside are packed as links, never followed. ``folder`` is a resolved path: a
+    link in its place (or in a folder's above it) would lead elsewhere, and is refused.
+
+    Raises:
+        ArtifactError: ``folder`` is, or lies under, a link.
+    """
+    if os.path.realpath(folder) != str(folder):
+        raise ArtifactError(f"{folder.name} is a link in the job's /opt/ml; it is not uploaded.")
     children = sorted(folder.iterdir()) if folder.is_dir() else []
     with tarfile.open(archive, "w:gz") as tar:
         for child in children:

@@ -24,6 +24,7 @@ import gzip
 import lzma
 import os
 import shutil
+import stat
 import tarfile
 import zlib
 from collections.abc import Iterator, Mapping
@@ -31,11 +32,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from logging import getLogger
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from botocore.exceptions import BotoCoreError
 
 from shipyard.errors import ArtifactError, UnsupportedLocation
+from shipyard.job_contract import open_beneath
 from shipyard.storage.filesystems import S3_SCHEME, Filesystems, s3_path
 
 logger = getLogger(__name__)
@@ -263,12 +265,27 @@ class ArtifactStore:
             path = local_dir / rel
             try:
                 with _translate_upload_errors(path, join_uri(uri, rel)):
-                    self._put(path, join_uri(uri, rel))
+                    # Read through no link: the folder's writer may not be trusted (a
+                    # training container), and a link it swaps in must not lead out.
+                    with open_beneath(local_dir, rel) as source:
+                        self._put_stream(source, join_uri(uri, rel))
             except ArtifactError:
                 if path.exists():
                     raise
                 del current[rel]
         return current
+
+    def _put_stream(self, source: BinaryIO, uri: str) -> None:
+        if uri.startswith(S3_SCHEME):
+            with self._s3_filesystem().open(_s3_path(uri, _OUTPUT_WORDS), "wb") as out:
+                shutil.copyfileobj(source, out)
+            return
+        target = self._local_path(uri, _OUTPUT_WORDS)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.partial")
+        with open(partial, "wb") as out:
+            shutil.copyfileobj(source, out)
+        os.replace(partial, target)
 
     def _put(self, path: Path, uri: str) -> None:
         if uri.startswith(S3_SCHEME):
@@ -377,14 +394,17 @@ def _download_prefix(fs: Any, prefix: str, uri: str, tree: Path, words: _Words) 
 
 
 def _stamps(local_dir: Path) -> dict[str, FileStamp]:
-    """``(size, mtime_ns)`` of every file under ``local_dir``, by POSIX relative path."""
+    """``(size, mtime_ns)`` of every regular file under ``local_dir``, by POSIX relative
+    path; links (to files or folders) are not followed, and are left out."""
     stamps: dict[str, FileStamp] = {}
     for folder, _, files in os.walk(local_dir):  # links to folders are not followed
         for name in files:
             path = Path(folder, name)
             try:
-                info = path.stat()
+                info = path.lstat()
             except FileNotFoundError:  # removed since it was listed
+                continue
+            if not stat.S_ISREG(info.st_mode):
                 continue
             stamps[path.relative_to(local_dir).as_posix()] = (info.st_size, info.st_mtime_ns)
     return stamps

@@ -15,11 +15,24 @@ def read(path):
         return json.load(f)
 
 
+def hostile(target, exit_code):
+    """Point links at ``target``, a file of the host (not of this container), where the
+    runner reads and uploads: a checkpoint, the failure file, the model folder."""
+    os.symlink(target, os.path.join(ML, "checkpoints", "leak"))
+    os.symlink(target, os.path.join(ML, "output", "failure"))
+    os.rmdir(os.path.join(ML, "model"))
+    os.symlink(os.path.dirname(target), os.path.join(ML, "model"))
+    print("links made", flush=True)
+    sys.exit(exit_code)
+
+
 def main():
     hyperparameters = read("input/config/hyperparameters.json")
     resources = read("input/config/resourceconfig.json")
     channels = read("input/config/inputdataconfig.json")
     print("training with", json.dumps(hyperparameters), flush=True)
+    if hyperparameters.get("hostile"):
+        hostile(hyperparameters["hostile"], exit_code=int(hyperparameters.get("exit", "1")))
     if hyperparameters.get("fail"):
         with open(os.path.join(ML, "output/failure"), "w") as f:
             f.write(f"bad data: {hyperparameters['fail']}")
