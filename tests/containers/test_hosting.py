@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import tarfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -360,6 +361,35 @@ def test_a_serverless_endpoint_of_an_image(
     assert invoke(gateway, name)["model"] == "42"
     (container,) = ours(engine, name)
     assert container.attrs["HostConfig"]["Memory"] == 2048 << 20  # MemorySizeInMB
+
+
+def test_a_containers_cpu_and_memory_reach_cloudwatch(
+    gateway_factory: Callable[..., GatewayProcess],
+    engine: Engine,
+    images: dict[str, str],
+    artifact: str,
+) -> None:
+    gw = gateway_factory(extra_env={**engine.env, "SHIPYARD_METRICS_TICK_S": "1"})
+    name = unique("metrics")
+    deploy(gw.sm, name, artifact, image=images["v1"])
+    invoke(gw, name)
+    client = gw.client("cloudwatch")
+    started = time.time()
+
+    def stat(metric: str) -> float | None:
+        points = client.get_metric_statistics(
+            Namespace="/aws/sagemaker/Endpoints", MetricName=metric,
+            Dimensions=[{"Name": "EndpointName", "Value": name},
+                        {"Name": "VariantName", "Value": "v1"}],
+            StartTime=started - 600, EndTime=time.time() + 60, Period=3600,
+            Statistics=["Maximum"],
+        )["Datapoints"]  # fmt: skip
+        return float(points[0]["Maximum"]) if points else None
+
+    wait_until(lambda: stat("MemoryUtilization") is not None, "MemoryUtilization", timeout_s=60)
+    memory = stat("MemoryUtilization")
+    assert memory is not None and 0 < memory < 100  # of ml.m5.large's 8 GiB
+    wait_until(lambda: stat("CPUUtilization") is not None, "CPUUtilization", timeout_s=60)
 
 
 def test_images_that_cannot_serve_fail_their_endpoint_with_the_reason(

@@ -158,3 +158,19 @@ def test_links_a_training_image_makes_lead_nowhere_on_the_host(
         else:
             assert b"host secret" not in path.read_bytes(), path
     assert not (tmp_path / "checkpoints" / "leak").exists()
+
+
+def test_container_entrypoint_and_arguments_replace_train(
+    gateway: GatewayProcess, image: str, tmp_path: Path
+) -> None:
+    name = unique("entry")
+    job = request(name, image, tmp_path)
+    job["AlgorithmSpecification"]["ContainerEntrypoint"] = [
+        "python3",
+        "/opt/program/train.py",
+    ]
+    job["AlgorithmSpecification"]["ContainerArguments"] = ["fit", "--fast"]
+    gateway.sm.create_training_job(**job)
+    described = wait_final(gateway.sm, name, timeout_s=90)
+    assert described["TrainingJobStatus"] == "Completed", described.get("FailureReason")
+    assert model_of(described, tmp_path)["argv"] == ["fit", "--fast"]

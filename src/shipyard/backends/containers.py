@@ -134,7 +134,10 @@ class Engine:
             import docker  # the engine's client is loaded by gateways that use one
 
             try:
-                client = docker.DockerClient.from_env(environment=self._environ, timeout=120)
+                # A connection per container's log stream, and the calls beside them.
+                client = docker.DockerClient.from_env(
+                    environment=self._environ, timeout=120, max_pool_size=256
+                )
                 client.ping()
             except Exception as exc:  # DockerException, or a connection's OSError
                 raise BackendError(
@@ -339,9 +342,15 @@ class ContainerBackend:
         return handle.reason
 
     def memory_bytes(self, handle: InstanceHandle) -> int | None:
-        stats = self._stats(handle)
-        usage = (stats.get("memory_stats") or {}).get("usage")
-        return int(usage) if usage is not None else None
+        """What ``docker stats`` shows: the cgroup's usage less its inactive page cache
+        (files read once, which the kernel takes back first)."""
+        memory = self._stats(handle).get("memory_stats") or {}
+        usage = memory.get("usage")
+        if usage is None:
+            return None
+        cache = memory.get("stats") or {}
+        inactive = cache.get("inactive_file", cache.get("total_inactive_file", 0))
+        return max(int(usage) - int(inactive or 0), 0)
 
     def cpu_seconds(self, handle: InstanceHandle) -> float | None:
         stats = self._stats(handle)
@@ -353,7 +362,8 @@ class ContainerBackend:
         if handle.reason is not None:
             return {}
         try:
-            stats = self.engine.client().api.stats(handle.container_id, stream=False)
+            # one_shot: at once, without the second sample Docker otherwise waits for.
+            stats = self.engine.client().api.stats(handle.container_id, stream=False, one_shot=True)
         except Exception:
             return {}
         return stats if isinstance(stats, dict) else {}
