@@ -125,7 +125,7 @@ class Gateway:
             account_id=settings.account_id,
         )
         self.backend, capabilities = create_backend(
-            settings.backend, BackendContext.of(settings, stack)
+            settings.backend, BackendContext.of(settings, stack, filesystems=filesystems)
         )
         endpoints = endpoint_assembly.build(
             core,

@@ -24,25 +24,39 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shipyard.storage.artifacts import ArtifactStore
 
 log = logging.getLogger("shipyard.launch")
 
 
-def model_folder(url: str | None, cache: Path, *, s3_endpoint_url: str | None = None) -> Path:
+def model_folder(
+    url: str | None,
+    cache: Path,
+    *,
+    s3_endpoint_url: str | None = None,
+    store: ArtifactStore | None = None,
+) -> Path:
     """The folder holding the artifact at ``url``, fetched into ``cache`` if needed.
 
     No URL: an empty folder (a model directory with no files, which the built-in runtime
-    serves as an echo). Raises ArtifactError as ArtifactStore.fetch_model.
+    serves as an echo). ``store``: the gateway's (``auth.file_roots`` enforced), for a
+    fetch it makes on an instance's behalf; by default one with no roots, for an
+    instance's own fetch. Raises ArtifactError as ArtifactStore.fetch_model.
     """
     if not url:
         empty = cache / "_empty"
         empty.mkdir(parents=True, exist_ok=True)
         return empty
-    # Imported here: s3fs is heavy, and a cmd: server's start should not pay for it twice.
-    from shipyard.storage.artifacts import ArtifactStore
-
     slot = cache / hashlib.sha256(url.encode()).hexdigest()[:16]
-    return ArtifactStore(s3_endpoint_url=s3_endpoint_url).fetch_model(url, slot)
+    if store is None:
+        # Imported here: s3fs is heavy, and a cmd: server's start should not pay for it twice.
+        from shipyard.storage.artifacts import ArtifactStore
+
+        store = ArtifactStore(s3_endpoint_url=s3_endpoint_url)
+    return store.fetch_model(url, slot)
 
 
 MODEL_CODE = "/opt/ml/model/code"

@@ -392,6 +392,39 @@ def test_a_containers_cpu_and_memory_reach_cloudwatch(
     wait_until(lambda: stat("CPUUtilization") is not None, "CPUUtilization", timeout_s=60)
 
 
+def test_under_auth_a_containers_model_is_fetched_within_the_file_roots(
+    gateway_factory: Callable[..., GatewayProcess],
+    engine: Engine,
+    images: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    from tests.e2e.test_auth import SECRETS, client, write_stack
+
+    root = tmp_path / "root"
+    (root / "model").mkdir(parents=True)
+    (root / "model" / "answer.txt").write_text("42")
+    (root / "links").mkdir()
+    (tmp_path / "secret.txt").write_text("outside the roots")
+    (root / "links" / "answer.txt").symlink_to(tmp_path / "secret.txt")
+    stack = write_stack(tmp_path / "stack.yaml", file_roots=[str(root)])
+    gw = gateway_factory(extra_env={**engine.env, **SECRETS}, args=["--config", str(stack)])
+    sm, rt = client(gw, "sagemaker"), client(gw, "sagemaker-runtime")
+    good, bad = unique("inside"), unique("link")
+    deploy(sm, good, (root / "model").as_uri(), image=images["v1"])
+    answer = rt.invoke_endpoint(EndpointName=good, Body=b"x", ContentType="text/plain")
+    assert json.loads(answer["Body"].read())["model"] == "42"
+    # The link passes CreateModel (its URL is inside); it is refused where it is opened.
+    deploy(sm, bad, (root / "links").as_uri(), image=images["v1"], wait=False)
+    wait_until(
+        lambda: sm.describe_endpoint(EndpointName=bad)["EndpointStatus"] == "Failed",
+        "the endpoint of the link failed",
+        timeout_s=60,
+    )
+    reason = sm.describe_endpoint(EndpointName=bad)["FailureReason"]
+    assert "outside" in reason and "outside the roots" not in reason, reason
+    assert not ours(engine, bad, running=False)
+
+
 def test_images_that_cannot_serve_fail_their_endpoint_with_the_reason(
     gateway_factory: Callable[..., GatewayProcess],
     engine: Engine,

@@ -20,6 +20,8 @@ from shipyard.backends.environment import s3_variables
 from shipyard.errors import BackendError
 from shipyard.settings import Settings
 from shipyard.stackfile import StackFile
+from shipyard.storage.artifacts import ArtifactStore
+from shipyard.storage.filesystems import Filesystems
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +60,18 @@ class BackendContext:
     (``auth.file_roots``); it refuses to be built where it cannot. The Ray backend
     ignores it: its processes run as Ray starts them on the cluster's nodes."""
 
+    filesystems: Filesystems | None = None
+    """The gateway's file systems (``auth.file_roots`` enforced): what a backend fetches
+    on a caller's behalf in the gateway's own process (a container's model, a sandboxed
+    instance's) is opened through them. None: no roots (no ``auth:``)."""
+
     @classmethod
-    def of(cls, settings: Settings, stack: StackFile) -> BackendContext:
+    def of(
+        cls, settings: Settings, stack: StackFile, *, filesystems: Filesystems | None = None
+    ) -> BackendContext:
         """The context a gateway with these settings and stack file builds its backend in."""
         return cls(
+            filesystems=filesystems,
             home=settings.home,
             environ=os.environ,
             s3=s3_variables(os.environ, s3_endpoint_url=settings.s3_endpoint_url),
@@ -133,12 +143,16 @@ def _local(context: BackendContext, *, engine_required: bool = False) -> FullBac
         )
     # Container images go to the engine at DOCKER_HOST, connected to when one is first
     # run: a gateway that runs none needs no engine.
+    artifacts = ArtifactStore(
+        filesystems=context.filesystems
+        or Filesystems(s3_endpoint_url=context.s3.get("SHIPYARD_S3_ENDPOINT_URL") or None)
+    )
     containers = ContainerBackend(
         home=context.home,
         run_dir=context.home / "run",
         models_dir=context.home / "models",
         environ=context.environ,
-        s3_endpoint_url=context.s3.get("SHIPYARD_S3_ENDPOINT_URL") or None,
+        artifacts=artifacts,
     )
     if engine_required:
         try:
@@ -153,6 +167,7 @@ def _local(context: BackendContext, *, engine_required: bool = False) -> FullBac
         warm_spares=context.warm_spares,
         sandbox=sandbox,
         containers=containers,
+        artifacts=artifacts,
     )
 
 

@@ -37,6 +37,7 @@ from shipyard.backends.base import InstanceHandle, InstanceSpec
 from shipyard.errors import BackendError
 from shipyard.job_contract import JobSpec
 from shipyard.routing.model_agent import MODELS_FOLDER
+from shipyard.storage.artifacts import ArtifactStore
 
 log = logging.getLogger(__name__)
 
@@ -167,13 +168,15 @@ class ContainerBackend:
         run_dir: Path,
         models_dir: Path,
         environ: Mapping[str, str],
-        s3_endpoint_url: str | None = None,
+        artifacts: ArtifactStore | None = None,
     ) -> None:
         self.engine = Engine(environ)
         self.home = home_label(home)
         self.run_dir = run_dir
         self.models_dir = models_dir
-        self.s3_endpoint_url = s3_endpoint_url
+        self.artifacts = artifacts or ArtifactStore()
+        """Fetches a container's model in the gateway's process: the gateway's own, with
+        ``auth.file_roots`` enforced where the files are opened."""
         policy = environ.get("SHIPYARD_IMAGE_PULL", "missing").strip().lower() or "missing"
         if policy not in PULL_POLICIES:
             raise ValueError(
@@ -209,9 +212,7 @@ class ContainerBackend:
             models.mkdir(parents=True, exist_ok=True)
             return models
         try:
-            return launch.model_folder(
-                spec.model_url, self.models_dir, s3_endpoint_url=self.s3_endpoint_url
-            )
+            return launch.model_folder(spec.model_url, self.models_dir, store=self.artifacts)
         except Exception as exc:
             raise BackendError(
                 f"Instance {spec.instance_id} failed to start: the model artifact "

@@ -63,7 +63,7 @@ from shipyard.job_contract import (
 )
 from shipyard.routing.model_agent import MODELS_FOLDER
 from shipyard.runtime import spare
-from shipyard.storage.artifacts import join_uri
+from shipyard.storage.artifacts import ArtifactStore, join_uri
 from shipyard.storage.filesystems import local_location
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,7 @@ class LocalBackend:
         warm_spares: int = 0,
         sandbox: Sandbox | None = None,
         containers: ContainerBackend | None = None,
+        artifacts: ArtifactStore | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.models_dir = models_dir or run_dir.parent / "models"
@@ -137,6 +138,9 @@ class LocalBackend:
         self.sandbox = sandbox
         """Runs every instance and job runner in a sandbox (``auth.sandbox``); None: not."""
         self.containers = containers
+        self.artifacts = artifacts
+        """Fetches a sandboxed instance's model in the gateway's process, with
+        ``auth.file_roots`` enforced; None: one with the gateway's S3 endpoint only."""
         """Runs the instances whose Image is a container image (backends/containers.py)."""
 
     def __repr__(self) -> str:
@@ -266,6 +270,7 @@ class LocalBackend:
                 spec.model_url,
                 self.models_dir,
                 s3_endpoint_url=self._s3.get("SHIPYARD_S3_ENDPOINT_URL") or None,
+                store=self.artifacts,
             )
         except Exception as exc:
             text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
