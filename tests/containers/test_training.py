@@ -174,3 +174,31 @@ def test_container_entrypoint_and_arguments_replace_train(
     described = wait_final(gateway.sm, name, timeout_s=90)
     assert described["TrainingJobStatus"] == "Completed", described.get("FailureReason")
     assert model_of(described, tmp_path)["argv"] == ["fit", "--fast"]
+
+
+def test_under_auth_a_training_image_runs_and_its_runner_keeps_to_the_file_roots(
+    gateway_factory: Callable[..., GatewayProcess], engine: Engine, image: str, tmp_path: Path
+) -> None:
+    from tests.e2e.test_auth import SECRETS, client, write_stack
+
+    root = tmp_path / "root"
+    root.mkdir()
+    stack = write_stack(  # sandbox: true, as with every auth: section by default
+        tmp_path / "stack.yaml", file_roots=[str(root)], allow_environment=["GREETING"]
+    )
+    gw = gateway_factory(extra_env={**engine.env, **ENV, **SECRETS}, args=["--config", str(stack)])
+    sm = client(gw, "sagemaker")
+    name = unique("authed")
+    sm.create_training_job(**request(name, image, root, steps="1"))
+    job = wait_final(sm, name, timeout_s=90)
+    assert job["TrainingJobStatus"] == "Completed", job.get("FailureReason")
+    assert model_of(job, root)["sums"] == {"train": 6.0, "test": 30.0}
+
+    # A channel whose folder holds a link out of the roots: refused where it is read.
+    (tmp_path / "secret.txt").write_text("1000")
+    linked = request(unique("linked"), image, root / "linked")
+    (root / "linked" / "data" / "train" / "part-1.txt").symlink_to(tmp_path / "secret.txt")
+    sm.create_training_job(**linked)
+    job = wait_final(sm, linked["TrainingJobName"], timeout_s=90)
+    assert job["TrainingJobStatus"] == "Failed"
+    assert "file_roots" in job["FailureReason"] or "outside" in job["FailureReason"]

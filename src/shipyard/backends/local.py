@@ -463,14 +463,23 @@ class LocalBackend:
         env = process_environment(self._environ, home=workdir, s3=self._s3 if s3_access else None)
         if FRAMEWORK_IMAGES_ENV in self._environ:  # the runner decides as the gateway did
             env[FRAMEWORK_IMAGES_ENV] = self._environ[FRAMEWORK_IMAGES_ENV]
-        if self._in_image(workdir):
+        in_image = self._in_image(workdir)
+        if in_image:
             assert self.containers is not None
             env.update(self.containers.engine.variables())  # the runner starts its container
         if s3_endpoint_url:
             argv += ["--s3-endpoint-url", s3_endpoint_url]
+        # A training image's code runs in its container, which is its sandbox; the runner
+        # beside it is shipyard's own, and talks to the engine, which no bwrap sandbox
+        # shows. It enforces auth.file_roots itself where it opens files (storage's
+        # Filesystems), as the gateway does, and reads what the container wrote through
+        # no link (job_contract.open_beneath).
+        sandboxed = self.sandbox is not None and not in_image
+        if self.sandbox is not None and in_image:
+            argv += ["--file-roots", json.dumps([str(r) for r in self.sandbox.file_roots])]
         granted: list[tuple[int, Path]] = []
         try:
-            if self.sandbox is not None:
+            if self.sandbox is not None and sandboxed:
                 env["TMPDIR"] = "/tmp"  # the gateway's may be a folder the sandbox does not show
                 granted = self._grant_outputs(self.sandbox, workdir)
                 # Not tied to the gateway: a job outlives it. Its runner's end ends the
@@ -501,13 +510,13 @@ class LocalBackend:
             for fd, _ in granted:
                 os.close(fd)
         self._runners[process.pid] = process
-        if self.sandbox is not None:
+        if sandboxed:
             try:
                 _record_runner(workdir, process.pid)
             except OSError as exc:  # found again only while this gateway runs
                 log.warning("could not record the bwrap of the runner in %s: %s", workdir, exc)
         log.info("started job runner pid %s in %s", process.pid, workdir)
-        return _job_handle(process.pid, workdir, sandboxed=self.sandbox is not None)
+        return _job_handle(process.pid, workdir, sandboxed=sandboxed)
 
     def _in_image(self, workdir: Path) -> bool:
         """Whether the job prepared in ``workdir`` runs in a training image (its runner

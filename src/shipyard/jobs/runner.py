@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import signal
@@ -65,6 +66,7 @@ from shipyard.jobs.layout import (
 )
 from shipyard.jobs.script_io import CheckpointSync, JobLog
 from shipyard.storage.artifacts import ArtifactStore, join_uri
+from shipyard.storage.filesystems import FileRoots, Filesystems
 
 log = logging.getLogger(__name__)
 
@@ -432,6 +434,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("workdir", type=Path, help="the job's working folder, with job.json")
     parser.add_argument("--s3-endpoint-url", help="an S3-compatible endpoint instead of AWS")
     parser.add_argument("--checkpoint-sync-period-s", type=float, default=CHECKPOINT_SYNC_PERIOD_S)
+    parser.add_argument(
+        "--file-roots",
+        type=json.loads,
+        help="auth.file_roots as a JSON list: local locations outside them are refused "
+        "(a runner started outside a sandbox, beside a training container)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     workdir: Path = args.workdir.resolve()
@@ -443,7 +451,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     with pid_file, contextlib.closing(JobLog(workdir / LOG_FILE)) as job_log:
         Runner(
             workdir,
-            store=ArtifactStore(s3_endpoint_url=args.s3_endpoint_url),
+            store=ArtifactStore(
+                filesystems=Filesystems(
+                    s3_endpoint_url=args.s3_endpoint_url,
+                    file_roots=None if args.file_roots is None else FileRoots(args.file_roots),
+                )
+            ),
             job_log=job_log,
             inherited_env=dict(os.environ),
             stop=stop,
