@@ -320,8 +320,12 @@ def test_an_async_endpoint_and_a_batch_transform_of_an_image(
     assert described["TransformJobStatus"] == "Completed", described.get("FailureReason")
     scored = (tmp_path / "scored" / "rows.csv.out").read_text().split()
     assert scored == ["A,B", "C,D", "E,F"]
-    logs = "".join(p.read_text() for p in gateway.home.glob("logs/**/*.log"))
-    assert "GET /execution-parameters" in logs
+    wait_until(
+        lambda: any(
+            "GET /execution-parameters" in p.read_text() for p in gateway.home.glob("logs/**/*.log")
+        ),
+        "the execution parameters asked for, in the instance's log",
+    )
 
 
 def test_framework_image_uris_run_their_image_when_the_setting_says_so(

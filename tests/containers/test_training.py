@@ -102,9 +102,10 @@ def test_a_killed_container_is_retried_from_its_checkpoints(
     gateway: GatewayProcess, engine: Engine, image: str, tmp_path: Path
 ) -> None:
     name = unique("resume")
-    job = request(name, image, tmp_path, steps="100", step_s="0.2")
+    # A LocalPath outside /opt/ml, where the image writes its checkpoints.
+    job = request(name, image, tmp_path, steps="100", step_s="0.2", checkpoint_dir="/ckpt")
     checkpoints = tmp_path / "checkpoints"
-    job["CheckpointConfig"] = {"S3Uri": checkpoints.as_uri()}
+    job["CheckpointConfig"] = {"S3Uri": checkpoints.as_uri(), "LocalPath": "/ckpt"}
     job["RetryStrategy"] = {"MaximumRetryAttempts": 1}
     gateway.sm.create_training_job(**job)
 

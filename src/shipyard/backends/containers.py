@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from shipyard import launch
@@ -45,6 +45,9 @@ LABEL_HOME = "dev.shipyard.home"
 """A digest of the home folder of the gateway that started the container."""
 LABEL_INSTANCE = "dev.shipyard.instance"
 LABEL_ENDPOINT = "dev.shipyard.endpoint"
+LABEL_KIND = "dev.shipyard.kind"
+"""``instance`` or ``job``: set on every container shipyard creates, over any label of the
+same name its image carries, and what a gateway's sweep goes by."""
 LABEL_JOB = "dev.shipyard.job"
 """A training job's container (its runner's, not a gateway's: it outlives gateways)."""
 LABEL_WORKDIR = "dev.shipyard.workdir"
@@ -59,6 +62,12 @@ SAFE_PORT_RANGE = "8080-8090"
 STOP_GRACE_S = 30.0
 """SIGTERM, then SIGKILL this long after, as SageMaker stops a container."""
 MODEL_DIR = "/opt/ml/model"
+DROPPED_CAPABILITIES = ["MKNOD", "NET_RAW", "AUDIT_WRITE", "SYS_CHROOT"]
+"""Of the engine's default capabilities, those no model server or training program
+needs and an image could misuse: device nodes in the folders the gateway reads, raw
+packets on the bridge."""
+PIDS_LIMIT = 4096
+"""Processes and threads a container may have, so none can fork the host to a halt."""
 CONTAINER_MODELS_DIR = "/opt/ml/models"
 """Where a multi-model container sees the models the gateway fetched for it (read-only;
 the gateway's ModelAgent names a folder under it in each ``POST /models``)."""
@@ -245,6 +254,7 @@ class ContainerBackend:
                 environment=environment,
                 labels={
                     LABEL_HOME: self.home,
+                    LABEL_KIND: "instance",
                     LABEL_INSTANCE: spec.instance_id,
                     LABEL_ENDPOINT: spec.endpoint or "",
                 },
@@ -256,6 +266,8 @@ class ContainerBackend:
                     }
                 },
                 security_opt=["no-new-privileges"],
+                cap_drop=DROPPED_CAPABILITIES,
+                pids_limit=PIDS_LIMIT,
                 **self._limits(client, spec),
             )
             container.start()
@@ -305,7 +317,7 @@ class ContainerBackend:
 
     def _remove_named(self, client: Any, name: str) -> None:
         with contextlib.suppress(Exception):
-            client.api.remove_container(name, force=True)
+            client.api.remove_container(name, force=True, v=True)
 
     def _follow(self, handle: ContainerInstance) -> None:
         """Append the container's output to its instance's log until it ends."""
@@ -333,10 +345,10 @@ class ContainerBackend:
             return
         with contextlib.suppress(Exception):
             client.api.stop(handle.container_id, timeout=int(STOP_GRACE_S))
-        with contextlib.suppress(Exception):
-            client.api.remove_container(handle.container_id, force=True)
-        if handle.follower is not None:
+        if handle.follower is not None:  # its last lines, before removal ends the stream
             handle.follower.join(timeout=5)
+        with contextlib.suppress(Exception):
+            client.api.remove_container(handle.container_id, force=True, v=True)
 
     def exit_reason(self, handle: InstanceHandle) -> str | None:
         assert isinstance(handle, ContainerInstance)
@@ -381,6 +393,7 @@ class ContainerBackend:
                 self._watcher.start()
 
     def _poll(self) -> None:
+        failing = False
         while not self._closed.wait(_POLL_S):
             with self._lock:
                 live = dict(self._live)
@@ -392,8 +405,11 @@ class ContainerBackend:
                     all=True, filters={"label": f"{LABEL_HOME}={self.home}"}
                 )
             except Exception as exc:
-                log.warning("could not read the containers' states: %s", _first_line(exc))
+                if not failing:  # once per outage, not every poll
+                    log.warning("could not read the containers' states: %s", _first_line(exc))
+                failing = True
                 continue
+            failing = False
             states = {c["Id"]: str(c.get("State", "")).lower() for c in listed}
             for container_id, handle in live.items():
                 state = states.get(container_id)
@@ -429,10 +445,10 @@ class ContainerBackend:
         removed = []
         for container in listed:
             labels = container.get("Labels") or {}
-            if labels.get(LABEL_HOME) != self.home or LABEL_JOB in labels:
-                continue  # an engine that ignored the filter
+            if labels.get(LABEL_HOME) != self.home or labels.get(LABEL_KIND) != "instance":
+                continue  # a job's (its runner's), or an engine that ignored the filter
             with contextlib.suppress(Exception):
-                client.api.remove_container(container["Id"], force=True)
+                client.api.remove_container(container["Id"], force=True, v=True)
                 removed.append(container["Id"])
                 log.warning(
                     "removed container %s, left by an earlier gateway",
@@ -480,14 +496,23 @@ class TrainingContainer:
     def __repr__(self) -> str:
         return f"TrainingContainer(name={self.name!r})"
 
-    def start(self, spec: JobSpec, opt_ml: Path, *, pull: str = "missing") -> None:
+    def start(
+        self,
+        spec: JobSpec,
+        opt_ml: Path,
+        *,
+        checkpoints: Path | None = None,
+        pull: str = "missing",
+    ) -> None:
         """Create and start it, replacing a container of the same name (an earlier run
-        of this very attempt). Raises BackendError saying why it cannot run."""
+        of this very attempt). ``checkpoints``: the folder synced for a CheckpointConfig
+        whose LocalPath lies outside /opt/ml, shown there too. Raises BackendError
+        saying why it cannot run."""
         from shipyard.instance_types import INSTANCE_TYPES
 
         client = self.engine.client()
         with contextlib.suppress(Exception):
-            client.api.remove_container(self.name, force=True)
+            client.api.remove_container(self.name, force=True, v=True)
         image = _pulled(client, spec.image, pull)
         limits: dict[str, Any] = {}
         known = INSTANCE_TYPES.get(spec.resource.instance_type)
@@ -497,6 +522,10 @@ class TrainingContainer:
             limits = {"nano_cpus": int(cpus * 1e9), "mem_limit": known.memory_bytes}
             if info.get("MemTotal"):
                 limits["mem_limit"] = min(known.memory_bytes, int(info["MemTotal"]))
+        volumes = {str(opt_ml): {"bind": "/opt/ml", "mode": "rw"}}
+        local_path = spec.checkpoint.local_path if spec.checkpoint else None
+        if checkpoints is not None and local_path and _bindable(local_path):
+            volumes[str(checkpoints)] = {"bind": local_path, "mode": "rw"}
         environment = {
             **spec.environment,
             "TRAINING_JOB_NAME": spec.name,
@@ -514,15 +543,21 @@ class TrainingContainer:
                 name=self.name,
                 hostname="algo-1",
                 environment=environment,
-                labels={LABEL_JOB: spec.name, LABEL_WORKDIR: str(self.workdir)},
-                volumes={str(opt_ml): {"bind": "/opt/ml", "mode": "rw"}},
+                labels={
+                    LABEL_KIND: "job",
+                    LABEL_JOB: spec.name,
+                    LABEL_WORKDIR: str(self.workdir),
+                },
+                volumes=volumes,
                 security_opt=["no-new-privileges"],
+                cap_drop=DROPPED_CAPABILITIES,
+                pids_limit=PIDS_LIMIT,
                 **limits,
             )
             container.start()
         except Exception as exc:
             with contextlib.suppress(Exception):
-                client.api.remove_container(self.name, force=True)
+                client.api.remove_container(self.name, force=True, v=True)
             raise BackendError(
                 f"The engine could not run the training image {spec.image}: {_first_line(exc)}"
             ) from None
@@ -540,8 +575,23 @@ class TrainingContainer:
             yield pending.decode(errors="replace")
 
     def end(self) -> TrainingEnd | None:
-        """How it ended; None while it runs."""
-        attrs = self.engine.client().api.inspect_container(self.name)
+        """How it ended; None while it runs. A container removed from the engine (by
+        someone else) ended as a lost instance.
+
+        Raises:
+            BackendError: the engine does not answer (it may again: the caller decides
+                how long to wait).
+        """
+        from docker.errors import NotFound
+
+        try:
+            attrs = self.engine.client().api.inspect_container(self.name)
+        except NotFound:
+            return TrainingEnd(-1, not self.stopping, "its container was removed from the engine")
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise BackendError(f"the engine does not answer: {_first_line(exc)}") from None
         state = attrs.get("State") or {}
         if state.get("Running") or str(state.get("Status", "")).lower() in ("created", "running"):
             return None
@@ -558,7 +608,20 @@ class TrainingContainer:
 
     def remove(self) -> None:
         with contextlib.suppress(Exception):
-            self.engine.client().api.remove_container(self.name, force=True)
+            self.engine.client().api.remove_container(self.name, force=True, v=True)
+
+
+def _bindable(path: str) -> bool:
+    """Whether ``path`` may be a bind mount's target in a container: absolute, not the
+    root, no ``..``, nothing but printable characters."""
+    parts = PurePosixPath(path).parts
+    return (
+        path.startswith("/")
+        and len(parts) > 1
+        and ".." not in parts
+        and path.isprintable()
+        and ":" not in path
+    )
 
 
 def _pulled(client: Any, image: str, policy: str) -> Any:
@@ -590,7 +653,7 @@ def _pulled(client: Any, image: str, policy: str) -> Any:
 def remove_job_container(engine: Engine, workdir: Path) -> None:
     """Remove the container of the job attempt in ``workdir``, if there is one."""
     with contextlib.suppress(Exception):
-        engine.client().api.remove_container(job_container_name(workdir), force=True)
+        engine.client().api.remove_container(job_container_name(workdir), force=True, v=True)
 
 
 def _exited(attrs: Mapping[str, Any]) -> str | None:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import IO
 
 from shipyard.backends.base import runtime_for
-from shipyard.backends.containers import Engine, TrainingContainer
+from shipyard.backends.containers import Engine, TrainingContainer, TrainingEnd
 from shipyard.errors import ArtifactError, BackendError, ClientError
 from shipyard.job_contract import (
     JOB_FILE,
@@ -76,6 +76,9 @@ POLL_PERIOD_S = 0.1
 STDERR_TAIL_LINES = 20
 READER_JOIN_TIMEOUT_S = 5.0
 
+ENGINE_PATIENCE_S = 60.0
+"""How long a training container's engine may not answer before its instance counts as
+lost (the engine restarting, say)."""
 CONTAINER_POLL_PERIOD_S = 0.25
 """How often a training container's state is read from the engine."""
 
@@ -239,7 +242,11 @@ class Runner:
         self._status("Training", "Training image download completed. Training in progress.")
         container = TrainingContainer(Engine(self._inherited_env), self.workdir)
         container.start(
-            spec, layout.root, pull=self._inherited_env.get("SHIPYARD_IMAGE_PULL", "missing")
+            spec,
+            layout.root,
+            # A LocalPath outside /opt/ml: the container writes there, the runner syncs this.
+            checkpoints=None if layout.checkpoint_mapped else layout.checkpoints,
+            pull=self._inherited_env.get("SHIPYARD_IMAGE_PULL", "missing"),
         )
         self._log.note(f"Started the training container {container.name} ({spec.image})")
         tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
@@ -257,8 +264,9 @@ class Runner:
                 job_log=self._log,
             )
         halted = None
+        unanswered: list[float] = []  # since when the engine has not answered, if it has not
         try:
-            while (end := container.end()) is None:
+            while (end := self._end_of(container, unanswered)) is None:
                 halted = halted or self._halt_reason(spec)
                 if halted is not None and not container.stopping:
                     container.stopping = True
@@ -272,13 +280,31 @@ class Runner:
             reader.join(READER_JOIN_TIMEOUT_S)
             if sync is not None:
                 sync.finish()
-        container.remove()
+            container.remove()  # whatever happened: nobody else would
         self._log.note(f"The training container exited with code {end.exit_code}")
         if end.lost and halted is None:
             raise InstanceLost(f"the training container was killed (exit code {end.exit_code})")
         if end.reason is not None:
             tail.append(end.reason)
         return _ScriptRun(end.exit_code, halted, list(tail))
+
+    def _end_of(self, container: TrainingContainer, unanswered: list[float]) -> TrainingEnd | None:
+        """The container's end; None while it runs, or while its engine does not answer
+        (``unanswered`` keeps since when) for up to ENGINE_PATIENCE_S, after which the
+        instance is lost."""
+        try:
+            end = container.end()
+        except BackendError as exc:
+            if not unanswered:
+                self._log.note(f"The container's state cannot be read: {exc}")
+                unanswered.append(time.monotonic())
+            if time.monotonic() - unanswered[0] > ENGINE_PATIENCE_S:
+                raise InstanceLost(
+                    f"the engine did not answer for {ENGINE_PATIENCE_S:g} s"
+                ) from None
+            return None
+        unanswered.clear()
+        return end
 
     def _pump(self, container: TrainingContainer, tail: deque[str]) -> None:
         with contextlib.suppress(Exception):  # the container was removed, the engine left

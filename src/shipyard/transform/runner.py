@@ -472,13 +472,19 @@ documented ``MULTI_RECORD`` / ``SINGLE_RECORD``, or the API's own spelling."""
 def _advertised(parsed: dict[str, Any]) -> dict[str, Any]:
     """The execution parameters a model answered that can be used; a value of the wrong
     kind is left out (the job's own, or the default, applies), as a model's answer is
-    advice, not a request the job can be failed for."""
+    advice, not a request the job can be failed for, and a large one is cut down to
+    ``_ADVERTISED_LIMITS``."""
     usable: dict[str, Any] = {}
     strategy = _ADVERTISED_STRATEGIES.get(str(parsed.get("BatchStrategy")))
     if strategy is not None:
         usable["BatchStrategy"] = strategy
-    for key in ("MaxConcurrentTransforms", "MaxPayloadInMB"):
+    for key, most in _ADVERTISED_LIMITS.items():
         value = parsed.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            usable[key] = value
+            usable[key] = min(value, most)
     return usable
+
+
+_ADVERTISED_LIMITS = {"MaxPayloadInMB": 100, "MaxConcurrentTransforms": 128}
+"""The most a model's answer is taken at: SageMaker's limit on the payload, and ours on
+the requests the gateway keeps in flight to one instance of a transform."""

@@ -45,7 +45,7 @@ def main():
             with open(os.path.join(folder, name)) as f:
                 numbers += [float(x) for x in f.read().split()]
         seen[channel] = sum(numbers)
-    step_file = os.path.join(ML, "checkpoints", "step")
+    step_file = os.path.join(hyperparameters.get("checkpoint_dir", ML + "/checkpoints"), "step")
     resumed = 0
     if os.path.exists(step_file):
         with open(step_file) as f:
