@@ -203,3 +203,30 @@ def test_under_auth_a_training_image_runs_and_its_runner_keeps_to_the_file_roots
     job = wait_final(sm, linked["TrainingJobName"], timeout_s=90)
     assert job["TrainingJobStatus"] == "Failed"
     assert "file_roots" in job["FailureReason"] or "outside" in job["FailureReason"]
+
+
+def test_a_framework_training_image_finds_its_submit_directory_in_the_container(
+    gateway_factory: Callable[..., GatewayProcess], engine: Engine, image: str, tmp_path: Path
+) -> None:
+    framework = "localhost/sagemaker-scikit-learn:1.2-1-cpu-py3-train"
+    engine.client.images.get(image).tag(*framework.rsplit(":", 1))
+    gw = gateway_factory(extra_env={**engine.env, **ENV, "SHIPYARD_FRAMEWORK_IMAGES": "container"})
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "entry.py").write_text("print('the script')\n")
+    name = unique("framework")
+    # The sagemaker SDK's script mode: the code's location, JSON-encoded.
+    gw.sm.create_training_job(
+        **request(
+            name,
+            framework,
+            tmp_path,
+            sagemaker_program='"entry.py"',
+            sagemaker_submit_directory=json.dumps(code.as_uri()),
+        )
+    )
+    job = wait_final(gw.sm, name, timeout_s=90)
+    assert job["TrainingJobStatus"] == "Completed", job.get("FailureReason")
+    model = model_of(job, tmp_path)
+    assert model["hyperparameters"]["sagemaker_submit_directory"] == '"/opt/ml/code"'
+    assert "entry.py" in model["code"]

@@ -28,6 +28,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -72,6 +73,8 @@ CONTAINER_MODELS_DIR = "/opt/ml/models"
 """Where a multi-model container sees the models the gateway fetched for it (read-only;
 the gateway's ModelAgent names a folder under it in each ``POST /models``)."""
 PULL_POLICIES = ("missing", "always", "never")
+ENGINE_THREADS = 32
+"""Engine calls (starts, stops) under way at once."""
 _POLL_S = 0.5
 """How often the states of this home's containers are read (one call for all)."""
 _USED_MARK = "containers"
@@ -197,6 +200,9 @@ class ContainerBackend:
         self._lock = threading.Lock()
         self._watcher: threading.Thread | None = None
         self._closed = threading.Event()
+        self._calls = ThreadPoolExecutor(max_workers=ENGINE_THREADS, thread_name_prefix="engine")
+        """Engine calls block (a pull for minutes, a stop for its 30 s grace): they get
+        threads of their own, never the event loop's default pool, which the store uses."""
 
     def __repr__(self) -> str:
         return f"ContainerBackend(engine={self.engine.where!r}, home={self.home!r})"
@@ -209,10 +215,22 @@ class ContainerBackend:
     # -- instances ------------------------------------------------------------------------
 
     async def start(self, spec: InstanceSpec) -> InstanceHandle:
-        model = await asyncio.to_thread(self._model_folder, spec)
-        handle = await asyncio.to_thread(self._start, spec, model)
+        loop = asyncio.get_running_loop()
+        model = await loop.run_in_executor(self._calls, self._model_folder, spec)
+        started = loop.run_in_executor(self._calls, self._start, spec, model)
+        try:
+            # Shielded: a thread cannot be cancelled, so a start cancelled (the endpoint
+            # deleted, the gateway stopping) goes on, and what it started is stopped.
+            handle = await asyncio.shield(started)
+        except asyncio.CancelledError:
+            started.add_done_callback(self._stop_unwanted)
+            raise
         self._watch()
         return handle
+
+    def _stop_unwanted(self, started: asyncio.Future[ContainerInstance]) -> None:
+        if not started.cancelled() and started.exception() is None:
+            self._calls.submit(self._stop, started.result())
 
     def _model_folder(self, spec: InstanceSpec) -> Path:
         if spec.workdir is not None:
@@ -334,7 +352,7 @@ class ContainerBackend:
 
     async def stop(self, handle: InstanceHandle, *, timeout_s: float = 10.0) -> None:
         assert isinstance(handle, ContainerInstance)
-        await asyncio.to_thread(self._stop, handle)
+        await asyncio.get_running_loop().run_in_executor(self._calls, self._stop, handle)
 
     def _stop(self, handle: ContainerInstance) -> None:
         with self._lock:
@@ -460,6 +478,7 @@ class ContainerBackend:
         self._closed.set()
         if self._watcher is not None:
             self._watcher.join(timeout=2)
+        self._calls.shutdown(wait=True, cancel_futures=False)  # stops still under way
         self.engine.close()
 
 

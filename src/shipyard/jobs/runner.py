@@ -76,6 +76,9 @@ POLL_PERIOD_S = 0.1
 STDERR_TAIL_LINES = 20
 READER_JOIN_TIMEOUT_S = 5.0
 
+CODE_SEEN = json.dumps("/opt/ml/code")
+"""sagemaker_submit_directory as a training image's toolkit reads it (JSON-encoded, as
+the sagemaker SDK sends hyperparameters): the code the runner fetched into /opt/ml/code."""
 ENGINE_PATIENCE_S = 60.0
 """How long a training container's engine may not answer before its instance counts as
 lost (the engine restarting, say)."""
@@ -240,6 +243,14 @@ class Runner:
         a lost runner does, for the gateway to retry it from its checkpoints where the
         job's RetryStrategy allows (jobs/supervisor.py)."""
         self._status("Training", "Training image download completed. Training in progress.")
+        if spec.submit_directory:
+            # A framework image's toolkit fetches sagemaker_submit_directory itself: the
+            # code is fetched already, where the container sees it (a location of the
+            # caller's is no use inside the container).
+            hyperparameters = {**spec.hyperparameters, "sagemaker_submit_directory": CODE_SEEN}
+            (layout.config_dir / "hyperparameters.json").write_text(
+                json.dumps(hyperparameters, indent=1)
+            )
         container = TrainingContainer(Engine(self._inherited_env), self.workdir)
         container.start(
             spec,

@@ -65,6 +65,7 @@ def main():
         "resumed_from": resumed,
         "job": os.environ.get("TRAINING_JOB_NAME"),
         "greeting": os.environ.get("GREETING"),
+        "code": sorted(os.listdir(os.path.join(ML, "code"))),
     }
     with open(os.path.join(ML, "model/model.json"), "w") as f:
         json.dump(model, f)
