@@ -233,32 +233,52 @@ def open_untrusted(path: Path, *, append: bool = False) -> BinaryIO:
         raise
 
 
-def open_beneath(root: Path, relative: str) -> BinaryIO:
-    """Open the file ``relative`` (a POSIX path) under ``root`` for reading, where every
-    part below ``root`` may have been made by code the gateway does not trust (a
-    training container writes its ``/opt/ml`` tree as root while the runner reads it).
+def open_folder_beneath(root: Path, relative: str) -> int:
+    """A descriptor of the folder ``relative`` (a POSIX path; ``""`` or ``"."``: ``root``)
+    under ``root``, reached through no link: each folder is opened with ``O_NOFOLLOW``
+    relative to the one above it, so a link swapped in at any moment by code the gateway
+    does not trust (a training container writes its ``/opt/ml`` tree as root) leads
+    nowhere. ``root`` itself must be the gateway's (it is followed if it is a link).
+    Close the descriptor.
 
-    Each folder is opened with ``O_NOFOLLOW`` relative to the one above it, so no link
-    (swapped in at any moment) leads out of ``root``; the file itself as
-    :func:`open_untrusted` opens it.
+    Raises:
+        FileNotFoundError: nothing there.
+        OSError: a link (``ELOOP``) or a part that is no folder (``ENOTDIR``).
+        ValueError: ``relative`` climbs out of ``root`` or is absolute.
+    """
+    parts = [] if relative in ("", ".") else relative.split("/")
+    if relative.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"not a path below its folder: {relative!r}")
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            below = os.open(part, flags, dir_fd=fd)
+            os.close(fd)
+            fd = below
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_beneath(root: Path, relative: str) -> BinaryIO:
+    """Open the file ``relative`` (a POSIX path) under ``root`` for reading, through no
+    link (:func:`open_folder_beneath` for its folders; the file itself as
+    :func:`open_untrusted` opens it).
 
     Raises:
         FileNotFoundError: nothing there.
         OSError: a link (``ELOOP``), a part that is no folder, or no regular file.
-        ValueError: ``relative`` climbs out of ``root`` or is absolute.
+        ValueError: ``relative`` climbs out of ``root``, is absolute or names no file.
     """
-    parts = relative.split("/")
-    if relative.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise ValueError(f"not a path below its folder: {relative!r}")
-    folder_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    folder, _, name = relative.rpartition("/")
+    if name in ("", ".", ".."):
+        raise ValueError(f"not a file below its folder: {relative!r}")
+    fd = open_folder_beneath(root, folder)
     try:
-        for part in parts[:-1]:
-            below = os.open(part, folder_flags, dir_fd=fd)
-            os.close(fd)
-            fd = below
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        file = os.open(parts[-1], flags, dir_fd=fd)
+        file = os.open(name, flags, dir_fd=fd)
     finally:
         os.close(fd)
     try:

@@ -159,6 +159,7 @@ def test_links_a_training_image_makes_lead_nowhere_on_the_host(
         else:
             assert b"host secret" not in path.read_bytes(), path
     assert not (tmp_path / "checkpoints" / "leak").exists()
+    assert not (tmp_path / "checkpoints" / "secret.txt").exists()
 
 
 def test_container_entrypoint_and_arguments_replace_train(

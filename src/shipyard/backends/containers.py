@@ -229,8 +229,12 @@ class ContainerBackend:
         return handle
 
     def _stop_unwanted(self, started: asyncio.Future[ContainerInstance]) -> None:
-        if not started.cancelled() and started.exception() is None:
+        if started.cancelled() or started.exception() is not None:
+            return
+        try:
             self._calls.submit(self._stop, started.result())
+        except RuntimeError:  # the backend is closing: a thread of its own, then
+            threading.Thread(target=self._stop, args=(started.result(),), daemon=True).start()
 
     def _model_folder(self, spec: InstanceSpec) -> Path:
         if spec.workdir is not None:
@@ -389,12 +393,19 @@ class ContainerBackend:
         return total / 1e9 if total is not None else None
 
     def _stats(self, handle: InstanceHandle) -> dict[str, Any]:
+        from docker.errors import InvalidVersion
+
         assert isinstance(handle, ContainerInstance)
         if handle.reason is not None:
             return {}
         try:
-            # one_shot: at once, without the second sample Docker otherwise waits for.
-            stats = self.engine.client().api.stats(handle.container_id, stream=False, one_shot=True)
+            api = self.engine.client().api
+            try:
+                # one_shot: at once, without the second sample Docker otherwise waits
+                # for; engines before API 1.41 do not know it.
+                stats = api.stats(handle.container_id, stream=False, one_shot=True)
+            except InvalidVersion:
+                stats = api.stats(handle.container_id, stream=False)
         except Exception:
             return {}
         return stats if isinstance(stats, dict) else {}
@@ -463,7 +474,8 @@ class ContainerBackend:
         removed = []
         for container in listed:
             labels = container.get("Labels") or {}
-            if labels.get(LABEL_HOME) != self.home or labels.get(LABEL_KIND) != "instance":
+            kind = labels.get(LABEL_KIND, "job" if LABEL_JOB in labels else "instance")
+            if labels.get(LABEL_HOME) != self.home or kind != "instance":
                 continue  # a job's (its runner's), or an engine that ignored the filter
             with contextlib.suppress(Exception):
                 client.api.remove_container(container["Id"], force=True, v=True)
@@ -478,7 +490,13 @@ class ContainerBackend:
         self._closed.set()
         if self._watcher is not None:
             self._watcher.join(timeout=2)
-        self._calls.shutdown(wait=True, cancel_futures=False)  # stops still under way
+        # Not waited for here (a pull may take minutes); what is still recorded as
+        # running (a start that finished after its fleet let go) is stopped.
+        self._calls.shutdown(wait=False, cancel_futures=False)
+        with self._lock:
+            left = list(self._live.values())
+        for handle in left:
+            self._stop(handle)
         self.engine.close()
 
 

@@ -221,6 +221,7 @@ class Runner:
                 spec.checkpoint.uri,
                 period_s=self._checkpoint_sync_period_s,
                 job_log=self._log,
+                root=layout.root,
             )
         try:
             halted = self._supervise(process, spec)
@@ -273,6 +274,7 @@ class Runner:
                 spec.checkpoint.uri,
                 period_s=self._checkpoint_sync_period_s,
                 job_log=self._log,
+                root=layout.root,
             )
         halted = None
         unanswered: list[float] = []  # since when the engine has not answered, if it has not
@@ -288,10 +290,12 @@ class Runner:
                     ).start()
                 time.sleep(CONTAINER_POLL_PERIOD_S)
         finally:
-            reader.join(READER_JOIN_TIMEOUT_S)
-            if sync is not None:
-                sync.finish()
-            container.remove()  # whatever happened: nobody else would
+            try:
+                reader.join(READER_JOIN_TIMEOUT_S)
+                if sync is not None:
+                    sync.finish()
+            finally:
+                container.remove()  # whatever happened: nobody else would
         self._log.note(f"The training container exited with code {end.exit_code}")
         if end.lost and halted is None:
             raise InstanceLost(f"the training container was killed (exit code {end.exit_code})")

@@ -73,10 +73,20 @@ class CheckpointSync:
     """
 
     def __init__(
-        self, store: ArtifactStore, local_dir: Path, uri: str, *, period_s: float, job_log: JobLog
+        self,
+        store: ArtifactStore,
+        local_dir: Path,
+        uri: str,
+        *,
+        period_s: float,
+        job_log: JobLog,
+        root: Path | None = None,
     ) -> None:
         self._store = store
         self._local_dir = local_dir
+        self._root = root
+        """The trusted folder ``local_dir`` lies in (the job's ``/opt/ml`` tree): from
+        there down, no link is followed (ArtifactStore.sync_up)."""
         self._uri = uri
         self._period_s = period_s
         self._log = job_log
@@ -100,7 +110,9 @@ class CheckpointSync:
 
     def _sync(self) -> None:
         try:
-            stamps = self._store.sync_up(self._local_dir, self._uri, previous=self._stamps)
+            stamps = self._store.sync_up(
+                self._local_dir, self._uri, previous=self._stamps, root=self._root
+            )
         except ArtifactError as exc:
             self._log.note(f"Checkpoint sync failed; retrying at the next one: {exc}")
             return

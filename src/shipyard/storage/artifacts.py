@@ -19,6 +19,7 @@ directory / prefix whose tree is copied. Three guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import gzip
 import lzma
@@ -37,7 +38,7 @@ from typing import Any, BinaryIO
 from botocore.exceptions import BotoCoreError
 
 from shipyard.errors import ArtifactError, UnsupportedLocation
-from shipyard.job_contract import open_beneath
+from shipyard.job_contract import open_beneath, open_folder_beneath
 from shipyard.storage.filesystems import S3_SCHEME, Filesystems, s3_path
 
 logger = getLogger(__name__)
@@ -242,7 +243,12 @@ class ArtifactStore:
             self._put(Path(path), uri)
 
     def sync_up(
-        self, local_dir: Path, uri: str, *, previous: Mapping[str, FileStamp] | None = None
+        self,
+        local_dir: Path,
+        uri: str,
+        *,
+        previous: Mapping[str, FileStamp] | None = None,
+        root: Path | None = None,
     ) -> dict[str, FileStamp]:
         """Upload the files under ``local_dir`` that are new or changed since ``previous``.
 
@@ -252,33 +258,49 @@ class ArtifactStore:
         then differs next time, so the next sync sends it again. A file that vanishes
         before it is sent (a writer's temporary file) is skipped.
 
+        Only regular files are sent, read through no link (job_contract.py
+        ``open_beneath``): ``local_dir`` may be written by code that is not trusted (a
+        training container), which must not lead the sync out of it. ``root``: the
+        trusted folder ``local_dir`` lies in (default ``local_dir`` itself); from it
+        down, no link is followed, ``local_dir`` included.
+
         Raises:
             ArtifactError: an upload failed. Keep the old ``previous``: the next sync
                 sends everything that did not get through.
         """
         local_dir = Path(local_dir)
+        root = Path(root) if root is not None else local_dir
+        below = local_dir.relative_to(root).as_posix()
         previous = previous or {}
-        current = _stamps(local_dir)
+        current = _stamps(root, below)
         for rel in sorted(current):
             if previous.get(rel) == current[rel]:
                 continue
             path = local_dir / rel
             try:
                 with _translate_upload_errors(path, join_uri(uri, rel)):
-                    # Read through no link: the folder's writer may not be trusted (a
-                    # training container), and a link it swaps in must not lead out.
-                    with open_beneath(local_dir, rel) as source:
+                    beneath = rel if below == "." else f"{below}/{rel}"
+                    with open_beneath(root, beneath) as source:
                         self._put_stream(source, join_uri(uri, rel))
             except ArtifactError:
-                if path.exists():
+                if os.path.lexists(path) and not path.is_symlink():
                     raise
-                del current[rel]
+                del current[rel]  # gone, or a link now: not sent
         return current
 
     def _put_stream(self, source: BinaryIO, uri: str) -> None:
         if uri.startswith(S3_SCHEME):
-            with self._s3_filesystem().open(_s3_path(uri, _OUTPUT_WORDS), "wb") as out:
+            # Committed only once all of it is written: a failed copy must not replace
+            # a good object with a truncated one (closing would commit what it has).
+            out = self._s3_filesystem().open(_s3_path(uri, _OUTPUT_WORDS), "wb", autocommit=False)
+            try:
                 shutil.copyfileobj(source, out)
+                out.close()
+                out.commit()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    out.discard()
+                raise
             return
         target = self._local_path(uri, _OUTPUT_WORDS)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -393,20 +415,30 @@ def _download_prefix(fs: Any, prefix: str, uri: str, tree: Path, words: _Words) 
     return len(keys)
 
 
-def _stamps(local_dir: Path) -> dict[str, FileStamp]:
-    """``(size, mtime_ns)`` of every regular file under ``local_dir``, by POSIX relative
-    path; links (to files or folders) are not followed, and are left out."""
+def _stamps(root: Path, below: str) -> dict[str, FileStamp]:
+    """``(size, mtime_ns)`` of every regular file in the folder ``below`` of ``root``, by
+    POSIX path relative to that folder. No link is followed, to the folder or in it:
+    it is reached with ``open_folder_beneath`` and walked by ``os.fwalk``, which opens
+    each folder it enters through no link."""
     stamps: dict[str, FileStamp] = {}
-    for folder, _, files in os.walk(local_dir):  # links to folders are not followed
-        for name in files:
-            path = Path(folder, name)
-            try:
-                info = path.lstat()
-            except FileNotFoundError:  # removed since it was listed
-                continue
-            if not stat.S_ISREG(info.st_mode):
-                continue
-            stamps[path.relative_to(local_dir).as_posix()] = (info.st_size, info.st_mtime_ns)
+    try:
+        top = open_folder_beneath(root, below)
+    except FileNotFoundError:
+        return stamps
+    except OSError as exc:  # the folder is a link, or no folder
+        raise ArtifactError(f"{below} cannot be read through no link: {exc}") from None
+    try:
+        for folder, _, files, folder_fd in os.fwalk(".", dir_fd=top):
+            for name in files:
+                try:
+                    info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+                except FileNotFoundError:  # removed since it was listed
+                    continue
+                if stat.S_ISREG(info.st_mode):
+                    rel = os.path.normpath(os.path.join(folder, name))
+                    stamps[Path(rel).as_posix()] = (info.st_size, info.st_mtime_ns)
+    finally:
+        os.close(top)
     return stamps
 
 

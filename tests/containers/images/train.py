@@ -18,7 +18,12 @@ def read(path):
 def hostile(target, exit_code):
     """Point links at ``target``, a file of the host (not of this container), where the
     runner reads and uploads: a checkpoint, the failure file, the model folder."""
-    os.symlink(target, os.path.join(ML, "checkpoints", "leak"))
+    checkpoints = os.path.join(ML, "checkpoints")
+    if exit_code == 0:  # a link among the checkpoints
+        os.symlink(target, os.path.join(checkpoints, "leak"))
+    else:  # the checkpoint folder itself a link
+        os.rmdir(checkpoints)
+        os.symlink(os.path.dirname(target), checkpoints)
     os.symlink(target, os.path.join(ML, "output", "failure"))
     os.rmdir(os.path.join(ML, "model"))
     os.symlink(os.path.dirname(target), os.path.join(ML, "model"))
