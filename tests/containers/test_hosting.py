@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import GatewayProcess, deploy, unique, wait_until
+from tests.conftest import GatewayProcess, deploy, unique, wait_in_service, wait_until
 from tests.containers.conftest import Engine, needs_engine
 
 pytestmark = needs_engine
@@ -62,6 +62,19 @@ def gateway(gateway_factory: Callable[..., GatewayProcess], engine: Engine) -> G
 def invoke(gw: GatewayProcess, endpoint: str, body: bytes = b"hello") -> dict[str, Any]:
     answer = gw.rt.invoke_endpoint(EndpointName=endpoint, Body=body, ContentType="text/plain")
     return dict(json.loads(answer["Body"].read()))
+
+
+def make_config(
+    sm: Any, name: str, *, model: str | None = None, count: int = 1, **extra: Any
+) -> None:
+    """An endpoint config of one ml.m5.large variant ``v1`` of ``model`` (default ``name``)."""
+    variant = {
+        "VariantName": "v1",
+        "ModelName": model or name,
+        "InstanceType": "ml.m5.large",
+        "InitialInstanceCount": count,
+    }
+    sm.create_endpoint_config(EndpointConfigName=name, ProductionVariants=[variant], **extra)
 
 
 def answered(gw: GatewayProcess, endpoint: str) -> bool:
@@ -143,17 +156,7 @@ def test_two_instances_a_killed_container_and_a_blue_green_update(
         PrimaryContainer={"Image": images["v2"], "ModelDataUrl": artifact},
         ExecutionRoleArn=ROLE,
     )
-    gateway.sm.create_endpoint_config(
-        EndpointConfigName=f"{name}-2",
-        ProductionVariants=[
-            {
-                "VariantName": "v1",
-                "ModelName": f"{name}-2",
-                "InstanceType": "ml.m5.large",
-                "InitialInstanceCount": 2,
-            }
-        ],
-    )
+    make_config(gateway.sm, f"{name}-2", count=2)
     gateway.sm.update_endpoint(EndpointName=name, EndpointConfigName=f"{name}-2")
     wait_until(
         lambda: (
@@ -179,21 +182,9 @@ def test_a_two_container_pipeline_of_images(
         ],
         ExecutionRoleArn=ROLE,
     )
-    gateway.sm.create_endpoint_config(
-        EndpointConfigName=name,
-        ProductionVariants=[
-            {
-                "VariantName": "v1",
-                "ModelName": name,
-                "InstanceType": "ml.m5.large",
-                "InitialInstanceCount": 1,
-            }
-        ],
-    )
+    make_config(gateway.sm, name)
     gateway.sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
-    gateway.sm.get_waiter("endpoint_in_service").wait(
-        EndpointName=name, WaiterConfig={"Delay": 0.5, "MaxAttempts": 240}
-    )
+    wait_in_service(gateway.sm, name)
     second = invoke(gateway, name)
     first = json.loads(second["body"])  # the first container's answer was its request
     assert (first["hostname"], second["hostname"]) == ("first", "second")
@@ -224,21 +215,9 @@ def test_a_multi_model_image_loads_its_target_models(
         },
         ExecutionRoleArn=ROLE,
     )
-    gateway.sm.create_endpoint_config(
-        EndpointConfigName=name,
-        ProductionVariants=[
-            {
-                "VariantName": "v1",
-                "ModelName": name,
-                "InstanceType": "ml.m5.large",
-                "InitialInstanceCount": 1,
-            }
-        ],
-    )
+    make_config(gateway.sm, name)
     gateway.sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
-    gateway.sm.get_waiter("endpoint_in_service").wait(
-        EndpointName=name, WaiterConfig={"Delay": 0.5, "MaxAttempts": 240}
-    )
+    wait_in_service(gateway.sm, name)
     for model, answer in (("a.tar.gz", "alpha"), ("b.tar.gz", "beta"), ("a.tar.gz", "alpha")):
         reply = gateway.rt.invoke_endpoint(EndpointName=name, TargetModel=model, Body=b"x")
         seen = json.loads(reply["Body"].read())
@@ -262,22 +241,13 @@ def test_an_async_endpoint_and_a_batch_transform_of_an_image(
         PrimaryContainer={"Image": images["v1"], "ModelDataUrl": artifact},
         ExecutionRoleArn=ROLE,
     )
-    gateway.sm.create_endpoint_config(
-        EndpointConfigName=name,
-        ProductionVariants=[
-            {
-                "VariantName": "v1",
-                "ModelName": name,
-                "InstanceType": "ml.m5.large",
-                "InitialInstanceCount": 1,
-            }
-        ],
+    make_config(
+        gateway.sm,
+        name,
         AsyncInferenceConfig={"OutputConfig": {"S3OutputPath": (tmp_path / "out").as_uri()}},
     )
     gateway.sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
-    gateway.sm.get_waiter("endpoint_in_service").wait(
-        EndpointName=name, WaiterConfig={"Delay": 0.5, "MaxAttempts": 240}
-    )
+    wait_in_service(gateway.sm, name)
     (tmp_path / "in.txt").write_text("async body")
     answer = gateway.rt.invoke_endpoint_async(
         EndpointName=name, InputLocation=(tmp_path / "in.txt").as_uri(), ContentType="text/plain"

@@ -34,7 +34,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from shipyard import launch
-from shipyard.backends.base import InstanceHandle, InstanceSpec
+from shipyard.backends.base import InstanceHandle, InstanceSpec, Resources
 from shipyard.errors import BackendError
 from shipyard.job_contract import JobSpec
 from shipyard.routing.model_agent import MODELS_FOLDER
@@ -290,7 +290,7 @@ class ContainerBackend:
                 security_opt=["no-new-privileges"],
                 cap_drop=DROPPED_CAPABILITIES,
                 pids_limit=PIDS_LIMIT,
-                **self._limits(client, spec),
+                **_limits(client, spec.resources),
             )
             container.start()
             container.reload()
@@ -324,18 +324,6 @@ class ContainerBackend:
 
     def _image(self, client: Any, image: str) -> Any:
         return _pulled(client, image, self.pull)
-
-    def _limits(self, client: Any, spec: InstanceSpec) -> dict[str, Any]:
-        """The InstanceType's vCPUs and memory, at most what the engine's host has (an
-        engine refuses a CPU limit above its CPU count)."""
-        if spec.resources is None:
-            return {}
-        info = client.info()
-        cpus = min(spec.resources.vcpus, float(info.get("NCPU") or spec.resources.vcpus))
-        memory = spec.resources.memory_bytes
-        if info.get("MemTotal"):
-            memory = min(memory, int(info["MemTotal"]))
-        return {"nano_cpus": int(cpus * 1e9), "mem_limit": memory}
 
     def _remove_named(self, client: Any, name: str) -> None:
         with contextlib.suppress(Exception):
@@ -551,14 +539,9 @@ class TrainingContainer:
         with contextlib.suppress(Exception):
             client.api.remove_container(self.name, force=True, v=True)
         image = _pulled(client, spec.image, pull)
-        limits: dict[str, Any] = {}
         known = INSTANCE_TYPES.get(spec.resource.instance_type)
-        if known is not None:
-            info = client.info()
-            cpus = min(known.vcpus, float(info.get("NCPU") or known.vcpus))
-            limits = {"nano_cpus": int(cpus * 1e9), "mem_limit": known.memory_bytes}
-            if info.get("MemTotal"):
-                limits["mem_limit"] = min(known.memory_bytes, int(info["MemTotal"]))
+        resources = Resources(known.vcpus, known.memory_bytes) if known is not None else None
+        limits = _limits(client, resources)
         volumes = {str(opt_ml): {"bind": "/opt/ml", "mode": "rw"}}
         local_path = spec.checkpoint.local_path if spec.checkpoint else None
         if checkpoints is not None and local_path and _bindable(local_path):
@@ -646,6 +629,19 @@ class TrainingContainer:
     def remove(self) -> None:
         with contextlib.suppress(Exception):
             self.engine.client().api.remove_container(self.name, force=True, v=True)
+
+
+def _limits(client: Any, resources: Resources | None) -> dict[str, Any]:
+    """An InstanceType's vCPUs and memory as a container's limits, at most what the
+    engine's host has (an engine refuses a CPU limit above its CPU count)."""
+    if resources is None:
+        return {}
+    info = client.info()
+    cpus = min(resources.vcpus, float(info.get("NCPU") or resources.vcpus))
+    memory = resources.memory_bytes
+    if info.get("MemTotal"):
+        memory = min(memory, int(info["MemTotal"]))
+    return {"nano_cpus": int(cpus * 1e9), "mem_limit": memory}
 
 
 def _bindable(path: str) -> bool:

@@ -213,16 +213,7 @@ class Runner:
         assert process.stdout is not None and process.stderr is not None
         tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         readers = [self._log.follow(process.stdout), self._log.follow(process.stderr, tail)]
-        sync = None
-        if spec.checkpoint:
-            sync = CheckpointSync(
-                self._store,
-                layout.checkpoints,
-                spec.checkpoint.uri,
-                period_s=self._checkpoint_sync_period_s,
-                job_log=self._log,
-                root=layout.root,
-            )
+        sync = self._checkpoint_sync(spec, layout)
         try:
             halted = self._supervise(process, spec)
         finally:
@@ -266,16 +257,7 @@ class Runner:
             target=self._pump, args=(container, tail), name="job-log", daemon=True
         )
         reader.start()
-        sync = None
-        if spec.checkpoint:
-            sync = CheckpointSync(
-                self._store,
-                layout.checkpoints,
-                spec.checkpoint.uri,
-                period_s=self._checkpoint_sync_period_s,
-                job_log=self._log,
-                root=layout.root,
-            )
+        sync = self._checkpoint_sync(spec, layout)
         halted = None
         unanswered: list[float] = []  # since when the engine has not answered, if it has not
         try:
@@ -326,6 +308,19 @@ class Runner:
             for line in container.output():
                 self._log.write(line)
                 tail.append(line)
+
+    def _checkpoint_sync(self, spec: JobSpec, layout: Layout) -> CheckpointSync | None:
+        """The sync of the job's checkpoints while it runs, if it has a CheckpointConfig."""
+        if not spec.checkpoint:
+            return None
+        return CheckpointSync(
+            self._store,
+            layout.checkpoints,
+            spec.checkpoint.uri,
+            period_s=self._checkpoint_sync_period_s,
+            job_log=self._log,
+            root=layout.root,
+        )
 
     def _start_script(
         self, spec: JobSpec, layout: Layout, argv: list[str]
