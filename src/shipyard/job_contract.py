@@ -109,6 +109,8 @@ class JobSpec:
     """AlgorithmSpecification.ContainerEntrypoint, for a training image."""
     arguments: tuple[str, ...] | None = None
     """AlgorithmSpecification.ContainerArguments, for a training image."""
+    network_isolation: bool = False
+    """EnableNetworkIsolation: a training image's container gets no network at all."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

@@ -80,6 +80,23 @@ def test_a_training_image_gets_its_channels_config_and_uploads_its_model(
     assert not engine.containers(**{"dev.shipyard.job": name})
 
 
+def test_network_isolation_leaves_a_training_container_no_network(
+    gateway: GatewayProcess, image: str, tmp_path: Path
+) -> None:
+    isolated, open_ = unique("isolated"), unique("open")
+    gateway.sm.create_training_job(
+        **request(isolated, image, tmp_path / "a"), EnableNetworkIsolation=True
+    )
+    gateway.sm.create_training_job(**request(open_, image, tmp_path / "b"))
+    interfaces = {}
+    for name, place in ((isolated, tmp_path / "a"), (open_, tmp_path / "b")):
+        job = wait_final(gateway.sm, name, timeout_s=90)
+        assert job["TrainingJobStatus"] == "Completed", job.get("FailureReason")
+        interfaces[name] = model_of(job, place)["interfaces"]
+    assert interfaces[isolated] == ["lo"]
+    assert len(interfaces[open_]) > 1  # loopback and the engine's bridge
+
+
 def test_a_failure_file_is_the_failure_reason_and_a_missing_image_says_so(
     gateway: GatewayProcess, image: str, tmp_path: Path
 ) -> None:

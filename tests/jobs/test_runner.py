@@ -504,7 +504,7 @@ def test_a_job_spec_survives_its_json_and_ignores_unknown_keys(make_spec: Any) -
     assert set(json.loads(spec.to_json())) == {
         "name", "arn", "image", "program", "submit_directory", "hyperparameters", "channels",
         "output_path", "checkpoint", "max_runtime_s", "started_at", "stop_grace_s",
-        "environment", "resource", "attempt", "entrypoint", "arguments",
+        "environment", "resource", "attempt", "entrypoint", "arguments", "network_isolation",
     }  # fmt: skip
     with_image = make_spec(entrypoint=("python3", "/opt/program/train.py"), arguments=("--x", "1"))
     assert JobSpec.from_json(with_image.to_json()) == with_image

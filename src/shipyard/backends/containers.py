@@ -562,6 +562,8 @@ class TrainingContainer:
                 else ["train"],
                 name=self.name,
                 hostname="algo-1",
+                # EnableNetworkIsolation: no interface but loopback (its data is mounted).
+                network_mode="none" if spec.network_isolation else None,
                 environment=environment,
                 labels={
                     LABEL_KIND: "job",

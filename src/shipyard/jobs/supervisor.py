@@ -288,6 +288,7 @@ class JobSupervisor:
             arguments=tuple(algorithm["ContainerArguments"])
             if algorithm.get("ContainerArguments")
             else None,
+            network_isolation=bool(request.get("EnableNetworkIsolation", False)),
         )
 
 

@@ -71,6 +71,7 @@ def main():
         "job": os.environ.get("TRAINING_JOB_NAME"),
         "greeting": os.environ.get("GREETING"),
         "code": sorted(os.listdir(os.path.join(ML, "code"))),
+        "interfaces": sorted(os.listdir("/sys/class/net")),
     }
     with open(os.path.join(ML, "model/model.json"), "w") as f:
         json.dump(model, f)
