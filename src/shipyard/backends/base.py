@@ -59,6 +59,21 @@ def runtime_for(image: str) -> str:
     return "docker"
 
 
+def log_tail(path: Path | None, lines: int = 3) -> str:
+    """The last ``lines`` of an instance's log, to end a reason it stopped with; ``""``
+    when there is none."""
+    if path is None:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 2048))
+            tail = f.read().decode(errors="replace").strip().splitlines()[-lines:]
+    except OSError:
+        return ""
+    return ("; last log lines: " + " | ".join(tail)) if tail else ""
+
+
 @dataclass(frozen=True, slots=True)
 class Resources:
     """What an instance reserves on a node of a cluster: the vCPUs and memory of its

@@ -34,7 +34,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from shipyard import launch
-from shipyard.backends.base import InstanceHandle, InstanceSpec, Resources
+from shipyard.backends.base import InstanceHandle, InstanceSpec, Resources, log_tail
 from shipyard.errors import BackendError
 from shipyard.job_contract import JobSpec
 from shipyard.routing.model_agent import MODELS_FOLDER
@@ -69,12 +69,20 @@ needs and an image could misuse: device nodes in the folders the gateway reads, 
 packets on the bridge."""
 PIDS_LIMIT = 4096
 """Processes and threads a container may have, so none can fork the host to a halt."""
+HARDENING: dict[str, Any] = {
+    "security_opt": ["no-new-privileges"],
+    "cap_drop": DROPPED_CAPABILITIES,
+    "pids_limit": PIDS_LIMIT,
+}
+"""What every container shipyard creates runs with, an instance's or a job's."""
 CONTAINER_MODELS_DIR = "/opt/ml/models"
 """Where a multi-model container sees the models the gateway fetched for it (read-only;
 the gateway's ModelAgent names a folder under it in each ``POST /models``)."""
 PULL_POLICIES = ("missing", "always", "never")
 ENGINE_THREADS = 32
 """Engine calls (starts, stops) under way at once."""
+_STATS_REUSE_S = 1.0
+"""How long one reading of a container's stats answers for."""
 _POLL_S = 0.5
 """How often the states of this home's containers are read (one call for all)."""
 _USED_MARK = "containers"
@@ -101,10 +109,11 @@ class ContainerInstance:
     container_id: str
     name: str
     log_path: Path | None
-    state: tuple[str, int | None] = ("running", None)
-    """Its last read state, and its exit code once it has one."""
     reason: str | None = None
     follower: threading.Thread | None = field(default=None, repr=False)
+    stats: tuple[float, dict[str, Any]] | None = field(default=None, repr=False)
+    """The engine's last stats of it and when (monotonic): memory and CPU are asked for
+    one after the other, and one engine call answers both."""
 
     def __repr__(self) -> str:
         return f"ContainerInstance(id={self.instance_id!r}, name={self.name!r}, url={self.url!r})"
@@ -252,7 +261,7 @@ class ContainerBackend:
 
     def _start(self, spec: InstanceSpec, model: Path) -> ContainerInstance:
         client = self.engine.client()
-        image = self._image(client, spec.image)
+        image = _pulled(client, spec.image, self.pull)
         labels = (image.attrs.get("Config") or {}).get("Labels") or {}
         environment = dict(spec.environment)
         port = SERVE_PORT
@@ -287,9 +296,7 @@ class ContainerBackend:
                         "mode": "ro",
                     }
                 },
-                security_opt=["no-new-privileges"],
-                cap_drop=DROPPED_CAPABILITIES,
-                pids_limit=PIDS_LIMIT,
+                **HARDENING,
                 **_limits(client, spec.resources),
             )
             container.start()
@@ -321,9 +328,6 @@ class ContainerBackend:
             self._live[container.id] = handle
         log.info("started container %s (%s) for instance %s", name, spec.image, spec.instance_id)
         return handle
-
-    def _image(self, client: Any, image: str) -> Any:
-        return _pulled(client, image, self.pull)
 
     def _remove_named(self, client: Any, name: str) -> None:
         with contextlib.suppress(Exception):
@@ -386,6 +390,8 @@ class ContainerBackend:
         assert isinstance(handle, ContainerInstance)
         if handle.reason is not None:
             return {}
+        if handle.stats is not None and time.monotonic() - handle.stats[0] < _STATS_REUSE_S:
+            return handle.stats[1]
         try:
             api = self.engine.client().api
             try:
@@ -396,7 +402,9 @@ class ContainerBackend:
                 stats = api.stats(handle.container_id, stream=False)
         except Exception:
             return {}
-        return stats if isinstance(stats, dict) else {}
+        stats = stats if isinstance(stats, dict) else {}
+        handle.stats = (time.monotonic(), stats)
+        return stats
 
     # -- watching -------------------------------------------------------------------------
 
@@ -443,7 +451,9 @@ class ContainerBackend:
         except Exception:
             return f"its container {handle.name} is {state}"
         reason = _exited(attrs) or f"its container {handle.name} is {state}"
-        return reason + _tail(handle.log_path)
+        if handle.follower is not None:  # its last lines, which end with the container
+            handle.follower.join(timeout=1)
+        return reason + log_tail(handle.log_path)
 
     # -- the gateway's start and stop ------------------------------------------------------
 
@@ -571,9 +581,7 @@ class TrainingContainer:
                     LABEL_WORKDIR: str(self.workdir),
                 },
                 volumes=volumes,
-                security_opt=["no-new-privileges"],
-                cap_drop=DROPPED_CAPABILITIES,
-                pids_limit=PIDS_LIMIT,
+                **HARDENING,
                 **limits,
             )
             container.start()
@@ -701,17 +709,6 @@ def _exited(attrs: Mapping[str, Any]) -> str | None:
     code = state.get("ExitCode")
     error = str(state.get("Error") or "").strip()
     return f"its container exited with code {code}" + (f": {error}" if error else "")
-
-
-def _tail(path: Path | None) -> str:
-    if path is None:
-        return ""
-    time.sleep(0.1)  # the log follower's last chunk
-    try:
-        lines = path.read_bytes()[-2048:].decode(errors="replace").strip().splitlines()[-3:]
-    except OSError:
-        return ""
-    return ("; last log lines: " + " | ".join(lines)) if lines else ""
 
 
 def _first_line(exc: BaseException) -> str:

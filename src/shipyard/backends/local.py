@@ -41,6 +41,7 @@ from shipyard.backends.base import (
     InstanceHandle,
     InstanceSpec,
     JobHandle,
+    log_tail,
     runtime_for,
 )
 from shipyard.backends.containers import (
@@ -439,7 +440,7 @@ class LocalBackend:
             text = handle.error_file.read_text().strip()
             if text:
                 return text
-        return f"the process exited with code {code}{_log_tail(handle.log_path)}"
+        return f"the process exited with code {code}{log_tail(handle.log_path)}"
 
     def memory_bytes(self, handle: InstanceHandle) -> int | None:
         if isinstance(handle, ContainerInstance):
@@ -774,19 +775,6 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
     # its PID: this reaches the children it spawned and nothing else.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-
-
-def _log_tail(path: Path | None, lines: int = 3) -> str:
-    if path is None:
-        return ""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 2048))
-            tail = f.read().decode(errors="replace").strip().splitlines()[-lines:]
-    except OSError:
-        return ""
-    return ("; last log lines: " + " | ".join(tail)) if tail else ""
 
 
 def _tree_sum(handle: InstanceHandle, measure: Callable[[psutil.Process], float]) -> float | None:
