@@ -35,6 +35,7 @@ from shipyard.gateway.errors import unknown_path_response
 from shipyard.gateway.facade import JobsDoor
 from shipyard.gateway.oip import InferenceProtocol
 from shipyard.gateway.oip_rest import OipRestDoor
+from shipyard.gateway.openai import OpenAIDoor
 from shipyard.gateway.ops import healthz, metrics_endpoint
 from shipyard.gateway.paths import PathRouter
 from shipyard.gateway.runtime import RuntimeDoor
@@ -195,6 +196,7 @@ class Gateway:
                 "invocations-response-stream": self.streaming,
             },
             v2=OipRestDoor(self.oip),
+            v1=OpenAIDoor(runtime=self.runtime),
             fallback=self.app,
         )
         self._entry = edge(doors, settings, stack)

@@ -292,6 +292,10 @@ class AccessKey(BaseModel):
     resources: list[str] = Field(default_factory=lambda: ["*"])
     """ARN patterns (``*`` matches any characters, as IAM matches them) of the resources
     this key's actions may reach; List actions show only these."""
+    bearer_token_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Name of the environment variable holding a token that the OpenAI-compatible door
+    (``/v1``) takes as ``Authorization: Bearer <token>`` for this key, with its ``allow``
+    and ``resources`` (DESIGN 2.13)."""
 
 
 class AuthConfig(BaseModel):

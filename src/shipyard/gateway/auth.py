@@ -23,6 +23,8 @@ as IAM writes them, ``*`` wildcards, case-insensitive):
     /endpoints/{name}/invocations-response-stream
                                             sagemaker-runtime:InvokeEndpointWithResponseStream
     /v2/...                                 sagemaker-runtime:InvokeEndpoint
+    /v1/... (OpenAI: models, chat, completions, embeddings)
+                                            sagemaker-runtime:InvokeEndpoint
     POST /inference                         sagemaker:CreateTrainingJob
     GET /jobs/{name}/logs                   sagemaker:DescribeTrainingJob
     GET /metrics                            shipyard:GetMetrics
@@ -39,6 +41,10 @@ as IAM writes them, ``*`` wildcards, case-insensitive):
 The console's pages and static files (``GET /console`` and below, but ``/console/api``)
 need no signature: a browser cannot sign a navigation, so they hold no data, and the
 page's script signs each ``/console/api`` call itself.
+
+The OpenAI-compatible door (``/v1``) also takes ``Authorization: Bearer <token>``, for
+a key configured with ``bearer_token_env``: the same caller, with the same scope, as
+that key's signature would give (``Verifier.bearer``). No other door takes one.
 
 A request is read once (``read_head``): the headers its security rests on may appear
 only once, and what the edge read of them travels to the doors as a value
@@ -85,6 +91,7 @@ from shipyard.gateway.registry import RPC_V2, iam_action, rpc_v2_target
 from shipyard.stackfile import AuthConfig
 
 _ALGORITHM = "AWS4-HMAC-SHA256"
+BEARER = "Bearer "
 _MAX_SKEW_S = 15 * 60
 _UNSIGNED = "UNSIGNED-PAYLOAD"
 _AMZ_DATE = re.compile(r"(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})Z")
@@ -104,6 +111,7 @@ class Door(Enum):
     RUNTIME = "runtime"
     V2 = "v2"
     FACADE = "facade"
+    OPENAI = "openai"
     OTHER = "other"
 
 
@@ -313,6 +321,26 @@ class Verifier:
             for key_id, (secret, allow) in keys.items()
         }
         self._clock = clock
+        self._bearers: dict[bytes, Caller] = {}
+
+    def accept_bearer(self, key_id: str, token: str) -> None:
+        """Take ``token`` as ``Authorization: Bearer`` for key ``key_id`` (its caller, its
+        scope) on the door that accepts bearer tokens (DESIGN 2.13)."""
+        digest = hashlib.sha256(token.encode()).digest()
+        if digest in self._bearers:
+            raise ValueError("auth.keys: two keys have the same bearer token")
+        self._bearers[digest] = self._keys[key_id].caller
+
+    def bearer(self, authorization: str) -> Caller:
+        """The caller whose bearer token ``authorization`` (``Bearer <token>``) carries.
+
+        Looked up by the token's SHA-256, so the time a lookup takes says nothing about
+        how much of a token was right."""
+        token = authorization[len(BEARER) :].strip()
+        caller = self._bearers.get(hashlib.sha256(token.encode()).digest()) if token else None
+        if caller is None:
+            raise UnrecognizedClient("The bearer token included in the request is invalid.")
+        return caller
 
     @classmethod
     def from_config(cls, auth: AuthConfig, environ: Mapping[str, str]) -> Verifier:
@@ -327,7 +355,18 @@ class Verifier:
                 )
             keys[key.access_key_id] = (secret, key.allow)
         resources = {key.access_key_id: key.resources for key in auth.keys}
-        return cls(keys, resources=resources)
+        verifier = cls(keys, resources=resources)
+        for n, key in enumerate(auth.keys):
+            if key.bearer_token_env is None:
+                continue
+            token = environ.get(key.bearer_token_env, "").strip()
+            if not token:
+                raise ValueError(
+                    f"auth.keys[{n}].bearer_token_env: the environment variable "
+                    f"{key.bearer_token_env} is not set"
+                )
+            verifier.accept_bearer(key.access_key_id, token)
+        return verifier
 
     def __repr__(self) -> str:
         return f"Verifier(keys={sorted(self._keys)})"
@@ -516,6 +555,8 @@ def door_of(path: str) -> Door:
         return Door.RUNTIME
     if path.startswith("/v2"):
         return Door.V2
+    if path.startswith("/v1/"):
+        return Door.OPENAI
     if path == "/inference":
         return Door.FACADE
     return Door.OTHER
@@ -540,6 +581,8 @@ def action_of(method: str, path: str, target: str | None) -> tuple[Door, str] | 
         return Door.RUNTIME, f"sagemaker-runtime:{action}"
     if path.startswith("/v2"):
         return Door.V2, "sagemaker-runtime:InvokeEndpoint"
+    if path.startswith("/v1/"):
+        return Door.OPENAI, "sagemaker-runtime:InvokeEndpoint"
     if path == "/inference":
         return Door.FACADE, "sagemaker:CreateTrainingJob"
     if path.startswith("/jobs/"):

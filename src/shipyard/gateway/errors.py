@@ -117,3 +117,72 @@ def unknown_path_response(path: str, method: str, status_code: int) -> Response:
         media_type=AMZ_JSON,
         headers={"x-amzn-ErrorType": "UnknownOperationException"},
     )
+
+
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def openai_error_body(exc: ShipyardError) -> tuple[int, dict[str, Any]]:
+    """The OpenAI-compatible door's error (DESIGN 2.13): status and ``{"error": {message,
+    type, param, code}}``, as the ``openai`` client raises it.
+
+    A model's own error keeps a 4xx status (a parameter it refused) and becomes 500
+    otherwise; when the model answered an OpenAI error object, that object is passed on.
+    An authentication failure is 401, a key without the right 403.
+    """
+    status = exc.status_code
+    code: str | None = exc.wire_type
+    message = exc.message
+    if isinstance(exc, ModelError):
+        original = exc.original_status_code
+        status = original if 400 <= original < 500 else 500
+        code = "model_error"
+        given = _model_error_object(exc.original_message)
+        if given is not None:
+            return status, {"error": given}
+        message = exc.original_message or exc.message
+    elif isinstance(exc, AuthFailure):
+        status = 403 if exc.wire_type == "AccessDeniedException" else 401
+        code = "invalid_api_key" if status == 401 else "access_denied"
+    elif status == 404:
+        code = "model_not_found" if exc.wire_type == "ValidationError" else code
+    kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return status, {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def _model_error_object(text: str) -> dict[str, Any] | None:
+    if not text.startswith("{"):
+        return None
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return None
+    error = found.get("error") if isinstance(found, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return error
+    return None
+
+
+async def openai_error_response(exc: ShipyardError, send: Any) -> None:
+    status, body = openai_error_body(exc)
+    payload = json.dumps(body).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def openai_error_event(code: str, message: str) -> bytes:
+    """A failure once a stream's events flow: one last server-sent event."""
+    error = {"message": message, "type": "server_error", "param": None, "code": code}
+    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"

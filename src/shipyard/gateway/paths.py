@@ -2,7 +2,8 @@
 
 The data path's doors are raw ASGI handlers reached without a framework in between: the
 runtime doors by ``POST /endpoints/{name}/{action}`` (one dict lookup on the last
-segment), the Open Inference Protocol's REST door by ``/v2``. Every other path goes to
+segment), the Open Inference Protocol's REST door by ``/v2``, the OpenAI-compatible door
+by ``/v1``. Every other path goes to
 the Starlette app of the control plane, the facade, the console and the operations
 endpoints, which answers unknown paths in the shape of the door they look like.
 """
@@ -27,13 +28,19 @@ class PathRouter:
     door that serves it, called with the endpoint's name.
     """
 
-    __slots__ = ("endpoint_doors", "v2", "fallback")
+    __slots__ = ("endpoint_doors", "v2", "v1", "fallback")
 
     def __init__(
-        self, *, endpoint_doors: Mapping[str, EndpointDoor], v2: ASGIApp, fallback: ASGIApp
+        self,
+        *,
+        endpoint_doors: Mapping[str, EndpointDoor],
+        v2: ASGIApp,
+        v1: ASGIApp,
+        fallback: ASGIApp,
     ) -> None:
         self.endpoint_doors = dict(endpoint_doors)
         self.v2 = v2
+        self.v1 = v1
         self.fallback = fallback
 
     def __repr__(self) -> str:
@@ -51,5 +58,8 @@ class PathRouter:
                     return
             elif path == "/v2" or path.startswith("/v2/"):
                 await self.v2(scope, receive, send)
+                return
+            elif path.startswith("/v1/"):
+                await self.v1(scope, receive, send)
                 return
         await self.fallback(scope, receive, send)

@@ -43,6 +43,7 @@ from shipyard.errors import (
 from shipyard.gateway import bodies, query
 from shipyard.gateway.auth import (
     ADMITTED,
+    BEARER,
     Admitted,
     Caller,
     Door,
@@ -56,6 +57,7 @@ from shipyard.gateway.auth import (
 from shipyard.gateway.errors import (
     control_error_response,
     facade_error_response,
+    openai_error_response,
     rpc_v2_error_response,
     runtime_error_response,
 )
@@ -125,7 +127,7 @@ class RequireSignature(ReadOnce):
             return
         door, action = door_action
         try:
-            caller, body = await self._admit(scope, receive, head, action)
+            caller, body = await self._admit(scope, receive, head, door, action)
         except ClientLeft:
             return  # gone before its body was whole: nobody to answer
         except _QueryRefused as refused:  # in the query protocol's XML, as its client reads
@@ -141,9 +143,14 @@ class RequireSignature(ReadOnce):
         await self.app(scope, receive if body is None else _replay(body, receive), send)
 
     async def _admit(
-        self, scope: Scope, receive: Receive, head: Head, action: str
+        self, scope: Scope, receive: Receive, head: Head, door: Door, action: str
     ) -> tuple[Caller, bytes | None]:
         """The verified caller, and the body read to verify it (None: left unread)."""
+        authorization = head.authorization or ""
+        if door is Door.OPENAI and authorization.startswith(BEARER):
+            caller = self.verifier.bearer(authorization)
+            authorize(caller, action, account_id=self.account_id)
+            return caller, None
         declared = head.content_length or ""
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             # Refused at once: waiting for a body we would refuse lets a client that
@@ -221,6 +228,9 @@ async def _render(
             runtime.status_code = exc.status_code
             exc = runtime
         await runtime_error_response(exc, send)
+        return
+    if door is Door.OPENAI:
+        await openai_error_response(exc, send)
         return
     if door is Door.FACADE:
         response = facade_error_response(exc)

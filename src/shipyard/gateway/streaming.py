@@ -27,8 +27,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, Protocol
 
 from shipyard.contract import FORWARDED, RESPONSE_STREAM_HEADER, STREAM_ERROR
 from shipyard.errors import (
@@ -38,6 +38,7 @@ from shipyard.errors import (
     ModelError,
     PayloadTooLarge,
     RuntimeFailure,
+    ShipyardError,
     UpstreamError,
 )
 from shipyard.gateway import bodies, eventstream
@@ -48,6 +49,7 @@ from shipyard.routing import sessions
 from shipyard.routing.client import Response
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.router import Call, Exchange
+from shipyard.routing.table import EndpointRoute
 
 log = logging.getLogger(__name__)
 
@@ -60,32 +62,56 @@ _COMPONENT = b"x-amzn-sagemaker-inference-component"
 _ACCEPT = b"x-amzn-sagemaker-accept"  # the model's Accept; the client's own is for events
 _CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
 _NOT_FORWARDED = (b"accept", b"x-amzn-sagemaker-target-model")
-_ASK = (RESPONSE_STREAM_HEADER.encode(), b"true")
+ASK_STREAM = (RESPONSE_STREAM_HEADER.encode(), b"true")
 
 
-class ResponseStreamDoor:
-    """Translates InvokeEndpointWithResponseStream to a streamed router call and back."""
+class Framing(Protocol):
+    """How a door writes a streamed answer: its head, one model chunk, a failure once
+    events flow, and the end. One per request (a framing may hold a partial line)."""
 
-    def __init__(self, *, runtime: RuntimeDoor) -> None:
-        self.runtime = runtime
-        self.invocations = runtime.invocations
-        self.router = runtime.router
+    def head(self, exchange: Exchange, call: Call) -> dict[str, Any]: ...
 
-    def __repr__(self) -> str:
-        return f"ResponseStreamDoor({self.router!r})"
+    def parts(self, chunk: bytes) -> Iterable[bytes]: ...
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send, name: str) -> None:
-        started = time.perf_counter()
+    def failure(self, code: str, message: str) -> bytes: ...
+
+    def internal_failure(self) -> bytes: ...
+
+    def end(self) -> bytes: ...
+
+
+ErrorRenderer = Callable[[ShipyardError, Send], Awaitable[None]]
+Prepare = Callable[["StreamClient"], Awaitable[tuple[EndpointRoute, Call]]]
+
+
+class StreamRelay:
+    """A streamed invocation from the call to the client's last byte, in a door's framing.
+
+    ``serve`` takes the door's ``prepare`` (which reaches, routes and reads the request
+    into a Call) and does the rest: the streamed router call (routing/invocation.py),
+    one framed write per chunk, the stream's failure as its last event, a disconnect
+    or a silent model cutting the exchange short, and the count. Errors before the
+    first chunk are the door's own (``render_error``).
+    """
+
+    def __init__(self, invocations: Invocations, render_error: ErrorRenderer) -> None:
+        self.invocations = invocations
+        self.router = invocations.router
+        self.render_error = render_error
+
+    async def serve(
+        self, receive: Receive, send: Send, prepare: Prepare, framing: Framing, label: str
+    ) -> None:
         calls: list[Call] = []
-        client = _Client(receive)
+        client = StreamClient(receive)
         error: BaseException | None = None
         try:
-            status = await self._invoke(scope, client, send, name, started, calls)
+            status = await self._invoke(client, send, prepare, framing, calls)
         except (RuntimeFailure, AuthFailure) as exc:
             status, error = exc.status_code, exc
             if isinstance(exc, PayloadTooLarge) and exc.body_left:
                 await bodies.drain(receive)
-            await runtime_error_response(exc, send)
+            await self.render_error(exc, send)
         except ClientGone:
             return
         except asyncio.CancelledError:
@@ -96,13 +122,12 @@ class ResponseStreamDoor:
                 return  # left while its request waited: nothing was answered
             status = 200
         except Exception:
-            log.exception("streamed invocation of %s failed", name)
+            log.exception("streamed invocation of %s failed", label)
             status = 500
             if client.answered and not client.finishing:  # events are flowing: end them
-                end = eventstream.stream_error("InternalStreamFailure", "Internal failure.")
-                await send({"type": "http.response.body", "body": end})
+                await send({"type": "http.response.body", "body": framing.internal_failure()})
             elif not client.answered:
-                await runtime_error_response(InternalFailure("Internal failure."), send)
+                await self.render_error(InternalFailure("Internal failure."), send)
         finally:
             client.stop_watching()
         if calls:
@@ -110,38 +135,36 @@ class ResponseStreamDoor:
 
     async def _invoke(
         self,
-        scope: Scope,
-        client: _Client,
+        client: StreamClient,
         send: Send,
-        name: str,
-        started: float,
+        prepare: Prepare,
+        framing: Framing,
         calls: list[Call],
     ) -> int:
-        runtime = self.runtime
-        runtime.reach(scope, name)
-        route = self.invocations.route(name)
-        forward, target, component, content_length = _request_headers(scope)
-        if content_length is not None and content_length > runtime.max_payload_bytes:
-            raise runtime.too_large(body_left=True)
-        body = await runtime.read_body(scope, client.receive)
-        call = Call(forward, body, target=target, started=started, component=component)
+        route, call = await prepare(client)
         calls.append(call)
         client.watch()  # from here a disconnect cancels the exchange
         async with self.invocations.stream(
             route, call, head_timeout_s=self.router.timeout_s
         ) as exchange:
-            await self._relay(exchange, call, client, send, name)
-            model_s = min(exchange.head_s + client.streamed_s, time.perf_counter() - started)
+            await self._relay(exchange, call, client, send, route.name, framing)
+            model_s = min(exchange.head_s + client.streamed_s, time.perf_counter() - call.started)
         self.invocations.latency(call, model_s)
         return 200
 
     async def _relay(
-        self, exchange: Exchange, call: Call, client: _Client, send: Send, name: str
+        self,
+        exchange: Exchange,
+        call: Call,
+        client: StreamClient,
+        send: Send,
+        name: str,
+        framing: Framing,
     ) -> None:
-        """One event per chunk, then the end or a ModelStreamError.
+        """One event per chunk, then the end or the failure.
 
         The head goes out with the first chunk, not before: a stream that fails before
-        its first chunk is answered with the runtime's usual error (a ModelError), and
+        its first chunk is answered with the door's usual error (a ModelError), and
         the client's first read brings the head and the first event together.
         """
         response = exchange.response
@@ -156,27 +179,23 @@ class ResponseStreamDoor:
                     raise chunk.model_error(name, self.invocations)
                 break
             if not client.answered:
-                await send(_head(exchange, call))
+                await send(framing.head(exchange, call))
                 client.answered = True
             if chunk is None:
                 break
-            for start in range(0, len(chunk), eventstream.MAX_PAYLOAD_BYTES):
-                part = chunk[start : start + eventstream.MAX_PAYLOAD_BYTES]
-                await send(
-                    {
-                        "type": "http.response.body",
-                        "body": eventstream.payload_part(part),
-                        "more_body": True,
-                    }
-                )
+            for part in framing.parts(chunk):
+                await send({"type": "http.response.body", "body": part, "more_body": True})
             client.since = client.loop.time()  # the model's clock starts again
         client.streamed_s = time.perf_counter() - began
         client.finishing = True  # the last send ends the response: no disconnect to watch
-        end = chunk.event() if isinstance(chunk, _Failure) else b""
+        if isinstance(chunk, _Failure):
+            end = framing.failure(chunk.code, chunk.message)
+        else:
+            end = framing.end()
         await send({"type": "http.response.body", "body": end})
 
     async def _next(
-        self, chunks: AsyncIterator[bytes], client: _Client, marker: bytes | None
+        self, chunks: AsyncIterator[bytes], client: StreamClient, marker: bytes | None
     ) -> bytes | None | _Failure:
         """The next chunk of the model's answer, None at its end, or why it failed."""
         try:
@@ -204,7 +223,61 @@ class ResponseStreamDoor:
         return chunk
 
 
-class _Client:
+class ResponseStreamDoor:
+    """Translates InvokeEndpointWithResponseStream to a streamed router call and back."""
+
+    def __init__(self, *, runtime: RuntimeDoor) -> None:
+        self.runtime = runtime
+        self.invocations = runtime.invocations
+        self.router = runtime.router
+        self.relay = StreamRelay(runtime.invocations, runtime_error_response)
+
+    def __repr__(self) -> str:
+        return f"ResponseStreamDoor({self.router!r})"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, name: str) -> None:
+        started = time.perf_counter()
+
+        async def prepare(client: StreamClient) -> tuple[EndpointRoute, Call]:
+            runtime = self.runtime
+            runtime.reach(scope, name)
+            route = self.invocations.route(name)
+            forward, target, component, content_length = _request_headers(scope)
+            if content_length is not None and content_length > runtime.max_payload_bytes:
+                raise runtime.too_large(body_left=True)
+            body = await runtime.read_body(scope, client.receive)
+            call = Call(forward, body, target=target, started=started, component=component)
+            return route, call
+
+        await self.relay.serve(receive, send, prepare, _EVENT_STREAM, name)
+
+
+class EventStreamFraming:
+    """InvokeEndpointWithResponseStream's framing: one ``PayloadPart`` event per chunk
+    (gateway/eventstream.py), a ``ModelStreamError`` or ``InternalStreamFailure`` event
+    for a failure."""
+
+    def head(self, exchange: Exchange, call: Call) -> dict[str, Any]:
+        return _head(exchange, call)
+
+    def parts(self, chunk: bytes) -> Iterable[bytes]:
+        step = eventstream.MAX_PAYLOAD_BYTES
+        return [eventstream.payload_part(chunk[n : n + step]) for n in range(0, len(chunk), step)]
+
+    def failure(self, code: str, message: str) -> bytes:
+        return eventstream.stream_error("ModelStreamError", message, code)
+
+    def internal_failure(self) -> bytes:
+        return eventstream.stream_error("InternalStreamFailure", "Internal failure.")
+
+    def end(self) -> bytes:
+        return b""
+
+
+_EVENT_STREAM = EventStreamFraming()
+
+
+class StreamClient:
     """The client's side of one streamed invocation, and the two reasons to cut it short.
 
     Once watched, a disconnect cancels the task serving the request, wherever it is
@@ -281,7 +354,7 @@ def _request_headers(
 ) -> tuple[list[tuple[bytes, bytes]], str | None, str | None, int | None]:
     """The headers for the instance, the target variant, the inference component and
     the declared body length."""
-    forward: list[tuple[bytes, bytes]] = [_ASK]
+    forward: list[tuple[bytes, bytes]] = [ASK_STREAM]
     target: str | None = None
     component: str | None = None
     content_length: int | None = None
@@ -329,9 +402,6 @@ class _Failure:
         self.code = code
         self.message = message
         self.status = status
-
-    def event(self) -> bytes:
-        return eventstream.stream_error("ModelStreamError", self.message, self.code)
 
     def model_error(self, name: str, invocations: Invocations) -> ModelError:
         response = Response(self.status, [], self.message.encode())

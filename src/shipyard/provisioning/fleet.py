@@ -57,12 +57,18 @@ def builtin_concurrency(environment: dict[str, str]) -> int:
     With server-side batching (SHIPYARD_MAX_BATCH_SIZE, runtime/batching.py) it is a
     full batch per thread plus one more being gathered: held at the gateway instead,
     requests would reach the instance one answer at a time and batches would never
-    fill."""
+    fill.
+
+    Text generation (SHIPYARD_TASK, runtime/tasks) decodes up to a batch of requests
+    together, so it takes that many at once: more would only wait in the instance.
+    """
     try:
         threads = max(int(environment.get("SAGEMAKER_MODEL_SERVER_WORKERS", "1")), 1)
         batch = int(environment.get("SHIPYARD_MAX_BATCH_SIZE", "").strip() or "0")
     except ValueError:
         return 1  # the instance refuses to start with it, and says why
+    if environment.get("SHIPYARD_TASK", "").strip() == "text-generation":
+        return max(batch, threads)  # a sequence per request, decoded together
     return batch * (threads + 1) if batch > 0 else threads
 
 

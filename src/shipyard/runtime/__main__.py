@@ -19,6 +19,10 @@ while they run either way (:mod:`shipyard.runtime.workers`);
 ``SHIPYARD_MAX_BATCH_SIZE`` with ``SHIPYARD_MAX_BATCH_DELAY_MS`` (default 10) turn on
 server-side batching (:mod:`shipyard.runtime.batching`): for the model, which must define
 ``predict_batch_fn``, or in multi-model mode for each model that defines it.
+
+``SHIPYARD_TASK`` (``text-generation`` or ``embeddings``) serves the model folder with a
+ready handler instead of a program (:mod:`shipyard.runtime.tasks`); for text generation
+``SHIPYARD_MAX_BATCH_SIZE`` is how many sequences are decoded together.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from shipyard import heap, launch
 from shipyard.contract import ADAPTERS_TOKEN_ENV
-from shipyard.runtime import handlers, server, spare, workers
+from shipyard.runtime import handlers, server, spare, tasks, workers
 from shipyard.runtime.adapters import Adapters
 from shipyard.runtime.batching import DEFAULT_MAX_DELAY_MS, BatchConfig
 from shipyard.runtime.multimodel import DEFAULT_LOAD_WAIT_S
@@ -123,9 +127,16 @@ def _code_dir(cache: Path, environ: Mapping[str, str]) -> Path | None:
 
 def _app(model_dir: Path, environ: Mapping[str, str], code_dir: Path | None = None) -> server.App:
     program = environ.get("SAGEMAKER_PROGRAM")
-    threads = workers.runner(_number(environ, "SAGEMAKER_MODEL_SERVER_WORKERS", int) or 1)
+    count = _number(environ, "SAGEMAKER_MODEL_SERVER_WORKERS", int) or 1
+    threads = workers.runner(count)
     batching = _batching(environ)
-    if environ.get("SAGEMAKER_MULTI_MODEL", "").strip().lower() != "true":
+    multi_model = environ.get("SAGEMAKER_MULTI_MODEL", "").strip().lower() == "true"
+    task = environ.get("SHIPYARD_TASK", "").strip()
+    if task:
+        if multi_model:
+            raise ValueError("SHIPYARD_TASK serves one model: it cannot be a multi-model one.")
+        return _task_app(tasks.check(task), model_dir, count, batching)
+    if not multi_model:
         loaded = handlers.load(model_dir, program=program, code_dir=code_dir)
         # Only a copy of an inference component takes adapters, from whoever holds its
         # token (the gateway): the route fetches and runs code.
@@ -146,6 +157,18 @@ def _app(model_dir: Path, environ: Mapping[str, str], code_dir: Path | None = No
     config = _multi_model_config(model_dir.absolute(), environ, program, code_dir)
     cache = model_source.open_model_cache(config)
     return model_contract.MultiModelApp(cache, threads=threads, batching=batching)
+
+
+def _task_app(task: str, model_dir: Path, count: int, batching: BatchConfig | None) -> server.App:
+    """A ready handler's app (runtime/tasks). Text generation batches its own decoding
+    steps, so it takes as many requests at once as a batch holds, each waiting for its
+    tokens on a thread of its own; embeddings are batched by the runtime's batcher."""
+    size = batching.max_size if batching is not None else 1
+    delay_s = batching.max_delay_s if batching is not None else 0.0
+    loaded = tasks.load(task, model_dir, max_batch_size=size, max_delay_s=delay_s)
+    if task == tasks.TEXT_GENERATION:
+        return server.RuntimeApp(loaded, threads=workers.HandlerThreads(max(size, count)))
+    return server.RuntimeApp(loaded, threads=workers.runner(count), batching=batching)
 
 
 def _batching(environ: Mapping[str, str]) -> BatchConfig | None:

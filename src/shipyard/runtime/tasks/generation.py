@@ -1,0 +1,729 @@
+"""``SHIPYARD_TASK=text-generation``: a ``transformers`` causal LM in OpenAI's chat and
+completions schema (the request shape of SageMaker's LMI containers).
+
+The model folder is what ``save_pretrained`` writes (config, weights, tokenizer, its
+chat template), loaded offline with ``AutoModelForCausalLM`` and ``AutoTokenizer``.
+A body with ``messages`` is a chat completion (the chat template makes the prompt), one
+with ``prompt`` a text completion. Supported: ``n``, ``max_tokens`` /
+``max_completion_tokens``, ``stop``, ``temperature`` (0: greedy), ``top_p``, ``seed``,
+``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``logprobs`` (chat:
+``logprobs`` and ``top_logprobs``; completions: ``logprobs``), ``echo``, ``stream`` with
+``stream_options.include_usage``. Tools, function calling and content other than text
+are refused with 400.
+
+How requests are decoded: one :class:`Engine` thread owns the model. Handler threads
+(one per request the instance takes at once: ``SHIPYARD_MAX_BATCH_SIZE``) parse a
+request, hand its sequences (``n`` of them per prompt) to the engine and wait on their
+own queue of tokens. The engine takes what waits (up to the batch size, after a short
+delay for the rest of a burst), left-pads the prompts, runs the prefill as one batch
+and then one decoding step for all of them at a time, each sequence with its own
+sampling; a finished sequence leaves the batch (its rows dropped from the KV cache) and
+the wave ends when the last one does. Requests arriving while a wave runs wait for the
+next. Written here rather than taken from a serving library (vLLM, TGI): those bring
+their own server and CUDA kernels, and this is the small loop that turns
+``transformers``' forward pass into per-token streams for our handler threads.
+
+A streamed answer is JSON Lines of ``chat.completion.chunk`` (or ``text_completion``)
+objects, one per token; a client that goes away closes the generator, which cancels its
+sequences at the engine's next step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from shipyard.runtime.tasks import schema
+from shipyard.runtime.tasks.schema import InvalidRequest
+
+log = logging.getLogger(__name__)
+
+JSON_LINES = "application/jsonlines"
+_END: Any = object()
+_MAX_N = 16
+_MAX_STOP = 4
+_MAX_TOP_LOGPROBS = 20
+
+
+class Engine:
+    """The model, its tokenizer and the thread that decodes for every request."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int, max_delay_s: float):
+        import torch
+
+        self.torch = torch
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max(max_batch_size, 1)
+        self.max_delay_s = max_delay_s
+        config = model.config
+        self.context = int(
+            getattr(config, "max_position_embeddings", 0) or tokenizer.model_max_length or 2048
+        )
+        eos = getattr(model.generation_config, "eos_token_id", None) or config.eos_token_id
+        if eos is None:
+            eos = tokenizer.eos_token_id
+        self.eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        pad = tokenizer.pad_token_id
+        self.pad = pad if pad is not None else next(iter(self.eos), 0)
+        self._waiting: deque[Sequence] = deque()
+        self._ready = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="generation", daemon=True)
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        return f"Engine({type(self.model).__name__}, max_batch_size={self.max_batch_size})"
+
+    def submit(self, sequences: list[Sequence]) -> None:
+        with self._ready:
+            self._waiting.extend(sequences)
+            self._ready.notify()
+
+    # -- the engine thread ------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            wave = self._gather()
+            try:
+                self._decode(wave)
+            except Exception as exc:  # the model failed: every sequence of the wave fails
+                log.exception("generation failed for %d sequences", len(wave))
+                for sequence in wave:
+                    sequence.fail(exc)
+
+    def _gather(self) -> list[Sequence]:
+        """The next wave: what waits, up to the batch size, once the oldest has waited
+        ``max_delay_s`` for the rest of its burst (or the batch is full)."""
+        with self._ready:
+            while not self._waiting:
+                self._ready.wait()
+            due = time.monotonic() + self.max_delay_s
+            while len(self._waiting) < self.max_batch_size:
+                left = due - time.monotonic()
+                if left <= 0:
+                    break
+                self._ready.wait(left)
+            wave: list[Sequence] = []
+            while self._waiting and len(wave) < self.max_batch_size:
+                wave.append(self._waiting.popleft())
+            # The choices of one request stay together: a request's n sequences in a wave.
+            while self._waiting and self._waiting[0].request is wave[-1].request:
+                wave.append(self._waiting.popleft())
+            return [s for s in wave if not s.request.cancelled]
+
+    def _decode(self, wave: list[Sequence]) -> None:
+        if not wave:
+            return
+        torch = self.torch
+        width = max(len(s.prompt) for s in wave)
+        ids = [[self.pad] * (width - len(s.prompt)) + s.prompt for s in wave]
+        mask = [[0] * (width - len(s.prompt)) + [1] * len(s.prompt) for s in wave]
+        input_ids = torch.tensor(ids, dtype=torch.long)
+        attention = torch.tensor(mask, dtype=torch.long)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        active = list(wave)
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            cache = out.cache
+            logits = out.logits[:, -1, :].float()
+            last = positions[:, -1]
+            while True:
+                tokens = [s.step(logits[row], self) for row, s in enumerate(active)]
+                keep = [row for row, s in enumerate(active) if not s.done]
+                if not keep:
+                    return
+                if len(keep) < len(active):
+                    index = torch.tensor(keep, dtype=torch.long)
+                    cache.batch_select_indices(index)
+                    attention = attention[index]
+                    last = last[index]
+                    active = [active[row] for row in keep]
+                    tokens = [tokens[row] for row in keep]
+                attention = torch.cat(
+                    [attention, attention.new_ones((attention.shape[0], 1))], dim=-1
+                )
+                last = last + 1
+                out = self.model(
+                    input_ids=torch.tensor(tokens, dtype=torch.long)[:, None],
+                    attention_mask=attention,
+                    position_ids=last[:, None],
+                    cache=cache,
+                    use_cache=True,
+                )
+                cache = out.cache
+                logits = out.logits[:, -1, :].float()
+
+
+class Request:
+    """One request's sequences and the queue its handler thread reads them from."""
+
+    __slots__ = ("events", "cancelled")
+
+    def __init__(self) -> None:
+        self.events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.cancelled = False
+
+
+class Sampling:
+    """How one request picks its tokens (its parameters, checked)."""
+
+    __slots__ = (
+        "temperature",
+        "top_p",
+        "seed",
+        "max_tokens",
+        "stop",
+        "top_logprobs",
+        "presence",
+        "frequency",
+        "bias",
+    )
+
+    def __init__(self, request: dict[str, Any], *, chat: bool, vocab: int) -> None:
+        self.temperature = schema.number(request, "temperature", 1.0, low=0, high=2)
+        self.top_p = schema.number(request, "top_p", 1.0, low=0, high=1)
+        if self.top_p == 0:
+            raise InvalidRequest("top_p: must be above 0.")
+        self.seed = schema.integer(request, "seed", None, low=-(2**63), high=2**64 - 1)
+        self.presence = schema.number(request, "presence_penalty", 0.0, low=-2, high=2)
+        self.frequency = schema.number(request, "frequency_penalty", 0.0, low=-2, high=2)
+        limit = "max_completion_tokens" if request.get("max_completion_tokens") else "max_tokens"
+        self.max_tokens = schema.integer(
+            request, limit, None if chat else 16, low=1, high=2**31 - 1
+        )
+        self.stop = _stop(request.get("stop"))
+        self.top_logprobs = _logprobs(request, chat=chat)
+        self.bias = _bias(request.get("logit_bias"), vocab)
+
+
+class Sequence:
+    """One choice being generated: its prompt, its tokens so far, what has been sent."""
+
+    __slots__ = (
+        "request",
+        "index",
+        "prompt",
+        "sampling",
+        "tokens",
+        "text",
+        "sent",
+        "done",
+        "counts",
+        "generator",
+    )
+
+    def __init__(self, request: Request, index: int, prompt: list[int], sampling: Sampling):
+        self.request = request
+        self.index = index
+        self.prompt = prompt
+        self.sampling = sampling
+        self.tokens: list[int] = []
+        self.text = ""
+        self.sent = 0
+        """How much of ``text`` has gone to the client (the rest may begin a stop)."""
+        self.done = False
+        self.counts: dict[int, int] = {}
+        self.generator: Any = None
+
+    def fail(self, exc: Exception) -> None:
+        if not self.done:
+            self.done = True
+            self.request.events.put(exc)
+
+    def step(self, logits: Any, engine: Engine) -> int:
+        """Pick the next token from ``logits``, tell the handler, and say whether done."""
+        if self.request.cancelled:
+            self.done = True
+            return engine.pad
+        torch = engine.torch
+        sampling = self.sampling
+        scores = logits
+        if sampling.bias or self.counts:
+            scores = scores.clone()
+            for token, value in sampling.bias.items():
+                scores[token] += value
+            for token, count in self.counts.items():
+                scores[token] -= sampling.frequency * count + sampling.presence
+        logprobs = None
+        if sampling.top_logprobs is not None:
+            logprobs = torch.log_softmax(scores, dim=-1)
+        if sampling.temperature == 0:
+            token = int(torch.argmax(scores))
+        else:
+            token = self._sample(scores / sampling.temperature, engine)
+        self.tokens.append(token)
+        self.counts[token] = self.counts.get(token, 0) + 1
+        self._advance(token, logprobs, engine)
+        return token
+
+    def _sample(self, scores: Any, engine: Engine) -> int:
+        torch = engine.torch
+        probs = torch.softmax(scores, dim=-1)
+        top_p = self.sampling.top_p
+        if top_p < 1:
+            ordered, order = torch.sort(probs, descending=True)
+            cut = torch.cumsum(ordered, dim=-1) - ordered > top_p
+            ordered[cut] = 0
+            probs = torch.zeros_like(probs).scatter_(0, order, ordered)
+        if self.generator is None and self.sampling.seed is not None:
+            self.generator = torch.Generator().manual_seed(
+                (self.sampling.seed + self.index) % 2**63
+            )
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def _advance(self, token: int, logprobs: Any, engine: Engine) -> None:
+        sampling = self.sampling
+        finish: str | None = None
+        stop_at: int | None = None
+        if token in engine.eos:
+            self.tokens.pop()
+            finish = "stop"
+        else:
+            tokenizer = engine.tokenizer
+            self.text = tokenizer.decode(self.tokens, skip_special_tokens=True)
+            stop_at = _find_stop(self.text, sampling.stop, self.sent)
+            if stop_at is not None:
+                finish = "stop"
+            elif sampling.max_tokens is not None and len(self.tokens) >= sampling.max_tokens:
+                finish = "length"
+            elif len(self.prompt) + len(self.tokens) >= engine.context:
+                finish = "length"
+        if finish is None:
+            end = len(self.text) - _held(self.text, sampling.stop)
+            if self.text.endswith("\ufffd"):  # half a character: wait for the rest
+                end = min(end, len(self.text) - 1)
+        else:
+            end = stop_at if stop_at is not None else len(self.text)
+        delta = self.text[self.sent : max(end, self.sent)]
+        self.sent = max(end, self.sent)
+        entry = None
+        if logprobs is not None and token not in engine.eos:
+            entry = _logprob_entry(token, logprobs, sampling.top_logprobs or 0, engine)
+        if finish is not None:
+            self.done = True
+        self.request.events.put((self.index, delta, entry, finish, len(self.tokens)))
+
+
+def load(model_dir: Path, *, max_batch_size: int, max_delay_s: float) -> Engine:
+    """The model folder's causal LM and tokenizer, loaded offline, on its decoding thread."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run time
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True)
+    model.eval()  # type: ignore[no-untyped-call]
+    return Engine(model, tokenizer, max_batch_size=max_batch_size, max_delay_s=max_delay_s)
+
+
+# -- the handler: one request, on its handler thread ---------------------------------------
+
+
+def transform_fn(engine: Engine, data: bytes, content_type: str, accept: str) -> Any:
+    request = schema.body(data)
+    chat = "messages" in request
+    if not chat and "prompt" not in request:
+        raise InvalidRequest(
+            'Send a chat completion ({"messages": [...]}) or a text completion ({"prompt": ...}).'
+        )
+    schema.unsupported(request, "tools", "tool_choice", "functions", "function_call")
+    _check_format(request.get("response_format"))
+    n = schema.integer(request, "n", 1, low=1, high=_MAX_N) or 1
+    best_of = request.get("best_of")
+    if best_of is not None and best_of != n:
+        raise InvalidRequest("best_of: only equal to n (or unset) is supported.")
+    if request.get("suffix"):
+        raise InvalidRequest("suffix: not supported by shipyard's text generation handler.")
+    sampling = Sampling(request, chat=chat, vocab=len(engine.tokenizer))
+    prompts = [_chat_prompt(engine, request)] if chat else _prompts(engine, request)
+    for prompt in prompts:
+        if len(prompt) >= engine.context:
+            raise InvalidRequest(
+                f"The prompt is {len(prompt)} tokens; this model's context holds {engine.context}."
+            )
+    job = Request()
+    sequences = [
+        Sequence(job, p * n + c, prompt, sampling)
+        for p, prompt in enumerate(prompts)
+        for c in range(n)
+    ]
+    answer = Answer(request, engine, sequences, chat=chat, prompts=prompts)
+    engine.submit(sequences)
+    stream = request.get("stream") is True
+    if stream:
+        return answer.chunks(), JSON_LINES
+    return json.dumps(answer.whole()), "application/json"
+
+
+class Answer:
+    """One request's answer, built from its sequences' events: whole or as chunks."""
+
+    def __init__(
+        self,
+        request: dict[str, Any],
+        engine: Engine,
+        sequences: list[Sequence],
+        *,
+        chat: bool,
+        prompts: list[list[int]],
+    ) -> None:
+        self.request = request
+        self.engine = engine
+        self.sequences = sequences
+        self.job = sequences[0].request
+        self.chat = chat
+        self.prompts = prompts
+        self.id = schema.identifier("chatcmpl" if chat else "cmpl")
+        self.created = int(time.time())
+        self.model = request.get("model") if isinstance(request.get("model"), str) else ""
+        self.object = "chat.completion" if chat else "text_completion"
+        self.echo = not chat and request.get("echo") is True
+        self.usage = {"prompt_tokens": sum(len(p) for p in prompts), "completion_tokens": 0}
+        self.wants_logprobs = sequences[0].sampling.top_logprobs is not None
+        self.prompt_text = (
+            [engine.tokenizer.decode(p, skip_special_tokens=True) for p in prompts]
+            if self.echo
+            else []
+        )
+
+    def events(self) -> Iterator[tuple[int, str, Any, str | None, int]]:
+        """Every sequence's events, as they come, until all are done."""
+        left = len(self.sequences)
+        while left:
+            event = self.job.events.get()
+            if isinstance(event, Exception):
+                raise event
+            if event[3] is not None:
+                left -= 1
+            yield event
+
+    def whole(self) -> dict[str, Any]:
+        texts = [""] * len(self.sequences)
+        finishes: list[str | None] = [None] * len(self.sequences)
+        entries: list[list[Any]] = [[] for _ in self.sequences]
+        completion = 0
+        for index, delta, entry, finish, count in self.events():
+            texts[index] += delta
+            if entry is not None:
+                entries[index].append(entry)
+            if finish is not None:
+                finishes[index] = finish
+                completion += count
+        choices = []
+        n = len(self.sequences) // len(self.prompts)
+        for index, text in enumerate(texts):
+            if self.echo:
+                text = self.prompt_text[index // n] + text
+            choices.append(self._choice(index, text, entries[index], finishes[index]))
+        return {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": self._usage(completion),
+            "system_fingerprint": None,
+        }
+
+    def _choice(
+        self, index: int, text: str, entries: list[Any], finish: str | None
+    ) -> dict[str, Any]:
+        logprobs = self._logprobs(entries) if self.wants_logprobs else None
+        if self.chat:
+            message = {"role": "assistant", "content": text, "refusal": None}
+            return {
+                "index": index,
+                "message": message,
+                "logprobs": logprobs,
+                "finish_reason": finish,
+            }
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+    def _logprobs(self, entries: list[Any]) -> dict[str, Any]:
+        if self.chat:
+            return {"content": [e.chat() for e in entries], "refusal": None}
+        offsets, at = [], 0
+        for entry in entries:
+            offsets.append(at)
+            at += len(entry.token)
+        return {
+            "tokens": [e.token for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{t: lp for t, lp, _ in e.top} for e in entries],
+            "text_offset": offsets,
+        }
+
+    def _usage(self, completion: int) -> dict[str, int]:
+        prompt = self.usage["prompt_tokens"]
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
+    def chunks(self) -> Iterator[bytes]:
+        """The streamed answer: one chunk object per token, JSON Lines. Closing it (the
+        client left) cancels the request's sequences."""
+        include_usage = (
+            isinstance(self.request.get("stream_options"), dict)
+            and self.request["stream_options"].get("include_usage") is True
+        )
+        usage_field = {"usage": None} if include_usage else {}
+        completion = 0
+        try:
+            if self.chat:
+                for index in range(len(self.sequences)):
+                    role = {"role": "assistant", "content": ""}
+                    yield self._chunk(index, role, None, None, usage_field)
+            elif self.echo:
+                n = len(self.sequences) // len(self.prompts)
+                for index in range(len(self.sequences)):
+                    text = self.prompt_text[index // n]
+                    yield self._chunk(index, text, None, None, usage_field)
+            for index, text, entry, finish, count in self.events():
+                if finish is not None:
+                    completion += count
+                if not text and finish is None and entry is None:
+                    continue  # held back (a stop may begin here): nothing to send yet
+                delta: Any = {"content": text} if self.chat else text
+                if self.chat and finish is not None and not text:
+                    delta = {}
+                logprobs = self._logprobs([entry]) if entry is not None else None
+                yield self._chunk(index, delta, logprobs, finish, usage_field)
+            if include_usage:
+                chunk = self._base()
+                chunk["choices"] = []
+                chunk["usage"] = self._usage(completion)
+                yield _line(chunk)
+        finally:
+            self.job.cancelled = True  # a no-op once every sequence is done
+
+    def _base(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+        }
+
+    def _chunk(
+        self,
+        index: int,
+        delta: Any,
+        logprobs: Any,
+        finish: str | None,
+        usage_field: dict[str, Any],
+    ) -> bytes:
+        chunk = self._base()
+        key = "delta" if self.chat else "text"
+        choice = {"index": index, key: delta, "logprobs": logprobs, "finish_reason": finish}
+        chunk["choices"] = [choice]
+        chunk.update(usage_field)
+        return _line(chunk)
+
+
+class _Entry:
+    """One token's log probability and its most likely alternatives."""
+
+    __slots__ = ("token", "logprob", "top")
+
+    def __init__(self, token: str, logprob: float, top: list[tuple[str, float, list[int]]]):
+        self.token = token
+        self.logprob = logprob
+        self.top = top
+
+    def chat(self) -> dict[str, Any]:
+        return {
+            "token": self.token,
+            "logprob": self.logprob,
+            "bytes": list(self.token.encode()),
+            "top_logprobs": [{"token": t, "logprob": lp, "bytes": raw} for t, lp, raw in self.top],
+        }
+
+
+def _logprob_entry(token: int, logprobs: Any, top: int, engine: Engine) -> _Entry:
+    decode = engine.tokenizer.decode
+    best: list[tuple[str, float, list[int]]] = []
+    if top:
+        values, ids = engine.torch.topk(logprobs, top)
+        for value, other in zip(values.tolist(), ids.tolist(), strict=True):
+            text = decode([other])
+            best.append((text, value, list(text.encode())))
+    return _Entry(decode([token]), float(logprobs[token]), best)
+
+
+def _line(chunk: dict[str, Any]) -> bytes:
+    return json.dumps(chunk).encode() + b"\n"
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise InvalidRequest("stop: expected a string or a list of non-empty strings.")
+    if len(stops) > _MAX_STOP:
+        raise InvalidRequest(f"stop: at most {_MAX_STOP} sequences.")
+    return tuple(stops)
+
+
+def _find_stop(text: str, stops: tuple[str, ...], sent: int) -> int | None:
+    """Where the first stop sequence begins in ``text`` (searching from what may still
+    hold one), or None."""
+    found = None
+    for stop in stops:
+        at = text.find(stop, max(sent - len(stop), 0))
+        if at != -1 and (found is None or at < found):
+            found = at
+    return found
+
+
+def _held(text: str, stops: tuple[str, ...]) -> int:
+    """How many characters at the end of ``text`` could begin a stop sequence."""
+    held = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), held, -1):
+            if text.endswith(stop[:size]):
+                held = size
+                break
+    return held
+
+
+def _logprobs(request: dict[str, Any], *, chat: bool) -> int | None:
+    """How many alternatives each token's log probability comes with; None: no
+    log probabilities at all."""
+    if chat:
+        wanted = request.get("logprobs")
+        if wanted is not None and not isinstance(wanted, bool):
+            raise InvalidRequest("logprobs: expected true or false.")
+        top = schema.integer(request, "top_logprobs", None, low=0, high=_MAX_TOP_LOGPROBS)
+        if top is not None and not wanted:
+            raise InvalidRequest("top_logprobs: requires logprobs to be true.")
+        return (top or 0) if wanted else None
+    return schema.integer(request, "logprobs", None, low=0, high=5)
+
+
+def _bias(value: Any, vocab: int) -> dict[int, float]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidRequest("logit_bias: expected an object of token ids to numbers.")
+    bias: dict[int, float] = {}
+    for key, amount in value.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise InvalidRequest(f"logit_bias: {key!r} is not a token id.") from None
+        if not 0 <= token < vocab:
+            raise InvalidRequest(f"logit_bias: token {token} is not in the vocabulary.")
+        if isinstance(amount, bool) or not isinstance(amount, int | float):
+            raise InvalidRequest(f"logit_bias: the bias of {key} is not a number.")
+        if not -100 <= amount <= 100:
+            raise InvalidRequest(f"logit_bias: {amount} is not between -100 and 100.")
+        bias[token] = float(amount)
+    return bias
+
+
+def _check_format(value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict) or value.get("type") != "text":
+        raise InvalidRequest(
+            'response_format: only {"type": "text"} is supported by shipyard\'s text '
+            "generation handler."
+        )
+
+
+def _chat_prompt(engine: Engine, request: dict[str, Any]) -> list[int]:
+    messages = request.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("messages: expected a non-empty list of messages.")
+    conversation = []
+    for n, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidRequest(f"messages[{n}]: expected an object with role and content.")
+        role = message.get("role")
+        if role not in ("system", "developer", "user", "assistant"):
+            raise InvalidRequest(
+                f"messages[{n}].role: {json.dumps(role)[:40]} is not supported (system, "
+                "developer, user, assistant; no tool messages)."
+            )
+        if message.get("tool_calls") or message.get("function_call"):
+            raise InvalidRequest(f"messages[{n}]: tool calls are not supported.")
+        conversation.append(
+            {"role": "system" if role == "developer" else role, "content": _text(message, n)}
+        )
+    tokenizer = engine.tokenizer
+    if not getattr(tokenizer, "chat_template", None):
+        raise InvalidRequest(
+            "This model's tokenizer has no chat template: send a text completion "
+            '(/v1/completions, {"prompt": ...}) instead.'
+        )
+    text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _text(message: dict[str, Any], n: int) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if content is None and message.get("role") == "assistant":
+        return ""
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise InvalidRequest(
+                    f"messages[{n}].content: parts of type {json.dumps(kind)[:40]} are not "
+                    "supported; only text."
+                )
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+    raise InvalidRequest(f"messages[{n}].content: expected a string or a list of text parts.")
+
+
+def _prompts(engine: Engine, request: dict[str, Any]) -> list[list[int]]:
+    prompt = request.get("prompt")
+    tokenizer = engine.tokenizer
+    vocab = len(tokenizer)
+
+    def ids(tokens: list[Any]) -> list[int]:
+        if not tokens or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens
+        ):
+            raise InvalidRequest("prompt: token lists must hold token ids of this model.")
+        return list(tokens)
+
+    def text(value: str) -> list[int]:
+        found = list(tokenizer(value)["input_ids"])
+        if not found:
+            raise InvalidRequest("prompt: an empty prompt; send some text.")
+        return found
+
+    if isinstance(prompt, str):
+        return [text(prompt)]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return [text(p) for p in prompt]
+        if all(isinstance(p, int) for p in prompt):
+            return [ids(prompt)]
+        if all(isinstance(p, list) for p in prompt):
+            return [ids(p) for p in prompt]
+    raise InvalidRequest(
+        "prompt: expected a string, a list of strings, a list of token ids or a list of such lists."
+    )
