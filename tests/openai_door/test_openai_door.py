@@ -48,7 +48,7 @@ QUESTION = [{"role": "user", "content": "Hello! How are you today?"}]
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.openai.tiny_lm import build
+    from tests.openai_door.tiny_lm import build
 
     return build(tmp_path_factory.mktemp("tiny") / "model")
 
