@@ -74,6 +74,8 @@ class Engine:
         self.eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         pad = tokenizer.pad_token_id
         self.pad = pad if pad is not None else next(iter(self.eos), 0)
+        self.waves: deque[int] = deque(maxlen=256)
+        """How many sequences the latest waves decoded together (for tests and benches)."""
         self._waiting: deque[Sequence] = deque()
         self._ready = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="generation", daemon=True)
@@ -122,6 +124,7 @@ class Engine:
     def _decode(self, wave: list[Sequence]) -> None:
         if not wave:
             return
+        self.waves.append(len(wave))
         torch = self.torch
         width = max(len(s.prompt) for s in wave)
         ids = [[self.pad] * (width - len(s.prompt)) + s.prompt for s in wave]

@@ -1,0 +1,90 @@
+"""The OpenAI-compatible door's wire pieces: server-sent event framing of a model's JSON
+Lines, and OpenAI's error objects (gateway/openai.py, gateway/errors.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shipyard.errors import (
+    AccessDenied,
+    EndpointNotFound,
+    MissingAuthenticationToken,
+    ModelError,
+    Throttling,
+    UnrecognizedClient,
+)
+from shipyard.gateway.auth import Verifier
+from shipyard.gateway.errors import openai_error_body
+from shipyard.gateway.openai import ModelNotFound, SseFraming
+
+
+def test_lines_become_events_whatever_the_chunks() -> None:
+    framing = SseFraming()
+    parts = [b'{"a": 1}\n{"b"', b": 2}\n", b"\n", b'{"c": 3}']
+    events = b"".join(b"".join(framing.parts(p)) for p in parts) + framing.end()
+    assert events == b'data: {"a": 1}\n\ndata: {"b": 2}\n\ndata: {"c": 3}\n\ndata: [DONE]\n\n'
+
+
+def test_a_model_speaking_sse_is_framed_once() -> None:
+    framing = SseFraming()
+    sent = b'data: {"a": 1}\n\ndata:{"b": 2}\n\ndata: [DONE]\n\n'
+    assert b"".join(framing.parts(sent)) + framing.end() == (
+        b'data: {"a": 1}\n\ndata: {"b": 2}\n\ndata: [DONE]\n\n'
+    )
+
+
+def test_a_failure_is_the_last_event_and_flushes_the_partial_line() -> None:
+    framing = SseFraming()
+    assert list(framing.parts(b'{"a": 1}')) == []
+    end = framing.failure("StreamBroken", "The model failed mid-stream: boom")
+    first, second, rest = end.split(b"\n\n")
+    assert first == b'data: {"a": 1}' and rest == b""
+    error = json.loads(second.removeprefix(b"data: "))["error"]
+    assert error["code"] == "StreamBroken" and "boom" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "kind", "code"),
+    [
+        (ModelNotFound("The model `x` does not exist"), 404, "not_found_error", "model_not_found"),
+        (EndpointNotFound("no"), 400, "invalid_request_error", "ValidationError"),
+        (Throttling("slow down"), 429, "rate_limit_error", "ThrottlingException"),
+        (MissingAuthenticationToken("Missing"), 401, "authentication_error", "invalid_api_key"),
+        (UnrecognizedClient("bad"), 401, "authentication_error", "invalid_api_key"),
+        (AccessDenied("no right"), 403, "permission_error", "access_denied"),
+    ],
+)
+def test_errors_map_to_openai_statuses(exc: object, status: int, kind: str, code: str) -> None:
+    got, body = openai_error_body(exc)  # type: ignore[arg-type]
+    assert got == status
+    assert body["error"]["type"] == kind and body["error"]["code"] == code
+    assert body["error"]["param"] is None
+
+
+def _model_error(status: int, message: str) -> ModelError:
+    return ModelError("wrapped", original_status_code=status, original_message=message,
+                      log_stream_arn="arn")  # fmt: skip
+
+
+def test_a_models_error_keeps_a_4xx_and_its_own_error_object() -> None:
+    status, body = openai_error_body(_model_error(400, "InvalidRequest: temperature: 3"))
+    assert status == 400 and body["error"]["message"] == "InvalidRequest: temperature: 3"
+    assert body["error"]["type"] == "invalid_request_error"
+    status, body = openai_error_body(_model_error(503, "RuntimeError: out of memory"))
+    assert status == 500 and body["error"]["type"] == "server_error"
+    given = {"error": {"message": "bad max_tokens", "type": "BadRequestError", "code": 400}}
+    status, body = openai_error_body(_model_error(400, json.dumps(given)))
+    assert (status, body) == (400, given)
+
+
+def test_bearer_tokens_name_their_key_and_nothing_else() -> None:
+    verifier = Verifier({"K1": ("s1", ["sagemaker-runtime:*"]), "K2": ("s2", ["*"])})
+    verifier.accept_bearer("K1", "tok-1")
+    assert verifier.bearer("Bearer tok-1").access_key_id == "K1"
+    for wrong in ("Bearer tok-2", "Bearer ", "Bearer tok-1x"):
+        with pytest.raises(UnrecognizedClient):
+            verifier.bearer(wrong)
+    with pytest.raises(ValueError, match="same bearer token"):
+        verifier.accept_bearer("K2", "tok-1")
