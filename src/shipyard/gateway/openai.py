@@ -48,6 +48,7 @@ from shipyard.gateway.auth import admitted, resource_arn
 from shipyard.gateway.errors import openai_error_event, openai_error_response
 from shipyard.gateway.http_limits import on_disconnect
 from shipyard.gateway.runtime import RuntimeDoor, session_headers
+from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT, check_header
 from shipyard.gateway.streaming import ASK_STREAM, StreamClient, StreamRelay
 from shipyard.routing import sessions
 from shipyard.routing.invocation import Invocations
@@ -111,6 +112,9 @@ class OpenAIDoor:
             await openai_error_response(exc, send)
         except ClientGone:
             return
+        except Exception:
+            log.exception("OpenAI request %s %s failed", method, path)
+            await openai_error_response(InternalFailure("Internal failure."), send)
 
     # -- models -----------------------------------------------------------------------
 
@@ -146,8 +150,11 @@ class OpenAIDoor:
         content_length: int | None = None
         for key, value in scope["headers"]:
             if key == b"content-length":
+                if not value.isdigit():
+                    raise RuntimeValidationError("Content-Length must be a number of bytes.")
                 content_length = int(value)
             elif key not in _NOT_FORWARDED and (wire := FORWARDED.get(key)) is not None:
+                check_header(INVOKE_ENDPOINT, key, value)  # as InvokeEndpoint limits them
                 forward.append((wire, value))
         if content_length is not None and content_length > runtime.max_payload_bytes:
             raise runtime.too_large(body_left=True)

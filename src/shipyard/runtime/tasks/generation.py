@@ -30,6 +30,7 @@ sequences at the engine's next step.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -77,12 +78,26 @@ class Engine:
         self.waves: deque[int] = deque(maxlen=256)
         """How many sequences the latest waves decoded together (for tests and benches)."""
         self._waiting: deque[Sequence] = deque()
+        self._arriving = 0
         self._ready = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="generation", daemon=True)
         self._thread.start()
 
     def __repr__(self) -> str:
         return f"Engine({type(self.model).__name__}, max_batch_size={self.max_batch_size})"
+
+    @contextlib.contextmanager
+    def arriving(self) -> Iterator[None]:
+        """A request being read on a handler thread: the next wave waits for it (up to
+        the delay), as it is about to be submitted or refused."""
+        with self._ready:
+            self._arriving += 1
+        try:
+            yield
+        finally:
+            with self._ready:
+                self._arriving -= 1
+                self._ready.notify()
 
     def submit(self, sequences: list[Sequence]) -> None:
         with self._ready:
@@ -103,12 +118,17 @@ class Engine:
 
     def _gather(self) -> list[Sequence]:
         """The next wave: what waits, up to the batch size, once the oldest has waited
-        ``max_delay_s`` for the rest of its burst (or the batch is full)."""
+        ``max_delay_s`` for the rest of its burst, or at once when as many wait as the
+        last wave held (the same clients coming back: a lone client never waits) and no
+        handler thread is still reading a request."""
         with self._ready:
             while not self._waiting:
                 self._ready.wait()
             due = time.monotonic() + self.max_delay_s
-            while len(self._waiting) < self.max_batch_size:
+            expected = min(self.max_batch_size, self.waves[-1] if self.waves else 1)
+            while len(self._waiting) < expected or (
+                self._arriving and len(self._waiting) < self.max_batch_size
+            ):
                 left = due - time.monotonic()
                 if left <= 0:
                     break
@@ -336,6 +356,16 @@ def load(model_dir: Path, *, max_batch_size: int, max_delay_s: float) -> Engine:
 
 
 def transform_fn(engine: Engine, data: bytes, content_type: str, accept: str) -> Any:
+    with engine.arriving():
+        answer = _read(engine, data)
+        engine.submit(answer.sequences)
+    if answer.request.get("stream") is True:
+        return answer.chunks(), JSON_LINES
+    return json.dumps(answer.whole()), "application/json"
+
+
+def _read(engine: Engine, data: bytes) -> Answer:
+    """The request in ``data``, checked and tokenized, as the answer its sequences make."""
     request = schema.body(data)
     chat = "messages" in request
     if not chat and "prompt" not in request:
@@ -363,12 +393,7 @@ def transform_fn(engine: Engine, data: bytes, content_type: str, accept: str) ->
         for p, prompt in enumerate(prompts)
         for c in range(n)
     ]
-    answer = Answer(request, engine, sequences, chat=chat, prompts=prompts)
-    engine.submit(sequences)
-    stream = request.get("stream") is True
-    if stream:
-        return answer.chunks(), JSON_LINES
-    return json.dumps(answer.whole()), "application/json"
+    return Answer(request, engine, sequences, chat=chat, prompts=prompts)
 
 
 class Answer:
