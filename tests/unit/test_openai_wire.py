@@ -88,3 +88,51 @@ def test_bearer_tokens_name_their_key_and_nothing_else() -> None:
             verifier.bearer(wrong)
     with pytest.raises(ValueError, match="same bearer token"):
         verifier.accept_bearer("K2", "tok-1")
+
+
+def _scope(client: str, scheme: str, token: str) -> dict[str, object]:
+    return {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "scheme": scheme,
+        "client": (client, 40000),
+        "headers": [(b"authorization", f"Bearer {token}".encode()), (b"host", b"gw")],
+    }
+
+
+@pytest.mark.parametrize(
+    ("client", "scheme", "status"),
+    [("127.0.0.1", "http", 200), ("::1", "http", 200), ("10.0.0.5", "https", 200),
+     ("10.0.0.5", "http", 401)],
+)  # fmt: skip
+def test_bearer_tokens_travel_only_over_tls_or_loopback(
+    client: str, scheme: str, status: int
+) -> None:
+    import asyncio
+
+    from shipyard.gateway.signatures import RequireSignature
+
+    async def door(scope: object, receive: object, send: object) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
+
+    verifier = Verifier({"K1": ("s1", ["*"])})
+    verifier.accept_bearer("K1", "tok-1")
+    edge = RequireSignature(
+        door, verifier=verifier, account_id="1", max_body_bytes=1 << 20, body_timeout_s=5
+    )
+    sent: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    asyncio.run(edge(_scope(client, scheme, "tok-1"), receive, send))  # type: ignore[arg-type]
+    assert sent[0]["status"] == status
+    if status == 401:
+        assert b"only over TLS" in sent[1]["body"]  # type: ignore[operator]

@@ -67,6 +67,7 @@ import calendar
 import fnmatch
 import hashlib
 import hmac
+import ipaddress
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -539,6 +540,16 @@ def authorize(caller: Caller, action: str, *, account_id: str, arn: str | None =
         raise _denied(caller, action, account_id, arn)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) is this host's loopback."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def resource_arn(region: str, account_id: str, kind: str, name: str) -> str:
     """The ARN of a resource, as the services write it (names lower-cased, as SageMaker
     does), for the doors to ask ``Admitted.reach`` with."""
@@ -681,6 +692,7 @@ __all__ = [
     "admitted",
     "authorize",
     "door_of",
+    "is_loopback",
     "read_head",
     "resource_arn",
 ]

@@ -8,12 +8,11 @@ gRPC) with; ``edge`` wraps the doors in ReadOnce (no ``auth:``) or RequireSignat
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import ssl
 from pathlib import Path
 
-from shipyard.gateway.auth import Verifier
+from shipyard.gateway.auth import Verifier, is_loopback
 from shipyard.gateway.signatures import ASGIApp, ReadOnce, RequireSignature
 from shipyard.settings import Settings
 from shipyard.stackfile import StackFile
@@ -63,11 +62,3 @@ def serving_tls(settings: Settings, stack: StackFile) -> tuple[Path, Path] | Non
         ) from None
     return cert, key
 
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

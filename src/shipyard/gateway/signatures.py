@@ -33,6 +33,7 @@ from shipyard.errors import (
     BodyTimedOut,
     BodyTooLarge,
     ClientLeft,
+    InvalidSignature,
     RepeatedHeader,
     RuntimeValidationError,
     ShipyardError,
@@ -52,6 +53,7 @@ from shipyard.gateway.auth import (
     action_of,
     authorize,
     door_of,
+    is_loopback,
     read_head,
 )
 from shipyard.gateway.errors import (
@@ -148,6 +150,11 @@ class RequireSignature(ReadOnce):
         """The verified caller, and the body read to verify it (None: left unread)."""
         authorization = head.authorization or ""
         if door is Door.OPENAI and authorization.startswith(BEARER):
+            if scope.get("scheme") != "https" and not _from_this_host(scope):
+                # A token is replayable as it is: only TLS keeps it from the wire.
+                raise InvalidSignature(
+                    "Bearer tokens are accepted only over TLS (https), or from this host."
+                )
             caller = self.verifier.bearer(authorization)
             authorize(caller, action, account_id=self.account_id)
             return caller, None
@@ -194,6 +201,11 @@ class RequireSignature(ReadOnce):
             raise SignedBodyTimeout(
                 f"The request body did not arrive within {exc.timeout_s:g} seconds."
             ) from None
+
+
+def _from_this_host(scope: Scope) -> bool:
+    client = scope.get("client")
+    return client is not None and is_loopback(str(client[0]))
 
 
 class _QueryRefused(Exception):
