@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -53,9 +54,12 @@ def test_requests_arriving_together_are_decoded_together(engine: Any) -> None:
         start.wait()
         return text_of(engine, prompt)
 
+    waves, joined = len(engine.waves), engine.joined
     with ThreadPoolExecutor(len(prompts)) as pool:
         assert list(pool.map(together, prompts)) == alone
-    assert engine.waves[-1] == 4  # one wave: the delay gathered the burst
+    # one batch: a wave for the first, the rest gathered into it or joining it
+    assert len(engine.waves) == waves + 1
+    assert engine.waves[-1] + engine.joined - joined == 4
 
 
 def test_n_choices_stay_in_one_wave(engine: Any) -> None:
@@ -133,3 +137,39 @@ def test_a_model_without_a_chat_template_still_completes(tmp_path: Path) -> None
         ask(plain, messages=[{"role": "user", "content": "hi"}])
     answer = json.loads(ask(plain, prompt="Hello", temperature=0, max_tokens=2)[0])
     assert answer["object"] == "text_completion" and answer["usage"]["prompt_tokens"] > 0
+
+
+def test_a_request_joins_a_batch_already_decoding(engine: Any) -> None:
+    long_alone = text_of(engine, "The quick", 60)
+    short_alone = text_of(engine, "A cat sits on the mat and", 8)
+    joined = engine.joined
+    steps = 0
+    decoding = threading.Event()
+
+    def hold(module: Any, args: Any) -> None:
+        # The first request's third forward pass waits for the second to be submitted,
+        # which the test does once the first is decoding: the second arrives
+        # mid-decoding however fast or slow this machine is.
+        nonlocal steps
+        steps += 1
+        if steps == 2:
+            decoding.set()
+        if steps == 3:
+            deadline = time.monotonic() + 10
+            while not engine._waiting and engine.joined == joined:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.001)
+
+    handle = engine.model.register_forward_pre_hook(hold)
+    try:
+        stream, _ = ask(engine, prompt="The quick", temperature=0, max_tokens=60, stream=True)
+        assert decoding.wait(10)
+        # it joins at the next step, answers as it would alone, and the first goes on
+        # undisturbed
+        assert text_of(engine, "A cat sits on the mat and", 8) == short_alone
+    finally:
+        handle.remove()
+    assert engine.joined == joined + 1
+    sent = [json.loads(line)["choices"][0]["text"] for line in stream]
+    assert "".join(sent) == long_alone

@@ -17,11 +17,13 @@ request, hand its sequences (``n`` of them per prompt) to the engine and wait on
 own queue of tokens. The engine takes what waits (up to the batch size, after a short
 delay for the rest of a burst), left-pads the prompts, runs the prefill as one batch
 and then one decoding step for all of them at a time, each sequence with its own
-sampling; a finished sequence leaves the batch (its rows dropped from the KV cache) and
-the wave ends when the last one does. Requests arriving while a wave runs wait for the
-next. Written here rather than taken from a serving library (vLLM, TGI): those bring
-their own server and CUDA kernels, and this is the small loop that turns
-``transformers``' forward pass into per-token streams for our handler threads.
+sampling. Between two steps a finished sequence leaves the batch (its rows dropped from
+the KV cache) and sequences that arrived meanwhile join it (prefilled on their own,
+their cache left-padded to the batch's length and stacked onto it), so a request never
+waits for another to finish while there is room (continuous batching). Written here
+rather than taken from a serving library (vLLM, TGI): those bring their own server and
+CUDA kernels, and this is the small loop that turns ``transformers``' forward pass into
+per-token streams for our handler threads.
 
 A streamed answer is JSON Lines of ``chat.completion.chunk`` (or ``text_completion``)
 objects, one per token; a client that goes away closes the generator, which cancels its
@@ -77,8 +79,11 @@ class Engine:
         self.pad = pad if pad is not None else next(iter(self.eos), 0)
         self.waves: deque[int] = deque(maxlen=256)
         """How many sequences the latest waves decoded together (for tests and benches)."""
+        self.joined = 0
+        """Sequences that joined a batch already decoding (for tests and benches)."""
         self._waiting: deque[Sequence] = deque()
         self._arriving = 0
+        self._current: list[Sequence] = []
         self._ready = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="generation", daemon=True)
         self._thread.start()
@@ -109,11 +114,12 @@ class Engine:
     def _run(self) -> None:
         while True:
             wave = self._gather()
+            self._current = list(wave)
             try:
                 self._decode(wave)
-            except Exception as exc:  # the model failed: every sequence of the wave fails
-                log.exception("generation failed for %d sequences", len(wave))
-                for sequence in wave:
+            except Exception as exc:  # the model failed: every sequence it held fails
+                log.exception("generation failed for %d sequences", len(self._current))
+                for sequence in self._current:
                     sequence.fail(exc)
 
     def _gather(self) -> list[Sequence]:
@@ -133,62 +139,138 @@ class Engine:
                 if left <= 0:
                     break
                 self._ready.wait(left)
-            wave: list[Sequence] = []
-            while self._waiting and len(wave) < self.max_batch_size:
-                wave.append(self._waiting.popleft())
-            # The choices of one request stay together: a request's n sequences in a wave.
-            while self._waiting and self._waiting[0].request is wave[-1].request:
-                wave.append(self._waiting.popleft())
-            return [s for s in wave if not s.request.cancelled]
+            return self._take(self.max_batch_size)
+
+    def _take(self, room: int) -> list[Sequence]:
+        """Up to ``room`` waiting sequences (more when a request's ``n`` choices would be
+        split: they stay together); the caller holds the lock."""
+        taken: list[Sequence] = []
+        while self._waiting and len(taken) < room:
+            taken.append(self._waiting.popleft())
+        while taken and self._waiting and self._waiting[0].request is taken[-1].request:
+            taken.append(self._waiting.popleft())
+        return [s for s in taken if not s.request.cancelled]
+
+    def _joining(self, active: int) -> list[Sequence]:
+        """Sequences that arrived while a batch runs, to join it at this step."""
+        if not self._waiting or active >= self.max_batch_size:
+            return []
+        with self._ready:
+            return self._take(self.max_batch_size - active)
 
     def _decode(self, wave: list[Sequence]) -> None:
+        """Decode ``wave``, and what joins it on the way, until every sequence is done."""
         if not wave:
             return
         self.waves.append(len(wave))
-        torch = self.torch
-        width = max(len(s.prompt) for s in wave)
-        ids = [[self.pad] * (width - len(s.prompt)) + s.prompt for s in wave]
-        mask = [[0] * (width - len(s.prompt)) + [1] * len(s.prompt) for s in wave]
-        input_ids = torch.tensor(ids, dtype=torch.long)
-        attention = torch.tensor(mask, dtype=torch.long)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        active = list(wave)
-        with torch.inference_mode():
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=attention,
-                position_ids=positions,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            cache = out.cache
-            logits = out.logits[:, -1, :].float()
-            last = positions[:, -1]
+        with self.torch.inference_mode():
+            batch = _Batch.prefill(self, wave)
             while True:
-                tokens = [s.step(logits[row], self) for row, s in enumerate(active)]
-                keep = [row for row, s in enumerate(active) if not s.done]
+                joining = self._joining(len(batch.active)) if batch.joinable else []
+                if joining:
+                    self._current += joining
+                    self.joined += len(joining)
+                    batch.merge(_Batch.prefill(self, joining))
+                tokens = [s.step(batch.logits[row], self) for row, s in enumerate(batch.active)]
+                keep = [row for row, s in enumerate(batch.active) if not s.done]
                 if not keep:
                     return
-                if len(keep) < len(active):
-                    index = torch.tensor(keep, dtype=torch.long)
-                    cache.batch_select_indices(index)
-                    attention = attention[index]
-                    last = last[index]
-                    active = [active[row] for row in keep]
+                if len(keep) < len(batch.active):
+                    batch.select(keep)
                     tokens = [tokens[row] for row in keep]
-                attention = torch.cat(
-                    [attention, attention.new_ones((attention.shape[0], 1))], dim=-1
-                )
-                last = last + 1
-                out = self.model(
-                    input_ids=torch.tensor(tokens, dtype=torch.long)[:, None],
-                    attention_mask=attention,
-                    position_ids=last[:, None],
-                    cache=cache,
-                    use_cache=True,
-                )
-                cache = out.cache
-                logits = out.logits[:, -1, :].float()
+                batch.step(self, tokens)
+
+
+class _Batch:
+    """The sequences decoded together and the model's state for them: the KV cache,
+    the attention mask (left padding masked out), each row's last position and logits.
+
+    Rows join (``merge``: both caches left-padded to one length, then stacked) and leave
+    (``select``) between steps. Joining needs the plain ``DynamicCache`` of full
+    attention; a model with another cache (sliding windows, recurrent state) decodes in
+    waves only."""
+
+    def __init__(self, active: list[Sequence], cache: Any, attention: Any, last: Any, logits: Any):
+        self.active = active
+        self.cache = cache
+        self.attention = attention
+        self.last = last
+        self.logits = logits
+        layers = getattr(cache, "layers", None)
+        self.joinable = type(cache).__name__ == "DynamicCache" and all(
+            type(layer).__name__ == "DynamicLayer" for layer in layers or ()
+        )
+
+    @classmethod
+    def prefill(cls, engine: Engine, sequences: list[Sequence]) -> _Batch:
+        torch = engine.torch
+        width = max(len(s.prompt) for s in sequences)
+        ids = [[engine.pad] * (width - len(s.prompt)) + s.prompt for s in sequences]
+        mask = [[0] * (width - len(s.prompt)) + [1] * len(s.prompt) for s in sequences]
+        attention = torch.tensor(mask, dtype=torch.long)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        out = engine.model(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        logits = out.logits[:, -1, :].float()
+        return cls(list(sequences), out.cache, attention, positions[:, -1], logits)
+
+    def merge(self, other: _Batch) -> None:
+        import torch
+        from torch.nn.functional import pad
+
+        width = max(self.attention.shape[1], other.attention.shape[1])
+
+        def widen(tensor: Any, dim_from_end: int) -> Any:
+            missing = width - tensor.shape[-dim_from_end]
+            return pad(tensor, (0, 0) * (dim_from_end - 1) + (missing, 0)) if missing else tensor
+
+        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
+            mine.keys = torch.cat([widen(mine.keys, 2), widen(theirs.keys, 2)])
+            mine.values = torch.cat([widen(mine.values, 2), widen(theirs.values, 2)])
+        self.attention = torch.cat([widen(self.attention, 1), widen(other.attention, 1)])
+        self.last = torch.cat([self.last, other.last])
+        self.logits = torch.cat([self.logits, other.logits])
+        self.active += other.active
+
+    def select(self, keep: list[int]) -> None:
+        """Only the rows ``keep``: finished sequences leave the batch."""
+        import torch
+
+        index = torch.tensor(keep, dtype=torch.long)
+        self.cache.batch_select_indices(index)
+        self.attention = self.attention[index]
+        self.last = self.last[index]
+        self.active = [self.active[row] for row in keep]
+        if self.joinable:  # padding only the rows that left needed goes with them
+            used = (self.attention.sum(0) > 0).nonzero()
+            first = int(used[0]) if len(used) else 0
+            if first:
+                self.attention = self.attention[:, first:]
+                for layer in self.cache.layers:
+                    layer.keys = layer.keys[:, :, first:, :]
+                    layer.values = layer.values[:, :, first:, :]
+
+    def step(self, engine: Engine, tokens: list[int]) -> None:
+        """One decoding step: each row's token in, the next logits out."""
+        torch = engine.torch
+        self.attention = torch.cat(
+            [self.attention, self.attention.new_ones((self.attention.shape[0], 1))], dim=-1
+        )
+        self.last = self.last + 1
+        out = engine.model(
+            input_ids=torch.tensor(tokens, dtype=torch.long)[:, None],
+            attention_mask=self.attention,
+            position_ids=self.last[:, None],
+            cache=self.cache,
+            use_cache=True,
+        )
+        self.cache = out.cache
+        self.logits = out.logits[:, -1, :].float()
 
 
 class Request:
