@@ -36,7 +36,10 @@ def ask(engine: Any, **request: Any) -> Any:
     from shipyard.runtime.tasks import generation
 
     body = json.dumps({"model": "tiny", **request}).encode()
-    return generation.transform_fn(engine, body, "application/json", "application/json")
+    answer, kind = generation.transform_fn(engine, body, "application/json", "application/json")
+    if request.get("stream") is True:
+        return answer, kind
+    return b"".join(answer), kind  # the whole answer comes as an iterator too
 
 
 def text_of(engine: Any, prompt: str, max_tokens: int = 12) -> str:
@@ -119,6 +122,10 @@ def test_refusals_name_the_parameter(engine: Any) -> None:
          "response_format"),
         ({"input": "x"}, "messages"),
         ({"prompt": "x " * 200}, "context"),
+        ({"prompt": ["x"] * 9, "n": 2}, "sequences"),
+        ({"prompt": "x", "stop": "y" * 257}, "256 characters"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": {}}]}]},
+         "must be a string"),
     ]  # fmt: skip
     for request, named in cases:
         with pytest.raises(InvalidRequest, match=named):
@@ -173,3 +180,9 @@ def test_a_request_joins_a_batch_already_decoding(engine: Any) -> None:
     assert engine.joined == joined + 1
     sent = [json.loads(line)["choices"][0]["text"] for line in stream]
     assert "".join(sent) == long_alone
+
+
+def test_a_vanishing_temperature_decodes_greedily(engine: Any) -> None:
+    greedy = text_of(engine, "Hello", 10)
+    answer, _ = ask(engine, prompt="Hello", temperature=1e-300, max_tokens=10)
+    assert json.loads(answer)["choices"][0]["text"] == greedy

@@ -94,6 +94,10 @@ def test_a_scoped_token_calls_its_endpoints_and_no_other(secured: GatewayProcess
     ops = openai.OpenAI(base_url=secured.url + "/v1", api_key=OPS_TOKEN, max_retries=0)
     assert {m.id for m in ops.models.list()} == {"team-a-chat", "team-b-chat"}
     assert chat(secured, OPS_TOKEN, "team-b-chat").choices[0].message.content == "012"
+    body = json.dumps({"model": "team-a-chat", "messages": QUESTION}).encode()
+    status, _, _ = http(secured, "POST", "/v1/chat/completions", body,
+                        Authorization=f"bearer {TEAM_TOKEN}")  # fmt: skip
+    assert status == 200  # the scheme's name is case-insensitive (RFC 6750)
 
 
 def test_tokens_without_the_right_are_refused(secured: GatewayProcess) -> None:

@@ -318,8 +318,11 @@ def test_errors_are_openai_errors(door: GatewayProcess) -> None:
     with pytest.raises(openai.NotFoundError, match="`missing`") as missing:
         client.chat.completions.create(model="missing", messages=QUESTION)
     assert missing.value.code == "model_not_found"
-    with pytest.raises(openai.BadRequestError, match="temperature"):
+    with pytest.raises(openai.BadRequestError, match="temperature") as bad:
         client.chat.completions.create(model="tiny", messages=QUESTION, temperature=5)
+    assert bad.value.param == "temperature" and bad.value.type == "invalid_request_error"
+    with pytest.raises(openai.NotFoundError, match="`tiny/`"):
+        client.chat.completions.create(model="tiny/", messages=QUESTION)
     with pytest.raises(openai.BadRequestError, match="tools"):
         client.chat.completions.create(
             model="tiny",
@@ -336,8 +339,9 @@ def test_errors_are_openai_errors(door: GatewayProcess) -> None:
     for body, status in ((b"not json", 400), (b"[1]", 400), (b'{"messages": []}', 400)):
         code, payload = _post(door, "/v1/chat/completions", body)
         assert code == status and payload["error"]["type"] == "invalid_request_error"
-    code, payload = _post(door, "/v1/nothing", b"{}")
-    assert code == 404 and "error" in payload
+    for path in ("/v1/nothing", "/v1"):
+        code, payload = _post(door, path, b"{}")
+        assert code == 404 and payload["error"]["type"] == "not_found_error"
 
 
 def test_a_model_failing_mid_stream_ends_with_an_error_event(door: GatewayProcess) -> None:
@@ -381,6 +385,25 @@ def test_a_client_leaving_mid_stream_closes_the_generator(
     wait_until(lambda: in_flight(door, "script") == 0, "the instance given back", timeout_s=10)
     answer = client.chat.completions.create(model="script", messages=QUESTION)
     assert answer.choices[0].message.content == "012"
+
+
+def test_a_client_leaving_a_whole_answer_closes_the_generator(
+    door: GatewayProcess, tmp_path: Path
+) -> None:
+    """A non-streamed answer the model makes a piece at a time (as text generation makes
+    its whole answer) stops when the client leaves, as a stream does."""
+    marker = tmp_path / "closed"
+    body = {"mode": "lazy", "count": 600, "sleep": 0.1, "marker": str(marker)}
+    request = urllib.request.Request(
+        door.url + "/v1/chat/completions",
+        data=json.dumps({"model": "script", "messages": QUESTION, **body}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with pytest.raises(TimeoutError):
+        urllib.request.urlopen(request, timeout=1)
+    wait_until(marker.exists, "the model's generator closed", timeout_s=10)
+    wait_until(lambda: in_flight(door, "script") == 0, "the instance given back", timeout_s=10)
 
 
 def test_request_fields_reach_the_model_unchanged(door: GatewayProcess) -> None:

@@ -35,6 +35,19 @@ def test_a_model_speaking_sse_is_framed_once() -> None:
     )
 
 
+def test_a_line_past_the_limit_fails_the_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shipyard.gateway import openai
+    from shipyard.gateway.streaming import FramingError
+
+    monkeypatch.setattr(openai, "MAX_LINE_BYTES", 100)
+    framing = SseFraming()
+    assert list(framing.parts(b"x" * 60)) == []
+    assert list(framing.parts(b"y" * 30 + b"\n" + b"z" * 90)) == [b"data: " + b"x" * 60 +
+                                                                  b"y" * 30 + b"\n\n"]  # fmt: skip
+    with pytest.raises(FramingError, match="more than 100 bytes"):
+        framing.parts(b"z" * 20)
+
+
 def test_a_failure_is_the_last_event_and_flushes_the_partial_line() -> None:
     framing = SseFraming()
     assert list(framing.parts(b'{"a": 1}')) == []

@@ -337,7 +337,7 @@ class Verifier:
 
         Looked up by the token's SHA-256, so the time a lookup takes says nothing about
         how much of a token was right."""
-        token = authorization[len(BEARER) :].strip()
+        token = authorization[len(BEARER) :].strip()  # the scheme matched without case
         caller = self._bearers.get(hashlib.sha256(token.encode()).digest()) if token else None
         if caller is None:
             raise UnrecognizedClient("The bearer token included in the request is invalid.")
@@ -566,7 +566,7 @@ def door_of(path: str) -> Door:
         return Door.RUNTIME
     if path.startswith("/v2"):
         return Door.V2
-    if path.startswith("/v1/"):
+    if path.startswith("/v1/") or path == "/v1":
         return Door.OPENAI
     if path == "/inference":
         return Door.FACADE
@@ -592,7 +592,7 @@ def action_of(method: str, path: str, target: str | None) -> tuple[Door, str] | 
         return Door.RUNTIME, f"sagemaker-runtime:{action}"
     if path.startswith("/v2"):
         return Door.V2, "sagemaker-runtime:InvokeEndpoint"
-    if path.startswith("/v1/"):
+    if path.startswith("/v1/") or path == "/v1":
         return Door.OPENAI, "sagemaker-runtime:InvokeEndpoint"
     if path == "/inference":
         return Door.FACADE, "sagemaker:CreateTrainingJob"

@@ -61,4 +61,3 @@ def serving_tls(settings: Settings, stack: StackFile) -> tuple[Path, Path] | Non
             f"the key unencrypted): {exc}"
         ) from None
     return cert, key
-

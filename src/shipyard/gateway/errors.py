@@ -159,8 +159,13 @@ def openai_error_body(exc: ShipyardError) -> tuple[int, dict[str, Any]]:
 
 
 def _model_error_object(text: str) -> dict[str, Any] | None:
+    """The OpenAI error object a model answered, alone or after the built-in runtime's
+    ``<ExcType>: `` (runtime/server.py), if it answered one."""
     if not text.startswith("{"):
-        return None
+        _, colon, rest = text.partition(": ")
+        if not colon or not rest.startswith("{"):
+            return None
+        text = rest
     try:
         found = json.loads(text)
     except ValueError:

@@ -27,6 +27,7 @@ edge, gateway/signatures.py, admits SigV4 or a key's bearer token) and each requ
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -49,8 +50,9 @@ from shipyard.gateway.errors import openai_error_event, openai_error_response
 from shipyard.gateway.http_limits import on_disconnect
 from shipyard.gateway.runtime import RuntimeDoor, session_headers
 from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT, check_header
-from shipyard.gateway.streaming import ASK_STREAM, StreamClient, StreamRelay
+from shipyard.gateway.streaming import ASK_STREAM, FramingError, StreamClient, StreamRelay
 from shipyard.routing import sessions
+from shipyard.routing.client import Response
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.router import Call, Exchange
 from shipyard.routing.table import EndpointRoute
@@ -68,6 +70,9 @@ _JSON = b"application/json"
 _ASK_JSON = ((b"Content-Type", _JSON), (b"Accept", _JSON))
 _NOT_FORWARDED = (b"content-type", b"accept")  # the body is JSON and so is the answer
 _DONE = b"data: [DONE]\n\n"
+MAX_LINE_BYTES = 16 * 1024 * 1024
+"""The longest line of a model's streamed answer the door holds while it waits for the
+line's end."""
 
 
 class ModelNotFound(EndpointNotFound):
@@ -146,18 +151,9 @@ class OpenAIDoor:
     async def _invoke(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         runtime = self.runtime
-        forward: list[tuple[bytes, bytes]] = [*_ASK_JSON]
-        content_length: int | None = None
-        for key, value in scope["headers"]:
-            if key == b"content-length":
-                if not value.isdigit():
-                    raise RuntimeValidationError("Content-Length must be a number of bytes.")
-                content_length = int(value)
-            elif key not in _NOT_FORWARDED and (wire := FORWARDED.get(key)) is not None:
-                check_header(INVOKE_ENDPOINT, key, value)  # as InvokeEndpoint limits them
-                forward.append((wire, value))
-        if content_length is not None and content_length > runtime.max_payload_bytes:
-            raise runtime.too_large(body_left=True)
+        forward, declared = _forwarded(scope)
+        if declared is not None and declared > runtime.max_payload_bytes:
+            raise runtime.too_large(body_left=True)  # refused before it is read
         body = await runtime.read_body(scope, receive)
         model, stream = _read_request(body)
         name, _, component = model.partition("/")
@@ -180,20 +176,7 @@ class OpenAIDoor:
             started=started,
             component=component or None,
         )
-        status, error = 200, None
-        try:
-            response = await self.invocations.run(route, call)
-        except (RuntimeFailure, AuthFailure) as exc:
-            status, error = exc.status_code, exc
-            raise
-        except ClientGone:
-            raise
-        except Exception:
-            log.exception("OpenAI invocation of %s failed", model)
-            status = 500
-            raise InternalFailure("Internal failure.") from None
-        finally:
-            Invocations.count(call, status, error)
+        response = await self._whole(route, call, receive, model)
         headers = [
             (b"content-type", response.header(b"content-type") or _JSON),
             (b"content-length", str(len(response.body)).encode()),
@@ -204,6 +187,42 @@ class OpenAIDoor:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": response.body})
 
+    async def _whole(
+        self, route: EndpointRoute, call: Call, receive: Receive, model: str
+    ) -> Response:
+        """The model's whole answer to ``call``, counted.
+
+        A generation can run for minutes: a client that leaves meanwhile cuts the
+        exchange (which closes the instance's connection, and the runtime the model's
+        generator), as a stream's does, rather than leaving the instance to work for
+        nobody. Such a call is not counted: nobody got an answer.
+        """
+        client = StreamClient(receive)
+        client.watch()
+        status, error = 200, None
+        try:
+            return await self.invocations.run(route, call)
+        except (RuntimeFailure, AuthFailure) as exc:
+            status, error = exc.status_code, exc
+            raise
+        except asyncio.CancelledError:
+            if not client.gone:
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            status = 0
+            raise ClientGone() from None
+        except ClientGone:
+            status = 0
+            raise
+        except Exception:
+            log.exception("OpenAI invocation of %s failed", model)
+            status = 500
+            raise InternalFailure("Internal failure.") from None
+        finally:
+            client.stop_watching()
+            if status:
+                Invocations.count(call, status, error)
+
     def _route(self, model: str, name: str, component: str) -> EndpointRoute:
         """The endpoint ``model`` names; 404 for an unknown endpoint or component, 400
         for an endpoint of components named bare (DESIGN 2.13)."""
@@ -211,7 +230,7 @@ class OpenAIDoor:
             route = self.invocations.route(name)
         except EndpointNotFound:
             raise ModelNotFound(_no_model(model)) from None
-        if component:
+        if component or model.endswith("/"):
             if not route.hosts_components or component not in route.components:
                 raise ModelNotFound(_no_model(model))
         elif route.hosts_components:
@@ -227,14 +246,16 @@ class SseFraming:
     """The door's streamed answer: each JSON line the model sends as one server-sent
     event, ``data: [DONE]`` at the end, a failure as a last ``data: {"error": ...}``.
 
-    The model's chunks need not end on a line: a partial line waits for the rest. A
+    The model's chunks need not end on a line: a partial line waits for the rest (held
+    as its pieces, so a long line costs its length once), up to MAX_LINE_BYTES. A
     model that already speaks SSE (its lines begin ``data:``, its last is ``[DONE]``)
     is framed once, not twice."""
 
-    __slots__ = ("_partial",)
+    __slots__ = ("_pieces", "_held")
 
     def __init__(self) -> None:
-        self._partial = b""
+        self._pieces: list[bytes] = []
+        self._held = 0
 
     def head(self, exchange: Exchange, call: Call) -> dict[str, Any]:
         headers = [
@@ -246,9 +267,17 @@ class SseFraming:
         return {"type": "http.response.start", "status": 200, "headers": headers}
 
     def parts(self, chunk: bytes) -> Iterable[bytes]:
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()
-        events = b"".join(_event(line) for line in lines)
+        if b"\n" not in chunk:
+            self._hold(chunk)
+            return ()
+        first, *lines, rest = chunk.split(b"\n")
+        if self._pieces:
+            first = b"".join((*self._pieces, first))
+            self._pieces.clear()
+            self._held = 0
+        if rest:
+            self._hold(rest)
+        events = b"".join(_event(line) for line in (first, *lines))
         return (events,) if events else ()
 
     def failure(self, code: str, message: str) -> bytes:
@@ -260,8 +289,19 @@ class SseFraming:
     def end(self) -> bytes:
         return self._flush() + _DONE
 
+    def _hold(self, piece: bytes) -> None:
+        self._held += len(piece)
+        if self._held > MAX_LINE_BYTES:
+            raise FramingError(
+                f"the model sent a line of more than {MAX_LINE_BYTES} bytes; a streamed "
+                "answer is one JSON object a line"
+            )
+        self._pieces.append(piece)
+
     def _flush(self) -> bytes:
-        rest, self._partial = self._partial, b""
+        rest = b"".join(self._pieces)
+        self._pieces.clear()
+        self._held = 0
         return _event(rest)
 
 
@@ -272,6 +312,23 @@ def _event(line: bytes) -> bytes:
     if not line or line == b"[DONE]":
         return b""
     return b"data: " + line + b"\n\n"
+
+
+def _forwarded(scope: Scope) -> tuple[list[tuple[bytes, bytes]], int | None]:
+    """The headers for the instance (the body's type and the answer's, JSON, and the
+    runtime headers a client may send: sessions, custom attributes, limited as
+    InvokeEndpoint limits them) and the body's declared length."""
+    forward: list[tuple[bytes, bytes]] = [*_ASK_JSON]
+    declared: int | None = None
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            if not value.isdigit():
+                raise RuntimeValidationError("Content-Length must be a number of bytes.")
+            declared = int(value)
+        elif key not in _NOT_FORWARDED and (wire := FORWARDED.get(key)) is not None:
+            check_header(INVOKE_ENDPOINT, key, value)
+            forward.append((wire, value))
+    return forward, declared
 
 
 def _read_request(body: bytes) -> tuple[str, bool]:

@@ -59,7 +59,7 @@ class PathRouter:
             elif path == "/v2" or path.startswith("/v2/"):
                 await self.v2(scope, receive, send)
                 return
-            elif path.startswith("/v1/"):
+            elif path.startswith("/v1/") or path == "/v1":
                 await self.v1(scope, receive, send)
                 return
         await self.fallback(scope, receive, send)

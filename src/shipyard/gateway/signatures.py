@@ -149,7 +149,7 @@ class RequireSignature(ReadOnce):
     ) -> tuple[Caller, bytes | None]:
         """The verified caller, and the body read to verify it (None: left unread)."""
         authorization = head.authorization or ""
-        if door is Door.OPENAI and authorization.startswith(BEARER):
+        if door is Door.OPENAI and authorization[: len(BEARER)].lower() == BEARER.lower():
             if scope.get("scheme") != "https" and not _from_this_host(scope):
                 # A token is replayable as it is: only TLS keeps it from the wire.
                 raise InvalidSignature(

@@ -65,6 +65,11 @@ _NOT_FORWARDED = (b"accept", b"x-amzn-sagemaker-target-model")
 ASK_STREAM = (RESPONSE_STREAM_HEADER.encode(), b"true")
 
 
+class FramingError(Exception):
+    """A framing cannot write what the model sent (a line past its limit, say): the
+    stream ends with the model's failure."""
+
+
 class Framing(Protocol):
     """How a door writes a streamed answer: its head, one model chunk, a failure once
     events flow, and the end. One per request (a framing may hold a partial line)."""
@@ -183,7 +188,12 @@ class StreamRelay:
                 client.answered = True
             if chunk is None:
                 break
-            for part in framing.parts(chunk):
+            try:
+                parts = framing.parts(chunk)
+            except FramingError as exc:  # the model's answer cannot be framed: its failure
+                chunk = _Failure("StreamBroken", f"The model's stream broke off: {exc}.", 502)
+                break
+            for part in parts:
                 await send({"type": "http.response.body", "body": part, "more_body": True})
             client.since = client.loop.time()  # the model's clock starts again
         client.streamed_s = time.perf_counter() - began

@@ -156,7 +156,10 @@ class RuntimeApp:
                 if streamed:
                     await self._stream(send, receive, payload, media_type, context)
                     return
-                payload = await self.threads.run(streaming.join, payload)
+                whole = await streaming.collect(self.threads, payload, receive)
+                if whole is None:
+                    return  # the gateway left: nobody to answer
+                payload = whole
             headers = [
                 (b"content-type", media_type.encode("latin-1")),
                 (b"content-length", str(len(payload)).encode()),

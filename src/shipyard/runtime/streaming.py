@@ -94,6 +94,28 @@ def join(items: Chunks) -> bytes:
     return b"".join(items)
 
 
+async def collect(threads: Runner, items: Chunks, receive: Receive) -> bytes | None:
+    """The whole answer of a stream nobody asked to stream, pulled by ``threads`` one
+    item at a time; None once the gateway has gone (its client left), the iterator
+    closed so that whatever it was making for nobody stops."""
+    gone = asyncio.ensure_future(receive())  # answers once the gateway disconnects
+    pieces: list[bytes] = []
+    try:
+        while not gone.done():
+            chunk = await threads.run(next, items, _END)
+            if chunk is _END:
+                return b"".join(pieces)
+            pieces.append(chunk)
+            await asyncio.sleep(0)  # Inline.run never gives the loop a turn: give it one
+    finally:
+        gone.cancel()
+    close = getattr(items, "close", None)
+    if close is not None:
+        with contextlib.suppress(Exception):
+            await threads.run(close)
+    return None
+
+
 async def first_chunk(threads: Runner, items: Chunks) -> bytes | None:
     """The first item, or None when there is none. Pulled before the answer's head is
     sent, so that handlers failing at once (a generator's body runs only now) get an

@@ -8,7 +8,9 @@ normalisation), and ``SentenceTransformer`` loads it offline and applies them. A
 "base64", "dimensions": k}``; the answer is an embeddings ``list`` object with usage.
 
 With ``SHIPYARD_MAX_BATCH_SIZE`` the runtime's batcher (runtime/batching.py) gathers
-concurrent requests, and ``predict_batch_fn`` embeds all their inputs in one forward pass.
+concurrent requests, and ``predict_batch_fn`` embeds all their inputs together, 32 texts
+a forward pass. A text longer than the model's ``max_seq_length`` is cut to it (as
+sentence-transformers does), and ``usage`` counts the tokens embedded.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from shipyard.runtime.tasks import schema
 from shipyard.runtime.tasks.schema import InvalidRequest
 
 _MAX_INPUTS = 2048
+_FORWARD_BATCH = 32
+"""Texts per forward pass: a runtime batch of many requests (each up to 2,048 inputs) is
+embedded 32 at a time, so its memory stays that of 32 texts."""
 
 
 class Embedding(NamedTuple):
@@ -41,6 +46,8 @@ class Model:
         self.encoder = encoder
         self.tokenizer = encoder.tokenizer
         self.dimension = int(encoder.get_embedding_dimension())
+        self.max_tokens = int(encoder.max_seq_length or self.tokenizer.model_max_length)
+        """Tokens of a text the model embeds (the rest is cut, and not counted)."""
         self.normalizes = any(type(module).__name__ == "Normalize" for module in encoder)
 
     def __repr__(self) -> str:
@@ -91,8 +98,12 @@ def predict_batch_fn(
             continue
         texts += request.texts
         answers.append(_PENDING)
-    vectors = model.encoder.encode(texts, batch_size=max(len(texts), 1), convert_to_numpy=True)
-    counts = model.tokenizer(texts, add_special_tokens=True)["input_ids"] if texts else []
+    vectors = model.encoder.encode(texts, batch_size=_FORWARD_BATCH, convert_to_numpy=True)
+    counts = (
+        model.tokenizer(texts, truncation=True, max_length=model.max_tokens)["input_ids"]
+        if texts
+        else []
+    )
     at = 0
     for n, request in enumerate(requests):
         if answers[n] is not _PENDING:

@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 JSON_LINES = "application/jsonlines"
 _END: Any = object()
 _MAX_N = 16
+_MAX_STOP_CHARS = 256
+_GREEDY_BELOW = 1e-5
+"""A temperature below this decodes greedily (dividing by it would overflow)."""
 _MAX_STOP = 4
 _MAX_TOP_LOGPROBS = 20
 
@@ -77,6 +80,10 @@ class Engine:
         self.eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         pad = tokenizer.pad_token_id
         self.pad = pad if pad is not None else next(iter(self.eos), 0)
+        embeddings = model.get_input_embeddings()
+        size = getattr(embeddings, "num_embeddings", None) or config.vocab_size
+        self.vocab = min(len(tokenizer), int(size))
+        """Token ids a prompt or a logit bias may name: the tokenizer's that the model has."""
         self.waves: deque[int] = deque(maxlen=256)
         """How many sequences the latest waves decoded together (for tests and benches)."""
         self.joined = 0
@@ -171,7 +178,9 @@ class Engine:
                     self._current += joining
                     self.joined += len(joining)
                     batch.merge(_Batch.prefill(self, joining))
-                tokens = [s.step(batch.logits[row], self) for row, s in enumerate(batch.active)]
+                tokens = [
+                    s.step_safely(batch.logits[row], self) for row, s in enumerate(batch.active)
+                ]
                 keep = [row for row, s in enumerate(batch.active) if not s.done]
                 if not keep:
                     return
@@ -306,7 +315,8 @@ class Sampling:
         self.seed = schema.integer(request, "seed", None, low=-(2**63), high=2**64 - 1)
         self.presence = schema.number(request, "presence_penalty", 0.0, low=-2, high=2)
         self.frequency = schema.number(request, "frequency_penalty", 0.0, low=-2, high=2)
-        limit = "max_completion_tokens" if request.get("max_completion_tokens") else "max_tokens"
+        newer = request.get("max_completion_tokens") is not None
+        limit = "max_completion_tokens" if newer else "max_tokens"
         self.max_tokens = schema.integer(
             request, limit, None if chat else 16, low=1, high=2**31 - 1
         )
@@ -329,6 +339,8 @@ class Sequence:
         "done",
         "counts",
         "generator",
+        "prefix",
+        "read",
     )
 
     def __init__(self, request: Request, index: int, prompt: list[int], sampling: Sampling):
@@ -343,11 +355,27 @@ class Sequence:
         self.done = False
         self.counts: dict[int, int] = {}
         self.generator: Any = None
+        self.prefix = 0
+        """Where the tokens decoded again for context begin (``_decode_new``)."""
+        self.read = 0
+        """How many tokens ``text`` holds."""
 
     def fail(self, exc: Exception) -> None:
+        """The request fails with ``exc``: this sequence and its siblings stop."""
         if not self.done:
             self.done = True
+            self.request.cancelled = True
             self.request.events.put(exc)
+
+    def step_safely(self, logits: Any, engine: Engine) -> int:
+        """``step``; a failure of this sequence's own (its parameters, its tokens) fails
+        its request alone, never the batch it decodes in."""
+        try:
+            return self.step(logits, engine)
+        except Exception as exc:
+            log.exception("a sequence failed; its request fails, the batch goes on")
+            self.fail(exc)
+            return engine.pad
 
     def step(self, logits: Any, engine: Engine) -> int:
         """Pick the next token from ``logits``, tell the handler, and say whether done."""
@@ -366,7 +394,7 @@ class Sequence:
         logprobs = None
         if sampling.top_logprobs is not None:
             logprobs = torch.log_softmax(scores, dim=-1)
-        if sampling.temperature == 0:
+        if sampling.temperature < _GREEDY_BELOW:  # below it, sampling is argmax anyway
             token = int(torch.argmax(scores))
         else:
             token = self._sample(scores / sampling.temperature, engine)
@@ -374,6 +402,17 @@ class Sequence:
         self.counts[token] = self.counts.get(token, 0) + 1
         self._advance(token, logprobs, engine)
         return token
+
+    def _decode_new(self, tokenizer: Any) -> None:
+        """Add the new token's text to ``text``: the last few tokens decoded with and
+        without it, so that each step costs the same however long the answer grows, and
+        spacing that depends on the token before comes out as a whole decode gives it.
+        Half a character waits for the token that completes it."""
+        window = tokenizer.decode(self.tokens[self.prefix :], skip_special_tokens=True)
+        known = tokenizer.decode(self.tokens[self.prefix : self.read], skip_special_tokens=True)
+        if len(window) > len(known) and not window.endswith("\ufffd"):
+            self.text += window[len(known) :]
+            self.prefix, self.read = self.read, len(self.tokens)
 
     def _sample(self, scores: Any, engine: Engine) -> int:
         torch = engine.torch
@@ -384,6 +423,8 @@ class Sequence:
             cut = torch.cumsum(ordered, dim=-1) - ordered > top_p
             ordered[cut] = 0
             probs = torch.zeros_like(probs).scatter_(0, order, ordered)
+        if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0:
+            return int(torch.argmax(scores))  # overflowed: the most likely token
         if self.generator is None and self.sampling.seed is not None:
             self.generator = torch.Generator().manual_seed(
                 (self.sampling.seed + self.index) % 2**63
@@ -398,8 +439,7 @@ class Sequence:
             self.tokens.pop()
             finish = "stop"
         else:
-            tokenizer = engine.tokenizer
-            self.text = tokenizer.decode(self.tokens, skip_special_tokens=True)
+            self._decode_new(engine.tokenizer)
             stop_at = _find_stop(self.text, sampling.stop, self.sent)
             if stop_at is not None:
                 finish = "stop"
@@ -409,8 +449,6 @@ class Sequence:
                 finish = "length"
         if finish is None:
             end = len(self.text) - _held(self.text, sampling.stop)
-            if self.text.endswith("\ufffd"):  # half a character: wait for the rest
-                end = min(end, len(self.text) - 1)
         else:
             end = stop_at if stop_at is not None else len(self.text)
         delta = self.text[self.sent : max(end, self.sent)]
@@ -443,7 +481,9 @@ def transform_fn(engine: Engine, data: bytes, content_type: str, accept: str) ->
         engine.submit(answer.sequences)
     if answer.request.get("stream") is True:
         return answer.chunks(), JSON_LINES
-    return json.dumps(answer.whole()), "application/json"
+    # The whole answer, still as an iterator: the runtime pulls it a token at a time, so
+    # that a client who leaves before it is done closes it, as it closes a stream.
+    return answer.whole(), "application/json"
 
 
 def _read(engine: Engine, data: bytes) -> Answer:
@@ -462,8 +502,14 @@ def _read(engine: Engine, data: bytes) -> Answer:
         raise InvalidRequest("best_of: only equal to n (or unset) is supported.")
     if request.get("suffix"):
         raise InvalidRequest("suffix: not supported by shipyard's text generation handler.")
-    sampling = Sampling(request, chat=chat, vocab=len(engine.tokenizer))
+    sampling = Sampling(request, chat=chat, vocab=engine.vocab)
     prompts = [_chat_prompt(engine, request)] if chat else _prompts(engine, request)
+    most = max(_MAX_N, engine.max_batch_size)
+    if len(prompts) * n > most:
+        raise InvalidRequest(
+            f"{len(prompts)} prompts with n={n} are {len(prompts) * n} sequences; this model "
+            f"decodes at most {most} for one request."
+        )
     for prompt in prompts:
         if len(prompt) >= engine.context:
             raise InvalidRequest(
@@ -520,18 +566,33 @@ class Answer:
                 left -= 1
             yield event
 
-    def whole(self) -> dict[str, Any]:
+    def whole(self) -> Iterator[bytes]:
+        """The answer in one piece, after an empty one per token; closing it early (the
+        client left) cancels the request's sequences."""
         texts = [""] * len(self.sequences)
         finishes: list[str | None] = [None] * len(self.sequences)
         entries: list[list[Any]] = [[] for _ in self.sequences]
         completion = 0
-        for index, delta, entry, finish, count in self.events():
-            texts[index] += delta
-            if entry is not None:
-                entries[index].append(entry)
-            if finish is not None:
-                finishes[index] = finish
-                completion += count
+        try:
+            for index, delta, entry, finish, count in self.events():
+                texts[index] += delta
+                if entry is not None:
+                    entries[index].append(entry)
+                if finish is not None:
+                    finishes[index] = finish
+                    completion += count
+                yield b""
+        finally:
+            self.job.cancelled = True  # a no-op once every sequence is done
+        yield json.dumps(self._completion(texts, entries, finishes, completion)).encode()
+
+    def _completion(
+        self,
+        texts: list[str],
+        entries: list[list[Any]],
+        finishes: list[str | None],
+        completion: int,
+    ) -> dict[str, Any]:
         choices = []
         n = len(self.sequences) // len(self.prompts)
         for index, text in enumerate(texts):
@@ -688,6 +749,8 @@ def _stop(value: Any) -> tuple[str, ...]:
         raise InvalidRequest("stop: expected a string or a list of non-empty strings.")
     if len(stops) > _MAX_STOP:
         raise InvalidRequest(f"stop: at most {_MAX_STOP} sequences.")
+    if any(len(stop) > _MAX_STOP_CHARS for stop in stops):
+        raise InvalidRequest(f"stop: a stop sequence holds at most {_MAX_STOP_CHARS} characters.")
     return tuple(stops)
 
 
@@ -802,7 +865,10 @@ def _text(message: dict[str, Any], n: int) -> str:
                     f"messages[{n}].content: parts of type {json.dumps(kind)[:40]} are not "
                     "supported; only text."
                 )
-            parts.append(str(part.get("text", "")))
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise InvalidRequest(f"messages[{n}].content: a text part's text must be a string.")
+            parts.append(text)
         return "".join(parts)
     raise InvalidRequest(f"messages[{n}].content: expected a string or a list of text parts.")
 
@@ -810,7 +876,7 @@ def _text(message: dict[str, Any], n: int) -> str:
 def _prompts(engine: Engine, request: dict[str, Any]) -> list[list[int]]:
     prompt = request.get("prompt")
     tokenizer = engine.tokenizer
-    vocab = len(tokenizer)
+    vocab = engine.vocab
 
     def ids(tokens: list[Any]) -> list[int]:
         if not tokens or not all(

@@ -15,9 +15,29 @@ from shipyard.errors import CodecError
 
 
 class InvalidRequest(CodecError):
-    """A request body a task cannot serve: 400, naming the parameter."""
+    """A request body a task cannot serve: 400, naming the parameter.
+
+    Its text is OpenAI's error object, so that the OpenAI-compatible door passes it on
+    with its ``param`` (the name before the message's first colon), and an
+    InvokeEndpoint client reads the same JSON in the ModelError's message.
+    """
 
     status_code = 400
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+        head, colon, _ = message.partition(":")
+        self.param = head if colon and " " not in head else None
+
+    def __str__(self) -> str:
+        error = {
+            "message": self.message,
+            "type": "invalid_request_error",
+            "param": self.param,
+            "code": None,
+        }
+        return json.dumps({"error": error})
 
 
 def body(data: Any) -> dict[str, Any]:

@@ -44,6 +44,8 @@ def transform_fn(model, body, content_type, accept):
 
     if request.get("stream") is True:
         return chunks(), "application/jsonlines"
+    if mode == "lazy":  # the whole answer, made a piece at a time (as text generation does)
+        return (piece.encode() for piece in chunks()), "application/json"
     content = "".join(str(n) for n in range(count))
     whole = {
         "id": "chatcmpl-script",
