@@ -1,7 +1,7 @@
 """The OpenAI-compatible door (DESIGN 2.13), measured three ways in one run:
 
     .venv/bin/python bench/openai_door.py > bench/results/openai_door.md
-    # DURATION=10 WARMUP=3 CONCS="8 32" ROUNDS=2 REQUESTS=12 TOKENS=64 THREADS=1
+    # DURATION=10 WARMUP=3 CONCS="8 32" ROUNDS=4 REQUESTS=12 TOKENS=64 THREADS=1
 
 1. **Embeddings**: MiniLM (``SHIPYARD_TASK=embeddings``, batch 32, 5 ms, one instance)
    through ``POST /v1/embeddings`` against the same body through InvokeEndpoint, on one
@@ -93,6 +93,21 @@ def embeddings(
                     f"{door.p99_ms / invoke.p99_ms:.2f}",
                 ]
             )
+        door_runs, invoke_runs = (
+            results[("/v1/embeddings", conc)],
+            results[("InvokeEndpoint", conc)],
+        )
+        pairs = list(zip(door_runs, invoke_runs, strict=True))
+        rows.append(
+            [
+                conc,
+                "median",
+                f"{statistics.median(r.rps for r in door_runs):,.0f}",
+                f"{statistics.median(r.rps for r in invoke_runs):,.0f}",
+                f"{statistics.median(d.rps / i.rps for d, i in pairs):.2f}",
+                f"{statistics.median(d.p99_ms / i.p99_ms for d, i in pairs):.2f}",
+            ]
+        )
     return h.table(
         ["c", "round", "/v1/embeddings", "InvokeEndpoint", "req/s ratio", "p99 ratio"], rows
     )
@@ -231,7 +246,7 @@ def main() -> int:
     duration = h.env_float("DURATION", 10)
     warmup = h.env_float("WARMUP", 3)
     concs = h.env_ints("CONCS", [8, 32])
-    rounds = int(h.env_float("ROUNDS", 2))
+    rounds = int(h.env_float("ROUNDS", 4))
     requests = int(h.env_float("REQUESTS", 12))
     tokens = int(h.env_float("TOKENS", 64))
     env = {"OMP_NUM_THREADS": threads, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
