@@ -3,6 +3,8 @@
     .venv/bin/python bench/openai_door.py > bench/results/openai_door.md
     # DURATION=10 WARMUP=3 CONCS="8 32" ROUNDS=4 REQUESTS=12 TOKENS=64 THREADS=1
 
+0. **The door's own cost**: the scripted chat model of tests/openai_door (it answers at
+   once), the same body through ``/v1/chat/completions`` and InvokeEndpoint.
 1. **Embeddings**: MiniLM (``SHIPYARD_TASK=embeddings``, batch 32, 5 ms, one instance)
    through ``POST /v1/embeddings`` against the same body through InvokeEndpoint, on one
    gateway and one endpoint, with wrk (``-t1 -cC``, post.lua), rounds alternating which
@@ -40,6 +42,7 @@ import harness as h
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+SCRIPT = HERE.parent / "tests" / "openai_door" / "script"
 SENTENCE = "The quick brown fox jumps over the lazy dog near the riverbank."
 PROMPTS = [
     "The quick brown fox",
@@ -53,18 +56,31 @@ PROMPTS = [
 ]
 
 
-def embeddings(
-    url: str, tmp: Path, concs: list[int], rounds: int, warmup: float, duration: float
+def two_doors(
+    url: str,
+    tmp: Path,
+    path: str,
+    request: dict[str, Any],
+    concs: list[int],
+    rounds: int,
+    warmup: float,
+    duration: float,
 ) -> str:
-    body = tmp / "embed.json"
-    body.write_text(json.dumps({"model": "embed", "input": SENTENCE, "encoding_format": "float"}))
+    """The same body through ``path`` (``/v1/...``) and InvokeEndpoint, interleaved."""
+    body = tmp / "body.json"
+    body.write_text(json.dumps(request))
+    first = path
     doors = {
-        "/v1/embeddings": url + "/v1/embeddings",
-        "InvokeEndpoint": url + "/endpoints/embed/invocations",
+        first: url + path,
+        "InvokeEndpoint": url + f"/endpoints/{request['model']}/invocations",
     }
     for target in doors.values():
         status, answer = h.post(target, body.read_bytes(), timeout_s=60)
-        if status != 200 or len(json.loads(answer)["data"][0]["embedding"]) != 384:
+        if (
+            status != 200
+            or "choices" not in json.loads(answer)
+            and "data" not in json.loads(answer)
+        ):
             raise RuntimeError(f"{target} answered {status}: {answer[:200]!r}")
     results: dict[tuple[str, int], list[h.WrkResult]] = {}
     for n in range(rounds):
@@ -79,10 +95,7 @@ def embeddings(
     rows = []
     for conc in concs:
         for n in range(rounds):
-            door, invoke = (
-                results[("/v1/embeddings", conc)][n],
-                results[("InvokeEndpoint", conc)][n],
-            )
+            door, invoke = results[(first, conc)][n], results[("InvokeEndpoint", conc)][n]
             rows.append(
                 [
                     conc,
@@ -93,10 +106,7 @@ def embeddings(
                     f"{door.p99_ms / invoke.p99_ms:.2f}",
                 ]
             )
-        door_runs, invoke_runs = (
-            results[("/v1/embeddings", conc)],
-            results[("InvokeEndpoint", conc)],
-        )
+        door_runs, invoke_runs = results[(first, conc)], results[("InvokeEndpoint", conc)]
         pairs = list(zip(door_runs, invoke_runs, strict=True))
         rows.append(
             [
@@ -108,9 +118,7 @@ def embeddings(
                 f"{statistics.median(d.p99_ms / i.p99_ms for d, i in pairs):.2f}",
             ]
         )
-    return h.table(
-        ["c", "round", "/v1/embeddings", "InvokeEndpoint", "req/s ratio", "p99 ratio"], rows
-    )
+    return h.table(["c", "round", first, "InvokeEndpoint", "req/s ratio", "p99 ratio"], rows)
 
 
 class Load:
@@ -271,8 +279,18 @@ def main() -> int:
                     **env,
                 },
             )
+            control.deploy("script", SCRIPT.as_uri())
+            print("## The door's own cost: a model that answers at once\n")
+            chat = {"model": "script", "messages": [{"role": "user", "content": SENTENCE}]}
+            print(
+                two_doors(url, tmp, "/v1/chat/completions", chat, concs, rounds, warmup, duration)
+            )
+            print("\nreq/s (p99 ms); ratios door ÷ InvokeEndpoint, same round. The scripted")
+            print("chat model of tests/openai_door/script, the same body through both doors.\n")
+            control.call("DeleteEndpoint", {"EndpointName": "script"})
             print("## Embeddings: /v1/embeddings against InvokeEndpoint (MiniLM, one instance)\n")
-            print(embeddings(url, tmp, concs, rounds, warmup, duration))
+            embed = {"model": "embed", "input": SENTENCE, "encoding_format": "float"}
+            print(two_doors(url, tmp, "/v1/embeddings", embed, concs, rounds, warmup, duration))
             print("\nreq/s (p99 ms); ratios door ÷ InvokeEndpoint, same round.\n")
             control.call("DeleteEndpoint", {"EndpointName": "embed"})
             generation = {"SHIPYARD_TASK": "text-generation", **env}

@@ -178,6 +178,11 @@ def _model_error_object(text: str) -> dict[str, Any] | None:
 
 async def openai_error_response(exc: ShipyardError, send: Any) -> None:
     status, body = openai_error_body(exc)
+    await send_json(send, status, body)
+
+
+async def send_json(send: Any, status: int, body: dict[str, Any]) -> None:
+    """A JSON answer on a raw ASGI door: the head, then the body in one message."""
     payload = json.dumps(body).encode()
     headers = [
         (b"content-type", b"application/json"),

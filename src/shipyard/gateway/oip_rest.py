@@ -14,12 +14,12 @@ Errors are ``{"error": "<message>"}`` with the status of gateway.oip.status_of.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
 from shipyard.errors import AuthFailure, ClientGone, PayloadTooLarge, RuntimeFailure, TensorError
 from shipyard.gateway import bodies
+from shipyard.gateway.errors import send_json
 from shipyard.gateway.oip import InferenceProtocol, status_of
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.router import Call
@@ -158,11 +158,5 @@ def _model_path(rest: list[str]) -> tuple[str, str | None, str]:
 
 
 async def _json(send: Send, status: int, body: dict[str, Any]) -> int:
-    payload = json.dumps(body).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(payload)).encode()),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
+    await send_json(send, status, body)
     return status

@@ -46,7 +46,7 @@ from shipyard.errors import (
 )
 from shipyard.gateway import bodies
 from shipyard.gateway.auth import admitted, resource_arn
-from shipyard.gateway.errors import openai_error_event, openai_error_response
+from shipyard.gateway.errors import openai_error_event, openai_error_response, send_json
 from shipyard.gateway.http_limits import on_disconnect
 from shipyard.gateway.runtime import RuntimeDoor, session_headers
 from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT, check_header
@@ -139,9 +139,9 @@ class OpenAIDoor:
         if wanted:
             if wanted not in found:
                 raise ModelNotFound(_no_model(wanted))
-            await _json(send, 200, self._model(wanted))
+            await send_json(send, 200, self._model(wanted))
             return
-        await _json(send, 200, {"object": "list", "data": [self._model(m) for m in found]})
+        await send_json(send, 200, {"object": "list", "data": [self._model(m) for m in found]})
 
     def _model(self, name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": self.created, "owned_by": "shipyard"}
@@ -370,10 +370,3 @@ class _NotAllowed(RuntimeValidationError):
 class _UnknownPath(RuntimeValidationError):
     wire_type = "UnknownOperationException"
     status_code = 404
-
-
-async def _json(send: Send, status: int, payload: dict[str, Any]) -> None:
-    body = json.dumps(payload).encode()
-    headers = [(b"content-type", _JSON), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

@@ -109,10 +109,7 @@ async def collect(threads: Runner, items: Chunks, receive: Receive) -> bytes | N
             await asyncio.sleep(0)  # Inline.run never gives the loop a turn: give it one
     finally:
         gone.cancel()
-    close = getattr(items, "close", None)
-    if close is not None:
-        with contextlib.suppress(Exception):
-            await threads.run(close)
+    await _close(threads, items)
     return None
 
 
@@ -164,8 +161,13 @@ async def send_stream(
                 break
     finally:
         gone.cancel()
-        close = getattr(items, "close", None)
-        if close is not None:
-            with contextlib.suppress(Exception):
-                await threads.run(close)
+        await _close(threads, items)
     await send({"type": "http.response.body", "body": b""})
+
+
+async def _close(threads: Runner, items: Chunks) -> None:
+    """Close the handlers' generator on their runner, so its ``finally`` blocks run there."""
+    close = getattr(items, "close", None)
+    if close is not None:
+        with contextlib.suppress(Exception):
+            await threads.run(close)
