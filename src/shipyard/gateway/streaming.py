@@ -20,6 +20,10 @@ event, a ``ModelStreamError`` (or ``InternalStreamFailure``, for a fault of ours
 
 The invocation timeout bounds the wait for the answer's head and every gap between two
 chunks, never the whole stream, which may run as long as the model keeps producing.
+
+The streamed exchange itself (``StreamRelay``) is shared with the OpenAI-compatible door
+(gateway/openai.py), which frames the same chunks as server-sent events: each door
+gives it a ``Framing`` and its own error shape.
 """
 
 from __future__ import annotations
