@@ -468,7 +468,7 @@ def load(model_dir: Path, *, max_batch_size: int, max_delay_s: float) -> Engine:
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True)
-    model.eval()  # type: ignore[no-untyped-call]
+    model.eval()
     return Engine(model, tokenizer, max_batch_size=max_batch_size, max_delay_s=max_delay_s)
 
 
