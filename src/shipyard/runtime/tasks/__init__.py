@@ -5,7 +5,7 @@ deploys (DESIGN 2.13):
 - ``text-generation`` (:mod:`.generation`): a ``transformers`` causal LM answering
   OpenAI's chat and completions schema, streamed token by token, concurrent requests
   decoded together;
-- ``embeddings`` (:mod:`.embeddings`): a sentence-transformers model answering OpenAI's
+- ``embeddings`` (:mod:`.embeddings`): a sentence-transformers folder answering OpenAI's
   embeddings schema, concurrent requests batched by the runtime's batcher.
 
 Both need ``torch`` and ``transformers`` (the ``llm`` extra), imported only when a task

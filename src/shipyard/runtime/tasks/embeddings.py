@@ -2,8 +2,8 @@
 schema.
 
 The model folder is what sentence-transformers' ``save_pretrained`` writes: its
-``modules.json`` says how token vectors become one sentence vector (pooling,
-normalisation), and ``SentenceTransformer`` loads it offline and applies them. A body is
+``modules.json`` says how token vectors become one sentence vector (pooling, a dense
+layer, normalisation), and ``load`` runs that pipeline offline with ``transformers``. A body is
 ``{"input": text | [texts], "encoding_format": "float" |
 "base64", "dimensions": k}``; the answer is an embeddings ``list`` object with usage.
 
@@ -24,6 +24,10 @@ from typing import Any, NamedTuple
 from shipyard.runtime.tasks import schema
 from shipyard.runtime.tasks.schema import InvalidRequest
 
+_MEAN = "mean pooling"
+"""The pooling of a plain transformers folder (no modules.json), as sentence-transformers
+pools one."""
+_MEAN_CONFIG = {"pooling_mode_mean_tokens": True}
 _MAX_INPUTS = 2048
 _FORWARD_BATCH = 32
 """Texts per forward pass: a runtime batch of many requests (each up to 2,048 inputs) is
@@ -40,25 +44,193 @@ class Embedding(NamedTuple):
 
 
 class Model:
-    """The loaded sentence-transformers model and what an answer needs of it."""
+    """A sentence-transformers folder run with ``transformers`` alone (see ``load``)."""
 
-    def __init__(self, encoder: Any) -> None:
-        self.encoder = encoder
-        self.tokenizer = encoder.tokenizer
-        self.dimension = int(encoder.get_embedding_dimension())
-        self.max_tokens = int(encoder.max_seq_length or self.tokenizer.model_max_length)
+    def __init__(self, folder: Path) -> None:
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        self.torch = torch
+        modules = _modules(folder)
+        kinds = [kind for kind, _ in modules]
+        if not kinds or kinds[0] != "Transformer":
+            raise ValueError(
+                f"{folder}/modules.json: the first module must be a Transformer, got {kinds[:1]}."
+            )
+        body = modules[0][1]
+        self.tokenizer = AutoTokenizer.from_pretrained(str(body), local_files_only=True)
+        self.encoder = AutoModel.from_pretrained(str(body), local_files_only=True).eval()
+        settings = _json(body / "sentence_bert_config.json")
+        self.max_tokens = int(
+            settings.get("max_seq_length") or min(self.tokenizer.model_max_length, 512)
+        )
         """Tokens of a text the model embeds (the rest is cut, and not counted)."""
-        self.normalizes = any(type(module).__name__ == "Normalize" for module in encoder)
+        self.steps: list[Any] = []
+        dimension = int(self.encoder.config.hidden_size)
+        for kind, path in modules[1:]:
+            if kind in ("Pooling", _MEAN):
+                config = _json(path / "config.json") if kind == "Pooling" else _MEAN_CONFIG
+                pooling = _Pooling(config)
+                dimension *= len(pooling.modes)
+                self.steps.append(pooling)
+            elif kind == "Dense":
+                dense = _Dense(path, torch)
+                dimension = dense.out_features
+                self.steps.append(dense)
+            elif kind == "Normalize":
+                self.steps.append(_normalize)
+            else:
+                raise ValueError(
+                    f"{folder}/modules.json names a {kind} module, which shipyard's embeddings "
+                    "handler does not run (Transformer, Pooling, Dense and Normalize)."
+                )
+        self.dimension = dimension
+        self.normalizes = _normalize in self.steps
 
     def __repr__(self) -> str:
         return f"Model({type(self.encoder).__name__}, dimension={self.dimension})"
 
+    def encode(self, texts: list[str]) -> tuple[Any, list[int]]:
+        """The texts' embeddings (a numpy array, a row each) and their token counts,
+        ``_FORWARD_BATCH`` texts a forward pass."""
+        import numpy
+
+        torch = self.torch
+        rows: list[Any] = []
+        counts: list[int] = []
+        with torch.inference_mode():
+            for start in range(0, len(texts), _FORWARD_BATCH):
+                features = self.tokenizer(
+                    texts[start : start + _FORWARD_BATCH],
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_tokens,
+                    return_tensors="pt",
+                )
+                mask = features["attention_mask"]
+                vectors = self.encoder(**features).last_hidden_state
+                for step in self.steps:
+                    vectors = step(vectors, mask)
+                rows.append(vectors.float().numpy())
+                counts += [int(n) for n in mask.sum(dim=1)]
+        if not rows:
+            return numpy.zeros((0, self.dimension), dtype="float32"), []
+        return numpy.concatenate(rows), counts
+
+
+_RENAMED = {"mean_sqrt_len_tokens": "mean_sqrt_len"}
+
+
+class _Pooling:
+    """sentence-transformers' Pooling module: token vectors to one, by the modes its
+    ``config.json`` turns on, concatenated in sentence-transformers' order."""
+
+    _ORDER = (
+        ("pooling_mode_cls_token", "cls"),
+        ("pooling_mode_max_tokens", "max"),
+        ("pooling_mode_mean_tokens", "mean"),
+        ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len"),
+        ("pooling_mode_weightedmean_tokens", "weightedmean"),
+        ("pooling_mode_lasttoken", "lasttoken"),
+    )
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        named = config.get("pooling_mode")  # newer folders name the modes; older set flags
+        if named is not None:
+            wanted = {named} if isinstance(named, str) else set(named)
+            wanted = {_RENAMED.get(mode, mode) for mode in wanted}
+            self.modes = [mode for _, mode in self._ORDER if mode in wanted]
+            unknown = wanted - set(self.modes)
+            if unknown:
+                raise ValueError(f"the Pooling module's mode {sorted(unknown)} is not supported.")
+        else:
+            self.modes = [mode for key, mode in self._ORDER if config.get(key)]
+        if not self.modes:
+            raise ValueError("the Pooling module's config.json turns on no pooling mode.")
+
+    def __call__(self, tokens: Any, mask: Any) -> Any:
+        import torch
+
+        weights = mask.unsqueeze(-1).to(tokens.dtype)
+        count = weights.sum(dim=1).clamp(min=1e-9)
+        out = []
+        for mode in self.modes:
+            if mode == "cls":
+                out.append(tokens[:, 0])
+            elif mode == "max":
+                out.append(tokens.masked_fill(weights == 0, float("-inf")).max(dim=1).values)
+            elif mode == "mean":
+                out.append((tokens * weights).sum(dim=1) / count)
+            elif mode == "mean_sqrt_len":
+                out.append((tokens * weights).sum(dim=1) / count.sqrt())
+            elif mode == "weightedmean":
+                positions = torch.arange(1, tokens.shape[1] + 1, dtype=tokens.dtype)
+                weighted = weights * positions.view(1, -1, 1)
+                out.append((tokens * weighted).sum(dim=1) / weighted.sum(dim=1).clamp(min=1e-9))
+            else:  # lasttoken: the tokenizer pads on the right
+                last = (mask.sum(dim=1) - 1).clamp(min=0)
+                out.append(tokens[torch.arange(tokens.shape[0]), last])
+        return torch.cat(out, dim=-1)
+
+
+class _Dense:
+    """sentence-transformers' Dense module: a linear layer and its activation."""
+
+    def __init__(self, path: Path, torch: Any) -> None:
+        config = _json(path / "config.json")
+        self.out_features = int(config["out_features"])
+        self.linear = torch.nn.Linear(
+            int(config["in_features"]), self.out_features, bias=bool(config.get("bias", True))
+        )
+        weights = path / "model.safetensors"
+        if weights.is_file():
+            from safetensors.torch import load_file
+
+            state = load_file(str(weights))
+        else:
+            state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        self.linear.load_state_dict({k.removeprefix("linear."): v for k, v in state.items()})
+        activation = str(config.get("activation_function", "torch.nn.modules.linear.Identity"))
+        name = activation.rsplit(".", 1)[-1]
+        if name not in ("Identity", "Tanh", "ReLU", "GELU", "Sigmoid"):
+            raise ValueError(f"{path}/config.json: activation {activation} is not supported.")
+        self.activation = getattr(torch.nn, name)()
+
+    def __call__(self, vectors: Any, mask: Any) -> Any:
+        return self.activation(self.linear(vectors))
+
+
+def _normalize(vectors: Any, mask: Any) -> Any:
+    from torch.nn.functional import normalize
+
+    return normalize(vectors, p=2, dim=1)
+
+
+def _modules(folder: Path) -> list[tuple[str, Path]]:
+    """The modules ``modules.json`` lists, by kind and folder; a folder without one is a
+    plain ``transformers`` model, pooled by its mean as sentence-transformers does."""
+    listed = _json(folder / "modules.json", default=None)
+    if listed is None:
+        return [("Transformer", folder), (_MEAN, folder)]
+    return [(str(m["type"]).rsplit(".", 1)[-1], folder / str(m.get("path", ""))) for m in listed]
+
+
+def _json(path: Path, default: Any = None) -> Any:
+    if not path.is_file():
+        return {} if default is None and path.name != "modules.json" else default
+    return json.loads(path.read_text())
+
 
 def load(model_dir: Path) -> Model:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run time
-    from sentence_transformers import SentenceTransformer
+    """The sentence-transformers folder in ``model_dir``, loaded offline.
 
-    return Model(SentenceTransformer(str(model_dir), device="cpu", local_files_only=True))
+    Run with ``transformers`` and ``torch`` alone rather than the sentence-transformers
+    library: the ready handlers need nothing else (DESIGN 2.13). What runs is the
+    pipeline ``modules.json`` lists (Transformer, Pooling, Dense, Normalize), as
+    sentence-transformers runs it; the tests hold the vectors to that library's.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run time
+    return Model(model_dir)
 
 
 def input_fn(data: bytes, content_type: str) -> Embedding:
@@ -98,19 +270,14 @@ def predict_batch_fn(
             continue
         texts += request.texts
         answers.append(_PENDING)
-    vectors = model.encoder.encode(texts, batch_size=_FORWARD_BATCH, convert_to_numpy=True)
-    counts = (
-        model.tokenizer(texts, truncation=True, max_length=model.max_tokens)["input_ids"]
-        if texts
-        else []
-    )
+    vectors, counts = model.encode(texts)
     at = 0
     for n, request in enumerate(requests):
         if answers[n] is not _PENDING:
             continue
         size = len(request.texts)
         rows = vectors[at : at + size]
-        tokens = sum(len(c) for c in counts[at : at + size])
+        tokens = sum(counts[at : at + size])
         at += size
         if request.dimensions is not None and request.dimensions < model.dimension:
             rows = rows[:, : request.dimensions]
