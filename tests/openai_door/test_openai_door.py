@@ -43,6 +43,7 @@ pytestmark = [
 ]
 
 SCRIPT = Path(__file__).parent / "script"
+ITEMS = Path(__file__).parent / "items"
 QUESTION = [{"role": "user", "content": "Hello! How are you today?"}]
 
 
@@ -67,9 +68,10 @@ def door(tmp_path_factory: pytest.TempPathFactory, tiny_folder: Path) -> Iterato
         embeddings = {"SHIPYARD_TASK": "embeddings", "SHIPYARD_MAX_BATCH_SIZE": "8"}
         deploy(sm, "embed", minilm, environment=embeddings, wait=False)
         deploy(sm, "script", SCRIPT.as_uri(), wait=False)
+        deploy(sm, "items", ITEMS.as_uri(), wait=False)
         component_endpoint(sm, "ic-host", count=1)
         create_component(sm, "tiny-ic", "ic-host", copies=1, model="tiny")
-        for name in ("tiny", "embed", "script"):
+        for name in ("tiny", "embed", "script", "items"):
             sm.get_waiter("endpoint_in_service").wait(
                 EndpointName=name, WaiterConfig={"Delay": 0.5, "MaxAttempts": 240}
             )
@@ -364,6 +366,14 @@ def test_a_model_failing_mid_stream_ends_with_an_error_event(door: GatewayProces
     assert b"[DONE]" not in raw
     done = _post_raw(door, {"model": "script", "stream": True, "count": 2})
     assert done.endswith(b"data: [DONE]\n\n") and done.count(b"data: ") == 4
+
+
+def test_each_item_a_generator_yields_is_one_event(door: GatewayProcess) -> None:
+    client = openai_client(door)
+    chunks = list(client.chat.completions.create(model="items", messages=QUESTION, stream=True))
+    assert [c.choices[0].delta.content for c in chunks] == ["one", " two", " three"]
+    whole = client.chat.completions.create(model="items", messages=QUESTION)
+    assert whole.choices[0].message.content == "one two three"
 
 
 def test_a_client_leaving_mid_stream_closes_the_generator(

@@ -27,6 +27,15 @@ def test_lines_become_events_whatever_the_chunks() -> None:
     assert events == b'data: {"a": 1}\n\ndata: {"b": 2}\n\ndata: {"c": 3}\n\ndata: [DONE]\n\n'
 
 
+def test_a_chunk_that_is_one_object_is_one_event() -> None:
+    framing = SseFraming()
+    events = [b"".join(framing.parts(c)) for c in (b'{"a": 1}', b'{"b": {"c": 2}}')]
+    assert events == [b'data: {"a": 1}\n\n', b'data: {"b": {"c": 2}}\n\n']
+    # a piece of an object is held until its line ends, even if it ends with "}"
+    assert list(framing.parts(b'{"x": {"y": 1}')) == []
+    assert b"".join(framing.parts(b"}\n")) == b'data: {"x": {"y": 1}}\n\n'
+
+
 def test_a_model_speaking_sse_is_framed_once() -> None:
     framing = SseFraming()
     sent = b'data: {"a": 1}\n\ndata:{"b": 2}\n\ndata: [DONE]\n\n'
@@ -50,10 +59,10 @@ def test_a_line_past_the_limit_fails_the_stream(monkeypatch: pytest.MonkeyPatch)
 
 def test_a_failure_is_the_last_event_and_flushes_the_partial_line() -> None:
     framing = SseFraming()
-    assert list(framing.parts(b'{"a": 1}')) == []
+    assert list(framing.parts(b"[1, 2]")) == []  # no line's end, no object: held
     end = framing.failure("StreamBroken", "The model failed mid-stream: boom")
     first, second, rest = end.split(b"\n\n")
-    assert first == b'data: {"a": 1}' and rest == b""
+    assert first == b"data: [1, 2]" and rest == b""
     error = json.loads(second.removeprefix(b"data: "))["error"]
     assert error["code"] == "StreamBroken" and "boom" in error["message"]
 

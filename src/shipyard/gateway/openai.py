@@ -255,7 +255,8 @@ class SseFraming:
     event, ``data: [DONE]`` at the end, a failure as a last ``data: {"error": ...}``.
 
     The model's chunks need not end on a line: a partial line waits for the rest (held
-    as its pieces, so a long line costs its length once), up to MAX_LINE_BYTES. A
+    as its pieces, so a long line costs its length once), up to MAX_LINE_BYTES; a chunk
+    that is one whole JSON object is one event (the built-in runtime's item). A
     model that already speaks SSE (its lines begin ``data:``, its last is ``[DONE]``)
     is framed once, not twice."""
 
@@ -276,6 +277,8 @@ class SseFraming:
 
     def parts(self, chunk: bytes) -> Iterable[bytes]:
         if b"\n" not in chunk:
+            if not self._pieces and _one_object(chunk):
+                return (_event(chunk),)  # one item a generator yielded, encoded whole
             self._hold(chunk)
             return ()
         first, *lines, rest = chunk.split(b"\n")
@@ -311,6 +314,19 @@ class SseFraming:
         self._pieces.clear()
         self._held = 0
         return _event(rest)
+
+
+def _one_object(chunk: bytes) -> bool:
+    """Whether ``chunk`` is one whole JSON object: the built-in runtime sends each item a
+    model's generator yields as one chunk, encoded without a line's end (the routing
+    client keeps the instance's chunks whole)."""
+    stripped = chunk.strip()
+    if not (stripped.startswith(b"{") and stripped.endswith(b"}")):
+        return False
+    try:
+        return isinstance(json.loads(stripped), dict)
+    except ValueError:
+        return False
 
 
 def _event(line: bytes) -> bytes:
