@@ -209,16 +209,15 @@ def _normalize(vectors: Any, mask: Any) -> Any:
 def _modules(folder: Path) -> list[tuple[str, Path]]:
     """The modules ``modules.json`` lists, by kind and folder; a folder without one is a
     plain ``transformers`` model, pooled by its mean as sentence-transformers does."""
-    listed = _json(folder / "modules.json", default=None)
-    if listed is None:
+    if not (folder / "modules.json").is_file():
         return [("Transformer", folder), (_MEAN, folder)]
+    listed = _json(folder / "modules.json")
     return [(str(m["type"]).rsplit(".", 1)[-1], folder / str(m.get("path", ""))) for m in listed]
 
 
-def _json(path: Path, default: Any = None) -> Any:
-    if not path.is_file():
-        return {} if default is None and path.name != "modules.json" else default
-    return json.loads(path.read_text())
+def _json(path: Path) -> Any:
+    """A folder's JSON file; an empty object when the folder has none."""
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def load(model_dir: Path) -> Model:

@@ -547,7 +547,7 @@ class Answer:
         self.model = request.get("model") if isinstance(request.get("model"), str) else ""
         self.object = "chat.completion" if chat else "text_completion"
         self.echo = not chat and request.get("echo") is True
-        self.usage = {"prompt_tokens": sum(len(p) for p in prompts), "completion_tokens": 0}
+        self.prompt_tokens = sum(len(p) for p in prompts)
         self.wants_logprobs = sequences[0].sampling.top_logprobs is not None
         self.prompt_text = (
             [engine.tokenizer.decode(p, skip_special_tokens=True) for p in prompts]
@@ -638,7 +638,7 @@ class Answer:
         }
 
     def _usage(self, completion: int) -> dict[str, int]:
-        prompt = self.usage["prompt_tokens"]
+        prompt = self.prompt_tokens
         return {
             "prompt_tokens": prompt,
             "completion_tokens": completion,

@@ -89,7 +89,7 @@ def unsupported(request: dict[str, Any], *names: str) -> None:
     """Refuse what shipyard's handlers do not do (tools, function calls), by name."""
     for name in names:
         value = request.get(name)
-        if value not in (None, [], {}, "none", "auto") or (name == "tools" and value):
+        if value not in (None, [], {}, "none", "auto"):
             raise InvalidRequest(
                 f"{name}: not supported by shipyard's text generation handler (no tools or "
                 "function calling)."
