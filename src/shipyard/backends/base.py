@@ -150,6 +150,13 @@ class InstanceHandle(Protocol):
         """``http://host:port`` where the instance serves the container contract."""
         ...
 
+    @property
+    def socket_path(self) -> str | None:
+        """A Unix socket on the gateway's host where the instance also serves, for the
+        gateway that started it (cheaper than the TCP port; backends/local.py); None:
+        ``url`` only."""
+        ...
+
 
 class Backend(Protocol):
     """Starts, stops and locates instances.

@@ -114,6 +114,8 @@ class ContainerInstance:
     stats: tuple[float, dict[str, Any]] | None = field(default=None, repr=False)
     """The engine's last stats of it and when (monotonic): memory and CPU are asked for
     one after the other, and one engine call answers both."""
+    socket_path: str | None = None
+    """Containers are reached on their published port only."""
 
     def __repr__(self) -> str:
         return f"ContainerInstance(id={self.instance_id!r}, name={self.name!r}, url={self.url!r})"

@@ -14,6 +14,12 @@ a link or from a FIFO (job_contract.py ``open_untrusted``), and keeps what it mu
 outside them: a sandboxed runner's bwrap is recorded beside its working folder
 (``<attempt>.sandbox``, its PID and start time), never found by a name or a command
 line, which any process can take.
+
+A built-in runtime instance also serves on a Unix socket of its own, in a folder only
+this user reads (``<temp>/shipyard-*/<port>/s``), and the gateway that started it sends
+its requests there (routing/client.py): on one host that costs both processes less than
+TCP on loopback. Its TCP port stays what the container contract and ``/ping`` use, and
+what every other gateway reads from the store.
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ import functools
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,18 +94,27 @@ class LocalInstance:
     log_path: Path | None
     sandboxed: bool = False
     """Whether ``process`` is the ``bwrap`` of a sandbox (backends/sandbox.py)."""
+    socket_path: str | None = None
+    """The Unix socket the instance also serves on (see the module); None: none."""
 
     def __repr__(self) -> str:
         return f"LocalInstance(id={self.instance_id!r}, pid={self.process.pid}, url={self.url!r})"
 
 
 def _command(
-    spec: InstanceSpec, kind: str, port: int, where: list[str], error_file: Path
+    spec: InstanceSpec,
+    kind: str,
+    port: int,
+    where: list[str],
+    error_file: Path,
+    unix_socket: Path | None = None,
 ) -> list[str]:
     """The command of an instance: the built-in runtime, or ``shipyard.launch`` running
     a ``cmd:`` image's command; ``where`` says where its model is."""
     if kind == "python":
         argv = [sys.executable, "-m", "shipyard.runtime", "--port", str(port)]
+        if unix_socket is not None:
+            argv += ["--unix-socket", str(unix_socket)]
         return [*argv, *where, "--error-file", str(error_file)]
     argv = [sys.executable, "-m", "shipyard.launch", *where, "--error-file", str(error_file)]
     return [*argv, "--", "/bin/sh", "-c", spec.image.removeprefix("cmd:")]
@@ -143,6 +160,8 @@ class LocalBackend:
         """Fetches a sandboxed instance's model in the gateway's process, with
         ``auth.file_roots`` enforced; None: one with the gateway's S3 endpoint only."""
         """Runs the instances whose Image is a container image (backends/containers.py)."""
+        self._sockets: Path | None = None
+        """The folder of the instances' Unix sockets, made on first use."""
 
     def __repr__(self) -> str:
         return f"LocalBackend(run_dir={str(self.run_dir)!r}, sandbox={self.sandbox!r})"
@@ -168,11 +187,12 @@ class LocalBackend:
         env["SHIPYARD_INSTANCE_ID"] = spec.instance_id
         env["SAGEMAKER_BIND_TO_PORT"] = str(port)
         cwd = spec.workdir or home
+        unix_socket = self._unix_socket(port) if kind == "python" else None
         if self.sandbox is not None:
-            argv = await self._sandboxed(spec, kind, port, env, error_file, home)
+            argv = await self._sandboxed(spec, kind, port, env, error_file, home, unix_socket)
             process = self._popen(argv, env, cwd, spec)
         else:
-            process = self._start_process(spec, kind, port, env, error_file, cwd)
+            process = self._start_process(spec, kind, port, env, error_file, cwd, unix_socket)
         (self.run_dir / f"{spec.instance_id}.pid").write_text(str(process.pid))
         log.info("started instance %s pid %s on port %s", spec.instance_id, process.pid, port)
         return LocalInstance(
@@ -182,7 +202,22 @@ class LocalBackend:
             error_file=error_file,
             log_path=spec.log_path,
             sandboxed=self.sandbox is not None,
+            socket_path=None if unix_socket is None else str(unix_socket),
         )
+
+    def _unix_socket(self, port: int) -> Path | None:
+        """Where the instance on ``port`` serves its Unix socket: a folder of its own (a
+        sandbox is shown that folder alone) in this backend's; None where the temporary
+        folder's path is too long for a socket's address (108 bytes)."""
+        if self._sockets is None:
+            self._sockets = Path(tempfile.mkdtemp(prefix="shipyard-"))  # mode 0700
+        folder = self._sockets / str(port)
+        path = folder / "s"
+        if len(os.fsencode(path)) >= 100:
+            return None
+        shutil.rmtree(folder, ignore_errors=True)  # an earlier instance's on this port
+        folder.mkdir(mode=0o700)
+        return path
 
     def _start_process(
         self,
@@ -192,6 +227,7 @@ class LocalBackend:
         env: dict[str, str],
         error_file: Path,
         cwd: Path,
+        unix_socket: Path | None,
     ) -> subprocess.Popen[bytes]:
         """Start the instance unsandboxed, from a warm spare when it may."""
         # The model folder: the instance's own, or the artifact fetched by the instance
@@ -205,7 +241,7 @@ class LocalBackend:
             where = ["--model-cache", str(self.models_dir)]
             if spec.model_url:
                 where += ["--model-url", spec.model_url]
-        argv = _command(spec, kind, port, where, error_file)
+        argv = _command(spec, kind, port, where, error_file, unix_socket)
         warm = (
             kind == "python"
             and spec.warm
@@ -228,6 +264,7 @@ class LocalBackend:
         env: dict[str, str],
         error_file: Path,
         home: Path,
+        unix_socket: Path | None,
     ) -> list[str]:
         """The ``bwrap`` command of a sandboxed instance.
 
@@ -257,7 +294,9 @@ class LocalBackend:
         else:
             model = await asyncio.to_thread(self._fetch, spec)
             where = ["--model-dir", str(MODEL_DIR)]
-        argv = _command(spec, kind, port, where, error_file)
+        if unix_socket is not None:
+            writable.append(unix_socket.parent)
+        argv = _command(spec, kind, port, where, error_file, unix_socket)
         return self.sandbox.wrap(
             argv, chdir=spec.workdir or home, writable=writable, readonly=readonly, model=model
         )
@@ -375,6 +414,8 @@ class LocalBackend:
             except subprocess.TimeoutExpired:
                 _signal_group(process.pid, signal.SIGKILL)
                 process.wait()
+        if self._sockets is not None:
+            shutil.rmtree(self._sockets, ignore_errors=True)
 
     def _empty_model_dir(self) -> Path:
         empty = self.models_dir / "_empty"
@@ -402,6 +443,8 @@ class LocalBackend:
             _signal_group(process.pid, signal.SIGKILL)
         handle.error_file.unlink(missing_ok=True)
         (self.run_dir / f"{handle.instance_id}.pid").unlink(missing_ok=True)
+        if handle.socket_path is not None:
+            shutil.rmtree(Path(handle.socket_path).parent, ignore_errors=True)
 
     def stop_leftovers(self) -> list[int]:
         """Kill the instances an earlier gateway on this home left running; their PIDs.

@@ -94,6 +94,8 @@ class RayInstance:
     log_copied: int = 0
     """Bytes of this process's log copied so far."""
     reason: str | None = None
+    socket_path: str | None = None
+    """A Ray instance may run on another node: reached on its port only."""
 
     def __repr__(self) -> str:
         return f"RayInstance(id={self.instance_id!r}, pid={self.pid}, url={self.url!r})"

@@ -128,6 +128,8 @@ class GroupHandle:
     """The first container's: what the group answers on for any other path."""
     members: tuple[InstanceHandle, ...]
     spec: GroupSpec
+    socket_path: str | None = None
+    """A group is reached through its containers' ports (attach)."""
 
     def __repr__(self) -> str:
         return f"GroupHandle(id={self.instance_id!r}, containers={list(self.spec.names)})"

@@ -495,6 +495,7 @@ class Provisioner:
             slot.variant,
             handle.url,
             concurrency=instance_concurrency(slot.spec),
+            socket_path=handle.socket_path,
         )
         if isinstance(handle, GroupHandle):
             handle.attach(instance)

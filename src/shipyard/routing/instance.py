@@ -21,6 +21,9 @@ class Instance:
     ``models`` is, on a multi-model route, the TargetModels the gateway believes the
     instance holds in memory (or is loading), least recently used first; learned from its
     answers (routing/multimodel.py), so it may be briefly out of date. Empty otherwise.
+
+    ``socket_path``: a Unix socket on this host where the instance also serves, which
+    its requests then take (routing/client.py); its ``url`` stays what others see.
     """
 
     __slots__ = (
@@ -42,7 +45,13 @@ class Instance:
     )
 
     def __init__(
-        self, instance_id: str, variant: str, url: str, *, concurrency: int | None = None
+        self,
+        instance_id: str,
+        variant: str,
+        url: str,
+        *,
+        concurrency: int | None = None,
+        socket_path: str | None = None,
     ) -> None:
         parts = urlsplit(url)
         self.instance_id = instance_id
@@ -54,7 +63,9 @@ class Instance:
         """A moving average of the time it takes per request it works on: an answer's
         latency shared among the requests it had in flight when that one was sent, which
         on an instance that works on one at a time were served one after the other."""
-        self.pool = ConnectionPool(parts.hostname or "127.0.0.1", parts.port or 80)
+        self.pool = ConnectionPool(
+            parts.hostname or "127.0.0.1", parts.port or 80, socket_path=socket_path
+        )
         self.in_flight = 0
         self.healthy = True
         self.models: dict[str, None] = {}

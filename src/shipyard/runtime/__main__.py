@@ -67,6 +67,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument(
+        "--unix-socket",
+        type=Path,
+        help="also serve on this Unix socket (the gateway's way in; /ping stays on the port)",
+    )
+    parser.add_argument(
         "--error-file", type=Path, help="where to write '<ExcType>: <message>' if start fails"
     )
     return parser.parse_args(argv)
@@ -80,11 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     cache: Path = args.model_cache or Path(tempfile.mkdtemp(prefix="shipyard-model-"))
     fetched: dict[Path, str] = {}  # host folder -> the URI the user gave
-    sock = None
+    sock = unix_sock = None
     try:
         # The port first: the gateway chose it free a moment ago, and a model that takes
         # seconds to load would leave it free for another process to take meanwhile.
         sock = server.bind(args.host, args.port)
+        if args.unix_socket is not None:
+            unix_sock = server.bind_unix(args.unix_socket)
         model_dir: Path = args.model_dir or _fetch(args.model_url, cache, os.environ)
         if args.model_url:
             fetched[model_dir] = args.model_url
@@ -96,12 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         log.exception("could not start the model in %s", args.model_dir or args.model_url)
         launch.write_reason(args.error_file, exc, fetched=fetched)
-        if sock is not None:
-            sock.close()
+        for bound in (sock, unix_sock):
+            if bound is not None:
+                bound.close()
         return 1
     heap.settle()  # the model is loaded: later collections need not walk it
     log.info("serving %r on %s:%s", app, args.host, args.port)
-    server.serve(app, sock)
+    server.serve(app, sock, unix_sock)
     return 0
 
 

@@ -21,8 +21,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import socket
 from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import unquote
 
@@ -335,11 +337,30 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(app: App, sock: socket.socket) -> None:
-    """Serve ``app`` (a RuntimeApp, or a MultiModelApp) on ``sock`` until SIGINT or SIGTERM.
+def bind_unix(path: Path) -> socket.socket:
+    """A Unix socket bound at ``path``, readable and writable by this user alone.
+
+    The gateway that started the instance sends invocations here (backends/local.py
+    chooses the path in a folder of its own); a file left at ``path`` by an earlier
+    process is replaced.
+    """
+    path.unlink(missing_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+        os.chmod(path, 0o600)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def serve(app: App, sock: socket.socket, unix_sock: socket.socket | None = None) -> None:
+    """Serve ``app`` (a RuntimeApp, or a MultiModelApp) on ``sock``, and on ``unix_sock``
+    when given, until SIGINT or SIGTERM.
 
     When the app runs its handlers inline, a PingStandby answers ``/ping`` on ``sock``
-    while one of them holds the loop.
+    while one of them holds the loop; requests on ``unix_sock`` wait for the loop.
     """
     config = uvicorn.Config(
         app,
@@ -357,7 +378,10 @@ def serve(app: App, sock: socket.socket) -> None:
     )
     runner = getattr(app, "threads", None)
     standby = PingStandby(sock, runner) if isinstance(runner, Inline) else None
-    _Server(config, standby).run(sockets=[sock])
+    # The Unix socket listens first: the gateway sends requests there only once ``sock``
+    # has answered a ping.
+    sockets = [sock] if unix_sock is None else [unix_sock, sock]
+    _Server(config, standby).run(sockets=sockets)
 
 
 class _Server(uvicorn.Server):

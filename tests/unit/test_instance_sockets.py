@@ -1,0 +1,164 @@
+"""A built-in runtime instance on this host also serves on a Unix socket, and the
+gateway's requests to it take that socket (backends/local.py, routing/client.py).
+
+Real instance processes (plain, and in a bubblewrap sandbox where bwrap is installed),
+real requests through the gateway's connection pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+
+from shipyard.backends.base import InstanceSpec
+from shipyard.backends.local import LocalBackend, LocalInstance
+from shipyard.backends.sandbox import Sandbox
+from shipyard.routing.instance import Instance
+
+ECHO = """
+def transform_fn(model, body, content_type, accept):
+    return b"echo:" + body, "text/plain"
+"""
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    folder = tmp_path / "model"
+    (folder / "code").mkdir(parents=True)
+    (folder / "code" / "inference.py").write_text(ECHO)
+    return folder
+
+
+async def _started(backend: LocalBackend, spec: InstanceSpec) -> tuple[LocalInstance, Instance]:
+    handle = await backend.start(spec)
+    assert isinstance(handle, LocalInstance)
+    instance = Instance(spec.instance_id, "v", handle.url, socket_path=handle.socket_path)
+
+    async def pinged() -> bool:
+        try:
+            return (await instance.pool.ping()).status == 200
+        except Exception:
+            return False
+
+    for _ in range(600):
+        if await pinged():
+            return handle, instance
+        assert handle.process.poll() is None, "the instance exited"
+        await asyncio.sleep(0.05)
+    raise AssertionError("the instance did not answer /ping within 30 s")
+
+
+def _families(instance: Instance) -> set[int]:
+    """The address families of the pool's idle connections."""
+    return {
+        conn.transport.get_extra_info("socket").family  # type: ignore[union-attr]
+        for conn in instance.pool._idle
+    }
+
+
+async def _invoke(instance: Instance, body: bytes) -> bytes:
+    response = await instance.pool.request(
+        b"POST", b"/invocations", [(b"Content-Type", b"text/plain")], body
+    )
+    assert response.status == 200, response.body
+    return response.body
+
+
+def test_requests_take_the_instance_socket_and_go_on_over_tcp_without_it(
+    tmp_path: Path, model: Path
+) -> None:
+    backend = LocalBackend(run_dir=tmp_path / "run")
+
+    async def main() -> None:
+        handle, instance = await _started(
+            backend, InstanceSpec("i-1", "shipyard/python", model_url=str(model))
+        )
+        try:
+            assert handle.socket_path is not None
+            path = Path(handle.socket_path)
+            assert stat.S_ISSOCK(path.stat().st_mode)
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600
+            assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+            assert stat.S_IMODE(path.parent.parent.stat().st_mode) == 0o700
+
+            answers = await asyncio.gather(*(_invoke(instance, b"%d" % n) for n in range(8)))
+            assert answers == [b"echo:%d" % n for n in range(8)]
+            assert _families(instance) == {socket.AF_UNIX}
+
+            # The socket gone (say, its folder cleaned away): the pool goes on over TCP.
+            instance.pool.close()
+            path.unlink()
+            assert await _invoke(instance, b"after") == b"echo:after"
+            assert instance.pool.socket_path is None
+            assert _families(instance) == {socket.AF_INET}
+        finally:
+            instance.pool.close()
+            await backend.stop(handle)
+        assert not path.parent.exists(), "a stopped instance's socket folder is removed"
+
+    try:
+        asyncio.run(main())
+    finally:
+        backend.close()
+
+
+def test_a_cmd_server_is_reached_on_its_port_alone(tmp_path: Path) -> None:
+    """A ``cmd:`` image's server listens where the container contract says, no more."""
+    backend = LocalBackend(run_dir=tmp_path / "run")
+
+    async def main() -> None:
+        handle = await backend.start(InstanceSpec("i-2", "cmd:sleep 30"))
+        try:
+            assert handle.socket_path is None
+        finally:
+            await backend.stop(handle)
+
+    try:
+        asyncio.run(main())
+    finally:
+        backend.close()
+
+
+@pytest.mark.skipif(
+    shutil.which("bwrap") is None,
+    reason="bubblewrap (bwrap) is not installed; make install-dev installs it",
+)
+def test_a_sandboxed_instance_serves_on_its_socket_too(tmp_path: Path, model: Path) -> None:
+    sandbox = Sandbox.create(file_roots=[model], hidden=[tmp_path / "home"], environ=os.environ)
+    backend = LocalBackend(run_dir=tmp_path / "home" / "run", sandbox=sandbox)
+
+    async def main() -> None:
+        handle, instance = await _started(
+            backend, InstanceSpec("i-3", "shipyard/python", model_url=str(model))
+        )
+        try:
+            assert handle.socket_path is not None
+            assert await _invoke(instance, b"boxed") == b"echo:boxed"
+            assert _families(instance) == {socket.AF_UNIX}
+        finally:
+            instance.pool.close()
+            await backend.stop(handle)
+
+    try:
+        asyncio.run(main())
+    finally:
+        backend.close()
+
+
+def test_a_socket_path_too_long_for_an_address_leaves_tcp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(deep))
+    backend = LocalBackend(run_dir=tmp_path / "run")
+    try:
+        assert backend._unix_socket(12345) is None
+    finally:
+        backend.close()
