@@ -15,11 +15,15 @@ outside them: a sandboxed runner's bwrap is recorded beside its working folder
 (``<attempt>.sandbox``, its PID and start time), never found by a name or a command
 line, which any process can take.
 
-A built-in runtime instance also serves on a Unix socket of its own, in a folder only
-this user reads (``<temp>/shipyard-*/<port>/s``), and the gateway that started it sends
-its requests there (routing/client.py): on one host that costs both processes less than
-TCP on loopback. Its TCP port stays what the container contract and ``/ping`` use, and
-what every other gateway reads from the store.
+A built-in runtime instance also serves on a Unix socket, and the gateway that started
+it sends its requests there (routing/client.py): on one host that costs both processes
+less than TCP on loopback. The backend binds the socket itself, in a folder only the
+gateway's user reads and no sandbox is shown (``<temp>/shipyard-*/<port>.sock``), and
+hands the instance the bound socket (``--unix-socket-fd``): the instance never names,
+creates or replaces a file there, so it cannot point the gateway's connections anywhere
+else. Its TCP port stays what the container contract and ``/ping`` use, and what every
+other gateway reads from the store. An instance taken from a warm spare (started before
+its socket) is reached on its port.
 """
 
 from __future__ import annotations
@@ -107,17 +111,26 @@ def _command(
     port: int,
     where: list[str],
     error_file: Path,
-    unix_socket: Path | None = None,
+    unix: _UnixListener | None = None,
 ) -> list[str]:
     """The command of an instance: the built-in runtime, or ``shipyard.launch`` running
     a ``cmd:`` image's command; ``where`` says where its model is."""
     if kind == "python":
         argv = [sys.executable, "-m", "shipyard.runtime", "--port", str(port)]
-        if unix_socket is not None:
-            argv += ["--unix-socket", str(unix_socket)]
+        if unix is not None:
+            argv += ["--unix-socket-fd", str(unix.sock.fileno())]
         return [*argv, *where, "--error-file", str(error_file)]
     argv = [sys.executable, "-m", "shipyard.launch", *where, "--error-file", str(error_file)]
     return [*argv, "--", "/bin/sh", "-c", spec.image.removeprefix("cmd:")]
+
+
+@dataclass(slots=True)
+class _UnixListener:
+    """An instance's Unix socket, bound by the backend: its path, and the socket until
+    the instance's process holds it."""
+
+    path: Path
+    sock: socket.socket
 
 
 def _free_port() -> int:
@@ -187,12 +200,23 @@ class LocalBackend:
         env["SHIPYARD_INSTANCE_ID"] = spec.instance_id
         env["SAGEMAKER_BIND_TO_PORT"] = str(port)
         cwd = spec.workdir or home
-        unix_socket = self._unix_socket(port) if kind == "python" else None
-        if self.sandbox is not None:
-            argv = await self._sandboxed(spec, kind, port, env, error_file, home, unix_socket)
-            process = self._popen(argv, env, cwd, spec)
-        else:
-            process = self._start_process(spec, kind, port, env, error_file, cwd, unix_socket)
+        from_spare = self.sandbox is None and self._warm(kind, spec, env)
+        unix = self._unix_listener(port) if kind == "python" and not from_spare else None
+        try:
+            if self.sandbox is not None:
+                argv = await self._sandboxed(spec, kind, port, env, error_file, home, unix)
+                process = self._popen(argv, env, cwd, spec, unix)
+            else:
+                process = self._start_process(
+                    spec, kind, port, env, error_file, cwd, unix, from_spare
+                )
+        except BaseException:
+            if unix is not None:
+                unix.path.unlink(missing_ok=True)
+            raise
+        finally:
+            if unix is not None:
+                unix.sock.close()  # the instance holds its own
         (self.run_dir / f"{spec.instance_id}.pid").write_text(str(process.pid))
         log.info("started instance %s pid %s on port %s", spec.instance_id, process.pid, port)
         return LocalInstance(
@@ -202,22 +226,37 @@ class LocalBackend:
             error_file=error_file,
             log_path=spec.log_path,
             sandboxed=self.sandbox is not None,
-            socket_path=None if unix_socket is None else str(unix_socket),
+            socket_path=None if unix is None else str(unix.path),
         )
 
-    def _unix_socket(self, port: int) -> Path | None:
-        """Where the instance on ``port`` serves its Unix socket: a folder of its own (a
-        sandbox is shown that folder alone) in this backend's; None where the temporary
-        folder's path is too long for a socket's address (108 bytes)."""
+    def _unix_listener(self, port: int) -> _UnixListener | None:
+        """The Unix socket of the instance on ``port``, bound (readable and writable by
+        this user alone) in this backend's folder; None where the temporary folder's
+        path is too long for a socket's address (108 bytes) or it cannot be bound."""
         if self._sockets is None:
             self._sockets = Path(tempfile.mkdtemp(prefix="shipyard-"))  # mode 0700
-        folder = self._sockets / str(port)
-        path = folder / "s"
+        path = self._sockets / f"{port}.sock"
         if len(os.fsencode(path)) >= 100:
             return None
-        shutil.rmtree(folder, ignore_errors=True)  # an earlier instance's on this port
-        folder.mkdir(mode=0o700)
-        return path
+        path.unlink(missing_ok=True)  # an earlier instance's on this port
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(str(path))
+            os.chmod(path, 0o600)
+        except OSError as exc:
+            sock.close()
+            log.warning("no Unix socket for the instance on port %s: %s", port, exc)
+            return None
+        return _UnixListener(path, sock)
+
+    def _warm(self, kind: str, spec: InstanceSpec, env: dict[str, str]) -> bool:
+        """Whether an unsandboxed instance is to start from a warm spare."""
+        return (
+            kind == "python"
+            and spec.warm
+            and self.warm_spares > 0
+            and spare.can_become(self._spare_environment(), env)
+        )
 
     def _start_process(
         self,
@@ -227,7 +266,8 @@ class LocalBackend:
         env: dict[str, str],
         error_file: Path,
         cwd: Path,
-        unix_socket: Path | None,
+        unix: _UnixListener | None,
+        warm: bool,
     ) -> subprocess.Popen[bytes]:
         """Start the instance unsandboxed, from a warm spare when it may."""
         # The model folder: the instance's own, or the artifact fetched by the instance
@@ -241,15 +281,9 @@ class LocalBackend:
             where = ["--model-cache", str(self.models_dir)]
             if spec.model_url:
                 where += ["--model-url", spec.model_url]
-        argv = _command(spec, kind, port, where, error_file, unix_socket)
-        warm = (
-            kind == "python"
-            and spec.warm
-            and self.warm_spares > 0
-            and spare.can_become(self._spare_environment(), env)
-        )
+        argv = _command(spec, kind, port, where, error_file, unix)
         if not warm:
-            return self._popen(argv, env, cwd, spec)
+            return self._popen(argv, env, cwd, spec, unix)
         env[spare.IMPORTS_FILE] = str(self._imports_file)
         process = self._from_spare(argv[3:], env, cwd, spec.log_path)
         # Later: a spare importing now would take the CPU the new instance needs.
@@ -264,7 +298,7 @@ class LocalBackend:
         env: dict[str, str],
         error_file: Path,
         home: Path,
-        unix_socket: Path | None,
+        unix: _UnixListener | None,
     ) -> list[str]:
         """The ``bwrap`` command of a sandboxed instance.
 
@@ -294,9 +328,7 @@ class LocalBackend:
         else:
             model = await asyncio.to_thread(self._fetch, spec)
             where = ["--model-dir", str(MODEL_DIR)]
-        if unix_socket is not None:
-            writable.append(unix_socket.parent)
-        argv = _command(spec, kind, port, where, error_file, unix_socket)
+        argv = _command(spec, kind, port, where, error_file, unix)
         return self.sandbox.wrap(
             argv, chdir=spec.workdir or home, writable=writable, readonly=readonly, model=model
         )
@@ -319,7 +351,12 @@ class LocalBackend:
             ) from exc
 
     def _popen(
-        self, argv: list[str], env: dict[str, str], cwd: Path, spec: InstanceSpec
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: Path,
+        spec: InstanceSpec,
+        unix: _UnixListener | None = None,
     ) -> subprocess.Popen[bytes]:
         out = open(spec.log_path, "ab") if spec.log_path else subprocess.DEVNULL
         try:
@@ -327,6 +364,7 @@ class LocalBackend:
                 argv,
                 env=env,
                 cwd=cwd,
+                pass_fds=() if unix is None else (unix.sock.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -444,7 +482,7 @@ class LocalBackend:
         handle.error_file.unlink(missing_ok=True)
         (self.run_dir / f"{handle.instance_id}.pid").unlink(missing_ok=True)
         if handle.socket_path is not None:
-            shutil.rmtree(Path(handle.socket_path).parent, ignore_errors=True)
+            Path(handle.socket_path).unlink(missing_ok=True)
 
     def stop_leftovers(self) -> list[int]:
         """Kill the instances an earlier gateway on this home left running; their PIDs.

@@ -67,9 +67,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument(
-        "--unix-socket",
-        type=Path,
-        help="also serve on this Unix socket (the gateway's way in; /ping stays on the port)",
+        "--unix-socket-fd",
+        type=int,
+        help="also serve on this bound Unix socket, inherited (the gateway's way in)",
     )
     parser.add_argument(
         "--error-file", type=Path, help="where to write '<ExcType>: <message>' if start fails"
@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         # The port first: the gateway chose it free a moment ago, and a model that takes
         # seconds to load would leave it free for another process to take meanwhile.
         sock = server.bind(args.host, args.port)
-        if args.unix_socket is not None:
-            unix_sock = server.bind_unix(args.unix_socket)
+        if args.unix_socket_fd is not None:
+            unix_sock = server.unix_listener(args.unix_socket_fd)
         model_dir: Path = args.model_dir or _fetch(args.model_url, cache, os.environ)
         if args.model_url:
             fetched[model_dir] = args.model_url

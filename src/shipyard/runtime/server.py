@@ -21,10 +21,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import socket
 from collections.abc import Awaitable, Callable, MutableMapping
-from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import unquote
 
@@ -337,21 +335,13 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def bind_unix(path: Path) -> socket.socket:
-    """A Unix socket bound at ``path``, readable and writable by this user alone.
-
-    The gateway that started the instance sends invocations here (backends/local.py
-    chooses the path in a folder of its own); a file left at ``path`` by an earlier
-    process is replaced.
-    """
-    path.unlink(missing_ok=True)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(str(path))
-        os.chmod(path, 0o600)
-    except BaseException:
+def unix_listener(fd: int) -> socket.socket:
+    """The bound Unix socket inherited as ``fd``: the gateway that started the instance
+    bound it in a folder of its own and sends invocations there (backends/local.py)."""
+    sock = socket.socket(fileno=fd)
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
         sock.close()
-        raise
+        raise ValueError(f"--unix-socket-fd {fd} is not a Unix stream socket.")
     return sock
 
 
