@@ -114,6 +114,32 @@ def test_requests_take_the_instance_socket_and_go_on_over_tcp_without_it(
         backend.close()
 
 
+def test_an_instance_from_a_warm_spare_is_handed_its_socket(tmp_path: Path, model: Path) -> None:
+    """A spare was started before the socket existed: the socket travels to it with its
+    work, over the socket pair the spare waits on."""
+    backend = LocalBackend(run_dir=tmp_path / "run", warm_spares=1)
+
+    async def main() -> None:
+        backend._refill()
+        (spare_pid,) = [s.process.pid for s in backend._spares]
+        handle, instance = await _started(
+            backend, InstanceSpec("i-4", "shipyard/python", model_url=str(model), warm=True)
+        )
+        try:
+            assert handle.process.pid == spare_pid, "the spare became the instance"
+            assert handle.socket_path is not None
+            assert await _invoke(instance, b"warm") == b"echo:warm"
+            assert _families(instance) == {socket.AF_UNIX}
+        finally:
+            instance.pool.close()
+            await backend.stop(handle)
+
+    try:
+        asyncio.run(main())
+    finally:
+        backend.close()
+
+
 def test_a_cmd_server_is_reached_on_its_port_alone(tmp_path: Path) -> None:
     """A ``cmd:`` image's server listens where the container contract says, no more."""
     backend = LocalBackend(run_dir=tmp_path / "run")

@@ -22,8 +22,8 @@ gateway's user reads and no sandbox is shown (``<temp>/shipyard-*/<port>.sock``)
 hands the instance the bound socket (``--unix-socket-fd``): the instance never names,
 creates or replaces a file there, so it cannot point the gateway's connections anywhere
 else. Its TCP port stays what the container contract and ``/ping`` use, and what every
-other gateway reads from the store. An instance taken from a warm spare (started before
-its socket) is reached on its port.
+other gateway reads from the store. A warm spare waits on one end of a socket pair, so
+the bound socket travels to it with its work (``SCM_RIGHTS``).
 """
 
 from __future__ import annotations
@@ -125,6 +125,14 @@ def _command(
 
 
 @dataclass(slots=True)
+class _Spare:
+    """A warm spare: its process, and our end of the socket pair it waits on."""
+
+    process: subprocess.Popen[bytes]
+    channel: socket.socket
+
+
+@dataclass(slots=True)
 class _UnixListener:
     """An instance's Unix socket, bound by the backend: its path, and the socket until
     the instance's process holds it."""
@@ -164,7 +172,7 @@ class LocalBackend:
         """The S3 access handed to processes that use s3:// (``s3_variables``)."""
         self._runners: dict[int, subprocess.Popen[bytes]] = {}
         self.warm_spares = warm_spares
-        self._spares: list[subprocess.Popen[bytes]] = []
+        self._spares: list[_Spare] = []
         """Started ``--spare`` runtimes, waiting for work (runtime/spare.py)."""
         self.sandbox = sandbox
         """Runs every instance and job runner in a sandbox (``auth.sandbox``); None: not."""
@@ -200,16 +208,13 @@ class LocalBackend:
         env["SHIPYARD_INSTANCE_ID"] = spec.instance_id
         env["SAGEMAKER_BIND_TO_PORT"] = str(port)
         cwd = spec.workdir or home
-        from_spare = self.sandbox is None and self._warm(kind, spec, env)
-        unix = self._unix_listener(port) if kind == "python" and not from_spare else None
+        unix = self._unix_listener(port) if kind == "python" else None
         try:
             if self.sandbox is not None:
                 argv = await self._sandboxed(spec, kind, port, env, error_file, home, unix)
                 process = self._popen(argv, env, cwd, spec, unix)
             else:
-                process = self._start_process(
-                    spec, kind, port, env, error_file, cwd, unix, from_spare
-                )
+                process = self._start_process(spec, kind, port, env, error_file, cwd, unix)
         except BaseException:
             if unix is not None:
                 unix.path.unlink(missing_ok=True)
@@ -249,15 +254,6 @@ class LocalBackend:
             return None
         return _UnixListener(path, sock)
 
-    def _warm(self, kind: str, spec: InstanceSpec, env: dict[str, str]) -> bool:
-        """Whether an unsandboxed instance is to start from a warm spare."""
-        return (
-            kind == "python"
-            and spec.warm
-            and self.warm_spares > 0
-            and spare.can_become(self._spare_environment(), env)
-        )
-
     def _start_process(
         self,
         spec: InstanceSpec,
@@ -267,7 +263,6 @@ class LocalBackend:
         error_file: Path,
         cwd: Path,
         unix: _UnixListener | None,
-        warm: bool,
     ) -> subprocess.Popen[bytes]:
         """Start the instance unsandboxed, from a warm spare when it may."""
         # The model folder: the instance's own, or the artifact fetched by the instance
@@ -282,13 +277,21 @@ class LocalBackend:
             if spec.model_url:
                 where += ["--model-url", spec.model_url]
         argv = _command(spec, kind, port, where, error_file, unix)
+        warm = (
+            kind == "python"
+            and spec.warm
+            and self.warm_spares > 0
+            and spare.can_become(self._spare_environment(), env)
+        )
         if not warm:
             return self._popen(argv, env, cwd, spec, unix)
         env[spare.IMPORTS_FILE] = str(self._imports_file)
-        process = self._from_spare(argv[3:], env, cwd, spec.log_path)
+        # The spare is told the socket by the descriptor it receives, not by our number.
+        fresh = _command(spec, kind, port, where, error_file)
+        process = self._from_spare(fresh[3:], env, cwd, spec.log_path, unix)
         # Later: a spare importing now would take the CPU the new instance needs.
         asyncio.get_running_loop().call_later(_REFILL_AFTER_S, self._refill)
-        return process or self._popen(argv, env, cwd, spec)
+        return process or self._popen(argv, env, cwd, spec, unix)
 
     async def _sandboxed(
         self,
@@ -392,61 +395,79 @@ class LocalBackend:
         return process_environment(self._environ, home=self._spare_home)
 
     def _from_spare(
-        self, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path | None
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: Path,
+        log_path: Path | None,
+        unix: _UnixListener | None,
     ) -> subprocess.Popen[bytes] | None:
-        """A waiting spare, told to become the instance; None when none is left."""
+        """A waiting spare, told to become the instance (and handed its Unix socket);
+        None when none is left."""
         work = json.dumps(
             {"argv": argv, "environ": env, "cwd": str(cwd), "log": log_path and str(log_path)}
         ).encode()
+        fds = [] if unix is None else [unix.sock.fileno()]
         while self._spares:
-            process = self._spares.pop(0)
-            if process.poll() is not None or process.stdin is None:
-                continue
+            waiting = self._spares.pop(0)
+            process = waiting.process
             try:
-                process.stdin.write(work + b"\n")
-                process.stdin.close()
+                if process.poll() is not None:
+                    continue
+                # The descriptor goes with the first bytes; the rest follow on the stream.
+                # A spare reads at once; one that does not is not waited for long.
+                waiting.channel.settimeout(5.0)
+                sent = socket.send_fds(waiting.channel, [work + b"\n"], fds)
+                waiting.channel.sendall((work + b"\n")[sent:])
             except OSError:
                 _signal_group(process.pid, signal.SIGKILL)
                 process.wait()
                 continue
+            finally:
+                waiting.channel.close()  # the spare reads its work to the end
             return process
         return None
 
     def _refill(self) -> None:
         """Start spares until ``warm_spares`` wait; each imports for a second or so on
         its own, off the gateway's path."""
-        self._spares = [p for p in self._spares if p.poll() is None]
+        for gone in [s for s in self._spares if s.process.poll() is not None]:
+            gone.channel.close()
+            self._spares.remove(gone)
         home = self._spare_home
         home.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "shipyard.runtime", "--spare"]
         argv += ["--preload-file", str(self._imports_file)]
         while len(self._spares) < self.warm_spares:
+            # A socket pair rather than a pipe: it carries descriptors (runtime/spare.py).
+            channel, theirs = socket.socketpair()
             try:
                 process = subprocess.Popen(
                     argv,
                     env=self._spare_environment(),
                     cwd=home,
-                    stdin=subprocess.PIPE,
+                    stdin=theirs.fileno(),
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                     start_new_session=True,
                     preexec_fn=functools.partial(_die_with_parent, os.getpid()),
                 )
             except OSError as exc:
+                channel.close()
                 log.warning("could not start a warm spare: %s", exc)
                 return
-            self._spares.append(process)
+            finally:
+                theirs.close()
+            self._spares.append(_Spare(process, channel))
 
     def close(self) -> None:
         """Stop the spares (instances are stopped by their fleets)."""
         if self.containers is not None:
             self.containers.close()
         spares, self._spares = self._spares, []
-        for process in spares:
-            if process.stdin is not None:
-                with contextlib.suppress(OSError):
-                    process.stdin.close()  # a spare reads EOF and exits
-        for process in spares:
+        for waiting in spares:
+            waiting.channel.close()  # a spare reads EOF and exits
+        for process in (s.process for s in spares):
             try:
                 process.wait(timeout=2)
             except subprocess.TimeoutExpired:

@@ -8,6 +8,10 @@ the backend gives it when an instance must start::
 
     {"argv": [...], "environ": {...}, "cwd": "...", "log": "path" | null}
 
+The backend's stdin for it is one end of a socket pair, and the instance's Unix socket,
+bound by the backend, arrives with the work as a descriptor (``SCM_RIGHTS``): the spare
+serves it as a fresh instance would with ``--unix-socket-fd``.
+
 It then becomes that instance: the environment, working folder and output are the
 instance's, and it runs ``main(argv)`` as a fresh process would. What it cannot take on
 is what was decided at import: variables read by a library when it was imported (e.g.
@@ -26,6 +30,7 @@ import importlib
 import json
 import os
 import select
+import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -80,7 +85,7 @@ def wait_for_work(preload_file: Path | None = None) -> list[str]:
     preload(preload_file)
     while not select.select([sys.stdin], [], [], _LOOK_AGAIN_S)[0]:
         seen = _preload_if_changed(preload_file, seen)
-    line = sys.stdin.readline()
+    line, fds = _read_work()
     if not line:
         raise SystemExit(0)  # the backend closed the pipe: not needed after all
     _preload_if_changed(preload_file, seen)
@@ -92,7 +97,29 @@ def wait_for_work(preload_file: Path | None = None) -> list[str]:
         if entry and entry not in sys.path:
             sys.path.insert(0, entry)
     _redirect(work.get("log"))
-    return list(work["argv"])
+    argv = list(work["argv"])
+    if fds:
+        argv += ["--unix-socket-fd", str(fds[0])]
+    for extra in fds[1:]:
+        os.close(extra)
+    return argv
+
+
+def _read_work() -> tuple[bytes, list[int]]:
+    """The work line on stdin, and the descriptors that came with it (none on a pipe)."""
+    fd = os.dup(0)
+    try:
+        channel = socket.socket(fileno=fd)
+    except OSError:  # not a socket: a pipe, which carries no descriptors
+        os.close(fd)
+        return sys.stdin.buffer.readline(), []
+    with channel:
+        data, fds, _, _ = socket.recv_fds(channel, 1 << 16, 4)
+        parts = [data]
+        while data and not data.endswith(b"\n"):
+            data = channel.recv(1 << 16)
+            parts.append(data)
+    return b"".join(parts), fds
 
 
 def _mtime(path: Path | None) -> float | None:
