@@ -18,7 +18,7 @@ line, which any process can take.
 A built-in runtime instance also serves on a Unix socket, and the gateway that started
 it sends its requests there (routing/client.py): on one host that costs both processes
 less than TCP on loopback. The backend binds the socket itself, in a folder only the
-gateway's user reads and no sandbox is shown (``<temp>/shipyard-*/<port>.sock``), and
+gateway's user reads and no sandbox is shown (``<temp>/shipyard-*/<n>.sock``), and
 hands the instance the bound socket (``--unix-socket-fd``): the instance never names,
 creates or replaces a file there, so it cannot point the gateway's connections anywhere
 else. Its TCP port stays what the container contract and ``/ping`` use, and what every
@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import ctypes
 import functools
+import itertools
 import json
 import logging
 import os
@@ -183,6 +184,9 @@ class LocalBackend:
         """Runs the instances whose Image is a container image (backends/containers.py)."""
         self._sockets: Path | None = None
         """The folder of the instances' Unix sockets, made on first use."""
+        self._socket_names = itertools.count(1)
+        """Each instance's socket a name of its own: a stopped instance's clean-up never
+        removes a later one's that took its port."""
 
     def __repr__(self) -> str:
         return f"LocalBackend(run_dir={str(self.run_dir)!r}, sandbox={self.sandbox!r})"
@@ -235,21 +239,23 @@ class LocalBackend:
         )
 
     def _unix_listener(self, port: int) -> _UnixListener | None:
-        """The Unix socket of the instance on ``port``, bound (readable and writable by
+        """A Unix socket for the instance on ``port``, bound (readable and writable by
         this user alone) in this backend's folder; None where the temporary folder's
-        path is too long for a socket's address (108 bytes) or it cannot be bound."""
-        if self._sockets is None:
-            self._sockets = Path(tempfile.mkdtemp(prefix="shipyard-"))  # mode 0700
-        path = self._sockets / f"{port}.sock"
-        if len(os.fsencode(path)) >= 100:
-            return None
-        path.unlink(missing_ok=True)  # an earlier instance's on this port
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        path is too long for a socket's address (108 bytes) or it cannot be made: the
+        instance is then reached on its port alone."""
+        sock = None
         try:
+            if self._sockets is None:
+                self._sockets = Path(tempfile.mkdtemp(prefix="shipyard-"))  # mode 0700
+            path = self._sockets / f"{next(self._socket_names)}.sock"
+            if len(os.fsencode(path)) >= 100:
+                return None
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.bind(str(path))
             os.chmod(path, 0o600)
         except OSError as exc:
-            sock.close()
+            if sock is not None:
+                sock.close()
             log.warning("no Unix socket for the instance on port %s: %s", port, exc)
             return None
         return _UnixListener(path, sock)
@@ -475,6 +481,7 @@ class LocalBackend:
                 process.wait()
         if self._sockets is not None:
             shutil.rmtree(self._sockets, ignore_errors=True)
+            self._sockets = None
 
     def _empty_model_dir(self) -> Path:
         empty = self.models_dir / "_empty"

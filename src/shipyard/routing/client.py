@@ -410,8 +410,10 @@ class ConnectionPool:
     answer over a Unix socket cost the two processes about a third less CPU than over
     TCP on loopback (bench/results/instance_sockets.md). ``/ping`` always goes to the
     TCP port, which is what the container contract promises and what the instance's
-    PingStandby answers on while a long call holds its loop. Should the socket refuse a
-    connection (it is gone), the pool goes on over TCP.
+    PingStandby answers on while a long call holds its loop. Should the socket be gone
+    (no file, or no one listening), the pool goes on over TCP; any other failure to
+    connect there (a full queue while a long call holds the instance's loop, no free
+    descriptor) sends that one connection over TCP.
     """
 
     def __init__(
@@ -445,9 +447,11 @@ class ConnectionPool:
                 try:
                     _, conn = await loop.create_unix_connection(_Connection, path)
                     return conn
-                except OSError as exc:
-                    log.warning("instance socket %s refused (%s): going on over TCP", path, exc)
+                except (FileNotFoundError, ConnectionRefusedError) as exc:
+                    log.warning("instance socket %s is gone (%s): going on over TCP", path, exc)
                     self.socket_path = None
+                except OSError:
+                    pass  # this connection over TCP
             _, conn = await loop.create_connection(_Connection, self.host, self.port)
         except OSError as exc:
             raise UpstreamError(f"cannot connect to instance: {exc}", sent=False) from exc

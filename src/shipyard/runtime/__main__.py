@@ -91,7 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         # seconds to load would leave it free for another process to take meanwhile.
         sock = server.bind(args.host, args.port)
         if args.unix_socket_fd is not None:
-            unix_sock = server.unix_listener(args.unix_socket_fd)
+            try:
+                unix_sock = server.unix_listener(args.unix_socket_fd)
+            except (OSError, ValueError) as exc:
+                # The gateway then reaches the instance on its port (routing/client.py).
+                log.warning("not serving on the Unix socket given: %s", exc)
         model_dir: Path = args.model_dir or _fetch(args.model_url, cache, os.environ)
         if args.model_url:
             fetched[model_dir] = args.model_url

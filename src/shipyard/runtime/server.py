@@ -340,8 +340,9 @@ def unix_listener(fd: int) -> socket.socket:
     bound it in a folder of its own and sends invocations there (backends/local.py)."""
     sock = socket.socket(fileno=fd)
     if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
-        sock.close()
+        sock.detach()  # not ours to close
         raise ValueError(f"--unix-socket-fd {fd} is not a Unix stream socket.")
+    sock.set_inheritable(False)  # the model's own child processes do not get it
     return sock
 
 
