@@ -8,10 +8,12 @@ real requests through the gateway's connection pool.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
 import stat
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 
 import pytest
@@ -40,23 +42,36 @@ def model(tmp_path: Path) -> Path:
     return folder
 
 
-async def _started(backend: LocalBackend, spec: InstanceSpec) -> tuple[LocalInstance, Instance]:
+@contextlib.asynccontextmanager
+async def _serving(
+    backend: LocalBackend, spec: InstanceSpec
+) -> AsyncIterator[tuple[LocalInstance, Instance]]:
+    """An instance started by ``backend``, once it answers ``/ping``, and the gateway's
+    view of it; stopped (its pool closed) on the way out."""
     handle = await backend.start(spec)
     assert isinstance(handle, LocalInstance)
     instance = Instance(spec.instance_id, "v", handle.url, socket_path=handle.socket_path)
+    try:
+        for _ in range(600):
+            with contextlib.suppress(Exception):
+                if (await instance.pool.ping()).status == 200:
+                    break
+            assert handle.process.poll() is None, "the instance exited"
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the instance did not answer /ping within 30 s")
+        yield handle, instance
+    finally:
+        instance.pool.close()
+        await backend.stop(handle)
 
-    async def pinged() -> bool:
-        try:
-            return (await instance.pool.ping()).status == 200
-        except Exception:
-            return False
 
-    for _ in range(600):
-        if await pinged():
-            return handle, instance
-        assert handle.process.poll() is None, "the instance exited"
-        await asyncio.sleep(0.05)
-    raise AssertionError("the instance did not answer /ping within 30 s")
+def _run(backend: LocalBackend, main: Callable[[], Coroutine[None, None, None]]) -> None:
+    """``main`` on an event loop of its own, then ``backend`` closed whatever happened."""
+    try:
+        asyncio.run(main())
+    finally:
+        backend.close()
 
 
 def _families(instance: Instance) -> set[int]:
@@ -81,10 +96,8 @@ def test_requests_take_the_instance_socket_and_go_on_over_tcp_without_it(
     backend = LocalBackend(run_dir=tmp_path / "run")
 
     async def main() -> None:
-        handle, instance = await _started(
-            backend, InstanceSpec("i-1", "shipyard/python", model_url=str(model))
-        )
-        try:
+        spec = InstanceSpec("i-1", "shipyard/python", model_url=str(model))
+        async with _serving(backend, spec) as (handle, instance):
             assert handle.socket_path is not None
             path = Path(handle.socket_path)
             assert stat.S_ISSOCK(path.stat().st_mode)
@@ -103,15 +116,9 @@ def test_requests_take_the_instance_socket_and_go_on_over_tcp_without_it(
             assert await _invoke(instance, b"after") == b"echo:after"
             assert instance.pool.socket_path is None
             assert _families(instance) == {socket.AF_INET}
-        finally:
-            instance.pool.close()
-            await backend.stop(handle)
         assert not path.exists(), "a stopped instance's socket is removed"
 
-    try:
-        asyncio.run(main())
-    finally:
-        backend.close()
+    _run(backend, main)
 
 
 def test_an_instance_from_a_warm_spare_is_handed_its_socket(tmp_path: Path, model: Path) -> None:
@@ -122,22 +129,14 @@ def test_an_instance_from_a_warm_spare_is_handed_its_socket(tmp_path: Path, mode
     async def main() -> None:
         backend._refill()
         (spare_pid,) = [s.process.pid for s in backend._spares]
-        handle, instance = await _started(
-            backend, InstanceSpec("i-4", "shipyard/python", model_url=str(model), warm=True)
-        )
-        try:
+        spec = InstanceSpec("i-4", "shipyard/python", model_url=str(model), warm=True)
+        async with _serving(backend, spec) as (handle, instance):
             assert handle.process.pid == spare_pid, "the spare became the instance"
             assert handle.socket_path is not None
             assert await _invoke(instance, b"warm") == b"echo:warm"
             assert _families(instance) == {socket.AF_UNIX}
-        finally:
-            instance.pool.close()
-            await backend.stop(handle)
 
-    try:
-        asyncio.run(main())
-    finally:
-        backend.close()
+    _run(backend, main)
 
 
 def test_a_cmd_server_is_reached_on_its_port_alone(tmp_path: Path) -> None:
@@ -151,10 +150,7 @@ def test_a_cmd_server_is_reached_on_its_port_alone(tmp_path: Path) -> None:
         finally:
             await backend.stop(handle)
 
-    try:
-        asyncio.run(main())
-    finally:
-        backend.close()
+    _run(backend, main)
 
 
 @pytest.mark.skipif(
@@ -166,10 +162,8 @@ def test_a_sandboxed_instance_serves_on_its_socket_too(tmp_path: Path, model: Pa
     backend = LocalBackend(run_dir=tmp_path / "home" / "run", sandbox=sandbox)
 
     async def main() -> None:
-        handle, instance = await _started(
-            backend, InstanceSpec("i-3", "shipyard/python", model_url=str(model))
-        )
-        try:
+        spec = InstanceSpec("i-3", "shipyard/python", model_url=str(model))
+        async with _serving(backend, spec) as (handle, instance):
             assert handle.socket_path is not None
             assert await _invoke(instance, b"boxed") == b"echo:boxed"
             assert _families(instance) == {socket.AF_UNIX}
@@ -178,14 +172,8 @@ def test_a_sandboxed_instance_serves_on_its_socket_too(tmp_path: Path, model: Pa
             folder = Path(handle.socket_path).parent
             assert await _invoke(instance, b"exists:" + str(folder).encode()) == b"False"
             assert await _invoke(instance, b"exists:/usr") == b"True"
-        finally:
-            instance.pool.close()
-            await backend.stop(handle)
 
-    try:
-        asyncio.run(main())
-    finally:
-        backend.close()
+    _run(backend, main)
 
 
 def test_a_socket_path_too_long_for_an_address_leaves_tcp(

@@ -410,9 +410,8 @@ class LocalBackend:
     ) -> subprocess.Popen[bytes] | None:
         """A waiting spare, told to become the instance (and handed its Unix socket);
         None when none is left."""
-        work = json.dumps(
-            {"argv": argv, "environ": env, "cwd": str(cwd), "log": log_path and str(log_path)}
-        ).encode()
+        work = {"argv": argv, "environ": env, "cwd": str(cwd), "log": log_path and str(log_path)}
+        line = json.dumps(work).encode() + b"\n"
         fds = [] if unix is None else [unix.sock.fileno()]
         while self._spares:
             waiting = self._spares.pop(0)
@@ -423,8 +422,8 @@ class LocalBackend:
                 # The descriptor goes with the first bytes; the rest follow on the stream.
                 # A spare reads at once; one that does not is not waited for long.
                 waiting.channel.settimeout(5.0)
-                sent = socket.send_fds(waiting.channel, [work + b"\n"], fds)
-                waiting.channel.sendall((work + b"\n")[sent:])
+                sent = socket.send_fds(waiting.channel, [line], fds)
+                waiting.channel.sendall(line[sent:])
             except OSError:
                 _signal_group(process.pid, signal.SIGKILL)
                 process.wait()
