@@ -6,7 +6,8 @@
 # peer harness's echo model), drives it with wrk -t1 -cCONC (default 32) for DURATION
 # seconds (default 8, after 2 s of warm-up), and prints one line: req/s, the gateway's
 # and the instance's CPU µs per request (/proc/PID/stat), and the write and read system
-# calls per request (/proc/PID/io). Everything started is stopped by PID.
+# calls per request (/proc/PID/io). PROFILE=FILE also records the gateway's stacks with
+# py-spy (PYSPY=its path). Everything started is stopped by PID.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 PYTHON=$1 CONC=${2:-32} DURATION=${3:-8}
@@ -40,7 +41,15 @@ export BENCH_BODY_FILE=$BODY
 wrk -t1 -c"$CONC" -d2s -s "$HERE/post.lua" "$url" >/dev/null
 g0=$(cpu "$gateway") i0=$(cpu "$instance")
 w0=$(io "$gateway" syscw) r0=$(io "$gateway" syscr) iw0=$(io "$instance" syscw)
+if [[ -n ${PROFILE:-} ]]; then
+  # py-spy's collapsed stacks of the gateway over the measured run (the numbers printed
+  # then include py-spy's own cost): PROFILE=out.txt, PYSPY=path to py-spy.
+  "${PYSPY:-py-spy}" record --pid "$gateway" --rate "${RATE:-250}" ${PYSPY_ARGS:---nonblocking} --duration "$DURATION" --format raw \
+    --output "$PROFILE" >/dev/null 2>&1 &
+  spy=$!
+fi
 out=$(wrk -t1 -c"$CONC" -d"${DURATION}s" -s "$HERE/post.lua" "$url")
+[[ -z ${spy:-} ]] || wait "$spy" || true
 g1=$(cpu "$gateway") i1=$(cpu "$instance")
 w1=$(io "$gateway" syscw) r1=$(io "$gateway" syscr) iw1=$(io "$instance" syscw)
 python3 - "$out" "$CONC" "$(getconf CLK_TCK)" "$g0 $g1 $i0 $i1 $w0 $w1 $r0 $r1 $iw0 $iw1" <<'PY'

@@ -52,6 +52,9 @@ class Leases:
         """Per name held: when (our clock) to stop counting on the lease."""
         self._taken: dict[str, dict[str, Any]] = {}
         """Per lease taken over from a holder that died: the routes it had recorded."""
+        self._none_held = False
+        """The last claim asked for nothing and succeeded: the store holds no lease of
+        this kind for us, and only a claim naming something would add one."""
 
     def __repr__(self) -> str:
         return f"Leases({self.kind!r}, holder={self.store.holder!r}, held={sorted(self.held())})"
@@ -76,6 +79,10 @@ class Leases:
         A claim that fails (the store is unreachable) changes nothing here: the leases
         held run out on our clock as they would in the store.
         """
+        if not names and self._none_held:
+            # Nothing to renew, take or drop: an idle gateway's loops claim every pass,
+            # and a write transaction each time was most of its CPU when idle.
+            return set()
         started = self._clock()
         recorded: dict[str, dict[str, Any]] = {}
         try:
@@ -92,6 +99,7 @@ class Leases:
         if taken:
             log.info("took the %s leases of %s", self.kind, ", ".join(sorted(taken)))
         self._until = dict.fromkeys(terms, until)
+        self._none_held = not names
         self._taken = {n: r for n, r in (self._taken | recorded).items() if n in terms}
         return set(terms)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 _RATIO = 1.05
@@ -74,6 +75,19 @@ class StatSet:
         if self.hist is not None:
             key = _bucket(value)
             self.hist[key] = self.hist.get(key, 0.0) + weight
+
+    def observe_many(self, values: list[float]) -> None:
+        """Add each of ``values`` once (as many ``observe`` calls, in bulk)."""
+        if not values:
+            return
+        self.count += len(values)
+        self.sum += sum(values)
+        self.min = min(self.min, min(values))
+        self.max = max(self.max, max(values))
+        hist = self.hist
+        if hist is not None:
+            for key, n in Counter(map(_bucket, values)).items():
+                hist[key] = hist.get(key, 0.0) + n
 
     def add(self, other: StatSet) -> None:
         """Merge ``other`` in (another gateway's, or the next part of the period)."""

@@ -178,6 +178,7 @@ class Readings:
             del self._last[key]
 
     def _latencies(self, dims: dict[tuple[str, str], tuple[Dimensions, int]]) -> Iterator[Reading]:
+        self.metrics.fold_latencies()
         for key, (model, overhead) in list(self.metrics.latency_stats.items()):
             found = dims.get(key)
             for name, stats in (("ModelLatency", model), ("OverheadLatency", overhead)):

@@ -283,12 +283,8 @@ class Invocations:
         moment the door took the request)."""
         variant = call.variant
         if variant is not None:
-            metrics = variant.metrics
             overhead_s = max(time.perf_counter() - call.started - model_s, 0.0)
-            metrics.model_latency.observe(model_s)
-            metrics.overhead_latency.observe(overhead_s)
-            metrics.model_us.observe(model_s * 1e6)
-            metrics.overhead_us.observe(overhead_s * 1e6)
+            variant.metrics.latency.add(model_s, overhead_s)
 
     @staticmethod
     def count(call: Call | None, status: int, error: BaseException | None = None) -> None:

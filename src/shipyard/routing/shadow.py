@@ -122,8 +122,7 @@ class ShadowCopier:
             status = 500
         else:
             status = response.status
-            metrics.model_latency.observe(model_s)
-            metrics.model_us.observe(model_s * 1e6)
+            metrics.latency.add(model_s, None)
         finally:
             left = self._pending[key] - 1
             if left:
