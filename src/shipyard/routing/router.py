@@ -89,6 +89,26 @@ class Call:
     opened: bytes | None = None
     """Set when the call opened a session: the New-Session-Id header's value."""
 
+    def copy_to(self, variant: VariantRoute) -> Call:
+        """This call for ``variant`` (a shadow's copy): the same request, no instance
+        chosen or pinned. Field by field rather than ``dataclasses.replace``, which
+        costs 5 µs against 0.7 on every copied request (a test keeps the fields listed)."""
+        return Call(
+            self.headers,
+            self.body,
+            self.content_length,
+            self.model,
+            self.watch_gone,
+            self.target,
+            variant,
+            self.started,
+            self.component,
+            self.session,
+            None,
+            None,
+            self.opened,
+        )
+
 
 @dataclass(slots=True)
 class Exchange:

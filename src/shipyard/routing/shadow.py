@@ -17,7 +17,6 @@ copy holds its request body, so the bound also caps the memory copies take.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import random
 from collections.abc import Sequence
@@ -111,7 +110,7 @@ class ShadowCopier:
         # A copy of its own: the shadow's instance is not the production call's, nor is
         # its session's (a session lives on one production instance; the shadow gets the
         # id and may keep its own state under it).
-        copy = dataclasses.replace(call, pinned=None, instance=None, variant=shadow)
+        copy = call.copy_to(shadow)
         try:
             response, model_s = await self.router.invoke(route, shadow, copy)
         except RuntimeFailure as exc:
