@@ -83,6 +83,10 @@ class Leases:
             # Nothing to renew, take or drop: an idle gateway's loops claim every pass,
             # and a write transaction each time was most of its CPU when idle.
             return set()
+        if names:
+            # Set again only by an empty claim that succeeds: one naming something may
+            # commit and still fail here, leaving a lease in the store to drop.
+            self._none_held = False
         started = self._clock()
         recorded: dict[str, dict[str, Any]] = {}
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from shipyard.leases import Leases
 from shipyard.storage.leases import ENDPOINT, LeaseStore
 from shipyard.storage.metadata import MetadataStore
 
@@ -120,3 +122,62 @@ def test_of_many_holders_racing_for_free_leases_each_lease_goes_to_exactly_one(
     assert not errors
     assert sorted(won) == sorted(names)
     assert all(len(holders) == 1 for holders in won.values()), won
+
+
+class _CountingStore(LeaseStore):
+    """The real store, counting the claims that reach it; ``fail_after`` makes a claim
+    naming something raise once it has committed (its reply lost)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.claims = 0
+        self.fail_after = False
+
+    def claim(self, *args: Any, **kwargs: Any) -> dict[str, int]:
+        self.claims += 1
+        terms = super().claim(*args, **kwargs)
+        if self.fail_after and args[1]:
+            raise ConnectionError("the reply was lost after the commit")
+        return terms
+
+
+def test_an_idle_kind_claims_from_the_store_only_until_it_holds_nothing(
+    meta: MetadataStore,
+) -> None:
+    store = _CountingStore(meta.engine, holder="a")
+    other = LeaseStore(meta.engine, holder="b")
+    leases = Leases(store=store, kind=ENDPOINT, lease_s=30, renew_s=1)
+
+    async def passes() -> None:
+        assert await leases.claim([]) == set()
+        assert await leases.claim([]) == set()
+        assert store.claims == 1  # the second pass had nothing to renew, take or drop
+        assert await leases.claim(["e1"]) == {"e1"}
+        assert other.claim(ENDPOINT, ["e1"], lease_s=30) == {}
+        assert await leases.claim([]) == set()  # e1 deleted: its lease is dropped...
+        assert store.claims == 3
+        assert other.claim(ENDPOINT, ["e1"], lease_s=30) == {"e1": 1}  # ...at once
+        assert await leases.claim([]) == set()
+        assert store.claims == 3
+
+    asyncio.run(passes())
+
+
+def test_a_claim_that_committed_and_failed_is_dropped_by_the_next_empty_one(
+    meta: MetadataStore,
+) -> None:
+    store = _CountingStore(meta.engine, holder="a")
+    other = LeaseStore(meta.engine, holder="b")
+    leases = Leases(store=store, kind=ENDPOINT, lease_s=30, renew_s=1)
+
+    async def passes() -> None:
+        assert await leases.claim([]) == set()
+        store.fail_after = True
+        assert await leases.claim(["e1"]) == set()  # failed: nothing counted as held here
+        store.fail_after = False
+        assert other.claim(ENDPOINT, ["e1"], lease_s=30) == {}  # but the store has it
+        assert await leases.claim([]) == set()
+        assert store.claims == 3  # so the empty claim went to the store
+        assert other.claim(ENDPOINT, ["e1"], lease_s=30) == {"e1": 1}
+
+    asyncio.run(passes())
