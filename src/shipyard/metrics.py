@@ -57,33 +57,35 @@ class Metrics:
         self.invocations = _Tallies(
             "shipyard_invocations",
             "Invocations answered, per endpoint and variant.",
+            self.registry,
         )
-        self.registry.register(self.invocations)
         self.errors_4xx = _Tallies(
             "shipyard_invocation_4xx_errors",
             "Invocations answered with a 4xx status.",
+            self.registry,
         )
-        self.registry.register(self.errors_4xx)
         self.errors_5xx = _Tallies(
             "shipyard_invocation_5xx_errors",
             "Invocations answered with a 5xx status.",
+            self.registry,
         )
-        self.registry.register(self.errors_5xx)
         self.latency_logs: dict[tuple[str, str], LatencyLog] = {}
         """Per (endpoint, variant), the latencies the data path appended since the last
-        read; see LatencyLog."""
+        read, and the ModelLatency and OverheadLatency sets in microseconds as CloudWatch
+        keeps them since the recorder last took them (cloudwatch/recorder.py); see
+        LatencyLog."""
         self.model_latency = _FoldedHistogram(
             "shipyard_model_latency_seconds",
             "Time the instance took to answer, seen from the gateway.",
+            self.registry,
             self.fold_latencies,
         )
         self.overhead_latency = _FoldedHistogram(
             "shipyard_overhead_latency_seconds",
             "Time the gateway added to an invocation (total minus model latency).",
+            self.registry,
             self.fold_latencies,
         )
-        self.registry.register(self.model_latency)
-        self.registry.register(self.overhead_latency)
         self.batch_size = Histogram(
             "shipyard_batch_size",
             "Server-side batching: the size of the batch that answered each request, as "
@@ -168,11 +170,6 @@ class Metrics:
             (*labels, "outcome"),
             registry=self.registry,
         )
-
-        self.latency_stats: dict[tuple[str, str], tuple[StatSet, StatSet]] = {}
-        """Per (endpoint, variant), ModelLatency and OverheadLatency in microseconds as
-        CloudWatch keeps them (count, sum, min, max, distribution) since the CloudWatch
-        recorder last took them (cloudwatch/recorder.py)."""
 
         self._async_metrics()
         self._model_metrics()
@@ -282,12 +279,9 @@ class Metrics:
         key = (endpoint, variant)
         log = self.latency_logs.get(key)
         if log is None:
-            stats = self.latency_stats[key] = (StatSet(), StatSet())
             log = self.latency_logs[key] = LatencyLog(
                 model=self.model_latency.child(key),
                 overhead=self.overhead_latency.child(key),
-                model_us=stats[0],
-                overhead_us=stats[1],
             )
         return VariantMetrics(
             invocations=self.invocations.labels(endpoint, variant),
@@ -357,10 +351,11 @@ class _Tallies(Collector):
     each ``inc``, which the data path, on one thread, does not need.
     """
 
-    def __init__(self, name: str, documentation: str) -> None:
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry) -> None:
         self.name = name
         self.documentation = documentation
         self._children: dict[tuple[str, str], _Tally] = {}
+        registry.register(self)
 
     def labels(self, endpoint: str, variant: str) -> _Tally:
         found = self._children.get((endpoint, variant))
@@ -368,12 +363,15 @@ class _Tallies(Collector):
             found = self._children[(endpoint, variant)] = _Tally()
         return found
 
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(self.name, self.documentation, labels=("endpoint", "variant"))
+
     def describe(self) -> Iterator[CounterMetricFamily]:
         # The registry learns the names from this, and refuses a second metric of one.
-        yield CounterMetricFamily(self.name, self.documentation, labels=("endpoint", "variant"))
+        yield self._family()
 
     def collect(self) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily(self.name, self.documentation, labels=("endpoint", "variant"))
+        family = self._family()
         for labels, tally in list(self._children.items()):
             family.add_metric(labels, tally.value)
         yield family
@@ -390,11 +388,18 @@ class _FoldedHistogram(Collector):
     """A latency histogram per (endpoint, variant) exported as Prometheus's, its counts
     kept by LatencyLog.fold rather than by an ``observe`` per request (see LatencyLog)."""
 
-    def __init__(self, name: str, documentation: str, fold: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        registry: CollectorRegistry,
+        fold: Callable[[], None],
+    ) -> None:
         self.name = name
         self.documentation = documentation
         self._fold = fold
         self._children: dict[tuple[str, str], _HistogramChild] = {}
+        registry.register(self)
 
     def child(self, labels: tuple[str, str]) -> _HistogramChild:
         found = self._children.get(labels)
@@ -402,15 +407,16 @@ class _FoldedHistogram(Collector):
             found = self._children[labels] = _HistogramChild([0] * (len(_BUCKETS) + 1))
         return found
 
+    def _family(self) -> HistogramMetricFamily:
+        return HistogramMetricFamily(self.name, self.documentation, labels=("endpoint", "variant"))
+
     def describe(self) -> Iterator[HistogramMetricFamily]:
         # The registry learns the names from this, and refuses a second metric of one.
-        yield HistogramMetricFamily(self.name, self.documentation, labels=("endpoint", "variant"))
+        yield self._family()
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         self._fold()
-        family = HistogramMetricFamily(
-            self.name, self.documentation, labels=("endpoint", "variant")
-        )
+        family = self._family()
         for labels, child in list(self._children.items()):
             running, buckets = 0, []
             for bound, count in zip((*_BUCKETS, float("inf")), child.counts, strict=True):
@@ -440,8 +446,8 @@ class LatencyLog:
 
     model: _HistogramChild
     overhead: _HistogramChild
-    model_us: StatSet
-    overhead_us: StatSet
+    model_us: StatSet = field(default_factory=StatSet)
+    overhead_us: StatSet = field(default_factory=StatSet)
     pending_model: list[float] = field(default_factory=list)
     pending_overhead: list[float | None] = field(default_factory=list)
     """None where the answer has no overhead of its own (a shadow's copy)."""

@@ -141,12 +141,17 @@ class _CountingStore(LeaseStore):
         return terms
 
 
+def _counted(meta: MetadataStore) -> tuple[_CountingStore, LeaseStore, Leases]:
+    """Holder a's leases over a counting store, and holder b's store beside it."""
+    store = _CountingStore(meta.engine, holder="a")
+    leases = Leases(store=store, kind=ENDPOINT, lease_s=30, renew_s=1)
+    return store, LeaseStore(meta.engine, holder="b"), leases
+
+
 def test_an_idle_kind_claims_from_the_store_only_until_it_holds_nothing(
     meta: MetadataStore,
 ) -> None:
-    store = _CountingStore(meta.engine, holder="a")
-    other = LeaseStore(meta.engine, holder="b")
-    leases = Leases(store=store, kind=ENDPOINT, lease_s=30, renew_s=1)
+    store, other, leases = _counted(meta)
 
     async def passes() -> None:
         assert await leases.claim([]) == set()
@@ -166,9 +171,7 @@ def test_an_idle_kind_claims_from_the_store_only_until_it_holds_nothing(
 def test_a_claim_that_committed_and_failed_is_dropped_by_the_next_empty_one(
     meta: MetadataStore,
 ) -> None:
-    store = _CountingStore(meta.engine, holder="a")
-    other = LeaseStore(meta.engine, holder="b")
-    leases = Leases(store=store, kind=ENDPOINT, lease_s=30, renew_s=1)
+    store, other, leases = _counted(meta)
 
     async def passes() -> None:
         assert await leases.claim([]) == set()

@@ -63,7 +63,7 @@ def test_the_cloudwatch_sets_get_every_latency_in_microseconds_and_a_shadow_no_o
     ours = metrics.for_variant("e", "v")
     ours.latency.add(0.002, 0.0001)
     ours.latency.add(0.004, None)  # a shadow's copy: no overhead of its own
-    model, overhead = metrics.latency_stats[("e", "v")]
+    model, overhead = ours.latency.model_us, ours.latency.overhead_us
     assert model.count == 0  # appended, not yet folded
     metrics.fold_latencies()
     assert (model.count, model.sum, model.min, model.max) == (2, 6000.0, 2000.0, 4000.0)

@@ -178,10 +178,13 @@ class Readings:
             del self._last[key]
 
     def _latencies(self, dims: dict[tuple[str, str], tuple[Dimensions, int]]) -> Iterator[Reading]:
-        self.metrics.fold_latencies()
-        for key, (model, overhead) in list(self.metrics.latency_stats.items()):
+        for key, log in list(self.metrics.latency_logs.items()):
+            log.fold()
             found = dims.get(key)
-            for name, stats in (("ModelLatency", model), ("OverheadLatency", overhead)):
+            for name, stats in (
+                ("ModelLatency", log.model_us),
+                ("OverheadLatency", log.overhead_us),
+            ):
                 if stats.count <= 0:
                     continue
                 taken = _take(stats)
