@@ -34,6 +34,7 @@ from shipyard.errors import CodecError
 from shipyard.runtime import streaming
 from shipyard.runtime.adapters import NOT_FOUND, AdapterError, Adapters
 from shipyard.runtime.batching import BatchConfig, Batcher
+from shipyard.runtime.direct import Answer, direct_protocol, header_value
 from shipyard.runtime.handlers import Context, Handlers, Request
 from shipyard.runtime.workers import Inline, PingStandby, Runner, batch_runner
 from shipyard.writes import coalescing
@@ -160,12 +161,50 @@ class RuntimeApp:
                 if whole is None:
                     return  # the gateway left: nobody to answer
                 payload = whole
-            headers = [
-                (b"content-type", media_type.encode("latin-1")),
-                (b"content-length", str(len(payload)).encode()),
-            ]
-            if context is not None and context.response_custom_attributes is not None:
-                headers.append((CUSTOM_ATTRIBUTES, context.response_custom_attributes.encode()))
+            headers = _answer_headers(payload, media_type, context)
+        except Exception as exc:
+            await _failure(send, exc)
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+    def answer_now(self, headers: list[tuple[bytes, bytes]], body: bytes) -> Answer | App | None:
+        """``POST /invocations`` answered in the protocol's callback (runtime/direct.py),
+        the handlers called inline as ``_invocations`` calls them; None, before any
+        handler runs, for what only the ASGI path does: handler threads, adapters, a
+        batch, a streamed answer."""
+        threads = self.threads
+        if self.adapters is not None or not isinstance(threads, Inline):
+            return None
+        handlers = self.handlers
+        content_type, accept, attributes, streamed, _ = request_headers(headers)
+        if streamed or (self.batcher is not None and handlers.batchable(content_type)):
+            return None
+        context = Context(attributes) if handlers.uses_context else None
+        try:
+            payload, media_type = threads.call(handlers.answer, body, content_type, accept, context)
+            if not isinstance(payload, bytes):  # an iterator, collected on a task
+                return functools.partial(self._collected, payload, media_type, context)
+            return Answer(200, _answer_headers(payload, media_type, context), payload)
+        except Exception as exc:
+            status, text = describe_failure(exc)
+            return Answer(status, _plain_headers(len(text.encode())), text.encode())
+
+    async def _collected(
+        self,
+        chunks: streaming.Chunks,
+        media_type: str,
+        context: Context | None,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        await receive()  # the body's message: answer_now has read the body already
+        try:
+            payload = await streaming.collect(self.threads, chunks, receive)
+            if payload is None:
+                return  # the gateway left: nobody to answer
+            headers = _answer_headers(payload, media_type, context)
         except Exception as exc:
             await _failure(send, exc)
             return
@@ -202,17 +241,11 @@ class RuntimeApp:
     async def _batched(self, send: Send, batcher: Batcher, request: Request) -> None:
         try:
             answer = await batcher.submit(request)
+            headers = _answer_headers(answer.payload, answer.media_type, request[3])
         except Exception as exc:
             await _failure(send, exc)
             return
-        context = request[3]
-        headers = [
-            (b"content-type", answer.media_type.encode("latin-1")),
-            (b"content-length", str(len(answer.payload)).encode()),
-            (BATCH, format_batch(answer.size, answer.wait_s)),
-        ]
-        if context is not None and context.response_custom_attributes is not None:
-            headers.append((CUSTOM_ATTRIBUTES, context.response_custom_attributes.encode()))
+        headers.append((BATCH, format_batch(answer.size, answer.wait_s)))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": answer.payload})
 
@@ -266,6 +299,27 @@ def request_headers(
     return RequestHeaders(content_type, accept, attributes, streamed, found)
 
 
+def _answer_headers(
+    payload: bytes, media_type: str, context: Context | None
+) -> list[tuple[bytes, bytes]]:
+    """The headers of a handler's whole answer; ValueError for a media type or custom
+    attributes that cannot be a header's value."""
+    headers = [
+        (b"content-type", header_value(media_type)),
+        (b"content-length", str(len(payload)).encode()),
+    ]
+    if context is not None and context.response_custom_attributes is not None:
+        headers.append((CUSTOM_ATTRIBUTES, header_value(context.response_custom_attributes)))
+    return headers
+
+
+def _plain_headers(length: int) -> list[tuple[bytes, bytes]]:
+    return [
+        (b"content-type", b"text/plain; charset=utf-8"),
+        (b"content-length", str(length).encode()),
+    ]
+
+
 def _described(exc: Exception) -> str:
     return describe_failure(exc)[1]
 
@@ -297,10 +351,7 @@ async def _plain(
     send: Send, status: int, text: str, *, allow: bytes | None = None, code: str | None = None
 ) -> None:
     body = text.encode()
-    headers = [
-        (b"content-type", b"text/plain; charset=utf-8"),
-        (b"content-length", str(len(body)).encode()),
-    ]
+    headers = _plain_headers(len(body))
     if allow is not None:
         headers.append((b"allow", allow))
     if code is not None:
@@ -353,11 +404,15 @@ def serve(app: App, sock: socket.socket, unix_sock: socket.socket | None = None)
     When the app runs its handlers inline, a PingStandby answers ``/ping`` on ``sock``
     while one of them holds the loop; requests on ``unix_sock`` wait for the loop.
     """
+    protocol = coalescing(HttpToolsProtocol)
+    if isinstance(app, RuntimeApp):
+        protocol = direct_protocol(protocol, app)
     config = uvicorn.Config(
         app,
         loop="uvloop",
-        # uvicorn's httptools protocol, a response's head and body in one system call.
-        http=coalescing(HttpToolsProtocol),
+        # uvicorn's httptools protocol, a response's head and body in one system call,
+        # and a RuntimeApp's invocations answered without an ASGI task (runtime/direct.py).
+        http=protocol,
         ws="none",
         lifespan="off",
         interface="asgi3",

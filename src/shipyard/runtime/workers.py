@@ -76,6 +76,10 @@ class Inline:
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)``, here and now; the loop waits for it."""
+        return self.call(fn, *args)
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``run`` for a caller that is no coroutine (runtime/direct.py)."""
         self.since = time.monotonic()
         try:
             return fn(*args)
