@@ -295,6 +295,20 @@ def test_a_connection_idle_between_requests_is_closed_too(open_gw: GatewayProces
         assert s.recv(1) == b""
 
 
+def test_a_connection_in_use_longer_than_the_idle_timeout_is_kept(open_gw: GatewayProcess) -> None:
+    # One timer per connection (shipyard/keepalive.py): when it fires while requests keep
+    # coming it is armed again for what is left, never closing a connection in use.
+    with connect(open_gw) as s:
+        started = time.monotonic()
+        while time.monotonic() - started < 2.5:  # 2.5 idle timeouts of requests
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_response(s)[0] == 200
+            time.sleep(0.3)  # spaces the requests; nothing waits on it
+        last = time.monotonic()
+        assert s.recv(1) == b""  # idle now: closed
+        assert time.monotonic() - last < 5
+
+
 def test_connections_beyond_the_cap_get_503(tmp_path: Path) -> None:
     gw = start_gateway(tmp_path / "home", extra_env={"SHIPYARD_MAX_CONNECTIONS": "3"})
     held: list[socket.socket] = []

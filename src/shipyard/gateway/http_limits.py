@@ -30,8 +30,9 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
+from shipyard.keepalive import LazyKeepAlive
 from shipyard.writes import CoalescingTransport
 
 _EDGE = "shipyard.edge"
@@ -61,8 +62,9 @@ def _nothing() -> None:
     pass
 
 
-class LimitedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with the limits of the module; see there."""
+class LimitedHttpToolsProtocol(LazyKeepAlive):
+    """uvicorn's httptools protocol with the limits of the module (and the keep-alive
+    timer of shipyard/keepalive.py); see there."""
 
     max_headers = 100
     max_head_bytes = 64 * 1024
@@ -91,11 +93,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: Any) -> None:
         # A response's head and body in one system call (shipyard/writes.py).
         super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
-        # uvicorn's keep-alive timer, armed before the first request as after each:
-        # data cancels it (and a begun head has the head timer).
-        self.timeout_keep_alive_task = self.loop.call_later(
-            self.timeout_keep_alive, self.timeout_keep_alive_handler
-        )
+        # The keep-alive timeout, from before the first request as after each: data
+        # stops it (and a begun head has the head timer).
+        self.idle_from_now()
 
     def data_received(self, data: bytes) -> None:
         self._completed_here = False

@@ -31,6 +31,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from shipyard.contract import ADAPTER_IDENTIFIER, BATCH, ERROR, RESPONSE_STREAM, format_batch
 from shipyard.errors import CodecError
+from shipyard.keepalive import LazyKeepAlive
 from shipyard.runtime import streaming
 from shipyard.runtime.adapters import NOT_FOUND, AdapterError, Adapters
 from shipyard.runtime.batching import BatchConfig, Batcher
@@ -404,14 +405,15 @@ def serve(app: App, sock: socket.socket, unix_sock: socket.socket | None = None)
     When the app runs its handlers inline, a PingStandby answers ``/ping`` on ``sock``
     while one of them holds the loop; requests on ``unix_sock`` wait for the loop.
     """
-    protocol = coalescing(HttpToolsProtocol)
+    protocol: type[HttpToolsProtocol] = coalescing(LazyKeepAlive)
     if isinstance(app, RuntimeApp):
         protocol = direct_protocol(protocol, app)
     config = uvicorn.Config(
         app,
         loop="uvloop",
-        # uvicorn's httptools protocol, a response's head and body in one system call,
-        # and a RuntimeApp's invocations answered without an ASGI task (runtime/direct.py).
+        # uvicorn's httptools protocol, a response's head and body in one system call, one
+        # keep-alive timer per connection (shipyard/keepalive.py), and a RuntimeApp's
+        # invocations answered without an ASGI task (runtime/direct.py).
         http=protocol,
         ws="none",
         lifespan="off",
