@@ -72,7 +72,7 @@ def test_the_cloudwatch_sets_get_every_latency_in_microseconds_and_a_shadow_no_o
 
 def test_observe_many_is_observe_for_each_value() -> None:
     rng = random.Random(3)
-    values = [rng.expovariate(1 / 300) for _ in range(500)] + [0.0, 0.0, 17.0]
+    values = [rng.expovariate(1 / 300) for _ in range(500)] + [0.0, 0.0, 17.0, -4.5, -0.2]
     one_by_one, bulk = StatSet(), StatSet()
     for value in values:
         one_by_one.observe(value)

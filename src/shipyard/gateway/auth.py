@@ -76,6 +76,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from enum import Enum
 from functools import lru_cache
+from typing import NamedTuple
 from urllib.parse import quote, unquote
 
 from botocore.utils import normalize_url_path
@@ -132,9 +133,11 @@ _READ_ONCE = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Head:
-    """The headers a request's security rests on, each read once (``read_head``)."""
+class Head(NamedTuple):
+    """The headers a request's security rests on, each read once (``read_head``).
+
+    A NamedTuple rather than a frozen dataclass, as immutable and built for every request
+    in half the time."""
 
     target: str | None = None
     authorization: str | None = None
@@ -205,9 +208,9 @@ def _arn_pattern(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(parts), re.DOTALL)
 
 
-@dataclass(frozen=True, slots=True)
-class Admitted:
-    """A request as the edge let it in: the value the doors act on.
+class Admitted(NamedTuple):
+    """A request as the edge let it in: the value the doors act on (a NamedTuple, as
+    ``Head`` is).
 
     Doors never read ``X-Amz-Target`` (or any header of ``Head``) again: they take it from
     here, so what was authorised is what runs.
