@@ -43,6 +43,12 @@ class LazyKeepAlive(HttpToolsProtocol):
         # uvicorn calls this when data arrives and when the connection is lost.
         self._idle_since = None
 
+    def on_message_begin(self) -> None:
+        # A request that began in data already read (pipelined behind one answered
+        # meanwhile) makes the connection busy too.
+        self._idle_since = None
+        super().on_message_begin()
+
     def on_response_complete(self) -> None:
         # uvicorn's, with idle_from_now in place of a new timer.
         self.server_state.total_requests += 1

@@ -94,7 +94,8 @@ class StatSet:
                 key = f"+{index}"
                 hist[key] = hist.get(key, 0.0) + n
             if len(positive) < len(values):
-                for key, n in Counter([_bucket(v) for v in values if v <= 0]).items():
+                # The rest as observe takes them (NaN refused there, and here).
+                for key, n in Counter([_bucket(v) for v in values if not v > 0]).items():
                     hist[key] = hist.get(key, 0.0) + n
 
     def add(self, other: StatSet) -> None:

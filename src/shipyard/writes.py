@@ -65,6 +65,12 @@ class CoalescingTransport:
         else:
             transport.writelines(held)
 
+    def get_write_buffer_size(self) -> int:
+        """The bytes not yet sent: the transport's, and those held for this turn's end."""
+        held = self._held
+        size: int = self._transport.get_write_buffer_size()
+        return size if held is None else size + sum(map(len, held))
+
     def close(self) -> None:
         self._flush()
         self._transport.close()

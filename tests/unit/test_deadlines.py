@@ -86,3 +86,18 @@ def test_a_second_loop_gets_a_deadline_of_its_own() -> None:
     for _ in range(2):  # the second run is on another loop than the sweep's
         with pytest.raises(TimeoutError):
             asyncio.run(overdue())
+
+
+def test_a_deadline_is_entered_once() -> None:
+    async def main() -> None:
+        deadlines = Deadlines(resolution_s=0.05)
+        deadline = deadlines.after(5)
+        async with deadline:
+            with pytest.raises(RuntimeError):
+                async with deadline:
+                    pass
+        with pytest.raises(RuntimeError):
+            async with deadline:
+                pass
+
+    asyncio.run(main())

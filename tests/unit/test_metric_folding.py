@@ -4,8 +4,10 @@ Histogram and Counter would, fed the same values, and the CloudWatch sets get wh
 
 from __future__ import annotations
 
+import math
 import random
 
+import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from shipyard.metrics import _BUCKETS, Metrics
@@ -83,3 +85,10 @@ def test_observe_many_is_observe_for_each_value() -> None:
     assert bulk.hist == one_by_one.hist
     for statistic in ("p50", "p99", "Average"):
         assert bulk.value(statistic) == one_by_one.value(statistic)
+
+
+def test_observe_many_refuses_nan_as_observe_does() -> None:
+    with pytest.raises(ValueError):
+        StatSet().observe(math.nan)
+    with pytest.raises(ValueError):
+        StatSet().observe_many([1.0, math.nan])

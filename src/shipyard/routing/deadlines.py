@@ -82,6 +82,8 @@ class Deadline:
         self._state = -1
 
     async def __aenter__(self) -> Deadline:
+        if self._state != -1:
+            raise RuntimeError("a deadline is entered once")
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("a deadline is entered inside a task")

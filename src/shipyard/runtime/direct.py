@@ -17,18 +17,26 @@ collected by an ASGI task of its own (``answer_now`` returns the app that does i
 
 Written by hand because uvicorn offers no way to answer a request without its cycle; it
 reuses uvicorn's protocol and cycle for everything else (parsing, keep-alive, pipelined
-requests, the write side's flow control), so that a request answered here and one
-answered by the app leave the connection in the same state. The body is read whole
-before the answer, as the app reads it.
+requests), so that a request answered here and one answered by the app leave the
+connection in the same state. The body is read whole before the answer, as the app reads
+it. While the client is not reading its answers (the transport's write buffer is full)
+requests go to the app, whose ``send`` waits for it while the requests behind queue; a
+pipelined request is answered on the loop's next turn, as uvicorn starts its task; and a
+handler's exception that escapes ``answer_now`` is answered as uvicorn answers an app's.
 """
 
 from __future__ import annotations
 
+import contextvars
+import logging
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, NamedTuple, Protocol
 
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+log = logging.getLogger(__name__)
 
 Headers = list[tuple[bytes, bytes]]
 ASGIApp = Callable[[MutableMapping[str, Any], Any, Any], Awaitable[None]]
@@ -53,9 +61,17 @@ class AnswersNow(Protocol):
         ...
 
 
-def header_value(text: str) -> bytes:
+_INTERNAL_ERROR = Answer(
+    500,
+    [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"21")],
+    b"Internal Server Error",
+)
+"""uvicorn's answer to an app that raised where the app had no answer of its own."""
+
+
+def header_value(text: str, encoding: str = "latin-1") -> bytes:
     """``text`` as a header value; ValueError when it cannot be one."""
-    value = text.encode("latin-1")
+    value = text.encode(encoding)
     if _CONTROL.search(value):
         raise ValueError(f"not a valid header value: {text!r}")
     return value
@@ -77,9 +93,12 @@ class DirectProtocol(HttpToolsProtocol):
         if app is self.app and _invocation(cycle):
             if cycle.more_body:
                 self._waiting = cycle  # answered once its body is whole
-                return
-            if self._answer(cycle):  # a pipelined request, its body already read
-                return
+            else:
+                # A pipelined request, its body already read, started as the one before
+                # it completed: answered on the loop's next turn, as uvicorn starts its
+                # task, so that a queue of them does not nest one answer in another.
+                self.loop.call_soon(self._answer_or_start, cycle)
+            return
         super()._start_asgi_task(cycle, app)
 
     def on_body(self, body: bytes) -> None:
@@ -94,22 +113,39 @@ class DirectProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         super().on_message_complete()
         cycle, self._waiting = self._waiting, None
-        if cycle is not None and not self._answer(cycle):
-            super()._start_asgi_task(cycle, self.app)
+        if cycle is not None:
+            self._answer_or_start(cycle)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._waiting = None
         super().connection_lost(exc)
 
-    def _answer(self, cycle: Any) -> bool:
-        outcome = self.answers.answer_now(cycle.scope["headers"], bytes(cycle.body))
+    def _answer_or_start(self, cycle: Any) -> None:
+        if self.transport.is_closing() or cycle.disconnected:
+            return  # an earlier answer closed the connection: nobody to answer
+        if self.flow.write_paused or self.transport.get_write_buffer_size() > HIGH_WATER_LIMIT:
+            # The client is not reading its answers as fast as they come: the app's send
+            # waits for it, and the requests behind queue meanwhile (uvicorn's
+            # backpressure), where answering here would pile them up in the buffer.
+            super()._start_asgi_task(cycle, self.app)
+            return
+        try:
+            # In a context of its own, as the task of an ASGI request would be.
+            outcome = contextvars.copy_context().run(
+                self.answers.answer_now, cycle.scope["headers"], bytes(cycle.body)
+            )
+        except BaseException:
+            # What uvicorn's task does with an app's exception: log it, answer 500.
+            log.exception("invocation failed in the protocol")
+            cycle.keep_alive = False
+            _write(self, cycle, _INTERNAL_ERROR)
+            return
         if outcome is None:
-            return False
-        if isinstance(outcome, Answer):
+            super()._start_asgi_task(cycle, self.app)
+        elif isinstance(outcome, Answer):
             _write(self, cycle, outcome)
         else:
             super()._start_asgi_task(cycle, outcome)  # type: ignore[arg-type]
-        return True
 
 
 def direct_protocol(base: type[HttpToolsProtocol], app: AnswersNow) -> type[HttpToolsProtocol]:

@@ -259,9 +259,7 @@ class RuntimeApp:
         context: Context | None,
     ) -> None:
         first = await streaming.first_chunk(self.threads, chunks)  # raises: an error status
-        headers = [(b"content-type", media_type.encode("latin-1"))]
-        if context is not None and context.response_custom_attributes is not None:
-            headers.append((CUSTOM_ATTRIBUTES, context.response_custom_attributes.encode()))
+        headers = _with_attributes([(b"content-type", header_value(media_type))], context)
         await streaming.send_stream(send, receive, self.threads, chunks, first, headers, _described)
 
 
@@ -309,8 +307,16 @@ def _answer_headers(
         (b"content-type", header_value(media_type)),
         (b"content-length", str(len(payload)).encode()),
     ]
+    return _with_attributes(headers, context)
+
+
+def _with_attributes(
+    headers: list[tuple[bytes, bytes]], context: Context | None
+) -> list[tuple[bytes, bytes]]:
+    """``headers`` and the custom attributes the handlers set, if any (UTF-8, as ever)."""
     if context is not None and context.response_custom_attributes is not None:
-        headers.append((CUSTOM_ATTRIBUTES, header_value(context.response_custom_attributes)))
+        value = header_value(context.response_custom_attributes, "utf-8")
+        headers.append((CUSTOM_ATTRIBUTES, value))
     return headers
 
 
