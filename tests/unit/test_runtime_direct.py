@@ -18,6 +18,7 @@ from shipyard.runtime.direct import Answer, direct_protocol
 from shipyard.runtime.handlers import Handlers
 from shipyard.runtime.server import RuntimeApp
 from shipyard.writes import coalescing
+from tests.runtime.test_runtime_wire import invocation
 
 CODE = """
 import time
@@ -44,17 +45,6 @@ def transform_fn(model, body, content_type, accept):
         return b"B" * 262144, "text/plain"
     return b"echo:" + body, "text/plain"
 """
-
-
-def invocation(body: bytes, *extra: str, version: str = "1.1") -> bytes:
-    head = [
-        f"POST /invocations HTTP/{version}",
-        "Host: t",
-        "Content-Type: text/plain",
-        f"Content-Length: {len(body)}",
-        *extra,
-    ]
-    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
 PING = b"GET /ping HTTP/1.1\r\nHost: t\r\n\r\n"

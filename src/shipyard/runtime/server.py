@@ -159,11 +159,9 @@ class RuntimeApp:
             if not isinstance(payload, bytes):  # the handlers returned an iterator
                 if streamed:
                     await self._stream(send, receive, payload, media_type, context)
-                    return
-                whole = await streaming.collect(self.threads, payload, receive)
-                if whole is None:
-                    return  # the gateway left: nobody to answer
-                payload = whole
+                else:
+                    await self._whole(send, receive, payload, media_type, context)
+                return
             headers = _answer_headers(payload, media_type, context)
         except Exception as exc:
             await _failure(send, exc)
@@ -203,6 +201,17 @@ class RuntimeApp:
         send: Send,
     ) -> None:
         await receive()  # the body's message: answer_now has read the body already
+        await self._whole(send, receive, chunks, media_type, context)
+
+    async def _whole(
+        self,
+        send: Send,
+        receive: Receive,
+        chunks: streaming.Chunks,
+        media_type: str,
+        context: Context | None,
+    ) -> None:
+        """A handler's iterator nobody asked to stream, collected and sent whole."""
         try:
             payload = await streaming.collect(self.threads, chunks, receive)
             if payload is None:
