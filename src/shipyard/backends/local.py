@@ -423,7 +423,10 @@ class LocalBackend:
                 # A spare reads at once; one that does not is not waited for long.
                 waiting.channel.settimeout(5.0)
                 sent = socket.send_fds(waiting.channel, [line], fds)
-                waiting.channel.sendall(line[sent:])
+                if sent < len(line):
+                    # Only what is left: a spare that has its whole line may already
+                    # have closed its end, and even an empty send would then fail.
+                    waiting.channel.sendall(line[sent:])
             except OSError:
                 _signal_group(process.pid, signal.SIGKILL)
                 process.wait()
