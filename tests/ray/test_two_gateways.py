@@ -40,6 +40,8 @@ class Load:
     outcomes: list[tuple[float, float, bool]] = field(default_factory=list)
     """(sent, answered, succeeded), monotonic seconds."""
     pids: set[int] = field(default_factory=set)
+    errors: list[str] = field(default_factory=list)
+    """The failures, as their clients saw them (for the assertions' messages)."""
     stop: threading.Event = field(default_factory=threading.Event)
 
     def start(self, endpoint: str) -> None:
@@ -56,8 +58,9 @@ class Load:
                 )
                 self.pids.add(json.loads(answer["Body"].read())["pid"])
                 self.outcomes.append((sent, time.monotonic(), True))
-            except Exception:
+            except Exception as exc:
                 self.outcomes.append((sent, time.monotonic(), False))
+                self.errors.append(f"{type(exc).__name__}: {exc}")
 
     def failed(self, *, sent_before: float = float("inf")) -> int:
         return sum(not ok for sent, _, ok in self.outcomes if sent < sent_before)
@@ -66,6 +69,18 @@ class Load:
         """The longest time without a request answered, from ``after`` on."""
         answered = sorted(done for _, done, ok in self.outcomes if ok and done >= after)
         return max((b - a for a, b in zip([after, *answered], answered, strict=False)), default=0)
+
+
+def _answers(loads: dict[str, Load], gateways: list[GatewayProcess]) -> str:
+    """What each gateway's clients got, and the gateways' logs' ends."""
+    lines = []
+    for url, load in loads.items():
+        ok = sum(ok for _, _, ok in load.outcomes)
+        lines.append(f"{url}: {ok} answered, {load.failed()} failed, pids {sorted(load.pids)}")
+        lines += [f"  {error}" for error in load.errors[-3:]]
+    for gw in gateways:
+        lines += [f"--- {gw.url} log", *gw.log().splitlines()[-40:]]
+    return "\n".join(lines)
 
 
 def _identity(gw: GatewayProcess) -> str:
@@ -104,7 +119,10 @@ def test_a_fleet_outlives_its_gateway_and_the_next_lease_holder_adopts_it(
         loads = {holder.url: Load(holder), survivor.url: Load(survivor)}
         for load in loads.values():
             load.start("ep")
-        wait_until(lambda: all(load.pids for load in loads.values()), "both gateways answer", 60)
+        try:
+            wait_until(lambda: all(load.pids for load in loads.values()), "both answer", 90)
+        except AssertionError:
+            raise AssertionError(_answers(loads, gateways)) from None
         time.sleep(1.0)
         killed_at = time.monotonic()
         holder.process.send_signal(signal.SIGKILL)  # by its PID: no goodbye, no release
