@@ -336,7 +336,7 @@ class Gateway:
             )
         if self._on_startup is not None:
             await self._on_startup(self.service)
-        heap.settle()
+        heap.settle(full=False)
         app.state.ready = True
         log.info(
             "gateway ready: account %s, region %s, home %s",

@@ -40,9 +40,8 @@ import threading
 import warnings
 from contextvars import ContextVar
 from email.message import EmailMessage
+from types import ModuleType
 from urllib.parse import parse_qs, urlsplit
-
-import apprise
 
 from shipyard.errors import DeliveryError
 
@@ -70,9 +69,6 @@ _capture = _Capture(logging.WARNING)
 class Notifier:
     """Sends one notification to one apprise URL; raises DeliveryError when it fails."""
 
-    def __init__(self) -> None:
-        _setup_apprise()
-
     def __repr__(self) -> str:
         return "Notifier()"
 
@@ -86,13 +82,14 @@ class Notifier:
 
     def redact(self, url: str) -> str:
         """``url`` with passwords and tokens masked, as apprise prints it; for display."""
-        plugin = apprise.Apprise.instantiate(_apprise_url(url))
+        plugin = _apprise().Apprise.instantiate(_apprise_url(url))
         if plugin is None:
             return url.split("://", 1)[0] + "://(unusable URL)"
-        return str(plugin.url(privacy=True))  # type: ignore[no-untyped-call]
+        return str(plugin.url(privacy=True))
 
 
 def _send(url: str, title: str, body: str, key: str) -> None:
+    apprise = _apprise()
     lines: list[str] = []
     token = _captured.set(lines)
     try:
@@ -155,20 +152,25 @@ def _reason(lines: list[str], fallback: str) -> str:
     return "; ".join(dict.fromkeys(line.strip() for line in lines if line.strip())) or fallback
 
 
-def _setup_apprise() -> None:
-    """Attach the log capture and load apprise's plugins, once per process.
+def _apprise() -> ModuleType:
+    """apprise, imported on the first notification (a gateway that sends none never
+    pays its import, a fifth of a second), its log captured and its plugins loaded once
+    per process.
 
     apprise imports all its plugins on first use, and one of them imports the deprecated
     ``imghdr``; loading them here, with that one warning silenced, keeps the warning out
     of the first send (and out of test runs that turn warnings into errors).
     """
+    import apprise
+
     with _setup_lock:
         apprise_log = logging.getLogger("apprise")
         if _capture in apprise_log.handlers:
-            return
+            return apprise
         with warnings.catch_warnings():
             warnings.filterwarnings(
                 "ignore", message=".*imghdr.* is deprecated", category=DeprecationWarning
             )
             apprise.Apprise.instantiate("json://localhost")
         apprise_log.addHandler(_capture)
+    return apprise

@@ -17,7 +17,6 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
-import botocore.session
 import cbor2
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -37,6 +36,7 @@ from shipyard.gateway import bodies, query
 from shipyard.gateway.auth import Admitted, admitted
 from shipyard.gateway.errors import AMZ_JSON, CBOR, control_error_response, rpc_v2_error_response
 from shipyard.gateway.registry import Action, ActionRegistry, query_target, rpc_v2_target
+from shipyard.gateway.validation import service_model
 from shipyard.logs.service import ENDPOINTS_GROUP, JOBS_GROUP
 
 MAX_BODY_BYTES = 1 << 20
@@ -138,7 +138,7 @@ class ControlDoor:
             return response
         try:
             action = self.actions.find(target)
-            operation = _service_model(action.service.botocore).operation_model(action.name)
+            operation = service_model(action.service.botocore).operation_model(action.name)
             params = query.params(body, operation.input_shape)
             result = await self._run(action, params, edge)
         except Exception as exc:  # every error leaves through the one renderer
@@ -286,18 +286,13 @@ class ControlDoor:
 
 
 @cache
-def _service_model(service: str) -> Any:
-    return botocore.session.get_session().get_service_model(service)
-
-
-@cache
 def _nested_paths(service: str, action: str) -> tuple[tuple[tuple[str, ...], str], ...]:
     """Where below its top level a request of ``action`` names a resource, read from
     botocore's input shape once: (path, kind) with ``"*"`` for a list's items, kind a
     value of ``_NAMED`` (a member of that name), ``"arn"`` (a member ending in ``Arn``)
     or ``_DIMENSION``. Maps (``Environment``, ``HyperParameters``, tags) hold the
     caller's own names, not the service's, and are not walked."""
-    model = _service_model(service)
+    model = service_model(service)
     if action not in model.operation_names or model.operation_model(action).input_shape is None:
         return ()
     found: list[tuple[tuple[str, ...], str]] = []

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import botocore.session
-
 from shipyard.errors import RuntimeValidationError
+from shipyard.gateway.validation import service_model
 
 _IDENTIFIER = r"\A\S[\p{Print}]*\z"
 _ASCII = r"\p{ASCII}*"
@@ -32,7 +31,7 @@ class _Limit:
 
 
 def _limits(operation: str) -> dict[bytes, _Limit]:
-    model = botocore.session.get_session().get_service_model("sagemaker-runtime")
+    model = service_model("sagemaker-runtime")
     shape = model.operation_model(operation).input_shape
     limits: dict[bytes, _Limit] = {}
     for name, member in shape.members.items():

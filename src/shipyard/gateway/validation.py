@@ -30,6 +30,7 @@ import functools
 import logging
 import math
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,23 +98,22 @@ class RequestValidator:
         """``unpatterned`` names shapes whose pattern is not enforced (lengths still are):
         shipyard accepts ``file://`` URLs and ``cmd:`` images where AWS accepts only its own.
         """
-        model = botocore.session.get_session().get_service_model(service_name)
+        self._model = service_model(service_name)
         self._service_name = service_name
         self._unpatterned = unpatterned
+        self._names = frozenset(str(name) for name in self._model.operation_names)
         self._rules: dict[str, _Rule] = {}
         self._operations: dict[str, _Rule | None] = {}
-        for name in model.operation_names:
-            shape = model.operation_model(name).input_shape
-            self._operations[str(name)] = None if shape is None else self._rule_for(shape)
+        """Each operation's rule, built on its first request (a gateway's start would
+        otherwise walk every shape of the model); published only once complete."""
+        self._building = threading.Lock()
 
     def __repr__(self) -> str:
-        return (
-            f"RequestValidator(service={self._service_name!r}, operations={len(self._operations)})"
-        )
+        return f"RequestValidator(service={self._service_name!r}, operations={len(self._names)})"
 
     def has_operation(self, name: str) -> bool:
         """Whether ``name`` (an action such as ``CreateEndpoint``) is in the model."""
-        return name in self._operations
+        return name in self._names
 
     def validate(self, operation: str, params: object) -> None:
         """Check ``params`` (the decoded JSON body) against ``operation``'s input shape.
@@ -124,11 +124,11 @@ class RequestValidator:
                 wrong JSON type.
             InvalidParameter: one or more constraints are broken; all are listed.
         """
-        if operation not in self._operations:
+        if operation not in self._names:
             raise UnknownOperation(f"Unknown operation {operation!r}.")
         if not isinstance(params, dict):
             raise _type_error("structure", params, "")
-        rule = self._operations[operation]
+        rule = self._operation_rule(operation)
         if rule is None:
             return
         errors: list[str] = []
@@ -138,6 +138,20 @@ class RequestValidator:
             raise InvalidParameter(
                 f"{len(errors)} validation {plural} detected: " + "; ".join(errors)
             )
+
+    def _operation_rule(self, operation: str) -> _Rule | None:
+        try:
+            return self._operations[operation]
+        except KeyError:
+            pass
+        # Rules are cached before their members are filled (recursive shapes), so they
+        # are built under a lock, and another thread sees an operation's rule only once
+        # every rule under it is whole.
+        with self._building:
+            if operation not in self._operations:
+                shape = self._model.operation_model(operation).input_shape
+                self._operations[operation] = None if shape is None else self._rule_for(shape)
+            return self._operations[operation]
 
     # botocore ships no type hints, so its shapes are Any here and nowhere else.
     def _rule_for(self, shape: Any) -> _Rule:
@@ -173,6 +187,18 @@ class RequestValidator:
             rule.sensitive = rule.sensitive or rule.key.sensitive or rule.item.sensitive
         rule.constraints = _constraints(rule)
         return rule
+
+
+@functools.cache
+def service_model(service: str) -> Any:
+    """botocore's model of ``service`` (``sagemaker``, ``sagemaker-runtime``, ...), read
+    once per process for every reader of it: each read parses the model's JSON anew."""
+    return _session().get_service_model(service)
+
+
+@functools.cache
+def _session() -> botocore.session.Session:
+    return botocore.session.get_session()
 
 
 @functools.cache

@@ -1,0 +1,121 @@
+"""A gateway's start: ``shipyard serve`` launched -> first 200 from ``/healthz``.
+
+    .venv/bin/python bench/gateway_start.py            # N=7 rounds, this tree only
+    REF=4a70ec3 .venv/bin/python bench/gateway_start.py  # and a reference commit, interleaved
+
+Each round starts a gateway on a fresh home (an empty SQLite store, as every test's
+gateway and a first ``make run`` have), waits for ``/healthz``, reads the process's CPU
+time (user + system, every thread) from ``/proc`` and stops it by its PID. With ``REF``
+the commit is checked out in a temporary worktree and run by the same interpreter with
+its ``src`` first on ``PYTHONPATH`` (this venv's editable install is a plain path entry,
+so the reference's modules win), the two alternating round by round.
+
+CPU time is the figure to compare: the suite starts hundreds of gateways on two cores,
+and a busy machine stretches the wall time of each start but not its CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from harness import cpu_probe_ms, table
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one_start(src: Path | None) -> tuple[float, float]:
+    """(wall s, CPU s) from launch to the first good /healthz."""
+    home = Path(tempfile.mkdtemp(prefix="gw-start-"))
+    port = free_port()
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    argv = [sys.executable, "-m", "shipyard", "serve", "--port", str(port)]
+    argv += ["--home", str(home / "home"), "--insecure"]
+    started = time.monotonic()
+    with open(home / "gateway.log", "wb") as out:
+        process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2):
+                    break
+            except OSError:
+                if process.poll() is not None:
+                    raise RuntimeError((home / "gateway.log").read_text()) from None
+                time.sleep(0.01)
+        wall = time.monotonic() - started
+        return wall, cpu_seconds(process.pid)
+    finally:
+        process.terminate()
+        process.wait(30)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def main() -> None:
+    rounds = int(os.environ.get("N", "7"))
+    ref = os.environ.get("REF")
+    trees: dict[str, Path | None] = {"this tree": None}
+    worktree = None
+    if ref:
+        worktree = Path(tempfile.mkdtemp(prefix="gw-start-ref-")) / "tree"
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(worktree), ref],
+            check=True,
+        )
+        trees = {ref: worktree / "src", "this tree": None}
+    probe_before = cpu_probe_ms()
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
+    try:
+        for src in trees.values():
+            one_start(src)  # warm the page cache and the bytecode of each tree
+        for _ in range(rounds):
+            for name, src in trees.items():
+                samples[name].append(one_start(src))
+    finally:
+        if worktree is not None:
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)],
+                check=False,
+            )
+    probe_after = cpu_probe_ms()
+    base = statistics.median(c for _, c in samples[next(iter(trees))])
+    rows = []
+    for name, runs in samples.items():
+        cpu = statistics.median(c for _, c in runs)
+        wall = statistics.median(w for w, _ in runs)
+        rows.append(
+            [
+                name,
+                f"{wall:.2f}",
+                f"{cpu:.2f}",
+                f"{min(c for _, c in runs):.2f}-{max(c for _, c in runs):.2f}",
+                f"{cpu / base:.2f}",
+            ]
+        )
+    print(f"{rounds} rounds, CPU probe {probe_before:.1f} ms before / {probe_after:.1f} ms after")
+    print(table(["tree", "wall s (median)", "CPU s (median)", "CPU s range", "CPU vs first"], rows))
+
+
+if __name__ == "__main__":
+    main()
