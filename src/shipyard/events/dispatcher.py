@@ -199,6 +199,7 @@ class Dispatcher:
 
     async def _deliver_all(self, event: Event) -> bool:
         """Deliver to every subscriber; True when all are settled."""
+        await self._notifier.load()
         resolution = self._topics.resolve(event.topics)
         rows = {d.subscriber: d for d in await _db(self._log.deliveries, event.key)}
         for target in resolution.unknown:
