@@ -62,10 +62,10 @@ run: install
 	$(BIN)/shipyard serve --host 127.0.0.1 --port $(PORT) --home $(HOME_DIR) --demo
 
 test: install-dev
-	$(BIN)/pytest -q -n 3 --dist loadgroup --durations=25
+	$(BIN)/pytest -q -n 3 --dist loadgroup --no-loadscope-reorder --durations=25
 
 coverage: install-dev
-	$(BIN)/pytest -q -n 3 --dist loadgroup --cov=shipyard --cov-report=term-missing:skip-covered
+	$(BIN)/pytest -q -n 3 --dist loadgroup --no-loadscope-reorder --cov=shipyard --cov-report=term-missing:skip-covered
 
 lint: install-dev
 	$(BIN)/ruff check src tests bench
