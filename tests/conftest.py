@@ -32,7 +32,8 @@ PG_URL = os.environ.get("SHIPYARD_TEST_PG", "postgresql://postgres@127.0.0.1:543
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each module's tests run on one xdist worker, one after another, unless they are
-    in a group of their own (``xdist_group``: one container engine, one tiny LM).
+    in a group of their own (``xdist_group``: one container engine, one tiny LM). The
+    group is named after the module's file (two of one name in two folders share one).
 
     Many modules start a gateway, instances or a Ray cluster once for all their tests
     (module-scoped fixtures); spread test by test over three workers, each worker that
@@ -42,7 +43,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
 
 
 @dataclass
