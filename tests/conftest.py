@@ -25,25 +25,10 @@ import botocore.config
 import pytest
 from moto.server import ThreadedMotoServer
 
+from tests.scheduling import pytest_collection_modifyitems  # noqa: F401  (a hook)
+
 MODELS = Path(__file__).parent / "models"
 PG_URL = os.environ.get("SHIPYARD_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Each module's tests run on one xdist worker, one after another, unless they are
-    in a group of their own (``xdist_group``: one container engine, one tiny LM). The
-    group is named after the module's file (two of one name in two folders share one).
-
-    Many modules start a gateway, instances or a Ray cluster once for all their tests
-    (module-scoped fixtures); spread test by test over three workers, each worker that
-    ran one of them started its own. ``make test`` schedules these groups in collection
-    order (``--no-loadscope-reorder``), so the many small unit modules come last and
-    even out the workers' ends.
-    """
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
 
 
 @dataclass
