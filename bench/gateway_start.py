@@ -18,24 +18,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-from harness import cpu_probe_ms, table
+from harness import ServerProcess, cpu_probe_ms, free_port, http_status, table
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -44,31 +36,22 @@ def cpu_seconds(pid: int) -> float:
 
 
 def one_start(src: Path | None) -> tuple[float, float]:
-    """(wall s, CPU s) from launch to the first good /healthz."""
+    """(wall s, CPU s) from launch to the first good /healthz (polled every 10 ms)."""
     home = Path(tempfile.mkdtemp(prefix="gw-start-"))
-    port = free_port()
-    env = dict(os.environ)
-    if src is not None:
-        env["PYTHONPATH"] = str(src)
-    argv = [sys.executable, "-m", "shipyard", "serve", "--port", str(port)]
-    argv += ["--home", str(home / "home"), "--insecure"]
+    url = f"http://127.0.0.1:{free_port()}"
+    argv = [sys.executable, "-m", "shipyard", "serve", "--port", url.rsplit(":", 1)[1]]
+    argv += ["--home", str(home / "home")]
+    env = {} if src is None else {"PYTHONPATH": str(src)}
     started = time.monotonic()
-    with open(home / "gateway.log", "wb") as out:
-        process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    gateway = ServerProcess.start("gateway", argv, home / "gateway.log", env)
     try:
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2):
-                    break
-            except OSError:
-                if process.poll() is not None:
-                    raise RuntimeError((home / "gateway.log").read_text()) from None
-                time.sleep(0.01)
-        wall = time.monotonic() - started
-        return wall, cpu_seconds(process.pid)
+        while http_status(url + "/healthz") != 200:
+            if not gateway.alive():
+                raise RuntimeError(f"gateway exited early:\n{gateway.log_tail()}")
+            time.sleep(0.01)
+        return time.monotonic() - started, cpu_seconds(gateway.process.pid)
     finally:
-        process.terminate()
-        process.wait(30)
+        gateway.stop()
         shutil.rmtree(home, ignore_errors=True)
 
 

@@ -27,7 +27,7 @@ def settle(*, full: bool = True) -> None:
     to find them costs 0.1-0.3 s of every start; frozen, they stay (a few KiB).
     An instance collects fully: loading a model can leave large cycles behind.
     """
-    gc.collect(1 if not full else 2)
+    gc.collect(2 if full else 1)
     gc.freeze()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(YOUNG_THRESHOLD, middle, old)

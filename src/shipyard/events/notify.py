@@ -170,15 +170,15 @@ def _apprise() -> ModuleType:
     """
     import apprise
 
+    if _loaded.is_set():
+        return apprise
     with _setup_lock:
-        apprise_log = logging.getLogger("apprise")
-        if _capture in apprise_log.handlers:
-            return apprise
-        with warnings.catch_warnings():
-            warnings.filterwarnings(
-                "ignore", message=".*imghdr.* is deprecated", category=DeprecationWarning
-            )
-            apprise.Apprise.instantiate("json://localhost")
-        apprise_log.addHandler(_capture)
-        _loaded.set()
+        if not _loaded.is_set():
+            with warnings.catch_warnings():
+                warnings.filterwarnings(
+                    "ignore", message=".*imghdr.* is deprecated", category=DeprecationWarning
+                )
+                apprise.Apprise.instantiate("json://localhost")
+            logging.getLogger("apprise").addHandler(_capture)
+            _loaded.set()
     return apprise
