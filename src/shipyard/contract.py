@@ -13,11 +13,15 @@ renamed on one side only. The SageMaker container contract (``POST /invocations`
 - an answer that came out of a server-side batch says how big the batch was and how long
   the request waited for it in ``X-Shipyard-Batch``.
 
+Beside the container contract, the built-in runtime takes a shadow variant's copies many
+at a time on ``POST /copies`` (COPIES_PATH, below).
+
 Only the standard library is imported: the data path pays nothing for these names.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from urllib.parse import quote, unquote
 
@@ -161,3 +165,73 @@ def format_evicted(names: Sequence[str]) -> str:
 def parse_evicted(value: str) -> list[str]:
     """EVICTED_HEADER back into model names."""
     return [unquote(name) for name in value.split(",") if name]
+
+
+# Shadow copies in bulk (routing/shadow.py → runtime/server.py). A copy's answer goes
+# nowhere but the shadow's metrics, so the gateway sends the copies gathered while the
+# last exchange ran in one request, and the instance answers each one's status and the
+# seconds its invocation took: one exchange, not one per copy, in both processes.
+#
+# The request body is the copies one after another, each a COPY record (header count,
+# body length), its headers (each a HEADER record, name length and value length, then
+# the name and the value) and its body. The answer, 200 application/octet-stream, is one
+# OUTCOME record (status, seconds) per copy, in order. An instance without the route
+# answers 404; the gateway then sends that instance its copies one by one.
+INVOCATIONS_PATH = b"/invocations"
+COPIES_PATH = b"/copies"
+COPIES_MEDIA_TYPE = b"application/x-shipyard-copies"
+_COPY = struct.Struct(">HI")
+_HEADER = struct.Struct(">HI")
+_OUTCOME = struct.Struct(">Hd")
+
+
+def pack_copies(copies: Sequence[tuple[Headers, bytes]]) -> bytes:
+    """The body of a ``POST /copies``: each copy's headers and body."""
+    parts: list[bytes] = []
+    for headers, body in copies:
+        parts.append(_COPY.pack(len(headers), len(body)))
+        for name, value in headers:
+            parts += (_HEADER.pack(len(name), len(value)), name, value)
+        parts.append(body)
+    return b"".join(parts)
+
+
+def unpack_copies(data: bytes) -> list[tuple[Headers, bytes]]:
+    """The copies in a ``POST /copies`` body, header names lower-cased as an HTTP
+    parser hands them over; ValueError when the body is not such a sequence."""
+    copies: list[tuple[Headers, bytes]] = []
+    view = memoryview(data)
+    at, end = 0, len(data)
+    try:
+        while at < end:
+            count, length = _COPY.unpack_from(view, at)
+            at += _COPY.size
+            headers: Headers = []
+            for _ in range(count):
+                name_length, value_length = _HEADER.unpack_from(view, at)
+                at += _HEADER.size
+                name = bytes(view[at : at + name_length]).lower()
+                at += name_length
+                headers.append((name, bytes(view[at : at + value_length])))
+                at += value_length
+            if at + length > end:
+                raise ValueError("a copy's body runs past the end")
+            copies.append((headers, bytes(view[at : at + length])))
+            at += length
+    except struct.error as exc:
+        raise ValueError(f"a copy is cut short: {exc}") from None
+    if at != end:
+        raise ValueError("a copy's headers run past the end")
+    return copies
+
+
+def pack_outcomes(outcomes: Sequence[tuple[int, float]]) -> bytes:
+    """The answer to a ``POST /copies``: each copy's status and seconds, in order."""
+    return b"".join(_OUTCOME.pack(status, seconds) for status, seconds in outcomes)
+
+
+def unpack_outcomes(data: bytes, count: int) -> list[tuple[int, float]]:
+    """``count`` copies' outcomes; ValueError when ``data`` holds another number."""
+    if len(data) != count * _OUTCOME.size:
+        raise ValueError(f"{len(data)} bytes are not the outcomes of {count} copies")
+    return list(_OUTCOME.iter_unpack(data))

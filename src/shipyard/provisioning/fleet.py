@@ -72,6 +72,12 @@ def builtin_concurrency(environment: dict[str, str]) -> int:
     return batch * (threads + 1) if batch > 0 else threads
 
 
+def takes_copies(spec: InstanceSpec) -> bool:
+    """Whether the instance runs the built-in runtime alone, which takes a shadow's
+    copies many at a time (contract.COPIES_PATH)."""
+    return not isinstance(spec, GroupSpec) and runtime_for(spec.image) == "python"
+
+
 def instance_concurrency(spec: InstanceSpec) -> int | None:
     """Requests the instance works on at once, when known: a built-in runtime's handler
     threads; for a group of containers, its narrowest built-in container's. A user's
@@ -336,6 +342,7 @@ class Provisioner:
             slot.variant,
             handle.url,
             concurrency=instance_concurrency(slot.spec),
+            takes_copies=takes_copies(slot.spec),
         )
         if self.backend.exit_reason(handle) is not None or not await self.ping(
             instance, timeout_s=2.0
@@ -496,6 +503,7 @@ class Provisioner:
             handle.url,
             concurrency=instance_concurrency(slot.spec),
             socket_path=handle.socket_path,
+            takes_copies=takes_copies(slot.spec),
         )
         if isinstance(handle, GroupHandle):
             handle.attach(instance)

@@ -24,6 +24,9 @@ class Instance:
 
     ``socket_path``: a Unix socket on this host where the instance also serves, which
     its requests then take (routing/client.py); its ``url`` stays what others see.
+
+    ``takes_copies``: it runs the built-in runtime, which takes a shadow's copies many
+    at a time (contract.COPIES_PATH); cleared should it answer that route 404.
     """
 
     __slots__ = (
@@ -42,6 +45,7 @@ class Instance:
         "pinned",
         "last_used",
         "stop_reason",
+        "takes_copies",
     )
 
     def __init__(
@@ -52,8 +56,10 @@ class Instance:
         *,
         concurrency: int | None = None,
         socket_path: str | None = None,
+        takes_copies: bool = False,
     ) -> None:
         parts = urlsplit(url)
+        self.takes_copies = takes_copies
         self.instance_id = instance_id
         self.variant = variant
         self.url = url

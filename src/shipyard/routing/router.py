@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
+from shipyard.contract import INVOCATIONS_PATH
 from shipyard.errors import (
     ClientGone,
     InstanceFailed,
@@ -88,6 +89,9 @@ class Call:
     """The instance the call was sent to, once chosen."""
     opened: bytes | None = None
     """Set when the call opened a session: the New-Session-Id header's value."""
+    path: bytes = INVOCATIONS_PATH
+    """Where on the instance it goes: ``/invocations``, or for a shadow's copies sent
+    together (routing/shadow.py) contract.COPIES_PATH."""
 
     def copy_to(self, variant: VariantRoute) -> Call:
         """This call for ``variant`` (a shadow's copy): the same request, no instance
@@ -107,6 +111,7 @@ class Call:
             None,
             None,
             self.opened,
+            self.path,
         )
 
 
@@ -200,9 +205,15 @@ class Router:
     # -- sending ----------------------------------------------------------------------
 
     async def invoke(
-        self, route: EndpointRoute, variant: VariantRoute, call: Call
+        self,
+        route: EndpointRoute,
+        variant: VariantRoute,
+        call: Call,
+        timeout_s: float | None = None,
     ) -> tuple[Response, float]:
         """Send one invocation; return the instance's answer and the model latency (s).
+        ``timeout_s`` stands in for the router's for this call (a shadow's copies sent
+        together have each one's).
 
         Raises:
             ModelNotReady: no instance of the variant is healthy.
@@ -216,7 +227,7 @@ class Router:
         admission.admit()
         taken = False
         try:
-            async with self._deadlines.after(self.timeout_s):
+            async with self._deadlines.after(timeout_s or self.timeout_s):
                 while True:
                     variant, instance = await self._take(route, variant, call, tried, turn)
                     turn = taken = True

@@ -12,6 +12,15 @@ A slow or failing shadow must not take the gateway down with it, so copies are b
 per shadow variant: past ``max_pending`` copies sent and not yet answered, new ones are
 dropped and counted (``shipyard_shadow_copies_dropped``) rather than queued. A pending
 copy holds its request body, so the bound also caps the memory copies take.
+
+Copies to a shadow whose instances run the built-in runtime travel together: each
+instance has at most one exchange of copies in flight, and the copies made meanwhile go
+in the next one, up to ``BULK_COPIES`` copies or ``BULK_BYTES`` of bodies
+(``POST /copies``, shipyard/contract.py). A copy is a second exchange of the gateway's
+per request, as costly as the production one; together they cost one exchange per
+batch, in the gateway and in the shadow's instance alike (bench/results/shadow.md). A
+copy's latency is then the time the instance's handlers took on it. Copies to any other
+shadow (a container of one's own, a multi-model one) are sent one by one.
 """
 
 from __future__ import annotations
@@ -19,14 +28,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import Counter
 
+from shipyard.contract import COPIES_MEDIA_TYPE, COPIES_PATH, pack_copies, unpack_outcomes
 from shipyard.errors import ModelError, RuntimeFailure
+from shipyard.routing.strategies import OneModel
 
 if TYPE_CHECKING:  # the router and the tables import this module
+    from shipyard.metrics import VariantMetrics
     from shipyard.routing.router import Call, Router
     from shipyard.routing.table import EndpointRoute, VariantRoute
 
@@ -57,6 +70,22 @@ def copy_shares(production: Sequence[VariantRoute], shadows: Sequence[VariantRou
     return copies
 
 
+BULK_COPIES = 64
+"""Most copies one exchange carries."""
+BULK_BYTES = 1 << 20
+"""Most body bytes one exchange carries (a larger copy goes alone)."""
+
+
+class _Queue:
+    """A shadow's copies waiting for an exchange, and the exchanges sending them."""
+
+    __slots__ = ("calls", "senders")
+
+    def __init__(self) -> None:
+        self.calls: deque[Call] = deque()
+        self.senders = 0
+
+
 class ShadowCopier:
     """Sends copies of production requests to shadow variants and records their outcome.
 
@@ -78,6 +107,7 @@ class ShadowCopier:
         self._dropped = dropped
         self._rng = rng or random.Random()
         self._pending: dict[tuple[str, str], int] = {}
+        self._queues: dict[tuple[str, str], _Queue] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
@@ -99,40 +129,112 @@ class ShadowCopier:
                 self._dropped.labels(route.name, shadow.name).inc()
                 continue
             self._pending[key] = pending + 1
-            task = asyncio.create_task(self._copy(route, shadow, call, key))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            instances = shadow.instances
+            if (
+                instances
+                and type(shadow.dispatch) is OneModel
+                and all(i.takes_copies for i in instances)
+            ):
+                queue = self._queues.get(key)
+                if queue is None:
+                    queue = self._queues[key] = _Queue()
+                queue.calls.append(call)
+                if queue.senders < len(instances):
+                    queue.senders += 1
+                    self._start(self._drain(route, shadow, key, queue))
+            else:
+                self._start(self._copy(route, shadow, call, key))
+
+    def _start(self, work: Coroutine[None, None, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _copy(
         self, route: EndpointRoute, shadow: VariantRoute, call: Call, key: tuple[str, str]
     ) -> None:
-        metrics = shadow.metrics
         # A copy of its own: the shadow's instance is not the production call's, nor is
         # its session's (a session lives on one production instance; the shadow gets the
         # id and may keep its own state under it).
         copy = call.copy_to(shadow)
+        model_s = None
         try:
             response, model_s = await self.router.invoke(route, shadow, copy)
         except RuntimeFailure as exc:
-            # What the model (or the gateway, for it) answered, as CloudWatch counts it.
-            status = exc.original_status_code if isinstance(exc, ModelError) else exc.status_code
+            status = _status_of(exc)
         except Exception:
             log.exception("copy to shadow variant %s of %s failed", shadow.name, route.name)
             status = 500
         else:
             status = response.status
-            metrics.latency.add(model_s, None)
         finally:
-            left = self._pending[key] - 1
-            if left:
-                self._pending[key] = left
-            else:
-                del self._pending[key]
-        metrics.invocations.inc()
-        if status >= 500:
-            metrics.errors_5xx.inc()
-        elif status >= 400:
-            metrics.errors_4xx.inc()
+            self._answered(key, 1)
+        _record(shadow.metrics, status, model_s)
+
+    async def _drain(
+        self, route: EndpointRoute, shadow: VariantRoute, key: tuple[str, str], queue: _Queue
+    ) -> None:
+        """Send the shadow's waiting copies, an exchange at a time, until none wait."""
+        try:
+            calls = queue.calls
+            while calls:
+                batch = [calls.popleft()]
+                size = len(batch[0].body)  # type: ignore[arg-type]  # copies hold bytes
+                while calls and len(batch) < BULK_COPIES:
+                    size += len(calls[0].body)  # type: ignore[arg-type]
+                    if size > BULK_BYTES:
+                        break
+                    batch.append(calls.popleft())
+                await self._bulk(route, shadow, key, batch)
+        finally:
+            queue.senders -= 1
+            if not queue.senders and self._queues.get(key) is queue:
+                del self._queues[key]
+                if queue.calls:  # cancelled while copies waited: the gateway stops
+                    self._answered(key, len(queue.calls))
+
+    async def _bulk(
+        self, route: EndpointRoute, shadow: VariantRoute, key: tuple[str, str], batch: list[Call]
+    ) -> None:
+        """One exchange of ``batch``'s copies, and each copy's outcome in the metrics."""
+        body = pack_copies([(c.headers, c.body) for c in batch])  # type: ignore[misc]
+        bulk = batch[0].copy_to(shadow)  # a Call (this module cannot import the router's)
+        bulk.headers, bulk.body, bulk.content_length = _BULK_HEADERS, body, None
+        bulk.session = bulk.model = bulk.watch_gone = None
+        bulk.path = COPIES_PATH
+        outcomes: list[tuple[int, float | None]]
+        try:
+            response, _ = await self.router.invoke(
+                route, shadow, bulk, self.router.timeout_s * len(batch)
+            )
+            if response.status == 404 and bulk.instance is not None:
+                # A runtime from before the route (an instance this gateway adopted):
+                # this instance gets its copies one by one from now on, these first.
+                bulk.instance.takes_copies = False
+                self._pending[key] = self._pending.get(key, 0) + len(batch)
+                for call in batch:
+                    self._start(self._copy(route, shadow, call, key))
+                return
+            if response.status != 200:
+                raise ValueError(f"the copies were answered {response.status}")
+            outcomes = list(unpack_outcomes(response.body, len(batch)))
+        except RuntimeFailure as exc:
+            outcomes = [(_status_of(exc), None)] * len(batch)
+        except Exception:
+            log.exception("copies to shadow variant %s of %s failed", shadow.name, route.name)
+            outcomes = [(500, None)] * len(batch)
+        finally:
+            self._answered(key, len(batch))
+        metrics = shadow.metrics
+        for status, model_s in outcomes:
+            _record(metrics, status, model_s)
+
+    def _answered(self, key: tuple[str, str], count: int) -> None:
+        left = self._pending[key] - count
+        if left:
+            self._pending[key] = left
+        else:
+            del self._pending[key]
 
     async def close(self) -> None:
         """Cancel the copies still pending: they are best effort, and the gateway stops."""
@@ -140,3 +242,23 @@ class ShadowCopier:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+_BULK_HEADERS = [(b"Content-Type", COPIES_MEDIA_TYPE)]
+
+
+def _status_of(exc: RuntimeFailure) -> int:
+    """What the model (or the gateway, for it) answered, as CloudWatch counts it."""
+    return exc.original_status_code if isinstance(exc, ModelError) else exc.status_code
+
+
+def _record(metrics: VariantMetrics, status: int, model_s: float | None) -> None:
+    """One copy's outcome in the shadow's metrics; its latency when the instance
+    answered it."""
+    if model_s is not None:
+        metrics.latency.add(model_s, None)
+    metrics.invocations.inc()
+    if status >= 500:
+        metrics.errors_5xx.inc()
+    elif status >= 400:
+        metrics.errors_4xx.inc()

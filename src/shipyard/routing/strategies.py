@@ -104,7 +104,7 @@ class OneModel:
         # The pool's own coroutine, not one wrapped around it: no extra frame per request.
         return instance.pool.request(
             b"POST",
-            _INVOCATIONS,
+            call.path,
             call.headers,
             call.body,
             content_length=call.content_length,

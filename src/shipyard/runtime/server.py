@@ -24,6 +24,7 @@ import asyncio
 import functools
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, NamedTuple
 from urllib.parse import unquote
@@ -31,7 +32,16 @@ from urllib.parse import unquote
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from shipyard.contract import ADAPTER_IDENTIFIER, BATCH, ERROR, RESPONSE_STREAM, format_batch
+from shipyard.contract import (
+    ADAPTER_IDENTIFIER,
+    BATCH,
+    COPIES_PATH,
+    ERROR,
+    RESPONSE_STREAM,
+    format_batch,
+    pack_outcomes,
+    unpack_copies,
+)
 from shipyard.errors import CodecError
 from shipyard.keepalive import LazyKeepAlive
 from shipyard.runtime import streaming
@@ -59,6 +69,8 @@ _PING_START: Message = {
     "headers": [(b"content-length", b"0")],
 }
 _EMPTY_BODY: Message = {"type": "http.response.body", "body": b""}
+_COPIES = COPIES_PATH.decode()
+_OUTCOMES_TYPE = (b"content-type", b"application/octet-stream")
 
 
 class RuntimeApp:
@@ -101,6 +113,11 @@ class RuntimeApp:
                 await _plain(send, 405, "Method Not Allowed", allow=b"GET, HEAD")
         elif path == "/adapters" or path.startswith("/adapters/"):
             await self._adapters(scope, receive, send)
+        elif path == _COPIES:
+            if method == "POST":
+                await self._copies(receive, send)
+            else:
+                await _plain(send, 405, "Method Not Allowed", allow=b"POST")
         else:
             await _plain(send, 404, "Not Found")
 
@@ -222,6 +239,58 @@ class RuntimeApp:
             return
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
+
+    async def _copies(self, receive: Receive, send: Send) -> None:
+        """``POST /copies``: a shadow variant's copies, each invoked as ``POST
+        /invocations`` would be, answered with each one's status and seconds
+        (shipyard/contract.py). One at a time when the handlers run inline, as
+        pipelined requests would be; otherwise all at once, so that the handler threads
+        or a batch take them as they take concurrent requests."""
+        try:
+            copies = unpack_copies(await _read_body(receive))
+        except ValueError as exc:
+            await _plain(send, 400, f"Not a sequence of copies: {exc}")
+            return
+        if isinstance(self.threads, Inline) and self.adapters is None and self.batcher is None:
+            outcomes = [await self._copy(headers, body) for headers, body in copies]
+        else:
+            outcomes = await asyncio.gather(*(self._copy(h, b) for h, b in copies))
+        payload = pack_outcomes(outcomes)
+        headers = [_OUTCOMES_TYPE, (b"content-length", str(len(payload)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+    async def _copy(self, headers: list[tuple[bytes, bytes]], body: bytes) -> tuple[int, float]:
+        """One copy's status and seconds: answered in place when ``answer_now`` can (as
+        the protocol answers an invocation), else through the app with its answer
+        dropped but its status."""
+        started = time.perf_counter()
+        outcome = self.answer_now(headers, body)
+        if isinstance(outcome, Answer):
+            return outcome.status, time.perf_counter() - started
+        app = self._invocations if outcome is None else outcome
+        status = 500
+        delivered = False
+
+        async def receive() -> Message:
+            nonlocal delivered
+            if delivered:  # a watch for the gateway leaving: it does not, for a copy
+                await asyncio.get_running_loop().create_future()
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+
+        scope = {"type": "http", "method": "POST", "path": "/invocations", "headers": headers}
+        try:
+            await app(scope, receive, send)
+        except Exception:
+            log.exception("a shadow copy failed")
+            status = 500
+        return status, time.perf_counter() - started
 
     async def _adapters(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``POST /adapters`` and ``DELETE /adapters/<name>`` (:mod:`adapters`)."""
