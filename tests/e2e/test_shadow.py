@@ -180,6 +180,33 @@ def test_half_weight_copies_about_half(gw: GatewayProcess, tmp_path: Path) -> No
     assert metric(gw, "shipyard_invocations_total", name, "shadow") == copied
 
 
+def test_a_shadow_of_ones_own_server_gets_its_copies_one_by_one(
+    gw: GatewayProcess, tmp_path: Path
+) -> None:
+    """A ``cmd:`` server knows only the container contract: its copies come as plain
+    invocations (this one answers any POST 200, so a ``POST /copies`` sent to it would
+    come back unreadable and count as 5xx)."""
+    name = unique("own")
+    prod = model(gw, f"{name}-prod", ECHO)
+    server = MODELS / "cmd_headers" / "server.py"
+    gw.sm.create_model(
+        ModelName=f"{name}-shadow",
+        PrimaryContainer={"Image": f"cmd:python {server}", "ModelDataUrl": ECHO},
+        ExecutionRoleArn=ROLE,
+    )
+    gw.sm.create_endpoint_config(
+        EndpointConfigName=name,
+        ProductionVariants=[variant("prod", prod)],
+        ShadowProductionVariants=[variant("shadow", f"{name}-shadow")],
+    )
+    gw.sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
+    wait_in_service(gw, name)
+    invoke_many(gw, name, 25)
+    wait_until(lambda: metric(gw, "shipyard_invocations_total", name, "shadow") == 25, "copies")
+    assert metric(gw, "shipyard_invocation_5xx_errors_total", name, "shadow") == 0
+    assert metric(gw, "shipyard_model_latency_seconds_count", name, "shadow") == 25
+
+
 def test_a_failing_shadow_never_fails_the_client(gw: GatewayProcess, tmp_path: Path) -> None:
     name, _ = shadowed(gw, tmp_path, SHADOW_FAIL="1")
     invoke_many(gw, name, 30)

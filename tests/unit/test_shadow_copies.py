@@ -1,0 +1,146 @@
+"""The gateway's side of shadow copies sent together (routing/shadow.py): the real router,
+connection pool and copier against an HTTP server on loopback that stands in for an
+instance, so the exchanges themselves can be seen and held. The built-in runtime's side
+is in tests/runtime/test_runtime_copies.py, and both together in tests/e2e/test_shadow.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httptools
+from prometheus_client import CollectorRegistry, Counter
+
+from shipyard.contract import pack_outcomes, unpack_copies
+from shipyard.metrics import Metrics
+from shipyard.routing.instance import Instance
+from shipyard.routing.policies import LeastOutstandingRequests
+from shipyard.routing.router import Call, Router
+from shipyard.routing.shadow import ShadowCopier
+from shipyard.routing.table import EndpointRoute, VariantRoute
+
+
+class StandIn:
+    """An instance on loopback: answers ``/invocations`` 200 and ``/copies`` with every
+    copy's outcome, or 404 when ``knows_copies`` is False (a runtime from before the
+    route). Records each exchange's path and copies; ``/copies`` waits for ``hold``."""
+
+    def __init__(self, *, knows_copies: bool) -> None:
+        self.knows_copies = knows_copies
+        self.exchanges: list[tuple[str, int]] = []
+        self.hold = asyncio.Event()
+        self.hold.set()
+        self.port = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            if not head:
+                return
+            parsed: dict[str, object] = {}
+
+            class Sink:
+                def on_url(self, url: bytes) -> None:
+                    parsed["path"] = url.decode()
+
+                def on_header(self, name: bytes, value: bytes) -> None:
+                    if name.lower() == b"content-length":
+                        parsed["length"] = int(value)
+
+            httptools.HttpRequestParser(Sink()).feed_data(head)
+            body = await reader.readexactly(int(parsed.get("length", 0)))  # type: ignore[call-overload]
+            path = str(parsed["path"])
+            if path == "/copies" and self.knows_copies:
+                copies = unpack_copies(body)
+                self.exchanges.append((path, len(copies)))
+                await self.hold.wait()
+                status, answer = 200, pack_outcomes([(200, 0.001)] * len(copies))
+            elif path == "/copies":
+                self.exchanges.append((path, 0))
+                status, answer = 404, b"Not Found"
+            else:
+                self.exchanges.append((path, 1))
+                status, answer = 200, body
+            writer.write(
+                b"HTTP/1.1 %d X\r\nContent-Length: %d\r\n\r\n%s" % (status, len(answer), answer)
+            )
+            await writer.drain()
+
+
+@asynccontextmanager
+async def copier_for(stand_in: StandIn) -> AsyncIterator[tuple[ShadowCopier, EndpointRoute, VariantRoute]]:
+    server = await asyncio.start_server(stand_in.serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    metrics = Metrics()
+    instance = Instance("i-shadow", "shadow", f"http://127.0.0.1:{port}", takes_copies=True)
+    production = VariantRoute(
+        "prod",
+        weight=1.0,
+        policy=LeastOutstandingRequests(max_in_flight=4),
+        instances=[],
+        metrics=metrics.for_variant("e", "prod"),
+    )
+    shadow = VariantRoute(
+        "shadow",
+        weight=1.0,
+        policy=LeastOutstandingRequests(max_in_flight=4),
+        instances=[instance],
+        metrics=metrics.for_variant("e", "shadow"),
+        shadow=True,
+    )
+    router = Router(timeout_s=10)
+    route = EndpointRoute("e", [production, shadow])
+    router.publish(route)
+    dropped = Counter("dropped", "copies dropped", ["e", "v"], registry=CollectorRegistry())
+    copier = ShadowCopier(router=router, max_pending=64, dropped=dropped)
+    try:
+        yield copier, route, shadow
+    finally:
+        await copier.close()
+        instance.pool.close()
+        server.close()
+
+
+async def answered(shadow: VariantRoute, count: int) -> None:
+    while shadow.metrics.invocations.value < count:
+        await asyncio.sleep(0.01)
+
+
+def test_copies_made_during_an_exchange_go_together_in_the_next() -> None:
+    async def scenario() -> None:
+        stand_in = StandIn(knows_copies=True)
+        async with copier_for(stand_in) as (copier, route, shadow):
+            stand_in.hold.clear()
+            copier.send(route, [shadow], Call([], b"first"))
+            while not stand_in.exchanges:
+                await asyncio.sleep(0.01)
+            for n in range(5):  # while the first exchange is held
+                copier.send(route, [shadow], Call([(b"Content-Type", b"text/plain")], b"%d" % n))
+            await asyncio.sleep(0.05)
+            assert stand_in.exchanges == [("/copies", 1)]
+            stand_in.hold.set()
+            await asyncio.wait_for(answered(shadow, 6), 5)
+            assert stand_in.exchanges == [("/copies", 1), ("/copies", 5)]
+            assert shadow.metrics.errors_5xx.value == 0
+            assert len(shadow.metrics.latency.pending_model) == 6
+
+    asyncio.run(scenario())
+
+
+def test_an_instance_without_the_route_gets_its_copies_one_by_one() -> None:
+    async def scenario() -> None:
+        stand_in = StandIn(knows_copies=False)
+        async with copier_for(stand_in) as (copier, route, shadow):
+            for n in range(3):
+                copier.send(route, [shadow], Call([], b"%d" % n))
+            await asyncio.wait_for(answered(shadow, 3), 5)
+            assert stand_in.exchanges == [("/copies", 0)] + [("/invocations", 1)] * 3
+            assert not shadow.instances[0].takes_copies
+            copier.send(route, [shadow], Call([], b"later"))
+            await asyncio.wait_for(answered(shadow, 4), 5)
+            assert stand_in.exchanges[-1] == ("/invocations", 1)
+            assert shadow.metrics.errors_4xx.value == shadow.metrics.errors_5xx.value == 0
+
+    asyncio.run(scenario())
