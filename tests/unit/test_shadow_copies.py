@@ -22,6 +22,21 @@ from shipyard.routing.shadow import ShadowCopier
 from shipyard.routing.table import EndpointRoute, VariantRoute
 
 
+class _Head:
+    """A request's path and Content-Length, from httptools' callbacks."""
+
+    def __init__(self) -> None:
+        self.path = ""
+        self.length = 0
+
+    def on_url(self, url: bytes) -> None:
+        self.path = url.decode()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"content-length":
+            self.length = int(value)
+
+
 class StandIn:
     """An instance on loopback: answers ``/invocations`` 200 and ``/copies`` with every
     copy's outcome, or 404 when ``knows_copies`` is False (a runtime from before the
@@ -36,22 +51,14 @@ class StandIn:
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
-            head = await reader.readuntil(b"\r\n\r\n")
-            if not head:
-                return
-            parsed: dict[str, object] = {}
-
-            class Sink:
-                def on_url(self, url: bytes) -> None:
-                    parsed["path"] = url.decode()
-
-                def on_header(self, name: bytes, value: bytes) -> None:
-                    if name.lower() == b"content-length":
-                        parsed["length"] = int(value)
-
-            httptools.HttpRequestParser(Sink()).feed_data(head)
-            body = await reader.readexactly(int(parsed.get("length", 0)))  # type: ignore[call-overload]
-            path = str(parsed["path"])
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return  # the pool closed the connection
+            parsed = _Head()
+            httptools.HttpRequestParser(parsed).feed_data(head)
+            body = await reader.readexactly(parsed.length)
+            path = parsed.path
             if path == "/copies" and self.knows_copies:
                 copies = unpack_copies(body)
                 self.exchanges.append((path, len(copies)))
@@ -70,7 +77,9 @@ class StandIn:
 
 
 @asynccontextmanager
-async def copier_for(stand_in: StandIn) -> AsyncIterator[tuple[ShadowCopier, EndpointRoute, VariantRoute]]:
+async def copier_for(
+    stand_in: StandIn,
+) -> AsyncIterator[tuple[ShadowCopier, EndpointRoute, VariantRoute]]:
     server = await asyncio.start_server(stand_in.serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     metrics = Metrics()
