@@ -180,6 +180,8 @@ def parse_evicted(value: str) -> list[str]:
 INVOCATIONS_PATH = b"/invocations"
 COPIES_PATH = b"/copies"
 COPIES_MEDIA_TYPE = b"application/x-shipyard-copies"
+MAX_COPIES = 64
+"""Most copies one ``POST /copies`` may carry; the instance refuses more."""
 _COPY = struct.Struct(">HI")
 _HEADER = struct.Struct(">HI")
 _OUTCOME = struct.Struct(">Hd")
@@ -198,12 +200,15 @@ def pack_copies(copies: Sequence[tuple[Headers, bytes]]) -> bytes:
 
 def unpack_copies(data: bytes) -> list[tuple[Headers, bytes]]:
     """The copies in a ``POST /copies`` body, header names lower-cased as an HTTP
-    parser hands them over; ValueError when the body is not such a sequence."""
+    parser hands them over; ValueError when the body is not such a sequence, or holds
+    more than MAX_COPIES."""
     copies: list[tuple[Headers, bytes]] = []
     view = memoryview(data)
     at, end = 0, len(data)
     try:
         while at < end:
+            if len(copies) == MAX_COPIES:
+                raise ValueError(f"more than {MAX_COPIES} copies")
             count, length = _COPY.unpack_from(view, at)
             at += _COPY.size
             headers: Headers = []

@@ -118,9 +118,12 @@ def lines(path: Path) -> int:
 
 
 def test_equal_weights_copy_every_request(gw: GatewayProcess, tmp_path: Path) -> None:
-    name, log = shadowed(gw, tmp_path)
+    via = tmp_path / "via.log"
+    name, log = shadowed(gw, tmp_path, SHADOW_VIA=str(via))
     invoke_many(gw, name, 40)
     wait_until(lambda: metric(gw, "shipyard_invocations_total", name, "shadow") == 40, "copies")
+    # The built-in runtime takes its copies together (POST /copies), never one by one.
+    assert via.read_bytes().splitlines() == [b"copies"] * 40
     assert sorted(json.loads(line)["i"] for line in log.read_bytes().splitlines()) == list(
         range(40)
     )

@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from tests.runtime import test_runtime_contract
 from tests.runtime.test_runtime_contract import MODELS, Runtime
 
-from shipyard.contract import pack_copies, unpack_copies, unpack_outcomes
+from shipyard.contract import MAX_COPIES, pack_copies, unpack_copies, unpack_outcomes
 
 start_runtime = test_runtime_contract.start_runtime  # the module-scoped fixture, shared
 
@@ -57,6 +58,23 @@ def test_a_failing_copy_fails_alone_and_copies_run_in_order(
     assert [status for status, _ in outcomes] == [500, 500]
 
 
+def test_the_instance_answers_pings_between_the_copies_it_works_through(
+    start_runtime: Callable[..., Runtime], tmp_path: Path
+) -> None:
+    """Twelve copies of 0.25 s each hold the instance for 3 s, each too short for the
+    ping standby (runtime/workers.py): a ping waits for one copy, not for all of them."""
+    runtime = start_runtime(MODELS / "shadow_log", SHADOW_SLEEP_S="0.25")
+    with ThreadPoolExecutor(1) as pool:
+        copies = pool.submit(post_copies, runtime, [(JSON, b"{}")] * 12)
+        time.sleep(0.5)  # the copies are under way
+        started = time.monotonic()
+        assert runtime.request("GET", "/ping").status == 200
+        waited = time.monotonic() - started
+        outcomes = copies.result(timeout=30)
+    assert [s for s, _ in outcomes] == [200] * 12
+    assert waited < 1.5, waited
+
+
 def test_copies_to_a_batching_instance_are_gathered_into_one_batch(
     start_runtime: Callable[..., Runtime], tmp_path: Path
 ) -> None:
@@ -83,7 +101,8 @@ def test_a_body_that_is_no_sequence_of_copies_is_refused(
 ) -> None:
     runtime = start_runtime(MODELS / "sum")
     whole = pack_copies([(JSON, b"[[1, 2]]")])
-    for broken in (whole[:-1], whole[:3], whole + b"\x00"):
+    too_many = pack_copies([([], b"")] * (MAX_COPIES + 1))  # six bytes a copy
+    for broken in (whole[:-1], whole[:3], whole + b"\x00", too_many):
         reply = runtime.request("POST", "/copies", broken)
         assert reply.status == 400, broken
         assert reply.body.startswith(b"Not a sequence of copies")

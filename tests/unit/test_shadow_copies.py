@@ -37,13 +37,20 @@ class _Head:
             self.length = int(value)
 
 
-class StandIn:
-    """An instance on loopback: answers ``/invocations`` 200 and ``/copies`` with every
-    copy's outcome, or 404 when ``knows_copies`` is False (a runtime from before the
-    route). Records each exchange's path and copies; ``/copies`` waits for ``hold``."""
+OUTCOMES = {b"bad": (400, 0.001), b"broken": (503, 0.001), b"slow": (200, 99.0)}
+"""What the stand-in answers for a copy with this body, (200, 0.001) for any other:
+``slow`` was answered, but past the invocation timeout."""
 
-    def __init__(self, *, knows_copies: bool) -> None:
+
+class StandIn:
+    """An instance on loopback: answers ``/invocations`` 200 and ``/copies`` with each
+    copy's outcome (OUTCOMES), or 404 when ``knows_copies`` is False (a runtime from
+    before the route); with ``drop``, closes the connection instead of answering
+    ``/copies``. Records each exchange's path and copies; ``/copies`` waits for ``hold``."""
+
+    def __init__(self, *, knows_copies: bool = True, drop: bool = False) -> None:
         self.knows_copies = knows_copies
+        self.drop = drop
         self.exchanges: list[tuple[str, int]] = []
         self.hold = asyncio.Event()
         self.hold.set()
@@ -63,7 +70,11 @@ class StandIn:
                 copies = unpack_copies(body)
                 self.exchanges.append((path, len(copies)))
                 await self.hold.wait()
-                status, answer = 200, pack_outcomes([(200, 0.001)] * len(copies))
+                if self.drop:
+                    writer.close()
+                    return
+                outcomes = [OUTCOMES.get(copy, (200, 0.001)) for _, copy in copies]
+                status, answer = 200, pack_outcomes(outcomes)
             elif path == "/copies":
                 self.exchanges.append((path, 0))
                 status, answer = 404, b"Not Found"
@@ -78,12 +89,20 @@ class StandIn:
 
 @asynccontextmanager
 async def copier_for(
-    stand_in: StandIn,
+    *stand_ins: StandIn,
 ) -> AsyncIterator[tuple[ShadowCopier, EndpointRoute, VariantRoute]]:
-    server = await asyncio.start_server(stand_in.serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+    """A copier whose endpoint has a shadow with one instance per stand-in."""
+    servers = [await asyncio.start_server(s.serve, "127.0.0.1", 0) for s in stand_ins]
+    instances = [
+        Instance(
+            f"i-{n}",
+            "shadow",
+            f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}",
+            takes_copies=True,
+        )
+        for n, server in enumerate(servers)
+    ]
     metrics = Metrics()
-    instance = Instance("i-shadow", "shadow", f"http://127.0.0.1:{port}", takes_copies=True)
     production = VariantRoute(
         "prod",
         weight=1.0,
@@ -95,7 +114,7 @@ async def copier_for(
         "shadow",
         weight=1.0,
         policy=LeastOutstandingRequests(max_in_flight=4),
-        instances=[instance],
+        instances=instances,
         metrics=metrics.for_variant("e", "shadow"),
         shadow=True,
     )
@@ -108,8 +127,12 @@ async def copier_for(
         yield copier, route, shadow
     finally:
         await copier.close()
-        instance.pool.close()
-        server.close()
+        for instance in instances:
+            instance.pool.close()
+        for server in servers:
+            server.close()
+    # Whatever happened, no copy is left counted as pending nor queued.
+    assert copier._pending == {} and copier._queues == {}
 
 
 async def answered(shadow: VariantRoute, count: int) -> None:
@@ -117,14 +140,18 @@ async def answered(shadow: VariantRoute, count: int) -> None:
         await asyncio.sleep(0.01)
 
 
+async def exchanges(stand_in: StandIn, count: int) -> None:
+    while len(stand_in.exchanges) < count:
+        await asyncio.sleep(0.01)
+
+
 def test_copies_made_during_an_exchange_go_together_in_the_next() -> None:
     async def scenario() -> None:
-        stand_in = StandIn(knows_copies=True)
+        stand_in = StandIn()
         async with copier_for(stand_in) as (copier, route, shadow):
             stand_in.hold.clear()
             copier.send(route, [shadow], Call([], b"first"))
-            while not stand_in.exchanges:
-                await asyncio.sleep(0.01)
+            await asyncio.wait_for(exchanges(stand_in, 1), 5)
             for n in range(5):  # while the first exchange is held
                 copier.send(route, [shadow], Call([(b"Content-Type", b"text/plain")], b"%d" % n))
             await asyncio.sleep(0.05)
@@ -134,6 +161,72 @@ def test_copies_made_during_an_exchange_go_together_in_the_next() -> None:
             assert stand_in.exchanges == [("/copies", 1), ("/copies", 5)]
             assert shadow.metrics.errors_5xx.value == 0
             assert len(shadow.metrics.latency.pending_model) == 6
+
+    asyncio.run(scenario())
+
+
+def test_each_copy_is_counted_by_its_own_outcome() -> None:
+    async def scenario() -> None:
+        stand_in = StandIn()
+        async with copier_for(stand_in) as (copier, route, shadow):
+            stand_in.hold.clear()
+            copier.send(route, [shadow], Call([], b"first"))
+            await asyncio.wait_for(exchanges(stand_in, 1), 5)
+            for body in (b"bad", b"ok", b"broken", b"slow", b"bad"):
+                copier.send(route, [shadow], Call([], body))
+            stand_in.hold.set()
+            await asyncio.wait_for(answered(shadow, 6), 5)
+            metrics = shadow.metrics
+            assert (metrics.errors_4xx.value, metrics.errors_5xx.value) == (2, 2)
+            # Past the invocation timeout is a timeout, as production counts it: no latency.
+            latencies = metrics.latency.pending_model
+            assert len(latencies) == 5 and max(latencies) < 10
+
+    asyncio.run(scenario())
+
+
+def test_copies_of_a_failed_exchange_are_errors_and_no_longer_pending() -> None:
+    async def scenario() -> None:
+        stand_in = StandIn(drop=True)
+        async with copier_for(stand_in) as (copier, route, shadow):
+            for n in range(3):
+                copier.send(route, [shadow], Call([], b"%d" % n))
+            await asyncio.wait_for(answered(shadow, 3), 5)
+            assert shadow.metrics.errors_5xx.value == 3
+
+    asyncio.run(scenario())
+
+
+def test_copies_queued_or_in_flight_when_the_gateway_stops_are_let_go() -> None:
+    async def scenario() -> None:
+        stand_in = StandIn()
+        async with copier_for(stand_in) as (copier, route, shadow):
+            stand_in.hold.clear()
+            copier.send(route, [shadow], Call([], b"first"))
+            await asyncio.wait_for(exchanges(stand_in, 1), 5)
+            for n in range(4):
+                copier.send(route, [shadow], Call([], b"%d" % n))
+            assert copier._pending == {("e", "shadow"): 5}
+        # copier_for closed the copier and checked nothing is left pending.
+
+    asyncio.run(scenario())
+
+
+def test_a_shadow_with_two_instances_has_an_exchange_in_flight_on_each() -> None:
+    async def scenario() -> None:
+        first, second = StandIn(), StandIn()
+        async with copier_for(first, second) as (copier, route, shadow):
+            first.hold.clear()
+            second.hold.clear()
+            copier.send(route, [shadow], Call([], b"a"))
+            await asyncio.sleep(0)  # the first exchange takes "a" alone
+            copier.send(route, [shadow], Call([], b"b"))
+            await asyncio.wait_for(exchanges(first, 1), 5)
+            await asyncio.wait_for(exchanges(second, 1), 5)
+            first.hold.set()
+            second.hold.set()
+            await asyncio.wait_for(answered(shadow, 2), 5)
+            assert first.exchanges == second.exchanges == [("/copies", 1)]
 
     asyncio.run(scenario())
 

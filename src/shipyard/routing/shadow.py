@@ -30,11 +30,18 @@ import logging
 import random
 from collections import deque
 from collections.abc import Coroutine, Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 from prometheus_client import Counter
 
-from shipyard.contract import COPIES_MEDIA_TYPE, COPIES_PATH, pack_copies, unpack_outcomes
+from shipyard.contract import (
+    COPIES_MEDIA_TYPE,
+    COPIES_PATH,
+    MAX_COPIES,
+    pack_copies,
+    unpack_outcomes,
+)
 from shipyard.errors import ModelError, RuntimeFailure
 from shipyard.routing.strategies import OneModel
 
@@ -70,20 +77,26 @@ def copy_shares(production: Sequence[VariantRoute], shadows: Sequence[VariantRou
     return copies
 
 
-BULK_COPIES = 64
-"""Most copies one exchange carries."""
+BULK_COPIES = MAX_COPIES
+"""Most copies one exchange carries (all the instance takes)."""
 BULK_BYTES = 1 << 20
 """Most body bytes one exchange carries (a larger copy goes alone)."""
+BULK_WORK_S = 0.25
+"""About how long the shadow's instance may work on one exchange, by the time its copies
+took so far: an exchange of a slow model's copies holds few of them, so one copy that
+hangs or fails its instance takes few others with it."""
 
 
 class _Queue:
-    """A shadow's copies waiting for an exchange, and the exchanges sending them."""
+    """A shadow's copies waiting for an exchange, the exchanges sending them, and how
+    long its copies take the instance (a moving average, seconds)."""
 
-    __slots__ = ("calls", "senders")
+    __slots__ = ("calls", "senders", "copy_s")
 
     def __init__(self) -> None:
         self.calls: deque[Call] = deque()
         self.senders = 0
+        self.copy_s = 0.0
 
 
 class ShadowCopier:
@@ -129,26 +142,55 @@ class ShadowCopier:
                 self._dropped.labels(route.name, shadow.name).inc()
                 continue
             self._pending[key] = pending + 1
-            instances = shadow.instances
-            if (
-                instances
-                and type(shadow.dispatch) is OneModel
-                and all(i.takes_copies for i in instances)
-            ):
+            if _together(shadow):
                 queue = self._queues.get(key)
                 if queue is None:
                     queue = self._queues[key] = _Queue()
                 queue.calls.append(call)
-                if queue.senders < len(instances):
-                    queue.senders += 1
-                    self._start(self._drain(route, shadow, key, queue))
+                if queue.senders < len(shadow.instances):
+                    self._start_sender(route, shadow, key, queue)
             else:
                 self._start(self._copy(route, shadow, call, key))
 
-    def _start(self, work: Coroutine[None, None, None]) -> None:
+    def _start(self, work: Coroutine[None, None, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _start_sender(
+        self, route: EndpointRoute, shadow: VariantRoute, key: tuple[str, str], queue: _Queue
+    ) -> None:
+        queue.senders += 1
+        task = self._start(self._drain(route, shadow, key, queue))
+        # Its end is counted by a callback, which runs even for a task cancelled before
+        # its first step (the gateway stopping at once).
+        task.add_done_callback(partial(self._sender_done, route, shadow, key, queue))
+
+    def _sender_done(
+        self,
+        route: EndpointRoute,
+        shadow: VariantRoute,
+        key: tuple[str, str],
+        queue: _Queue,
+        task: asyncio.Task[None],
+    ) -> None:
+        queue.senders -= 1
+        failed = task.cancelled()
+        if not failed and (exc := task.exception()) is not None:
+            log.error("sending copies to shadow %s failed", shadow.name, exc_info=exc)
+            failed = True
+        if queue.calls and not failed:
+            # Copies made after the sender last looked, with its task already ending.
+            self._start_sender(route, shadow, key, queue)
+            return
+        if queue.senders:
+            return  # the others send what waits
+        if queue.calls:  # nobody left to send them: the gateway stops
+            self._answered(key, len(queue.calls))
+            queue.calls.clear()
+        if self._queues.get(key) is queue:
+            del self._queues[key]
 
     async def _copy(
         self, route: EndpointRoute, shadow: VariantRoute, call: Call, key: tuple[str, str]
@@ -175,37 +217,47 @@ class ShadowCopier:
         self, route: EndpointRoute, shadow: VariantRoute, key: tuple[str, str], queue: _Queue
     ) -> None:
         """Send the shadow's waiting copies, an exchange at a time, until none wait."""
-        try:
-            calls = queue.calls
-            while calls:
-                batch = [calls.popleft()]
-                size = len(batch[0].body)  # type: ignore[arg-type]  # copies hold bytes
-                while calls and len(batch) < BULK_COPIES:
-                    size += len(calls[0].body)  # type: ignore[arg-type]
-                    if size > BULK_BYTES:
-                        break
-                    batch.append(calls.popleft())
-                await self._bulk(route, shadow, key, batch)
-        finally:
-            queue.senders -= 1
-            if not queue.senders and self._queues.get(key) is queue:
-                del self._queues[key]
-                if queue.calls:  # cancelled while copies waited: the gateway stops
-                    self._answered(key, len(queue.calls))
+        calls = queue.calls
+        while calls:
+            room = BULK_COPIES
+            if queue.copy_s > 0:
+                room = max(1, min(room, int(BULK_WORK_S / queue.copy_s)))
+            batch = [calls.popleft()]
+            size = len(batch[0].body)  # type: ignore[arg-type]  # copies hold bytes
+            while calls and len(batch) < room:
+                size += len(calls[0].body)  # type: ignore[arg-type]
+                if size > BULK_BYTES:
+                    break
+                batch.append(calls.popleft())
+            try:
+                shadow = self.router.current(route, shadow)
+            except RuntimeFailure:
+                pass  # the exchange fails with it, and counts each copy
+            if _together(shadow):
+                await self._bulk(route, shadow, key, queue, batch)
+            else:  # the shadow was replaced by one that takes copies one by one
+                for call in batch:
+                    await self._copy(route, shadow, call, key)
 
     async def _bulk(
-        self, route: EndpointRoute, shadow: VariantRoute, key: tuple[str, str], batch: list[Call]
+        self,
+        route: EndpointRoute,
+        shadow: VariantRoute,
+        key: tuple[str, str],
+        queue: _Queue,
+        batch: list[Call],
     ) -> None:
         """One exchange of ``batch``'s copies, and each copy's outcome in the metrics."""
-        body = pack_copies([(c.headers, c.body) for c in batch])  # type: ignore[misc]
-        bulk = batch[0].copy_to(shadow)  # a Call (this module cannot import the router's)
-        bulk.headers, bulk.body, bulk.content_length = _BULK_HEADERS, body, None
-        bulk.session = bulk.model = bulk.watch_gone = None
-        bulk.path = COPIES_PATH
+        timeout_s = self.router.timeout_s
         outcomes: list[tuple[int, float | None]]
         try:
-            response, _ = await self.router.invoke(
-                route, shadow, bulk, self.router.timeout_s * len(batch)
+            body = pack_copies([(c.headers, c.body) for c in batch])  # type: ignore[misc]
+            bulk = batch[0].copy_to(shadow)  # a Call (this module cannot import the router's)
+            bulk.headers, bulk.body, bulk.content_length = _BULK_HEADERS, body, None
+            bulk.session = bulk.model = bulk.watch_gone = None
+            bulk.path = COPIES_PATH
+            response, elapsed_s = await self.router.invoke(
+                route, shadow, bulk, timeout_s * len(batch)
             )
             if response.status == 404 and bulk.instance is not None:
                 # A runtime from before the route (an instance this gateway adopted):
@@ -217,7 +269,16 @@ class ShadowCopier:
                 return
             if response.status != 200:
                 raise ValueError(f"the copies were answered {response.status}")
-            outcomes = list(unpack_outcomes(response.body, len(batch)))
+            answers = unpack_outcomes(response.body, len(batch))
+            # Each copy's latency, as production's is measured from the gateway: the
+            # instance's time on it and its share of the exchange around them.
+            around_s = max(elapsed_s - sum(s for _, s in answers), 0.0) / len(batch)
+            outcomes = [
+                (status, seconds + around_s) if seconds <= timeout_s else (504, None)
+                for status, seconds in answers
+            ]
+            for _, seconds in answers:
+                queue.copy_s += (seconds - queue.copy_s) * 0.125
         except RuntimeFailure as exc:
             outcomes = [(_status_of(exc), None)] * len(batch)
         except Exception:
@@ -245,6 +306,16 @@ class ShadowCopier:
 
 
 _BULK_HEADERS = [(b"Content-Type", COPIES_MEDIA_TYPE)]
+
+
+def _together(shadow: VariantRoute) -> bool:
+    """Whether the shadow's copies go together: every instance of it takes them."""
+    instances = shadow.instances
+    return (
+        bool(instances)
+        and type(shadow.dispatch) is OneModel
+        and all(i.takes_copies for i in instances)
+    )
 
 
 def _status_of(exc: RuntimeFailure) -> int:

@@ -21,6 +21,7 @@ streamed answer (:mod:`streaming`) that fails once begun ends with that text ins
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 import socket
@@ -252,7 +253,10 @@ class RuntimeApp:
             await _plain(send, 400, f"Not a sequence of copies: {exc}")
             return
         if isinstance(self.threads, Inline) and self.adapters is None and self.batcher is None:
-            outcomes = [await self._copy(headers, body) for headers, body in copies]
+            outcomes = []
+            for headers, body in copies:
+                outcomes.append(await self._copy(headers, body))
+                await asyncio.sleep(0)  # a turn for the loop: pings wait for one copy only
         else:
             outcomes = await asyncio.gather(*(self._copy(h, b) for h, b in copies))
         payload = pack_outcomes(outcomes)
@@ -263,30 +267,14 @@ class RuntimeApp:
     async def _copy(self, headers: list[tuple[bytes, bytes]], body: bytes) -> tuple[int, float]:
         """One copy's status and seconds: answered in place when ``answer_now`` can (as
         the protocol answers an invocation), else through the app with its answer
-        dropped but its status."""
+        dropped but its status; each in a context of its own, as a request's task is."""
         started = time.perf_counter()
-        outcome = self.answer_now(headers, body)
-        if isinstance(outcome, Answer):
-            return outcome.status, time.perf_counter() - started
-        app = self._invocations if outcome is None else outcome
-        status = 500
-        delivered = False
-
-        async def receive() -> Message:
-            nonlocal delivered
-            if delivered:  # a watch for the gateway leaving: it does not, for a copy
-                await asyncio.get_running_loop().create_future()
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        async def send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-
-        scope = {"type": "http", "method": "POST", "path": "/invocations", "headers": headers}
         try:
-            await app(scope, receive, send)
+            outcome = contextvars.copy_context().run(self.answer_now, headers, body)
+            if isinstance(outcome, Answer):
+                return outcome.status, time.perf_counter() - started
+            app = self._invocations if outcome is None else outcome
+            status = await asyncio.ensure_future(_status_of(app, headers, body))
         except Exception:
             log.exception("a shadow copy failed")
             status = 500
@@ -398,6 +386,30 @@ def _with_attributes(
         value = header_value(context.response_custom_attributes, "utf-8")
         headers.append((CUSTOM_ATTRIBUTES, value))
     return headers
+
+
+async def _status_of(app: App, headers: list[tuple[bytes, bytes]], body: bytes) -> int:
+    """The status ``app`` answers ``POST /invocations`` with these headers and body; the
+    rest of its answer is dropped. The gateway never leaves a copy: a watch for that
+    waits for ever (and is cancelled with the answer)."""
+    status = 500
+    delivered = False
+
+    async def receive() -> Message:
+        nonlocal delivered
+        if delivered:
+            await asyncio.get_running_loop().create_future()
+        delivered = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: Message) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+
+    scope = {"type": "http", "method": "POST", "path": "/invocations", "headers": headers}
+    await app(scope, receive, send)
+    return status
 
 
 def _plain_headers(length: int) -> list[tuple[bytes, bytes]]:
