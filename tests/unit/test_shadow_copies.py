@@ -145,6 +145,11 @@ async def exchanges(stand_in: StandIn, count: int) -> None:
         await asyncio.sleep(0.01)
 
 
+async def exchanges_on(first: StandIn, second: StandIn, count: int) -> None:
+    while len(first.exchanges) + len(second.exchanges) < count:
+        await asyncio.sleep(0.01)
+
+
 def test_copies_made_during_an_exchange_go_together_in_the_next() -> None:
     async def scenario() -> None:
         stand_in = StandIn()
@@ -219,10 +224,9 @@ def test_a_shadow_with_two_instances_has_an_exchange_in_flight_on_each() -> None
             first.hold.clear()
             second.hold.clear()
             copier.send(route, [shadow], Call([], b"a"))
-            await asyncio.sleep(0)  # the first exchange takes "a" alone
-            copier.send(route, [shadow], Call([], b"b"))
-            await asyncio.wait_for(exchanges(first, 1), 5)
-            await asyncio.wait_for(exchanges(second, 1), 5)
+            await asyncio.wait_for(exchanges_on(first, second, 1), 5)  # "a", held
+            copier.send(route, [shadow], Call([], b"b"))  # goes to the other instance
+            await asyncio.wait_for(exchanges_on(first, second, 2), 5)
             first.hold.set()
             second.hold.set()
             await asyncio.wait_for(answered(shadow, 2), 5)

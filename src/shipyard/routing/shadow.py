@@ -81,6 +81,11 @@ BULK_COPIES = MAX_COPIES
 """Most copies one exchange carries (all the instance takes)."""
 BULK_BYTES = 1 << 20
 """Most body bytes one exchange carries (a larger copy goes alone)."""
+LINGER_S = 0.001
+"""How long a sender waits for more copies before an exchange of fewer than
+LINGER_COPIES: an exchange costs the shadow's instance and the gateway a few times what
+a copy in it does, and a copy is no one's answer, so it may wait a little."""
+LINGER_COPIES = 16
 BULK_WORK_S = 0.25
 """About how long the shadow's instance may work on one exchange, by the time its copies
 took so far: an exchange of a slow model's copies holds few of them, so one copy that
@@ -219,6 +224,8 @@ class ShadowCopier:
         """Send the shadow's waiting copies, an exchange at a time, until none wait."""
         calls = queue.calls
         while calls:
+            if len(calls) < LINGER_COPIES:
+                await asyncio.sleep(LINGER_S)
             room = BULK_COPIES
             if queue.copy_s > 0:
                 room = max(1, min(room, int(BULK_WORK_S / queue.copy_s)))
