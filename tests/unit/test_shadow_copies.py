@@ -145,6 +145,15 @@ async def exchanges(stand_in: StandIn, count: int) -> None:
         await asyncio.sleep(0.01)
 
 
+async def first_exchange_held(
+    stand_in: StandIn, copier: ShadowCopier, route: EndpointRoute, shadow: VariantRoute
+) -> None:
+    """One copy sent, and its exchange held by the stand-in until ``hold`` is set."""
+    stand_in.hold.clear()
+    copier.send(route, [shadow], Call([], b"first"))
+    await asyncio.wait_for(exchanges(stand_in, 1), 5)
+
+
 async def exchanges_on(first: StandIn, second: StandIn, count: int) -> None:
     while len(first.exchanges) + len(second.exchanges) < count:
         await asyncio.sleep(0.01)
@@ -154,9 +163,7 @@ def test_copies_made_during_an_exchange_go_together_in_the_next() -> None:
     async def scenario() -> None:
         stand_in = StandIn()
         async with copier_for(stand_in) as (copier, route, shadow):
-            stand_in.hold.clear()
-            copier.send(route, [shadow], Call([], b"first"))
-            await asyncio.wait_for(exchanges(stand_in, 1), 5)
+            await first_exchange_held(stand_in, copier, route, shadow)
             for n in range(5):  # while the first exchange is held
                 copier.send(route, [shadow], Call([(b"Content-Type", b"text/plain")], b"%d" % n))
             await asyncio.sleep(0.05)
@@ -174,9 +181,7 @@ def test_each_copy_is_counted_by_its_own_outcome() -> None:
     async def scenario() -> None:
         stand_in = StandIn()
         async with copier_for(stand_in) as (copier, route, shadow):
-            stand_in.hold.clear()
-            copier.send(route, [shadow], Call([], b"first"))
-            await asyncio.wait_for(exchanges(stand_in, 1), 5)
+            await first_exchange_held(stand_in, copier, route, shadow)
             for body in (b"bad", b"ok", b"broken", b"slow", b"bad"):
                 copier.send(route, [shadow], Call([], body))
             stand_in.hold.set()
@@ -206,9 +211,7 @@ def test_copies_queued_or_in_flight_when_the_gateway_stops_are_let_go() -> None:
     async def scenario() -> None:
         stand_in = StandIn()
         async with copier_for(stand_in) as (copier, route, shadow):
-            stand_in.hold.clear()
-            copier.send(route, [shadow], Call([], b"first"))
-            await asyncio.wait_for(exchanges(stand_in, 1), 5)
+            await first_exchange_held(stand_in, copier, route, shadow)
             for n in range(4):
                 copier.send(route, [shadow], Call([], b"%d" % n))
             assert copier._pending == {("e", "shadow"): 5}
