@@ -119,6 +119,7 @@ class Gateway:
             max_pending=settings.shadow_max_pending_copies,
             dropped=self.metrics.shadow_copies_dropped,
         )
+        self.router.copies_pending = self.shadows.pending
         self.invocations = Invocations(
             self.router,
             shadows=self.shadows,

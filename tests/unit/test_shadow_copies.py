@@ -123,6 +123,7 @@ async def copier_for(
     router.publish(route)
     dropped = Counter("dropped", "copies dropped", ["e", "v"], registry=CollectorRegistry())
     copier = ShadowCopier(router=router, max_pending=64, dropped=dropped)
+    router.copies_pending = copier.pending  # as the app wires them
     try:
         yield copier, route, shadow
     finally:
@@ -168,9 +169,12 @@ def test_copies_made_during_an_exchange_go_together_in_the_next() -> None:
                 copier.send(route, [shadow], Call([(b"Content-Type", b"text/plain")], b"%d" % n))
             await asyncio.sleep(0.05)
             assert stand_in.exchanges == [("/copies", 1)]
+            # The shadow's concurrency is its copies, not its one exchange in flight.
+            assert ("e", "shadow", 6) in set(copier.router.in_flight())
             stand_in.hold.set()
             await asyncio.wait_for(answered(shadow, 6), 5)
             assert stand_in.exchanges == [("/copies", 1), ("/copies", 5)]
+            assert ("e", "shadow", 0) in set(copier.router.in_flight())
             assert shadow.metrics.errors_5xx.value == 0
             assert len(shadow.metrics.latency.pending_model) == 6
 

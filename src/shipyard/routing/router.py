@@ -139,6 +139,9 @@ class Router:
         self.timeout_s = timeout_s
         self.max_response_bytes = max_response_bytes
         self.routes: dict[str, EndpointRoute] = {}
+        self.copies_pending: Callable[[str, str], int] | None = None
+        """Per (endpoint, shadow variant), the copies sent to it and not yet answered
+        (routing/shadow.py), which may wait in the copier rather than in a queue here."""
         self._rng = rng or random.Random()
         self._deadlines = Deadlines()
 
@@ -177,9 +180,14 @@ class Router:
 
     def in_flight(self) -> Iterator[tuple[str, str, int]]:
         """(endpoint, variant, requests in flight or waiting for an instance) for every
-        published variant: the concurrency its clients ask of it."""
+        published variant: the concurrency its clients ask of it. A shadow's are its
+        copies pending: sent together, many ride one exchange (routing/shadow.py)."""
+        pending = self.copies_pending
         for route in list(self.routes.values()):
             for variant in route.variants:
+                if variant.shadow and pending is not None:
+                    yield route.name, variant.name, pending(route.name, variant.name)
+                    continue
                 busy = sum(i.in_flight for i in variant.instances) + len(variant.waiters)
                 yield route.name, variant.name, busy
             for name, copies in route.components.items():

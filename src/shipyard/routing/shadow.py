@@ -131,6 +131,11 @@ class ShadowCopier:
     def __repr__(self) -> str:
         return f"ShadowCopier(max_pending={self.max_pending}, pending={len(self._tasks)})"
 
+    def pending(self, endpoint: str, shadow: str) -> int:
+        """The copies sent to ``shadow`` of ``endpoint`` and not answered yet, waiting
+        for an exchange or in one (Router.in_flight counts these for a shadow)."""
+        return self._pending.get((endpoint, shadow), 0)
+
     def pick(self, route: EndpointRoute, variant: VariantRoute) -> list[VariantRoute]:
         """The shadows that get a copy of this request to ``variant``, drawn by share."""
         shares = route.copies.get(variant.name)
