@@ -27,7 +27,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from urllib.parse import urlsplit
 
-from shipyard.contract import TARGET_CONTAINER_HOSTNAME
+from shipyard.contract import INVOCATIONS_PATH, TARGET_CONTAINER_HOSTNAME
 from shipyard.errors import ResponseTooLarge, RuntimeValidationError, UpstreamError
 from shipyard.routing.client import ConnectionPool, Response, StreamedResponse
 
@@ -36,7 +36,6 @@ Headers = list[tuple[bytes, bytes]]
 FAILED_CONTAINER = b"x-shipyard-failed-container"
 """Set by the pool on the answer of the step that failed: the container's name."""
 
-_INVOCATIONS = b"/invocations"
 _CONTENT_TYPE = b"content-type"
 _TARGET = TARGET_CONTAINER_HOSTNAME.lower()
 
@@ -89,7 +88,7 @@ class ContainerGroupPool(ConnectionPool):
         content_length: int | None = None,
         max_body: int | None = None,
     ) -> Response:
-        if path == _INVOCATIONS:
+        if path == INVOCATIONS_PATH:
             if self.direct:
                 return await self.target(headers).pool.request(
                     method, path, headers, body, content_length=content_length, max_body=max_body
@@ -112,7 +111,7 @@ class ContainerGroupPool(ConnectionPool):
     ) -> AsyncIterator[StreamedResponse]:
         """As ConnectionPool.stream. In Serial mode every step but the last is sent and
         answered whole (its answer is the next request's body); the last one streams."""
-        if path != _INVOCATIONS:
+        if path != INVOCATIONS_PATH:
             async with super().stream(
                 method, path, headers, body, content_length=content_length
             ) as response:
@@ -188,7 +187,7 @@ class ContainerGroupPool(ConnectionPool):
             try:
                 answer = await container.pool.request(
                     b"POST",
-                    _INVOCATIONS,
+                    INVOCATIONS_PATH,
                     headers,
                     body,
                     content_length=content_length,

@@ -15,12 +15,12 @@ copy holds its request body, so the bound also caps the memory copies take.
 
 Copies to a shadow whose instances run the built-in runtime travel together: each
 instance has at most one exchange of copies in flight, and the copies made meanwhile go
-in the next one, up to ``BULK_COPIES`` copies or ``BULK_BYTES`` of bodies
+in the next one, up to ``MAX_COPIES`` copies or ``BULK_BYTES`` of bodies
 (``POST /copies``, shipyard/contract.py). A copy is a second exchange of the gateway's
 per request, as costly as the production one; together they cost one exchange per
 batch, in the gateway and in the shadow's instance alike (bench/results/shadow.md). A
-copy's latency is then the time the instance's handlers took on it. Copies to any other
-shadow (a container of one's own, a multi-model one) are sent one by one.
+copy's latency is then the instance's time on it and its share of the exchange. Copies
+to any other shadow (a container of one's own, a multi-model one) are sent one by one.
 """
 
 from __future__ import annotations
@@ -77,8 +77,6 @@ def copy_shares(production: Sequence[VariantRoute], shadows: Sequence[VariantRou
     return copies
 
 
-BULK_COPIES = MAX_COPIES
-"""Most copies one exchange carries (all the instance takes)."""
 BULK_BYTES = 1 << 20
 """Most body bytes one exchange carries (a larger copy goes alone)."""
 LINGER_S = 0.001
@@ -231,7 +229,7 @@ class ShadowCopier:
         while calls:
             if len(calls) < LINGER_COPIES:
                 await asyncio.sleep(LINGER_S)
-            room = BULK_COPIES
+            room = MAX_COPIES
             if queue.copy_s > 0:
                 room = max(1, min(room, int(BULK_WORK_S / queue.copy_s)))
             batch = [calls.popleft()]
@@ -264,10 +262,9 @@ class ShadowCopier:
         outcomes: list[tuple[int, float | None]]
         try:
             body = pack_copies([(c.headers, c.body) for c in batch])  # type: ignore[misc]
-            bulk = batch[0].copy_to(shadow)  # a Call (this module cannot import the router's)
-            bulk.headers, bulk.body, bulk.content_length = _BULK_HEADERS, body, None
-            bulk.session = bulk.model = bulk.watch_gone = None
-            bulk.path = COPIES_PATH
+            # A Call of its own (the router imports this module, so its class is taken
+            # from a copy rather than imported).
+            bulk = type(batch[0])(_BULK_HEADERS, body, variant=shadow, path=COPIES_PATH)
             response, elapsed_s = await self.router.invoke(
                 route, shadow, bulk, timeout_s * len(batch)
             )

@@ -26,6 +26,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from shipyard.contract import INVOCATIONS_PATH
 from shipyard.routing.client import Response, StreamedResponse
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import Policy
@@ -33,8 +34,6 @@ from shipyard.routing.policies import Policy
 if TYPE_CHECKING:
     from shipyard.routing.router import Call
     from shipyard.routing.table import VariantRoute
-
-_INVOCATIONS = b"/invocations"
 
 
 class Dispatch(Protocol):
@@ -128,7 +127,7 @@ def open_invocation(
 ) -> contextlib.AbstractAsyncContextManager[StreamedResponse]:
     """``POST /invocations`` of ``call`` as it came, its answer streamed."""
     return instance.pool.stream(
-        b"POST", _INVOCATIONS, call.headers, call.body, content_length=call.content_length
+        b"POST", INVOCATIONS_PATH, call.headers, call.body, content_length=call.content_length
     )
 
 
