@@ -48,6 +48,10 @@ def test_policies_skip_unhealthy_and_full_instances() -> None:
         assert all(policy.choose([sick, full, ok]) is ok for _ in range(20))
         assert policy.choose([sick, full]) is None
         assert policy.choose([]) is None
+        # One instance alone: taken when it can, refused when sick or full.
+        assert policy.choose([ok]) is ok
+        assert policy.choose([sick]) is None
+        assert policy.choose([full]) is None
 
 
 def test_random_spreads_evenly() -> None:

@@ -43,7 +43,14 @@ async def read_body(
     if declared is not None and declared > max_bytes:
         raise BodyTooLarge(max_bytes, body_left=True)
     if body_arrived(scope):
-        return await _read(receive, max_bytes)
+        # The common case, a body parsed whole with its head, comes in one message.
+        message = await receive()
+        if message["type"] == "http.request" and not message.get("more_body", False):
+            body: bytes = message.get("body", b"")
+            if len(body) > max_bytes:
+                raise BodyTooLarge(max_bytes, body_left=False)
+            return body
+        return await _read(receive, max_bytes, message)
     try:
         async with asyncio.timeout(timeout_s):
             return await _read(receive, max_bytes)
@@ -51,11 +58,16 @@ async def read_body(
         raise BodyTimedOut(timeout_s) from None
 
 
-async def _read(receive: Receive, max_bytes: int) -> bytes:
+async def _read(
+    receive: Receive, max_bytes: int, first: MutableMapping[str, Any] | None = None
+) -> bytes:
+    """The body from ``receive``'s messages, ``first`` being the first of them when it
+    was already received."""
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
+        message = await receive() if first is None else first
+        first = None
         if message["type"] != "http.request":
             raise ClientLeft("the client disconnected before its body was whole")
         chunk: bytes = message.get("body", b"")

@@ -95,10 +95,12 @@ class ReadOnce:
             return
         await self.admit(head, scope, receive, send)
 
-    async def admit(self, head: Head, scope: Scope, receive: Receive, send: Send) -> None:
-        """Hand the request, read once as ``head``, to the app; nothing is checked here."""
+    def admit(self, head: Head, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        """Hand the request, read once as ``head``, to the app; nothing is checked here.
+        What the app returns is returned to be awaited, without a frame of this method's
+        own around it on every request."""
         scope[ADMITTED] = Admitted(head, account_id=self.account_id)
-        await self.app(scope, receive, send)
+        return self.app(scope, receive, send)
 
 
 class RequireSignature(ReadOnce):
@@ -121,8 +123,11 @@ class RequireSignature(ReadOnce):
     def __repr__(self) -> str:
         return f"RequireSignature({self.verifier!r})"
 
-    async def admit(self, head: Head, scope: Scope, receive: Receive, send: Send) -> None:
+    def admit(self, head: Head, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         """Verify and authorise the request read once as ``head``, then pass it on."""
+        return self._verified(head, scope, receive, send)
+
+    async def _verified(self, head: Head, scope: Scope, receive: Receive, send: Send) -> None:
         door_action = action_of(scope["method"], scope["path"], head.target)
         if door_action is None:
             await super().admit(head, scope, receive, send)

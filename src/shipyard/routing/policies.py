@@ -45,6 +45,9 @@ class Random:
 
     def choose(self, instances: Sequence[Instance]) -> Instance | None:
         n = len(instances)
+        if n == 1:  # no draw to make
+            only = instances[0]
+            return only if only.healthy and only.in_flight < self.max_in_flight else None
         if n == 0:
             return None
         # Try a random start first: the common case (all healthy, none full) costs one draw.
