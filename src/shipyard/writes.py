@@ -2,12 +2,14 @@
 
 uvicorn writes a response's head when the app sends ``http.response.start`` and its body
 at ``http.response.body``: two ``send`` system calls for every answer, in the gateway
-(to its client) and in every instance (to the gateway). On a virtual machine a system
-call costs tens of microseconds, more than most of what the gateway does for a request
-(bench/results/gateway_split.md: a third of the gateway's CPU per request was those
-writes). :class:`CoalescingTransport` holds what is written until the loop's current
-turn ends, then hands it to the transport in one ``writelines`` (one ``writev``): a head
-and its body go out together, and nothing waits longer than the callbacks already due.
+(to its client) and in every instance (to the gateway). On the virtual machine where
+this was measured a system call cost tens of microseconds, more than most of what the
+gateway did for a request (bench/results/gateway_split.md: a third of the gateway's CPU
+per request was those writes); where system calls are cheap the saving and the turn's
+callback cost about the same (bench/results/gateway_floor.md).
+:class:`CoalescingTransport` holds what is written until the loop's current turn ends,
+then hands it to the transport in one ``writelines`` (one ``writev``): a head and its
+body go out together, and nothing waits longer than the callbacks already due.
 
 Written by hand because it sits between uvicorn's protocol and uvloop's transport,
 neither of which offers it; :func:`coalescing` makes a protocol class use it.
