@@ -56,6 +56,35 @@ def test_one_32_mb_header_is_refused_without_being_buffered(gw: GatewayProcess) 
     assert gw.get("/healthz")[0] == 200
 
 
+@pytest.mark.parametrize("first", [True, False], ids=["first-request", "after-another"])
+def test_a_head_over_the_limits_in_one_read_is_refused_431(gw: GatewayProcess, first: bool) -> None:
+    """A whole head sent in one write, as most clients send a small one, is held to the
+    same limits as one that spans many reads: on a connection's first request (which has
+    no request of uvicorn's before it) as on a later one."""
+    many = b"X-A: b\r\n" * 101
+    wide = (b"X-Big: " + b"a" * 30_000 + b"\r\n") * 3  # each header under, together over
+    heads = [
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + many + b"\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + wide + b"\r\n",
+        b"GET /healthz?" + b"a" * 70_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"POST /endpoints/e/invocations HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+        + many
+        + b"\r\n{}",
+    ]
+    for head in heads:
+        with connect(gw) as s:
+            if not first:
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert _response(s).startswith(b"HTTP/1.1 200")
+            s.sendall(head)
+            answer = _response(s)
+        assert answer.startswith(b"HTTP/1.1 431"), (head[:60], answer)
+    under = b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X-A: b\r\n" * 99 + b"\r\n"
+    with connect(gw) as s:  # at the limit: served
+        s.sendall(under)
+        assert _response(s).startswith(b"HTTP/1.1 200")
+
+
 def test_a_head_that_trickles_is_cut_off_while_others_are_served(gw: GatewayProcess) -> None:
     with connect(gw) as slow:
         slow.sendall(b"GET /healthz HTTP/1.1\r\n")

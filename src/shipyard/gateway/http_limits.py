@@ -81,6 +81,8 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         self._head_started_here = False
         self._head_bytes = 0
         self._header_count = 0
+        self._head_size = 0
+        """The bytes of the headers parsed so far in the head being parsed."""
         self._refused: tuple[int, str] | None = None
         self._head_timer: Any = None
         self._drain_timer: Any = None
@@ -121,14 +123,18 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
 
     def on_message_begin(self) -> None:
         self._header_count = 0
+        self._head_size = 0
         self._in_head = True
         super().on_message_begin()
         self._begun_messages += 1
         self.scope[_EDGE] = (self, self._begun_messages)  # type: ignore[literal-required]
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        # Counted as they are parsed, whatever the reads they came in: a head that
+        # arrives whole in one read is held to the limits too.
         self._header_count += 1
-        if self._header_count > self.max_headers or len(name) + len(value) > self.max_head_bytes:
+        self._head_size += len(name) + len(value) + 4  # ": " and the line's end
+        if self._header_count > self.max_headers or self._head_size > self.max_head_bytes:
             self._refused = (431, "Request header fields too large.")
             return
         super().on_header(name, value)
@@ -138,11 +144,22 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         self._awaiting_head = False
         self._head_bytes = 0
         self._cancel_head_timer()
+        if self._refused is None and self._head_size + len(self.url) > self.max_head_bytes:
+            self._refused = (431, "Request header fields too large.")
         if self._refused is not None:
             return  # the request is refused: no app task for it
         super().on_headers_complete()
 
+    def on_body(self, body: bytes) -> None:
+        # A refused request has no cycle of its own (the connection's first may have
+        # none at all): its body is dropped, and the refusal answered once the data
+        # is parsed.
+        if self._refused is None:
+            super().on_body(body)
+
     def on_message_complete(self) -> None:
+        if self._refused is not None:
+            return
         super().on_message_complete()
         self.completed_messages += 1
         self._completed_here = True
