@@ -116,6 +116,17 @@ class AtOnce:
     async def request(self, method: bytes, path: bytes, headers: Any, body: bytes, **_: Any) -> Any:
         return Response(200, [(b"content-type", b"application/json")], body)
 
+    def start(
+        self, method: bytes, path: bytes, headers: Any, body: bytes, max_body: Any, on_answer: Any
+    ) -> Any:
+        response = Response(200, [(b"content-type", b"application/json")], body)
+        asyncio.get_running_loop().call_soon(on_answer, response, None)
+        return _nothing
+
+
+def _nothing() -> None:
+    pass
+
 
 class Edge:
     """What the HTTP protocol leaves in the scope for the doors (gateway/http_limits.py):
@@ -128,7 +139,7 @@ class Edge:
         return lambda: None
 
 
-async def layers(n: int) -> float:
+def _edge() -> ReadOnce:
     instance = Instance("i-1", "AllTraffic", "http://127.0.0.1:9", concurrency=1)
     instance.pool = AtOnce()  # type: ignore[assignment]
     variant = VariantRoute(
@@ -145,14 +156,31 @@ async def layers(n: int) -> float:
     async def nowhere(scope: Any, receive: Any, send: Any) -> None:
         raise AssertionError(scope["path"])
 
-    edge = ReadOnce(
+    return ReadOnce(
         PathRouter(endpoint_doors={"invocations": door}, v2=nowhere, v1=nowhere, fallback=nowhere)
     )
-    headers = [
-        (b"host", b"127.0.0.1:8080"),
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(BODY)).encode()),
-    ]
+
+
+HEADERS = [
+    (b"host", b"127.0.0.1:8080"),
+    (b"content-type", b"application/json"),
+    (b"content-length", str(len(BODY)).encode()),
+]
+
+
+def _scope() -> dict[str, Any]:
+    return {
+        "type": "http",
+        "method": "POST",
+        "path": "/endpoints/echo/invocations",
+        "headers": HEADERS,
+        "client": ("127.0.0.1", 50000),
+        "shipyard.edge": (Edge, 1),
+    }
+
+
+async def layers(n: int) -> float:
+    edge = _edge()
     message = {"type": "http.request", "body": BODY, "more_body": False}
     answers: list[int] = []
 
@@ -165,14 +193,7 @@ async def layers(n: int) -> float:
 
     started = time.process_time()
     for _ in range(n):
-        scope = {
-            "type": "http",
-            "method": "POST",
-            "path": "/endpoints/echo/invocations",
-            "headers": headers,
-            "client": ("127.0.0.1", 50000),
-            "shipyard.edge": (Edge, 1),
-        }
+        scope = _scope()
         await edge(scope, receive, send)
     spent = time.process_time() - started
     if answers != [200] * n:
@@ -180,10 +201,29 @@ async def layers(n: int) -> float:
     return spent
 
 
+async def taken(n: int) -> float:
+    edge = _edge()
+    loop = asyncio.get_running_loop()
+    answered: asyncio.Future[int] | None = None
+
+    def respond(status: int, headers: Any, body: bytes) -> None:
+        assert answered is not None
+        answered.set_result(status)
+
+    started = time.process_time()
+    for _ in range(n):
+        answered = loop.create_future()
+        if not edge.take(_scope(), BODY, respond):
+            raise RuntimeError("the edge did not take the request")
+        if await answered != 200:
+            raise RuntimeError(f"the door answered {answered.result()}")
+    return time.process_time() - started
+
+
 async def main() -> None:
     n = int(os.environ.get("N", "50000"))
     rounds = int(os.environ.get("ROUNDS", "3"))
-    for name, measure in (("protocol", protocol), ("layers", layers)):
+    for name, measure in (("protocol", protocol), ("layers", layers), ("taken", taken)):
         spent = [await measure(n) for _ in range(rounds)]
         print(f"{name}: " + " / ".join(f"{s / n * 1e6:.2f}" for s in spent) + " µs per request")
 

@@ -33,6 +33,7 @@ from shipyard.gateway.control import ControlDoor
 from shipyard.gateway.edge import edge, serving_tls
 from shipyard.gateway.errors import unknown_path_response
 from shipyard.gateway.facade import JobsDoor
+from shipyard.gateway.http_limits import Take
 from shipyard.gateway.oip import InferenceProtocol
 from shipyard.gateway.oip_rest import OipRestDoor
 from shipyard.gateway.openai import OpenAIDoor
@@ -201,6 +202,9 @@ class Gateway:
             fallback=self.app,
         )
         self._entry = edge(doors, settings, stack)
+        self.take: Take = self._entry.take
+        """For the HTTP protocol (gateway/http_limits.py): an invocation whose body is
+        whole, served with no ASGI cycle or task when an instance can take it at once."""
 
     def _check_alarm_action(self, arn: str) -> str | None:
         """Why an alarm cannot run the action ``arn`` (None: it can): an SNS topic this

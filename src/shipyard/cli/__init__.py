@@ -92,6 +92,7 @@ def serve(
             max_headers=settings.max_headers,
             max_head_bytes=settings.max_head_bytes,
             head_timeout_s=settings.head_timeout_s,
+            take=gateway.take,
         ),
         access_log=False,
         log_level="warning",

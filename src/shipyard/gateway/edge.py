@@ -18,7 +18,7 @@ from shipyard.settings import Settings
 from shipyard.stackfile import StackFile
 
 
-def edge(doors: ASGIApp, settings: Settings, stack: StackFile) -> ASGIApp:
+def edge(doors: ASGIApp, settings: Settings, stack: StackFile) -> ReadOnce:
     """The doors behind the edge: their heads read once (repeated security-relevant
     headers refused), and SigV4 verified when the stack file has ``auth:``."""
     if stack.auth is None:

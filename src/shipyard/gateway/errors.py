@@ -59,14 +59,20 @@ def runtime_error_body(exc: ShipyardError) -> dict[str, Any]:
     return body
 
 
-async def runtime_error_response(exc: ShipyardError, send: Any) -> None:
+def runtime_error_answer(exc: ShipyardError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """The runtime's error answer for ``exc``: status, headers and body."""
     payload = json.dumps(runtime_error_body(exc)).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(payload)).encode()),
         (b"x-amzn-errortype", exc.wire_type.encode()),
     ]
-    await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
+    return exc.status_code, headers, payload
+
+
+async def runtime_error_response(exc: ShipyardError, send: Any) -> None:
+    status, headers, payload = runtime_error_answer(exc)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
 
 

@@ -27,6 +27,7 @@ waiting for an instance leaves the queue without a task of its own watching ``re
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -34,6 +35,15 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from shipyard.keepalive import LazyKeepAlive
 from shipyard.writes import CoalescingTransport
+
+Respond = Callable[[int, list[tuple[bytes, bytes]], bytes], None]
+"""Writes the answer to a request taken on callbacks: status, headers, body."""
+Take = Callable[[Any, bytes, Respond], bool]
+"""The app's way to serve a request whose body is whole with no task (the edge's
+``take``, gateway/signatures.py): True once it has it, and then it calls ``respond``
+once; False when it leaves the request to the ASGI app, having done nothing."""
+
+logger = logging.getLogger(__name__)
 
 _EDGE = "shipyard.edge"
 """The scope key for (the connection's protocol, the request's number on it)."""
@@ -70,6 +80,7 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
     max_head_bytes = 64 * 1024
     head_timeout_s = 10.0
     drain_timeout_s = 3.0
+    take: Take | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -84,6 +95,8 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         self._head_size = 0
         """The bytes of the headers parsed so far in the head being parsed."""
         self._refused: tuple[int, str] | None = None
+        self._held: list[bytes] | None = None
+        """The body so far of a request held to be taken once whole (``take``)."""
         self._head_timer: Any = None
         self._drain_timer: Any = None
         self._begun_messages = 0
@@ -102,6 +115,10 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
     def data_received(self, data: bytes) -> None:
         self._completed_here = False
         super().data_received(data)
+        if self._held is not None:
+            # Its body is not whole in the data that brought its head: uvicorn's, as
+            # any request (its body read, under the door's deadline, by the ASGI app).
+            self._release()
         if self._refused is not None:
             self._refuse(*self._refused)
             return
@@ -148,19 +165,96 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             self._refused = (431, "Request header fields too large.")
         if self._refused is not None:
             return  # the request is refused: no app task for it
+        if self.take is not None and self._may_hold():
+            return
         super().on_headers_complete()
+
+    def _may_hold(self) -> bool:
+        """Hold the request, with no ASGI cycle or task, to offer it whole to ``take``:
+        a POST with nothing before it still to answer (no pipelining), nothing to
+        upgrade, no 100-continue to send, a plain path, and room under uvicorn's
+        concurrency limit. The scope gets what uvicorn's on_headers_complete gives it."""
+        cycle = self.cycle
+        url = self.url
+        limit = self.limit_concurrency
+        if (
+            (cycle is not None and not cycle.response_complete)
+            or self.pipeline
+            or self.expect_100_continue
+            or self.access_log  # uvicorn's cycle logs what it answers
+            or self.root_path
+            or url[:1] != b"/"
+            or not url.isascii()
+            or b"%" in url
+            or b"?" in url
+            or b"#" in url
+            or self.parser.get_method() != b"POST"
+            or self.parser.should_upgrade()
+            or (limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit))
+        ):
+            return False
+        scope = self.scope
+        scope["method"] = "POST"
+        http_version = self.parser.get_http_version()
+        if http_version != "1.1":
+            scope["http_version"] = http_version
+        scope["path"] = url.decode("ascii")
+        scope["raw_path"] = url
+        scope["query_string"] = b""
+        self._held = []
+        return True
+
+    def _take(self, body: bytes) -> bool:
+        """Offer the held request to ``take``, an _Answering standing in for uvicorn's
+        cycle (what uvicorn's keep-alive, pipelining and shutdown read) until answered."""
+        assert self.take is not None
+        keep_alive = self.scope["http_version"] != "1.0" and self.parser.should_keep_alive()
+        answering = _Answering(self, keep_alive)
+        previous, self.cycle = self.cycle, answering  # type: ignore[assignment]
+        try:
+            taken = self.take(self.scope, body, answering.respond)
+        except Exception:
+            logger.exception("taking a request failed; left to the app")
+            taken = False
+        if not taken:
+            self.cycle = previous
+        return taken
+
+    def _release(self, body: bytes | None = None) -> None:
+        """Give the held request to uvicorn, as if never held: its cycle and ASGI task
+        start, with the body so far."""
+        held, self._held = self._held, None
+        if self.transport.is_closing():
+            return
+        if body is None:
+            assert held is not None
+            body = b"".join(held)
+        super().on_headers_complete()
+        if body:
+            super().on_body(body)
 
     def on_body(self, body: bytes) -> None:
         # A refused request has no cycle of its own (the connection's first may have
         # none at all): its body is dropped, and the refusal answered once the data
         # is parsed.
         if self._refused is None:
+            if self._held is not None:
+                self._held.append(body)
+                return
             super().on_body(body)
 
     def on_message_complete(self) -> None:
         if self._refused is not None:
             return
-        super().on_message_complete()
+        held = self._held
+        if held is None:
+            super().on_message_complete()
+        else:
+            self._held = None
+            body = held[0] if len(held) == 1 else b"".join(held)
+            if not self._take(body):
+                self._release(body)
+                super().on_message_complete()
         self.completed_messages += 1
         self._completed_here = True
         self._awaiting_head = True
@@ -175,6 +269,7 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             self._drain_timer = self.loop.call_later(self.drain_timeout_s, self._drain_timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._held = None
         self._cancel_head_timer()
         self._cancel_drain_timer()
         super().connection_lost(exc)
@@ -231,15 +326,68 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         self.transport.close()
 
 
+class _Answering:
+    """Stands in for uvicorn's request cycle while a request taken on callbacks
+    (LimitedHttpToolsProtocol._take) is answered: it carries what uvicorn's protocol reads
+    of a cycle (an answer under way holds pipelined requests back; a shutdown or a lost
+    connection marks it), and writes the answer as uvicorn's cycle would."""
+
+    __slots__ = ("protocol", "keep_alive", "response_complete", "disconnected")
+
+    def __init__(self, protocol: LimitedHttpToolsProtocol, keep_alive: bool) -> None:
+        self.protocol = protocol
+        self.keep_alive = keep_alive
+        self.response_complete = False
+        self.disconnected = False
+
+    @property
+    def message_event(self) -> _NoEvent:
+        return _NO_EVENT  # uvicorn sets it when the connection is lost: nobody waits
+
+    def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """Write the answer (its headers lower-case names, one of them its length) as
+        uvicorn's send writes it: the server's default headers first, and
+        ``connection: close`` when the connection ends with it."""
+        if self.response_complete:
+            return
+        self.response_complete = True
+        protocol = self.protocol
+        transport = protocol.transport
+        if self.disconnected or transport.is_closing():
+            return
+        content = [STATUS_LINE[status]]
+        for name, value in protocol.server_state.default_headers:
+            content += [name, b": ", value, b"\r\n"]
+        for name, value in headers:
+            content += [name, b": ", value, b"\r\n"]
+        if not self.keep_alive:
+            content.append(b"connection: close\r\n")
+        content += [b"\r\n", body]
+        transport.write(b"".join(content))
+        if not self.keep_alive:
+            transport.close()
+        protocol.on_response_complete()
+
+
+class _NoEvent:
+    def set(self) -> None:
+        pass
+
+
+_NO_EVENT = _NoEvent()
+
+
 def limited_protocol(
     *,
     max_headers: int,
     max_head_bytes: int,
     head_timeout_s: float,
     drain_timeout_s: float = LimitedHttpToolsProtocol.drain_timeout_s,
+    take: Take | None = None,
 ) -> type[LimitedHttpToolsProtocol]:
     """The protocol class to give ``uvicorn.run(http=...)``, with these limits; the idle
-    timeout is uvicorn's ``timeout_keep_alive``."""
+    timeout is uvicorn's ``timeout_keep_alive``. ``take``: the app's way to serve a
+    request whose body is whole with no ASGI cycle or task (the edge's ``take``)."""
     return type(
         "LimitedHttpToolsProtocol",
         (LimitedHttpToolsProtocol,),
@@ -248,5 +396,6 @@ def limited_protocol(
             "max_head_bytes": max_head_bytes,
             "head_timeout_s": head_timeout_s,
             "drain_timeout_s": drain_timeout_s,
+            "take": staticmethod(take) if take is not None else None,
         },
     )

@@ -13,9 +13,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from shipyard.gateway.http_limits import Respond
+
 Scope = dict[str, Any]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
 EndpointDoor = Callable[[Scope, Any, Any, str], Awaitable[None]]
+EndpointTaker = Callable[[Scope, str, bytes, Respond], bool]
 
 _ENDPOINTS = "/endpoints/"
 
@@ -28,7 +31,7 @@ class PathRouter:
     door that serves it, called with the endpoint's name.
     """
 
-    __slots__ = ("endpoint_doors", "v2", "v1", "fallback")
+    __slots__ = ("endpoint_doors", "v2", "v1", "fallback", "_takers")
 
     def __init__(
         self,
@@ -42,6 +45,11 @@ class PathRouter:
         self.v2 = v2
         self.v1 = v1
         self.fallback = fallback
+        self._takers: dict[str, EndpointTaker] = {
+            action: door.take
+            for action, door in self.endpoint_doors.items()
+            if hasattr(door, "take")
+        }
 
     def __repr__(self) -> str:
         return f"PathRouter(endpoint_doors={sorted(self.endpoint_doors)})"
@@ -52,9 +60,8 @@ class PathRouter:
         if scope["type"] == "http":
             path: str = scope["path"]
             if path.startswith(_ENDPOINTS) and scope["method"] == "POST":
-                name, _, action = path[len(_ENDPOINTS) :].rpartition("/")
+                name, action = _endpoint(path)
                 door = self.endpoint_doors.get(action)
-                name = name.strip("/")
                 if door is not None and name and "/" not in name:
                     return door(scope, receive, send, name)
             elif path == "/v2" or path.startswith("/v2/"):
@@ -62,3 +69,21 @@ class PathRouter:
             elif path.startswith("/v1/") or path == "/v1":
                 return self.v1(scope, receive, send)
         return self.fallback(scope, receive, send)
+
+    def take(self, scope: Scope, body: bytes, respond: Respond) -> bool:
+        """Hand a request whose whole ``body`` is in hand to its door's ``take``
+        (RuntimeDoor.take: served on callbacks, with no task); False when its door has
+        none or does not take it: nothing was done, and ``__call__`` routes it."""
+        path: str = scope["path"]
+        if path.startswith(_ENDPOINTS) and scope["method"] == "POST":
+            name, action = _endpoint(path)
+            take = self._takers.get(action)
+            if take is not None and name and "/" not in name:
+                return take(scope, name, body, respond)
+        return False
+
+
+def _endpoint(path: str) -> tuple[str, str]:
+    """The endpoint's name and the action of a path under ``/endpoints/``."""
+    name, _, action = path[len(_ENDPOINTS) :].rpartition("/")
+    return name.strip("/"), action

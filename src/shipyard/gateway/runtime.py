@@ -25,10 +25,11 @@ from shipyard.errors import (
 )
 from shipyard.gateway import bodies
 from shipyard.gateway.auth import admitted, resource_arn
-from shipyard.gateway.errors import runtime_error_response
-from shipyard.gateway.http_limits import on_disconnect
+from shipyard.gateway.errors import runtime_error_answer, runtime_error_response
+from shipyard.gateway.http_limits import Respond, on_disconnect
 from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT, check_header
 from shipyard.routing import sessions
+from shipyard.routing.client import Response
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.router import Call
 
@@ -91,6 +92,70 @@ class RuntimeDoor:
     ) -> int:
         self.reach(scope, name)
         route = self.invocations.route(name)
+        call = self._call(scope, started)
+        if call.content_length is not None and call.content_length > self.max_payload_bytes:
+            raise self.too_large(body_left=True)
+        # The whole body before any instance is chosen: a client that trickles it must
+        # not hold an instance's slot (or a place in its queue) while it does.
+        call.body = await self.read_body(scope, receive)
+        call.watch_gone = on_disconnect(scope)
+        calls.append(call)
+        response = await self.invocations.run(route, call)
+        headers = self._answer_headers(call, response)
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": response.body})
+        return 200
+
+    def take(self, scope: Scope, name: str, body: bytes, respond: Respond) -> bool:
+        """Serve the invocation in ``scope``, its whole ``body`` in hand, with no task:
+        if an instance can take it at once (Invocations.start), it is sent now and its
+        answer given to ``respond`` (status, headers, body) from the loop's callbacks.
+        False: nothing was done, and the door's ASGI call serves the request, which
+        also answers every refusal (a refusal found here is not answered here)."""
+        started = time.perf_counter()
+        try:
+            self.reach(scope, name)
+            route = self.invocations.route(name)
+            call = self._call(scope, started)
+            if len(body) > self.max_payload_bytes:
+                return False
+            call.body = body
+            return self.invocations.start(
+                route, call, lambda response, error: self._answer(call, respond, response, error)
+            )
+        except Exception:
+            # Refused, or something unexpected, before anything was sent: the ASGI call
+            # meets the same and answers it in the door's shape.
+            return False
+
+    def _answer(
+        self,
+        call: Call,
+        respond: Respond,
+        response: Response | None,
+        error: BaseException | None,
+    ) -> None:
+        """Answer a call ``take`` started, as ``__call__`` answers (and counts) one."""
+        try:
+            if response is not None:
+                status = 200
+                respond(200, self._answer_headers(call, response), response.body)
+            elif isinstance(error, RuntimeFailure | AuthFailure):
+                status = error.status_code
+                respond(*runtime_error_answer(error))
+            else:
+                log.error("invocation failed", exc_info=error)
+                status, error = 500, None
+                respond(*runtime_error_answer(InternalFailure("Internal failure.")))
+        except Exception:
+            log.exception("answering an invocation failed")
+            return
+        Invocations.count(call, status, error)
+
+    def _call(self, scope: Scope, started: float) -> Call:
+        """The call the request's headers make, its body to come: what is forwarded to
+        the model, TargetVariant, InferenceComponentName and the declared length, each
+        header held to its limits."""
         forward: list[tuple[bytes, bytes]] = []
         target: str | None = None
         component: str | None = None
@@ -107,22 +172,17 @@ class RuntimeDoor:
                 target = value.decode()
             elif key == _COMPONENT:
                 component = value.decode(errors="replace")
-        if content_length is not None and content_length > self.max_payload_bytes:
-            raise self.too_large(body_left=True)
-        # The whole body before any instance is chosen: a client that trickles it must
-        # not hold an instance's slot (or a place in its queue) while it does.
-        body = await self.read_body(scope, receive)
-        call = Call(
+        return Call(
             forward,
-            body,
+            b"",
             content_length=content_length,
-            watch_gone=on_disconnect(scope),
             target=target,
             started=started,
             component=component,
         )
-        calls.append(call)
-        response = await self.invocations.run(route, call)
+
+    @staticmethod
+    def _answer_headers(call: Call, response: Response) -> list[tuple[bytes, bytes]]:
         headers = [
             (b"content-type", response.header(b"content-type") or b"application/octet-stream"),
             (b"content-length", str(len(response.body)).encode()),
@@ -133,9 +193,7 @@ class RuntimeDoor:
             headers.append((b"x-amzn-sagemaker-custom-attributes", attributes))
         if call.session is not None:
             headers += session_headers(call, response.header(sessions.CLOSED_HEADER))
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": response.body})
-        return 200
+        return headers
 
     def reach(self, scope: Scope, name: str) -> None:
         """AccessDenied unless the caller's key reaches endpoint ``name`` (its

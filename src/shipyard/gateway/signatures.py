@@ -63,6 +63,7 @@ from shipyard.gateway.errors import (
     rpc_v2_error_response,
     runtime_error_response,
 )
+from shipyard.gateway.http_limits import Respond
 from shipyard.gateway.registry import iam_action, query_target
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,8 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+Taker = Callable[[Scope, bytes, Respond], bool]
+"""An app's ``take``: serve a request whose body is whole on callbacks, or say False."""
 
 
 class ReadOnce:
@@ -79,6 +82,7 @@ class ReadOnce:
     def __init__(self, app: ASGIApp, *, account_id: str = "") -> None:
         self.app = app
         self.account_id = account_id
+        self._take: Taker | None = getattr(app, "take", None)
 
     def __repr__(self) -> str:
         return "ReadOnce()"
@@ -94,6 +98,21 @@ class ReadOnce:
             await _render(door_of(scope["path"]), exc, scope, receive, send)
             return
         await self.admit(head, scope, receive, send)
+
+    def take(self, scope: Scope, body: bytes, respond: Respond) -> bool:
+        """The edge for a request served on callbacks, its whole ``body`` in hand
+        (gateway/http_limits.py): its head read once and admitted as ``__call__`` admits
+        it, then offered to the app's ``take``. False when a header is repeated (the
+        ASGI call refuses it) or the app does not take it: nothing was done."""
+        take = self._take
+        if take is None:
+            return False
+        try:
+            head = read_head(scope["headers"])
+        except RepeatedHeader:
+            return False
+        scope[ADMITTED] = Admitted(head, account_id=self.account_id)
+        return take(scope, body, respond)
 
     def admit(self, head: Head, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         """Hand the request, read once as ``head``, to the app; nothing is checked here.
@@ -122,6 +141,11 @@ class RequireSignature(ReadOnce):
 
     def __repr__(self) -> str:
         return f"RequireSignature({self.verifier!r})"
+
+    def take(self, scope: Scope, body: bytes, respond: Respond) -> bool:
+        # A signed request is verified on the ASGI path (``__call__``), which reads its
+        # body under the edge's limits before the signature is checked.
+        return False
 
     def admit(self, head: Head, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         """Verify and authorise the request read once as ``head``, then pass it on."""

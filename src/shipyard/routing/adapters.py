@@ -26,14 +26,14 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from shipyard.contract import ADAPTER_IDENTIFIER, ADAPTERS_TOKEN, ERROR
 from shipyard.errors import ModelError, UpstreamError
-from shipyard.routing.client import Response, StreamedResponse
+from shipyard.routing.client import OnAnswer, Response, StreamedResponse
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import Policy
 
@@ -198,6 +198,13 @@ class AdapterRoute:
             content_length=call.content_length,
             max_body=max_body,
         )
+
+    @staticmethod
+    def start(
+        instance: Instance, call: Call, max_body: int | None, on_answer: OnAnswer
+    ) -> Callable[[], None] | None:
+        # Always sent by ``send``: the adapter may have to be registered in the copy first.
+        return None
 
     @contextlib.asynccontextmanager
     async def open(self, instance: Instance, call: Call) -> AsyncIterator[StreamedResponse]:

@@ -21,8 +21,9 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 import httptools
 
@@ -93,6 +94,21 @@ class StreamedResponse:
         return f"StreamedResponse(status={self.status})"
 
 
+class _Waiter(Protocol):
+    """What waits for a connection's answer: the future ``send`` awaits, or _Started."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, response: Response, /) -> None: ...
+
+    def set_exception(self, exc: BaseException, /) -> None: ...
+
+
+OnAnswer = Callable[[Response | None, UpstreamError | None], None]
+"""Told the outcome of a started request (ConnectionPool.start): the answer, or the error
+``request`` would raise."""
+
+
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; carries one request at a time."""
 
@@ -100,7 +116,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
-        self._waiter: asyncio.Future[Response] | None = None
+        self._waiter: _Waiter | None = None
         self._headers: list[tuple[bytes, bytes]] = []
         self._body: list[bytes] = []
         self._size = 0
@@ -150,13 +166,15 @@ class _Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        # Closed first when it cannot carry another exchange: a waiter told of the
+        # answer may hand the connection back to the pool at once (_Started).
+        if not self.parser.should_keep_alive():
+            self.close()
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             status = self.parser.get_status_code()
             body = b"".join(self._body)
             waiter.set_result(Response(status, self._headers, body))
-        if not self.parser.should_keep_alive():
-            self.close()
 
     # ours
     def _fail(self, exc: UpstreamError) -> None:
@@ -171,15 +189,22 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    async def send(
-        self, head: bytes, body: bytes | AsyncIterator[bytes], limit: int | None = None
-    ) -> Response:
+    def begin(self, waiter: _Waiter, limit: int | None) -> None:
+        """Start an exchange whose answer goes to ``waiter``: at most ``limit`` body bytes
+        (None: no limit)."""
         assert self.transport is not None and self._waiter is None
         self._headers = []
         self._body = []
         self._size = 0
         self.limit = limit
-        self._waiter = asyncio.get_running_loop().create_future()
+        self._waiter = waiter
+
+    async def send(
+        self, head: bytes, body: bytes | AsyncIterator[bytes], limit: int | None = None
+    ) -> Response:
+        waiter: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        self.begin(waiter, limit)
+        assert self.transport is not None
         try:
             if isinstance(body, bytes):
                 self.transport.write(head + body)
@@ -191,7 +216,7 @@ class _Connection(asyncio.Protocol):
                         await self._drained.wait()
                         if self.closed:  # the waiter holds the error; stop reading the body
                             break
-            return await self._waiter
+            return await waiter
         finally:
             self._waiter = None
 
@@ -510,6 +535,42 @@ class ConnectionPool:
             return response
         raise AssertionError("unreachable")
 
+    def start(
+        self,
+        method: bytes,
+        path: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        max_body: int | None,
+        on_answer: OnAnswer,
+    ) -> Callable[[], None] | None:
+        """``request`` with no task to await it, for a body in hand: sent at once on an
+        idle connection, its outcome given to ``on_answer`` from the loop's callbacks
+        (the answer, or the UpstreamError ``request`` would raise). Returns what
+        abandons the request (a deadline passed): its connection is closed, or its retry
+        cancelled, and ``on_answer`` is not called. None when no connection is idle:
+        nothing was sent (``request`` connects).
+
+        The same exchange as ``request``'s: a failure on the reused connection is tried
+        once more on another (in a task: the one case that awaits).
+        """
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
+            if conn.closed:
+                continue
+            parts = [method, b" ", path, b" HTTP/1.1\r\nHost: ", self._host_header, b"\r\n"]
+            for name, value in headers:
+                parts += [name, b": ", value, b"\r\n"]
+            parts += [b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n"]
+            head = b"".join(parts)
+            started = _Started(self, conn, head, body, max_body, on_answer)
+            conn.begin(started, max_body)
+            assert conn.transport is not None
+            conn.transport.write(head + body)
+            return started.abandon
+        return None
+
     async def ping(self) -> Response:
         """``GET /ping`` on a connection of its own, closed after the answer.
 
@@ -592,6 +653,92 @@ class ConnectionPool:
         for conn in self._idle:
             conn.close()
         self._idle.clear()
+
+
+class _Started:
+    """A request begun by ConnectionPool.start: the waiter on its connection, and what
+    ``request`` does after (the connection back to the pool, or one more try)."""
+
+    __slots__ = ("pool", "conn", "head", "body", "max_body", "on_answer", "_done", "_retry")
+
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        conn: _Connection,
+        head: bytes,
+        body: bytes,
+        max_body: int | None,
+        on_answer: OnAnswer,
+    ) -> None:
+        self.pool = pool
+        self.conn = conn
+        self.head = head
+        self.body = body
+        self.max_body = max_body
+        self.on_answer = on_answer
+        self._done = False
+        self._retry: asyncio.Task[None] | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, response: Response) -> None:
+        self._done = True
+        conn = self.conn
+        conn._waiter = None
+        self.pool._release(conn)
+        self._tell(response, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._done = True
+        conn = self.conn
+        conn._waiter = None
+        conn.close()
+        assert isinstance(exc, UpstreamError)
+        if isinstance(exc, ResponseTooLarge):
+            self._tell(None, exc)
+        else:
+            # As ``request`` does after a failure on a reused connection.
+            self._retry = asyncio.get_running_loop().create_task(self._again())
+
+    def _tell(self, response: Response | None, error: UpstreamError | None) -> None:
+        # Called from the connection's parser: a fault above must not become the
+        # connection's (the parser would report it as a malformed answer).
+        try:
+            self.on_answer(response, error)
+        except Exception:
+            log.exception("handling an instance's answer failed")
+
+    async def _again(self) -> None:
+        try:
+            conn, _ = await self.pool._acquire()
+        except UpstreamError as exc:
+            self.on_answer(None, exc)
+            return
+        try:
+            response = await conn.send(self.head, self.body, self.max_body)
+        except UpstreamError as exc:
+            conn.close()
+            self.on_answer(None, exc)
+            return
+        except BaseException:
+            conn.close()
+            raise
+        self.pool._release(conn)
+        self.on_answer(response, None)
+
+    def abandon(self) -> None:
+        self.on_answer = _ignore
+        if not self._done:
+            self._done = True
+            self.conn._waiter = None
+            self.conn.close()
+        elif self._retry is not None:
+            self._retry.cancel()
+
+
+def _ignore(response: Response | None, error: UpstreamError | None) -> None:
+    pass
 
 
 async def _head_or_send_failure(reader: _StreamReader, sender: asyncio.Task[None]) -> None:

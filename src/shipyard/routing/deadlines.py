@@ -10,14 +10,15 @@ cancellation into ``TimeoutError`` exactly as ``asyncio.timeout`` does (a cancel
 from elsewhere stays a cancellation).
 
 A deadline fires up to ``resolution_s`` late, never early. Entered on a loop other than
-the one its sweep runs on, a deadline falls back to ``asyncio.timeout``.
+the one its sweep runs on, a deadline falls back to ``asyncio.timeout``. Work that runs
+on callbacks rather than in a task (``Router.start``) is watched by the same sweep.
 """
 
 from __future__ import annotations
 
 import asyncio
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 
 class Deadlines:
@@ -25,7 +26,7 @@ class Deadlines:
 
     def __init__(self, resolution_s: float = 0.1) -> None:
         self.resolution_s = resolution_s
-        self._live: set[Deadline] = set()
+        self._live: set[Expiring] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweep_handle: asyncio.TimerHandle | None = None
 
@@ -42,7 +43,23 @@ class Deadlines:
             return asyncio.timeout(delay_s)
         return Deadline(self, loop.time() + delay_s)
 
-    def _add(self, deadline: Deadline) -> None:
+    def watch(self, entry: Expiring) -> bool:
+        """Call ``entry.expire(now)`` once ``entry.when`` (the loop's time) has passed,
+        unless ``drop(entry)`` came first: a deadline for work that is no task (a call
+        the router started on callbacks). False, and nothing watched, on a loop other
+        than the sweep's."""
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif loop is not self._loop:
+            return False
+        self._add(entry)
+        return True
+
+    def drop(self, entry: Expiring) -> None:
+        self._live.discard(entry)
+
+    def _add(self, deadline: Expiring) -> None:
         self._live.add(deadline)
         if self._sweep_handle is None:
             assert self._loop is not None
@@ -58,6 +75,14 @@ class Deadlines:
             deadline.expire(now)
         if self._live:
             self._sweep_handle = self._loop.call_later(self.resolution_s, self._sweep)
+
+
+class Expiring(Protocol):
+    """What the sweep expires: a Deadline, or an entry given to ``Deadlines.watch``."""
+
+    when: float
+
+    def expire(self, now: float) -> None: ...
 
 
 _ENTERED, _EXPIRING, _EXPIRED, _EXITED = range(4)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from shipyard.contract import BATCH, SESSION_ID, parse_batch
 from shipyard.errors import EndpointNotFound, ModelError, RuntimeValidationError, UpstreamError
@@ -40,6 +40,11 @@ from shipyard.routing.table import EndpointRoute, VariantRoute
 _OCTET_STREAM = b"application/octet-stream"
 _ERROR_BODY_BYTES = 1 << 20
 """Of a streamed error answer, at most this much is read into the ModelError."""
+
+
+Answered = Callable[[Response | None, BaseException | None], None]
+"""Told the outcome of a started invocation (Invocations.start): the model's successful
+answer, or the error ``run`` would raise."""
 
 
 class Invocations:
@@ -197,6 +202,52 @@ class Invocations:
             if copies:
                 assert shadows is not None
                 shadows.send(route, copies, call)
+        return self._answered(route, call, variant, response, model_s, opening)
+
+    def start(self, route: EndpointRoute, call: Call, done: Answered) -> bool:
+        """``run`` with no task, for a call an instance can take at once
+        (Router.start): its outcome goes to ``done`` from the loop's callbacks, the
+        answer ``run`` would return or the error it would raise. False: nothing was
+        sent, and ``run`` serves the call; an error raised here (choosing the variant)
+        is ``run``'s too."""
+        variant = call.variant or self.pick(route, call)
+        opening = self._session(route, call)
+        if call.pinned is not None:
+            return False  # a session's call may wait for its instance: ``run``'s
+
+        def answered(
+            response: Response | None, model_s: float, error: BaseException | None
+        ) -> None:
+            shadows = self.shadows
+            if shadows is not None and route.copies and isinstance(call.body, bytes):
+                # As ``run``: after the answer, before the client has it; they run once
+                # this callback is over.
+                copies = shadows.pick(route, variant)
+                if copies:
+                    shadows.send(route, copies, call)
+            if response is None:
+                done(None, error)
+                return
+            try:
+                answer = self._answered(route, call, variant, response, model_s, opening)
+            except Exception as exc:
+                done(None, exc)
+                return
+            done(answer, None)
+
+        return self.router.start(route, variant, call, answered)
+
+    def _answered(
+        self,
+        route: EndpointRoute,
+        call: Call,
+        variant: VariantRoute,
+        response: Response,
+        model_s: float,
+        opening: bool,
+    ) -> Response:
+        """What follows the router's answer: the batch and latency measured, an error
+        answer raised as the client's error, the session settled, the exchange captured."""
         batch = response.header(BATCH)
         if batch is not None:
             observed = parse_batch(batch)

@@ -18,7 +18,7 @@ with the same headers.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from shipyard.contract import (
@@ -40,7 +40,7 @@ from shipyard.errors import (
     ServiceUnavailable,
 )
 from shipyard.metrics import ModelMetrics
-from shipyard.routing.client import Response, StreamedResponse
+from shipyard.routing.client import OnAnswer, Response, StreamedResponse
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import ModelPolicy
 from shipyard.routing.strategies import open_invocation
@@ -114,6 +114,14 @@ class MultiModelRoute:
         assert call.model is not None
         self.observe(instance, call.model, response)
         return response.header(ERROR) == TOO_LARGE
+
+    @staticmethod
+    def start(
+        instance: Instance, call: Call, max_body: int | None, on_answer: OnAnswer
+    ) -> Callable[[], None] | None:
+        # Always sent by ``send``: a model may have to be loaded first, and a refusal
+        # teaches the router to try another instance.
+        return None
 
     @staticmethod
     def open(

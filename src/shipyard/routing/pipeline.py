@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from urllib.parse import urlsplit
 
 from shipyard.contract import INVOCATIONS_PATH, TARGET_CONTAINER_HOSTNAME
 from shipyard.errors import ResponseTooLarge, RuntimeValidationError, UpstreamError
-from shipyard.routing.client import ConnectionPool, Response, StreamedResponse
+from shipyard.routing.client import ConnectionPool, OnAnswer, Response, StreamedResponse
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -98,6 +98,18 @@ class ContainerGroupPool(ConnectionPool):
         return await super().request(
             method, path, headers, body, content_length=content_length, max_body=max_body
         )
+
+    def start(
+        self,
+        method: bytes,
+        path: bytes,
+        headers: Headers,
+        body: bytes,
+        max_body: int | None,
+        on_answer: OnAnswer,
+    ) -> Callable[[], None] | None:
+        # A group's invocation crosses its containers (``request``): nothing starts here.
+        return None
 
     @contextlib.asynccontextmanager
     async def stream(

@@ -218,10 +218,11 @@ class Router:
         variant: VariantRoute,
         call: Call,
         timeout_s: float | None = None,
+        tried: list[Instance] | None = None,
     ) -> tuple[Response, float]:
         """Send one invocation; return the instance's answer and the model latency (s).
         ``timeout_s`` stands in for the router's for this call (a shadow's copies sent
-        together have each one's).
+        together have each one's); ``tried``, instances it must not go to.
 
         Raises:
             ModelNotReady: no instance of the variant is healthy.
@@ -229,7 +230,8 @@ class Router:
                 endpoint is being deleted; InstanceFailed once the request was sent.
             ModelError: no answer within ``timeout_s``, or an answer too large.
         """
-        tried: list[Instance] = []
+        if tried is None:
+            tried = []
         turn = not variant.waiters  # first come, first served
         admission = variant.admission
         admission.admit()
@@ -262,6 +264,45 @@ class Router:
             raise self.late(variant, reached=taken) from None
         finally:
             admission.leave()
+
+    def start(self, route: EndpointRoute, variant: VariantRoute, call: Call, done: Done) -> bool:
+        """``invoke`` with no task, for a call an instance can take at once: sent now,
+        its outcome given to ``done`` from the loop's callbacks, as ``invoke`` would
+        return or raise it. False when the call would wait (a queue, a session's
+        instance, no idle connection, a dispatch that awaits): nothing was done, and
+        ``invoke`` serves it.
+
+        The same steps as ``invoke``'s: admitted, an instance taken and counted, the
+        router's deadline, the instance given back and taught by the answer; a failed
+        send goes on as ``invoke`` would, in a task.
+        """
+        if variant.waiters or call.pinned is not None:
+            return False
+        admission = variant.admission
+        try:
+            admission.admit()
+        except Exception:
+            return False  # refused: ``invoke`` raises it
+        instance = variant.dispatch.choose(variant.instances, call)
+        if instance is None:
+            admission.leave()
+            return False
+        flight = _Flight(self, route, variant, instance, call, done)
+        if not self._deadlines.watch(flight):
+            admission.leave()
+            return False
+        instance.in_flight += 1
+        flight.ahead = instance.in_flight - 1
+        call.instance = instance
+        abandon = variant.dispatch.start(instance, call, self.max_response_bytes, flight.answered)
+        if abandon is None:
+            self._deadlines.drop(flight)
+            instance.in_flight -= 1
+            call.instance = None
+            admission.leave()
+            return False
+        flight.abandon = abandon
+        return True
 
     def late(self, variant: VariantRoute, *, reached: bool) -> ModelNotReady | ModelError:
         """The error for a call with no answer within ``timeout_s``: a serverless variant
@@ -541,6 +582,96 @@ class Router:
         for route in self.routes.values():
             for instance in route.instances():
                 instance.pool.close()
+
+
+Done = Callable[[Response | None, float, BaseException | None], None]
+"""Told the outcome of a started call (Router.start): the answer and the model's seconds,
+or the error ``invoke`` would raise."""
+
+
+class _Flight:
+    """A call the router started (Router.start): ``invoke``'s steps after the send, on
+    callbacks; its deadline on the router's sweep."""
+
+    __slots__ = (
+        "router", "route", "variant", "instance", "call", "done", "when", "sent", "ahead",
+        "abandon", "over",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        router: Router,
+        route: EndpointRoute,
+        variant: VariantRoute,
+        instance: Instance,
+        call: Call,
+        done: Done,
+    ) -> None:
+        self.router = router
+        self.route = route
+        self.variant = variant
+        self.instance = instance
+        self.call = call
+        self.done = done
+        loop = asyncio.get_running_loop()
+        self.when = loop.time() + router.timeout_s
+        self.sent = time.perf_counter()
+        self.ahead = 0
+        self.abandon: Callable[[], None] = _nothing
+        self.over = False
+
+    def answered(self, response: Response | None, error: UpstreamError | None) -> None:
+        """The instance's answer, or the failure ``dispatch.send`` would raise."""
+        if self.over:
+            return
+        self.over = True
+        router, variant, instance = self.router, self.variant, self.instance
+        router._deadlines.drop(self)
+        router._give_back(self.route, variant, instance)
+        if response is not None:
+            model_s = time.perf_counter() - self.sent
+            instance.observe(model_s, self.ahead)
+            variant.dispatch.learn(instance, self.call, response)
+            variant.admission.leave()
+            self.done(response, model_s, None)
+            return
+        assert error is not None
+        tried: list[Instance] = []
+        try:
+            router._unsent(self.route, variant, instance, self.call, error, tried)
+        except Exception as exc:
+            variant.admission.leave()
+            self.done(None, 0.0, exc)
+            return
+        # It never reached the instance: on to another, as ``invoke`` goes on.
+        variant.admission.leave()
+        asyncio.get_running_loop().create_task(self._elsewhere(tried))
+
+    async def _elsewhere(self, tried: list[Instance]) -> None:
+        left_s = self.when - asyncio.get_running_loop().time()
+        try:
+            response, model_s = await self.router.invoke(
+                self.route, self.variant, self.call, timeout_s=max(left_s, 0.001), tried=tried
+            )
+        except Exception as exc:
+            self.done(None, 0.0, exc)
+            return
+        self.done(response, model_s, None)
+
+    def expire(self, now: float) -> None:
+        """The deadline passed with no answer: as ``invoke``'s TimeoutError."""
+        if self.over:
+            return
+        self.over = True
+        self.abandon()
+        router, variant = self.router, self.variant
+        router._give_back(self.route, variant, self.instance)
+        variant.admission.leave()
+        self.done(None, 0.0, router.late(variant, reached=True))
+
+
+def _nothing() -> None:
+    pass
 
 
 def _wake_pinned(variant: VariantRoute) -> None:

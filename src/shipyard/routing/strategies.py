@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from shipyard.contract import INVOCATIONS_PATH
-from shipyard.routing.client import Response, StreamedResponse
+from shipyard.routing.client import OnAnswer, Response, StreamedResponse
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import Policy
 
@@ -45,6 +45,15 @@ class Dispatch(Protocol):
 
     def send(self, instance: Instance, call: Call, max_body: int | None) -> Awaitable[Response]:
         """Send ``call`` to ``instance``; its answer (an UpstreamError if none came)."""
+        ...
+
+    def start(
+        self, instance: Instance, call: Call, max_body: int | None, on_answer: OnAnswer
+    ) -> Callable[[], None] | None:
+        """``send`` with no task to await it, when ``call`` can go to ``instance`` at
+        once (ConnectionPool.start): its outcome goes to ``on_answer``; returns what
+        abandons it. None: nothing was sent (``send`` it). Only a dispatch whose
+        ``learn`` never asks for another instance starts calls."""
         ...
 
     def open(
@@ -109,6 +118,13 @@ class OneModel:
             content_length=call.content_length,
             max_body=max_body,
         )
+
+    def start(
+        self, instance: Instance, call: Call, max_body: int | None, on_answer: OnAnswer
+    ) -> Callable[[], None] | None:
+        if not isinstance(call.body, bytes):
+            return None
+        return instance.pool.start(b"POST", call.path, call.headers, call.body, max_body, on_answer)
 
     def open(
         self, instance: Instance, call: Call

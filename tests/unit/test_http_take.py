@@ -1,0 +1,280 @@
+"""The gateway's HTTP protocol offers a request whose body is whole to the app's ``take``
+(gateway/http_limits.py), and gives uvicorn's request cycle whatever it does not take,
+as if never held: the real protocol class, fed bytes, over a transport that records."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from uvicorn.config import Config
+from uvicorn.server import ServerState
+
+from shipyard.gateway.http_limits import Respond, limited_protocol
+
+Taker = Callable[[dict[str, Any], bytes, Respond], bool]
+
+
+class Recording:
+    """A transport that keeps what is written to it."""
+
+    def __init__(self) -> None:
+        self.data = b""
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def writelines(self, lines: list[bytes]) -> None:
+        self.data += b"".join(lines)
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8080)}.get(
+            name, default
+        )
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+BODY = b'{"x": 1}'
+
+
+def invocation(
+    body: bytes = BODY, *, extra: bytes = b"", path: bytes = b"/endpoints/e/invocations"
+) -> bytes:
+    return (
+        b"POST " + path + b" HTTP/1.1\r\nHost: x\r\n" + extra + b"Content-Length: "
+        + str(len(body)).encode() + b"\r\n\r\n" + body
+    )  # fmt: skip
+
+
+class Served:
+    """The requests the ASGI app was given: path and whole body."""
+
+    def __init__(self) -> None:
+        self.asgi: list[tuple[str, bytes]] = []
+
+    async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        self.asgi.append((scope["path"], body))
+        answer = b"asgi:" + body
+        headers = [(b"content-length", str(len(answer)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": answer})
+
+
+def protocol(served: Served, take: Taker | None) -> tuple[Any, Recording]:
+    config = Config(
+        served.app, interface="asgi3", access_log=False, server_header=False, date_header=False
+    )
+    config.load()
+    cls = limited_protocol(max_headers=100, max_head_bytes=65536, head_timeout_s=10, take=take)
+    proto = cls(config=config, server_state=ServerState(), app_state={})
+    transport = Recording()
+    proto.connection_made(transport)
+    return proto, transport
+
+
+async def turns(n: int = 5) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def answers(data: bytes) -> list[bytes]:
+    """The bodies of the HTTP/1.1 answers in ``data`` (content-length framed)."""
+    out = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1]) for line in head.split(b"\r\n")[1:]
+            if line.lower().startswith(b"content-length:")
+        )  # fmt: skip
+        out.append(rest[:length])
+        data = rest[length:]
+    return out
+
+
+def test_a_request_whole_in_one_read_is_taken_and_answered_as_uvicorn_would() -> None:
+    taken: list[tuple[str, bytes, dict[str, Any]]] = []
+
+    def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
+        taken.append((scope["path"], body, dict(scope)))
+        respond(200, [(b"content-type", b"text/plain"), (b"content-length", b"5")], b"taken")
+        return True
+
+    async def scenario() -> tuple[Served, Recording]:
+        served = Served()
+        proto, transport = protocol(served, take)
+        proto.data_received(invocation())
+        await turns()
+        return served, transport
+
+    served, transport = asyncio.run(scenario())
+    ((path, body, scope),) = taken
+    assert path == "/endpoints/e/invocations" and body == BODY
+    assert scope["method"] == "POST" and scope["raw_path"] == b"/endpoints/e/invocations"
+    assert scope["query_string"] == b"" and scope["http_version"] == "1.1"
+    assert served.asgi == []
+    assert transport.data == (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 5\r\n\r\ntaken"
+    )
+    assert not transport.closing
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        invocation(extra=b"Expect: 100-continue\r\n"),
+        invocation(path=b"/endpoints/e/invocations?x=1"),
+        invocation(path=b"/endpoints/%65/invocations"),
+        b"PUT /endpoints/e/invocations HTTP/1.1\r\nHost: x\r\nContent-Length: 8\r\n\r\n" + BODY,
+    ],
+    ids=["expect-continue", "query", "escaped", "not-post"],
+)
+def test_what_uvicorn_must_see_is_never_held(data: bytes) -> None:
+    offered: list[bytes] = []
+
+    def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
+        offered.append(body)
+        return False
+
+    async def scenario() -> Served:
+        served = Served()
+        proto, _ = protocol(served, take)
+        proto.data_received(data)
+        await turns()
+        return served
+
+    served = asyncio.run(scenario())
+    assert offered == []
+    assert [body for _, body in served.asgi] == [BODY]
+
+
+def test_a_body_not_whole_in_the_heads_read_goes_to_uvicorn_whole() -> None:
+    offered: list[bytes] = []
+
+    def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
+        offered.append(body)
+        return True
+
+    async def scenario() -> tuple[Served, Recording]:
+        served = Served()
+        proto, transport = protocol(served, take)
+        data = invocation()
+        proto.data_received(data[:-3])
+        await turns()
+        proto.data_received(data[-3:])
+        await turns()
+        return served, transport
+
+    served, transport = asyncio.run(scenario())
+    assert offered == []
+    assert served.asgi == [("/endpoints/e/invocations", BODY)]
+    assert answers(transport.data) == [b"asgi:" + BODY]
+
+
+@pytest.mark.parametrize("refusal", ["declined", "raised"])
+def test_a_request_not_taken_goes_to_uvicorn_as_if_never_held(
+    refusal: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
+        if refusal == "raised":
+            raise RuntimeError("a fault in take")
+        return False
+
+    async def scenario() -> tuple[Served, Recording]:
+        served = Served()
+        proto, transport = protocol(served, take)
+        proto.data_received(invocation() + invocation(b'{"x": 2}'))
+        await turns(10)
+        return served, transport
+
+    with caplog.at_level(logging.ERROR):
+        served, transport = asyncio.run(scenario())
+    assert [body for _, body in served.asgi] == [BODY, b'{"x": 2}']
+    assert answers(transport.data) == [b"asgi:" + BODY, b'asgi:{"x": 2}']
+    assert ("a fault in take" in caplog.text) == (refusal == "raised")
+
+
+def test_requests_pipelined_behind_a_taken_one_wait_for_its_answer() -> None:
+    responders: list[Respond] = []
+
+    def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
+        responders.append(respond)
+        return True
+
+    async def scenario() -> tuple[Served, Recording]:
+        served = Served()
+        proto, transport = protocol(served, take)
+        proto.data_received(invocation(b"first") + invocation(b"second"))
+        await turns()
+        assert transport.data == b""  # the second waits behind the first's answer
+        assert len(responders) == 1 and served.asgi == []
+        responders[0](200, [(b"content-length", b"6")], b"first!")
+        await turns()
+        return served, transport
+
+    served, transport = asyncio.run(scenario())
+    # The first answered by take, then the second by uvicorn's cycle, in order.
+    assert served.asgi == [("/endpoints/e/invocations", b"second")]
+    assert answers(transport.data) == [b"first!", b"asgi:second"]
+
+
+def test_a_shutdown_while_answering_ends_the_connection_with_the_answer() -> None:
+    responders: list[Respond] = []
+
+    def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
+        responders.append(respond)
+        return True
+
+    async def scenario() -> Recording:
+        proto, transport = protocol(Served(), take)
+        proto.data_received(invocation())
+        proto.shutdown()
+        assert not transport.closing  # its answer is still due
+        responders[0](200, [(b"content-length", b"2")], b"ok")
+        await turns()
+        return transport
+
+    transport = asyncio.run(scenario())
+    assert b"connection: close\r\n" in transport.data and transport.data.endswith(b"ok")
+    assert transport.closing
+
+
+def test_an_answer_for_a_connection_lost_is_dropped() -> None:
+    responders: list[Respond] = []
+
+    def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
+        responders.append(respond)
+        return True
+
+    async def scenario() -> Recording:
+        proto, transport = protocol(Served(), take)
+        proto.data_received(invocation())
+        proto.connection_lost(None)
+        responders[0](200, [(b"content-length", b"2")], b"ok")
+        await turns()
+        return transport
+
+    assert asyncio.run(scenario()).data == b""
