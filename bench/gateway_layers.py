@@ -220,10 +220,46 @@ async def taken(n: int) -> float:
     return time.process_time() - started
 
 
+async def whole(n: int, *, take: bool) -> float:
+    """The protocol and the layers together: request bytes in, answer bytes out, through
+    the ASGI app (``take`` False) or taken on callbacks."""
+    edge = _edge()
+    config = Config(edge, http="httptools", access_log=False, server_header=False)
+    config.load()
+    cls = limited_protocol(
+        max_headers=100, max_head_bytes=65536, head_timeout_s=10, take=edge.take if take else None
+    )
+    proto = cls(config=config, server_state=ServerState(), app_state={})
+    transport = Transport()
+    proto.connection_made(transport)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    started = time.process_time()
+    for _ in range(n):
+        transport.written = loop.create_future()
+        proto.data_received(REQUEST)
+        await transport.written
+    return time.process_time() - started
+
+
+async def gateway(n: int) -> float:
+    return await whole(n, take=False)
+
+
+async def gateway_taken(n: int) -> float:
+    return await whole(n, take=True)
+
+
 async def main() -> None:
     n = int(os.environ.get("N", "50000"))
     rounds = int(os.environ.get("ROUNDS", "3"))
-    for name, measure in (("protocol", protocol), ("layers", layers), ("taken", taken)):
+    measures = {
+        "protocol": protocol,
+        "layers": layers,
+        "taken": taken,
+        "gateway": gateway,
+        "gateway_taken": gateway_taken,
+    }
+    for name, measure in measures.items():
         spent = [await measure(n) for _ in range(rounds)]
         print(f"{name}: " + " / ".join(f"{s / n * 1e6:.2f}" for s in spent) + " µs per request")
 

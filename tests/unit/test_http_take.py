@@ -24,6 +24,8 @@ class Recording:
     def __init__(self) -> None:
         self.data = b""
         self.closing = False
+        self.buffered = 0
+        """Bytes written and not yet sent, as the transport reports them."""
 
     def write(self, data: bytes) -> None:
         self.data += data
@@ -49,7 +51,7 @@ class Recording:
         pass
 
     def get_write_buffer_size(self) -> int:
-        return 0
+        return self.buffered
 
 
 BODY = b'{"x": 1}'
@@ -278,3 +280,40 @@ def test_an_answer_for_a_connection_lost_is_dropped() -> None:
         return transport
 
     assert asyncio.run(scenario()).data == b""
+
+
+def test_a_client_not_reading_its_answers_is_left_to_uvicorn() -> None:
+    """uvicorn's send waits for a full write buffer to drain, and what the client sends
+    meanwhile waits behind it: nothing is taken to pile answers up in the buffer."""
+    offered: list[bytes] = []
+
+    def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
+        offered.append(body)
+        return True
+
+    async def scenario() -> Served:
+        served = Served()
+        proto, transport = protocol(served, take)
+        transport.buffered = 1 << 20
+        proto.data_received(invocation())
+        await turns()
+        return served
+
+    served = asyncio.run(scenario())
+    assert offered == [] and [body for _, body in served.asgi] == [BODY]
+
+
+def test_an_answer_with_a_header_value_uvicorn_refuses_ends_the_connection() -> None:
+    def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
+        headers = [(b"content-type", b"text/plain\r\nx-injected: 1"), (b"content-length", b"2")]
+        respond(200, headers, b"ok")
+        return True
+
+    async def scenario() -> Recording:
+        proto, transport = protocol(Served(), take)
+        proto.data_received(invocation())
+        await turns()
+        return transport
+
+    transport = asyncio.run(scenario())
+    assert transport.data == b"" and transport.closing

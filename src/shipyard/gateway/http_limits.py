@@ -31,7 +31,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
+from uvicorn.protocols.http.httptools_impl import HEADER_VALUE_RE, STATUS_LINE
 
 from shipyard.keepalive import LazyKeepAlive
 from shipyard.writes import CoalescingTransport
@@ -191,6 +192,10 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             or self.parser.get_method() != b"POST"
             or self.parser.should_upgrade()
             or (limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit))
+            # A client not reading its answers: uvicorn's send waits for it, and what it
+            # sends meanwhile queues behind, where answers taken would pile up here.
+            or self.flow.write_paused
+            or self.transport.get_write_buffer_size() > HIGH_WATER_LIMIT
         ):
             return False
         scope = self.scope
@@ -217,6 +222,7 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             logger.exception("taking a request failed; left to the app")
             taken = False
         if not taken:
+            answering.response_complete = True  # whatever ``take`` began answers nothing
             self.cycle = previous
         return taken
 
@@ -359,6 +365,13 @@ class _Answering:
         for name, value in protocol.server_state.default_headers:
             content += [name, b": ", value, b"\r\n"]
         for name, value in headers:
+            if HEADER_VALUE_RE.search(value):
+                # What uvicorn's send refuses (a line break would let a value, an
+                # instance's Content-Type say, write headers of its own): as there, the
+                # connection ends with no answer.
+                logger.error("refused to answer with header %r: %r", name, value)
+                transport.close()
+                return
             content += [name, b": ", value, b"\r\n"]
         if not self.keep_alive:
             content.append(b"connection: close\r\n")

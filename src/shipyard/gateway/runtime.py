@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from typing import Any
 
 from shipyard.contract import FORWARDED
@@ -120,9 +121,8 @@ class RuntimeDoor:
             if len(body) > self.max_payload_bytes:
                 return False
             call.body = body
-            return self.invocations.start(
-                route, call, lambda response, error: self._answer(call, respond, response, error)
-            )
+            call.watch_gone = on_disconnect(scope)
+            return self.invocations.start(route, call, partial(self._answer, call, respond))
         except Exception:
             # Refused, or something unexpected, before anything was sent: the ASGI call
             # meets the same and answers it in the door's shape.
@@ -136,21 +136,21 @@ class RuntimeDoor:
         error: BaseException | None,
     ) -> None:
         """Answer a call ``take`` started, as ``__call__`` answers (and counts) one."""
+        if isinstance(error, ClientGone):
+            return  # left while it waited for an instance: nobody to answer
         try:
             if response is not None:
-                status = 200
-                respond(200, self._answer_headers(call, response), response.body)
+                answer = 200, self._answer_headers(call, response), response.body
             elif isinstance(error, RuntimeFailure | AuthFailure):
-                status = error.status_code
-                respond(*runtime_error_answer(error))
+                answer = runtime_error_answer(error)
             else:
-                log.error("invocation failed", exc_info=error)
-                status, error = 500, None
-                respond(*runtime_error_answer(InternalFailure("Internal failure.")))
-        except Exception:
-            log.exception("answering an invocation failed")
-            return
-        Invocations.count(call, status, error)
+                raise error or AssertionError("neither an answer nor an error")
+        except Exception as exc:
+            log.error("invocation failed", exc_info=exc)
+            error = None
+            answer = runtime_error_answer(InternalFailure("Internal failure."))
+        respond(*answer)
+        Invocations.count(call, answer[0], error)
 
     def _call(self, scope: Scope, started: float) -> Call:
         """The call the request's headers make, its body to come: what is forwarded to

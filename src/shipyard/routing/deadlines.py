@@ -17,8 +17,11 @@ on callbacks rather than in a task (``Router.start``) is watched by the same swe
 from __future__ import annotations
 
 import asyncio
+import logging
 from types import TracebackType
 from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
 
 
 class Deadlines:
@@ -72,7 +75,10 @@ class Deadlines:
         overdue = [d for d in self._live if d.when <= now]
         for deadline in overdue:
             self._live.discard(deadline)
-            deadline.expire(now)
+            try:
+                deadline.expire(now)
+            except Exception:  # one fault must not keep the others from expiring
+                log.exception("expiring a deadline failed")
         if self._live:
             self._sweep_handle = self._loop.call_later(self.resolution_s, self._sweep)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -36,6 +37,8 @@ from shipyard.routing.router import Call, Exchange, Router
 from shipyard.routing.sessions import CLOSED_HEADER, NEW_SESSION, REQUEST_HEADER, Sessions
 from shipyard.routing.shadow import ShadowCopier
 from shipyard.routing.table import EndpointRoute, VariantRoute
+
+log = logging.getLogger(__name__)
 
 _OCTET_STREAM = b"application/octet-stream"
 _ERROR_BODY_BYTES = 1 << 20
@@ -106,15 +109,12 @@ class Invocations:
         the call opens a session."""
         # The doors forward headers under their canonical names (contract.FORWARDED), so
         # no name is lower-cased here, on every request.
-        found = next(
-            (
-                n
-                for n, (key, _) in enumerate(call.headers)
-                if key == SESSION_ID or key == REQUEST_HEADER
-            ),
-            None,
-        )
-        if found is None:
+        found = -1
+        for n, (key, _) in enumerate(call.headers):  # a loop: no generator's frame
+            if key == SESSION_ID or key == REQUEST_HEADER:
+                found = n
+                break
+        if found < 0:
             return False
         key, value = call.headers[found]
         asked = value.decode(errors="replace")
@@ -221,10 +221,13 @@ class Invocations:
             shadows = self.shadows
             if shadows is not None and route.copies and isinstance(call.body, bytes):
                 # As ``run``: after the answer, before the client has it; they run once
-                # this callback is over.
-                copies = shadows.pick(route, variant)
-                if copies:
-                    shadows.send(route, copies, call)
+                # this callback is over. No fault of theirs keeps the client waiting.
+                try:
+                    copies = shadows.pick(route, variant)
+                    if copies:
+                        shadows.send(route, copies, call)
+                except Exception:
+                    log.exception("copying an invocation to %s's shadows failed", route.name)
             if response is None:
                 done(None, error)
                 return

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -49,6 +50,8 @@ from shipyard.routing.client import Response, StreamedResponse
 from shipyard.routing.deadlines import Deadlines
 from shipyard.routing.instance import Instance
 from shipyard.routing.table import EndpointRoute, VariantRoute
+
+log = logging.getLogger(__name__)
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -144,6 +147,8 @@ class Router:
         (routing/shadow.py), which may wait in the copier rather than in a queue here."""
         self._rng = rng or random.Random()
         self._deadlines = Deadlines()
+        self._resumed: set[asyncio.Task[None]] = set()
+        """Started calls going on in a task (_Flight._elsewhere), held until done."""
 
     def __repr__(self) -> str:
         return f"Router(endpoints={sorted(self.routes)})"
@@ -219,10 +224,13 @@ class Router:
         call: Call,
         timeout_s: float | None = None,
         tried: list[Instance] | None = None,
+        resumed: bool = False,
     ) -> tuple[Response, float]:
         """Send one invocation; return the instance's answer and the model latency (s).
         ``timeout_s`` stands in for the router's for this call (a shadow's copies sent
-        together have each one's); ``tried``, instances it must not go to.
+        together have each one's); ``tried``, instances it must not go to. ``resumed``:
+        a call ``start`` sent whose instance it never reached, going on here as this loop
+        would have gone on (admitted already, at the front of the queue).
 
         Raises:
             ModelNotReady: no instance of the variant is healthy.
@@ -232,10 +240,11 @@ class Router:
         """
         if tried is None:
             tried = []
-        turn = not variant.waiters  # first come, first served
+        turn = resumed or not variant.waiters  # first come, first served
         admission = variant.admission
-        admission.admit()
-        taken = False
+        if not resumed:
+            admission.admit()
+        taken = resumed
         try:
             async with self._deadlines.after(timeout_s or self.timeout_s):
                 while True:
@@ -283,26 +292,38 @@ class Router:
             admission.admit()
         except Exception:
             return False  # refused: ``invoke`` raises it
-        instance = variant.dispatch.choose(variant.instances, call)
-        if instance is None:
-            admission.leave()
-            return False
-        flight = _Flight(self, route, variant, instance, call, done)
-        if not self._deadlines.watch(flight):
-            admission.leave()
-            return False
-        instance.in_flight += 1
-        flight.ahead = instance.in_flight - 1
-        call.instance = instance
-        abandon = variant.dispatch.start(instance, call, self.max_response_bytes, flight.answered)
+        flight: _Flight | None = None
+        abandon = None
+        try:
+            instance = variant.dispatch.choose(variant.instances, call)
+            if instance is not None:
+                flight = _Flight(self, route, variant, instance, call, done)
+                if self._deadlines.watch(flight):
+                    instance.in_flight += 1
+                    flight.ahead = instance.in_flight - 1
+                    call.instance = instance
+                    abandon = variant.dispatch.start(
+                        instance, call, self.max_response_bytes, flight.answered
+                    )
+        finally:
+            if abandon is None:  # not sent (or a fault on the way): everything undone
+                if flight is not None:
+                    self._deadlines.drop(flight)
+                    flight.over = True
+                    if call.instance is not None:
+                        flight.instance.in_flight -= 1
+                        call.instance = None
+                admission.leave()
         if abandon is None:
-            self._deadlines.drop(flight)
-            instance.in_flight -= 1
-            call.instance = None
-            admission.leave()
             return False
+        assert flight is not None
         flight.abandon = abandon
         return True
+
+    def _resume(self, work: Coroutine[None, None, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._resumed.add(task)
+        task.add_done_callback(self._resumed.discard)
 
     def late(self, variant: VariantRoute, *, reached: bool) -> ModelNotReady | ModelError:
         """The error for a call with no answer within ``timeout_s``: a serverless variant
@@ -626,52 +647,76 @@ class _Flight:
             return
         self.over = True
         router, variant, instance = self.router, self.variant, self.instance
-        router._deadlines.drop(self)
-        router._give_back(self.route, variant, instance)
-        if response is not None:
-            model_s = time.perf_counter() - self.sent
-            instance.observe(model_s, self.ahead)
-            variant.dispatch.learn(instance, self.call, response)
-            variant.admission.leave()
-            self.done(response, model_s, None)
-            return
-        assert error is not None
-        tried: list[Instance] = []
         try:
-            router._unsent(self.route, variant, instance, self.call, error, tried)
+            router._deadlines.drop(self)
+            router._give_back(self.route, variant, instance)
+            if response is not None:
+                model_s = time.perf_counter() - self.sent
+                instance.observe(model_s, self.ahead)
+                variant.dispatch.learn(instance, self.call, response)
+                variant.admission.leave()
+                self._tell(response, model_s, None)
+                return
+            assert error is not None
+            tried: list[Instance] = []
+            try:
+                router._unsent(self.route, variant, instance, self.call, error, tried)
+            except Exception as exc:
+                variant.admission.leave()
+                self._tell(None, 0.0, exc)
+                return
+            # It never reached the instance: on to another, as ``invoke`` goes on, still
+            # admitted (``invoke`` leaves).
+            router._resume(self._elsewhere(tried))
         except Exception as exc:
-            variant.admission.leave()
-            self.done(None, 0.0, exc)
-            return
-        # It never reached the instance: on to another, as ``invoke`` goes on.
-        variant.admission.leave()
-        asyncio.get_running_loop().create_task(self._elsewhere(tried))
+            self._tell(None, 0.0, exc)
 
     async def _elsewhere(self, tried: list[Instance]) -> None:
         left_s = self.when - asyncio.get_running_loop().time()
         try:
             response, model_s = await self.router.invoke(
-                self.route, self.variant, self.call, timeout_s=max(left_s, 0.001), tried=tried
+                self.route,
+                self.variant,
+                self.call,
+                timeout_s=max(left_s, 0.001),
+                tried=tried,
+                resumed=True,
             )
         except Exception as exc:
-            self.done(None, 0.0, exc)
+            self._tell(None, 0.0, exc)
             return
-        self.done(response, model_s, None)
+        self._tell(response, model_s, None)
 
     def expire(self, now: float) -> None:
         """The deadline passed with no answer: as ``invoke``'s TimeoutError."""
         if self.over:
             return
         self.over = True
-        self.abandon()
         router, variant = self.router, self.variant
-        router._give_back(self.route, variant, self.instance)
-        variant.admission.leave()
-        self.done(None, 0.0, router.late(variant, reached=True))
+        try:
+            self.abandon()
+            router._give_back(self.route, variant, self.instance)
+            variant.admission.leave()
+            self._tell(None, 0.0, router.late(variant, reached=True))
+        except Exception as exc:
+            self._tell(None, 0.0, exc)
+
+    def _tell(self, response: Response | None, model_s: float, error: BaseException | None) -> None:
+        """``done``, once: a fault on the way out is told in the answer's place, so the
+        client is never left waiting."""
+        done, self.done = self.done, _told
+        if done is _told:
+            log.error("a started call failed after it was answered", exc_info=error)
+            return
+        done(response, model_s, error)
 
 
 def _nothing() -> None:
     pass
+
+
+def _told(response: Response | None, model_s: float, error: BaseException | None) -> None:
+    """Stands for a flight's ``done`` once it has been called."""
 
 
 def _wake_pinned(variant: VariantRoute) -> None:

@@ -1,0 +1,345 @@
+"""Calls started with no task (ConnectionPool.start, Router.start): the same exchange and
+the same steps as ``request`` and ``invoke``, against small real servers on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import pytest
+
+from shipyard.errors import ClientGone, InstanceFailed, ModelError, ResponseTooLarge
+from shipyard.gateway.runtime import RuntimeDoor
+from shipyard.metrics import Metrics
+from shipyard.routing.client import ConnectionPool
+from shipyard.routing.instance import Instance
+from shipyard.routing.invocation import Invocations
+from shipyard.routing.policies import Random
+from shipyard.routing.router import Call, Router
+from shipyard.routing.strategies import OneModel
+from shipyard.routing.table import EndpointRoute, VariantRoute
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def serve(handler: Handler) -> tuple[asyncio.Server, int]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return await reader.readexactly(length)
+
+
+def echo(*, close_after: int | None = None, delay_s: float = 0.0) -> tuple[Handler, list[int]]:
+    """A keep-alive echo server's handler and its count of connections; with
+    ``close_after``, a connection that has answered that many requests is closed when the
+    next one comes (as a keep-alive timeout can cross a request)."""
+    connections: list[int] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        answered = 0
+        try:
+            while close_after is None or answered < close_after:
+                body = await read_request(reader)
+                await asyncio.sleep(delay_s)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+                answered += 1
+            await read_request(reader)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    return handler, connections
+
+
+class Told:
+    """What on_answer (or a router's done) was told, and when."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[tuple[Any, ...]] = []
+        self.event = asyncio.Event()
+
+    def __call__(self, *outcome: Any) -> None:
+        self.outcomes.append(outcome)
+        self.event.set()
+
+    async def wait(self) -> tuple[Any, ...]:
+        await asyncio.wait_for(self.event.wait(), 10)
+        return self.outcomes[-1]
+
+
+async def warm(pool: ConnectionPool) -> None:
+    """One request through ``request``: a connection left idle in the pool."""
+    response = await pool.request(b"POST", b"/invocations", [], b"warm")
+    assert response.status == 200
+
+
+def test_start_needs_an_idle_connection_and_reuses_it() -> None:
+    async def main() -> list[int]:
+        handler, connections = echo()
+        server, port = await serve(handler)
+        pool = ConnectionPool("127.0.0.1", port)
+        told = Told()
+        assert pool.start(b"POST", b"/invocations", [], b"x", None, told) is None
+        await warm(pool)
+        for n in range(3):
+            told = Told()
+            assert pool.start(b"POST", b"/invocations", [(b"X-N", b"1")], b"%d" % n, None, told)
+            response, error = await told.wait()
+            assert error is None and response.status == 200 and response.body == b"%d" % n
+        pool.close()
+        server.close()
+        return connections
+
+    assert len(asyncio.run(main())) == 1  # one connection carried all of them
+
+
+def test_a_connection_closed_while_idle_is_tried_once_more_as_request_does() -> None:
+    async def main() -> list[int]:
+        handler, connections = echo(close_after=1)
+        server, port = await serve(handler)
+        pool = ConnectionPool("127.0.0.1", port)
+        await warm(pool)
+        told = Told()
+        assert pool.start(b"POST", b"/invocations", [], b"again", None, told)
+        response, error = await told.wait()
+        assert error is None and response.body == b"again"
+        pool.close()
+        server.close()
+        return connections
+
+    assert len(asyncio.run(main())) == 2
+
+
+def test_an_answer_too_large_is_not_tried_again() -> None:
+    async def main() -> tuple[Any, list[int]]:
+        handler, connections = echo()
+        server, port = await serve(handler)
+        pool = ConnectionPool("127.0.0.1", port)
+        await warm(pool)
+        told = Told()
+        assert pool.start(b"POST", b"/invocations", [], b"x" * 100, 10, told)
+        outcome = await told.wait()
+        pool.close()
+        server.close()
+        return outcome, connections
+
+    (response, error), connections = asyncio.run(main())
+    assert response is None and isinstance(error, ResponseTooLarge)
+    assert len(connections) == 1
+
+
+def test_an_abandoned_call_is_never_answered_and_its_connection_closed() -> None:
+    async def main() -> tuple[Told, ConnectionPool]:
+        handler, _ = echo(delay_s=0.2)
+        server, port = await serve(handler)
+        pool = ConnectionPool("127.0.0.1", port)
+        await warm(pool)
+        told = Told()
+        abandon = pool.start(b"POST", b"/invocations", [], b"late", None, told)
+        assert abandon is not None
+        abandon()
+        await asyncio.sleep(0.4)
+        server.close()
+        return told, pool
+
+    told, pool = asyncio.run(main())
+    assert told.outcomes == []
+    assert pool._idle == []  # closed, not handed back
+
+
+class FirstOffered(OneModel):
+    def choose(self, instances: Sequence[Instance], call: Call) -> Instance | None:
+        return instances[0] if instances else None
+
+
+def table(*ports: int, timeout_s: float = 5.0) -> tuple[Router, EndpointRoute, VariantRoute]:
+    instances = [
+        Instance(f"i-{n}", "v1", f"http://127.0.0.1:{port}", concurrency=1)
+        for n, port in enumerate(ports)
+    ]
+    variant = VariantRoute(
+        "v1",
+        weight=1.0,
+        policy=Random(max_in_flight=1),
+        instances=instances,
+        metrics=Metrics().for_variant("e", "v1"),
+    )
+    router = Router(timeout_s=timeout_s)
+    route = EndpointRoute("e", [variant])
+    router.publish(route)
+    return router, route, variant
+
+
+def test_a_started_call_is_counted_until_answered_and_taught_by_the_answer() -> None:
+    async def main() -> None:
+        handler, _ = echo(delay_s=0.05)
+        server, port = await serve(handler)
+        router, route, variant = table(port)
+        (instance,) = variant.instances
+        await warm(instance.pool)
+        done = Told()
+        assert router.start(route, variant, Call([], b"hi"), done)
+        assert instance.in_flight == 1 and router._deadlines._live
+        # Nothing else can take the instance meanwhile (one at a time).
+        assert not router.start(route, variant, Call([], b"other"), Told())
+        response, model_s, error = await done.wait()
+        assert error is None and response.body == b"hi" and model_s > 0
+        assert instance.in_flight == 0 and not router._deadlines._live
+        assert instance.latency_s > 0
+        router.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_started_call_past_the_deadline_is_invokes_timeout() -> None:
+    async def main() -> None:
+        handler, _ = echo(delay_s=1.0)
+        server, port = await serve(handler)
+        router, route, variant = table(port, timeout_s=0.2)
+        (instance,) = variant.instances
+        await warm(instance.pool)
+        done = Told()
+        assert router.start(route, variant, Call([], b"slow"), done)
+        response, _, error = await done.wait()
+        assert response is None and isinstance(error, ModelError)
+        assert error.original_status_code == 504
+        assert instance.in_flight == 0 and not router._deadlines._live
+        await asyncio.sleep(1.0)  # the late answer, on a connection since closed, changes nothing
+        assert done.outcomes == [(None, 0.0, error)]
+        router.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_an_instance_that_dies_mid_call_is_invokes_error() -> None:
+    async def main() -> None:
+        async def dies(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            body = await read_request(reader)
+            if body == b"warm":
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+                body = await read_request(reader)
+            writer.transport.abort()  # the second request: no answer, connection reset
+
+        server, port = await serve(dies)
+        router, route, variant = table(port)
+        (instance,) = variant.instances
+        await warm(instance.pool)
+        done = Told()
+        assert router.start(route, variant, Call([], b"boom"), done)
+        response, _, error = await done.wait()
+        assert response is None and isinstance(error, InstanceFailed)
+        assert instance.in_flight == 0 and not router._deadlines._live
+        router.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_fault_while_starting_undoes_everything() -> None:
+    class Faulty:
+        def choose(self, instances: Any, call: Any) -> Any:
+            return instances[0]
+
+        def start(self, *args: Any) -> Any:
+            raise RuntimeError("a fault in start")
+
+    class Counting:
+        starts_instances = False
+        active = 0
+
+        def admit(self) -> None:
+            self.active += 1
+
+        def leave(self) -> None:
+            self.active -= 1
+
+    async def main() -> None:
+        router, route, variant = table(9)
+        admission = Counting()
+        variant.dispatch = Faulty()  # type: ignore[assignment]
+        variant.admission = admission  # type: ignore[assignment]
+        call = Call([], b"x")
+        with pytest.raises(RuntimeError):
+            router.start(route, variant, call, Told())
+        assert variant.instances[0].in_flight == 0 and call.instance is None
+        assert admission.active == 0 and not router._deadlines._live
+
+    asyncio.run(main())
+
+
+def test_a_call_that_never_reached_its_instance_goes_to_another_without_a_second_admission() -> (
+    None
+):
+    class Once:
+        starts_instances = False
+        active = 0
+        admitted = 0
+
+        def admit(self) -> None:
+            self.active += 1
+            self.admitted += 1
+
+        def leave(self) -> None:
+            self.active -= 1
+
+    async def main() -> None:
+        handler, _ = echo()
+        server, port = await serve(handler)
+        router, route, variant = table(port, port)
+        first, second = variant.instances
+        admission = Once()
+        variant.admission = admission  # type: ignore[assignment]
+        await warm(first.pool)
+        # The first instance's pool reaches nothing once its idle connection fails.
+        first.pool.port = 9
+        first.pool.socket_path = None
+        first.pool._idle[0].transport.abort()  # type: ignore[union-attr]
+        # The first of those offered: ``start`` offers both, ``invoke`` then the other.
+        variant.dispatch = FirstOffered(Random(max_in_flight=1))
+        done = Told()
+        assert router.start(route, variant, Call([], b"moved"), done)
+        response, _, error = await done.wait()
+        assert error is None and response.body == b"moved"
+        assert not first.healthy and first.in_flight == 0 and second.in_flight == 0
+        assert admission.admitted == 1 and admission.active == 0
+        router.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_the_door_answers_every_outcome_of_a_started_call() -> None:
+    """A fault of its own is a 500 in the runtime's shape and counted; a client gone
+    while waiting gets nothing and is not counted, as on the door's ASGI call."""
+    router, route, variant = table(9)
+    door = RuntimeDoor(invocations=Invocations(router), max_payload_bytes=1 << 20)
+    answers: list[tuple[int, list[tuple[bytes, bytes]], bytes]] = []
+
+    def respond(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        answers.append((status, headers, body))
+
+    call = Call([], b"x")
+    call.variant = variant
+    counted = variant.metrics.invocations.value
+    door._answer(call, respond, None, ClientGone())
+    assert answers == []
+    door._answer(call, respond, None, RuntimeError("a fault"))
+    ((status, headers, body),) = answers
+    assert status == 500 and (b"x-amzn-errortype", b"InternalFailure") in headers
+    assert json.loads(body)["message"] == "Internal failure."
+    assert variant.metrics.invocations.value == counted + 1
+    assert variant.metrics.errors_5xx.value == 1
