@@ -702,10 +702,13 @@ class _Started:
             self._retry = asyncio.get_running_loop().create_task(self._again())
 
     def _tell(self, response: Response | None, error: UpstreamError | None) -> None:
+        # Once, and letting go of whoever waits: it holds ``abandon``, which holds this
+        # (a reference cycle left to the garbage collector on every request otherwise).
+        on_answer, self.on_answer = self.on_answer, _ignore
         # Called from the connection's parser: a fault above must not become the
         # connection's (the parser would report it as a malformed answer).
         try:
-            self.on_answer(response, error)
+            on_answer(response, error)
         except Exception:
             log.exception("handling an instance's answer failed")
 
@@ -713,19 +716,19 @@ class _Started:
         try:
             conn, _ = await self.pool._acquire()
         except UpstreamError as exc:
-            self.on_answer(None, exc)
+            self._tell(None, exc)
             return
         try:
             response = await conn.send(self.head, self.body, self.max_body)
         except UpstreamError as exc:
             conn.close()
-            self.on_answer(None, exc)
+            self._tell(None, exc)
             return
         except BaseException:
             conn.close()
             raise
         self.pool._release(conn)
-        self.on_answer(response, None)
+        self._tell(response, None)
 
     def abandon(self) -> None:
         self.on_answer = _ignore

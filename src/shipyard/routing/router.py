@@ -646,6 +646,7 @@ class _Flight:
         if self.over:
             return
         self.over = True
+        self.abandon = _nothing  # the pool's exchange, which holds this: no cycle left
         router, variant, instance = self.router, self.variant, self.instance
         try:
             router._deadlines.drop(self)
@@ -693,8 +694,9 @@ class _Flight:
             return
         self.over = True
         router, variant = self.router, self.variant
+        abandon, self.abandon = self.abandon, _nothing
         try:
-            self.abandon()
+            abandon()
             router._give_back(self.route, variant, self.instance)
             variant.admission.leave()
             self._tell(None, 0.0, router.late(variant, reached=True))
