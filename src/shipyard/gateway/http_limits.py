@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -45,6 +46,10 @@ Take = Callable[[Any, bytes, Respond], bool]
 once; False when it leaves the request to the ASGI app, having done nothing."""
 
 logger = logging.getLogger(__name__)
+
+_PLAIN_PATH = re.compile(rb"/[A-Za-z0-9._~!$&'()*+,;=:@/-]*")
+"""A request target that is its own path as uvicorn decodes it: absolute, nothing
+escaped, no query or fragment."""
 
 _EDGE = "shipyard.edge"
 """The scope key for (the connection's protocol, the request's number on it)."""
@@ -155,7 +160,11 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         if self._header_count > self.max_headers or self._head_size > self.max_head_bytes:
             self._refused = (431, "Request header fields too large.")
             return
-        super().on_header(name, value)
+        # uvicorn's on_header, repeated rather than called: a frame less per header.
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -184,11 +193,7 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             or self.expect_100_continue
             or self.access_log  # uvicorn's cycle logs what it answers
             or self.root_path
-            or url[:1] != b"/"
-            or not url.isascii()
-            or b"%" in url
-            or b"?" in url
-            or b"#" in url
+            or _PLAIN_PATH.fullmatch(url) is None
             or self.parser.get_method() != b"POST"
             or self.parser.should_upgrade()
             or (limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit))
@@ -365,14 +370,14 @@ class _Answering:
         for name, value in protocol.server_state.default_headers:
             content += [name, b": ", value, b"\r\n"]
         for name, value in headers:
-            if HEADER_VALUE_RE.search(value):
-                # What uvicorn's send refuses (a line break would let a value, an
-                # instance's Content-Type say, write headers of its own): as there, the
-                # connection ends with no answer.
-                logger.error("refused to answer with header %r: %r", name, value)
-                transport.close()
-                return
             content += [name, b": ", value, b"\r\n"]
+        if HEADER_VALUE_RE.search(b"".join([value for _, value in headers])):
+            # What uvicorn's send refuses (a line break would let a value, an instance's
+            # Content-Type say, write headers of its own): as there, the connection ends
+            # with no answer.
+            logger.error("refused to answer with the headers %r", headers)
+            transport.close()
+            return
         if not self.keep_alive:
             content.append(b"connection: close\r\n")
         content += [b"\r\n", body]
