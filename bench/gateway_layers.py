@@ -95,7 +95,9 @@ async def echo_app(scope: Any, receive: Any, send: Any) -> None:
 
 
 async def protocol(n: int) -> float:
-    config = Config(echo_app, http="httptools", access_log=False, server_header=False)
+    config = Config(
+        echo_app, http="httptools", access_log=False, server_header=False, proxy_headers=False
+    )
     config.load()
     cls = limited_protocol(max_headers=100, max_head_bytes=65536, head_timeout_s=10)
     proto = cls(config=config, server_state=ServerState(), app_state={})
@@ -224,7 +226,9 @@ async def whole(n: int, *, take: bool) -> float:
     """The protocol and the layers together: request bytes in, answer bytes out, through
     the ASGI app (``take`` False) or taken on callbacks."""
     edge = _edge()
-    config = Config(edge, http="httptools", access_log=False, server_header=False)
+    config = Config(
+        edge, http="httptools", access_log=False, server_header=False, proxy_headers=False
+    )
     config.load()
     cls = limited_protocol(
         max_headers=100, max_head_bytes=65536, head_timeout_s=10, take=edge.take if take else None

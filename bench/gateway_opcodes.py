@@ -55,8 +55,8 @@ async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
                 b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
             )
-    except (asyncio.IncompleteReadError, ConnectionError):
-        pass
+    except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+        writer.close()
 
 
 def _where(frame: FrameType) -> tuple[str, str]:
@@ -71,7 +71,9 @@ async def count(n: int, *, take: bool) -> tuple[Counts, Counts]:
     route = edge.app.endpoint_doors["invocations"].router.routes["echo"]  # type: ignore[attr-defined]
     (instance,) = route.variants[0].instances
     instance.pool = Instance("i-1", "AllTraffic", f"http://127.0.0.1:{port}").pool
-    config = Config(edge, http="httptools", access_log=False, server_header=False)
+    config = Config(
+        edge, http="httptools", access_log=False, server_header=False, proxy_headers=False
+    )
     config.load()
     cls = limited_protocol(
         max_headers=100, max_head_bytes=65536, head_timeout_s=10, take=edge.take if take else None
@@ -108,7 +110,9 @@ async def count(n: int, *, take: bool) -> tuple[Counts, Counts]:
         await run(n)
     finally:
         sys.settrace(None)
+        instance.pool.close()
         server.close()
+        await server.wait_closed()
     return opcodes, calls
 
 
