@@ -19,6 +19,7 @@ from shipyard.errors import (
     UnrecognizedClient,
 )
 from shipyard.gateway.auth import (
+    ADMITTED,
     Caller,
     Door,
     SignedRequest,
@@ -27,6 +28,7 @@ from shipyard.gateway.auth import (
     authorize,
     read_head,
 )
+from shipyard.gateway.signatures import RequireSignature
 
 KEY, SECRET = "AKIATESTOPS000000001", "ops-secret/with+chars"
 NOW = dt.datetime(2026, 11, 22, 12, 0, 0, tzinfo=dt.UTC)
@@ -290,3 +292,65 @@ def test_keys_are_scoped_to_the_resources_they_name() -> None:
     assert single.reaches("arn:aws:sagemaker:r:1:endpoint/abc")
     assert not single.reaches("arn:aws:sagemaker:r:1:endpoint/abbc")
     assert Caller("K", ("*",)).reaches("anything")
+
+
+class Taker:
+    """An app whose ``take`` records what the edge admitted."""
+
+    def __init__(self) -> None:
+        self.admitted: list[Any] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("the ASGI call is not this test's")
+
+    def take(self, scope: dict[str, Any], body: bytes, respond: Any) -> bool:
+        self.admitted.append(scope[ADMITTED])
+        return True
+
+
+def invocation_scope(request: SignedRequest) -> dict[str, Any]:
+    """The scope the gateway's protocol gives a request it offers to ``take``."""
+    return {
+        "type": "http",
+        "method": request.method,
+        "path": request.raw_path.decode(),
+        "raw_path": request.raw_path,
+        "query_string": request.query_string,
+        "headers": request.headers,
+        "scheme": "http",
+        "client": ("127.0.0.1", 50000),
+    }
+
+
+@pytest.mark.parametrize(
+    ("key", "secret", "taken"),
+    [(KEY, SECRET, True), ("AKIATESTAPP000000001", "app", False), (KEY, "wrong", False)],
+    ids=["allowed", "not-allowed", "bad-signature"],
+)
+def test_a_signed_invocation_is_taken_only_once_verified_and_authorised(
+    key: str, secret: str, taken: bool
+) -> None:
+    """What ``take`` lets through is what ``__call__`` lets through: a refusal is left
+    to ``__call__``, which answers it in the door's shape."""
+    body = b'{"instances": [[1, 2]]}'
+    request = signed(
+        url="http://127.0.0.1:8080/endpoints/e/invocations",
+        body=body,
+        headers={"Content-Type": "application/json"},
+        key=key,
+        secret=secret,
+    )
+    app = Taker()
+    edge = RequireSignature(
+        app, verifier=verifier(), account_id="000000000000", max_body_bytes=1 << 20,
+        body_timeout_s=5,
+    )  # fmt: skip
+    assert edge.take(invocation_scope(request), body, lambda *answer: None) is taken
+    if taken:
+        (admitted,) = app.admitted
+        assert admitted.caller.access_key_id == KEY
+        assert admitted.action == "sagemaker-runtime:InvokeEndpoint"
+    else:
+        assert app.admitted == []
+    # A body other than the one signed is refused too.
+    assert not edge.take(invocation_scope(request), body + b" ", lambda *answer: None)

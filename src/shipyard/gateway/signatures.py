@@ -49,6 +49,7 @@ from shipyard.gateway.auth import (
     Caller,
     Door,
     Head,
+    Pending,
     Verifier,
     action_of,
     authorize,
@@ -143,9 +144,28 @@ class RequireSignature(ReadOnce):
         return f"RequireSignature({self.verifier!r})"
 
     def take(self, scope: Scope, body: bytes, respond: Respond) -> bool:
-        # A signed request is verified on the ASGI path (``__call__``), which reads its
-        # body under the edge's limits before the signature is checked.
-        return False
+        """As ReadOnce.take, the request verified and authorised first, by the same
+        checks as ``__call__`` (its body in hand). False, and nothing done, for a request
+        they refuse (``__call__`` answers the refusal in its door's shape) or one that
+        needs no signature."""
+        take = self._take
+        if take is None:
+            return False
+        try:
+            head = read_head(scope["headers"])
+            door_action = action_of(scope["method"], scope["path"], head.target)
+            if door_action is None:
+                return False
+            door, action = door_action
+            checked = self._check_head(scope, head, door, action)
+            if not isinstance(checked, Caller):
+                checked = self._check_body(
+                    scope, head, action, checked, body if checked.needs_body else None
+                )
+        except (AuthFailure, RepeatedHeader, SignedBodyTooLarge, _QueryRefused):
+            return False
+        scope[ADMITTED] = Admitted(head, action, checked, self.account_id)
+        return take(scope, body, respond)
 
     def admit(self, head: Head, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         """Verify and authorise the request read once as ``head``, then pass it on."""
@@ -177,6 +197,15 @@ class RequireSignature(ReadOnce):
         self, scope: Scope, receive: Receive, head: Head, door: Door, action: str
     ) -> tuple[Caller, bytes | None]:
         """The verified caller, and the body read to verify it (None: left unread)."""
+        checked = self._check_head(scope, head, door, action)
+        if isinstance(checked, Caller):
+            return checked, None
+        body = await self._read_body(scope, receive) if checked.needs_body else None
+        return self._check_body(scope, head, action, checked, body), body
+
+    def _check_head(self, scope: Scope, head: Head, door: Door, action: str) -> Caller | Pending:
+        """Everything the head says, checked before any of the body is read: the caller
+        of a bearer token (authorised), else the signature checked in all but the body."""
         authorization = head.authorization or ""
         if door is Door.OPENAI and authorization[: len(BEARER)].lower() == BEARER.lower():
             if scope.get("scheme") != "https" and not _from_this_host(scope):
@@ -186,7 +215,7 @@ class RequireSignature(ReadOnce):
                 )
             caller = self.verifier.bearer(authorization)
             authorize(caller, action, account_id=self.account_id)
-            return caller, None
+            return caller
         declared = head.content_length or ""
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             # Refused at once: waiting for a body we would refuse lets a client that
@@ -194,7 +223,7 @@ class RequireSignature(ReadOnce):
             raise SignedBodyTooLarge(
                 f"Request body is larger than the maximum of {self.max_body_bytes} bytes."
             )
-        pending = self.verifier.start(
+        return self.verifier.start(
             scope["method"],
             scope.get("raw_path") or scope["path"].encode(),
             scope.get("query_string", b""),
@@ -202,7 +231,12 @@ class RequireSignature(ReadOnce):
             head,
             secure=scope.get("scheme") == "https",
         )
-        body = await self._read_body(scope, receive) if pending.needs_body else None
+
+    def _check_body(
+        self, scope: Scope, head: Head, action: str, pending: Pending, body: bytes | None
+    ) -> Caller:
+        """The signature checked against the body (None where unsigned), and the caller
+        authorised for ``action``, or, for the query protocol, the action its body names."""
         caller = self.verifier.finish(pending, body or b"")
         if head.target is None and scope["path"] == "/" and body:
             # The query protocol names its action in the (signed) body: the door reads
@@ -213,9 +247,9 @@ class RequireSignature(ReadOnce):
                     authorize(caller, iam_action(target), account_id=self.account_id)
                 except AuthFailure as exc:
                     raise _QueryRefused(exc) from None
-                return caller, body
+                return caller
         authorize(caller, action, account_id=self.account_id)
-        return caller, body
+        return caller
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         try:
