@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
+from collections.abc import MutableMapping
 from typing import Any
 
 import pytest
@@ -354,3 +356,61 @@ def test_a_signed_invocation_is_taken_only_once_verified_and_authorised(
         assert app.admitted == []
     # A body other than the one signed is refused too.
     assert not edge.take(invocation_scope(request), body + b" ", lambda *answer: None)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["allowed", "not-allowed", "bad-signature", "other-body", "too-large", "repeated", "unsigned"],
+)
+def test_take_admits_exactly_what_the_asgi_call_admits(case: str) -> None:
+    """The same request through ``take`` and through ``__call__``: the same Admitted
+    value, or a refusal (which ``take`` leaves to ``__call__`` to answer)."""
+    body = b'{"instances": [[1, 2]]}'
+    key, secret = {"not-allowed": ("AKIATESTAPP000000001", "app"), "bad-signature": (KEY, "x")}.get(
+        case, (KEY, SECRET)
+    )
+    headers = {"Content-Type": "application/json"}
+    if case == "unsigned":
+        headers["X-Amz-Content-SHA256"] = "UNSIGNED-PAYLOAD"
+    request = signed(
+        url="http://127.0.0.1:8080/endpoints/e/invocations",
+        body=body,
+        headers=headers,
+        key=key,
+        secret=secret,
+    )
+    if case == "repeated":
+        request.headers.append((b"x-amz-date", dict(request.headers)[b"x-amz-date"]))
+    if case == "too-large":  # sent chunked: no declared length to refuse it by
+        request.headers[:] = [h for h in request.headers if h[0] != b"content-length"]
+        request.headers.append((b"transfer-encoding", b"chunked"))
+    sent = body + b" " if case == "other-body" else body
+    limit = 8 if case == "too-large" else 1 << 20
+
+    class Called(Taker):
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            self.admitted.append(scope[ADMITTED])
+
+    def edge(app: Taker) -> RequireSignature:
+        return RequireSignature(
+            app, verifier=verifier(), account_id="000000000000", max_body_bytes=limit,
+            body_timeout_s=5,
+        )  # fmt: skip
+
+    taken_by, called = Taker(), Called()
+    taken = edge(taken_by).take(invocation_scope(request), sent, lambda *answer: None)
+    answers: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": sent, "more_body": False}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        answers.append(dict(message))
+
+    asyncio.run(edge(called)(invocation_scope(request), receive, send))
+    assert taken == (case == "allowed")
+    if called.admitted:
+        assert taken and taken_by.admitted == called.admitted
+    else:
+        assert not taken and taken_by.admitted == []
+        assert answers[0]["status"] >= 400

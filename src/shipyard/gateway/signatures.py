@@ -149,8 +149,8 @@ class RequireSignature(ReadOnce):
         they refuse (``__call__`` answers the refusal in its door's shape) or one that
         needs no signature."""
         take = self._take
-        if take is None:
-            return False
+        if take is None or len(body) > self.max_body_bytes:
+            return False  # the second: refused by ``__call__`` (413), chunked or not
         try:
             head = read_head(scope["headers"])
             door_action = action_of(scope["method"], scope["path"], head.target)
