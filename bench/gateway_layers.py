@@ -94,15 +94,22 @@ async def echo_app(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def protocol(n: int) -> float:
+def http_protocol(app: Any, take: Any = None) -> tuple[Any, Transport]:
+    """The gateway's HTTP protocol around ``app``, as ``shipyard serve`` configures
+    uvicorn, connected to a Transport."""
     config = Config(
-        echo_app, http="httptools", access_log=False, server_header=False, proxy_headers=False
+        app, http="httptools", access_log=False, server_header=False, proxy_headers=False
     )
     config.load()
-    cls = limited_protocol(max_headers=100, max_head_bytes=65536, head_timeout_s=10)
+    cls = limited_protocol(max_headers=100, max_head_bytes=65536, head_timeout_s=10, take=take)
     proto = cls(config=config, server_state=ServerState(), app_state={})
     transport = Transport()
-    proto.connection_made(transport)  # type: ignore[arg-type]
+    proto.connection_made(transport)
+    return proto, transport
+
+
+async def feed(proto: Any, transport: Transport, n: int) -> float:
+    """Process CPU seconds for ``n`` requests fed one at a time, each answered."""
     loop = asyncio.get_running_loop()
     started = time.process_time()
     for _ in range(n):
@@ -110,6 +117,11 @@ async def protocol(n: int) -> float:
         proto.data_received(REQUEST)
         await transport.written
     return time.process_time() - started
+
+
+async def protocol(n: int) -> float:
+    proto, transport = http_protocol(echo_app)
+    return await feed(proto, transport, n)
 
 
 class AtOnce:
@@ -226,23 +238,8 @@ async def whole(n: int, *, take: bool) -> float:
     """The protocol and the layers together: request bytes in, answer bytes out, through
     the ASGI app (``take`` False) or taken on callbacks."""
     edge = _edge()
-    config = Config(
-        edge, http="httptools", access_log=False, server_header=False, proxy_headers=False
-    )
-    config.load()
-    cls = limited_protocol(
-        max_headers=100, max_head_bytes=65536, head_timeout_s=10, take=edge.take if take else None
-    )
-    proto = cls(config=config, server_state=ServerState(), app_state={})
-    transport = Transport()
-    proto.connection_made(transport)  # type: ignore[arg-type]
-    loop = asyncio.get_running_loop()
-    started = time.process_time()
-    for _ in range(n):
-        transport.written = loop.create_future()
-        proto.data_received(REQUEST)
-        await transport.written
-    return time.process_time() - started
+    proto, transport = http_protocol(edge, edge.take if take else None)
+    return await feed(proto, transport, n)
 
 
 async def gateway(n: int) -> float:

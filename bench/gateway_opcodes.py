@@ -27,14 +27,11 @@ from types import FrameType
 from typing import Any
 
 import uvloop
-from uvicorn.config import Config
-from uvicorn.server import ServerState
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gateway_layers import REQUEST, Transport, _edge
+from gateway_layers import REQUEST, _edge, http_protocol
 
-from shipyard.gateway.http_limits import limited_protocol
 from shipyard.routing.instance import Instance
 
 HERE = Path(__file__).resolve()
@@ -71,16 +68,7 @@ async def count(n: int, *, take: bool) -> tuple[Counts, Counts]:
     route = edge.app.endpoint_doors["invocations"].router.routes["echo"]  # type: ignore[attr-defined]
     (instance,) = route.variants[0].instances
     instance.pool = Instance("i-1", "AllTraffic", f"http://127.0.0.1:{port}").pool
-    config = Config(
-        edge, http="httptools", access_log=False, server_header=False, proxy_headers=False
-    )
-    config.load()
-    cls = limited_protocol(
-        max_headers=100, max_head_bytes=65536, head_timeout_s=10, take=edge.take if take else None
-    )
-    proto = cls(config=config, server_state=ServerState(), app_state={})
-    transport = Transport()
-    proto.connection_made(transport)  # type: ignore[arg-type]
+    proto, transport = http_protocol(edge, edge.take if take else None)
     loop = asyncio.get_running_loop()
 
     async def run(requests: int) -> None:

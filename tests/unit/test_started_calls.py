@@ -20,22 +20,10 @@ from shipyard.routing.policies import Random
 from shipyard.routing.router import Call, Router
 from shipyard.routing.strategies import OneModel
 from shipyard.routing.table import EndpointRoute, VariantRoute
+from tests.unit.test_client import _read_request as read_request
+from tests.unit.test_client import _serve as serve
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-async def serve(handler: Handler) -> tuple[asyncio.Server, int]:
-    server = await asyncio.start_server(handler, "127.0.0.1", 0)
-    return server, server.sockets[0].getsockname()[1]
-
-
-async def read_request(reader: asyncio.StreamReader) -> bytes:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":")[1])
-    return await reader.readexactly(length)
 
 
 def echo(*, close_after: int | None = None, delay_s: float = 0.0) -> tuple[Handler, list[int]]:
