@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import io
+import json
 import os
 import signal
 import socket
@@ -22,6 +24,7 @@ from typing import Any
 
 import boto3
 import botocore.config
+import psutil
 import pytest
 from moto.server import ThreadedMotoServer
 
@@ -212,18 +215,39 @@ def gateway_factory(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
 
 
 def stop_job_processes(home: Path) -> None:
-    """Kill by PID the job runners and scripts a test left behind; jobs outlive gateways."""
+    """Kill by PID the job runners and scripts a test left behind; jobs outlive gateways.
+
+    A PID counts only while its process is the one its file names (a PID may have been
+    reused): a script runs in its attempt's folder, and a runner names that folder on its
+    command line, as the gateway itself tells its runners (backends/local.py)."""
     for pid_file in sorted(home.glob("jobs/*/attempt-*/*.pid")):
+        folder = str(pid_file.parent)
         try:
             pid = int(pid_file.read_text().strip())
             cwd = os.readlink(f"/proc/{pid}/cwd")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
         except (OSError, ValueError):
             continue
-        if cwd.startswith(str(pid_file.parent)):
+        if cwd.startswith(folder) or folder in argv:
             try:
                 os.killpg(pid, signal.SIGKILL)
             except OSError:
-                pass
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)  # not a group's leader
+    # A sandboxed runner's PID files hold the PIDs it has inside its sandbox; the bwrap
+    # around it is recorded beside its folder (backends/local.py), with its start time
+    # against a reused PID. Its group goes, and with the sandbox's end, what ran in it.
+    for record in sorted(home.glob("jobs/*/attempt-*.sandbox")):
+        try:
+            recorded = json.loads(record.read_text())
+            pid, started = int(recorded["pid"]), recorded["started"]
+            if psutil.Process(pid).create_time() != started:
+                continue
+        except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+            continue
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
 
 
 def wait_until(check: Callable[[], object], what: str, timeout_s: float = 30) -> None:
