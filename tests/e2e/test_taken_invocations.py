@@ -7,6 +7,7 @@ plain sockets (one write per request: one read at the gateway)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import time
@@ -133,6 +134,38 @@ def test_an_answer_taken_is_the_answer_of_the_asgi_path(gw: GatewayProcess) -> N
     assert taken[1]["x-amzn-invoked-production-variant"] == "v1"
     assert "date" in taken[1] and "server" not in taken[1]
     assert json.loads(taken[2]) == json.loads(asgi[2]) == {"x": [1, 2, 3]}
+
+
+def test_a_body_written_apart_from_its_head_gets_the_same_answer(gw: GatewayProcess) -> None:
+    """http.client (under urllib3 and requests too) writes a request's head and its body
+    apart: held for the read after its head, the body is taken there; the answers are
+    those of one write, request after request on one connection."""
+    warm(gw, "echo")
+    host, port = gw.url.rsplit("//", 1)[1].rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=15)
+    try:
+        for i in range(20):
+            body = json.dumps({"i": i, "pad": "x" * (i * 50)})
+            conn.request(
+                "POST", "/endpoints/echo/invocations", body=body,
+                headers={"Content-Type": "application/json"},
+            )  # fmt: skip
+            answer = conn.getresponse()
+            assert answer.status == 200 and json.loads(answer.read()) == json.loads(body)
+            assert answer.getheader("x-amzn-invoked-production-variant") == "v1"
+    finally:
+        conn.close()
+    data = request("echo", b'{"x": [1, 2, 3]}')
+    head, _, body = data.partition(b"\r\n\r\n")
+    with connect(gw) as s:
+        s.sendall(head + b"\r\n\r\n")
+        time.sleep(0.01)  # within the hold: the body's read is the next one
+        s.sendall(body)
+        apart = Reader(s).answer()
+    one = whole(gw, data)
+    assert apart[0] == one[0] == 200
+    assert without_date(apart[1]) == without_date(one[1])
+    assert json.loads(apart[2]) == {"x": [1, 2, 3]}
 
 
 def test_a_model_error_taken_is_the_error_of_the_asgi_path(gw: GatewayProcess) -> None:

@@ -196,6 +196,109 @@ def test_a_body_not_whole_in_the_heads_read_goes_to_uvicorn_whole() -> None:
     assert answers(transport.data) == [b"asgi:" + BODY]
 
 
+def head_and_body(body: bytes = BODY) -> tuple[bytes, bytes]:
+    """An invocation as http.client, urllib3, requests and httpx send it: its head in
+    one write, its body in another."""
+    data = invocation(body)
+    return data[: -len(body)], data[-len(body) :]
+
+
+def test_a_body_whole_in_the_read_after_its_head_is_taken() -> None:
+    taken: list[bytes] = []
+
+    def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
+        taken.append(body)
+        respond(200, [(b"content-length", b"5")], b"taken")
+        return True
+
+    async def scenario() -> tuple[Served, Recording, Any]:
+        served = Served()
+        proto, transport = protocol(served, take)
+        head, body = head_and_body()
+        proto.data_received(head)
+        await turns()
+        assert taken == [] and served.asgi == [] and transport.data == b""
+        proto.data_received(body)
+        await turns()
+        return served, transport, proto
+
+    served, transport, proto = asyncio.run(scenario())
+    assert taken == [BODY] and served.asgi == []
+    assert answers(transport.data) == [b"taken"]
+    assert proto._hold_timer is None  # nothing left armed
+
+
+@pytest.mark.parametrize("rest", ["in two reads", "late"])
+def test_a_body_not_whole_in_the_read_after_its_head_goes_to_uvicorn_whole(rest: str) -> None:
+    offered: list[bytes] = []
+
+    def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
+        offered.append(body)
+        return True
+
+    async def scenario() -> tuple[Served, Recording]:
+        served = Served()
+        proto, transport = protocol(served, take)
+        proto.hold_body_s = 0.01
+        head, body = head_and_body()
+        proto.data_received(head)
+        if rest == "late":
+            await asyncio.sleep(0.05)  # past hold_body_s: the request is uvicorn's
+            assert proto._held is None
+            proto.data_received(body)
+        else:
+            proto.data_received(body[:3])
+            await turns()
+            proto.data_received(body[3:])
+        await turns()
+        return served, transport
+
+    served, transport = asyncio.run(scenario())
+    assert offered == []
+    assert served.asgi == [("/endpoints/e/invocations", BODY)]
+    assert answers(transport.data) == [b"asgi:" + BODY]
+
+
+def test_a_shutdown_while_a_body_is_awaited_drains_the_request() -> None:
+    """A request held for its body is in flight: a shutdown gives it to uvicorn, which
+    answers it once its body is read and then ends the connection."""
+    offered: list[bytes] = []
+
+    def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
+        offered.append(body)
+        return True
+
+    async def scenario() -> tuple[Served, Recording]:
+        served = Served()
+        proto, transport = protocol(served, take)
+        head, body = head_and_body()
+        proto.data_received(head)
+        proto.shutdown()
+        assert not transport.closing
+        proto.data_received(body)
+        await turns()
+        return served, transport
+
+    served, transport = asyncio.run(scenario())
+    assert offered == [] and served.asgi == [("/endpoints/e/invocations", BODY)]
+    assert answers(transport.data) == [b"asgi:" + BODY]
+    assert b"connection: close\r\n" in transport.data and transport.closing
+
+
+def test_a_connection_lost_while_a_body_is_awaited_leaves_nothing_armed() -> None:
+    async def scenario() -> tuple[Served, Any]:
+        served = Served()
+        proto, _ = protocol(served, lambda scope, body, respond: True)
+        proto.data_received(head_and_body()[0])
+        assert proto._hold_timer is not None
+        proto.connection_lost(None)
+        await turns()
+        return served, proto
+
+    served, proto = asyncio.run(scenario())
+    assert proto._hold_timer is None and proto._held is None and served.asgi == []
+
+
 @pytest.mark.parametrize("refusal", ["declined", "raised"])
 def test_a_request_not_taken_goes_to_uvicorn_as_if_never_held(
     refusal: str, caplog: pytest.LogCaptureFixture

@@ -86,6 +86,9 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
     max_head_bytes = 64 * 1024
     head_timeout_s = 10.0
     drain_timeout_s = 3.0
+    hold_body_s = 0.05
+    """How long a held request whose head came alone waits for its body (the next read)
+    before it goes to uvicorn."""
     take: Take | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -103,6 +106,8 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         self._refused: tuple[int, str] | None = None
         self._held: list[bytes] | None = None
         """The body so far of a request held to be taken once whole (``take``)."""
+        self._hold_timer: Any = None
+        """Armed while a held request whose head came alone waits for its body."""
         self._head_timer: Any = None
         self._drain_timer: Any = None
         self._begun_messages = 0
@@ -121,10 +126,18 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
     def data_received(self, data: bytes) -> None:
         self._completed_here = False
         super().data_received(data)
-        if self._held is not None:
-            # Its body is not whole in the data that brought its head: uvicorn's, as
-            # any request (its body read, under the door's deadline, by the ASGI app).
-            self._release()
+        held = self._held
+        if held is not None:
+            if held or self._hold_timer is not None:
+                # Its body is not whole in the read that brought its head, or in the one
+                # after: uvicorn's, as any request (its body read, under the door's
+                # deadline, by the ASGI app).
+                self._release()
+            else:
+                # The head came alone: http.client, urllib3, requests and httpx write a
+                # request's head and its body apart. Its body is offered to ``take`` if
+                # it is whole in the next read, and it is given to uvicorn otherwise.
+                self._hold_timer = self.loop.call_later(self.hold_body_s, self._hold_timed_out)
         if self._refused is not None:
             self._refuse(*self._refused)
             return
@@ -235,6 +248,7 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         """Give the held request to uvicorn, as if never held: its cycle and ASGI task
         start, with the body so far."""
         held, self._held = self._held, None
+        self._cancel_hold_timer()
         if self.transport.is_closing():
             return
         if body is None:
@@ -262,6 +276,8 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             super().on_message_complete()
         else:
             self._held = None
+            if self._hold_timer is not None:  # the head came alone: its body is here
+                self._cancel_hold_timer()
             body = held[0] if len(held) == 1 else b"".join(held)
             if not self._take(body):
                 self._release(body)
@@ -281,6 +297,7 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._held = None
+        self._cancel_hold_timer()
         self._cancel_head_timer()
         self._cancel_drain_timer()
         super().connection_lost(exc)
@@ -296,6 +313,22 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             return _nothing
         self._lost_watchers.add(callback)
         return functools.partial(self._lost_watchers.discard, callback)
+
+    def shutdown(self) -> None:
+        # A request held for its body is in flight: uvicorn's, to be drained as its own.
+        if self._held is not None:
+            self._release()
+        super().shutdown()
+
+    def _hold_timed_out(self) -> None:
+        self._hold_timer = None
+        if self._held is not None:
+            self._release()
+
+    def _cancel_hold_timer(self) -> None:
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
 
     def _drain_timed_out(self) -> None:
         self._drain_timer = None
