@@ -11,7 +11,10 @@ One process: the gateway's HTTP protocol (gateway/http_limits.py) fed an InvokeE
 request as bytes, the edge, the doors and the router of bench/gateway_layers.py, and an
 instance connection pool (routing/client.py) talking HTTP over loopback to a small echo
 server in the same process (whose own work is left out of the counts). Two paths: the
-ASGI app through uvicorn's request cycle, and the request taken on callbacks (``take``).
+ASGI app through uvicorn's request cycle, and the request taken on callbacks (``take``),
+its head and body in one read (boto3 writes them together) or in two (http.client,
+urllib3, requests and httpx write them apart; before the edge held a request for the read
+after its head, such a request went the ASGI way).
 A tracer counts every bytecode and call in the gateway's code; TOP lists the functions
 that run the most bytecodes. Compare trees with PYTHONPATH=TREE/src.
 """
@@ -60,7 +63,7 @@ def _where(frame: FrameType) -> tuple[str, str]:
     return frame.f_code.co_filename, frame.f_code.co_name
 
 
-async def count(n: int, *, take: bool) -> tuple[Counts, Counts]:
+async def count(n: int, *, take: bool, apart: bool = False) -> tuple[Counts, Counts]:
     """Bytecodes and calls of the gateway's code over ``n`` requests, by function."""
     server = await asyncio.start_server(echo, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -71,10 +74,14 @@ async def count(n: int, *, take: bool) -> tuple[Counts, Counts]:
     proto, transport = http_protocol(edge, edge.take if take else None)
     loop = asyncio.get_running_loop()
 
+    head, body = REQUEST.split(b"\r\n\r\n", 1)
+    reads = [head + b"\r\n\r\n", body] if apart else [REQUEST]
+
     async def run(requests: int) -> None:
         for _ in range(requests):
             transport.written = loop.create_future()
-            proto.data_received(REQUEST)
+            for data in reads:
+                proto.data_received(data)
             await transport.written
 
     await run(500)  # connections open, the latency logs folded once
@@ -107,8 +114,12 @@ async def count(n: int, *, take: bool) -> tuple[Counts, Counts]:
 async def main() -> None:
     n = int(os.environ.get("N", "1000"))
     top = int(os.environ.get("TOP", "25"))
-    for name, take in (("asgi", False), ("taken", True)):
-        opcodes, calls = await count(n, take=take)
+    for name, take, apart in (
+        ("asgi", False, False),
+        ("taken", True, False),
+        ("head and body apart", True, True),
+    ):
+        opcodes, calls = await count(n, take=take, apart=apart)
         print(
             f"{name}: {sum(opcodes.values()) / n:,.0f} bytecodes and "
             f"{sum(calls.values()) / n:,.1f} calls per request"

@@ -9,7 +9,9 @@
 # calls per request (/proc/PID/io). PROFILE=FILE also records the gateway's stacks with
 # py-spy (PYSPY=its path). FRONT=floor puts bench/floor_proxy.py (nothing but the hop) in
 # front of the same instance instead of the gateway, and the line says proxy_ for
-# gateway_. Everything started is stopped by PID.
+# gateway_. LOAD=apart drives it with bench/apart_load.py instead of wrk: each request's
+# head and body in two writes, as http.client sends them. Everything started is stopped
+# by PID.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 PYTHON=$1 CONC=${2:-32} DURATION=${3:-8}
@@ -61,7 +63,14 @@ fi
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 io() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/io"; }
 export BENCH_BODY_FILE=$BODY
-wrk -t1 -c"$CONC" -d2s -s "$HERE/post.lua" "$url" >/dev/null
+load() {  # SECONDS: wrk, or the two-write generator
+  if [[ ${LOAD:-wrk} == apart ]]; then
+    "$PYTHON" "$HERE/apart_load.py" "$url" "$BODY" "$CONC" "$1"
+  else
+    wrk -t1 -c"$CONC" -d"${1}s" -s "$HERE/post.lua" "$url"
+  fi
+}
+load 2 >/dev/null
 g0=$(cpu "$gateway") i0=$(cpu "$instance")
 w0=$(io "$gateway" syscw) r0=$(io "$gateway" syscr) iw0=$(io "$instance" syscw)
 if [[ -n ${PROFILE:-} ]]; then
@@ -71,7 +80,7 @@ if [[ -n ${PROFILE:-} ]]; then
     --output "$PROFILE" >/dev/null 2>&1 &
   spy=$!
 fi
-out=$(wrk -t1 -c"$CONC" -d"${DURATION}s" -s "$HERE/post.lua" "$url")
+out=$(load "$DURATION")
 [[ -z ${spy:-} ]] || wait "$spy" || true
 g1=$(cpu "$gateway") i1=$(cpu "$instance")
 w1=$(io "$gateway" syscw) r1=$(io "$gateway" syscr) iw1=$(io "$instance" syscw)
