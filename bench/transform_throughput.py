@@ -389,13 +389,20 @@ def run_job(
 
 # ----------------------------------------------------------------------------- report
 def render(
-    loops: list[LoopResult], jobs: list[JobResult], *, lines: int, objects: int, payload_mb: int
+    loops: list[LoopResult],
+    jobs: list[JobResult],
+    *,
+    lines: int,
+    objects: int,
+    payload_mb: int,
+    probe_before: float,
 ) -> str:
     best_loop = max(loops, key=lambda r: r.rps)
     out = [
         f"{lines:,} CSV lines of {FEATURES} features in {objects} objects, "
         f"MaxPayloadInMB {payload_mb} ({best_loop.lines_per_payload:,} lines a payload, "
-        f"{best_loop.payloads} payloads). CPU probe {cpu_probe_ms()} ms. "
+        f"{best_loop.payloads} payloads). CPU probe {probe_before} ms before, "
+        f"{cpu_probe_ms()} ms after (lower = faster). "
         f"Python {sys.version.split()[0]}, {os.cpu_count()} cores.",
         "",
         "The loop (one process: read, cut into the same payloads, input_fn → predict_fn → "
@@ -511,6 +518,7 @@ def main() -> int:
     objects = int(env_float("OBJECTS", 4))
     payload_mb = int(env_float("PAYLOAD_MB", 6))
     configs = os.environ.get("CONFIGS", "1x1 1x2 2x1 2x2").split()
+    probe_before = cpu_probe_ms()
     with time_budget(env_float("BUDGET_S", 480)), tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model_dir = work / "model"
@@ -551,7 +559,12 @@ def main() -> int:
                     print(f"WARNING: {gateway} left PIDs alive: {left}", file=sys.stderr)
         loops.append(run_loop(model_dir, paths, payload_mb * MB))
         print(f"  loop again: {loops[1].rps:,.0f} records/s", file=sys.stderr, flush=True)
-        print(render(loops, jobs, lines=lines, objects=objects, payload_mb=payload_mb))
+        print(
+            render(
+                loops, jobs, lines=lines, objects=objects, payload_mb=payload_mb,
+                probe_before=probe_before,
+            )
+        )  # fmt: skip
         summary = {
             "loop_rps": [round(r.rps) for r in loops],
             "jobs": {f"{j.instances}x{j.concurrency}": round(j.rps(j.wall_s)) for j in jobs},

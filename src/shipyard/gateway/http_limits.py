@@ -128,10 +128,10 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         super().data_received(data)
         held = self._held
         if held is not None:
-            if held or self._hold_timer is not None:
+            if held or self._hold_timer is not None or self.transport.is_closing():
                 # Its body is not whole in the read that brought its head, or in the one
                 # after: uvicorn's, as any request (its body read, under the door's
-                # deadline, by the ASGI app).
+                # deadline, by the ASGI app). On a connection ending, nothing.
                 self._release()
             else:
                 # The head came alone: http.client, urllib3, requests and httpx write a
