@@ -20,8 +20,9 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 mkdir -p "$WORK/src"
 git -C "$ROOT" archive "$REF" | tar -x -C "$WORK/src"
+probe() { python3 -c "import sys; sys.path.insert(0, '$ROOT/bench'); from harness import cpu_probe_ms; print(cpu_probe_ms())"; }
 echo "bench-guard: $(git -C "$ROOT" rev-parse --short HEAD) (working tree) against $REF," \
-  "median of $ROUNDS rounds, at least ${MIN}x"
+  "median of $ROUNDS rounds, at least ${MIN}x; $(date -u '+%Y-%m-%d %H:%M UTC'), CPU probe $(probe) ms"
 for round in $(seq "$ROUNDS"); do
   # The guard's runs only: bench/results/before_after stays as recorded. Odd rounds run
   # the reference first, even ones the working tree, so going first or second (a warm
@@ -29,6 +30,7 @@ for round in $(seq "$ROUNDS"); do
   order="before after"; (( round % 2 )) || order="after before"
   OUT="$WORK/results/$round" LABELS=$order "$HERE/before_after.sh" "$WORK/src" "$ROOT"
 done
+echo "after the rounds: $(date -u '+%H:%M UTC'), CPU probe $(probe) ms (lower is faster)"
 python3 - "$WORK/results" "$MIN" <<'PY'
 import json, statistics, sys
 from pathlib import Path
