@@ -206,6 +206,8 @@ def main() -> int:
             print(f"{peer} is not installed: run bench/peer_apps/install.sh", file=sys.stderr)
             return 2
     load = os.getloadavg()[0]
+    probe_before = h.cpu_probe_ms()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     best: dict[str, dict[int, h.WrkResult]] = {name: {} for name in servers}
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
@@ -224,10 +226,12 @@ def main() -> int:
                 ).items():
                     if conc not in best[name] or result.rps > best[name][conc].rps:
                         best[name][conc] = result
+    probe_after = h.cpu_probe_ms()
     print("# MiniLM embeddings: shipyard, Ray Serve, MLServer and bare uvicorn\n")
     print(
-        f"{time.strftime('%Y-%m-%d')}, this 2-core machine (load average before the run "
-        f"{load:.1f}). One sentence per request; one replica/instance/worker each; batching "
+        f"{started}, this 2-core machine (load average before the run {load:.1f}; CPU "
+        f"probe {probe_before} ms before, {probe_after} ms after). One sentence per request; "
+        "one replica/instance/worker each; batching "
         f"at most {s.max_batch} requests waiting at most {s.delay_ms:g} ms "
         f"(shipyard-batched, rayserve, mlserver); torch on {s.threads} thread(s) everywhere. "
         f"wrk -t1 -cC, {warmup:g} s warm-up, {duration:g} s measured; best of {rounds} "
