@@ -104,13 +104,16 @@ def whole(gw: GatewayProcess, data: bytes) -> tuple[int, dict[str, str], bytes]:
         return Reader(s).answer()
 
 
-def in_pieces(gw: GatewayProcess, data: bytes) -> tuple[int, dict[str, str], bytes]:
-    """The same request with its body written apart from its head, after the head has had
-    time to be read alone: uvicorn's request cycle and the ASGI app serve it."""
+def in_pieces(
+    gw: GatewayProcess, data: bytes, pause_s: float = 0.2
+) -> tuple[int, dict[str, str], bytes]:
+    """The same request with its body written ``pause_s`` after its head, which has had
+    time to be read alone. Past the edge's hold for the body (50 ms), as by default:
+    uvicorn's request cycle and the ASGI app serve it."""
     head, _, body = data.partition(b"\r\n\r\n")
     with connect(gw) as s:
         s.sendall(head + b"\r\n\r\n")
-        time.sleep(0.2)
+        time.sleep(pause_s)
         s.sendall(body)
         return Reader(s).answer()
 
@@ -156,12 +159,7 @@ def test_a_body_written_apart_from_its_head_gets_the_same_answer(gw: GatewayProc
     finally:
         conn.close()
     data = request("echo", b'{"x": [1, 2, 3]}')
-    head, _, body = data.partition(b"\r\n\r\n")
-    with connect(gw) as s:
-        s.sendall(head + b"\r\n\r\n")
-        time.sleep(0.01)  # within the hold: the body's read is the next one
-        s.sendall(body)
-        apart = Reader(s).answer()
+    apart = in_pieces(gw, data, pause_s=0.01)  # within the hold: the body's read is next
     one = whole(gw, data)
     assert apart[0] == one[0] == 200
     assert without_date(apart[1]) == without_date(one[1])

@@ -86,6 +86,21 @@ class Served:
         await send({"type": "http.response.body", "body": answer})
 
 
+class Offers:
+    """A ``take`` that keeps what it is offered (each body, and the ``respond`` to answer
+    it with) and answers ``result``, answering no request itself."""
+
+    def __init__(self, result: bool) -> None:
+        self.result = result
+        self.bodies: list[bytes] = []
+        self.responders: list[Respond] = []
+
+    def __call__(self, scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
+        self.bodies.append(body)
+        self.responders.append(respond)
+        return self.result
+
+
 def protocol(served: Served, take: Taker | None) -> tuple[Any, Recording]:
     config = Config(
         served.app, interface="asgi3", access_log=False, server_header=False, date_header=False
@@ -155,11 +170,8 @@ def test_a_request_whole_in_one_read_is_taken_and_answered_as_uvicorn_would() ->
     ids=["expect-continue", "query", "escaped", "not-post"],
 )
 def test_what_uvicorn_must_see_is_never_held(data: bytes) -> None:
-    offered: list[bytes] = []
-
-    def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
-        offered.append(body)
-        return False
+    take = Offers(False)
+    offered = take.bodies
 
     async def scenario() -> Served:
         served = Served()
@@ -174,11 +186,8 @@ def test_what_uvicorn_must_see_is_never_held(data: bytes) -> None:
 
 
 def test_a_body_not_whole_in_the_heads_read_goes_to_uvicorn_whole() -> None:
-    offered: list[bytes] = []
-
-    def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
-        offered.append(body)
-        return True
+    take = Offers(True)
+    offered = take.bodies
 
     async def scenario() -> tuple[Served, Recording]:
         served = Served()
@@ -230,11 +239,8 @@ def test_a_body_whole_in_the_read_after_its_head_is_taken() -> None:
 
 @pytest.mark.parametrize("rest", ["in two reads", "late"])
 def test_a_body_not_whole_in_the_read_after_its_head_goes_to_uvicorn_whole(rest: str) -> None:
-    offered: list[bytes] = []
-
-    def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
-        offered.append(body)
-        return True
+    take = Offers(True)
+    offered = take.bodies
 
     async def scenario() -> tuple[Served, Recording]:
         served = Served()
@@ -262,11 +268,8 @@ def test_a_body_not_whole_in_the_read_after_its_head_goes_to_uvicorn_whole(rest:
 def test_a_shutdown_while_a_body_is_awaited_drains_the_request() -> None:
     """A request held for its body is in flight: a shutdown gives it to uvicorn, which
     answers it once its body is read and then ends the connection."""
-    offered: list[bytes] = []
-
-    def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
-        offered.append(body)
-        return True
+    take = Offers(True)
+    offered = take.bodies
 
     async def scenario() -> tuple[Served, Recording]:
         served = Served()
@@ -323,11 +326,8 @@ def test_a_request_not_taken_goes_to_uvicorn_as_if_never_held(
 
 
 def test_requests_pipelined_behind_a_taken_one_wait_for_its_answer() -> None:
-    responders: list[Respond] = []
-
-    def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
-        responders.append(respond)
-        return True
+    take = Offers(True)
+    responders = take.responders
 
     async def scenario() -> tuple[Served, Recording]:
         served = Served()
@@ -347,11 +347,8 @@ def test_requests_pipelined_behind_a_taken_one_wait_for_its_answer() -> None:
 
 
 def test_a_shutdown_while_answering_ends_the_connection_with_the_answer() -> None:
-    responders: list[Respond] = []
-
-    def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
-        responders.append(respond)
-        return True
+    take = Offers(True)
+    responders = take.responders
 
     async def scenario() -> Recording:
         proto, transport = protocol(Served(), take)
@@ -368,11 +365,8 @@ def test_a_shutdown_while_answering_ends_the_connection_with_the_answer() -> Non
 
 
 def test_an_answer_for_a_connection_lost_is_dropped() -> None:
-    responders: list[Respond] = []
-
-    def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
-        responders.append(respond)
-        return True
+    take = Offers(True)
+    responders = take.responders
 
     async def scenario() -> Recording:
         proto, transport = protocol(Served(), take)
@@ -388,11 +382,8 @@ def test_an_answer_for_a_connection_lost_is_dropped() -> None:
 def test_a_client_not_reading_its_answers_is_left_to_uvicorn() -> None:
     """uvicorn's send waits for a full write buffer to drain, and what the client sends
     meanwhile waits behind it: nothing is taken to pile answers up in the buffer."""
-    offered: list[bytes] = []
-
-    def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
-        offered.append(body)
-        return True
+    take = Offers(True)
+    offered = take.bodies
 
     async def scenario() -> Served:
         served = Served()
