@@ -456,6 +456,33 @@ def test_an_unsigned_client_that_trickles_its_body_still_gets_its_refusal(
     assert b"MissingAuthenticationTokenException" in answer
 
 
+@pytest.mark.parametrize("how", ["whole", "in_pieces"])
+def test_a_chunked_bodys_trailers_cannot_change_a_signed_header(
+    secured: GatewayProcess, how: str
+) -> None:
+    # Trailer fields come after the head the signature was checked against; taken for
+    # headers they would let anyone on the wire replace a signed Content-Type.
+    from tests.e2e.test_taken_invocations import in_pieces, whole
+
+    body = b'{"instances": [[1, 2]]}'
+    request = AWSRequest(
+        method="POST",
+        url=secured.url + "/endpoints/sums/invocations",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
+    SigV4Auth(Credentials(APP, APP_SECRET), "sagemaker", "us-east-1").add_auth(request)
+    head = [b"POST /endpoints/sums/invocations HTTP/1.1", b"Host: " + secured.url[7:].encode()]
+    head += [f"{name}: {value}".encode() for name, value in request.headers.items()]
+    head += [b"Transfer-Encoding: chunked"]
+    data = (
+        b"\r\n".join(head) + b"\r\n\r\n" + b"%x\r\n%s\r\n0\r\n" % (len(body), body)
+        + b"Content-Type: text/csv\r\nX-Amzn-SageMaker-Target-Variant: none\r\n\r\n"
+    )  # fmt: skip
+    status, _, answer = (whole if how == "whole" else in_pieces)(secured, data)
+    assert (status, json.loads(answer)) == (200, {"predictions": [3]})
+
+
 def test_logs_calls_are_scoped_as_logs_actions(secured: GatewayProcess) -> None:
     group = "/aws/sagemaker/Endpoints/sums"
     code, status, message = error_code(

@@ -411,3 +411,58 @@ def test_an_answer_with_a_header_value_uvicorn_refuses_ends_the_connection() -> 
 
     transport = asyncio.run(scenario())
     assert transport.data == b"" and transport.closing
+
+
+CHUNKED_WITH_TRAILERS = (
+    b"POST /endpoints/e/invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n8\r\n" + BODY + b"\r\n0\r\n"
+    b"Content-Type: text/evil\r\nX-Amzn-SageMaker-Target-Variant: v2\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize("taken", [True, False], ids=["taken", "asgi"])
+def test_a_chunked_bodys_trailer_fields_never_become_request_headers(taken: bool) -> None:
+    # Trailers come after the head, so after a signature was checked against it: as
+    # headers they would let anyone on the wire change a signed one.
+    seen: list[list[tuple[bytes, bytes]]] = []
+
+    def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
+        if taken:
+            seen.append(list(scope["headers"]))
+            respond(200, [(b"content-length", b"0")], b"")
+        return taken
+
+    class HeadersAfterBody(Served):
+        async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+            await super().app(scope, receive, send)  # the body read to its end
+            seen.append(list(scope["headers"]))
+
+    async def scenario() -> HeadersAfterBody:
+        served = HeadersAfterBody()
+        proto, _ = protocol(served, take)
+        proto.data_received(CHUNKED_WITH_TRAILERS)
+        await turns()
+        return served
+
+    served = asyncio.run(scenario())
+    assert seen == [
+        [(b"host", b"x"), (b"content-type", b"application/json"),
+         (b"transfer-encoding", b"chunked")]
+    ]  # fmt: skip
+    assert served.asgi == ([] if taken else [("/endpoints/e/invocations", BODY)])
+
+
+def test_a_take_that_fails_after_answering_is_not_answered_again() -> None:
+    def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
+        respond(200, [(b"content-length", b"5")], b"taken")
+        raise RuntimeError("after the answer")
+
+    async def scenario() -> tuple[Served, Recording]:
+        served = Served()
+        proto, transport = protocol(served, take)
+        proto.data_received(invocation())
+        await turns()
+        return served, transport
+
+    served, transport = asyncio.run(scenario())
+    assert served.asgi == [] and answers(transport.data) == [b"taken"]

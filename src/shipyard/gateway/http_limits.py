@@ -173,6 +173,11 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         if self._header_count > self.max_headers or self._head_size > self.max_head_bytes:
             self._refused = (431, "Request header fields too large.")
             return
+        if not self._in_head:
+            # A chunked body's trailer field: httptools reports it as a header, after the
+            # head was read (a signature checked, a door's headers read). Appended to the
+            # scope it would reach the door on one path and not the other: dropped.
+            return
         # uvicorn's on_header, repeated rather than called: a frame less per header.
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
@@ -237,8 +242,10 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         try:
             taken = self.take(self.scope, body, answering.respond)
         except Exception:
-            logger.exception("taking a request failed; left to the app")
-            taken = False
+            # Left to the app, unless it was answered before the failure (answering it
+            # again would write a second answer for one request).
+            logger.exception("taking a request failed")
+            taken = answering.response_complete
         if not taken:
             answering.response_complete = True  # whatever ``take`` began answers nothing
             self.cycle = previous
