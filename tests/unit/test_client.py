@@ -111,6 +111,103 @@ def test_an_instance_that_dies_mid_request_is_an_error_marked_sent() -> None:
     asyncio.run(main())
 
 
+class Odd:
+    """An instance that misbehaves as each request's body asks, keeping every body it was
+    sent (an execution each) and counting its connections:
+
+    - ``cut``: an answer's head and part of its body, then the connection closed;
+    - ``early``: a 103 Early Hints, then the answer;
+    - ``extra``: the answer and, in the same write, a second one no request asked for;
+    - anything else: an echo."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.connections = 0
+
+    async def handler(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                body = await _read_request(reader)
+                self.bodies.append(body)
+                if body == b"cut":
+                    writer.write(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"part')
+                    await writer.drain()
+                    break
+                if body == b"early":
+                    writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n")
+                    await writer.drain()
+                    await asyncio.sleep(0.05)  # the answer in a read of its own
+                answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+                if body == b"extra":
+                    answer += b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale"
+                writer.write(answer)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+
+def test_an_answer_cut_short_is_an_error_and_never_sent_again() -> None:
+    # Sent again, the model would run twice (the answer had begun: the request reached it).
+    odd = Odd()
+
+    async def main() -> None:
+        server, port = await _serve(odd.handler)
+        pool = ConnectionPool("127.0.0.1", port)
+        assert (await pool.request(b"POST", b"/invocations", [], b"warm")).body == b"warm"
+        with pytest.raises(UpstreamError) as err:
+            await pool.request(b"POST", b"/invocations", [], b"cut")  # on the reused connection
+        assert err.value.sent
+        pool.close()
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(main())
+    assert odd.bodies == [b"warm", b"cut"]
+
+
+@pytest.mark.parametrize("how", ["request", "stream"])
+def test_an_interim_answer_is_passed_over_for_the_answer_after_it(how: str) -> None:
+    odd = Odd()
+
+    async def ask(pool: ConnectionPool, body: bytes) -> tuple[int, bytes]:
+        if how == "request":
+            response = await pool.request(b"POST", b"/invocations", [], body)
+            return response.status, response.body
+        async with pool.stream(b"POST", b"/invocations", [], body) as streamed:
+            return streamed.status, b"".join([chunk async for chunk in streamed.chunks()])
+
+    async def main() -> list[tuple[int, bytes]]:
+        server, port = await _serve(odd.handler)
+        pool = ConnectionPool("127.0.0.1", port)
+        got = [await ask(pool, b"early"), await ask(pool, b"next")]
+        pool.close()
+        server.close()
+        await server.wait_closed()
+        return got
+
+    assert asyncio.run(main()) == [(200, b"early"), (200, b"next")]
+    assert odd.connections == 1
+
+
+def test_an_answer_no_request_asked_for_ends_its_connection() -> None:
+    odd = Odd()
+
+    async def main() -> list[bytes]:
+        server, port = await _serve(odd.handler)
+        pool = ConnectionPool("127.0.0.1", port)
+        got = [(await pool.request(b"POST", b"/invocations", [], body)).body
+               for body in (b"extra", b"mine")]  # fmt: skip
+        pool.close()
+        server.close()
+        await server.wait_closed()
+        return got
+
+    assert asyncio.run(main()) == [b"extra", b"mine"]
+    assert odd.connections == 2
+
+
 def test_streamed_request_bodies_carry_the_given_length() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         body = await _read_request(reader)

@@ -10,7 +10,13 @@ from typing import Any
 
 import pytest
 
-from shipyard.errors import ClientGone, InstanceFailed, ModelError, ResponseTooLarge
+from shipyard.errors import (
+    ClientGone,
+    InstanceFailed,
+    ModelError,
+    ResponseTooLarge,
+    UpstreamError,
+)
 from shipyard.gateway.runtime import RuntimeDoor
 from shipyard.metrics import Metrics
 from shipyard.routing.client import ConnectionPool
@@ -20,6 +26,7 @@ from shipyard.routing.policies import Random
 from shipyard.routing.router import Call, Router
 from shipyard.routing.strategies import OneModel
 from shipyard.routing.table import EndpointRoute, VariantRoute
+from tests.unit.test_client import Odd
 from tests.unit.test_client import _read_request as read_request
 from tests.unit.test_client import _serve as serve
 
@@ -107,6 +114,25 @@ def test_a_connection_closed_while_idle_is_tried_once_more_as_request_does() -> 
         return connections
 
     assert len(asyncio.run(main())) == 2
+
+
+def test_an_answer_cut_short_is_not_tried_again() -> None:
+    odd = Odd()
+
+    async def main() -> tuple[Any, ...]:
+        server, port = await serve(odd.handler)
+        pool = ConnectionPool("127.0.0.1", port)
+        await warm(pool)
+        told = Told()
+        assert pool.start(b"POST", b"/invocations", [], b"cut", None, told)
+        outcome = await told.wait()
+        pool.close()
+        server.close()
+        return outcome
+
+    response, error = asyncio.run(main())
+    assert response is None and isinstance(error, UpstreamError) and error.sent
+    assert odd.bodies == [b"warm", b"cut"]  # the model ran once
 
 
 def test_an_answer_too_large_is_not_tried_again() -> None:

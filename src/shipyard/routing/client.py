@@ -123,6 +123,11 @@ class _Connection(asyncio.Protocol):
         self.limit: int | None = None
         """Most body bytes the exchange in progress takes; None: no limit."""
         self._drained: asyncio.Event | None = None
+        self.received = False
+        """Bytes of an answer arrived during the exchange in progress (then a failure may
+        have been the request's doing, and it is not sent again)."""
+        self._answered = False
+        """An answer was complete in the read being parsed."""
         self.stream: _StreamReader | None = None
         """The streamed exchange in progress, told when the connection fails."""
 
@@ -131,6 +136,8 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
 
     def data_received(self, data: bytes) -> None:
+        self.received = True
+        self._answered = False
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -152,6 +159,13 @@ class _Connection(asyncio.Protocol):
             self._drained = None
 
     # httptools callbacks
+    def on_message_begin(self) -> None:
+        if self._answered or self._waiter is None:
+            # An answer no exchange asked for: after the answer in the same read (even
+            # if a waiter told of that answer began another exchange at once), or with
+            # none in progress. The connection's framing is lost: it carries no more.
+            self.close()
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name.lower(), value))
 
@@ -166,13 +180,20 @@ class _Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:
+            # An interim answer (100 Continue, 103 Early Hints): the answer follows.
+            self._headers = []
+            self._body = []
+            self._size = 0
+            return
+        self._answered = True
         # Closed first when it cannot carry another exchange: a waiter told of the
         # answer may hand the connection back to the pool at once (_Started).
         if not self.parser.should_keep_alive():
             self.close()
         waiter = self._waiter
         if waiter is not None and not waiter.done():
-            status = self.parser.get_status_code()
             body = b"".join(self._body)
             waiter.set_result(Response(status, self._headers, body))
 
@@ -197,6 +218,7 @@ class _Connection(asyncio.Protocol):
         self._body = []
         self._size = 0
         self.limit = limit
+        self.received = False
         self._waiter = waiter
 
     async def send(
@@ -262,7 +284,10 @@ class _StreamReader:
         self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:  # an interim answer: the answer's head follows
+            return
+        self.status = status
         self._wake()
 
     def on_chunk_header(self) -> None:
@@ -297,6 +322,9 @@ class _StreamReader:
         return part
 
     def on_message_complete(self) -> None:
+        if self.status is None:  # an interim answer (100 Continue, 103 Early Hints) ended
+            self.headers = []
+            return
         self.complete = True
         self.keep_alive = self.parser.should_keep_alive()
         self._wake()
@@ -523,6 +551,7 @@ class ConnectionPool:
                 if (
                     reused
                     and attempt == 1
+                    and not conn.received
                     and isinstance(body, bytes)
                     and not isinstance(exc, ResponseTooLarge)
                 ):
@@ -695,7 +724,7 @@ class _Started:
         conn._waiter = None
         conn.close()
         assert isinstance(exc, UpstreamError)
-        if isinstance(exc, ResponseTooLarge):
+        if isinstance(exc, ResponseTooLarge) or conn.received:
             self._tell(None, exc)
         else:
             # As ``request`` does after a failure on a reused connection.
