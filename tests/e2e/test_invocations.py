@@ -87,6 +87,24 @@ def test_custom_attributes_and_inference_id_pass_through_a_cmd_server(
     assert out["CustomAttributes"] == "seen=trace=1"
 
 
+def test_a_cmd_server_speaking_http_1_0_answers_with_its_connections_end(
+    gateway: GatewayProcess,
+) -> None:
+    # http.server's defaults: no Content-Length, the body ends where the connection does.
+    server = MODELS / "cmd_http10" / "server.py"
+    deploy(gateway.sm, "http10", (MODELS / "cmd_http10").as_uri(), image=f"cmd:python {server}")
+    for body in (b"one", b"two" * 50_000):
+        out = gateway.rt.invoke_endpoint(
+            EndpointName="http10", ContentType="application/octet-stream", Body=body
+        )
+        assert out["Body"].read() == b"echo:" + body
+    streamed = gateway.rt.invoke_endpoint_with_response_stream(
+        EndpointName="http10", ContentType="application/octet-stream", Body=b"three"
+    )
+    parts = [event["PayloadPart"]["Bytes"] for event in streamed["Body"] if "PayloadPart" in event]
+    assert b"".join(parts) == b"echo:three"
+
+
 def test_model_error_carries_the_original_status_and_message(
     gateway: GatewayProcess, model_tarball: Any
 ) -> None:

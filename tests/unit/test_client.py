@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -118,6 +121,8 @@ class Odd:
     - ``cut``: an answer's head and part of its body, then the connection closed;
     - ``early``: a 103 Early Hints, then the answer;
     - ``extra``: the answer and, in the same write, a second one no request asked for;
+    - ``eof...``: an HTTP/1.0 answer with no length, the rest of the body, then a close;
+    - ``torn``: part of an answer's head, then a close; ``reset``: a reset mid-body;
     - anything else: an echo."""
 
     def __init__(self) -> None:
@@ -134,6 +139,24 @@ class Odd:
                     writer.write(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"part')
                     await writer.drain()
                     break
+                if body.startswith(b"eof"):  # HTTP/1.0's way: the body ends at the close
+                    writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n")
+                    writer.write(body[3:])
+                    await writer.drain()
+                    break
+                if body == b"torn":  # a head cut short
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/pl")
+                    await writer.drain()
+                    break
+                if body == b"reset":  # a body with no length, then a reset (RST, no FIN)
+                    writer.write(b"HTTP/1.0 200 OK\r\n\r\npart")
+                    await writer.drain()
+                    linger = struct.pack("ii", 1, 0)
+                    writer.get_extra_info("socket").setsockopt(
+                        socket.SOL_SOCKET, socket.SO_LINGER, linger
+                    )
+                    writer.transport.abort()
+                    return
                 if body == b"early":
                     writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n")
                     await writer.drain()
@@ -189,6 +212,36 @@ def test_an_interim_answer_is_passed_over_for_the_answer_after_it(how: str) -> N
 
     assert asyncio.run(main()) == [(200, b"early"), (200, b"next")]
     assert odd.connections == 1
+
+
+@pytest.mark.parametrize("how", ["request", "stream"])
+def test_an_answer_that_ends_with_its_connection_is_whole_there(how: str) -> None:
+    odd = Odd()
+
+    async def ask(pool: ConnectionPool, body: bytes) -> tuple[int, bytes]:
+        if how == "request":
+            response = await pool.request(b"POST", b"/invocations", [], body)
+            return response.status, response.body
+        async with pool.stream(b"POST", b"/invocations", [], body) as streamed:
+            return streamed.status, b"".join([chunk async for chunk in streamed.chunks()])
+
+    async def main() -> list[Any]:
+        server, port = await _serve(odd.handler)
+        pool = ConnectionPool("127.0.0.1", port)
+        got: list[Any] = [await ask(pool, b"eof and the rest"), await ask(pool, b"eof")]
+        for broken in (b"torn", b"reset"):
+            try:
+                got.append(await ask(pool, broken))
+            except UpstreamError as exc:
+                got.append(type(exc))
+        pool.close()
+        server.close()
+        await server.wait_closed()
+        return got
+
+    assert asyncio.run(main()) == [
+        (200, b" and the rest"), (200, b""), UpstreamError, UpstreamError
+    ]  # fmt: skip
 
 
 def test_an_answer_no_request_asked_for_ends_its_connection() -> None:

@@ -109,6 +109,16 @@ OnAnswer = Callable[[Response | None, UpstreamError | None], None]
 ``request`` would raise."""
 
 
+def _ends_at_close(status: int, headers: list[tuple[bytes, bytes]]) -> bool:
+    """An answer whose body is all it sends until it closes the connection (RFC 9112,
+    6.3): one with a body, and neither a Content-Length nor a Transfer-Encoding. A
+    server speaking HTTP/1.0, as Python's http.server does by default, answers so;
+    the parser has no end of input to be told, so the connection's clean end is it."""
+    if status < 200 or status in (204, 304):
+        return False
+    return all(name not in (b"content-length", b"transfer-encoding") for name, _ in headers)
+
+
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; carries one request at a time."""
 
@@ -128,6 +138,8 @@ class _Connection(asyncio.Protocol):
         have been the request's doing, and it is not sent again)."""
         self._answered = False
         """An answer was complete in the read being parsed."""
+        self._head_done = False
+        """The answer's head was parsed (its body may run to the connection's end)."""
         self.stream: _StreamReader | None = None
         """The streamed exchange in progress, told when the connection fails."""
 
@@ -146,6 +158,22 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        waiter = self._waiter
+        stream = self.stream
+        if exc is not None:  # reset, not ended: whatever came is not the whole answer
+            pass
+        elif stream is not None:
+            if stream.ends_at_close():
+                stream.on_message_complete()
+        elif (
+            self._head_done
+            and waiter is not None
+            and not waiter.done()
+            and _ends_at_close(self.parser.get_status_code(), self._headers)
+        ):
+            waiter.set_result(
+                Response(self.parser.get_status_code(), self._headers, b"".join(self._body))
+            )
         self._fail(UpstreamError("instance closed the connection", sent=True))
         if self._drained is not None:
             self._drained.set()
@@ -169,6 +197,9 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name.lower(), value))
 
+    def on_headers_complete(self) -> None:
+        self._head_done = True
+
     def on_body(self, body: bytes) -> None:
         if self.limit is not None:
             self._size += len(body)
@@ -186,6 +217,7 @@ class _Connection(asyncio.Protocol):
             self._headers = []
             self._body = []
             self._size = 0
+            self._head_done = False
             return
         self._answered = True
         # Closed first when it cannot carry another exchange: a waiter told of the
@@ -219,6 +251,7 @@ class _Connection(asyncio.Protocol):
         self._size = 0
         self.limit = limit
         self.received = False
+        self._head_done = False
         self._waiter = waiter
 
     async def send(
@@ -337,6 +370,15 @@ class _StreamReader:
                 drained.set()
 
     # ours
+    def ends_at_close(self) -> bool:
+        """The answer's head came and its body runs to the connection's end."""
+        return (
+            not self.complete
+            and self.error is None
+            and self.status is not None
+            and _ends_at_close(self.status, self.headers)
+        )
+
     def fail(self, exc: UpstreamError) -> None:
         if not self.complete and self.error is None:
             self.error = exc
