@@ -61,7 +61,7 @@ DTYPES: dict[str, np.dtype[Any]] = {
 """Every datatype we take, and its numpy dtype (BF16 has none in numpy: refused)."""
 
 # The numpy kinds of JSON data that fit each family of datatype: [1.5] is no INT32.
-_KINDS = {"?": "b", "u": "iu", "i": "iu", "f": "iuf"}
+_KINDS = {"b": "b", "u": "iu", "i": "iu", "f": "iuf"}
 _LENGTH = struct.Struct("<I")
 
 
@@ -155,7 +155,7 @@ def _split(body: bytes, header_length: int | None) -> tuple[dict[str, Any], memo
         )
     try:
         header = json.loads(body[:header_length])
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nesting
         raise TensorError(f"The JSON header does not parse: {exc}") from None
     if not isinstance(header, dict):
         raise TensorError("The JSON header is not an object.")
@@ -218,9 +218,27 @@ def _tensors(entries: list[Any], tail: memoryview, kind: str) -> list[Tensor]:
     return tensors
 
 
+MAX_DIMS = 32
+"""The most dimensions a shape may have (numpy 1's limit; numpy 2's is 64)."""
+_MAX_ELEMENTS = 2**59
+"""The most elements a shape may hold: past that numpy cannot make even an empty array of
+it (its byte size overflows), so the instance could only fail on it."""
+
+
 def check_shape(name: str, shape: Any) -> list[int]:
-    if not isinstance(shape, list) or not all(type(dim) is int and dim >= 0 for dim in shape):
-        raise TensorError(f"Tensor '{name}' has shape {shape!r}; give a list of sizes >= 0.")
+    """``shape`` if it is a list of at most MAX_DIMS sizes >= 0 that numpy can hold.
+
+    Checked in time linear in its length, the product of its sizes kept small: a shape of
+    many huge sizes would otherwise hold the event loop multiplying big integers."""
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS:
+        raise TensorError(f"Tensor '{name}' needs a shape of at most {MAX_DIMS} sizes >= 0.")
+    elements = 1
+    for dim in shape:
+        if type(dim) is not int or dim < 0:
+            raise TensorError(f"Tensor '{name}' has a shape that is not a list of sizes >= 0.")
+        elements *= dim or 1  # an empty dimension makes no array too large
+        if elements > _MAX_ELEMENTS:
+            raise TensorError(f"Tensor '{name}' has a shape of more than 2**59 elements.")
     return shape
 
 

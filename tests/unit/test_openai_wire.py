@@ -12,12 +12,13 @@ from shipyard.errors import (
     EndpointNotFound,
     MissingAuthenticationToken,
     ModelError,
+    RuntimeValidationError,
     Throttling,
     UnrecognizedClient,
 )
 from shipyard.gateway.auth import Verifier
 from shipyard.gateway.errors import openai_error_body
-from shipyard.gateway.openai import ModelNotFound, SseFraming
+from shipyard.gateway.openai import ModelNotFound, SseFraming, _read_request
 
 
 def test_lines_become_events_whatever_the_chunks() -> None:
@@ -99,6 +100,16 @@ def test_a_models_error_keeps_a_4xx_and_its_own_error_object() -> None:
     given = {"error": {"message": "bad max_tokens", "type": "BadRequestError", "code": 400}}
     status, body = openai_error_body(_model_error(400, json.dumps(given)))
     assert (status, body) == (400, given)
+
+
+def test_json_nested_past_the_decoders_depth_is_refused_or_passed_over() -> None:
+    deep = b"{" + b'"a": [' * 50_000 + b"]" * 50_000 + b"}"
+    with pytest.raises(RuntimeValidationError, match="not valid JSON"):
+        _read_request(b'{"model": "m", "messages": ' + deep + b"}")
+    # a model's chunk or error, written so: framed as text, rendered as a model's error
+    assert b"".join(SseFraming().parts(deep + b"\n")) == b"data: " + deep + b"\n\n"
+    status, body = openai_error_body(_model_error(400, deep.decode()))
+    assert status == 400 and body["error"]["message"] == deep.decode()
 
 
 def test_bearer_tokens_name_their_key_and_nothing_else() -> None:

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from shipyard.errors import TensorError
+from shipyard.errors import InvalidBody, TensorError
 from shipyard.runtime import codecs
 from shipyard.tensors import (
     InferRequest,
@@ -51,6 +51,25 @@ def test_json_and_binary_tensors_parse_to_the_same_bytes() -> None:
         ({"datatype": "FP32", "shape": [-1], "data": [1]}, "sizes >= 0"),
         ({"datatype": "BYTES", "shape": [1], "data": [1]}, "as strings"),
         ({"datatype": "FP32", "shape": [1]}, "neither 'data'"),
+        ({"datatype": "INT32", "shape": [1] * 33, "data": [1]}, "at most 32 sizes"),
+        ({"datatype": "INT32", "shape": [2**62] * 60_000, "data": [1]}, "at most 32 sizes"),
+        ({"datatype": "INT32", "shape": [0, 2**40, 2**40], "data": []}, "more than 2..59"),
+        ({"datatype": "INT32", "shape": [10**3000], "data": [1]}, "more than 2..59"),
+        ({"datatype": "INT32", "shape": [1.0], "data": [1]}, "sizes >= 0"),
+    ],
+    ids=[
+        "count",
+        "fraction",
+        "range",
+        "bf16",
+        "negative",
+        "bytes",
+        "no-data",
+        "33-dims",
+        "many-huge-dims",
+        "too-many-elements",
+        "a-huge-size",
+        "a-float-size",
     ],
 )
 def test_malformed_tensors_are_refused_with_a_reason(tensor: dict[str, object], words: str) -> None:
@@ -111,3 +130,17 @@ def test_an_answer_in_json_needs_no_header_length() -> None:
     assert header_length_of("application/json", "12") == 12
     with pytest.raises(TensorError):
         header_length_of(None, "x")
+
+
+def test_bool_tensors_parse_from_json() -> None:
+    (tensor,) = parse_request(
+        _json({"name": "b", "datatype": "BOOL", "shape": [2], "data": [True, False]}), None
+    ).inputs
+    assert tensor.raw == b"\x01\x00"
+
+
+def test_json_nested_past_the_decoders_depth_is_a_bad_request() -> None:
+    with pytest.raises(TensorError, match="does not parse"):
+        parse_request(b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", None)
+    with pytest.raises(InvalidBody, match="not valid JSON"):
+        codecs.decode(b"[" * 100_000 + b"]" * 100_000, "application/json")

@@ -433,7 +433,7 @@ class CloudWatchService:
         if data is not None:
             try:
                 json.loads(data)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise InvalidFormat("The parameter StateReasonData is not valid JSON.") from None
         if state != alarm.state:
             self.transition(alarm, state, reason, data)

@@ -174,7 +174,7 @@ def _model_error_object(text: str) -> dict[str, Any] | None:
         text = rest
     try:
         found = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # the model wrote it
         return None
     error = found.get("error") if isinstance(found, dict) else None
     if isinstance(error, dict) and isinstance(error.get("message"), str):

@@ -325,7 +325,7 @@ def _one_object(chunk: bytes) -> bool:
         return False
     try:
         return isinstance(json.loads(stripped), dict)
-    except ValueError:
+    except (ValueError, RecursionError):  # the model wrote it
         return False
 
 
@@ -360,7 +360,7 @@ def _read_request(body: bytes) -> tuple[str, bool]:
     it is a JSON object naming one."""
     try:
         request = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         raise RuntimeValidationError(
             "The request body is not valid JSON: send a JSON object."
         ) from None

@@ -310,7 +310,7 @@ def _decode(value: str) -> Any:
     """A hyperparameter as the toolkit reads it: its JSON value when it parses, else itself."""
     try:
         return json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError):
         return value
 
 

@@ -210,7 +210,7 @@ def hyperparameter(request: dict[str, Any], key: str) -> str | None:
         return None
     try:
         decoded = json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError):
         return str(value)
     return decoded if isinstance(decoded, str) else str(value)
 

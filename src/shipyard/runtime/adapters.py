@@ -85,7 +85,7 @@ class Adapters:
         """The ``name`` and ``src`` of a ``POST /adapters`` body; AdapterError if unusable."""
         try:
             payload: Any = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise AdapterError(400, "InvalidRequest", "The body is not JSON.") from None
         if not isinstance(payload, dict):
             raise AdapterError(400, "InvalidRequest", 'The body must be {"name", "src"}.')

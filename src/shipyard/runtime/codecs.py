@@ -59,7 +59,7 @@ def decode(body: bytes, content_type: str) -> Any:
     if kind == JSON:
         try:
             return json.loads(body)
-        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        except (ValueError, RecursionError) as exc:  # bad JSON or bytes, or nested too deep
             raise InvalidBody(f"The body is not valid JSON: {exc}") from exc
     if kind == CSV:
         return _decode_csv(body)

@@ -326,7 +326,7 @@ def _model_route(scope: Scope) -> tuple[str | None, bool] | None:
 def _load_request(body: bytes) -> tuple[str, str]:
     try:
         payload = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         payload = None
     name = payload.get("model_name") if isinstance(payload, dict) else None
     url = payload.get("url") if isinstance(payload, dict) else None

@@ -391,7 +391,7 @@ def _answer(output: bytes, accept: str | None) -> Any:
 def _scalar(cell: str) -> Any:
     try:
         number = json.loads(cell)
-    except ValueError:
+    except (ValueError, RecursionError):
         return cell
     return number if isinstance(number, int | float) and not isinstance(number, bool) else cell
 
@@ -412,7 +412,7 @@ def _is_csv(content_type: str | None, record: bytes) -> bool:
 def _json(record: bytes) -> Any:
     try:
         return json.loads(record)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise FilterError(f"A record is not JSON: {exc}.") from exc
 
 

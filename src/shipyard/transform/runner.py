@@ -257,7 +257,7 @@ class TransformRun:
             if answer.status != 200:
                 return {}
             parsed = json.loads(answer.body)
-        except (TimeoutError, UpstreamError, OSError, ValueError):
+        except (TimeoutError, UpstreamError, OSError, ValueError, RecursionError):
             return {}
         return _advertised(parsed) if isinstance(parsed, dict) else {}
 

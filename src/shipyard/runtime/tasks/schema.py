@@ -45,7 +45,7 @@ def body(data: Any) -> dict[str, Any]:
     if isinstance(data, bytes | bytearray):
         try:
             data = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
             raise InvalidRequest("The request body is not valid JSON.") from None
     if not isinstance(data, dict):
         raise InvalidRequest("The request body must be a JSON object.")
