@@ -28,6 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness import entry
 from tests.conftest import start_gateway
 
 from shipyard.cloudwatch.service import CloudWatchService, MetricStat, Query
@@ -136,7 +137,7 @@ def run(label: str, url: str | None, home: Path) -> None:
         gw.stop()
 
 
-def main() -> None:
+def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         run("sqlite", None, Path(tmp) / "sqlite")
     pg = os.environ.get("PG")
@@ -154,7 +155,8 @@ def main() -> None:
             with admin.begin() as conn:
                 conn.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
             admin.dispose()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    entry(main)

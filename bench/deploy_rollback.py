@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness import entry
 from tests.conftest import make_tarball, start_gateway, unique, wait_in_service
 from tests.e2e.test_deployments import alarm_on_errors_for, canary, make_config, steady
 
@@ -65,7 +66,7 @@ def run_once(home: Path) -> tuple[float, int, int, int]:
         gw.stop()
 
 
-def main() -> None:
+def main() -> int:
     for n in range(RUNS):
         with tempfile.TemporaryDirectory() as tmp:
             seconds, failed, old, total = run_once(Path(tmp))
@@ -74,7 +75,8 @@ def main() -> None:
             f"({seconds / PERIOD:.2f} alarm periods); {failed} failed of {total}, "
             f"{old} of them the old model's"
         )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    entry(main)

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import ServerProcess, cpu_probe_ms, free_port, http_status, table
+from harness import ServerProcess, cpu_probe_ms, entry, free_port, http_status, table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,7 +55,7 @@ def one_start(src: Path | None) -> tuple[float, float]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def main() -> None:
+def main() -> int:
     rounds = int(os.environ.get("N", "7"))
     ref = os.environ.get("REF")
     trees: dict[str, Path | None] = {"this tree": None}
@@ -98,7 +98,8 @@ def main() -> None:
         )
     print(f"{rounds} rounds, CPU probe {probe_before:.1f} ms before / {probe_after:.1f} ms after")
     print(table(["tree", "wall s (median)", "CPU s (median)", "CPU s range", "CPU vs first"], rows))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    entry(main)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -75,13 +76,50 @@ def time_budget(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGTERM, old_term)
 
 
+def provenance(started: float, probe_before: float) -> str:
+    """What a figure in bench/results needs beside it: the command that made it (with the
+    environment variables the script reads), the tree, the time span, and the machine's
+    CPU probe before and after the run."""
+    script = Path(sys.argv[0])
+    try:
+        names = set(re.findall(r"[\"']([A-Z][A-Z0-9_]{2,})[\"']", script.read_text()))
+    except OSError:
+        names = set()
+    names |= {"BENCH_BODY"}  # read here, for every script
+    env = [
+        f"{name}={shlex.quote(os.environ[name])}" for name in sorted(names) if name in os.environ
+    ]
+    python = os.path.relpath(sys.executable)
+    command = " ".join([*env, python if not python.startswith("..") else sys.executable, *sys.argv])
+    tree = "an unknown tree"
+    if shutil.which("git"):
+        git = ["git", "-C", str(HERE.parent)]
+        head = subprocess.run(
+            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        )
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True)  # fmt: skip
+        if head.returncode == 0:
+            tree = head.stdout.strip() + (" with uncommitted changes" if dirty.stdout else "")
+    span = time.strftime("%Y-%m-%d %H:%M", time.gmtime(started))
+    span += time.strftime("-%H:%M UTC", time.gmtime())
+    return (
+        f"Recorded by `{command}` at {tree}, {span}, {os.cpu_count()} cores; CPU probe "
+        f"{probe_before} ms before and {cpu_probe_ms()} ms after (lower is faster)."
+    )
+
+
 def entry(main: Callable[[], int]) -> None:
     """Run ``main`` and exit with its code; 130 when interrupted, 3 past the time budget.
+    A run that ends well prints its provenance last (:func:`provenance`).
 
     By then every ``finally`` has run, so the processes the run started are stopped.
     """
+    started, probe_before = time.time(), cpu_probe_ms()
     try:
         code = main()
+        if code == 0:
+            print(f"\n{provenance(started, probe_before)}", flush=True)
     except KeyboardInterrupt:
         print("interrupted; the processes this run started were stopped", file=sys.stderr)
         code = 130
