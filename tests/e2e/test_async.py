@@ -16,6 +16,7 @@ import pytest
 import yaml
 from botocore.exceptions import ClientError
 
+from shipyard.storage.filesystems import local_path
 from tests.conftest import (
     MODELS,
     GatewayProcess,
@@ -94,7 +95,7 @@ def put_input(tmp_path: Path, body: Any) -> str:
 
 
 def wait_file(uri: str, timeout_s: float = 30) -> bytes:
-    path = Path(uri.removeprefix("file://"))
+    path = local_path(uri)
     deadline = time.monotonic() + timeout_s
     while not path.exists():
         assert time.monotonic() < deadline, f"{uri} never appeared"
@@ -270,6 +271,28 @@ def test_a_repeated_inference_id_is_processed_once(
     assert rows == [("Completed", 1)]
     wait_dispatched(async_gateway)
     assert len(results(webhook, "job-1")) == 1
+
+
+def test_an_inference_id_names_a_file_in_the_output_path_whatever_its_characters(
+    async_gateway: GatewayProcess, tmp_path: Path, webhook: Any
+) -> None:
+    # '%2F' read as '/' and '#' as a fragment's start once steered the output (and the
+    # failure file a success removes) out of the output path, onto any file a caller's
+    # InvokeEndpoint key could name.
+    name = unique("asyncname")
+    deploy_async(async_gateway.sm, name, tmp_path / "out")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("untouched")
+    for inference_id in ("..%2F..%2Fvictim.txt#", "50% of a?b"):
+        answer = async_gateway.rt.invoke_endpoint_async(
+            EndpointName=name, InputLocation=put_input(tmp_path, {"n": 3}), InferenceId=inference_id
+        )
+        assert json.loads(wait_file(answer["OutputLocation"])) == {"n": 3}
+        assert (tmp_path / "out" / "ok" / f"{inference_id}.out").is_file()
+    assert victim.read_text() == "untouched"
+    assert sorted(p.name for p in (tmp_path / "out").rglob("*") if p.is_file()) == sorted(
+        ["..%2F..%2Fvictim.txt#.out", "50% of a?b.out"]
+    )
 
 
 def test_output_path_extension_and_filename_place_the_output(

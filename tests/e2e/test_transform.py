@@ -175,6 +175,42 @@ def test_each_object_whole_and_a_manifest(gw: GatewayProcess, tmp_path: Path) ->
     assert json.loads((tmp_path / "out" / "2.json.out").read_text()) == {"n": 2}
 
 
+def test_object_names_are_names_under_the_output_path(gw: GatewayProcess, tmp_path: Path) -> None:
+    # '%2F' read as '/' and '#' as a fragment's start once wrote outputs outside the
+    # output path, and two objects into one; a manifest's '..' reached other files.
+    create_model(gw, "echo", "echo", tmp_path)
+    data = tmp_path / "in"
+    data.mkdir()
+    names = ["r#1.json", "r#2.json", "..%2F..%2Fescaped.json#", "50% off.json"]
+    for i, name in enumerate(names):
+        (data / name).write_text(json.dumps({"n": i}))
+    out = tmp_path / "a" / "out"
+    name = unique("tfnames")
+    transform(gw, name, "echo", data.as_uri(), out,
+              TransformInput={"ContentType": "application/json", "SplitType": "None"},
+              TransformOutput={"AssembleWith": "None", "Accept": "application/json"})  # fmt: skip
+    job = wait_done(gw, name)
+    assert job["TransformJobStatus"] == "Completed", job.get("FailureReason")
+    assert sorted(p.name for p in (tmp_path / "a").rglob("*")) == sorted(
+        ["out"] + [f"{n}.out" for n in names]
+    )
+    for i, n in enumerate(names):
+        assert json.loads((out / f"{n}.out").read_text()) == {"n": i}
+
+    victim = tmp_path / "victim.json"
+    victim.write_text("precious")
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps([{"prefix": data.as_uri() + "/"}, "r#1.json", "../victim.json"]))
+    name = unique("tfdots")
+    transform(gw, name, "echo", manifest.as_uri(), tmp_path / "out2", data_type="ManifestFile",
+              TransformInput={"ContentType": "application/json", "SplitType": "None"},
+              TransformOutput={"AssembleWith": "None", "Accept": "application/json"})  # fmt: skip
+    job = wait_done(gw, name)
+    assert job["TransformJobStatus"] == "Failed"
+    assert "ClientError" in job["FailureReason"] and "would leave it" in job["FailureReason"]
+    assert victim.read_text() == "precious" and not (tmp_path / "out2").exists()
+
+
 def test_a_failing_record_fails_the_job_naming_it_and_writes_nothing(
     gw: GatewayProcess, tmp_path: Path
 ) -> None:

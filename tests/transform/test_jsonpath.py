@@ -212,3 +212,15 @@ def test_quoted_names_may_escape_their_quote_and_unions_may_nest():
 def test_a_csv_record_that_is_not_utf8_is_a_filter_error():
     with pytest.raises(FilterError, match="not UTF-8"):
         apply_input_filter(b"\xff,1", compile_filter("$[0]"), CSV)
+
+
+def test_a_csv_record_with_a_field_past_128_kib_is_filtered_like_any_other():
+    # csv's default field limit (131,072 characters) once failed such a record.
+    field = "x" * 200_000
+    record = f'1,"{field}",3'.encode()
+    assert apply_input_filter(record, compile_filter("$[1]"), CSV) == field.encode()
+
+
+def test_a_json_record_nested_past_the_decoders_depth_is_a_filter_error():
+    with pytest.raises(FilterError, match="not JSON"):
+        apply_input_filter(b"[" * 100_000 + b"]" * 100_000, compile_filter("$[0]"), JSON)

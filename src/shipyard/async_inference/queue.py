@@ -14,10 +14,11 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from shipyard.errors import InvalidParameter, RuntimeValidationError
+from shipyard.errors import InvalidParameter, RuntimeValidationError, UnsupportedLocation
 from shipyard.host_access import HostAccess
 from shipyard.records import AsyncConfig, AsyncRequest
 from shipyard.storage.async_queue import AsyncQueue
+from shipyard.storage.filesystems import join_location
 from shipyard.storage.metadata import now
 
 DEFAULT_TTL_S = 21600
@@ -139,7 +140,12 @@ def _filename(value: str | None) -> str | None:
 
 
 def _join(prefix: str, name: str) -> str:
-    return prefix.rstrip("/") + "/" + name
+    """``name`` as a name under ``prefix`` (its ``%``, ``#`` or ``?`` never read as part
+    of a URI), one slash between them; RuntimeValidationError for one that would leave it."""
+    try:
+        return join_location(prefix.rstrip("/"), name)
+    except UnsupportedLocation as exc:
+        raise RuntimeValidationError(str(exc)) from None
 
 
 def notify_settings(config: AsyncConfig) -> dict[str, Any]:

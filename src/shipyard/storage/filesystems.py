@@ -41,7 +41,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 from urllib.request import url2pathname
 
 import fsspec.core
@@ -69,6 +69,31 @@ def local_path(uri: str) -> Path:
     if parts.scheme:
         raise UnsupportedScheme(uri, parts.scheme)
     return Path(uri)
+
+
+def join_location(prefix: str, key: str) -> str:
+    """``<prefix>/<key>``: where object ``key`` lies under ``prefix`` (an S3 prefix, a
+    ``file://`` URI or a path), the one writing of a location from a name.
+
+    ``key`` is data (an S3 key, a file name, a relative path of them), never read as
+    part of a URI: under a ``file://`` prefix it is percent-encoded, so that ``%``, ``#``
+    and ``?`` stay characters of a name (:func:`local_path` would read ``%2F`` as ``/``
+    and ``#`` as the start of a fragment, cutting what follows). A key with a ``.`` or
+    ``..`` part is refused (UnsupportedLocation): it would name something outside the
+    prefix.
+
+    ``join_location("s3://b/out", "x.out")`` and ``join_location("s3://b/out/", "x.out")``
+    are both ``s3://b/out/x.out``; ``join_location("file:///o", "a#1")`` is
+    ``file:///o/a%231``.
+    """
+    key = key.lstrip("/")
+    if any(part in (".", "..") for part in key.split("/")):
+        raise UnsupportedLocation(
+            f"{key[:200]!r} is no name under {prefix[:200]}: a '.' or '..' part would leave it."
+        )
+    if urlsplit(prefix).scheme == "file":
+        key = quote(key, safe="/")
+    return prefix + key if prefix.endswith("/") else f"{prefix}/{key}"
 
 
 def local_location(uri: str) -> Path | None:

@@ -44,7 +44,7 @@ from typing import Any, BinaryIO, Protocol
 from botocore.exceptions import BotoCoreError, ClientError
 
 from shipyard.errors import NoSuchObject, ObjectStoreError, UnsupportedLocation, UnsupportedScheme
-from shipyard.storage.filesystems import S3_SCHEME, Filesystems, s3_path
+from shipyard.storage.filesystems import S3_SCHEME, Filesystems, join_location, s3_path
 
 logger = logging.getLogger(__name__)
 
@@ -217,26 +217,22 @@ class ObjectStore:
                 folder = S3_SCHEME + folder_path
             else:
                 local = self._local_path(prefix)
-                if local.is_dir():
-                    folder = local.as_uri() + "/"
-                    uris = [p.as_uri() for p in local.rglob("*") if p.is_file()]
-                else:
-                    folder = local.parent.as_uri() + "/"
-                    uris = [
-                        p.as_uri()
-                        for p in local.parent.rglob("*")
-                        if p.is_file() and str(p).startswith(str(local))
-                    ]
+                base = local if local.is_dir() else local.parent
+                files = [
+                    p for p in base.rglob("*") if p.is_file() and str(p).startswith(str(local))
+                ]
+                # Keys as names, not as parts of URIs: `a b.csv`, not `a%20b.csv`.
+                return sorted((p.as_uri(), p.relative_to(base).as_posix()) for p in files)
         return sorted((uri, uri.removeprefix(folder)) for uri in uris)
 
-    def join(self, prefix: str, name: str) -> str:
-        """``<prefix>/<name>`` for S3 prefixes, file:// URIs and paths alike.
-
-        ``join("s3://b/out", "x.out")`` and ``join("s3://b/out/", "x.out")`` are both
-        ``s3://b/out/x.out``; ``join("file:///", "x")`` is ``file:///x``.
-        """
-        name = name.lstrip("/")
-        return prefix + name if prefix.endswith("/") else f"{prefix}/{name}"
+    def join(self, prefix: str, key: str) -> str:
+        """``<prefix>/<key>`` for S3 prefixes, file:// URIs and paths alike, ``key`` taken
+        as a name (filesystems.join_location); ObjectStoreError for a key that would
+        leave the prefix."""
+        try:
+            return join_location(prefix, key)
+        except UnsupportedLocation as exc:
+            raise ObjectStoreError(str(exc)) from None
 
     def _open_read(self, uri: str, *, read_ahead: bool = True) -> Any:
         with _translate(uri, "read"):

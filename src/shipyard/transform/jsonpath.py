@@ -420,12 +420,20 @@ def _json_text(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+# A record is at most MaxPayloadInMB (the runner cuts it so): csv's own limit on a field,
+# 128 KiB, would fail a valid record. The setting is the process's; this only raises it.
+csv.field_size_limit(2**31 - 1)
+
+
 def _csv_row(record: bytes) -> list[Any]:
     try:
         text = record.decode()
     except UnicodeDecodeError as exc:
         raise FilterError(f"A CSV record is not UTF-8: {exc}.") from exc
-    rows = list(csv.reader([text]))
+    try:
+        rows = list(csv.reader([text]))
+    except csv.Error as exc:
+        raise FilterError(f"A CSV record does not parse: {exc}.") from exc
     return list(rows[0]) if rows else []
 
 
