@@ -466,3 +466,38 @@ def test_a_take_that_fails_after_answering_is_not_answered_again() -> None:
 
     served, transport = asyncio.run(scenario())
     assert served.asgi == [] and answers(transport.data) == [b"taken"]
+
+
+TOO_MANY_HEADERS = (
+    b"POST /x HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(101)) + b"\r\n"
+)
+
+
+@pytest.mark.parametrize("taken", [True, False], ids=["taken", "asgi"])
+@pytest.mark.parametrize(
+    ("behind", "status"),
+    [(TOO_MANY_HEADERS, b"431"), (b"NOT HTTP AT ALL\r\n\r\n", b"400")],
+    ids=["431", "400"],
+)
+def test_a_refusal_of_a_pipelined_request_follows_the_answer_before_it(
+    taken: bool, behind: bytes, status: bytes
+) -> None:
+    # Written at once, the refusal would be read as the first request's answer.
+    take = Offers(taken)
+
+    async def scenario() -> tuple[Served, Recording, bytes]:
+        served = Served()
+        proto, transport = protocol(served, take)
+        proto.data_received(invocation(b"first") + behind)
+        early = transport.data
+        if taken:
+            take.responders[0](200, [(b"content-length", b"6")], b"first!")
+        await turns()
+        return served, transport, early
+
+    served, transport, early = asyncio.run(scenario())
+    first = b"first!" if taken else b"asgi:first"
+    assert early == b""
+    head, _, rest = transport.data.partition(first)
+    assert head.startswith(b"HTTP/1.1 200 ") and rest.startswith(b"HTTP/1.1 " + status)
+    assert transport.closing

@@ -104,6 +104,9 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         self._head_size = 0
         """The bytes of the headers parsed so far in the head being parsed."""
         self._refused: tuple[int, str] | None = None
+        self._refusal: Callable[[], None] | None = None
+        """A refusal of a request that came while one before it was still to be answered:
+        written once that one is (see _defer)."""
         self._held: list[bytes] | None = None
         """The body so far of a request held to be taken once whole (``take``)."""
         self._hold_timer: Any = None
@@ -297,6 +300,11 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        refusal = self._refusal
+        if refusal is not None and not self._owes_an_answer():
+            self._refusal = None
+            refusal()
+            return
         if self.cycle.response_complete and not self._awaiting_head and self._drain_timer is None:
             # Answered while its body is still coming: drop the rest (uvicorn does once
             # the response is complete) for a while, then give up on the connection.
@@ -359,8 +367,31 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             self._head_timer.cancel()
             self._head_timer = None
 
+    def _owes_an_answer(self) -> bool:
+        """A request before the one being read is still to be answered (in flight, or
+        pipelined behind one that is): an answer now would be read as its."""
+        cycle = self.cycle
+        return (cycle is not None and not cycle.response_complete) or bool(self.pipeline)
+
+    def _defer(self, refusal: Callable[[], None]) -> None:
+        """Answer ``refusal`` once every request before it is answered, in order (RFC 9112
+        9.3.2), reading nothing more meanwhile."""
+        if self._refusal is None:
+            self._refusal = refusal
+        self.flow.pause_reading()
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn's answer to a request that does not parse, in its turn.
+        if self._owes_an_answer():
+            self._defer(functools.partial(super().send_400_response, msg))
+            return
+        super().send_400_response(msg)
+
     def _refuse(self, status: int, message: str) -> None:
         if self.transport.is_closing():
+            return
+        if self._owes_an_answer():
+            self._defer(functools.partial(self._refuse, status, message))
             return
         body = message.encode()
         self.transport.write(
