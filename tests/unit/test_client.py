@@ -261,6 +261,21 @@ def test_an_answer_no_request_asked_for_ends_its_connection() -> None:
     assert odd.connections == 2
 
 
+def test_an_answer_no_request_asked_for_leaves_the_answer_before_it_as_it_was() -> None:
+    odd = Odd()
+
+    async def main() -> list[tuple[bytes, bytes]]:
+        server, port = await _serve(odd.handler)
+        pool = ConnectionPool("127.0.0.1", port)
+        response = await pool.request(b"POST", b"/invocations", [], b"extra")
+        pool.close()
+        server.close()
+        await server.wait_closed()
+        return response.headers
+
+    assert asyncio.run(main()) == [(b"content-length", b"5")]
+
+
 def test_streamed_request_bodies_carry_the_given_length() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         body = await _read_request(reader)

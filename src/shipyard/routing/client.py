@@ -191,8 +191,12 @@ class _Connection(asyncio.Protocol):
         if self._answered or self._waiter is None:
             # An answer no exchange asked for: after the answer in the same read (even
             # if a waiter told of that answer began another exchange at once), or with
-            # none in progress. The connection's framing is lost: it carries no more.
+            # none in progress. The connection's framing is lost: it carries no more,
+            # and what is still parsed of this read goes to lists of its own, not to
+            # the headers of the answer just given.
             self.close()
+            self._headers = []
+            self._body = []
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name.lower(), value))
