@@ -15,15 +15,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
 
 from tests.conftest import GatewayProcess, deploy, make_tarball, start_gateway
-from tests.e2e.test_auth import OPS, OPS_SECRET, client, error_code, signed_http
+from tests.e2e.test_auth import APP, APP_SECRET, OPS, OPS_SECRET, client, error_code, signed_http
 from tests.e2e.test_jobs import CODE, ENV
 
 TEAM, TEAM_SECRET = "AKIATESTTEAMA0000001", "team-a-secret"
 BUILDER, BUILDER_SECRET = "AKIATESTBUILDA000001", "team-a-builder-secret"
 VIEWER, VIEWER_SECRET = "AKIATESTVIEWA000001", "team-a-viewer-secret"
 WATCHER, WATCHER_SECRET = "AKIATESTWATCHA000001", "team-a-watcher-secret"
+SMADMIN, SMADMIN_SECRET = "AKIATESTSMADMIN00001", "sagemaker-admin-secret"
 ROLE = "arn:aws:iam::123456789012:role/x"
 
 
@@ -70,6 +74,11 @@ def teams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayPro
                         "arn:aws:cloudwatch:*:*:alarm:team-a-*",
                     ],
                 },
+                {  # every SageMaker action, nothing else
+                    "access_key_id": SMADMIN,
+                    "secret_access_key_env": "K_SMADMIN",
+                    "allow": ["sagemaker:*"],
+                },
                 {  # what the console asks of a key
                     "access_key_id": VIEWER,
                     "secret_access_key_env": "K_VIEWER",
@@ -93,6 +102,7 @@ def teams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayPro
         "K_BUILDER": BUILDER_SECRET,
         "K_VIEWER": VIEWER_SECRET,
         "K_WATCHER": WATCHER_SECRET,
+        "K_SMADMIN": SMADMIN_SECRET,
         **ENV,
     }
     gw = start_gateway(
@@ -490,3 +500,98 @@ def test_the_query_protocol_is_authorised_by_the_action_its_signed_body_names(
     with pytest.raises(ClientError) as refused:  # the team key may not call CloudWatch
         client(gw, "cloudwatch", TEAM, TEAM_SECRET).describe_alarms()
     assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+
+
+def test_a_query_form_runs_only_as_the_action_it_names(teams: tuple[GatewayProcess, Path]) -> None:
+    """An empty X-Amz-Target was authorised as sagemaker:UnknownOperation at the edge, and
+    the door then ran the CloudWatch action the form named: a sagemaker:* key deleted an
+    alarm. The door now authorises the action it runs."""
+    gw, _ = teams
+    ops = client(gw, "cloudwatch")
+    ops.put_metric_alarm(
+        AlarmName="ops-guard", Namespace="Ops", MetricName="m", Statistic="Sum", Period=60,
+        EvaluationPeriods=1, Threshold=1.0, ComparisonOperator="GreaterThanThreshold",
+    )  # fmt: skip
+    body = b"Action=DeleteAlarms&Version=2010-08-01&AlarmNames.member.1=ops-guard"
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    for target in ({"X-Amz-Target": ""}, {}):
+        status, _, out = signed_http(
+            gw, "POST", "/", body, key=SMADMIN, secret=SMADMIN_SECRET, **form, **target
+        )
+        assert status == 403 and b"AccessDenied" in out, out
+    assert [a["AlarmName"] for a in ops.describe_alarms()["MetricAlarms"]] == ["ops-guard"]
+    ops.delete_alarms(AlarmNames=["ops-guard"])
+
+
+def test_an_unsigned_query_form_over_tls_runs_only_as_the_action_it_names(
+    tmp_path: Path,
+) -> None:
+    """The edge never reads an unsigned body, so it authorised the form as
+    sagemaker:UnknownOperation; the door now authorises the action it runs."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    from tests.e2e.test_tls import client as tls_client
+    from tests.e2e.test_tls import self_signed, start_https_gateway
+
+    cert, key = self_signed(tmp_path / "tls")
+    stack = {
+        "auth": {
+            "keys": [
+                {"access_key_id": OPS, "secret_access_key_env": "SHIPYARD_KEY_OPS"},
+                {
+                    "access_key_id": APP,
+                    "secret_access_key_env": "SHIPYARD_KEY_APP",
+                    "allow": ["sagemaker:*"],
+                },
+            ]
+        }
+    }
+    (tmp_path / "stack.yaml").write_text(json.dumps(stack))
+    args = ["--config", str(tmp_path / "stack.yaml"), "--tls-cert", str(cert)]
+    args += ["--tls-key", str(key)]
+    gw = start_https_gateway(tmp_path / "home", cert, args)
+    try:
+        ops = tls_client(gw, "cloudwatch", cert)
+        ops.put_metric_alarm(
+            AlarmName="ops-guard", Namespace="Ops", MetricName="m", Statistic="Sum",
+            Period=60, EvaluationPeriods=1, Threshold=1.0,
+            ComparisonOperator="GreaterThanThreshold",
+        )  # fmt: skip
+        body = b"Action=DeleteAlarms&Version=2010-08-01&AlarmNames.member.1=ops-guard"
+        headers = {
+            "Content-Type": "application/x-www-form-urlencoded",
+            "X-Amz-Content-SHA256": "UNSIGNED-PAYLOAD",
+        }
+        request = AWSRequest(method="POST", url=gw.url + "/", data=body, headers=headers)
+        SigV4Auth(Credentials(APP, APP_SECRET), "monitoring", "us-east-1").add_auth(request)
+        sent = urllib.request.Request(
+            gw.url + "/", data=body, method="POST", headers=dict(request.headers.items())
+        )
+        context = ssl.create_default_context(cafile=str(cert))
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(sent, timeout=30, context=context)
+        assert refused.value.code == 403
+        assert [a["AlarmName"] for a in ops.describe_alarms()["MetricAlarms"]] == ["ops-guard"]
+    finally:
+        gw.stop()
+
+
+def test_an_adapter_must_reach_its_base_component(teams: tuple[GatewayProcess, Path]) -> None:
+    """Specification.BaseInferenceComponentName names a resource: a builder scoped to
+    team-a-* cannot load its adapter into team B's component's copies."""
+    gw, tarball = teams
+    builder = client(gw, "sagemaker", BUILDER, BUILDER_SECRET)
+    code, status, message = error_code(
+        lambda: builder.create_inference_component(
+            InferenceComponentName="team-a-lora",
+            EndpointName="team-a-x",
+            Specification={
+                "BaseInferenceComponentName": "team-b-ic",
+                "Container": {"ArtifactUrl": tarball.as_uri()},
+            },
+        )
+    )
+    assert (code, status) == ("AccessDeniedException", 403), message
+    assert "inference-component/team-b-ic" in message

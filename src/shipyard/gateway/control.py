@@ -33,7 +33,7 @@ from shipyard.errors import (
     UnknownOperation,
 )
 from shipyard.gateway import bodies, query
-from shipyard.gateway.auth import Admitted, admitted
+from shipyard.gateway.auth import Admitted, admitted, authorize
 from shipyard.gateway.errors import AMZ_JSON, CBOR, control_error_response, rpc_v2_error_response
 from shipyard.gateway.registry import Action, ActionRegistry, query_target, rpc_v2_target
 from shipyard.gateway.validation import service_model
@@ -53,6 +53,7 @@ _NAMED = {
     "EndpointConfigName": "endpoint-config",
     "EndpointName": "endpoint",
     "InferenceComponentName": "inference-component",
+    "BaseInferenceComponentName": "inference-component",
     "TrainingJobName": "training-job",
     "TransformJobName": "transform-job",
 }
@@ -164,6 +165,10 @@ class ControlDoor:
         return Response(body, media_type=CBOR, headers=request_id)
 
     async def _run(self, action: Action, params: object, edge: Admitted) -> dict[str, Any]:
+        if edge.caller is not None:
+            # Authorised as what runs, where it runs: whichever way the action was named
+            # (X-Amz-Target, a query form's Action, an RPC v2 path) and read at the edge.
+            authorize(edge.caller, action.iam, account_id=edge.account_id)
         try:
             action.validator.validate(action.name, params)
         except InvalidParameter as exc:

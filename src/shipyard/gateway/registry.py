@@ -120,6 +120,11 @@ class Action:
     run: Callable[[Json], Json]
 
     @property
+    def iam(self) -> str:
+        """The IAM action it is allowed as (``sagemaker:CreateModel``)."""
+        return f"{self.service.iam}:{self.name}"
+
+    @property
     def lists(self) -> bool:
         """Whether its answer lists resources (then a scoped key sees only those it
         reaches): the List calls, and the Describe* of Logs, Application Auto Scaling and

@@ -238,7 +238,7 @@ class RequireSignature(ReadOnce):
         """The signature checked against the body (None where unsigned), and the caller
         authorised for ``action``, or, for the query protocol, the action its body names."""
         caller = self.verifier.finish(pending, body or b"")
-        if head.target is None and scope["path"] == "/" and body:
+        if not head.target and scope["path"] == "/" and body:
             # The query protocol names its action in the (signed) body: the door reads
             # the same bytes, replayed, so what is authorised here is what runs there.
             target = query_target(body)
