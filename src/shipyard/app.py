@@ -271,7 +271,13 @@ class Gateway:
             Route("/stack", stack_door.get, methods=["GET"]),
             Route("/stack", stack_door.put, methods=["PUT"]),
             Route("/healthz", healthz, methods=["GET"]),
-            Route("/metrics", metrics_endpoint(self.metrics), methods=["GET"]),  # type: ignore[arg-type]
+            Route(
+                "/metrics",
+                metrics_endpoint(  # type: ignore[arg-type]
+                    self.metrics, region=settings.region, account_id=settings.account_id
+                ),
+                methods=["GET"],
+            ),
             *self.console.routes(),
         ]
 

@@ -28,6 +28,7 @@ BUILDER, BUILDER_SECRET = "AKIATESTBUILDA000001", "team-a-builder-secret"
 VIEWER, VIEWER_SECRET = "AKIATESTVIEWA000001", "team-a-viewer-secret"
 WATCHER, WATCHER_SECRET = "AKIATESTWATCHA000001", "team-a-watcher-secret"
 SMADMIN, SMADMIN_SECRET = "AKIATESTSMADMIN00001", "sagemaker-admin-secret"
+LOGSONLY, LOGSONLY_SECRET = "AKIATESTLOGSONLY0001", "logs-only-secret"
 ROLE = "arn:aws:iam::123456789012:role/x"
 
 
@@ -79,6 +80,11 @@ def teams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayPro
                     "secret_access_key_env": "K_SMADMIN",
                     "allow": ["sagemaker:*"],
                 },
+                {  # log lines, of anything
+                    "access_key_id": LOGSONLY,
+                    "secret_access_key_env": "K_LOGSONLY",
+                    "allow": ["logs:GetLogEvents"],
+                },
                 {  # what the console asks of a key
                     "access_key_id": VIEWER,
                     "secret_access_key_env": "K_VIEWER",
@@ -103,6 +109,7 @@ def teams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayPro
         "K_VIEWER": VIEWER_SECRET,
         "K_WATCHER": WATCHER_SECRET,
         "K_SMADMIN": SMADMIN_SECRET,
+        "K_LOGSONLY": LOGSONLY_SECRET,
         **ENV,
     }
     gw = start_gateway(
@@ -595,3 +602,30 @@ def test_an_adapter_must_reach_its_base_component(teams: tuple[GatewayProcess, P
     )
     assert (code, status) == ("AccessDeniedException", 403), message
     assert "inference-component/team-b-ic" in message
+
+
+def test_the_metrics_page_keeps_to_the_endpoints_the_key_reaches(
+    teams: tuple[GatewayProcess, Path],
+) -> None:
+    gw, _ = teams
+    client(gw, "sagemaker-runtime", TEAM, TEAM_SECRET).invoke_endpoint(
+        EndpointName="team-a-x", ContentType="application/json", Body=b'{"instances": [[1]]}'
+    )
+    status, _, out = signed_http(gw, "GET", "/metrics", key=VIEWER, secret=VIEWER_SECRET)
+    assert status == 200
+    text = out.decode()
+    assert 'endpoint="team-a-x"' in text and "team-b-x" not in text
+    assert "shipyard_" in text  # and the gateway's own series
+    status, _, out = signed_http(gw, "GET", "/metrics")  # the operator's key: everything
+    assert status == 200 and 'endpoint="team-b-x"' in out.decode()
+
+
+@pytest.mark.parametrize("path", ["/console/api/endpoints/logs", "/console/api/endpoints/metrics"])
+def test_a_console_view_of_a_resource_named_like_a_view_is_a_view_of_it(
+    teams: tuple[GatewayProcess, Path], path: str
+) -> None:
+    """An endpoint named "logs" is described, not read as its logs: a key that may read
+    logs only is refused the description."""
+    gw, _ = teams
+    status, _, out = signed_http(gw, "GET", path, key=LOGSONLY, secret=LOGSONLY_SECRET)
+    assert status == 403 and b"sagemaker:DescribeEndpoint" in out, out

@@ -615,11 +615,14 @@ def _is_console_page(path: str) -> bool:
 
 
 def _console_action(path: str) -> str:
-    kind = path.removeprefix("/console/api/").split("/", 1)[0]
-    if kind in ("endpoints", "transform-jobs") and path.endswith("/logs"):
+    # Read by the routes' shape (console/door.py): KIND, KIND/NAME, KIND/NAME/VIEW. A
+    # resource named "logs" or "metrics" is a NAME, viewed as one, not a VIEW.
+    parts = path.removeprefix("/console/api/").split("/")
+    kind, view = parts[0], parts[2] if len(parts) == 3 else None
+    if kind in ("endpoints", "transform-jobs") and view == "logs":
         return "logs:GetLogEvents"
     if kind == "endpoints":
-        return "shipyard:GetMetrics" if path.endswith("/metrics") else "sagemaker:DescribeEndpoint"
+        return "shipyard:GetMetrics" if view == "metrics" else "sagemaker:DescribeEndpoint"
     return {
         "jobs": "sagemaker:DescribeTrainingJob",
         "transform-jobs": "sagemaker:DescribeTransformJob",
