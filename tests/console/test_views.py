@@ -84,6 +84,10 @@ def test_pages_load_unsigned_and_each_view_is_scoped_as_what_it_reads() -> None:
         "/console/api/transform-jobs/x": "sagemaker:DescribeTransformJob",
         "/console/api/events": "shipyard:GetEvents",
         "/console/api/other": "shipyard:Unknown",
+        # resources named like a view are described, as any other
+        "/console/api/endpoints/logs": "sagemaker:DescribeEndpoint",
+        "/console/api/endpoints/metrics": "sagemaker:DescribeEndpoint",
+        "/console/api/transform-jobs/logs": "sagemaker:DescribeTransformJob",
     }
     for path, action in expected.items():
         assert action_of("GET", path, None) == (Door.OTHER, action)

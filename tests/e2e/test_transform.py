@@ -11,6 +11,7 @@ import signal
 import struct
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -196,6 +197,11 @@ def test_object_names_are_names_under_the_output_path(gw: GatewayProcess, tmp_pa
     )
     for i, n in enumerate(names):
         assert json.loads((out / f"{n}.out").read_text()) == {"n": i}
+    # Its instances' logs are the job's, apart from any endpoint's of the same name.
+    with urllib.request.urlopen(f"{gw.url}/console/api/transform-jobs/{name}/logs") as r:
+        assert f"{name}-".encode() in r.read()
+    with urllib.request.urlopen(f"{gw.url}/console/api/endpoints/{name}/logs") as r:
+        assert f"{name}-".encode() not in r.read()
 
     victim = tmp_path / "victim.json"
     victim.write_text("precious")

@@ -24,6 +24,7 @@ from pathlib import Path
 from shipyard.errors import LogResourceNotFound
 from shipyard.job_contract import open_untrusted, untrusted_size
 from shipyard.jobs.service import JobService
+from shipyard.provisioning.fleet import TRANSFORM_JOB_LOGS
 
 JOBS_GROUP = "/aws/sagemaker/TrainingJobs"
 ENDPOINTS_GROUP = "/aws/sagemaker/Endpoints/"
@@ -64,14 +65,19 @@ class LogService:
     def __init__(self, *, jobs: JobService, logs_dir: Path) -> None:
         self.jobs = jobs
         self.logs_dir = logs_dir
-        """Where instance logs are: ``<logs_dir>/<endpoint>/<instance id>.log``."""
+        """Where instance logs are: ``<logs_dir>/<endpoint>/<instance id>.log`` (and a
+        transform job's under TRANSFORM_JOB_LOGS, which is no endpoint's)."""
 
     def __repr__(self) -> str:
         return f"LogService(logs_dir={str(self.logs_dir)!r})"
 
     def groups(self) -> list[str]:
         folder = self.logs_dir
-        endpoints = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+        endpoints = (
+            sorted(p.name for p in folder.iterdir() if p.name != TRANSFORM_JOB_LOGS)
+            if folder.is_dir()
+            else []
+        )
         return [JOBS_GROUP, *(ENDPOINTS_GROUP + name for name in endpoints)]
 
     def streams(self, group: str) -> list[LogStream]:
@@ -86,7 +92,7 @@ class LogService:
         if group.startswith(ENDPOINTS_GROUP):
             endpoint = group.removeprefix(ENDPOINTS_GROUP)
             folder = self.logs_dir / endpoint
-            if endpoint and "/" not in endpoint and folder.is_dir():
+            if endpoint not in ("", TRANSFORM_JOB_LOGS) and "/" not in endpoint and folder.is_dir():
                 return sorted(
                     (_instance_stream(endpoint, path) for path in folder.glob("*.log")),
                     key=lambda s: s.name,

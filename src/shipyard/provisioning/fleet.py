@@ -159,6 +159,12 @@ class AdapterOf:
     generation: int
 
 
+TRANSFORM_JOB_LOGS = "transform_jobs"
+"""The folder under ``<home>/logs`` of transform jobs' instance logs, one folder per job:
+a name no endpoint can have (SageMaker's names have no underscore), so an endpoint and a
+job of the same name never share their logs, each read under its own kind's scope."""
+
+
 @dataclass(eq=False)
 class Fleet:
     """The instances serving one endpoint config of one endpoint."""
@@ -186,6 +192,9 @@ class Fleet:
     """Per inference component: the instance (index in its variant) of each copy."""
     adapters: dict[str, AdapterOf] = field(default_factory=dict)
     """Adapter components (BaseInferenceComponentName), served by their base's copies."""
+    logs: str = ""
+    """Where its instances log, under ``<home>/logs``: the endpoint's own folder when
+    empty; ``TRANSFORM_JOB_LOGS/<job>`` for a transform job's."""
 
     def all_slots(self) -> list[Slot]:
         return [s for slots in self.slots.values() for s in slots]
@@ -239,6 +248,7 @@ class Provisioner:
         warm: bool = False,
         adoptable: bool = False,
         take_over: dict[str, Any] | None = None,
+        logs: str = "",
     ) -> Fleet:
         """Start every instance of ``config`` and return once all pass ``/ping``.
 
@@ -251,6 +261,8 @@ class Provisioner:
         (mirror.routes_of; empty: nothing). On a backend whose instances outlive their
         gateway, those of ``config`` that still answer are adopted instead of started,
         and every other instance filed under the endpoint is stopped.
+
+        ``logs``: where the instances log under ``<home>/logs`` (Fleet.logs).
         """
         fleet = Fleet(
             endpoint=endpoint,
@@ -258,6 +270,7 @@ class Provisioner:
             slots={},
             weights=dict(weights),
             adoptable=adoptable or take_over is not None,
+            logs=logs,
         )
         for variant in config.variants:
             if variant.hosts_components:
@@ -451,7 +464,7 @@ class Provisioner:
         """
         template = fleet.templates[variant]
         instance_id = f"{endpoint}-{variant}-{next(self._ids)}"
-        log_dir = self.home / "logs" / endpoint
+        log_dir = self.home / "logs" / (fleet.logs or endpoint)
         log_dir.mkdir(parents=True, exist_ok=True)
         scratch = None
         if template.prefix is not None:

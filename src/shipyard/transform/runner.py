@@ -36,7 +36,7 @@ from shipyard.errors import (
     UpstreamError,
 )
 from shipyard.metrics import Metrics
-from shipyard.provisioning.fleet import Fleet, Provisioner
+from shipyard.provisioning.fleet import TRANSFORM_JOB_LOGS, Fleet, Provisioner
 from shipyard.records import EndpointConfig, RoutingStrategy, TransformJob, VariantSpec
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.policies import LeastOutstandingRequests
@@ -207,6 +207,7 @@ class TransformRun:
                 # From a warm spare (imports done) where the backend keeps one and the
                 # instance's variables allow it (runtime/spare.py).
                 warm=True,
+                logs=f"{TRANSFORM_JOB_LOGS}/{self.job.name}",
             )
         except Exception as exc:
             raise TransformFailed(f"AlgorithmError: {exc}") from exc

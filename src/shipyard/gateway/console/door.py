@@ -40,6 +40,7 @@ from shipyard.gateway.console.logs import instance_tails
 from shipyard.gateway.console.state import ConsoleState, Reaches
 from shipyard.gateway.errors import control_error_response
 from shipyard.job_contract import open_untrusted, untrusted_size
+from shipyard.provisioning.fleet import TRANSFORM_JOB_LOGS
 
 LOG_CHUNK_BYTES = 64 * 1024
 """Most log bytes one poll returns; a page opened on a long log starts at its tail."""
@@ -78,7 +79,8 @@ class ConsoleDoor:
         self.state = state
         self.log_files = log_files
         self.logs_dir = logs_dir
-        """Where instances log: ``<logs_dir>/<endpoint or transform job>/<id>.log``."""
+        """Where instances log: ``<logs_dir>/<endpoint>/<id>.log``, and a transform job's
+        under ``<logs_dir>/TRANSFORM_JOB_LOGS/<job>/``."""
         self.auth = auth
         self.region = region
         self.history = MetricsHistory(state.counters)
@@ -97,12 +99,12 @@ class ConsoleDoor:
             Route("/endpoints", self.endpoints_view),
             Route("/endpoints/{name}", one("endpoint", self.endpoint_view)),
             Route("/endpoints/{name}/metrics", one("endpoint", self.metrics_view)),
-            Route("/endpoints/{name}/logs", one("endpoint", self.instance_logs_view)),
+            Route("/endpoints/{name}/logs", one("endpoint", self.endpoint_logs_view)),
             Route("/jobs", self.jobs_view),
             Route("/jobs/{name}", one("training-job", self.job_view)),
             Route("/jobs/{name}/log", one("training-job", self.log_view)),
             Route("/transform-jobs/{name}", one("transform-job", self.transform_view)),
-            Route("/transform-jobs/{name}/logs", one("transform-job", self.instance_logs_view)),
+            Route("/transform-jobs/{name}/logs", one("transform-job", self.transform_logs_view)),
             Route("/events", self.events_view),
         ]
         return [
@@ -222,9 +224,15 @@ class ConsoleDoor:
         states = await run_in_threadpool(self.state.recent_events, EVENTS_SHOWN, _reaches(request))
         return _fragment(fragments.events(states))
 
-    async def instance_logs_view(self, request: Request) -> Response:
-        name = request.path_params["name"]
-        tails = await run_in_threadpool(instance_tails, self.logs_dir, name)
+    async def endpoint_logs_view(self, request: Request) -> Response:
+        return await self._instance_logs(self.logs_dir, request.path_params["name"])
+
+    async def transform_logs_view(self, request: Request) -> Response:
+        logs_dir = self.logs_dir / TRANSFORM_JOB_LOGS
+        return await self._instance_logs(logs_dir, request.path_params["name"])
+
+    async def _instance_logs(self, logs_dir: Path, name: str) -> Response:
+        tails = await run_in_threadpool(instance_tails, logs_dir, name)
         return _fragment(fragments.instance_logs(tails))
 
     async def log_view(self, request: Request) -> Response:
