@@ -4,6 +4,8 @@ gateway with auth: accepts; FileRoots, the guard the stores open local files thr
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -282,6 +284,46 @@ def test_the_artifact_store_follows_no_link_out_of_the_roots(tmp_path: Path) -> 
     with pytest.raises(ArtifactError, match="auth.file_roots"):
         store.upload_file(root / "model" / "weights.bin", (tmp_path / "dropped").as_uri())
     assert not (tmp_path / "cache" / "m").exists() and not (tmp_path / "dropped").exists()
+
+
+def test_a_link_swapped_while_a_model_folder_is_copied_never_leaks(tmp_path: Path) -> None:
+    """A later review: the copy checked a file's path, then opened it again; a job
+    swapping a link in its own output folder (under a root) between a harmless file and
+    a secret got the secret copied into a model. Each file is now checked once open."""
+    root = tmp_path / "root"
+    (root / "model").mkdir(parents=True)
+    (root / "decoy.txt").write_text("decoy")
+    (tmp_path / "secret.txt").write_text("SECRET")
+    link = root / "model" / "s"
+    link.symlink_to(root / "decoy.txt")
+    store = ArtifactStore(filesystems=guarded(tmp_path))
+    stop = threading.Event()
+
+    def swap() -> None:
+        spare = root / ".spare"
+        while not stop.is_set():
+            for target in (tmp_path / "secret.txt", root / "decoy.txt"):
+                spare.symlink_to(target)
+                spare.replace(link)
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    copied: list[str] = []
+    try:
+        for n in range(60):
+            try:
+                folder = store.fetch_model(str(root / "model"), tmp_path / "cache" / str(n))
+            except ArtifactError:
+                continue
+            copied.append((folder / "s").read_text())
+    finally:
+        stop.set()
+        swapper.join()
+    assert "SECRET" not in copied
+    link.unlink()
+    os.mkfifo(root / "model" / "pipe")  # no regular file: refused, not waited on
+    with pytest.raises(ArtifactError, match="no regular file"):
+        store.fetch_model(str(root / "model"), tmp_path / "cache" / "fifo")
 
 
 def test_the_gateways_own_folders_are_not_checked(tmp_path: Path) -> None:

@@ -331,19 +331,42 @@ class ArtifactStore:
 
         Symlinks are followed and their content copied, so no link points out of
         ``dest``; a file a link leads to outside ``file_roots`` is refused, as its URI
-        would be.
+        would be, and so is anything but a regular file.
+
+        Each file is opened first and checked after: the file read is the file that
+        was checked. A link checked by its path and then opened again could be switched
+        in between, and a sandboxed job may do just that in its own output folder,
+        which lies under a root, keeping a link there swapping between a harmless file
+        and a secret until a copy reads the secret.
         """
         copied = 0
 
         def copy(src: str, dst: str) -> str:
             nonlocal copied
-            if not self._filesystems.allows(Path(src)):
-                raise ArtifactError(
-                    f"{words.subject} {uri} is unsafe: {src} leads outside the folders this "
-                    "gateway may read (auth.file_roots)."
-                )
+            fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO: no wait
+            with os.fdopen(fd, "rb") as source:
+                opened = os.fstat(fd)
+                real = Path(os.path.realpath(src))
+                try:
+                    named = os.stat(real)
+                except OSError:
+                    named = None
+                if (
+                    not stat.S_ISREG(opened.st_mode)
+                    or named is None
+                    or (named.st_dev, named.st_ino) != (opened.st_dev, opened.st_ino)
+                    or not self._filesystems.allows(real)
+                ):
+                    raise ArtifactError(
+                        f"{words.subject} {uri} is unsafe: {src} leads outside the folders "
+                        "this gateway may read (auth.file_roots), or is no regular file."
+                    )
+                with open(dst, "wb") as out:
+                    shutil.copyfileobj(source, out, _READ_CHUNK_BYTES)
+            os.chmod(dst, stat.S_IMODE(opened.st_mode))
+            os.utime(dst, ns=(opened.st_atime_ns, opened.st_mtime_ns))
             copied += 1
-            return str(shutil.copy2(src, dst))
+            return dst
 
         # copytree collects OSErrors and goes on; an ArtifactError stops it at once.
         shutil.copytree(source, dest, dirs_exist_ok=True, copy_function=copy)
