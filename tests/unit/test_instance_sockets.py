@@ -187,3 +187,69 @@ def test_a_socket_path_too_long_for_an_address_leaves_tcp(
         assert backend._unix_listener(12345) is None
     finally:
         backend.close()
+
+
+FILLS_ITS_HOME = """
+import os
+
+
+def model_fn(model_dir):
+    with open(os.path.join(os.environ["HOME"], "weights.cache"), "wb") as f:
+        f.write(b"x" * 1_000_000)
+    return None
+
+
+def transform_fn(model, body, content_type, accept):
+    return os.environ["HOME"], "text/plain"
+"""
+
+WRITES_A_HUGE_REASON = """
+import sys
+
+
+def model_fn(model_dir):
+    where = sys.argv[sys.argv.index("--error-file") + 1]  # the reason the gateway reads
+    with open(where, "w") as f:
+        f.write("R" * 5_000_000)
+    raise SystemExit(3)
+"""
+
+
+def test_an_instances_home_goes_with_it(tmp_path: Path) -> None:
+    """The model fills $HOME as it likes; deleted endpoints must not leave it on the disk
+    that holds the store."""
+    folder = tmp_path / "model"
+    (folder / "code").mkdir(parents=True)
+    (folder / "code" / "inference.py").write_text(FILLS_ITS_HOME)
+    backend = LocalBackend(run_dir=tmp_path / "run")
+    homes: list[Path] = []
+
+    async def main() -> None:
+        spec = InstanceSpec("i-home", "shipyard/python", model_url=str(folder))
+        async with _serving(backend, spec) as (_, instance):
+            homes.append(Path((await _invoke(instance, b"where")).decode()))
+            assert (homes[0] / "weights.cache").stat().st_size == 1_000_000
+
+    _run(backend, main)
+    assert homes == [tmp_path / "run" / "home" / "i-home"] and not homes[0].exists()
+
+
+def test_the_reason_an_instance_writes_is_read_in_its_first_kilobyte(tmp_path: Path) -> None:
+    folder = tmp_path / "model"
+    (folder / "code").mkdir(parents=True)
+    (folder / "code" / "inference.py").write_text(WRITES_A_HUGE_REASON)
+    backend = LocalBackend(run_dir=tmp_path / "run")
+
+    async def main() -> None:
+        handle = await backend.start(
+            InstanceSpec("i-why", "shipyard/python", model_url=str(folder))
+        )
+        assert isinstance(handle, LocalInstance)
+        try:
+            await asyncio.to_thread(handle.process.wait, 60)
+            reason = backend.exit_reason(handle)
+            assert reason is not None and reason == "R" * 1024
+        finally:
+            await backend.stop(handle)
+
+    _run(backend, main)

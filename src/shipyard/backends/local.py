@@ -88,6 +88,9 @@ _SANDBOXED = "local-sandboxed"
 """The kinds of job handle: a runner's PID, or the PID of the bwrap running it."""
 _REFILL_AFTER_S = 0.5
 """How long after a warm start the spares are refilled."""
+_MAX_REASON_BYTES = 1024
+"""The most of an instance's error file read for its failure's reason (SageMaker's
+FailureReason holds 1,024 characters)."""
 
 
 @dataclass(slots=True)
@@ -513,6 +516,10 @@ class LocalBackend:
         (self.run_dir / f"{handle.instance_id}.pid").unlink(missing_ok=True)
         if handle.socket_path is not None:
             Path(handle.socket_path).unlink(missing_ok=True)
+        # Its $HOME was the model's to fill: it goes with the instance, or deleted
+        # endpoints would leave their instances' files on the disk that holds the store
+        # (and a later instance of the same id, after a restart, would find them).
+        await asyncio.to_thread(shutil.rmtree, self.run_dir / "home" / handle.instance_id, True)
 
     def stop_leftovers(self) -> list[int]:
         """Kill the instances an earlier gateway on this home left running; their PIDs.
@@ -547,8 +554,10 @@ class LocalBackend:
         code = handle.process.poll()
         if code is None:
             return None
-        with contextlib.suppress(OSError):
-            text = handle.error_file.read_text().strip()
+        with contextlib.suppress(OSError), open_untrusted(handle.error_file) as error:
+            # The model's process writes it: a bounded head, never all of it (a model
+            # that wrote gigabytes there filled the gateway's memory, log and store).
+            text = error.read(_MAX_REASON_BYTES).decode(errors="replace").strip()
             if text:
                 return text
         return f"the process exited with code {code}{log_tail(handle.log_path)}"
