@@ -95,7 +95,7 @@ class Gateway:
             notifier=Notifier(),
             lease_s=settings.event_lease_s,
         )
-        host_access = HostAccess.from_auth(stack.auth)
+        host_access = HostAccess.from_auth(stack.auth, home=settings.home)
         filesystems = Filesystems(
             s3_endpoint_url=settings.s3_endpoint_url, file_roots=host_access.file_roots
         )

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from shipyard.errors import InvalidParameter, OutsideFileRoots
@@ -196,13 +197,14 @@ class HostAccess:
     """URL patterns a caller's notification targets must match (``auth.notify_targets``)."""
 
     @classmethod
-    def from_auth(cls, auth: AuthConfig | None) -> HostAccess:
+    def from_auth(cls, auth: AuthConfig | None, *, home: Path | None = None) -> HostAccess:
+        """``auth``'s rules; ``home``, the gateway's, is never a caller's location."""
         if auth is None:
             return cls()
         return cls(
             enforced=True,
             allow_commands=auth.allow_commands,
-            file_roots=FileRoots(auth.file_roots),
+            file_roots=FileRoots(auth.file_roots, hidden=() if home is None else (home,)),
             allow_environment=tuple(wildcard(p) for p in auth.allow_environment),
             notify_targets=tuple(auth.notify_targets),
         )

@@ -361,3 +361,23 @@ def test_notification_targets_outside_notify_targets_are_refused(
         guarded, {"stack": "hooks", "put_topics": {"ops": ["json://127.0.0.1:9/ops"]}}
     )
     assert status == 200, body
+
+
+def test_the_gateways_home_is_no_callers_location_even_under_a_root(tmp_path: Path) -> None:
+    """A root that contains the gateway's home does not make the home a caller's: its
+    store, logs and caches are refused as a model's data (the sandbox hides them too)."""
+    stack = write_stack(tmp_path / "stack.yaml", file_roots=[str(tmp_path)], sandbox=False)
+    gw = start_gateway(tmp_path / "home", extra_env=SECRETS, args=["--config", str(stack)])
+    try:
+        sm = client(gw, "sagemaker")
+        for url in ((tmp_path / "home" / "shipyard.db").as_uri(), str(tmp_path / "home")):
+            message = refused(
+                lambda url=url: sm.create_model(
+                    ModelName=unique("home"),
+                    PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": url},
+                    ExecutionRoleArn=ROLE,
+                )
+            )
+            assert "gateway's home" in message, message
+    finally:
+        gw.stop()

@@ -222,6 +222,24 @@ def test_file_roots_resolve_links_and_dots(tmp_path: Path) -> None:
             roots.check(path, str(path))
 
 
+def test_the_gateways_home_is_no_callers_even_under_a_root(tmp_path: Path) -> None:
+    """A later review: a root containing the gateway's home let a job plant links to the
+    store and other endpoints' logs, which a model's copy then followed."""
+    home = tmp_path / "home"
+    (home / "logs").mkdir(parents=True)
+    (home / "shipyard.db").write_text("the store")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "db").symlink_to(home / "shipyard.db")
+    roots = FileRoots([tmp_path], hidden=[home])
+    for path in (home, home / "shipyard.db", home / "logs" / "x", tmp_path / "model" / "db"):
+        with pytest.raises(OutsideFileRoots, match="gateway's home"):
+            roots.check(path, str(path))
+    assert roots.check(tmp_path / "model", "m") == tmp_path / "model"
+    store = ArtifactStore(filesystems=Filesystems(file_roots=roots))
+    with pytest.raises(ArtifactError, match="auth.file_roots"):
+        store.fetch_model(str(tmp_path / "model"), tmp_path / "cache" / "m")
+
+
 def test_the_object_store_opens_nothing_outside_the_roots(tmp_path: Path) -> None:
     """Findings 3 and 5: whatever route a location took, the store refuses it."""
     (tmp_path / "root").mkdir()

@@ -116,11 +116,18 @@ class FileRoots:
 
     A path is resolved before it is compared: ``..`` and symbolic links are followed
     (``os.path.realpath``; for a path that does not exist yet, from its deepest existing
-    parent), so neither leads out. No roots means no local location at all.
+    parent), so neither leads out. No roots means no local location at all. ``hidden``
+    folders (the gateway's home) are never a caller's, even under a root: the sandbox
+    hides them from models, and the gateway must not copy them in for one either.
     """
 
-    def __init__(self, roots: Iterable[str | os.PathLike[str]]) -> None:
+    def __init__(
+        self,
+        roots: Iterable[str | os.PathLike[str]],
+        hidden: Iterable[str | os.PathLike[str]] = (),
+    ) -> None:
         self.roots = tuple(Path(os.path.realpath(root)) for root in roots)
+        self.hidden = tuple(Path(os.path.realpath(folder)) for folder in hidden)
 
     def __repr__(self) -> str:
         return f"FileRoots({[str(root) for root in self.roots]!r})"
@@ -131,6 +138,11 @@ class FileRoots:
         if "\x00" in str(path):
             raise OutsideFileRoots(f"{uri[:200]!r}: a path may not contain a NUL character.")
         real = Path(os.path.realpath(path))
+        if any(real.is_relative_to(folder) for folder in self.hidden):
+            raise OutsideFileRoots(
+                f"{uri[:200]!r} is inside the gateway's home, which no caller may name, "
+                "even under auth.file_roots."
+            )
         if not any(real == root or real.is_relative_to(root) for root in self.roots):
             roots = ", ".join(str(root) for root in self.roots) or "none"
             raise OutsideFileRoots(
