@@ -48,9 +48,11 @@ What it does not guarantee:
   connections included. Keep those behind passwords.
 - uid 65534 inside is the gateway's own uid outside: on whatever it can see, the kernel
   lets it do what the gateway's user may. The mounts are the fence, not the uid.
-- No seccomp filter, and nested user namespaces stay allowed (``--disable-userns`` needs
-  bubblewrap 0.8 and a kernel that honours it): the kernel is the attack surface, as for
-  any unprivileged process. No limits on memory, CPU or the size of ``/tmp`` (memory).
+- No seccomp filter: the kernel is the attack surface, as for any unprivileged process.
+  Nested user namespaces are refused and ``/tmp`` (memory) is bounded to TMP_BYTES only
+  with bubblewrap 0.8 or later (``--disable-userns``, ``--size``; an older one runs
+  without both, with a warning). No limits on memory, CPU or processes beyond what the
+  memory check and the host give.
 - Only the local backend: the Ray backend runs its processes on the cluster's nodes as
   Ray starts them, unsandboxed.
 """
@@ -58,6 +60,8 @@ What it does not guarantee:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import os
 import shutil
 import subprocess
@@ -68,6 +72,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shipyard.errors import SandboxUnavailable
+
+log = logging.getLogger(__name__)
 
 SANDBOX_UID = 65534
 """The uid and gid a sandboxed process has inside (``nobody``)."""
@@ -103,6 +109,9 @@ _ETC = (
 )
 """What of ``/etc`` a process reads to run, resolve names and trust TLS: nothing secret."""
 _TRIAL_TIMEOUT_S = 30.0
+TMP_BYTES = 2 << 30
+"""The size of a sandbox's ``/tmp``: a tmpfs is memory that no process's resident size
+shows, so unbounded a model could fill the host's memory past every memory check."""
 _NO_LINK_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -123,6 +132,9 @@ class Sandbox:
     folders under them granted to it (:meth:`grant`)."""
     hidden: tuple[Path, ...]
     """Never visible, even under a root: the gateway's home."""
+    hardened: bool = True
+    """Nested user namespaces refused and ``/tmp`` bounded (TMP_BYTES): bubblewrap 0.8's
+    ``--disable-userns`` and ``--size``, used where the trial run shows they work."""
 
     def __repr__(self) -> str:
         roots = [str(r) for r in self.file_roots]
@@ -152,7 +164,18 @@ class Sandbox:
             file_roots=tuple(Path(r) for r in file_roots),
             hidden=tuple(Path(h) for h in hidden),
         )
-        sandbox.check()
+        try:
+            sandbox.check()
+        except SandboxUnavailable:
+            # An older bubblewrap (or a kernel that refuses --disable-userns): the same
+            # fence without those two, if that runs.
+            sandbox = dataclasses.replace(sandbox, hardened=False)
+            sandbox.check()
+            log.warning(
+                "auth.sandbox: %s cannot refuse nested user namespaces or bound /tmp "
+                "(bubblewrap 0.8 can); sandboxes run without both",
+                bwrap,
+            )
         return sandbox
 
     def check(self) -> None:
@@ -268,9 +291,11 @@ class Sandbox:
         args = [self.bwrap, "--unshare-user", "--uid", str(SANDBOX_UID)]
         args += ["--gid", str(SANDBOX_UID), "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
         args += ["--cap-drop", "ALL"]
+        if self.hardened:
+            args += ["--disable-userns"]
         if die_with_parent:
             args.append("--die-with-parent")
-        args += _system()
+        args += _system(TMP_BYTES if self.hardened else None)
         args += _binds(("--ro-bind-try", p) for p in self.file_roots)
         for fd, path in granted:
             args += ["--bind-fd", str(fd), str(path)]
@@ -302,8 +327,9 @@ def _binds(binds: Iterable[tuple[str, Path]]) -> list[str]:
     return args
 
 
-def _system() -> list[str]:
-    """The read-only system every sandbox starts from, as this host lays it out."""
+def _system(tmp_bytes: int | None) -> list[str]:
+    """The read-only system every sandbox starts from, as this host lays it out, with a
+    ``/tmp`` of its own (of ``tmp_bytes`` at most, where given)."""
     args = ["--ro-bind", "/usr", "/usr"]
     for name in _SYSTEM_LINKS:
         path = Path("/", name)
@@ -314,7 +340,10 @@ def _system() -> list[str]:
     for name in _ETC:
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     args += ["--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    if tmp_bytes is not None:
+        args += ["--size", str(tmp_bytes)]
+    args += ["--tmpfs", "/tmp"]
     return args
 
 
