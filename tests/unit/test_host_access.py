@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from shipyard.errors import ArtifactError, InvalidParameter, ObjectStoreError, OutsideFileRoots
+from shipyard.errors import (
+    ArtifactError,
+    InvalidParameter,
+    NoSuchObject,
+    ObjectStoreError,
+    OutsideFileRoots,
+)
 from shipyard.host_access import HostAccess, environment_refusal, wildcard
 from shipyard.stackfile import AccessKey, AuthConfig
 from shipyard.storage.artifacts import ArtifactStore
@@ -220,6 +226,43 @@ def test_file_roots_resolve_links_and_dots(tmp_path: Path) -> None:
     for path in (root / "out" / "x", root / "a" / ".." / ".." / "x", tmp_path / "rootx"):
         with pytest.raises(OutsideFileRoots, match="auth.file_roots"):
             roots.check(path, str(path))
+
+
+def test_a_link_swapped_while_an_object_is_read_never_leaks(tmp_path: Path) -> None:
+    """The object store opens a local object, then checks the file it holds: a transform
+    or async input under a root that a job keeps swapping never reads the secret."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "decoy.txt").write_text("decoy")
+    (tmp_path / "secret.txt").write_text("SECRET")
+    link = root / "input.txt"
+    link.symlink_to(root / "decoy.txt")
+    store = ObjectStore(filesystems=guarded(tmp_path))
+    stop = threading.Event()
+
+    def swap() -> None:
+        spare = root / ".spare"
+        while not stop.is_set():
+            for target in (tmp_path / "secret.txt", root / "decoy.txt"):
+                spare.symlink_to(target)
+                spare.replace(link)
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    read: list[bytes] = []
+    try:
+        for _ in range(300):
+            try:
+                read.append(store.read_bytes(link.as_uri(), limit=100))
+            except (ObjectStoreError, NoSuchObject):
+                continue
+    finally:
+        stop.set()
+        swapper.join()
+    assert b"SECRET" not in read
+    (root / ".spare").symlink_to(root / "decoy.txt")
+    (root / ".spare").replace(link)
+    assert store.read_bytes(link.as_uri(), limit=100) == b"decoy"  # a still link reads
 
 
 def test_the_gateways_home_is_no_callers_even_under_a_root(tmp_path: Path) -> None:

@@ -36,11 +36,13 @@ could still lead out; only code that runs on this host can make one, and with
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import quote, urlsplit
 from urllib.request import url2pathname
 
@@ -209,6 +211,45 @@ class Filesystems:
         if self.file_roots is not None:
             self.file_roots.check(path, uri)
         return path
+
+    def open_local(self, uri: str) -> BinaryIO:
+        """``uri``'s local file (``local_file``) opened for reading, and checked again once
+        open: a regular file, the very one its resolved path names, under the roots.
+
+        A path checked and then opened could be switched in between, and a sandboxed job
+        writes under a root (its output folder), where it can keep a link swapping
+        between a harmless file and a secret; what is read here is what was checked.
+
+        Raises:
+            IsADirectoryError: a folder. OSError: nothing there, or no regular file.
+            UnsupportedLocation: as ``local_file``, and OutsideFileRoots when the file
+                opened is not the one its path now names.
+        """
+        path = self.local_file(uri)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO: no wait
+        file = os.fdopen(fd, "rb")
+        try:
+            opened = os.fstat(fd)
+            if stat.S_ISDIR(opened.st_mode):
+                raise IsADirectoryError(errno.EISDIR, "a folder", str(path))
+            if not stat.S_ISREG(opened.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", str(path))
+            if self.file_roots is not None:
+                real = Path(os.path.realpath(path))
+                try:
+                    named = os.stat(real)
+                except OSError:
+                    named = None
+                if named is None or (named.st_dev, named.st_ino) != (
+                    opened.st_dev,
+                    opened.st_ino,
+                ):
+                    raise OutsideFileRoots(f"{uri[:200]!r} changed while it was opened.")
+                self.file_roots.check(real, uri)
+        except BaseException:
+            file.close()
+            raise
+        return file
 
     def allows(self, path: Path) -> bool:
         """Whether the local ``path`` lies under ``file_roots`` (a file found inside a

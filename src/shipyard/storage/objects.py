@@ -237,7 +237,7 @@ class ObjectStore:
     def _open_read(self, uri: str, *, read_ahead: bool = True) -> Any:
         with _translate(uri, "read"):
             if not uri.startswith(S3_SCHEME):
-                return open(self._local_path(uri), "rb")  # the caller closes it
+                return self._open_local(uri)  # the caller closes it
             file = self._s3().open(
                 _s3_path(uri),
                 "rb",
@@ -257,6 +257,17 @@ class ObjectStore:
 
     def _s3(self) -> Any:
         return self._filesystems.s3()
+
+    def _open_local(self, uri: str) -> BinaryIO:
+        """``uri``'s local file, opened and then checked (Filesystems.open_local)."""
+        try:
+            return self._filesystems.open_local(uri)
+        except UnsupportedScheme as exc:
+            raise ObjectStoreError(
+                f"{uri} has the unsupported scheme '{exc.scheme}'; use s3://, file:// or a path."
+            ) from None
+        except UnsupportedLocation as exc:
+            raise ObjectStoreError(str(exc)) from None
 
     def _local_path(self, uri: str) -> Path:
         """The local path of ``uri``, refused outside ``file_roots`` (filesystems.py)."""
