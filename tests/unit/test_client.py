@@ -171,6 +171,15 @@ class Odd:
         writer.close()
 
 
+async def _ask(pool: ConnectionPool, how: str, body: bytes) -> tuple[int, bytes]:
+    """The status and whole body of ``body``'s answer, by ``request`` or ``stream``."""
+    if how == "request":
+        response = await pool.request(b"POST", b"/invocations", [], body)
+        return response.status, response.body
+    async with pool.stream(b"POST", b"/invocations", [], body) as streamed:
+        return streamed.status, b"".join([chunk async for chunk in streamed.chunks()])
+
+
 def test_an_answer_cut_short_is_an_error_and_never_sent_again() -> None:
     # Sent again, the model would run twice (the answer had begun: the request reached it).
     odd = Odd()
@@ -194,17 +203,10 @@ def test_an_answer_cut_short_is_an_error_and_never_sent_again() -> None:
 def test_an_interim_answer_is_passed_over_for_the_answer_after_it(how: str) -> None:
     odd = Odd()
 
-    async def ask(pool: ConnectionPool, body: bytes) -> tuple[int, bytes]:
-        if how == "request":
-            response = await pool.request(b"POST", b"/invocations", [], body)
-            return response.status, response.body
-        async with pool.stream(b"POST", b"/invocations", [], body) as streamed:
-            return streamed.status, b"".join([chunk async for chunk in streamed.chunks()])
-
     async def main() -> list[tuple[int, bytes]]:
         server, port = await _serve(odd.handler)
         pool = ConnectionPool("127.0.0.1", port)
-        got = [await ask(pool, b"early"), await ask(pool, b"next")]
+        got = [await _ask(pool, how, b"early"), await _ask(pool, how, b"next")]
         pool.close()
         server.close()
         await server.wait_closed()
@@ -218,20 +220,13 @@ def test_an_interim_answer_is_passed_over_for_the_answer_after_it(how: str) -> N
 def test_an_answer_that_ends_with_its_connection_is_whole_there(how: str) -> None:
     odd = Odd()
 
-    async def ask(pool: ConnectionPool, body: bytes) -> tuple[int, bytes]:
-        if how == "request":
-            response = await pool.request(b"POST", b"/invocations", [], body)
-            return response.status, response.body
-        async with pool.stream(b"POST", b"/invocations", [], body) as streamed:
-            return streamed.status, b"".join([chunk async for chunk in streamed.chunks()])
-
     async def main() -> list[Any]:
         server, port = await _serve(odd.handler)
         pool = ConnectionPool("127.0.0.1", port)
-        got: list[Any] = [await ask(pool, b"eof and the rest"), await ask(pool, b"eof")]
+        got: list[Any] = [await _ask(pool, how, b"eof and the rest"), await _ask(pool, how, b"eof")]
         for broken in (b"torn", b"reset"):
             try:
-                got.append(await ask(pool, broken))
+                got.append(await _ask(pool, how, broken))
             except UpstreamError as exc:
                 got.append(type(exc))
         pool.close()

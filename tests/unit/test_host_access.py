@@ -4,8 +4,10 @@ gateway with auth: accepts; FileRoots, the guard the stores open local files thr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -228,6 +230,28 @@ def test_file_roots_resolve_links_and_dots(tmp_path: Path) -> None:
             roots.check(path, str(path))
 
 
+@contextlib.contextmanager
+def swapping(link: Path, *targets: Path) -> Iterator[None]:
+    """``link`` pointed at each of ``targets`` in turn, over and over, by a thread (what
+    a job can do in its own output folder) while the block runs."""
+    stop = threading.Event()
+
+    def swap() -> None:
+        spare = link.with_name(".spare")
+        while not stop.is_set():
+            for target in targets:
+                spare.symlink_to(target)
+                spare.replace(link)
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        swapper.join()
+
+
 def test_a_link_swapped_while_an_object_is_read_never_leaks(tmp_path: Path) -> None:
     """The object store opens a local object, then checks the file it holds: a transform
     or async input under a root that a job keeps swapping never reads the secret."""
@@ -238,27 +262,13 @@ def test_a_link_swapped_while_an_object_is_read_never_leaks(tmp_path: Path) -> N
     link = root / "input.txt"
     link.symlink_to(root / "decoy.txt")
     store = ObjectStore(filesystems=guarded(tmp_path))
-    stop = threading.Event()
-
-    def swap() -> None:
-        spare = root / ".spare"
-        while not stop.is_set():
-            for target in (tmp_path / "secret.txt", root / "decoy.txt"):
-                spare.symlink_to(target)
-                spare.replace(link)
-
-    swapper = threading.Thread(target=swap)
-    swapper.start()
     read: list[bytes] = []
-    try:
+    with swapping(link, tmp_path / "secret.txt", root / "decoy.txt"):
         for _ in range(300):
             try:
                 read.append(store.read_bytes(link.as_uri(), limit=100))
             except (ObjectStoreError, NoSuchObject):
                 continue
-    finally:
-        stop.set()
-        swapper.join()
     assert b"SECRET" not in read
     (root / ".spare").symlink_to(root / "decoy.txt")
     (root / ".spare").replace(link)
@@ -358,28 +368,14 @@ def test_a_link_swapped_while_a_model_folder_is_copied_never_leaks(tmp_path: Pat
     link = root / "model" / "s"
     link.symlink_to(root / "decoy.txt")
     store = ArtifactStore(filesystems=guarded(tmp_path))
-    stop = threading.Event()
-
-    def swap() -> None:
-        spare = root / ".spare"
-        while not stop.is_set():
-            for target in (tmp_path / "secret.txt", root / "decoy.txt"):
-                spare.symlink_to(target)
-                spare.replace(link)
-
-    swapper = threading.Thread(target=swap)
-    swapper.start()
     copied: list[str] = []
-    try:
+    with swapping(link, tmp_path / "secret.txt", root / "decoy.txt"):
         for n in range(60):
             try:
                 folder = store.fetch_model(str(root / "model"), tmp_path / "cache" / str(n))
             except ArtifactError:
                 continue
             copied.append((folder / "s").read_text())
-    finally:
-        stop.set()
-        swapper.join()
     assert "SECRET" not in copied
     link.unlink()
     os.mkfifo(root / "model" / "pipe")  # no regular file: refused, not waited on

@@ -260,26 +260,27 @@ class ObjectStore:
 
     def _open_local(self, uri: str) -> BinaryIO:
         """``uri``'s local file, opened and then checked (Filesystems.open_local)."""
-        try:
+        with _located(uri):
             return self._filesystems.open_local(uri)
-        except UnsupportedScheme as exc:
-            raise ObjectStoreError(
-                f"{uri} has the unsupported scheme '{exc.scheme}'; use s3://, file:// or a path."
-            ) from None
-        except UnsupportedLocation as exc:
-            raise ObjectStoreError(str(exc)) from None
 
     def _local_path(self, uri: str) -> Path:
         """The local path of ``uri``, refused outside ``file_roots`` (filesystems.py)."""
-        try:
+        with _located(uri):
             return self._filesystems.local_file(uri)
-        except UnsupportedScheme as exc:
-            # This store's own wording, older than the shared layer's ("or a local path").
-            raise ObjectStoreError(
-                f"{uri} has the unsupported scheme '{exc.scheme}'; use s3://, file:// or a path."
-            ) from None
-        except UnsupportedLocation as exc:
-            raise ObjectStoreError(str(exc)) from None
+
+
+@contextmanager
+def _located(uri: str) -> Iterator[None]:
+    """A location refused (another scheme, outside the roots) as this store's error."""
+    try:
+        yield
+    except UnsupportedScheme as exc:
+        # This store's own wording, older than the shared layer's ("or a local path").
+        raise ObjectStoreError(
+            f"{uri} has the unsupported scheme '{exc.scheme}'; use s3://, file:// or a path."
+        ) from None
+    except UnsupportedLocation as exc:
+        raise ObjectStoreError(str(exc)) from None
 
 
 class _LocalSink:
