@@ -629,3 +629,29 @@ def test_a_console_view_of_a_resource_named_like_a_view_is_a_view_of_it(
     gw, _ = teams
     status, _, out = signed_http(gw, "GET", path, key=LOGSONLY, secret=LOGSONLY_SECRET)
     assert status == 403 and b"sagemaker:DescribeEndpoint" in out, out
+
+
+def test_a_deployments_rollback_alarms_are_resources_too(
+    teams: tuple[GatewayProcess, Path],
+) -> None:
+    """An alarm named to roll a deployment back is one the key must reach: another
+    team's alarm could otherwise drive one's rollbacks, or its existence be learnt."""
+    gw, _ = teams
+    builder = client(gw, "sagemaker", BUILDER, BUILDER_SECRET)
+    code, status, message = error_code(
+        lambda: builder.create_endpoint(
+            EndpointName="team-a-rolled",
+            EndpointConfigName="team-a-x",
+            DeploymentConfig={
+                "BlueGreenUpdatePolicy": {
+                    "TrafficRoutingConfiguration": {
+                        "Type": "ALL_AT_ONCE",
+                        "WaitIntervalInSeconds": 0,
+                    }
+                },
+                "AutoRollbackConfiguration": {"Alarms": [{"AlarmName": "team-b-errors"}]},
+            },
+        )
+    )
+    assert (code, status) == ("AccessDeniedException", 403), message
+    assert "alarm:team-b-errors" in message

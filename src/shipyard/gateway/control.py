@@ -64,6 +64,8 @@ _ALARM_LISTS = frozenset({"AlarmNames", "AlarmActions", "OKActions", "Insufficie
 
 _DIMENSION = "dimension"
 """A metric dimension (``{"Name", "Value"}``): ``EndpointName`` names an endpoint."""
+_ALARM = "alarm"
+"""A CloudWatch alarm by name below the top level (a deployment's rollback alarms)."""
 
 _DRAIN_BYTES = 8 << 20
 _DRAIN_S = 2.0
@@ -270,6 +272,9 @@ class ControlDoor:
                     found.extend(self._dimension_resources([item]))
                 elif not isinstance(item, str):
                     continue
+                elif kind == _ALARM:
+                    if self.alarm_arn is not None:
+                        found.append(self.alarm_arn(item))
                 elif kind in _NAMED.values():
                     found.append(self.arn(kind, item))
                 elif item.lower().startswith("arn:aws:sagemaker:"):
@@ -318,6 +323,8 @@ def _nested_paths(service: str, action: str) -> tuple[tuple[tuple[str, ...], str
             if path and member.type_name == "string":
                 if name in _NAMED:
                     found.append(((*path, name), _NAMED[name]))
+                elif name == "AlarmName":  # a deployment's rollback alarms, by name
+                    found.append(((*path, name), _ALARM))
                 elif name.lower().endswith("arn"):
                     found.append(((*path, name), "arn"))
             walk(member, (*path, name), seen)
