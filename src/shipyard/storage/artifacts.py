@@ -20,6 +20,7 @@ directory / prefix whose tree is copied. Three guarantees:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import gzip
 import lzma
@@ -343,26 +344,18 @@ class ArtifactStore:
 
         def copy(src: str, dst: str) -> str:
             nonlocal copied
-            fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO: no wait
-            with os.fdopen(fd, "rb") as source:
-                opened = os.fstat(fd)
-                real = Path(os.path.realpath(src))
-                try:
-                    named = os.stat(real)
-                except OSError:
-                    named = None
-                if (
-                    not stat.S_ISREG(opened.st_mode)
-                    or named is None
-                    or (named.st_dev, named.st_ino) != (opened.st_dev, opened.st_ino)
-                    or not self._filesystems.allows(real)
-                ):
-                    raise ArtifactError(
-                        f"{words.subject} {uri} is unsafe: {src} leads outside the folders "
-                        "this gateway may read (auth.file_roots), or is no regular file."
-                    )
-                with open(dst, "wb") as out:
-                    shutil.copyfileobj(source, out, _READ_CHUNK_BYTES)
+            try:
+                source = self._filesystems.open_local(src)  # opened, then checked
+            except (UnsupportedLocation, OSError) as exc:
+                if isinstance(exc, OSError) and exc.errno != errno.EINVAL:
+                    raise  # not "no regular file": copytree's to collect
+                raise ArtifactError(
+                    f"{words.subject} {uri} is unsafe: {src} leads outside the folders "
+                    "this gateway may read (auth.file_roots), or is no regular file."
+                ) from None
+            with source, open(dst, "wb") as out:
+                opened = os.fstat(source.fileno())
+                shutil.copyfileobj(source, out, _READ_CHUNK_BYTES)
             os.chmod(dst, stat.S_IMODE(opened.st_mode))
             os.utime(dst, ns=(opened.st_atime_ns, opened.st_mtime_ns))
             copied += 1
