@@ -1,6 +1,6 @@
 """The process the peer harness starts for shipyard: gateway, deploy, then wait.
 
-    serve.py --port P --home DIR --model NAME --model-dir DIR --instances N
+    serve.py --port P --home DIR --model NAME --model-dir DIR --instances N [--workers W]
 
 Runs ``shipyard serve`` as a child in this session (``start.sh`` launched us with setsid,
 so the harness finds the gateway and its instances by our PID), waits for ``/healthz``,
@@ -41,6 +41,12 @@ def main() -> int:
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--instances", type=int, default=1)
     parser.add_argument(
+        "--workers",
+        type=int,
+        default=int(os.environ.get("SHIPYARD_BENCH_WORKERS", "1")),
+        help="gateway processes (shipyard serve --workers)",
+    )
+    parser.add_argument(
         "--strategy",
         default=os.environ.get("SHIPYARD_BENCH_STRATEGY", "RANDOM"),
         help="the variant's RoutingStrategy (RANDOM, LEAST_OUTSTANDING_REQUESTS)",
@@ -49,6 +55,7 @@ def main() -> int:
 
     shipyard = shutil.which("shipyard", path=str(Path(sys.executable).parent)) or "shipyard"
     argv = [shipyard, "serve", "--host", "127.0.0.1", "--port", str(args.port)]
+    argv += ["--workers", str(args.workers)]
     gateway = subprocess.Popen([*argv, "--home", str(args.home)], stdin=subprocess.DEVNULL)
 
     def on_term(signum: int, frame: FrameType | None) -> None:

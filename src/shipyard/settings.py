@@ -32,6 +32,15 @@ class Settings(BaseSettings):
     home: Path = Field(default_factory=lambda: Path("~/.shipyard").expanduser())
     """Holds every piece of state of the embedded default: database, artifacts, logs."""
 
+    workers: int = Field(default=1, ge=1, le=64)
+    """Gateway processes serving ``port`` from ``home`` (``shipyard serve --workers``): one
+    process's event loop is one core, so more cores serve more requests with more
+    workers. Each is a whole gateway on the one store (cli/workers.py)."""
+
+    worker: int | None = Field(default=None, ge=0)
+    """This process's index among ``workers``, set by ``shipyard serve --workers`` in each
+    worker's environment; None in a gateway started on its own."""
+
     db: str | None = None
     """SQLAlchemy URL of the metadata store; default a SQLite file in ``home``."""
 
@@ -213,6 +222,15 @@ class Settings(BaseSettings):
     def identity(self) -> str:
         """Who this gateway is in the store: the owner of its async claims, the holder of
         its fleet leases. Stable across restarts of this gateway (one home serves one
-        gateway at a time), so it takes back at once what its previous run held."""
+        gateway at a time, or one per worker index: ``home_lock``), so it takes back at
+        once what its previous run held. Worker 0 is the gateway a plain start is."""
         identity = f"{socket.gethostname()}:{self.home.resolve()}"
+        if self.worker:
+            identity += f":worker {self.worker}"
         return hashlib.sha1(identity.encode()).hexdigest()[:16]
+
+    @property
+    def home_lock(self) -> Path:
+        """The file a running gateway holds locked, so that no second one (with the same
+        identity) serves from ``home`` beside it."""
+        return self.home / (f"gateway-{self.worker}.lock" if self.worker else "gateway.lock")

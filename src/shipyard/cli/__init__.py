@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from shipyard import backends
-from shipyard.cli import apply, endpoints, jobs, transform
+from shipyard.cli import apply, endpoints, jobs, transform, workers
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 
@@ -51,9 +52,17 @@ def serve(
     tls_key: Annotated[
         Path | None, typer.Option(help="The unencrypted PEM private key of --tls-cert.")
     ] = None,
+    worker_count: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            help="Gateway processes on this port and home (default 1): one is one core.",
+        ),
+    ] = None,
 ) -> None:
     """Start the gateway."""
     import uvicorn
+    from pydantic import ValidationError
 
     from shipyard.app import create_app
     from shipyard.demo import deploy_demo
@@ -72,10 +81,22 @@ def serve(
         "grpc_port": grpc_port,
         "tls_cert": tls_cert,
         "tls_key": tls_key,
+        "workers": worker_count,
     }
-    settings = Settings(**{k: v for k, v in given.items() if v is not None})
+    try:
+        settings = Settings(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from exc
+    if settings.workers > 1 and settings.worker is None:
+        raise typer.Exit(
+            workers.supervise(settings.workers, settings.host, settings.port, sys.argv[1:])
+        )
+    if settings.worker:
+        settings.grpc_port, demo = None, False  # worker 0's, alone
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
+        held = workers.hold_home(settings.home_lock)
         gateway = create_app(
             settings,
             on_startup=(lambda svc: deploy_demo(svc, settings.home)) if demo else None,
@@ -83,7 +104,7 @@ def serve(
     except ValueError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from exc
-    uvicorn.run(
+    server_config = uvicorn.Config(
         gateway,
         host=settings.host,
         port=settings.port,
@@ -109,6 +130,15 @@ def serve(
         ssl_certfile=gateway.tls[0] if gateway.tls else None,
         ssl_keyfile=gateway.tls[1] if gateway.tls else None,
     )
+    # Workers share the port; one gateway alone binds it as uvicorn does, and is refused
+    # when something else has it.
+    shared = settings.worker is not None and settings.workers > 1
+    sockets = [workers.shared_socket(settings.host, settings.port)] if shared else None
+    server = uvicorn.Server(server_config)
+    server.run(sockets=sockets)
+    if not server.started:
+        raise typer.Exit(3)  # uvicorn.run's exit status when the server could not start
+    held.close()
 
 
 app.add_typer(jobs.app, name="jobs")

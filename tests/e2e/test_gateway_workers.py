@@ -1,0 +1,203 @@
+"""``shipyard serve --workers N``: N gateways on one port and one home, one fleet each
+endpoint; and one home never served by two gateways that are one holder.
+
+Real ``shipyard serve`` processes; workers and instances found by PID (/proc), instances
+also by the PID the ``sleepy`` model answers with.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import tritonclient.grpc as grpcclient
+
+from tests.conftest import GatewayProcess, deploy, free_port, unique, wait_until
+from tests.e2e.processes import alive, children, instance_pids
+
+SETTLE_S = 10.0  # cli/workers.py: a worker that lived this long is started again
+
+
+def _workers(gw: GatewayProcess, count: int = 2) -> list[int]:
+    """The workers' PIDs, once ``count`` of them accept on the gateway's port."""
+    port = int(gw.url.rsplit(":", 1)[1])
+
+    def listening() -> bool:
+        pids = _alive_children(gw)
+        return len(pids) == count and all(_listens(pid, port) for pid in pids)
+
+    wait_until(listening, f"{count} workers listening")
+    return _alive_children(gw)
+
+
+def _alive_children(gw: GatewayProcess) -> list[int]:
+    return [pid for pid in children(gw.process.pid) if alive(pid)]
+
+
+def _instances(workers: list[int]) -> list[int]:
+    return [pid for worker in workers for pid in instance_pids(worker)]
+
+
+def _answering_pids(gw: GatewayProcess, name: str, n: int = 20) -> set[int]:
+    """The instance PIDs behind ``n`` invocations, each on a connection of its own."""
+    port = int(gw.url.rsplit(":", 1)[1])
+    pids = set()
+    for _ in range(n):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request(
+            "POST", f"/endpoints/{name}/invocations", b"{}", {"Content-Type": "application/json"}
+        )
+        answer = conn.getresponse()
+        assert answer.status == 200, answer.read()
+        pids.add(json.loads(answer.read())["pid"])
+        conn.close()
+    return pids
+
+
+def _established(pid: int, port: int) -> int:
+    return sum(
+        1
+        for c in psutil.Process(pid).net_connections(kind="tcp")
+        if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port
+    )
+
+
+def test_workers_share_the_port_and_run_one_fleet(
+    gateway_factory: Callable[..., GatewayProcess], model_tarball: Any
+) -> None:
+    gw = gateway_factory(args=["--workers", "2"])
+    workers = _workers(gw)
+    name = unique("shared")
+    deploy(gw.sm, name, model_tarball("sleepy"), count=1)
+    answering = _answering_pids(gw, name)
+    assert len(answering) == 1
+    assert _instances(workers) == sorted(answering), "one fleet, whichever worker answers"
+    described = gw.sm.describe_endpoint(EndpointName=name)
+    assert described["ProductionVariants"][0]["CurrentInstanceCount"] == 1
+
+    # The kernel spreads connections over both workers: 24 held open at once, each with a
+    # request answered, are not all one worker's (a chance of 2**-23 if spread at random).
+    port = int(gw.url.rsplit(":", 1)[1])
+    conns = []
+    for _ in range(24):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().read() is not None
+        conns.append(conn)
+    try:
+        held = [_established(worker, port) for worker in workers]
+        assert sum(held) == 24
+        assert min(held) >= 1, f"connections per worker: {held}"
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+def test_sigterm_stops_every_worker_and_every_instance(
+    gateway_factory: Callable[..., GatewayProcess], model_tarball: Any
+) -> None:
+    gw = gateway_factory(args=["--workers", "2"])
+    workers = _workers(gw)
+    name = unique("stopped")
+    deploy(gw.sm, name, model_tarball("sleepy"), count=2)
+    wait_until(lambda: len(_instances(workers)) == 2, "two instances")
+    instances = _instances(workers)
+    assert gw.stop(signal.SIGTERM) == 0
+    left = [pid for pid in workers + instances if alive(pid)]
+    assert not left, f"still running: {left}"
+
+
+def test_a_killed_worker_is_started_again_and_the_fleet_goes_on(
+    gateway_factory: Callable[..., GatewayProcess], model_tarball: Any
+) -> None:
+    gw = gateway_factory(args=["--workers", "2"], extra_env={"SHIPYARD_LEASE_RENEW_S": "0.5"})
+    workers = _workers(gw)
+    name = unique("again")
+    deploy(gw.sm, name, model_tarball("sleepy"), count=1)
+    victim = workers[1]
+    wait_until(
+        lambda: time.time() - psutil.Process(victim).create_time() > SETTLE_S + 0.5,
+        "the worker settled",
+    )
+    psutil.Process(victim).kill()
+    wait_until(lambda: victim not in _alive_children(gw), "the worker gone")
+    _workers(gw)
+
+    def answers() -> bool:
+        try:
+            return len(_answering_pids(gw, name, n=6)) == 1
+        except (AssertionError, OSError):
+            return False
+
+    wait_until(answers, "the endpoint answers through both workers", timeout_s=60)
+    assert gw.process.poll() is None
+    wait_until(lambda: len(_instances(_alive_children(gw))) == 1, "one fleet", timeout_s=60)
+
+
+def test_only_worker_0_serves_grpc_and_the_others_run_without_it(
+    gateway_factory: Callable[..., GatewayProcess],
+) -> None:
+    grpc_port = free_port()
+    gw = gateway_factory(args=["--workers", "2", "--grpc-port", str(grpc_port)])
+    _workers(gw)  # both started: worker 1 did not try the gRPC port
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    try:
+        assert client.is_server_live()
+    finally:
+        client.close()
+    grpc_servers = [pid for pid in _alive_children(gw) if _listens(pid, grpc_port)]
+    assert len(grpc_servers) == 1
+
+
+def _listens(pid: int, port: int) -> bool:
+    return any(
+        c.status == psutil.CONN_LISTEN and c.laddr.port == port
+        for c in psutil.Process(pid).net_connections(kind="tcp")
+    )
+
+
+def test_a_worker_that_cannot_start_ends_the_supervisor(tmp_path: Path) -> None:
+    with socket.socket() as taken:  # the port in use, without SO_REUSEPORT
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [sys.executable, "-m", "shipyard", "serve", "--workers", "2"]
+        command += ["--port", str(port), "--home", str(tmp_path / "home")]
+        done = subprocess.run(command, capture_output=True, timeout=90)
+    assert done.returncode != 0
+    assert b"address already in use" in done.stderr.lower() + done.stdout.lower()
+
+
+def test_a_second_gateway_on_a_home_in_use_is_refused(
+    gateway_factory: Callable[..., GatewayProcess], model_tarball: Any
+) -> None:
+    first = gateway_factory()
+    name = unique("alone")
+    deploy(first.sm, name, model_tarball("sleepy"), count=1)
+    command = [sys.executable, "-m", "shipyard", "serve", "--port", str(free_port())]
+    command += ["--home", str(first.home)]
+    done = subprocess.run(command, capture_output=True, timeout=60)
+    assert done.returncode == 2
+    assert b"another gateway serves from it" in done.stderr
+    assert instance_pids(first.process.pid) != [], "the first one's fleet stays"
+    assert len(_answering_pids(first, name, n=3)) == 1
+
+    first.stop(signal.SIGKILL)  # the lock goes with the process
+    again = gateway_factory(first.home)
+    wait_until(lambda: _answers(again, name), "the restarted gateway answers", timeout_s=60)
+
+
+def _answers(gw: GatewayProcess, name: str) -> bool:
+    try:
+        return len(_answering_pids(gw, name, n=1)) == 1
+    except (AssertionError, OSError):
+        return False
