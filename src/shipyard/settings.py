@@ -230,6 +230,13 @@ class Settings(BaseSettings):
         return hashlib.sha1(identity.encode()).hexdigest()[:16]
 
     @property
+    def run_dir(self) -> Path:
+        """Where this gateway records the processes and containers it starts, which its
+        next start stops if they outlived it: one per worker, so that no worker stops
+        what another one runs."""
+        return self.home / (f"run-{self.worker}" if self.worker else "run")
+
+    @property
     def home_lock(self) -> Path:
         """The file a running gateway holds locked, so that no second one (with the same
         identity) serves from ``home`` beside it."""

@@ -116,20 +116,33 @@ def test_sigterm_stops_every_worker_and_every_instance(
     assert not left, f"still running: {left}"
 
 
-def test_a_killed_worker_is_started_again_and_the_fleet_goes_on(
+def test_a_killed_worker_is_started_again_and_leaves_the_others_fleets_alone(
     gateway_factory: Callable[..., GatewayProcess], model_tarball: Any
 ) -> None:
     gw = gateway_factory(args=["--workers", "2"], extra_env={"SHIPYARD_LEASE_RENEW_S": "0.5"})
     workers = _workers(gw)
     name = unique("again")
     deploy(gw.sm, name, model_tarball("sleepy"), count=1)
-    victim = workers[1]
+    wait_until(lambda: len(_instances(workers)) == 1, "one instance")
+    holder = next(w for w in workers if instance_pids(w))
+    (instance,) = instance_pids(holder)
+    other = next(w for w in workers if w != holder)
     wait_until(
-        lambda: time.time() - psutil.Process(victim).create_time() > SETTLE_S + 0.5,
+        lambda: time.time() - psutil.Process(other).create_time() > SETTLE_S + 0.5,
         "the worker settled",
     )
-    psutil.Process(victim).kill()
-    wait_until(lambda: victim not in _alive_children(gw), "the worker gone")
+
+    # The worker without the fleet dies and is started again: at its start it stops what
+    # it left running, and nothing of the other worker's.
+    psutil.Process(other).kill()
+    wait_until(lambda: other not in _alive_children(gw), "the worker gone")
+    assert holder in _workers(gw)
+    assert alive(instance), "a restarted worker stopped another worker's instance"
+    assert _answering_pids(gw, name, n=6) == {instance}
+
+    # The worker running the fleet dies: its instance with it, and the fleet comes back.
+    psutil.Process(holder).kill()
+    wait_until(lambda: holder not in _alive_children(gw), "the holder gone")
     _workers(gw)
 
     def answers() -> bool:

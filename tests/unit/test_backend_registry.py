@@ -13,7 +13,7 @@ from shipyard.backends.local import LocalBackend
 
 def test_local_is_registered_with_what_it_can_run(tmp_path: Path) -> None:
     backend, capabilities = create_backend(
-        "local", BackendContext(home=tmp_path, environ={}, s3={})
+        "local", BackendContext(home=tmp_path, run_dir=tmp_path / "run", environ={}, s3={})
     )
     assert isinstance(backend, LocalBackend)
     assert backend.run_dir == tmp_path / "run" and backend.models_dir == tmp_path / "models"
@@ -26,16 +26,21 @@ def test_an_unknown_backend_is_refused_naming_the_known_ones(tmp_path: Path) -> 
     with pytest.raises(
         ValueError, match=r"unknown backend 'kubernetes' \(known: docker, local, ray"
     ):
-        create_backend("kubernetes", BackendContext(home=tmp_path, environ={}, s3={}))
+        create_backend(
+            "kubernetes", BackendContext(home=tmp_path, run_dir=tmp_path / "run", environ={}, s3={})
+        )
 
 
 def test_the_docker_backend_refuses_to_start_without_an_engine(tmp_path: Path) -> None:
     environ = {"DOCKER_HOST": f"unix://{tmp_path}/none.sock"}
     with pytest.raises(ValueError, match=r"No container engine answers at unix://"):
-        create_backend("docker", BackendContext(home=tmp_path, environ=environ, s3={}))
+        create_backend(
+            "docker",
+            BackendContext(home=tmp_path, run_dir=tmp_path / "run", environ=environ, s3={}),
+        )
     # The local backend connects when a container image is first run, not before.
     backend, capabilities = create_backend(
-        "local", BackendContext(home=tmp_path, environ=environ, s3={})
+        "local", BackendContext(home=tmp_path, run_dir=tmp_path / "run", environ=environ, s3={})
     )
     assert "docker" in capabilities.runtimes
     backend.stop_leftovers()  # no container was ever run here: no engine is asked

@@ -43,6 +43,9 @@ class BackendContext:
 
     home: Path
     """The gateway's state folder."""
+    run_dir: Path
+    """Where the gateway records what it starts (``Settings.run_dir``: the home's
+    ``run``, or a worker's own)."""
     environ: Mapping[str, str]
     """The gateway's environment, read once: processes get only what they need of it."""
     s3: Mapping[str, str]
@@ -73,6 +76,7 @@ class BackendContext:
         return cls(
             filesystems=filesystems,
             home=settings.home,
+            run_dir=settings.run_dir,
             environ=os.environ,
             s3=s3_variables(os.environ, s3_endpoint_url=settings.s3_endpoint_url),
             warm_spares=settings.warm_spares,
@@ -148,8 +152,9 @@ def _local(context: BackendContext, *, engine_required: bool = False) -> FullBac
         or Filesystems(s3_endpoint_url=context.s3.get("SHIPYARD_S3_ENDPOINT_URL") or None)
     )
     containers = ContainerBackend(
-        home=context.home,
-        run_dir=context.home / "run",
+        # Whose containers they are (their label): the home, or a worker's own folder.
+        home=context.home if context.run_dir == context.home / "run" else context.run_dir,
+        run_dir=context.run_dir,
         models_dir=context.home / "models",
         environ=context.environ,
         artifacts=artifacts,
@@ -160,7 +165,7 @@ def _local(context: BackendContext, *, engine_required: bool = False) -> FullBac
         except BackendError as exc:
             raise ValueError(f"backend: {exc}") from None
     return LocalBackend(
-        run_dir=context.home / "run",
+        run_dir=context.run_dir,
         models_dir=context.home / "models",
         environ=context.environ,
         s3=context.s3,
