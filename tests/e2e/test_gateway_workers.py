@@ -83,6 +83,11 @@ def test_workers_share_the_port_and_run_one_fleet(
     assert _instances(workers) == sorted(answering), "one fleet, whichever worker answers"
     described = gw.sm.describe_endpoint(EndpointName=name)
     assert described["ProductionVariants"][0]["CurrentInstanceCount"] == 1
+    # Named by the worker that runs it, so no two workers on the home name two alike.
+    holder = next(w for w in workers if instance_pids(w))
+    index = psutil.Process(holder).environ()["SHIPYARD_WORKER"]
+    instance_id = psutil.Process(instance_pids(holder)[0]).environ()["SHIPYARD_INSTANCE_ID"]
+    assert instance_id == f"{name}-v1-" + ("" if index == "0" else f"w{index}-") + "1"
 
     # The kernel spreads connections over both workers: 24 held open at once, each with a
     # request answered, are not all one worker's (a chance of 2**-23 if spread at random).

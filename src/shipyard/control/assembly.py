@@ -47,6 +47,7 @@ def build(
         drain_timeout_s=settings.drain_timeout_s,
         s3_endpoint_url=settings.s3_endpoint_url,
         serverless_slots=settings.serverless_slots_per_instance,
+        worker=settings.worker,
     )
     capture = CaptureWriter(
         objects=core.objects,

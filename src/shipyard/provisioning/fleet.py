@@ -215,6 +215,7 @@ class Provisioner:
         drain_timeout_s: float,
         s3_endpoint_url: str | None = None,
         serverless_slots: int = 1,
+        worker: int | None = None,
     ) -> None:
         self.store = store
         self._own = backend
@@ -228,6 +229,9 @@ class Provisioner:
         self.start_timeout_s = start_timeout_s
         self.drain_timeout_s = drain_timeout_s
         self._ids = itertools.count(1)
+        # Workers on one home (cli/workers.py) never name two instances alike: logs and
+        # scratch folders are named by the id, and a taken-over fleet starts again at 1.
+        self._id_tag = f"w{worker}-" if worker else ""
 
     def __repr__(self) -> str:
         return f"Provisioner(backend={self.backend!r})"
@@ -463,7 +467,7 @@ class Provisioner:
         what it does not know the other uses). A restart of the slot keeps the folder.
         """
         template = fleet.templates[variant]
-        instance_id = f"{endpoint}-{variant}-{next(self._ids)}"
+        instance_id = f"{endpoint}-{variant}-{self._id_tag}{next(self._ids)}"
         log_dir = self.home / "logs" / (fleet.logs or endpoint)
         log_dir.mkdir(parents=True, exist_ok=True)
         scratch = None
