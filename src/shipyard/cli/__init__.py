@@ -89,9 +89,14 @@ def serve(
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from exc
     if settings.workers > 1 and settings.worker is None:
-        raise typer.Exit(
-            workers.supervise(settings.workers, settings.host, settings.port, sys.argv[1:])
-        )
+        try:
+            status = workers.supervise(settings.workers, settings.host, settings.port, sys.argv[1:])
+        except OSError as exc:
+            typer.secho(
+                f"error: cannot bind {settings.host}:{settings.port}: {exc}", fg="red", err=True
+            )
+            raise typer.Exit(2) from exc
+        raise typer.Exit(status)
     if settings.worker:
         settings.grpc_port, demo = None, False  # worker 0's, alone
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -130,10 +135,9 @@ def serve(
         ssl_certfile=gateway.tls[0] if gateway.tls else None,
         ssl_keyfile=gateway.tls[1] if gateway.tls else None,
     )
-    # Workers share the port; one gateway alone binds it as uvicorn does, and is refused
-    # when something else has it.
+    # A worker serves the socket its supervisor bound; a gateway alone binds it itself.
     shared = settings.worker is not None and settings.workers > 1
-    sockets = [workers.shared_socket(settings.host, settings.port)] if shared else None
+    sockets = [workers.inherited_socket()] if shared else None
     server = uvicorn.Server(server_config)
     server.run(sockets=sockets)
     if not server.started:

@@ -6,19 +6,22 @@ machine with cores to spare, one gateway caps every endpoint behind it
 several gateways on one store, on one host and one port:
 
 - each worker is a whole gateway, with an identity of its own (``Settings.identity``: the
-  host, the home and the worker's index), so each fleet is leased to one worker and every
-  worker routes to it: N workers never mean N fleets;
-- each binds the port with ``SO_REUSEPORT``, and the kernel spreads new connections over
-  them;
-- worker 0 is the gateway a plain ``shipyard serve`` on that home is (same identity and
-  lock), the only one that serves ``--grpc-port`` and deploys ``--demo``, and it starts
-  first: it creates or migrates the store the others open.
+  host, the home and the worker's index) and a run folder of its own
+  (``Settings.run_dir``), so each fleet is leased to one worker, every worker routes to
+  it, and no worker stops what another one started: N workers never mean N fleets;
+- the supervisor (this process, which serves nothing) binds the port once and hands the
+  listening socket down; the workers accept from it in turn. No ``SO_REUSEPORT``: any
+  process of the same user, a sandboxed model's included (its user namespace maps it to
+  the gateway's user), could join such a port and take its connections;
+- worker 0 is the gateway a plain ``shipyard serve`` on that home is (same identity,
+  lock and run folder), the only one that serves ``--grpc-port`` and deploys ``--demo``.
+  The workers start together: migrations take turns in the store.
 
-This process, the supervisor, serves nothing. It starts the workers, passes SIGTERM and
-SIGINT on to them, and starts again a worker that died (its fleets' leases pass to the
-others meanwhile, or back to it). A worker that exits within ``_SETTLE_S`` of its start
-failed to start (a port in use, a bad flag): then the supervisor stops the others and
-exits with that worker's status, rather than start it again and again.
+The supervisor passes SIGTERM and SIGINT on (a second one kills the workers), and
+starts again a worker that died, after a pause that doubles while it keeps dying (its
+fleets' leases pass to the others meanwhile, or back to it). A worker that exits within
+``_SETTLE_S`` of its first start failed to start (a bad flag, a store it cannot open):
+then the supervisor stops the others and exits with that worker's status.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import functools
 import os
 import signal
 import socket
@@ -33,11 +37,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 _SETTLE_S = 10.0
+_PAUSE_MAX_S = 30.0
 _PR_SET_PDEATHSIG = 1
+SOCKET_VARIABLE = "SHIPYARD_WORKER_SOCKET"
+"""A worker's environment: the descriptor of the listening socket its supervisor bound."""
 
 
 def hold_home(lock: Path) -> IO[bytes]:
@@ -51,7 +59,11 @@ def hold_home(lock: Path) -> IO[bytes]:
         ValueError: another process holds it.
     """
     lock.parent.mkdir(parents=True, exist_ok=True)
-    held = open(lock, "ab")  # held open for the process's life
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        held = os.fdopen(os.open(lock, flags, 0o600), "ab")  # held for the process's life
+    except OSError as exc:  # a link planted there (ELOOP), a folder, no permission
+        raise ValueError(f"home {lock.parent}: cannot lock {lock.name}: {exc}") from None
     try:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -63,82 +75,120 @@ def hold_home(lock: Path) -> IO[bytes]:
     return held
 
 
-def shared_socket(host: str, port: int) -> socket.socket:
-    """The listening socket of one worker: ``port`` with ``SO_REUSEPORT``, so that the
-    other workers (processes of the same user) bind it too."""
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The port, bound once by the supervisor for all its workers (as uvicorn binds it:
+    ``SO_REUSEADDR``, so a restart does not wait out old connections)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(2048)
+    sock.set_inheritable(True)
     return sock
 
 
+def inherited_socket() -> socket.socket:
+    """In a worker: the listening socket its supervisor handed down."""
+    return socket.socket(fileno=int(os.environ[SOCKET_VARIABLE]))
+
+
 def supervise(count: int, host: str, port: int, argv: Sequence[str]) -> int:
-    """Run ``count`` workers of ``shipyard <argv>`` until a signal; the exit status."""
-    return _Supervisor(argv).run(count, host, port)
+    """Run ``count`` workers of ``shipyard <argv>`` until a signal; the exit status.
+
+    Raises:
+        OSError: the port cannot be bound.
+    """
+    with listening_socket(host, port) as sock:
+        return _Supervisor(argv, sock.fileno()).run(count)
+
+
+@dataclass
+class _Worker:
+    process: subprocess.Popen[bytes]
+    started: float
+    first: bool = True
+    """Its first start: dying young then is failing to start, and ends the supervisor."""
+    restarts: int = 0
+    """Starts in a row that died young: the pause before the next one doubles with it."""
+    died: float | None = None
 
 
 class _Supervisor:
-    def __init__(self, argv: Sequence[str]) -> None:
+    def __init__(self, argv: Sequence[str], fd: int) -> None:
         self.argv = list(argv)
-        self.workers: dict[int, tuple[subprocess.Popen[bytes], float]] = {}
-        self.stopping = False
+        self.fd = fd
+        self.workers: dict[int, _Worker] = {}
+        self.signals = 0
         self.status = 0
 
-    def run(self, count: int, host: str, port: int) -> int:
-        signal.signal(signal.SIGTERM, self._stop)
-        signal.signal(signal.SIGINT, self._stop)
-        first = self._start(0)
-        while not self.stopping and not _listening(host, port):
-            if first.poll() is not None:
-                return first.returncode
-            time.sleep(0.05)
-        for index in range(1, count):
-            self._start(index)
-        while not self.stopping:
+    def run(self, count: int) -> int:
+        signal.signal(signal.SIGTERM, self._signal)
+        signal.signal(signal.SIGINT, self._signal)
+        for index in range(count):
+            if not self.signals:
+                self.workers[index] = _Worker(self._start(index), time.monotonic())
+        while not self.signals:
             time.sleep(0.2)
-            self._restart_the_dead()
-        for child, _ in self.workers.values():
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        for child, _ in self.workers.values():
-            child.wait()
+            self._watch()
+        for worker in self.workers.values():
+            if worker.process.poll() is None:
+                worker.process.send_signal(signal.SIGTERM)
+        for worker in self.workers.values():
+            while worker.process.poll() is None:
+                if self.signals > 1:  # asked again: no more waiting for drains
+                    worker.process.kill()
+                time.sleep(0.05)
         return self.status
 
-    def _stop(self, signum: int, frame: object) -> None:
-        self.stopping = True
+    def _signal(self, signum: int, frame: object) -> None:
+        self.signals += 1
 
     def _start(self, index: int) -> subprocess.Popen[bytes]:
-        env = dict(os.environ, SHIPYARD_WORKER=str(index))
+        env = dict(os.environ, SHIPYARD_WORKER=str(index), **{SOCKET_VARIABLE: str(self.fd)})
         command = [sys.executable, "-m", "shipyard", *self.argv]
         # A group of its own: a terminal's Ctrl-C reaches the supervisor alone, which
         # passes one SIGTERM on (a second signal would make uvicorn skip its drain).
-        child = subprocess.Popen(command, env=env, process_group=0, preexec_fn=_tied)
-        self.workers[index] = (child, time.monotonic())
-        return child
+        return subprocess.Popen(
+            command,
+            env=env,
+            pass_fds=(self.fd,),
+            process_group=0,
+            preexec_fn=functools.partial(_tied, os.getpid()),
+        )
 
-    def _restart_the_dead(self) -> None:
-        for index, (child, started) in list(self.workers.items()):
-            if child.poll() is None:
+    def _watch(self) -> None:
+        now = time.monotonic()
+        for index, worker in list(self.workers.items()):
+            if worker.process.poll() is None:
                 continue
-            if time.monotonic() - started < _SETTLE_S:  # it never came up: give up
-                self.status, self.stopping = child.returncode or 1, True
+            if worker.died is None:
+                worker.died = now
+            young = worker.died - worker.started < _SETTLE_S
+            if young and worker.first:  # it never came up: give up
+                self.status = _exit_status(worker.process.returncode)
+                self.signals = max(self.signals, 1)
                 return
-            self._start(index)
+            pause = min(2.0**worker.restarts, _PAUSE_MAX_S) if young else 0.0
+            if now - worker.died >= pause:
+                restarts = worker.restarts + 1 if young else 0
+                self.workers[index] = _Worker(self._start(index), now, False, restarts)
 
 
-def _listening(host: str, port: int) -> bool:
-    """Whether a worker accepts on ``port`` (a wildcard ``host`` asked at loopback)."""
-    target = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-    with contextlib.suppress(OSError), socket.create_connection((target, port), timeout=1):
-        return True
-    return False
+def _exit_status(code: int) -> int:
+    """A child's return code as a shell gives it: 128 + N for a signal N."""
+    return 128 - code if code < 0 else code or 1
 
 
-def _tied() -> None:
+def _tied(supervisor: int) -> None:
     """In a worker, before exec: SIGTERM (a drain, as any stop) when the supervisor dies.
-    Linux only; elsewhere a killed supervisor leaves its workers serving."""
+    A supervisor that died before this is not noticed by the kernel, so the worker checks
+    its parent itself. Linux only; elsewhere a killed supervisor leaves its workers."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != supervisor:
+        os._exit(1)
