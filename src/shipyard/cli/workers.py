@@ -92,8 +92,11 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 def inherited_socket() -> socket.socket:
-    """In a worker: the listening socket its supervisor handed down."""
-    return socket.socket(fileno=int(os.environ[SOCKET_VARIABLE]))
+    """In a worker: the listening socket its supervisor handed down, kept from the
+    worker's own children (its instances)."""
+    sock = socket.socket(fileno=int(os.environ[SOCKET_VARIABLE]))
+    sock.set_inheritable(False)
+    return sock
 
 
 def supervise(count: int, host: str, port: int, argv: Sequence[str]) -> int:
