@@ -155,7 +155,15 @@ def test_a_killed_worker_is_started_again_and_leaves_the_others_fleets_alone(
     wait_until(lambda: other not in _alive_children(gw), "the worker gone")
     assert holder in _workers(gw, starts=3)
     assert alive(instance), "a restarted worker stopped another worker's instance"
-    assert _answering_pids(gw, name, n=6) == {instance}
+
+    def same_instance() -> bool:  # the new worker answers 429 until it has read the routes
+        try:
+            return _answering_pids(gw, name, n=6) == {instance}
+        except AssertionError:
+            return False
+
+    wait_until(same_instance, "both workers route to the same instance")
+    assert alive(instance)
 
     # The worker running the fleet dies: its instance with it, and the fleet comes back.
     psutil.Process(holder).kill()

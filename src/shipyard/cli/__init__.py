@@ -90,7 +90,7 @@ def serve(
         raise typer.Exit(2) from exc
     if settings.workers > 1 and settings.worker is None:
         try:
-            status = workers.supervise(settings.workers, settings.host, settings.port, sys.argv[1:])
+            status = workers.supervise(settings, sys.argv[1:])
         except OSError as exc:
             typer.secho(
                 f"error: cannot bind {settings.host}:{settings.port}: {exc}", fg="red", err=True

@@ -41,6 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from shipyard.settings import Settings
+from shipyard.storage.metadata import MetadataStore
+
 _SETTLE_S = 10.0
 _PAUSE_MAX_S = 30.0
 _PR_SET_PDEATHSIG = 1
@@ -99,14 +102,24 @@ def inherited_socket() -> socket.socket:
     return sock
 
 
-def supervise(count: int, host: str, port: int, argv: Sequence[str]) -> int:
-    """Run ``count`` workers of ``shipyard <argv>`` until a signal; the exit status.
+def supervise(settings: Settings, argv: Sequence[str]) -> int:
+    """Run ``settings.workers`` workers of ``shipyard <argv>`` until a signal; the exit
+    status.
+
+    The store is created and migrated here first: workers starting together on a new
+    SQLite file would race to switch it to WAL (one found it locked and failed).
 
     Raises:
         OSError: the port cannot be bound.
     """
-    with listening_socket(host, port) as sock:
-        return _Supervisor(argv, sock.fileno()).run(count)
+    with listening_socket(settings.host, settings.port) as sock:
+        settings.home.mkdir(parents=True, exist_ok=True)
+        store = MetadataStore(settings.db_url)
+        try:
+            store.migrate()
+        finally:
+            store.close()
+        return _Supervisor(argv, sock).run(settings.workers)
 
 
 @dataclass
@@ -121,9 +134,10 @@ class _Worker:
 
 
 class _Supervisor:
-    def __init__(self, argv: Sequence[str], fd: int) -> None:
+    def __init__(self, argv: Sequence[str], sock: socket.socket) -> None:
         self.argv = list(argv)
-        self.fd = fd
+        self.sock = sock
+        self.fd = sock.fileno()
         self.workers: dict[int, _Worker] = {}
         self.signals = 0
         self.status = 0
@@ -136,10 +150,14 @@ class _Supervisor:
                 self.workers[index] = _Worker(self._start(index), time.monotonic())
         while not self.signals:
             time.sleep(0.2)
-            self._watch()
+            if not self.signals:
+                self._watch()
         for worker in self.workers.values():
             if worker.process.poll() is None:
                 worker.process.send_signal(signal.SIGTERM)
+        # New connections are refused from now on, as a plain gateway's are while it
+        # drains, rather than queued where no worker will take them.
+        self.sock.close()
         for worker in self.workers.values():
             while worker.process.poll() is None:
                 if self.signals > 1:  # asked again: no more waiting for drains
