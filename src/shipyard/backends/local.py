@@ -461,7 +461,7 @@ class LocalBackend:
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                     start_new_session=True,
-                    preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+                    preexec_fn=functools.partial(die_with_parent, os.getpid()),
                 )
             except OSError as exc:
                 channel.close()
@@ -525,7 +525,7 @@ class LocalBackend:
         """Kill the instances an earlier gateway on this home left running; their PIDs.
 
         A gateway that is SIGKILLed cannot stop its instances; the kernel stops the
-        built-in ones with it (``_die_with_parent``), but not what a ``cmd:`` server
+        built-in ones with it (``die_with_parent``), but not what a ``cmd:`` server
         spawned. Each instance's PID is recorded in ``<run_dir>/<id>.pid``; a process of
         that group (the instance leads its own session) with that instance id in its
         environment is ours, not a reused PID, and its whole group goes.
@@ -824,13 +824,13 @@ def _gateway_folder(path: Path) -> Path:
 
 def _start_instance(gateway_pid: int, cpu_nice: int) -> None:
     """In an instance's process, before exec: tied to the gateway, at its CPU priority."""
-    _die_with_parent(gateway_pid)
+    die_with_parent(gateway_pid)
     if cpu_nice:
         os.nice(cpu_nice)
 
 
-def _die_with_parent(gateway_pid: int) -> None:
-    """In the child, before exec: the kernel SIGKILLs it when the gateway dies.
+def die_with_parent(gateway_pid: int, sig: int = signal.SIGKILL) -> None:
+    """In the child, before exec: the kernel sends it ``sig`` when the gateway dies.
 
     PR_SET_PDEATHSIG fires when the thread that forked exits, so instances are started
     from the event loop's thread (``start`` is a coroutine; never call it through
@@ -842,7 +842,7 @@ def _die_with_parent(gateway_pid: int) -> None:
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            libc.prctl(_PR_SET_PDEATHSIG, sig)
     if os.getppid() != gateway_pid:
         os._exit(1)
 

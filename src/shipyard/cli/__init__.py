@@ -136,8 +136,7 @@ def serve(
         ssl_keyfile=gateway.tls[1] if gateway.tls else None,
     )
     # A worker serves the socket its supervisor bound; a gateway alone binds it itself.
-    shared = settings.worker is not None and settings.workers > 1
-    sockets = [workers.inherited_socket()] if shared else None
+    sockets = [workers.inherited_socket()] if settings.worker is not None else None
     server = uvicorn.Server(server_config)
     server.run(sockets=sockets)
     if not server.started:

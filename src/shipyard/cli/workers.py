@@ -15,7 +15,7 @@ several gateways on one store, on one host and one port:
   the gateway's user), could join such a port and take its connections;
 - worker 0 is the gateway a plain ``shipyard serve`` on that home is (same identity,
   lock and run folder), the only one that serves ``--grpc-port`` and deploys ``--demo``.
-  The workers start together: migrations take turns in the store.
+  The supervisor migrates the store before it starts the workers, which start together.
 
 The supervisor passes SIGTERM and SIGINT on (a second one kills the workers), and
 starts again a worker that died, after a pause that doubles while it keeps dying (its
@@ -26,8 +26,6 @@ then the supervisor stops the others and exits with that worker's status.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import fcntl
 import functools
 import os
@@ -39,14 +37,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
-from shipyard.settings import Settings
-from shipyard.storage.metadata import MetadataStore
+if TYPE_CHECKING:  # the CLI's other commands load none of the gateway
+    from shipyard.settings import Settings
 
 _SETTLE_S = 10.0
 _PAUSE_MAX_S = 30.0
-_PR_SET_PDEATHSIG = 1
 SOCKET_VARIABLE = "SHIPYARD_WORKER_SOCKET"
 """A worker's environment: the descriptor of the listening socket its supervisor bound."""
 
@@ -112,6 +109,8 @@ def supervise(settings: Settings, argv: Sequence[str]) -> int:
     Raises:
         OSError: the port cannot be bound.
     """
+    from shipyard.storage.metadata import MetadataStore
+
     with listening_socket(settings.host, settings.port) as sock:
         settings.home.mkdir(parents=True, exist_ok=True)
         store = MetadataStore(settings.db_url)
@@ -169,6 +168,8 @@ class _Supervisor:
         self.signals += 1
 
     def _start(self, index: int) -> subprocess.Popen[bytes]:
+        from shipyard.backends.local import die_with_parent
+
         env = dict(os.environ, SHIPYARD_WORKER=str(index), **{SOCKET_VARIABLE: str(self.fd)})
         command = [sys.executable, "-m", "shipyard", *self.argv]
         # A group of its own: a terminal's Ctrl-C reaches the supervisor alone, which
@@ -178,7 +179,8 @@ class _Supervisor:
             env=env,
             pass_fds=(self.fd,),
             process_group=0,
-            preexec_fn=functools.partial(_tied, os.getpid()),
+            # SIGTERM when the supervisor dies: a drain, as any stop.
+            preexec_fn=functools.partial(die_with_parent, os.getpid(), signal.SIGTERM),
         )
 
     def _watch(self) -> None:
@@ -202,14 +204,3 @@ class _Supervisor:
 def _exit_status(code: int) -> int:
     """A child's return code as a shell gives it: 128 + N for a signal N."""
     return 128 - code if code < 0 else code or 1
-
-
-def _tied(supervisor: int) -> None:
-    """In a worker, before exec: SIGTERM (a drain, as any stop) when the supervisor dies.
-    A supervisor that died before this is not noticed by the kernel, so the worker checks
-    its parent itself. Linux only; elsewhere a killed supervisor leaves its workers."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != supervisor:
-        os._exit(1)
