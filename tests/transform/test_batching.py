@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 import tracemalloc
 from collections.abc import AsyncIterator
@@ -11,18 +12,31 @@ import pytest
 
 from shipyard.errors import AnswerMismatch, RecordTooLarge, SplitError
 from shipyard.transform.batching import Payload, payloads, split_answer
-from shipyard.transform.splitting import records
+from shipyard.transform.splitting import record_batches, records
 
 from .streams import collect, random_chunks, recordio, tfrecord
 
 
-async def each(items: list[bytes]) -> AsyncIterator[bytes]:
-    for item in items:
-        yield item
+async def each(items: list[bytes], seed: int = 0, largest: int = 3) -> AsyncIterator[list[bytes]]:
+    """``items`` in lists of one to ``largest``, as ``record_batches`` groups records: how
+    they are grouped must change nothing."""
+    rng = random.Random(seed)
+    at = 0
+    while at < len(items):
+        size = rng.randint(1, largest)
+        yield items[at : at + size]
+        at += size
 
 
-def pack(items: list[bytes], strategy: str, limit: int, split_type: str = "Line") -> list:
-    return collect(payloads(each(items), strategy, limit, split_type))
+def pack(
+    items: list[bytes], strategy: str, limit: int, split_type: str = "Line", largest: int = 3
+) -> list:
+    packed = [
+        collect(payloads(each(items, seed, largest), strategy, limit, split_type))
+        for seed in range(3)
+    ]
+    assert packed[0] == packed[1] == packed[2]
+    return packed[0]
 
 
 def test_single_record_sends_each_record_as_it_is():
@@ -135,7 +149,9 @@ def test_a_300_mb_object_streams_through_in_a_few_megabytes():
 
     async def run() -> tuple[int, int]:
         count = size = 0
-        stream = records(_generated_lines(total, 256 * 1024), "Line", max_record_bytes=1 << 20)
+        stream = record_batches(
+            _generated_lines(total, 256 * 1024), "Line", max_record_bytes=1 << 20
+        )
         async for payload in payloads(stream, "MultiRecord", 1 << 20, "Line"):
             count += payload.count
             size += len(payload.body)
@@ -153,3 +169,33 @@ def test_a_300_mb_object_streams_through_in_a_few_megabytes():
     assert count > 300_000
     assert peak < 6 * 1024 * 1024, f"peak {peak} bytes"
     assert time.monotonic() - started < 60  # a guard against a quadratic copy, not a benchmark
+
+
+def _one_by_one(items: list[bytes], limit: int, split_type: str) -> list[Payload]:
+    """MultiRecord packing written the plain way, a record at a time: what the packer,
+    which takes as many records as fit in one slice, must match."""
+    end = b"\n" if split_type == "Line" else b""
+    out: list[Payload] = []
+    pieces: list[bytes] = []
+    first = 0
+    for index, record in enumerate(items):
+        if split_type == "RecordIO":
+            record += b"\0" * (-len(record) % 4)
+        piece = record + end
+        if pieces and sum(map(len, pieces)) + len(piece) > limit:
+            out.append(Payload(b"".join(pieces), first, len(pieces)))
+            pieces, first = [], index
+        pieces.append(piece)
+    if pieces:
+        out.append(Payload(b"".join(pieces), first, len(pieces)))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_multi_record_packing_matches_packing_one_record_at_a_time(seed):
+    rng = random.Random(seed)
+    split_type = rng.choice(["Line", "RecordIO", "TFRecord"])
+    items = [bytes(rng.randint(1, 40)) for _ in range(rng.randint(1, 200))]
+    limit = rng.randint(48, 400)
+    expected = _one_by_one(items, limit, split_type)
+    assert pack(items, "MultiRecord", limit, split_type, largest=60) == expected

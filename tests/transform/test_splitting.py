@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from shipyard.errors import RecordTooLarge, SplitError
-from shipyard.transform.splitting import decompress, masked_crc32c, records
+from shipyard.transform.splitting import decompress, masked_crc32c, record_batches, records
 
 from .streams import (
     MAGIC,
@@ -295,3 +295,28 @@ def test_a_long_last_line_or_a_long_line_inside_one_chunk_is_too_large():
         collect(records(chunked(b"a\n" + b"z" * 20, [22]), "Line", max_record_bytes=10))
     with pytest.raises(ValueError, match="positive"):
         records(chunked(b"", []), "Line", max_record_bytes=0)
+
+
+def test_record_batches_are_the_lines_each_chunk_completes():
+    got = collect(record_batches(chunked(b"a\nb\r\n\nc", [5, 3]), "Line"))
+    assert got == [[b"a", b"b"], [b"c"]]
+    for offset in range(len(LINES) + 1):
+        batches = collect(record_batches(split_at(LINES, offset), "Line"))
+        assert [record for batch in batches for record in batch] == LINE_RECORDS
+        assert all(batches)
+    (framed,) = collect(record_batches(chunked(tfrecord(b"x"), [100]), "TFRecord"))
+    assert framed == [tfrecord(b"x")]
+
+
+def test_the_lines_before_a_long_one_in_the_same_chunk_come_first():
+    got: list[bytes] = []
+
+    async def main() -> None:
+        chunk = b"a\n\nb\r\n" + b"z" * 11 + b"\nnever\n"
+        async for record in records(chunked(chunk, [len(chunk)]), "Line", max_record_bytes=10):
+            got.append(record)
+
+    with pytest.raises(RecordTooLarge, match="Record 3 is 11 bytes") as caught:
+        asyncio.run(main())
+    assert got == [b"a", b"b"]
+    assert caught.value.index == 2

@@ -17,8 +17,12 @@ its own fails the job with ``RecordTooLarge``. Memory: one payload.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from itertools import accumulate, repeat
+from operator import add
+from typing import NamedTuple
 
 from shipyard.errors import AnswerMismatch, RecordTooLarge
 from shipyard.transform.splitting import SPLIT_TYPES
@@ -42,13 +46,15 @@ class Payload:
 
 
 def payloads(
-    records: AsyncIterator[bytes], strategy: str, max_payload_bytes: int, split_type: str
+    batches: AsyncIterator[list[bytes]], strategy: str, max_payload_bytes: int, split_type: str
 ) -> AsyncIterator[Payload]:
     """The records packed into payloads by BatchStrategy, in order, none over the limit.
 
-    Raises ``RecordTooLarge`` for a record larger than the limit on its own, and
-    ``ValueError`` at once for an unknown strategy or SplitType (``None`` is not split, so
-    it has no payloads here: the runner sends the object whole)."""
+    ``batches`` are the records a list at a time (``splitting.record_batches``): how they
+    are grouped changes nothing here. Raises ``RecordTooLarge`` for a record larger than
+    the limit on its own, and ``ValueError`` at once for an unknown strategy or SplitType
+    (``None`` is not split, so it has no payloads here: the runner sends the object
+    whole)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"BatchStrategy must be one of {', '.join(STRATEGIES)}.")
     if split_type not in SPLIT_TYPES:
@@ -56,58 +62,75 @@ def payloads(
     if max_payload_bytes < 1:
         raise ValueError("max_payload_bytes must be positive.")
     if strategy == "SingleRecord":
-        return _single(records, max_payload_bytes)
-    return _multi(records, max_payload_bytes, _FRAMES[split_type])
+        return _single(batches, max_payload_bytes)
+    return _multi(batches, max_payload_bytes, _FRAMES[split_type])
 
 
-async def _single(records: AsyncIterator[bytes], limit: int) -> AsyncIterator[Payload]:
+async def _single(batches: AsyncIterator[list[bytes]], limit: int) -> AsyncIterator[Payload]:
     index = 0
-    async for record in records:
-        if len(record) > limit:
-            raise RecordTooLarge(index, len(record), limit)
-        yield Payload(record, index, 1)
-        index += 1
+    async for batch in batches:
+        for record in batch:
+            if len(record) > limit:
+                raise RecordTooLarge(index, len(record), limit)
+            yield Payload(record, index, 1)
+            index += 1
 
 
-def _line(record: bytes) -> bytes:
-    return record + b"\n"
+class _Framing(NamedTuple):
+    """How records sit one after another in a payload: each one ``pad``-ded (None: as it
+    is) and followed by ``end``."""
+
+    pad: Callable[[bytes], bytes] | None
+    end: bytes
 
 
 def _padded(record: bytes) -> bytes:
     return record + b"\0" * (-len(record) % 4)
 
 
-def _as_is(record: bytes) -> bytes:
-    return record
-
-
-_FRAMES: dict[str, Callable[[bytes], bytes]] = {
-    "Line": _line,
-    "RecordIO": _padded,
-    "TFRecord": _as_is,
+_FRAMES: dict[str, _Framing] = {
+    "Line": _Framing(None, b"\n"),
+    "RecordIO": _Framing(_padded, b""),
+    "TFRecord": _Framing(None, b""),
 }
 
 
 async def _multi(
-    records: AsyncIterator[bytes], limit: int, frame: Callable[[bytes], bytes]
+    batches: AsyncIterator[list[bytes]], limit: int, framing: _Framing
 ) -> AsyncIterator[Payload]:
+    pad, end = framing
+    extra = len(end)
     pieces: list[bytes] = []
     size = 0
     first = 0
     index = 0
-    async for record in records:
-        piece = frame(record)
-        if size + len(piece) > limit:
+    async for batch in batches:
+        framed = batch if pad is None else [pad(record) for record in batch]
+        # cum[n]: the bytes the first n records of the batch take with their ends, summed
+        # in C: the records that fit are found by bisection and taken as one slice, not
+        # looked at one by one (a payload of short lines holds tens of thousands).
+        cum = list(accumulate(map(add, map(len, framed), repeat(extra)), initial=0))
+        at = 0
+        while at < len(framed):
+            fit = bisect_right(cum, cum[at] + limit - size, lo=at) - 1
+            if fit > at:
+                pieces += framed[at:fit]
+                size += cum[fit] - cum[at]
+                index += fit - at
+                at = fit
+                if at == len(framed):
+                    break
+            # framed[at] does not fit in what is left of this payload.
             if pieces:
-                yield Payload(b"".join(pieces), first, len(pieces))
+                pieces.append(b"")  # the last record's end too, joined in one copy
+                yield Payload(end.join(pieces), first, len(pieces) - 1)
                 pieces, size, first = [], 0, index
-            if len(piece) > limit:
-                raise RecordTooLarge(index, len(piece), limit)
-        pieces.append(piece)
-        size += len(piece)
-        index += 1
+            length = cum[at + 1] - cum[at]
+            if length > limit:
+                raise RecordTooLarge(index, length, limit)
     if pieces:
-        yield Payload(b"".join(pieces), first, len(pieces))
+        pieces.append(b"")
+        yield Payload(end.join(pieces), first, len(pieces) - 1)
 
 
 def split_answer(body: bytes, count: int, split_type: str) -> list[bytes]:

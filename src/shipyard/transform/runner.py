@@ -52,7 +52,7 @@ from shipyard.transform.jsonpath import (
     compile_filter,
     join_input,
 )
-from shipyard.transform.splitting import decompress, records
+from shipyard.transform.splitting import decompress, record_batches
 
 log = logging.getLogger(__name__)
 
@@ -339,19 +339,27 @@ class TransformRun:
         """Records packed into payloads, at most ``window`` in flight, answers in order."""
         originals: dict[int, bytes] = {}
 
-        async def filtered() -> AsyncIterator[bytes]:
+        async def filtered() -> AsyncIterator[list[bytes]]:
             index = 0
             cap = plan.max_payload_bytes
-            async for record in records(chunks, plan.split_type, max_record_bytes=cap):
+            async for batch in record_batches(chunks, plan.split_type, max_record_bytes=cap):
                 if plan.join:
-                    originals[index] = record
+                    originals.update(enumerate(batch, start=index))
                 if plan.input_filter is not None:
-                    try:
-                        record = apply_input_filter(record, plan.input_filter, plan.content_type)
-                    except SplitError as exc:
-                        raise SplitError(f"record {index + 1}: InputFilter: {exc}") from exc
-                yield record
-                index += 1
+                    kept = []
+                    for record in batch:
+                        try:
+                            kept.append(
+                                apply_input_filter(record, plan.input_filter, plan.content_type)
+                            )
+                        except SplitError as exc:
+                            if kept:
+                                yield kept  # the records before it go on, as one by one
+                            where = index + len(kept) + 1
+                            raise SplitError(f"record {where}: InputFilter: {exc}") from exc
+                    batch = kept
+                index += len(batch)
+                yield batch
 
         pending: deque[tuple[Payload, asyncio.Task[bytes]]] = deque()
         try:
