@@ -260,15 +260,25 @@ def create_job(
 
 
 class CpuMeter:
-    """CPU seconds of the gateway and of its descendants (the job's instances), read from
-    /proc at each ``sample``; a process keeps the last figure seen before it ended."""
+    """CPU seconds of the gateway and of its descendants while the job runs, read from
+    /proc at each ``sample``; a process keeps the last figure seen before it ended.
+
+    A descendant counts from the meter's start: the warm spare a job's instance is taken
+    from was already running, and its CPU in the job is the instance's (an earlier version
+    left out every process alive at the start, so a job from a warm spare read only the
+    boot of the spare started to replace it). Spares started during the job count too."""
 
     def __init__(self, gateway_pid: int) -> None:
         self.gateway = psutil.Process(gateway_pid)
         self.start_gateway = self._cpu(self.gateway)
         self.gateway_s = 0.0
         self.children: dict[int, float] = {}
-        self.known = {p.pid for p in self.gateway.children(recursive=True)}
+        self.start: dict[int, float] = {}
+        for child in self.gateway.children(recursive=True):
+            try:
+                self.start[child.pid] = self._cpu(child)
+            except psutil.Error:
+                pass
 
     @staticmethod
     def _cpu(process: psutil.Process) -> float:
@@ -278,10 +288,8 @@ class CpuMeter:
     def sample(self) -> None:
         self.gateway_s = self._cpu(self.gateway) - self.start_gateway
         for child in self.gateway.children(recursive=True):
-            if child.pid in self.known:
-                continue
             try:
-                self.children[child.pid] = self._cpu(child)
+                self.children[child.pid] = self._cpu(child) - self.start.get(child.pid, 0.0)
             except psutil.Error:
                 pass
 
@@ -487,7 +495,8 @@ def render(
         "stopped, the status recorded and seen (polled every 0.2 s). The model's own times "
         "are summed over its requests (over threads too, so with MaxConcurrentTransforms 2 "
         "they overlap); busy = that sum / (span x instances). CPU: user + system of the "
-        "gateway and of the job's instances (boot included) while the job ran.",
+        "gateway and of the processes under it (the job's instances, their boot included, "
+        "and warm spares started meanwhile) while the job ran.",
         "",
         table(
             [
