@@ -252,3 +252,43 @@ def test_both_gateways_route_to_inference_components_and_their_adapters(
     wait_until(lambda: not _fleet(a, b), "no copy left", timeout_s=60)
     for gw in (a, b):
         assert ask(gw, "x5") == 15.0
+
+
+def test_the_gateway_that_scales_an_endpoint_counts_the_requests_the_others_routed(
+    gateway_factory: Callable[..., GatewayProcess],
+    pg_schema: PgSchema,
+    tmp_path: Path,
+    model_tarball: Any,
+) -> None:
+    """Target tracking on InvocationsPerInstance with every request routed by the gateway
+    that does not hold the endpoint: the holder scales on what the other recorded."""
+    from tests.e2e.test_autoscaling import FAST, Load, activities, counts, put_policy, register
+
+    env = {**LEASES, **FAST, "SHIPYARD_METRICS_TICK_S": "1"}
+    args = ["--db", pg_schema.url]
+    with ThreadPoolExecutor(2) as pool:
+        a, b = pool.map(
+            lambda home: gateway_factory(home, args=args, extra_env=env),
+            (tmp_path / "a", tmp_path / "b"),
+        )
+    name = unique("elsewhere")
+    deploy(a.sm, name, model_tarball("sleepy"))
+    wait_until(lambda: len(_fleet(a, b)) == 1, "one instance", timeout_s=60)
+    holder, other = (a, b) if instance_pids(a.process.pid) else (b, a)
+    wait_until(lambda: _answers(other, name), "the other gateway routes to it", 60)
+    register(holder, name, MinCapacity=1, MaxCapacity=2)
+    # One instance answers about 20 requests a second (50 ms each): 1,200 a minute, twice
+    # the target. The holder routes none of them.
+    put_policy(holder, name, {
+        "TargetValue": 600.0,
+        "PredefinedMetricSpecification": {
+            "PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"},
+        "ScaleOutCooldown": 1, "ScaleInCooldown": 600,
+    })  # fmt: skip
+    with Load(other, name, threads=4, sleep_s=0.05) as load:
+        wait_until(lambda: counts(holder, name)[1] == 2, "scaled out on the other's requests", 90)
+    assert load.failures == []
+    assert load.ok > 0
+    assert instance_pids(holder.process.pid), "the holder kept the endpoint"
+    (step,) = [a for a in activities(holder, name) if "2" in a["Description"]]
+    assert "SageMakerVariantInvocationsPerInstance" in step["Cause"]

@@ -12,6 +12,7 @@ from shipyard.background import Wakeup
 from shipyard.control.assembly import Endpoints
 from shipyard.core import Core
 from shipyard.routing.router import Router
+from shipyard.storage.metrics import MetricStore
 from shipyard.storage.scaling import ScalingStore
 
 
@@ -41,6 +42,9 @@ def build(
             backlogs=backlogs,
             window_s=settings.autoscaling_window_s,
             period_s=settings.autoscaling_period_s,
+            # Other gateways sharing the store (workers included): their recorded counts.
+            metric_store=MetricStore(core.store.engine),
+            source=settings.identity,
         ),
         period_s=settings.autoscaling_period_s,
         notify=core.stack.autoscaling.notify,

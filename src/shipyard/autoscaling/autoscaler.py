@@ -4,6 +4,9 @@ Every tick (a second, or the period if shorter) it samples what the data path al
 counts: invocations per variant (the ``shipyard_invocations`` counter), requests in
 flight (the router's count) and, for asynchronous endpoints, the queue as the consumer
 last saw it. Nothing on the request path changes and nothing there reads the store.
+Each evaluation adds what other gateways sharing the store recorded for the targets this
+one scales (``MetricReader.read_elsewhere``, their finished CloudWatch rows, read in a
+worker thread): none for a gateway alone.
 
 Every ``SHIPYARD_AUTOSCALING_PERIOD_S`` it evaluates each scalable target's policies:
 
@@ -67,10 +70,14 @@ from shipyard.records import (
 )
 from shipyard.routing.router import Router
 from shipyard.storage.metadata import now
+from shipyard.storage.metrics import MetricStore, series_key
 from shipyard.storage.scaling import ScalingStore, policies_by_target
 
 log = logging.getLogger(__name__)
 
+
+_SAGEMAKER = "AWS/SageMaker"
+"""The namespace the gateways record invocations and concurrency under."""
 
 PER_INSTANCE = frozenset(
     {
@@ -120,8 +127,28 @@ class _Gauge:
         return sum(v for _, v in self.points) / len(self.points)
 
 
+@dataclass(frozen=True, slots=True)
+class Elsewhere:
+    """What the other gateways sharing the store recorded for one variant or component:
+    its invocations per minute, and its requests in flight per instance (each gateway's
+    mean, added up). None where they recorded nothing."""
+
+    invocations_per_minute: float | None
+    concurrency: float | None
+
+
+_ROW_S = 10
+"""The CloudWatch rows read for other gateways' counts: the 10 s ones, which every
+gateway's recorder writes whole just after each ends (cloudwatch/recorder.py)."""
+
+
 class MetricReader:
-    """What the data path counts, sampled off it; values under CloudWatch's names."""
+    """What the data path counts, sampled off it; values under CloudWatch's names.
+
+    A gateway counts only the requests it routed. Where several gateways share the store
+    (``--workers``, or gateways on other hosts), the one that scales an endpoint adds what
+    the others recorded as CloudWatch datapoints (``read_elsewhere``): its own counts are
+    current, the others' as of their last 10 s row."""
 
     def __init__(
         self,
@@ -132,6 +159,8 @@ class MetricReader:
         backlogs: dict[str, BacklogReading],
         window_s: float,
         period_s: float,
+        metric_store: MetricStore | None = None,
+        source: str = "",
     ) -> None:
         self.metrics = metrics
         self.router = router
@@ -139,8 +168,13 @@ class MetricReader:
         self.backlogs = backlogs
         self.window_s = window_s
         self.period_s = period_s
+        self.metric_store = metric_store
+        self.source = source
+        """This gateway's source in the store's rows (its identity): the rows left out."""
         self._invocations: dict[tuple[str, str], _Series] = {}
         self._in_flight: dict[tuple[str, str], _Gauge] = {}
+        self.elsewhere: dict[tuple[str, str], Elsewhere] = {}
+        """Per (endpoint, variant or component), the other gateways' counts as last read."""
 
     def __repr__(self) -> str:
         return f"MetricReader(window_s={self.window_s:g}, series={len(self._invocations)})"
@@ -156,19 +190,87 @@ class MetricReader:
             gauge = self._in_flight.setdefault((endpoint, variant), _Gauge())
             gauge.add(at, float(count), self.period_s)
 
+    def read_elsewhere(
+        self, keys: Iterable[tuple[str, str, bool]], at: float
+    ) -> dict[tuple[str, str], Elsewhere]:
+        """What the other gateways sharing the store recorded for each ``(endpoint, name,
+        is a component)``, in their rows finished by ``at`` (epoch seconds): invocations
+        over the window, requests in flight over the period. Blocking: call it in a
+        worker thread. Empty without a store, or if the store cannot be read (then the
+        gateway scales on its own counts, as a single gateway does)."""
+        store = self.metric_store
+        if store is None:
+            return {}
+        done = int((at - 1.0) // _ROW_S * _ROW_S)  # a second's margin for their write
+        calls_s = _ROW_S * max(math.ceil(self.window_s / _ROW_S), 1)
+        level_s = _ROW_S * max(math.ceil(self.period_s / _ROW_S), 1)
+        wanted: dict[tuple[str, str], tuple[str, str]] = {}
+        for endpoint, name, component in keys:
+            if component:
+                dims: tuple[tuple[str, str], ...] = (("InferenceComponentName", name),)
+                level_name = "ConcurrentRequestsPerCopy"
+            else:
+                dims = (("EndpointName", endpoint), ("VariantName", name))
+                level_name = "ConcurrentRequestsPerModel"
+            wanted[(endpoint, name)] = (
+                series_key(_SAGEMAKER, "Invocations", dims),
+                series_key(_SAGEMAKER, level_name, dims),
+            )
+        if not wanted:
+            return {}
+        try:
+            calls = store.sums_by_source(
+                [c for c, _ in wanted.values()],
+                period=_ROW_S,
+                start=done - calls_s,
+                end=done,
+                other_than=self.source,
+            )
+            levels = store.sums_by_source(
+                [lv for _, lv in wanted.values()],
+                period=_ROW_S,
+                start=done - level_s,
+                end=done,
+                other_than=self.source,
+            )
+        except Exception:
+            log.exception("reading other gateways' counts failed; scaling on this one's")
+            return {}
+        found: dict[tuple[str, str], Elsewhere] = {}
+        for key, (calls_key, level_key) in wanted.items():
+            by_source = calls.get(calls_key)
+            rate = (
+                sum(total for _, total in by_source.values()) / calls_s * 60.0
+                if by_source
+                else None
+            )
+            means = [total / count for count, total in levels.get(level_key, {}).values() if count]
+            level = sum(means) if means else None
+            if rate is not None or level is not None:
+                found[key] = Elsewhere(rate, level)
+        return found
+
     def value(self, metric: str, endpoint: str, variant: str) -> float | None:
-        """``metric``'s value for the variant (per instance where the name says so)."""
+        """``metric``'s value for the variant (per instance where the name says so): this
+        gateway's counts, and the other gateways' as last read (``elsewhere``)."""
         instances = max(self.healthy(endpoint).get(variant, 0), 1)
+        elsewhere = self.elsewhere.get((endpoint, variant))
         if metric in ("InvocationsPerInstance", "InvocationsPerCopy", "Invocations"):
             series = self._invocations.get((endpoint, variant))
             rate = series.per_minute() if series is not None else None
+            if elsewhere is not None and elsewhere.invocations_per_minute is not None:
+                rate = (rate or 0.0) + elsewhere.invocations_per_minute
             if rate is None:
                 return None
             return rate if metric == "Invocations" else rate / instances
         if metric in ("ConcurrentRequestsPerModel", "ConcurrentRequestsPerCopy"):
             gauge = self._in_flight.get((endpoint, variant))
             level = gauge.mean() if gauge is not None else None
-            return None if level is None else level / instances
+            per_instance = None if level is None else level / instances
+            if elsewhere is not None and elsewhere.concurrency is not None:
+                # Theirs is recorded per instance already (busy / healthy, as they saw it).
+                per_instance = (per_instance or 0.0) + elsewhere.concurrency
+            return per_instance
         backlog = self.backlogs.get(endpoint)
         if backlog is None:
             return None
@@ -282,6 +384,16 @@ class Autoscaler:
         self.reader.forget(
             [(e.name, v.name) for e in endpoints.values() for v in e.variants]
             + [(c.endpoint, c.name) for c in components.values()]
+        )
+        scaled_here = []
+        for target in targets:
+            component = components.get(target.component or "")
+            if target.component is None and self.acts_on(target.endpoint):
+                scaled_here.append((target.endpoint, target.variant, False))
+            elif component is not None and self.acts_on(component.endpoint):
+                scaled_here.append((component.endpoint, component.name, True))
+        self.reader.elsewhere = await asyncio.to_thread(
+            self.reader.read_elsewhere, scaled_here, time.time()
         )
         for target in targets:
             if target.component is not None:

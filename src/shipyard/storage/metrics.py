@@ -320,6 +320,34 @@ class MetricStore:
             out[found][origin + int(slot) * period] = (count, total, low, high)
         return out
 
+    def sums_by_source(
+        self, keys: Sequence[str], *, period: int, start: int, end: int, other_than: str
+    ) -> dict[str, dict[str, tuple[float, float]]]:
+        """Per series key, per source but ``other_than``: the count and the sum of its
+        ``period`` rows starting in [start, end), added up in the database. What the
+        other gateways sharing the store recorded (the autoscaler adds it to what its own
+        gateway counts)."""
+        out: dict[str, dict[str, tuple[float, float]]] = {}
+        if not keys:
+            return out
+        s, p = t.metric_series.c, t.metric_points.c
+        query = (
+            select(s.key, p.source, func.sum(p.count), func.sum(p.sum))
+            .select_from(t.metric_points.join(t.metric_series, p.series == s.id))
+            .where(
+                s.key.in_(list(keys)),
+                p.period == period,
+                p.start >= start,
+                p.start < end,
+                p.source != other_than,
+            )
+            .group_by(s.key, p.source)
+        )
+        with self.engine.connect() as conn:
+            for key, source, count, total in conn.execute(query):
+                out.setdefault(key, {})[source] = (float(count), float(total))
+        return out
+
     def purge(self, *, period: int, before: int) -> int:
         """Delete ``period`` rows older than ``before`` (epoch seconds); how many."""
         with transaction(self.engine) as conn:
