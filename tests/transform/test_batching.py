@@ -171,9 +171,13 @@ def test_a_300_mb_object_streams_through_in_a_few_megabytes():
     assert time.monotonic() - started < 60  # a guard against a quadratic copy, not a benchmark
 
 
-def _one_by_one(items: list[bytes], limit: int, split_type: str) -> list[Payload]:
+def _one_by_one(
+    items: list[bytes], limit: int, split_type: str
+) -> tuple[list[Payload], tuple[int, int] | None]:
     """MultiRecord packing written the plain way, a record at a time: what the packer,
-    which takes as many records as fit in one slice, must match."""
+    which takes as many records as fit in one slice, must match. The payloads, and the
+    (index, size) of a record too large for any payload, which ends the packing after
+    the payload before it."""
     end = b"\n" if split_type == "Line" else b""
     out: list[Payload] = []
     pieces: list[bytes] = []
@@ -185,17 +189,47 @@ def _one_by_one(items: list[bytes], limit: int, split_type: str) -> list[Payload
         if pieces and sum(map(len, pieces)) + len(piece) > limit:
             out.append(Payload(b"".join(pieces), first, len(pieces)))
             pieces, first = [], index
+        if len(piece) > limit:
+            return out, (index, len(piece))
         pieces.append(piece)
     if pieces:
         out.append(Payload(b"".join(pieces), first, len(pieces)))
-    return out
+    return out, None
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_multi_record_packing_matches_packing_one_record_at_a_time(seed):
+def _packed_until_refused(
+    items: list[bytes], limit: int, split_type: str, seed: int
+) -> tuple[list[Payload], tuple[int, int] | None]:
+    got: list[Payload] = []
+
+    async def run() -> None:
+        async for payload in payloads(each(items, seed, 60), "MultiRecord", limit, split_type):
+            got.append(payload)
+
+    try:
+        asyncio.run(run())
+    except RecordTooLarge as exc:
+        return got, (exc.index, exc.size)
+    return got, None
+
+
+def _case(seed: int) -> tuple[list[bytes], int, str]:
     rng = random.Random(seed)
     split_type = rng.choice(["Line", "RecordIO", "TFRecord"])
     items = [bytes(rng.randint(1, 40)) for _ in range(rng.randint(1, 200))]
-    limit = rng.randint(48, 400)
+    # A third of the cases with a limit some records do not fit in on their own.
+    limit = rng.randint(8, 40) if seed % 3 == 0 else rng.randint(48, 400)
+    return items, limit, split_type
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_multi_record_packing_matches_packing_one_record_at_a_time(seed):
+    items, limit, split_type = _case(seed)
     expected = _one_by_one(items, limit, split_type)
-    assert pack(items, "MultiRecord", limit, split_type, largest=60) == expected
+    for grouping in range(3):
+        assert _packed_until_refused(items, limit, split_type, grouping) == expected
+
+
+def test_the_packing_cases_include_records_too_large_for_any_payload():
+    refused = [s for s in range(60) if _one_by_one(*_case(s))[1] is not None]
+    assert len(refused) >= 10, refused

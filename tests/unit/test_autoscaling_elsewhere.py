@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine
 
 from shipyard.autoscaling.autoscaler import MetricReader
 from shipyard.metrics import Metrics
@@ -18,8 +19,9 @@ from shipyard.storage.metrics import MetricStore, Point
 
 VARIANT = (("EndpointName", "e"), ("VariantName", "v1"))
 COMPONENT = (("InferenceComponentName", "c1"),)
-AT = 10_005.0
-"""Reading at this time, the last row every gateway has written whole starts at 9,990."""
+AT = 10_013.0
+"""Reading at this time, 12 s (a recorder's tick and two seconds) after 10,000: the last
+row every gateway has written whole starts at 9,990."""
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -93,3 +95,24 @@ def test_a_single_gateway_or_none_recorded_elsewhere_reads_nothing_extra(
     assert seen.read_elsewhere([("e", "v1", False)], AT) == {}
     assert seen.value("InvocationsPerInstance", "e", "v1") is None
     assert reader(None).read_elsewhere([("e", "v1", False)], AT) == {}
+
+
+def test_a_row_whose_period_ended_less_than_a_tick_and_two_seconds_ago_waits(
+    store: MetricStore,
+) -> None:
+    """A recorder writes a period's row after its tick and its reads of the instances: read
+    sooner, a row half written would look like a fall in traffic."""
+    store.write([calls(VARIANT, 9980, 30), calls(VARIANT, 9990, 60)], "gw-b", seen=9995)
+    seen = reader(store)
+    seen.elsewhere = seen.read_elsewhere([("e", "v1", False)], AT - 1.5)
+    assert seen.value("Invocations", "e", "v1") == pytest.approx(30 / 20 * 60)
+    seen.elsewhere = seen.read_elsewhere([("e", "v1", False)], AT)
+    assert seen.value("Invocations", "e", "v1") == pytest.approx(90 / 20 * 60)
+
+
+def test_a_store_that_cannot_be_read_gives_no_reading_rather_than_none_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """None, not an empty reading: the autoscaler keeps the last one for the pass."""
+    unmigrated = MetricStore(create_engine(f"sqlite:///{tmp_path / 'empty.db'}"))
+    assert reader(unmigrated).read_elsewhere([("e", "v1", False)], AT) is None

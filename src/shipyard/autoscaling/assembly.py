@@ -45,6 +45,7 @@ def build(
             # Other gateways sharing the store (workers included): their recorded counts.
             metric_store=MetricStore(core.store.engine),
             source=settings.identity,
+            settle_s=settings.metrics_tick_s + 2.0,
         ),
         period_s=settings.autoscaling_period_s,
         notify=core.stack.autoscaling.notify,

@@ -161,6 +161,7 @@ class MetricReader:
         period_s: float,
         metric_store: MetricStore | None = None,
         source: str = "",
+        settle_s: float = 12.0,
     ) -> None:
         self.metrics = metrics
         self.router = router
@@ -171,6 +172,9 @@ class MetricReader:
         self.metric_store = metric_store
         self.source = source
         """This gateway's source in the store's rows (its identity): the rows left out."""
+        self.settle_s = settle_s
+        """How long after a row's period ends every gateway has written it: a recorder's
+        tick and its reads of the instances (the alarms wait as long)."""
         self._invocations: dict[tuple[str, str], _Series] = {}
         self._in_flight: dict[tuple[str, str], _Gauge] = {}
         self.elsewhere: dict[tuple[str, str], Elsewhere] = {}
@@ -192,16 +196,17 @@ class MetricReader:
 
     def read_elsewhere(
         self, keys: Iterable[tuple[str, str, bool]], at: float
-    ) -> dict[tuple[str, str], Elsewhere]:
+    ) -> dict[tuple[str, str], Elsewhere] | None:
         """What the other gateways sharing the store recorded for each ``(endpoint, name,
-        is a component)``, in their rows finished by ``at`` (epoch seconds): invocations
-        over the window, requests in flight over the period. Blocking: call it in a
-        worker thread. Empty without a store, or if the store cannot be read (then the
-        gateway scales on its own counts, as a single gateway does)."""
+        is a component)``, in the rows they have all written by ``at`` (epoch seconds,
+        ``settle_s`` after a row's period ends): invocations over the window, requests in
+        flight over the period. Blocking: call it in a worker thread. Empty without a
+        store; None if the store could not be read (keep the last reading: the others'
+        share dropped for a pass would look like a fall in traffic)."""
         store = self.metric_store
         if store is None:
             return {}
-        done = int((at - 1.0) // _ROW_S * _ROW_S)  # a second's margin for their write
+        done = int((at - self.settle_s) // _ROW_S * _ROW_S)
         calls_s = _ROW_S * max(math.ceil(self.window_s / _ROW_S), 1)
         level_s = _ROW_S * max(math.ceil(self.period_s / _ROW_S), 1)
         wanted: dict[tuple[str, str], tuple[str, str]] = {}
@@ -234,8 +239,8 @@ class MetricReader:
                 other_than=self.source,
             )
         except Exception:
-            log.exception("reading other gateways' counts failed; scaling on this one's")
-            return {}
+            log.exception("reading other gateways' counts failed; keeping the last reading")
+            return None
         found: dict[tuple[str, str], Elsewhere] = {}
         for key, (calls_key, level_key) in wanted.items():
             by_source = calls.get(calls_key)
@@ -385,16 +390,11 @@ class Autoscaler:
             [(e.name, v.name) for e in endpoints.values() for v in e.variants]
             + [(c.endpoint, c.name) for c in components.values()]
         )
-        scaled_here = []
-        for target in targets:
-            component = components.get(target.component or "")
-            if target.component is None and self.acts_on(target.endpoint):
-                scaled_here.append((target.endpoint, target.variant, False))
-            elif component is not None and self.acts_on(component.endpoint):
-                scaled_here.append((component.endpoint, component.name, True))
-        self.reader.elsewhere = await asyncio.to_thread(
-            self.reader.read_elsewhere, scaled_here, time.time()
+        elsewhere = await asyncio.to_thread(
+            self.reader.read_elsewhere, self._read_here(targets, components, policies), time.time()
         )
+        if elsewhere is not None:
+            self.reader.elsewhere = elsewhere
         for target in targets:
             if target.component is not None:
                 await self._evaluate_copies(target, components, policies)
@@ -413,6 +413,27 @@ class Autoscaler:
             wanted, cause = self._wanted(target, current, policies.get(target.resource_id, []))
             if wanted is not None and wanted != current:
                 await asyncio.to_thread(self._step, target, current, wanted, cause)
+
+    def _read_here(
+        self,
+        targets: Iterable[ScalableTarget],
+        components: dict[str, InferenceComponent],
+        policies: dict[str, list[ScalingPolicy]],
+    ) -> set[tuple[str, str, bool]]:
+        """``(endpoint, variant or component, is a component)`` of what the policies of
+        the targets this gateway scales read (a customized metric may name another
+        endpoint's variant)."""
+        keys = set()
+        for target in targets:
+            component = components.get(target.component or "")
+            if component is not None and self.acts_on(component.endpoint):
+                keys.add((component.endpoint, component.name, True))
+            elif target.component is None and self.acts_on(target.endpoint):
+                keys.add((target.endpoint, target.variant, False))
+                for policy in policies.get(target.resource_id, []):
+                    custom = policy.config.get("CustomizedMetricSpecification") or {}
+                    keys.add((metric_endpoint(custom, target.endpoint), target.variant, False))
+        return keys
 
     def _read_components(self) -> dict[str, InferenceComponent]:
         if self.components is None:
