@@ -148,9 +148,9 @@ def record_batches(
     if split_type == "Line":
         return _lines(chunks, max_record_bytes)
     if split_type == "RecordIO":
-        return _one_a_list(_recordio(_Reader(chunks), max_record_bytes))
+        return _recordio(_Reader(chunks), max_record_bytes)
     if split_type == "TFRecord":
-        return _one_a_list(_tfrecords(_Reader(chunks), max_record_bytes))
+        return _tfrecords(_Reader(chunks), max_record_bytes)
     raise ValueError(f"SplitType must be one of None, {', '.join(SPLIT_TYPES)}.")
 
 
@@ -158,11 +158,6 @@ async def _each(batches: AsyncIterator[list[bytes]]) -> AsyncIterator[bytes]:
     async for batch in batches:
         for record in batch:
             yield record
-
-
-async def _one_a_list(records: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
-    async for record in records:
-        yield [record]
 
 
 async def _lines(chunks: AsyncIterator[bytes], cap: int) -> AsyncIterator[list[bytes]]:
@@ -228,7 +223,7 @@ class _Reader:
         return data
 
 
-async def _recordio(reader: _Reader, cap: int) -> AsyncIterator[bytes]:
+async def _recordio(reader: _Reader, cap: int) -> AsyncIterator[list[bytes]]:
     index = 0
     while True:
         start = reader.offset
@@ -267,7 +262,7 @@ async def _recordio(reader: _Reader, cap: int) -> AsyncIterator[bytes]:
             # The last record's padding may be missing at the very end: nothing is lost.
             pad = await reader.read(padding)
             parts += (header, data, pad) if cflag in (1, 2) else (header, data)
-        yield b"".join(parts)
+        yield [b"".join(parts)]  # one a list: a record may be as large as the limit
         index += 1
 
 
@@ -280,7 +275,7 @@ def masked_crc32c(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-async def _tfrecords(reader: _Reader, cap: int) -> AsyncIterator[bytes]:
+async def _tfrecords(reader: _Reader, cap: int) -> AsyncIterator[list[bytes]]:
     index = 0
     while True:
         start = reader.offset
@@ -310,5 +305,5 @@ async def _tfrecords(reader: _Reader, cap: int) -> AsyncIterator[bytes]:
                 f"TFRecord record {index + 1} at byte {start} is corrupt "
                 "(its data CRC does not match)."
             )
-        yield header + rest
+        yield [header + rest]
         index += 1
