@@ -37,7 +37,13 @@ def _workers(gw: GatewayProcess, count: int = 2, starts: int | None = None) -> l
     def up() -> bool:
         return len(_alive_children(gw)) == count and gw.log().count("gateway ready") >= wanted
 
-    wait_until(up, f"{count} workers up")
+    try:
+        # A restarted worker once took over 30 s to log its start under the whole suite
+        # on two cores (its cause unknown: the log below says it if it happens again).
+        wait_until(up, f"{count} workers up", timeout_s=60)
+    except AssertionError as exc:
+        tail = "\n".join(gw.log().splitlines()[-40:])
+        raise AssertionError(f"{exc}; children {_alive_children(gw)}; log:\n{tail}") from exc
     return _alive_children(gw)
 
 
