@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# shipyard against the bare-uvicorn floor (raw_asgi) on a machine with cores to spare, on the
+# peer harness: the same pickled sklearn model and echo model, wrk from outside, one run with
+# the servers one after the other. For each model and N in $SIZES:
+#   - shipyard with N instances behind one gateway (g1);
+#   - shipyard with N instances behind `shipyard serve --workers N` (gN, N > 1);
+#   - raw_asgi with N uvicorn workers.
+# Each result JSON lands in $OUT as PEER-gG__MODEL__wN.json, and $OUT/summary.md holds the
+# table of req/s (p99 ms), the ratios to the floor, the server CPU per request and the CPU
+# probe (ms: lower is a faster machine).
+#   WHEELS=DIR bash bench/peer/many_cores.sh   (builds the venvs offline first: offline.sh)
+#   bash bench/peer/many_cores.sh              (venvs already under $PEERS_ROOT)
+# Knobs: SIZES (default "1 2 4"), MODELS (default "echo sklearn"), CONCS (default "8 32"),
+# WARMUP, DURATION, WRK_THREADS (default 2: one wrk thread can be the limit of a floor with
+# several workers), OUT (default bench/results/many_cores).
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+export BENCH_DIR=${BENCH_DIR:-$ROOT/../shared/bench-peers}
+OUT=${OUT:-$ROOT/bench/results/many_cores}
+SIZES=${SIZES:-"1 2 4"}
+MODELS=${MODELS:-"echo sklearn"}
+export CONCS=${CONCS:-"8 32"} WRK_THREADS=${WRK_THREADS:-2}
+export RESULTS_DIR=${RESULTS_DIR:-$(mktemp -d)}
+mkdir -p "$OUT"
+if [[ -n ${WHEELS:-} ]]; then bash "$HERE/offline.sh"; fi
+{
+  echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs)"
+  echo "python: $("${PEERS_ROOT:-/tmp/peers}/shipyard/bin/python" -V 2>&1)"
+  echo "commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "started: $(date -u '+%Y-%m-%d %H:%M:%S') UTC"
+} > "$OUT/machine.txt"
+cat "$OUT/machine.txt"
+
+run() {  # PEER MODEL N GATEWAYS
+  local name=$1
+  [[ $1 == shipyard ]] && name=shipyard-g$4
+  (cd "$ROOT" && SHIPYARD_BENCH_WORKERS=$4 "$BENCH_DIR/run_one.sh" "$1" "$2" "$3") \
+    || echo "$name $2 w$3 failed" >&2
+  if [[ -f $RESULTS_DIR/${1}__${2}__w${3}.json ]]; then
+    mv "$RESULTS_DIR/${1}__${2}__w${3}.json" "$OUT/${name}__${2}__w${3}.json"
+  fi
+}
+for n in $SIZES; do
+  for model in $MODELS; do
+    run shipyard "$model" "$n" 1
+    if (( n > 1 )); then run shipyard "$model" "$n" "$n"; fi
+    run raw_asgi "$model" "$n" 1
+  done
+done
+
+python3 - "$OUT" > "$OUT/summary.md" <<'PY'
+import json, sys
+from pathlib import Path
+runs, calib = {}, {}
+for path in sorted(Path(sys.argv[1]).glob("*__*__w*.json")):
+    data = json.loads(path.read_text())
+    if data.get("status") != "ok":
+        print(f"- {path.name}: {data.get('status')} {data.get('notes')}")
+        continue
+    peer = path.name.split("__")[0]
+    key = (peer, data["model"], int(data["workers"]))
+    runs[key] = {r["conc"]: r for r in data["runs"]}
+    calib[key] = (data.get("calib_ms") or [None])[0], [r.get("calib_ms_after") for r in data["runs"]]
+cell = lambda r: f"{r['rps']:,.0f} ({r['p99_ms']:.1f})" if r else "-"
+ratio = lambda a, b: f"{a['rps'] / b['rps']:.2f}" if a and b else "-"
+us = lambda r: f"{r['server_cpu_cores'] / r['rps'] * 1e6:.0f}" if r and r.get("server_cpu_cores") else "-"
+print("| model | N | conc | shipyard g1 | shipyard gN | raw_asgi | g1 / floor | gN / floor | CPU µs/req g1, gN, floor |")
+print("|---|---|---|---|---|---|---|---|---|")
+for model in ("echo", "sklearn"):
+    for n in sorted({k[2] for k in runs if k[1] == model}):
+        g1 = runs.get(("shipyard-g1", model, n), {})
+        gn = runs.get((f"shipyard-g{n}", model, n), {}) if n > 1 else {}
+        floor = runs.get(("raw_asgi", model, n), {})
+        for conc in sorted(set(g1) | set(gn) | set(floor)):
+            a, b, f = g1.get(conc), gn.get(conc), floor.get(conc)
+            print(f"| {model} | {n} | {conc} | {cell(a)} | {cell(b)} | {cell(f)} | {ratio(a, f)} "
+                  f"| {ratio(b, f)} | {us(a)}, {us(b)}, {us(f)} |")
+print()
+print("Cells are req/s (p99 ms). CPU probe (ms) before each server, then after each measured run:")
+for key, (before, after) in sorted(calib.items()):
+    print(f"- {key[0]} {key[1]} w{key[2]}: {before} -> {', '.join(map(str, after))}")
+PY
+cat "$OUT/summary.md"
