@@ -99,6 +99,8 @@ def serve(
         raise typer.Exit(status)
     if settings.worker:
         settings.grpc_port, demo = None, False  # worker 0's, alone
+    # Taken first, so that nothing this worker starts inherits it.
+    ready = workers.ready_pipe() if settings.worker is not None else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         held = workers.hold_home(settings.home_lock)
@@ -137,7 +139,7 @@ def serve(
     )
     # A worker serves the socket its supervisor bound; a gateway alone binds it itself.
     sockets = [workers.inherited_socket()] if settings.worker is not None else None
-    server = uvicorn.Server(server_config)
+    server = workers.server(server_config, ready)
     server.run(sockets=sockets)
     if not server.started:
         raise typer.Exit(3)  # uvicorn.run's exit status when the server could not start

@@ -18,16 +18,20 @@ several gateways on one store, on one host and one port:
   The supervisor migrates the store before it starts the workers, which start together.
 
 The supervisor passes SIGTERM and SIGINT on (a second one kills the workers), and
-starts again a worker that died, after a pause that doubles while it keeps dying (its
-fleets' leases pass to the others meanwhile, or back to it). A worker that exits within
-``_SETTLE_S`` of its first start failed to start (a bad flag, a store it cannot open):
-then the supervisor stops the others and exits with that worker's status.
+starts again a worker that died, after a pause that doubles while it keeps dying within
+``_SETTLE_S`` of its start (its fleets' leases pass to the others meanwhile, or back to
+it). A worker says it is serving through a pipe (``READY_VARIABLE``) once uvicorn has
+started it; one that exits on its first start before saying so failed to start (a bad
+flag, a store it cannot open): then the supervisor stops the others and exits with that
+worker's status. Whether a worker came up is what it says, not how long it lived: a slow
+start is no failure, and a worker killed a second after it came up is started again.
 """
 
 from __future__ import annotations
 
 import fcntl
 import functools
+import logging
 import os
 import signal
 import socket
@@ -40,12 +44,16 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 if TYPE_CHECKING:  # the CLI's other commands load none of the gateway
+    import uvicorn
+
     from shipyard.settings import Settings
 
 _SETTLE_S = 10.0
 _PAUSE_MAX_S = 30.0
 SOCKET_VARIABLE = "SHIPYARD_WORKER_SOCKET"
 """A worker's environment: the descriptor of the listening socket its supervisor bound."""
+READY_VARIABLE = "SHIPYARD_WORKER_READY"
+"""A worker's environment: the descriptor of the pipe it writes to once it serves."""
 
 
 def hold_home(lock: Path) -> IO[bytes]:
@@ -99,6 +107,44 @@ def inherited_socket() -> socket.socket:
     return sock
 
 
+def ready_pipe() -> int | None:
+    """In a worker: the pipe to tell its supervisor it serves (``say_ready``), kept from
+    the worker's own children; None in a gateway alone."""
+    value = os.environ.get(READY_VARIABLE)
+    if value is None:
+        return None
+    fd = int(value)
+    os.set_inheritable(fd, False)
+    return fd
+
+
+def say_ready(fd: int) -> None:
+    """Tell the supervisor this worker serves: one byte, and the pipe closed."""
+    try:
+        os.write(fd, b"\n")
+    finally:
+        os.close(fd)
+    logging.getLogger(__name__).info("worker serving: its supervisor was told")
+
+
+def server(config: uvicorn.Config, ready: int | None) -> uvicorn.Server:
+    """uvicorn's server; in a worker (``ready``: ``ready_pipe()``), one that tells its
+    supervisor once it serves: its app started and the socket taken."""
+    import uvicorn
+
+    if ready is None:
+        return uvicorn.Server(config)
+    fd = ready
+
+    class Worker(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                say_ready(fd)
+
+    return Worker(config)
+
+
 def supervise(settings: Settings, argv: Sequence[str]) -> int:
     """Run ``settings.workers`` workers of ``shipyard <argv>`` until a signal; the exit
     status.
@@ -124,12 +170,29 @@ def supervise(settings: Settings, argv: Sequence[str]) -> int:
 @dataclass
 class _Worker:
     process: subprocess.Popen[bytes]
+    ready: int
+    """The read end of the pipe it says it serves through (``say_ready``)."""
     started: float
     first: bool = True
-    """Its first start: dying young then is failing to start, and ends the supervisor."""
+    """Its first start: dying before it served then is failing to start, and ends the
+    supervisor."""
     restarts: int = 0
     """Starts in a row that died young: the pause before the next one doubles with it."""
     died: float | None = None
+    served: bool = False
+    """It said it serves."""
+
+    def has_served(self) -> bool:
+        """Whether it said it serves; read without waiting."""
+        if not self.served:
+            try:
+                self.served = bool(os.read(self.ready, 1))
+            except BlockingIOError:  # nothing said yet
+                pass
+        return self.served
+
+    def close(self) -> None:
+        os.close(self.ready)
 
 
 class _Supervisor:
@@ -146,7 +209,7 @@ class _Supervisor:
         signal.signal(signal.SIGINT, self._signal)
         for index in range(count):
             if not self.signals:
-                self.workers[index] = _Worker(self._start(index), time.monotonic())
+                self.workers[index] = self._start(index)
         while not self.signals:
             time.sleep(0.2)
             if not self.signals:
@@ -162,26 +225,37 @@ class _Supervisor:
                 if self.signals > 1:  # asked again: no more waiting for drains
                     worker.process.kill()
                 time.sleep(0.05)
+            worker.close()
         return self.status
 
     def _signal(self, signum: int, frame: object) -> None:
         self.signals += 1
 
-    def _start(self, index: int) -> subprocess.Popen[bytes]:
+    def _start(self, index: int, first: bool = True, restarts: int = 0) -> _Worker:
         from shipyard.backends.local import die_with_parent
 
-        env = dict(os.environ, SHIPYARD_WORKER=str(index), **{SOCKET_VARIABLE: str(self.fd)})
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        env = dict(os.environ, SHIPYARD_WORKER=str(index))
+        env.update({SOCKET_VARIABLE: str(self.fd), READY_VARIABLE: str(write)})
         command = [sys.executable, "-m", "shipyard", *self.argv]
-        # A group of its own: a terminal's Ctrl-C reaches the supervisor alone, which
-        # passes one SIGTERM on (a second signal would make uvicorn skip its drain).
-        return subprocess.Popen(
-            command,
-            env=env,
-            pass_fds=(self.fd,),
-            process_group=0,
-            # SIGTERM when the supervisor dies: a drain, as any stop.
-            preexec_fn=functools.partial(die_with_parent, os.getpid(), signal.SIGTERM),
-        )
+        try:
+            # A group of its own: a terminal's Ctrl-C reaches the supervisor alone, which
+            # passes one SIGTERM on (a second signal would make uvicorn skip its drain).
+            process = subprocess.Popen(
+                command,
+                env=env,
+                pass_fds=(self.fd, write),
+                process_group=0,
+                # SIGTERM when the supervisor dies: a drain, as any stop.
+                preexec_fn=functools.partial(die_with_parent, os.getpid(), signal.SIGTERM),
+            )
+        except BaseException:
+            os.close(read)
+            raise
+        finally:
+            os.close(write)  # the worker's own now
+        return _Worker(process, read, time.monotonic(), first, restarts)
 
     def _watch(self) -> None:
         now = time.monotonic()
@@ -190,15 +264,16 @@ class _Supervisor:
                 continue
             if worker.died is None:
                 worker.died = now
-            young = worker.died - worker.started < _SETTLE_S
-            if young and worker.first:  # it never came up: give up
+            if worker.first and not worker.has_served():  # it never came up: give up
                 self.status = _exit_status(worker.process.returncode)
                 self.signals = max(self.signals, 1)
                 return
+            young = worker.died - worker.started < _SETTLE_S
             pause = min(2.0**worker.restarts, _PAUSE_MAX_S) if young else 0.0
             if now - worker.died >= pause:
+                worker.close()
                 restarts = worker.restarts + 1 if young else 0
-                self.workers[index] = _Worker(self._start(index), now, False, restarts)
+                self.workers[index] = self._start(index, False, restarts)
 
 
 def _exit_status(code: int) -> int:
