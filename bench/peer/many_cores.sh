@@ -5,12 +5,14 @@
 #   - shipyard with N instances behind one gateway (g1);
 #   - shipyard with N instances behind `shipyard serve --workers N` (gN, N > 1);
 #   - raw_asgi with N uvicorn workers.
-# Each result JSON lands in $OUT as PEER-gG__MODEL__wN.json, and $OUT/summary.md holds the
-# table of req/s (p99 ms), the ratios to the floor, the server CPU per request and the CPU
-# probe (ms: lower is a faster machine).
+# shipyard runs once per RoutingStrategy in $STRATEGIES. Each result JSON lands in $OUT as
+# shipyard-gG[-lor]__MODEL__wN.json or raw_asgi__MODEL__wN.json, and $OUT/summary.md holds
+# the table of req/s (p99 ms), the ratios to the floor, the server CPU per request and the
+# CPU probe (ms: lower is a faster machine).
 #   WHEELS=DIR bash bench/peer/many_cores.sh   (builds the venvs offline first: offline.sh)
 #   bash bench/peer/many_cores.sh              (venvs already under $PEERS_ROOT)
 # Knobs: SIZES (default "1 2 4"), MODELS (default "echo sklearn"), CONCS (default "8 32"),
+# STRATEGIES (default RANDOM; LEAST_OUTSTANDING_REQUESTS too),
 # WARMUP, DURATION, WRK_THREADS (default 2: one wrk thread can be the limit of a floor with
 # several workers), OUT (default bench/results/many_cores).
 set -euo pipefail
@@ -20,6 +22,7 @@ export BENCH_DIR=${BENCH_DIR:-$ROOT/../shared/bench-peers}
 OUT=${OUT:-$ROOT/bench/results/many_cores}
 SIZES=${SIZES:-"1 2 4"}
 MODELS=${MODELS:-"echo sklearn"}
+STRATEGIES=${STRATEGIES:-RANDOM}
 export CONCS=${CONCS:-"8 32"} WRK_THREADS=${WRK_THREADS:-2}
 export RESULTS_DIR=${RESULTS_DIR:-$(mktemp -d)}
 mkdir -p "$OUT"
@@ -32,19 +35,22 @@ if [[ -n ${WHEELS:-} ]]; then bash "$HERE/offline.sh"; fi
 } > "$OUT/machine.txt"
 cat "$OUT/machine.txt"
 
-run() {  # PEER MODEL N GATEWAYS
+run() {  # PEER MODEL N GATEWAYS [STRATEGY]
   local name=$1
   [[ $1 == shipyard ]] && name=shipyard-g$4
-  (cd "$ROOT" && SHIPYARD_BENCH_WORKERS=$4 "$BENCH_DIR/run_one.sh" "$1" "$2" "$3") \
-    || echo "$name $2 w$3 failed" >&2
+  [[ ${5:-RANDOM} == LEAST_OUTSTANDING_REQUESTS ]] && name=$name-lor
+  (cd "$ROOT" && SHIPYARD_BENCH_WORKERS=$4 SHIPYARD_BENCH_STRATEGY=${5:-RANDOM} \
+    "$BENCH_DIR/run_one.sh" "$1" "$2" "$3") || echo "$name $2 w$3 failed" >&2
   if [[ -f $RESULTS_DIR/${1}__${2}__w${3}.json ]]; then
     mv "$RESULTS_DIR/${1}__${2}__w${3}.json" "$OUT/${name}__${2}__w${3}.json"
   fi
 }
 for n in $SIZES; do
   for model in $MODELS; do
-    run shipyard "$model" "$n" 1
-    if (( n > 1 )); then run shipyard "$model" "$n" "$n"; fi
+    for strategy in $STRATEGIES; do
+      run shipyard "$model" "$n" 1 "$strategy"
+      if (( n > 1 )); then run shipyard "$model" "$n" "$n" "$strategy"; fi
+    done
     run raw_asgi "$model" "$n" 1
   done
 done
@@ -65,17 +71,17 @@ for path in sorted(Path(sys.argv[1]).glob("*__*__w*.json")):
 cell = lambda r: f"{r['rps']:,.0f} ({r['p99_ms']:.1f})" if r else "-"
 ratio = lambda a, b: f"{a['rps'] / b['rps']:.2f}" if a and b else "-"
 us = lambda r: f"{r['server_cpu_cores'] / r['rps'] * 1e6:.0f}" if r and r.get("server_cpu_cores") else "-"
-print("| model | N | conc | shipyard g1 | shipyard gN | raw_asgi | g1 / floor | gN / floor | CPU µs/req g1, gN, floor |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| model | N | conc | server | req/s (p99 ms) | / floor | CPU µs/req |")
+print("|---|---|---|---|---|---|---|")
 for model in ("echo", "sklearn"):
     for n in sorted({k[2] for k in runs if k[1] == model}):
-        g1 = runs.get(("shipyard-g1", model, n), {})
-        gn = runs.get((f"shipyard-g{n}", model, n), {}) if n > 1 else {}
         floor = runs.get(("raw_asgi", model, n), {})
-        for conc in sorted(set(g1) | set(gn) | set(floor)):
-            a, b, f = g1.get(conc), gn.get(conc), floor.get(conc)
-            print(f"| {model} | {n} | {conc} | {cell(a)} | {cell(b)} | {cell(f)} | {ratio(a, f)} "
-                  f"| {ratio(b, f)} | {us(a)}, {us(b)}, {us(f)} |")
+        servers = sorted(k[0] for k in runs if k[1:] == (model, n) and k[0] != "raw_asgi")
+        for conc in sorted({c for k in runs if k[1:] == (model, n) for c in runs[k]}):
+            f = floor.get(conc)
+            for server in servers + ["raw_asgi"]:
+                r = runs[(server, model, n)].get(conc) if (server, model, n) in runs else None
+                print(f"| {model} | {n} | {conc} | {server} | {cell(r)} | {ratio(r, f)} | {us(r)} |")
 print()
 print("Cells are req/s (p99 ms). CPU probe (ms) before each server, then after each measured run:")
 for key, (before, after) in sorted(calib.items()):
