@@ -155,13 +155,9 @@ def test_a_killed_worker_is_started_again_and_leaves_the_others_fleets_alone(
     assert holder in _workers(gw, starts=3)
     assert alive(instance), "a restarted worker stopped another worker's instance"
 
-    def same_instance() -> bool:  # the new worker answers 429 until it has read the routes
-        try:
-            return _answering_pids(gw, name, n=6) == {instance}
-        except AssertionError:
-            return False
-
-    wait_until(same_instance, "both workers route to the same instance")
+    # It read the other worker's routes before it took a connection: no 429 while it
+    # catches up. Ten connections, each taken by whichever worker accepts it first.
+    assert _answering_pids(gw, name, n=10) == {instance}
     assert alive(instance)
 
     # The worker running the fleet dies: its instance with it, and the fleet comes back.

@@ -149,11 +149,14 @@ class Reconciler:
         return sum(1 for s in slots if s.instance is not None and s.instance.healthy)
 
     async def announce_known(self) -> None:
-        """Publish a not-ready table for every endpoint the store has in service.
+        """Publish a not-ready table for every endpoint the store has in service, then
+        the routes other gateways recorded for the fleets they hold.
 
         Called before the gateway says it is ready: after a restart, requests to an
         endpoint whose instances are still starting get ModelNotReady (429, retried by
-        clients), never "not found".
+        clients), never "not found"; and a gateway that starts beside others (a worker
+        started again) routes to their fleets from its first request, rather than
+        answering 429 until the mirror's first pass.
         """
         for ep in await asyncio.to_thread(self.store.list_endpoints):
             if ep.status not in (EndpointStatus.IN_SERVICE, EndpointStatus.UPDATING):
@@ -163,6 +166,10 @@ class Reconciler:
             except ShipyardError:
                 continue  # its config was deleted: the converge step reports it
             self.publisher.publish_starting(ep.name, config)
+        try:
+            await self.mirror.refresh(self.store.list_endpoints)
+        except Exception:  # the mirror's loop tries again in routes_refresh_s
+            log.exception("mirroring the routes of other gateways failed; retrying")
 
     async def run(self) -> None:
         """Converge and supervise until cancelled (by the app's lifespan)."""
