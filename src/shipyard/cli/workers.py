@@ -21,10 +21,12 @@ The supervisor passes SIGTERM and SIGINT on (a second one kills the workers), an
 starts again a worker that died, after a pause that doubles while it keeps dying within
 ``_SETTLE_S`` of its start (its fleets' leases pass to the others meanwhile, or back to
 it). A worker says it is serving through a pipe (``READY_VARIABLE``) once uvicorn has
-started it; one that exits on its first start before saying so failed to start (a bad
-flag, a store it cannot open): then the supervisor stops the others and exits with that
-worker's status. Whether a worker came up is what it says, not how long it lived: a slow
-start is no failure, and a worker killed a second after it came up is started again.
+started it; one that exits within ``_SETTLE_S`` of its first start before saying so
+failed to start (a bad flag, a store it cannot open): then the supervisor stops the
+others and exits with that worker's status. A worker that said so is started again
+however soon it died (one killed a second after it came up took the others down when
+its age alone decided), and so is one whose first start failed only after ``_SETTLE_S``
+(a store that went away meanwhile, say).
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ def inherited_socket() -> socket.socket:
 def ready_pipe() -> int | None:
     """In a worker: the pipe to tell its supervisor it serves (``say_ready``), kept from
     the worker's own children; None in a gateway alone."""
-    value = os.environ.get(READY_VARIABLE)
+    value = os.environ.pop(READY_VARIABLE, None)
     if value is None:
         return None
     fd = int(value)
@@ -119,12 +121,18 @@ def ready_pipe() -> int | None:
 
 
 def say_ready(fd: int) -> None:
-    """Tell the supervisor this worker serves: one byte, and the pipe closed."""
+    """Tell the supervisor this worker serves: one byte, and the pipe closed. A
+    supervisor gone (its workers are being stopped) is logged, not raised: raised here,
+    uvicorn would skip the gateway's shutdown."""
+    log = logging.getLogger(__name__)
     try:
         os.write(fd, b"\n")
+    except OSError as exc:
+        log.warning("worker serving, but its supervisor could not be told: %s", exc)
+        return
     finally:
         os.close(fd)
-    logging.getLogger(__name__).info("worker serving: its supervisor was told")
+    log.info("worker serving: its supervisor was told")
 
 
 def server(config: uvicorn.Config, ready: int | None) -> uvicorn.Server:
@@ -264,11 +272,11 @@ class _Supervisor:
                 continue
             if worker.died is None:
                 worker.died = now
-            if worker.first and not worker.has_served():  # it never came up: give up
+            young = worker.died - worker.started < _SETTLE_S
+            if worker.first and young and not worker.has_served():  # it never came up
                 self.status = _exit_status(worker.process.returncode)
                 self.signals = max(self.signals, 1)
                 return
-            young = worker.died - worker.started < _SETTLE_S
             pause = min(2.0**worker.restarts, _PAUSE_MAX_S) if young else 0.0
             if now - worker.died >= pause:
                 worker.close()
