@@ -164,6 +164,8 @@ def test_a_killed_worker_is_started_again_and_leaves_the_others_fleets_alone(
     wait_until(lambda: other not in _alive_children(gw), "the worker gone")
     restarted = [w for w in _workers(gw, starts=3) if w != holder]
     assert len(restarted) == 1, "the holder was restarted too"
+    assert f"(pid {other}) was killed by signal 9" in gw.log()  # the supervisor says so
+    assert f"started again (pid {restarted[0]})" in gw.log()
     assert alive(instance), "a restarted worker stopped another worker's instance"
 
     # It read the other worker's routes before it took a connection: no 429 while it
@@ -251,6 +253,7 @@ def test_workers_that_cannot_start_end_the_supervisor(tmp_path: Path) -> None:
     done = subprocess.run(command, capture_output=True, timeout=90)
     assert done.returncode not in (0, None)
     assert b"missing.yaml" in done.stderr + done.stdout
+    assert b"failed to start: stopping the others" in done.stderr
 
 
 def test_a_second_gateway_on_a_home_in_use_is_refused(

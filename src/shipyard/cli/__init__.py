@@ -88,6 +88,7 @@ def serve(
     except ValidationError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from exc
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if settings.workers > 1 and settings.worker is None:
         try:
             status = workers.supervise(settings, sys.argv[1:])
@@ -101,7 +102,6 @@ def serve(
         settings.grpc_port, demo = None, False  # worker 0's, alone
     # Taken first, so that nothing this worker starts inherits it.
     ready = workers.ready_pipe() if settings.worker is not None else None
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         held = workers.hold_home(settings.home_lock)
         gateway = create_app(

@@ -52,6 +52,9 @@ if TYPE_CHECKING:  # the CLI's other commands load none of the gateway
 
 _SETTLE_S = 10.0
 _PAUSE_MAX_S = 30.0
+_SLOW_START_S = 60.0
+"""A worker not serving this long after its start is reported (once), as it may hang."""
+log = logging.getLogger(__name__)
 SOCKET_VARIABLE = "SHIPYARD_WORKER_SOCKET"
 """A worker's environment: the descriptor of the listening socket its supervisor bound."""
 READY_VARIABLE = "SHIPYARD_WORKER_READY"
@@ -124,7 +127,6 @@ def say_ready(fd: int) -> None:
     """Tell the supervisor this worker serves: one byte, and the pipe closed. A
     supervisor gone (its workers are being stopped) is logged, not raised: raised here,
     uvicorn would skip the gateway's shutdown."""
-    log = logging.getLogger(__name__)
     try:
         os.write(fd, b"\n")
     except OSError as exc:
@@ -189,6 +191,8 @@ class _Worker:
     died: float | None = None
     served: bool = False
     """It said it serves."""
+    slow: bool = False
+    """Reported as slow to start (``_SLOW_START_S``)."""
 
     def has_served(self) -> bool:
         """Whether it said it serves; read without waiting."""
@@ -268,12 +272,28 @@ class _Supervisor:
     def _watch(self) -> None:
         now = time.monotonic()
         for index, worker in list(self.workers.items()):
+            pid = worker.process.pid
             if worker.process.poll() is None:
+                if not worker.slow and now - worker.started > _SLOW_START_S:
+                    if not worker.has_served():
+                        log.warning(
+                            "worker %d (pid %d) is not serving %.0f s after its start",
+                            index,
+                            pid,
+                            now - worker.started,
+                        )
+                    worker.slow = True
                 continue
             if worker.died is None:
                 worker.died = now
+                code = worker.process.returncode
+                how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+                log.warning(
+                    "worker %d (pid %d) %s after %.1f s", index, pid, how, now - worker.started
+                )
             young = worker.died - worker.started < _SETTLE_S
             if worker.first and young and not worker.has_served():  # it never came up
+                log.error("worker %d failed to start: stopping the others", index)
                 self.status = _exit_status(worker.process.returncode)
                 self.signals = max(self.signals, 1)
                 return
@@ -282,6 +302,9 @@ class _Supervisor:
                 worker.close()
                 restarts = worker.restarts + 1 if young else 0
                 self.workers[index] = self._start(index, False, restarts)
+                log.warning(
+                    "worker %d started again (pid %d)", index, self.workers[index].process.pid
+                )
 
 
 def _exit_status(code: int) -> int:
