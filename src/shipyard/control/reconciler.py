@@ -320,12 +320,13 @@ class Reconciler:
         task.add_done_callback(self._background.discard)
 
     async def _mirror_loop(self) -> None:
+        # announce_known made the first pass, before the gateway said it was ready.
         while True:
+            await asyncio.sleep(self.routes_refresh_s)
             try:
                 await self.mirror.refresh(self.store.list_endpoints)
             except Exception:
                 log.exception("mirroring the routes of other gateways failed; retrying")
-            await asyncio.sleep(self.routes_refresh_s)
 
     def _spawn(self, name: str, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work, name=f"reconciler.{name}")
