@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import deque
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from shipyard.routing.client import ConnectionPool, Response
+
+
+class Waiter(Protocol):
+    """A request in a variant's queue: a future its task awaits (Router.invoke), or a
+    call taken on callbacks (Router.start) that acts on its turn at once."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: None, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
 
 
 class Instance:
@@ -75,7 +86,7 @@ class Instance:
         self.in_flight = 0
         self.healthy = True
         self.models: dict[str, None] = {}
-        self.pinned: deque[asyncio.Future[None]] = deque()
+        self.pinned: deque[Waiter] = deque()
         """Requests of its sessions waiting for it (routing/router.py): they can take no
         other instance, so they wait here, not in the variant's queue, where they would
         take turns other requests could use."""

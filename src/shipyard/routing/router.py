@@ -48,7 +48,7 @@ from shipyard.errors import (
 from shipyard.routing import sessions
 from shipyard.routing.client import Response, StreamedResponse
 from shipyard.routing.deadlines import Deadlines
-from shipyard.routing.instance import Instance
+from shipyard.routing.instance import Instance, Waiter
 from shipyard.routing.table import EndpointRoute, VariantRoute
 
 log = logging.getLogger(__name__)
@@ -275,49 +275,92 @@ class Router:
             admission.leave()
 
     def start(self, route: EndpointRoute, variant: VariantRoute, call: Call, done: Done) -> bool:
-        """``invoke`` with no task, for a call an instance can take at once: sent now,
-        its outcome given to ``done`` from the loop's callbacks, as ``invoke`` would
-        return or raise it. False when the call would wait (a queue, a session's
-        instance, no idle connection, a dispatch that awaits): nothing was done, and
-        ``invoke`` serves it.
+        """``invoke`` with no task: its outcome given to ``done`` from the loop's
+        callbacks, as ``invoke`` would return or raise it. False when the call cannot go
+        on callbacks (a session's instance, a variant that starts instances for the
+        requests it holds, a refusal, a dispatch that awaits, no idle connection):
+        nothing was done, and ``invoke`` serves it.
 
         The same steps as ``invoke``'s: admitted, an instance taken and counted, the
         router's deadline, the instance given back and taught by the answer; a failed
-        send goes on as ``invoke`` would, in a task.
+        send goes on as ``invoke`` would, in a task. A call that finds no instance free
+        waits in the variant's queue as ``invoke``'s would, where its turn sends it from
+        the callback that gave the instance back (_Queued).
         """
-        if variant.waiters or call.pinned is not None:
+        if call.pinned is not None:
             return False
         admission = variant.admission
         try:
             admission.admit()
         except Exception:
             return False  # refused: ``invoke`` raises it
-        flight: _Flight | None = None
+        taken = False
+        try:
+            if not variant.waiters:
+                instance = variant.dispatch.choose(variant.instances, call)
+                if instance is not None:
+                    taken = self._send(route, variant, instance, call, done)
+                    return taken
+            taken = self._queue(route, variant, call, done)
+            return taken
+        finally:
+            if not taken:
+                admission.leave()
+
+    def _send(
+        self,
+        route: EndpointRoute,
+        variant: VariantRoute,
+        instance: Instance,
+        call: Call,
+        done: Done,
+        when: float | None = None,
+    ) -> bool:
+        """Send ``call``, admitted already, to ``instance`` on callbacks: counted in
+        flight and watched until ``when`` (the loop's time; the router's timeout from
+        now by default). False when it could not be sent at once: nothing is left
+        counted or watched, and the admission is the caller's."""
+        flight = _Flight(self, route, variant, instance, call, done)
+        if when is not None:
+            flight.when = when
         abandon = None
         try:
-            instance = variant.dispatch.choose(variant.instances, call)
-            if instance is not None:
-                flight = _Flight(self, route, variant, instance, call, done)
-                if self._deadlines.watch(flight):
-                    instance.in_flight += 1
-                    flight.ahead = instance.in_flight - 1
-                    call.instance = instance
-                    abandon = variant.dispatch.start(
-                        instance, call, self.max_response_bytes, flight.answered
-                    )
+            if self._deadlines.watch(flight):
+                instance.in_flight += 1
+                flight.ahead = instance.in_flight - 1
+                call.instance = instance
+                abandon = variant.dispatch.start(
+                    instance, call, self.max_response_bytes, flight.answered
+                )
         finally:
             if abandon is None:  # not sent (or a fault on the way): everything undone
-                if flight is not None:
-                    self._deadlines.drop(flight)
-                    flight.over = True
-                    if call.instance is not None:
-                        flight.instance.in_flight -= 1
-                        call.instance = None
-                admission.leave()
+                self._deadlines.drop(flight)
+                flight.over = True
+                if call.instance is not None:
+                    instance.in_flight -= 1
+                    call.instance = None
         if abandon is None:
             return False
-        assert flight is not None
         flight.abandon = abandon
+        return True
+
+    def _queue(self, route: EndpointRoute, variant: VariantRoute, call: Call, done: Done) -> bool:
+        """Hold ``call``, admitted already, in the variant's queue as ``invoke`` would
+        (_Queued). False where ``invoke`` would refuse it or its wait starts
+        instances: nothing was done."""
+        if variant.admission.starts_instances or not isinstance(call.body, bytes):
+            return False
+        try:
+            if self._choose(variant, call, [], turn=not variant.waiters) is not None:
+                return False  # free after all: ``invoke`` takes it
+        except Exception:
+            return False  # refused (no instance ready, a full queue): ``invoke`` raises it
+        queued = _Queued(self, route, variant, call, done)
+        if not self._deadlines.watch(queued):
+            return False
+        variant.waiters.append(queued)
+        if call.watch_gone is not None:
+            queued.unwatch = call.watch_gone(queued.gone)
         return True
 
     def _resume(self, work: Coroutine[None, None, None]) -> None:
@@ -552,7 +595,7 @@ class Router:
 
     async def _wait(
         self,
-        queue: deque[asyncio.Future[None]],
+        queue: deque[Waiter],
         pass_on: Callable[[], None],
         *,
         front: bool = False,
@@ -711,6 +754,124 @@ class _Flight:
             log.error("a started call failed after it was answered", exc_info=error)
             return
         done(response, model_s, error)
+
+
+class _Queued:
+    """A call Router.start holds in its variant's queue while no instance can take it:
+    ``invoke``'s wait, on callbacks. It stands in the queue where ``invoke``'s future
+    would, in the same order, and its turn (VariantRoute.release, from the callback that
+    gave an instance back) sends it from that callback. So no task is woken and no turn
+    of the loop passes between an answer and the next request to that instance: for a
+    fast model that gap is the instance's idle time, and the task's wake-up most of the
+    gateway's work for a request that waited.
+
+    It leaves the queue as a waiting ``invoke`` does: its client gone (ClientGone), its
+    deadline passed (the router's timeout from when it came), the variant failed or
+    gone. Its deadline carries over to the flight its turn starts."""
+
+    __slots__ = ("router", "route", "variant", "call", "tell", "loop", "when", "over", "unwatch")
+
+    def __init__(
+        self,
+        router: Router,
+        route: EndpointRoute,
+        variant: VariantRoute,
+        call: Call,
+        tell: Done,
+    ) -> None:
+        self.router = router
+        self.route = route
+        self.variant = variant
+        self.call = call
+        self.tell = tell
+        self.loop = asyncio.get_running_loop()
+        self.when = self.loop.time() + router.timeout_s
+        self.over = False
+        self.unwatch: Callable[[], None] = _nothing
+
+    def done(self) -> bool:
+        return self.over
+
+    def set_result(self, result: None) -> None:
+        """Its turn: the instance now free takes it, sent from here."""
+        if self.over:
+            return
+        router, call = self.router, self.call
+        try:
+            if self.loop.time() >= self.when:  # its deadline's sweep has yet to come
+                raise router.late(self.variant, reached=False)
+            # After a swap of tables, the queue it was moved to is the current one's.
+            variant = router.current(self.route, self.variant)
+            self.route = router.routes[self.route.name]
+            self.variant = variant
+            instance = router._choose(variant, call, [], turn=True)
+        except Exception as exc:
+            self._finish(exc)
+            # As a waiting ``invoke`` whose turn came as it gave up: the turn goes on.
+            self.loop.call_soon(self.variant.release)
+            return
+        if instance is None:
+            variant.waiters.appendleft(self)  # beaten to it: keep its place at the front
+            return
+        self._leave(queued=False)  # taken off the queue for its turn
+        if not router._send(self.route, variant, instance, call, self.tell, self.when):
+            # Not sent at once (no idle connection, a dispatch that awaits): on as
+            # ``invoke`` goes on, in a task, still admitted and first in line.
+            router._resume(self._invoke())
+
+    def set_exception(self, exception: BaseException) -> None:
+        """Failed while it waited (Router.fail_waiting)."""
+        if not self.over:
+            self._finish(exception)
+
+    def gone(self) -> None:
+        """Its client disconnected while it waited."""
+        if not self.over:
+            self._finish(ClientGone())
+
+    def expire(self, now: float) -> None:
+        """No turn within the router's timeout: as ``invoke``'s TimeoutError."""
+        if not self.over:
+            self._finish(self.router.late(self.variant, reached=False))
+
+    def _leave(self, *, queued: bool = True) -> None:
+        """Out of its deadline, its client's watch and (``queued``) the queue."""
+        self.over = True
+        self.router._deadlines.drop(self)
+        unwatch, self.unwatch = self.unwatch, _nothing
+        unwatch()
+        if not queued:
+            return
+        queues = [self.variant.waiters]
+        current = self.router.routes.get(self.route.name)
+        if current is not None and current is not self.route:
+            successor = current.successor(self.variant)
+            if successor is not None:
+                queues.append(successor.waiters)
+        for queue in queues:
+            with contextlib.suppress(ValueError):
+                queue.remove(self)
+                return
+
+    def _finish(self, error: BaseException) -> None:
+        self._leave()
+        self.variant.admission.leave()
+        self._tell(None, 0.0, error)
+
+    async def _invoke(self) -> None:
+        left_s = self.when - self.loop.time()
+        try:
+            response, model_s = await self.router.invoke(
+                self.route, self.variant, self.call, timeout_s=max(left_s, 0.001), resumed=True
+            )
+        except Exception as exc:
+            self._tell(None, 0.0, exc)
+            return
+        self._tell(response, model_s, None)
+
+    def _tell(self, response: Response | None, model_s: float, error: BaseException | None) -> None:
+        tell, self.tell = self.tell, _told
+        tell(response, model_s, error)
 
 
 def _nothing() -> None:

@@ -7,7 +7,6 @@ variants' waiting queues change in place.
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import itertools
 import random
@@ -17,7 +16,7 @@ from collections.abc import Sequence
 from shipyard.capture.writer import VariantCapture
 from shipyard.metrics import VariantMetrics
 from shipyard.records import AsyncConfig
-from shipyard.routing.instance import Instance
+from shipyard.routing.instance import Instance, Waiter
 from shipyard.routing.multimodel import MultiModelRoute
 from shipyard.routing.policies import Policy
 from shipyard.routing.serverless import ServerlessRoute
@@ -114,7 +113,7 @@ class VariantRoute:
         elif serverless is not None:
             self.admission = serverless
         self.coming = coming
-        self.waiters: deque[asyncio.Future[None]] = deque()
+        self.waiters: deque[Waiter] = deque()
         queued = len(instances) if policy.queues else 0
         self.queue_limit = 0 if multi_model else policy.max_in_flight * (queued + coming)
         if serverless is not None:
@@ -137,8 +136,11 @@ class VariantRoute:
                 return
 
     def wake_all(self) -> None:
-        while self.waiters:
-            waiter = self.waiters.popleft()
+        # Those woken now, not those they put back: a call taken on callbacks that finds
+        # no instance goes back to the queue at once, from its set_result.
+        waking = list(self.waiters)
+        self.waiters.clear()
+        for waiter in waking:
             if not waiter.done():
                 waiter.set_result(None)
 
