@@ -20,7 +20,7 @@ from tests.unit.test_started_calls import Told, warm
 
 class Recording:
     """A keep-alive server answering one request at a time with its body, after
-    ``delay_s``; ``bodies`` in the order they arrived."""
+    ``delay_s`` (a body ``warm`` at once); ``bodies`` in the order they arrived."""
 
     def __init__(self, delay_s: float = 0.05) -> None:
         self.delay_s = delay_s
@@ -31,7 +31,8 @@ class Recording:
             while True:
                 body = await read_request(reader)
                 self.bodies.append(body)
-                await asyncio.sleep(self.delay_s)
+                if body != b"warm":
+                    await asyncio.sleep(self.delay_s)
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -79,6 +80,55 @@ async def one_instance(
     return handler, server, router, route, variant
 
 
+async def busy_and_fresh() -> tuple[
+    Recording, Recording, list[asyncio.Server], Router, EndpointRoute, VariantRoute
+]:
+    """Two recording servers, one slow (3 s) and one quick; an LOR table over the slow
+    one, its pool warm."""
+    busy, fresh = Recording(delay_s=3.0), Recording(delay_s=0.0)
+    busy_server, busy_port = await serve(busy)
+    fresh_server, _ = await serve(fresh)
+    router, route, variant = lor_table(busy_port)
+    await warm(variant.instances[0].pool)
+    return busy, fresh, [busy_server, fresh_server], router, route, variant
+
+
+class Counting:
+    """An admission that counts the calls it let in and has not seen leave."""
+
+    starts_instances = False
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.admitted = 0
+
+    def admit(self) -> None:
+        self.active += 1
+        self.admitted += 1
+
+    def leave(self) -> None:
+        self.active -= 1
+
+    def waiting(self, variant: Any) -> None:
+        pass
+
+
+def counted(router: Router, variant: VariantRoute) -> tuple[Counting, list[Any]]:
+    """A counting admission set on ``variant``, and the list of the work ``router``
+    resumes in a task (what a call taken on callbacks should not need)."""
+    admission = Counting()
+    variant.admission = admission  # type: ignore[assignment]
+    resumed: list[Any] = []
+    resume = router._resume
+
+    def counting_resume(work: Any) -> None:
+        resumed.append(work)
+        resume(work)
+
+    router._resume = counting_resume  # type: ignore[method-assign]
+    return admission, resumed
+
+
 class Gone:
     """A client's disconnect watch (Call.watch_gone) that the test fires."""
 
@@ -103,17 +153,20 @@ def test_calls_that_find_the_instance_busy_wait_and_go_in_order_from_the_answers
     async def main() -> None:
         server_handler, server, router, route, variant = await one_instance()
         (instance,) = variant.instances
+        admission, resumed = counted(router, variant)
         told = [Told() for _ in range(4)]
         for n, done in enumerate(told):
             assert router.start(route, variant, Call([], b"call-%d" % n), done)
         # One sent, three waiting in the variant's queue: the instance takes one at a time.
         assert instance.in_flight == 1 and len(variant.waiters) == 3
+        assert admission.active == 4
         for n, done in enumerate(told):
             response, model_s, error = await done.wait()
             assert error is None and response.body == b"call-%d" % n and model_s > 0
-            assert instance.in_flight <= 1
         assert server_handler.bodies == [b"call-%d" % n for n in range(4)]
         assert instance.in_flight == 0 and not variant.waiters and not router._deadlines._live
+        # Each was sent from the answer before it: no task took over any of them.
+        assert resumed == [] and admission.active == 0 and admission.admitted == 4
         router.close()
         server.close()
 
@@ -158,9 +211,13 @@ def test_a_waiting_call_whose_client_left_is_never_sent() -> None:
         assert server_handler.bodies == [b"first"]
         assert instance.in_flight == 0 and not router._deadlines._live
         # Once its turn came, a call stops watching its client.
-        again = Gone()
-        assert router.start(route, variant, Call([], b"again", watch_gone=again), Told())
-        assert again.unwatched == 0
+        busy, again, answered = Told(), Gone(), Told()
+        assert router.start(route, variant, Call([], b"busy"), busy)
+        assert router.start(route, variant, Call([], b"again", watch_gone=again), answered)
+        assert len(again.callbacks) == 1 and again.unwatched == 0
+        await busy.wait()
+        assert again.unwatched == 1
+        assert (await answered.wait())[0].body == b"again"
         router.close()
         server.close()
 
@@ -191,13 +248,13 @@ def test_a_call_that_waits_past_the_deadline_is_invokes_timeout_and_never_sent()
 
 def test_the_deadline_runs_from_when_the_call_came_not_from_its_turn() -> None:
     async def main() -> None:
-        server_handler, server, router, route, variant = await one_instance(0.4, timeout_s=0.5)
+        server_handler, server, router, route, variant = await one_instance(0.6, timeout_s=0.9)
         first = asyncio.ensure_future(router.invoke(route, variant, Call([], b"first"), 5.0))
         await asyncio.sleep(0)
         second = Told()
         assert router.start(route, variant, Call([], b"second"), second)
         assert (await first)[0].body == b"first"
-        # Sent 0.4 s after it came, answered 0.4 s later: past its 0.5 s, which from its
+        # Sent 0.6 s after it came, answered 0.6 s later: past its 0.9 s, which from its
         # turn it would not be.
         response, _, error = await second.wait()
         assert response is None and isinstance(error, ModelError)
@@ -257,11 +314,8 @@ def test_waiting_calls_fail_with_the_variant() -> None:
 
 def test_waiting_calls_move_to_a_new_table_and_go_to_its_instances() -> None:
     async def main() -> None:
-        busy, fresh = Recording(delay_s=1.0), Recording(delay_s=0.0)
-        busy_server, busy_port = await serve(busy)
-        fresh_server, fresh_port = await serve(fresh)
-        router, route, variant = lor_table(busy_port)
-        await warm(variant.instances[0].pool)
+        busy, fresh, servers, router, route, variant = await busy_and_fresh()
+        busy_port, fresh_port = (server.sockets[0].getsockname()[1] for server in servers)
         first = Told()
         assert router.start(route, variant, Call([], b"first"), first)
         waiting = [Told() for _ in range(2)]
@@ -275,14 +329,14 @@ def test_waiting_calls_move_to_a_new_table_and_go_to_its_instances() -> None:
         fresh.bodies.clear()
         router.publish(new_route)
         for n, done in enumerate(waiting):
-            response, _, error = await asyncio.wait_for(done.wait(), 0.9)
+            response, _, error = await asyncio.wait_for(done.wait(), 2.0)
             assert error is None and response.body == b"moved-%d" % n
         assert fresh.bodies == [b"moved-0", b"moved-1"]
         assert not variant.waiters and not new_variant.waiters
         assert (await first.wait())[2] is None
         router.close()
-        busy_server.close()
-        fresh_server.close()
+        for server in servers:
+            server.close()
 
     asyncio.run(main())
 
@@ -298,6 +352,139 @@ def test_a_waiting_call_on_an_endpoint_withdrawn_is_unavailable() -> None:
         assert response is None and isinstance(error, ServiceUnavailable)
         assert "being deleted" in str(error)
         await first.wait()
+        assert list(router.in_flight()) == [] and not router._deadlines._live
+        router.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_waiting_call_keeps_the_admission_it_came_by_across_a_swap_of_tables() -> None:
+    async def main() -> None:
+        busy, fresh, servers, router, route, variant = await busy_and_fresh()
+        busy_port, fresh_port = (server.sockets[0].getsockname()[1] for server in servers)
+        first_admission, _ = counted(router, variant)
+        first = Told()
+        assert router.start(route, variant, Call([], b"first"), first)
+        moved = Told()
+        assert router.start(route, variant, Call([], b"moved"), moved)
+        # The successor counts its own (a serverless variant's MaxConcurrency): the call
+        # it never admitted must not leave it.
+        new_route, new_variant = lor_route(busy_port, fresh_port)
+        new_variant.instances[0] = variant.instances[0]
+        second_admission = Counting()
+        new_variant.admission = second_admission  # type: ignore[assignment]
+        await warm(new_variant.instances[1].pool)
+        router.publish(new_route)
+        response, _, error = await asyncio.wait_for(moved.wait(), 2.0)
+        assert error is None and response.body == b"moved"
+        assert first_admission.active == 1  # the first call's, still at the busy instance
+        assert second_admission.active == 0 and second_admission.admitted == 0
+        router.close()
+        for server in servers:
+            server.close()
+
+    asyncio.run(main())
+
+
+class Failing:
+    """OneModel's dispatch, whose ``start`` raises (or sends nothing, ``sends=False``)
+    for the bodies in ``refuse``."""
+
+    def __init__(self, dispatch: Any, refuse: set[bytes], *, sends: bool = True) -> None:
+        self.dispatch = dispatch
+        self.refuse = refuse
+        self.sends = sends
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.dispatch, name)
+
+    def start(self, instance: Any, call: Call, max_body: Any, on_answer: Any) -> Any:
+        if call.body in self.refuse:
+            if self.sends:
+                raise RuntimeError("a fault in start")
+            return None
+        return self.dispatch.start(instance, call, max_body, on_answer)
+
+
+def test_a_fault_sending_a_waiting_call_is_that_calls_and_the_turn_goes_on() -> None:
+    async def main() -> None:
+        server_handler, server, router, route, variant = await one_instance()
+        (instance,) = variant.instances
+        admission, _ = counted(router, variant)
+        variant.dispatch = Failing(variant.dispatch, {b"faulty"})  # type: ignore[assignment]
+        told = {body: Told() for body in (b"first", b"faulty", b"last")}
+        for body, done in told.items():
+            assert router.start(route, variant, Call([], body), done)
+        first = await told[b"first"].wait()
+        assert first[2] is None and first[0].body == b"first"
+        faulty = await told[b"faulty"].wait()
+        assert faulty[0] is None and isinstance(faulty[2], RuntimeError)
+        last = await told[b"last"].wait()
+        assert last[2] is None and last[0].body == b"last"
+        assert [len(done.outcomes) for done in told.values()] == [1, 1, 1]
+        assert server_handler.bodies == [b"first", b"last"]
+        assert admission.active == 0 and instance.in_flight == 0
+        assert not variant.waiters and not router._deadlines._live
+        router.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_waiting_call_that_cannot_be_sent_on_callbacks_goes_on_in_a_task() -> None:
+    async def main() -> None:
+        server_handler, server, router, route, variant = await one_instance()
+        admission, resumed = counted(router, variant)
+        variant.dispatch = Failing(  # type: ignore[assignment]
+            variant.dispatch, {b"awaits"}, sends=False
+        )
+        first, awaits = Told(), Told()
+        assert router.start(route, variant, Call([], b"first"), first)
+        assert router.start(route, variant, Call([], b"awaits"), awaits)
+        assert (await first.wait())[2] is None
+        response, model_s, error = await awaits.wait()
+        assert error is None and response.body == b"awaits" and model_s > 0
+        assert len(resumed) == 1 and admission.active == 0 and admission.admitted == 2
+        assert server_handler.bodies == [b"first", b"awaits"]
+        assert variant.instances[0].in_flight == 0 and not router._deadlines._live
+        router.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_calls_sent_from_expiries_keep_one_sweep_of_the_deadlines() -> None:
+    """An expired call gives its instance to a waiting one, which adds a deadline from
+    inside the sweep: the sweeps stay one every resolution, not one more each time."""
+
+    async def main() -> None:
+        server_handler, server, router, route, variant = await one_instance(10.0, timeout_s=0.2)
+        deadlines = router._deadlines
+        sweeps: list[float] = []
+        sweep = deadlines._sweep
+
+        def counting_sweep() -> None:
+            sweeps.append(asyncio.get_running_loop().time())
+            sweep()
+
+        deadlines._sweep = counting_sweep  # type: ignore[method-assign]
+        # An expired call's connection is closed: enough idle ones for every call.
+        pool = variant.instances[0].pool
+        await asyncio.gather(*(warm(pool) for _ in range(12)))
+        server_handler.bodies.clear()
+        told: list[Told] = []
+        started = asyncio.get_running_loop().time()
+        for n in range(12):  # a call every 0.1 s, each outliving its 0.2 s
+            told.append(Told())
+            assert router.start(route, variant, Call([], b"%d" % n), told[-1])
+            await asyncio.sleep(0.1)
+        for done in told:
+            assert isinstance((await done.wait())[2], ModelError)
+        elapsed = asyncio.get_running_loop().time() - started
+        # One sweep every 0.1 s while deadlines are live, and some slack.
+        assert len(sweeps) <= elapsed / deadlines.resolution_s + 3, (len(sweeps), elapsed)
+        assert len(server_handler.bodies) >= 2  # calls were sent from the expiries
         router.close()
         server.close()
 

@@ -79,7 +79,9 @@ class Deadlines:
                 deadline.expire(now)
             except Exception:  # one fault must not keep the others from expiring
                 log.exception("expiring a deadline failed")
-        if self._live:
+        # An expiry may have added a deadline (a call whose turn it gave), and with it
+        # the next sweep already: one sweep at a time.
+        if self._live and self._sweep_handle is None:
             self._sweep_handle = self._loop.call_later(self.resolution_s, self._sweep)
 
 

@@ -49,6 +49,7 @@ from shipyard.routing import sessions
 from shipyard.routing.client import Response, StreamedResponse
 from shipyard.routing.deadlines import Deadlines
 from shipyard.routing.instance import Instance, Waiter
+from shipyard.routing.strategies import Admission
 from shipyard.routing.table import EndpointRoute, VariantRoute
 
 log = logging.getLogger(__name__)
@@ -225,12 +226,14 @@ class Router:
         timeout_s: float | None = None,
         tried: list[Instance] | None = None,
         resumed: bool = False,
+        admission: Admission | None = None,
     ) -> tuple[Response, float]:
         """Send one invocation; return the instance's answer and the model latency (s).
         ``timeout_s`` stands in for the router's for this call (a shadow's copies sent
         together have each one's); ``tried``, instances it must not go to. ``resumed``:
         a call ``start`` sent whose instance it never reached, going on here as this loop
-        would have gone on (admitted already, at the front of the queue).
+        would have gone on (admitted already, at the front of the queue); ``admission``,
+        the one it was admitted by (after a swap of tables, not ``variant``'s).
 
         Raises:
             ModelNotReady: no instance of the variant is healthy.
@@ -241,7 +244,8 @@ class Router:
         if tried is None:
             tried = []
         turn = resumed or not variant.waiters  # first come, first served
-        admission = variant.admission
+        if admission is None:
+            admission = variant.admission
         if not resumed:
             admission.admit()
         taken = resumed
@@ -315,14 +319,18 @@ class Router:
         call: Call,
         done: Done,
         when: float | None = None,
+        admission: Admission | None = None,
     ) -> bool:
-        """Send ``call``, admitted already, to ``instance`` on callbacks: counted in
-        flight and watched until ``when`` (the loop's time; the router's timeout from
-        now by default). False when it could not be sent at once: nothing is left
-        counted or watched, and the admission is the caller's."""
+        """Send ``call``, admitted already (by ``admission``, the variant's by default),
+        to ``instance`` on callbacks: counted in flight and watched until ``when`` (the
+        loop's time; the router's timeout from now by default). False when it could not
+        be sent at once: nothing is left counted or watched, and the admission is the
+        caller's, as it is when this raises."""
         flight = _Flight(self, route, variant, instance, call, done)
         if when is not None:
             flight.when = when
+        if admission is not None:
+            flight.admission = admission
         abandon = None
         try:
             if self._deadlines.watch(flight):
@@ -356,11 +364,12 @@ class Router:
         except Exception:
             return False  # refused (no instance ready, a full queue): ``invoke`` raises it
         queued = _Queued(self, route, variant, call, done)
-        if not self._deadlines.watch(queued):
-            return False
-        variant.waiters.append(queued)
         if call.watch_gone is not None:
             queued.unwatch = call.watch_gone(queued.gone)
+        if not self._deadlines.watch(queued):
+            queued.unwatch()
+            return False
+        variant.waiters.append(queued)
         return True
 
     def _resume(self, work: Coroutine[None, None, None]) -> None:
@@ -659,7 +668,7 @@ class _Flight:
 
     __slots__ = (
         "router", "route", "variant", "instance", "call", "done", "when", "sent", "ahead",
-        "abandon", "over",
+        "abandon", "over", "admission",
     )  # fmt: skip
 
     def __init__(
@@ -683,6 +692,9 @@ class _Flight:
         self.ahead = 0
         self.abandon: Callable[[], None] = _nothing
         self.over = False
+        self.admission = variant.admission
+        """What admitted it: its variant's, or (a call that waited through a swap of
+        tables) its first variant's."""
 
     def answered(self, response: Response | None, error: UpstreamError | None) -> None:
         """The instance's answer, or the failure ``dispatch.send`` would raise."""
@@ -693,20 +705,25 @@ class _Flight:
         router, variant, instance = self.router, self.variant, self.instance
         try:
             router._deadlines.drop(self)
-            router._give_back(self.route, variant, instance)
             if response is not None:
+                router._give_back(self.route, variant, instance)
                 model_s = time.perf_counter() - self.sent
                 instance.observe(model_s, self.ahead)
                 variant.dispatch.learn(instance, self.call, response)
-                variant.admission.leave()
+                self.admission.leave()
                 self._tell(response, model_s, None)
                 return
             assert error is not None
             tried: list[Instance] = []
             try:
-                router._unsent(self.route, variant, instance, self.call, error, tried)
+                try:
+                    # As ``invoke``: the instance marked (unreachable) before it is given
+                    # back, so that the turn it gives does not go to it.
+                    router._unsent(self.route, variant, instance, self.call, error, tried)
+                finally:
+                    router._give_back(self.route, variant, instance)
             except Exception as exc:
-                variant.admission.leave()
+                self.admission.leave()
                 self._tell(None, 0.0, exc)
                 return
             # It never reached the instance: on to another, as ``invoke`` goes on, still
@@ -725,6 +742,7 @@ class _Flight:
                 timeout_s=max(left_s, 0.001),
                 tried=tried,
                 resumed=True,
+                admission=self.admission,
             )
         except Exception as exc:
             self._tell(None, 0.0, exc)
@@ -741,7 +759,7 @@ class _Flight:
         try:
             abandon()
             router._give_back(self.route, variant, self.instance)
-            variant.admission.leave()
+            self.admission.leave()
             self._tell(None, 0.0, router.late(variant, reached=True))
         except Exception as exc:
             self._tell(None, 0.0, exc)
@@ -763,13 +781,18 @@ class _Queued:
     gave an instance back) sends it from that callback. So no task is woken and no turn
     of the loop passes between an answer and the next request to that instance: for a
     fast model that gap is the instance's idle time, and the task's wake-up most of the
-    gateway's work for a request that waited.
+    gateway's work for a request that waited. (At a swap of tables, which wakes every
+    waiter, it acts at once where a future acts on the loop's next turn: the order
+    among those woken together may change, as it may among futures.)
 
     It leaves the queue as a waiting ``invoke`` does: its client gone (ClientGone), its
     deadline passed (the router's timeout from when it came), the variant failed or
-    gone. Its deadline carries over to the flight its turn starts."""
+    gone. Its deadline and its admission carry over to the flight its turn starts."""
 
-    __slots__ = ("router", "route", "variant", "call", "tell", "loop", "when", "over", "unwatch")
+    __slots__ = (
+        "router", "route", "variant", "call", "tell", "loop", "when", "over", "unwatch",
+        "admission",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -788,12 +811,15 @@ class _Queued:
         self.when = self.loop.time() + router.timeout_s
         self.over = False
         self.unwatch: Callable[[], None] = _nothing
+        self.admission = variant.admission
+        """What admitted it, left when it is done whatever variant serves it."""
 
     def done(self) -> bool:
         return self.over
 
     def set_result(self, result: None) -> None:
-        """Its turn: the instance now free takes it, sent from here."""
+        """Its turn (taken off the queue): the instance now free takes it, sent from
+        here."""
         if self.over:
             return
         router, call = self.router, self.call
@@ -806,23 +832,29 @@ class _Queued:
             self.variant = variant
             instance = router._choose(variant, call, [], turn=True)
         except Exception as exc:
-            self._finish(exc)
-            # As a waiting ``invoke`` whose turn came as it gave up: the turn goes on.
-            self.loop.call_soon(self.variant.release)
+            self._give_up(exc)
             return
         if instance is None:
             variant.waiters.appendleft(self)  # beaten to it: keep its place at the front
             return
-        self._leave(queued=False)  # taken off the queue for its turn
-        if not router._send(self.route, variant, instance, call, self.tell, self.when):
+        self._leave(queued=False)
+        try:
+            sent = router._send(
+                self.route, variant, instance, call, self.tell, self.when, self.admission
+            )
+        except Exception as exc:  # nothing was sent, nothing is left counted
+            self.over = False
+            self._give_up(exc)
+            return
+        if not sent:
             # Not sent at once (no idle connection, a dispatch that awaits): on as
             # ``invoke`` goes on, in a task, still admitted and first in line.
             router._resume(self._invoke())
 
     def set_exception(self, exception: BaseException) -> None:
-        """Failed while it waited (Router.fail_waiting)."""
+        """Failed while it waited (Router.fail_waiting, which took it off the queue)."""
         if not self.over:
-            self._finish(exception)
+            self._finish(exception, queued=False)
 
     def gone(self) -> None:
         """Its client disconnected while it waited."""
@@ -833,6 +865,12 @@ class _Queued:
         """No turn within the router's timeout: as ``invoke``'s TimeoutError."""
         if not self.over:
             self._finish(self.router.late(self.variant, reached=False))
+
+    def _give_up(self, error: BaseException) -> None:
+        """Failed on its turn: told, and, as a waiting ``invoke`` whose turn came as it
+        gave up, the turn goes on (on the loop's next turn: never into a loop here)."""
+        self._finish(error, queued=False)
+        self.loop.call_soon(self.variant.release)
 
     def _leave(self, *, queued: bool = True) -> None:
         """Out of its deadline, its client's watch and (``queued``) the queue."""
@@ -853,16 +891,21 @@ class _Queued:
                 queue.remove(self)
                 return
 
-    def _finish(self, error: BaseException) -> None:
-        self._leave()
-        self.variant.admission.leave()
+    def _finish(self, error: BaseException, *, queued: bool = True) -> None:
+        self._leave(queued=queued)
+        self.admission.leave()
         self._tell(None, 0.0, error)
 
     async def _invoke(self) -> None:
         left_s = self.when - self.loop.time()
         try:
             response, model_s = await self.router.invoke(
-                self.route, self.variant, self.call, timeout_s=max(left_s, 0.001), resumed=True
+                self.route,
+                self.variant,
+                self.call,
+                timeout_s=max(left_s, 0.001),
+                resumed=True,
+                admission=self.admission,
             )
         except Exception as exc:
             self._tell(None, 0.0, exc)
@@ -870,8 +913,13 @@ class _Queued:
         self._tell(response, model_s, None)
 
     def _tell(self, response: Response | None, model_s: float, error: BaseException | None) -> None:
+        """``tell``, once. It runs inside another call's callback (the answer that gave
+        the turn, the deadlines' sweep): a fault of its own is logged, not raised there."""
         tell, self.tell = self.tell, _told
-        tell(response, model_s, error)
+        try:
+            tell(response, model_s, error)
+        except Exception:
+            log.exception("answering a call that waited for an instance failed")
 
 
 def _nothing() -> None:
