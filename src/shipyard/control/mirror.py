@@ -207,7 +207,6 @@ class FleetMirror:
         ours = self.publisher.router.routes.get(ep.name) is self._tables.get(ep.name)
         if ours and ep.name in self._recorded and self._recorded[ep.name] == routes:
             return
-        self._recorded[ep.name] = routes
         if routes is None:
             # Its holder is starting the fleet or has not recorded it yet: its requests
             # wait for the routes. Nobody holds it (given up for another to take, maybe
@@ -218,14 +217,16 @@ class FleetMirror:
             self._drop(ep.name)
             held = lease is not None and lease.holder is not None
             self.publisher.publish_starting(ep.name, config, waiting=held)
-            self._tables[ep.name] = self.publisher.router.routes.get(ep.name)
-            return
-        config = await self._config(routes["config"])
-        if self.holds(ep.name):
-            return
-        fleet = self._rebuild(ep.name, config, routes)
-        self.fleets[ep.name] = fleet
-        self.publisher.publish(fleet)
+        else:
+            config = await self._config(routes["config"])
+            if self.holds(ep.name):
+                return
+            fleet = self._rebuild(ep.name, config, routes)
+            self.fleets[ep.name] = fleet
+            self.publisher.publish(fleet)
+        # Recorded once published: a pass that failed before (its config unread) leaves
+        # the next pass to publish them.
+        self._recorded[ep.name] = routes
         self._tables[ep.name] = self.publisher.router.routes.get(ep.name)
 
     def _rebuild(self, endpoint: str, config: EndpointConfig, routes: dict[str, Any]) -> Fleet:

@@ -1,0 +1,111 @@
+"""FleetMirror: a pass that fails part way publishes what it could not on the next pass.
+A real SQLite store and lease table, a gateway "other" holding the endpoint's lease and
+recording its routes, and this gateway's mirror publishing them to its router."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shipyard.control.mirror import FleetMirror
+from shipyard.control.publishing import RoutePublisher
+from shipyard.metrics import Metrics
+from shipyard.records import (
+    Endpoint,
+    EndpointConfig,
+    EndpointStatus,
+    RoutingStrategy,
+    VariantSpec,
+)
+from shipyard.routing.router import Router
+from shipyard.storage.leases import ENDPOINT, LeaseStore
+from shipyard.storage.metadata import MetadataStore
+
+
+class Blip(MetadataStore):
+    """The real store, whose reads of the configs in ``failing`` fail once each (the
+    database gone for a moment)."""
+
+    failing: set[str]
+
+    def get_endpoint_config(self, name: str) -> EndpointConfig:
+        if name in self.failing:
+            self.failing.discard(name)
+            raise ConnectionError(f"the database went away reading {name}")
+        return super().get_endpoint_config(name)
+
+
+def config(name: str) -> EndpointConfig:
+    variant = VariantSpec("v1", "m", "ml.m5.large", 1, 1.0, RoutingStrategy.RANDOM)
+    return EndpointConfig(name, f"arn:aws:sagemaker:::endpoint-config/{name}", (variant,), now())
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def routes(config_name: str, port: int) -> dict[str, Any]:
+    """What gateway "other" records of its fleet: one instance of v1 on ``port``."""
+    instance = {
+        "id": f"i-{port}",
+        "url": f"http://127.0.0.1:{port}",
+        "healthy": True,
+        "concurrency": 1,
+        "ref": None,
+    }
+    variant = {"name": "v1", "weight": 1.0, "starting": 0, "prefix": None, "instances": [instance]}
+    return {"config": config_name, "host": socket.gethostname(), "variants": [variant]}
+
+
+def test_routes_whose_config_could_not_be_read_are_published_on_the_next_pass(
+    tmp_path: Path,
+) -> None:
+    store = Blip(f"sqlite:///{tmp_path / 'meta.db'}")
+    store.failing = set()
+    store.migrate()
+    for name in ("c1", "c2"):
+        store.create_endpoint_config(config(name))
+    endpoint = Endpoint(
+        "e", "arn:aws:sagemaker:::endpoint/e", "c1", EndpointStatus.IN_SERVICE, None, now(),
+        now(), (),
+    )  # fmt: skip
+    store.create_endpoint(endpoint, max_endpoints=10)
+    other = LeaseStore(store.engine, holder="other")
+    assert other.claim(ENDPOINT, ["e"], lease_s=60) == {"e": 1}
+    router = Router(timeout_s=5)
+    publisher = RoutePublisher(
+        router=router, metrics=Metrics(), max_in_flight=4, model_routing="affinity"
+    )
+    mirror = FleetMirror(
+        store=store,
+        leases=LeaseStore(store.engine, holder="me"),
+        publisher=publisher,
+        holds=lambda name: False,
+    )
+
+    def urls() -> list[str]:
+        return [i.url for i in router.routes["e"].instances()]
+
+    async def main() -> None:
+        assert other.record_routes("e", routes("c1", 9001))
+        await mirror.refresh(store.list_endpoints)
+        assert urls() == ["http://127.0.0.1:9001"]
+        # The holder moves to a new config and instance; reading that config fails once.
+        assert other.record_routes("e", routes("c2", 9002))
+        store.failing.add("c2")
+        with pytest.raises(ConnectionError):
+            await mirror.refresh(store.list_endpoints)
+        assert urls() == ["http://127.0.0.1:9001"]  # nothing new published yet
+        await mirror.refresh(store.list_endpoints)
+        assert urls() == ["http://127.0.0.1:9002"]
+        router.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()
