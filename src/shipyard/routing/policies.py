@@ -74,8 +74,12 @@ class LeastOutstandingRequests:
     may take one request more than its concurrency, since
     for such fast models the round trip to fetch the next request from the gateway would
     leave it idle a large share of the time (25-40 % less throughput, measured), while a
-    request queued behind a fast one waits little. Ties are broken at random. Fails by
-    returning None.
+    request queued behind a fast one waits little. The time is measured at the gateway,
+    so it holds the gateway's own delays too: under load on a busy gateway a model of
+    about a millisecond reads 1-3 ms, and a bound of 1 ms turned pipelining off when the
+    gateway was busiest (two sklearn instances at c=32: 0.8x of the throughput with 5 ms,
+    bench/results/routing_policies.md). A request pipelined waits behind at most one of
+    a few milliseconds. Ties are broken at random. Fails by returning None.
     """
 
     queues = True
@@ -84,7 +88,7 @@ class LeastOutstandingRequests:
         self,
         *,
         max_in_flight: int,
-        pipeline_below_s: float = 0.001,
+        pipeline_below_s: float = 0.005,
         rng: random.Random | None = None,
     ) -> None:
         self.max_in_flight = max_in_flight
