@@ -308,6 +308,13 @@ def test_bad_requests_are_refused(gw: GatewayProcess, tmp_path: Path) -> None:
     )  # fmt: skip
     refused(lambda: gw.sm.describe_transform_job(TransformJobName="nope"),
             "ValidationException", "Could not find requested job")  # fmt: skip
+    # SageMaker's bounds on the payloads: one, and those in flight to an instance.
+    refused(lambda: transform(gw, unique("tf"), "lines", data.as_uri(), tmp_path / "o2",
+                              MaxPayloadInMB=101),
+            "ValidationException", "MaxPayloadInMB 101 is more than the maximum")  # fmt: skip
+    refused(lambda: transform(gw, unique("tf"), "lines", data.as_uri(), tmp_path / "o2",
+                              MaxConcurrentTransforms=17, MaxPayloadInMB=6),
+            "ValidationException", "MaxConcurrentTransforms 17 x MaxPayloadInMB 6")  # fmt: skip
     wait_done(gw, name)
     refused(lambda: gw.sm.stop_transform_job(TransformJobName=name),
             "ValidationException", "Completed")  # fmt: skip

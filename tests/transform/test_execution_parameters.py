@@ -1,4 +1,5 @@
-"""What a transform takes of a model's ``GET /execution-parameters`` answer."""
+"""What a transform takes of a model's ``GET /execution-parameters`` answer, and the
+concurrency it runs at."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from shipyard.transform.runner import _advertised
+from shipyard.transform.runner import _advertised, bounded_concurrency
 
 
 @pytest.mark.parametrize(
@@ -35,3 +36,14 @@ def test_a_models_execution_parameters_are_taken_within_bounds(
     answer: dict[str, Any], taken: dict[str, Any]
 ) -> None:
     assert _advertised(answer) == taken
+
+
+@pytest.mark.parametrize(
+    ("asked", "payload_mb", "runs"),
+    [(1, 6, 1), (0, 6, 1), (16, 6, 16), (17, 6, 16), (10**9, 6, 16), (128, 1, 100),
+     (4, 100, 1), (3, 40, 2), (8, 0, 8)],
+)  # fmt: skip
+def test_the_payloads_in_flight_to_an_instance_stay_within_100_mb(
+    asked: int, payload_mb: int, runs: int
+) -> None:
+    assert bounded_concurrency(asked, payload_mb) == runs

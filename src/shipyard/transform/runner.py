@@ -52,6 +52,7 @@ from shipyard.transform.jsonpath import (
     compile_filter,
     join_input,
 )
+from shipyard.transform.service import MAX_PAYLOADS_MB
 from shipyard.transform.splitting import decompress, record_batches
 
 log = logging.getLogger(__name__)
@@ -222,19 +223,16 @@ class TransformRun:
         transform_output = request["TransformOutput"]
         processing = request.get("DataProcessing") or {}
         payload_mb = request.get("MaxPayloadInMB", advertised.get("MaxPayloadInMB", 6))
+        payload_mb = max(int(payload_mb), 1)
+        concurrency = int(
+            request.get("MaxConcurrentTransforms") or advertised.get("MaxConcurrentTransforms", 1)
+        )
         return Plan(
             strategy=request.get("BatchStrategy")
             or advertised.get("BatchStrategy")
             or "SingleRecord",
-            max_payload_bytes=max(int(payload_mb), 1) * _MB,
-            concurrency=max(
-                int(
-                    request.get(
-                        "MaxConcurrentTransforms", advertised.get("MaxConcurrentTransforms", 1)
-                    )
-                ),
-                1,
-            ),
+            max_payload_bytes=payload_mb * _MB,
+            concurrency=bounded_concurrency(concurrency, payload_mb),
             split_type=transform_input.get("SplitType", "None"),
             compression=transform_input.get("CompressionType", "None"),
             content_type=transform_input.get("ContentType"),
@@ -492,6 +490,14 @@ def _advertised(parsed: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             usable[key] = min(value, most)
     return usable
+
+
+def bounded_concurrency(asked: int, payload_mb: int) -> int:
+    """MaxConcurrentTransforms as a job runs: at least 1, and within SageMaker's bound on
+    the payloads in flight to one instance, which the gateway holds (MAX_PAYLOADS_MB).
+    A request that gives both values is held to the bound at CreateTransformJob; a value
+    left to the model's execution parameters or to the defaults is cut down here."""
+    return min(max(asked, 1), max(MAX_PAYLOADS_MB // max(payload_mb, 1), 1))
 
 
 _ADVERTISED_LIMITS = {"MaxPayloadInMB": 100, "MaxConcurrentTransforms": 128}

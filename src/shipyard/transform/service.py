@@ -21,6 +21,9 @@ from shipyard.transform.jsonpath import compile_filter
 
 DEFAULT_MAX_PAYLOAD_MB = 6
 DEFAULT_CONCURRENCY = 1
+MAX_PAYLOADS_MB = 100
+"""SageMaker's bound on MaxPayloadInMB, and on MaxConcurrentTransforms x MaxPayloadInMB:
+the payloads in flight to one instance, which the gateway holds."""
 
 
 class TransformService:
@@ -130,8 +133,16 @@ class TransformService:
                 f"{self.max_instances} instances per job."
             )
         payload = request.get("MaxPayloadInMB")
-        if payload is not None and int(payload) > 100:
-            raise InvalidParameter(f"MaxPayloadInMB {payload} is more than the maximum of 100.")
+        if payload is not None and int(payload) > MAX_PAYLOADS_MB:
+            raise InvalidParameter(
+                f"MaxPayloadInMB {payload} is more than the maximum of {MAX_PAYLOADS_MB}."
+            )
+        concurrency = int(request.get("MaxConcurrentTransforms") or 0)
+        if payload is not None and concurrency * int(payload) > MAX_PAYLOADS_MB:
+            raise InvalidParameter(
+                f"MaxConcurrentTransforms {concurrency} x MaxPayloadInMB {payload} is more than "
+                f"the maximum of {MAX_PAYLOADS_MB} MB."
+            )
         processing = request.get("DataProcessing") or {}
         formats = {
             "InputFilter": request["TransformInput"].get("ContentType"),
