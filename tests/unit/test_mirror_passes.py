@@ -10,8 +10,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from shipyard.control.mirror import FleetMirror
 from shipyard.control.publishing import RoutePublisher
 from shipyard.metrics import Metrics
@@ -98,11 +96,53 @@ def test_routes_whose_config_could_not_be_read_are_published_on_the_next_pass(
         # The holder moves to a new config and instance; reading that config fails once.
         assert other.record_routes("e", routes("c2", 9002))
         store.failing.add("c2")
-        with pytest.raises(ConnectionError):
-            await mirror.refresh(store.list_endpoints)
-        assert urls() == ["http://127.0.0.1:9001"]  # nothing new published yet
+        await mirror.refresh(store.list_endpoints)  # logged, and the pass goes on
+        assert urls() == ["http://127.0.0.1:9001"]  # the old routes serve meanwhile
         await mirror.refresh(store.list_endpoints)
         assert urls() == ["http://127.0.0.1:9002"]
+        router.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()
+
+
+def test_an_endpoint_whose_routes_cannot_be_mirrored_holds_up_no_other(tmp_path: Path) -> None:
+    store = Blip(f"sqlite:///{tmp_path / 'meta.db'}")
+    store.failing = set()
+    store.migrate()
+    other = LeaseStore(store.engine, holder="other")
+    for name in ("a", "b"):
+        store.create_endpoint_config(config(f"c-{name}"))
+        endpoint = Endpoint(
+            name, f"arn:aws:sagemaker:::endpoint/{name}", f"c-{name}",
+            EndpointStatus.IN_SERVICE, None, now(), now(), (),
+        )  # fmt: skip
+        store.create_endpoint(endpoint, max_endpoints=10)
+    assert other.claim(ENDPOINT, ["a", "b"], lease_s=60) == {"a": 1, "b": 1}
+    # Endpoint a's routes come from a holder that records them in a shape this gateway
+    # cannot read (another version): b's are mirrored all the same, on every pass.
+    broken = routes("c-a", 9001)
+    del broken["variants"][0]["prefix"]
+    assert other.record_routes("a", broken)
+    assert other.record_routes("b", routes("c-b", 9002))
+    router = Router(timeout_s=5)
+    publisher = RoutePublisher(
+        router=router, metrics=Metrics(), max_in_flight=4, model_routing="affinity"
+    )
+    mirror = FleetMirror(
+        store=store,
+        leases=LeaseStore(store.engine, holder="me"),
+        publisher=publisher,
+        holds=lambda name: False,
+    )
+
+    async def main() -> None:
+        for _ in range(2):
+            await mirror.refresh(store.list_endpoints)
+            assert [i.url for i in router.routes["b"].instances()] == ["http://127.0.0.1:9002"]
+            assert "a" not in router.routes
         router.close()
 
     try:

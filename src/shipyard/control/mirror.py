@@ -186,6 +186,10 @@ class FleetMirror:
                 await self._follow(ep, leases.get(ep.name))
             except ShipyardError as exc:  # its config went meanwhile; the next pass sees
                 log.info("cannot mirror %s yet: %s", ep.name, exc)
+            except Exception:
+                # Not published, so tried again next pass; the others go on meanwhile
+                # (a store gone for a moment, routes recorded by another version).
+                log.exception("cannot mirror %s; retrying", ep.name)
         for name in list(self._recorded):
             if name not in seen:
                 self._let_go(name)
