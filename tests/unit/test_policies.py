@@ -75,6 +75,18 @@ def test_least_outstanding_pipelines_one_more_request_to_fast_instances() -> Non
     assert fast.service_s == pytest.approx(0.0002 + (1.0 - 0.0002) / 8)
 
 
+def test_no_request_is_pipelined_behind_a_streamed_answer() -> None:
+    """A streamed answer may last long, and its time is in no average."""
+    (fast,) = _instances(1)
+    fast.concurrency = 1
+    fast.service_s = 0.0002
+    fast.streams = 1
+    policy = LeastOutstandingRequests(max_in_flight=8)
+    assert policy.choose([fast]) is None
+    fast.streams = 0
+    assert policy.choose([fast]) is fast
+
+
 def test_a_queue_at_the_instance_does_not_count_as_a_slow_model() -> None:
     """An answer that waited behind another on the instance took twice the model's time:
     its service time is half its latency, so pipelining goes on for a fast model."""

@@ -489,3 +489,17 @@ def test_calls_sent_from_expiries_keep_one_sweep_of_the_deadlines() -> None:
         server.close()
 
     asyncio.run(main())
+
+
+def test_a_streamed_exchange_counts_on_its_instance_until_it_is_left() -> None:
+    async def main() -> None:
+        server_handler, server, router, route, variant = await one_instance(0.0)
+        (instance,) = variant.instances
+        async with router.stream(route, variant, Call([], b"streamed")) as exchange:
+            assert instance.streams == 1 and instance.in_flight == 1
+            assert b"".join([c async for c in exchange.response.chunks()]) == b"streamed"
+        assert instance.streams == 0 and instance.in_flight == 0
+        router.close()
+        server.close()
+
+    asyncio.run(main())

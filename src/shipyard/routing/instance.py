@@ -57,6 +57,7 @@ class Instance:
         "last_used",
         "stop_reason",
         "takes_copies",
+        "streams",
     )
 
     def __init__(
@@ -84,6 +85,10 @@ class Instance:
             parts.hostname or "127.0.0.1", parts.port or 80, socket_path=socket_path
         )
         self.in_flight = 0
+        self.streams = 0
+        """Of ``in_flight``, the exchanges whose answer is streamed (response streaming,
+        asynchronous invocations): they may last long, and their time is not in
+        ``service_s``."""
         self.healthy = True
         self.models: dict[str, None] = {}
         self.pinned: deque[Waiter] = deque()

@@ -78,8 +78,10 @@ class LeastOutstandingRequests:
     so it holds the gateway's own delays too: under load on a busy gateway a model of
     about a millisecond reads 1-3 ms, and a bound of 1 ms turned pipelining off when the
     gateway was busiest (two sklearn instances at c=32: 0.8x of the throughput with 5 ms,
-    bench/results/routing_policies.md). A request pipelined waits behind at most one of
-    a few milliseconds. Ties are broken at random. Fails by returning None.
+    bench/results/routing_policies.md). A request pipelined waits behind one of a few
+    milliseconds on average; never behind a streamed answer (``Instance.streams``), which
+    may last long and whose time the average does not hold. Ties are broken at random.
+    Fails by returning None.
     """
 
     queues = True
@@ -105,7 +107,11 @@ class LeastOutstandingRequests:
             if not candidate.healthy or candidate.in_flight > least:
                 continue
             limit = candidate.concurrency or self.max_in_flight
-            if candidate.concurrency and candidate.service_s < self.pipeline_below_s:
+            if (
+                candidate.concurrency
+                and candidate.service_s < self.pipeline_below_s
+                and not candidate.streams
+            ):
                 limit += 1
             if candidate.in_flight >= min(limit, self.max_in_flight):
                 continue

@@ -435,6 +435,7 @@ class Router:
         while True:
             variant, instance = await self._take(route, variant, call, tried, turn)
             turn = True
+            instance.streams += 1
             try:
                 async with contextlib.AsyncExitStack() as stack:
                     started = time.perf_counter()
@@ -448,6 +449,7 @@ class Router:
                     yield Exchange(variant, instance, response, time.perf_counter() - started)
                     return
             finally:
+                instance.streams -= 1
                 self._give_back(route, variant, instance)
 
     # -- choosing and counting --------------------------------------------------------
