@@ -479,3 +479,34 @@ def test_execution_parameters_fill_in_what_the_request_leaves_out(
     env = answers[0]["env"]
     assert env["SAGEMAKER_BATCH"] == "true" and env["SAGEMAKER_EXTRA"] == "from-the-job"
     assert env["SAGEMAKER_MAX_PAYLOAD_IN_MB"] == "6"  # what the request (by default) said
+    assert env["SAGEMAKER_MAX_CONCURRENT_TRANSFORMS"] == "1"
+
+
+def test_a_concurrency_past_sagemakers_bound_runs_within_it(
+    gw: GatewayProcess, tmp_path: Path
+) -> None:
+    """MaxConcurrentTransforms alone, 64 payloads of the default 6 MB: the job runs 16,
+    the most that stay within 100 MB in flight to an instance, and tells the model so."""
+    create_model(gw, "lines", "lines", tmp_path)
+    data = tmp_path / "in"
+    write_csv(data, "a.csv", [[i] for i in range(5)])
+    name = unique("tfbound")
+    transform(gw, name, "lines", data.as_uri(), tmp_path / "out", MaxConcurrentTransforms=64)
+    job = wait_done(gw, name)
+    assert job["TransformJobStatus"] == "Completed", job.get("FailureReason")
+    assert job["MaxConcurrentTransforms"] == 64  # described as asked
+    assert f"transform job {name}: MaxConcurrentTransforms 64 runs as 16" in gw.log()
+    # A model of its own is started with what the request says, within the bound.
+    server = MODELS / "batch_server" / "server.py"
+    gw.sm.create_model(
+        ModelName="batch-server-bound",
+        PrimaryContainer={"Image": f"cmd:{sys.executable} {server}"},
+        ExecutionRoleArn=ROLE,
+    )
+    name = unique("tfbound")
+    transform(gw, name, "batch-server-bound", data.as_uri(), tmp_path / "out2",
+              MaxConcurrentTransforms=64)  # fmt: skip
+    job = wait_done(gw, name)
+    assert job["TransformJobStatus"] == "Completed", job.get("FailureReason")
+    answers = [json.loads(x) for x in (tmp_path / "out2" / "a.csv.out").read_text().splitlines()]
+    assert answers[0]["env"]["SAGEMAKER_MAX_CONCURRENT_TRANSFORMS"] == "16"

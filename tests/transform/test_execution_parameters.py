@@ -28,7 +28,7 @@ from shipyard.transform.runner import _advertised, bounded_concurrency
         # A model cannot push the gateway past the limits.
         (
             {"MaxPayloadInMB": 10**9, "MaxConcurrentTransforms": 10**9},
-            {"MaxPayloadInMB": 100, "MaxConcurrentTransforms": 128},
+            {"MaxPayloadInMB": 100, "MaxConcurrentTransforms": 100},
         ),
     ],
 )

@@ -191,11 +191,17 @@ class TransformRun:
             ),
             created=now(),
         )
+        payload_mb = int(request.get("MaxPayloadInMB", 6))
+        # What the job runs at as far as the request says (the model's execution
+        # parameters, read once it is up, may fill in what the request leaves out).
+        concurrency = bounded_concurrency(
+            int(request.get("MaxConcurrentTransforms") or 1), payload_mb
+        )
         environment = {
             "SAGEMAKER_BATCH": "true",
-            "SAGEMAKER_MAX_PAYLOAD_IN_MB": str(request.get("MaxPayloadInMB", 6)),
+            "SAGEMAKER_MAX_PAYLOAD_IN_MB": str(payload_mb),
             "SAGEMAKER_BATCH_STRATEGY": _strategy_env(request.get("BatchStrategy")),
-            "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": str(request.get("MaxConcurrentTransforms", 1)),
+            "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": str(concurrency),
             **dict(request.get("Environment") or {}),
         }
         try:
@@ -224,15 +230,22 @@ class TransformRun:
         processing = request.get("DataProcessing") or {}
         payload_mb = request.get("MaxPayloadInMB", advertised.get("MaxPayloadInMB", 6))
         payload_mb = max(int(payload_mb), 1)
-        concurrency = int(
+        asked = int(
             request.get("MaxConcurrentTransforms") or advertised.get("MaxConcurrentTransforms", 1)
         )
+        concurrency = bounded_concurrency(asked, payload_mb)
+        if concurrency < asked:
+            log.warning(
+                "transform job %s: MaxConcurrentTransforms %d runs as %d, the most payloads "
+                "of %d MB that stay within %d MB in flight to an instance",
+                self.job.name, asked, concurrency, payload_mb, MAX_PAYLOADS_MB,
+            )  # fmt: skip
         return Plan(
             strategy=request.get("BatchStrategy")
             or advertised.get("BatchStrategy")
             or "SingleRecord",
             max_payload_bytes=payload_mb * _MB,
-            concurrency=bounded_concurrency(concurrency, payload_mb),
+            concurrency=concurrency,
             split_type=transform_input.get("SplitType", "None"),
             compression=transform_input.get("CompressionType", "None"),
             content_type=transform_input.get("ContentType"),
@@ -500,6 +513,6 @@ def bounded_concurrency(asked: int, payload_mb: int) -> int:
     return min(max(asked, 1), max(MAX_PAYLOADS_MB // max(payload_mb, 1), 1))
 
 
-_ADVERTISED_LIMITS = {"MaxPayloadInMB": 100, "MaxConcurrentTransforms": 128}
-"""The most a model's answer is taken at: SageMaker's limit on the payload, and ours on
-the requests the gateway keeps in flight to one instance of a transform."""
+_ADVERTISED_LIMITS = {"MaxPayloadInMB": MAX_PAYLOADS_MB, "MaxConcurrentTransforms": MAX_PAYLOADS_MB}
+"""The most a model's answer is taken at: SageMaker's limits (the payloads in flight to
+an instance are cut down to theirs by ``bounded_concurrency``)."""
