@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from tests.conftest import GatewayProcess, deploy, wait_until
+from tests.conftest import GatewayProcess, deploy, in_flight, wait_until
 
 
 def post_and_leave(gw: GatewayProcess, body: bytes, after_s: float) -> None:
@@ -27,14 +27,16 @@ def post_and_leave(gw: GatewayProcess, body: bytes, after_s: float) -> None:
         time.sleep(after_s)
 
 
-def test_a_client_that_leaves_while_queued_is_never_served(
+def queued_endpoint(
     gateway_factory: Any, model_tarball: Any, tmp_path: Path
-) -> None:
+) -> tuple[GatewayProcess, Path, Any]:
+    """A gateway with endpoint ``queued`` (the sleepy model, LEAST_OUTSTANDING_REQUESTS,
+    one handler thread: the instance gets one request plus one pipelined, the gateway
+    holds the rest), the file where the model notes each request it starts, and a
+    runtime client."""
     gw = gateway_factory()
     started = tmp_path / "started"
     started.touch()
-    # One handler thread: the gateway sends the instance one request plus one pipelined,
-    # and queues the rest.
     deploy(
         gw.sm,
         "queued",
@@ -42,7 +44,13 @@ def test_a_client_that_leaves_while_queued_is_never_served(
         strategy="LEAST_OUTSTANDING_REQUESTS",
         environment={"SLEEPY_STARTED_FILE": str(started), "SAGEMAKER_MODEL_SERVER_WORKERS": "1"},
     )
-    rt = gw.client("sagemaker-runtime", max_attempts=1)
+    return gw, started, gw.client("sagemaker-runtime", max_attempts=1)
+
+
+def test_a_client_that_leaves_while_queued_is_never_served(
+    gateway_factory: Any, model_tarball: Any, tmp_path: Path
+) -> None:
+    gw, started, rt = queued_endpoint(gateway_factory, model_tarball, tmp_path)
     answers: list[Any] = []
 
     def invoke(body: dict[str, Any]) -> None:
@@ -70,3 +78,40 @@ def test_a_client_that_leaves_while_queued_is_never_served(
     # three) queued at the gateway left with their clients.
     assert lines.count("gone") <= 1, lines
     assert len(answers) == 2
+
+
+def test_many_clients_that_leave_while_queued_leave_nothing_behind(
+    gateway_factory: Any, model_tarball: Any, tmp_path: Path
+) -> None:
+    """Forty clients queue behind a busy instance and hang up at scattered times: none is
+    served, none is left counted in flight or waiting, and the next client is served."""
+    gw, started, rt = queued_endpoint(gateway_factory, model_tarball, tmp_path)
+
+    def invoke(body: dict[str, Any]) -> dict[str, Any]:
+        out = rt.invoke_endpoint(EndpointName="queued", Body=json.dumps(body).encode())
+        return json.loads(out["Body"].read())
+
+    answers: list[dict[str, Any]] = []
+    busy = threading.Thread(target=lambda: answers.append(invoke({"sleep": 3, "tag": "busy"})))
+    busy.start()
+    wait_until(lambda: "busy" in started.read_text(), "the first request under way")
+    leavers = [
+        threading.Thread(
+            target=post_and_leave, args=(gw, b'{"tag": "gone"}', 0.05 + 0.02 * (n % 20))
+        )
+        for n in range(40)
+    ]
+    for leaver in leavers:
+        leaver.start()
+    for leaver in leavers:
+        leaver.join()
+    # Everyone who came after the busy request has left; only it is in flight (and at most
+    # one request pipelined behind it, already at the instance).
+    wait_until(lambda: in_flight(gw, "queued") <= 2, "the leavers gone from the queue")
+    busy.join()
+    assert invoke({"tag": "stayed"})["slept"] == 0
+    wait_until(lambda: in_flight(gw, "queued") == 0, "nothing left in flight")
+    lines = started.read_text().split()
+    assert lines.count("busy") == 1 and lines.count("stayed") == 1
+    assert lines.count("gone") <= 1, lines
+    assert len(answers) == 1
