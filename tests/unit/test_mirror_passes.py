@@ -60,21 +60,26 @@ def routes(config_name: str, port: int) -> dict[str, Any]:
     return {"config": config_name, "host": socket.gethostname(), "variants": [variant]}
 
 
-def test_routes_whose_config_could_not_be_read_are_published_on_the_next_pass(
-    tmp_path: Path,
-) -> None:
+def store_of(tmp_path: Path, endpoints: dict[str, str]) -> tuple[Blip, LeaseStore]:
+    """A migrated store with ``endpoints`` (name: config, InService), each config in it,
+    and gateway "other" holding every endpoint's lease."""
     store = Blip(f"sqlite:///{tmp_path / 'meta.db'}")
     store.failing = set()
     store.migrate()
-    for name in ("c1", "c2"):
-        store.create_endpoint_config(config(name))
-    endpoint = Endpoint(
-        "e", "arn:aws:sagemaker:::endpoint/e", "c1", EndpointStatus.IN_SERVICE, None, now(),
-        now(), (),
-    )  # fmt: skip
-    store.create_endpoint(endpoint, max_endpoints=10)
+    for name, config_name in endpoints.items():
+        store.create_endpoint_config(config(config_name))
+        endpoint = Endpoint(
+            name, f"arn:aws:sagemaker:::endpoint/{name}", config_name,
+            EndpointStatus.IN_SERVICE, None, now(), now(), (),
+        )  # fmt: skip
+        store.create_endpoint(endpoint, max_endpoints=10)
     other = LeaseStore(store.engine, holder="other")
-    assert other.claim(ENDPOINT, ["e"], lease_s=60) == {"e": 1}
+    assert other.claim(ENDPOINT, list(endpoints), lease_s=60) == dict.fromkeys(endpoints, 1)
+    return store, other
+
+
+def mirror_of(store: Blip) -> tuple[Router, FleetMirror]:
+    """This gateway ("me", holding nothing): its router and its mirror of the store."""
     router = Router(timeout_s=5)
     publisher = RoutePublisher(
         router=router, metrics=Metrics(), max_in_flight=4, model_routing="affinity"
@@ -85,6 +90,15 @@ def test_routes_whose_config_could_not_be_read_are_published_on_the_next_pass(
         publisher=publisher,
         holds=lambda name: False,
     )
+    return router, mirror
+
+
+def test_routes_whose_config_could_not_be_read_are_published_on_the_next_pass(
+    tmp_path: Path,
+) -> None:
+    store, other = store_of(tmp_path, {"e": "c1"})
+    store.create_endpoint_config(config("c2"))
+    router, mirror = mirror_of(store)
 
     def urls() -> list[str]:
         return [i.url for i in router.routes["e"].instances()]
@@ -109,34 +123,14 @@ def test_routes_whose_config_could_not_be_read_are_published_on_the_next_pass(
 
 
 def test_an_endpoint_whose_routes_cannot_be_mirrored_holds_up_no_other(tmp_path: Path) -> None:
-    store = Blip(f"sqlite:///{tmp_path / 'meta.db'}")
-    store.failing = set()
-    store.migrate()
-    other = LeaseStore(store.engine, holder="other")
-    for name in ("a", "b"):
-        store.create_endpoint_config(config(f"c-{name}"))
-        endpoint = Endpoint(
-            name, f"arn:aws:sagemaker:::endpoint/{name}", f"c-{name}",
-            EndpointStatus.IN_SERVICE, None, now(), now(), (),
-        )  # fmt: skip
-        store.create_endpoint(endpoint, max_endpoints=10)
-    assert other.claim(ENDPOINT, ["a", "b"], lease_s=60) == {"a": 1, "b": 1}
+    store, other = store_of(tmp_path, {"a": "c-a", "b": "c-b"})
     # Endpoint a's routes come from a holder that records them in a shape this gateway
     # cannot read (another version): b's are mirrored all the same, on every pass.
     broken = routes("c-a", 9001)
     del broken["variants"][0]["prefix"]
     assert other.record_routes("a", broken)
     assert other.record_routes("b", routes("c-b", 9002))
-    router = Router(timeout_s=5)
-    publisher = RoutePublisher(
-        router=router, metrics=Metrics(), max_in_flight=4, model_routing="affinity"
-    )
-    mirror = FleetMirror(
-        store=store,
-        leases=LeaseStore(store.engine, holder="me"),
-        publisher=publisher,
-        holds=lambda name: False,
-    )
+    router, mirror = mirror_of(store)
 
     async def main() -> None:
         for _ in range(2):

@@ -149,7 +149,7 @@ class Router:
         self._rng = rng or random.Random()
         self._deadlines = Deadlines()
         self._resumed: set[asyncio.Task[None]] = set()
-        """Started calls going on in a task (_Flight._elsewhere), held until done."""
+        """Started calls going on in a task (_go_on), held until done."""
 
     def __repr__(self) -> str:
         return f"Router(endpoints={sorted(self.routes)})"
@@ -326,11 +326,7 @@ class Router:
         loop's time; the router's timeout from now by default). False when it could not
         be sent at once: nothing is left counted or watched, and the admission is the
         caller's, as it is when this raises."""
-        flight = _Flight(self, route, variant, instance, call, done)
-        if when is not None:
-            flight.when = when
-        if admission is not None:
-            flight.admission = admission
+        flight = _Flight(self, route, variant, instance, call, done, when, admission)
         abandon = None
         try:
             if self._deadlines.watch(flight):
@@ -376,6 +372,35 @@ class Router:
         task = asyncio.get_running_loop().create_task(work)
         self._resumed.add(task)
         task.add_done_callback(self._resumed.discard)
+
+    async def _go_on(
+        self,
+        route: EndpointRoute,
+        variant: VariantRoute,
+        call: Call,
+        when: float,
+        admission: Admission,
+        tell: Done,
+        tried: list[Instance] | None = None,
+    ) -> None:
+        """A call started on callbacks going on in a task as ``invoke`` goes on (admitted
+        already by ``admission``, first in line), until its deadline ``when`` (the
+        loop's time); its outcome to ``tell``."""
+        left_s = when - asyncio.get_running_loop().time()
+        try:
+            response, model_s = await self.invoke(
+                route,
+                variant,
+                call,
+                timeout_s=max(left_s, 0.001),
+                tried=tried,
+                resumed=True,
+                admission=admission,
+            )
+        except Exception as exc:
+            tell(None, 0.0, exc)
+            return
+        tell(response, model_s, None)
 
     def late(self, variant: VariantRoute, *, reached: bool) -> ModelNotReady | ModelError:
         """The error for a call with no answer within ``timeout_s``: a serverless variant
@@ -681,6 +706,8 @@ class _Flight:
         instance: Instance,
         call: Call,
         done: Done,
+        when: float | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.router = router
         self.route = route
@@ -688,13 +715,14 @@ class _Flight:
         self.instance = instance
         self.call = call
         self.done = done
-        loop = asyncio.get_running_loop()
-        self.when = loop.time() + router.timeout_s
+        self.when = asyncio.get_running_loop().time() + router.timeout_s if when is None else when
+        """Its deadline (the loop's time): the router's timeout from now, or from when a
+        call that waited came."""
         self.sent = time.perf_counter()
         self.ahead = 0
         self.abandon: Callable[[], None] = _nothing
         self.over = False
-        self.admission = variant.admission
+        self.admission = variant.admission if admission is None else admission
         """What admitted it: its variant's, or (a call that waited through a swap of
         tables) its first variant's."""
 
@@ -730,26 +758,13 @@ class _Flight:
                 return
             # It never reached the instance: on to another, as ``invoke`` goes on, still
             # admitted (``invoke`` leaves).
-            router._resume(self._elsewhere(tried))
-        except Exception as exc:
-            self._tell(None, 0.0, exc)
-
-    async def _elsewhere(self, tried: list[Instance]) -> None:
-        left_s = self.when - asyncio.get_running_loop().time()
-        try:
-            response, model_s = await self.router.invoke(
-                self.route,
-                self.variant,
-                self.call,
-                timeout_s=max(left_s, 0.001),
-                tried=tried,
-                resumed=True,
-                admission=self.admission,
+            router._resume(
+                router._go_on(
+                    self.route, variant, self.call, self.when, self.admission, self._tell, tried
+                )
             )
         except Exception as exc:
             self._tell(None, 0.0, exc)
-            return
-        self._tell(response, model_s, None)
 
     def expire(self, now: float) -> None:
         """The deadline passed with no answer: as ``invoke``'s TimeoutError."""
@@ -851,7 +866,9 @@ class _Queued:
         if not sent:
             # Not sent at once (no idle connection, a dispatch that awaits): on as
             # ``invoke`` goes on, in a task, still admitted and first in line.
-            router._resume(self._invoke())
+            router._resume(
+                router._go_on(self.route, variant, call, self.when, self.admission, self._tell)
+            )
 
     def set_exception(self, exception: BaseException) -> None:
         """Failed while it waited (Router.fail_waiting, which took it off the queue)."""
@@ -897,22 +914,6 @@ class _Queued:
         self._leave(queued=queued)
         self.admission.leave()
         self._tell(None, 0.0, error)
-
-    async def _invoke(self) -> None:
-        left_s = self.when - self.loop.time()
-        try:
-            response, model_s = await self.router.invoke(
-                self.route,
-                self.variant,
-                self.call,
-                timeout_s=max(left_s, 0.001),
-                resumed=True,
-                admission=self.admission,
-            )
-        except Exception as exc:
-            self._tell(None, 0.0, exc)
-            return
-        self._tell(response, model_s, None)
 
     def _tell(self, response: Response | None, model_s: float, error: BaseException | None) -> None:
         """``tell``, once. It runs inside another call's callback (the answer that gave

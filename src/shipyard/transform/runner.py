@@ -52,7 +52,11 @@ from shipyard.transform.jsonpath import (
     compile_filter,
     join_input,
 )
-from shipyard.transform.service import MAX_PAYLOADS_MB
+from shipyard.transform.service import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_MAX_PAYLOAD_MB,
+    MAX_PAYLOADS_MB,
+)
 from shipyard.transform.splitting import decompress, record_batches
 
 log = logging.getLogger(__name__)
@@ -191,11 +195,11 @@ class TransformRun:
             ),
             created=now(),
         )
-        payload_mb = int(request.get("MaxPayloadInMB", 6))
+        payload_mb = int(request.get("MaxPayloadInMB", DEFAULT_MAX_PAYLOAD_MB))
         # What the job runs at as far as the request says (the model's execution
         # parameters, read once it is up, may fill in what the request leaves out).
         concurrency = bounded_concurrency(
-            int(request.get("MaxConcurrentTransforms") or 1), payload_mb
+            int(request.get("MaxConcurrentTransforms") or DEFAULT_CONCURRENCY), payload_mb
         )
         environment = {
             "SAGEMAKER_BATCH": "true",
@@ -228,10 +232,13 @@ class TransformRun:
         transform_input = request["TransformInput"]
         transform_output = request["TransformOutput"]
         processing = request.get("DataProcessing") or {}
-        payload_mb = request.get("MaxPayloadInMB", advertised.get("MaxPayloadInMB", 6))
+        payload_mb = request.get(
+            "MaxPayloadInMB", advertised.get("MaxPayloadInMB", DEFAULT_MAX_PAYLOAD_MB)
+        )
         payload_mb = max(int(payload_mb), 1)
         asked = int(
-            request.get("MaxConcurrentTransforms") or advertised.get("MaxConcurrentTransforms", 1)
+            request.get("MaxConcurrentTransforms")
+            or advertised.get("MaxConcurrentTransforms", DEFAULT_CONCURRENCY)
         )
         concurrency = bounded_concurrency(asked, payload_mb)
         if concurrency < asked:
