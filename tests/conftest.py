@@ -161,6 +161,25 @@ class GatewayProcess:
 def start_gateway(
     home: Path, *, extra_env: dict[str, str] | None = None, args: list[str] | None = None
 ) -> GatewayProcess:
+    """Start a gateway on a free port; ready once it answers /healthz *and* listens there.
+
+    A port found free may be taken before the gateway binds it (by another test's server,
+    or another gateway started at the same moment). Then our gateway exits with "address
+    already in use" while the other process answers: readiness counts only a listening
+    socket of the gateway's own process, and a lost race starts again on another port.
+    """
+    for _ in range(3):
+        gw = _launch_gateway(home, extra_env, args)
+        if (outcome := _wait_ready(gw)) == "ready":
+            return gw
+        if outcome != "port taken":
+            raise RuntimeError(f"gateway {outcome}:\n{gw.log()}")
+    raise RuntimeError(f"gateway lost the race for a free port three times:\n{gw.log()}")
+
+
+def _launch_gateway(
+    home: Path, extra_env: dict[str, str] | None, args: list[str] | None
+) -> GatewayProcess:
     port = free_port()
     env = {**os.environ, "SHIPYARD_HEALTH_CHECK_PERIOD_S": "0.5", **(extra_env or {})}
     log_path = home / f"gateway-{port}.log"
@@ -183,19 +202,34 @@ def start_gateway(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    gw = GatewayProcess(f"http://127.0.0.1:{port}", home, process, log_path, env)
+    return GatewayProcess(f"http://127.0.0.1:{port}", home, process, log_path, env)
+
+
+def _wait_ready(gw: GatewayProcess) -> str:
+    """ "ready", "port taken" (exited, its port in use), or why it is not ready."""
+    port = int(gw.url.rsplit(":", 1)[1])
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"gateway exited early:\n{gw.log()}")
-        try:
-            if gw.get("/healthz")[0] == 200:
-                return gw
-        except OSError:
-            pass
+        if gw.process.poll() is not None:
+            taken = "address already in use" in gw.log().lower()
+            return "port taken" if taken else "exited early"
+        if _listens(gw.process.pid, port):
+            try:
+                if gw.get("/healthz")[0] == 200:
+                    return "ready"
+            except OSError:
+                pass
         time.sleep(0.05)
     gw.stop(signal.SIGKILL)
-    raise RuntimeError(f"gateway did not become ready:\n{gw.log()}")
+    return "did not become ready"
+
+
+def _listens(pid: int, port: int) -> bool:
+    try:
+        sockets = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.Error:
+        return False
+    return any(s.status == psutil.CONN_LISTEN and s.laddr.port == port for s in sockets)
 
 
 @pytest.fixture
