@@ -48,6 +48,7 @@ from shipyard.logs.service import LogService
 from shipyard.metrics import Metrics
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.router import Router
+from shipyard.routing.sessions import Sessions
 from shipyard.routing.shadow import ShadowCopier
 from shipyard.settings import Settings
 from shipyard.stack_config import StackConfig
@@ -56,6 +57,7 @@ from shipyard.storage.events import EventLog
 from shipyard.storage.filesystems import Filesystems
 from shipyard.storage.metadata import MetadataStore
 from shipyard.storage.objects import ObjectStore
+from shipyard.storage.secrets import shared_secret
 from shipyard.storage.tags import Tagging, TagStore
 from shipyard.transform import assembly as transform_assembly
 
@@ -124,6 +126,7 @@ class Gateway:
         self.invocations = Invocations(
             self.router,
             shadows=self.shadows,
+            sessions=Sessions(ttl_s=settings.session_ttl_s),
             region=settings.region,
             account_id=settings.account_id,
         )
@@ -318,6 +321,10 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await asyncio.to_thread(self.store.migrate)
+        # Session ids are signed with the store's key, so every gateway reads them alike.
+        self.invocations.sessions.key = await asyncio.to_thread(
+            shared_secret, self.store.engine, "sessions"
+        )
         self.backend.stop_leftovers()
         await self.reconciler.announce_known()
         # Started in this order and stopped in the reverse one: the consumer and the

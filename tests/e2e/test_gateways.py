@@ -292,3 +292,30 @@ def test_the_gateway_that_scales_an_endpoint_counts_the_requests_the_others_rout
     assert instance_pids(holder.process.pid), "the holder kept the endpoint"
     (step,) = [a for a in activities(holder, name) if "2" in a["Description"]]
     assert "SageMakerVariantInvocationsPerInstance" in step["Cause"]
+
+
+def test_a_session_opened_through_one_gateway_is_followed_through_the_other(
+    two_gateways: tuple[GatewayProcess, GatewayProcess],
+) -> None:
+    """Session ids are signed with the store's shared key and name their instance, so
+    the gateway that did not open a session routes it too (routing/sessions.py)."""
+    from botocore.exceptions import ClientError
+
+    from tests.e2e.test_sessions import IMAGE, MODELS, ask
+
+    a, b = two_gateways
+    deploy(a.sm, "talks", (MODELS / "sessions").as_uri(), image=IMAGE, count=2)
+    wait_until(lambda: _answers(a, "talks") and _answers(b, "talks"), "both answer", 60)
+    ra, rb = a.client("sagemaker-runtime"), b.client("sagemaker-runtime")
+    first, out = ask(ra, "talks", SessionId="NEW_SESSION")
+    session = out["NewSessionId"].split(";")[0]
+    turns = [ask(rt, "talks", SessionId=session)[0] for rt in (rb, ra, rb, rb)]
+    assert {t["pid"] for t in turns} == {first["pid"]}
+    assert [t["turn"] for t in turns] == [2, 3, 4, 5]
+
+    closing, out = ask(rb, "talks", b"close", SessionId=session)
+    assert out["ClosedSessionId"] == session
+    for rt, sid in ((rb, session), (ra, "0" * len(session)), (rb, "never-opened")):
+        with pytest.raises(ClientError) as refused:
+            ask(rt, "talks", SessionId=sid)
+        assert refused.value.response["Error"]["Code"] == "ValidationError"

@@ -7,12 +7,16 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Callable
+from datetime import UTC, datetime
+from http.client import HTTPConnection
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
 
 from tests.conftest import MODELS, GatewayProcess, deploy, wait_until
+from tests.e2e.test_gateway_workers import _established, _workers
 from tests.e2e.test_inference_components import component_endpoint, wait_component
 
 SERVER = MODELS / "sessions" / "server.py"
@@ -163,3 +167,68 @@ def test_a_session_follows_its_instance_across_weighted_variants(gateway: Gatewa
         answer, out = ask(rt, "split", SessionId=session)
         assert answer["pid"] == first["pid"]
         assert out["InvokedProductionVariant"] == variant
+
+
+def _session_request(port: int, session: str, body: bytes = b"hi") -> HTTPConnection:
+    """A session's request on a connection of its own, left open (its answer unread)."""
+    conn = HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Content-Type": "application/json", "X-Amzn-SageMaker-Session-Id": session}
+    conn.request("POST", "/endpoints/chat/invocations", body, headers)
+    return conn
+
+
+def test_a_session_is_followed_whichever_worker_takes_its_requests(
+    gateway_factory: Callable[..., GatewayProcess],
+) -> None:
+    """``--workers 2``: each worker routes by the id alone, so a session's requests reach
+    its instance whichever worker accepts their connection."""
+    gw = gateway_factory(args=["--workers", "2"])
+    workers = _workers(gw)
+    deploy(gw.sm, "chat", (MODELS / "sessions").as_uri(), image=IMAGE, count=2,
+           strategy="LEAST_OUTSTANDING_REQUESTS")  # fmt: skip
+    first, out = ask(gw.rt, "chat", SessionId="NEW_SESSION")
+    session = out["NewSessionId"].split(";")[0]
+    port = int(gw.url.rsplit(":", 1)[1])
+    answers: list[dict[str, Any]] = []
+    conns: list[HTTPConnection] = []
+
+    def both_workers_served() -> bool:
+        conn = _session_request(port, session)
+        conns.append(conn)
+        reply = conn.getresponse()
+        assert reply.status == 200, reply.read()
+        answers.append(json.loads(reply.read()))
+        return len(conns) >= 400 or min(_established(w, port) for w in workers) >= 1
+
+    try:
+        wait_until(both_workers_served, "session requests held by both workers")
+        assert min(_established(w, port) for w in workers) >= 1
+    finally:
+        for conn in conns:
+            conn.close()
+    assert {a["pid"] for a in answers} == {first["pid"]}
+    assert [a["turn"] for a in answers] == list(range(2, len(answers) + 2))
+
+
+def test_a_session_lives_as_long_as_shipyard_session_ttl_s(
+    gateway_factory: Callable[..., GatewayProcess],
+) -> None:
+    gw = gateway_factory(extra_env={"SHIPYARD_SESSION_TTL_S": "3"})
+    deploy(gw.sm, "brief", (MODELS / "sessions").as_uri(), image=IMAGE, count=1)
+    before = datetime.now(UTC)
+    _, out = ask(gw.rt, "brief", SessionId="NEW_SESSION")
+    session, expires = out["NewSessionId"].split("; Expires=")
+    at = datetime.strptime(expires, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    assert 1 <= (at - before).total_seconds() <= 4
+    assert ask(gw.rt, "brief", SessionId=session)[0]["turn"] == 2
+
+    def refused() -> bool:
+        try:
+            ask(gw.rt, "brief", SessionId=session)
+        except ClientError as exc:
+            assert exc.response["Error"]["Code"] == "ValidationError"
+            return True
+        return False
+
+    wait_until(refused, "the session expired", timeout_s=15)
+    assert datetime.now(UTC) >= at

@@ -35,12 +35,18 @@ from shipyard.routing.multimodel import refusal, target_model
 from shipyard.routing.pipeline import FAILED_CONTAINER
 from shipyard.routing.router import Call, Exchange, Router
 from shipyard.routing.sessions import CLOSED_HEADER, NEW_SESSION, REQUEST_HEADER, Sessions
+from shipyard.routing.sessions import gone as sessions_gone
 from shipyard.routing.shadow import ShadowCopier
 from shipyard.routing.table import EndpointRoute, VariantRoute
 
 log = logging.getLogger(__name__)
 
 _OCTET_STREAM = b"application/octet-stream"
+SESSION_TABLE_WAIT_S = 2.0
+"""How long a session's request whose instance this gateway's table lacks, while the
+endpoint expects instances, waits for the next table: several passes of a gateway that
+follows another's fleet (control/mirror.py), which may not list an instance yet that
+the gateway opening the session already routed to."""
 _ERROR_BODY_BYTES = 1 << 20
 """Of a streamed error answer, at most this much is read into the ModelError."""
 
@@ -107,6 +113,8 @@ class Invocations:
         """Read the call's SessionId (routing/sessions.py): pin the call to its session's
         instance, or, for NEW_SESSION, give the model the new session's id. True when
         the call opens a session."""
+        if call.opening is not None:
+            return True  # read already (``start``, then ``run``): its id may be made
         # The doors forward headers under their canonical names (contract.FORWARDED), so
         # no name is lower-cased here, on every request.
         found = -1
@@ -116,15 +124,41 @@ class Invocations:
                 break
         if found < 0:
             return False
-        key, value = call.headers[found]
-        asked = value.decode(errors="replace")
+        asked = call.headers[found][1].decode(errors="replace")
         if asked == NEW_SESSION:
-            call.session = self.sessions.new_id()
-            call.headers[found] = (key, call.session.encode())
+            call.opening = self.sessions  # its id is made once its instance is chosen
             return True
         call.session = asked
-        call.pinned = self.sessions.instance_for(route.name, asked)
+        places = [v.instances for v in route.variants if not v.shadow]
+        if call.variant is not None:
+            places.insert(0, call.variant.instances)  # an inference component's copies
+        # None: not in this table (``_placed`` waits for the next one, or refuses it).
+        call.pinned = self.sessions.instance_for(route.name, asked, places)
         return False
+
+    async def _placed(self, route: EndpointRoute, call: Call) -> tuple[EndpointRoute, VariantRoute]:
+        """The route and variant of a session's call whose instance the table lacks.
+
+        On a table that expects instances (a fleet followed from another gateway, or
+        instances starting) the instance may be one this gateway has yet to learn of:
+        wait for the next table, up to SESSION_TABLE_WAIT_S, and look again. Otherwise,
+        or if it is still missing, the instance is gone.
+
+        Raises:
+            RuntimeValidationError: the session's instance is gone.
+        """
+        session = call.session or ""
+        variants = [*route.variants, *route.components.values()]
+        if not any(v.coming for v in variants):
+            raise sessions_gone(session)
+        await self.router.next_table(route.name, SESSION_TABLE_WAIT_S)
+        route = self.route(route.name)
+        call.variant = None
+        variant = self.pick(route, call)
+        self._session(route, call)
+        if call.pinned is None:
+            raise sessions_gone(session)
+        return route, variant
 
     @staticmethod
     def _session_variant(route: EndpointRoute, call: Call, variant: VariantRoute) -> VariantRoute:
@@ -145,11 +179,11 @@ class Invocations:
     ) -> None:
         """After a good answer: the session the call opened is recorded on the instance
         that gave it; one the model closed is forgotten."""
-        if opening and call.session is not None and call.instance is not None:
-            session = self.sessions.open(call.session, route.name, call.instance)
-            call.opened = session.header(call.session)
+        if opening and call.session is not None:
+            call.opened = self.sessions.opened(call.session, route.name)
         if closed:
-            self.sessions.close(closed.decode(errors="replace").strip(), route.name)
+            closing = closed.decode(errors="replace").strip()
+            self.sessions.close(closing, route.name, call.instance)
 
     @staticmethod
     def component(route: EndpointRoute, name: str | None) -> VariantRoute:
@@ -186,6 +220,8 @@ class Invocations:
         """
         variant = call.variant or self.pick(route, call)
         opening = self._session(route, call)
+        if call.session is not None and call.pinned is None and not opening:
+            route, variant = await self._placed(route, call)
         if call.pinned is not None:
             variant = self._session_variant(route, call, variant)
         shadows = self.shadows
@@ -212,7 +248,7 @@ class Invocations:
         is ``run``'s too."""
         variant = call.variant or self.pick(route, call)
         opening = self._session(route, call)
-        if call.pinned is not None:
+        if call.session is not None:
             return False  # a session's call may wait for its instance: ``run``'s
 
         def answered(
@@ -292,6 +328,8 @@ class Invocations:
         if variant is None:
             variant = call.variant = self._variant(route, call)
         opening = self._session(route, call)
+        if call.session is not None and call.pinned is None and not opening:
+            route, variant = await self._placed(route, call)
         if call.pinned is not None:
             variant = self._session_variant(route, call, variant)
         if variant.multi_model is not None:

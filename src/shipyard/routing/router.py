@@ -96,6 +96,9 @@ class Call:
     path: bytes = INVOCATIONS_PATH
     """Where on the instance it goes: ``/invocations``, or for a shadow's copies sent
     together (routing/shadow.py) contract.COPIES_PATH."""
+    opening: sessions.Sessions | None = None
+    """Set when the call asks for a new session: what makes its id once an instance is
+    chosen for it (``Sessions.assign``), the id naming that instance."""
 
     def copy_to(self, variant: VariantRoute) -> Call:
         """This call for ``variant`` (a shadow's copy): the same request, no instance
@@ -116,6 +119,7 @@ class Call:
             None,
             self.opened,
             self.path,
+            None,
         )
 
 
@@ -150,6 +154,8 @@ class Router:
         self._deadlines = Deadlines()
         self._resumed: set[asyncio.Task[None]] = set()
         """Started calls going on in a task (_go_on), held until done."""
+        self._next_table: dict[str, list[asyncio.Future[None]]] = {}
+        """Per endpoint, who waits for its next table (``next_table``)."""
 
     def __repr__(self) -> str:
         return f"Router(endpoints={sorted(self.routes)})"
@@ -174,6 +180,7 @@ class Router:
                 _wake_pinned(variant)
             for variant in (*route.variants, *route.components.values()):
                 variant.wake_all()
+        self._table_changed(route.name)
         return old
 
     def withdraw(self, name: str) -> EndpointRoute | None:
@@ -182,7 +189,29 @@ class Router:
             for variant in (*old.variants, *old.components.values()):
                 variant.wake_all()
                 _wake_pinned(variant)
+        self._table_changed(name)
         return old
+
+    async def next_table(self, name: str, timeout_s: float) -> None:
+        """Return once endpoint ``name`` has a new table (or none), or ``timeout_s`` on."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._next_table.setdefault(name, []).append(waiter)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await waiter
+        except TimeoutError:
+            pass
+        finally:
+            waiting = self._next_table.get(name)
+            if waiting is not None and waiter in waiting:
+                waiting.remove(waiter)
+                if not waiting:
+                    del self._next_table[name]
+
+    def _table_changed(self, name: str) -> None:
+        for waiter in self._next_table.pop(name, ()):
+            if not waiter.done():
+                waiter.set_result(None)
 
     def in_flight(self) -> Iterator[tuple[str, str, int]]:
         """(endpoint, variant, requests in flight or waiting for an instance) for every
@@ -333,6 +362,8 @@ class Router:
                 instance.in_flight += 1
                 flight.ahead = instance.in_flight - 1
                 call.instance = instance
+                if call.opening is not None:
+                    call.opening.assign(call, route.name, instance)
                 abandon = variant.dispatch.start(
                     instance, call, self.max_response_bytes, flight.answered
                 )
@@ -502,6 +533,8 @@ class Router:
             if instance is not None:
                 instance.in_flight += 1
                 call.instance = instance
+                if call.opening is not None:
+                    call.opening.assign(call, route.name, instance)
                 return variant, instance
             # Woken but beaten to the instance: keep our place at the front.
             if call.pinned is not None:

@@ -2,28 +2,41 @@
 or inference-component copy, that holds its state.
 
 A request with ``SessionId: NEW_SESSION`` is routed as any other; the instance that
-answers it gets the session, whose id the gateway makes up, tells the model (the
-request's ``X-Amzn-SageMaker-Session-Id``) and returns to the client
-(``X-Amzn-SageMaker-New-Session-Id: <id>; Expires=<time>``). Later requests naming the
-id go to that instance while the session lives: until it expires, the model closes it
-(its answer's ``X-Amzn-SageMaker-Closed-Session-Id``), or the instance is gone; after
+takes it gets the session, whose id the gateway makes up once that instance is chosen,
+tells the model (the request's ``X-Amzn-SageMaker-Session-Id``) and returns to the
+client (``X-Amzn-SageMaker-New-Session-Id: <id>; Expires=<time>``). Later requests naming
+the id go to that instance while the session lives: until it expires, the model closes
+it (its answer's ``X-Amzn-SageMaker-Closed-Session-Id``), or the instance is gone; after
 that the id is a ValidationError, as SageMaker's is.
 
-Kept in the gateway's memory: a session lives no longer than its instance does, and a
-gateway restart (which restarts the instances) ends them all. Requests without a
-session are routed by the variant's policy, untouched.
+**The id says where the session lives.** It carries its expiry and the instance that
+holds it (a digest of the instance's id and address, which a process restarted in place
+does not share), signed with a key every gateway of one store shares (storage/secrets.py).
+So any gateway, or any worker of ``shipyard serve --workers``, routes a session's
+requests without asking the one that opened it, and an id a client made up, or one
+whose expiry it changed, is refused like an unknown one. Each gateway remembers the
+sessions closed through it until they would have expired; another gateway of the same
+store learns of a close only from the model's own answers (a departure: see DESIGN
+2.11). Requests without a session are routed by the variant's policy, untouched.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
+import struct
 import time
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
+from shipyard.contract import SESSION_ID
 from shipyard.errors import RuntimeValidationError
 from shipyard.routing.instance import Instance
+
+if TYPE_CHECKING:
+    from shipyard.routing.router import Call
 
 NEW_SESSION = "NEW_SESSION"
 REQUEST_HEADER = b"x-amzn-sagemaker-session-id"
@@ -32,76 +45,135 @@ NEW_HEADER = b"x-amzn-sagemaker-new-session-id"
 CLOSED_HEADER = b"x-amzn-sagemaker-closed-session-id"
 DEFAULT_TTL_S = 20 * 60.0
 
+_PAYLOAD = struct.Struct(">I8s8s")
+"""An id's signed part: expiry (whole Unix seconds), a random nonce, the instance digest."""
+_MAC_BYTES = 16
+_ID_CHARS = 2 * (_PAYLOAD.size + _MAC_BYTES)
+"""An id is hexadecimal, as botocore's pattern for session ids allows
+(``[a-zA-Z0-9](-*[a-zA-Z0-9])*``)."""
 
-@dataclass(frozen=True, slots=True)
-class Session:
-    endpoint: str
-    instance: Instance
-    """The process that holds it: an instance restarted in place is a new Instance, so
-    its sessions, whose state died with the old process, are gone."""
-    expires: float
-    """Wall-clock seconds (time.time) after which the session is gone."""
 
-    def header(self, session_id: str) -> bytes:
-        """``<id>; Expires=<time>``, as SageMaker answers a new session."""
-        at = datetime.fromtimestamp(self.expires, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return f"{session_id}; Expires={at}".encode()
+def instance_digest(instance: Instance) -> bytes:
+    """What a session id names its instance by: the same on every gateway that routes to
+    it (the mirror knows an instance by id and address too: control/mirror.py), and
+    another for a process restarted in place, which takes a new address."""
+    return hashlib.blake2b(
+        f"{instance.instance_id}\0{instance.url}".encode(), digest_size=8
+    ).digest()
 
 
 class Sessions:
-    """The live sessions of one gateway, by id."""
+    """Makes and reads session ids; remembers the sessions opened and closed here."""
 
     def __init__(
-        self, *, ttl_s: float = DEFAULT_TTL_S, clock: Callable[[], float] = time.time
+        self,
+        *,
+        ttl_s: float = DEFAULT_TTL_S,
+        clock: Callable[[], float] = time.time,
+        key: bytes | None = None,
     ) -> None:
         self.ttl_s = ttl_s
         self._clock = clock
-        self._live: dict[str, Session] = {}
+        self.key = key if key is not None else secrets.token_bytes(32)
+        """The signing key; the gateway sets the one its store shares (app.py)."""
+        self._opened: dict[str, tuple[str, float]] = {}
+        """Sessions opened here: id → (endpoint, expiry), for the console's count."""
+        self._closed: dict[str, float] = {}
+        """Sessions closed here: id → the expiry they would have reached."""
 
     def __repr__(self) -> str:
-        return f"Sessions(live={len(self._live)}, ttl_s={self.ttl_s:g})"
+        return f"Sessions(live={len(self._opened)}, ttl_s={self.ttl_s:g})"
 
-    @staticmethod
-    def new_id() -> str:
-        return uuid.uuid4().hex
+    def assign(self, call: Call, endpoint: str, instance: Instance) -> None:
+        """``call`` opens a session and goes to ``instance``: make its id, and put it on
+        the request in place of NEW_SESSION (or of the id made for an instance tried
+        before). Called by the router as it sends the call (routing/router.py)."""
+        expires = int(self._clock() + self.ttl_s)
+        payload = _PAYLOAD.pack(expires, secrets.token_bytes(8), instance_digest(instance))
+        session_id = (payload + self._mac(endpoint, payload)).hex()
+        call.session = session_id
+        headers = call.headers
+        for n, (key, _) in enumerate(headers):
+            if key == SESSION_ID or key == REQUEST_HEADER:
+                headers[n] = (key, session_id.encode())
+                break
 
-    def open(self, session_id: str, endpoint: str, instance: Instance) -> Session:
+    def opened(self, session_id: str, endpoint: str) -> bytes:
+        """The model took the session: remember it, and give the New-Session-Id header's
+        value, ``<id>; Expires=<time>`` as SageMaker answers it."""
+        expires = float(int(session_id[:8], 16))  # the payload's first field
         self._sweep()
-        session = Session(endpoint, instance, self._clock() + self.ttl_s)
-        self._live[session_id] = session
-        return session
+        self._opened[session_id] = (endpoint, expires)
+        at = datetime.fromtimestamp(expires, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return f"{session_id}; Expires={at}".encode()
 
-    def instance_for(self, endpoint: str, session_id: str) -> Instance:
-        """The instance holding session ``session_id`` of ``endpoint``.
+    def instance_for(
+        self, endpoint: str, session_id: str, places: Iterable[Iterable[Instance]]
+    ) -> Instance | None:
+        """The instance, among ``places`` (the instances of the endpoint's variants or
+        copies), holding session ``session_id`` of ``endpoint``; None when the session
+        is good but its instance is not among them (gone, or not in this gateway's
+        table yet: routing/invocation.py tells which).
 
         Raises:
-            RuntimeValidationError: no such session, or it has expired or been closed.
+            RuntimeValidationError: no such session (an id this store's gateways did not
+                make, or made for another endpoint), or it has expired or been closed.
         """
-        session = self._live.get(session_id)
-        if session is None or session.endpoint != endpoint:
+        read = self._read(endpoint, session_id)
+        if read is None or session_id in self._closed:
             raise gone(session_id)
-        if session.expires <= self._clock():
-            del self._live[session_id]
+        expires, digest = read
+        if expires <= self._clock():
+            self._opened.pop(session_id, None)
             raise gone(session_id)
-        return session.instance
+        for instances in places:
+            for instance in instances:
+                if instance_digest(instance) == digest:
+                    return instance
+        return None
 
     def count(self, endpoint: str) -> int:
-        """Sessions of ``endpoint`` not yet expired (for the console)."""
+        """Sessions of ``endpoint`` opened here and not yet expired or closed (for the
+        console)."""
         now = self._clock()
-        return sum(1 for s in self._live.values() if s.endpoint == endpoint and s.expires > now)
+        return sum(1 for e, expires in self._opened.values() if e == endpoint and expires > now)
 
-    def close(self, session_id: str, endpoint: str) -> None:
-        """The model of ``endpoint`` closed the session (one of its own only)."""
-        session = self._live.get(session_id)
-        if session is not None and session.endpoint == endpoint:
-            del self._live[session_id]
+    def close(self, session_id: str, endpoint: str, instance: Instance | None) -> None:
+        """The model of ``endpoint`` on ``instance`` closed the session: one of its own
+        only."""
+        read = self._read(endpoint, session_id)
+        if read is None or instance is None or read[1] != instance_digest(instance):
+            return
+        self._sweep()
+        self._opened.pop(session_id, None)
+        self._closed[session_id] = read[0]
+
+    def _read(self, endpoint: str, session_id: str) -> tuple[float, bytes] | None:
+        """(expiry, instance digest) of an id signed for ``endpoint``; None otherwise."""
+        if len(session_id) != _ID_CHARS:
+            return None
+        try:
+            raw = bytes.fromhex(session_id)
+        except ValueError:
+            return None
+        payload, mac = raw[: _PAYLOAD.size], raw[_PAYLOAD.size :]
+        if not hmac.compare_digest(mac, self._mac(endpoint, payload)):
+            return None
+        expires, _, digest = _PAYLOAD.unpack(payload)
+        return float(expires), digest
+
+    def _mac(self, endpoint: str, payload: bytes) -> bytes:
+        signed = endpoint.encode() + b"\0" + payload
+        return hmac.new(self.key, signed, hashlib.sha256).digest()[:_MAC_BYTES]
 
     def _sweep(self) -> None:
-        """Forget expired sessions (on each open: their number stays bounded by what a
-        TTL's worth of new sessions holds)."""
+        """Forget what has expired (on each open and close: what is kept stays bounded
+        by a TTL's worth of sessions)."""
         now = self._clock()
-        for key in [k for k, s in self._live.items() if s.expires <= now]:
-            del self._live[key]
+        for key in [k for k, (_, expires) in self._opened.items() if expires <= now]:
+            del self._opened[key]
+        for key in [k for k, expires in self._closed.items() if expires <= now]:
+            del self._closed[key]
 
 
 def gone(session_id: str) -> RuntimeValidationError:

@@ -292,3 +292,12 @@ alarm_history = Table(
     Column("summary", Text, nullable=False),
     Column("data", Text, nullable=False),
 )
+
+shared_secrets = Table(
+    "shared_secrets",
+    metadata,
+    Column("name", String(63), primary_key=True),
+    Column("value", String(128), nullable=False),
+)
+"""Keys every gateway of one store uses alike (storage/secrets.py): made by the first to
+ask, read by the others."""
