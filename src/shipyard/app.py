@@ -42,6 +42,7 @@ from shipyard.gateway.paths import PathRouter
 from shipyard.gateway.runtime import RuntimeDoor
 from shipyard.gateway.stack_config import StackConfigDoor
 from shipyard.gateway.streaming import ResponseStreamDoor
+from shipyard.gateway.worker_metrics import WorkerMetrics
 from shipyard.host_access import HostAccess
 from shipyard.jobs import assembly as jobs_assembly
 from shipyard.logs.service import LogService
@@ -89,6 +90,7 @@ class Gateway:
         self.settings = settings
         self.store = MetadataStore(settings.db_url)
         self.metrics = Metrics()
+        self.worker_metrics = WorkerMetrics.of(self.metrics.registry, settings)
         self.loops = Loops()
         self.topics = Topics(stack.topics)
         self.dispatcher = Dispatcher(
@@ -277,7 +279,10 @@ class Gateway:
             Route(
                 "/metrics",
                 metrics_endpoint(  # type: ignore[arg-type]
-                    self.metrics, region=settings.region, account_id=settings.account_id
+                    self.metrics,
+                    region=settings.region,
+                    account_id=settings.account_id,
+                    workers=self.worker_metrics,
                 ),
                 methods=["GET"],
             ),
@@ -352,6 +357,8 @@ class Gateway:
                 max_message_bytes=self.settings.max_payload_bytes + 64 * 1024,
                 tls=pem,
             )
+        if self.worker_metrics is not None:
+            await self.worker_metrics.start()
         if self._on_startup is not None:
             await self._on_startup(self.service)
         heap.settle(full=False)
@@ -369,6 +376,8 @@ class Gateway:
             if self._grpc is not None:  # takes no more calls, answers those in flight
                 await self._grpc.stop(self.settings.drain_timeout_s)
             await self.loops.stop()
+            if self.worker_metrics is not None:
+                await self.worker_metrics.close()
             await self.capture.close()  # the doors take no more requests: flush the rest
             # Job runners are left running on purpose: the next gateway re-attaches.
             await self.shadows.close()

@@ -41,6 +41,10 @@ class Settings(BaseSettings):
     """This process's index among ``workers``, set by ``shipyard serve --workers`` in each
     worker's environment; None in a gateway started on its own."""
 
+    worker_peers: Path | None = None
+    """Where the workers of one ``shipyard serve --workers`` serve their metrics to one
+    another (gateway/worker_metrics.py), set with ``worker``; a folder of that run's."""
+
     db: str | None = None
     """SQLAlchemy URL of the metadata store; default a SQLite file in ``home``."""
 

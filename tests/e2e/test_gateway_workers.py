@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -20,9 +21,12 @@ from typing import Any
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import GatewayProcess, deploy, free_port, unique, wait_until
 from tests.e2e.processes import alive, children, instance_pids
+
+JSON = {"Content-Type": "application/json"}
 
 
 def _workers(gw: GatewayProcess, count: int = 2, starts: int | None = None) -> list[int]:
@@ -280,3 +284,56 @@ def _answers(gw: GatewayProcess, name: str) -> bool:
         return len(_answering_pids(gw, name, n=1)) == 1
     except (AssertionError, OSError):
         return False
+
+
+def _invocations_by_worker(gw: GatewayProcess, name: str) -> dict[str, float]:
+    """shipyard_invocations_total of endpoint ``name`` per worker label, from one scrape
+    of ``/metrics`` on a connection of its own (any worker may answer it)."""
+    status, text = gw.get("/metrics")
+    assert status == 200
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for sample in family.samples:
+            if sample.name == "shipyard_invocations_total" and sample.labels["endpoint"] == name:
+                worker = sample.labels["worker"]
+                counts[worker] = counts.get(worker, 0.0) + sample.value
+    return counts
+
+
+def test_metrics_show_every_workers_series_whichever_worker_answers(
+    gateway_factory: Callable[..., GatewayProcess], model_tarball: Any
+) -> None:
+    gw = gateway_factory(args=["--workers", "2"])
+    workers = _workers(gw)
+    name = unique("counted")
+    deploy(gw.sm, name, model_tarball("sleepy"), count=1)
+    port = int(gw.url.rsplit(":", 1)[1])
+    conns: list[http.client.HTTPConnection] = []
+
+    def both_took_requests() -> bool:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", f"/endpoints/{name}/invocations", b"{}", JSON)
+        answer = conn.getresponse()
+        assert answer.status == 200, answer.read()
+        answer.read()
+        conns.append(conn)
+        return len(conns) >= 400 or min(_established(w, port) for w in workers) >= 1
+
+    try:
+        wait_until(both_took_requests, "invocations taken by both workers")
+        assert min(_established(w, port) for w in workers) >= 1
+    finally:
+        for conn in conns:
+            conn.close()
+    # Whichever worker answers a scrape, it shows both workers' counts, which add up to
+    # every request made.
+    for _ in range(6):
+        counts = _invocations_by_worker(gw, name)
+        assert set(counts) == {"0", "1"} and all(n >= 1 for n in counts.values()), counts
+        assert sum(counts.values()) == len(conns), counts
+
+    # A worker gone is left out of the scrape, and the one left still answers.
+    os.kill(workers[1], signal.SIGKILL)
+    wait_until(lambda: not alive(workers[1]), "worker killed")
+    status, _ = gw.get("/metrics")
+    assert status == 200

@@ -39,6 +39,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -174,7 +175,10 @@ def supervise(settings: Settings, argv: Sequence[str]) -> int:
             store.migrate()
         finally:
             store.close()
-        return _Supervisor(argv, sock).run(settings.workers)
+        # Where the workers serve their metrics to one another (gateway/worker_metrics.py):
+        # a folder of this run's alone (mode 0700), gone with it.
+        with tempfile.TemporaryDirectory(prefix="shipyard-workers-") as peers:
+            return _Supervisor(argv, sock, Path(peers)).run(settings.workers)
 
 
 @dataclass
@@ -208,9 +212,10 @@ class _Worker:
 
 
 class _Supervisor:
-    def __init__(self, argv: Sequence[str], sock: socket.socket) -> None:
+    def __init__(self, argv: Sequence[str], sock: socket.socket, peers: Path) -> None:
         self.argv = list(argv)
         self.sock = sock
+        self.peers = peers
         self.fd = sock.fileno()
         self.workers: dict[int, _Worker] = {}
         self.signals = 0
@@ -250,6 +255,7 @@ class _Supervisor:
         os.set_blocking(read, False)
         env = dict(os.environ, SHIPYARD_WORKER=str(index))
         env.update({SOCKET_VARIABLE: str(self.fd), READY_VARIABLE: str(write)})
+        env["SHIPYARD_WORKER_PEERS"] = str(self.peers)  # Settings.worker_peers
         command = [sys.executable, "-m", "shipyard", *self.argv]
         try:
             # A group of its own: a terminal's Ctrl-C reaches the supervisor alone, which

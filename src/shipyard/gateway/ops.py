@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from shipyard.gateway.auth import admitted, resource_arn
+from shipyard.gateway.worker_metrics import WorkerMetrics
 from shipyard.metrics import Metrics
 
 
@@ -19,16 +20,20 @@ async def healthz(request: Request) -> Response:
     return PlainTextResponse("ok" if ready else "starting", status_code=200 if ready else 503)
 
 
-def metrics_endpoint(metrics: Metrics, *, region: str, account_id: str) -> object:
+def metrics_endpoint(
+    metrics: Metrics, *, region: str, account_id: str, workers: WorkerMetrics | None = None
+) -> object:
     """``GET /metrics``: every series for a key that reaches every resource; for a key
     scoped by ``resources``, the gateway's own series and those of the endpoints it
     reaches (a series names its endpoint, or transform job, in its ``endpoint`` label),
-    as the console's and CloudWatch's views of the same numbers are scoped."""
+    as the console's and CloudWatch's views of the same numbers are scoped. Under
+    ``--workers``, every worker's series, labelled by worker (gateway/worker_metrics.py)."""
 
     async def endpoint(request: Request) -> Response:
         edge = admitted(request.scope)
+        registry = metrics.registry if workers is None else await workers.gathered()
         if edge.reaches_all:
-            return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+            return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
         reached: dict[str, bool] = {}
 
         def keep(name: str) -> bool:
@@ -38,7 +43,7 @@ def metrics_endpoint(metrics: Metrics, *, region: str, account_id: str) -> objec
             return reached[name]
 
         view = CollectorRegistry(auto_describe=False)
-        view.register(_Reached(metrics.registry, keep))
+        view.register(_Reached(registry, keep))
         return Response(generate_latest(view), media_type=CONTENT_TYPE_LATEST)
 
     return endpoint
