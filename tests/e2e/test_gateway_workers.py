@@ -16,7 +16,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 import pytest
@@ -27,6 +27,7 @@ from tests.conftest import GatewayProcess, deploy, free_port, unique, wait_until
 from tests.e2e.processes import alive, children, instance_pids
 
 JSON = {"Content-Type": "application/json"}
+T = TypeVar("T")
 
 
 def _workers(gw: GatewayProcess, count: int = 2, starts: int | None = None) -> list[int]:
@@ -79,6 +80,34 @@ def _established(pid: int, port: int) -> int:
     )
 
 
+def held_until_both_take_one(
+    gw: GatewayProcess, workers: list[int], ask: Callable[[http.client.HTTPConnection], T]
+) -> list[T]:
+    """``ask`` a request on one new connection after another, each answered and held
+    open, until every worker holds one (or 400 are open); what each ``ask`` gave. The
+    workers accept from one socket, so connections opened one at a time may all go to
+    one worker for a while. The connections are closed before this returns."""
+    port = int(gw.url.rsplit(":", 1)[1])
+    conns: list[http.client.HTTPConnection] = []
+    answers: list[T] = []
+
+    def every_worker_holds_one() -> bool:
+        if len(conns) < 400:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conns.append(conn)
+            answers.append(ask(conn))
+        return min(_established(worker, port) for worker in workers) >= 1
+
+    try:
+        wait_until(every_worker_holds_one, "connections held by every worker")
+        # Every one held by a worker (others, a boto3 client's, may be open too).
+        assert sum(_established(worker, port) for worker in workers) >= len(conns)
+    finally:
+        for conn in conns:
+            conn.close()
+    return answers
+
+
 def _holds(pid: int, client_port: int) -> bool:
     """Whether process ``pid`` holds the server end of the client's connection from
     ``client_port``."""
@@ -109,30 +138,18 @@ def test_workers_share_the_port_and_run_one_fleet(
 
     # Both workers take connections from the one socket: opened one at a time and held,
     # with a request answered on each, they do not all stay with one worker.
-    port = int(gw.url.rsplit(":", 1)[1])
-    conns: list[http.client.HTTPConnection] = []
+    def healthz(conn: http.client.HTTPConnection) -> bytes:
+        conn.request("GET", "/healthz")
+        return conn.getresponse().read()
 
-    def spread() -> bool:
-        if len(conns) < 400:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-            conn.request("GET", "/healthz")
-            assert conn.getresponse().read() is not None
-            conns.append(conn)
-        return min(_established(worker, port) for worker in workers) >= 1
-
-    try:
-        wait_until(spread, "connections held by both workers")
-        assert sum(_established(worker, port) for worker in workers) == len(conns)
-    finally:
-        for conn in conns:
-            conn.close()
+    assert set(held_until_both_take_one(gw, workers, healthz)) == {b"ok"}
 
     # The port is the supervisor's alone: no process of the same user joins it (as one
     # could with SO_REUSEPORT, a sandboxed model's included) to take its connections.
     with socket.socket() as thief:
         thief.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         with pytest.raises(OSError, match="in use"):
-            thief.bind(("127.0.0.1", port))
+            thief.bind(("127.0.0.1", int(gw.url.rsplit(":", 1)[1])))
 
 
 def test_sigterm_stops_every_worker_and_every_instance(
@@ -307,30 +324,20 @@ def test_metrics_show_every_workers_series_whichever_worker_answers(
     workers = _workers(gw)
     name = unique("counted")
     deploy(gw.sm, name, model_tarball("sleepy"), count=1)
-    port = int(gw.url.rsplit(":", 1)[1])
-    conns: list[http.client.HTTPConnection] = []
 
-    def both_took_requests() -> bool:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    def invoke(conn: http.client.HTTPConnection) -> int:
         conn.request("POST", f"/endpoints/{name}/invocations", b"{}", JSON)
         answer = conn.getresponse()
         assert answer.status == 200, answer.read()
-        answer.read()
-        conns.append(conn)
-        return len(conns) >= 400 or min(_established(w, port) for w in workers) >= 1
+        return int(json.loads(answer.read())["pid"])
 
-    try:
-        wait_until(both_took_requests, "invocations taken by both workers")
-        assert min(_established(w, port) for w in workers) >= 1
-    finally:
-        for conn in conns:
-            conn.close()
+    sent = len(held_until_both_take_one(gw, workers, invoke))
     # Whichever worker answers a scrape, it shows both workers' counts, which add up to
     # every request made.
     for _ in range(6):
         counts = _invocations_by_worker(gw, name)
         assert set(counts) == {"0", "1"} and all(n >= 1 for n in counts.values()), counts
-        assert sum(counts.values()) == len(conns), counts
+        assert sum(counts.values()) == sent, counts
 
     # A worker gone is left out of the scrape, and the one left still answers.
     os.kill(workers[1], signal.SIGKILL)

@@ -16,7 +16,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests.conftest import MODELS, GatewayProcess, deploy, wait_until
-from tests.e2e.test_gateway_workers import _established, _workers
+from tests.e2e.test_gateway_workers import _workers, held_until_both_take_one
 from tests.e2e.test_inference_components import component_endpoint, wait_component
 
 SERVER = MODELS / "sessions" / "server.py"
@@ -169,14 +169,6 @@ def test_a_session_follows_its_instance_across_weighted_variants(gateway: Gatewa
         assert out["InvokedProductionVariant"] == variant
 
 
-def _session_request(port: int, session: str, body: bytes = b"hi") -> HTTPConnection:
-    """A session's request on a connection of its own, left open (its answer unread)."""
-    conn = HTTPConnection("127.0.0.1", port, timeout=30)
-    headers = {"Content-Type": "application/json", "X-Amzn-SageMaker-Session-Id": session}
-    conn.request("POST", "/endpoints/chat/invocations", body, headers)
-    return conn
-
-
 def test_a_session_is_followed_whichever_worker_takes_its_requests(
     gateway_factory: Callable[..., GatewayProcess],
 ) -> None:
@@ -188,24 +180,15 @@ def test_a_session_is_followed_whichever_worker_takes_its_requests(
            strategy="LEAST_OUTSTANDING_REQUESTS")  # fmt: skip
     first, out = ask(gw.rt, "chat", SessionId="NEW_SESSION")
     session = out["NewSessionId"].split(";")[0]
-    port = int(gw.url.rsplit(":", 1)[1])
-    answers: list[dict[str, Any]] = []
-    conns: list[HTTPConnection] = []
 
-    def both_workers_served() -> bool:
-        conn = _session_request(port, session)
-        conns.append(conn)
+    def follow(conn: HTTPConnection) -> dict[str, Any]:
+        headers = {"Content-Type": "application/json", "X-Amzn-SageMaker-Session-Id": session}
+        conn.request("POST", "/endpoints/chat/invocations", b"hi", headers)
         reply = conn.getresponse()
         assert reply.status == 200, reply.read()
-        answers.append(json.loads(reply.read()))
-        return len(conns) >= 400 or min(_established(w, port) for w in workers) >= 1
+        return dict(json.loads(reply.read()))
 
-    try:
-        wait_until(both_workers_served, "session requests held by both workers")
-        assert min(_established(w, port) for w in workers) >= 1
-    finally:
-        for conn in conns:
-            conn.close()
+    answers = held_until_both_take_one(gw, workers, follow)
     assert {a["pid"] for a in answers} == {first["pid"]}
     assert [a["turn"] for a in answers] == list(range(2, len(answers) + 2))
 
