@@ -49,6 +49,7 @@ from shipyard.logs.service import LogService
 from shipyard.metrics import Metrics
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.router import Router
+from shipyard.routing.session_closes import SessionCloses
 from shipyard.routing.sessions import Sessions
 from shipyard.routing.shadow import ShadowCopier
 from shipyard.settings import Settings
@@ -59,6 +60,7 @@ from shipyard.storage.filesystems import Filesystems
 from shipyard.storage.metadata import MetadataStore
 from shipyard.storage.objects import ObjectStore
 from shipyard.storage.secrets import shared_secret
+from shipyard.storage.sessions import ClosedSessions
 from shipyard.storage.tags import Tagging, TagStore
 from shipyard.transform import assembly as transform_assembly
 
@@ -131,6 +133,11 @@ class Gateway:
             sessions=Sessions(ttl_s=settings.session_ttl_s),
             region=settings.region,
             account_id=settings.account_id,
+        )
+        self.session_closes = SessionCloses(
+            self.invocations.sessions,
+            ClosedSessions(self.store.engine),
+            period_s=settings.routes_refresh_s,
         )
         self.backend, capabilities = create_backend(
             settings.backend, BackendContext.of(settings, stack, filesystems=filesystems)
@@ -326,15 +333,18 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await asyncio.to_thread(self.store.migrate)
-        # Session ids are signed with the store's key, so every gateway reads them alike.
+        # Session ids are signed with the store's key, so every gateway reads them alike;
+        # the sessions closed before this start stay closed.
         self.invocations.sessions.key = await asyncio.to_thread(
             shared_secret, self.store.engine, "sessions"
         )
+        await self.session_closes.exchange()
         self.backend.stop_leftovers()
         await self.reconciler.announce_known()
         # Started in this order and stopped in the reverse one: the consumer and the
         # job supervisor stop feeding the dispatcher before it stops.
         self.loops.start("reconciler", self.reconciler.run)
+        self.loops.start("session-closes", self.session_closes.run)
         self.loops.start("event-dispatcher", self.dispatcher.run)
         self.loops.start("job-supervisor", self.supervisor.run)
         self.loops.start("async-consumer", self.consumer.run)

@@ -79,9 +79,9 @@ class Settings(BaseSettings):
     invocation_timeout_s: float = 60.0
     """How long the gateway waits for an instance to answer one invocation."""
 
-    session_ttl_s: float = Field(default=1200.0, gt=0)
-    """How long a stateful session lives from when it opens (DESIGN 2.11); using it does
-    not extend it."""
+    session_ttl_s: float = Field(default=1200.0, ge=1, le=7 * 24 * 3600)
+    """How long a stateful session lives from when it opens (DESIGN 2.11), in seconds
+    from 1 to a week; using it does not extend it."""
 
     max_payload_bytes: int = 6 * 1024 * 1024
     """Largest request body the runtime accepts (SageMaker's 6 MB)."""

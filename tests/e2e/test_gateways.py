@@ -319,3 +319,16 @@ def test_a_session_opened_through_one_gateway_is_followed_through_the_other(
         with pytest.raises(ClientError) as refused:
             ask(rt, "talks", SessionId=sid)
         assert refused.value.response["Error"]["Code"] == "ValidationError"
+
+    # The close reaches the other gateway through the store (routing/session_closes.py):
+    # it refuses the session too, in any spelling.
+    def refused_by_a() -> bool:
+        try:
+            ask(ra, "talks", SessionId=session)
+        except ClientError as exc:
+            return bool(exc.response["Error"]["Code"] == "ValidationError")
+        return False
+
+    wait_until(refused_by_a, "the close known to the other gateway", timeout_s=10)
+    with pytest.raises(ClientError):
+        ask(ra, "talks", SessionId=session.upper())

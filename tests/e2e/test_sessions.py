@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from http.client import HTTPConnection
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -215,3 +218,18 @@ def test_a_session_lives_as_long_as_shipyard_session_ttl_s(
 
     wait_until(refused, "the session expired", timeout_s=15)
     assert datetime.now(UTC) >= at
+
+
+@pytest.mark.parametrize("ttl", ["inf", "0.5", "nan", "999999999"])
+def test_a_session_ttl_out_of_bounds_is_refused_at_start(tmp_path: Path, ttl: str) -> None:
+    """SHIPYARD_SESSION_TTL_S is whole seconds from 1 to a week: one that no id could
+    carry (infinite, past 2106) is refused at start, not at the first NEW_SESSION."""
+    out = subprocess.run(
+        [sys.executable, "-m", "shipyard", "serve", "--home", str(tmp_path / "h"), "--port", "1"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SHIPYARD_SESSION_TTL_S": ttl},
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "session_ttl_s" in out.stderr

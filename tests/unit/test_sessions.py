@@ -90,13 +90,53 @@ def test_ids_made_up_or_altered_or_signed_by_another_store_are_refused() -> None
     sid = _open(sessions, "e", ONE)
     later = f"{int(sid[:8], 16) + 3600:08x}" + sid[8:]  # a longer life, unsigned
     other_store = Sessions(key=b"o" * 32)
-    for bad in (later, "never-opened", "0" * len(sid), sid.upper() + "0", "zz" * 36, ""):
+    for bad in (
+        later,
+        "never-opened",
+        "0" * len(sid),
+        sid.upper() + "0",
+        "zz" * 36,
+        "",
+        sid.upper(),
+    ):
         with pytest.raises(RuntimeValidationError):
             sessions.instance_for("e", bad, BOTH)
     with pytest.raises(RuntimeValidationError):
         other_store.instance_for("e", sid, BOTH)
     # Every gateway of one store has its key (storage/secrets.py): any of them routes it.
     assert Sessions(key=b"k" * 32).instance_for("e", sid, BOTH) is ONE
+
+
+def test_a_closed_session_is_refused_in_every_spelling_and_shared() -> None:
+    """An id has one spelling (lower-case hex, as made): a closed session cannot come
+    back in upper case. Its close is queued for the store's other gateways, which learn
+    it (routing/session_closes.py)."""
+    here, there = Sessions(key=b"k" * 32), Sessions(key=b"k" * 32)
+    sid = _open(here, "e", ONE)
+    here.close(sid, "e", ONE)
+    here.close(sid, "e", ONE)  # told twice: shared once
+    for spelling in (sid, sid.upper(), sid[:10].upper() + sid[10:]):
+        with pytest.raises(RuntimeValidationError):
+            here.instance_for("e", spelling, BOTH)
+    assert here.closing == [(sid, float(int(sid[:8], 16)))]
+    assert there.instance_for("e", sid, BOTH) is ONE
+    there.learn(here.closing)
+    with pytest.raises(RuntimeValidationError):
+        there.instance_for("e", sid, BOTH)
+
+
+def test_a_new_sessions_header_names_no_session_until_its_instance_is_chosen() -> None:
+    """Between reading NEW_SESSION and choosing an instance, the request carries an id
+    of no session: a shadow's copy of a call refused before that is not asked to open
+    one."""
+    sessions = Sessions(key=b"k" * 32)
+    invocations = Invocations(Router(timeout_s=5), sessions=sessions)
+    call = _session_call("NEW_SESSION")
+    assert invocations._session(_table(9), call) is True
+    [(_, value)] = call.headers
+    assert value != b"NEW_SESSION" and len(value) == len(_open(sessions, "e", ONE))
+    with pytest.raises(RuntimeValidationError):  # no gateway made it
+        sessions.instance_for("e", value.decode(), BOTH)
 
 
 def test_expired_sessions_are_forgotten_as_new_ones_open() -> None:
@@ -193,6 +233,17 @@ def test_a_session_whose_instance_the_table_lacks_waits_for_the_next_table() -> 
             router.publish(_table(port, coming=1))  # the next pass lists it
             answer = await asyncio.wait_for(waiting, 1)
             assert answer.body == b"hi" and handler.bodies == [b"hi"]
+
+            # A table that still lacks it (another instance starting, say) is not the
+            # end: the wait goes on until one lists it, within SESSION_TABLE_WAIT_S.
+            router.publish(_table(coming=2))
+            waiting = asyncio.create_task(invocations.run(router.routes["e"], _session_call(sid)))
+            await asyncio.sleep(0.05)
+            router.publish(_table(coming=1))
+            await asyncio.sleep(0.05)
+            assert not waiting.done()
+            router.publish(_table(port, coming=1))
+            assert (await asyncio.wait_for(waiting, 1)).body == b"hi"
 
             # The instance gone from a table that expects others: refused after the wait.
             router.publish(_table(coming=1))

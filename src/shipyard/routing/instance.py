@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import deque
 from typing import Protocol
@@ -58,6 +59,7 @@ class Instance:
         "stop_reason",
         "takes_copies",
         "streams",
+        "digest",
     )
 
     def __init__(
@@ -73,6 +75,11 @@ class Instance:
         parts = urlsplit(url)
         self.takes_copies = takes_copies
         self.instance_id = instance_id
+        self.digest = hashlib.blake2b(f"{instance_id}\0{url}".encode(), digest_size=8).digest()
+        """What a session id names it by (routing/sessions.py): the same on every gateway
+        that routes to it, as the mirror knows an instance by id and address too
+        (control/mirror.py), and another for a process restarted in place, which takes
+        a new address."""
         self.variant = variant
         self.url = url
         self.concurrency = concurrency

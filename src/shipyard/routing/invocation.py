@@ -124,9 +124,13 @@ class Invocations:
                 break
         if found < 0:
             return False
-        asked = call.headers[found][1].decode(errors="replace")
+        key, value = call.headers[found]
+        asked = value.decode(errors="replace")
         if asked == NEW_SESSION:
             call.opening = self.sessions  # its id is made once its instance is chosen
+            # Until then an id of no session: a shadow copied from a call that never
+            # reached an instance is not asked to open one.
+            call.headers[found] = (key, Sessions.unsigned_id().encode())
             return True
         call.session = asked
         places = [v.instances for v in route.variants if not v.shadow]
@@ -148,17 +152,21 @@ class Invocations:
             RuntimeValidationError: the session's instance is gone.
         """
         session = call.session or ""
-        variants = [*route.variants, *route.components.values()]
-        if not any(v.coming for v in variants):
-            raise sessions_gone(session)
-        await self.router.next_table(route.name, SESSION_TABLE_WAIT_S)
-        route = self.route(route.name)
-        call.variant = None
-        variant = self.pick(route, call)
-        self._session(route, call)
-        if call.pinned is None:
-            raise sessions_gone(session)
-        return route, variant
+        loop = asyncio.get_running_loop()
+        until = loop.time() + SESSION_TABLE_WAIT_S
+        route = self.route(route.name)  # the table now: the door's may be older
+        while True:
+            call.variant = None
+            variant = self.pick(route, call)
+            self._session(route, call)
+            if call.pinned is not None:
+                return route, variant
+            variants = [*route.variants, *route.components.values()]
+            left = until - loop.time()
+            if left <= 0 or not any(v.coming for v in variants):
+                raise sessions_gone(session)
+            await self.router.next_table(route.name, left)
+            route = self.route(route.name)
 
     @staticmethod
     def _session_variant(route: EndpointRoute, call: Call, variant: VariantRoute) -> VariantRoute:

@@ -359,11 +359,11 @@ class Router:
         abandon = None
         try:
             if self._deadlines.watch(flight):
+                if call.opening is not None:  # first: nothing is counted should it fail
+                    call.opening.assign(call, route.name, instance)
                 instance.in_flight += 1
                 flight.ahead = instance.in_flight - 1
                 call.instance = instance
-                if call.opening is not None:
-                    call.opening.assign(call, route.name, instance)
                 abandon = variant.dispatch.start(
                     instance, call, self.max_response_bytes, flight.answered
                 )
@@ -531,10 +531,10 @@ class Router:
             variant = self.current(route, variant)
             instance = self._choose(variant, call, tried, turn=turn)
             if instance is not None:
+                if call.opening is not None:  # first: nothing is counted should it fail
+                    call.opening.assign(call, route.name, instance)
                 instance.in_flight += 1
                 call.instance = instance
-                if call.opening is not None:
-                    call.opening.assign(call, route.name, instance)
                 return variant, instance
             # Woken but beaten to the instance: keep our place at the front.
             if call.pinned is not None:

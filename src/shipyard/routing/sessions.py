@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
 import struct
 import time
@@ -53,15 +54,6 @@ _ID_CHARS = 2 * (_PAYLOAD.size + _MAC_BYTES)
 (``[a-zA-Z0-9](-*[a-zA-Z0-9])*``)."""
 
 
-def instance_digest(instance: Instance) -> bytes:
-    """What a session id names its instance by: the same on every gateway that routes to
-    it (the mirror knows an instance by id and address too: control/mirror.py), and
-    another for a process restarted in place, which takes a new address."""
-    return hashlib.blake2b(
-        f"{instance.instance_id}\0{instance.url}".encode(), digest_size=8
-    ).digest()
-
-
 class Sessions:
     """Makes and reads session ids; remembers the sessions opened and closed here."""
 
@@ -79,17 +71,27 @@ class Sessions:
         self._opened: dict[str, tuple[str, float]] = {}
         """Sessions opened here: id → (endpoint, expiry), for the console's count."""
         self._closed: dict[str, float] = {}
-        """Sessions closed here: id → the expiry they would have reached."""
+        """Sessions closed, here or through another gateway of the store: id → the
+        expiry they would have reached."""
+        self.closing: list[tuple[str, float]] = []
+        """Closes answered here and not yet shared with the store's other gateways
+        (routing/session_closes.py takes them)."""
+        self._swept = 0.0
 
     def __repr__(self) -> str:
         return f"Sessions(live={len(self._opened)}, ttl_s={self.ttl_s:g})"
+
+    @staticmethod
+    def unsigned_id() -> str:
+        """An id of the same shape that names no session (no gateway made it)."""
+        return secrets.token_hex(_ID_CHARS // 2)
 
     def assign(self, call: Call, endpoint: str, instance: Instance) -> None:
         """``call`` opens a session and goes to ``instance``: make its id, and put it on
         the request in place of NEW_SESSION (or of the id made for an instance tried
         before). Called by the router as it sends the call (routing/router.py)."""
-        expires = int(self._clock() + self.ttl_s)
-        payload = _PAYLOAD.pack(expires, secrets.token_bytes(8), instance_digest(instance))
+        expires = math.ceil(self._clock() + self.ttl_s)  # whole seconds, never short
+        payload = _PAYLOAD.pack(expires, secrets.token_bytes(8), instance.digest)
         session_id = (payload + self._mac(endpoint, payload)).hex()
         call.session = session_id
         headers = call.headers
@@ -128,7 +130,7 @@ class Sessions:
             raise gone(session_id)
         for instances in places:
             for instance in instances:
-                if instance_digest(instance) == digest:
+                if instance.digest == digest:
                     return instance
         return None
 
@@ -142,11 +144,19 @@ class Sessions:
         """The model of ``endpoint`` on ``instance`` closed the session: one of its own
         only."""
         read = self._read(endpoint, session_id)
-        if read is None or instance is None or read[1] != instance_digest(instance):
+        if read is None or instance is None or read[1] != instance.digest:
             return
         self._sweep()
         self._opened.pop(session_id, None)
-        self._closed[session_id] = read[0]
+        if session_id not in self._closed:
+            self._closed[session_id] = read[0]
+            self.closing.append((session_id, read[0]))
+
+    def learn(self, closed: Iterable[tuple[str, float]]) -> None:
+        """Sessions closed through other gateways of the store (id, expiry)."""
+        for session_id, expires in closed:
+            self._closed[session_id] = expires
+            self._opened.pop(session_id, None)
 
     def _read(self, endpoint: str, session_id: str) -> tuple[float, bytes] | None:
         """(expiry, instance digest) of an id signed for ``endpoint``; None otherwise."""
@@ -156,6 +166,8 @@ class Sessions:
             raw = bytes.fromhex(session_id)
         except ValueError:
             return None
+        if raw.hex() != session_id:
+            return None  # one spelling per id (lower case): closes are kept by it
         payload, mac = raw[: _PAYLOAD.size], raw[_PAYLOAD.size :]
         if not hmac.compare_digest(mac, self._mac(endpoint, payload)):
             return None
@@ -167,9 +179,13 @@ class Sessions:
         return hmac.new(self.key, signed, hashlib.sha256).digest()[:_MAC_BYTES]
 
     def _sweep(self) -> None:
-        """Forget what has expired (on each open and close: what is kept stays bounded
-        by a TTL's worth of sessions)."""
+        """Forget what has expired (on an open or a close, at most once a second: what
+        is kept stays bounded by a TTL's worth of sessions, and a client opening many
+        does not make each open read them all)."""
         now = self._clock()
+        if now - self._swept < 1.0:
+            return
+        self._swept = now
         for key in [k for k, (_, expires) in self._opened.items() if expires <= now]:
             del self._opened[key]
         for key in [k for k, expires in self._closed.items() if expires <= now]:

@@ -301,3 +301,13 @@ shared_secrets = Table(
 )
 """Keys every gateway of one store uses alike (storage/secrets.py): made by the first to
 ask, read by the others."""
+
+closed_sessions = Table(
+    "closed_sessions",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("session_id", String(128), nullable=False),
+    Column("expires", Float, nullable=False, index=True),
+)
+"""Sessions their models closed, until they would have expired (storage/sessions.py): so
+every gateway of the store refuses them."""

@@ -1,0 +1,88 @@
+"""What the gateways of one store share about sessions, on SQLite and on PostgreSQL: the
+key their ids are signed with (storage/secrets.py), made once, the same for every gateway
+also when several ask for the first time at once; and the sessions closed
+(storage/sessions.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from shipyard.routing.session_closes import SessionCloses
+from shipyard.routing.sessions import Sessions
+from shipyard.storage.metadata import MetadataStore
+from shipyard.storage.secrets import shared_secret
+from shipyard.storage.sessions import ClosedSessions
+
+
+def _stores(url: str, n: int) -> list[MetadataStore]:
+    stores = [MetadataStore(url) for _ in range(n)]
+    stores[0].migrate()
+    return stores
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_every_gateway_of_a_store_reads_one_key_made_once(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'meta.db'}"
+    else:
+        url = request.getfixturevalue("pg_schema").url
+    stores = _stores(url, 4)
+    try:
+        with ThreadPoolExecutor(4) as pool:  # four gateways asking first, at once
+            keys = list(pool.map(lambda s: shared_secret(s.engine, "sessions"), stores))
+        assert len(set(keys)) == 1 and len(keys[0]) == 32
+        assert shared_secret(stores[0].engine, "sessions") == keys[0]  # and later
+        assert shared_secret(stores[1].engine, "other") not in (keys[0], b"")
+        fresh = MetadataStore(f"sqlite:///{tmp_path / 'other.db'}")
+        fresh.migrate()
+        assert shared_secret(fresh.engine, "sessions") != keys[0]  # another store's own
+        fresh.close()
+    finally:
+        for store in stores:
+            store.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_closed_sessions_are_read_by_every_gateway_until_they_expire(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """storage/sessions.py, with the exchange loop of routing/session_closes.py: a
+    gateway shares the closes its models answered, another learns them, a gateway
+    starting later learns those not expired, and expired ones are purged."""
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'meta.db'}"
+    else:
+        url = request.getfixturevalue("pg_schema").url
+    a_store, b_store = _stores(url, 2)
+    now = [1_000.0]
+    try:
+        a, b = Sessions(key=b"k" * 32), Sessions(key=b"k" * 32)
+        a.closing += [("s1", 1_500.0), ("s2", 1_010.0)]
+        a_loop = SessionCloses(a, ClosedSessions(a_store.engine), period_s=1, clock=lambda: now[0])
+        b_loop = SessionCloses(b, ClosedSessions(b_store.engine), period_s=1, clock=lambda: now[0])
+        asyncio.run(a_loop.exchange())
+        assert not a.closing
+        asyncio.run(b_loop.exchange())
+        assert b._closed == {"s1": 1_500.0, "s2": 1_010.0}
+        a.closing.append(("s3", 1_600.0))
+        asyncio.run(a_loop.exchange())
+        asyncio.run(b_loop.exchange())
+        assert set(b._closed) == {"s1", "s2", "s3"}
+
+        now[0] = 1_100.0  # s2 has expired: a gateway starting now does not need it
+        late = Sessions(key=b"k" * 32)
+        asyncio.run(SessionCloses(late, ClosedSessions(b_store.engine), period_s=1,
+                                  clock=lambda: now[0]).exchange())  # fmt: skip
+        assert late._closed == {"s1": 1_500.0, "s3": 1_600.0}
+        # Its exchange also purged the expired row (at most once a minute per gateway).
+        rows, _ = ClosedSessions(a_store.engine).since(0, 0.0)
+        assert sorted(rows) == [("s1", 1_500.0), ("s3", 1_600.0)]
+    finally:
+        a_store.close()
+        b_store.close()
