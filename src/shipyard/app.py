@@ -386,6 +386,10 @@ class Gateway:
             if self._grpc is not None:  # takes no more calls, answers those in flight
                 await self._grpc.stop(self.settings.drain_timeout_s)
             await self.loops.stop()
+            try:  # the last closes answered, for the store's other gateways
+                await self.session_closes.exchange()
+            except Exception:
+                log.exception("sharing the last closes of sessions failed")
             if self.worker_metrics is not None:
                 await self.worker_metrics.close()
             await self.capture.close()  # the doors take no more requests: flush the rest
