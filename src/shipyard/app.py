@@ -137,7 +137,9 @@ class Gateway:
         self.session_closes = SessionCloses(
             self.invocations.sessions,
             ClosedSessions(self.store.engine),
-            period_s=settings.routes_refresh_s,
+            # A close reaches the other gateways within a second or so; each reads the
+            # store no more often, sessions or not.
+            period_s=max(settings.routes_refresh_s, 1.0),
         )
         self.backend, capabilities = create_backend(
             settings.backend, BackendContext.of(settings, stack, filesystems=filesystems)

@@ -62,7 +62,8 @@ def test_closed_sessions_are_read_by_every_gateway_until_they_expire(
     a_store, b_store = _stores(url, 2)
     now = [1_000.0]
     try:
-        a, b = Sessions(key=b"k" * 32), Sessions(key=b"k" * 32)
+        a = Sessions(key=b"k" * 32, clock=lambda: now[0])
+        b = Sessions(key=b"k" * 32, clock=lambda: now[0])
         a.closing += [("s1", 1_500.0), ("s2", 1_010.0)]
         a_loop = SessionCloses(a, ClosedSessions(a_store.engine), period_s=1, clock=lambda: now[0])
         b_loop = SessionCloses(b, ClosedSessions(b_store.engine), period_s=1, clock=lambda: now[0])
@@ -76,7 +77,7 @@ def test_closed_sessions_are_read_by_every_gateway_until_they_expire(
         assert set(b._closed) == {"s1", "s2", "s3"}
 
         now[0] = 1_100.0  # s2 has expired: a gateway starting now does not need it
-        late = Sessions(key=b"k" * 32)
+        late = Sessions(key=b"k" * 32, clock=lambda: now[0])
         asyncio.run(SessionCloses(late, ClosedSessions(b_store.engine), period_s=1,
                                   clock=lambda: now[0]).exchange())  # fmt: skip
         assert late._closed == {"s1": 1_500.0, "s3": 1_600.0}
@@ -86,3 +87,26 @@ def test_closed_sessions_are_read_by_every_gateway_until_they_expire(
     finally:
         a_store.close()
         b_store.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_a_close_after_the_table_emptied_is_still_learned(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Every close expired and purged, the table is empty; a reader far along still
+    learns the next close (SQLite would reuse a seq without AUTOINCREMENT)."""
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'meta.db'}"
+    else:
+        url = request.getfixturevalue("pg_schema").url
+    (store,) = _stores(url, 1)
+    try:
+        closed = ClosedSessions(store.engine)
+        closed.record((f"s{n}", 1_010.0) for n in range(1_500))  # more than any overlap
+        rows, seq = closed.since(0, 1_000.0)
+        assert len(rows) == 1_500 and seq >= 1_500
+        assert closed.purge(2_000.0) == 1_500
+        closed.record([("late", 3_000.0)])
+        assert closed.since(seq, 2_000.0)[0] == [("late", 3_000.0)]
+    finally:
+        store.close()

@@ -63,6 +63,10 @@ class BackendContext:
     (``auth.file_roots``); it refuses to be built where it cannot. The Ray backend
     ignores it: its processes run as Ray starts them on the cluster's nodes."""
 
+    hidden: tuple[Path, ...] = ()
+    """Folders of the gateway's besides its home that a sandbox masks even where a file
+    root holds them (the workers' metrics sockets: gateway/worker_metrics.py)."""
+
     filesystems: Filesystems | None = None
     """The gateway's file systems (``auth.file_roots`` enforced): what a backend fetches
     on a caller's behalf in the gateway's own process (a container's model, a sandboxed
@@ -77,6 +81,7 @@ class BackendContext:
             filesystems=filesystems,
             home=settings.home,
             run_dir=settings.run_dir,
+            hidden=() if settings.worker_peers is None else (settings.worker_peers,),
             environ=os.environ,
             s3=s3_variables(os.environ, s3_endpoint_url=settings.s3_endpoint_url),
             warm_spares=settings.warm_spares,
@@ -143,7 +148,9 @@ def _local(context: BackendContext, *, engine_required: bool = False) -> FullBac
     if context.sandbox_file_roots is not None:
         # Tried here, at start: a gateway that cannot sandbox refuses to start.
         sandbox = Sandbox.create(
-            file_roots=context.sandbox_file_roots, hidden=[context.home], environ=context.environ
+            file_roots=context.sandbox_file_roots,
+            hidden=[context.home, *context.hidden],
+            environ=context.environ,
         )
     # Container images go to the engine at DOCKER_HOST, connected to when one is first
     # run: a gateway that runs none needs no engine.

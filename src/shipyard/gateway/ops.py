@@ -10,7 +10,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from shipyard.gateway.auth import admitted, resource_arn
+from shipyard.gateway.auth import Admitted, admitted, resource_arn
 from shipyard.gateway.worker_metrics import WorkerMetrics
 from shipyard.metrics import Metrics
 
@@ -24,43 +24,59 @@ def metrics_endpoint(
     metrics: Metrics, *, region: str, account_id: str, workers: WorkerMetrics | None = None
 ) -> object:
     """``GET /metrics``: every series for a key that reaches every resource; for a key
-    scoped by ``resources``, the gateway's own series and those of the endpoints it
-    reaches (a series names its endpoint, or transform job, in its ``endpoint`` label),
-    as the console's and CloudWatch's views of the same numbers are scoped. Under
-    ``--workers``, every worker's series, labelled by worker (gateway/worker_metrics.py)."""
+    scoped by ``resources``, the gateway's own series and those of the endpoints and
+    transform jobs it reaches (a series names its endpoint in its ``endpoint`` label, a
+    transform job in ``job``), as the console's and CloudWatch's views of the same
+    numbers are scoped. Under ``--workers``, every worker's series, labelled by worker
+    (gateway/worker_metrics.py)."""
 
     async def endpoint(request: Request) -> Response:
         edge = admitted(request.scope)
-        registry = metrics.registry if workers is None else await workers.gathered()
-        if edge.reaches_all:
-            return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-        reached: dict[str, bool] = {}
-
-        def keep(name: str) -> bool:
-            if name not in reached:
-                arn = resource_arn(region, account_id, "endpoint", name)
-                reached[name] = edge.reaches(arn)
-            return reached[name]
-
+        keep = None if edge.reaches_all else _visible(edge, region, account_id)
+        if workers is not None:
+            return Response(await workers.exposition(keep), media_type=CONTENT_TYPE_LATEST)
+        if keep is None:
+            return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
         view = CollectorRegistry(auto_describe=False)
-        view.register(_Reached(registry, keep))
+        view.register(_Reached(metrics.registry, keep))
         return Response(generate_latest(view), media_type=CONTENT_TYPE_LATEST)
 
     return endpoint
 
 
-class _Reached(Collector):
-    """``registry``'s series, less the samples of endpoints ``keep`` refuses."""
+_SCOPED = (("endpoint", "endpoint"), ("job", "transform-job"))
+"""The labels that name a resource a key may not reach, and the resource's kind."""
 
-    def __init__(self, registry: CollectorRegistry, keep: Callable[[str], bool]) -> None:
+
+def _visible(edge: Admitted, region: str, account_id: str) -> Callable[[dict[str, str]], bool]:
+    """Whether a sample's labels name only resources ``edge``'s key reaches."""
+    reached: dict[tuple[str, str], bool] = {}
+
+    def visible(labels: dict[str, str]) -> bool:
+        for label, kind in _SCOPED:
+            name = labels.get(label)
+            if name is None:
+                continue
+            if (kind, name) not in reached:
+                arn = resource_arn(region, account_id, kind, name)
+                reached[kind, name] = edge.reaches(arn)
+            if not reached[kind, name]:
+                return False
+        return True
+
+    return visible
+
+
+class _Reached(Collector):
+    """``registry``'s series, less the samples ``visible`` refuses."""
+
+    def __init__(
+        self, registry: CollectorRegistry, visible: Callable[[dict[str, str]], bool]
+    ) -> None:
         self.registry = registry
-        self.keep = keep
+        self.visible = visible
 
     def collect(self) -> Iterator[Metric]:
         for family in self.registry.collect():
-            family.samples = [
-                sample
-                for sample in family.samples
-                if "endpoint" not in sample.labels or self.keep(sample.labels["endpoint"])
-            ]
+            family.samples = [s for s in family.samples if self.visible(s.labels)]
             yield family

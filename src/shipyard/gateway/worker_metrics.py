@@ -4,14 +4,19 @@ worker answers.
 Workers share one port, so a scrape reaches one of them, and each keeps its own counters
 (a request is counted by the worker that took it). Each worker serves its registry on a
 Unix socket of its own in a folder the supervisor made for them alone (mode 0700,
-``Settings.worker_peers``); the worker answering ``/metrics`` reads the others' at once and
-gives every series with a ``worker`` label (``"0"`` … ``"N-1"``), so ``sum without
-(worker)`` is the gateway's total. A worker that does not answer within
-``_READ_TIMEOUT_S`` (restarting, say) is left out of that scrape and named in the log.
-A gateway on its own has no such folder, and its ``/metrics`` is as it always was.
+``Settings.worker_peers``, hidden from sandboxes); the worker answering ``/metrics``
+reads the others' at once and gives every series with a ``worker`` label (``"0"`` …
+``"N-1"``). A worker that does not answer within ``_READ_TIMEOUT_S`` (restarting, say),
+or whose text comes cut short, is left out of that scrape and named in the log. A gateway
+on its own has no such folder, and its ``/metrics`` is as it always was; so is a worker
+whose socket path would be too long for the system, which says so once.
 
-The exposition format is prometheus_client's, read back by its own parser: no format of
-ours in between.
+The text is prometheus_client's exposition. Each worker labels its own samples as it
+renders them, and the answering worker groups the families of all of them by name: a
+pass over lines, with no parser, so a scrape costs the event loop little more than
+rendering its own registry. A key scoped to some endpoints gets the same series less
+those of the endpoints it cannot reach (gateway/ops.py): then the texts are read back
+with prometheus_client's parser, off the event loop.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,6 +40,10 @@ if TYPE_CHECKING:
 _READ_TIMEOUT_S = 2.0
 _MAX_BYTES = 64 * 1024 * 1024
 """More than any registry here renders; a peer sending more is left out."""
+_END = b"# EOF\n"
+"""What a worker ends its text with: a text without it was cut short, and is left out."""
+_MAX_SOCKET_PATH = 100
+"""Unix socket paths are limited to 107 bytes (Linux): a folder deeper than this leaves."""
 log = logging.getLogger(__name__)
 
 
@@ -58,6 +67,13 @@ class WorkerMetrics:
         folder, index = settings.worker_peers, settings.worker
         if folder is None or index is None or settings.workers < 2:
             return None
+        if len(os.fsencode(folder / f"{settings.workers - 1}.sock")) > _MAX_SOCKET_PATH:
+            log.warning(
+                "/metrics shows this worker's series alone: the folder %s (TMPDIR) is too "
+                "deep for the workers' sockets",
+                folder,
+            )
+            return None
         return cls(registry, folder, index, settings.workers)
 
     def _path(self, index: int) -> str:
@@ -70,36 +86,38 @@ class WorkerMetrics:
         self._server = await asyncio.start_unix_server(self._serve, path=path)
 
     async def close(self) -> None:
+        """Stop serving; answers under way finish on their own (none is awaited: a peer
+        that reads slowly does not hold this worker's stop)."""
         if self._server is not None:
             self._server.close()
-            await self._server.wait_closed()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._path(self.index))
 
+    def render(self) -> bytes:
+        """This worker's registry, each sample labelled with its worker, ended by
+        ``_END``."""
+        return _labelled(generate_latest(self.registry), str(self.index).encode()) + _END
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            writer.write(generate_latest(self.registry))
+            writer.write(self.render())
             await writer.drain()
         except ConnectionError:
             pass  # the asking worker gave up
         finally:
             writer.close()
 
-    async def gathered(self) -> CollectorRegistry:
-        """Every worker's series, each labelled with its worker: a registry to render."""
+    async def exposition(self, keep: Callable[[dict[str, str]], bool] | None = None) -> bytes:
+        """Every worker's series, labelled, as one exposition; with ``keep``, less the
+        samples whose labels it refuses (ops.py)."""
         others = [n for n in range(self.count) if n != self.index]
-        texts = await asyncio.gather(*(self._read(n) for n in others))
-        # Its own read back from text too, so that every worker's families come alike.
-        own = generate_latest(self.registry).decode()
-        families: list[tuple[str, Iterable[Metric]]] = []
-        for n, text in sorted([(self.index, own), *zip(others, texts, strict=True)]):
-            if text is not None:
-                families.append((str(n), text_string_to_metric_families(text)))
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Labelled(families))
-        return registry
+        texts = [self.render(), *await asyncio.gather(*(self._read(n) for n in others))]
+        whole = [t for t in texts if t is not None]
+        if keep is None:
+            return await asyncio.to_thread(_grouped, whole)
+        return await asyncio.to_thread(_reached, whole, keep)
 
-    async def _read(self, index: int) -> str | None:
+    async def _read(self, index: int) -> bytes | None:
         chunks: list[bytes] = []
         size = 0
         try:
@@ -114,30 +132,63 @@ class WorkerMetrics:
         except (OSError, TimeoutError) as exc:
             log.warning("/metrics: worker %d did not answer (%r); left out", index, exc)
             return None
-        if size > _MAX_BYTES:
-            log.warning("/metrics: worker %d answered over %d bytes; left out", index, _MAX_BYTES)
+        text = b"".join(chunks)
+        if size > _MAX_BYTES or not text.endswith(_END):
+            log.warning("/metrics: worker %d's answer was cut short or too long; left out", index)
             return None
-        return b"".join(chunks).decode()
+        return text[: -len(_END)]
 
 
-class _Labelled(Collector):
-    """Families from several workers, merged by name, each sample with its ``worker``."""
+def _labelled(text: bytes, worker: bytes) -> bytes:
+    """``text`` with ``worker="<worker>"`` first among each sample's labels. A sample
+    line is its metric's name, then ``{labels}`` or a space: a name holds neither."""
+    out = []
+    label = b'worker="' + worker + b'"'
+    for line in text.splitlines(keepends=True):
+        if line.startswith(b"#") or not line.strip():
+            out.append(line)
+            continue
+        brace, space = line.find(b"{"), line.find(b" ")
+        if brace != -1 and (space == -1 or brace < space):
+            out.append(line[: brace + 1] + label + b"," + line[brace + 1 :])
+        else:
+            out.append(line[:space] + b"{" + label + b"}" + line[space:])
+    return b"".join(out)
 
-    def __init__(self, sources: list[tuple[str, Iterable[Metric]]]) -> None:
-        self.sources = sources
+
+def _grouped(texts: list[bytes]) -> bytes:
+    """The families of several expositions, each once: its ``# HELP`` and ``# TYPE`` from
+    the first text that has it, then every text's samples of it, in order."""
+    families: dict[bytes, list[bytes]] = {}
+    for text in texts:
+        name = b""
+        for line in text.splitlines(keepends=True):
+            if line.startswith(b"# HELP "):
+                name = line.split(b" ", 3)[2]
+                if name in families:
+                    continue
+                families[name] = [line]
+            elif line.startswith(b"# TYPE "):
+                if len(families[name]) == 1:  # the first text's TYPE only
+                    families[name].append(line)
+            elif name:
+                families[name].append(line)
+    return b"".join(line for lines in families.values() for line in lines)
+
+
+def _reached(texts: list[bytes], keep: Callable[[dict[str, str]], bool]) -> bytes:
+    """``_grouped``, read back and less the samples whose labels ``keep`` refuses."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Parsed(_grouped(texts).decode(), keep))
+    return generate_latest(registry)
+
+
+class _Parsed(Collector):
+    def __init__(self, text: str, keep: Callable[[dict[str, str]], bool]) -> None:
+        self.text = text
+        self.keep = keep
 
     def collect(self) -> Iterator[Metric]:
-        merged: dict[str, Metric] = {}
-        for worker, families in self.sources:
-            for family in families:
-                into = merged.get(family.name)
-                if into is None:
-                    into = merged[family.name] = Metric(
-                        family.name, family.documentation, family.type, family.unit
-                    )
-                elif into.type != family.type:
-                    continue  # one name, two kinds: only during an upgrade; keep the first
-                into.samples.extend(
-                    s._replace(labels={**s.labels, "worker": worker}) for s in family.samples
-                )
-        yield from merged.values()
+        for family in text_string_to_metric_families(self.text):
+            family.samples = [s for s in family.samples if self.keep(s.labels)]
+            yield family

@@ -15,15 +15,16 @@ does not share), signed with a key every gateway of one store shares (storage/se
 So any gateway, or any worker of ``shipyard serve --workers``, routes a session's
 requests without asking the one that opened it, and an id a client made up, or one
 whose expiry it changed, is refused like an unknown one. Each gateway remembers the
-sessions closed through it until they would have expired; another gateway of the same
-store learns of a close only from the model's own answers (a departure: see DESIGN
-2.11). Requests without a session are routed by the variant's policy, untouched.
+sessions closed, through it or through another gateway of the same store
+(routing/session_closes.py shares them), until they would have expired. Requests
+without a session are routed by the variant's policy, untouched.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import math
 import secrets
 import struct
@@ -45,7 +46,10 @@ REQUEST_HEADER = b"x-amzn-sagemaker-session-id"
 NEW_HEADER = b"x-amzn-sagemaker-new-session-id"
 CLOSED_HEADER = b"x-amzn-sagemaker-closed-session-id"
 DEFAULT_TTL_S = 20 * 60.0
+MAX_CLOSING = 100_000
+"""Closes kept for the store's other gateways while it cannot be written."""
 
+log = logging.getLogger(__name__)
 _PAYLOAD = struct.Struct(">I8s8s")
 """An id's signed part: expiry (whole Unix seconds), a random nonce, the instance digest."""
 _MAC_BYTES = 16
@@ -150,13 +154,19 @@ class Sessions:
         self._opened.pop(session_id, None)
         if session_id not in self._closed:
             self._closed[session_id] = read[0]
-            self.closing.append((session_id, read[0]))
+            if len(self.closing) < MAX_CLOSING:
+                self.closing.append((session_id, read[0]))
+            else:  # the store has been unreachable for long: refused here, not shared
+                log.warning(
+                    "session %s closed: not shared, %d closes wait", session_id, MAX_CLOSING
+                )
 
     def learn(self, closed: Iterable[tuple[str, float]]) -> None:
         """Sessions closed through other gateways of the store (id, expiry)."""
         for session_id, expires in closed:
             self._closed[session_id] = expires
             self._opened.pop(session_id, None)
+        self._sweep()  # a gateway that opens and closes none forgets them too
 
     def _read(self, endpoint: str, session_id: str) -> tuple[float, bytes] | None:
         """(expiry, instance digest) of an id signed for ``endpoint``; None otherwise."""

@@ -16,8 +16,10 @@ from shipyard.storage import tables as t
 from shipyard.storage.transactions import transaction
 
 _C = t.closed_sessions
-_OVERLAP = 100
-"""Rows read again on each read (``since``)."""
+_OVERLAP = 1000
+"""Seqs read again on each read (``since``): a row committed late is found while fewer
+rows than this were committed after it, each writer writing ``_BATCH`` at a time."""
+_BATCH = 100
 
 
 class ClosedSessions:
@@ -28,11 +30,12 @@ class ClosedSessions:
         return f"ClosedSessions({self.engine.url.render_as_string(hide_password=True)!r})"
 
     def record(self, closes: Iterable[tuple[str, float]]) -> None:
-        """Sessions closed: (id, the Unix time it would have expired)."""
+        """Sessions closed: (id, the Unix time it would have expired). In transactions of
+        at most ``_BATCH`` rows, so that no reader's overlap is outrun by one."""
         rows = [{"session_id": sid, "expires": expires} for sid, expires in closes]
-        if rows:
+        for start in range(0, len(rows), _BATCH):
             with transaction(self.engine) as conn:
-                conn.execute(insert(_C), rows)
+                conn.execute(insert(_C), rows[start : start + _BATCH])
 
     def since(self, seq: int, now: float) -> tuple[list[tuple[str, float]], int]:
         """Closes recorded after ``seq`` (and the ``_OVERLAP`` before it) not yet expired
@@ -40,15 +43,19 @@ class ClosedSessions:
 
         The overlap: on PostgreSQL a row may commit after a later one did, so a reader that
         saw the later one reads back far enough to find it (reading one twice does no harm).
+        SQLite writes one transaction at a time, and never reuses a seq
+        (``sqlite_autoincrement``).
         """
         with transaction(self.engine) as conn:
-            last = conn.execute(select(func.max(_C.c.seq))).scalar_one_or_none() or seq
+            last = conn.execute(select(func.max(_C.c.seq))).scalar_one_or_none() or 0
+            if last < seq:
+                seq = 0  # a store other than the one read before (restored, say): all of it
             rows = conn.execute(
                 select(_C.c.session_id, _C.c.expires).where(
                     _C.c.seq > seq - _OVERLAP, _C.c.seq <= last, _C.c.expires > now
                 )
             ).all()
-        return [(sid, float(expires)) for sid, expires in rows], max(last, seq)
+        return [(sid, float(expires)) for sid, expires in rows], last
 
     def purge(self, now: float) -> int:
         """Drop the rows of sessions expired at ``now``; how many."""

@@ -308,6 +308,8 @@ closed_sessions = Table(
     Column("seq", Integer, primary_key=True, autoincrement=True),
     Column("session_id", String(128), nullable=False),
     Column("expires", Float, nullable=False, index=True),
+    # Never a seq used before, even once the table was emptied: readers go by it.
+    sqlite_autoincrement=True,
 )
 """Sessions their models closed, until they would have expired (storage/sessions.py): so
 every gateway of the store refuses them."""

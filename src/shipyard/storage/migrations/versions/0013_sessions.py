@@ -26,6 +26,7 @@ def upgrade() -> None:
         sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
         sa.Column("session_id", sa.String(128), nullable=False),
         sa.Column("expires", sa.Float, nullable=False),
+        sqlite_autoincrement=True,
     )
     op.create_index("ix_closed_sessions_expires", "closed_sessions", ["expires"])
 
