@@ -83,7 +83,10 @@ class WorkerMetrics:
         path = self._path(self.index)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # left by this worker's previous process
-        self._server = await asyncio.start_unix_server(self._serve, path=path)
+        try:
+            self._server = await asyncio.start_unix_server(self._serve, path=path)
+        except OSError as exc:  # the others leave this worker out; it still serves
+            log.warning("worker %d cannot serve its metrics to the others: %r", self.index, exc)
 
     async def close(self) -> None:
         """Stop serving; answers under way finish on their own (none is awaited: a peer
