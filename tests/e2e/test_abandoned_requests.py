@@ -3,6 +3,7 @@ leaves the queue: it is never sent to the model, and the requests behind it move
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import threading
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from tests.conftest import GatewayProcess, deploy, in_flight, wait_until
+from tests.conftest import MODELS, GatewayProcess, deploy, in_flight, wait_until
 
 
 def post_and_leave(gw: GatewayProcess, body: bytes, after_s: float) -> None:
@@ -115,3 +116,70 @@ def test_many_clients_that_leave_while_queued_leave_nothing_behind(
     assert lines.count("busy") == 1 and lines.count("stayed") == 1
     assert lines.count("gone") <= 1, lines
     assert len(answers) == 1
+
+
+def _oip_body(seconds: float, tag: str) -> bytes:
+    return json.dumps(
+        {
+            "inputs": [
+                {"name": "SLEEP", "shape": [1], "datatype": "FP32", "data": [seconds]},
+                {"name": "TAG", "shape": [1], "datatype": "BYTES", "data": [tag]},
+            ]
+        }
+    ).encode()
+
+
+def test_an_oip_client_that_leaves_while_queued_is_never_served(
+    gateway_factory: Any, tmp_path: Path
+) -> None:
+    """The Open Inference Protocol's REST door watches its clients as InvokeEndpoint
+    does: an inference still waiting for an instance when its client hangs up is never
+    sent to the model."""
+    gw = gateway_factory()
+    started = tmp_path / "started"
+    started.touch()
+    deploy(
+        gw.sm,
+        "tensors",
+        (MODELS / "tensor_add").as_uri(),
+        strategy="LEAST_OUTSTANDING_REQUESTS",
+        environment={"TENSOR_STARTED_FILE": str(started), "SAGEMAKER_MODEL_SERVER_WORKERS": "1"},
+    )
+    address = urlsplit(gw.url)
+    path = "/v2/models/tensors/infer"
+
+    def infer(seconds: float, tag: str) -> dict[str, Any]:
+        conn = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+        conn.request("POST", path, _oip_body(seconds, tag), {"Content-Type": "application/json"})
+        answer = conn.getresponse()
+        assert answer.status == 200, answer.read()
+        return dict(json.loads(answer.read()))
+
+    def infer_and_leave() -> None:
+        body = _oip_body(0, "gone")
+        with socket.create_connection((address.hostname, address.port), timeout=10) as s:
+            s.sendall(
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            time.sleep(0.5)
+
+    answers: list[dict[str, Any]] = []
+    busy = threading.Thread(target=lambda: answers.append(infer(3, "busy")))
+    busy.start()
+    wait_until(lambda: "busy" in started.read_text(), "the first inference under way")
+    leavers = [threading.Thread(target=infer_and_leave) for _ in range(3)]
+    for leaver in leavers:
+        leaver.start()
+        time.sleep(0.05)
+    for leaver in leavers:
+        leaver.join()
+    assert infer(0, "stayed")["outputs"][0]["name"] == "SLEPT"
+    busy.join()
+    lines = started.read_text().split()
+    assert lines.count("busy") == 1 and lines.count("stayed") == 1
+    # At most the one pipelined to the instance already was sent; the others left.
+    assert lines.count("gone") <= 1, lines
+    assert len(answers) == 1
+    wait_until(lambda: in_flight(gw, "tensors") == 0, "nothing left in flight")

@@ -114,12 +114,19 @@ class InferenceProtocol:
         )
 
     async def infer(
-        self, name: str, version: str | None, request: InferRequest, calls: list[Call]
+        self,
+        name: str,
+        version: str | None,
+        request: InferRequest,
+        calls: list[Call],
+        watch_gone: Callable[[Callable[[], None]], Callable[[], None]] | None = None,
     ) -> Inference:
         """Send one inference to an instance of ``name`` and return its outputs.
 
         ``calls`` receives the call as soon as it is made, for the door's counting
-        (Invocations.count). Raises the runtime's errors or TensorError.
+        (Invocations.count). ``watch_gone``: as ``Call.watch_gone``, so that a request
+        whose client left while it waited for an instance is never sent. Raises the
+        runtime's errors or TensorError.
         """
         started = time.perf_counter()
         route = self.invocations.route(name)
@@ -132,6 +139,7 @@ class InferenceProtocol:
             ],
             body,
             content_length=len(body),
+            watch_gone=watch_gone,
             started=started,
         )
         calls.append(call)

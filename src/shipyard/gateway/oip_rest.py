@@ -20,6 +20,7 @@ from typing import Any
 from shipyard.errors import AuthFailure, ClientGone, PayloadTooLarge, RuntimeFailure, TensorError
 from shipyard.gateway import bodies
 from shipyard.gateway.errors import send_json
+from shipyard.gateway.http_limits import on_disconnect
 from shipyard.gateway.oip import InferenceProtocol, status_of
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.router import Call
@@ -123,7 +124,7 @@ class OipRestDoor:
         body = await runtime.read_body(scope, receive)
         length = header_length_of(None, header_length.decode("latin-1") if header_length else None)
         request = parse_request(body, length)
-        answer = await self.protocol.infer(name, version, request, calls)
+        answer = await self.protocol.infer(name, version, request, calls, on_disconnect(scope))
         header: dict[str, Any] = {
             "model_name": answer.model_name,
             "model_version": answer.model_version,
