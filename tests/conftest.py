@@ -159,9 +159,15 @@ class GatewayProcess:
 
 
 def start_gateway(
-    home: Path, *, extra_env: dict[str, str] | None = None, args: list[str] | None = None
+    home: Path,
+    *,
+    extra_env: dict[str, str] | None = None,
+    args: list[str] | None = None,
+    scheme: str = "http",
+    answers: Callable[[GatewayProcess], bool] | None = None,
 ) -> GatewayProcess:
-    """Start a gateway on a free port; ready once it answers /healthz *and* listens there.
+    """Start a gateway on a free port; ready once it listens there *and* ``answers``
+    (by default: its /healthz says 200).
 
     A port found free may be taken before the gateway binds it (by another test's server,
     or another gateway started at the same moment). Then our gateway exits with "address
@@ -169,16 +175,20 @@ def start_gateway(
     socket of the gateway's own process, and a lost race starts again on another port.
     """
     for _ in range(3):
-        gw = _launch_gateway(home, extra_env, args)
-        if (outcome := _wait_ready(gw)) == "ready":
+        gw = _launch_gateway(home, extra_env, args, scheme)
+        if (outcome := _wait_ready(gw, answers or _healthy)) == "ready":
             return gw
         if outcome != "port taken":
             raise RuntimeError(f"gateway {outcome}:\n{gw.log()}")
     raise RuntimeError(f"gateway lost the race for a free port three times:\n{gw.log()}")
 
 
+def _healthy(gw: GatewayProcess) -> bool:
+    return gw.get("/healthz")[0] == 200
+
+
 def _launch_gateway(
-    home: Path, extra_env: dict[str, str] | None, args: list[str] | None
+    home: Path, extra_env: dict[str, str] | None, args: list[str] | None, scheme: str
 ) -> GatewayProcess:
     port = free_port()
     env = {**os.environ, "SHIPYARD_HEALTH_CHECK_PERIOD_S": "0.5", **(extra_env or {})}
@@ -202,10 +212,10 @@ def _launch_gateway(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    return GatewayProcess(f"http://127.0.0.1:{port}", home, process, log_path, env)
+    return GatewayProcess(f"{scheme}://127.0.0.1:{port}", home, process, log_path, env)
 
 
-def _wait_ready(gw: GatewayProcess) -> str:
+def _wait_ready(gw: GatewayProcess, answers: Callable[[GatewayProcess], bool]) -> str:
     """ "ready", "port taken" (exited, its port in use), or why it is not ready."""
     port = int(gw.url.rsplit(":", 1)[1])
     deadline = time.monotonic() + 30
@@ -215,7 +225,7 @@ def _wait_ready(gw: GatewayProcess) -> str:
             return "port taken" if taken else "exited early"
         if _listens(gw.process.pid, port):
             try:
-                if gw.get("/healthz")[0] == 200:
+                if answers(gw):
                     return "ready"
             except OSError:
                 pass

@@ -9,12 +9,9 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import json
-import os
-import signal
 import ssl
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -32,7 +29,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tests.conftest import GatewayProcess, deploy, free_port, make_tarball
+from tests.conftest import GatewayProcess, deploy, free_port, make_tarball, start_gateway
 from tests.e2e.test_auth import OPS, OPS_SECRET, SECRETS, write_stack
 
 
@@ -74,34 +71,13 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
 def start_https_gateway(home: Path, cert: Path, args: list[str]) -> GatewayProcess:
     """``start_gateway`` for a gateway that speaks only HTTPS: ready once its /healthz
     answers over TLS with ``cert`` trusted."""
-    port = free_port()
-    home.mkdir(parents=True, exist_ok=True)
-    log_path = home / f"gateway-{port}.log"
-    env = {**os.environ, **SECRETS}
-    with open(log_path, "wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "shipyard", "serve", "--port", str(port)]
-            + ["--home", str(home), *args],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    gw = GatewayProcess(f"https://127.0.0.1:{port}", home, process, log_path, env)
     context = ssl.create_default_context(cafile=str(cert))
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"gateway exited early:\n{gw.log()}")
-        try:
-            with urllib.request.urlopen(gw.url + "/healthz", timeout=5, context=context) as r:
-                if r.status == 200:
-                    return gw
-        except OSError:
-            pass
-        time.sleep(0.05)
-    gw.stop(signal.SIGKILL)
-    raise RuntimeError(f"gateway did not become ready:\n{gw.log()}")
+
+    def answers(gw: GatewayProcess) -> bool:
+        with urllib.request.urlopen(gw.url + "/healthz", timeout=5, context=context) as r:
+            return bool(r.status == 200)
+
+    return start_gateway(home, extra_env=SECRETS, args=args, scheme="https", answers=answers)
 
 
 @pytest.fixture(scope="module")
