@@ -199,13 +199,15 @@ def test_a_session_is_followed_whichever_worker_takes_its_requests(
 def test_a_session_lives_as_long_as_shipyard_session_ttl_s(
     gateway_factory: Callable[..., GatewayProcess],
 ) -> None:
-    gw = gateway_factory(extra_env={"SHIPYARD_SESSION_TTL_S": "3"})
+    gw = gateway_factory(extra_env={"SHIPYARD_SESSION_TTL_S": "5"})
     deploy(gw.sm, "brief", (MODELS / "sessions").as_uri(), image=IMAGE, count=1)
-    before = datetime.now(UTC)
+    before = datetime.now(UTC).timestamp()
     _, out = ask(gw.rt, "brief", SessionId="NEW_SESSION")
+    after = datetime.now(UTC).timestamp()
     session, expires = out["NewSessionId"].split("; Expires=")
     at = datetime.strptime(expires, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    assert 1 <= (at - before).total_seconds() <= 4
+    # Opened between ``before`` and ``after``, for 5 s, rounded up to a whole second.
+    assert before + 5 <= at.timestamp() <= after + 6
     assert ask(gw.rt, "brief", SessionId=session)[0]["turn"] == 2
 
     def refused() -> bool:
