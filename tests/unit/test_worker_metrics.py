@@ -11,7 +11,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shipyard.gateway.ops import _Reached, _visible
+from shipyard.gateway.ops import _Reached, _Text, _visible, scoped
 from shipyard.gateway.worker_metrics import WorkerMetrics, _grouped
 from shipyard.metrics import Metrics
 
@@ -103,15 +103,18 @@ def test_a_cut_answer_is_left_out_and_a_scoped_key_sees_only_what_it_reaches() -
 
         server = await asyncio.start_unix_server(half, path=str(folder / "2.sock"))
         try:
-            text = (await workers[0].exposition()).decode()
-            scoped = (await workers[0].exposition(lambda labels: labels.get("job") != "g")).decode()
+            everything = await workers[0].exposition()
+            scoped_text = scoped(
+                _Text(everything.decode()), lambda labels: labels.get("job") != "g"
+            )
+            text = everything.decode()
         finally:
             server.close()
             for worker in workers:
                 await worker.close()
         families = {f.name: f for f in text_string_to_metric_families(text)}
         assert {s.labels["worker"] for s in families["calls"].samples} == {"0", "1"}
-        jobs = {s.labels["job"] for f in text_string_to_metric_families(scoped)
+        jobs = {s.labels["job"] for f in text_string_to_metric_families(scoped_text.decode())
                 if f.name == "jobs_done" for s in f.samples}  # fmt: skip
         assert jobs == {"f"}
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -34,12 +36,14 @@ def metrics_endpoint(
         edge = admitted(request.scope)
         keep = None if edge.reaches_all else _visible(edge, region, account_id)
         if workers is not None:
-            return Response(await workers.exposition(keep), media_type=CONTENT_TYPE_LATEST)
-        if keep is None:
-            return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
-        view = CollectorRegistry(auto_describe=False)
-        view.register(_Reached(metrics.registry, keep))
-        return Response(generate_latest(view), media_type=CONTENT_TYPE_LATEST)
+            text = await workers.exposition()
+            if keep is not None:  # parsed off the loop: every worker's text, not just ours
+                text = await asyncio.to_thread(scoped, _Text(text.decode()), keep)
+        elif keep is None:
+            text = generate_latest(metrics.registry)
+        else:
+            text = scoped(metrics.registry, keep)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     return endpoint
 
@@ -67,16 +71,31 @@ def _visible(edge: Admitted, region: str, account_id: str) -> Callable[[dict[str
     return visible
 
 
-class _Reached(Collector):
-    """``registry``'s series, less the samples ``visible`` refuses."""
+def scoped(source: Collector, visible: Callable[[dict[str, str]], bool]) -> bytes:
+    """``source``'s series, less the samples ``visible`` refuses, as an exposition."""
+    view = CollectorRegistry(auto_describe=False)
+    view.register(_Reached(source, visible))
+    return generate_latest(view)
 
-    def __init__(
-        self, registry: CollectorRegistry, visible: Callable[[dict[str, str]], bool]
-    ) -> None:
-        self.registry = registry
+
+class _Reached(Collector):
+    """``source``'s series, less the samples ``visible`` refuses."""
+
+    def __init__(self, source: Collector, visible: Callable[[dict[str, str]], bool]) -> None:
+        self.source = source
         self.visible = visible
 
     def collect(self) -> Iterator[Metric]:
-        for family in self.registry.collect():
+        for family in self.source.collect():
             family.samples = [s for s in family.samples if self.visible(s.labels)]
             yield family
+
+
+class _Text(Collector):
+    """The families of an exposition's text."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def collect(self) -> Iterator[Metric]:
+        yield from text_string_to_metric_families(self.text)

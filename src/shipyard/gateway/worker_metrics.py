@@ -14,9 +14,9 @@ whose socket path would be too long for the system, which says so once.
 The text is prometheus_client's exposition. Each worker labels its own samples as it
 renders them, and the answering worker groups the families of all of them by name: a
 pass over lines, with no parser, so a scrape costs the event loop little more than
-rendering its own registry. A key scoped to some endpoints gets the same series less
-those of the endpoints it cannot reach (gateway/ops.py): then the texts are read back
-with prometheus_client's parser, off the event loop.
+rendering its own registry. A key scoped to some resources gets the same series less
+those it cannot reach (gateway/ops.py, which reads the text back with prometheus_client's
+parser, off the event loop).
 """
 
 from __future__ import annotations
@@ -25,14 +25,11 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prometheus_client import generate_latest
-from prometheus_client.metrics_core import Metric
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.registry import CollectorRegistry
 
 if TYPE_CHECKING:
     from shipyard.settings import Settings
@@ -110,15 +107,12 @@ class WorkerMetrics:
         finally:
             writer.close()
 
-    async def exposition(self, keep: Callable[[dict[str, str]], bool] | None = None) -> bytes:
-        """Every worker's series, labelled, as one exposition; with ``keep``, less the
-        samples whose labels it refuses (ops.py)."""
+    async def exposition(self) -> bytes:
+        """Every worker's series, labelled, as one exposition (scoped, where the key is,
+        by ops.py)."""
         others = [n for n in range(self.count) if n != self.index]
         texts = [self.render(), *await asyncio.gather(*(self._read(n) for n in others))]
-        whole = [t for t in texts if t is not None]
-        if keep is None:
-            return await asyncio.to_thread(_grouped, whole)
-        return await asyncio.to_thread(_reached, whole, keep)
+        return await asyncio.to_thread(_grouped, [t for t in texts if t is not None])
 
     async def _read(self, index: int) -> bytes | None:
         chunks: list[bytes] = []
@@ -177,21 +171,3 @@ def _grouped(texts: list[bytes]) -> bytes:
             elif name:
                 families[name].append(line)
     return b"".join(line for lines in families.values() for line in lines)
-
-
-def _reached(texts: list[bytes], keep: Callable[[dict[str, str]], bool]) -> bytes:
-    """``_grouped``, read back and less the samples whose labels ``keep`` refuses."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Parsed(_grouped(texts).decode(), keep))
-    return generate_latest(registry)
-
-
-class _Parsed(Collector):
-    def __init__(self, text: str, keep: Callable[[dict[str, str]], bool]) -> None:
-        self.text = text
-        self.keep = keep
-
-    def collect(self) -> Iterator[Metric]:
-        for family in text_string_to_metric_families(self.text):
-            family.samples = [s for s in family.samples if self.keep(s.labels)]
-            yield family

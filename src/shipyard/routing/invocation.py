@@ -28,13 +28,13 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
-from shipyard.contract import BATCH, SESSION_ID, parse_batch
+from shipyard.contract import BATCH, parse_batch
 from shipyard.errors import EndpointNotFound, ModelError, RuntimeValidationError, UpstreamError
 from shipyard.routing.client import Response, StreamedResponse
 from shipyard.routing.multimodel import refusal, target_model
 from shipyard.routing.pipeline import FAILED_CONTAINER
 from shipyard.routing.router import Call, Exchange, Router
-from shipyard.routing.sessions import CLOSED_HEADER, NEW_SESSION, REQUEST_HEADER, Sessions
+from shipyard.routing.sessions import CLOSED_HEADER, NEW_SESSION, Sessions, header_at
 from shipyard.routing.sessions import gone as sessions_gone
 from shipyard.routing.shadow import ShadowCopier
 from shipyard.routing.table import EndpointRoute, VariantRoute
@@ -115,13 +115,7 @@ class Invocations:
         the call opens a session."""
         if call.opening is not None:
             return True  # read already (``start``, then ``run``): its id may be made
-        # The doors forward headers under their canonical names (contract.FORWARDED), so
-        # no name is lower-cased here, on every request.
-        found = -1
-        for n, (key, _) in enumerate(call.headers):  # a loop: no generator's frame
-            if key == SESSION_ID or key == REQUEST_HEADER:
-                found = n
-                break
+        found = header_at(call.headers)
         if found < 0:
             return False
         key, value = call.headers[found]

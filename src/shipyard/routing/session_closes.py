@@ -64,9 +64,7 @@ class SessionCloses:
             raise
         self.sessions.learn(learned)
 
-    def _io(
-        self, closing: list[tuple[str, float]], seq: int
-    ) -> tuple[list[tuple[str, float]], int]:
+    def _io(self, closing: list[Close], seq: int) -> tuple[list[Close], int]:
         now = self._clock()
         self.store.record(closing)
         learned = self.store.since(seq, now)

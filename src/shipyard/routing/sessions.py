@@ -98,11 +98,9 @@ class Sessions:
         payload = _PAYLOAD.pack(expires, secrets.token_bytes(8), instance.digest)
         session_id = (payload + self._mac(endpoint, payload)).hex()
         call.session = session_id
-        headers = call.headers
-        for n, (key, _) in enumerate(headers):
-            if key == SESSION_ID or key == REQUEST_HEADER:
-                headers[n] = (key, session_id.encode())
-                break
+        found = header_at(call.headers)
+        if found >= 0:
+            call.headers[found] = (call.headers[found][0], session_id.encode())
 
     def opened(self, session_id: str, endpoint: str) -> bytes:
         """The model took the session: remember it, and give the New-Session-Id header's
@@ -200,6 +198,16 @@ class Sessions:
             del self._opened[key]
         for key in [k for k, expires in self._closed.items() if expires <= now]:
             del self._closed[key]
+
+
+def header_at(headers: list[tuple[bytes, bytes]]) -> int:
+    """Where a request's SessionId header is among ``headers``, or -1. The doors forward
+    headers under their canonical names (contract.FORWARDED), so no name is lower-cased
+    here, on every request; a loop, not a generator, for the same reason."""
+    for n, (key, _) in enumerate(headers):
+        if key == SESSION_ID or key == REQUEST_HEADER:
+            return n
+    return -1
 
 
 def gone(session_id: str) -> RuntimeValidationError:

@@ -20,7 +20,6 @@ database's, so tests can inject time.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -30,18 +29,16 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
-    Table,
     and_,
     func,
     or_,
     select,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 
 from shipyard.records import Event
 from shipyard.storage import tables as t
-from shipyard.storage.transactions import transaction
+from shipyard.storage.transactions import insert_new, transaction
 
 
 class DeliveryStatus(StrEnum):
@@ -109,7 +106,7 @@ def record_event(conn: Connection, event: Event) -> bool:
         "next_attempt_at": _utc(event.time),
         "attempts": 0,
     }
-    return _insert_new(conn, t.events, row, ["key"])
+    return insert_new(conn, t.events, row, ["key"])
 
 
 class EventLog:
@@ -181,7 +178,7 @@ class EventLog:
             "updated": _utc(delivery.updated),
         }
         with transaction(self._engine) as conn:
-            return _insert_new(conn, t.deliveries, row, ["event_key", "subscriber"])
+            return insert_new(conn, t.deliveries, row, ["event_key", "subscriber"])
 
     def restart_delivery(self, seen: Delivery, *, now: datetime) -> bool:
         """Move ``seen`` back to 'sending' as its next attempt; False if it changed since."""
@@ -263,19 +260,6 @@ def _due(now: datetime) -> ColumnElement[bool]:
     c = t.events.c
     free = or_(c.claimed_until.is_(None), c.claimed_until <= now)
     return and_(c.dispatched_at.is_(None), c.next_attempt_at <= now, free)
-
-
-def _insert_new(conn: Connection, table: Table, row: dict[str, Any], keys: Sequence[str]) -> bool:
-    """Insert ``row`` unless its unique ``keys`` exist; never raises on a duplicate."""
-    dialects: dict[str, Callable[[Table], Any]] = {
-        "postgresql": postgresql.insert,
-        "sqlite": sqlite.insert,
-    }
-    statement = dialects[conn.dialect.name](table).values(**row)
-    statement = statement.on_conflict_do_nothing(index_elements=list(keys))
-    # RETURNING, not rowcount: with implicit RETURNING psycopg reports rowcount -1.
-    returning = statement.returning(*(table.c[k] for k in keys))
-    return conn.execute(returning).first() is not None
 
 
 def _utc(value: datetime) -> datetime:

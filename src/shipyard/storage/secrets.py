@@ -10,14 +10,11 @@ instance it routes to.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
-from typing import Any
 
-from sqlalchemy import Engine, Table, select
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Engine, select
 
 from shipyard.storage import tables as t
-from shipyard.storage.transactions import transaction
+from shipyard.storage.transactions import insert_new, transaction
 
 _S = t.shared_secrets
 
@@ -25,10 +22,7 @@ _S = t.shared_secrets
 def shared_secret(engine: Engine, name: str) -> bytes:
     """The store's key ``name``, made on first use."""
     with transaction(engine) as conn:
-        insert: Callable[[Table], Any] = (
-            postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-        )
-        made = secrets.token_bytes(32).hex()
-        conn.execute(insert(_S).values(name=name, value=made).on_conflict_do_nothing())
+        made = {"name": name, "value": secrets.token_bytes(32).hex()}
+        insert_new(conn, _S, made, ["name"])
         value = conn.execute(select(_S.c.value).where(_S.c.name == name)).scalar_one()
     return bytes.fromhex(value)

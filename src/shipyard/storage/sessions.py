@@ -39,7 +39,7 @@ class ClosedSessions:
 
     def since(self, seq: int, now: float) -> tuple[list[tuple[str, float]], int]:
         """Closes recorded after ``seq`` (and the ``_OVERLAP`` before it) not yet expired
-        at ``now``, and the last seq read (``seq`` when none came).
+        at ``now``, and the store's last seq (0 when it holds none), to read after next.
 
         The overlap: on PostgreSQL a row may commit after a later one did, so a reader that
         saw the later one reads back far enough to find it (reading one twice does no harm).

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, Table
+from sqlalchemy.dialects import postgresql, sqlite
 
 _locks: weakref.WeakKeyDictionary[Engine, threading.RLock] = weakref.WeakKeyDictionary()
 
@@ -35,3 +37,17 @@ def transaction(engine: Engine) -> Iterator[Connection]:
         return
     with lock, engine.begin() as conn:
         yield conn
+
+
+def insert_new(conn: Connection, table: Table, row: dict[str, Any], keys: Sequence[str]) -> bool:
+    """Insert ``row`` unless its unique ``keys`` exist; never raises on a duplicate. True
+    when it was inserted."""
+    dialects: dict[str, Callable[[Table], Any]] = {
+        "postgresql": postgresql.insert,
+        "sqlite": sqlite.insert,
+    }
+    statement = dialects[conn.dialect.name](table).values(**row)
+    statement = statement.on_conflict_do_nothing(index_elements=list(keys))
+    # RETURNING, not rowcount: with implicit RETURNING psycopg reports rowcount -1.
+    returning = statement.returning(*(table.c[k] for k in keys))
+    return conn.execute(returning).first() is not None
