@@ -32,12 +32,14 @@ class CoalescingTransport:
     ``close`` is the wrapped transport's own.
     """
 
-    __slots__ = ("_transport", "_loop", "_held")
+    __slots__ = ("_transport", "_loop", "_held", "is_closing")
 
     def __init__(self, transport: Any, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._loop = loop
         self._held: list[bytes] | None = None
+        # Asked on every answer: the transport's own, with no frame of ours around it.
+        self.is_closing = transport.is_closing
 
     def __repr__(self) -> str:
         return f"CoalescingTransport({self._transport!r})"

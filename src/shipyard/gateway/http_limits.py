@@ -55,6 +55,15 @@ _EDGE = "shipyard.edge"
 """The scope key for (the connection's protocol, the request's number on it)."""
 
 
+def _head_size(url: bytes, headers: list[tuple[bytes, bytes]]) -> int:
+    """The bytes of a head's request target and header lines (each ``name: value`` and
+    its line's end)."""
+    size = len(url) + 4 * len(headers)
+    for name, value in headers:
+        size += len(name) + len(value)
+    return size
+
+
 def body_arrived(scope: Mapping[str, Any]) -> bool:
     """Whether the request's whole body has been parsed already, so that reading it
     cannot wait on the client; False when the edge did not see the request."""
@@ -100,8 +109,13 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         """A message was completed by the data being parsed."""
         self._head_started_here = False
         self._head_bytes = 0
-        self._header_count = 0
-        self._head_size = 0
+        self._data = b""
+        """The data being parsed (data_received)."""
+        self._head_data = b""
+        """The data a head began in (on_message_begin): a head that begins and ends in
+        one read no larger than ``max_head_bytes`` is within it, uncounted."""
+        self._trailers = (0, 0)
+        """The count and bytes of a chunked body's trailer fields so far."""
         """The bytes of the headers parsed so far in the head being parsed."""
         self._refused: tuple[int, str] | None = None
         self._refusal: Callable[[], None] | None = None
@@ -118,6 +132,9 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         self._lost_watchers: set[Callable[[], None]] = set()
         self.completed_messages = 0
         """Requests on the connection whose body has been parsed whole."""
+        # Fixed for the connection: whether a request may be offered to ``take`` at all
+        # (uvicorn's cycle logs what it answers; a root path changes the scope's path).
+        self._may_take = self.take is not None and not self.access_log and not self.root_path
 
     def connection_made(self, transport: Any) -> None:
         # A response's head and body in one system call (shipyard/writes.py).
@@ -128,6 +145,7 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
 
     def data_received(self, data: bytes) -> None:
         self._completed_here = False
+        self._data = data
         super().data_received(data)
         held = self._held
         if held is not None:
@@ -161,42 +179,69 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
                 self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timed_out)
 
     def on_message_begin(self) -> None:
-        self._header_count = 0
-        self._head_size = 0
+        # uvicorn's on_message_begin and LazyKeepAlive's, repeated rather than called:
+        # two frames less per request.
+        self._idle_since = None
         self._in_head = True
-        super().on_message_begin()
+        self._head_data = self._data
+        self._trailers = (0, 0)
+        self.url = b""
+        self.expect_100_continue = False
+        headers: list[tuple[bytes, bytes]] = []
+        self.headers = headers
         self._begun_messages += 1
-        self.scope[_EDGE] = (self, self._begun_messages)  # type: ignore[literal-required]
+        scope: Any = {
+            "type": "http",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "http_version": "1.1",
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,
+            "root_path": self.root_path,
+            "headers": headers,
+            "state": self.app_state.copy(),
+            _EDGE: (self, self._begun_messages),
+        }
+        self.scope = scope
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        # Counted as they are parsed, whatever the reads they came in: a head that
-        # arrives whole in one read is held to the limits too.
-        self._header_count += 1
-        self._head_size += len(name) + len(value) + 4  # ": " and the line's end
-        if self._header_count > self.max_headers or self._head_size > self.max_head_bytes:
+        if self._in_head:
+            # uvicorn's on_header, repeated rather than called: a frame less per header.
+            # The head's limits are checked once it is complete (on_headers_complete).
+            name = name.lower()
+            if name == b"expect" and value.lower() == b"100-continue":
+                self.expect_100_continue = True
+            self.headers.append((name, value))
+            return
+        # A chunked body's trailer field: httptools reports it as a header, after the
+        # head was read (a signature checked, a door's headers read). Appended to the
+        # scope it would reach the door on one path and not the other: dropped, and
+        # held to the head's limits.
+        count, size = self._trailers
+        self._trailers = count, size = count + 1, size + len(name) + len(value) + 4
+        if count > self.max_headers or size > self.max_head_bytes:
             self._refused = (431, "Request header fields too large.")
-            return
-        if not self._in_head:
-            # A chunked body's trailer field: httptools reports it as a header, after the
-            # head was read (a signature checked, a door's headers read). Appended to the
-            # scope it would reach the door on one path and not the other: dropped.
-            return
-        # uvicorn's on_header, repeated rather than called: a frame less per header.
-        name = name.lower()
-        if name == b"expect" and value.lower() == b"100-continue":
-            self.expect_100_continue = True
-        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._awaiting_head = False
         self._head_bytes = 0
-        self._cancel_head_timer()
-        if self._refused is None and self._head_size + len(self.url) > self.max_head_bytes:
+        if self._head_timer is not None:
+            self._cancel_head_timer()
+        headers = self.headers
+        if self._refused is None and (
+            len(headers) > self.max_headers
+            or (
+                # Within the limit for sure when it began and ended in one read no
+                # larger than the limit; counted otherwise.
+                (self._head_data is not self._data or len(self._data) > self.max_head_bytes)
+                and _head_size(self.url, headers) > self.max_head_bytes
+            )
+        ):
             self._refused = (431, "Request header fields too large.")
         if self._refused is not None:
             return  # the request is refused: no app task for it
-        if self.take is not None and self._may_hold():
+        if self._may_take and self._may_hold():
             return
         super().on_headers_complete()
 
@@ -212,8 +257,6 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             (cycle is not None and not cycle.response_complete)
             or self.pipeline
             or self.expect_100_continue
-            or self.access_log  # uvicorn's cycle logs what it answers
-            or self.root_path
             or _PLAIN_PATH.fullmatch(url) is None
             or self.parser.get_method() != b"POST"
             or self.parser.should_upgrade()
@@ -296,7 +339,8 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         self._completed_here = True
         self._awaiting_head = True
         self._head_started_here = True
-        self._cancel_drain_timer()
+        if self._drain_timer is not None:
+            self._cancel_drain_timer()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -440,15 +484,16 @@ class _Answering:
         content = [STATUS_LINE[status]]
         for name, value in protocol.server_state.default_headers:
             content += [name, b": ", value, b"\r\n"]
+        search = HEADER_VALUE_RE.search
         for name, value in headers:
+            if search(value) is not None:
+                # What uvicorn's send refuses (a line break would let a value, an
+                # instance's Content-Type say, write headers of its own): as there, the
+                # connection ends with no answer.
+                logger.error("refused to answer with the headers %r", headers)
+                transport.close()
+                return
             content += [name, b": ", value, b"\r\n"]
-        if HEADER_VALUE_RE.search(b"".join([value for _, value in headers])):
-            # What uvicorn's send refuses (a line break would let a value, an instance's
-            # Content-Type say, write headers of its own): as there, the connection ends
-            # with no answer.
-            logger.error("refused to answer with the headers %r", headers)
-            transport.close()
-            return
         if not self.keep_alive:
             content.append(b"connection: close\r\n")
         content += [b"\r\n", body]

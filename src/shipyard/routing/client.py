@@ -40,18 +40,22 @@ _PART_BYTES = 256 * 1024
 class Response:
     """An instance's answer: status, headers (lower-cased names) and body."""
 
-    __slots__ = ("status", "headers", "body")
+    __slots__ = ("status", "headers", "body", "_first")
 
     def __init__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         self.status = status
         self.headers = headers
         self.body = body
+        self._first: dict[bytes, bytes] | None = None
+        """Each header's first value by name, made on the first lookup (an answer's
+        headers are looked up several times, most of them absent)."""
 
     def header(self, name: bytes) -> bytes | None:
-        for key, value in self.headers:
-            if key == name:
-                return value
-        return None
+        """The first value of header ``name`` (lower-case), None when absent."""
+        first = self._first
+        if first is None:
+            first = self._first = dict(reversed(self.headers))
+        return first.get(name)
 
     def __repr__(self) -> str:
         return f"Response(status={self.status}, bytes={len(self.body)})"
