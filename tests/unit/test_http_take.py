@@ -501,3 +501,54 @@ def test_a_refusal_of_a_pipelined_request_follows_the_answer_before_it(
     head, _, rest = transport.data.partition(first)
     assert head.startswith(b"HTTP/1.1 200 ") and rest.startswith(b"HTTP/1.1 " + status)
     assert transport.closing
+
+
+def _refused_431(reads: list[bytes]) -> tuple[Any, Recording, Served]:
+    async def scenario() -> tuple[Any, Recording, Served]:
+        served = Served()
+        proto, transport = protocol(served, Offers(False))
+        for data in reads:
+            if transport.closing:
+                break
+            proto.data_received(data)
+        await turns()
+        return proto, transport, served
+
+    return asyncio.run(scenario())
+
+
+def test_a_head_of_many_headers_in_one_read_keeps_no_more_than_the_limit() -> None:
+    # 65,530 four-byte fields in one read: refused, and never held as 65,530 headers.
+    head = b"GET / HTTP/1.1\r\nHost: x\r\n" + b"a:\r\n" * 65_530 + b"\r\n"
+    proto, transport, served = _refused_431([head])
+    assert transport.data.startswith(b"HTTP/1.1 431") and transport.closing
+    assert len(proto.headers) <= 100
+    assert served.asgi == []
+
+
+@pytest.mark.parametrize("split", [None, 30_000], ids=["one-read", "two-reads"])
+def test_a_head_just_over_the_limit_is_refused_however_it_is_split(split: int | None) -> None:
+    # 65,536 bytes on the wire, 100 fields of three bytes' framing each ("x:" and its
+    # line's end): counted at four a field, over 64 KiB in one read as in two.
+    fields = [b"x%02d:\r\n" % i for i in range(99)]
+    filler = 65_536 - len(b"GET / HTTP/1.1\r\n") - sum(map(len, fields)) - len(b"big:\r\n\r\n")
+    head = b"GET / HTTP/1.1\r\n" + b"".join(fields) + b"big:" + b"a" * filler + b"\r\n\r\n"
+    assert len(head) == 65_536
+    reads = [head] if split is None else [head[:split], head[split:]]
+    _, transport, served = _refused_431(reads)
+    assert transport.data.startswith(b"HTTP/1.1 431")
+    assert served.asgi == []
+
+
+@pytest.mark.parametrize("trailers", [30, 50])
+def test_a_chunked_bodys_trailer_fields_count_with_its_heads(trailers: int) -> None:
+    # 60 fields in the head, and 30 or 50 trailer fields: 90 together is served, 110 is
+    # over the limit of 100 and the request's body never completes.
+    head_fields = b"".join(b"h%d: v\r\n" % i for i in range(58))
+    trailer_fields = b"".join(b"t%d: v\r\n" % i for i in range(trailers))
+    request = (
+        b"POST /endpoints/e/invocations HTTP/1.1\r\nHost: x\r\n" + head_fields
+        + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n" + trailer_fields + b"\r\n"
+    )  # fmt: skip
+    _, _, served = _refused_431([request])
+    assert served.asgi == ([("/endpoints/e/invocations", b"{}")] if trailers == 30 else [])

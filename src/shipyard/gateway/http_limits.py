@@ -55,10 +55,9 @@ _EDGE = "shipyard.edge"
 """The scope key for (the connection's protocol, the request's number on it)."""
 
 
-def _head_size(url: bytes, headers: list[tuple[bytes, bytes]]) -> int:
-    """The bytes of a head's request target and header lines (each ``name: value`` and
-    its line's end)."""
-    size = len(url) + 4 * len(headers)
+def _fields_size(headers: list[tuple[bytes, bytes]]) -> int:
+    """The bytes of a head's header lines, each ``name: value`` and its line's end."""
+    size = 4 * len(headers)
     for name, value in headers:
         size += len(name) + len(value)
     return size
@@ -109,14 +108,15 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         """A message was completed by the data being parsed."""
         self._head_started_here = False
         self._head_bytes = 0
-        self._data = b""
-        """The data being parsed (data_received)."""
-        self._head_data = b""
-        """The data a head began in (on_message_begin): a head that begins and ends in
-        one read no larger than ``max_head_bytes`` is within it, uncounted."""
-        self._trailers = (0, 0)
-        """The count and bytes of a chunked body's trailer fields so far."""
-        """The bytes of the headers parsed so far in the head being parsed."""
+        self._reads = 0
+        """The reads so far (data_received)."""
+        self._read_bytes = 0
+        """The bytes of the read being parsed."""
+        self._head_read = 0
+        """The read a head began in (on_message_begin): see on_headers_complete."""
+        self._trailers: tuple[int, int] | None = None
+        """The fields and bytes of a request's head and of its chunked body's trailer
+        fields so far, once a trailer field came."""
         self._refused: tuple[int, str] | None = None
         self._refusal: Callable[[], None] | None = None
         """A refusal of a request that came while one before it was still to be answered:
@@ -135,6 +135,7 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         # Fixed for the connection: whether a request may be offered to ``take`` at all
         # (uvicorn's cycle logs what it answers; a root path changes the scope's path).
         self._may_take = self.take is not None and not self.access_log and not self.root_path
+        self._one_read_within = self.max_head_bytes - self.max_headers
 
     def connection_made(self, transport: Any) -> None:
         # A response's head and body in one system call (shipyard/writes.py).
@@ -145,7 +146,8 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
 
     def data_received(self, data: bytes) -> None:
         self._completed_here = False
-        self._data = data
+        self._reads += 1
+        self._read_bytes = len(data)
         super().data_received(data)
         held = self._held
         if held is not None:
@@ -183,8 +185,8 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         # two frames less per request.
         self._idle_since = None
         self._in_head = True
-        self._head_data = self._data
-        self._trailers = (0, 0)
+        self._head_read = self._reads
+        self._trailers = None
         self.url = b""
         self.expect_100_continue = False
         headers: list[tuple[bytes, bytes]] = []
@@ -206,18 +208,26 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._in_head:
+            headers = self.headers
+            if len(headers) >= self.max_headers:
+                # One more than the limit: refused, and no more of the head is kept.
+                self._refused = (431, "Request header fields too large.")
+                return
             # uvicorn's on_header, repeated rather than called: a frame less per header.
-            # The head's limits are checked once it is complete (on_headers_complete).
+            # The head's bytes are held to their limit once it is complete.
             name = name.lower()
             if name == b"expect" and value.lower() == b"100-continue":
                 self.expect_100_continue = True
-            self.headers.append((name, value))
+            headers.append((name, value))
             return
         # A chunked body's trailer field: httptools reports it as a header, after the
         # head was read (a signature checked, a door's headers read). Appended to the
         # scope it would reach the door on one path and not the other: dropped, and
-        # held to the head's limits.
-        count, size = self._trailers
+        # counted with the head's fields against the head's limits.
+        trailers = self._trailers
+        if trailers is None:
+            trailers = len(self.headers), _fields_size(self.headers)
+        count, size = trailers
         self._trailers = count, size = count + 1, size + len(name) + len(value) + 4
         if count > self.max_headers or size > self.max_head_bytes:
             self._refused = (431, "Request header fields too large.")
@@ -228,15 +238,13 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         self._head_bytes = 0
         if self._head_timer is not None:
             self._cancel_head_timer()
-        headers = self.headers
         if self._refused is None and (
-            len(headers) > self.max_headers
-            or (
-                # Within the limit for sure when it began and ended in one read no
-                # larger than the limit; counted otherwise.
-                (self._head_data is not self._data or len(self._data) > self.max_head_bytes)
-                and _head_size(self.url, headers) > self.max_head_bytes
-            )
+            # A head that began and ended in one read of at most ``max_head_bytes`` less
+            # one byte for each of its fields is within the limit as counted below (the
+            # count gives each field's line four bytes beside its name and value; it
+            # takes three or more on the wire): only a longer head is counted.
+            (self._head_read != self._reads or self._read_bytes > self._one_read_within)
+            and len(self.url) + _fields_size(self.headers) > self.max_head_bytes
         ):
             self._refused = (431, "Request header fields too large.")
         if self._refused is not None:

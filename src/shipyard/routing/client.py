@@ -38,7 +38,8 @@ _PART_BYTES = 256 * 1024
 
 
 class Response:
-    """An instance's answer: status, headers (lower-cased names) and body."""
+    """An instance's answer: status, headers (lower-cased names) and body. A header is
+    added by ``add_header``."""
 
     __slots__ = ("status", "headers", "body", "_first")
 
@@ -56,6 +57,12 @@ class Response:
         if first is None:
             first = self._first = dict(reversed(self.headers))
         return first.get(name)
+
+    def add_header(self, name: bytes, value: bytes) -> None:
+        """Add a header (a lower-case name) after the instance's: the way to add one, so
+        that ``header`` sees it."""
+        self.headers.append((name, value))
+        self._first = None
 
     def __repr__(self) -> str:
         return f"Response(status={self.status}, bytes={len(self.body)})"

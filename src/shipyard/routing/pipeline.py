@@ -210,7 +210,7 @@ class ContainerGroupPool(ConnectionPool):
             except UpstreamError as exc:
                 raise _reached(exc, container, after_first=position > 0) from exc
             if answer.status >= 300:
-                answer.headers.append((FAILED_CONTAINER, container.name.encode()))
+                answer.add_header(FAILED_CONTAINER, container.name.encode())
                 return answer
         assert answer is not None, "a group has at least one container"
         return answer
@@ -221,7 +221,7 @@ class ContainerGroupPool(ConnectionPool):
         answers = await asyncio.gather(*(c.pool.ping() for c in self.containers))
         for container, answer in zip(self.containers, answers, strict=True):
             if answer.status != 200:
-                answer.headers.append((FAILED_CONTAINER, container.name.encode()))
+                answer.add_header(FAILED_CONTAINER, container.name.encode())
                 return answer
         return answers[-1]
 
