@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOME_DIR ?= $(CURDIR)/.shipyard
 PORT ?= 8080
 
-.PHONY: run test coverage lint check bench bench-guard install install-dev chromium bubblewrap containers wrk clean
+.PHONY: run test test-images coverage lint check bench bench-guard install install-dev chromium bubblewrap containers wrk clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,10 +61,16 @@ wrk:
 run: install
 	$(BIN)/shipyard serve --host 127.0.0.1 --port $(PORT) --home $(HOME_DIR) --demo
 
-test: install-dev
+test: install-dev test-images
 	$(BIN)/pytest -q -n 3 --dist loadgroup --no-loadscope-reorder --durations=25
 
-coverage: install-dev
+# The container tests' base root filesystem, made once and cached (minutes on a slow
+# machine: made here rather than under a test's timeout); where it cannot be made, the
+# reason is printed and those tests skip.
+test-images: install-dev
+	@$(BIN)/python -m tests.containers.rootfs
+
+coverage: install-dev test-images
 	$(BIN)/pytest -q -n 3 --dist loadgroup --no-loadscope-reorder --cov=shipyard --cov-report=term-missing:skip-covered
 
 lint: install-dev

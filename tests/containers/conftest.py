@@ -7,8 +7,8 @@ written here, not in the system's: these machines need the ``runc`` runtime and 
 its PID at the end.
 
 No registry is reachable, so the images are built here: a Debian root filesystem with
-Python, made once with ``debootstrap`` and cached between runs (under
-``$XDG_CACHE_HOME/shipyard-tests``), is imported as the base image, and the test images
+Python, made once with ``debootstrap`` and cached between runs (rootfs.py, which ``make
+test`` runs before the tests), is imported as the base image, and the test images
 are built on it through the engine's API, each a few lines around ``images/serve.py``
 (the hosting contract) or ``images/train.py`` (the training contract).
 
@@ -19,7 +19,6 @@ against one engine.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import resource
 import shutil
@@ -34,11 +33,10 @@ from typing import Any
 
 import pytest
 
+from tests.containers import rootfs
+
 IMAGES = Path(__file__).parent / "images"
 BASE_IMAGE = "localhost/shipyard-test/python:bookworm"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "shipyard-tests"
-ROOTFS = CACHE / "rootfs-bookworm-python3.tar"
-MIRROR = "http://deb.debian.org/debian"
 MISSING_TOOLS = [t for t in ("podman", "runc", "debootstrap") if shutil.which(t) is None]
 
 needs_engine = [
@@ -98,28 +96,11 @@ class Engine:
 
 
 def _rootfs() -> Path:
-    """The base image's root filesystem as a tar file, made once (under a lock, so
-    parallel runs make it once)."""
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / "rootfs.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if ROOTFS.exists():
-            return ROOTFS
-        target = CACHE / "rootfs.partial"
-        shutil.rmtree(target, ignore_errors=True)
-        made = subprocess.run(
-            ["debootstrap", "--variant=minbase", "--include=python3", "bookworm", target, MIRROR],
-            capture_output=True,
-            text=True,
-        )
-        if made.returncode != 0:
-            shutil.rmtree(target, ignore_errors=True)
-            pytest.skip(f"debootstrap could not make the base image: {made.stdout[-500:]}")
-        partial = ROOTFS.with_suffix(".partial.tar")
-        subprocess.run(["tar", "-C", target, "-cf", partial, "."], check=True)
-        partial.replace(ROOTFS)
-        shutil.rmtree(target, ignore_errors=True)
-        return ROOTFS
+    """The base image's root filesystem (rootfs.py; ``make test`` makes it first)."""
+    made = rootfs.make()
+    if not isinstance(made, Path):
+        pytest.skip(made)
+    return made
 
 
 def _configuration(folder: Path) -> Path:
