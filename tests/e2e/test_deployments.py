@@ -250,7 +250,9 @@ def test_a_rolling_update_replaces_instances_in_batches(
     gw.sm.create_endpoint(EndpointName=name, EndpointConfigName=f"{name}-a")
     wait_in_service(gw.sm, name)
     batch = {"Type": "INSTANCE_COUNT", "Value": 1}
-    deployment = {"RollingUpdatePolicy": {"MaximumBatchSize": batch, "WaitIntervalInSeconds": 2}}
+    # Each step bakes 5 s: DescribeEndpoint, polled every 0.2 s, sees every step even on a
+    # machine so loaded that a poll takes seconds (at 2 s a step went unseen).
+    deployment = {"RollingUpdatePolicy": {"MaximumBatchSize": batch, "WaitIntervalInSeconds": 5}}
     with steady(gw, name) as traffic:
         gw.sm.update_endpoint(EndpointName=name, EndpointConfigName=f"{name}-b",
                               DeploymentConfig=deployment)  # fmt: skip
