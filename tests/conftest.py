@@ -116,11 +116,14 @@ class GatewayProcess:
             **kwargs,
         )
 
-    @property
+    # One client of each per gateway: building one costs about 10 ms of CPU (botocore
+    # makes a class of the service's operations), and wait loops read these every poll.
+    # A botocore client may be shared between threads.
+    @functools.cached_property
     def sm(self) -> Any:
         return self.client("sagemaker")
 
-    @property
+    @functools.cached_property
     def rt(self) -> Any:
         return self.client("sagemaker-runtime")
 

@@ -72,11 +72,16 @@ def _answering_pids(gw: GatewayProcess, name: str, n: int = 20) -> set[int]:
     return pids
 
 
-def _established(pid: int, port: int) -> int:
+def _established(pid: int, port: int, clients: set[int]) -> int:
+    """How many of the connections from the client ports ``clients`` to ``port`` process
+    ``pid`` holds (a gateway's boto3 client keeps connections of its own open)."""
     return sum(
         1
         for c in psutil.Process(pid).net_connections(kind="tcp")
-        if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port
+        if c.status == psutil.CONN_ESTABLISHED
+        and c.laddr.port == port
+        and c.raddr
+        and c.raddr.port in clients
     )
 
 
@@ -91,17 +96,19 @@ def held_until_both_take_one(
     conns: list[http.client.HTTPConnection] = []
     answers: list[T] = []
 
+    clients: set[int] = set()
+
     def every_worker_holds_one() -> bool:
         if len(conns) < 400:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
             conns.append(conn)
             answers.append(ask(conn))
-        return min(_established(worker, port) for worker in workers) >= 1
+            clients.add(conn.sock.getsockname()[1])
+        return min(_established(worker, port, clients) for worker in workers) >= 1
 
     try:
         wait_until(every_worker_holds_one, "connections held by every worker")
-        # Every one held by a worker (others, a boto3 client's, may be open too).
-        assert sum(_established(worker, port) for worker in workers) >= len(conns)
+        assert sum(_established(worker, port, clients) for worker in workers) == len(conns)
     finally:
         for conn in conns:
             conn.close()
