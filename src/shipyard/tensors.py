@@ -32,33 +32,41 @@ import math
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from shipyard.errors import TensorError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 TENSORS = "application/vnd.shipyard.v2+tensors"
 """The content type of the wire format, both ways."""
 HEADER_LENGTH = "Inference-Header-Content-Length"
 """The REST binary extension's header: how many bytes of the body are the JSON header."""
 
-DTYPES: dict[str, np.dtype[Any]] = {
-    "BOOL": np.dtype("?"),
-    "UINT8": np.dtype("<u1"),
-    "UINT16": np.dtype("<u2"),
-    "UINT32": np.dtype("<u4"),
-    "UINT64": np.dtype("<u8"),
-    "INT8": np.dtype("<i1"),
-    "INT16": np.dtype("<i2"),
-    "INT32": np.dtype("<i4"),
-    "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"),
-    "FP32": np.dtype("<f4"),
-    "FP64": np.dtype("<f8"),
-    "BYTES": np.dtype(object),
+DTYPES: dict[str, str] = {
+    "BOOL": "?",
+    "UINT8": "<u1",
+    "UINT16": "<u2",
+    "UINT32": "<u4",
+    "UINT64": "<u8",
+    "INT8": "<i1",
+    "INT16": "<i2",
+    "INT32": "<i4",
+    "INT64": "<i8",
+    "FP16": "<f2",
+    "FP32": "<f4",
+    "FP64": "<f8",
+    "BYTES": "O",
 }
-"""Every datatype we take, and its numpy dtype (BF16 has none in numpy: refused)."""
+"""Every datatype we take, and its numpy dtype's code (BF16 has none in numpy: refused).
+
+numpy is imported by the functions that use it, not here: the gateway imports this
+module for its OIP doors, and numpy's import is a tenth of a gateway's start, paid only
+by a gateway that is sent a tensor."""
+
+_ITEMSIZE = {datatype: int(code[2:] or 1) for datatype, code in DTYPES.items() if code != "O"}
+"""The bytes an element of each fixed-size datatype takes."""
 
 # The numpy kinds of JSON data that fit each family of datatype: [1.5] is no INT32.
 _KINDS = {"b": "b", "u": "iu", "i": "iu", "f": "iuf"}
@@ -252,7 +260,7 @@ def check_raw(name: str, datatype: str, shape: list[int], raw: bytes) -> None:
                 f"Tensor '{name}' has {found} BYTES elements, but shape {shape} needs {count}."
             )
         return
-    expected = count * DTYPES[datatype].itemsize
+    expected = count * _ITEMSIZE[datatype]
     if len(raw) != expected:
         raise TensorError(
             f"Tensor '{name}' has {len(raw)} bytes of {datatype} data, but shape {shape} "
@@ -273,7 +281,9 @@ def json_to_raw(name: str, datatype: str, shape: list[int], data: Any) -> bytes:
         if not all(isinstance(item, str) for item in items):
             raise TensorError(f"Tensor '{name}' is BYTES: give its 'data' as strings.")
         return serialize_bytes(item.encode() for item in items)
-    dtype = DTYPES[datatype]
+    import numpy as np
+
+    dtype = np.dtype(DTYPES[datatype])
     try:
         array = np.asarray(data)
     except ValueError as exc:
@@ -407,6 +417,8 @@ def raw_to_json(tensor: Tensor) -> list[Any]:
     """The tensor's elements as a flat JSON list (BYTES as UTF-8 strings)."""
     if tensor.datatype == "BYTES":
         return [item.decode(errors="replace") for item in _split_bytes(tensor.name, tensor.raw)]
+    import numpy as np
+
     values: list[Any] = np.frombuffer(tensor.raw, dtype=DTYPES[tensor.datatype]).tolist()
     return values
 
@@ -416,6 +428,8 @@ def raw_to_json(tensor: Tensor) -> list[Any]:
 
 def to_numpy(tensor: Tensor) -> np.ndarray[Any, Any]:
     """The tensor as a numpy array of its shape (BYTES: an object array of bytes)."""
+    import numpy as np
+
     if tensor.datatype == "BYTES":
         items = _split_bytes(tensor.name, tensor.raw)
         array = np.empty(len(items), dtype=object)
@@ -427,13 +441,16 @@ def to_numpy(tensor: Tensor) -> np.ndarray[Any, Any]:
 def from_numpy(name: str, value: Any) -> Tensor:
     """A model's output as a tensor: numeric and bool arrays keep their type; strings and
     bytes become BYTES."""
+    import numpy as np
+
     array = np.asarray(value)
     kind = array.dtype.kind
     shape = list(array.shape)
     if kind in "OSU":
         items = (item if isinstance(item, bytes) else str(item).encode() for item in array.ravel())
         return Tensor(name, "BYTES", shape, serialize_bytes(items))
-    for datatype, dtype in DTYPES.items():
+    for datatype, code in DTYPES.items():
+        dtype = np.dtype(code)
         if dtype.kind == kind and dtype.itemsize == array.dtype.itemsize:
             raw = array.astype(dtype, copy=False).tobytes()
             return Tensor(name, datatype, shape, raw)
