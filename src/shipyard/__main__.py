@@ -2,11 +2,15 @@
 
 from shipyard import heap
 
-# Before the command line's imports: `serve` settles the heap once the gateway is up, and
-# every other command resumes collections before it runs (cli._root).
-heap.pause()
 
-from shipyard.cli import main  # noqa: E402
+def main() -> None:
+    # Collections paused for the command line's imports: every command but `serve`
+    # resumes them before it runs (cli._root); `serve` once its gateway is up.
+    heap.pause()
+    from shipyard.cli import main as run
+
+    run()
+
 
 if __name__ == "__main__":
     main()

@@ -19,35 +19,43 @@ YOUNG_THRESHOLD = 20_000
 """Allocations between two collections of the youngest generation (CPython: 700)."""
 
 
-def pause() -> None:
-    """No collections while a process imports and loads what it keeps, until
-    :func:`settle` or :func:`resume`.
+_paused = False
 
-    A start allocates a few hundred thousand objects that all stay; every collection
-    run meanwhile walks them and finds next to nothing: 10-15% of the CPU of a gateway's
-    or an instance's start (``bench/gateway_start.py``).
+
+def pause() -> None:
+    """No collections while a process starts, until :func:`settle` (or :func:`resume`).
+
+    A start allocates a few hundred thousand objects that all stay; every collection run
+    meanwhile walks them and finds next to nothing: with collections on, a gateway's
+    start took 1.2x the CPU (``bench/results/gateway_start.md``). :func:`settle` then
+    collects once, finding the start's garbage among everything it made.
     """
+    global _paused
+    _paused = True
     gc.disable()
 
 
 def resume() -> None:
-    """Collections on again, for a process that will not :func:`settle`."""
-    gc.enable()
+    """Collections on again after :func:`pause` (and left as they are without one)."""
+    global _paused
+    if _paused:
+        _paused = False
+        gc.enable()
 
 
 def settle(*, full: bool = True) -> None:
-    """Collect, then freeze everything alive now out of later collections.
+    """Collect, then freeze everything alive now out of later collections, and resume
+    collections paused by :func:`pause`.
 
     ``full=False`` collects only the young generations: the gateway's start leaves a
     few hundred objects of cyclic garbage among 150,000 kept, and a full collection
     to find them costs 0.1-0.3 s of every start; frozen, they stay (a few KiB). After
-    :func:`pause` every object of the start is young, so that collection would walk
-    them all: it is skipped, and the start's garbage is frozen with the rest.
+    :func:`pause` every object of the start is young, and that one collection walks them
+    all (0.1 s), in place of the many a start would have run.
     An instance collects fully: loading a model can leave large cycles behind.
     """
-    if full or gc.isenabled():
-        gc.collect(2 if full else 1)
+    gc.collect(2 if full else 1)
     gc.freeze()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(YOUNG_THRESHOLD, middle, old)
-    gc.enable()
+    resume()

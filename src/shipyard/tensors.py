@@ -27,6 +27,7 @@ length and then that many bytes, as Triton lays them out in both REST and gRPC.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import struct
@@ -63,10 +64,32 @@ DTYPES: dict[str, str] = {
 
 numpy is imported by the functions that use it, not here: the gateway imports this
 module for its OIP doors, and numpy's import is a tenth of a gateway's start, paid only
-by a gateway that is sent a tensor."""
+by a gateway that is sent a tensor. The doors await :func:`numpy_imported` first, so
+that import runs beside the event loop rather than on it."""
 
 _ITEMSIZE = {datatype: int(code[2:] or 1) for datatype, code in DTYPES.items() if code != "O"}
 """The bytes an element of each fixed-size datatype takes."""
+
+_numpy: asyncio.Task[None] | None = None
+_numpy_done = False
+
+
+async def numpy_imported() -> None:
+    """numpy imported, in a worker thread: the first tensor's request waits for it (a
+    fifth of a second), the gateway's other requests do not."""
+    global _numpy, _numpy_done
+    if _numpy_done:
+        return
+    loop = asyncio.get_running_loop()
+    if _numpy is None or _numpy.get_loop() is not loop:
+        _numpy = loop.create_task(asyncio.to_thread(_import_numpy))
+    await asyncio.shield(_numpy)
+    _numpy_done = True
+
+
+def _import_numpy() -> None:
+    import numpy  # noqa: F401
+
 
 # The numpy kinds of JSON data that fit each family of datatype: [1.5] is no INT32.
 _KINDS = {"b": "b", "u": "iu", "i": "iu", "f": "iuf"}

@@ -23,7 +23,7 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from tests.conftest import Bucket, GatewayProcess, deploy, free_port, wait_until
+from tests.conftest import Bucket, GatewayProcess, deploy, wait_until
 from tests.ray.conftest import RayCluster, instance_processes, new_cluster, start_node
 from tests.ray.netns import Subnet, netns_unavailable, new_subnet
 from tests.ray.test_one_node import _tar, invoke, s3_model
@@ -103,7 +103,13 @@ def gateway_in(
 
     from tests.conftest import GatewayProcess as Gw
 
-    port = free_port()
+    # A port free in the head's namespace, where the Ray head's processes bind theirs: one
+    # free out here could be a Ray server's there, and answer /healthz for the gateway.
+    probe = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+    found = subprocess.check_output(
+        ["ip", "netns", "exec", nodes.head_ns, sys.executable, "-c", probe]
+    )
+    port = int(found)
     home.mkdir(parents=True)
     env = {
         **os.environ,

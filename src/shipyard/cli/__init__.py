@@ -19,7 +19,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 def _root(ctx: typer.Context) -> None:
     """shipyard: self-hosted model serving that speaks the SageMaker API."""
     if ctx.invoked_subcommand != "serve":
-        heap.resume()  # paused for the imports (__main__); `serve` settles instead
+        heap.resume()  # paused for the imports (__main__); `serve` settles once up
 
 
 @app.command()
@@ -92,7 +92,7 @@ def serve(
         raise typer.Exit(2) from exc
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if settings.workers > 1 and settings.worker is None:
-        heap.resume()  # a supervisor never settles: it starts no gateway of its own
+        heap.resume()  # a supervisor never settles: it runs no gateway of its own
         try:
             status = workers.supervise(settings, sys.argv[1:])
         except OSError as exc:

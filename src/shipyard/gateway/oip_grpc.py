@@ -39,6 +39,7 @@ from shipyard.tensors import (
     check_raw,
     check_shape,
     json_to_raw,
+    numpy_imported,
     select_outputs,
     serialize_bytes,
 )
@@ -98,6 +99,7 @@ class OipGrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
         calls: list[Call] = []
         status = 200
         try:
+            await numpy_imported()
             infer = _infer_request(request)
             answer = await self.protocol.infer(
                 request.model_name, request.model_version or None, infer, calls

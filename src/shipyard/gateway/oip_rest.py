@@ -27,6 +27,7 @@ from shipyard.routing.router import Call
 from shipyard.tensors import (
     HEADER_LENGTH,
     header_length_of,
+    numpy_imported,
     parse_request,
     rest_response,
     select_outputs,
@@ -123,6 +124,7 @@ class OipRestDoor:
             raise runtime.too_large(body_left=True)
         body = await runtime.read_body(scope, receive)
         length = header_length_of(None, header_length.decode("latin-1") if header_length else None)
+        await numpy_imported()
         request = parse_request(body, length)
         answer = await self.protocol.infer(name, version, request, calls, on_disconnect(scope))
         header: dict[str, Any] = {

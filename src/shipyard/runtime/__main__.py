@@ -79,7 +79,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the runtime until it is stopped; the process exit code."""
-    heap.pause()  # until the model is loaded (heap.settle)
     args = _parse(argv)
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
@@ -111,7 +110,6 @@ def main(argv: list[str] | None = None) -> int:
         for bound in (sock, unix_sock):
             if bound is not None:
                 bound.close()
-        heap.resume()
         return 1
     heap.settle()  # the model is loaded: later collections need not walk it
     log.info("serving %r on %s:%s", app, args.host, args.port)
@@ -244,7 +242,6 @@ def spare_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m shipyard.runtime --spare")
     parser.add_argument("--preload-file", type=Path, help="modules to import, one a line")
     args = parser.parse_args(argv)
-    heap.pause()  # its imports are kept, as an instance's are (main settles)
     return main(spare.wait_for_work(args.preload_file))
 
 
