@@ -1,5 +1,5 @@
 """The store's schema revision: a store at the newest one starts without Alembic, and one
-behind it is brought up to it (storage/metadata.py's SCHEMA_REVISION)."""
+behind it is brought up to it (storage/metadata.py's schema_revision)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect
+from sqlalchemy.exc import DatabaseError
 
 from shipyard.storage import metadata
-from shipyard.storage.metadata import SCHEMA_REVISION, MetadataStore
+from shipyard.storage.metadata import MetadataStore, schema_revision
 
 
 def alembic_config() -> Config:
@@ -32,9 +33,12 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield request.getfixturevalue("pg_schema").url
 
 
-def test_the_schema_revision_is_alembics_newest() -> None:
-    heads = ScriptDirectory.from_config(alembic_config()).get_heads()
-    assert heads == [SCHEMA_REVISION]
+def test_the_schema_revision_is_alembics_newest_and_each_file_names_its_revision() -> None:
+    scripts = ScriptDirectory.from_config(alembic_config())
+    assert scripts.get_heads() == [schema_revision()]
+    for script in scripts.walk_revisions():
+        assert script.path is not None
+        assert Path(script.path).name[:4] == script.revision, script.path
 
 
 def test_a_new_store_is_migrated_to_the_schema_revision(url: str) -> None:
@@ -42,9 +46,9 @@ def test_a_new_store_is_migrated_to_the_schema_revision(url: str) -> None:
     try:
         assert store.revision() is None
         store.migrate()
-        assert store.revision() == SCHEMA_REVISION
+        assert store.revision() == schema_revision()
         store.migrate()  # again: nothing to do
-        assert store.revision() == SCHEMA_REVISION
+        assert store.revision() == schema_revision()
     finally:
         store.close()
 
@@ -59,7 +63,7 @@ def test_a_store_behind_is_brought_up_to_the_schema_revision(url: str) -> None:
         assert store.revision() == "0012"
         assert "closed_sessions" not in set(inspect(store.engine).get_table_names())
         store.migrate()
-        assert store.revision() == SCHEMA_REVISION
+        assert store.revision() == schema_revision()
         assert "closed_sessions" in set(inspect(store.engine).get_table_names())
     finally:
         store.close()
@@ -81,4 +85,14 @@ print(store.revision(), "alembic" in sys.modules)
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == [SCHEMA_REVISION, "False"]
+    assert done.stdout.split() == [schema_revision(), "False"]
+
+
+def test_a_store_that_cannot_be_read_is_an_error_not_a_new_store(tmp_path: Path) -> None:
+    (tmp_path / "meta.db").write_bytes(b"not a database at all" * 100)
+    store = MetadataStore(f"sqlite:///{tmp_path / 'meta.db'}")
+    try:
+        with pytest.raises(DatabaseError):
+            store.migrate()
+    finally:
+        store.close()

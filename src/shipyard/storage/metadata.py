@@ -22,11 +22,12 @@ from sqlalchemy import (
     event,
     func,
     insert,
+    inspect,
     select,
     text,
     update,
 )
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.pool import StaticPool
 
 from shipyard.errors import (
@@ -55,12 +56,16 @@ from shipyard.storage.transactions import serialize, transaction
 log = logging.getLogger(__name__)
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
-SCHEMA_REVISION = "0013"
-"""The newest migration's revision (tests/storage/test_migrations.py holds it to
-Alembic's head). A store already at it is not handed to Alembic, whose import is a tenth
-of a gateway's start."""
 _MIGRATION_LOCK = 0x5348_4950_5944
 """The advisory lock migrations take on PostgreSQL ("SHIPYD")."""
+
+
+def schema_revision() -> str:
+    """The newest migration's revision, read from its file's name (``NNNN_*.py``; the
+    tests hold every name to its revision). A store already at it is not handed to
+    Alembic, whose import is a tenth of a gateway's start."""
+    names = (_MIGRATIONS / "versions").glob("[0-9][0-9][0-9][0-9]_*.py")
+    return max(path.name[:4] for path in names)
 
 
 def _utc(value: datetime) -> datetime:
@@ -87,9 +92,9 @@ class MetadataStore:
 
         On PostgreSQL gateways starting together take turns (an advisory lock held until
         the migration commits): two creating the same tables at once would fail one. A
-        store at :data:`SCHEMA_REVISION` already is left as it is, without Alembic.
+        store at :func:`schema_revision` already is left as it is, without Alembic.
         """
-        if self.revision() == SCHEMA_REVISION:
+        if self.revision() == schema_revision():
             return
         from alembic import command
         from alembic.config import Config as AlembicConfig
@@ -104,11 +109,10 @@ class MetadataStore:
 
     def revision(self) -> str | None:
         """The Alembic revision the store is at; None for a new store."""
-        try:
-            with self.engine.connect() as conn:
-                found = conn.execute(text("SELECT version_num FROM alembic_version")).all()
-        except DBAPIError:
-            return None  # no version table yet
+        with transaction(self.engine) as conn:
+            if not inspect(conn).has_table("alembic_version"):
+                return None
+            found = conn.execute(text("SELECT version_num FROM alembic_version")).all()
         return str(found[0][0]) if len(found) == 1 else None
 
     def close(self) -> None:
