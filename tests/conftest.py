@@ -84,6 +84,15 @@ def pg_schema() -> Iterator[PgSchema]:
     admin.dispose()
 
 
+def python_output(code: str) -> str:
+    """What ``code`` prints, run in a fresh interpreter (as a process's start runs it)."""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -28,6 +28,7 @@ length and then that many bytes, as Triton lays them out in both REST and gRPC.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import math
 import struct
@@ -70,25 +71,19 @@ that import runs beside the event loop rather than on it."""
 _ITEMSIZE = {datatype: int(code[2:] or 1) for datatype, code in DTYPES.items() if code != "O"}
 """The bytes an element of each fixed-size datatype takes."""
 
-_numpy: asyncio.Task[None] | None = None
-_numpy_done = False
+_numpy: asyncio.Task[Any] | None = None
 
 
 async def numpy_imported() -> None:
     """numpy imported, in a worker thread: the first tensor's request waits for it (a
     fifth of a second), the gateway's other requests do not."""
-    global _numpy, _numpy_done
-    if _numpy_done:
+    global _numpy
+    if _numpy is not None and _numpy.done():
         return
     loop = asyncio.get_running_loop()
     if _numpy is None or _numpy.get_loop() is not loop:
-        _numpy = loop.create_task(asyncio.to_thread(_import_numpy))
+        _numpy = loop.create_task(asyncio.to_thread(importlib.import_module, "numpy"))
     await asyncio.shield(_numpy)
-    _numpy_done = True
-
-
-def _import_numpy() -> None:
-    import numpy  # noqa: F401
 
 
 # The numpy kinds of JSON data that fit each family of datatype: [1.5] is no INT32.

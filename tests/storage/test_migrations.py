@@ -3,8 +3,6 @@ behind it is brought up to it (storage/metadata.py's schema_revision)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from sqlalchemy.exc import DatabaseError
 
 from shipyard.storage import metadata
 from shipyard.storage.metadata import MetadataStore, schema_revision
+from tests.conftest import python_output
 
 
 def alembic_config() -> Config:
@@ -81,11 +80,7 @@ store = MetadataStore({url!r})
 store.migrate()
 print(store.revision(), "alembic" in sys.modules)
 """
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == [schema_revision(), "False"]
+    assert python_output(code).split() == [schema_revision(), "False"]
 
 
 def test_a_store_that_cannot_be_read_is_an_error_not_a_new_store(tmp_path: Path) -> None:

@@ -4,16 +4,7 @@ interpreter, as a start does."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-
-def run(code: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
+from tests.conftest import python_output as run
 
 
 def test_a_paused_start_settles_its_garbage_and_turns_collections_back_on() -> None:
