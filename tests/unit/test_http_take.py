@@ -540,15 +540,130 @@ def test_a_head_just_over_the_limit_is_refused_however_it_is_split(split: int | 
     assert served.asgi == []
 
 
+def _chunked(trailers: int) -> tuple[bytes, bytes]:
+    """A chunked request's head and body (58 fields in the head beside Host and
+    Transfer-Encoding), with ``trailers`` trailer fields."""
+    head_fields = b"".join(b"h%d: v\r\n" % i for i in range(58))
+    trailer_fields = b"".join(b"t%d: v\r\n" % i for i in range(trailers))
+    head = (
+        b"POST /endpoints/e/invocations HTTP/1.1\r\nHost: x\r\n" + head_fields
+        + b"Transfer-Encoding: chunked\r\n\r\n"
+    )  # fmt: skip
+    return head, b"2\r\n{}\r\n0\r\n" + trailer_fields + b"\r\n"
+
+
 @pytest.mark.parametrize("trailers", [30, 50])
 def test_a_chunked_bodys_trailer_fields_count_with_its_heads(trailers: int) -> None:
     # 60 fields in the head, and 30 or 50 trailer fields: 90 together is served, 110 is
-    # over the limit of 100 and the request's body never completes.
-    head_fields = b"".join(b"h%d: v\r\n" % i for i in range(58))
-    trailer_fields = b"".join(b"t%d: v\r\n" % i for i in range(trailers))
-    request = (
-        b"POST /endpoints/e/invocations HTTP/1.1\r\nHost: x\r\n" + head_fields
-        + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n" + trailer_fields + b"\r\n"
-    )  # fmt: skip
-    _, _, served = _refused_431([request])
-    assert served.asgi == ([("/endpoints/e/invocations", b"{}")] if trailers == 30 else [])
+    # over the limit of 100: refused with a 431, its only answer, and the connection ends.
+    head, body = _chunked(trailers)
+    _, transport, served = _refused_431([head + body])
+    if trailers == 30:
+        assert served.asgi == [("/endpoints/e/invocations", b"{}")]
+        assert answers(transport.data) == [b"asgi:{}"] and not transport.closing
+    else:
+        assert served.asgi == []
+        assert transport.data.startswith(b"HTTP/1.1 431") and transport.closing
+        assert answers(transport.data) == [b"Request header fields too large."]
+
+
+class Reading(Served):
+    """An app that reads its body as the gateway's doors do: a disconnect before the body
+    is whole is the client gone, with no request served and no answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gone = 0
+
+    async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.gone += 1
+                return
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        self.asgi.append((scope["path"], body))
+        answer = b"asgi:" + body
+        headers = [(b"content-length", str(len(answer)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": answer})
+
+
+def test_trailers_over_the_limit_refuse_a_request_whose_app_reads_its_body() -> None:
+    # The head came alone and its body later than the hold allows: the app was reading
+    # the body when its trailers came. It gets a disconnect; the client, the 431 at once
+    # (before, the refusal waited for that app's answer, which waited for the body).
+    head, body = _chunked(50)
+
+    async def scenario() -> tuple[Reading, Recording]:
+        served = Reading()
+        proto, transport = protocol(served, Offers(False))
+        proto.hold_body_s = 0.0
+        proto.data_received(head)
+        await asyncio.sleep(0.01)
+        await turns()
+        proto.data_received(body[:6])  # the first chunk: the app has it
+        await turns()
+        proto.data_received(body[6:])
+        await turns()
+        return served, transport
+
+    served, transport = asyncio.run(scenario())
+    assert served.asgi == [] and served.gone == 1
+    assert transport.closing
+    assert answers(transport.data) == [b"Request header fields too large."]
+
+
+def test_trailers_over_the_limit_refuse_a_pipelined_request_after_the_one_before() -> None:
+    # A request, then one pipelined behind it whose trailers are over the limit: the first
+    # is answered, then the refusal, in that order; the second's app never runs.
+    head, body = _chunked(50)
+    release = asyncio.Event()
+
+    class Slow(Reading):
+        async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+            await release.wait()
+            await super().app(scope, receive, send)
+
+    async def scenario() -> tuple[Slow, Recording]:
+        served = Slow()
+        proto, transport = protocol(served, Offers(False))
+        proto.data_received(invocation() + head + body)
+        await turns()
+        assert transport.data == b""  # nothing before the first request's answer
+        release.set()
+        await turns(10)
+        return served, transport
+
+    served, transport = asyncio.run(scenario())
+    assert served.asgi == [("/endpoints/e/invocations", BODY)] and served.gone == 0
+    assert answers(transport.data) == [b"asgi:" + BODY, b"Request header fields too large."]
+    assert transport.closing
+
+
+def test_trailers_over_the_limit_after_an_answer_end_the_connection_without_a_second() -> None:
+    # The app answered before reading the body (as a door refusing a request does): that
+    # answer stands, and the connection ends with no 431 after it.
+    head, body = _chunked(50)
+
+    class Early(Served):
+        async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+            await send({"type": "http.response.start", "status": 404, "headers": []})
+            await send({"type": "http.response.body", "body": b"nope"})
+
+    async def scenario() -> Recording:
+        proto, transport = protocol(Early(), Offers(False))
+        proto.hold_body_s = 0.0
+        proto.data_received(head)
+        await asyncio.sleep(0.01)
+        await turns()
+        proto.data_received(body)
+        await turns()
+        return transport
+
+    transport = asyncio.run(scenario())
+    assert transport.data.startswith(b"HTTP/1.1 404") and b"431" not in transport.data
+    assert transport.closing

@@ -86,6 +86,10 @@ def _nothing() -> None:
     pass
 
 
+async def _no_app(scope: Any, receive: Any, send: Any) -> None:
+    """The app of a queued request refused before it ran (_drop_request)."""
+
+
 class LimitedHttpToolsProtocol(LazyKeepAlive):
     """uvicorn's httptools protocol with the limits of the module (and the keep-alive
     timer of shipyard/keepalive.py); see there."""
@@ -229,8 +233,33 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             trailers = len(self.headers), _fields_size(self.headers)
         count, size = trailers
         self._trailers = count, size = count + 1, size + len(name) + len(value) + 4
-        if count > self.max_headers or size > self.max_head_bytes:
+        if (count > self.max_headers or size > self.max_head_bytes) and self._refused is None:
             self._refused = (431, "Request header fields too large.")
+            self._drop_request()
+
+    def _drop_request(self) -> None:
+        """The request being read, refused at its trailer fields after its head began it
+        (held, or its cycle started or queued behind the requests before it): the refusal
+        is to be its only answer. Its app, if it runs, reads a disconnect and what it
+        sends is dropped; marked answered, it leaves the refusal waiting only for the
+        requests before it, and a queued one never calls the app. A request whose answer
+        has begun keeps it, and the connection ends without a second one."""
+        if self._held is not None:
+            self._held = None
+            self._cancel_hold_timer()
+            return
+        cycle = self.cycle
+        if cycle is None:
+            return
+        if cycle.response_started:
+            self.transport.close()
+            return
+        cycle.disconnected = True
+        cycle.response_complete = True
+        cycle.message_event.set()
+        for i, (queued, _) in enumerate(self.pipeline):
+            if queued is cycle:
+                self.pipeline[i] = (cycle, _no_app)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
