@@ -86,6 +86,7 @@ def provenance(started: float, probe_before: float) -> str:
     except OSError:
         names = set()
     names |= {"BENCH_BODY"}  # read here, for every script
+    names -= {"PATH", "HOME"}  # read by scripts to pass on, not settings of the run
     env = [
         f"{name}={shlex.quote(os.environ[name])}" for name in sorted(names) if name in os.environ
     ]
@@ -216,6 +217,19 @@ class ServerProcess:
                     self.seen[pid] = started
                 stack.append(pid)
         return self.seen
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) used so far by the leader and the live descendants
+        :meth:`track` has seen: a server's whole tree, instances included."""
+        total = 0
+        for pid in [self.process.pid, *self.seen]:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
 
     def log_tail(self, lines: int = 15) -> str:
         try:

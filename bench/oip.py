@@ -21,6 +21,16 @@ in flight. Python clients rather than wrk so that every door pays the same kind 
 (wrk has no gRPC); it shares the machine's two cores with the gateway and the instance,
 so absolute rates are below wrk's; the wrk rows for the HTTP doors are there to show by
 how much. Ratios are per concurrency, against ``invoke``.
+
+``LOAD=h2load`` drives every door with h2load instead (nghttp2, C: ``apt-get install
+nghttp2-client``), so the client's own cost weighs little on the servers' cores: the
+REST doors as ``h2load --h1 -c C -m 1`` (C keep-alive connections, one request each in
+flight), the gRPC doors as ``h2load -c 1 -m C`` (one HTTP/2 connection with C streams, as
+tritonclient's one channel), the request framed as gRPC. Each cell adds the server's CPU
+per request: the whole process tree of the door's server (the gateway and its instance,
+or MLServer and its worker), from /proc. Ratios are against ``rest-json``, and the gRPC
+door's against MLServer's gRPC. h2load counts a gRPC call by its HTTP status, which is
+200 even for a failed call: every door is checked to answer before it is measured.
 """
 
 from __future__ import annotations
@@ -28,6 +38,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -241,6 +253,121 @@ def run_load(kind: str, target: str, conc: int, duration_s: float) -> dict[str, 
     return result
 
 
+def run_h2load(
+    kind: str, target: str, conc: int, duration_s: float, server: ServerProcess, work: Path
+) -> dict[str, Any]:
+    """One cell under h2load: req/s, mean latency and the server tree's CPU per request."""
+    path, body, headers = bodies()[kind]
+    body_file = work / f"{kind}.body"
+    args = ["h2load", "-D", f"{duration_s:g}"]
+    if kind.endswith("grpc"):
+        body_file.write_bytes(b"\x00" + len(body).to_bytes(4, "big") + body)  # gRPC framing
+        args += ["-c", "1", "-m", str(conc), "-H", "content-type: application/grpc"]
+        args += ["-H", "te: trailers"]
+    else:
+        body_file.write_bytes(body)
+        args += ["--h1", "-c", str(conc), "-m", "1"]
+        for name, value in {"Content-Type": "application/octet-stream", **headers}.items():
+            args += ["-H", f"{name}: {value}"]
+    args += ["-d", str(body_file), f"http://{target}{path}"]
+    server.track()
+    before = server.cpu_s()
+    out = subprocess.run(
+        args, capture_output=True, text=True, check=True, timeout=duration_s + 60
+    ).stdout
+    used = server.cpu_s() - before
+    done = int(re.search(r"requests: \d+ total, \d+ started, (\d+) done", out).group(1))  # type: ignore[union-attr]
+    ok = int(re.search(r"(\d+) succeeded", out).group(1))  # type: ignore[union-attr]
+    mean = re.search(r"time for request:\s+\S+\s+\S+\s+(\S+)", out).group(1)  # type: ignore[union-attr]
+    mean_ms = float(mean[:-2]) if mean.endswith("ms") else float(mean[:-2]) / 1000
+    return {
+        "rps": done / duration_s,
+        "mean_ms": mean_ms,
+        "cpu_us": used / max(done, 1) * 1e6,
+        "errors": done - ok,
+    }
+
+
+def h2load_rounds(
+    paths: list[str],
+    targets: dict[str, str],
+    servers: dict[str, ServerProcess],
+    concs: list[int],
+    warmup_s: float,
+    duration_s: float,
+    work: Path,
+) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for i, conc in enumerate(concs):
+        order = paths if i % 2 == 0 else list(reversed(paths))
+        cell: dict[str, dict[str, Any]] = {}
+        for kind in order:
+            server = servers[kind]
+            run_h2load(kind, targets[kind], conc, warmup_s, server, work)
+            cell[kind] = r = run_h2load(kind, targets[kind], conc, duration_s, server, work)
+            print(
+                f"  c={conc} {kind}: {r['rps']:,.0f} req/s mean {r['mean_ms']:.2f} ms "
+                f"{r['cpu_us']:.0f} µs/req errors {r['errors']}",
+                file=sys.stderr,
+                flush=True,
+            )
+        base = cell["rest-json"]["rps"] or 1.0
+        for kind in paths:
+            r = cell[kind]
+            versus = ""
+            if kind == "grpc" and "mlserver-grpc" in cell:
+                versus = f"{r['rps'] / (cell['mlserver-grpc']['rps'] or 1.0):.2f}"
+            rows.append(
+                [conc, kind, r["rps"], r["mean_ms"], r["cpu_us"],
+                 f"{r['rps'] / base:.2f}", versus, r["errors"]]
+            )  # fmt: skip
+    return rows
+
+
+def client_rounds(
+    paths: list[str],
+    targets: dict[str, str],
+    url: str,
+    concs: list[int],
+    warmup_s: float,
+    duration_s: float,
+    work: Path,
+) -> tuple[list[list[object]], list[list[object]]]:
+    """The Python load generator's rounds, and wrk's for the HTTP doors."""
+    rows: list[list[object]] = []
+    wrk_rows: list[list[object]] = []
+    for i, conc in enumerate(concs):
+        order = paths if i % 2 == 0 else list(reversed(paths))
+        cell: dict[str, dict[str, Any]] = {}
+        for kind in order:
+            target = targets[kind]
+            run_load(kind, target, conc, warmup_s)
+            cell[kind] = run_load(kind, target, conc, duration_s)
+            r = cell[kind]
+            print(
+                f"  c={conc} {kind}: {r['rps']:,.0f} req/s p50 {r['p50_ms']:.2f} "
+                f"p99 {r['p99_ms']:.2f} ms errors {r['errors']}",
+                file=sys.stderr,
+                flush=True,
+            )
+        base = cell["invoke"]["rps"] or 1.0
+        for kind in paths:
+            r = cell[kind]
+            rows.append(
+                [conc, kind, r["rps"], r["p50_ms"], r["p99_ms"],
+                 f"{r['rps'] / base:.2f}", r["errors"]]
+            )  # fmt: skip
+        v2_body = work / "v2.json"
+        v2_body.write_bytes(bodies()["rest-json"][1])
+        for kind, path, body_file in (
+            ("invoke", "/endpoints/sklearn/invocations", PEER_BODY),
+            ("rest-json", "/v2/models/sklearn/infer", v2_body),
+        ):
+            w = measure(url + path, body_file, conc, warmup_s, duration_s)
+            wrk_rows.append([conc, kind, w.rps, w.p50_ms, w.p99_ms, w.note])
+    return rows, wrk_rows
+
+
 # -- the run -----------------------------------------------------------------------------
 
 
@@ -265,6 +392,10 @@ def check(gateway_url: str, grpc_target: str) -> None:
 
 
 def main() -> int:
+    h2load = os.environ.get("LOAD") == "h2load"
+    if h2load and shutil.which("h2load") is None:
+        print("h2load not found: apt-get install nghttp2-client")
+        return 1
     require_wrk()
     duration_s = env_float("DURATION", 6.0)
     warmup_s = env_float("WARMUP", 2.0)
@@ -308,41 +439,34 @@ def main() -> int:
                     raise RuntimeError(f"{kind}: {result}")
             probe_before = cpu_probe_ms()
             when = time.strftime("%Y-%m-%d %H:%M")
-            rows, wrk_rows = [], []
-            for i, conc in enumerate(concs):
-                order = paths if i % 2 == 0 else list(reversed(paths))
-                cell: dict[str, dict[str, Any]] = {}
-                for kind in order:
-                    target = targets[kind]
-                    run_load(kind, target, conc, warmup_s)
-                    cell[kind] = run_load(kind, target, conc, duration_s)
-                    r = cell[kind]
-                    print(
-                        f"  c={conc} {kind}: {r['rps']:,.0f} req/s p50 {r['p50_ms']:.2f} "
-                        f"p99 {r['p99_ms']:.2f} ms errors {r['errors']}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                base = cell["invoke"]["rps"] or 1.0
-                for kind in paths:
-                    r = cell[kind]
-                    rows.append(
-                        [conc, kind, r["rps"], r["p50_ms"], r["p99_ms"],
-                         f"{r['rps'] / base:.2f}", r["errors"]]
-                    )  # fmt: skip
-                v2_body = work / "v2.json"
-                v2_body.write_bytes(bodies()["rest-json"][1])
-                for kind, path, body_file in (
-                    ("invoke", "/endpoints/sklearn/invocations", PEER_BODY),
-                    ("rest-json", "/v2/models/sklearn/infer", v2_body),
-                ):
-                    w = measure(url + path, body_file, conc, warmup_s, duration_s)
-                    wrk_rows.append([conc, kind, w.rps, w.p50_ms, w.p99_ms, w.note])
+            wrk_rows: list[list[object]] = []
+            if h2load:
+                servers = {kind: gateway for kind in PATHS}
+                if mlserver is not None:
+                    mlserver.track()
+                    servers.update({"mlserver-rest": mlserver, "mlserver-grpc": mlserver})
+                rows = h2load_rounds(paths, targets, servers, concs, warmup_s, duration_s, work)
+            else:
+                rows, wrk_rows = client_rounds(
+                    paths, targets, url, concs, warmup_s, duration_s, work
+                )
             probe_after = cpu_probe_ms()
         finally:
             for server in (gateway, mlserver):
                 if server is not None and (left := server.stop()):
                     print(f"WARNING: {server.name} left PIDs alive: {left}", file=sys.stderr)
+    if h2load:
+        print(f"## The doors under h2load ({when} UTC, {os.cpu_count()} cores)\n")
+        print(
+            f"sklearn (LogisticRegression, one [1, 20] FP64 row), one instance; {warmup_s:g} s "
+            f"warm-up + {duration_s:g} s measured per cell, the doors in alternating order; "
+            "h2load as bench/oip.py's LOAD=h2load says. CPU probe "
+            f"{probe_before} ms before / {probe_after} ms after (lower = faster).\n"
+        )
+        headers = ["conc", "door", "req/s", "mean ms", "server CPU µs/req"]
+        headers += ["req/s vs rest-json", "grpc vs mlserver-grpc", "errors"]
+        print(table(headers, rows))
+        return 0
     print(f"## OIP v2 gRPC vs REST vs InvokeEndpoint ({when}, {os.cpu_count()} cores)\n")
     print(
         f"sklearn (LogisticRegression, one [1, 20] FP64 row), one instance; {warmup_s:g} s "
