@@ -31,7 +31,9 @@
     │   ├── RuntimeValidationError     400  unknown endpoint, bad headers, body too large
     │   │   ├── EndpointNotFound       400  no such endpoint (404 on the /v2 doors)
     │   │   ├── PayloadTooLarge        413  a body over the runtime's limit
-    │   │   └── BodyTimeout            408  a body that did not arrive in time
+    │   │   ├── BodyTimeout            408  a body that did not arrive in time
+    │   │   ├── UnsupportedEncoding    415  a Content-Encoding the door does not decode
+    │   │   └── MalformedEncoding      400  a body that is not of its Content-Encoding
     │   ├── ModelError                 424  the model answered with an error status
     │   ├── ModelNotReady              429  instances still starting
     │   ├── Throttling                 429  a serverless variant at its MaxConcurrency
@@ -64,7 +66,8 @@ code. By who raises them:
       BodyError                             a body that could not be read whole
       ├── BodyTooLarge                      larger than the door's limit
       ├── BodyTimedOut                      not all there within the door's deadline
-      └── ClientLeft                        the client disconnected before it was whole
+      ├── ClientLeft                        the client disconnected before it was whole
+      └── BodyEncodingError                 a Content-Encoding not supported, or data not of it
     storage/
       ArtifactError                         model data missing, unreadable, corrupt or unsafe
       NoSuchObject                          a read names no object: no such key, file or bucket
@@ -322,6 +325,17 @@ class BodyTimeout(RuntimeValidationError):
     status_code = 408
 
 
+class UnsupportedEncoding(RuntimeValidationError):
+    """A request body sent with a ``Content-Encoding`` the door does not decode (the Open
+    Inference Protocol's REST door decodes gzip and deflate)."""
+
+    status_code = 415
+
+
+class MalformedEncoding(RuntimeValidationError):
+    """A request body whose data are not of the ``Content-Encoding`` it names."""
+
+
 class ModelError(RuntimeFailure):
     """The model answered with an error status, or did not answer in time.
 
@@ -483,6 +497,15 @@ class BodyTimedOut(BodyError):
 
 class ClientLeft(BodyError):
     """The client disconnected before its body was whole."""
+
+
+class BodyEncodingError(BodyError):
+    """A body whose ``Content-Encoding`` is not supported (``unsupported``), or whose data
+    are not of the coding it names."""
+
+    def __init__(self, message: str, *, unsupported: bool = False) -> None:
+        super().__init__(message)
+        self.unsupported = unsupported
 
 
 class ArtifactError(Exception):

@@ -1,16 +1,19 @@
 """The one body reader: whole bodies in pieces, the cap (declared or counted), the
-deadline, a client that leaves, and the drain of a refused body. The doors' wording of
+deadline, a client that leaves, the drain of a refused body, and the decoding of a
+Content-Encoding under the cap. The doors' wording of
 each is tested through real gateways (tests/e2e/test_runtime_limits.py and others)."""
 
 from __future__ import annotations
 
 import asyncio
+import gzip
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from shipyard.errors import BodyTimedOut, BodyTooLarge, ClientLeft
+from shipyard.errors import BodyEncodingError, BodyTimedOut, BodyTooLarge, ClientLeft
 from shipyard.gateway import bodies
 
 SCOPE: dict[str, Any] = {"type": "http"}  # not seen by the edge: read under a deadline
@@ -106,3 +109,46 @@ def test_drain_stops_at_the_end_the_limit_or_the_deadline() -> None:
     slow = pieces(*[b"d" * 10] * 50, pause_s=0.05)
     run(lambda: bodies.drain(slow, max_bytes=10_000, timeout_s=0.2))
     assert 1 <= len(slow.taken) < 50
+
+
+@pytest.mark.parametrize("encoding", [None, b"", b"identity", b"Identity, identity"])
+def test_a_body_without_a_coding_is_given_as_it_came(encoding: bytes | None) -> None:
+    assert bodies.decoded(b"plain", encoding, max_bytes=5) == b"plain"
+
+
+@pytest.mark.parametrize(
+    ("encoding", "pack"),
+    [
+        (b"gzip", gzip.compress),
+        (b"X-GZIP", gzip.compress),
+        (b"deflate", zlib.compress),
+        (b"gzip, identity", gzip.compress),
+    ],
+)
+def test_gzip_and_deflate_are_decoded_up_to_the_cap(
+    encoding: bytes, pack: Callable[[bytes], bytes]
+) -> None:
+    data = b"0123456789" * 100
+    assert bodies.decoded(pack(data), encoding, max_bytes=1000) == data
+    with pytest.raises(BodyTooLarge) as info:
+        bodies.decoded(pack(data), encoding, max_bytes=999)
+    assert not info.value.body_left
+
+
+@pytest.mark.parametrize("encoding", [b"br", b"compress", b"gzip, gzip", b"gzip, br"])
+def test_other_codings_are_unsupported(encoding: bytes) -> None:
+    with pytest.raises(BodyEncodingError) as info:
+        bodies.decoded(gzip.compress(b"x"), encoding, max_bytes=100)
+    assert info.value.unsupported
+
+
+def test_data_not_of_their_coding_are_malformed() -> None:
+    packed = gzip.compress(b"x" * 100)
+    for data, words in (
+        (b"plain", "not valid gzip"),
+        (packed[:-4], "ends before its end"),
+        (packed + b"\0", "has data after its end"),
+    ):
+        with pytest.raises(BodyEncodingError, match=words) as info:
+            bodies.decoded(data, b"gzip", max_bytes=1000)
+        assert not info.value.unsupported

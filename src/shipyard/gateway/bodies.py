@@ -8,6 +8,11 @@ edge saw arrive whole (``http_limits.body_arrived``), the common case. And for a
 refused while more of it is coming, ``drain``: read and drop a bounded amount for a
 bounded time, so that the client reads the answer rather than a reset connection.
 
+A door that takes bodies sent with a ``Content-Encoding`` (the Open Inference Protocol's
+REST door: ``tritonclient.http`` compresses requests with gzip or deflate when asked)
+decodes them with :func:`decoded`, under the same size cap: a few kilobytes of gzip can
+hold gigabytes, so the decoded size is bounded as it is inflated, never after.
+
 The errors raised here say what happened; each door words them in its own error shape.
 """
 
@@ -15,10 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import zlib
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
-from shipyard.errors import BodyTimedOut, BodyTooLarge, ClientLeft
+from shipyard.errors import BodyEncodingError, BodyTimedOut, BodyTooLarge, ClientLeft
 from shipyard.gateway.http_limits import body_arrived
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -82,6 +88,42 @@ async def _read(
         return chunk
     chunks.append(chunk)
     return b"".join(chunks)
+
+
+_WBITS = {b"gzip": 16 + zlib.MAX_WBITS, b"x-gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
+"""zlib's framing of each content coding it decodes: gzip's header and trailer, and
+deflate as RFC 9110 defines it (zlib's format, which ``zlib.compress`` writes)."""
+
+
+def decoded(body: bytes, content_encoding: bytes | None, *, max_bytes: int) -> bytes:
+    """``body`` as it was before its ``Content-Encoding`` (gzip, deflate or identity), at
+    most ``max_bytes`` once decoded: BodyTooLarge past that, BodyEncodingError for a
+    coding not among these (``unsupported``) or data that are not of it."""
+    if content_encoding is None:
+        return body
+    codings = [c for c in content_encoding.lower().replace(b" ", b"").split(b",") if c]
+    codings = [c for c in codings if c != b"identity"]
+    if not codings:
+        return body
+    if len(codings) > 1 or codings[0] not in _WBITS:
+        name = content_encoding.decode("latin-1")
+        raise BodyEncodingError(
+            f"Content-Encoding {name!r} is not supported; use gzip, deflate or identity.",
+            unsupported=True,
+        )
+    inflater = zlib.decompressobj(_WBITS[codings[0]])
+    try:
+        out = inflater.decompress(body, max_bytes + 1)
+    except zlib.error as exc:
+        raise BodyEncodingError(
+            f"The request body is not valid {codings[0].decode()} data: {exc}."
+        ) from None
+    if len(out) > max_bytes:
+        raise BodyTooLarge(max_bytes, body_left=False)
+    if not inflater.eof or inflater.unused_data:
+        what = "ends before its end" if not inflater.eof else "has data after its end"
+        raise BodyEncodingError(f"The request body's {codings[0].decode()} stream {what}.")
+    return out
 
 
 async def drain(

@@ -15,14 +15,17 @@ from typing import Any
 from shipyard.contract import FORWARDED
 from shipyard.errors import (
     AuthFailure,
+    BodyEncodingError,
     BodyTimedOut,
     BodyTimeout,
     BodyTooLarge,
     ClientGone,
     ClientLeft,
     InternalFailure,
+    MalformedEncoding,
     PayloadTooLarge,
     RuntimeFailure,
+    UnsupportedEncoding,
 )
 from shipyard.gateway import bodies
 from shipyard.gateway.auth import admitted, resource_arn
@@ -217,6 +220,17 @@ class RuntimeDoor:
             ) from None
         except ClientLeft:
             raise ClientGone() from None
+
+    def decoded(self, body: bytes, content_encoding: bytes | None) -> bytes:
+        """``body`` without its ``Content-Encoding`` (gzip, deflate, identity), under the
+        same ``max_payload_bytes`` once decoded, in the runtime doors' errors."""
+        try:
+            return bodies.decoded(body, content_encoding, max_bytes=self.max_payload_bytes)
+        except BodyTooLarge:
+            raise self.too_large(body_left=False) from None
+        except BodyEncodingError as exc:
+            error = UnsupportedEncoding if exc.unsupported else MalformedEncoding
+            raise error(str(exc)) from None
 
     def too_large(self, *, body_left: bool) -> PayloadTooLarge:
         exc = PayloadTooLarge(
