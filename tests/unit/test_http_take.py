@@ -644,6 +644,69 @@ def test_trailers_over_the_limit_refuse_a_pipelined_request_after_the_one_before
     assert transport.closing
 
 
+class Delayed(Served):
+    """Served, each path's answer after its delay."""
+
+    def __init__(self, delays: dict[str, float]) -> None:
+        super().__init__()
+        self.delays = delays
+
+    async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await asyncio.sleep(self.delays.get(scope["path"], 0))
+        await super().app(scope, receive, send)
+
+
+def test_a_refused_request_queued_two_behind_keeps_their_answers_past_the_drain_timer() -> None:
+    # The drain timer, armed when an answer is complete while a body is still coming, must
+    # not take the refused request for answered and end the connection before /b's.
+    head, body = _chunked(50)
+
+    async def scenario() -> Recording:
+        proto, transport = protocol(Delayed({"/a": 0.01, "/b": 0.2}), Offers(False))
+        proto.drain_timeout_s = 0.05
+        proto.data_received(invocation(path=b"/a") + invocation(path=b"/b") + head + body)
+        await asyncio.sleep(0.4)
+        await turns()
+        return transport
+
+    transport = asyncio.run(scenario())
+    assert answers(transport.data) == [b"asgi:" + BODY] * 2 + [b"Request header fields too large."]
+    assert transport.closing
+
+
+def test_a_shutdown_with_a_refused_request_queued_keeps_the_answer_in_flight() -> None:
+    # uvicorn's shutdown closes a connection whose current cycle is answered at once: the
+    # refused request queued behind /a must not look answered.
+    head, body = _chunked(50)
+
+    async def scenario() -> Recording:
+        proto, transport = protocol(Delayed({"/a": 0.05}), Offers(False))
+        proto.data_received(invocation(path=b"/a") + head + body)
+        await turns()
+        proto.shutdown()
+        await asyncio.sleep(0.2)
+        await turns()
+        return transport
+
+    transport = asyncio.run(scenario())
+    assert answers(transport.data) == [b"asgi:" + BODY, b"Request header fields too large."]
+    assert transport.closing
+
+
+def test_a_held_request_refused_for_its_trailers_is_never_offered_to_take() -> None:
+    offers = Offers(True)
+
+    async def scenario() -> Recording:
+        proto, transport = protocol(Served(), offers)
+        proto.data_received(b"".join(_chunked(50)))
+        await turns()
+        return transport
+
+    transport = asyncio.run(scenario())
+    assert offers.bodies == []
+    assert answers(transport.data) == [b"Request header fields too large."]
+
+
 def test_trailers_over_the_limit_after_an_answer_end_the_connection_without_a_second() -> None:
     # The app answered before reading the body (as a door refusing a request does): that
     # answer stands, and the connection ends with no 431 after it.

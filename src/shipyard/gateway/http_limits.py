@@ -86,8 +86,20 @@ def _nothing() -> None:
     pass
 
 
-async def _no_app(scope: Any, receive: Any, send: Any) -> None:
-    """The app of a queued request refused before it ran (_drop_request)."""
+_FIELDS_TOO_LARGE = b"Request header fields too large."
+
+
+async def _fields_too_large(scope: Any, receive: Any, send: Any) -> None:
+    """The app of a request refused for its trailer fields while queued behind others
+    (_drop_request): in its turn, after their answers, it answers the refusal, and the
+    connection ends."""
+    headers = [
+        (b"content-type", b"text/plain; charset=utf-8"),
+        (b"content-length", str(len(_FIELDS_TOO_LARGE)).encode()),
+        (b"connection", b"close"),
+    ]
+    await send({"type": "http.response.start", "status": 431, "headers": headers})
+    await send({"type": "http.response.body", "body": _FIELDS_TOO_LARGE})
 
 
 class LimitedHttpToolsProtocol(LazyKeepAlive):
@@ -238,28 +250,35 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             self._drop_request()
 
     def _drop_request(self) -> None:
-        """The request being read, refused at its trailer fields after its head began it
-        (held, or its cycle started or queued behind the requests before it): the refusal
-        is to be its only answer. Its app, if it runs, reads a disconnect and what it
-        sends is dropped; marked answered, it leaves the refusal waiting only for the
-        requests before it, and a queued one never calls the app. A request whose answer
-        has begun keeps it, and the connection ends without a second one."""
+        """The request being read, refused at its trailer fields after its head began it,
+        so that the refusal is its only answer:
+
+        - held (no cycle yet): dropped, and the refusal written at once;
+        - queued behind requests still to be answered: its cycle keeps its place, with an
+          app that answers the refusal in its turn (marked answered early, it would tell
+          uvicorn's shutdown and the drain timer that nothing is left to answer);
+        - its app running: the app reads a disconnect and what it sends is dropped;
+          marked answered, it lets the refusal out at once;
+        - its answer begun (a door that answers before reading the body): the
+          connection ends, with no second answer after it.
+        """
         if self._held is not None:
             self._held = None
             self._cancel_hold_timer()
             return
         cycle = self.cycle
-        if cycle is None:
-            return
+        if cycle is None or getattr(cycle, "scope", None) is not self.scope:
+            return  # not this request's cycle: the refusal waits for its answer
         if cycle.response_started:
             self.transport.close()
             return
+        for i, (queued, _) in enumerate(self.pipeline):
+            if queued is cycle:
+                self.pipeline[i] = (cycle, _fields_too_large)
+                return
         cycle.disconnected = True
         cycle.response_complete = True
         cycle.message_event.set()
-        for i, (queued, _) in enumerate(self.pipeline):
-            if queued is cycle:
-                self.pipeline[i] = (cycle, _no_app)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
