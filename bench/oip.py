@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -288,6 +289,21 @@ def run_h2load(
     }
 
 
+def interleaved(
+    paths: list[str], concs: list[int], cell_of: Callable[[str, int], dict[str, Any]]
+) -> dict[int, dict[str, dict[str, Any]]]:
+    """Each concurrency's cells, door by door, the doors' order reversed at every other
+    concurrency; ``cell_of(door, conc)`` warms up and measures one."""
+    cells: dict[int, dict[str, dict[str, Any]]] = {}
+    for i, conc in enumerate(concs):
+        cell = cells[conc] = {}
+        for kind in paths if i % 2 == 0 else list(reversed(paths)):
+            cell[kind] = r = cell_of(kind, conc)
+            shown = " ".join(f"{k} {v:,.2f}" for k, v in r.items() if k != "requests")
+            print(f"  c={conc} {kind}: {shown}", file=sys.stderr, flush=True)
+    return cells
+
+
 def h2load_rounds(
     paths: list[str],
     targets: dict[str, str],
@@ -297,20 +313,12 @@ def h2load_rounds(
     duration_s: float,
     work: Path,
 ) -> list[list[object]]:
+    def cell_of(kind: str, conc: int) -> dict[str, Any]:
+        run_h2load(kind, targets[kind], conc, warmup_s, servers[kind], work)
+        return run_h2load(kind, targets[kind], conc, duration_s, servers[kind], work)
+
     rows: list[list[object]] = []
-    for i, conc in enumerate(concs):
-        order = paths if i % 2 == 0 else list(reversed(paths))
-        cell: dict[str, dict[str, Any]] = {}
-        for kind in order:
-            server = servers[kind]
-            run_h2load(kind, targets[kind], conc, warmup_s, server, work)
-            cell[kind] = r = run_h2load(kind, targets[kind], conc, duration_s, server, work)
-            print(
-                f"  c={conc} {kind}: {r['rps']:,.0f} req/s mean {r['mean_ms']:.2f} ms "
-                f"{r['cpu_us']:.0f} µs/req errors {r['errors']}",
-                file=sys.stderr,
-                flush=True,
-            )
+    for conc, cell in interleaved(paths, concs, cell_of).items():
         base = cell["rest-json"]["rps"] or 1.0
         for kind in paths:
             r = cell[kind]
@@ -334,22 +342,16 @@ def client_rounds(
     work: Path,
 ) -> tuple[list[list[object]], list[list[object]]]:
     """The Python load generator's rounds, and wrk's for the HTTP doors."""
+
+    def cell_of(kind: str, conc: int) -> dict[str, Any]:
+        run_load(kind, targets[kind], conc, warmup_s)
+        return run_load(kind, targets[kind], conc, duration_s)
+
     rows: list[list[object]] = []
     wrk_rows: list[list[object]] = []
-    for i, conc in enumerate(concs):
-        order = paths if i % 2 == 0 else list(reversed(paths))
-        cell: dict[str, dict[str, Any]] = {}
-        for kind in order:
-            target = targets[kind]
-            run_load(kind, target, conc, warmup_s)
-            cell[kind] = run_load(kind, target, conc, duration_s)
-            r = cell[kind]
-            print(
-                f"  c={conc} {kind}: {r['rps']:,.0f} req/s p50 {r['p50_ms']:.2f} "
-                f"p99 {r['p99_ms']:.2f} ms errors {r['errors']}",
-                file=sys.stderr,
-                flush=True,
-            )
+    v2_body = work / "v2.json"
+    v2_body.write_bytes(bodies()["rest-json"][1])
+    for conc, cell in interleaved(paths, concs, cell_of).items():
         base = cell["invoke"]["rps"] or 1.0
         for kind in paths:
             r = cell[kind]
@@ -357,8 +359,6 @@ def client_rounds(
                 [conc, kind, r["rps"], r["p50_ms"], r["p99_ms"],
                  f"{r['rps'] / base:.2f}", r["errors"]]
             )  # fmt: skip
-        v2_body = work / "v2.json"
-        v2_body.write_bytes(bodies()["rest-json"][1])
         for kind, path, body_file in (
             ("invoke", "/endpoints/sklearn/invocations", PEER_BODY),
             ("rest-json", "/v2/models/sklearn/infer", v2_body),

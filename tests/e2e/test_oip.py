@@ -7,6 +7,7 @@ import gzip
 import json
 import urllib.request
 from collections.abc import Iterator
+from http.client import HTTPConnection
 from typing import Any
 
 import numpy as np
@@ -216,6 +217,28 @@ def test_encoded_bodies_that_cannot_be_decoded_are_refused(gw: GatewayProcess) -
     assert status == 400 and "ends before its end" in body["error"]
     status, body = _post_encoded(gw, packed + b"more", "gzip")
     assert status == 400 and "after its end" in body["error"]
+    # A long coding is named in part, not echoed whole.
+    status, body = _post_encoded(gw, packed, "x" * 20_000)
+    assert status == 415 and len(body["error"]) < 200
+
+
+def test_repeated_content_encoding_headers_are_one_list(gw: GatewayProcess) -> None:
+    tensor = {"name": "INPUT0", "datatype": "INT32", "shape": [1], "data": [1]}
+    packed = gzip.compress(json.dumps({"inputs": [tensor, {**tensor, "name": "INPUT1"}]}).encode())
+    host, port = gw.url.removeprefix("http://").split(":")
+    for codings, expected in ((["identity", "gzip"], 200), (["br", "gzip"], 415)):
+        connection = HTTPConnection(host, int(port), timeout=30)
+        try:
+            connection.putrequest("POST", "/v2/models/add/infer")
+            for coding in codings:
+                connection.putheader("Content-Encoding", coding)
+            connection.putheader("Content-Length", str(len(packed)))
+            connection.endheaders(packed)
+            answer = connection.getresponse()
+            assert answer.status == expected, (codings, answer.read())
+            assert ("outputs" if expected == 200 else "error") in json.loads(answer.read())
+        finally:
+            connection.close()
 
 
 def test_a_small_compressed_body_is_held_to_the_payload_limit_once_decoded(

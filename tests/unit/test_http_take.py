@@ -67,15 +67,21 @@ def invocation(
 
 
 class Served:
-    """The requests the ASGI app was given: path and whole body."""
+    """The requests the ASGI app was given: path and whole body. It reads a body as the
+    gateway's doors do: a disconnect before the body is whole is the client gone
+    (``gone``), with no request served and no answer."""
 
     def __init__(self) -> None:
         self.asgi: list[tuple[str, bytes]] = []
+        self.gone = 0
 
     async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         body = b""
         while True:
             message = await receive()
+            if message["type"] == "http.disconnect":
+                self.gone += 1
+                return
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
@@ -567,39 +573,14 @@ def test_a_chunked_bodys_trailer_fields_count_with_its_heads(trailers: int) -> N
         assert answers(transport.data) == [b"Request header fields too large."]
 
 
-class Reading(Served):
-    """An app that reads its body as the gateway's doors do: a disconnect before the body
-    is whole is the client gone, with no request served and no answer."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gone = 0
-
-    async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                self.gone += 1
-                return
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        self.asgi.append((scope["path"], body))
-        answer = b"asgi:" + body
-        headers = [(b"content-length", str(len(answer)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": answer})
-
-
 def test_trailers_over_the_limit_refuse_a_request_whose_app_reads_its_body() -> None:
     # The head came alone and its body later than the hold allows: the app was reading
     # the body when its trailers came. It gets a disconnect; the client, the 431 at once
     # (before, the refusal waited for that app's answer, which waited for the body).
     head, body = _chunked(50)
 
-    async def scenario() -> tuple[Reading, Recording]:
-        served = Reading()
+    async def scenario() -> tuple[Served, Recording]:
+        served = Served()
         proto, transport = protocol(served, Offers(False))
         proto.hold_body_s = 0.0
         proto.data_received(head)
@@ -623,7 +604,7 @@ def test_trailers_over_the_limit_refuse_a_pipelined_request_after_the_one_before
     head, body = _chunked(50)
     release = asyncio.Event()
 
-    class Slow(Reading):
+    class Slow(Served):
         async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
             await release.wait()
             await super().app(scope, receive, send)

@@ -101,14 +101,15 @@ def decoded(body: bytes, content_encoding: bytes | None, *, max_bytes: int) -> b
     coding not among these (``unsupported``) or data that are not of it."""
     if content_encoding is None:
         return body
-    codings = [c for c in content_encoding.lower().replace(b" ", b"").split(b",") if c]
-    codings = [c for c in codings if c != b"identity"]
+    codings = [c.strip() for c in content_encoding.lower().split(b",")]
+    codings = [c for c in codings if c and c != b"identity"]
     if not codings:
         return body
     if len(codings) > 1 or codings[0] not in _WBITS:
         name = content_encoding.decode("latin-1")
+        shown = repr(name) if len(name) <= 64 else f"{name[:64]!r}..."
         raise BodyEncodingError(
-            f"Content-Encoding {name!r} is not supported; use gzip, deflate or identity.",
+            f"Content-Encoding {shown} is not supported; use gzip, deflate or identity.",
             unsupported=True,
         )
     inflater = zlib.decompressobj(_WBITS[codings[0]])

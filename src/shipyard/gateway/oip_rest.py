@@ -114,20 +114,22 @@ class OipRestDoor:
     ) -> int:
         header_length: bytes | None = None
         content_length: int | None = None
-        content_encoding: bytes | None = None
+        codings: list[bytes] = []
         for key, value in scope["headers"]:
             if key == _HEADER_LENGTH:
                 header_length = value
             elif key == b"content-length":
                 content_length = int(value)
             elif key == b"content-encoding":
-                content_encoding = value
+                codings.append(value)  # repeated, one list (RFC 9110 5.3)
         runtime = self.runtime
         if content_length is not None and content_length > runtime.max_payload_bytes:
             raise runtime.too_large(body_left=True)
-        # tritonclient.http's request_compression_algorithm: gzip or deflate. The binary
-        # extension's header length counts the JSON header as it was before compression.
-        body = runtime.decoded(await runtime.read_body(scope, receive), content_encoding)
+        body = await runtime.read_body(scope, receive)
+        if codings:
+            # tritonclient.http's request_compression_algorithm: gzip or deflate. The
+            # binary extension's header length counts the JSON header before compression.
+            body = await runtime.decoded(body, b",".join(codings))
         length = header_length_of(None, header_length.decode("latin-1") if header_length else None)
         await numpy_imported()
         request = parse_request(body, length)

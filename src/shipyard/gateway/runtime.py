@@ -7,6 +7,7 @@ per-request work is picking an instance and copying bytes.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from functools import partial
@@ -221,13 +222,22 @@ class RuntimeDoor:
         except ClientLeft:
             raise ClientGone() from None
 
-    def decoded(self, body: bytes, content_encoding: bytes | None) -> bytes:
+    async def decoded(self, body: bytes, content_encoding: bytes) -> bytes:
         """``body`` without its ``Content-Encoding`` (gzip, deflate, identity), under the
-        same ``max_payload_bytes`` once decoded, in the runtime doors' errors."""
+        same ``max_payload_bytes`` once decoded, in the runtime doors' errors.
+
+        Decoded on a worker thread (zlib lets go of the GIL while it inflates): a body
+        of a few megabytes made to inflate slowly (empty deflate blocks, say) would
+        otherwise hold the event loop, and every request on it, for most of a second."""
         try:
-            return bodies.decoded(body, content_encoding, max_bytes=self.max_payload_bytes)
+            return await asyncio.to_thread(
+                bodies.decoded, body, content_encoding, max_bytes=self.max_payload_bytes
+            )
         except BodyTooLarge:
-            raise self.too_large(body_left=False) from None
+            raise PayloadTooLarge(
+                f"Request body is larger than the maximum of {self.max_payload_bytes} bytes "
+                "once decoded."
+            ) from None
         except BodyEncodingError as exc:
             error = UnsupportedEncoding if exc.unsupported else MalformedEncoding
             raise error(str(exc)) from None
