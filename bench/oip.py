@@ -260,7 +260,8 @@ def run_h2load(
     """One cell under h2load: req/s, mean latency and the server tree's CPU per request."""
     path, body, headers = bodies()[kind]
     body_file = work / f"{kind}.body"
-    args = ["h2load", "-D", f"{duration_s:g}"]
+    seconds = max(1, round(duration_s))  # h2load's -D takes whole seconds
+    args = ["h2load", "-D", str(seconds)]
     if kind.endswith("grpc"):
         body_file.write_bytes(b"\x00" + len(body).to_bytes(4, "big") + body)  # gRPC framing
         args += ["-c", "1", "-m", str(conc), "-H", "content-type: application/grpc"]
@@ -274,7 +275,7 @@ def run_h2load(
     server.track()
     before = server.cpu_s()
     out = subprocess.run(
-        args, capture_output=True, text=True, check=True, timeout=duration_s + 60
+        args, capture_output=True, text=True, check=True, timeout=seconds + 60
     ).stdout
     used = server.cpu_s() - before
     done = int(re.search(r"requests: \d+ total, \d+ started, (\d+) done", out).group(1))  # type: ignore[union-attr]
@@ -282,7 +283,7 @@ def run_h2load(
     mean = re.search(r"time for request:\s+\S+\s+\S+\s+(\S+)", out).group(1)  # type: ignore[union-attr]
     mean_ms = float(mean[:-2]) if mean.endswith("ms") else float(mean[:-2]) / 1000
     return {
-        "rps": done / duration_s,
+        "rps": done / seconds,
         "mean_ms": mean_ms,
         "cpu_us": used / max(done, 1) * 1e6,
         "errors": done - ok,
