@@ -40,7 +40,7 @@ src=${SHIPYARD_SRC:-$ROOT}
 sp=$(venv shipyard "$src $SKLEARN_SPEC fsspec>=2025.9 s3fs>=2025.9")
 install "$sp" "$WHEELS"/*.whl
 echo "$src/src" > "$sp/shipyard_src.pth"  # the tree itself, as an editable install
-script shipyard shipyard shipyard.cli main
+script shipyard shipyard shipyard.__main__ main
 (cd "$src" && find src pyproject.toml -type f ! -name '*.pyc' -print0 \
   | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16 | tr -d '\n') \
   > "$PEERS_ROOT/shipyard/.shipyard-src-hash"  # install.sh's stamp of the source
