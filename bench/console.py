@@ -38,6 +38,7 @@ from harness import (
     PEER_BODY,
     Control,
     ServerProcess,
+    cpu_seconds,
     entry,
     env_float,
     measure,
@@ -158,13 +159,6 @@ class Client:
         return elapsed, len(body)
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds the process has used (not its children)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def time_views(url: str, job: str, repeat: int, pid: int) -> list[list[object]]:
     client = Client(url)
     paths = [
@@ -186,9 +180,9 @@ def time_views(url: str, job: str, repeat: int, pid: int) -> list[list[object]]:
     for kind, path in paths:
         for _ in range(3):
             client.get(path)
-        before = cpu_s(pid)
+        before = cpu_seconds(pid)
         samples = [client.get(path) for _ in range(repeat)]
-        cpu_ms = (cpu_s(pid) - before) * 1000 / repeat
+        cpu_ms = (cpu_seconds(pid) - before) * 1000 / repeat
         ms = sorted(s[0] * 1000 for s in samples)
         p90 = ms[min(len(ms) - 1, int(len(ms) * 0.9))]
         size = f"{samples[0][1]:,}"

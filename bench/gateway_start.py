@@ -26,14 +26,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import ServerProcess, cpu_probe_ms, entry, free_port, http_status, table
+from harness import (
+    ServerProcess,
+    cpu_probe_ms,
+    cpu_seconds,
+    entry,
+    free_port,
+    http_status,
+    table,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def one_start(src: Path | None) -> tuple[float, float]:

@@ -155,14 +155,9 @@ def serve_h2(port: int) -> None:
     uvloop.run(main())
 
 
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def measure(kind: str, threads: int, conc: int, duration: float, body: Path) -> tuple[float, float]:
     """Calls/s and the server's CPU µs per call."""
-    from harness import free_port
+    from harness import cpu_seconds, free_port
 
     port = free_port()
     server = subprocess.Popen(
@@ -175,14 +170,14 @@ def measure(kind: str, threads: int, conc: int, duration: float, body: Path) -> 
         args = ["h2load", "-c", "1", "-m", str(conc), "-H", "content-type: application/grpc",
                 "-H", "te: trailers", "-d", str(body), url]  # fmt: skip
         subprocess.run([*args[:1], "-D", "2", *args[1:]], capture_output=True, check=True)
-        before = cpu_s(server.pid)
+        before = cpu_seconds(server.pid)
         out = subprocess.run(
             [*args[:1], "-D", f"{duration:g}", *args[1:]],
             capture_output=True,
             text=True,
             check=True,
         ).stdout
-        used = cpu_s(server.pid) - before
+        used = cpu_seconds(server.pid) - before
         done = int(re.search(r"requests: \d+ total, \d+ started, (\d+) done", out).group(1))  # type: ignore[union-attr]
         ok = int(re.search(r"(\d+) succeeded", out).group(1))  # type: ignore[union-attr]
         assert ok == done > 0, out

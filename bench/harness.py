@@ -24,7 +24,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -160,6 +160,14 @@ def _stat(pid: int) -> tuple[int, int] | None:
     return int(rest[1]), int(rest[19])
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds the process has used (not its children); OSError once
+    it is gone."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _children_map() -> dict[int, list[tuple[int, int]]]:
     children: dict[int, list[tuple[int, int]]] = {}
     for name in os.listdir("/proc"):
@@ -221,15 +229,11 @@ class ServerProcess:
     def cpu_s(self) -> float:
         """CPU seconds (user + system) used so far by the leader and the live descendants
         :meth:`track` has seen: a server's whole tree, instances included."""
-        total = 0
+        total = 0.0
         for pid in [self.process.pid, *self.seen]:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += int(fields[11]) + int(fields[12])
-        return total / os.sysconf("SC_CLK_TCK")
+            with suppress(OSError):
+                total += cpu_seconds(pid)
+        return total
 
     def log_tail(self, lines: int = 15) -> str:
         try:

@@ -280,8 +280,8 @@ def run_h2load(
     used = server.cpu_s() - before
     done = int(re.search(r"requests: \d+ total, \d+ started, (\d+) done", out).group(1))  # type: ignore[union-attr]
     ok = int(re.search(r"(\d+) succeeded", out).group(1))  # type: ignore[union-attr]
-    mean = re.search(r"time for request:\s+\S+\s+\S+\s+(\S+)", out).group(1)  # type: ignore[union-attr]
-    mean_ms = float(mean[:-2]) if mean.endswith("ms") else float(mean[:-2]) / 1000
+    value, unit = re.search(r"time for request:\s+\S+\s+\S+\s+([\d.]+)(\w+)", out).groups()  # type: ignore[union-attr]
+    mean_ms = float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
     return {
         "rps": done / seconds,
         "mean_ms": mean_ms,

@@ -86,20 +86,22 @@ def _nothing() -> None:
     pass
 
 
-_FIELDS_TOO_LARGE = b"Request header fields too large."
+_FIELDS_TOO_LARGE = "Request header fields too large."
+"""The 431 refusal of a head, or of trailer fields, past max_headers or max_head_bytes."""
 
 
 async def _fields_too_large(scope: Any, receive: Any, send: Any) -> None:
     """The app of a request refused for its trailer fields while queued behind others
     (_drop_request): in its turn, after their answers, it answers the refusal, and the
     connection ends."""
+    body = _FIELDS_TOO_LARGE.encode()
     headers = [
         (b"content-type", b"text/plain; charset=utf-8"),
-        (b"content-length", str(len(_FIELDS_TOO_LARGE)).encode()),
+        (b"content-length", str(len(body)).encode()),
         (b"connection", b"close"),
     ]
     await send({"type": "http.response.start", "status": 431, "headers": headers})
-    await send({"type": "http.response.body", "body": _FIELDS_TOO_LARGE})
+    await send({"type": "http.response.body", "body": body})
 
 
 class LimitedHttpToolsProtocol(LazyKeepAlive):
@@ -188,7 +190,7 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             else:
                 self._head_bytes += len(data)
             if self._head_bytes > self.max_head_bytes:
-                self._refuse(431, "Request header fields too large.")
+                self._refuse(431, _FIELDS_TOO_LARGE)
                 return
             # Armed once this data is parsed, and only for a head left incomplete (or
             # bytes that began none): a whole request in one read, the common case,
@@ -227,7 +229,7 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             headers = self.headers
             if len(headers) >= self.max_headers:
                 # One more than the limit: refused, and no more of the head is kept.
-                self._refused = (431, "Request header fields too large.")
+                self._refused = (431, _FIELDS_TOO_LARGE)
                 return
             # uvicorn's on_header, repeated rather than called: a frame less per header.
             # The head's bytes are held to their limit once it is complete.
@@ -246,7 +248,7 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         count, size = trailers
         self._trailers = count, size = count + 1, size + len(name) + len(value) + 4
         if (count > self.max_headers or size > self.max_head_bytes) and self._refused is None:
-            self._refused = (431, "Request header fields too large.")
+            self._refused = (431, _FIELDS_TOO_LARGE)
             self._drop_request()
 
     def _drop_request(self) -> None:
@@ -294,7 +296,7 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             (self._head_read != self._reads or self._read_bytes > self._one_read_within)
             and len(self.url) + _fields_size(self.headers) > self.max_head_bytes
         ):
-            self._refused = (431, "Request header fields too large.")
+            self._refused = (431, _FIELDS_TOO_LARGE)
         if self._refused is not None:
             return  # the request is refused: no app task for it
         if self._may_take and self._may_hold():
