@@ -69,6 +69,15 @@ def test_an_instance_gets_its_own_variables_not_the_gateways(
     assert env["MODEL_SETTING"] == "on"
     assert env["SHIPYARD_INSTANCE_ID"] and env["SAGEMAKER_BIND_TO_PORT"] and env["PATH"]
     assert env["HOME"].startswith(str(gw.home))
+    # OpenBLAS's threads sleep once a call ends rather than spin beside the gateway...
+    assert env["OPENBLAS_THREAD_TIMEOUT"] == "4"
+    # ... unless the model says otherwise.
+    spins = unique("envspin")
+    deploy(
+        gw.sm, spins, (MODELS / "env_dump").as_uri(), environment={"OPENBLAS_THREAD_TIMEOUT": "28"}
+    )
+    out = gw.rt.invoke_endpoint(EndpointName=spins, ContentType="application/json", Body=b"{}")
+    assert json.loads(out["Body"].read())["OPENBLAS_THREAD_TIMEOUT"] == "28"
 
 
 def test_a_multi_model_instance_on_s3_gets_explicit_credentials(
