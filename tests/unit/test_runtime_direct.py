@@ -114,6 +114,28 @@ def test_hundreds_of_pipelined_invocations_behind_a_ping_are_all_answered(serve:
     serve(scenario)
 
 
+def test_a_body_begun_behind_a_ping_and_ended_in_later_reads_is_answered_whole(
+    serve: Serve,
+) -> None:
+    # The ping goes to the app's task; the invocation behind it waits in uvicorn's
+    # pipeline with the first half of its body already read, the rest still to come.
+    body = b"A" * 1000 + b"B" * 1000
+    whole = invocation(body)
+
+    async def scenario(port: int, module: Any, server: Any) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(PING + whole[:-1000])
+        await writer.drain()
+        await asyncio.sleep(0.2)  # shapes the input into separate reads; nothing waits on it
+        writer.write(whole[-1000:])
+        data = await read_until_quiet(reader)
+        writer.close()
+        assert data.count(b"HTTP/1.1 200 OK") == 2
+        assert data.removesuffix(b"<closed>").endswith(b"echo:" + body), data[-60:]
+
+    serve(scenario)
+
+
 def test_a_request_pipelined_behind_a_direct_answer_is_not_cut_by_keep_alive(
     serve: Serve,
 ) -> None:
