@@ -41,6 +41,7 @@ CALLER_VARIABLES = (
     "OMP_NUM_THREADS",
     "MKL_NUM_THREADS",
     "OPENBLAS_NUM_THREADS",
+    "OPENBLAS_THREAD_TIMEOUT",
     "NUMEXPR_NUM_THREADS",
     "KMP_AFFINITY",
     "KMP_BLOCKTIME",
@@ -59,7 +60,8 @@ inference and training toolkits read ``SAGEMAKER_*`` (``SAGEMAKER_PROGRAM``,
 TorchServe and Multi Model Server read ``TS_*`` and ``MMS_*``; the Hugging Face
 containers ``HF_*`` (``HF_TASK``, ``HF_MODEL_ID``) and TGI's ``MAX_*_TOKENS`` and
 ``MAX_INPUT_LENGTH``; the framework images document the thread counts (``OMP_*``,
-``MKL_*``, ``KMP_*``). shipyard's own runtime reads ``SHIPYARD_*``."""
+``MKL_*``, ``KMP_*``), and ``OPENBLAS_THREAD_TIMEOUT`` undoes a default of shipyard's
+own (backends/environment.py). shipyard's own runtime reads ``SHIPYARD_*``."""
 
 INTERPRETER_VARIABLES = (
     "PYTHON*",

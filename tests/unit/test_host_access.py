@@ -138,7 +138,7 @@ def test_interpreter_variables_are_refused_even_when_allowed(name: str) -> None:
     "name",
     ["SAGEMAKER_PROGRAM", "SAGEMAKER_TS_BATCH_SIZE", "SHIPYARD_MAX_BATCH_SIZE", "SM_NUM_GPUS",
      "TS_DEFAULT_RESPONSE_TIMEOUT", "MMS_DEFAULT_WORKERS_PER_MODEL", "HF_TASK",
-     "OMP_NUM_THREADS", "MKL_NUM_THREADS"],
+     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_THREAD_TIMEOUT"],
 )  # fmt: skip
 def test_sagemaker_variables_are_allowed(name: str) -> None:
     assert environment_refusal(name, allow_commands=False) is None

@@ -19,7 +19,10 @@ process gets only:
   the core the gateway needs to feed the instance. A transform job scoring a million CSV
   lines in 32 payloads spent 2.5 of its instance's 8 CPU seconds spinning and ran 8 %
   slower for it (bench/results/transform_throughput.md); the threads still share the
-  work of each call;
+  work of each call. The price is a wake-up per call: back-to-back calls on small
+  matrices (128x128) took about a sixth longer, 200x200 no longer. A model that wants
+  the spinning back sets ``OPENBLAS_THREAD_TIMEOUT`` in its ``Environment``. Container
+  images get none of this base, only their own ``Environment``;
 - S3 access only when it reads or writes ``s3://`` itself (a multi-model instance with an
   ``s3://`` prefix, a job that names an ``s3://`` location): the analogue of SageMaker's
   execution role. Then it gets the credentials the gateway itself resolved at start, as
