@@ -19,8 +19,9 @@ process gets only:
   the core the gateway needs to feed the instance. A transform job scoring a million CSV
   lines in 32 payloads spent 2.5 of its instance's 8 CPU seconds spinning and ran 8 %
   slower for it (bench/results/transform_throughput.md); the threads still share the
-  work of each call. The price is a wake-up per call: back-to-back calls on small
-  matrices (128x128) took about a sixth longer, 200x200 no longer. A model that wants
+  work of each call. The price is a wake-up per call: back-to-back products of
+  128x128 matrices took 1.1-1.2x as long in most paired runs here (2x in one), 200x200
+  the same. A model that wants
   the spinning back sets ``OPENBLAS_THREAD_TIMEOUT`` in its ``Environment``. Container
   images get none of this base, only their own ``Environment``;
 - S3 access only when it reads or writes ``s3://`` itself (a multi-model instance with an
