@@ -342,3 +342,58 @@ def test_a_ping_goes_on_a_connection_of_its_own_even_with_idle_ones_pooled() -> 
         b"GET /ping HTTP/1.1",
     ]
     assert all(b"Connection: close" in h for h in heads[1:])
+
+
+@pytest.mark.parametrize("instance", ["reads", "hangs up"])
+def test_written_returns_once_a_large_body_is_out(tmp_path: Any, instance: str) -> None:
+    """``written`` waits while a body larger than the socket's buffer waits for the
+    instance to read it, and no longer: once the instance has read it (before its
+    answer), or once the connection is gone."""
+    path = str(tmp_path / "instance.sock")
+    body = b"x" * (4 << 20)
+
+    async def main() -> None:
+        accepted = asyncio.Event()
+        go = asyncio.Event()
+
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.set()
+            await go.wait()
+            if instance == "hangs up":
+                writer.transport.abort()
+                return
+            got = await _read_request(reader)
+            await go_on.wait()
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%d" % (len(str(len(got))), len(got))
+            )
+            await writer.drain()
+            writer.close()
+
+        go_on = asyncio.Event()
+        server = await asyncio.start_unix_server(handler, path)
+        pool = ConnectionPool("127.0.0.1", 1, socket_path=path)
+        await asyncio.wait_for(pool.written(), 1)  # nothing is going out
+        request = asyncio.create_task(pool.request(b"POST", b"/invocations", [], body))
+        await accepted.wait()
+        await wait_until_async(lambda: pool._writing.paused == 1, "the write paused")
+        written = asyncio.create_task(pool.written())
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not written.done()  # the instance has read nothing yet
+        go.set()
+        await asyncio.wait_for(written, 10)
+        if instance == "reads":
+            assert not request.done()  # out, and not answered yet
+            go_on.set()
+            response = await asyncio.wait_for(request, 10)
+            assert response.status == 200 and response.body == str(len(body)).encode()
+        else:
+            with pytest.raises(UpstreamError):
+                await asyncio.wait_for(request, 10)
+        assert pool._writing.paused == 0
+        pool.close()
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(main())
