@@ -344,11 +344,12 @@ def test_a_ping_goes_on_a_connection_of_its_own_even_with_idle_ones_pooled() -> 
     assert all(b"Connection: close" in h for h in heads[1:])
 
 
-@pytest.mark.parametrize("instance", ["reads", "hangs up"])
+@pytest.mark.parametrize("instance", ["reads", "hangs up", "is given up on"])
 def test_written_returns_once_a_large_body_is_out(tmp_path: Any, instance: str) -> None:
     """``written`` waits while a body larger than the socket's buffer waits for the
     instance to read it, and no longer: once the instance has read it (before its
-    answer), or once the connection is gone."""
+    answer), once the connection is gone, or once the gateway gives up on the request
+    (a deadline) while the instance still reads nothing."""
     path = str(tmp_path / "instance.sock")
     body = b"x" * (4 << 20)
 
@@ -363,6 +364,8 @@ def test_written_returns_once_a_large_body_is_out(tmp_path: Any, instance: str) 
                 writer.transport.abort()
                 return
             got = await _read_request(reader)
+            if instance == "is given up on":
+                return  # nobody waits for the answer
             await go_on.wait()
             writer.write(
                 b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%d" % (len(str(len(got))), len(got))
@@ -381,6 +384,11 @@ def test_written_returns_once_a_large_body_is_out(tmp_path: Any, instance: str) 
         for _ in range(20):
             await asyncio.sleep(0)
         assert not written.done()  # the instance has read nothing yet
+        if instance == "is given up on":
+            request.cancel()  # the connection is closed with its bytes unsent
+            await asyncio.wait_for(written, 10)
+            with pytest.raises(asyncio.CancelledError):
+                await request
         go.set()
         await asyncio.wait_for(written, 10)
         if instance == "reads":
@@ -388,7 +396,7 @@ def test_written_returns_once_a_large_body_is_out(tmp_path: Any, instance: str) 
             go_on.set()
             response = await asyncio.wait_for(request, 10)
             assert response.status == 200 and response.body == str(len(body)).encode()
-        else:
+        elif instance == "hangs up":
             with pytest.raises(UpstreamError):
                 await asyncio.wait_for(request, 10)
         assert pool._writing.paused == 0

@@ -297,6 +297,9 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        # A transport closed with bytes unsent tells connection_lost only once they are
+        # out, which an instance that no longer reads never lets happen.
+        self._unpause()
         if self.transport is not None:
             self.transport.close()
 

@@ -393,7 +393,7 @@ class TransformRun:
                     self._send(invocations, route, plan, payload.body, where)
                 )
                 pending.append((payload, task))
-                await _written(route, payload)
+                await _written(route, payload, task)
             while pending:
                 done, task = pending.popleft()
                 yield self._render(plan, done, await task, originals)
@@ -475,16 +475,27 @@ smaller ones leave in a write or two, and a SingleRecord job of many small recor
 would pay a turn of the loop for each."""
 
 
-async def _written(route: EndpointRoute, payload: Payload) -> None:
-    """Once ``payload``, just handed to the router, is out to its instance (at once if it
-    waits for one, or is small). The next payload is packed on this loop, in steps of about 20 ms of
-    CPU for 6 MB: packed while one is written, it holds back the rest of that body while
-    the instance waits for it (the gap from one payload's answer to the next one's parse
-    went from a median of 17.5-23.8 ms to 11.7-17.3 ms a payload of 6 MB,
+async def _written(route: EndpointRoute, payload: Payload, sending: asyncio.Task[bytes]) -> None:
+    """Once ``payload``, just handed to the router by ``sending``, is out to its instance
+    (at once if it waits for one, or is small), or ``sending`` is over.
+
+    The next payload is packed on this loop, in steps of about 20 ms of CPU for 6 MB:
+    packed while one is written, it holds back the rest of that body while the instance
+    waits for it (the gap from one payload's answer to the next one's parse went from a
+    median of 17.5-23.8 ms to 11.7-17.3 ms a payload of 6 MB,
     bench/results/transform_throughput.md)."""
     if len(payload.body) <= _WAIT_WRITTEN_BYTES:
         return
     await asyncio.sleep(0)  # the send's first step: a free instance is written to in it
+    out = asyncio.ensure_future(_pools_written(route))
+    try:
+        # Or until the send ends otherwise (failed, timed out): the runner must see it.
+        await asyncio.wait((sending, out), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        out.cancel()
+
+
+async def _pools_written(route: EndpointRoute) -> None:
     for variant in route.variants:
         for instance in variant.instances:
             await instance.pool.written()
