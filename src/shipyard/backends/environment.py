@@ -21,9 +21,9 @@ process gets only:
   slower for it (bench/results/transform_throughput.md); the threads still share the
   work of each call. The price is a wake-up per call: back-to-back products of
   128x128 matrices took 1.1-1.2x as long in most paired runs here (2x in one), 200x200
-  the same. A model that wants
-  the spinning back sets ``OPENBLAS_THREAD_TIMEOUT`` in its ``Environment``. Container
-  images get none of this base, only their own ``Environment``;
+  the same. A model that wants the spinning back sets ``OPENBLAS_THREAD_TIMEOUT`` in its
+  ``Environment``. Container images get none of this base, only their own
+  ``Environment``;
 - S3 access only when it reads or writes ``s3://`` itself (a multi-model instance with an
   ``s3://`` prefix, a job that names an ``s3://`` location): the analogue of SageMaker's
   execution role. Then it gets the credentials the gateway itself resolved at start, as

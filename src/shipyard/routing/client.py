@@ -161,7 +161,7 @@ class _Writing:
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; carries one request at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, writing: _Writing) -> None:
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
@@ -172,10 +172,11 @@ class _Connection(asyncio.Protocol):
         self.limit: int | None = None
         """Most body bytes the exchange in progress takes; None: no limit."""
         self._drained: asyncio.Event | None = None
-        self.writing: _Writing | None = None
+        self.writing = writing
         """Its pool's count of paused connections, told when this one pauses and
         resumes (``ConnectionPool.written``)."""
         self._paused = False
+        """Counted in ``writing``: paused, and neither resumed nor closed since."""
         self.received = False
         """Bytes of an answer arrived during the exchange in progress (then a failure may
         have been the request's doing, and it is not sent again)."""
@@ -224,7 +225,7 @@ class _Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._drained = asyncio.Event()
-        if not self._paused and self.writing is not None:
+        if not self._paused:
             self._paused = True
             self.writing.pause()
 
@@ -237,7 +238,6 @@ class _Connection(asyncio.Protocol):
     def _unpause(self) -> None:
         if self._paused:
             self._paused = False
-            assert self.writing is not None
             self.writing.resume()
 
     # httptools callbacks
@@ -615,9 +615,7 @@ class ConnectionPool:
         return conn
 
     def _protocol(self) -> _Connection:
-        conn = _Connection()
-        conn.writing = self._writing
-        return conn
+        return _Connection(self._writing)
 
     async def written(self) -> None:
         """Returns once the requests this pool is sending are written to the instance
