@@ -22,6 +22,7 @@ only, and sizes it with :func:`untrusted_size`.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import stat
@@ -124,7 +125,7 @@ class JobSpec:
                 message names the field.
         """
         try:
-            return _JOB_SPEC.validate_json(text)
+            return _job_spec().validate_json(text)
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(part) for part in error['loc']) or 'job'}: {error['msg']}"
@@ -136,9 +137,6 @@ class JobSpec:
     def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
         """Build a JobSpec from ``job.json``'s shape (nested dicts, lists); as from_json."""
         return cls.from_json(json.dumps(data))
-
-
-_JOB_SPEC = TypeAdapter(JobSpec)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -170,7 +168,17 @@ class StatusLine:
         return json.dumps(data)
 
 
-_STATUS_LINE = TypeAdapter(StatusLine)
+# The validators are built at first use: building one takes pydantic about 0.1 s, which
+# every process importing this module would pay at its start (an instance fetching its
+# model imports it for ``open_beneath``) whether it reads a job's files or not.
+@functools.cache
+def _job_spec() -> TypeAdapter[JobSpec]:
+    return TypeAdapter(JobSpec)
+
+
+@functools.cache
+def _status_line() -> TypeAdapter[StatusLine]:
+    return TypeAdapter(StatusLine)
 
 
 def append_status(path: Path, line: StatusLine) -> None:
@@ -203,7 +211,7 @@ def read_status(path: Path, *, skip: int = 0) -> list[StatusLine]:
         raise ValueError(f"{path} cannot be read as a status file: {exc}") from exc
     complete = text.split("\n")[:-1]  # the last piece is "" or a line being written
     try:
-        return [_STATUS_LINE.validate_json(raw) for raw in complete[skip:]]
+        return [_status_line().validate_json(raw) for raw in complete[skip:]]
     except ValidationError as exc:
         raise ValueError(f"{path} holds a line that is not a status line: {exc}") from exc
 

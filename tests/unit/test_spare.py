@@ -1,8 +1,16 @@
-"""Which instances a warm spare can become: variables read at import must match."""
+"""Warm spares: which instances a spare can become (variables read at import must match),
+what it preloads, and the imports instances record for the next spares."""
 
 from __future__ import annotations
 
-from shipyard.runtime.spare import can_become
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shipyard.runtime.spare import IMPORTS_FILE, can_become, record_imports
 
 SPARE = {"PATH": "/usr/bin", "HOME": "/run/home/_spare", "OMP_NUM_THREADS": "2"}
 
@@ -21,3 +29,42 @@ def test_a_variable_read_at_import_must_keep_the_spares_value() -> None:
 
 def test_pythonpath_is_taken_on() -> None:
     assert can_become(SPARE, {**SPARE, "PYTHONPATH": "/opt/ml/model/code"})
+
+
+def test_preloading_freezes_what_the_imports_made(tmp_path: Path) -> None:
+    # In a process of its own: freezing the test process's heap would outlive the test.
+    listed = tmp_path / "imports"
+    listed.write_text("fractions\nno.such.module\n")
+    probe = (
+        "import gc, sys; from pathlib import Path; from shipyard.runtime import spare; "
+        "assert 'fractions' not in sys.modules; "
+        f"spare.preload(Path({str(listed)!r})); "
+        "print('fractions' in sys.modules, gc.get_freeze_count() > 0, gc.isenabled())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.split() == ["True", "True", "True"]
+
+
+def test_imports_recorded_are_added_to_those_known(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    own = tmp_path / "code" / "shipyard_test_own_code.py"  # a model's own module
+    own.parent.mkdir()
+    own.write_text("VALUE = 1\n")
+    spec = importlib.util.spec_from_file_location("shipyard_test_own_code", own)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "shipyard_test_own_code", module)
+    recorded = tmp_path / "imports"
+    recorded.write_text("recorded.by.an.earlier.instance\njson\n")
+    record_imports({IMPORTS_FILE: str(recorded)})
+    names = recorded.read_text().split()
+    assert names == sorted(names)
+    assert "recorded.by.an.earlier.instance" in names  # a union: what was known stays
+    assert {"json", "collections", "pytest"} <= set(names)  # the standard library, installed
+    assert "shipyard_test_own_code" not in names  # the model's own code is never preloaded
+    before = recorded.stat().st_mtime_ns
+    record_imports({IMPORTS_FILE: str(recorded)})
+    assert recorded.stat().st_mtime_ns == before  # nothing new: not written again

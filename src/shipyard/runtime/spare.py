@@ -35,6 +35,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from shipyard import heap
+
 IMPORTS_FILE = "SHIPYARD_IMPORTS_FILE"
 _MAX_MODULES = 5000
 _LOOK_AGAIN_S = 0.5
@@ -64,13 +66,20 @@ def can_become(spare_environ: Mapping[str, str], environ: Mapping[str, str]) -> 
 
 
 def preload(path: Path | None) -> None:
-    """Import every module listed in ``path``; ones that fail to import are skipped."""
+    """Import every module listed in ``path``; ones that fail to import are skipped.
+
+    Then what they made is collected and frozen (:func:`heap.settle`), as the instance
+    does once its model is loaded: done here, while the spare waits, that collection
+    walks only what the model added, where it walked every module imported too (0.13 s
+    of a warm start with scikit-learn's, measured).
+    """
     if path is None:
         return
     with contextlib.suppress(OSError):
         for name in path.read_text().split():
             with contextlib.suppress(Exception):
                 importlib.import_module(name)
+    heap.settle()
 
 
 def wait_for_work(preload_file: Path | None = None) -> list[str]:
@@ -147,8 +156,12 @@ def _redirect(log: str | None) -> None:
         os.close(fd)
 
 
-def _installed_modules() -> set[str]:
-    """The imported modules that come with Python or from installed packages.
+def _installed_modules(known: set[str]) -> set[str]:
+    """The imported modules that come with Python or from installed packages, but for
+    those in ``known`` (already recorded: each module's path is resolved, a few system
+    calls per folder in it, and a model's libraries import a thousand or more, which
+    took an instance 0.15 s of its start, between its model loaded and its first
+    answer).
 
     The model's own code is left out: a spare must not hold a module of the same name
     from somewhere else when the instance imports the model's ``inference.py``.
@@ -160,7 +173,7 @@ def _installed_modules() -> set[str]:
     )
     names = set()
     for name, module in list(sys.modules.items()):
-        if name.startswith("_") or name == "__main__":
+        if name.startswith("_") or name == "__main__" or name in known:
             continue
         origin = getattr(getattr(module, "__spec__", None), "origin", None)
         if origin in ("built-in", "frozen") or (
@@ -183,9 +196,10 @@ def record_imports(environ: dict[str, str] | os._Environ[str]) -> None:
     path = Path(target)
     with contextlib.suppress(OSError):
         known = set(path.read_text().split()) if path.exists() else set()
-        names = known | _installed_modules()
-        if names == known:
+        found = _installed_modules(known)
+        if not found:
             return
+        names = known | found
         tmp = path.with_name(f"{path.name}.{os.getpid()}")
         tmp.write_text("\n".join(sorted(names)[:_MAX_MODULES]) + "\n")
         tmp.replace(path)

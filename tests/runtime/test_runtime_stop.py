@@ -1,0 +1,116 @@
+"""An instance told to stop (SIGTERM): what it was answering is answered first, and an
+idle one closes its connections and exits without waiting for its next tick
+(runtime/server.py ``_Server``).
+
+Each test starts its own runtime process, since each stops it, and stops it by its PID
+should the test fail first.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from tests.conftest import wait_until
+from tests.runtime.test_runtime_contract import (
+    Reply,
+    Runtime,
+    free_port,
+    runtime_argv,
+    stop,
+    wait_ready,
+)
+
+CODE = """
+import os
+import time
+
+
+def transform_fn(model, body, content_type, accept):
+    if body.startswith(b"slow:"):
+        open(os.environ["STARTED_FILE"], "w").close()
+        time.sleep(float(body[5:]))
+    return b"done:" + body, "text/plain"
+"""
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Callable[..., Runtime]]:
+    model_dir = tmp_path / "model"
+    (model_dir / "code").mkdir(parents=True)
+    (model_dir / "code" / "inference.py").write_text(CODE)
+    started: list[Runtime] = []
+
+    def start(**env: str) -> Runtime:
+        port = free_port()
+        stderr_path = tmp_path / f"runtime-{port}.log"
+        with open(stderr_path, "wb") as stderr:
+            process = subprocess.Popen(
+                runtime_argv(model_dir, port),
+                env={**os.environ, "STARTED_FILE": str(tmp_path / "started"), **env},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+        runtime = Runtime(port, process, stderr_path)
+        started.append(runtime)
+        wait_ready(runtime)
+        return runtime
+
+    try:
+        yield start
+    finally:
+        for runtime in started:
+            stop(runtime.process)
+
+
+def exited_when_told(process: subprocess.Popen[bytes]) -> bool:
+    """Whether it exited as uvicorn does after a clean shutdown on SIGTERM: the signal
+    raised again once it is done."""
+    return process.wait(timeout=10) in (0, -signal.SIGTERM)
+
+
+@pytest.mark.parametrize("workers", ["1", "2"], ids=["inline", "threads"])
+def test_a_request_in_flight_when_told_to_stop_is_answered_before_the_instance_exits(
+    start: Callable[..., Runtime], tmp_path: Path, workers: str
+) -> None:
+    runtime = start(SAGEMAKER_MODEL_SERVER_WORKERS=workers)
+    replies: list[Reply] = []
+    caller = threading.Thread(target=lambda: replies.append(runtime.invoke(b"slow:1.0")))
+    caller.start()
+    try:
+        wait_until(lambda: (tmp_path / "started").exists(), "the model began", 10)
+        runtime.process.send_signal(signal.SIGTERM)
+    finally:
+        caller.join(timeout=15)
+    assert replies and replies[0].status == 200
+    assert replies[0].body == b"done:slow:1.0"
+    assert exited_when_told(runtime.process)
+
+
+def test_an_idle_instance_told_to_stop_closes_its_kept_alive_connections_and_exits(
+    start: Callable[..., Runtime],
+) -> None:
+    runtime = start()
+    kept = http.client.HTTPConnection("127.0.0.1", runtime.port, timeout=10)
+    try:
+        kept.request("POST", "/invocations", body=b"ping", headers={"Content-Type": "text/plain"})
+        answer = kept.getresponse()
+        assert (answer.status, answer.read()) == (200, b"done:ping")
+        assert answer.getheader("connection", "keep-alive").lower() != "close"
+        runtime.process.send_signal(signal.SIGTERM)
+        assert exited_when_told(runtime.process)
+        assert kept.sock is not None
+        kept.sock.settimeout(10)
+        assert kept.sock.recv(1) == b"", "the kept-alive connection is closed"
+    finally:
+        kept.close()
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", runtime.port), 1):
+        pass
