@@ -388,6 +388,39 @@ def test_answers_keep_input_order_whichever_instance_is_faster(
     assert len({a["pid"] for a in answers}) == 2, "both instances served"
 
 
+def test_small_objects_are_scored_side_by_side_up_to_the_concurrency(
+    gw: GatewayProcess, tmp_path: Path
+) -> None:
+    # One request per object (SplitType None): with MaxConcurrentTransforms 2 and two
+    # handler threads, two objects' requests meet in the model (runtime "rendezvous"
+    # model: "met" when two run at once, "alone" after waiting 1 s for another). Objects
+    # sent one after the other would all be "alone".
+    tarball = make_tarball("rendezvous", tmp_path / "artifacts" / "rendezvous.tar.gz")
+    gw.sm.create_model(
+        ModelName="rendezvous",
+        PrimaryContainer={
+            "Image": "shipyard/python",
+            "ModelDataUrl": tarball.as_uri(),
+            "Environment": {"SAGEMAKER_MODEL_SERVER_WORKERS": "2"},
+        },
+        ExecutionRoleArn=ROLE,
+    )
+    data = tmp_path / "in"
+    data.mkdir()
+    for i in range(6):
+        (data / f"{i}.json").write_text(json.dumps({"n": i}))
+    name = unique("tfside")
+    transform(gw, name, "rendezvous", data.as_uri(), tmp_path / "out",
+              TransformInput={"ContentType": "application/json", "SplitType": "None"},
+              TransformOutput={"AssembleWith": "None"}, MaxConcurrentTransforms=2)  # fmt: skip
+    job = wait_done(gw, name)
+    assert job["TransformJobStatus"] == "Completed", job.get("FailureReason")
+    answers = {p.name: json.loads(p.read_text()) for p in (tmp_path / "out").iterdir()}
+    assert answers == {f"{i}.json.out": "met" for i in range(6)}
+    done = f'shipyard_transform_objects{{job="{name}",state="done"}}'
+    assert metric(gw, done) == 6
+
+
 def test_objects_on_s3_and_the_end_announced(
     gateway_factory: Callable[..., GatewayProcess],
     bucket: Bucket,

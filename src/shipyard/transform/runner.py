@@ -136,13 +136,7 @@ class TransformRun:
             try:
                 route = self._route(fleet, plan)
                 router.publish(route)
-                records_done = sum(done.values())
-                for number, (uri, key) in enumerate(todo, start=len(done) + 1):
-                    count = await self._object(invocations, route, plan, uri, key)
-                    await asyncio.to_thread(self.store.finish_object, self.job.name, key, count)
-                    records_done += count
-                    self._export(len(inputs), number, records_done)
-                    self._on_progress()
+                await self._objects(invocations, route, plan, todo, len(inputs), done)
             finally:
                 router.close()
         except ShipyardError as exc:
@@ -299,22 +293,94 @@ class TransformRun:
 
     # -- objects ----------------------------------------------------------------------
 
+    async def _objects(
+        self,
+        invocations: Invocations,
+        route: EndpointRoute,
+        plan: Plan,
+        todo: list[tuple[str, str]],
+        total: int,
+        done: dict[str, int],
+    ) -> None:
+        """Every object of ``todo`` through the model, each recorded finished once its
+        output is written.
+
+        Objects overlap: the next one starts as soon as the one before has handed its
+        last payload to the router, and they share one window of payloads in flight
+        (MaxConcurrentTransforms per instance). A job of many small objects (SplitType
+        None, one request each) thus keeps every instance busy, where one object at a
+        time left all but one request slot idle; and a job of large objects has the next
+        object's first payload packed and waiting when the instance answers the last one,
+        instead of writing and recording that output, opening the next object and packing
+        first (a gap of 45-200 ms at each boundary, against 10-15 ms between payloads,
+        measured with 6 MB payloads).
+        """
+        window = asyncio.Semaphore(max(len(route.instances()), 1) * plan.concurrency)
+        running: dict[asyncio.Task[int], str] = {}
+        finished = [len(done), sum(done.values())]  # objects, records
+
+        async def record(tasks: set[asyncio.Task[int]]) -> None:
+            for task in tasks:
+                key = running.pop(task)
+                count = task.result()  # an object's failure fails the job
+                await asyncio.to_thread(self.store.finish_object, self.job.name, key, count)
+                finished[0] += 1
+                finished[1] += count
+                self._export(total, *finished)
+                self._on_progress()
+
+        try:
+            for uri, key in todo:
+                sent = asyncio.Event()
+                task = asyncio.create_task(
+                    self._object(invocations, route, plan, uri, key, window, sent)
+                )
+                running[task] = key
+                handed = asyncio.ensure_future(sent.wait())
+                try:
+                    while not sent.is_set():
+                        over, _ = await asyncio.wait(
+                            {handed, *running}, return_when=asyncio.FIRST_COMPLETED
+                        )
+                        await record(over & running.keys())
+                finally:
+                    handed.cancel()
+            while running:
+                over, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                await record(over)
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
     async def _object(
-        self, invocations: Invocations, route: EndpointRoute, plan: Plan, uri: str, key: str
+        self,
+        invocations: Invocations,
+        route: EndpointRoute,
+        plan: Plan,
+        uri: str,
+        key: str,
+        window: asyncio.Semaphore,
+        sent: asyncio.Event,
     ) -> int:
-        """Send one object through the model and write its output; its record count."""
+        """Send one object through the model and write its output; its record count.
+        ``window``: a slot per payload in flight, shared by the objects running; ``sent``
+        is set once the last payload is handed to the router (or the object ends)."""
         output = self.objects.join(self.job.request["TransformOutput"]["S3OutputPath"], key)
         chunks = decompress(self.objects.read_chunks(uri), plan.compression)
         counted = [0]
         if plan.split_type == "None":
-            answers = self._whole(invocations, route, plan, uri, chunks, counted)
+            answers = self._whole(invocations, route, plan, uri, chunks, counted, window, sent)
         else:
-            window = max(len(route.instances()), 1) * plan.concurrency
-            answers = self._records(invocations, route, plan, uri, chunks, counted, window)
+            answers = self._records(
+                invocations, route, plan, uri, chunks, counted, window, sent
+            )  # fmt: skip
         try:
             await self.objects.write(output + ".out", answers)
         except SplitError as exc:
             raise TransformFailed(f"ClientError: Object {uri}: {exc}") from exc
+        finally:
+            sent.set()
         return counted[0]
 
     async def _whole(
@@ -325,6 +391,8 @@ class TransformRun:
         uri: str,
         chunks: AsyncIterator[bytes],
         counted: list[int],
+        window: asyncio.Semaphore,
+        sent: asyncio.Event,
     ) -> AsyncIterator[bytes]:
         """SplitType None: the object is one record, sent as one request."""
         body = bytearray()
@@ -337,12 +405,14 @@ class TransformRun:
                     "records."
                 )
         record = bytes(body)
-        sent = record
+        body_sent = record
         if plan.input_filter is not None:
-            sent = apply_input_filter(record, plan.input_filter, plan.content_type)
-        answer = await self._send(invocations, route, plan, sent, f"Object {uri}")
+            body_sent = apply_input_filter(record, plan.input_filter, plan.content_type)
+        async with window:
+            sent.set()
+            answer = await self._send(invocations, route, plan, body_sent, f"Object {uri}")
         counted[0] = 1
-        yield self._render(plan, Payload(sent, 0, 1), answer, {0: record}, whole=True)
+        yield self._render(plan, Payload(body_sent, 0, 1), answer, {0: record}, whole=True)
 
     async def _records(
         self,
@@ -352,56 +422,56 @@ class TransformRun:
         uri: str,
         chunks: AsyncIterator[bytes],
         counted: list[int],
-        window: int,
+        window: asyncio.Semaphore,
+        sent: asyncio.Event,
     ) -> AsyncIterator[bytes]:
-        """Records packed into payloads, at most ``window`` in flight, answers in order."""
+        """Records packed into payloads, each sent once it has a slot of ``window``
+        (shared with the other objects running), answers in order. Each payload in
+        ``pending`` holds one slot until its answer is taken."""
         originals: dict[int, bytes] = {}
 
-        async def filtered() -> AsyncIterator[list[bytes]]:
-            index = 0
-            cap = plan.max_payload_bytes
-            async for batch in record_batches(chunks, plan.split_type, max_record_bytes=cap):
-                if plan.join:
-                    originals.update(enumerate(batch, start=index))
-                if plan.input_filter is not None:
-                    kept = []
-                    for record in batch:
-                        try:
-                            kept.append(
-                                apply_input_filter(record, plan.input_filter, plan.content_type)
-                            )
-                        except SplitError as exc:
-                            if kept:
-                                yield kept  # the records before it go on, as one by one
-                            where = index + len(kept) + 1
-                            raise SplitError(f"record {where}: InputFilter: {exc}") from exc
-                    batch = kept
-                index += len(batch)
-                yield batch
-
         pending: deque[tuple[Payload, asyncio.Task[bytes]]] = deque()
+
+        async def first_answer() -> tuple[Payload, bytes]:
+            done, task = pending[0]
+            answer = await task
+            pending.popleft()
+            window.release()
+            return done, answer
+
         try:
             async for payload in payloads(
-                filtered(), plan.strategy, plan.max_payload_bytes, plan.split_type
+                _filtered(chunks, plan, originals),
+                plan.strategy,
+                plan.max_payload_bytes,
+                plan.split_type,
             ):
-                while len(pending) >= window:
-                    done, task = pending.popleft()
-                    yield self._render(plan, done, await task, originals)
+                # Every slot taken: this object's own answers free them first (waiting
+                # for a slot while holding them would wait for ever).
+                while pending and window.locked():
+                    done, answer = await first_answer()
+                    yield self._render(plan, done, answer, originals)
                     counted[0] += done.count
+                await window.acquire()
                 where = _where(uri, payload)
                 task = asyncio.create_task(
                     self._send(invocations, route, plan, payload.body, where)
                 )
                 pending.append((payload, task))
                 await _written(route, payload, task)
+            sent.set()
             while pending:
-                done, task = pending.popleft()
-                yield self._render(plan, done, await task, originals)
+                done, answer = await first_answer()
+                yield self._render(plan, done, answer, originals)
                 counted[0] += done.count
         finally:
+            sent.set()
             for _, task in pending:
                 task.cancel()
             await asyncio.gather(*(task for _, task in pending), return_exceptions=True)
+            for _ in pending:
+                window.release()
+            pending.clear()
 
     def _render(
         self,
@@ -499,6 +569,31 @@ async def _pools_written(route: EndpointRoute) -> None:
     for variant in route.variants:
         for instance in variant.instances:
             await instance.pool.written()
+
+
+async def _filtered(
+    chunks: AsyncIterator[bytes], plan: Plan, originals: dict[int, bytes]
+) -> AsyncIterator[list[bytes]]:
+    """The object's records in batches, after the InputFilter; with JoinSource Input,
+    each record as read is kept in ``originals`` by its index."""
+    index = 0
+    cap = plan.max_payload_bytes
+    async for batch in record_batches(chunks, plan.split_type, max_record_bytes=cap):
+        if plan.join:
+            originals.update(enumerate(batch, start=index))
+        if plan.input_filter is not None:
+            kept = []
+            for record in batch:
+                try:
+                    kept.append(apply_input_filter(record, plan.input_filter, plan.content_type))
+                except SplitError as exc:
+                    if kept:
+                        yield kept  # the records before it go on, as one by one
+                    where = index + len(kept) + 1
+                    raise SplitError(f"record {where}: InputFilter: {exc}") from exc
+            batch = kept
+        index += len(batch)
+        yield batch
 
 
 def _where(uri: str, payload: Payload) -> str:
