@@ -331,6 +331,9 @@ class TransformRun:
 
         try:
             for uri, key in todo:
+                while len(running) >= _OBJECTS_AT_ONCE:
+                    over, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                    await record(over)
                 sent = asyncio.Event()
                 task = asyncio.create_task(
                     self._object(invocations, route, plan, uri, key, window, sent)
@@ -538,6 +541,10 @@ class TransformRun:
         m.transform_objects.labels(self.job.name, "done").set(done)
         m.transform_records.labels(self.job.name).set(records_done)
 
+
+_OBJECTS_AT_ONCE = 128
+"""The most objects a job reads and writes at once, whatever its window: each holds its
+input and its output open (two descriptors, or two connections to S3)."""
 
 _WAIT_WRITTEN_BYTES = 1 << 20
 """Payloads above this size are seen out before the next is packed (``_written``);
