@@ -1,6 +1,7 @@
-"""An instance told to stop (SIGTERM): what it was answering is answered first, and an
-idle one closes its connections and exits without waiting for its next tick
-(runtime/server.py ``_Server``).
+"""An instance told to stop (SIGTERM): what it was answering is answered first (also an
+answer its client has not read yet, and a request the ping standby accepted while a call
+held the loop), and an idle one closes its connections and exits without waiting for its
+next tick (runtime/server.py ``_Server``).
 
 Each test starts its own runtime process, since each stops it, and stops it by its PID
 should the test fail first.
@@ -37,6 +38,9 @@ def transform_fn(model, body, content_type, accept):
     if body.startswith(b"slow:"):
         open(os.environ["STARTED_FILE"], "w").close()
         time.sleep(float(body[5:]))
+    if body.startswith(b"big:"):
+        open(os.environ["STARTED_FILE"], "w").close()
+        return b"x" * int(body[4:]), "application/octet-stream"
     return b"done:" + body, "text/plain"
 """
 
@@ -114,3 +118,73 @@ def test_an_idle_instance_told_to_stop_closes_its_kept_alive_connections_and_exi
         kept.close()
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", runtime.port), 1):
         pass
+
+
+def refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), 1).close()
+    except OSError:
+        return True
+    return False
+
+
+def test_an_answer_not_yet_read_when_told_to_stop_arrives_whole(
+    start: Callable[..., Runtime], tmp_path: Path
+) -> None:
+    size = 32 << 20  # far more than the sockets' buffers hold: most waits in the instance
+    runtime = start()
+    with socket.create_connection(("127.0.0.1", runtime.port), 10) as client:
+        body = f"big:{size}".encode()
+        head = f"POST /invocations HTTP/1.1\r\nHost: t\r\nContent-Length: {len(body)}\r\n\r\n"
+        client.sendall(head.encode() + body)
+        wait_until(lambda: (tmp_path / "started").exists(), "the model began", 10)
+        runtime.process.send_signal(signal.SIGTERM)
+        # Stopping (its port closed) while the answer waits for this client to read it.
+        wait_until(lambda: refused(runtime.port), "the instance stopped listening", 10)
+        client.settimeout(10)
+        received = bytearray()
+        while chunk := client.recv(1 << 20):
+            received += chunk
+    head_end = received.index(b"\r\n\r\n") + 4
+    assert received.startswith(b"HTTP/1.1 200 ")
+    assert len(received) - head_end == size
+    assert exited_when_told(runtime.process)
+
+
+def socket_count(pid: int) -> int:
+    fds = Path(f"/proc/{pid}/fd")
+    count = 0
+    for fd in fds.iterdir():
+        try:
+            count += os.readlink(fd).startswith("socket:")
+        except OSError:
+            pass  # closed meanwhile
+    return count
+
+
+def test_a_request_the_ping_standby_took_while_a_call_held_the_loop_is_answered(
+    start: Callable[..., Runtime], tmp_path: Path
+) -> None:
+    runtime = start()  # one worker: handlers run inline, and the standby stands in
+    replies: dict[str, Reply] = {}
+
+    def call(tag: str, body: bytes) -> None:
+        replies[tag] = runtime.invoke(body)
+
+    slow = threading.Thread(target=call, args=("slow", b"slow:3.0"))
+    slow.start()
+    wait_until(lambda: (tmp_path / "started").exists(), "the model began", 10)
+    sockets = socket_count(runtime.process.pid)
+    later = threading.Thread(target=call, args=("later", b"later"))
+    later.start()
+    try:
+        # The standby accepts it (one more socket in the instance) while the call holds
+        # the loop, and hands it to the loop, which takes it only once the call is over.
+        wait_until(lambda: socket_count(runtime.process.pid) > sockets, "the standby took it", 10)
+        runtime.process.send_signal(signal.SIGTERM)
+    finally:
+        slow.join(timeout=15)
+        later.join(timeout=15)
+    assert replies["slow"].status == 200
+    assert (replies["later"].status, replies["later"].body) == (200, b"done:later")
+    assert exited_when_told(runtime.process)

@@ -545,8 +545,9 @@ class _Server(uvicorn.Server):
     connections to act on the shutdown before it waits for them: 0.2 s on average for
     an instance with nothing in flight, measured, which a transform job spends between
     its last answer and Completed (it ends once its instances have stopped). Here the
-    signal wakes the loop at once, and an idle server closes without the pause; one
-    with a request in flight shuts down as uvicorn does.
+    signal wakes the loop at once, and an idle server closes without the pause, once
+    its answers are out; one with a request in flight, or a connection the standby
+    accepted and has not yet handed over, shuts down as uvicorn does.
     """
 
     def __init__(self, config: uvicorn.Config, standby: PingStandby | None) -> None:
@@ -576,7 +577,11 @@ class _Server(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         state = self.server_state
-        if state.tasks or any(not _idle(c) for c in state.connections):
+        if (
+            state.tasks
+            or (self.standby is not None and self.standby.handing_over)
+            or any(not _idle(c) for c in state.connections)
+        ):
             await super().shutdown(sockets)
             return
         for server in self.servers:
@@ -584,7 +589,12 @@ class _Server(uvicorn.Server):
         for sock in sockets or []:
             sock.close()
         for connection in list(state.connections):
-            connection.shutdown()  # idle: its transport closes
+            connection.shutdown()  # idle: its transport closes once its buffer is out
+        # An answer handed to a transport may still be in its buffer, for a client that
+        # reads slowly: the connection leaves the server's set once that is sent (as
+        # uvicorn's shutdown waits for it, with no timeout of its own either).
+        while state.connections and not self.force_exit:
+            await asyncio.sleep(0.001)
         for server in self.servers:
             await server.wait_closed()
 
