@@ -267,8 +267,9 @@ def test_a_restart_resumes_the_job_without_redoing_finished_objects(
     name = unique("tfresume")
     transform(gw, name, "sleepy", data.as_uri(), out,
               TransformInput={"ContentType": "application/json"})  # fmt: skip
-    # Objects go in order, each recorded finished just after its output is in place: an
-    # output seen before its record (the kill may fall between) is rightly redone.
+    # With one payload in flight (one instance, MaxConcurrentTransforms 1) objects end in
+    # order, each recorded finished just after its output is in place: an output seen
+    # before its record (the kill may fall between) is rightly redone.
     done = f'shipyard_transform_objects{{job="{name}",state="done"}}'
     wait_until(lambda: (metric(gw, done) or 0) >= 2, "two objects finished", 60)
     finished = int(metric(gw, done) or 0)

@@ -19,10 +19,11 @@ resumed after a restart redoes nothing it wrote. A payload the model still refus
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -315,7 +316,12 @@ class TransformRun:
         first (a gap of 45-200 ms at each boundary, against 10-15 ms between payloads,
         measured with 6 MB payloads).
         """
-        window = asyncio.Semaphore(max(len(route.instances()), 1) * plan.concurrency)
+        slots = max(len(route.instances()), 1) * plan.concurrency
+        window = asyncio.Semaphore(slots)
+        # The one sending, and those whose answers are still coming or being written: no
+        # more, so that objects whose output store is slower than the model do not pile
+        # up, each with its files open and its threads' work queued.
+        at_once = min(_OBJECTS_AT_ONCE, slots + 1)
         running: dict[asyncio.Task[int], str] = {}
         finished = [len(done), sum(done.values())]  # objects, records
 
@@ -331,7 +337,7 @@ class TransformRun:
 
         try:
             for uri, key in todo:
-                while len(running) >= _OBJECTS_AT_ONCE:
+                while len(running) >= at_once:
                     over, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                     await record(over)
                 sent = asyncio.Event()
@@ -379,7 +385,10 @@ class TransformRun:
                 invocations, route, plan, uri, chunks, counted, window, sent
             )  # fmt: skip
         try:
-            await self.objects.write(output + ".out", answers)
+            # Closed whatever ends the write, so that its payloads still in flight are
+            # cancelled and their slots given back now, not when it is collected.
+            async with contextlib.aclosing(answers):
+                await self.objects.write(output + ".out", answers)
         except SplitError as exc:
             raise TransformFailed(f"ClientError: Object {uri}: {exc}") from exc
         finally:
@@ -396,7 +405,7 @@ class TransformRun:
         counted: list[int],
         window: asyncio.Semaphore,
         sent: asyncio.Event,
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """SplitType None: the object is one record, sent as one request."""
         body = bytearray()
         async for chunk in chunks:
@@ -411,11 +420,11 @@ class TransformRun:
         body_sent = record
         if plan.input_filter is not None:
             body_sent = apply_input_filter(record, plan.input_filter, plan.content_type)
-        async with window:
+        async with window:  # until its output is taken (written, or gathered to be)
             sent.set()
             answer = await self._send(invocations, route, plan, body_sent, f"Object {uri}")
-        counted[0] = 1
-        yield self._render(plan, Payload(body_sent, 0, 1), answer, {0: record}, whole=True)
+            counted[0] = 1
+            yield self._render(plan, Payload(body_sent, 0, 1), answer, {0: record}, whole=True)
 
     async def _records(
         self,
@@ -427,19 +436,20 @@ class TransformRun:
         counted: list[int],
         window: asyncio.Semaphore,
         sent: asyncio.Event,
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """Records packed into payloads, each sent once it has a slot of ``window``
-        (shared with the other objects running), answers in order. Each payload in
-        ``pending`` holds one slot until its answer is taken."""
+        (shared with the other objects running), answers in order. A payload holds its
+        slot until its answer is taken by the output's writer (so the answers held at
+        once are bounded by the window, wherever they wait)."""
         originals: dict[int, bytes] = {}
 
         pending: deque[tuple[Payload, asyncio.Task[bytes]]] = deque()
 
         async def first_answer() -> tuple[Payload, bytes]:
+            """The oldest payload's answer; its slot is the caller's to give back."""
             done, task = pending[0]
             answer = await task
             pending.popleft()
-            window.release()
             return done, answer
 
         try:
@@ -453,7 +463,10 @@ class TransformRun:
                 # for a slot while holding them would wait for ever).
                 while pending and window.locked():
                     done, answer = await first_answer()
-                    yield self._render(plan, done, answer, originals)
+                    try:
+                        yield self._render(plan, done, answer, originals)
+                    finally:
+                        window.release()
                     counted[0] += done.count
                 await window.acquire()
                 where = _where(uri, payload)
@@ -465,7 +478,10 @@ class TransformRun:
             sent.set()
             while pending:
                 done, answer = await first_answer()
-                yield self._render(plan, done, answer, originals)
+                try:
+                    yield self._render(plan, done, answer, originals)
+                finally:
+                    window.release()
                 counted[0] += done.count
         finally:
             sent.set()
