@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +33,7 @@ from test_runtime_contract import (
     free_port,
     run_to_exit,
     runtime_argv,
+    spawn,
     stop,
     wait_ready,
 )
@@ -110,14 +110,7 @@ def start_mme(
             **env,
         }
         stderr_path = home / "runtime.log"
-        with open(stderr_path, "wb") as stderr:
-            process = subprocess.Popen(
-                runtime_argv(home / "model", port),
-                env=environ,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-            )
+        process = spawn(runtime_argv(home / "model", port), environ, stderr_path)
         runtime = MultiModelRuntime(port, process, stderr_path, home / "loads.txt")
         started.append(runtime)
         wait_ready(runtime)

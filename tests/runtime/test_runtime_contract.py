@@ -81,6 +81,14 @@ def runtime_argv(model_dir: Path, port: int, *extra: str) -> list[str]:
     return argv + ["--model-dir", str(model_dir), *extra]
 
 
+def spawn(argv: list[str], env: dict[str, str], stderr_path: Path) -> subprocess.Popen[bytes]:
+    """A runtime process started with ``env``, its stderr written to ``stderr_path``."""
+    with open(stderr_path, "wb") as stderr:
+        return subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr
+        )
+
+
 def stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.terminate()
@@ -122,14 +130,7 @@ def start_runtime(
         if key not in started:
             port = free_port()
             stderr_path = log_dir / f"{model_dir.name}-{port}.log"
-            with open(stderr_path, "wb") as stderr:
-                process = subprocess.Popen(
-                    runtime_argv(model_dir, port),
-                    env={**os.environ, **env},
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=stderr,
-                )
+            process = spawn(runtime_argv(model_dir, port), {**os.environ, **env}, stderr_path)
             started[key] = Runtime(port, process, stderr_path)
             wait_ready(started[key])
         return started[key]

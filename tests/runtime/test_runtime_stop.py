@@ -25,6 +25,7 @@ from tests.runtime.test_runtime_contract import (
     Runtime,
     free_port,
     runtime_argv,
+    spawn,
     stop,
     wait_ready,
 )
@@ -55,14 +56,8 @@ def start(tmp_path: Path) -> Iterator[Callable[..., Runtime]]:
     def start(**env: str) -> Runtime:
         port = free_port()
         stderr_path = tmp_path / f"runtime-{port}.log"
-        with open(stderr_path, "wb") as stderr:
-            process = subprocess.Popen(
-                runtime_argv(model_dir, port),
-                env={**os.environ, "STARTED_FILE": str(tmp_path / "started"), **env},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-            )
+        environ = {**os.environ, "STARTED_FILE": str(tmp_path / "started"), **env}
+        process = spawn(runtime_argv(model_dir, port), environ, stderr_path)
         runtime = Runtime(port, process, stderr_path)
         started.append(runtime)
         wait_ready(runtime)
