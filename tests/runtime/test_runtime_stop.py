@@ -1,7 +1,6 @@
 """An instance told to stop (SIGTERM): what it was answering is answered first (also an
 answer its client has not read yet, and a request the ping standby accepted while a call
-held the loop), and an idle one closes its connections and exits without waiting for its
-next tick (runtime/server.py ``_Server``).
+held the loop), and an idle one closes its connections and exits.
 
 Each test starts its own runtime process, since each stops it, and stops it by its PID
 should the test fail first.

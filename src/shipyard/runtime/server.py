@@ -21,14 +21,12 @@ streamed answer (:mod:`streaming`) that fails once begun ends with that text ins
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import functools
 import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from types import FrameType
 from typing import Any, NamedTuple
 from urllib.parse import unquote
 
@@ -538,65 +536,11 @@ def serve(app: App, sock: socket.socket, unix_sock: socket.socket | None = None)
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, starting the standby once it listens, and stopping as soon as
-    it is told to when nothing is left to finish.
-
-    uvicorn notices SIGTERM at its next tick (every 0.1 s) and then pauses 0.1 s for its
-    connections to act on the shutdown before it waits for them: 0.2 s on average for
-    an instance with nothing in flight, measured, which a transform job spends between
-    its last answer and Completed (it ends once its instances have stopped). Here the
-    signal wakes the loop at once, and an idle server closes without the pause, once
-    its answers are out; one with a request in flight, or a connection the standby
-    accepted and has not yet handed over, shuts down as uvicorn does.
-    """
+    """uvicorn's server, starting the standby once it listens."""
 
     def __init__(self, config: uvicorn.Config, standby: PingStandby | None) -> None:
         super().__init__(config)
         self.standby = standby
-        self._told: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        super().handle_exit(sig, frame)
-        if self._told is not None and self._loop is not None:
-            # A signal handler may run in the middle of one of the loop's own steps.
-            self._loop.call_soon_threadsafe(self._told.set)
-
-    async def main_loop(self) -> None:
-        """uvicorn's ticks (its date header, its request limit), woken by ``handle_exit``."""
-        self._loop = asyncio.get_running_loop()
-        self._told = asyncio.Event()
-        counter = 0
-        should_exit = await self.on_tick(counter)
-        while not should_exit:
-            counter = (counter + 1) % 864000
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(0.1):
-                    await self._told.wait()
-            should_exit = await self.on_tick(counter)
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        state = self.server_state
-        if (
-            state.tasks
-            or (self.standby is not None and self.standby.handing_over)
-            or any(not _idle(c) for c in state.connections)
-        ):
-            await super().shutdown(sockets)
-            return
-        for server in self.servers:
-            server.close()
-        for sock in sockets or []:
-            sock.close()
-        for connection in list(state.connections):
-            connection.shutdown()  # idle: its transport closes once its buffer is out
-        # An answer handed to a transport may still be in its buffer, for a client that
-        # reads slowly: the connection leaves the server's set once that is sent (as
-        # uvicorn's shutdown waits for it, with no timeout of its own either).
-        while state.connections and not self.force_exit:
-            await asyncio.sleep(0.001)
-        for server in self.servers:
-            await server.wait_closed()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -612,10 +556,3 @@ class _Server(uvicorn.Server):
             app_state=self.lifespan.state,
         )
         self.standby.start(asyncio.get_running_loop(), protocol)
-
-
-def _idle(connection: Any) -> bool:
-    """Whether a connection of uvicorn's HTTP protocol is between requests: no request
-    begun, or its answer sent (uvicorn's own test in its ``shutdown``)."""
-    cycle = connection.cycle
-    return cycle is None or cycle.response_complete

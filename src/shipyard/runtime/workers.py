@@ -149,19 +149,9 @@ class PingStandby:
     def __init__(self, sock: socket.socket, inline: Inline) -> None:
         self.sock = sock
         self.inline = inline
-        # Connections accepted and handed to the loop, and those the loop has taken on:
-        # one writer each (this thread, the loop), so neither count loses an update.
-        self._handed = 0
-        self._taken = 0
 
     def __repr__(self) -> str:
         return f"PingStandby({self.inline!r})"
-
-    @property
-    def handing_over(self) -> bool:
-        """Whether a connection it accepted is not yet among the server's (a server
-        stopping must wait for it: its client is owed an answer)."""
-        return self._handed != self._taken
 
     def start(
         self, loop: asyncio.AbstractEventLoop, protocol: Callable[[], asyncio.Protocol]
@@ -194,7 +184,6 @@ class PingStandby:
                 return
             if not self._answered_ping(conn):
                 conn.setblocking(False)
-                self._handed += 1
                 self._loop.call_soon_threadsafe(self._hand_over, conn)
 
     def _answered_ping(self, conn: socket.socket) -> bool:
@@ -231,10 +220,6 @@ class PingStandby:
         """On the loop: serve ``conn`` as if the server had accepted it."""
         task = self._loop.create_task(self._loop.connect_accepted_socket(self._protocol, conn))
         task.add_done_callback(_log_failure)
-        task.add_done_callback(self._taken_on)
-
-    def _taken_on(self, _: asyncio.Task[Any]) -> None:
-        self._taken += 1
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:
