@@ -17,8 +17,10 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from tests.conftest import wait_until
+from tests.e2e.processes import listening
 from tests.runtime.test_runtime_contract import (
     Reply,
     Runtime,
@@ -114,14 +116,6 @@ def test_an_idle_instance_told_to_stop_closes_its_kept_alive_connections_and_exi
         pass
 
 
-def refused(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), 1).close()
-    except OSError:
-        return True
-    return False
-
-
 def test_an_answer_not_yet_read_when_told_to_stop_arrives_whole(
     start: Callable[..., Runtime], tmp_path: Path
 ) -> None:
@@ -134,7 +128,7 @@ def test_an_answer_not_yet_read_when_told_to_stop_arrives_whole(
         wait_until(lambda: (tmp_path / "started").exists(), "the model began", 10)
         runtime.process.send_signal(signal.SIGTERM)
         # Stopping (its port closed) while the answer waits for this client to read it.
-        wait_until(lambda: refused(runtime.port), "the instance stopped listening", 10)
+        wait_until(lambda: not listening(runtime.process.pid), "the instance stopped listening", 10)
         client.settimeout(10)
         received = bytearray()
         while chunk := client.recv(1 << 20):
@@ -146,14 +140,7 @@ def test_an_answer_not_yet_read_when_told_to_stop_arrives_whole(
 
 
 def socket_count(pid: int) -> int:
-    fds = Path(f"/proc/{pid}/fd")
-    count = 0
-    for fd in fds.iterdir():
-        try:
-            count += os.readlink(fd).startswith("socket:")
-        except OSError:
-            pass  # closed meanwhile
-    return count
+    return len(psutil.Process(pid).net_connections(kind="tcp"))
 
 
 def test_a_request_the_ping_standby_took_while_a_call_held_the_loop_is_answered(
