@@ -431,7 +431,11 @@ def test_a_script_that_ignores_sigterm_is_killed_after_the_grace_time(
 def test_reaching_the_max_runtime_stops_the_job(
     tmp_path: Path, make_spec: Any, start_runner: Any
 ) -> None:
-    runner = start_runner(make_spec("graceful.py", max_runtime_s=2, started_at=time.time()))
+    # The runtime counts from the job's start, the runner's own start included: long
+    # enough for the script to be running when it ends, on a loaded machine too (2 s
+    # ended one during its download in a CI run).
+    runner = start_runner(make_spec("graceful.py", max_runtime_s=8, started_at=time.time()))
+    runner.wait_log("ready")
 
     final = runner.wait_final()
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from shipyard.runtime import spare
 from shipyard.runtime.spare import IMPORTS_FILE, can_become, record_imports
 
 SPARE = {"PATH": "/usr/bin", "HOME": "/run/home/_spare", "OMP_NUM_THREADS": "2"}
@@ -57,6 +58,8 @@ def test_imports_recorded_are_added_to_those_known(
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "shipyard_test_own_code", module)
+    # A test process may hold more modules than an instance's cap (see the test below).
+    monkeypatch.setattr(spare, "_MAX_MODULES", len(sys.modules) + 10)
     recorded = tmp_path / "imports"
     recorded.write_text("recorded.by.an.earlier.instance\njson\n")
     record_imports({IMPORTS_FILE: str(recorded)})
@@ -68,3 +71,18 @@ def test_imports_recorded_are_added_to_those_known(
     before = recorded.stat().st_mtime_ns
     record_imports({IMPORTS_FILE: str(recorded)})
     assert recorded.stat().st_mtime_ns == before  # nothing new: not written again
+
+
+def test_a_full_file_keeps_what_it_knows_and_is_not_written_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(spare, "_MAX_MODULES", 3)
+    recorded = tmp_path / "imports"
+    recorded.write_text("recorded.by.an.earlier.instance\n")
+    record_imports({IMPORTS_FILE: str(recorded)})
+    names = recorded.read_text().split()
+    assert len(names) == 3 and "recorded.by.an.earlier.instance" in names  # filled to the cap
+    before = recorded.stat().st_mtime_ns
+    record_imports({IMPORTS_FILE: str(recorded)})  # other modules are new, but none fit
+    assert recorded.stat().st_mtime_ns == before
+    assert recorded.read_text().split() == names

@@ -111,7 +111,7 @@ class Reconciler:
         )
         self.supervisor = InstanceSupervisor(
             provisioner=provisioner,
-            publish=self.publisher.publish,
+            publish=self._publish_current,
             metrics=metrics,
             unhealthy_restart_after_s=unhealthy_restart_after_s,
         )
@@ -123,6 +123,12 @@ class Reconciler:
 
     def __repr__(self) -> str:
         return f"Reconciler(fleets={sorted(self.fleets)})"
+
+    def _publish_current(self, fleet: Fleet) -> None:
+        """Publish ``fleet`` if it still serves its endpoint: a health check under way
+        when an update replaced it must not route the endpoint back to it."""
+        if self.fleets.get(fleet.endpoint) is fleet:
+            self.publisher.publish(fleet)
 
     # -- public -----------------------------------------------------------------------
 
@@ -344,8 +350,14 @@ class Reconciler:
         while True:
             await asyncio.sleep(self.health_check_period_s)
             for fleet in list(self.fleets.values()):
-                if fleet.endpoint in self._tasks or not self.leases.holds(fleet.endpoint):
-                    continue  # a converge step owns this fleet right now, or it is retiring
+                if (
+                    fleet.endpoint in self._tasks
+                    or self.fleets.get(fleet.endpoint) is not fleet
+                    or not self.leases.holds(fleet.endpoint)
+                ):
+                    # A converge step owns this fleet right now, has replaced it since
+                    # this pass began, or it is retiring.
+                    continue
                 try:
                     if idle := self.serverless.reap_idle(fleet):
                         self.publisher.publish(fleet)

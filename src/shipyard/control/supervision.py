@@ -64,33 +64,42 @@ class InstanceSupervisor:
                 log.warning("instance %s exited: %s", slot.spec.instance_id, reason)
                 changed |= await self.restart(fleet, slot)
                 continue
-            assert slot.instance is not None
-            busy = slot.instance.in_flight > 0
-            if await self.provisioner.ping(slot.instance, timeout_s=5.0):
-                slot.ping_failures, slot.failing_since = 0, None
-                if not slot.instance.healthy:
-                    slot.instance.healthy = True
-                    changed = True  # republish: requests queued meanwhile get a turn
-                await self._resync_models(fleet, slot)
-                continue
-            slot.instance.healthy = False
-            now = time.monotonic()
-            if slot.failing_since is None:
-                slot.failing_since = now
-            if not busy:
-                slot.ping_failures += 1
-            if (
-                slot.ping_failures >= PING_FAILURES_BEFORE_RESTART
-                or now - slot.failing_since >= self.unhealthy_restart_after_s
-            ):
-                log.warning(
-                    "instance %s failed its health checks for %.0f s; replacing it",
-                    slot.spec.instance_id,
-                    now - slot.failing_since,
-                )
-                changed |= await self.restart(fleet, slot)
+            changed |= await self._check(fleet, slot)
         if changed:
             self.publish(fleet)
+
+    async def _check(self, fleet: Fleet, slot: Slot) -> bool:
+        """Ping the slot's running instance and act on the answer; whether the fleet's
+        table changed."""
+        instance = slot.instance
+        assert instance is not None
+        busy = instance.in_flight > 0
+        answered = await self.provisioner.ping(instance, timeout_s=5.0)
+        if slot.retired or slot.instance is not instance:
+            return False  # stopped or replaced while it was pinged: not ours to judge
+        if answered:
+            slot.ping_failures, slot.failing_since = 0, None
+            back = not instance.healthy  # republish: requests queued meanwhile get a turn
+            instance.healthy = True
+            await self._resync_models(fleet, slot)
+            return back
+        instance.healthy = False
+        now = time.monotonic()
+        if slot.failing_since is None:
+            slot.failing_since = now
+        if not busy:
+            slot.ping_failures += 1
+        if (
+            slot.ping_failures < PING_FAILURES_BEFORE_RESTART
+            and now - slot.failing_since < self.unhealthy_restart_after_s
+        ):
+            return False
+        log.warning(
+            "instance %s failed its health checks for %.0f s; replacing it",
+            slot.spec.instance_id,
+            now - slot.failing_since,
+        )
+        return await self.restart(fleet, slot)
 
     async def _resync_models(self, fleet: Fleet, slot: Slot) -> None:
         """Correct the router's view of what an idle multi-model instance holds.

@@ -127,8 +127,9 @@ class Slot:
     restarts: int = 0
     restart_at: float = 0.0
     retired: bool = False
-    """Taken out of its fleet for good (a serverless instance idle or over its memory):
-    never restarted."""
+    """Taken out of its fleet for good (stopped by ``Provisioner.stop_slots`` or
+    ``drain_and_stop``: its fleet replaced or scaled in, a serverless instance idle or
+    over its memory): never restarted."""
     start_timeout_s: float | None = None
     """Its template's ``start_timeout_s``."""
 
@@ -588,6 +589,8 @@ class Provisioner:
 
     async def drain_and_stop(self, slots: Sequence[Slot]) -> None:
         """Wait for in-flight requests on ``slots`` to finish (bounded), then stop them."""
+        for slot in slots:
+            slot.retired = True  # from now on: never restarted (supervision.py)
         deadline = time.monotonic() + self.drain_timeout_s
         while time.monotonic() < deadline and any(
             s.instance is not None and s.instance.in_flight > 0 for s in slots
@@ -596,6 +599,11 @@ class Provisioner:
         await self.stop_slots(slots)
 
     async def stop_slots(self, slots: Sequence[Slot]) -> None:
+        """Stop ``slots`` for good: they are retired, so a health check that had already
+        taken one up (its fleet replaced meanwhile) leaves it stopped."""
+        for slot in slots:
+            slot.retired = True
+
         async def stop(slot: Slot) -> None:
             if slot.instance is not None:
                 slot.instance.pool.close()

@@ -196,10 +196,15 @@ def record_imports(environ: dict[str, str] | os._Environ[str]) -> None:
     path = Path(target)
     with contextlib.suppress(OSError):
         known = set(path.read_text().split()) if path.exists() else set()
+        room = _MAX_MODULES - len(known)
+        if room <= 0:
+            return  # full: what is known stays, and nothing is resolved or written
         found = _installed_modules(known)
         if not found:
             return
-        names = known | found
+        # Only what fits is added: a file cut back to the cap after the union would find
+        # the names cut as new on every start, and write the file each time.
+        names = known | set(sorted(found)[:room])
         tmp = path.with_name(f"{path.name}.{os.getpid()}")
-        tmp.write_text("\n".join(sorted(names)[:_MAX_MODULES]) + "\n")
+        tmp.write_text("\n".join(sorted(names)) + "\n")
         tmp.replace(path)
