@@ -148,8 +148,12 @@ class TransformRun:
             if not launching.done():
                 launching.cancel()  # the fleet stops what it started
             await asyncio.gather(launching, return_exceptions=True)
-            if self._fleet is not None:
-                await self.provisioner.stop_slots(self._fleet.all_slots())
+
+    async def stop(self) -> None:
+        """Stop the job's instances, once ``run`` has ended (its end is recorded first:
+        the output is whole, and an instance takes up to 0.2 s to exit)."""
+        if self._fleet is not None:
+            await self.provisioner.stop_slots(self._fleet.all_slots())
 
     # -- inputs -----------------------------------------------------------------------
 

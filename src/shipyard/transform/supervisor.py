@@ -136,6 +136,9 @@ class TransformSupervisor:
         else:
             await self._end(job.name, JobStatus.COMPLETED, None)
         finally:
+            # After the end is recorded, as SageMaker's TransformEndTime: what the job
+            # made is whole, and its instances' exit is no part of it.
+            await run.stop()
             self.wake()
 
     async def _end(self, name: str, status: JobStatus, reason: str | None) -> None:
