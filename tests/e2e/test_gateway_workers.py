@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -351,3 +352,65 @@ def test_metrics_show_every_workers_series_whichever_worker_answers(
     wait_until(lambda: not alive(workers[1]), "worker killed")
     status, _ = gw.get("/metrics")
     assert status == 200
+
+
+def test_calls_through_an_update_are_all_answered_whichever_worker_takes_them(
+    gateway_factory: Callable[..., GatewayProcess], model_tarball: Any
+) -> None:
+    """The worker that runs the endpoint replaces its fleet; the other learns the new
+    routes from the store a moment later. No call may fail in between: the old fleet
+    serves until every worker routes to the new one."""
+    gw = gateway_factory(args=["--workers", "2"])
+    _workers(gw)
+    name = unique("upd")
+    model = model_tarball("sleepy")
+    deploy(gw.sm, name, model, count=1)
+    gw.sm.create_endpoint_config(
+        EndpointConfigName=f"{name}-next",
+        ProductionVariants=[
+            {
+                "VariantName": "v1",
+                "ModelName": name,
+                "InstanceType": "ml.m5.large",
+                "InitialInstanceCount": 1,
+            }
+        ],
+    )
+    port = int(gw.url.rsplit(":", 1)[1])
+    answers: list[tuple[int, bytes, int]] = []  # status, body, pid
+    done = threading.Event()
+
+    def call_until_done() -> None:
+        while not done.is_set():
+            # A connection each: the two workers take them in turn.
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            try:
+                conn.request("POST", f"/endpoints/{name}/invocations", b"{}", JSON)
+                answer = conn.getresponse()
+                body = answer.read()
+                pid = json.loads(body)["pid"] if answer.status == 200 else 0
+                answers.append((answer.status, body, pid))
+            finally:
+                conn.close()
+
+    callers = [threading.Thread(target=call_until_done) for _ in range(2)]
+    for caller in callers:
+        caller.start()
+    try:
+        wait_until(lambda: len(answers) >= 20, "calls before the update")
+        before = {pid for _, _, pid in answers}
+        gw.sm.update_endpoint(EndpointName=name, EndpointConfigName=f"{name}-next")
+        gw.sm.get_waiter("endpoint_in_service").wait(
+            EndpointName=name, WaiterConfig={"Delay": 0.2, "MaxAttempts": 300}
+        )
+        # Served by the new fleet alone for a while, through whichever worker.
+        wait_until(
+            lambda: len([a for a in answers[-40:] if a[2] and a[2] not in before]) == 40,
+            "calls answered by the new fleet",
+        )
+    finally:
+        done.set()
+        for caller in callers:
+            caller.join(timeout=60)
+    failed = [(status, body) for status, body, _ in answers if status != 200]
+    assert not failed, f"{len(failed)} of {len(answers)} calls failed: {failed[:3]}"
