@@ -3,6 +3,7 @@ with boto3 as SageMaker users drive it."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import botocore.exceptions
+import psutil
 import pytest
 import yaml
 
@@ -514,6 +516,45 @@ def test_execution_parameters_fill_in_what_the_request_leaves_out(
     assert env["SAGEMAKER_BATCH"] == "true" and env["SAGEMAKER_EXTRA"] == "from-the-job"
     assert env["SAGEMAKER_MAX_PAYLOAD_IN_MB"] == "6"  # what the request (by default) said
     assert env["SAGEMAKER_MAX_CONCURRENT_TRANSFORMS"] == "1"
+
+
+def test_an_instance_slow_to_exit_is_stopped_after_its_job_is_recorded_completed(
+    gw: GatewayProcess, tmp_path: Path
+) -> None:
+    """A job ends once its output is whole; its instances are stopped after that, and a
+    pass over the jobs (the ended one no longer held) must not cut that stop short. The
+    model's server ignores SIGTERM (its launcher does not, and exits): it is killed once
+    its grace is over, not left running."""
+    name = unique("tfslow")
+    server = MODELS / "batch_server" / "server.py"
+    gw.sm.create_model(
+        ModelName=name,
+        PrimaryContainer={
+            "Image": f"cmd:{sys.executable} {server}",
+            "Environment": {"BATCH_SERVER_IGNORES_SIGTERM": name},
+        },
+        ExecutionRoleArn=ROLE,
+    )
+    data = tmp_path / "in"
+    write_csv(data, "a.csv", [[i] for i in range(5)])
+    transform(gw, name, name, data.as_uri(), tmp_path / "out")
+    job = wait_done(gw, name)
+    assert job["TransformJobStatus"] == "Completed", job.get("FailureReason")
+
+    def servers() -> list[int]:
+        """The model's server, wherever it was left (an orphan has no parent of ours)."""
+        found = []
+        for process in psutil.process_iter(["status"]):
+            with contextlib.suppress(psutil.Error):
+                if process.info["status"] == psutil.STATUS_ZOMBIE:
+                    continue
+                if process.environ().get("BATCH_SERVER_IGNORES_SIGTERM") == name:
+                    found.append(process.pid)
+        return found
+
+    assert servers(), "the job is recorded Completed before its instance is stopped"
+    # SIGTERM, then SIGKILL after the backend's grace (10 s).
+    wait_until(lambda: servers() == [], "the server killed after its grace", timeout_s=45)
 
 
 def test_a_concurrency_past_sagemakers_bound_runs_within_it(

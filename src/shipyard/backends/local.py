@@ -42,6 +42,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -504,11 +505,15 @@ class LocalBackend:
                 _signal_inside(process.pid, signal.SIGTERM, group=True)
             else:
                 _signal_group(process.pid, signal.SIGTERM)
-            try:
+            deadline = time.monotonic() + timeout_s
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.to_thread(process.wait), timeout_s)
-            except TimeoutError:
-                _signal_group(process.pid, signal.SIGKILL)
-                await asyncio.to_thread(process.wait)
+            # The leader may end while its group lives on (a cmd: image's server that
+            # ignores SIGTERM, under shipyard.launch's exit): it has the same time.
+            while time.monotonic() < deadline and _group_lives(process.pid):
+                await asyncio.sleep(0.05)
+            _signal_group(process.pid, signal.SIGKILL)
+            await asyncio.to_thread(process.wait)
         else:
             # The leader is gone; its session may still hold children.
             _signal_group(process.pid, signal.SIGKILL)
@@ -888,6 +893,22 @@ def _signal_inside(pid: int, sig: int, *, group: bool) -> None:
         with contextlib.suppress(OSError, psutil.Error):
             if not group or os.getpgid(process.pid) == pid:
                 process.send_signal(sig)
+
+
+def _group_lives(pgid: int) -> bool:
+    """Whether a process of the group ``pgid`` still runs. Zombies do not count: an
+    orphan's waits for a parent that may not reap it (the init of some containers does not)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for process in psutil.process_iter(["status"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if process.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(process.pid) == pgid:
+                return True
+    return False
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -91,7 +91,7 @@ class Reconciler:
             router=router,
             metrics=metrics,
             fleets=self.fleets,
-            publish=self.publisher.publish,
+            publish=self._publish_current,
             idle_s=serverless_idle_s,
             slots=serverless_slots,
         )
@@ -125,10 +125,13 @@ class Reconciler:
         return f"Reconciler(fleets={sorted(self.fleets)})"
 
     def _publish_current(self, fleet: Fleet) -> None:
-        """Publish ``fleet`` if it still serves its endpoint: a health check under way
-        when an update replaced it must not route the endpoint back to it."""
-        if self.fleets.get(fleet.endpoint) is fleet:
-            self.publisher.publish(fleet)
+        """Publish what serves ``fleet``'s endpoint now: ``fleet``, or the fleet that
+        replaced it while a health check or a memory check was under way (which must not
+        route the endpoint back to the old one, but may have changed a slot the two
+        share: an inference component's copies are handed over)."""
+        current = self.fleets.get(fleet.endpoint)
+        if current is not None:
+            self.publisher.publish(current)
 
     # -- public -----------------------------------------------------------------------
 

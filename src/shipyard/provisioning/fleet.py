@@ -580,6 +580,7 @@ class Provisioner:
         already); the others are stopped."""
         left = [s for s in slots if getattr(s.handle, "ref", None) is not None]
         for slot in left:
+            slot.retired = True  # the new holder's now: never started again here
             if slot.instance is not None:
                 slot.instance.pool.close()
             slot.handle, slot.instance = None, None

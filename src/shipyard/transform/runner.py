@@ -4,7 +4,8 @@
 Provisioner like any fleet, with ``SAGEMAKER_BATCH=true`` and the other batch variables;
 from warm spares where the backend keeps them) while it lists the input, asks one of
 them ``GET /execution-parameters``, then feeds every input object not yet finished
-through them and stops them, whatever happens.
+through them; ``TransformRun.stop`` stops them, which the supervisor calls once the
+job's end is recorded, whatever it is.
 
 Each object is streamed, never held whole: read in chunks, decompressed, split into
 records, filtered, packed into payloads and sent through a router of the job's own (the

@@ -63,6 +63,9 @@ class TransformSupervisor:
         self.poll_period_s = poll_period_s
         self._wake = Wakeup()
         self._runs: dict[str, asyncio.Task[None]] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+        """Ended runs stopping their instances: no longer the job's (its lease may go),
+        so no pass cancels them; the supervisor's end waits for them."""
 
     def __repr__(self) -> str:
         return f"TransformSupervisor(running={sorted(self._runs)})"
@@ -86,6 +89,7 @@ class TransformSupervisor:
                 task.cancel()
             # Their instances stop as they unwind; the jobs stay InProgress and resume.
             await asyncio.gather(*runs, return_exceptions=True)
+            await asyncio.gather(*self._stopping, return_exceptions=True)
 
     async def step(self) -> None:
         jobs = await asyncio.to_thread(self.store.list, active_only=True)
@@ -136,10 +140,19 @@ class TransformSupervisor:
         else:
             await self._end(job.name, JobStatus.COMPLETED, None)
         finally:
-            # After the end is recorded, as SageMaker's TransformEndTime: what the job
-            # made is whole, and its instances' exit is no part of it.
-            await run.stop()
+            self._stop_instances(run)
             self.wake()
+
+    def _stop_instances(self, run: TransformRun) -> None:
+        """Stop ``run``'s instances once its end is recorded (as SageMaker's
+        TransformEndTime: what the job made is whole; their exit is no part of it), in a
+        task of its own: the ended job is no longer active, so the next pass lets its
+        lease go and would cancel its run mid-stop, leaving an instance that is slow to
+        exit running."""
+        task = asyncio.create_task(run.stop(), name=f"transform-stop-{run.job.name}")
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+        task.add_done_callback(_log_failure)
 
     async def _end(self, name: str, status: JobStatus, reason: str | None) -> None:
         await self._change(
@@ -157,3 +170,8 @@ class TransformSupervisor:
             await asyncio.to_thread(self.store.change, name, **changes)  # type: ignore[arg-type]
         except ShipyardError as exc:
             log.info("transform job %s changed meanwhile: %s", name, exc)
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("stopping the instances of %s failed", task.get_name(), exc_info=task.exception())

@@ -1,9 +1,11 @@
 """A user's own container-contract server for batch transform: it asks for its batch
 settings at GET /execution-parameters, and answers each line of a request with what it
-knows: the request's line count and the SAGEMAKER_* batch variables it was started with."""
+knows: the request's line count and the SAGEMAKER_* batch variables it was started with.
+With BATCH_SERVER_IGNORES_SIGTERM set it ignores SIGTERM: only SIGKILL stops it."""
 
 import json
 import os
+import signal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PARAMETERS = {"MaxConcurrentTransforms": 2, "BatchStrategy": "MultiRecord", "MaxPayloadInMB": 1}
@@ -38,6 +40,8 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
+if os.environ.get("BATCH_SERVER_IGNORES_SIGTERM"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 ThreadingHTTPServer(
     ("127.0.0.1", int(os.environ["SAGEMAKER_BIND_TO_PORT"])), Handler
 ).serve_forever()
