@@ -144,6 +144,9 @@ def test_a_transform_job_starts_on_a_spare_unless_it_sets_an_import_time_variabl
     warm = answer(GREETING="hi")
     assert warm["pid"] == spare.pid and warm["preloaded"] is True
     assert warm["greeting"] == "hi"
+    # The job's instances are stopped after its end is recorded; until that one has
+    # exited it still looks like a spare (its command line, no TCP port).
+    spare.wait(timeout=30)
 
     # A variable libraries read when imported cannot be taken on: that job starts fresh
     # and the spare keeps waiting.
