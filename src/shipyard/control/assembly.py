@@ -45,6 +45,9 @@ def build(
         home=settings.home,
         start_timeout_s=settings.instance_start_timeout_s,
         drain_timeout_s=settings.drain_timeout_s,
+        # Gateways sharing the store read routes every routes_refresh_s: a few rounds,
+        # for one whose loop is busy.
+        hand_over_s=4 * settings.routes_refresh_s,
         s3_endpoint_url=settings.s3_endpoint_url,
         serverless_slots=settings.serverless_slots_per_instance,
         worker=settings.worker,

@@ -214,6 +214,7 @@ class Provisioner:
         home: Path,
         start_timeout_s: float,
         drain_timeout_s: float,
+        hand_over_s: float = 0.0,
         s3_endpoint_url: str | None = None,
         serverless_slots: int = 1,
         worker: int | None = None,
@@ -229,6 +230,10 @@ class Provisioner:
         self.serverless_slots = serverless_slots
         self.start_timeout_s = start_timeout_s
         self.drain_timeout_s = drain_timeout_s
+        self.hand_over_s = hand_over_s
+        """How long an instance taken out of this gateway's routing table keeps serving
+        before it is stopped: other gateways sharing the store route to it until they
+        read the new routes."""
         self._ids = itertools.count(1)
         # Workers on one home (cli/workers.py) never name two instances alike: logs and
         # scratch folders are named by the id, and a taken-over fleet starts again at 1.
@@ -589,9 +594,14 @@ class Provisioner:
         await self.stop_slots([s for s in slots if s not in left])
 
     async def drain_and_stop(self, slots: Sequence[Slot]) -> None:
-        """Wait for in-flight requests on ``slots`` to finish (bounded), then stop them."""
+        """Stop ``slots``, out of this gateway's routing table already, once no gateway
+        can send them more: after ``hand_over_s`` (the other gateways read the new
+        routes meanwhile) and once their requests in flight here are answered (bounded);
+        the instance's own shutdown answers what other gateways sent before it."""
         for slot in slots:
             slot.retired = True  # from now on: never restarted (supervision.py)
+        if self.hand_over_s > 0 and any(s.instance is not None for s in slots):
+            await asyncio.sleep(self.hand_over_s)
         deadline = time.monotonic() + self.drain_timeout_s
         while time.monotonic() < deadline and any(
             s.instance is not None and s.instance.in_flight > 0 for s in slots
