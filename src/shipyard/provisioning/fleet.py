@@ -597,17 +597,22 @@ class Provisioner:
         """Stop ``slots``, out of this gateway's routing table already, once no gateway
         can send them more: after ``hand_over_s`` (the other gateways read the new
         routes meanwhile) and once their requests in flight here are answered (bounded);
-        the instance's own shutdown answers what other gateways sent before it."""
+        the instance's own shutdown answers what other gateways sent before it.
+
+        Cancelled while it waits (the gateway stopping), it still stops them: they are
+        in no fleet any more, so nothing else would."""
         for slot in slots:
             slot.retired = True  # from now on: never restarted (supervision.py)
-        if self.hand_over_s > 0 and any(s.instance is not None for s in slots):
-            await asyncio.sleep(self.hand_over_s)
-        deadline = time.monotonic() + self.drain_timeout_s
-        while time.monotonic() < deadline and any(
-            s.instance is not None and s.instance.in_flight > 0 for s in slots
-        ):
-            await asyncio.sleep(0.05)
-        await self.stop_slots(slots)
+        try:
+            if self.hand_over_s > 0 and any(s.instance is not None for s in slots):
+                await asyncio.sleep(self.hand_over_s)
+            deadline = time.monotonic() + self.drain_timeout_s
+            while time.monotonic() < deadline and any(
+                s.instance is not None and s.instance.in_flight > 0 for s in slots
+            ):
+                await asyncio.sleep(0.05)
+        finally:
+            await self.stop_slots(slots)
 
     async def stop_slots(self, slots: Sequence[Slot]) -> None:
         """Stop ``slots`` for good: they are retired, so a health check that had already
