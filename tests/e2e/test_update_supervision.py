@@ -11,8 +11,6 @@ run at the moment it would race: after the update, on the fleet it replaced.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from shipyard.app import create_app
@@ -20,14 +18,7 @@ from shipyard.demo import DEMO_NAME, deploy_demo
 from shipyard.gateway.actions import endpoint_configs
 from shipyard.records import EndpointStatus
 from shipyard.settings import Settings
-
-
-async def _until(condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
+from tests.conftest import wait_until_async
 
 
 async def _update_then_supervise_the_old_fleet(home: Path) -> None:
@@ -41,7 +32,9 @@ async def _update_then_supervise_the_old_fleet(home: Path) -> None:
             def status() -> EndpointStatus:
                 return store.get_endpoint(DEMO_NAME).status
 
-            await _until(lambda: status() == EndpointStatus.IN_SERVICE, "the endpoint")
+            await wait_until_async(
+                lambda: status() == EndpointStatus.IN_SERVICE, "the endpoint", timeout_s=60
+            )
             old = reconciler.fleets[DEMO_NAME]
             endpoint_configs.create_endpoint_config(
                 gateway.service,
@@ -58,12 +51,13 @@ async def _update_then_supervise_the_old_fleet(home: Path) -> None:
                 },
             )
             gateway.service.update_endpoint(DEMO_NAME, "demo-next")
-            await _until(
+            await wait_until_async(
                 lambda: (
                     status() == EndpointStatus.IN_SERVICE
                     and all(slot.handle is None for slot in old.all_slots())
                 ),
                 "the update, its old fleet drained and stopped",
+                timeout_s=60,
             )
             new = reconciler.fleets[DEMO_NAME]
             assert new is not old

@@ -149,10 +149,9 @@ class TransformSupervisor:
         task of its own: the ended job is no longer active, so the next pass lets its
         lease go and would cancel its run mid-stop, leaving an instance that is slow to
         exit running."""
-        task = asyncio.create_task(run.stop(), name=f"transform-stop-{run.job.name}")
+        task = asyncio.create_task(_stop(run), name=f"transform-stop-{run.job.name}")
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
-        task.add_done_callback(_log_failure)
 
     async def _end(self, name: str, status: JobStatus, reason: str | None) -> None:
         await self._change(
@@ -172,6 +171,8 @@ class TransformSupervisor:
             log.info("transform job %s changed meanwhile: %s", name, exc)
 
 
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("stopping the instances of %s failed", task.get_name(), exc_info=task.exception())
+async def _stop(run: TransformRun) -> None:
+    try:
+        await run.stop()
+    except Exception:
+        log.exception("stopping the instances of transform job %s failed", run.job.name)
