@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -197,6 +200,38 @@ def test_an_event_without_topics_is_settled_at_once(
     log.record(make_event("k", time=clock()))
     assert once(dispatcher_factory()) == 1
     assert log.pending_count() == 0 and log.deliveries("k") == []
+
+
+_DISPATCH_TO_NOBODY = """
+import asyncio, sys
+from shipyard.events.dispatcher import Dispatcher
+from shipyard.events.notify import Notifier
+from shipyard.events.topics import Topics
+from shipyard.storage.events import EventLog
+from shipyard.storage.metadata import MetadataStore
+from tests.events.conftest import make_event
+
+store = MetadataStore(sys.argv[1])
+store.migrate()
+log = EventLog(store.engine)
+log.record(make_event("k"))
+log.record(make_event("unknown", topics=("nope",)))
+dispatcher = Dispatcher(log=log, topics=Topics({}), notifier=Notifier())
+assert asyncio.run(dispatcher.dispatch_once()) == 2
+assert log.pending_count() == 0
+print("apprise" in sys.modules)
+"""
+
+
+def test_a_gateway_whose_events_go_to_nobody_never_imports_apprise(tmp_path: Path) -> None:
+    """apprise and its plugins cost a fifth to half a second of CPU to import: paid by
+    the first delivery, not by the first event (a job's first state change, beside it)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _DISPATCH_TO_NOBODY, f"sqlite:///{tmp_path / 'meta.db'}"],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
 
 
 def test_an_sns_arn_target_reaches_the_topic_by_webhook_and_email(
