@@ -162,3 +162,17 @@ def test_every_answer_carries_the_date_as_uvicorn_s_do(wire: Runtime) -> None:
         answers, _ = read_answers(sock, 2)
     assert all(a.header("date") for a in answers)
     assert all(a.header("server") is None for a in answers)
+
+
+def test_a_body_in_pieces_that_the_app_takes_reaches_it_whole(wire: Runtime) -> None:
+    """A request asking for a stream is the ASGI app's, not the protocol's: the body the
+    protocol gathered while it arrived is what the app receives."""
+    body = b"0123456789" * 1000
+    message = invocation(body, "X-Shipyard-Response-Stream: true")
+    with connect(wire) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for start in range(0, len(message), 4000):
+            sock.sendall(message[start : start + 4000])
+            time.sleep(0.01)  # shapes the input into separate reads; nothing waits on it
+        answers, _ = read_answers(sock, 1)
+    assert (answers[0].status, answers[0].body) == (200, b"echo:" + body)
