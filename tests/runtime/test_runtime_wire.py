@@ -88,6 +88,14 @@ def connect(runtime: Runtime) -> socket.socket:
     return socket.create_connection(("127.0.0.1", runtime.port), timeout=10)
 
 
+def send_in_pieces(sock: socket.socket, message: bytes) -> None:
+    """``message`` in writes of 4,000 bytes, apart, so that the runtime reads it in pieces."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for start in range(0, len(message), 4000):
+        sock.sendall(message[start : start + 4000])
+        time.sleep(0.01)  # shapes the input into separate reads; nothing waits on it
+
+
 def test_pipelined_requests_are_answered_in_order(wire: Runtime) -> None:
     with connect(wire) as sock:
         sock.sendall(
@@ -110,10 +118,7 @@ def test_pipelined_requests_are_answered_in_order(wire: Runtime) -> None:
 def test_a_body_that_arrives_in_pieces_is_answered_once_whole(wire: Runtime) -> None:
     message = invocation(b"0123456789" * 1000)
     with connect(wire) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for start in range(0, len(message), 4000):
-            sock.sendall(message[start : start + 4000])
-            time.sleep(0.01)  # shapes the input into separate reads; nothing waits on it
+        send_in_pieces(sock, message)
         answers, _ = read_answers(sock, 1)
         assert answers[0].body == b"echo:" + b"0123456789" * 1000
         sock.sendall(invocation(b"again"))  # the connection is kept
@@ -170,9 +175,6 @@ def test_a_body_in_pieces_that_the_app_takes_reaches_it_whole(wire: Runtime) -> 
     body = b"0123456789" * 1000
     message = invocation(body, "X-Shipyard-Response-Stream: true")
     with connect(wire) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for start in range(0, len(message), 4000):
-            sock.sendall(message[start : start + 4000])
-            time.sleep(0.01)  # shapes the input into separate reads; nothing waits on it
+        send_in_pieces(sock, message)
         answers, _ = read_answers(sock, 1)
     assert (answers[0].status, answers[0].body) == (200, b"echo:" + body)
