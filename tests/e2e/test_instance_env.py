@@ -73,7 +73,7 @@ def test_an_instance_gets_its_own_variables_not_the_gateways(
     # glibc keeps large buffers in its heap...
     assert env["OPENBLAS_THREAD_TIMEOUT"] == "4"
     assert env["MALLOC_MMAP_THRESHOLD_"] == "33554432"
-    assert env["MALLOC_TRIM_THRESHOLD_"] == "67108864"
+    assert env["MALLOC_TRIM_THRESHOLD_"] == "33554432"
     # ... unless the model says otherwise.
     spins = unique("envspin")
     own = {"OPENBLAS_THREAD_TIMEOUT": "28", "MALLOC_TRIM_THRESHOLD_": "131072"}

@@ -73,7 +73,7 @@ def test_the_base_keeps_a_few_plain_variables_and_nothing_else(tmp_path: Path) -
         "PYTHONUNBUFFERED": "1",
         "OPENBLAS_THREAD_TIMEOUT": "4",
         "MALLOC_MMAP_THRESHOLD_": "33554432",
-        "MALLOC_TRIM_THRESHOLD_": "67108864",
+        "MALLOC_TRIM_THRESHOLD_": "33554432",
     }
     s3 = {"AWS_ACCESS_KEY_ID": "AKID", "SHIPYARD_S3_ENDPOINT_URL": "http://s3"}
     assert process_environment(gateway, home=tmp_path, s3=s3).items() >= s3.items()

@@ -23,18 +23,20 @@ process gets only:
   128x128 matrices took 1.1-1.2x as long in most paired runs here (2x in one), 200x200
   the same. A model that wants the spinning back sets ``OPENBLAS_THREAD_TIMEOUT`` in its
   ``Environment``;
-- ``MALLOC_MMAP_THRESHOLD_=33554432`` and ``MALLOC_TRIM_THRESHOLD_=67108864``, so that
-  glibc serves buffers under 32 MiB from its heap and keeps up to 64 MiB of it free
+- ``MALLOC_MMAP_THRESHOLD_=33554432`` and ``MALLOC_TRIM_THRESHOLD_=33554432``, so that
+  glibc serves buffers under 32 MiB from its heap and keeps up to 32 MiB of it free
   between requests. By default it maps a large buffer afresh and unmaps it when freed
-  (or trims the heap past twice the buffer's size), and an invocation with a 6 MB body
-  makes several (the body, the model's copies of it, its arrays), each faulted in again
-  page by page. A one-instance transform job of 32 such payloads took 3,400-4,400 page
-  faults a payload in its instance, 400-600 with these, and its gaps between payloads
-  shrank (bench/results/transform_throughput.md). The price is up to 64 MiB more
-  resident after a large request, no more than its peak; a multi-model instance still
-  trims its heap when it unloads a model. A model that wants glibc's defaults sets
-  either variable in its ``Environment`` on a gateway without ``auth:`` (with it,
-  ``MALLOC_*`` are loader variables no caller may set: host_access.py);
+  (or trims the heap past twice the largest buffer's size), and an invocation with a
+  6 MB body makes several (the body, the model's copies of it, its arrays), each faulted
+  in again page by page. A one-instance transform job of 32 such payloads took 3,400-4,400
+  page faults a payload in its instance, 400-600 with these, and its gaps between
+  payloads shrank (bench/results/transform_throughput.md). The price: up to 32 MiB more
+  resident after a large request, per thread that allocated (glibc's arenas: an instance
+  with handler threads keeps that much for each); a multi-model instance trims its heap
+  around each load, so a model's measured size is still its own, and when it unloads
+  one. Setting either variable turns glibc's own adjustment of both off, so a model's
+  ``Environment`` can change them (on a gateway without ``auth:``; with it, ``MALLOC_*``
+  are loader variables no caller may set: host_access.py) but not restore that;
 - S3 access only when it reads or writes ``s3://`` itself (a multi-model instance with an
   ``s3://`` prefix, a job that names an ``s3://`` location): the analogue of SageMaker's
   execution role. Then it gets the credentials the gateway itself resolved at start, as
@@ -60,10 +62,8 @@ _PLAIN = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH")
 _IDLE_THREADS_SLEEP = {"OPENBLAS_THREAD_TIMEOUT": "4"}
 """OpenBLAS's threads wait 2**4 cycles, its least, for the next call before they sleep
 (the default is 2**28, about 0.1 s): see the module."""
-_LARGE_BUFFERS_KEPT = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "67108864"}
-"""glibc's heap serves buffers under 32 MiB and keeps 64 MiB free: see the module. (The
-mmap threshold's ceiling is 32 MiB on 64-bit; setting either turns glibc's own
-adjustment of both off.)"""
+_LARGE_BUFFERS_KEPT = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "33554432"}
+"""glibc's heap serves buffers under 32 MiB and keeps 32 MiB free: see the module."""
 
 
 def process_environment(

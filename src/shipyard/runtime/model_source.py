@@ -129,6 +129,7 @@ class HandlersSource:
                 started_s = time.perf_counter()
                 loaded = _load_isolated(model_dir, self._program, self._code_dir)
                 load_s = time.perf_counter() - started_s
+                release_memory()  # and after: what the load freed is not the model's
                 memory_bytes = max(rss_bytes() - before_bytes, 0)
         except Exception as exc:
             log.exception("model %s failed to load from %s", name, url)
