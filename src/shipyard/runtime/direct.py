@@ -86,23 +86,23 @@ class DirectProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._waiting: Any = None
-        """The cycle of an invocation whose body is still arriving."""
-        self._body = io.BytesIO()
-        """Its body so far. ``getvalue`` hands over the buffer itself (CPython shares it
-        when nothing else holds it), where growing uvicorn's ``bytearray`` and taking
-        ``bytes`` of it copied every body once more (a fresh 6 MB buffer costs 1,500 page
-        faults); and small pieces cost no more than their bytes, as in the bytearray."""
+        self._waiting: tuple[Any, io.BytesIO] | None = None
+        """The cycle of an invocation whose body is still arriving, and its body so far.
+        ``getvalue`` hands over the buffer itself (CPython shares it when nothing else
+        holds it), where growing uvicorn's ``bytearray`` and taking ``bytes`` of it
+        copied every body once more (a fresh 6 MB buffer costs 1,500 page faults); and
+        small pieces cost no more than their bytes, as in the bytearray."""
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         # app is not self.app for uvicorn's stand-in (limit_concurrency).
         if app is self.app and _invocation(cycle):
             if cycle.more_body:
-                self._waiting = cycle  # answered once its body is whole
-                self._body = io.BytesIO()
-                # A pipelined request started as the one before it completed: what of
-                # its body arrived meanwhile went to uvicorn's cycle.
-                self._body.write(cycle.body)
+                buffer = io.BytesIO()
+                if cycle.body:
+                    # A pipelined request started as the one before it completed: what
+                    # of its body arrived meanwhile went to uvicorn's cycle.
+                    buffer.write(cycle.body)
+                self._waiting = (cycle, buffer)  # answered once its body is whole
             else:
                 # A pipelined request, its body already read, started as the one before
                 # it completed: answered on the loop's next turn, as uvicorn starts its
@@ -118,20 +118,19 @@ class DirectProtocol(HttpToolsProtocol):
         else:
             # Read whole before the answer, as the app reads it: uvicorn's own on_body
             # would pause reading past a high-water mark until the app's receive.
-            self._body.write(body)
+            waiting[1].write(body)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        cycle, self._waiting = self._waiting, None
-        if cycle is not None:
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            cycle, buffer = waiting
             # bytes, as uvicorn's receive hands on, should the app take the request.
-            cycle.body = self._body.getvalue()
-            self._body = io.BytesIO()
+            cycle.body = buffer.getvalue()
             self._answer_or_start(cycle)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._waiting = None
-        self._body = io.BytesIO()
         super().connection_lost(exc)
 
     def _answer_or_start(self, cycle: Any) -> None:
