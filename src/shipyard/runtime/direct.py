@@ -100,8 +100,10 @@ class DirectProtocol(HttpToolsProtocol):
                 buffer = io.BytesIO()
                 if cycle.body:
                     # A pipelined request started as the one before it completed: what
-                    # of its body arrived meanwhile went to uvicorn's cycle.
+                    # of its body arrived meanwhile went to uvicorn's cycle (moved, not
+                    # held twice).
                     buffer.write(cycle.body)
+                    cycle.body = bytearray()
                 self._waiting = (cycle, buffer)  # answered once its body is whole
             else:
                 # A pipelined request, its body already read, started as the one before
@@ -142,10 +144,11 @@ class DirectProtocol(HttpToolsProtocol):
             # backpressure), where answering here would pile them up in the buffer.
             super()._start_asgi_task(cycle, self.app)
             return
+        body = bytes(cycle.body)
         try:
             # In a context of its own, as the task of an ASGI request would be.
             outcome = contextvars.copy_context().run(
-                self.answers.answer_now, cycle.scope["headers"], bytes(cycle.body)
+                self.answers.answer_now, cycle.scope["headers"], body
             )
         except BaseException:
             # What uvicorn's task does with an app's exception: log it, answer 500.
@@ -155,7 +158,11 @@ class DirectProtocol(HttpToolsProtocol):
             return
         if outcome is None:
             super()._start_asgi_task(cycle, self.app)
-        elif isinstance(outcome, Answer):
+            return
+        # Answered: the cycle, which the connection keeps until its next request, need
+        # not keep the body too (uvicorn's receive lets it go once read).
+        cycle.body = b""
+        if isinstance(outcome, Answer):
             _write(self, cycle, outcome)
         else:
             super()._start_asgi_task(cycle, outcome)  # type: ignore[arg-type]
