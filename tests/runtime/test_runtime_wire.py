@@ -115,24 +115,6 @@ def test_pipelined_requests_are_answered_in_order(wire: Runtime) -> None:
     assert answers[0].header("content-type") == "text/plain"
 
 
-def test_a_pipelined_invocation_keeps_the_body_that_came_before_it_started(
-    wire: Runtime,
-) -> None:
-    """An invocation behind a request the ASGI app answers waits in uvicorn's queue, and
-    what of its body comes meanwhile goes to uvicorn's cycle; the rest comes after it
-    started. Both halves reach the handler."""
-    body = b"A" * 3000 + b"B" * 3000
-    message = invocation(body)
-    half = message.index(b"\r\n\r\n") + 4 + 3000
-    with connect(wire) as sock:
-        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: test\r\n\r\n" + message[:half])
-        [ping], _ = read_answers(sock, 1)  # answered: the invocation has started
-        sock.sendall(message[half:])
-        [answer], rest = read_answers(sock, 1)
-    assert ping.status == 200 and rest == b""
-    assert (answer.status, answer.body) == (200, b"echo:" + body)
-
-
 def test_a_body_that_arrives_in_pieces_is_answered_once_whole(wire: Runtime) -> None:
     message = invocation(b"0123456789" * 1000)
     with connect(wire) as sock:
