@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from tests.conftest import GatewayProcess, unique, wait_in_service, wait_until
 from tests.e2e.processes import listening
@@ -37,6 +38,13 @@ def one_spare(gw: GatewayProcess) -> psutil.Process:
 
     wait_until(check, "one spare waiting")
     return found[0]
+
+
+def group_nice(autogroup: str) -> int:
+    """The nice value in a ``/proc/PID/autogroup`` line (``/autogroup-7 nice 19``)."""
+    name, word, nice = autogroup.split()
+    assert word == "nice", autogroup
+    return int(nice)
 
 
 def cold_invoke(gw: GatewayProcess, name: str) -> dict[str, Any]:
@@ -91,6 +99,43 @@ def test_a_cold_start_takes_a_spare_that_preloaded_what_the_model_imports(
     assert waiting.pid != spare.pid
     gw.stop()
     wait_until(lambda: gone(waiting.pid) and gone(warm["pid"]), "spare and instance ended")
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self/autogroup").exists(), reason="the kernel has no autogroups"
+)
+def test_a_waiting_spare_takes_only_idle_cpu_and_the_instance_it_becomes_its_full_share(
+    gateway_factory: Callable[..., GatewayProcess], model_tarball: Callable[[str], str]
+) -> None:
+    gw = gateway_factory(
+        extra_env={"SHIPYARD_SERVERLESS_IDLE_S": "0.5", "SHIPYARD_WARM_SPARES": "1"}
+    )
+    name = unique("share")
+    gw.sm.create_model(
+        ModelName=name,
+        PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": model_tarball("preloaded")},
+        ExecutionRoleArn="arn:aws:iam::123456789012:role/x",
+    )
+    gw.sm.create_endpoint_config(
+        EndpointConfigName=name, ProductionVariants=serverless_variant(name)
+    )
+    gw.sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
+    wait_in_service(gw.sm, name)
+
+    # A spare waits in a scheduling group of its own at the lowest priority
+    # (runtime/spare.py), apart from the gateway's.
+    cold_invoke(gw, name)
+    spare = one_spare(gw)
+    group = Path(f"/proc/{spare.pid}/autogroup")
+    wait_until(lambda: group_nice(group.read_text()) == 19, "the spare's group at nice 19")
+    waiting = group.read_text()
+    assert waiting.split()[0] != Path(f"/proc/{gw.process.pid}/autogroup").read_text().split()[0]
+
+    # The instance it becomes serves at the usual priority, in that same group.
+    warm = cold_invoke(gw, name)
+    assert warm["pid"] == spare.pid and warm["preloaded"] is True
+    assert warm["autogroup"].split()[0] == waiting.split()[0]
+    assert group_nice(warm["autogroup"]) == 0
 
 
 def test_no_spares_when_turned_off(

@@ -86,3 +86,38 @@ def test_a_full_file_keeps_what_it_knows_and_is_not_written_again(
     record_imports({IMPORTS_FILE: str(recorded)})  # other modules are new, but none fit
     assert recorded.stat().st_mtime_ns == before
     assert recorded.read_text().split() == names
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self/autogroup").exists(), reason="the kernel has no autogroups"
+)
+def test_a_spare_given_work_while_it_imports_takes_its_full_share_back_before_the_rest() -> None:
+    # A spare in a session of its own lowers its group's priority; work on its stdin
+    # between two imports brings it back at once, not once every import is done.
+    code = (
+        "import sys, time\n"
+        "from shipyard.runtime.spare import _CpuShare\n"
+        "def nice(): return open('/proc/self/autogroup').read().split()[-1]\n"
+        "share = _CpuShare()\n"
+        "print(share.lowered, nice(), flush=True)\n"
+        "deadline = time.monotonic() + 30\n"
+        "while share.lowered and time.monotonic() < deadline:\n"
+        "    share.restore_if_asked()\n"
+        "    time.sleep(0.01)\n"
+        "print(share.lowered, nice(), flush=True)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().split() == [b"True", b"19"]
+        child.stdin.write(b'{"argv": []}\n')
+        child.stdin.flush()
+        assert child.stdout.readline().split() == [b"False", b"0"]
+    finally:
+        child.kill()
+        child.wait()

@@ -470,6 +470,7 @@ class LocalBackend:
                 return
             finally:
                 theirs.close()
+            spare.lower_share(process.pid)
             self._spares.append(_Spare(process, channel))
 
     def close(self) -> None:

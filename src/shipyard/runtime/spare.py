@@ -32,7 +32,8 @@ import os
 import select
 import socket
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from shipyard import heap
@@ -65,8 +66,9 @@ def can_become(spare_environ: Mapping[str, str], environ: Mapping[str, str]) -> 
     return all(spare_environ.get(name) == environ.get(name) for name in names)
 
 
-def preload(path: Path | None) -> None:
+def preload(path: Path | None, before_each: Callable[[], None] | None = None) -> None:
     """Import every module listed in ``path``; ones that fail to import are skipped.
+    ``before_each`` is called before each import.
 
     Then what they made is collected and frozen (:func:`heap.settle`), as the instance
     does once its model is loaded: done here, while the spare waits, that collection
@@ -77,6 +79,8 @@ def preload(path: Path | None) -> None:
         return
     with contextlib.suppress(OSError):
         for name in path.read_text().split():
+            if before_each is not None:
+                before_each()
             with contextlib.suppress(Exception):
                 importlib.import_module(name)
     heap.settle()
@@ -90,13 +94,15 @@ def wait_for_work(preload_file: Path | None = None) -> list[str]:
     added to the file since: the first instance of a model records its imports only once
     its model is loaded, which may be after this spare started.
     """
+    share = _CpuShare()
     seen = _mtime(preload_file)
-    preload(preload_file)
+    preload(preload_file, share.restore_if_asked)
     while not select.select([sys.stdin], [], [], _LOOK_AGAIN_S)[0]:
         seen = _preload_if_changed(preload_file, seen)
     line, fds = _read_work()
     if not line:
         raise SystemExit(0)  # the backend closed the pipe: not needed after all
+    share.restore()
     _preload_if_changed(preload_file, seen)
     work = json.loads(line)
     os.chdir(work["cwd"])
@@ -106,12 +112,92 @@ def wait_for_work(preload_file: Path | None = None) -> list[str]:
         if entry and entry not in sys.path:
             sys.path.insert(0, entry)
     _redirect(work.get("log"))
+    if share.lowered:
+        print("shipyard: the instance kept its spare's low CPU priority", file=sys.stderr)
     argv = list(work["argv"])
     if fds:
         argv += ["--unix-socket-fd", str(fds[0])]
     for extra in fds[1:]:
         os.close(extra)
     return argv
+
+
+class _CpuShare:
+    """A waiting spare's share of the CPU: the least, until it is given work.
+
+    A spare imports for a second or more of CPU, often just after an instance took the
+    spare before it, beside that instance's work. It runs at the lowest priority until
+    then, so that it takes only CPU nobody else wants, and at the usual one once it is
+    an instance.
+
+    The priority is the nice value of the spare's autogroup (sched(7)): the backend starts
+    each spare in a session of its own and lowers its group's priority at once
+    (:func:`lower_share`), and the kernel shares the CPU between sessions by their
+    groups' nice values. Unlike a process's own nice value, or ``SCHED_IDLE``, a group's
+    nice value may be set back to 0 without ``CAP_SYS_NICE``. Where the kernel has no
+    autogroups (or they are turned off, or the process is in a CPU cgroup other than the
+    root), the spare runs at the usual priority throughout.
+    """
+
+    def __init__(self) -> None:
+        # A group shared with other processes (no session of its own) is not ours to
+        # change; the backend's change may not have been taken (see _set_group_nice).
+        self.lowered = os.getsid(0) == os.getpid() and (
+            _group_nice("self") == _WAITING_NICE
+            or _set_group_nice("self", _WAITING_NICE, _PATIENCE_S)
+        )
+
+    def restore(self) -> None:
+        if self.lowered:
+            self.lowered = not _set_group_nice("self", 0, _PATIENCE_S)
+
+    def restore_if_asked(self) -> None:
+        """Restore the share if work has come while the spare still imports: the rest of
+        its imports are then the instance's start."""
+        if self.lowered and select.select([sys.stdin], [], [], 0)[0]:
+            self.restore()
+
+
+_WAITING_NICE = 19
+_PATIENCE_S = 1.0
+"""How long a spare retries a change of its group's nice value: the kernel takes one
+change a tenth of a second from processes without ``CAP_SYS_ADMIN`` and refuses the
+others (``EAGAIN``)."""
+
+
+def lower_share(pid: int) -> None:
+    """Put the spare just started as ``pid`` (in a session of its own) at the lowest CPU
+    priority, if the kernel takes the change now; the spare lowers itself otherwise."""
+    _set_group_nice(str(pid), _WAITING_NICE, 0.0)
+
+
+def _group_nice(pid: str) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _set_group_nice(pid: str, value: int, patience_s: float) -> bool:
+    """Set the nice value of the autogroup of ``pid`` (``self`` or a number); whether it
+    was set."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            fd = os.open(f"/proc/{pid}/autogroup", os.O_WRONLY)
+        except OSError:
+            return False  # no autogroups in this kernel, or the process is gone
+        try:
+            os.write(fd, str(value).encode())
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        time.sleep(0.01)
 
 
 def _read_work() -> tuple[bytes, list[int]]:

@@ -1,6 +1,7 @@
 """Says whether a library it imports was already imported when this file was loaded
 (a warm spare preloads what earlier instances imported), with its process, working
-folder and the GREETING of its Environment; it prints a line to its log as it loads,
+folder, scheduling group (``/proc/self/autogroup``; null where the kernel has none) and
+the GREETING of its Environment; it prints a line to its log as it loads,
 and takes LOAD_S seconds (default 0) to load."""
 
 import json
@@ -19,8 +20,17 @@ def model_fn(model_dir):
     return None
 
 
+def _autogroup():
+    try:
+        with open("/proc/self/autogroup") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
 def transform_fn(model, body, content_type, accept):
     answer = {
+        "autogroup": _autogroup(),
         "preloaded": PRELOADED,
         "pid": os.getpid(),
         "cwd": os.getcwd(),
