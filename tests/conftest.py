@@ -28,6 +28,7 @@ import psutil
 import pytest
 from moto.server import ThreadedMotoServer
 
+from shipyard import autogroup
 from tests.scheduling import pytest_collection_modifyitems  # noqa: F401  (a hook)
 
 MODELS = Path(__file__).parent / "models"
@@ -531,3 +532,15 @@ def smtp() -> Iterator[Any]:
     listener = SmtpListener()
     yield listener
     listener.close()
+
+
+def _autogroups_settable() -> bool:
+    """Whether this kernel lets a process set its autogroup's nice value (not only shows
+    it): set to what it is."""
+    now = autogroup.nice()
+    return now is not None and autogroup.set_nice("self", now, 1.0)
+
+
+needs_autogroups = pytest.mark.skipif(
+    not _autogroups_settable(), reason="the kernel has no autogroups to set"
+)

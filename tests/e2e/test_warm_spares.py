@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import pytest
 
-from tests.conftest import GatewayProcess, unique, wait_in_service, wait_until
+from tests.conftest import GatewayProcess, needs_autogroups, unique, wait_in_service, wait_until
 from tests.e2e.processes import listening
 from tests.e2e.test_serverless import gone, instances, serverless_variant
 from tests.e2e.test_transform import create_model, transform, wait_done
@@ -38,6 +37,22 @@ def one_spare(gw: GatewayProcess) -> psutil.Process:
 
     wait_until(check, "one spare waiting")
     return found[0]
+
+
+def serverless_endpoint(gw: GatewayProcess, prefix: str, model_url: str) -> str:
+    """A serverless endpoint of the model at ``model_url``, in service; its name."""
+    name = unique(prefix)
+    gw.sm.create_model(
+        ModelName=name,
+        PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": model_url},
+        ExecutionRoleArn="arn:aws:iam::123456789012:role/x",
+    )
+    gw.sm.create_endpoint_config(
+        EndpointConfigName=name, ProductionVariants=serverless_variant(name)
+    )
+    gw.sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
+    wait_in_service(gw.sm, name)
+    return name
 
 
 def group_nice(autogroup: str) -> int:
@@ -101,26 +116,14 @@ def test_a_cold_start_takes_a_spare_that_preloaded_what_the_model_imports(
     wait_until(lambda: gone(waiting.pid) and gone(warm["pid"]), "spare and instance ended")
 
 
-@pytest.mark.skipif(
-    not Path("/proc/self/autogroup").exists(), reason="the kernel has no autogroups"
-)
-def test_a_waiting_spare_takes_only_idle_cpu_and_the_instance_it_becomes_its_full_share(
+@needs_autogroups
+def test_a_waiting_spare_runs_at_the_lowest_priority_and_its_instance_at_the_usual_one(
     gateway_factory: Callable[..., GatewayProcess], model_tarball: Callable[[str], str]
 ) -> None:
     gw = gateway_factory(
         extra_env={"SHIPYARD_SERVERLESS_IDLE_S": "0.5", "SHIPYARD_WARM_SPARES": "1"}
     )
-    name = unique("share")
-    gw.sm.create_model(
-        ModelName=name,
-        PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": model_tarball("preloaded")},
-        ExecutionRoleArn="arn:aws:iam::123456789012:role/x",
-    )
-    gw.sm.create_endpoint_config(
-        EndpointConfigName=name, ProductionVariants=serverless_variant(name)
-    )
-    gw.sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
-    wait_in_service(gw.sm, name)
+    name = serverless_endpoint(gw, "share", model_tarball("preloaded"))
 
     # A spare waits in a scheduling group of its own at the lowest priority
     # (runtime/spare.py), apart from the gateway's.
@@ -144,17 +147,7 @@ def test_no_spares_when_turned_off(
     gw = gateway_factory(
         extra_env={"SHIPYARD_SERVERLESS_IDLE_S": "0.5", "SHIPYARD_WARM_SPARES": "0"}
     )
-    name = unique("cold")
-    gw.sm.create_model(
-        ModelName=name,
-        PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": model_tarball("preloaded")},
-        ExecutionRoleArn="arn:aws:iam::123456789012:role/x",
-    )
-    gw.sm.create_endpoint_config(
-        EndpointConfigName=name, ProductionVariants=serverless_variant(name)
-    )
-    gw.sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
-    wait_in_service(gw.sm, name)
+    name = serverless_endpoint(gw, "cold", model_tarball("preloaded"))
     for _ in range(2):
         assert cold_invoke(gw, name)["preloaded"] is False
     assert spares(gw) == []

@@ -3,15 +3,23 @@ what it preloads, and the imports instances record for the next spares."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import json
+import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from shipyard import autogroup
+from shipyard.backends.local import _start_instance
 from shipyard.runtime import spare
 from shipyard.runtime.spare import IMPORTS_FILE, can_become, record_imports
+from tests.conftest import needs_autogroups, wait_until
 
 SPARE = {"PATH": "/usr/bin", "HOME": "/run/home/_spare", "OMP_NUM_THREADS": "2"}
 
@@ -88,36 +96,78 @@ def test_a_full_file_keeps_what_it_knows_and_is_not_written_again(
     assert recorded.read_text().split() == names
 
 
-@pytest.mark.skipif(
-    not Path("/proc/self/autogroup").exists(), reason="the kernel has no autogroups"
-)
-def test_a_spare_given_work_while_it_imports_takes_its_full_share_back_before_the_rest() -> None:
-    # A spare in a session of its own lowers its group's priority; work on its stdin
-    # between two imports brings it back at once, not once every import is done.
-    code = (
-        "import sys, time\n"
-        "from shipyard.runtime.spare import _CpuShare\n"
-        "def nice(): return open('/proc/self/autogroup').read().split()[-1]\n"
-        "share = _CpuShare()\n"
-        "print(share.lowered, nice(), flush=True)\n"
-        "deadline = time.monotonic() + 30\n"
-        "while share.lowered and time.monotonic() < deadline:\n"
-        "    share.restore_if_asked()\n"
-        "    time.sleep(0.01)\n"
-        "print(share.lowered, nice(), flush=True)\n"
+@needs_autogroups
+def test_a_spare_given_work_inside_a_long_import_takes_its_share_back_before_it_ends(
+    tmp_path: Path,
+) -> None:
+    # The spare preloads a module that takes seconds to import; the work comes in the
+    # middle of it, and the group is back at nice 0 while that import still runs.
+    started, done = tmp_path / "started", tmp_path / "done"
+    (tmp_path / "slow_import.py").write_text(
+        "import pathlib, time\n"
+        f"pathlib.Path({str(started)!r}).touch()\n"
+        "time.sleep(6)\n"
+        f"pathlib.Path({str(done)!r}).touch()\n"
     )
+    imports = tmp_path / "imports.txt"
+    imports.write_text("slow_import\n")
+    ours, theirs = socket.socketpair()
     child = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
+        [sys.executable, "-m", "shipyard.runtime", "--spare", "--preload-file", str(imports)],
+        stdin=theirs.fileno(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])},
         start_new_session=True,
     )
+    theirs.close()
     try:
-        assert child.stdout is not None and child.stdin is not None
-        assert child.stdout.readline().split() == [b"True", b"19"]
-        child.stdin.write(b'{"argv": []}\n')
-        child.stdin.flush()
-        assert child.stdout.readline().split() == [b"False", b"0"]
+        wait_until(started.exists, "the slow import begun")
+        wait_until(lambda: autogroup.nice(child.pid) == spare.WAITING_NICE, "the spare lowered")
+        work = {"argv": ["--port", "0"], "environ": {}, "cwd": str(tmp_path), "log": None}
+        ours.sendall(json.dumps(work).encode() + b"\n")
+        wait_until(lambda: autogroup.nice(child.pid) == 0, "the spare's share back", 3)
+        assert not done.exists()  # still inside the import
     finally:
+        ours.close()
         child.kill()
         child.wait()
+
+
+@needs_autogroups
+def test_an_instance_started_lower_has_its_session_group_lowered() -> None:
+    # Its own nice value would rank it only among its session's processes.
+    child = subprocess.run(
+        ["cat", "/proc/self/autogroup"],
+        start_new_session=True,
+        preexec_fn=functools.partial(_start_instance, os.getpid(), 10),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert child.stdout.split()[-2:] == ["nice", "10"]
+
+
+def test_a_refused_change_is_tried_again_until_its_patience_ends(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The kernel refuses a change within 0.1 s of another (EAGAIN), host-wide.
+    writes: list[bytes] = []
+    refusals = iter([True, True, False])
+
+    def write(fd: int, data: bytes) -> int:
+        writes.append(data)
+        if next(refusals, False):
+            raise BlockingIOError
+        return len(data)
+
+    real_open = os.open
+    monkeypatch.setattr(autogroup.os, "open", lambda path, flags: real_open(os.devnull, flags))
+    monkeypatch.setattr(autogroup.os, "write", write)
+    assert autogroup.set_nice("self", 19, 5.0)
+    assert writes == [b"19"] * 3
+    writes.clear()
+    refusals = iter([True] * 1000)
+    before = time.monotonic()
+    assert not autogroup.set_nice(1234, 0, 0.0)  # one try, and no wait
+    assert writes == [b"0"] and time.monotonic() - before < 0.005

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import psutil
 
-from shipyard import launch
+from shipyard import autogroup, launch
 from shipyard.backends.base import (
     FRAMEWORK_IMAGES_ENV,
     InstanceHandle,
@@ -88,6 +88,9 @@ _LOCAL = "local"
 _SANDBOXED = "local-sandboxed"
 """The kinds of job handle: a runner's PID, or the PID of the bwrap running it."""
 _REFILL_AFTER_S = 0.5
+_NICE_PATIENCE_S = 1.0
+"""How long a lowered instance, before exec, waits out the kernel's refusals of its
+autogroup's nice value (shipyard/autogroup.py)."""
 """How long after a warm start the spares are refilled."""
 _MAX_REASON_BYTES = 1024
 """The most of an instance's error file read for its failure's reason (SageMaker's
@@ -298,7 +301,7 @@ class LocalBackend:
         env[spare.IMPORTS_FILE] = str(self._imports_file)
         # The spare is told the socket by the descriptor it receives, not by our number.
         fresh = _command(spec, kind, port, where, error_file)
-        process = self._from_spare(fresh[3:], env, cwd, spec.log_path, unix)
+        process = self._from_spare(fresh[3:], env, cwd, spec, unix)
         # Later: a spare importing now would take the CPU the new instance needs.
         asyncio.get_running_loop().call_later(_REFILL_AFTER_S, self._refill)
         return process or self._popen(argv, env, cwd, spec, unix)
@@ -409,12 +412,19 @@ class LocalBackend:
         argv: list[str],
         env: dict[str, str],
         cwd: Path,
-        log_path: Path | None,
+        spec: InstanceSpec,
         unix: _UnixListener | None,
     ) -> subprocess.Popen[bytes] | None:
         """A waiting spare, told to become the instance (and handed its Unix socket);
         None when none is left."""
-        work = {"argv": argv, "environ": env, "cwd": str(cwd), "log": log_path and str(log_path)}
+        log_path = spec.log_path and str(spec.log_path)
+        work = {
+            "argv": argv,
+            "environ": env,
+            "cwd": str(cwd),
+            "log": log_path,
+            "nice": spec.cpu_nice,
+        }
         line = json.dumps(work).encode() + b"\n"
         fds = [] if unix is None else [unix.sock.fileno()]
         while self._spares:
@@ -423,6 +433,10 @@ class LocalBackend:
             try:
                 if process.poll() is not None:
                     continue
+                # Its priority back first, if the kernel takes it now; the spare sees to
+                # it otherwise (runtime/spare.py).
+                if autogroup.leads_session(process.pid):
+                    autogroup.set_nice(process.pid, spec.cpu_nice, 0.0)
                 # The descriptor goes with the first bytes; the rest follow on the stream.
                 # A spare reads at once; one that does not is not waited for long.
                 waiting.channel.settimeout(5.0)
@@ -470,7 +484,8 @@ class LocalBackend:
                 return
             finally:
                 theirs.close()
-            spare.lower_share(process.pid)
+            if autogroup.leads_session(process.pid):  # one try: the spare waits out refusals
+                autogroup.set_nice(process.pid, spare.WAITING_NICE, 0.0)
             self._spares.append(_Spare(process, channel))
 
     def close(self) -> None:
@@ -829,10 +844,14 @@ def _gateway_folder(path: Path) -> Path:
 
 
 def _start_instance(gateway_pid: int, cpu_nice: int) -> None:
-    """In an instance's process, before exec: tied to the gateway, at its CPU priority."""
+    """In an instance's process, before exec: tied to the gateway, at its CPU priority.
+
+    The instance leads a session of its own: its nice value ranks it only within that
+    session's autogroup, so the group's is set too (shipyard/autogroup.py)."""
     die_with_parent(gateway_pid)
     if cpu_nice:
         os.nice(cpu_nice)
+        autogroup.set_nice("self", cpu_nice, _NICE_PATIENCE_S)
 
 
 def die_with_parent(gateway_pid: int, sig: int = signal.SIGKILL) -> None:

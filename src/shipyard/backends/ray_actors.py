@@ -25,6 +25,7 @@ from pathlib import Path
 import ray
 import ray.util
 
+from shipyard import autogroup
 from shipyard.backends.environment import process_environment
 from shipyard.job_contract import JOB_FILE, LOG_FILE, SCRIPT_PID_FILE, STATUS_FILE
 
@@ -76,6 +77,8 @@ def _start_child(actor_pid: int, cpu_nice: int) -> None:
     except PermissionError:  # raising priority needs CAP_SYS_NICE: lower it at least
         if cpu_nice:
             os.nice(cpu_nice)
+    if cpu_nice:  # its own session's group, which its nice value ranks it within
+        autogroup.set_nice("self", cpu_nice, 1.0)
 
 
 def _signal_group(pid: int, sig: int) -> None:

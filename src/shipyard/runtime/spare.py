@@ -32,11 +32,11 @@ import os
 import select
 import socket
 import sys
-import time
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Mapping
 from pathlib import Path
 
-from shipyard import heap
+from shipyard import autogroup, heap
 
 IMPORTS_FILE = "SHIPYARD_IMPORTS_FILE"
 _MAX_MODULES = 5000
@@ -66,9 +66,8 @@ def can_become(spare_environ: Mapping[str, str], environ: Mapping[str, str]) -> 
     return all(spare_environ.get(name) == environ.get(name) for name in names)
 
 
-def preload(path: Path | None, before_each: Callable[[], None] | None = None) -> None:
+def preload(path: Path | None) -> None:
     """Import every module listed in ``path``; ones that fail to import are skipped.
-    ``before_each`` is called before each import.
 
     Then what they made is collected and frozen (:func:`heap.settle`), as the instance
     does once its model is loaded: done here, while the spare waits, that collection
@@ -79,8 +78,6 @@ def preload(path: Path | None, before_each: Callable[[], None] | None = None) ->
         return
     with contextlib.suppress(OSError):
         for name in path.read_text().split():
-            if before_each is not None:
-                before_each()
             with contextlib.suppress(Exception):
                 importlib.import_module(name)
     heap.settle()
@@ -96,15 +93,15 @@ def wait_for_work(preload_file: Path | None = None) -> list[str]:
     """
     share = _CpuShare()
     seen = _mtime(preload_file)
-    preload(preload_file, share.restore_if_asked)
+    preload(preload_file)
     while not select.select([sys.stdin], [], [], _LOOK_AGAIN_S)[0]:
         seen = _preload_if_changed(preload_file, seen)
     line, fds = _read_work()
     if not line:
         raise SystemExit(0)  # the backend closed the pipe: not needed after all
-    share.restore()
-    _preload_if_changed(preload_file, seen)
     work = json.loads(line)
+    share.take(int(work.get("nice", 0)))
+    _preload_if_changed(preload_file, seen)
     os.chdir(work["cwd"])
     os.environ.clear()
     os.environ.update(work["environ"])
@@ -112,8 +109,9 @@ def wait_for_work(preload_file: Path | None = None) -> list[str]:
         if entry and entry not in sys.path:
             sys.path.insert(0, entry)
     _redirect(work.get("log"))
-    if share.lowered:
-        print("shipyard: the instance kept its spare's low CPU priority", file=sys.stderr)
+    if share.missed is not None:
+        print(f"shipyard: the instance's CPU priority could not be set to nice {share.missed}"
+              f" (it is {autogroup.nice()})", file=sys.stderr)  # fmt: skip
     argv = list(work["argv"])
     if fds:
         argv += ["--unix-socket-fd", str(fds[0])]
@@ -122,82 +120,59 @@ def wait_for_work(preload_file: Path | None = None) -> list[str]:
     return argv
 
 
+WAITING_NICE = 19
+"""A waiting spare's autogroup nice value: the lowest priority (see _CpuShare)."""
+
+
 class _CpuShare:
-    """A waiting spare's share of the CPU: the least, until it is given work.
+    """A spare's share of the CPU: the least while it waits, the instance's once it has
+    work.
 
     A spare imports for a second or more of CPU, often just after an instance took the
-    spare before it, beside that instance's work. It runs at the lowest priority until
-    then, so that it takes only CPU nobody else wants, and at the usual one once it is
-    an instance.
-
-    The priority is the nice value of the spare's autogroup (sched(7)): the backend starts
-    each spare in a session of its own and lowers its group's priority at once
-    (:func:`lower_share`), and the kernel shares the CPU between sessions by their
-    groups' nice values. Unlike a process's own nice value, or ``SCHED_IDLE``, a group's
-    nice value may be set back to 0 without ``CAP_SYS_NICE``. Where the kernel has no
-    autogroups (or they are turned off, or the process is in a CPU cgroup other than the
-    root), the spare runs at the usual priority throughout.
+    spare before it, beside that instance's work; at the lowest priority it takes little
+    from processes that want the CPU. The priority is its session's autogroup nice value
+    (:mod:`shipyard.autogroup`): the backend sets it to :data:`WAITING_NICE` when it
+    starts the spare and to the instance's value when it sends the work, each with one
+    try, as its event loop cannot wait out the kernel's refusals. The spare waits them
+    out: it lowers itself if the backend could not, and a thread watching its stdin puts
+    it back to 0 as soon as work comes, whatever import it is in. Once the work is read,
+    the instance's own value (``nice`` in the work) is set, however long the kernel takes.
     """
 
+    _LOWER_PATIENCE_S = 1.0
+    _TAKE_PATIENCE_S = 30.0
+
     def __init__(self) -> None:
-        # A group shared with other processes (no session of its own) is not ours to
-        # change; the backend's change may not have been taken (see _set_group_nice).
-        self.lowered = os.getsid(0) == os.getpid() and (
-            _group_nice("self") == _WAITING_NICE
-            or _set_group_nice("self", _WAITING_NICE, _PATIENCE_S)
+        self.missed: int | None = None
+        """The value the instance was to run at but could not be set to; None: set."""
+        self._lock = threading.Lock()
+        # A group shared with other processes (no session of its own) is not ours.
+        self._ours = autogroup.leads_session(os.getpid()) and autogroup.nice() is not None
+        self._waiting = self._ours and (
+            autogroup.nice() == WAITING_NICE
+            or autogroup.set_nice("self", WAITING_NICE, self._LOWER_PATIENCE_S)
         )
+        if self._waiting:
+            threading.Thread(target=self._watch, name="spare-share", daemon=True).start()
 
-    def restore(self) -> None:
-        if self.lowered:
-            self.lowered = not _set_group_nice("self", 0, _PATIENCE_S)
+    def _watch(self) -> None:
+        """Back to 0 once stdin has something to read (the work, or the backend's end)."""
+        while self._waiting:
+            if select.select([0], [], [], _WATCH_S)[0]:
+                self.take(0)
+                return
 
-    def restore_if_asked(self) -> None:
-        """Restore the share if work has come while the spare still imports: the rest of
-        its imports are then the instance's start."""
-        if self.lowered and select.select([sys.stdin], [], [], 0)[0]:
-            self.restore()
-
-
-_WAITING_NICE = 19
-_PATIENCE_S = 1.0
-"""How long a spare retries a change of its group's nice value: the kernel takes one
-change a tenth of a second from processes without ``CAP_SYS_ADMIN`` and refuses the
-others (``EAGAIN``)."""
-
-
-def lower_share(pid: int) -> None:
-    """Put the spare just started as ``pid`` (in a session of its own) at the lowest CPU
-    priority, if the kernel takes the change now; the spare lowers itself otherwise."""
-    _set_group_nice(str(pid), _WAITING_NICE, 0.0)
+    def take(self, value: int) -> None:
+        """Set the group to ``value`` unless it is there (the backend may have set it)."""
+        with self._lock:
+            self._waiting = False
+            if not self._ours or autogroup.nice() in (None, value):
+                return
+            if not autogroup.set_nice("self", value, self._TAKE_PATIENCE_S):
+                self.missed = value
 
 
-def _group_nice(pid: str) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _set_group_nice(pid: str, value: int, patience_s: float) -> bool:
-    """Set the nice value of the autogroup of ``pid`` (``self`` or a number); whether it
-    was set."""
-    deadline = time.monotonic() + patience_s
-    while True:
-        try:
-            fd = os.open(f"/proc/{pid}/autogroup", os.O_WRONLY)
-        except OSError:
-            return False  # no autogroups in this kernel, or the process is gone
-        try:
-            os.write(fd, str(value).encode())
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-        except OSError:
-            return False
-        finally:
-            os.close(fd)
-        time.sleep(0.01)
+_WATCH_S = 0.1
 
 
 def _read_work() -> tuple[bytes, list[int]]:
