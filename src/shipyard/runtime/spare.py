@@ -156,20 +156,28 @@ class _CpuShare:
             threading.Thread(target=self._watch, name="spare-share", daemon=True).start()
 
     def _watch(self) -> None:
-        """Back to 0 once stdin has something to read (the work, or the backend's end)."""
+        """Back to 0 once stdin has something to read (the work, or the backend's end),
+        unless the work has been taken already (:meth:`take` set its own value)."""
         while self._waiting:
             if select.select([0], [], [], _WATCH_S)[0]:
-                self.take(0)
+                with self._lock:
+                    if self._waiting:
+                        self._waiting = False
+                        self._set(0)
                 return
 
     def take(self, value: int) -> None:
-        """Set the group to ``value`` unless it is there (the backend may have set it)."""
+        """Set the group to the instance's ``value``, however long the kernel takes."""
         with self._lock:
             self._waiting = False
-            if not self._ours or autogroup.nice() in (None, value):
-                return
-            if not autogroup.set_nice("self", value, self._TAKE_PATIENCE_S):
+            if not self._set(value):
                 self.missed = value
+
+    def _set(self, value: int) -> bool:
+        """Set the group to ``value`` unless it is there (the backend may have set it)."""
+        if not self._ours or autogroup.nice() in (None, value):
+            return True
+        return autogroup.set_nice("self", value, self._TAKE_PATIENCE_S)
 
 
 _WATCH_S = 0.1
