@@ -15,7 +15,15 @@ import pytest
 from botocore.exceptions import ClientError
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import MODELS, GatewayProcess, start_gateway, unique, wait_until
+from shipyard import autogroup
+from tests.conftest import (
+    MODELS,
+    GatewayProcess,
+    needs_autogroups,
+    start_gateway,
+    unique,
+    wait_until,
+)
 from tests.e2e.processes import instance_pids
 
 ECHO = (MODELS / "echo").as_uri()
@@ -117,6 +125,19 @@ def lines(path: Path) -> int:
     return len(path.read_bytes().splitlines())
 
 
+def settled(read: Callable[[], int], still_s: float = 1.0, timeout_s: float = 30) -> int:
+    """``read()`` once it has not changed for ``still_s``."""
+    deadline = time.monotonic() + timeout_s
+    last, since = read(), time.monotonic()
+    while time.monotonic() - since < still_s:
+        assert time.monotonic() < deadline, f"still changing after {timeout_s} s: {last}"
+        time.sleep(0.05)
+        now = read()
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
+
+
 def test_equal_weights_copy_every_request(gw: GatewayProcess, tmp_path: Path) -> None:
     via = tmp_path / "via.log"
     name, log = shadowed(gw, tmp_path, SHADOW_VIA=str(via))
@@ -158,6 +179,24 @@ def test_shadow_instances_run_at_a_lower_cpu_priority(gw: GatewayProcess, tmp_pa
     assert niceness[None] == gateway  # the production instances (echo models)
 
 
+@needs_autogroups
+def test_shadow_instances_lead_sessions_whose_groups_run_lower(
+    gw: GatewayProcess, tmp_path: Path
+) -> None:
+    # Each instance leads a session of its own, and the kernel shares the CPU between
+    # sessions' groups: the shadow's process nice value alone would rank it only within
+    # its own group.
+    name, log = shadowed(gw, tmp_path)
+    groups = {}  # each instance's: shadows' (the other tests' too) at 10, others at 0
+    for pid in instance_pids(gw.process.pid):
+        assert autogroup.leads_session(pid)
+        shadow_log = psutil.Process(pid).environ().get("SHADOW_LOG")
+        groups[pid] = (shadow_log, autogroup.nice(pid), 0 if shadow_log is None else 10)
+    assert str(log) in {shadow_log for shadow_log, _, _ in groups.values()}
+    assert None in {shadow_log for shadow_log, _, _ in groups.values()}
+    assert all(nice == expected for _, nice, expected in groups.values()), groups
+
+
 def test_target_variant_cannot_name_the_shadow(gw: GatewayProcess, tmp_path: Path) -> None:
     name, log = shadowed(gw, tmp_path)
     with pytest.raises(ClientError) as err:
@@ -176,11 +215,16 @@ def test_target_variant_cannot_name_the_shadow(gw: GatewayProcess, tmp_path: Pat
 def test_half_weight_copies_about_half(gw: GatewayProcess, tmp_path: Path) -> None:
     name, log = shadowed(gw, tmp_path, weight=0.5)
     invoke_many(gw, name, 400)
-    time.sleep(0.5)  # the last copies land
-    copied = lines(log)
-    # Binomial(400, 0.5): mean 200, standard deviation 10; five of them either side.
-    assert 150 <= copied <= 250, copied
-    assert metric(gw, "shipyard_invocations_total", name, "shadow") == copied
+    # Binomial(400, 0.5): mean 200, standard deviation 10; five of them either side. The
+    # copies land after their answers, from an instance at a lower priority: the count
+    # is read once it has reached the lower bound and the shadow has answered them all.
+    wait_until(lambda: lines(log) >= 150, "at least 150 copies")
+    copied = settled(lambda: lines(log))
+    assert copied <= 250, copied
+    wait_until(
+        lambda: metric(gw, "shipyard_invocations_total", name, "shadow") == lines(log) == copied,
+        "the shadow's copies counted",
+    )
 
 
 def test_a_shadow_of_ones_own_server_gets_its_copies_one_by_one(
