@@ -88,10 +88,10 @@ _LOCAL = "local"
 _SANDBOXED = "local-sandboxed"
 """The kinds of job handle: a runner's PID, or the PID of the bwrap running it."""
 _REFILL_AFTER_S = 0.5
+"""How long after a warm start the spares are refilled."""
 _NICE_PATIENCE_S = 1.0
 """How long a lowered instance, before exec, waits out the kernel's refusals of its
 autogroup's nice value (shipyard/autogroup.py)."""
-"""How long after a warm start the spares are refilled."""
 _MAX_REASON_BYTES = 1024
 """The most of an instance's error file read for its failure's reason (SageMaker's
 FailureReason holds 1,024 characters)."""
