@@ -20,6 +20,9 @@ import os
 import time
 
 _RETRY_S = 0.01
+BEFORE_EXEC_PATIENCE_S = 1.0
+"""How long a process lowered as it starts, before exec, waits out the kernel's
+refusals."""
 
 
 def nice(pid: int | str = "self") -> int | None:

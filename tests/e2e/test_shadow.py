@@ -187,14 +187,15 @@ def test_shadow_instances_lead_sessions_whose_groups_run_lower(
     # sessions' groups: the shadow's process nice value alone would rank it only within
     # its own group.
     name, log = shadowed(gw, tmp_path)
-    groups = {}  # each instance's: shadows' (the other tests' too) at 10, others at 0
+    found = {}  # each instance's: shadows' (the other tests' too) at 10, others at 0
     for pid in instance_pids(gw.process.pid):
         assert autogroup.leads_session(pid)
-        shadow_log = psutil.Process(pid).environ().get("SHADOW_LOG")
-        groups[pid] = (shadow_log, autogroup.nice(pid), 0 if shadow_log is None else 10)
-    assert str(log) in {shadow_log for shadow_log, _, _ in groups.values()}
-    assert None in {shadow_log for shadow_log, _, _ in groups.values()}
-    assert all(nice == expected for _, nice, expected in groups.values()), groups
+        found[pid] = (psutil.Process(pid).environ().get("SHADOW_LOG"), autogroup.nice(pid))
+    logs = {shadow_log for shadow_log, _ in found.values()}
+    assert str(log) in logs and None in logs
+    assert all(nice == (0 if shadow_log is None else 10) for shadow_log, nice in found.values()), (
+        found
+    )
 
 
 def test_target_variant_cannot_name_the_shadow(gw: GatewayProcess, tmp_path: Path) -> None:

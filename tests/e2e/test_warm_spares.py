@@ -10,6 +10,7 @@ from typing import Any
 
 import psutil
 
+from shipyard import autogroup
 from tests.conftest import GatewayProcess, needs_autogroups, unique, wait_in_service, wait_until
 from tests.e2e.processes import listening
 from tests.e2e.test_serverless import gone, instances, serverless_variant
@@ -55,10 +56,10 @@ def serverless_endpoint(gw: GatewayProcess, prefix: str, model_url: str) -> str:
     return name
 
 
-def group_nice(autogroup: str) -> int:
+def group_nice(line: str) -> int:
     """The nice value in a ``/proc/PID/autogroup`` line (``/autogroup-7 nice 19``)."""
-    name, word, nice = autogroup.split()
-    assert word == "nice", autogroup
+    name, word, nice = line.split()
+    assert word == "nice", line
     return int(nice)
 
 
@@ -129,9 +130,8 @@ def test_a_waiting_spare_runs_at_the_lowest_priority_and_its_instance_at_the_usu
     # (runtime/spare.py), apart from the gateway's.
     cold_invoke(gw, name)
     spare = one_spare(gw)
-    group = Path(f"/proc/{spare.pid}/autogroup")
-    wait_until(lambda: group_nice(group.read_text()) == 19, "the spare's group at nice 19")
-    waiting = group.read_text()
+    wait_until(lambda: autogroup.nice(spare.pid) == 19, "the spare's group at nice 19")
+    waiting = Path(f"/proc/{spare.pid}/autogroup").read_text()
     assert waiting.split()[0] != Path(f"/proc/{gw.process.pid}/autogroup").read_text().split()[0]
 
     # The instance it becomes serves at the usual priority, in that same group.

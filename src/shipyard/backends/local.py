@@ -89,9 +89,6 @@ _SANDBOXED = "local-sandboxed"
 """The kinds of job handle: a runner's PID, or the PID of the bwrap running it."""
 _REFILL_AFTER_S = 0.5
 """How long after a warm start the spares are refilled."""
-_NICE_PATIENCE_S = 1.0
-"""How long a lowered instance, before exec, waits out the kernel's refusals of its
-autogroup's nice value (shipyard/autogroup.py)."""
 _MAX_REASON_BYTES = 1024
 """The most of an instance's error file read for its failure's reason (SageMaker's
 FailureReason holds 1,024 characters)."""
@@ -851,7 +848,7 @@ def _start_instance(gateway_pid: int, cpu_nice: int) -> None:
     die_with_parent(gateway_pid)
     if cpu_nice:
         os.nice(cpu_nice)
-        autogroup.set_nice("self", cpu_nice, _NICE_PATIENCE_S)
+        autogroup.set_nice("self", cpu_nice, autogroup.BEFORE_EXEC_PATIENCE_S)
 
 
 def die_with_parent(gateway_pid: int, sig: int = signal.SIGKILL) -> None:

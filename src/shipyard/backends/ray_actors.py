@@ -78,7 +78,7 @@ def _start_child(actor_pid: int, cpu_nice: int) -> None:
         if cpu_nice:
             os.nice(cpu_nice)
     if cpu_nice:  # its own session's group, which its nice value ranks it within
-        autogroup.set_nice("self", cpu_nice, 1.0)
+        autogroup.set_nice("self", cpu_nice, autogroup.BEFORE_EXEC_PATIENCE_S)
 
 
 def _signal_group(pid: int, sig: int) -> None:

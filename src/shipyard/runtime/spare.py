@@ -141,16 +141,17 @@ class _CpuShare:
 
     _LOWER_PATIENCE_S = 1.0
     _TAKE_PATIENCE_S = 30.0
+    _WATCH_S = 0.1
 
     def __init__(self) -> None:
         self.missed: int | None = None
         """The value the instance was to run at but could not be set to; None: set."""
         self._lock = threading.Lock()
         # A group shared with other processes (no session of its own) is not ours.
-        self._ours = autogroup.leads_session(os.getpid()) and autogroup.nice() is not None
+        now = autogroup.nice() if autogroup.leads_session(os.getpid()) else None
+        self._ours = now is not None
         self._waiting = self._ours and (
-            autogroup.nice() == WAITING_NICE
-            or autogroup.set_nice("self", WAITING_NICE, self._LOWER_PATIENCE_S)
+            now == WAITING_NICE or autogroup.set_nice("self", WAITING_NICE, self._LOWER_PATIENCE_S)
         )
         if self._waiting:
             threading.Thread(target=self._watch, name="spare-share", daemon=True).start()
@@ -159,7 +160,7 @@ class _CpuShare:
         """Back to 0 once stdin has something to read (the work, or the backend's end),
         unless the work has been taken already (:meth:`take` set its own value)."""
         while self._waiting:
-            if select.select([0], [], [], _WATCH_S)[0]:
+            if select.select([0], [], [], self._WATCH_S)[0]:
                 with self._lock:
                     if self._waiting:
                         self._waiting = False
@@ -178,9 +179,6 @@ class _CpuShare:
         if not self._ours or autogroup.nice() in (None, value):
             return True
         return autogroup.set_nice("self", value, self._TAKE_PATIENCE_S)
-
-
-_WATCH_S = 0.1
 
 
 def _read_work() -> tuple[bytes, list[int]]:
