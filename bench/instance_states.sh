@@ -6,7 +6,9 @@
 #   bench/instance_states.sh PYTHON MODEL_DIR [STRATEGY] [CONC] [INSTANCES]
 # MODEL_DIR: a model folder (the peer harness writes its sklearn one under
 # $PEERS_ROOT/shipyard_models/sklearn); STRATEGY: the variant's RoutingStrategy
-# (RANDOM by default, as the peer slot deploys it). Everything started is stopped by PID.
+# (RANDOM by default, as the peer slot deploys it). WAITS_ONLY=1: no state sampling, only
+# each process's time on a core and waiting for one (the sampler's own CPU left out).
+# Everything started is stopped by PID.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 PYTHON=$1 MODEL_DIR=$2 STRATEGY=${3:-RANDOM} CONC=${4:-8} INSTANCES=${5:-2}
@@ -31,6 +33,6 @@ BENCH_BODY_FILE=$BODY wrk -t1 -c"$CONC" -d12s -s "$HERE/post.lua" "$url" >"$work
 load=$!
 sleep 3
 echo "states of the gateway, then its instances ($STRATEGY, c=$CONC):"
-"$PYTHON" "$HERE/process_states.py" 6 "$gateway" "${instances[@]}"
+"$PYTHON" "$HERE/process_states.py" ${WAITS_ONLY:+--waits-only} 6 "$gateway" "${instances[@]}"
 wait $load
 grep Requests/sec "$work/wrk.txt"
