@@ -74,10 +74,11 @@ def main() -> None:
     end = started + seconds
     if waits_only:
         time.sleep(seconds)
-    while time.monotonic() < end:
-        seen["".join(state(pid) for pid in pids)] += 1
-        samples += 1
-        time.sleep(0.0007)
+    else:
+        while time.monotonic() < end:
+            seen["".join(state(pid) for pid in pids)] += 1
+            samples += 1
+            time.sleep(0.0007)
     elapsed = time.monotonic() - started
     after = [schedstat(pid) for pid in pids]
     if samples:
