@@ -125,6 +125,9 @@ def serve(
             head_timeout_s=settings.head_timeout_s,
             take=gateway.take,
         ),
+        # No WebSocket or other protocol to switch to: a request asking is served as
+        # HTTP/1.1 (http_limits).
+        ws="none",
         access_log=False,
         log_level="warning",
         # No caller's X-Forwarded-* rewrites who it is, and no header says what we run on.

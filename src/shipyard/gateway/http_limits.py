@@ -32,6 +32,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import httptools
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HEADER_VALUE_RE, STATUS_LINE
 
@@ -146,6 +147,8 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         self._head_timer: Any = None
         self._drain_timer: Any = None
         self._begun_messages = 0
+        self._upgrading = False
+        """The head just parsed asked to switch protocols: see _without_upgrade."""
         self._lost = False
         self._lost_watchers: set[Callable[[], None]] = set()
         self.completed_messages = 0
@@ -166,7 +169,15 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         self._completed_here = False
         self._reads += 1
         self._read_bytes = len(data)
-        super().data_received(data)
+        # uvicorn's data_received, repeated rather than called (a frame less per read),
+        # with requests asking to switch protocols served as HTTP/1.1 (_without_upgrade).
+        self._idle_since = None  # LazyKeepAlive's _unset_keepalive_if_required
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self._invalid()
+        except httptools.HttpParserUpgrade as upgrade:
+            self._without_upgrade(data[upgrade.args[0] :])
         held = self._held
         if held is not None:
             if held or self._hold_timer is not None or self.transport.is_closing():
@@ -299,9 +310,17 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             self._refused = (431, _FIELDS_TOO_LARGE)
         if self._refused is not None:
             return  # the request is refused: no app task for it
+        if self.parser.should_upgrade() and self.parser.get_method() != b"CONNECT":
+            # The parser takes what follows this head for the other protocol's: the
+            # request is parsed again without its upgrade (_without_upgrade).
+            self._upgrading = True
+            return
         if self._may_take and self._may_hold():
             return
         super().on_headers_complete()
+        if self.parser.should_upgrade():
+            # A CONNECT, answered by the app (no tunnel here), and the connection closed.
+            self.cycle.keep_alive = False
 
     def _may_hold(self) -> bool:
         """Hold the request, with no ASGI cycle or task, to offer it whole to ``take``:
@@ -380,7 +399,7 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
-        if self._refused is not None:
+        if self._refused is not None or self._upgrading:
             return
         held = self._held
         if held is None:
@@ -488,6 +507,53 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             self._defer(functools.partial(super().send_400_response, msg))
             return
         super().send_400_response(msg)
+
+    def _invalid(self) -> None:
+        # uvicorn's answer to bytes its parser refuses.
+        msg = "Invalid HTTP request received."
+        self.logger.warning(msg)
+        self.send_400_response(msg)
+
+    def _without_upgrade(self, rest: bytes) -> None:
+        """Serve a request that asked to switch protocols (``Connection: upgrade`` with
+        ``Upgrade``: h2c, websocket or any other) as plain HTTP/1.1, as RFC 9110 7.8 lets
+        a server: the gateway switches to none. httptools' parser ends such a request at
+        its head and hands back the bytes after it (its body, any request after it) as
+        the other protocol's, so the head is given to a fresh parser again, without the
+        upgrade, and those bytes after it; the request, body and all, then goes the way
+        of any other. A CONNECT is not parsed again (see on_headers_complete); bytes after
+        its head in the same read are dropped."""
+        while self._upgrading:
+            self._upgrading = False
+            if self._refused is not None:
+                return  # refused (431) at its head: answered once this read is parsed
+            head = [
+                self.parser.get_method(),
+                b" ",
+                self.url,
+                b" HTTP/",
+                self.parser.get_http_version().encode(),
+                b"\r\n",
+            ]
+            for name, value in self.headers:
+                if name == b"upgrade":
+                    continue
+                if name == b"connection":
+                    tokens = [t.strip() for t in value.split(b",")]
+                    value = b", ".join(t for t in tokens if t.lower() != b"upgrade")
+                    if not value:
+                        continue
+                head += (name, b": ", value, b"\r\n")
+            head += (b"\r\n", rest)
+            data = b"".join(head)
+            self.parser = httptools.HttpRequestParser(self)
+            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # uvicorn's
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError:
+                self._invalid()
+            except httptools.HttpParserUpgrade as upgrade:
+                rest = data[upgrade.args[0] :]  # after the next request's head
 
     def _refuse(self, status: int, message: str) -> None:
         if self.transport.is_closing():

@@ -1,0 +1,129 @@
+"""Requests that ask to switch protocols (``Connection: upgrade`` with ``Upgrade``).
+
+The gateway switches to none: such a request is served as plain HTTP/1.1, body and all,
+and the connection stays HTTP/1.1 (RFC 9110 7.8 lets a server ignore ``Upgrade``).
+``curl --http2`` against an ``http://`` URL asks for h2c this way on every request, and
+its POST body once reached the model empty. A CONNECT is answered and the connection
+closed. Real gateway, a real echo instance, plain sockets and the curl client."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import MODELS, GatewayProcess, deploy, start_gateway
+from tests.e2e.test_taken_invocations import Reader, connect, request
+
+H2C = (
+    b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+    b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
+)
+WEBSOCKET = (
+    b"Connection: keep-alive, Upgrade\r\nUpgrade: websocket\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+)
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    gateway = start_gateway(tmp_path_factory.mktemp("upgrade") / "home")
+    try:
+        deploy(gateway.sm, "echo", (MODELS / "echo").as_uri())
+        yield gateway
+    finally:
+        gateway.stop()
+
+
+@pytest.mark.parametrize(
+    "upgrade",
+    [H2C, WEBSOCKET, b"Connection: upgrade\r\nUpgrade: x/1\r\n"],
+    ids=["h2c", "websocket", "other"],
+)
+def test_a_request_asking_to_upgrade_is_served_as_http_1_1(
+    gw: GatewayProcess, upgrade: bytes
+) -> None:
+    with connect(gw) as s:
+        reader = Reader(s)
+        s.sendall(request("echo", b'{"n": 1}', extra=upgrade))
+        status, headers, body = reader.answer()
+        assert status == 200 and json.loads(body) == {"n": 1}
+        assert "upgrade" not in headers and "connection" not in headers
+        # Still HTTP/1.1, kept alive.
+        s.sendall(request("echo", b'{"n": 2}'))
+        assert json.loads(reader.answer()[2]) == {"n": 2}
+
+
+def test_requests_asking_to_upgrade_are_answered_in_order_when_pipelined(
+    gw: GatewayProcess,
+) -> None:
+    with connect(gw) as s:
+        s.sendall(
+            request("echo", b'{"n": 0}', extra=H2C)
+            + request("echo", b'{"n": 1}')
+            + request("echo", b'{"n": 2}', extra=WEBSOCKET)
+            + request("echo", b'{"n": 3}', extra=H2C)
+        )
+        reader = Reader(s)
+        answers = [reader.answer() for _ in range(4)]
+    assert [status for status, _, _ in answers] == [200] * 4
+    assert [json.loads(body)["n"] for _, _, body in answers] == [0, 1, 2, 3]
+
+
+def test_a_chunked_body_written_apart_from_its_head_reaches_the_model(
+    gw: GatewayProcess,
+) -> None:
+    body = b'{"chunked": true}'
+    with connect(gw) as s:
+        s.sendall(
+            b"POST /endpoints/echo/invocations HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n" + H2C + b"\r\n"
+        )
+        time.sleep(0.2)  # read alone, past the edge's hold for a body
+        s.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+        status, _, answer = Reader(s).answer()
+    assert status == 200 and json.loads(answer) == {"chunked": True}
+
+
+def test_too_many_headers_asking_to_upgrade_are_still_refused(gw: GatewayProcess) -> None:
+    many = b"".join(b"X-Filler-%d: y\r\n" % n for n in range(150))
+    with connect(gw) as s:
+        s.sendall(request("echo", b"{}", extra=H2C + many))
+        reader = Reader(s)
+        status, headers, _ = reader.answer()
+        assert status == 431 and headers["connection"] == "close"
+        assert reader.closed()
+
+
+def test_a_connect_is_answered_and_the_connection_closed(gw: GatewayProcess) -> None:
+    with connect(gw) as s:
+        s.sendall(
+            b"CONNECT /endpoints/echo/invocations HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Length: 0\r\n\r\n" + request("echo", b'{"tunnelled": true}')
+        )
+        reader = Reader(s)
+        status, headers, body = reader.answer()
+        assert status == 404 and headers["x-amzn-errortype"] == "UnknownOperationException"
+        assert "CONNECT" in json.loads(body)["message"]
+        assert reader.closed()
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="the curl client is not installed")
+def test_curl_http2_posts_its_body(gw: GatewayProcess) -> None:
+    out = subprocess.run(
+        [
+            "curl", "-s", "--http2", "-m", "20", "-X", "POST",
+            f"{gw.url}/endpoints/echo/invocations",
+            "-H", "Content-Type: application/json",
+            "-d", '{"from": "curl"}',
+            "-w", "\n%{http_version} %{http_code}",
+        ],
+        capture_output=True, check=True, text=True, timeout=30,
+    ).stdout  # fmt: skip
+    body, _, versions = out.rpartition("\n")
+    assert versions == "1.1 200"
+    assert json.loads(body) == {"from": "curl"}
