@@ -324,8 +324,8 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
 
     def _may_hold(self) -> bool:
         """Hold the request, with no ASGI cycle or task, to offer it whole to ``take``:
-        a POST with nothing before it still to answer (no pipelining), nothing to
-        upgrade, no 100-continue to send, a plain path, and room under uvicorn's
+        a POST with nothing before it still to answer (no pipelining), no upgrade
+        asked (on_headers_complete), no 100-continue to send, a plain path, and room under uvicorn's
         concurrency limit. The scope gets what uvicorn's on_headers_complete gives it."""
         cycle = self.cycle
         url = self.url
@@ -336,7 +336,6 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             or self.expect_100_continue
             or _PLAIN_PATH.fullmatch(url) is None
             or self.parser.get_method() != b"POST"
-            or self.parser.should_upgrade()
             or (limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit))
             # A client not reading its answers: uvicorn's send waits for it, and what it
             # sends meanwhile queues behind, where answers taken would pile up here.
