@@ -156,6 +156,24 @@ def test_data_not_of_their_coding_are_malformed() -> None:
         assert not info.value.unsupported
 
 
+def test_gzip_members_one_after_the_other_are_one_body() -> None:
+    # RFC 1952 2.2: what `cat a.gz b.gz`, pigz and bgzip write. The cap counts them all.
+    members = gzip.compress(b"a" * 600) + gzip.compress(b"") + gzip.compress(b"b" * 400)
+    assert bodies.decoded(members, b"gzip", max_bytes=1000) == b"a" * 600 + b"b" * 400
+    with pytest.raises(BodyTooLarge):
+        bodies.decoded(members, b"gzip", max_bytes=999)
+    for data, words in (
+        (members + gzip.compress(b"c")[:-4], "ends before its end"),
+        (members + b"\x1f\x8bnot a member", "not valid gzip"),
+        (members + b"\0\0", "has data after its end"),
+    ):
+        with pytest.raises(BodyEncodingError, match=words):
+            bodies.decoded(data, b"gzip", max_bytes=2000)
+    # deflate (zlib's format) has no members: a second stream is data after its end.
+    with pytest.raises(BodyEncodingError, match="has data after its end"):
+        bodies.decoded(zlib.compress(b"a") + zlib.compress(b"b"), b"deflate", max_bytes=100)
+
+
 def test_a_body_is_inflated_no_further_than_the_cap() -> None:
     # 256 MiB of zeros in about 250 KiB of gzip, made without holding them: refused
     # once the cap is passed, having held little more than the cap (inflated whole and

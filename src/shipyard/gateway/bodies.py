@@ -93,12 +93,14 @@ async def _read(
 _WBITS = {b"gzip": 16 + zlib.MAX_WBITS, b"x-gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
 """zlib's framing of each content coding it decodes: gzip's header and trailer, and
 deflate as RFC 9110 defines it (zlib's format, which ``zlib.compress`` writes)."""
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 def decoded(body: bytes, content_encoding: bytes | None, *, max_bytes: int) -> bytes:
     """``body`` as it was before its ``Content-Encoding`` (gzip, deflate or identity), at
     most ``max_bytes`` once decoded: BodyTooLarge past that, BodyEncodingError for a
-    coding not among these (``unsupported``) or data that are not of it."""
+    coding not among these (``unsupported``) or data that are not of it. A gzip body may
+    be several members one after the other."""
     if content_encoding is None:
         return body
     codings = [c.strip() for c in content_encoding.lower().split(b",")]
@@ -112,19 +114,37 @@ def decoded(body: bytes, content_encoding: bytes | None, *, max_bytes: int) -> b
             f"Content-Encoding {shown} is not supported; use gzip, deflate or identity.",
             unsupported=True,
         )
-    inflater = zlib.decompressobj(_WBITS[codings[0]])
-    try:
-        out = inflater.decompress(body, max_bytes + 1)
-    except zlib.error as exc:
-        raise BodyEncodingError(
-            f"The request body is not valid {codings[0].decode()} data: {exc}."
-        ) from None
-    if len(out) > max_bytes:
-        raise BodyTooLarge(max_bytes, body_left=False)
-    if not inflater.eof or inflater.unused_data:
-        what = "ends before its end" if not inflater.eof else "has data after its end"
-        raise BodyEncodingError(f"The request body's {codings[0].decode()} stream {what}.")
-    return out
+    coding = codings[0]
+    wbits = _WBITS[coding]
+    parts: list[bytes] = []
+    room = max_bytes + 1
+    data = body
+    while True:
+        inflater = zlib.decompressobj(wbits)
+        try:
+            part = inflater.decompress(data, room)
+        except zlib.error as exc:
+            raise BodyEncodingError(
+                f"The request body is not valid {coding.decode()} data: {exc}."
+            ) from None
+        parts.append(part)
+        room -= len(part)
+        if room <= 0:
+            raise BodyTooLarge(max_bytes, body_left=False)
+        if not inflater.eof:
+            raise BodyEncodingError(
+                f"The request body's {coding.decode()} stream ends before its end."
+            )
+        data = inflater.unused_data
+        if not data:
+            break
+        # gzip (RFC 1952 2.2) is a series of members, each with its own header, as
+        # `cat a.gz b.gz` or a parallel compressor (pigz, bgzip) writes: one stream.
+        if wbits == _WBITS[b"deflate"] or not data.startswith(_GZIP_MAGIC):
+            raise BodyEncodingError(
+                f"The request body's {coding.decode()} stream has data after its end."
+            )
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 async def drain(
