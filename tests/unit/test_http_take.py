@@ -13,7 +13,7 @@ import pytest
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from shipyard.gateway.http_limits import Respond, limited_protocol
+from shipyard.gateway.http_limits import Respond, body_arrived, limited_protocol
 
 Taker = Callable[[dict[str, Any], bytes, Respond], bool]
 
@@ -711,3 +711,70 @@ def test_trailers_over_the_limit_after_an_answer_end_the_connection_without_a_se
     transport = asyncio.run(scenario())
     assert transport.data.startswith(b"HTTP/1.1 404") and b"431" not in transport.data
     assert transport.closing
+
+
+UPGRADE = b"Connection: Upgrade\r\nUpgrade: h2c\r\n"
+
+
+def test_a_request_asking_to_upgrade_is_parsed_again_with_its_body() -> None:
+    # httptools ends a request asking to upgrade at its head and hands back its body as
+    # the other protocol's bytes: the edge parses it again without the upgrade. Taken
+    # (one read) or through uvicorn, the body is whole, and the requests after it (and
+    # their bodies' arrival) are as on any connection.
+    seen: list[bool] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append(body_arrived(scope))
+        await served.app(scope, receive, send)
+
+    async def scenario() -> Recording:
+        proto, transport = protocol(served, None)
+        proto.app = app
+        proto.data_received(invocation(b"one", extra=UPGRADE) + invocation(b"two"))
+        await turns()
+        proto.data_received(invocation(b"three", extra=UPGRADE))
+        await turns()
+        return transport
+
+    served = Served()
+    transport = asyncio.run(scenario())
+    assert [body for _, body in served.asgi] == [b"one", b"two", b"three"]
+    assert answers(transport.data) == [b"asgi:one", b"asgi:two", b"asgi:three"]
+    assert seen == [True, True, True] and not transport.closing
+
+
+def test_a_held_request_asking_to_upgrade_is_taken_with_its_body() -> None:
+    offers = Offers(True)
+
+    async def scenario() -> None:
+        proto, _ = protocol(Served(), offers)
+        proto.data_received(invocation(b"whole", extra=UPGRADE))
+        await turns()
+
+    asyncio.run(scenario())
+    assert offers.bodies == [b"whole"]
+
+
+def test_an_upgrade_asked_for_gives_its_trailer_fields_no_more_room() -> None:
+    # The head's fields as they came, Upgrade included, count with a chunked body's
+    # trailer fields: 40,000 bytes of Upgrade and 40,000 of trailer pass 64 KiB.
+    head = (
+        b"POST /endpoints/e/invocations HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\n"
+        b"Upgrade: " + b"u" * 40_000 + b"\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    body = b"2\r\n{}\r\n0\r\nT: " + b"z" * 40_000 + b"\r\n\r\n"
+    _, transport, served = _refused_431([head + body])
+    assert served.asgi == []
+    assert transport.data.startswith(b"HTTP/1.1 431") and transport.closing
+
+
+def test_a_connect_is_answered_and_the_connection_closed() -> None:
+    async def scenario() -> Recording:
+        proto, transport = protocol(served, None)
+        proto.data_received(b"CONNECT /x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        await turns()
+        return transport
+
+    served = Served()
+    transport = asyncio.run(scenario())
+    assert answers(transport.data) == [b"asgi:"] and transport.closing

@@ -149,6 +149,9 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         self._begun_messages = 0
         self._upgrading = False
         """The head just parsed asked to switch protocols: see _without_upgrade."""
+        self._asked: tuple[int, int, int] | None = None
+        """The last request parsed again without its upgrade: its number, and the count
+        and bytes of its head's fields as they came."""
         self._lost = False
         self._lost_watchers: set[Callable[[], None]] = set()
         self.completed_messages = 0
@@ -255,7 +258,11 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         # counted with the head's fields against the head's limits.
         trailers = self._trailers
         if trailers is None:
-            trailers = len(self.headers), _fields_size(self.headers)
+            asked = self._asked
+            if asked is not None and asked[0] == self._begun_messages:
+                trailers = asked[1:]  # the head as it came, upgrade and all
+            else:
+                trailers = len(self.headers), _fields_size(self.headers)
         count, size = trailers
         self._trailers = count, size = count + 1, size + len(name) + len(value) + 4
         if (count > self.max_headers or size > self.max_head_bytes) and self._refused is None:
@@ -507,6 +514,11 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             return
         super().send_400_response(msg)
 
+    def _should_upgrade(self) -> bool:
+        # uvicorn's switch to its WebSocket protocol: the gateway has none to switch to,
+        # whatever the server's ``ws`` setting (see _without_upgrade).
+        return False
+
     def _invalid(self) -> None:
         # uvicorn's answer to bytes its parser refuses.
         msg = "Invalid HTTP request received."
@@ -522,10 +534,12 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         upgrade, and those bytes after it; the request, body and all, then goes the way
         of any other. A CONNECT is not parsed again (see on_headers_complete); bytes after
         its head in the same read are dropped."""
+        view = memoryview(rest)
         while self._upgrading:
             self._upgrading = False
             if self._refused is not None:
                 return  # refused (431) at its head: answered once this read is parsed
+            headers = self.headers
             head = [
                 self.parser.get_method(),
                 b" ",
@@ -534,25 +548,29 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
                 self.parser.get_http_version().encode(),
                 b"\r\n",
             ]
-            for name, value in self.headers:
+            for name, value in headers:
                 if name == b"upgrade":
                     continue
                 if name == b"connection":
-                    tokens = [t.strip() for t in value.split(b",")]
-                    value = b", ".join(t for t in tokens if t.lower() != b"upgrade")
+                    tokens = (t.strip() for t in value.split(b","))
+                    value = b", ".join(t for t in tokens if t and t.lower() != b"upgrade")
                     if not value:
                         continue
                 head += (name, b": ", value, b"\r\n")
-            head += (b"\r\n", rest)
-            data = b"".join(head)
-            self.parser = httptools.HttpRequestParser(self)
-            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # uvicorn's
+            head.append(b"\r\n")
+            # The same request once more: its number, and its fields as they came (a
+            # chunked body's trailer fields count with them, see on_header).
+            self._begun_messages -= 1
+            self._asked = (self._begun_messages + 1, len(headers), _fields_size(headers))
+            parser = self.parser = httptools.HttpRequestParser(self)
+            parser.set_dangerous_leniencies(lenient_data_after_close=True)  # uvicorn's
             try:
-                self.parser.feed_data(data)
+                parser.feed_data(b"".join(head))
+                parser.feed_data(view)
             except httptools.HttpParserError:
                 self._invalid()
             except httptools.HttpParserUpgrade as upgrade:
-                rest = data[upgrade.args[0] :]  # after the next request's head
+                view = view[upgrade.args[0] :]  # after the next request's head
 
     def _refuse(self, status: int, message: str) -> None:
         if self.transport.is_closing():
