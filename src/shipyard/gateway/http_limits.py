@@ -331,9 +331,10 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
 
     def _may_hold(self) -> bool:
         """Hold the request, with no ASGI cycle or task, to offer it whole to ``take``:
-        a POST with nothing before it still to answer (no pipelining), no upgrade
-        asked (on_headers_complete), no 100-continue to send, a plain path, and room under uvicorn's
-        concurrency limit. The scope gets what uvicorn's on_headers_complete gives it."""
+        a POST with nothing before it still to answer (no pipelining), no upgrade asked
+        (on_headers_complete), no 100-continue to send, a plain path, and room under
+        uvicorn's concurrency limit. The scope gets what uvicorn's on_headers_complete
+        gives it."""
         cycle = self.cycle
         url = self.url
         limit = self.limit_concurrency
