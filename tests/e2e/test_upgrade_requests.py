@@ -4,11 +4,15 @@ The gateway switches to none: such a request is served as plain HTTP/1.1, body a
 and the connection stays HTTP/1.1 (RFC 9110 7.8 lets a server ignore ``Upgrade``).
 ``curl --http2`` against an ``http://`` URL asks for h2c this way on every request, and
 its POST body once reached the model empty. A CONNECT is answered and the connection
-closed. Real gateway, a real echo instance, plain sockets and the curl client."""
+closed. Real gateway, a real echo instance, plain sockets and the curl client; and a
+seeded differential test: pipelined requests with random fields asking to upgrade get the
+answers the same requests without those fields get."""
 
 from __future__ import annotations
 
 import json
+import random
+import re
 import shutil
 import subprocess
 import time
@@ -127,3 +131,79 @@ def test_curl_http2_posts_its_body(gw: GatewayProcess) -> None:
     body, _, versions = out.rpartition("\n")
     assert versions == "1.1 200"
     assert json.loads(body) == {"from": "curl"}
+
+
+_ASKING = [
+    b"Connection: Upgrade",
+    b"Upgrade: h2c",
+    b"Upgrade: websocket",
+    b"Connection: keep-alive, upgrade",
+    b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA",
+    b"Connection: ,upgrade,",
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+]
+_LAST = b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+
+
+def _pair(rnd: random.Random, n: int) -> tuple[bytes, bytes]:
+    """A request with some of the fields that ask to upgrade, and the same without them:
+    framed by length, chunked (a trailer field at times) or not at all, to the echo
+    endpoint or elsewhere."""
+    body = json.dumps({"n": n}).encode() if rnd.random() < 0.85 else b""
+    framing = rnd.choice(["length", "chunked", "none"])
+    if framing == "length":
+        fields, payload = [b"Content-Length: %d" % len(body)], body
+    elif framing == "chunked":
+        fields = [b"Transfer-Encoding: chunked"]
+        payload = (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + b"0\r\n"
+        payload += (b"T: v\r\n" if rnd.random() < 0.3 else b"") + b"\r\n"
+    else:
+        fields, payload = [], b""
+    fields += [b"Host: 127.0.0.1", b"Content-Type: application/json"]
+    if rnd.random() < 0.15:
+        fields.append(b"Expect: 100-continue")
+    asking = rnd.sample(_ASKING, k=rnd.randint(0, 4))
+    fields += asking
+    rnd.shuffle(fields)
+    target = rnd.choice([b"/endpoints/echo/invocations"] * 6 + [b"/ping", b"/v2/health/live"])
+    method = b"POST" if rnd.random() < 0.9 else b"GET"
+
+    def made(kept: list[bytes]) -> bytes:
+        return method + b" " + target + b" HTTP/1.1\r\n" + b"\r\n".join(kept) + b"\r\n\r\n"
+
+    return made(fields) + payload, made([f for f in fields if f not in asking]) + payload
+
+
+def _answers(gw: GatewayProcess, data: bytes, cut: int | None) -> list[tuple[int, bytes]]:
+    """Status and body of each answer (100 Continue left out) until the gateway closes."""
+    received = b""
+    with connect(gw) as s:
+        for piece in (data,) if cut is None else (data[:cut], data[cut:]):
+            s.sendall(piece)
+            if cut is not None:
+                time.sleep(0.07)  # the first piece read alone
+        while chunk := s.recv(65536):
+            received += chunk
+    answers = []
+    while received:
+        head, _, received = received.partition(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        length = re.search(rb"(?im)^content-length: *(\d+)", head)
+        size = int(length.group(1)) if length else 0
+        body, received = received[:size], received[size:]
+        if status != 100:
+            answers.append((status, body))
+    return answers
+
+
+def test_asking_to_upgrade_changes_no_answer(gw: GatewayProcess) -> None:
+    # Differential: pipelined requests with random fields asking to upgrade get the
+    # answers, status and body, that the same requests without those fields get.
+    rnd = random.Random(20261128)
+    for round_ in range(40):
+        pairs = [_pair(rnd, round_ * 10 + k) for k in range(rnd.randint(1, 4))]
+        asking = b"".join(p[0] for p in pairs) + _LAST
+        plain = b"".join(p[1] for p in pairs) + _LAST
+        split = rnd.random() < 0.3
+        cut = rnd.randint(1, len(plain) - len(_LAST)) if split else None
+        assert _answers(gw, asking, cut) == _answers(gw, plain, cut), asking
