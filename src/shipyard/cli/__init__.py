@@ -125,8 +125,8 @@ def serve(
             head_timeout_s=settings.head_timeout_s,
             take=gateway.take,
         ),
-        # No WebSocket or other protocol to switch to: a request asking is served as
-        # HTTP/1.1 (http_limits).
+        # The edge switches to no other protocol (http_limits): no WebSocket
+        # implementation to load for it.
         ws="none",
         access_log=False,
         log_level="warning",

@@ -115,12 +115,11 @@ def decoded(body: bytes, content_encoding: bytes | None, *, max_bytes: int) -> b
             unsupported=True,
         )
     coding = codings[0]
-    wbits = _WBITS[coding]
     parts: list[bytes] = []
     room = max_bytes + 1
     data = body
     while True:
-        inflater = zlib.decompressobj(wbits)
+        inflater = zlib.decompressobj(_WBITS[coding])
         try:
             part = inflater.decompress(data, room)
         except zlib.error as exc:
@@ -140,11 +139,11 @@ def decoded(body: bytes, content_encoding: bytes | None, *, max_bytes: int) -> b
             break
         # gzip (RFC 1952 2.2) is a series of members, each with its own header, as
         # `cat a.gz b.gz` or a parallel compressor (pigz, bgzip) writes: one stream.
-        if wbits == _WBITS[b"deflate"] or not data.startswith(_GZIP_MAGIC):
+        if coding == b"deflate" or not data.startswith(_GZIP_MAGIC):
             raise BodyEncodingError(
                 f"The request body's {coding.decode()} stream has data after its end."
             )
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+    return b"".join(parts)  # one member's bytes as they are, not copied
 
 
 async def drain(

@@ -317,7 +317,8 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             self._refused = (431, _FIELDS_TOO_LARGE)
         if self._refused is not None:
             return  # the request is refused: no app task for it
-        if self.parser.should_upgrade() and self.parser.get_method() != b"CONNECT":
+        upgrade = self.parser.should_upgrade()
+        if upgrade and self.parser.get_method() != b"CONNECT":
             # The parser takes what follows this head for the other protocol's: the
             # request is parsed again without its upgrade (_without_upgrade).
             self._upgrading = True
@@ -325,7 +326,7 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         if self._may_take and self._may_hold():
             return
         super().on_headers_complete()
-        if self.parser.should_upgrade():
+        if upgrade:
             # A CONNECT, answered by the app (no tunnel here), and the connection closed.
             self.cycle.keep_alive = False
 
@@ -536,10 +537,8 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         of any other. A CONNECT is not parsed again (see on_headers_complete); bytes after
         its head in the same read are dropped."""
         view = memoryview(rest)
-        while self._upgrading:
+        while self._upgrading:  # set only for a head not refused (on_headers_complete)
             self._upgrading = False
-            if self._refused is not None:
-                return  # refused (431) at its head: answered once this read is parsed
             headers = self.headers
             head = [
                 self.parser.get_method(),
