@@ -254,6 +254,62 @@ def test_both_gateways_route_to_inference_components_and_their_adapters(
         assert ask(gw, "x5") == 15.0
 
 
+def test_a_request_through_the_other_gateway_while_the_last_copy_drains_brings_one_back(
+    two_gateways: tuple[GatewayProcess, GatewayProcess], model_tarball: Any, tmp_path: Path
+) -> None:
+    """Scaled to zero, the last copy leaves routing at once and drains its request; the
+    component stays Updating until the copy is stopped, and then nothing changes in the
+    routes the other gateway reads. A request through that gateway in the window asks
+    for a copy as one at rest at zero does (before, it waited out its timeout)."""
+    a, b = two_gateways
+    started = tmp_path / "started"
+    component_endpoint(a.sm, "drains", count=1)
+    a.sm.create_inference_component(
+        InferenceComponentName="slow",
+        EndpointName="drains",
+        Specification={
+            "Container": {
+                "Image": "shipyard/python",
+                "ArtifactUrl": model_tarball("sleepy"),
+                "Environment": {"SLEEPY_STARTED_FILE": str(started)},
+            },
+            "ComputeResourceRequirements": {
+                "NumberOfCpuCoresRequired": 0.5, "MinMemoryRequiredInMb": 512,
+            },
+        },
+        RuntimeConfig={"CopyCount": 1},
+    )  # fmt: skip
+    wait_component(a.sm, "slow")
+    wait_until(lambda: len(_fleet(a, b)) == 1, "one copy", timeout_s=60)
+    holder, other = (a, b) if instance_pids(a.process.pid) else (b, a)
+
+    def ask(gw: GatewayProcess, sleep: float) -> int:
+        rt = gw.client("sagemaker-runtime", max_attempts=1)
+        out = rt.invoke_endpoint(EndpointName="drains", InferenceComponentName="slow",
+                                 Body=json.dumps({"sleep": sleep}).encode(),
+                                 ContentType="application/json")  # fmt: skip
+        pid: int = json.loads(out["Body"].read())["pid"]
+        return pid
+
+    with ThreadPoolExecutor(1) as pool:
+        long = pool.submit(ask, holder, 8)
+        wait_until(started.exists, "the long request under way", timeout_s=30)
+        holder.sm.update_inference_component_runtime_config(
+            InferenceComponentName="slow", DesiredRuntimeConfig={"CopyCount": 0}
+        )
+        seen: dict[str, Any] = {}
+
+        def out_of_routing() -> bool:  # as the other gateway sees it
+            seen.update(other.sm.describe_inference_component(InferenceComponentName="slow"))
+            return bool(seen["RuntimeConfig"]["CurrentCopyCount"] == 0)
+
+        wait_until(out_of_routing, "the copy out of the other's routes", timeout_s=30)
+        assert seen["InferenceComponentStatus"] == "Updating", "still draining"
+        assert not long.done()
+        fresh = ask(other, 0)
+        assert fresh != long.result(timeout=30), "answered by a copy started for it"
+
+
 def test_the_gateway_that_scales_an_endpoint_counts_the_requests_the_others_routed(
     gateway_factory: Callable[..., GatewayProcess],
     pg_schema: PgSchema,

@@ -5,27 +5,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from shipyard.leases import Leases
 from shipyard.storage.leases import ENDPOINT, LeaseStore
 from shipyard.storage.metadata import MetadataStore
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def meta(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetadataStore]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'meta.db'}"
-    else:
-        url = request.getfixturevalue("pg_schema").url
-    store = MetadataStore(url)
-    store.migrate()
-    yield store
-    store.close()
 
 
 def test_a_lease_held_and_renewed_is_not_taken_by_another_holder(meta: MetadataStore) -> None:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -26,16 +24,9 @@ from shipyard.records import (
 from shipyard.storage.metadata import MetadataStore, now
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetadataStore]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'meta.db'}"
-    else:
-        url = request.getfixturevalue("pg_schema").url
-    s = MetadataStore(url)
-    s.migrate()
-    yield s
-    s.close()
+@pytest.fixture
+def store(meta: MetadataStore) -> MetadataStore:
+    return meta
 
 
 def _model(name: str = "m") -> Model:

@@ -5,10 +5,8 @@ alarm's state, history and event written together."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
@@ -22,16 +20,9 @@ from shipyard.storage.metrics import Alarm, HistoryItem, MetricStore, Point, sta
 DIMS = (("EndpointName", "e"), ("VariantName", "v1"))
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MetricStore]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'meta.db'}"
-    else:
-        url = request.getfixturevalue("pg_schema").url
-    meta = MetadataStore(url)
-    meta.migrate()
-    yield MetricStore(meta.engine)
-    meta.close()
+@pytest.fixture
+def store(meta: MetadataStore) -> MetricStore:
+    return MetricStore(meta.engine)
 
 
 def latency(*values: float) -> StatSet:

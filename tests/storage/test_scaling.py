@@ -3,9 +3,7 @@ activities written in the same transaction as the endpoint change they describe.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
@@ -28,18 +26,9 @@ from shipyard.storage.scaling import ScalingStore, parse_resource_id, resource_i
 RID = resource_id("e", "v1")
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def stores(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> Iterator[tuple[MetadataStore, ScalingStore]]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'meta.db'}"
-    else:
-        url = request.getfixturevalue("pg_schema").url
-    meta = MetadataStore(url)
-    meta.migrate()
-    yield meta, ScalingStore(meta.engine)
-    meta.close()
+@pytest.fixture
+def stores(meta: MetadataStore) -> tuple[MetadataStore, ScalingStore]:
+    return meta, ScalingStore(meta.engine)
 
 
 def _target(**changes: object) -> ScalableTarget:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 from sqlalchemy import func, select
 
@@ -15,18 +12,9 @@ from shipyard.storage.metadata import MetadataStore, now
 from shipyard.storage.transform_jobs import TransformStore
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def stores(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> Iterator[tuple[MetadataStore, TransformStore]]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'meta.db'}"
-    else:
-        url = request.getfixturevalue("pg_schema").url
-    meta = MetadataStore(url)
-    meta.migrate()
-    yield meta, TransformStore(meta.engine)
-    meta.close()
+@pytest.fixture
+def stores(meta: MetadataStore) -> tuple[MetadataStore, TransformStore]:
+    return meta, TransformStore(meta.engine)
 
 
 def _job(name: str = "j") -> TransformJob:

@@ -95,13 +95,16 @@ class ComponentStore:
             return changed
 
     def start_from_zero(self, name: str) -> bool:
-        """One copy for a component at zero that is in service; whether it was at zero."""
+        """One copy for a component whose copy count is zero, in service or still being
+        scaled down to zero (its copies may be gone before that step records it: the
+        step's own record then yields, as it was changed since); whether it was at zero."""
         table = t.inference_components
+        at_zero = [ComponentStatus.IN_SERVICE.value, ComponentStatus.UPDATING.value]
         query = (
             update(table)
             .where(table.c.name == name)
             .where(table.c.copies == 0)
-            .where(table.c.status == ComponentStatus.IN_SERVICE.value)
+            .where(table.c.status.in_(at_zero))
             .values(
                 copies=1,
                 status=ComponentStatus.UPDATING.value,
