@@ -1,15 +1,18 @@
-"""Requests that ask to switch protocols (``Connection: upgrade`` with ``Upgrade``).
+"""Requests that ask to switch protocols (``Connection: upgrade`` with ``Upgrade``), and
+bodies framed under other transfer codings.
 
 The gateway switches to none: such a request is served as plain HTTP/1.1, body and all,
 and the connection stays HTTP/1.1 (RFC 9110 7.8 lets a server ignore ``Upgrade``).
 ``curl --http2`` against an ``http://`` URL asks for h2c this way on every request, and
 its POST body once reached the model empty. A CONNECT is answered and the connection
-closed. Real gateway, a real echo instance, plain sockets and the curl client; and a
-seeded differential test: pipelined requests with random fields asking to upgrade get the
-answers the same requests without those fields get."""
+closed, and so is a body under a transfer coding besides chunked (501: it once reached
+the model de-chunked and still compressed). Real gateway, a real echo instance, plain
+sockets and the curl client; and a seeded differential test: pipelined requests with
+random fields asking to upgrade get the answers the same requests without them get."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 import re
@@ -114,6 +117,36 @@ def test_a_connect_is_answered_and_the_connection_closed(gw: GatewayProcess) -> 
         assert status == 404 and headers["x-amzn-errortype"] == "UnknownOperationException"
         assert "CONNECT" in json.loads(body)["message"]
         assert reader.closed()
+
+
+def test_a_body_in_a_transfer_coding_other_than_chunked_is_refused_501(
+    gw: GatewayProcess,
+) -> None:
+    compressed = gzip.compress(b'{"n": 1}')
+    chunked = b"%x\r\n" % len(compressed) + compressed + b"\r\n0\r\n\r\n"
+    for coding in (b"gzip, chunked", b"gzip\r\nTransfer-Encoding: chunked"):
+        with connect(gw) as s:
+            s.sendall(request("echo", b'{"n": 0}'))  # an answer owed before the refusal
+            s.sendall(
+                b"POST /endpoints/echo/invocations HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\nTransfer-Encoding: " + coding
+                + b"\r\n\r\n" + chunked
+            )  # fmt: skip
+            reader = Reader(s)
+            assert json.loads(reader.answer()[2]) == {"n": 0}
+            status, headers, body = reader.answer()
+            assert status == 501 and headers["connection"] == "close"
+            assert b"chunked" in body
+            assert reader.closed()
+    # Chunked alone, however its field is written, is served.
+    for coding in (b"chunked", b" Chunked ", b", chunked"):
+        with connect(gw) as s:
+            s.sendall(
+                b"POST /endpoints/echo/invocations HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\nTransfer-Encoding: " + coding
+                + b"\r\n\r\n8\r\n{\"n\": 2}\r\n0\r\n\r\n"
+            )  # fmt: skip
+            assert json.loads(Reader(s).answer()[2]) == {"n": 2}
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="the curl client is not installed")

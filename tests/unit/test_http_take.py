@@ -509,7 +509,7 @@ def test_a_refusal_of_a_pipelined_request_follows_the_answer_before_it(
     assert transport.closing
 
 
-def _refused_431(reads: list[bytes]) -> tuple[Any, Recording, Served]:
+def _fed(reads: list[bytes]) -> tuple[Any, Recording, Served]:
     async def scenario() -> tuple[Any, Recording, Served]:
         served = Served()
         proto, transport = protocol(served, Offers(False))
@@ -526,7 +526,7 @@ def _refused_431(reads: list[bytes]) -> tuple[Any, Recording, Served]:
 def test_a_head_of_many_headers_in_one_read_keeps_no_more_than_the_limit() -> None:
     # 65,530 four-byte fields in one read: refused, and never held as 65,530 headers.
     head = b"GET / HTTP/1.1\r\nHost: x\r\n" + b"a:\r\n" * 65_530 + b"\r\n"
-    proto, transport, served = _refused_431([head])
+    proto, transport, served = _fed([head])
     assert transport.data.startswith(b"HTTP/1.1 431") and transport.closing
     assert len(proto.headers) <= 100
     assert served.asgi == []
@@ -541,7 +541,7 @@ def test_a_head_just_over_the_limit_is_refused_however_it_is_split(split: int | 
     head = b"GET / HTTP/1.1\r\n" + b"".join(fields) + b"big:" + b"a" * filler + b"\r\n\r\n"
     assert len(head) == 65_536
     reads = [head] if split is None else [head[:split], head[split:]]
-    _, transport, served = _refused_431(reads)
+    _, transport, served = _fed(reads)
     assert transport.data.startswith(b"HTTP/1.1 431")
     assert served.asgi == []
 
@@ -563,7 +563,7 @@ def test_a_chunked_bodys_trailer_fields_count_with_its_heads(trailers: int) -> N
     # 60 fields in the head, and 30 or 50 trailer fields: 90 together is served, 110 is
     # over the limit of 100: refused with a 431, its only answer, and the connection ends.
     head, body = _chunked(trailers)
-    _, transport, served = _refused_431([head + body])
+    _, transport, served = _fed([head + body])
     if trailers == 30:
         assert served.asgi == [("/endpoints/e/invocations", b"{}")]
         assert answers(transport.data) == [b"asgi:{}"] and not transport.closing
@@ -763,7 +763,7 @@ def test_an_upgrade_asked_for_gives_its_trailer_fields_no_more_room() -> None:
         b"Upgrade: " + b"u" * 40_000 + b"\r\nTransfer-Encoding: chunked\r\n\r\n"
     )
     body = b"2\r\n{}\r\n0\r\nT: " + b"z" * 40_000 + b"\r\n\r\n"
-    _, transport, served = _refused_431([head + body])
+    _, transport, served = _fed([head + body])
     assert served.asgi == []
     assert transport.data.startswith(b"HTTP/1.1 431") and transport.closing
 
@@ -778,3 +778,33 @@ def test_a_connect_is_answered_and_the_connection_closed() -> None:
     served = Served()
     transport = asyncio.run(scenario())
     assert answers(transport.data) == [b"asgi:"] and transport.closing
+
+
+@pytest.mark.parametrize(
+    "codings",
+    [b"gzip, chunked", b"identity, chunked", b"gzip\r\nTransfer-Encoding: chunked"],
+)
+def test_a_transfer_coding_other_than_chunked_is_refused_501(codings: bytes) -> None:
+    # llhttp de-chunks the body and leaves the coding before chunked applied: refused
+    # after the answer owed to the request before it, and never offered to the app.
+    refused = (
+        b"POST /endpoints/e/invocations HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+        + codings + b"\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+    )  # fmt: skip
+    _, transport, served = _fed([invocation(b"first") + refused])
+    assert served.asgi == [("/endpoints/e/invocations", b"first")]
+    first, rest = transport.data.split(b"HTTP/1.1 501 ", 1)
+    assert answers(first) == [b"asgi:first"]
+    assert rest.startswith(b"Not Implemented") and transport.closing
+    assert rest.endswith(b"Transfer codings other than chunked are not implemented.")
+
+
+@pytest.mark.parametrize("coding", [b"chunked", b" Chunked ", b",chunked"])
+def test_chunked_alone_however_written_is_served(coding: bytes) -> None:
+    data = (
+        b"POST /endpoints/e/invocations HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+        + coding + b"\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+    )  # fmt: skip
+    _, transport, served = _fed([data])
+    assert served.asgi == [("/endpoints/e/invocations", b"{}")]
+    assert answers(transport.data) == [b"asgi:{}"] and not transport.closing

@@ -90,6 +90,10 @@ def _nothing() -> None:
 _FIELDS_TOO_LARGE = "Request header fields too large."
 """The 431 refusal of a head, or of trailer fields, past max_headers or max_head_bytes."""
 
+_UNKNOWN_CODING = "Transfer codings other than chunked are not implemented."
+"""The 501 refusal of a request whose Transfer-Encoding names another coding."""
+_NO_CODING = (b"chunked", b"")
+
 
 async def _fields_too_large(scope: Any, receive: Any, send: Any) -> None:
     """The app of a request refused for its trailer fields while queued behind others
@@ -248,8 +252,17 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             # uvicorn's on_header, repeated rather than called: a frame less per header.
             # The head's bytes are held to their limit once it is complete.
             name = name.lower()
-            if name == b"expect" and value.lower() == b"100-continue":
-                self.expect_100_continue = True
+            if name == b"expect":
+                if value.lower() == b"100-continue":
+                    self.expect_100_continue = True
+            elif name == b"transfer-encoding" and self._refused is None:
+                # llhttp frames a body by its last coding, which must be chunked, and
+                # leaves the codings before it applied: a body it de-chunks would reach
+                # the model still compressed (gzip, chunked). None is decoded here
+                # (RFC 9112 6.1: 501 for a transfer coding the server does not know; an
+                # empty list element is no coding, RFC 9110 5.6.1).
+                if any(c.strip().lower() not in _NO_CODING for c in value.split(b",")):
+                    self._refused = (501, _UNKNOWN_CODING)
             headers.append((name, value))
             return
         # A chunked body's trailer field: httptools reports it as a header, after the
