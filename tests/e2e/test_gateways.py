@@ -284,7 +284,7 @@ def test_a_request_through_the_other_gateway_while_the_last_copy_drains_brings_o
     holder, other = (a, b) if instance_pids(a.process.pid) else (b, a)
 
     def ask(gw: GatewayProcess, sleep: float) -> int:
-        rt = gw.client("sagemaker-runtime", max_attempts=1)
+        rt = gw.client("sagemaker-runtime")  # retrying what boto3 retries, as users do
         out = rt.invoke_endpoint(EndpointName="drains", InferenceComponentName="slow",
                                  Body=json.dumps({"sleep": sleep}).encode(),
                                  ContentType="application/json")  # fmt: skip
@@ -292,7 +292,7 @@ def test_a_request_through_the_other_gateway_while_the_last_copy_drains_brings_o
         return pid
 
     with ThreadPoolExecutor(1) as pool:
-        long = pool.submit(ask, holder, 8)
+        long = pool.submit(ask, holder, 10)
         wait_until(started.exists, "the long request under way", timeout_s=30)
         holder.sm.update_inference_component_runtime_config(
             InferenceComponentName="slow", DesiredRuntimeConfig={"CopyCount": 0}
@@ -308,6 +308,37 @@ def test_a_request_through_the_other_gateway_while_the_last_copy_drains_brings_o
         assert not long.done()
         fresh = ask(other, 0)
         assert fresh != long.result(timeout=30), "answered by a copy started for it"
+
+
+def test_a_serverless_endpoint_serves_through_the_gateway_that_does_not_run_it(
+    gateway_factory: Callable[..., GatewayProcess],
+    pg_schema: PgSchema,
+    tmp_path: Path,
+    model_tarball: Any,
+) -> None:
+    """Only the holder starts and stops a serverless variant's instances. At rest, a
+    request through the other gateway is held for a cold start, as one through the
+    holder is (it once waited out its timeout); and an instance busy with the other's
+    request is not stopped as idle under it (the holder saw no request of its own)."""
+    from tests.e2e.test_serverless import create_serverless, invoke
+
+    args = ["--db", pg_schema.url]
+    env = {**LEASES, "SHIPYARD_SERVERLESS_IDLE_S": "3"}
+    with ThreadPoolExecutor(2) as pool:
+        a, b = pool.map(
+            lambda home: gateway_factory(home, args=args, extra_env=env),
+            (tmp_path / "a", tmp_path / "b"),
+        )
+    name = unique("sls")
+    create_serverless(a, name, model_tarball("sleepy"))
+    for gw in (a, b):  # one of them holds the endpoint
+        wait_until(lambda: not _fleet(a, b), "no instance while idle", timeout_s=60)
+        rt = gw.client("sagemaker-runtime", max_attempts=1)
+        assert invoke(rt, name, {"sleep": 0})["slept"] == 0
+    for gw in (a, b):  # longer than the idle time, on an instance the holder sees idle
+        rt = gw.client("sagemaker-runtime", max_attempts=1)
+        first = invoke(rt, name, {"sleep": 7})
+        assert invoke(rt, name, {"sleep": 0})["pid"] == first["pid"], "stopped as idle"
 
 
 def test_the_gateway_that_scales_an_endpoint_counts_the_requests_the_others_routed(

@@ -35,6 +35,7 @@ from shipyard.control.convergence import Converger
 from shipyard.control.mirror import FleetMirror, RouteRecorder
 from shipyard.control.publishing import RoutePublisher
 from shipyard.control.serverless import ServerlessScaler
+from shipyard.control.serverless_use import ServerlessUse
 from shipyard.control.supervision import InstanceSupervisor
 from shipyard.errors import ShipyardError
 from shipyard.leases import Leases
@@ -43,6 +44,7 @@ from shipyard.provisioning.fleet import Fleet, Provisioner
 from shipyard.records import Endpoint, EndpointStatus, InferenceComponent
 from shipyard.routing.router import Router
 from shipyard.storage.metadata import MetadataStore
+from shipyard.storage.serverless_use import ServerlessUseStore
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +100,10 @@ class Reconciler:
         self.publisher.on_demand = self._demand
         self.publisher.on_component_demand = self._component_demand
         self.recorder = RouteRecorder(leases=leases.store, period_s=leases.renew_s)
+        self.serverless_use = ServerlessUse(
+            ServerlessUseStore(store.engine, gateway=leases.store.holder),
+            period_s=leases.renew_s,
+        )
         self.publisher.on_change = self._record
         self.mirror = FleetMirror(
             store=store, leases=leases.store, publisher=self.publisher, holds=leases.holds
@@ -189,6 +195,7 @@ class Reconciler:
             group.create_task(self.serverless.watch_memory(), name="reconciler.memory")
             group.create_task(self.recorder.run(), name="reconciler.record-routes")
             group.create_task(self._mirror_loop(), name="reconciler.mirror")
+            group.create_task(self.serverless_use.run(), name="reconciler.serverless-use")
 
     async def stop_all(self) -> None:
         """Stop every instance: converge tasks first, then all fleets, concurrently; then
@@ -243,6 +250,7 @@ class Reconciler:
         for name in list(self.fleets):
             if name not in seen and name not in self._tasks:
                 self._spawn(name, steps.retire(name))
+        await self.serverless_use.apply(self.fleets, self.serverless)
 
     def _step_for(
         self, ep: Endpoint, components: list[InferenceComponent]
@@ -301,9 +309,12 @@ class Reconciler:
             self.recorder.note(endpoint, fleet)
 
     def _demand(self, fleet: Fleet, variant: str, wanted: int) -> None:
-        """A serverless variant's demand starts instances only in a fleet run here."""
+        """A serverless variant's demand starts instances in a fleet run here; for a
+        fleet another gateway runs, it is written for that gateway to act on."""
         if self.fleets.get(fleet.endpoint) is fleet:
             self.serverless.demand(fleet, variant, wanted)
+        elif self.mirror.fleets.get(fleet.endpoint) is fleet:
+            self.serverless_use.ask(fleet.endpoint, variant, wanted)
 
     def _component_demand(self, fleet: Fleet, name: str) -> None:
         """A request waits for a component with no copy: ask the store for one (once;
@@ -336,6 +347,7 @@ class Reconciler:
                 await self.mirror.refresh(self.store.list_endpoints)
             except Exception:
                 log.exception("mirroring the routes of other gateways failed; retrying")
+            self.serverless_use.sample(self.mirror.fleets)
 
     def _spawn(self, name: str, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work, name=f"reconciler.{name}")

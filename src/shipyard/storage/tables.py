@@ -239,6 +239,16 @@ leases = Table(
     Column("routes", JSON),
 )
 
+serverless_use = Table(
+    "serverless_use",
+    metadata,
+    Column("endpoint", String(63), primary_key=True),
+    Column("variant", String(63), primary_key=True),
+    Column("gateway", String(64), primary_key=True),
+    Column("wanted", Integer, nullable=False),
+    Column("uses", Integer, nullable=False),
+)
+
 metric_series = Table(
     "metric_series",
     metadata,
