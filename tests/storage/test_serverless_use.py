@@ -20,3 +20,31 @@ def test_each_write_moves_a_gateways_row_on_and_others_read_it(meta: MetadataSto
     assert a.read(["e", "other"]) == [Use("e", "v1", "b", 0, 1)], "its own rows are not read"
     a.note({})  # nothing to write
     assert holder.read(["nothing"]) == []
+
+
+def test_what_gateways_said_goes_with_its_endpoint(meta: MetadataStore) -> None:
+    from tests.storage.test_metadata import _endpoint
+
+    meta.create_endpoint(_endpoint("e"), max_endpoints=10)
+    meta.create_endpoint(_endpoint("kept"), max_endpoints=10)
+    a = ServerlessUseStore(meta.engine, gateway="a")
+    a.note({("e", "v1"): 1, ("kept", "v1"): 1})
+    meta.delete_endpoint("e")
+    holder = ServerlessUseStore(meta.engine, gateway="holder")
+    assert holder.read(["e", "kept"]) == [Use("kept", "v1", "a", 1, 1)]
+
+
+def test_uses_wrap_well_within_the_column(meta: MetadataStore) -> None:
+    from sqlalchemy import update
+
+    from shipyard.storage import tables as t
+
+    a = ServerlessUseStore(meta.engine, gateway="a")
+    a.note({("e", "v1"): 0})
+    with meta.engine.begin() as conn:
+        conn.execute(update(t.serverless_use).values(uses=999_999_999))
+    seen = []
+    for _ in range(3):
+        a.note({("e", "v1"): 0})
+        seen.append(ServerlessUseStore(meta.engine, gateway="b").read(["e"])[0].uses)
+    assert seen == [1_000_000_000, 1, 2]

@@ -250,7 +250,7 @@ class Reconciler:
         for name in list(self.fleets):
             if name not in seen and name not in self._tasks:
                 self._spawn(name, steps.retire(name))
-        await self.serverless_use.apply(self.fleets, self.serverless)
+        await self.serverless_use.apply(self.fleets, self.leases.holds, self.serverless)
 
     def _step_for(
         self, ep: Endpoint, components: list[InferenceComponent]
@@ -347,7 +347,7 @@ class Reconciler:
                 await self.mirror.refresh(self.store.list_endpoints)
             except Exception:
                 log.exception("mirroring the routes of other gateways failed; retrying")
-            self.serverless_use.sample(self.mirror.fleets)
+            self.serverless_use.sample(self.mirror.fleets, self.publisher.router.routes)
 
     def _spawn(self, name: str, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work, name=f"reconciler.{name}")

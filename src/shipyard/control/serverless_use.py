@@ -15,8 +15,10 @@ be stopped. So each gateway, for the fleets it mirrors, writes to the store
 The holder reads what the others wrote on each converge pass (``apply``): a row whose
 ``uses`` moved counts as a request on every instance of the variant (their idle clocks
 start again) and asks for the instances it names, as a local request would. A holder's
-first read of an endpoint only learns where each row stands: rows written before it held
-the lease are not taken for new use.
+first read of an endpoint (and its first since it held it last) only learns where each
+row stands: rows written before it held the lease are not taken for new use. A request
+still waiting is written again a period on, so an ask a new holder took for where a row
+stands is acted on at the next.
 """
 
 from __future__ import annotations
@@ -25,14 +27,19 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from shipyard.background import Wakeup
 from shipyard.control.serverless import ServerlessScaler
 from shipyard.provisioning.fleet import Fleet
+from shipyard.routing.serverless import ServerlessRoute
+from shipyard.routing.table import EndpointRoute
 from shipyard.storage.serverless_use import ServerlessUseStore
 
 log = logging.getLogger(__name__)
+
+_GAP_S = 0.05
+"""The least time between two writes of this gateway's use."""
 
 
 class ServerlessUse:
@@ -43,8 +50,6 @@ class ServerlessUse:
         self.store = store
         self.period_s = period_s
         self._pending: dict[tuple[str, str], int] = {}
-        self._admitted: dict[tuple[str, str], int] = {}
-        """Per mirrored variant, its requests admitted when its use was last written."""
         self._written: dict[tuple[str, str], float] = {}
         """Per mirrored variant, when its use was last written (this process's clock)."""
         self._wake = Wakeup()
@@ -65,24 +70,36 @@ class ServerlessUse:
         self._pending[key] = max(self._pending.get(key, 0), wanted)
         self._wake.set()
 
-    def sample(self, fleets: Mapping[str, Fleet]) -> None:
-        """Note the use of the mirrored ``fleets``' serverless variants since the last
-        write, each at most every ``period_s``."""
+    def sample(self, fleets: Mapping[str, Fleet], routes: Mapping[str, EndpointRoute]) -> None:
+        """Note the use of the mirrored ``fleets``' serverless variants, as the tables
+        published for them (``routes``) show it, each at most every ``period_s``: used
+        while requests are on its instances or wait for one, or if one finished since
+        the last write. Instances and waiting requests carry over from table to table,
+        so a request admitted on an earlier table still counts."""
         now = time.monotonic()
         for fleet in fleets.values():
-            for variant, route in fleet.serverless.items():
-                key = (fleet.endpoint, variant)
-                if route.admitted == self._admitted.get(key) and not route.active:
-                    continue  # unused since it was last written
-                if now - self._written.get(key, -math.inf) < self.period_s:
+            table = routes.get(fleet.endpoint)
+            if table is None:
+                continue
+            for variant in fleet.serverless:
+                route = table.by_name.get(variant)
+                admission = None if route is None else route.admission
+                if route is None or not isinstance(admission, ServerlessRoute):
                     continue
-                self._admitted[key] = route.admitted
-                wanted = min(math.ceil(route.active / route.slots), route.max_instances)
+                key = (fleet.endpoint, variant)
+                written = self._written.get(key, -math.inf)
+                if now - written < self.period_s:
+                    continue
+                busy = sum(i.in_flight for i in route.instances) + len(route.waiters)
+                if not busy and not any(i.last_used > written for i in route.instances):
+                    continue  # unused since it was last written
+                wanted = min(math.ceil(busy / admission.slots), admission.max_instances)
                 self._pending[key] = max(self._pending.get(key, 0), wanted)
                 self._wake.set()
 
     async def run(self) -> None:
-        """Write what was noted, as it is noted, until cancelled."""
+        """Write what was noted, as it is noted (at most every ``_GAP_S``), until
+        cancelled."""
         self._wake.bind()
         while True:
             await self._wake.wait(self.period_s)
@@ -95,19 +112,31 @@ class ServerlessUse:
                 log.exception("could not record the use of serverless variants; retrying")
                 for key, wanted in pending.items():
                     self._pending[key] = max(self._pending.get(key, 0), wanted)
-                continue
-            now = time.monotonic()
-            for key in pending:
-                self._written[key] = now
+            else:
+                now = time.monotonic()
+                for key in pending:
+                    self._written[key] = now
+            # Requests waiting under load each ask: their asks are written together.
+            await asyncio.sleep(_GAP_S)
 
     # -- the holder -------------------------------------------------------------------
 
-    async def apply(self, fleets: Mapping[str, Fleet], scaler: ServerlessScaler) -> None:
+    async def apply(
+        self, fleets: Mapping[str, Fleet], holds: Callable[[str], bool], scaler: ServerlessScaler
+    ) -> None:
         """Act on what the other gateways wrote of the serverless variants of ``fleets``
-        (those run here) since the last read."""
+        (those run here, under a lease ``holds`` says is held) since the last read."""
         serving = [
-            f.endpoint for f in fleets.values() if any(v.serverless for v in f.config.variants)
+            f.endpoint
+            for f in fleets.values()
+            if holds(f.endpoint) and any(v.serverless for v in f.config.variants)
         ]
+        # An endpoint no longer run here is read afresh if it comes back: what was
+        # written meanwhile was for another holder.
+        for endpoint in self._known.difference(serving):
+            self._known.discard(endpoint)
+            for key in [k for k in self._seen if k[0] == endpoint]:
+                del self._seen[key]
         if not serving:
             return
         uses = await asyncio.to_thread(self.store.read, serving)

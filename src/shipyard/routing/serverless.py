@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # the tables import this module
 class ServerlessRoute:
     """Admission and demand of one serverless variant."""
 
-    __slots__ = ("variant", "config", "slots", "max_instances", "active", "admitted", "_demand")
+    __slots__ = ("variant", "config", "slots", "max_instances", "active", "_demand")
 
     starts_instances = True
 
@@ -48,9 +48,6 @@ class ServerlessRoute:
         self.max_instances = math.ceil(config.max_concurrency / slots)
         self.active = 0
         """Requests admitted and not finished: waiting for an instance or on one."""
-        self.admitted = 0
-        """Requests admitted in all: another gateway's use of the variant is told by it
-        (control/serverless_use.py)."""
         self._demand = demand
 
     def __repr__(self) -> str:
@@ -67,7 +64,6 @@ class ServerlessRoute:
                 f"{self.config.max_concurrency} requests; retry later."
             )
         self.active += 1
-        self.admitted += 1
 
     def leave(self) -> None:
         self.active -= 1

@@ -255,7 +255,13 @@ class MetadataStore:
             return changed
 
     def delete_endpoint(self, name: str) -> None:
-        self._delete(t.endpoints, name, "endpoint")
+        with self._tx() as conn:
+            result = conn.execute(delete(t.endpoints).where(t.endpoints.c.name == name))
+            # What gateways said of its serverless use goes with it: an endpoint made
+            # again under the name starts with none (storage/serverless_use.py).
+            conn.execute(delete(t.serverless_use).where(t.serverless_use.c.endpoint == name))
+        if result.rowcount == 0:
+            raise ResourceNotFound.of("endpoint", name)
 
     # -- shared ---------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from shipyard.storage import tables as t
 from shipyard.storage.transactions import transaction
 
 _U = t.serverless_use
+_WRAP = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +58,8 @@ class ServerlessUseStore:
         statement = insert(_U)
         statement = statement.on_conflict_do_update(
             index_elements=[_U.c.endpoint, _U.c.variant, _U.c.gateway],
-            set_={"wanted": statement.excluded.wanted, "uses": _U.c.uses + 1},
+            # Only a change is read: it wraps well below the column's 32 bits.
+            set_={"wanted": statement.excluded.wanted, "uses": _U.c.uses % _WRAP + 1},
         )
         # In one order on every gateway, so two writing at once never deadlock.
         rows = [
