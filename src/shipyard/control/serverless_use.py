@@ -83,9 +83,9 @@ class ServerlessUse:
                 continue
             for variant in fleet.serverless:
                 route = table.by_name.get(variant)
-                admission = None if route is None else route.admission
-                if route is None or not isinstance(admission, ServerlessRoute):
+                if route is None or not isinstance(route.admission, ServerlessRoute):
                     continue
+                admission = route.admission
                 key = (fleet.endpoint, variant)
                 written = self._written.get(key, -math.inf)
                 if now - written < self.period_s:

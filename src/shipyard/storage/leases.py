@@ -23,17 +23,16 @@ reconciled only by the gateway holding its lease, however many gateways share th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, and_, case, delete, func, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Connection, Engine, and_, case, delete, func, or_, select, update
 
 from shipyard.storage import tables as t
-from shipyard.storage.transactions import transaction
+from shipyard.storage.transactions import transaction, upsert
 
 _L = t.leases
 
@@ -174,15 +173,13 @@ def _now(conn: Connection) -> datetime:
 
 def _insert_missing(conn: Connection, kind: str, names: Collection[str], now: datetime) -> None:
     """A free, already expired lease for each of ``names`` that has none yet."""
-    insert: Callable[[Table], Any] = (
-        postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-    )
     # In one order on every gateway, so two inserting at once never deadlock.
     rows = [
         {"kind": kind, "name": name, "holder": None, "expires_at": now, "term": 0}
         for name in sorted(names)
     ]
-    conn.execute(insert(_L).values(rows).on_conflict_do_nothing(index_elements=["kind", "name"]))
+    statement = upsert(conn.dialect.name, _L).values(rows)
+    conn.execute(statement.on_conflict_do_nothing(index_elements=["kind", "name"]))
 
 
 def _lease(row: Any) -> Lease:

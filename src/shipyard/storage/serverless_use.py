@@ -12,15 +12,13 @@ so no clock is compared between hosts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from sqlalchemy import Engine, Table, select
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Engine, select
 
 from shipyard.storage import tables as t
-from shipyard.storage.transactions import transaction
+from shipyard.storage.transactions import transaction, upsert
 
 _U = t.serverless_use
 _WRAP = 1_000_000_000
@@ -52,10 +50,7 @@ class ServerlessUseStore:
         row's ``uses`` moves on by one."""
         if not wanted:
             return
-        insert: Callable[[Table], Any] = (
-            postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
-        )
-        statement = insert(_U)
+        statement = upsert(self.engine.dialect.name, _U)
         statement = statement.on_conflict_do_update(
             index_elements=[_U.c.endpoint, _U.c.variant, _U.c.gateway],
             # Only a change is read: it wraps well below the column's 32 bits.

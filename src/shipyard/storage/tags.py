@@ -14,11 +14,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import Engine, delete, func, select
-from sqlalchemy.dialects import postgresql, sqlite
 
 from shipyard.errors import InvalidParameter, ResourceNotFound
 from shipyard.storage import tables as t
-from shipyard.storage.transactions import transaction
+from shipyard.storage.transactions import transaction, upsert
 
 MAX_TAGS = 50
 """SageMaker's limit of tags per resource."""
@@ -43,11 +42,7 @@ class TagStore:
             return
         with transaction(self.engine) as conn:
             rows = [{"arn": arn, "key": k, "value": v} for k, v in tags.items()]
-            insert = (
-                postgresql.insert(t.tags)
-                if self.engine.dialect.name == "postgresql"
-                else sqlite.insert(t.tags)
-            )
+            insert = upsert(self.engine.dialect.name, t.tags)
             conn.execute(
                 insert.on_conflict_do_update(
                     index_elements=[t.tags.c.arn, t.tags.c.key],

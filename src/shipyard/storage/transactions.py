@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -39,14 +39,16 @@ def transaction(engine: Engine) -> Iterator[Connection]:
         yield conn
 
 
+def upsert(dialect: str, table: Table) -> Any:
+    """An INSERT into ``table`` that takes ``on_conflict_do_nothing`` and
+    ``on_conflict_do_update``: the one of ``dialect``, SQLite's or PostgreSQL's."""
+    return postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
+
+
 def insert_new(conn: Connection, table: Table, row: dict[str, Any], keys: Sequence[str]) -> bool:
     """Insert ``row`` unless its unique ``keys`` exist; never raises on a duplicate. True
     when it was inserted."""
-    dialects: dict[str, Callable[[Table], Any]] = {
-        "postgresql": postgresql.insert,
-        "sqlite": sqlite.insert,
-    }
-    statement = dialects[conn.dialect.name](table).values(**row)
+    statement = upsert(conn.dialect.name, table).values(**row)
     statement = statement.on_conflict_do_nothing(index_elements=list(keys))
     # RETURNING, not rowcount: with implicit RETURNING psycopg reports rowcount -1.
     returning = statement.returning(*(table.c[k] for k in keys))
