@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import GatewayProcess, PgSchema, deploy, unique, wait_until
+from tests.conftest import GatewayProcess, PgSchema, deploy, unique, wait_in_service, wait_until
 from tests.e2e.processes import alive, instance_pids
 from tests.e2e.test_inference_components import component_endpoint, wait_component
 from tests.e2e.test_jobs import ENV as JOBS_ENV
@@ -55,10 +56,19 @@ def two_gateways(
     gateway_factory: Callable[..., GatewayProcess], pg_schema: PgSchema, tmp_path: Path
 ) -> tuple[GatewayProcess, GatewayProcess]:
     """Two gateways started at once on a new schema: they migrate it in turn."""
+    return _start_two(gateway_factory, pg_schema, tmp_path, LEASES)
+
+
+def _start_two(
+    gateway_factory: Callable[..., GatewayProcess],
+    pg_schema: PgSchema,
+    tmp_path: Path,
+    env: dict[str, str],
+) -> tuple[GatewayProcess, GatewayProcess]:
     args = ["--db", pg_schema.url]
     with ThreadPoolExecutor(2) as pool:
         first, second = pool.map(
-            lambda home: gateway_factory(home, args=args, extra_env=LEASES),
+            lambda home: gateway_factory(home, args=args, extra_env=env),
             (tmp_path / "a", tmp_path / "b"),
         )
     return first, second
@@ -322,13 +332,8 @@ def test_a_serverless_endpoint_serves_through_the_gateway_that_does_not_run_it(
     request is not stopped as idle under it (the holder saw no request of its own)."""
     from tests.e2e.test_serverless import create_serverless, invoke
 
-    args = ["--db", pg_schema.url]
     env = {**LEASES, "SHIPYARD_SERVERLESS_IDLE_S": "3"}
-    with ThreadPoolExecutor(2) as pool:
-        a, b = pool.map(
-            lambda home: gateway_factory(home, args=args, extra_env=env),
-            (tmp_path / "a", tmp_path / "b"),
-        )
+    a, b = _start_two(gateway_factory, pg_schema, tmp_path, env)
     name = unique("sls")
     create_serverless(a, name, model_tarball("sleepy"))
     for gw in (a, b):  # one of them holds the endpoint
@@ -338,6 +343,50 @@ def test_a_serverless_endpoint_serves_through_the_gateway_that_does_not_run_it(
         first = invoke(rt, name, {"sleep": 6})
         assert first["slept"] == 6
         assert invoke(rt, name, {"sleep": 0})["pid"] == first["pid"], "stopped as idle"
+
+
+def test_a_serverless_cold_start_that_fails_fails_the_requests_of_both_gateways(
+    gateway_factory: Callable[..., GatewayProcess],
+    pg_schema: PgSchema,
+    tmp_path: Path,
+    model_tarball: Any,
+) -> None:
+    """A cold start that fails fails the requests waiting for it, through the holder as
+    through the other gateway, with the model's reason; before, one through the other
+    waited out its 60 s timeout. Once the model starts again, both serve."""
+    from tests.e2e.test_serverless import serverless_variant
+
+    env = {**LEASES, "SHIPYARD_SERVERLESS_IDLE_S": "1"}
+    a, b = _start_two(gateway_factory, pg_schema, tmp_path, env)
+    name, broken = unique("slsbreaks"), tmp_path / "broken"
+    a.sm.create_model(
+        ModelName=name,
+        PrimaryContainer={
+            "Image": "shipyard/python",
+            "ModelDataUrl": model_tarball("sleepy"),
+            "Environment": {"SLEEPY_FAIL_FILE": str(broken)},
+        },
+        ExecutionRoleArn="arn:aws:iam::123456789012:role/x",
+    )
+    a.sm.create_endpoint_config(
+        EndpointConfigName=name, ProductionVariants=serverless_variant(name)
+    )
+    a.sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
+    wait_in_service(a.sm, name)
+    wait_until(lambda: not _fleet(a, b), "no instance while idle", timeout_s=60)
+    broken.write_text("the weights are gone")
+    for gw in (a, b):  # one of them holds the endpoint
+        rt = gw.client("sagemaker-runtime", max_attempts=1)
+        began = time.monotonic()
+        with pytest.raises(rt.exceptions.ModelError) as failed:
+            rt.invoke_endpoint(EndpointName=name, Body=b'{"sleep": 0}')
+        assert time.monotonic() - began < 30, "not left to wait out its timeout"
+        message = failed.value.response["Error"]["Message"]
+        assert "failed to start" in message and "the weights are gone" in message, message
+    broken.unlink()
+    for gw in (a, b):
+        out = gw.client("sagemaker-runtime").invoke_endpoint(EndpointName=name, Body=b"{}")
+        assert json.loads(out["Body"].read())["slept"] == 0
 
 
 def test_the_gateway_that_scales_an_endpoint_counts_the_requests_the_others_routed(
@@ -351,12 +400,7 @@ def test_the_gateway_that_scales_an_endpoint_counts_the_requests_the_others_rout
     from tests.e2e.test_autoscaling import FAST, Load, activities, counts, put_policy, register
 
     env = {**LEASES, **FAST, "SHIPYARD_METRICS_TICK_S": "1"}
-    args = ["--db", pg_schema.url]
-    with ThreadPoolExecutor(2) as pool:
-        a, b = pool.map(
-            lambda home: gateway_factory(home, args=args, extra_env=env),
-            (tmp_path / "a", tmp_path / "b"),
-        )
+    a, b = _start_two(gateway_factory, pg_schema, tmp_path, env)
     name = unique("elsewhere")
     deploy(a.sm, name, model_tarball("sleepy"))
     wait_until(lambda: len(_fleet(a, b)) == 1, "one instance", timeout_s=60)

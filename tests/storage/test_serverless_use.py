@@ -48,3 +48,26 @@ def test_uses_wrap_well_within_the_column(meta: MetadataStore) -> None:
         a.note({("e", "v1"): 0})
         seen.append(ServerlessUseStore(meta.engine, gateway="b").read(["e"])[0].uses)
     assert seen == [1_000_000_000, 1, 2]
+
+
+def test_a_failed_cold_start_is_written_on_the_rows_it_was_for_and_read_back(
+    meta: MetadataStore,
+) -> None:
+    a = ServerlessUseStore(meta.engine, gateway="a")
+    b = ServerlessUseStore(meta.engine, gateway="b")
+    holder = ServerlessUseStore(meta.engine, gateway="holder")
+    assert a.note({("e", "v1"): 1}) == {("e", "v1"): Use("e", "v1", "a", 1, 1)}
+    b.note({("e", "v1"): 1, ("e", "v2"): 1})
+    seen = {(u.endpoint, u.variant, u.gateway): u.uses for u in holder.read(["e"])}
+    a.note({("e", "v1"): 2})  # asked again after the holder read
+    holder.fail({k: u for k, u in seen.items() if k[1] == "v1"}, "the weights are gone")
+    holder.fail({}, "nothing")  # nothing to write
+    assert a.note({("e", "v1"): 0}) == {
+        ("e", "v1"): Use("e", "v1", "a", 0, 3, failed_uses=1, failure="the weights are gone")
+    }
+    written = b.note({("e", "v1"): 0, ("e", "v2"): 0})
+    assert written[("e", "v1")].failed_uses == 1
+    assert written[("e", "v2")] == Use("e", "v2", "b", 0, 2), "another variant's row"
+    holder.fail({("e", "v1", "a"): 3}, "x" * 5000)
+    (row,) = [u for u in holder.read(["e"]) if u.gateway == "a"]
+    assert (row.failed_uses, len(row.failure or "")) == (3, 2048)

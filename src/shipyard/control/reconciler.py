@@ -34,7 +34,7 @@ from shipyard.capture.writer import CaptureWriter
 from shipyard.control.convergence import Converger
 from shipyard.control.mirror import FleetMirror, RouteRecorder
 from shipyard.control.publishing import RoutePublisher
-from shipyard.control.serverless import ServerlessScaler
+from shipyard.control.serverless import ServerlessScaler, start_failed
 from shipyard.control.serverless_use import ServerlessUse
 from shipyard.control.supervision import InstanceSupervisor
 from shipyard.errors import ShipyardError
@@ -103,7 +103,9 @@ class Reconciler:
         self.serverless_use = ServerlessUse(
             ServerlessUseStore(store.engine, gateway=leases.store.holder),
             period_s=leases.renew_s,
+            fail=self._fail_waiting,
         )
+        self.serverless.on_failed = self.serverless_use.failed
         self.publisher.on_change = self._record
         self.mirror = FleetMirror(
             store=store, leases=leases.store, publisher=self.publisher, holds=leases.holds
@@ -315,6 +317,11 @@ class Reconciler:
             self.serverless.demand(fleet, variant, wanted)
         elif self.mirror.fleets.get(fleet.endpoint) is fleet:
             self.serverless_use.ask(fleet.endpoint, variant, wanted)
+
+    def _fail_waiting(self, endpoint: str, variant: str, reason: str) -> None:
+        """The holder's cold start of a serverless variant mirrored here failed: the
+        requests here waiting for it are told so."""
+        self.publisher.router.fail_waiting(endpoint, variant, lambda: start_failed(variant, reason))
 
     def _component_demand(self, fleet: Fleet, name: str) -> None:
         """A request waits for a component with no copy: ask the store for one (once;

@@ -68,6 +68,10 @@ class ServerlessScaler:
         self.slots = slots
         self.memory_period_s = memory_period_s
         self._tasks: set[asyncio.Task[None]] = set()
+        self.on_failed: Callable[[str, str, str], None] = _nothing
+        """Told (endpoint, variant, reason) when a cold start fails with none of the
+        variant's instances left: requests through other gateways wait for it too
+        (control/serverless_use.py)."""
 
     def __repr__(self) -> str:
         return f"ServerlessScaler(idle_s={self.idle_s:g}, slots={self.slots})"
@@ -109,8 +113,9 @@ class ServerlessScaler:
             if not fleet.slots[variant] and not fleet.starting[variant]:
                 reason = str(exc)
                 self.router.fail_waiting(
-                    fleet.endpoint, variant, lambda: _start_failed(variant, reason)
+                    fleet.endpoint, variant, lambda: start_failed(variant, reason)
                 )
+                self.on_failed(fleet.endpoint, variant, reason)
             return
         except BaseException:
             fleet.starting[variant] -= 1
@@ -212,9 +217,14 @@ def _last_used(slot: Slot) -> float:
     return slot.instance.last_used if slot.instance is not None else 0.0
 
 
-def _start_failed(variant: str, reason: str) -> ModelError:
+def start_failed(variant: str, reason: str) -> ModelError:
+    """What a request waiting for a serverless instance that failed to start is told."""
     return ModelError(
         f"The serverless instance of production variant {variant} failed to start: {reason}",
         original_status_code=500,
         original_message=reason,
     )
+
+
+def _nothing(endpoint: str, variant: str, reason: str) -> None:
+    pass

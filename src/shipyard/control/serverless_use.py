@@ -19,6 +19,13 @@ first read of an endpoint (and its first since it held it last) only learns wher
 row stands: rows written before it held the lease are not taken for new use. A request
 still waiting is written again a period on, so an ask a new holder took for where a row
 stands is acted on at the next.
+
+A cold start the holder made that fails with no instance of the variant left fails the
+requests waiting on the holder (ServerlessScaler) and is written on the rows whose use it
+had read (``failed``). Each write of a gateway whose requests wait reads its rows back:
+a failure written since its first write after they began waiting, for the ``uses`` of
+that write or a later one, fails them too (``fail``), rather than leave them to wait out
+their timeout.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from shipyard.control.serverless import ServerlessScaler
 from shipyard.provisioning.fleet import Fleet
 from shipyard.routing.serverless import ServerlessRoute
 from shipyard.routing.table import EndpointRoute
-from shipyard.storage.serverless_use import ServerlessUseStore
+from shipyard.storage.serverless_use import WRAP, ServerlessUseStore, Use
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +53,17 @@ class ServerlessUse:
     """Tells the holders what this gateway's requests need of their serverless variants,
     and tells this gateway's serverless variants what the others' requests need."""
 
-    def __init__(self, store: ServerlessUseStore, *, period_s: float) -> None:
+    def __init__(
+        self,
+        store: ServerlessUseStore,
+        *,
+        period_s: float,
+        fail: Callable[[str, str, str], None],
+    ) -> None:
         self.store = store
         self.period_s = period_s
+        self.fail = fail
+        """Fails the requests waiting here for (endpoint, variant), for a reason."""
         self._pending: dict[tuple[str, str], int] = {}
         self._written: dict[tuple[str, str], float] = {}
         """Per mirrored variant, when its use was last written (this process's clock)."""
@@ -57,6 +72,13 @@ class ServerlessUse:
         """Per row of another gateway, the ``uses`` this holder last read."""
         self._known: set[str] = set()
         """Endpoints held here whose rows have been read once."""
+        self._waiting: set[tuple[str, str]] = set()
+        """Mirrored variants that requests here wait for."""
+        self._asked: dict[tuple[str, str], tuple[int, int]] = {}
+        """Of those, the ``uses`` and ``failed_uses`` of the first write since their
+        requests began waiting."""
+        self._failures: list[tuple[dict[tuple[str, str, str], int], str]] = []
+        """Held here: failed cold starts to write, on the rows they were made for."""
 
     def __repr__(self) -> str:
         return f"ServerlessUse(pending={sorted(self._pending)})"
@@ -68,6 +90,7 @@ class ServerlessUse:
         instances, asked for at once."""
         key = (endpoint, variant)
         self._pending[key] = max(self._pending.get(key, 0), wanted)
+        self._waiting.add(key)
         self._wake.set()
 
     def sample(self, fleets: Mapping[str, Fleet], routes: Mapping[str, EndpointRoute]) -> None:
@@ -77,6 +100,7 @@ class ServerlessUse:
         the last write. Instances and waiting requests carry over from table to table,
         so a request admitted on an earlier table still counts."""
         now = time.monotonic()
+        waiting = set()
         for fleet in fleets.values():
             table = routes.get(fleet.endpoint)
             if table is None:
@@ -87,6 +111,8 @@ class ServerlessUse:
                     continue
                 admission = route.admission
                 key = (fleet.endpoint, variant)
+                if route.waiters:
+                    waiting.add(key)
                 written = self._written.get(key, -math.inf)
                 if now - written < self.period_s:
                     continue
@@ -96,18 +122,28 @@ class ServerlessUse:
                 wanted = min(math.ceil(busy / admission.slots), admission.max_instances)
                 self._pending[key] = max(self._pending.get(key, 0), wanted)
                 self._wake.set()
+        self._waiting = waiting
+        for key in self._asked.keys() - waiting:
+            del self._asked[key]  # none waits: the next to wait starts afresh
 
     async def run(self) -> None:
-        """Write what was noted, as it is noted (at most every ``_GAP_S``), until
-        cancelled."""
+        """Write what was noted, as it is noted (at most every ``_GAP_S``), and the
+        failures of cold starts made here, until cancelled."""
         self._wake.bind()
         while True:
             await self._wake.wait(self.period_s)
+            failures, self._failures = self._failures, []
+            for rows, reason in failures:
+                try:
+                    await asyncio.to_thread(self.store.fail, rows, reason)
+                except Exception:
+                    # Not tried again: those requests wait out their timeout, as before.
+                    log.exception("could not record a failed serverless cold start")
             pending, self._pending = self._pending, {}
             if not pending:
                 continue
             try:
-                await asyncio.to_thread(self.store.note, pending)
+                written = await asyncio.to_thread(self.store.note, pending)
             except Exception:
                 log.exception("could not record the use of serverless variants; retrying")
                 for key, wanted in pending.items():
@@ -116,10 +152,32 @@ class ServerlessUse:
                 now = time.monotonic()
                 for key in pending:
                     self._written[key] = now
+                self._read_back(written)
             # Requests waiting under load each ask: their asks are written together.
             await asyncio.sleep(_GAP_S)
 
+    def _read_back(self, written: Mapping[tuple[str, str], Use]) -> None:
+        """Fail the requests waiting here for a variant whose cold start, made for their
+        asks, failed on the holder."""
+        for key, use in written.items():
+            if key not in self._waiting:
+                self._asked.pop(key, None)
+                continue
+            asked, failed_before = self._asked.setdefault(key, (use.uses, use.failed_uses))
+            if use.failed_uses != failed_before and _covers(use.failed_uses, asked):
+                del self._asked[key]
+                self.fail(use.endpoint, use.variant, use.failure or "no reason was given")
+
     # -- the holder -------------------------------------------------------------------
+
+    def failed(self, endpoint: str, variant: str, reason: str) -> None:
+        """A cold start of ``variant``, run here, failed with none of its instances
+        left: written for the gateways whose use had been read (their requests waiting
+        for it fail, as the ones here did)."""
+        rows = {k: uses for k, uses in self._seen.items() if k[:2] == (endpoint, variant)}
+        if rows:
+            self._failures.append((rows, reason))
+            self._wake.set()
 
     async def apply(
         self, fleets: Mapping[str, Fleet], holds: Callable[[str], bool], scaler: ServerlessScaler
@@ -156,3 +214,9 @@ class ServerlessUse:
             if use.wanted:
                 scaler.demand(fleet, use.variant, use.wanted)
         self._known.update(serving)
+
+
+def _covers(failed: int, asked: int) -> bool:
+    """Whether a failure for ``failed`` uses was for ``asked``, or a later write (both
+    count on from 1, wrapping at WRAP)."""
+    return (failed - asked) % WRAP < WRAP // 2

@@ -247,6 +247,8 @@ serverless_use = Table(
     Column("gateway", String(64), primary_key=True),
     Column("wanted", Integer, nullable=False),
     Column("uses", Integer, nullable=False),
+    Column("failed_uses", Integer, nullable=False, server_default="0"),
+    Column("failure", Text),
 )
 
 metric_series = Table(

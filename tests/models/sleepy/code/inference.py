@@ -1,5 +1,6 @@
 """Sleeps for the number of seconds in the request's "sleep" field, then answers.
 
+Its load fails, with the text of the file SLEEPY_FAIL_FILE names, while that file exists.
 With "hold_mb", it first fills that many MB of memory, 32 MB at a time; with "spin", it
 then keeps the CPU busy for that many seconds.
 """
@@ -11,6 +12,10 @@ import time
 
 def model_fn(model_dir):
     time.sleep(float(os.environ.get("SLEEPY_LOAD_S", "0")))
+    broken = os.environ.get("SLEEPY_FAIL_FILE")
+    if broken and os.path.exists(broken):  # a test breaks the model's later starts
+        with open(broken) as why:
+            raise RuntimeError(why.read())
     return os.getpid()
 
 
