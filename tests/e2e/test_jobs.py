@@ -253,6 +253,10 @@ def test_a_running_job_whose_handle_the_store_lacks_is_adopted_without_repeating
 
 def _kill_runner(gw: GatewayProcess, name: str, attempt: int = 1) -> None:
     workdir = gw.home / "jobs" / name / f"attempt-{attempt}"
+    # "Training" is told just before the script starts and its PID file is written
+    # (whole, by a rename).
+    script = workdir / "script.pid"
+    wait_until(script.exists, "the script started", timeout_s=30)
     for pid_file in ("runner.pid", "script.pid"):
         os.killpg(int((workdir / pid_file).read_text()), signal.SIGKILL)
 
