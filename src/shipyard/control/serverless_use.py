@@ -166,7 +166,10 @@ class ServerlessUse:
             asked, failed_before = self._asked.setdefault(key, (use.uses, use.failed_uses))
             if use.failed_uses != failed_before and _covers(use.failed_uses, asked):
                 del self._asked[key]
-                self.fail(use.endpoint, use.variant, use.failure or "no reason was given")
+                try:
+                    self.fail(use.endpoint, use.variant, use.failure or "no reason was given")
+                except Exception:  # the writer goes on whatever the requests' end
+                    log.exception("could not fail the requests waiting for %s", key)
 
     # -- the holder -------------------------------------------------------------------
 
