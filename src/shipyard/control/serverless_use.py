@@ -9,12 +9,13 @@ be stopped. So each gateway, for the fleets it mirrors, writes to the store
 
 - at once, when one of its requests waits with no instance to take it: the instances its
   requests need (``ask``, called by the router through the publisher's demand);
-- at most every ``period_s``, while its requests use a variant: that they did, and how
-  many instances they need (``sample``, on each of the mirror's passes).
+- at most every ``period_s``, while its requests use a variant: that they did, on which
+  instances, and how many they need (``sample``, on each of the mirror's passes).
 
 The holder reads what the others wrote on each converge pass (``apply``): a row whose
-``uses`` moved counts as a request on every instance of the variant (their idle clocks
-start again) and asks for the instances it names, as a local request would. A holder's
+``uses`` moved counts as a request on each instance it says its requests were on (their
+idle clocks start again; so the others' light traffic keeps only the instances it
+reaches) and asks for the instances it wants, as a local request would. A holder's
 first read of an endpoint (and its first since it held it last) only learns where each
 row stands: rows written before it held the lease are not taken for new use. A request
 still waiting is written again a period on, so an ask a new holder took for where a row
@@ -65,6 +66,8 @@ class ServerlessUse:
         self.fail = fail
         """Fails the requests waiting here for (endpoint, variant), for a reason."""
         self._pending: dict[tuple[str, str], int] = {}
+        self._used: dict[tuple[str, str], set[str]] = {}
+        """Per mirrored variant to write, the instances its requests were on, by id."""
         self._written: dict[tuple[str, str], float] = {}
         """Per mirrored variant, when its use was last written (this process's clock)."""
         self._wake = Wakeup()
@@ -97,8 +100,9 @@ class ServerlessUse:
         """Note the use of the mirrored ``fleets``' serverless variants, as the tables
         published for them (``routes``) show it, each at most every ``period_s``: used
         while requests are on its instances or wait for one, or if one finished since
-        the last write. Instances and waiting requests carry over from table to table,
-        so a request admitted on an earlier table still counts."""
+        the last write; with the instances they were on. Instances and waiting requests
+        carry over from table to table, so a request admitted on an earlier table still
+        counts."""
         now = time.monotonic()
         waiting = set()
         for fleet in fleets.values():
@@ -121,6 +125,9 @@ class ServerlessUse:
                     continue  # unused since it was last written
                 wanted = min(math.ceil(busy / admission.slots), admission.max_instances)
                 self._pending[key] = max(self._pending.get(key, 0), wanted)
+                self._used.setdefault(key, set()).update(
+                    i.instance_id for i in route.instances if i.in_flight or i.last_used > written
+                )
                 self._wake.set()
         self._waiting = waiting
         for key in self._asked.keys() - waiting:
@@ -140,14 +147,17 @@ class ServerlessUse:
                     # Not tried again: those requests wait out their timeout, as before.
                     log.exception("could not record a failed serverless cold start")
             pending, self._pending = self._pending, {}
+            used, self._used = self._used, {}
             if not pending:
                 continue
             try:
-                written = await asyncio.to_thread(self.store.note, pending)
+                written = await asyncio.to_thread(self.store.note, pending, used)
             except Exception:
                 log.exception("could not record the use of serverless variants; retrying")
                 for key, wanted in pending.items():
                     self._pending[key] = max(self._pending.get(key, 0), wanted)
+                for key, ids in used.items():
+                    self._used.setdefault(key, set()).update(ids)
             else:
                 now = time.monotonic()
                 for key in pending:
@@ -212,8 +222,9 @@ class ServerlessUse:
             if before == use.uses or (before is None and use.endpoint not in self._known):
                 continue
             for slot in fleet.slots.get(use.variant, []):
-                if slot.instance is not None:
-                    slot.instance.last_used = max(slot.instance.last_used, now)
+                instance = slot.instance
+                if instance is not None and (use.used is None or instance.instance_id in use.used):
+                    instance.last_used = max(instance.last_used, now)
             if use.wanted:
                 scaler.demand(fleet, use.variant, use.wanted)
         self._known.update(serving)

@@ -46,6 +46,9 @@ class Use:
     none failed)."""
     failure: str | None = None
     """Why that cold start failed."""
+    used: list[str] | None = None
+    """The instances its requests were on since its last write, by id (None: not said,
+    so any of them)."""
 
 
 class ServerlessUseStore:
@@ -58,21 +61,38 @@ class ServerlessUseStore:
     def __repr__(self) -> str:
         return f"ServerlessUseStore(gateway={self.gateway!r})"
 
-    def note(self, wanted: Mapping[tuple[str, str], int]) -> dict[tuple[str, str], Use]:
-        """Per (endpoint, variant), the instances this gateway's requests need now; each
-        row's ``uses`` moves on by one. Returns the rows as written, by (endpoint,
-        variant), with the holder's last failure on them."""
+    def note(
+        self,
+        wanted: Mapping[tuple[str, str], int],
+        used: Mapping[tuple[str, str], Collection[str]] | None = None,
+    ) -> dict[tuple[str, str], Use]:
+        """Per (endpoint, variant), the instances this gateway's requests need now, and
+        those they were on (``used``, by id; none where not given); each row's ``uses``
+        moves on by one. Returns the rows as written, by (endpoint, variant), with the
+        holder's last failure on them."""
         if not wanted:
             return {}
         statement = upsert(self.engine.dialect.name, _U)
         statement = statement.on_conflict_do_update(
             index_elements=[_U.c.endpoint, _U.c.variant, _U.c.gateway],
             # Only a change is read: it wraps well below the column's 32 bits.
-            set_={"wanted": statement.excluded.wanted, "uses": _U.c.uses % WRAP + 1},
+            set_={
+                "wanted": statement.excluded.wanted,
+                "used": statement.excluded.used,
+                "uses": _U.c.uses % WRAP + 1,
+            },
         )
         # In one order on every gateway, so two writing at once never deadlock.
+        used = used or {}
         rows = [
-            {"endpoint": e, "variant": v, "gateway": self.gateway, "wanted": n, "uses": 1}
+            {
+                "endpoint": e,
+                "variant": v,
+                "gateway": self.gateway,
+                "wanted": n,
+                "used": sorted(used.get((e, v), ())),
+                "uses": 1,
+            }
             for (e, v), n in sorted(wanted.items())
         ]
         mine = select(_U).where(

@@ -249,6 +249,7 @@ serverless_use = Table(
     Column("uses", Integer, nullable=False),
     Column("failed_uses", Integer, nullable=False, server_default="0"),
     Column("failure", Text),
+    Column("used", JSON),
 )
 
 metric_series = Table(
