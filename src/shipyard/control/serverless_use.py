@@ -171,8 +171,7 @@ class ServerlessUse:
         asks, failed on the holder."""
         for key, use in written.items():
             if key not in self._waiting:
-                self._asked.pop(key, None)
-                continue
+                continue  # none waits (``sample`` let its baseline go with it)
             asked, failed_before = self._asked.setdefault(key, (use.uses, use.failed_uses))
             if use.failed_uses != failed_before and _covers(use.failed_uses, asked):
                 del self._asked[key]
