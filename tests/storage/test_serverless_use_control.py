@@ -1,10 +1,12 @@
 """ServerlessUse on a real store: on a gateway whose requests wait for another's
 serverless variant, a failed cold start written by the holder fails them at its next
-write; on the holder, the others' use keeps warm the instances it was on."""
+write; on the holder, a failure is written for the rows it had read, and the others' use
+keeps warm the instances it was on."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime
 
 from sqlalchemy import update
@@ -19,6 +21,8 @@ from shipyard.storage import tables as t
 from shipyard.storage.metadata import MetadataStore
 from shipyard.storage.serverless_use import ServerlessUseStore
 
+Told = tuple[str, str, str, float]
+
 
 async def _until(check: object, timeout_s: float = 10.0) -> None:
     async with asyncio.timeout(timeout_s):
@@ -26,51 +30,137 @@ async def _until(check: object, timeout_s: float = 10.0) -> None:
             await asyncio.sleep(0.01)
 
 
-def _holder_fails(meta: MetadataStore, reason: str) -> None:
-    """What the holder writes when the cold start it made for what it read fails."""
+def _holder_reads(meta: MetadataStore) -> dict[tuple[str, str, str], int]:
     holder = ServerlessUseStore(meta.engine, gateway="holder")
-    seen = {(u.endpoint, u.variant, u.gateway): u.uses for u in holder.read(["e"])}
-    holder.fail(seen, reason)
+    return {(u.endpoint, u.variant, u.gateway): u.uses for u in holder.read(["e"])}
+
+
+def _holder_fails(meta: MetadataStore, reason: str, seen: dict | None = None) -> None:
+    """What the holder writes when the cold start it made for what it read (``seen``,
+    else the rows as they are now) fails."""
+    holder = ServerlessUseStore(meta.engine, gateway="holder")
+    holder.fail(_holder_reads(meta) if seen is None else seen, reason)
+
+
+class _Writer:
+    """A gateway's ServerlessUse writing for requests that wait, as its router asks."""
+
+    def __init__(self, meta: MetadataStore, keep_s: float = 60.0) -> None:
+        self.failed: list[Told] = []
+        self.use = ServerlessUse(
+            ServerlessUseStore(meta.engine, gateway="a"),
+            period_s=0.05,
+            keep_s=keep_s,
+            fail=lambda *told: self.failed.append(told),
+        )
+        self.reader = ServerlessUseStore(meta.engine, gateway="reader")
+
+    async def written(self, uses: int) -> tuple[float, float]:
+        """Ask once more; return the times between which the ask was made and written."""
+        before = time.monotonic()
+        self.use.ask("e", "v1", 1)
+        await _until(lambda: [u.uses for u in self.reader.read(["e"])] == [uses])
+        return before, time.monotonic()
 
 
 def test_waiting_requests_fail_with_the_holders_failure_of_their_ask(meta: MetadataStore) -> None:
-    failed: list[tuple[str, str, str]] = []
+    async def main() -> None:
+        writer = _Writer(meta)
+        runner = asyncio.create_task(writer.use.run())
+        try:
+            await writer.written(1)
+            before, after = await writer.written(2)
+            await asyncio.to_thread(_holder_fails, meta, "the weights are gone")
+            assert writer.failed == []  # nothing read back yet
+            await writer.written(3)
+            await _until(lambda: writer.failed)
+            ((endpoint, variant, reason, began_by),) = writer.failed
+            assert (endpoint, variant, reason) == ("e", "v1", "the weights are gone")
+            assert before <= began_by <= after, "those waiting by the ask it was made for"
+            await writer.written(4)
+            await asyncio.sleep(0.2)
+            assert len(writer.failed) == 1, "told once"
+            # The row's count passes the wrap between the failed write and its read-back.
+            with meta.engine.begin() as conn:
+                conn.execute(update(t.serverless_use).values(uses=999_999_998))
+            await writer.written(999_999_999)
+            before, after = await writer.written(1_000_000_000)
+            await asyncio.to_thread(_holder_fails, meta, "again")
+            await writer.written(1)
+            await _until(lambda: len(writer.failed) == 2)
+            assert writer.failed[1][2] == "again"
+            assert before <= writer.failed[1][3] <= after
+        finally:
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def test_a_failure_for_a_write_no_longer_kept_fails_nothing(meta: MetadataStore) -> None:
+    """A request waits at most the router's timeout (``keep_s``): a failure read back
+    for a write older than that was for requests gone already, not for those waiting."""
 
     async def main() -> None:
-        use = ServerlessUse(
-            ServerlessUseStore(meta.engine, gateway="a"),
-            period_s=0.05,
-            fail=lambda *told: failed.append(told),
-        )
-        runner = asyncio.create_task(use.run())
+        writer = _Writer(meta, keep_s=0.3)
+        runner = asyncio.create_task(writer.use.run())
         try:
-            store = ServerlessUseStore(meta.engine, gateway="reader")
-
-            async def written(uses: int) -> None:
-                use.ask("e", "v1", 1)  # still waiting: written again
-                await _until(lambda: [u.uses for u in store.read(["e"])] == [uses])
-
-            await written(1)
-            await written(2)
-            await asyncio.to_thread(_holder_fails, meta, "the weights are gone")
-            assert failed == []  # nothing read back yet
-            await written(3)
-            await _until(lambda: failed)
-            assert failed == [("e", "v1", "the weights are gone")]
-            # A later wait starts afresh: the old failure is not taken for it, nor is a
-            # failure told twice. Its writes pass the row's count over the wrap.
-            use.sample({}, {})  # none waits any more
-            with meta.engine.begin() as conn:
-                conn.execute(update(t.serverless_use).values(uses=999_999_999))
-            await written(1_000_000_000)
-            await written(1)
-            await asyncio.to_thread(_holder_fails, meta, "again")
-            await written(2)
-            await _until(lambda: len(failed) == 2)
-            assert failed[1] == ("e", "v1", "again")
-            await written(3)
+            await writer.written(1)
+            seen = await asyncio.to_thread(_holder_reads, meta)  # the holder reads 1
+            await asyncio.sleep(0.5)
+            await writer.written(2)  # write 1 is past keeping
+            await asyncio.to_thread(_holder_fails, meta, "late", seen)
+            await writer.written(3)
             await asyncio.sleep(0.2)
-            assert len(failed) == 2, "told once"
+            assert writer.failed == []
+            # The same failure written while its write is kept is told.
+            seen = await asyncio.to_thread(_holder_reads, meta)  # 3
+            await asyncio.to_thread(_holder_fails, meta, "in time", seen)
+            await writer.written(4)
+            await _until(lambda: writer.failed)
+            assert [told[2] for told in writer.failed] == ["in time"]
+        finally:
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+class _Refusing(ServerlessUseStore):
+    """The holder's store, its first write of a failure refused (a database error)."""
+
+    refused = 0
+
+    def fail(self, rows: dict[tuple[str, str, str], int], reason: str) -> None:
+        if not self.refused:
+            self.refused += 1
+            raise OSError("the database went away")
+        super().fail(rows, reason)
+
+
+def test_the_holder_writes_a_failure_on_the_rows_it_had_read(meta: MetadataStore) -> None:
+    fleet = _fleet()
+    other = ServerlessUseStore(meta.engine, gateway="other")
+    store = _Refusing(meta.engine, gateway="holder")
+    holder = ServerlessUse(store, period_s=0.05, keep_s=60, fail=lambda *_: None)
+
+    async def main() -> None:
+        runner = asyncio.create_task(holder.run())
+        try:
+            holds = lambda endpoint: True  # noqa: E731
+            await holder.apply({"e": fleet}, holds, _Demand())  # type: ignore[arg-type]
+            holder.failed("e", "v2", "not a variant anyone used")
+            await asyncio.to_thread(other.note, {("e", "v1"): 1}, {})
+            await holder.apply({"e": fleet}, holds, _Demand())  # type: ignore[arg-type]
+            await asyncio.to_thread(other.note, {("e", "v1"): 1}, {})  # not read by the holder
+            holder.failed("e", "v1", "the weights are gone")
+            reader = ServerlessUseStore(meta.engine, gateway="reader")
+            await _until(
+                lambda: [u.failure for u in reader.read(["e"])] == ["the weights are gone"]
+            )
+            assert store.refused == 1, "written on the second try"
+            (row,) = reader.read(["e"])
+            assert (row.uses, row.failed_uses) == (2, 1), "for the use the holder had read"
         finally:
             runner.cancel()
             await asyncio.gather(runner, return_exceptions=True)
@@ -88,7 +178,8 @@ class _Demand:
         self.asked.append((variant, wanted))
 
 
-def test_the_holder_keeps_warm_only_the_instances_the_others_used(meta: MetadataStore) -> None:
+def _fleet() -> Fleet:
+    """A fleet of one serverless variant with two instances, run by the holder."""
     serverless = ServerlessConfig(memory_mb=1024, max_concurrency=4)
     variant = VariantSpec(
         "v1", "m", "ml.m5.large", 0, 1.0, RoutingStrategy.RANDOM, serverless=serverless
@@ -107,9 +198,18 @@ def test_the_holder_keeps_warm_only_the_instances_the_others_used(meta: Metadata
         weights={"v1": 1.0},
         serverless={"v1": ServerlessRoute("v1", serverless, slots=1, demand=lambda n: None)},
     )
+    return fleet
+
+
+def test_the_holder_keeps_warm_only_the_instances_the_others_used(meta: MetadataStore) -> None:
+    fleet = _fleet()
+    instances = [slot.instance for slot in fleet.slots["v1"]]
     other = ServerlessUseStore(meta.engine, gateway="other")
     holder = ServerlessUse(
-        ServerlessUseStore(meta.engine, gateway="holder"), period_s=1, fail=lambda *_: None
+        ServerlessUseStore(meta.engine, gateway="holder"),
+        period_s=1,
+        keep_s=60,
+        fail=lambda *_: None,
     )
     scaler = _Demand()
 

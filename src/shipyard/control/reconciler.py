@@ -103,6 +103,7 @@ class Reconciler:
         self.serverless_use = ServerlessUse(
             ServerlessUseStore(store.engine, gateway=leases.store.holder),
             period_s=leases.renew_s,
+            keep_s=self.publisher.router.timeout_s + leases.renew_s,
             fail=self._fail_waiting,
         )
         self.serverless.on_failed = self.serverless_use.failed
@@ -318,10 +319,12 @@ class Reconciler:
         elif self.mirror.fleets.get(fleet.endpoint) is fleet:
             self.serverless_use.ask(fleet.endpoint, variant, wanted)
 
-    def _fail_waiting(self, endpoint: str, variant: str, reason: str) -> None:
+    def _fail_waiting(self, endpoint: str, variant: str, reason: str, began_by: float) -> None:
         """The holder's cold start of a serverless variant mirrored here failed: the
-        requests here waiting for it are told so."""
-        self.publisher.router.fail_waiting(endpoint, variant, lambda: start_failed(variant, reason))
+        requests here that began waiting for it by ``began_by`` are told so."""
+        self.publisher.router.fail_waiting(
+            endpoint, variant, lambda: start_failed(variant, reason), began_by
+        )
 
     def _component_demand(self, fleet: Fleet, name: str) -> None:
         """A request waits for a component with no copy: ask the store for one (once;

@@ -110,7 +110,11 @@ class ServerlessScaler:
         except Exception as exc:
             fleet.starting[variant] -= 1
             log.warning("cold start of %s failed: %s", slot.spec.instance_id, exc)
-            if not fleet.slots[variant] and not fleet.starting[variant]:
+            if (
+                self.fleets.get(fleet.endpoint) is fleet  # else its requests moved on
+                and not fleet.slots[variant]
+                and not fleet.starting[variant]
+            ):
                 reason = str(exc)
                 self.router.fail_waiting(
                     fleet.endpoint, variant, lambda: start_failed(variant, reason)

@@ -23,10 +23,11 @@ stands is acted on at the next.
 
 A cold start the holder made that fails with no instance of the variant left fails the
 requests waiting on the holder (ServerlessScaler) and is written on the rows whose use it
-had read (``failed``). Each write of a gateway whose requests wait reads its rows back:
-a failure written since its first write after they began waiting, for the ``uses`` of
-that write or a later one, fails them too (``fail``), rather than leave them to wait out
-their timeout.
+had read, with the ``uses`` it had read (``failed``). Each write of another gateway reads
+its row back, and a failure for the ``uses`` of one of its writes fails the requests
+there that began waiting by the time of that write (``fail``): those its asks were for.
+A request that came later waits on, and its ask, written at once, has the holder try
+again.
 """
 
 from __future__ import annotations
@@ -42,12 +43,15 @@ from shipyard.control.serverless import ServerlessScaler
 from shipyard.provisioning.fleet import Fleet
 from shipyard.routing.serverless import ServerlessRoute
 from shipyard.routing.table import EndpointRoute
-from shipyard.storage.serverless_use import WRAP, ServerlessUseStore, Use
+from shipyard.storage.serverless_use import ServerlessUseStore, Use
 
 log = logging.getLogger(__name__)
 
 _GAP_S = 0.05
 """The least time between two writes of this gateway's use."""
+
+_FAILURE_TRIES = 20
+"""Writes of a failed cold start tried (one a period) before it is given up."""
 
 
 class ServerlessUse:
@@ -59,12 +63,16 @@ class ServerlessUse:
         store: ServerlessUseStore,
         *,
         period_s: float,
-        fail: Callable[[str, str, str], None],
+        keep_s: float,
+        fail: Callable[[str, str, str, float], None],
     ) -> None:
         self.store = store
         self.period_s = period_s
+        self.keep_s = keep_s
+        """How long the time of a write is kept: the longest a request waits here."""
         self.fail = fail
-        """Fails the requests waiting here for (endpoint, variant), for a reason."""
+        """Fails the requests waiting here for (endpoint, variant), for a reason, that
+        began waiting by a time (``time.monotonic()``)."""
         self._pending: dict[tuple[str, str], int] = {}
         self._used: dict[tuple[str, str], set[str]] = {}
         """Per mirrored variant to write, the instances its requests were on, by id."""
@@ -75,13 +83,12 @@ class ServerlessUse:
         """Per row of another gateway, the ``uses`` this holder last read."""
         self._known: set[str] = set()
         """Endpoints held here whose rows have been read once."""
-        self._waiting: set[tuple[str, str]] = set()
-        """Mirrored variants that requests here wait for."""
-        self._asked: dict[tuple[str, str], tuple[int, int]] = {}
-        """Of those, the ``uses`` and ``failed_uses`` of the first write since their
-        requests began waiting."""
-        self._failures: list[tuple[dict[tuple[str, str, str], int], str]] = []
-        """Held here: failed cold starts to write, on the rows they were made for."""
+        self._sent: dict[tuple[str, str], dict[int, float]] = {}
+        """Per mirrored variant, its writes of the last ``keep_s``: the ``uses`` each
+        wrote, and when what it wrote was taken (``time.monotonic()``), oldest first."""
+        self._failures: list[tuple[dict[tuple[str, str, str], int], str, int]] = []
+        """Held here: failed cold starts to write, on the rows they were made for, with
+        the tries left."""
 
     def __repr__(self) -> str:
         return f"ServerlessUse(pending={sorted(self._pending)})"
@@ -93,7 +100,6 @@ class ServerlessUse:
         instances, asked for at once."""
         key = (endpoint, variant)
         self._pending[key] = max(self._pending.get(key, 0), wanted)
-        self._waiting.add(key)
         self._wake.set()
 
     def sample(self, fleets: Mapping[str, Fleet], routes: Mapping[str, EndpointRoute]) -> None:
@@ -104,7 +110,6 @@ class ServerlessUse:
         carry over from table to table, so a request admitted on an earlier table still
         counts."""
         now = time.monotonic()
-        waiting = set()
         for fleet in fleets.values():
             table = routes.get(fleet.endpoint)
             if table is None:
@@ -115,8 +120,6 @@ class ServerlessUse:
                     continue
                 admission = route.admission
                 key = (fleet.endpoint, variant)
-                if route.waiters:
-                    waiting.add(key)
                 written = self._written.get(key, -math.inf)
                 if now - written < self.period_s:
                     continue
@@ -129,9 +132,6 @@ class ServerlessUse:
                     i.instance_id for i in route.instances if i.in_flight or i.last_used > written
                 )
                 self._wake.set()
-        self._waiting = waiting
-        for key in self._asked.keys() - waiting:
-            del self._asked[key]  # none waits: the next to wait starts afresh
 
     async def run(self) -> None:
         """Write what was noted, as it is noted (at most every ``_GAP_S``), and the
@@ -140,16 +140,20 @@ class ServerlessUse:
         while True:
             await self._wake.wait(self.period_s)
             failures, self._failures = self._failures, []
-            for rows, reason in failures:
+            for rows, reason, tries in failures:
                 try:
                     await asyncio.to_thread(self.store.fail, rows, reason)
                 except Exception:
-                    # Not tried again: those requests wait out their timeout, as before.
-                    log.exception("could not record a failed serverless cold start")
+                    if tries > 1:
+                        log.exception("could not record a failed serverless cold start; retrying")
+                        self._failures.append((rows, reason, tries - 1))
+                    else:  # those requests wait out their timeout
+                        log.exception("could not record a failed serverless cold start")
             pending, self._pending = self._pending, {}
             used, self._used = self._used, {}
             if not pending:
                 continue
+            taken = time.monotonic()  # requests waiting by now asked in this write
             try:
                 written = await asyncio.to_thread(self.store.note, pending, used)
             except Exception:
@@ -162,23 +166,31 @@ class ServerlessUse:
                 now = time.monotonic()
                 for key in pending:
                     self._written[key] = now
-                self._read_back(written)
+                self._read_back(written, taken)
             # Requests waiting under load each ask: their asks are written together.
             await asyncio.sleep(_GAP_S)
 
-    def _read_back(self, written: Mapping[tuple[str, str], Use]) -> None:
-        """Fail the requests waiting here for a variant whose cold start, made for their
-        asks, failed on the holder."""
+    def _read_back(self, written: Mapping[tuple[str, str], Use], taken: float) -> None:
+        """Note when each write's asks were taken, and fail the requests here that a cold
+        start the holder made for one of those writes failed for."""
         for key, use in written.items():
-            if key not in self._waiting:
-                continue  # none waits (``sample`` let its baseline go with it)
-            asked, failed_before = self._asked.setdefault(key, (use.uses, use.failed_uses))
-            if use.failed_uses != failed_before and _covers(use.failed_uses, asked):
-                del self._asked[key]
-                try:
-                    self.fail(use.endpoint, use.variant, use.failure or "no reason was given")
-                except Exception:  # the writer goes on whatever the requests' end
-                    log.exception("could not fail the requests waiting for %s", key)
+            sent = self._sent.setdefault(key, {})
+            began_by = sent.get(use.failed_uses)
+            # Oldest first: those past keeping go, and with a failure, the write it was
+            # for and those before it (a failure is told once).
+            for uses, at in list(sent.items()):
+                if began_by is None and taken - at <= self.keep_s:
+                    break
+                del sent[uses]
+                if uses == use.failed_uses:
+                    break
+            sent[use.uses] = taken
+            if began_by is None:
+                continue  # no failure, one told already, or not for a write kept here
+            try:
+                self.fail(use.endpoint, use.variant, use.failure or "no reason was given", began_by)
+            except Exception:  # the writer goes on whatever the requests' end
+                log.exception("could not fail the requests waiting for %s", key)
 
     # -- the holder -------------------------------------------------------------------
 
@@ -188,7 +200,7 @@ class ServerlessUse:
         for it fail, as the ones here did)."""
         rows = {k: uses for k, uses in self._seen.items() if k[:2] == (endpoint, variant)}
         if rows:
-            self._failures.append((rows, reason))
+            self._failures.append((rows, reason, _FAILURE_TRIES))
             self._wake.set()
 
     async def apply(
@@ -227,9 +239,3 @@ class ServerlessUse:
             if use.wanted:
                 scaler.demand(fleet, use.variant, use.wanted)
         self._known.update(serving)
-
-
-def _covers(failed: int, asked: int) -> bool:
-    """Whether a failure for ``failed`` uses was for ``asked``, or a later write (both
-    count on from 1, wrapping at WRAP)."""
-    return (failed - asked) % WRAP < WRAP // 2

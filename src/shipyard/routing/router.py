@@ -527,6 +527,7 @@ class Router:
         """
         if call.pinned is not None and not call.pinned.pinned:
             turn = True
+        since: float | None = None  # when it began waiting in the variant's queue
         while True:
             variant = self.current(route, variant)
             instance = self._choose(variant, call, tried, turn=turn)
@@ -545,9 +546,17 @@ class Router:
                     watch_gone=call.watch_gone,
                 )
             else:
-                await self._wait(
-                    variant.waiters, variant.release, front=turn, watch_gone=call.watch_gone
-                )
+                if since is None:
+                    since = time.monotonic()
+                try:
+                    await self._wait(
+                        variant.waiters, variant.release, front=turn, watch_gone=call.watch_gone
+                    )
+                except _FailedFor as failed:
+                    if since <= failed.began_by:
+                        raise failed.error() from None
+                    # Came after the asks the failed cold start was made for: its own
+                    # ask is written when it waits again.
             turn = True
 
     def _give_back(self, route: EndpointRoute, variant: VariantRoute, instance: Instance) -> None:
@@ -699,9 +708,19 @@ class Router:
             if unwatch is not None:
                 unwatch()
 
-    def fail_waiting(self, endpoint: str, variant: str, error: Callable[[], Exception]) -> None:
+    def fail_waiting(
+        self,
+        endpoint: str,
+        variant: str,
+        error: Callable[[], Exception],
+        began_by: float | None = None,
+    ) -> None:
         """Fail every request waiting for an instance of ``variant`` with ``error()``:
-        a serverless cold start failed, and they would otherwise wait for their timeout."""
+        a serverless cold start failed, and they would otherwise wait for their timeout.
+
+        With ``began_by`` (``time.monotonic()``), only the requests that began waiting by
+        then: another gateway's cold start, made for the asks this one wrote at that
+        time (control/serverless_use.py). The later ones wait on, and ask again."""
         route = self.routes.get(endpoint)
         waiting = route.by_name.get(variant) if route is not None else None
         if waiting is None:
@@ -709,12 +728,23 @@ class Router:
         while waiting.waiters:
             waiter = waiting.waiters.popleft()
             if not waiter.done():
-                waiter.set_exception(error())
+                waiter.set_exception(error() if began_by is None else _FailedFor(error, began_by))
 
     def close(self) -> None:
         for route in self.routes.values():
             for instance in route.instances():
                 instance.pool.close()
+
+
+class _FailedFor(Exception):
+    """How fail_waiting tells a request waiting in ``_take`` that a cold start made for
+    the asks written at ``began_by`` failed: it fails with ``error()`` if it was waiting
+    by then."""
+
+    def __init__(self, error: Callable[[], Exception], began_by: float) -> None:
+        super().__init__(began_by)
+        self.error = error
+        self.began_by = began_by
 
 
 Done = Callable[[Response | None, float, BaseException | None], None]

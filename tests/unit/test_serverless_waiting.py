@@ -1,0 +1,109 @@
+"""Requests waiting for a serverless cold start that another gateway made, and that
+failed: those that began waiting by the time of the ask it was made for fail with its
+reason; one that came later waits on, asks again, and is served by the next instance.
+A real router and a small real server on loopback for the instance."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from shipyard.control.serverless import start_failed
+from shipyard.errors import ModelError
+from shipyard.metrics import Metrics
+from shipyard.records import ServerlessConfig
+from shipyard.routing.instance import Instance
+from shipyard.routing.policies import LeastOutstandingRequests
+from shipyard.routing.router import Call, Router
+from shipyard.routing.serverless import ServerlessRoute
+from shipyard.routing.table import EndpointRoute, VariantRoute
+from tests.unit.test_client import _serve as serve
+from tests.unit.test_queued_calls import Recording
+
+
+def _table(admission: ServerlessRoute, *instances: Instance) -> EndpointRoute:
+    """The endpoint's table as the publisher makes it for a serverless variant."""
+    variant = VariantRoute(
+        "v1",
+        weight=1.0,
+        policy=LeastOutstandingRequests(max_in_flight=1),
+        instances=instances,
+        metrics=Metrics().for_variant("e", "v1"),
+        serverless=admission,
+    )
+    return EndpointRoute("e", [variant])
+
+
+def _at_rest() -> tuple[Router, ServerlessRoute, list[int]]:
+    """A router with a serverless variant at rest, and the asks for instances it makes."""
+    asks: list[int] = []
+    admission = ServerlessRoute(
+        "v1", ServerlessConfig(memory_mb=1024, max_concurrency=4), slots=1, demand=asks.append
+    )
+    router = Router(timeout_s=10.0)
+    router.publish(_table(admission))
+    return router, admission, asks
+
+
+async def _until(check: object, timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not check():  # type: ignore[operator]
+            await asyncio.sleep(0.005)
+
+
+def test_only_requests_waiting_by_the_failed_ask_fail() -> None:
+    async def main() -> None:
+        router, admission, asks = _at_rest()
+
+        def invoke(body: bytes) -> asyncio.Task[object]:
+            route = router.routes["e"]
+            return asyncio.create_task(router.invoke(route, route.variants[0], Call([], body)))
+
+        early = invoke(b"early")
+        await _until(lambda: len(asks) == 1)
+        began_by = time.monotonic()  # the ask written for the early request
+        await asyncio.sleep(0.01)
+        late = invoke(b"late")
+        await _until(lambda: len(asks) == 2)
+
+        router.fail_waiting("e", "v1", lambda: start_failed("v1", "no weights"), began_by)
+        try:
+            await asyncio.wait_for(early, 5)
+        except ModelError as exc:
+            assert "failed to start: no weights" in str(exc)
+        else:
+            raise AssertionError("the request the cold start was for was served")
+        await _until(lambda: len(asks) == 3)  # the late one asked again
+        assert not late.done()
+
+        handler = Recording(0.0)
+        server, port = await serve(handler)
+        try:
+            instance = Instance("i-1", "v1", f"http://127.0.0.1:{port}", concurrency=1)
+            router.publish(_table(admission, instance))
+            response, _ = await asyncio.wait_for(late, 5)  # type: ignore[misc]
+            assert handler.bodies == [b"late"]
+            assert admission.active == 0
+        finally:
+            router.close()
+            server.close()
+
+    asyncio.run(main())
+
+
+def test_without_a_time_every_waiting_request_fails() -> None:
+    async def main() -> None:
+        router, admission, asks = _at_rest()
+        route = router.routes["e"]
+        waiting = [
+            asyncio.create_task(router.invoke(route, route.variants[0], Call([], b"%d" % n)))
+            for n in range(2)
+        ]
+        await _until(lambda: len(asks) == 2)
+        router.fail_waiting("e", "v1", lambda: start_failed("v1", "no weights"))
+        results = await asyncio.gather(*waiting, return_exceptions=True)
+        assert [type(r) for r in results] == [ModelError, ModelError]
+        assert admission.active == 0
+        router.close()
+
+    asyncio.run(main())
