@@ -14,10 +14,14 @@ def components(meta: MetadataStore) -> ComponentStore:
     return ComponentStore(meta.engine)
 
 
-def _component(name: str, copies: int, status: ComponentStatus) -> InferenceComponent:
+def _component(
+    name: str, copies: int, status: ComponentStatus, failure_reason: str | None = None
+) -> InferenceComponent:
     t = now()
     spec = ComponentSpec(image="shipyard/python", artifact_url="file:///x")
-    return InferenceComponent(name, f"arn:ic/{name}", "e", "v1", spec, copies, status, t, t)
+    return InferenceComponent(
+        name, f"arn:ic/{name}", "e", "v1", spec, copies, status, t, t, failure_reason
+    )
 
 
 @pytest.mark.parametrize("status", [ComponentStatus.IN_SERVICE, ComponentStatus.UPDATING])
@@ -27,11 +31,13 @@ def test_a_request_brings_a_component_at_zero_back(
     """At zero copies, in service or still scaling down to zero (its copies can be gone
     before that step is recorded): one copy is asked for, and the step's late record of
     "in service at zero" no longer applies."""
-    components.create(_component("ic", 0, status))
+    failed_update = "Updating inference component ic failed, it keeps its previous copies"
+    components.create(_component("ic", 0, status, failed_update))
     step_saw = components.get("ic")
+    assert step_saw.failure_reason == failed_update
     assert components.start_from_zero("ic")
     after = components.get("ic")
-    assert (after.copies, after.status) == (1, ComponentStatus.UPDATING)
+    assert (after.copies, after.status, after.failure_reason) == (1, ComponentStatus.UPDATING, None)
     assert not components.change(
         "ic", unchanged_since=step_saw.modified, status=ComponentStatus.IN_SERVICE
     )

@@ -97,7 +97,8 @@ class ComponentStore:
     def start_from_zero(self, name: str) -> bool:
         """One copy for a component whose copy count is zero, in service or still being
         scaled down to zero (its copies may be gone before that step records it: the
-        step's own record then yields, as it was changed since); whether it was at zero."""
+        step's own record then yields, as it was changed since); whether it was at zero.
+        A FailureReason of an earlier update goes, as with UpdateInferenceComponent."""
         table = t.inference_components
         at_zero = [ComponentStatus.IN_SERVICE.value, ComponentStatus.UPDATING.value]
         query = (
@@ -108,6 +109,7 @@ class ComponentStore:
             .values(
                 copies=1,
                 status=ComponentStatus.UPDATING.value,
+                failure_reason=None,
                 modified=datetime.now(UTC),
             )
         )
