@@ -5,7 +5,7 @@
 
 Two ``shipyard serve`` processes on one PostgreSQL database (a schema of their own,
 dropped afterwards), the default lease settings (``SHIPYARD_LEASE_S`` 6,
-``SHIPYARD_LEASE_RENEW_S`` 1, ``SHIPYARD_ROUTES_REFRESH_S`` 1) unless set. One endpoint of
+``SHIPYARD_LEASE_RENEW_S`` 1, ``SHIPYARD_ROUTES_REFRESH_S`` 0.25) unless set. One endpoint of
 COUNT instances of a model whose ``transform_fn`` sleeps 20 ms. CLIENTS closed-loop
 client threads per gateway, each with its own keep-alive ``http.client`` connection and
 no retries: every answer other than 200 and every connection error is a failure.

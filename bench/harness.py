@@ -98,7 +98,9 @@ def provenance(started: float, probe_before: float) -> str:
         head = subprocess.run(
             [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         )
-        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
+        # Results files are what runs write, often several in a row: not the code run.
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", ":(exclude)bench/results"],
                                capture_output=True, text=True)  # fmt: skip
         if head.returncode == 0:
             tree = head.stdout.strip() + (" with uncommitted changes" if dirty.stdout else "")

@@ -96,6 +96,7 @@ async def _start_to_ping(backend: LocalBackend, spec: InstanceSpec) -> float:
 
 
 def cold_starts(work: Path, model: Path, rounds: int) -> dict[str, list[float]]:
+    (work / "backends").mkdir(exist_ok=True)  # hidden: bwrap masks a folder that exists
     sandbox = Sandbox.create(file_roots=[work], hidden=[work / "backends"], environ=os.environ)
     backends = {
         mode: LocalBackend(
