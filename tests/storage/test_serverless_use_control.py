@@ -6,8 +6,10 @@ keeps warm the instances it was on."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import update
 
@@ -19,7 +21,7 @@ from shipyard.routing.instance import Instance
 from shipyard.routing.serverless import ServerlessRoute
 from shipyard.storage import tables as t
 from shipyard.storage.metadata import MetadataStore
-from shipyard.storage.serverless_use import ServerlessUseStore
+from shipyard.storage.serverless_use import ServerlessUseStore, Use
 
 Told = tuple[str, str, str, float]
 
@@ -97,6 +99,46 @@ def test_waiting_requests_fail_with_the_holders_failure_of_their_ask(meta: Metad
     asyncio.run(main())
 
 
+class _SlowNote(ServerlessUseStore):
+    """A gateway's store whose writes take a while: asks made meanwhile miss them."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.writing = threading.Event()
+
+    def note(self, *args: Any, **kwargs: Any) -> dict[tuple[str, str], Use]:
+        self.writing.set()
+        time.sleep(0.2)
+        return super().note(*args, **kwargs)
+
+
+def test_a_request_that_asked_during_the_write_is_not_failed_with_it(
+    meta: MetadataStore,
+) -> None:
+    """The time told is when the write took its asks, not when it was done."""
+    failed: list[Told] = []
+    store = _SlowNote(meta.engine, gateway="a")
+    use = ServerlessUse(store, period_s=0.05, keep_s=60, fail=lambda *told: failed.append(told))
+    reader = ServerlessUseStore(meta.engine, gateway="reader")
+
+    async def main() -> None:
+        runner = asyncio.create_task(use.run())
+        try:
+            use.ask("e", "v1", 1)
+            await asyncio.to_thread(store.writing.wait, 10)
+            during = time.monotonic()  # a request beginning to wait now, mid-write
+            await _until(lambda: [u.uses for u in reader.read(["e"])] == [1])
+            await asyncio.to_thread(_holder_fails, meta, "no weights")
+            use.ask("e", "v1", 1)
+            await _until(lambda: failed)
+            assert failed[0][3] < during
+        finally:
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+
+    asyncio.run(main())
+
+
 def test_a_failure_for_a_write_no_longer_kept_fails_nothing(meta: MetadataStore) -> None:
     """A request waits at most the router's timeout (``keep_s``): a failure read back
     for a write older than that was for requests gone already, not for those waiting."""
@@ -127,12 +169,21 @@ def test_a_failure_for_a_write_no_longer_kept_fails_nothing(meta: MetadataStore)
 
 
 class _Refusing(ServerlessUseStore):
-    """The holder's store, its first write of a failure refused (a database error)."""
+    """The holder's store, its first write of a failure refused (a database error), once
+    ``go`` is set."""
 
     refused = 0
 
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.go = threading.Event()
+        self.go.set()
+        self.trying = threading.Event()
+
     def fail(self, rows: dict[tuple[str, str, str], int], reason: str) -> None:
         if not self.refused:
+            self.trying.set()
+            self.go.wait(10)
             self.refused += 1
             raise OSError("the database went away")
         super().fail(rows, reason)
@@ -161,6 +212,40 @@ def test_the_holder_writes_a_failure_on_the_rows_it_had_read(meta: MetadataStore
             assert store.refused == 1, "written on the second try"
             (row,) = reader.read(["e"])
             assert (row.uses, row.failed_uses) == (2, 1), "for the use the holder had read"
+        finally:
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def test_a_failure_refused_is_not_written_over_a_newer_one(meta: MetadataStore) -> None:
+    """A newer failure for the row comes while the refused write is under way: the
+    refused one is not tried again after it, so the row ends with the newer."""
+    fleet = _fleet()
+    other = ServerlessUseStore(meta.engine, gateway="other")
+    store = _Refusing(meta.engine, gateway="holder")
+    store.go.clear()
+    holder = ServerlessUse(store, period_s=0.05, keep_s=60, fail=lambda *_: None)
+    reader = ServerlessUseStore(meta.engine, gateway="reader")
+
+    async def main() -> None:
+        runner = asyncio.create_task(holder.run())
+        try:
+            holds = lambda endpoint: True  # noqa: E731
+            await holder.apply({"e": fleet}, holds, _Demand())  # type: ignore[arg-type]
+            await asyncio.to_thread(other.note, {("e", "v1"): 1}, {})
+            await holder.apply({"e": fleet}, holds, _Demand())  # type: ignore[arg-type]
+            holder.failed("e", "v1", "old")
+            await asyncio.to_thread(store.trying.wait, 10)
+            await asyncio.to_thread(other.note, {("e", "v1"): 1}, {})
+            await holder.apply({"e": fleet}, holds, _Demand())  # type: ignore[arg-type]
+            holder.failed("e", "v1", "new")
+            store.go.set()
+            await _until(lambda: [u.failure for u in reader.read(["e"])] == ["new"])
+            await asyncio.sleep(0.3)  # a retry of the old one would land by now
+            (row,) = reader.read(["e"])
+            assert (row.failure, row.failed_uses) == ("new", 2)
         finally:
             runner.cancel()
             await asyncio.gather(runner, return_exceptions=True)

@@ -18,7 +18,8 @@ from shipyard.routing.router import Call, Router
 from shipyard.routing.serverless import ServerlessRoute
 from shipyard.routing.table import EndpointRoute, VariantRoute
 from tests.unit.test_client import _serve as serve
-from tests.unit.test_queued_calls import Recording
+from tests.unit.test_queued_calls import Recording, one_instance
+from tests.unit.test_started_calls import Told
 
 
 def _table(admission: ServerlessRoute, *instances: Instance) -> EndpointRoute:
@@ -65,6 +66,8 @@ def test_only_requests_waiting_by_the_failed_ask_fail() -> None:
         await asyncio.sleep(0.01)
         late = invoke(b"late")
         await _until(lambda: len(asks) == 2)
+        later = invoke(b"later")
+        await _until(lambda: len(asks) == 3)
 
         router.fail_waiting("e", "v1", lambda: start_failed("v1", "no weights"), began_by)
         try:
@@ -73,16 +76,17 @@ def test_only_requests_waiting_by_the_failed_ask_fail() -> None:
             assert "failed to start: no weights" in str(exc)
         else:
             raise AssertionError("the request the cold start was for was served")
-        await _until(lambda: len(asks) == 3)  # the late one asked again
-        assert not late.done()
+        await _until(lambda: len(asks) == 5)  # the late ones asked again
+        await asyncio.sleep(0.05)
+        assert not late.done() and not later.done()
 
         handler = Recording(0.0)
         server, port = await serve(handler)
         try:
             instance = Instance("i-1", "v1", f"http://127.0.0.1:{port}", concurrency=1)
             router.publish(_table(admission, instance))
-            response, _ = await asyncio.wait_for(late, 5)  # type: ignore[misc]
-            assert handler.bodies == [b"late"]
+            await asyncio.wait_for(asyncio.gather(late, later), 5)
+            assert handler.bodies == [b"late", b"later"], "in the order they came"
             assert admission.active == 0
         finally:
             router.close()
@@ -105,5 +109,27 @@ def test_without_a_time_every_waiting_request_fails() -> None:
         assert [type(r) for r in results] == [ModelError, ModelError]
         assert admission.active == 0
         router.close()
+
+    asyncio.run(main())
+
+
+def test_a_call_taken_on_callbacks_fails_with_the_models_reason() -> None:
+    """A call held on callbacks (Router.start) in a variant an update made serverless:
+    told the cold start's error itself, never the router's internal signal."""
+
+    async def main() -> None:
+        server_handler, server, router, route, variant = await one_instance(0.2)
+        first, waiting = Told(), Told()
+        assert router.start(route, variant, Call([], b"first"), first)
+        assert router.start(route, variant, Call([], b"waiting"), waiting)
+        router.fail_waiting(
+            "e", "v1", lambda: start_failed("v1", "no weights"), time.monotonic() - 100
+        )
+        _, _, error = await waiting.wait()
+        assert isinstance(error, ModelError), error
+        assert "failed to start: no weights" in str(error)
+        assert (await first.wait())[2] is None
+        router.close()
+        server.close()
 
     asyncio.run(main())

@@ -86,9 +86,9 @@ class ServerlessUse:
         self._sent: dict[tuple[str, str], dict[int, float]] = {}
         """Per mirrored variant, its writes of the last ``keep_s``: the ``uses`` each
         wrote, and when what it wrote was taken (``time.monotonic()``), oldest first."""
-        self._failures: list[tuple[dict[tuple[str, str, str], int], str, int]] = []
-        """Held here: failed cold starts to write, on the rows they were made for, with
-        the tries left."""
+        self._failures: dict[tuple[str, str, str], tuple[int, str, int]] = {}
+        """Held here: per row of another gateway, the newest failed cold start to write
+        on it: the ``uses`` it was made for, why it failed, and the tries left."""
 
     def __repr__(self) -> str:
         return f"ServerlessUse(pending={sorted(self._pending)})"
@@ -139,16 +139,7 @@ class ServerlessUse:
         self._wake.bind()
         while True:
             await self._wake.wait(self.period_s)
-            failures, self._failures = self._failures, []
-            for rows, reason, tries in failures:
-                try:
-                    await asyncio.to_thread(self.store.fail, rows, reason)
-                except Exception:
-                    if tries > 1:
-                        log.exception("could not record a failed serverless cold start; retrying")
-                        self._failures.append((rows, reason, tries - 1))
-                    else:  # those requests wait out their timeout
-                        log.exception("could not record a failed serverless cold start")
+            await self._write_failures()
             pending, self._pending = self._pending, {}
             used, self._used = self._used, {}
             if not pending:
@@ -169,6 +160,24 @@ class ServerlessUse:
                 self._read_back(written, taken)
             # Requests waiting under load each ask: their asks are written together.
             await asyncio.sleep(_GAP_S)
+
+    async def _write_failures(self) -> None:
+        """Write the failed cold starts held here, each row's newest."""
+        failures, self._failures = self._failures, {}
+        by_reason: dict[str, dict[tuple[str, str, str], int]] = {}
+        for row, (uses, reason, _) in failures.items():
+            by_reason.setdefault(reason, {})[row] = uses
+        for reason, rows in by_reason.items():
+            try:
+                await asyncio.to_thread(self.store.fail, rows, reason)
+            except Exception:
+                log.exception("could not record a failed serverless cold start")
+                for row in rows:
+                    uses, _, tries = failures[row]
+                    # Tried again unless a newer failure came for the row meanwhile;
+                    # past its tries, those requests wait out their timeout.
+                    if tries > 1 and row not in self._failures:
+                        self._failures[row] = (uses, reason, tries - 1)
 
     def _read_back(self, written: Mapping[tuple[str, str], Use], taken: float) -> None:
         """Note when each write's asks were taken, and fail the requests here that a cold
@@ -199,8 +208,9 @@ class ServerlessUse:
         left: written for the gateways whose use had been read (their requests waiting
         for it fail, as the ones here did)."""
         rows = {k: uses for k, uses in self._seen.items() if k[:2] == (endpoint, variant)}
+        for row, uses in rows.items():
+            self._failures[row] = (uses, reason, _FAILURE_TRIES)
         if rows:
-            self._failures.append((rows, reason, _FAILURE_TRIES))
             self._wake.set()
 
     async def apply(

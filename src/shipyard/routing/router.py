@@ -527,7 +527,8 @@ class Router:
         """
         if call.pinned is not None and not call.pinned.pinned:
             turn = True
-        since: float | None = None  # when it began waiting in the variant's queue
+        since = 0.0  # when it began waiting in the queue of the variant named ``waited``
+        waited: str | None = None
         while True:
             variant = self.current(route, variant)
             instance = self._choose(variant, call, tried, turn=turn)
@@ -546,8 +547,8 @@ class Router:
                     watch_gone=call.watch_gone,
                 )
             else:
-                if since is None:
-                    since = time.monotonic()
+                if waited != variant.name:  # its ask for this variant was made just now
+                    since, waited = time.monotonic(), variant.name
                 try:
                     await self._wait(
                         variant.waiters, variant.release, front=turn, watch_gone=call.watch_gone
@@ -555,8 +556,10 @@ class Router:
                 except _FailedFor as failed:
                     if since <= failed.began_by:
                         raise failed.error() from None
-                    # Came after the asks the failed cold start was made for: its own
-                    # ask is written when it waits again.
+                    # Came after the asks the failed cold start was made for: it waits
+                    # again behind those spared before it, and its ask is written anew.
+                    turn = False
+                    continue
             turn = True
 
     def _give_back(self, route: EndpointRoute, variant: VariantRoute, instance: Instance) -> None:
@@ -727,8 +730,15 @@ class Router:
             return
         while waiting.waiters:
             waiter = waiting.waiters.popleft()
-            if not waiter.done():
-                waiter.set_exception(error() if began_by is None else _FailedFor(error, began_by))
+            if waiter.done():
+                continue
+            if began_by is not None and isinstance(waiter, asyncio.Future):
+                # ``_take`` compares when its request began waiting.
+                waiter.set_exception(_FailedFor(error, began_by))
+            else:
+                # A call taken on callbacks (_Queued) never waits for a serverless
+                # instance, unless an update turned its variant into one: it fails.
+                waiter.set_exception(error())
 
     def close(self) -> None:
         for route in self.routes.values():
