@@ -63,6 +63,8 @@ class FakeSource:
         self.failures: dict[str, Exception] = {}
         self.loads: list[str] = []
         self.unloaded: list[str] = []
+        self.freed: dict[str, int] = {}
+        """What unloading a url gives back, where not all it measured at its load."""
 
     async def load(self, name: str, url: str) -> Loaded[str]:
         first = url not in self.loads
@@ -78,9 +80,10 @@ class FakeSource:
             f"model:{url}", self.sizes[url], load_s=0.5, download_s=0.25 if first else None
         )
 
-    async def unload(self, models: list[object], urls: Sequence[str]) -> None:
+    async def unload(self, models: list[object], urls: Sequence[str]) -> int:
         models.clear()
         self.unloaded.extend(urls)
+        return sum(self.freed.get(u, self.sizes.get(u, 0)) for u in urls)
 
 
 def make_cache(
@@ -180,6 +183,51 @@ def test_the_count_cap_unloads_the_coldest_and_ties_go_to_the_first_loaded() -> 
         await cache.acquire("b")
         assert (await cache.acquire("c")).evicted == ("a",)
         assert cache.loaded_count == 2
+
+    run(scenario())
+
+
+def test_what_an_unloaded_model_left_in_the_process_counts_against_the_budget() -> None:
+    """a imported a library (charged 30, 20 of it stays when a goes): with 20 left, b and
+    c (30 each) no longer fit beside d, where without it they would have."""
+
+    async def scenario() -> None:
+        cache, source, clock = make_cache({"a": 30, "b": 30, "c": 30, "d": 30, "e": 30})
+        source.freed[url("a")] = 10
+        for name in "abcd":
+            await cache.acquire(name)
+            clock.advance()
+        assert cache.left_bytes == 20  # d's load unloaded a, which gave back 10 of 30
+        assert [info.name for info in cache.models()] == ["b", "c", "d"]
+        assert cache.memory_bytes + cache.left_bytes == 110  # over: the next load says so
+        loaded_e = await cache.acquire("e")
+        assert loaded_e.evicted == ("b", "c")
+        assert [info.name for info in cache.models()] == ["d", "e"]
+        assert cache.memory_bytes + cache.left_bytes <= 100
+
+    run(scenario())
+
+
+def test_an_unload_giving_back_more_than_its_charge_takes_what_was_left_down() -> None:
+    """b's cache grew after its load (charged 30, gives back 45): what a left is repaid."""
+
+    async def scenario() -> None:
+        cache, source, clock = make_cache({"a": 40, "b": 30, "c": 40, "d": 40}, max_models=1)
+        source.freed[url("a")] = 20
+        source.freed[url("b")] = 45
+        await cache.acquire("a")
+        clock.advance()
+        await cache.acquire("b")
+        assert cache.left_bytes == 20
+        clock.advance()
+        await cache.acquire("c")
+        assert cache.left_bytes == 5
+        clock.advance()
+        await cache.acquire("d")  # c gives back its 40: nothing more is repaid or left
+        assert cache.left_bytes == 5
+        source.freed[url("d")] = 60
+        assert await cache.unload("d") >= 0
+        assert cache.left_bytes == 0  # never below nothing
 
     run(scenario())
 

@@ -14,7 +14,8 @@ from mme_models import write_model
 
 from shipyard.errors import ArtifactError, ModelLoadFailed, ModelNotFound
 from shipyard.runtime.disk_cache import DiskCache
-from shipyard.runtime.model_source import HandlersSource
+from shipyard.runtime.model_source import HandlersSource, release_memory, rss_bytes
+from shipyard.runtime.multimodel import ModelCache
 from shipyard.storage.artifacts import ArtifactStore
 
 KIB = 1024
@@ -127,3 +128,67 @@ def test_the_source_names_the_model_in_its_failures(tmp_path: Path) -> None:
             await source.load("broken.tar.gz", str(broken / "broken.tar.gz"))
 
     asyncio.run(scenario())
+
+
+LIBRARY_USER = """
+import sys
+
+sys.path.insert(0, {library_dir!r})
+import shipyard_test_big_library  # stays imported when the model goes, as numpy would
+
+
+def model_fn(model_dir):
+    return bytes(range(256)) * ({own_mib} << 12)  # resident: every byte written
+"""
+
+
+def model_using_library(root: Path, name: str, library_dir: Path, own_mib: int) -> str:
+    code = root / name / "code"
+    code.mkdir(parents=True)
+    (code / "inference.py").write_text(
+        LIBRARY_USER.format(library_dir=str(library_dir), own_mib=own_mib)
+    )
+    return str(root / name)
+
+
+def test_the_budget_bounds_what_the_process_holds_once_the_importer_is_gone(
+    tmp_path: Path,
+) -> None:
+    """The first model to import a library is charged for it, and the library stays when
+    that model is unloaded. Counting only the loaded models' charges, six models of 8 MiB
+    behind a 12 MiB library would hold 52 MiB under a budget of 40; counting what the
+    unloads left, the cache unloads one more and the process stays within the budget."""
+    mib = 2**20
+    library_dir = tmp_path / "site"
+    library_dir.mkdir()
+    (library_dir / "shipyard_test_big_library.py").write_text(
+        "HELD = bytes(range(256)) * (12 << 12)  # 12 MiB, resident\n"
+    )
+    urls = {
+        f"m{i}": model_using_library(tmp_path / "models", f"m{i}", library_dir, own_mib=8)
+        for i in range(1, 7)
+    }
+    source = HandlersSource(disk=disk_cache(tmp_path / "disk", 10 * 2**20))
+    budget = 40 * mib
+
+    async def scenario() -> list[tuple[int, int]]:
+        cache = ModelCache(source=source, prefix=str(tmp_path), memory_budget_bytes=budget)
+        release_memory()
+        start = rss_bytes()
+        held = []
+        for name, url in urls.items():
+            await cache.load(name, url)
+            release_memory()
+            held.append((rss_bytes() - start, cache.memory_bytes + cache.left_bytes))
+        return held
+
+    try:
+        held = asyncio.run(scenario())
+    finally:
+        sys.modules.pop("shipyard_test_big_library", None)
+        if str(library_dir) in sys.path:
+            sys.path.remove(str(library_dir))
+    for grown, counted in held:
+        assert abs(grown - counted) <= 3 * mib, held  # what is counted is what is held
+        assert grown <= budget + 3 * mib, held
+    assert held[-1][0] >= 30 * mib  # the models did load: the library and 2-3 of them

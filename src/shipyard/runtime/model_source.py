@@ -115,9 +115,10 @@ class HandlersSource:
         """Fetch and load ``url`` in a worker thread; ModelNotFound or ModelLoadFailed."""
         return await run_blocking(self._load, name, url)
 
-    async def unload(self, models: list[object], urls: Sequence[str]) -> None:
-        """Drop ``models`` (emptying the list), free their memory, and unpin their artifacts."""
-        await run_blocking(self._unload, models, urls)
+    async def unload(self, models: list[object], urls: Sequence[str]) -> int:
+        """Drop ``models`` (emptying the list), free their memory, and unpin their
+        artifacts; the bytes the process gave back."""
+        return await run_blocking(self._unload, models, urls)
 
     def _load(self, name: str, url: str) -> Loaded[Handlers]:
         model_dir, download_s = self._fetch(name, url)
@@ -139,12 +140,16 @@ class HandlersSource:
             raise ModelLoadFailed(f"Model '{name}' failed to load: {failure}")
         return Loaded(loaded, memory_bytes, load_s, download_s)
 
-    def _unload(self, models: list[object], urls: Sequence[str]) -> None:
+    def _unload(self, models: list[object], urls: Sequence[str]) -> int:
         with self._lock:
+            release_memory()  # as a load measures: from a trimmed heap to a trimmed heap
+            before_bytes = rss_bytes()
             models.clear()
             release_memory()
+            freed_bytes = max(before_bytes - rss_bytes(), 0)
         for url in urls:
             self._disk.unpin(url)
+        return freed_bytes
 
     def _fetch(self, name: str, url: str) -> tuple[Path, float | None]:
         try:
