@@ -6,8 +6,10 @@ keeps warm the instances it was on."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,6 +46,30 @@ def _holder_fails(meta: MetadataStore, reason: str, seen: dict | None = None) ->
     holder.fail(_holder_reads(meta) if seen is None else seen, reason)
 
 
+@contextlib.asynccontextmanager
+async def _running(
+    store: ServerlessUseStore,
+) -> AsyncIterator[tuple[ServerlessUse, list[Told], ServerlessUseStore]]:
+    """A gateway's ServerlessUse on ``store``, running; what it failed, as it told it;
+    and a store to read the rows with."""
+    failed: list[Told] = []
+    use = ServerlessUse(store, period_s=0.05, keep_s=60, fail=lambda *told: failed.append(told))
+    runner = asyncio.create_task(use.run())
+    try:
+        yield use, failed, ServerlessUseStore(store.engine, gateway="reader")
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+
+
+async def _asked(use: ServerlessUse, reader: ServerlessUseStore, uses: int) -> tuple[float, float]:
+    """Ask once more; the times between which the ask was made and written as ``uses``."""
+    before = time.monotonic()
+    use.ask("e", "v1", 1)
+    await _until(lambda: [u.uses for u in reader.read(["e"])] == [uses])
+    return before, time.monotonic()
+
+
 class _Writer:
     """A gateway's ServerlessUse writing for requests that wait, as its router asks."""
 
@@ -59,10 +85,7 @@ class _Writer:
 
     async def written(self, uses: int) -> tuple[float, float]:
         """Ask once more; return the times between which the ask was made and written."""
-        before = time.monotonic()
-        self.use.ask("e", "v1", 1)
-        await _until(lambda: [u.uses for u in self.reader.read(["e"])] == [uses])
-        return before, time.monotonic()
+        return await _asked(self.use, self.reader, uses)
 
 
 def test_waiting_requests_fail_with_the_holders_failure_of_their_ask(meta: MetadataStore) -> None:
@@ -116,14 +139,10 @@ def test_a_request_that_asked_during_the_write_is_not_failed_with_it(
     meta: MetadataStore,
 ) -> None:
     """The time told is when the write took its asks, not when it was done."""
-    failed: list[Told] = []
     store = _SlowNote(meta.engine, gateway="a")
-    use = ServerlessUse(store, period_s=0.05, keep_s=60, fail=lambda *told: failed.append(told))
-    reader = ServerlessUseStore(meta.engine, gateway="reader")
 
     async def main() -> None:
-        runner = asyncio.create_task(use.run())
-        try:
+        async with _running(store) as (use, failed, reader):
             use.ask("e", "v1", 1)
             await asyncio.to_thread(store.writing.wait, 10)
             during = time.monotonic()  # a request beginning to wait now, mid-write
@@ -132,9 +151,6 @@ def test_a_request_that_asked_during_the_write_is_not_failed_with_it(
             use.ask("e", "v1", 1)
             await _until(lambda: failed)
             assert failed[0][3] < during
-        finally:
-            runner.cancel()
-            await asyncio.gather(runner, return_exceptions=True)
 
     asyncio.run(main())
 
@@ -161,6 +177,91 @@ def test_a_failure_for_a_write_no_longer_kept_fails_nothing(meta: MetadataStore)
             await writer.written(4)
             await _until(lambda: writer.failed)
             assert [told[2] for told in writer.failed] == ["in time"]
+        finally:
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+class _LostAnswer(ServerlessUseStore):
+    """A gateway's store whose write, once ``lose`` is set, is stored but raises on the
+    way back (the connection lost after the commit); the write after it waits for ``go``."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.lose = False
+        self.lost = False
+        self.go = threading.Event()
+
+    def note(self, *args: Any, **kwargs: Any) -> dict[tuple[str, str], Use]:
+        if self.lost:
+            self.go.wait(10)
+        written = super().note(*args, **kwargs)
+        if self.lose and not self.lost:
+            self.lost = True
+            raise OSError("the connection was lost after the commit")
+        return written
+
+
+def test_a_failure_for_a_write_stored_though_it_raised_is_told(meta: MetadataStore) -> None:
+    """The write raised, so its ``uses`` never came back; the next one's tells that it
+    was stored, and a failure the holder made for it fails the requests waiting by then."""
+    store = _LostAnswer(meta.engine, gateway="a")
+
+    async def main() -> None:
+        async with _running(store) as (use, failed, reader):
+            use.ask("e", "v1", 1)
+            await _until(lambda: [u.uses for u in reader.read(["e"])] == [1])
+            store.lose = True
+            before, after = await _asked(use, reader, 2)
+            await asyncio.to_thread(_holder_fails, meta, "no weights")  # for 2, as read
+            store.go.set()  # the ask is written again, and reads the failure back
+            await _until(lambda: failed)
+            ((endpoint, variant, reason, began_by),) = failed
+            assert (endpoint, variant, reason) == ("e", "v1", "no weights")
+            assert before <= began_by <= after
+
+    asyncio.run(main())
+
+
+def test_a_write_that_raised_unstored_lends_its_time_to_nothing(meta: MetadataStore) -> None:
+    """The write raised before it was stored: the next write follows the last one
+    stored, and a failure for that last one is told with its own time."""
+
+    class _Refused(ServerlessUseStore):
+        refuse = False
+
+        def note(self, *args: Any, **kwargs: Any) -> dict[tuple[str, str], Use]:
+            if self.refuse:
+                self.refuse = False
+                raise OSError("the database went away")
+            return super().note(*args, **kwargs)
+
+    store = _Refused(meta.engine, gateway="a")
+
+    async def main() -> None:
+        async with _running(store) as (use, failed, reader):
+            before, after = await _asked(use, reader, 1)
+            await asyncio.to_thread(_holder_fails, meta, "gone")  # for 1, as read
+            store.refuse = True
+            use.ask("e", "v1", 1)  # refused, then written as 2, reading the failure back
+            await _until(lambda: failed)
+            assert before <= failed[0][3] <= after, "the time of write 1, not the refused one's"
+
+    asyncio.run(main())
+
+
+def test_write_times_past_keeping_are_dropped_once_nothing_is_written(
+    meta: MetadataStore,
+) -> None:
+    async def main() -> None:
+        writer = _Writer(meta, keep_s=0.2)
+        runner = asyncio.create_task(writer.use.run())
+        try:
+            await writer.written(1)
+            assert writer.use._sent  # kept while a failure for it could come
+            await _until(lambda: not writer.use._sent)
         finally:
             runner.cancel()
             await asyncio.gather(runner, return_exceptions=True)

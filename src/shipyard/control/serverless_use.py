@@ -27,7 +27,10 @@ had read, with the ``uses`` it had read (``failed``). Each write of another gate
 its row back, and a failure for the ``uses`` of one of its writes fails the requests
 there that began waiting by the time of that write (``fail``): those its asks were for.
 A request that came later waits on, and its ask, written at once, has the holder try
-again.
+again. A write that raised may have been stored all the same (the connection lost after
+the commit): the next write's ``uses``, two past the last one known, says so, and the
+write it skipped is kept with the time its asks were taken. The times of writes past
+keeping are dropped, written to again or not.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from shipyard.control.serverless import ServerlessScaler
 from shipyard.provisioning.fleet import Fleet
 from shipyard.routing.serverless import ServerlessRoute
 from shipyard.routing.table import EndpointRoute
-from shipyard.storage.serverless_use import ServerlessUseStore, Use
+from shipyard.storage.serverless_use import WRAP, ServerlessUseStore, Use
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +89,11 @@ class ServerlessUse:
         self._sent: dict[tuple[str, str], dict[int, float]] = {}
         """Per mirrored variant, its writes of the last ``keep_s``: the ``uses`` each
         wrote, and when what it wrote was taken (``time.monotonic()``), oldest first."""
+        self._last: dict[tuple[str, str], int] = {}
+        """Per mirrored variant with writes kept, the ``uses`` of its last write known."""
+        self._unsure: dict[tuple[str, str], float] = {}
+        """Per mirrored variant, when the asks of a write that raised were taken: it may
+        have been stored all the same, as the next write's ``uses`` will tell."""
         self._failures: dict[tuple[str, str, str], tuple[int, str, int]] = {}
         """Held here: per row of another gateway, the newest failed cold start to write
         on it: the ``uses`` it was made for, why it failed, and the tries left."""
@@ -139,6 +147,7 @@ class ServerlessUse:
         self._wake.bind()
         while True:
             await self._wake.wait(self.period_s)
+            self._forget_past(time.monotonic())
             await self._write_failures()
             pending, self._pending = self._pending, {}
             used, self._used = self._used, {}
@@ -151,6 +160,7 @@ class ServerlessUse:
                 log.exception("could not record the use of serverless variants; retrying")
                 for key, wanted in pending.items():
                     self._pending[key] = max(self._pending.get(key, 0), wanted)
+                    self._unsure.setdefault(key, taken)
                 for key, ids in used.items():
                     self._used.setdefault(key, set()).update(ids)
             else:
@@ -184,6 +194,13 @@ class ServerlessUse:
         start the holder made for one of those writes failed for."""
         for key, use in written.items():
             sent = self._sent.setdefault(key, {})
+            unsure = self._unsure.pop(key, None)
+            before = WRAP if use.uses == 1 else use.uses - 1
+            if unsure is not None and self._last.get(key) not in (None, before):
+                # A write that raised was stored all the same (the row moved by two):
+                # its asks were taken by then. (Not known when no write was kept before.)
+                sent[before] = unsure
+            self._last[key] = use.uses
             began_by = sent.get(use.failed_uses)
             # Oldest first: those past keeping go, and with a failure, the write it was
             # for and those before it (a failure is told once).
@@ -200,6 +217,21 @@ class ServerlessUse:
                 self.fail(use.endpoint, use.variant, use.failure or "no reason was given", began_by)
             except Exception:  # the writer goes on whatever the requests' end
                 log.exception("could not fail the requests waiting for %s", key)
+
+    def _forget_past(self, now: float) -> None:
+        """Drop the writes past keeping of variants no longer written (a failure for one
+        of them could fail nothing still waiting here)."""
+        for key, sent in list(self._sent.items()):
+            for uses, at in list(sent.items()):
+                if now - at <= self.keep_s:
+                    break
+                del sent[uses]
+            if not sent:
+                del self._sent[key]
+                self._last.pop(key, None)
+        for key, at in list(self._unsure.items()):
+            if now - at > self.keep_s:
+                del self._unsure[key]
 
     # -- the holder -------------------------------------------------------------------
 
