@@ -95,10 +95,11 @@ class Gateway:
         self.worker_metrics = WorkerMetrics.of(self.metrics.registry, settings)
         self.loops = Loops()
         self.topics = Topics(stack.topics)
+        self.notifier = Notifier()
         self.dispatcher = Dispatcher(
             log=EventLog(self.store.engine),
             topics=self.topics,
-            notifier=Notifier(),
+            notifier=self.notifier,
             lease_s=settings.event_lease_s,
         )
         host_access = HostAccess.from_auth(stack.auth, home=settings.home)
@@ -271,7 +272,8 @@ class Gateway:
                 origin=settings.config.stem if settings.config else None,
                 default_jobs=JobsConfig(limit=settings.max_active_jobs),
                 autoscaling_notify=stack.autoscaling.notify,
-            )
+            ),
+            redact=self.notifier.redact,
         )
         return [
             Route("/", control_door.handle, methods=["POST"]),

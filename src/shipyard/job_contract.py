@@ -113,6 +113,17 @@ class JobSpec:
     network_isolation: bool = False
     """EnableNetworkIsolation: a training image's container gets no network at all."""
 
+    def locations(self) -> list[str]:
+        """Every location the runner reads or writes for the job: the submit directory,
+        the channels, the checkpoint and the output path."""
+        found = [channel.uri for channel in self.channels]
+        if self.submit_directory:
+            found.append(self.submit_directory)
+        if self.checkpoint is not None:
+            found.append(self.checkpoint.uri)
+        found.append(self.output_path)
+        return found
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,15 @@ APP, APP_SECRET = "AKIATESTAPP000000001", "app-secret-value"
 SECRETS = {"SHIPYARD_KEY_OPS": OPS_SECRET, "SHIPYARD_KEY_APP": APP_SECRET}
 
 
-def write_stack(path: Path, **auth: Any) -> Path:
+def write_stack(
+    path: Path,
+    *,
+    more_keys: Sequence[dict[str, Any]] = (),
+    sections: dict[str, Any] | None = None,
+    **auth: Any,
+) -> Path:
+    """A stack file with ``auth:`` (the OPS and APP keys, ``more_keys``, and ``auth``'s
+    settings) and ``sections`` beside it."""
     stack = {
         "auth": {
             "keys": [
@@ -41,9 +49,11 @@ def write_stack(path: Path, **auth: Any) -> Path:
                     "secret_access_key_env": "SHIPYARD_KEY_APP",
                     "allow": ["sagemaker-runtime:InvokeEndpoint*", "sagemaker:Describe*"],
                 },
+                *more_keys,
             ],
             **auth,
-        }
+        },
+        **(sections or {}),
     }
     path.write_text(json.dumps(stack))  # JSON is YAML
     return path
@@ -492,3 +502,53 @@ def test_logs_calls_are_scoped_as_logs_actions(secured: GatewayProcess) -> None:
     assert "logs:DescribeLogStreams" in message
     streams = client(secured, "logs").describe_log_streams(logGroupName=group)["logStreams"]
     assert streams and streams[0]["logStreamName"].startswith("v1/")
+
+
+def test_notification_secrets_are_shown_only_to_a_caller_who_may_put_them(
+    tmp_path: Path,
+) -> None:
+    """A console's key (``shipyard:Get*``) reads ``GET /stack`` with the topics' and job
+    notifications' passwords masked; the operator, who may put them, reads them whole
+    (``shipyard apply`` compares them with its file's)."""
+    from tests.conftest import start_gateway
+
+    view, view_secret = "AKIATESTVIEW00000001", "view-secret-value"
+    mail = "mailto://alerts:TOPSECRETPW@127.0.0.1:2525?from=a@example.com&to=b@example.com"
+    hook = "json://hookuser:HOOKPW@127.0.0.1:9/events"
+    path = write_stack(
+        tmp_path / "stack.yaml",
+        more_keys=[
+            {
+                "access_key_id": view,
+                "secret_access_key_env": "SHIPYARD_KEY_VIEW",
+                "allow": ["shipyard:Get*"],
+            }
+        ],
+        sections={"topics": {"done": [mail]}, "jobs": {"notify": {"Completed": [hook]}}},
+        sandbox=False,
+    )
+    gw = start_gateway(
+        tmp_path / "home",
+        extra_env={**SECRETS, "SHIPYARD_KEY_VIEW": view_secret},
+        args=["--config", str(path)],
+    )
+    try:
+        status, _, body = signed_http(gw, "GET", "/stack", key=view, secret=view_secret)
+        assert status == 200, body
+        assert b"TOPSECRETPW" not in body and b"HOOKPW" not in body
+        masked = json.loads(body)
+        (shown,) = masked["topics"]["done"]
+        assert shown.startswith("mailto://") and "127.0.0.1" in shown
+        (shown_hook,) = masked["jobs"]["notify"]["Completed"]
+        assert shown_hook.startswith("json://") and "/events" in shown_hook
+        status, _, body = signed_http(gw, "GET", "/stack")
+        assert status == 200, body
+        whole = json.loads(body)
+        assert whole["topics"]["done"] == [mail]
+        assert whole["jobs"]["notify"]["Completed"] == [hook]
+        status, _, _ = signed_http(
+            gw, "PUT", "/stack", b'{"stack": "x"}', key=view, secret=view_secret
+        )
+        assert status == 403
+    finally:
+        gw.stop()

@@ -144,12 +144,14 @@ def test_a_job_script_gets_its_own_variables_not_the_gateways(
     name = unique("envjob")
     request = job_request(name, tmp_path / "out", mode="env")
     request["Environment"] = {"JOB_SETTING": "on"}
+    # s3:// where the job opens nothing: its tags lend no credentials.
+    request["Tags"] = [{"Key": "source", "Value": "s3://somewhere/else"}]
     gw.sm.create_training_job(**request)
     job = wait_final(gw.sm, name)
     assert job["TrainingJobStatus"] == "Completed", job.get("FailureReason")
     seen = job_environment(gw, name)
     assert_no_gateway_secrets(seen)
-    assert "AWS_ACCESS_KEY_ID" not in seen  # it names no s3:// location
+    assert "AWS_ACCESS_KEY_ID" not in seen  # none of its locations is in S3
     assert seen["JOB_SETTING"] == "on"
     assert "SM_MODEL_DIR" in seen
 

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from shipyard.backends import BackendContext
 from shipyard.backends.environment import process_environment, s3_variables
+from shipyard.settings import Settings
+from shipyard.stackfile import AccessKey, AuthConfig, StackFile
 
 
 class Recorder(BaseHTTPRequestHandler):
@@ -99,6 +102,21 @@ def test_s3_access_is_resolved_from_a_profile_into_plain_keys(
     }
 
 
+def test_credentials_that_are_a_callers_key_are_never_lent(
+    no_aws: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator who exported their own auth key for the CLI, then started the gateway
+    from that shell: a job given those credentials would sign as the operator."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAOPS")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "ops-secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    lent = s3_variables({}, s3_endpoint_url=None, callers_keys=frozenset({"AKIATEAM"}))
+    assert (lent["AWS_ACCESS_KEY_ID"], lent["AWS_SECRET_ACCESS_KEY"]) == ("AKIAOPS", "ops-secret")
+    kept = s3_variables({}, s3_endpoint_url=None, callers_keys=frozenset({"AKIATEAM", "AKIAOPS"}))
+    assert "ops-secret" not in kept.values()
+    assert kept == {"AWS_DEFAULT_REGION": "eu-west-1", "AWS_REGION": "eu-west-1"}
+
+
 def test_s3_access_never_asks_the_metadata_services(
     no_aws: None, monkeypatch: pytest.MonkeyPatch, metadata_service: str
 ) -> None:
@@ -107,3 +125,20 @@ def test_s3_access_never_asks_the_metadata_services(
     env = s3_variables({}, s3_endpoint_url=None)
     assert "AWS_ACCESS_KEY_ID" not in env
     assert Recorder.paths == []
+
+
+def test_a_gateway_lends_no_credentials_that_one_of_its_keys_signs_with(
+    no_aws: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The backend a gateway builds gets its auth keys' ids: its own AWS credentials are
+    the operator's key, so its instances and jobs get none."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAOPS")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "ops-secret")
+    settings = Settings(home=tmp_path / "home")
+    keys = [
+        AccessKey(access_key_id=key_id, secret_access_key_env="UNUSED")
+        for key_id in ("AKIAOPS", "AKIATEAM")
+    ]
+    with_auth = StackFile(auth=AuthConfig(keys=keys, sandbox=False))
+    assert "AWS_ACCESS_KEY_ID" not in BackendContext.of(settings, with_auth).s3
+    assert BackendContext.of(settings, StackFile()).s3["AWS_ACCESS_KEY_ID"] == "AKIAOPS"

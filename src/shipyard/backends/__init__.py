@@ -83,7 +83,13 @@ class BackendContext:
             run_dir=settings.run_dir,
             hidden=() if settings.worker_peers is None else (settings.worker_peers,),
             environ=os.environ,
-            s3=s3_variables(os.environ, s3_endpoint_url=settings.s3_endpoint_url),
+            s3=s3_variables(
+                os.environ,
+                s3_endpoint_url=settings.s3_endpoint_url,
+                callers_keys=frozenset(k.access_key_id for k in stack.auth.keys)
+                if stack.auth is not None
+                else (),
+            ),
             warm_spares=settings.warm_spares,
             ray_address=settings.ray_address,
             start_timeout_s=settings.instance_start_timeout_s,

@@ -50,7 +50,7 @@ get none of this base, only their own ``Environment``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import botocore.exceptions
@@ -83,7 +83,12 @@ def process_environment(
     return env
 
 
-def s3_variables(gateway: Mapping[str, str], *, s3_endpoint_url: str | None) -> dict[str, str]:
+def s3_variables(
+    gateway: Mapping[str, str],
+    *,
+    s3_endpoint_url: str | None,
+    callers_keys: Collection[str] = (),
+) -> dict[str, str]:
     """The gateway's own S3 access, as explicit variables for a process that uses s3://.
 
     Resolved once, at start, the way boto3 would (environment, then profile and its
@@ -91,6 +96,12 @@ def s3_variables(gateway: Mapping[str, str], *, s3_endpoint_url: str | None) -> 
     instance does not lend that instance's role to its models unasked. Credentials that
     expire (an assumed role, SSO) are handed over as they are at start; a gateway that
     needs longer should be given plain keys.
+
+    Credentials whose access key id is one of ``callers_keys`` (the ``auth.keys`` callers
+    sign with) are never lent: a model or job would hold that caller's powers on the
+    gateway itself (an operator who exported their own key for the CLI in the shell that
+    started the gateway). The processes then get no S3 credentials, and the gateway says
+    so once.
     """
     env: dict[str, str] = {}
     try:
@@ -103,8 +114,16 @@ def s3_variables(gateway: Mapping[str, str], *, s3_endpoint_url: str | None) -> 
     except botocore.exceptions.BotoCoreError as exc:
         log.warning("no S3 credentials for instances and jobs: %s", exc)
         credentials, region = None, None
-    if credentials is not None:
-        frozen = credentials.get_frozen_credentials()
+    frozen = credentials.get_frozen_credentials() if credentials is not None else None
+    if frozen is not None and frozen.access_key in callers_keys:
+        log.warning(
+            "the gateway's AWS credentials are auth key %s: not lent to instances and "
+            "jobs, which get no S3 credentials; start the gateway with credentials of "
+            "their own for S3",
+            frozen.access_key,
+        )
+        frozen = None
+    if frozen is not None:
         env["AWS_ACCESS_KEY_ID"] = frozen.access_key
         env["AWS_SECRET_ACCESS_KEY"] = frozen.secret_key
         if frozen.token:

@@ -236,6 +236,11 @@ class Admitted(NamedTuple):
         if self.caller is not None and not self.caller.reaches(arn):
             raise _denied(self.caller, self.action or "", self.account_id, arn)
 
+    def may(self, action: str) -> bool:
+        """Whether the caller's key is allowed ``action`` too (every action without
+        ``auth:``): for a door whose answer shows more to a caller of more power."""
+        return self.caller is None or self.caller.may(action)
+
     def reaches(self, arn: str) -> bool:
         """Whether the caller's key reaches ``arn`` (every resource without ``auth:``)."""
         return self.caller is None or self.caller.reaches(arn)

@@ -20,7 +20,6 @@ its changes twice. When a holder dies, another takes its jobs over with their re
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import shutil
 import signal
@@ -153,13 +152,15 @@ class JobSupervisor:
             applied = 0
             shutil.rmtree(workdir, ignore_errors=True)
             workdir.mkdir(parents=True)
-            (workdir / JOB_FILE).write_text(self._spec(job).to_json())
+            spec = self._spec(job)
+            (workdir / JOB_FILE).write_text(spec.to_json())
             try:
                 handle = await self.backend.start_job(
                     workdir,
                     s3_endpoint_url=self.s3_endpoint_url,
-                    # S3 credentials only for a job that names s3:// locations.
-                    s3_access="s3://" in json.dumps(job.request),
+                    # S3 credentials only for a job whose own locations are in S3: not
+                    # for an s3:// anywhere else in its request (a tag, a name).
+                    s3_access=any(uri.startswith("s3://") for uri in spec.locations()),
                 )
             except BackendError as exc:
                 await asyncio.to_thread(self._fail, job, str(exc))
