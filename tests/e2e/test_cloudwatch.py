@@ -138,16 +138,26 @@ def test_invocations_are_counted_under_sagemakers_names_and_add_up(
     assert all(m["Dimensions"] == dims(name) for m in listed["Metrics"]), listed["Metrics"]
 
     now = time.time()
+    asked = {
+        "Namespace": "AWS/SageMaker", "MetricName": "ModelLatency", "Dimensions": dims(name),
+        "StartTime": now - 3600, "EndTime": now + 60, "Period": 3600,
+    }  # fmt: skip
     latency = client.get_metric_statistics(
-        Namespace="AWS/SageMaker", MetricName="ModelLatency", Dimensions=dims(name),
-        StartTime=now - 3600, EndTime=now + 60, Period=3600,
-        Statistics=["SampleCount", "Average", "Minimum", "Maximum"], ExtendedStatistics=["p50"],
-    )["Datapoints"]  # fmt: skip
-    assert len(latency) == 1
-    point = latency[0]
+        **asked, Statistics=["SampleCount", "Average", "Minimum", "Maximum"]
+    )["Datapoints"]
+    (point,) = latency
     assert point["SampleCount"] == 32  # the answered requests; failed ones have no latency
-    assert 0 < point["Minimum"] <= point["ExtendedStatistics"]["p50"] <= point["Maximum"]
+    assert point["Unit"] == "Microseconds"  # as SageMaker reports it
+    (median,) = client.get_metric_statistics(**asked, ExtendedStatistics=["p50"])["Datapoints"]
+    assert 0 < point["Minimum"] <= median["ExtendedStatistics"]["p50"] <= point["Maximum"]
     assert point["Maximum"] < 10_000_000  # microseconds: well under 10 s
+    # Data of another unit is kept apart: asked in milliseconds, there is none.
+    assert (
+        client.get_metric_statistics(**asked, Statistics=["SampleCount"], Unit="Milliseconds")[
+            "Datapoints"
+        ]
+        == []
+    )
 
     # Metric math over the same datapoints: the error rate in percent.
     rate = client.get_metric_data(
@@ -196,6 +206,7 @@ def test_custom_metrics_over_the_cbor_wire_and_the_aws_cli(
         (p["SampleCount"], p["Sum"], p["Minimum"], p["Maximum"], p["Average"]) for p in stats
     ] == [(6.0, 180.0, 10.0, 60.0, 30.0)]
     assert isinstance(stats[0]["Timestamp"].year, int)  # a CBOR timestamp, parsed
+    assert stats[0]["Unit"] == "None"  # put with none
     refused(
         lambda: client.put_metric_data(
             Namespace="AWS/SageMaker", MetricData=[{"MetricName": "x", "Value": 1}]
@@ -345,6 +356,45 @@ def test_alarm_refusals(gateway: GatewayProcess) -> None:
         ),
         "InvalidParameterCombination",
         "1440",
+    )
+    statistics = {
+        "Namespace": "AWS/SageMaker", "MetricName": "Invocations",
+        "StartTime": now - 600, "EndTime": now, "Period": 60,
+    }  # fmt: skip
+    refused(
+        lambda: client.get_metric_statistics(
+            **statistics, Statistics=["Sum"], ExtendedStatistics=["p99"]
+        ),
+        "InvalidParameterCombination",
+        "mutually exclusive",
+    )
+    for metric, missing in [({"MetricName": "m"}, "Namespace"), ({"Namespace": "n"}, "MetricName")]:
+        query = {"Id": "a", "MetricStat": {"Metric": metric, "Period": 60, "Stat": "Sum"}}
+        refused(
+            lambda query=query: client.get_metric_data(  # type: ignore[misc]
+                MetricDataQueries=[query], StartTime=now - 60, EndTime=now
+            ),
+            "MissingParameter",
+            missing,
+        )
+        refused(
+            lambda query=query: client.put_metric_alarm(  # type: ignore[misc]
+                AlarmName="m", EvaluationPeriods=1, Threshold=1.0,
+                ComparisonOperator="GreaterThanThreshold", Metrics=[query],
+            ),
+            "MissingParameter",
+            missing,
+        )  # fmt: skip
+    refused(
+        lambda: client.get_metric_data(
+            MetricDataQueries=[{"Id": "A1", "Expression": "1"}], StartTime=now - 60, EndTime=now
+        ),
+        "InvalidParameterValue",
+        "^[a-z][a-zA-Z0-9_]*$",
+    )
+    refused(
+        lambda: client.describe_alarms(AlarmNames=["a"], AlarmNamePrefix="a"),
+        "InvalidParameterCombination",
     )
     scaling = gateway.client("application-autoscaling")
     refused(

@@ -53,6 +53,21 @@ log = logging.getLogger(__name__)
 SAGEMAKER = "AWS/SageMaker"
 ENDPOINTS = "/aws/sagemaker/Endpoints"
 PERIODS = (10, 60)
+_UNITS = {
+    "ModelLatency": "Microseconds",
+    "OverheadLatency": "Microseconds",
+    "ModelSetupTime": "Microseconds",
+    "ModelLoadingWaitTime": "Microseconds",
+    "ModelDownloadingTime": "Microseconds",
+    "ModelLoadingTime": "Microseconds",
+    "ModelUnloadingTime": "Microseconds",
+    "ApproximateAgeOfOldestRequest": "Seconds",
+    "CPUUtilization": "Percent",
+    "MemoryUtilization": "Percent",
+}
+"""The units SageMaker reports its metrics in, where not "None" (its metrics pages):
+GetMetricStatistics answers with them, and a Unit asked for that is not the metric's
+finds nothing, as in CloudWatch."""
 """Every recorded metric is kept at both: 10 s rows for high-resolution reads and
 alarms (kept ``HIGH_RESOLUTION_KEEP_S``), 60 s rows for the retention."""
 
@@ -354,7 +369,7 @@ class Recorder:
         for namespace, name, dims, stats in readings:
             for period in PERIODS:
                 start = int(middle // period * period)
-                points.append(Point(namespace, name, dims, period, start, stats))
+                points.append(Point(namespace, name, dims, period, start, stats, _UNITS.get(name)))
         return points
 
     async def run(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -189,8 +190,11 @@ class CloudWatchService:
         start: float,
         end: float,
         statistics: Sequence[str],
-    ) -> list[tuple[int, StatSet]]:
-        """GetMetricStatistics: each period's statistic set, oldest first."""
+        unit: str | None = None,
+    ) -> tuple[str, list[tuple[int, StatSet]]]:
+        """GetMetricStatistics: the metric's unit ("None" where it has none) and each
+        period's statistic set, oldest first; none for a ``unit`` not the metric's, as
+        CloudWatch keeps data of another unit apart."""
         check_period(stat.period)
         if end <= start:
             raise InvalidParameterValue("The parameter StartTime must be before EndTime.")
@@ -206,8 +210,11 @@ class CloudWatchService:
                 raise InvalidParameterValue(f"The statistic {name} is not supported.")
         series = self.store.find(stat.namespace, stat.name, stat.dimensions)
         if series is None:
-            return []
-        return sorted(self._buckets(series.id, stat.period, start, end).items())
+            return unit or "None", []
+        stored = series.unit or "None"
+        if unit is not None and unit != stored:
+            return unit, []
+        return stored, sorted(self._buckets(series.id, stat.period, start, end).items())
 
     def _buckets(self, series: int, period: int, start: float, end: float) -> dict[int, StatSet]:
         step = resolution(period)
@@ -579,21 +586,40 @@ def query_of(m: dict[str, Any]) -> Query:
         raise InvalidParameterValue(
             f"MetricDataQueries {m.get('Id')}: give MetricStat or Expression, not both."
         )
+    query_id = m["Id"]
+    if not _QUERY_ID.fullmatch(query_id):
+        raise InvalidParameterValue(
+            f"The value {query_id} for parameter MetricDataQueries.Id is not matching the "
+            "expected pattern ^[a-z][a-zA-Z0-9_]*$."
+        )
     return Query(
-        id=m["Id"],
-        stat=None
-        if stat is None
-        else MetricStat(
-            namespace=stat["Metric"]["Namespace"],
-            name=stat["Metric"]["MetricName"],
-            dimensions=_dimensions(stat["Metric"].get("Dimensions")),
-            period=int(stat["Period"]),
-            statistic=stat["Stat"],
-        ),
+        id=query_id,
+        stat=None if stat is None else _metric_stat(query_id, stat),
         expression=m.get("Expression"),
         label=m.get("Label"),
         return_data=m.get("ReturnData", True),
         period=m.get("Period"),
+    )
+
+
+_QUERY_ID = re.compile(r"[a-z][a-zA-Z0-9_]*")
+"""A MetricDataQuery's Id, as CloudWatch requires it (botocore's documentation)."""
+
+
+def _metric_stat(query_id: str, stat: dict[str, Any]) -> MetricStat:
+    metric = stat["Metric"]
+    # botocore's Metric shape requires none of its members; CloudWatch requires both.
+    for member in ("Namespace", "MetricName"):
+        if not metric.get(member):
+            raise MissingParameter(
+                f"MetricDataQueries {query_id}: MetricStat.Metric.{member} is required."
+            )
+    return MetricStat(
+        namespace=metric["Namespace"],
+        name=metric["MetricName"],
+        dimensions=_dimensions(metric.get("Dimensions")),
+        period=int(stat["Period"]),
+        statistic=stat["Stat"],
     )
 
 

@@ -13,7 +13,7 @@ from shipyard.cloudwatch.service import (
     MetricStat,
     query_of,
 )
-from shipyard.errors import InvalidNextToken, InvalidParameterValue
+from shipyard.errors import InvalidNextToken, InvalidParameterCombination, InvalidParameterValue
 from shipyard.gateway.actions.listing import offset, token
 from shipyard.statsets import STATISTICS
 from shipyard.storage.metrics import Alarm, HistoryItem, Series, dimensions_of
@@ -81,6 +81,10 @@ def get_metric_statistics(svc: CloudWatchService, p: dict[str, Any]) -> dict[str
         raise InvalidParameterValue(
             "Either the parameter Statistics or ExtendedStatistics is required."
         )
+    if plain and extended:
+        raise InvalidParameterCombination(
+            "The parameters Statistics and ExtendedStatistics are mutually exclusive."
+        )
     for name in plain:
         if name not in STATISTICS:
             raise InvalidParameterValue(
@@ -93,8 +97,9 @@ def get_metric_statistics(svc: CloudWatchService, p: dict[str, Any]) -> dict[str
         period=int(p["Period"]),
         statistic="Sum",
     )
-    points = svc.statistics(stat, float(p["StartTime"]), float(p["EndTime"]), [*plain, *extended])
-    unit = p.get("Unit") or "None"
+    unit, points = svc.statistics(
+        stat, float(p["StartTime"]), float(p["EndTime"]), [*plain, *extended], p.get("Unit")
+    )
     datapoints = []
     for at, stats in points:
         point: dict[str, Any] = {"Timestamp": _time(at), "Unit": unit}
@@ -182,6 +187,11 @@ def untag_resource(svc: CloudWatchService, p: dict[str, Any]) -> dict[str, Any]:
 
 def describe_alarms(svc: CloudWatchService, p: dict[str, Any]) -> dict[str, Any]:
     types = p.get("AlarmTypes") or ["MetricAlarm"]
+    if p.get("AlarmNames") and p.get("AlarmNamePrefix"):
+        # botocore: "If this parameter is specified, you cannot specify AlarmNames."
+        raise InvalidParameterCombination(
+            "The parameters AlarmNames and AlarmNamePrefix are mutually exclusive."
+        )
     alarms = svc.describe_alarms(
         names=p.get("AlarmNames"),
         prefix=p.get("AlarmNamePrefix"),
