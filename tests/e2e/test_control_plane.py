@@ -58,6 +58,39 @@ def test_model_lifecycle_with_sagemaker_shapes(gateway: GatewayProcess) -> None:
     assert 'Could not find model "My-Model".' in str(err.value)
 
 
+def test_names_differing_only_in_case_are_one_name(gateway: GatewayProcess) -> None:
+    """SageMaker's names are unique whatever their case (its ARNs are lower-case): a
+    second create spelt otherwise is refused, so no two resources share an ARN or tags."""
+    sm = gateway.sm
+    base = unique("Case")
+    container = {"Image": "shipyard/python", "ModelDataUrl": "file:///nowhere"}
+    arn = sm.create_model(ModelName=base, PrimaryContainer=container)["ModelArn"]
+    with pytest.raises(ClientError) as err:
+        sm.create_model(ModelName=base.lower(), PrimaryContainer=container)
+    assert _code(err) == "ValidationException"
+    assert err.value.response["Error"]["Message"] == (
+        f'Cannot create already existing model "{arn}".'
+    )
+    variant = {"VariantName": "v1", "ModelName": base, "InitialInstanceCount": 1,
+               "InstanceType": "ml.m5.large"}  # fmt: skip
+    sm.create_endpoint_config(EndpointConfigName=base, ProductionVariants=[variant])
+    with pytest.raises(ClientError) as err:
+        sm.create_endpoint_config(EndpointConfigName=base.upper(), ProductionVariants=[variant])
+    assert "already existing endpoint configuration" in str(err.value)
+    sm.create_endpoint(EndpointName=base, EndpointConfigName=base)
+    with pytest.raises(ClientError) as err:
+        sm.create_endpoint(EndpointName=base.lower(), EndpointConfigName=base)
+    assert "already existing endpoint" in str(err.value)
+    sm.delete_endpoint(EndpointName=base)
+    sm.add_tags(ResourceArn=arn, Tags=[{"Key": "team", "Value": "a"}])
+    assert sm.list_tags(ResourceArn=arn)["Tags"] == [{"Key": "team", "Value": "a"}]
+    sm.delete_endpoint_config(EndpointConfigName=base)
+    sm.delete_model(ModelName=base)
+    # Gone, the name is free again in any case.
+    sm.create_model(ModelName=base.upper(), PrimaryContainer=container)
+    sm.delete_model(ModelName=base.upper())
+
+
 def test_list_pages_filters_and_sorts(gateway: GatewayProcess) -> None:
     sm = gateway.sm
     for i in range(5):

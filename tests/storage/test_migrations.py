@@ -4,16 +4,19 @@ behind it is brought up to it (storage/metadata.py's schema_revision)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect
-from sqlalchemy.exc import DatabaseError
+from sqlalchemy.exc import DatabaseError, IntegrityError
 
 from shipyard.storage import metadata
+from shipyard.storage import tables as t
 from shipyard.storage.metadata import MetadataStore, schema_revision
 from tests.conftest import python_output
 
@@ -91,3 +94,37 @@ def test_a_store_that_cannot_be_read_is_an_error_not_a_new_store(tmp_path: Path)
             store.migrate()
     finally:
         store.close()
+
+
+def test_names_made_before_case_counted_are_kept_and_later_ones_compared_in_any_case(
+    url: str,
+) -> None:
+    """Migration 0016: a table whose rows already hold two names differing only in case
+    keeps both (and compares as spelt); every other table refuses a second spelling."""
+    store = MetadataStore(url)
+    try:
+        cfg = alembic_config()
+        with store.engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "0015")
+            conn.execute(t.models.insert(), [_model(name) for name in ("Twin", "twin")])
+            conn.execute(t.endpoint_configs.insert(), [_config("Solo")])
+        store.migrate()
+        assert store.revision() == schema_revision()
+        with store.engine.begin() as conn:  # unindexed: a third spelling goes in
+            conn.execute(t.models.insert(), [_model("TWIN")])
+        with pytest.raises(IntegrityError), store.engine.begin() as conn:
+            conn.execute(t.endpoint_configs.insert(), [_config("SOLO")])
+    finally:
+        store.close()
+
+
+def _model(name: str) -> dict[str, Any]:
+    now = datetime.now(UTC)
+    return {"name": name, "arn": f"arn:{name}", "image": "i", "environment": {}, "created": now,
+            "raw": {}}  # fmt: skip
+
+
+def _config(name: str) -> dict[str, Any]:
+    now = datetime.now(UTC)
+    return {"name": name, "arn": f"arn:{name}", "variants": [], "created": now, "raw": {}}

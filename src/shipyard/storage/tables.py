@@ -15,6 +15,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    func,
 )
 
 metadata = MetaData()
@@ -326,3 +327,7 @@ closed_sessions = Table(
 )
 """Sessions their models closed, until they would have expired (storage/sessions.py): so
 every gateway of the store refuses them."""
+
+# Names are unique whatever their case, as SageMaker's are (migration 0016).
+for _table in (models, endpoint_configs, endpoints, inference_components, jobs, transform_jobs):
+    Index(f"ix_{_table.name}_name_lower", func.lower(_table.c.name), unique=True)
