@@ -3,6 +3,7 @@ behind it is brought up to it (storage/metadata.py's schema_revision)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect
+from sqlalchemy import Connection, inspect
 from sqlalchemy.exc import DatabaseError, IntegrityError
 
 from shipyard.storage import metadata
@@ -25,6 +26,16 @@ def alembic_config() -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(metadata.__file__).parent / "migrations"))
     return cfg
+
+
+@contextlib.contextmanager
+def _at(store: MetadataStore, revision: str) -> Iterator[Connection]:
+    """The store migrated up to ``revision`` only, and a transaction on it."""
+    cfg = alembic_config()
+    with store.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+        yield conn
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -58,10 +69,8 @@ def test_a_new_store_is_migrated_to_the_schema_revision(url: str) -> None:
 def test_a_store_behind_is_brought_up_to_the_schema_revision(url: str) -> None:
     store = MetadataStore(url)
     try:
-        cfg = alembic_config()
-        with store.engine.begin() as conn:
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "0012")
+        with _at(store, "0012"):
+            pass
         assert store.revision() == "0012"
         assert "closed_sessions" not in set(inspect(store.engine).get_table_names())
         store.migrate()
@@ -103,10 +112,7 @@ def test_names_made_before_case_counted_are_kept_and_later_ones_compared_in_any_
     keeps both (and compares as spelt); every other table refuses a second spelling."""
     store = MetadataStore(url)
     try:
-        cfg = alembic_config()
-        with store.engine.begin() as conn:
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "0015")
+        with _at(store, "0015") as conn:
             conn.execute(t.models.insert(), [_model(name) for name in ("Twin", "twin")])
             conn.execute(t.endpoint_configs.insert(), [_config("Solo")])
         store.migrate()
