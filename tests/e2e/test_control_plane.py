@@ -114,6 +114,30 @@ def test_list_pages_filters_and_sorts(gateway: GatewayProcess) -> None:
     assert _code(err) == "ValidationException"
 
 
+def test_a_page_goes_on_after_the_last_item_it_listed(gateway: GatewayProcess) -> None:
+    """Items deleted or created between two pages neither skip nor repeat others: a
+    token names where its page ended, and only for the list it came from."""
+    sm = gateway.sm
+    stem = unique("pg")
+    for i in range(8):
+        sm.create_model(ModelName=f"{stem}-{i}", PrimaryContainer={"Image": "shipyard/python"})
+    asked = {"NameContains": stem, "SortBy": "Name", "SortOrder": "Ascending", "MaxResults": 3}
+    first = sm.list_models(**asked)
+    assert [m["ModelName"] for m in first["Models"]] == [f"{stem}-{i}" for i in range(3)]
+    sm.delete_model(ModelName=f"{stem}-0")
+    sm.delete_model(ModelName=f"{stem}-1")
+    sm.create_model(ModelName=f"{stem}-00", PrimaryContainer={"Image": "shipyard/python"})
+    second = sm.list_models(**asked, NextToken=first["NextToken"])
+    assert [m["ModelName"] for m in second["Models"]] == [f"{stem}-{i}" for i in range(3, 6)]
+    with pytest.raises(ClientError) as err:  # another list's token
+        sm.list_endpoint_configs(NameContains=stem, SortBy="Name", SortOrder="Ascending",
+                                 NextToken=first["NextToken"])  # fmt: skip
+    assert _code(err) == "ValidationException"
+    with pytest.raises(ClientError) as err:  # the same list, other filters
+        sm.list_models(**{**asked, "NameContains": "other"}, NextToken=first["NextToken"])
+    assert _code(err) == "ValidationException"
+
+
 def test_endpoint_config_validates_models_and_limits(gateway: GatewayProcess) -> None:
     sm = gateway.sm
     variant = {

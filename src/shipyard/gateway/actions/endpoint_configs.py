@@ -191,6 +191,7 @@ def list_endpoint_configs(svc: EndpointService, p: dict[str, Any]) -> dict[str, 
     items, token = page(
         svc.list_endpoint_configs(),
         p,
+        kind="EndpointConfigs",
         name=lambda c: c.name,
         created=lambda c: c.created,
         sort_keys={"Name": lambda c: c.name, "CreationTime": lambda c: c.created},

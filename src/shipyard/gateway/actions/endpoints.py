@@ -141,6 +141,7 @@ def list_endpoints(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
     items, token = page(
         svc.list_endpoints(),
         p,
+        kind="Endpoints",
         name=lambda e: e.name,
         created=lambda e: e.created,
         modified=lambda e: e.modified,

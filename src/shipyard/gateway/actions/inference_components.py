@@ -77,6 +77,7 @@ def list_inference_components(svc: ComponentService, p: dict[str, Any]) -> dict[
     items, token = page(
         found,
         p,
+        kind="InferenceComponents",
         name=lambda c: c.name,
         created=lambda c: c.created,
         modified=lambda c: c.modified,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import json
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
@@ -19,13 +21,22 @@ def page(
     items: Sequence[T],
     params: dict[str, Any],
     *,
+    kind: str,
     name: Callable[[T], str],
     created: Callable[[T], datetime],
     sort_keys: dict[str, Callable[[T], Any]],
     modified: Callable[[T], datetime] | None = None,
     status: Callable[[T], str] | None = None,
+    default_order: str = "Descending",
 ) -> tuple[list[T], str | None]:
-    """Apply NameContains/StatusEquals/time filters, SortBy/SortOrder and NextToken."""
+    """Apply NameContains/StatusEquals/time filters, SortBy/SortOrder (``default_order``
+    where none is given, as each action documents its own) and NextToken.
+
+    A NextToken names the last item of its page by its sort key and name, not by its
+    position: an item deleted or created between two pages neither skips one that was
+    to come nor repeats one already listed. It is good only for the list it came from
+    (``kind``, the same filters and order); another is InvalidParameter.
+    """
     chosen = list(items)
     if contains := params.get("NameContains"):
         needle = contains.lower()
@@ -36,12 +47,51 @@ def page(
     if modified is not None:
         chosen = _time_filter(chosen, params, "LastModifiedTime", modified)
     key = sort_keys.get(params.get("SortBy", "CreationTime"), created)
-    chosen.sort(key=key, reverse=params.get("SortOrder", "Descending") == "Descending")
-    start = offset(params.get("NextToken"))
+    descending = params.get("SortOrder", default_order) == "Descending"
+
+    def place(item: T) -> tuple[Any, str]:
+        value = key(item)
+        return (value.timestamp() if isinstance(value, datetime) else value, name(item))
+
+    chosen.sort(key=place, reverse=descending)
+    scope = _scope(kind, params)
+    after = _after(params.get("NextToken"), scope)
+    if after is not None:
+        chosen = [i for i in chosen if (place(i) < after if descending else place(i) > after)]
     size = int(params.get("MaxResults", DEFAULT_MAX_RESULTS))
-    window = chosen[start : start + size]
-    more = start + size < len(chosen)
-    return window, (token(start + size) if more else None)
+    window = chosen[:size]
+    if len(chosen) <= size:
+        return window, None
+    return window, _encode({"list": scope, "after": list(place(window[-1]))})
+
+
+_NOT_SCOPE = ("NextToken", "MaxResults")
+
+
+def _scope(kind: str, params: dict[str, Any]) -> str:
+    """What a list is: its action's kind, filters and order (a digest)."""
+    asked = {k: v for k, v in params.items() if k not in _NOT_SCOPE}
+    text = json.dumps([kind, asked], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _after(next_token: str | None, scope: str) -> tuple[Any, str] | None:
+    """The sort key and name a NextToken of this list goes on after."""
+    if not next_token:
+        return None
+    try:
+        found = json.loads(base64.urlsafe_b64decode(next_token.encode()))
+        value, name = found["after"]
+        if found["list"] == scope and isinstance(name, str):
+            if isinstance(value, int | float | str) and not isinstance(value, bool):
+                return value, name
+    except (binascii.Error, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        pass
+    raise InvalidParameter("Invalid pagination token.")
+
+
+def _encode(cursor: dict[str, Any]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(cursor).encode()).decode()
 
 
 class _Job(Protocol):
@@ -61,10 +111,13 @@ J = TypeVar("J", bound=_Job)
 def page_jobs(jobs: Sequence[J], params: dict[str, Any], key: str) -> dict[str, Any]:
     """ListTrainingJobs / ListTransformJobs: filters, Name / CreationTime / Status order
     and NextToken over ``jobs``; ``key`` names the list (``TrainingJobSummaries``), whose
-    items are the chosen jobs (summarised by the caller)."""
+    items are the chosen jobs (summarised by the caller). Training jobs are listed oldest
+    first unless asked otherwise, transform jobs newest first, as botocore documents."""
     chosen, next_token = page(
         jobs,
         params,
+        kind=key,
+        default_order="Ascending" if key == "TrainingJobSummaries" else "Descending",
         name=lambda j: j.name,
         created=lambda j: j.created,
         modified=lambda j: j.modified,

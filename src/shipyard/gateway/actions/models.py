@@ -81,6 +81,7 @@ def list_models(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
     items, token = page(
         svc.list_models(),
         p,
+        kind="Models",
         name=lambda m: m.name,
         created=lambda m: m.created,
         sort_keys={"Name": lambda m: m.name, "CreationTime": lambda m: m.created},
