@@ -433,11 +433,20 @@ class Router:
             return
         tell(response, model_s, None)
 
-    def late(self, variant: VariantRoute, *, reached: bool) -> ModelNotReady | ModelError:
-        """The error for a call with no answer within ``timeout_s``: a serverless variant
-        whose request ``reached`` no instance is still starting (boto3 retries that), any
-        other call timed out."""
-        if variant.admission.starts_instances and not reached:
+    def late(
+        self, variant: VariantRoute, *, reached: bool
+    ) -> ModelNotReady | ServiceUnavailable | ModelError:
+        """The error for a call with no answer within ``timeout_s``. One that ``reached``
+        no instance was never the model's: a serverless variant (or a component at zero)
+        is still starting, and any other had no instance free all that time, which is
+        the gateway's overload (both retried by boto3: backpressure, DESIGN 2.2). A call
+        an instance had timed out there: the model's ModelError."""
+        if not reached:
+            if not variant.admission.starts_instances:
+                return ServiceUnavailable(
+                    f"No instance of variant {variant.name} was free to take the request "
+                    f"within the invocation timeout of {self.timeout_s:g} s; retry later."
+                )
             what = (
                 f"copy of inference component {variant.component}"
                 if variant.component is not None
