@@ -172,6 +172,11 @@ def header_length_of(content_type: str | None, header: str | None) -> int | None
     return length
 
 
+def _not_json(literal: str) -> Any:
+    """Python's json reads NaN and Infinity, which JSON (RFC 8259) has not."""
+    raise ValueError(f"{literal} is not JSON")
+
+
 def _split(body: bytes, header_length: int | None) -> tuple[dict[str, Any], memoryview]:
     if header_length is None:
         header_length = len(body)
@@ -180,7 +185,7 @@ def _split(body: bytes, header_length: int | None) -> tuple[dict[str, Any], memo
             f"{HEADER_LENGTH} is {header_length}, but the body has only {len(body)} bytes."
         )
     try:
-        header = json.loads(body[:header_length])
+        header = json.loads(body[:header_length], parse_constant=_not_json)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nesting
         raise TensorError(f"The JSON header does not parse: {exc}") from None
     if not isinstance(header, dict):
@@ -204,21 +209,27 @@ def _requested(outputs: Any) -> list[tuple[str, bool | None]] | None:
     return asked
 
 
+def check_named(kind: str, name: Any, datatype: Any) -> tuple[str, str]:
+    """A tensor's (an ``kind``'s: input, output) name and datatype, or TensorError when it
+    has no name or a datatype the protocol has not: what REST and gRPC both check
+    before anything is sent."""
+    if not isinstance(name, str) or not name:
+        raise TensorError(f"An {kind} has no 'name'.")
+    if datatype not in DTYPES:
+        raise TensorError(
+            f"{kind.capitalize()} '{name}' has datatype {datatype!r}; "
+            f"use one of {', '.join(DTYPES)}."
+        )
+    return name, datatype
+
+
 def _tensors(entries: list[Any], tail: memoryview, kind: str) -> list[Tensor]:
     tensors: list[Tensor] = []
     offset = 0
     for entry in entries:
         if not isinstance(entry, dict):
             raise TensorError(f"An {kind} is not an object.")
-        name = entry.get("name")
-        if not isinstance(name, str) or not name:
-            raise TensorError(f"An {kind} has no 'name'.")
-        datatype = entry.get("datatype")
-        if datatype not in DTYPES:
-            raise TensorError(
-                f"{kind.capitalize()} '{name}' has datatype {datatype!r}; "
-                f"use one of {', '.join(DTYPES)}."
-            )
+        name, datatype = check_named(kind, entry.get("name"), entry.get("datatype"))
         shape = check_shape(name, entry.get("shape"))
         parameters = entry.get("parameters") or {}
         size = parameters.get("binary_data_size") if isinstance(parameters, dict) else None
@@ -316,7 +327,13 @@ def json_to_raw(name: str, datatype: str, shape: list[int], data: Any) -> bytes:
         info = np.iinfo(dtype)
         if array.min() < info.min or array.max() > info.max:
             raise TensorError(f"Tensor '{name}' has 'data' out of the range of {datatype}.")
-    return array.astype(dtype, copy=False).tobytes()
+    with np.errstate(over="ignore"):  # an overflow is found below, and refused
+        converted = array.astype(dtype, copy=False)
+    if count and dtype.kind == "f" and not np.isfinite(converted).all():
+        # A number past the type's range (1e39 as FP32), or past any float's (1e400,
+        # which Python reads as infinity): refused as integers out of range are.
+        raise TensorError(f"Tensor '{name}' has 'data' out of the range of {datatype}.")
+    return converted.tobytes()
 
 
 def _flatten(data: Any) -> Iterable[Any]:

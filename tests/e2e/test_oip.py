@@ -335,3 +335,6 @@ def test_grpc_errors_have_the_protocol_codes(grpc: grpcclient.InferenceServerCli
     odd = grpcclient.InferInput("INPUT0", [1], "BF16")
     odd._raw_content = b"\0\0"
     assert code("add", [odd]) == "StatusCode.INVALID_ARGUMENT"
+    unnamed = grpcclient.InferInput("", [2], "INT32")  # refused here, never sent
+    unnamed.set_data_from_numpy(np.array([1, 2], dtype=np.int32))
+    assert code("add", [unnamed]) == "StatusCode.INVALID_ARGUMENT"

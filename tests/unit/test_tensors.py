@@ -56,6 +56,8 @@ def test_json_and_binary_tensors_parse_to_the_same_bytes() -> None:
         ({"datatype": "INT32", "shape": [0, 2**40, 2**40], "data": []}, "more than 2..59"),
         ({"datatype": "INT32", "shape": [10**3000], "data": [1]}, "more than 2..59"),
         ({"datatype": "INT32", "shape": [1.0], "data": [1]}, "sizes >= 0"),
+        ({"datatype": "FP32", "shape": [2], "data": [1e39, 1]}, "out of the range of FP32"),
+        ({"datatype": "FP16", "shape": [1], "data": [1e10]}, "out of the range of FP16"),
     ],
     ids=[
         "count",
@@ -70,6 +72,8 @@ def test_json_and_binary_tensors_parse_to_the_same_bytes() -> None:
         "too-many-elements",
         "a-huge-size",
         "a-float-size",
+        "fp32-range",
+        "fp16-range",
     ],
 )
 def test_malformed_tensors_are_refused_with_a_reason(tensor: dict[str, object], words: str) -> None:
@@ -144,3 +148,22 @@ def test_json_nested_past_the_decoders_depth_is_a_bad_request() -> None:
         parse_request(b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", None)
     with pytest.raises(InvalidBody, match="not valid JSON"):
         codecs.decode(b"[" * 100_000 + b"]" * 100_000, "application/json")
+
+
+@pytest.mark.parametrize(
+    ("literal", "words"),
+    [
+        ("NaN", "NaN is not JSON"),
+        ("Infinity", "Infinity is not JSON"),
+        ("-Infinity", "-Infinity is not JSON"),
+        ("1e400", "out of the range of FP64"),  # JSON, but past any float (Python: inf)
+    ],
+)
+def test_numbers_json_has_not_or_no_float_holds_are_refused(literal: str, words: str) -> None:
+    """Python's json reads NaN and Infinity, which JSON (RFC 8259) has not."""
+    body = (
+        b'{"inputs": [{"name": "x", "datatype": "FP64", "shape": [1], "data": [%s]}]}'
+        % literal.encode()
+    )
+    with pytest.raises(TensorError, match=words):
+        parse_request(body, None)

@@ -33,9 +33,9 @@ from shipyard.gateway.oip import InferenceProtocol, status_of
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.router import Call
 from shipyard.tensors import (
-    DTYPES,
     InferRequest,
     Tensor,
+    check_named,
     check_raw,
     check_shape,
     json_to_raw,
@@ -129,11 +129,7 @@ def _infer_request(request: Any) -> InferRequest:
         raise TensorError("The request has no inputs.")
     inputs: list[Tensor] = []
     for index, entry in enumerate(request.inputs):
-        name, datatype = entry.name, entry.datatype
-        if datatype not in DTYPES:
-            raise TensorError(
-                f"Input '{name}' has datatype {datatype!r}; use one of {', '.join(DTYPES)}."
-            )
+        name, datatype = check_named("input", entry.name, entry.datatype)
         shape = check_shape(name, list(entry.shape))
         if raw:
             data = raw[index]
