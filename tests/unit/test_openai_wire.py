@@ -102,6 +102,18 @@ def test_a_models_error_keeps_a_4xx_and_its_own_error_object() -> None:
     assert (status, body) == (400, given)
 
 
+@pytest.mark.parametrize(
+    ("original", "status"),
+    [(401, 500), (403, 500), (404, 400), (422, 422), (429, 429)],
+)
+def test_a_models_status_never_reads_as_the_doors_own(original: int, status: int) -> None:
+    """A model's 401/403 (a service it called refused it) is its failure, not the
+    caller's key; its 404 a request it refused, not an unknown model; its 429 its own
+    overload, retried as the door's."""
+    got, body = openai_error_body(_model_error(original, "refused"))
+    assert got == status and body["error"]["code"] == "model_error"
+
+
 def test_json_nested_past_the_decoders_depth_is_refused_or_passed_over() -> None:
     deep = b"{" + b'"a": [' * 50_000 + b"]" * 50_000 + b"}"
     with pytest.raises(RuntimeValidationError, match="not valid JSON"):

@@ -140,16 +140,20 @@ def openai_error_body(exc: ShipyardError) -> tuple[int, dict[str, Any]]:
     """The OpenAI-compatible door's error (DESIGN 2.13): status and ``{"error": {message,
     type, param, code}}``, as the ``openai`` client raises it.
 
-    A model's own error keeps a 4xx status (a parameter it refused) and becomes 500
-    otherwise; when the model answered an OpenAI error object, that object is passed on.
-    An authentication failure is 401, a key without the right 403.
+    A model's own error keeps a 4xx status (a parameter it refused, its own overload)
+    and becomes 500 otherwise. The statuses the door's own errors mean are not the
+    model's to give: a model's 401 or 403 (a service it called refused it) is its
+    failure, 500, not the caller's key; its 404 (an adapter it lacks) is a request it
+    refused, 400, not an unknown model. When the model answered an OpenAI error object,
+    that object is passed on. An authentication failure is 401, a key without the right
+    403.
     """
     status = exc.status_code
     code: str | None = exc.wire_type
     message = exc.message
     if isinstance(exc, ModelError):
         original = exc.original_status_code
-        status = original if 400 <= original < 500 else 500
+        status = _MODELS_OWN.get(original, original) if 400 <= original < 500 else 500
         code = "model_error"
         given = _model_error_object(exc.original_message)
         if given is not None:
@@ -162,6 +166,10 @@ def openai_error_body(exc: ShipyardError) -> tuple[int, dict[str, Any]]:
         code = "model_not_found" if exc.wire_type == "ValidationError" else code
     kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return status, {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+_MODELS_OWN = {401: 500, 403: 500, 404: 400}
+"""A model's statuses that would read as the door's own errors, as the door answers them."""
 
 
 def _model_error_object(text: str) -> dict[str, Any] | None:
