@@ -301,6 +301,10 @@ class Endpoint:
     last_deployment: dict[str, Any] | None = None
     """The DeploymentConfig of the last update (or create) that gave one, as given:
     DescribeEndpoint's LastDeploymentConfig, and what RetainDeploymentConfig reuses."""
+    retained: dict[str, dict[str, Any]] | None = None
+    """While an UpdateEndpoint with RetainAllVariantProperties runs: per variant of the
+    new config that the endpoint had, the properties it keeps (``weight``, ``count``)
+    over the new config's; None otherwise."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -190,3 +190,45 @@ def test_stopping_the_gateway_mid_creation_leaves_no_instances(
     assert gw.sm.describe_endpoint(EndpointName="slow-load")["EndpointStatus"] == "Creating"
     gw.stop()
     assert not any(alive(p) for p in pids)
+
+
+def test_an_update_retaining_variant_properties_keeps_the_scaled_count_and_weight(
+    gateway: GatewayProcess, model_tarball: Any
+) -> None:
+    """RetainAllVariantProperties: a variant scaled by hand (or by autoscaling) keeps its
+    instance count and weight through an update to a config that says otherwise;
+    ExcludeRetainedVariantProperties takes the named ones from the new config."""
+    sm = gateway.sm
+    deploy(sm, "keep", model_tarball("echo"), count=1)
+    sm.update_endpoint_weights_and_capacities(
+        EndpointName="keep",
+        DesiredWeightsAndCapacities=[
+            {"VariantName": "v1", "DesiredInstanceCount": 2, "DesiredWeight": 0.5}
+        ],
+    )
+    wait_in_service(sm, "keep")
+    _config_with_new_model(sm, "keep-2", model_tarball("sum"), variant="v1", count=1)
+    sm.update_endpoint(
+        EndpointName="keep", EndpointConfigName="keep-2", RetainAllVariantProperties=True
+    )
+    pending = sm.describe_endpoint(EndpointName="keep")["PendingDeploymentSummary"]
+    assert pending["ProductionVariants"][0]["DesiredInstanceCount"] == 2
+    wait_in_service(sm, "keep")
+    (variant,) = sm.describe_endpoint(EndpointName="keep")["ProductionVariants"]
+    assert (variant["DesiredInstanceCount"], variant["DesiredWeight"]) == (2, 0.5)
+    assert variant["CurrentInstanceCount"] == 2
+    # The old fleet's instances drain and stop: the new fleet's two stay.
+    wait_until(lambda: len(instance_pids(gateway.process.pid)) == 2, "two instances left")
+    # Back to the first config, its count taken from it, its weight still kept.
+    sm.update_endpoint(
+        EndpointName="keep",
+        EndpointConfigName="keep",
+        RetainAllVariantProperties=True,
+        ExcludeRetainedVariantProperties=[{"VariantPropertyType": "DesiredInstanceCount"}],
+    )
+    wait_in_service(sm, "keep")
+    described = sm.describe_endpoint(EndpointName="keep")
+    assert described["EndpointConfigName"] == "keep"
+    (variant,) = described["ProductionVariants"]
+    assert (variant["DesiredInstanceCount"], variant["DesiredWeight"]) == (1, 0.5)
+    assert "PendingDeploymentSummary" not in described

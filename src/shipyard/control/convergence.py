@@ -25,7 +25,7 @@ from typing import Any
 
 from shipyard.backends.base import Resources
 from shipyard.contract import ADAPTERS_TOKEN_ENV
-from shipyard.control.deployments import Deployer
+from shipyard.control.deployments import Deployer, retain
 from shipyard.control.placement import Demand, place
 from shipyard.control.publishing import RoutePublisher
 from shipyard.control.serverless import ServerlessScaler
@@ -122,6 +122,7 @@ class Converger:
             return
         try:
             config = await asyncio.to_thread(self.store.get_endpoint_config, ep.pending_config_name)
+            config = retain(config, ep.retained)
             counts = {v.name: v.instance_count for v in config.variants}
             counts |= self._serverless_counts(config, trial=True)
             weights = {v.name: v.weight for v in config.variants}
@@ -141,6 +142,7 @@ class Converger:
                 if ep.name in self.fleets
                 else EndpointStatus.FAILED,
                 pending_config_name=None,
+                retained=None,
                 failure_reason=f"Update to endpoint configuration {ep.pending_config_name} "
                 f"failed, the endpoint keeps its previous configuration: {exc}",
             )
@@ -156,6 +158,7 @@ class Converger:
             status=EndpointStatus.IN_SERVICE,
             config_name=config.name,
             pending_config_name=None,
+            retained=None,
             failure_reason=None,
             variants=tuple(
                 VariantState(v.name, v.weight, v.instance_count, v.shadow) for v in config.variants
@@ -183,6 +186,7 @@ class Converger:
                 return  # the old config cannot start: create recorded why
         try:
             config = await asyncio.to_thread(self.store.get_endpoint_config, ep.pending_config_name)
+            config = retain(config, ep.retained)
             new = await self.deployer.run(ep, config, old)
         except (FleetFailed, ShipyardError) as exc:
             log.warning("deployment of %s failed, keeping its fleet: %s", ep.name, exc)
@@ -196,6 +200,7 @@ class Converger:
                 ep.name,
                 status=EndpointStatus.IN_SERVICE,
                 pending_config_name=None,
+                retained=None,
                 deployment=None,
                 failure_reason=reason,
                 also=also,
@@ -213,6 +218,7 @@ class Converger:
             status=EndpointStatus.IN_SERVICE,
             config_name=config.name,
             pending_config_name=None,
+            retained=None,
             deployment=None,
             failure_reason=None,
             also=also,

@@ -30,7 +30,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -409,6 +409,7 @@ class Deployer:
             if failed is None
             else EndpointStatus.UPDATE_ROLLBACK_FAILED,
             pending_config_name=None,
+            retained=None,
             deployment=None,
             failure_reason=reason,
             also=also,
@@ -422,3 +423,22 @@ def _share(old: Fleet, new: Fleet) -> float:
     counts = [len(s) for s in new.slots.values()], [len(s) for s in old.slots.values()]
     ours, theirs = sum(counts[0]), sum(counts[1])
     return ours / (ours + theirs) if ours + theirs else 1.0
+
+
+def retain(config: EndpointConfig, retained: dict[str, dict[str, Any]] | None) -> EndpointConfig:
+    """``config`` as an update with these ``retained`` properties runs it
+    (Endpoint.retained: RetainAllVariantProperties): its variants' counts and weights
+    those the endpoint kept."""
+    if not retained:
+        return config
+    variants = []
+    for variant in config.variants:
+        kept = retained.get(variant.name) or {}
+        variants.append(
+            replace(
+                variant,
+                instance_count=int(kept.get("count", variant.instance_count)),
+                weight=float(kept.get("weight", variant.weight)),
+            )
+        )
+    return replace(config, variants=tuple(variants))

@@ -249,18 +249,30 @@ class EndpointService:
         *,
         deployment: dict[str, Any] | None = None,
         retain_deployment: bool = False,
+        retain_variants: bool = False,
+        exclude_retained: Sequence[str] = (),
     ) -> Endpoint:
         """A blue/green update to ``config_name``, carried out as ``deployment`` (a
         DeploymentConfig: control/deployments.py) says; with ``retain_deployment`` and
-        none given, as the last one given said."""
+        none given, as the last one given said. With ``retain_variants``
+        (RetainAllVariantProperties) each variant the endpoint already has keeps its
+        instance count and weight (an autoscaled count, an UpdateEndpointWeightsAnd-
+        Capacities), but for the properties ``exclude_retained`` names
+        (``DesiredInstanceCount``, ``DesiredWeight``), taken from the new config."""
         config = self._config_for_endpoint(config_name)
         self._check_components_kept(name, config)
-        self._check_budget(
-            [(v.instance_type, v.instance_count) for v in config.variants], replacing=name
-        )
-        if deployment is None and retain_deployment:
+        retained = None
+        if retain_variants or retain_deployment:
             with self._missing_by_arn("endpoint", "endpoint", name):
-                deployment = self.store.get_endpoint(name).last_deployment
+                current = self.store.get_endpoint(name)
+            if retain_variants:
+                retained = _retained(current, config, exclude_retained)
+            if deployment is None and retain_deployment:
+                deployment = current.last_deployment
+        kept = deployments.retain(config, retained)
+        self._check_budget(
+            [(v.instance_type, v.instance_count) for v in kept.variants], replacing=name
+        )
         if deployment is not None:
             deployments.check(deployment, config, self._alarm_exists)
         running = {"config": deployment, "started": time.time()} if deployment else None
@@ -277,6 +289,7 @@ class EndpointService:
                 failure_reason=None,
                 deployment=running,
                 last_deployment=deployment,
+                retained=retained,
             )
         self._wake()
         return endpoint
@@ -519,3 +532,26 @@ def _check_shadow_counts(variants: Sequence[VariantSpec], async_config: AsyncCon
 def _is_object_uri(uri: str) -> bool:
     """Where shipyard can read and write objects: s3://, file:// or an absolute path."""
     return uri.startswith(("s3://", "file:///")) or uri.startswith("/")
+
+
+_PROPERTIES = {"DesiredInstanceCount": "count", "DesiredWeight": "weight"}
+"""The VariantPropertyTypes an update keeps per variant; DataCaptureConfig, the third,
+is the endpoint config's and is always the new one's here."""
+
+
+def _retained(
+    endpoint: Endpoint, config: EndpointConfig, exclude: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """What an update keeps of each variant of ``config`` that ``endpoint`` has now."""
+    dropped = {_PROPERTIES[p] for p in exclude if p in _PROPERTIES}
+    now = {v.name: v for v in endpoint.variants}
+    kept: dict[str, dict[str, Any]] = {}
+    for variant in config.variants:
+        state = now.get(variant.name)
+        if state is None or state.shadow != variant.shadow:
+            continue
+        values: dict[str, Any] = {"weight": state.desired_weight}
+        if variant.serverless is None:  # a serverless variant has no count to keep
+            values["count"] = state.desired_instance_count
+        kept[variant.name] = {k: v for k, v in values.items() if k not in dropped}
+    return kept

@@ -427,6 +427,7 @@ def _endpoint(row: Any) -> Endpoint:
         generation=int(row["generation"]),
         deployment=row["deployment"],
         last_deployment=row["last_deployment"],
+        retained=row["retained"],
     )
 
 
@@ -452,4 +453,5 @@ def _endpoint_row(e: Endpoint) -> dict[str, Any]:
         "generation": e.generation,
         "deployment": e.deployment,
         "last_deployment": e.last_deployment,
+        "retained": e.retained,
     }

@@ -76,6 +76,7 @@ endpoints = Table(
     Column("generation", Integer, nullable=False, default=0),
     Column("deployment", JSON),
     Column("last_deployment", JSON),
+    Column("retained", JSON),
 )
 
 jobs = Table(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from shipyard.control.deployments import retain
 from shipyard.control.endpoints import EndpointService
 from shipyard.errors import ResourceNotFound
 from shipyard.gateway.actions.data_capture import describe_data_capture
@@ -88,6 +89,7 @@ def _pending(svc: EndpointService, endpoint: Endpoint) -> dict[str, Any]:
     config = _config(svc, endpoint.pending_config_name or "")
     if config is None:
         return summary
+    config = retain(config, endpoint.retained)  # as the update runs it
     share = float(deployment.get("share", 0.0))
     stage = deployment.get("stage", "Creating")
     since = deployment.get("since")
@@ -164,6 +166,11 @@ def update_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
         p["EndpointConfigName"],
         deployment=p.get("DeploymentConfig"),
         retain_deployment=bool(p.get("RetainDeploymentConfig", False)),
+        retain_variants=bool(p.get("RetainAllVariantProperties", False)),
+        exclude_retained=[
+            e.get("VariantPropertyType", "")
+            for e in p.get("ExcludeRetainedVariantProperties") or []
+        ],
     )
     return {"EndpointArn": endpoint.arn}
 
