@@ -61,6 +61,17 @@ def _config_with_new_model(sm: Any, config: str, url: str, *, variant: str, coun
     )
 
 
+def _scaled(sm: Any, name: str, *, count: int, weight: float) -> None:
+    """Variant v1 of ``name`` set to ``count`` instances and ``weight``, and in service."""
+    sm.update_endpoint_weights_and_capacities(
+        EndpointName=name,
+        DesiredWeightsAndCapacities=[
+            {"VariantName": "v1", "DesiredInstanceCount": count, "DesiredWeight": weight}
+        ],
+    )
+    wait_in_service(sm, name)
+
+
 def test_update_endpoint_is_blue_green_with_zero_failed_requests(
     gateway: GatewayProcess, model_tarball: Any
 ) -> None:
@@ -106,13 +117,7 @@ def test_failed_update_rolls_back_and_keeps_serving(
 def test_weights_and_capacities_scale_in_place(gateway: GatewayProcess, model_tarball: Any) -> None:
     sm = gateway.sm
     deploy(sm, "scale", model_tarball("echo"), count=1)
-    sm.update_endpoint_weights_and_capacities(
-        EndpointName="scale",
-        DesiredWeightsAndCapacities=[
-            {"VariantName": "v1", "DesiredInstanceCount": 3, "DesiredWeight": 2.0}
-        ],
-    )
-    wait_in_service(sm, "scale")
+    _scaled(sm, "scale", count=3, weight=2.0)
     variant = sm.describe_endpoint(EndpointName="scale")["ProductionVariants"][0]
     assert variant["CurrentInstanceCount"] == 3 and variant["DesiredWeight"] == 2.0
     assert len(instance_pids(gateway.process.pid)) == 3
@@ -200,13 +205,7 @@ def test_an_update_retaining_variant_properties_keeps_the_scaled_count_and_weigh
     ExcludeRetainedVariantProperties takes the named ones from the new config."""
     sm = gateway.sm
     deploy(sm, "keep", model_tarball("echo"), count=1)
-    sm.update_endpoint_weights_and_capacities(
-        EndpointName="keep",
-        DesiredWeightsAndCapacities=[
-            {"VariantName": "v1", "DesiredInstanceCount": 2, "DesiredWeight": 0.5}
-        ],
-    )
-    wait_in_service(sm, "keep")
+    _scaled(sm, "keep", count=2, weight=0.5)
     _config_with_new_model(sm, "keep-2", model_tarball("sum"), variant="v1", count=1)
     sm.update_endpoint(
         EndpointName="keep", EndpointConfigName="keep-2", RetainAllVariantProperties=True
