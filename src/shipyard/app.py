@@ -164,7 +164,9 @@ class Gateway:
         self.consumer = asynchronous.consumer
         jobs = jobs_assembly.build(core, self.backend)
         self.jobs, self.supervisor = jobs.service, jobs.supervisor
-        transforms = transform_assembly.build(core, self.provisioner)
+        transforms = transform_assembly.build(
+            core, self.provisioner, budget=self.service.check_budget
+        )
         self.transforms, self.transform_supervisor = transforms.service, transforms.supervisor
         scaling = scaling_assembly.build(
             core,

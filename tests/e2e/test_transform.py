@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from shipyard.transform.splitting import masked_crc32c
-from tests.conftest import MODELS, Bucket, GatewayProcess, make_tarball, unique, wait_until
+from tests.conftest import MODELS, Bucket, GatewayProcess, deploy, make_tarball, unique, wait_until
 from tests.e2e.processes import instance_pids
 
 ROLE = "arn:aws:iam::123456789012:role/x"
@@ -321,6 +321,32 @@ def test_bad_requests_are_refused(gw: GatewayProcess, tmp_path: Path) -> None:
     wait_done(gw, name)
     refused(lambda: gw.sm.stop_transform_job(TransformJobName=name),
             "ValidationException", "Completed")  # fmt: skip
+
+
+def test_transform_instances_count_against_the_gateways_instance_quota(
+    gateway_factory: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    """SHIPYARD_MAX_INSTANCES is the instances of endpoints and transform jobs together:
+    past it, or past a job's own limit, CreateTransformJob is ResourceLimitExceeded."""
+    gw = gateway_factory(extra_env={"SHIPYARD_MAX_INSTANCES": "2"})
+    create_model(gw, "lines", "lines", tmp_path)
+    data = tmp_path / "in"
+    write_csv(data, "a.csv", [[1]])
+
+    def refused(count: int, words: str) -> None:
+        with pytest.raises(botocore.exceptions.ClientError) as caught:
+            transform(gw, unique("tfq"), "lines", data.as_uri(), tmp_path / "o", count=count)
+        error = caught.value.response["Error"]
+        assert error["Code"] == "ResourceLimitExceeded" and words in error["Message"], error
+
+    refused(50, "instances per job")
+    refused(3, "SHIPYARD_MAX_INSTANCES")
+    deploy(gw.sm, "held", make_tarball("echo", tmp_path / "echo.tar.gz").as_uri(), count=2)
+    refused(1, "SHIPYARD_MAX_INSTANCES")  # the endpoint holds both
+    gw.sm.delete_endpoint(EndpointName="held")
+    name = unique("tfq")
+    transform(gw, name, "lines", data.as_uri(), tmp_path / "out", count=2)
+    assert wait_done(gw, name)["TransformJobStatus"] == "Completed"
 
 
 def recordio(records: list[bytes]) -> bytes:

@@ -32,6 +32,7 @@ from shipyard.storage.components import ComponentStore
 from shipyard.storage.metadata import MetadataStore, now
 from shipyard.storage.metrics import MetricStore
 from shipyard.storage.tags import Tagging, TagStore
+from shipyard.storage.transform_jobs import TransformStore
 
 
 class EndpointService:
@@ -392,16 +393,23 @@ class EndpointService:
                 raise  # another resource of the call is missing
             raise ResourceNotFound.of(what, self.arn(kind, name)) from None
 
+    def check_budget(self, asked: Sequence[tuple[str, int]]) -> None:
+        """Refuse ``asked`` (InstanceType, count) pairs past the gateway's instance or
+        memory budget: what a transform job's instances ask (transform/service.py)."""
+        self._check_budget(asked, replacing=None)
+
     def _check_budget(self, asked: Sequence[tuple[str, int]], *, replacing: str | None) -> None:
         """Refuse what would take the gateway past its instance or memory budget.
 
         Counts what every endpoint asks for in the store (desired counts, so endpoints
-        still being created count), with ``replacing``'s own share swapped for ``asked``.
-        Two calls at the same instant may both pass: the budget guards against a host
-        being exhausted, not against a race of two callers.
+        still being created count), with ``replacing``'s own share swapped for ``asked``,
+        and the instances of every transform job not yet ended. Two calls at the same
+        instant may both pass: the budget guards against a host being exhausted, not
+        against a race of two callers.
         """
         if self.max_instances is None and self.max_instance_memory_bytes is None:
             return
+        asked = [*asked, *_transform_instances(TransformStore(self.store.engine))]
         instances = sum(count for _, count in asked)
         memory = sum(memory_bytes(kind) * count for kind, count in asked)
         for endpoint in self.store.list_endpoints():
@@ -532,6 +540,15 @@ def _check_shadow_counts(variants: Sequence[VariantSpec], async_config: AsyncCon
 def _is_object_uri(uri: str) -> bool:
     """Where shipyard can read and write objects: s3://, file:// or an absolute path."""
     return uri.startswith(("s3://", "file:///")) or uri.startswith("/")
+
+
+def _transform_instances(store: TransformStore) -> list[tuple[str, int]]:
+    """The (InstanceType, count) of every transform job not yet ended."""
+    out = []
+    for job in store.list(active_only=True):
+        resources = job.request.get("TransformResources") or {}
+        out.append((str(resources.get("InstanceType", "")), int(resources.get("InstanceCount", 1))))
+    return out
 
 
 _PROPERTIES = {"DesiredInstanceCount": "count", "DesiredWeight": "weight"}

@@ -10,7 +10,7 @@ from shipyard.events.kinds import Announcer, transform_job_event
 from shipyard.provisioning.fleet import Provisioner
 from shipyard.storage.leases import TRANSFORM_JOB
 from shipyard.storage.transform_jobs import TransformStore
-from shipyard.transform.service import TransformService
+from shipyard.transform.service import Budget, TransformService
 from shipyard.transform.supervisor import TransformSupervisor
 
 
@@ -20,7 +20,7 @@ class Transforms:
     supervisor: TransformSupervisor
 
 
-def build(core: Core, provisioner: Provisioner) -> Transforms:
+def build(core: Core, provisioner: Provisioner, *, budget: Budget | None = None) -> Transforms:
     settings = core.settings
     store = TransformStore(core.store.engine)
     announcer = Announcer(transform_job_event, notify=core.stack.jobs.notify)
@@ -42,6 +42,7 @@ def build(core: Core, provisioner: Provisioner) -> Transforms:
         region=settings.region,
         account_id=settings.account_id,
         max_instances=settings.max_instances_per_variant,
+        budget=budget,
         host_access=core.host_access,
         tagging=core.tagging,
     )

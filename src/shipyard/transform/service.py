@@ -7,10 +7,10 @@ event, and wakes the TransformSupervisor, which runs it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from shipyard.errors import InvalidParameter, ResourceNotFound
+from shipyard.errors import InvalidParameter, ResourceLimitExceeded, ResourceNotFound
 from shipyard.events.kinds import Announcer
 from shipyard.host_access import HostAccess
 from shipyard.records import JobStatus, TransformJob
@@ -26,6 +26,10 @@ MAX_PAYLOADS_MB = 100
 the payloads in flight to one instance, which the gateway holds."""
 
 
+Budget = Callable[[Sequence[tuple[str, int]]], None]
+"""Refuses (InstanceType, count) pairs past the gateway's instance quota."""
+
+
 class TransformService:
     """Batch transform jobs: create, describe, list, stop."""
 
@@ -39,6 +43,7 @@ class TransformService:
         region: str,
         account_id: str,
         max_instances: int,
+        budget: Budget | None = None,
         host_access: HostAccess | None = None,
         tagging: Tagging | None = None,
     ) -> None:
@@ -49,6 +54,9 @@ class TransformService:
         self.region = region
         self.account_id = account_id
         self.max_instances = max_instances
+        self.budget = budget
+        """Refuses (ResourceLimitExceeded) instances past the gateway's quota, which
+        endpoints and transform jobs share (EndpointService.check_budget)."""
         self.host_access = host_access or HostAccess()
         self.tagging = tagging
         if tagging is not None:
@@ -98,6 +106,18 @@ class TransformService:
 
     # -- checks -----------------------------------------------------------------------
 
+    def _check_instances(self, resources: dict[str, Any]) -> None:
+        """The job's instances within the quotas: its own, and the gateway's (shared with
+        endpoints); ResourceLimitExceeded past either."""
+        count = int(resources["InstanceCount"])
+        if count > self.max_instances:
+            raise ResourceLimitExceeded(
+                f"TransformResources.InstanceCount {count} is more than the limit of "
+                f"{self.max_instances} instances per job."
+            )
+        if self.budget is not None:
+            self.budget([(str(resources.get("InstanceType", "")), count)])
+
     def _check(self, request: dict[str, Any]) -> None:
         name = request["ModelName"]
         try:
@@ -126,12 +146,7 @@ class TransformService:
             self.host_access.check_location(uri, field)
         # The model's instances start with this Environment added to the model's own.
         self.host_access.check_process(environment=request.get("Environment"), chooses_code=False)
-        count = int(request["TransformResources"]["InstanceCount"])
-        if count > self.max_instances:
-            raise InvalidParameter(
-                f"TransformResources.InstanceCount {count} is more than the limit of "
-                f"{self.max_instances} instances per job."
-            )
+        self._check_instances(request["TransformResources"])
         payload = request.get("MaxPayloadInMB")
         if payload is not None and int(payload) > MAX_PAYLOADS_MB:
             raise InvalidParameter(
