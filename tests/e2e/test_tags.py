@@ -76,10 +76,28 @@ def test_bad_tags_and_arns_are_refused(gateway: GatewayProcess) -> None:
         lambda: sm.add_tags(ResourceArn=arn, Tags=[{"Key": "k" * 129, "Value": "x"}]),
         lambda: sm.list_tags(ResourceArn="arn:aws:s3:::bucket"),
         lambda: sm.list_tags(ResourceArn=arn.replace("plain", "nothing")),
+        # Tag's pattern, of Unicode classes (letters, separators, numbers, _.:/=+-@)
+        lambda: sm.add_tags(ResourceArn=arn, Tags=[{"Key": "bad#key!", "Value": "x"}]),
+        lambda: sm.add_tags(ResourceArn=arn, Tags=[{"Key": "k", "Value": "tab\there"}]),
+        # "Tag keys must be unique per resource"; aws: is AWS's prefix
+        lambda: sm.add_tags(
+            ResourceArn=arn, Tags=[{"Key": "d", "Value": "1"}, {"Key": "d", "Value": "2"}]
+        ),  # fmt: skip
+        lambda: sm.add_tags(ResourceArn=arn, Tags=[{"Key": "aws:owner", "Value": "x"}]),
     ):
         with pytest.raises(ClientError) as refused:
             call()
         assert refused.value.response["Error"]["Code"] == "ValidationException"
+    with pytest.raises(ClientError) as refused:  # refused before the model is made
+        sm.create_model(
+            ModelName="twice-tagged",
+            PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": str(MODELS / "echo")},
+            Tags=[{"Key": "d", "Value": "1"}, {"Key": "d", "Value": "2"}],
+        )
+    assert "must be unique" in refused.value.response["Error"]["Message"]
+    assert "twice-tagged" not in [m["ModelName"] for m in sm.list_models()["Models"]]
+    sm.add_tags(ResourceArn=arn, Tags=[{"Key": "équipe 2", "Value": "café:bleu/=+-@"}])
+    assert _tags(sm, arn) == {"équipe 2": "café:bleu/=+-@"}
 
 
 def test_a_training_job_keeps_the_tags_it_was_created_with(

@@ -24,6 +24,8 @@ from re import _constants as sre_c  # type: ignore[attr-defined]
 from re import _parser as sre_parse  # type: ignore[attr-defined]
 from typing import Any
 
+from shipyard.gateway.validation import Matcher, _compile
+
 MISSING: Any = object()
 """What an override returns when it has no opinion on a member."""
 
@@ -86,7 +88,7 @@ class Skeletons:
         self.rng = rng
         self.override = override
         self.always = always
-        self._compiled: dict[str, re.Pattern[str] | None] = {}
+        self._compiled: dict[str, Matcher | None] = {}
 
     def build(self, operation: str, *, full: bool = False) -> tuple[Request, Shapes]:
         """A valid request and, for each path in it, the shape it was drawn from."""
@@ -194,7 +196,7 @@ class Skeletons:
         if pattern and compiled is not None:
             for _ in range(30):
                 try:
-                    text = _from_pattern(pattern, self.rng)
+                    text = _from_pattern(_drawable(pattern), self.rng)
                 except _Unsupported:
                     break
                 if low <= len(text) <= high and compiled.fullmatch(text):
@@ -202,12 +204,10 @@ class Skeletons:
         size = min(high, max(low, self.rng.randint(1, 12)))
         return "".join(self.rng.choice(_SAFE_CHARS) for _ in range(size))
 
-    def _compile(self, pattern: str) -> re.Pattern[str] | None:
+    def _compile(self, pattern: str) -> Matcher | None:
+        """The pattern as the gateway's validator enforces it (None: it does not)."""
         if pattern not in self._compiled:
-            try:
-                self._compiled[pattern] = re.compile(pattern, re.ASCII)
-            except re.error:
-                self._compiled[pattern] = None
+            self._compiled[pattern] = _compile(pattern)
         return self._compiled[pattern]
 
 
@@ -378,9 +378,31 @@ _CATEGORIES = {
 }
 
 
+_ASCII_CLASSES = {
+    r"\p{Alnum}": "a-zA-Z0-9",
+    r"\p{L}": "a-zA-Z",
+    r"\p{N}": "0-9",
+    r"\p{Z}": " ",
+    r"\p{M}": "a",
+    r"\p{P}": ".,!",
+    r"\p{S}": "+=",
+}
+"""Java's Unicode classes as ASCII ones within them, which ``sre_parse`` can draw from."""
+
+
+def _drawable(pattern: str) -> str:
+    for java, ascii_class in _ASCII_CLASSES.items():
+        pattern = pattern.replace(java, ascii_class)
+    return pattern
+
+
 def _from_pattern(pattern: str, rng: random.Random) -> str:
     out: list[str] = []
-    _draw(sre_parse.parse(pattern), rng, out)
+    try:
+        parsed = sre_parse.parse(pattern)
+    except re.error as exc:  # a Java class with no ASCII stand-in here
+        raise _Unsupported(str(exc)) from None
+    _draw(parsed, rng, out)
     return "".join(out)
 
 

@@ -17,8 +17,12 @@ Map keys and values are reported once per map, on the map, with every constraint
 key or value shape listed (``Map value must satisfy constraint: [...]``), again as AWS
 does. Unknown members are ignored, as AWS ignores them.
 
-Known gaps, all on the lenient side: patterns Python's ``re`` cannot compile (Java's
-``\\p{L}`` classes, surrogate ranges) are not enforced, only their lengths are; union
+Java's Unicode classes (``\\p{L}``: tag keys and values, descriptions) are compiled with
+the ``regex`` package, which has them. A SageMaker request's ``Tags`` are held to what
+its Tag shape documents beyond the patterns: keys unique, none beginning ``aws:``.
+
+Known gaps, all on the lenient side: patterns neither can compile (Java's surrogate
+ranges, a quantifier after ``$``) are not enforced, only their lengths are; union
 shapes are not checked for "exactly one member set"; lengths count code points.
 """
 
@@ -33,9 +37,10 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import botocore.session
+import regex
 
 from shipyard.errors import InvalidParameter, SerializationException, UnknownOperation
 
@@ -59,6 +64,12 @@ _CONTAINERS = frozenset({"structure", "list", "map"})
 _EPOCH_SECONDS = (-62_135_596_800.0, 253_402_300_799.0)  # 0001-01-01 to 9999-12-31, UTC
 
 
+class Matcher(Protocol):
+    """A compiled pattern, of ``re`` or of ``regex``."""
+
+    def fullmatch(self, string: str) -> object | None: ...
+
+
 @dataclass(eq=False, repr=False, slots=True)
 class _Rule:
     """The constraints of one shape, flattened out of botocore for a fast walk.
@@ -70,7 +81,7 @@ class _Rule:
     kind: str
     min: float | None = None
     max: float | None = None
-    pattern: re.Pattern[str] | None = None
+    pattern: Matcher | None = None
     pattern_text: str = ""
     enum: frozenset[str] = frozenset()
     enum_text: str = ""
@@ -133,6 +144,7 @@ class RequestValidator:
             return
         errors: list[str] = []
         _check_structure(rule, params, "", errors)
+        _check_tags(params.get("Tags"), errors)
         if errors:
             plural = "error" if len(errors) == 1 else "errors"
             raise InvalidParameter(
@@ -202,16 +214,44 @@ def _session() -> botocore.session.Session:
 
 
 @functools.cache
-def _compile(pattern: str) -> re.Pattern[str] | None:
-    """Compile one of the model's (Java) patterns, or None when Python's ``re`` can't.
+def _compile(pattern: str) -> Matcher | None:
+    """Compile one of the model's (Java) patterns, or None when neither Python's ``re``
+    nor ``regex`` can.
 
-    ASCII mode because Java's ``\\w``, ``\\d`` and ``\\s`` are ASCII-only by default.
+    ASCII mode because Java's ``\\w``, ``\\d`` and ``\\s`` are ASCII-only by default;
+    a pattern with Unicode property classes (``\\p{L}``, which ``re`` has not) is
+    compiled by ``regex`` without it, since Java's property classes are Unicode's.
     """
     try:
         return re.compile(pattern, re.ASCII)
     except re.error as exc:
+        if "\\p{" not in pattern:
+            logger.debug("pattern %r not enforced: %s", pattern, exc)
+            return None
+    try:
+        compiled: Matcher = regex.compile(pattern)
+    except regex.error as exc:
         logger.debug("pattern %r not enforced: %s", pattern, exc)
         return None
+    return compiled
+
+
+def _check_tags(tags: object, errors: list[str]) -> None:
+    """What botocore's Tag documents beyond its patterns: "Tag keys must be unique per
+    resource", and ``aws:`` is AWS's own prefix."""
+    if not isinstance(tags, list):
+        return
+    keys: list[str] = []
+    for tag in tags:
+        key = tag.get("Key") if isinstance(tag, dict) else None
+        if isinstance(key, str):
+            keys.append(key)
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    if repeated:
+        errors.append(f"Tag keys must be unique per resource: {', '.join(repeated)} repeated")
+    reserved = sorted(k for k in set(keys) if k.lower().startswith("aws:"))
+    if reserved:
+        errors.append(f"Tag keys may not begin with the reserved prefix aws: {', '.join(reserved)}")
 
 
 def _constraints(rule: _Rule) -> list[str]:
