@@ -187,6 +187,8 @@ def test_invocation_timeout_gives_model_error(gateway_factory: Any, model_tarbal
     status, headers, body = _invoke(gw, "slow", b'{"sleep": 3}')
     assert status == 424 and headers["x-amzn-errortype"] == "ModelError"
     assert b"timed out" in body
+    # As every ModelError: the endpoint's log group, where its instances' logs go.
+    assert json.loads(body)["LogStreamArn"].endswith(":log-group:/aws/sagemaker/Endpoints/slow")
     # The instance finishes the abandoned request on its handler thread, then serves again.
     wait_until(lambda: _invoke(gw, "slow", b'{"sleep": 0}')[0] == 200, "serving again", 10)
 

@@ -185,6 +185,7 @@ def test_a_call_past_the_invocation_timeout_is_a_model_error(gw: GatewayProcess)
     assert status == 424 and headers["x-amzn-errortype"] == "ModelError"
     error = json.loads(body)
     assert error["OriginalStatusCode"] == 504 and "timed out" in error["Message"]
+    assert error["LogStreamArn"].endswith(":log-group:/aws/sagemaker/Endpoints/slow")
     assert time.monotonic() - started < 2.5  # the 1 s timeout, not the model's 3 s
     wait_until(lambda: in_flight(gw, "slow") == 0, "the instance given back")
     # The instance finishes the abandoned call, then serves again.

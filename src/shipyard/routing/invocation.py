@@ -27,6 +27,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 from shipyard.contract import BATCH, parse_batch
 from shipyard.errors import EndpointNotFound, ModelError, RuntimeValidationError, UpstreamError
@@ -50,6 +51,8 @@ the gateway opening the session already routed to."""
 _ERROR_BODY_BYTES = 1 << 20
 """Of a streamed error answer, at most this much is read into the ModelError."""
 
+
+E = TypeVar("E", bound=BaseException | None)
 
 Answered = Callable[[Response | None, BaseException | None], None]
 """Told the outcome of a started invocation (Invocations.start): the model's successful
@@ -234,6 +237,8 @@ class Invocations:
         )
         try:
             response, model_s = await self.router.invoke(route, variant, call)
+        except ModelError as exc:
+            raise self._logged(route.name, exc) from None
         finally:
             # Copies start once the production answer is in (or failed), and run only
             # when this request next yields: after the client's answer is written.
@@ -267,7 +272,7 @@ class Invocations:
                 except Exception:
                     log.exception("copying an invocation to %s's shadows failed", route.name)
             if response is None:
-                done(None, error)
+                done(None, self._logged(route.name, error))
                 return
             try:
                 answer = self._answered(route, call, variant, response, model_s, opening)
@@ -356,7 +361,7 @@ class Invocations:
                     if head_timeout_s is None:
                         raise
                     up = any(i.healthy for i in variant.instances)
-                    raise self.router.late(variant, reached=up) from None
+                    raise self._logged(route.name, self.router.late(variant, reached=up)) from None
                 if exchange.response.status >= 300:
                     whole = await _whole(exchange.response, self.router.timeout_s)
                     raise self.model_error(route.name, whole)
@@ -396,19 +401,29 @@ class Invocations:
             elif status >= 400:
                 m.errors_4xx.inc()
 
+    def _log_group(self, name: str) -> str:
+        group = f"/aws/sagemaker/Endpoints/{name}"
+        return f"arn:aws:logs:{self.region}:{self.account_id}:log-group:{group}"
+
+    def _logged(self, name: str, error: E) -> E:
+        """``error``, a ModelError the router made (a timeout) given the endpoint's log
+        group as every other ModelError has it (DESIGN 2.2's LogStreamArn)."""
+        if isinstance(error, ModelError) and not error.log_stream_arn:
+            error.log_stream_arn = self._log_group(name)
+        return error
+
     def model_error(self, name: str, response: Response) -> ModelError:
         """The instance answered with an error status: the model's own failure. A step of
         a multi-container model is named by its ContainerHostname or position (DESIGN 2.7)."""
         message = response.body.decode(errors="replace")
         kind = "client" if response.status < 500 else "server"
         source = (response.header(FAILED_CONTAINER) or b"primary").decode(errors="replace")
-        group = f"/aws/sagemaker/Endpoints/{name}"
         return ModelError(
             f"Received {kind} error ({response.status}) from {source} with message "
             f'"{message}". See the instance log for more information.',
             original_status_code=response.status,
             original_message=message,
-            log_stream_arn=f"arn:aws:logs:{self.region}:{self.account_id}:log-group:{group}",
+            log_stream_arn=self._log_group(name),
         )
 
 
