@@ -230,6 +230,23 @@ def test_a_model_silent_past_the_invocation_timeout_ends_the_stream(
     wait_until(lambda: "closed" in events.read_text(), "the generator closed", timeout_s=10)
 
 
+def test_a_model_silent_past_the_timeout_before_its_first_chunk_is_a_model_error(
+    gw: GatewayProcess, tmp_path: Path
+) -> None:
+    """Sent to its instance and unanswered within the timeout: the model's ModelError
+    (424), never a 503 that boto3 would send again to another instance; whether the
+    instance still passes its health checks has no say in it."""
+    from tests.conftest import make_tarball
+
+    deploy(gw.sm, "sleepy-stream", make_tarball("sleepy", tmp_path / "m.tar.gz").as_uri())
+    with pytest.raises(ClientError) as raised:
+        stream(gw, "sleepy-stream", {"sleep": 3})
+    error = raised.value.response
+    assert error["Error"]["Code"] == "ModelError", error
+    assert error["ResponseMetadata"]["HTTPStatusCode"] == 424
+    assert error["OriginalStatusCode"] == 504
+
+
 def test_a_signed_stream_passes_the_auth_section(tmp_path: Path) -> None:
     """With ``auth:``, the door takes boto3's signed call (the body already read by the
     signature check) and refuses a call signed with an unknown key."""

@@ -9,18 +9,23 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from sqlalchemy import update
 
 from shipyard.backends.base import InstanceSpec
 from shipyard.control.serverless_use import ServerlessUse
+from shipyard.errors import Throttling
+from shipyard.metrics import Metrics
 from shipyard.provisioning.fleet import Fleet, Slot
 from shipyard.records import EndpointConfig, RoutingStrategy, ServerlessConfig, VariantSpec
 from shipyard.routing.instance import Instance
+from shipyard.routing.policies import LeastOutstandingRequests
 from shipyard.routing.serverless import ServerlessRoute
+from shipyard.routing.table import EndpointRoute, VariantRoute
 from shipyard.storage import tables as t
 from shipyard.storage.metadata import MetadataStore
 from shipyard.storage.serverless_use import ServerlessUseStore, Use
@@ -412,3 +417,93 @@ def test_the_holder_keeps_warm_only_the_instances_the_others_used(meta: Metadata
     assert scaler.asked == [("v1", 1)]
     asyncio.run(apply())  # nothing written since
     assert scaler.asked == [("v1", 1)]
+
+
+def _routed(fleet: Fleet) -> dict[str, EndpointRoute]:
+    """The table a gateway routes ``fleet``'s variant by, its admission the fleet's."""
+    variant = VariantRoute(
+        "v1",
+        weight=1.0,
+        policy=LeastOutstandingRequests(max_in_flight=1),
+        instances=[slot.instance for slot in fleet.slots["v1"] if slot.instance is not None],
+        metrics=Metrics().for_variant("e", "v1"),
+        serverless=fleet.serverless["v1"],
+    )
+    return {"e": EndpointRoute("e", [variant])}
+
+
+def _busy(fleet: Fleet, requests: int) -> ServerlessRoute:
+    """``requests`` admitted to the fleet's variant and on its first instance."""
+    admission = fleet.serverless["v1"]
+    admission.active = requests
+    instance = fleet.slots["v1"][0].instance
+    assert instance is not None
+    instance.in_flight = requests
+    return admission
+
+
+def test_max_concurrency_counts_every_gateways_requests(meta: MetadataStore) -> None:
+    """MaxConcurrency 4 across a holder and a gateway following its fleet: three
+    requests through the other leave the holder room for one; the holder's own are
+    counted there too; a gateway that stops saying so stops counting."""
+    holder_fleet, other_fleet = _fleet(), _fleet()
+    holder, other = (
+        ServerlessUse(
+            ServerlessUseStore(meta.engine, gateway=name),
+            period_s=0.05,
+            keep_s=60,
+            fail=lambda *_: None,
+        )
+        for name in ("holder", "other")
+    )
+    holds = lambda endpoint: True  # noqa: E731
+
+    async def main() -> None:
+        runners = [asyncio.create_task(u.run()) for u in (holder, other)]
+        try:
+            other_admission = _busy(other_fleet, 3)
+            other.sample({"e": other_fleet}, _routed(other_fleet))
+            admission = holder_fleet.serverless["v1"]
+
+            async def heard_by_holder() -> bool:
+                await holder.apply({"e": holder_fleet}, holds, _Demand())  # type: ignore[arg-type]
+                holder.sample({"e": holder_fleet}, _routed(holder_fleet), shared_only=True)
+                return admission.others == 3
+
+            await _until_async(heard_by_holder)
+            admission.admit()  # 0 here + 3 there: room for one
+            with pytest.raises(Throttling):
+                admission.admit()
+            # The holder's own request, written since another gateway routes here too.
+            _busy(holder_fleet, 1)
+            holder.sample({"e": holder_fleet}, _routed(holder_fleet), shared_only=True)
+
+            async def heard_by_other() -> bool:
+                other.sample({"e": other_fleet}, _routed(other_fleet))
+                return other_admission.others == 1
+
+            await _until_async(heard_by_other)
+            with pytest.raises(Throttling):
+                other_admission.admit()  # 3 there + 1 here
+            # The other gateway goes quiet (it died, say): after three periods the holder
+            # no longer counts its last word.
+            runners[1].cancel()
+
+            async def forgotten() -> bool:
+                await holder.apply({"e": holder_fleet}, holds, _Demand())  # type: ignore[arg-type]
+                holder.sample({"e": holder_fleet}, _routed(holder_fleet), shared_only=True)
+                return admission.others == 0
+
+            await _until_async(forgotten)
+        finally:
+            for runner in runners:
+                runner.cancel()
+            await asyncio.gather(*runners, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+async def _until_async(check: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not await check():
+            await asyncio.sleep(0.02)

@@ -357,7 +357,11 @@ class Reconciler:
                 await self.mirror.refresh(self.store.list_endpoints)
             except Exception:
                 log.exception("mirroring the routes of other gateways failed; retrying")
-            self.serverless_use.sample(self.mirror.fleets, self.publisher.router.routes)
+            routes = self.publisher.router.routes
+            self.serverless_use.sample(self.mirror.fleets, routes)
+            # Its own fleets' use too, where other gateways route to them: MaxConcurrency
+            # counts every gateway's requests.
+            self.serverless_use.sample(self.fleets, routes, shared_only=True)
 
     def _spawn(self, name: str, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work, name=f"reconciler.{name}")

@@ -31,6 +31,15 @@ again. A write that raised may have been stored all the same (the connection los
 the commit): the next write's ``uses``, two past the last one known, says so, and the
 write it skipped is kept with the time its asks were taken. The times of writes past
 keeping are dropped, written to again or not.
+
+MaxConcurrency is the variant's in all (DESIGN 3.2), not each gateway's. So every write
+carries the requests the writer has admitted (``active``), and reads back the other
+gateways' rows; the holder writes its own too while another gateway routes to the
+variant, and learns the others' on each converge pass. Each gateway's admission then
+counts the others' requests (``ServerlessRoute.others``) from the rows that moved in the
+last ``3 * period_s`` (by this gateway's clock: a row left by a gateway that died stops
+counting). The count is a period old at most, so the limit holds in all up to what the
+gateways admit within one period of each other.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from shipyard.background import Wakeup
 from shipyard.control.serverless import ServerlessScaler
@@ -94,6 +103,11 @@ class ServerlessUse:
         self._unsure: dict[tuple[str, str], float] = {}
         """Per mirrored variant, when the asks of a write that raised were taken: it may
         have been stored all the same, as the next write's ``uses`` will tell."""
+        self._admissions: dict[tuple[str, str], tuple[ServerlessRoute, float]] = {}
+        """Per serverless variant routed here, its admission, and when it was last seen."""
+        self._heard: dict[tuple[str, str, str], tuple[int, float, int]] = {}
+        """Per row of another gateway: its ``uses``, when it last moved (this process's
+        clock) and the requests it said it had admitted."""
         self._failures: dict[tuple[str, str, str], tuple[int, str, int]] = {}
         """Held here: per row of another gateway, the newest failed cold start to write
         on it: the ``uses`` it was made for, why it failed, and the tries left."""
@@ -110,13 +124,21 @@ class ServerlessUse:
         self._pending[key] = max(self._pending.get(key, 0), wanted)
         self._wake.set()
 
-    def sample(self, fleets: Mapping[str, Fleet], routes: Mapping[str, EndpointRoute]) -> None:
-        """Note the use of the mirrored ``fleets``' serverless variants, as the tables
-        published for them (``routes``) show it, each at most every ``period_s``: used
-        while requests are on its instances or wait for one, or if one finished since
-        the last write; with the instances they were on. Instances and waiting requests
-        carry over from table to table, so a request admitted on an earlier table still
-        counts."""
+    def sample(
+        self,
+        fleets: Mapping[str, Fleet],
+        routes: Mapping[str, EndpointRoute],
+        *,
+        shared_only: bool = False,
+    ) -> None:
+        """Note the use of ``fleets``' serverless variants (mirrored ones; with
+        ``shared_only``, those run here, only where another gateway routes to them too),
+        as the tables published for them (``routes``) show it, each at most every
+        ``period_s``: used while requests are on its instances or wait for one, or if
+        one finished since the last write; with the instances they were on and the
+        requests admitted. Instances and waiting requests carry over from table to
+        table, so a request admitted on an earlier table still counts. Each variant's
+        admission is told the other gateways' requests as last heard."""
         now = time.monotonic()
         for fleet in fleets.values():
             table = routes.get(fleet.endpoint)
@@ -128,9 +150,13 @@ class ServerlessUse:
                     continue
                 admission = route.admission
                 key = (fleet.endpoint, variant)
+                self._admissions[key] = (admission, now)
+                admission.others = self._others(key, now)
                 written = self._written.get(key, -math.inf)
                 if now - written < self.period_s:
                     continue
+                if shared_only and not any(k[:2] == key for k in self._heard):
+                    continue  # no other gateway routes to it: nobody to tell
                 busy = sum(i.in_flight for i in route.instances) + len(route.waiters)
                 if not busy and not any(i.last_used > written for i in route.instances):
                     continue  # unused since it was last written
@@ -154,8 +180,9 @@ class ServerlessUse:
             if not pending:
                 continue
             taken = time.monotonic()  # requests waiting by now asked in this write
+            active = {k: a.active for k, (a, _) in self._admissions.items() if k in pending}
             try:
-                written = await asyncio.to_thread(self.store.note, pending, used)
+                written, heard = await asyncio.to_thread(self._write, pending, used, active)
             except Exception:
                 log.exception("could not record the use of serverless variants; retrying")
                 for key, wanted in pending.items():
@@ -167,6 +194,7 @@ class ServerlessUse:
                 now = time.monotonic()
                 for key in pending:
                     self._written[key] = now
+                self._hear(heard, now)
                 self._read_back(written, taken)
             # Requests waiting under load each ask: their asks are written together.
             await asyncio.sleep(_GAP_S)
@@ -218,6 +246,34 @@ class ServerlessUse:
             except Exception:  # the writer goes on whatever the requests' end
                 log.exception("could not fail the requests waiting for %s", key)
 
+    def _write(
+        self,
+        wanted: Mapping[tuple[str, str], int],
+        used: Mapping[tuple[str, str], set[str]],
+        active: Mapping[tuple[str, str], int],
+    ) -> tuple[dict[tuple[str, str], Use], list[Use]]:
+        """This gateway's rows written, and the other gateways' rows of those endpoints."""
+        written = self.store.note(wanted, used, active)
+        return written, self.store.read(sorted({endpoint for endpoint, _ in wanted}))
+
+    def _hear(self, rows: Iterable[Use], now: float) -> None:
+        """Note the other gateways' rows as read, and when each last moved."""
+        for use in rows:
+            key = (use.endpoint, use.variant, use.gateway)
+            before = self._heard.get(key)
+            moved = now if before is None or before[0] != use.uses else before[1]
+            self._heard[key] = (use.uses, moved, use.active)
+
+    def _others(self, key: tuple[str, str], now: float) -> int:
+        """The requests the other gateways said they had admitted to a variant, in rows
+        that moved within three periods (a busy gateway writes every period)."""
+        fresh = 3 * self.period_s
+        return sum(
+            active
+            for row, (_, moved, active) in self._heard.items()
+            if row[:2] == key and now - moved <= fresh
+        )
+
     def _forget_past(self, now: float) -> None:
         """Drop the writes past keeping of variants no longer written (a failure for one
         of them could fail nothing still waiting here)."""
@@ -232,6 +288,12 @@ class ServerlessUse:
         for key, at in list(self._unsure.items()):
             if now - at > self.keep_s:
                 del self._unsure[key]
+        for key, (_, seen) in list(self._admissions.items()):
+            if now - seen > self.keep_s:  # its endpoint is gone, or no longer routed here
+                del self._admissions[key]
+        for row, (_, moved, _) in list(self._heard.items()):
+            if now - moved > self.keep_s:
+                del self._heard[row]
 
     # -- the holder -------------------------------------------------------------------
 
@@ -265,6 +327,7 @@ class ServerlessUse:
             return
         uses = await asyncio.to_thread(self.store.read, serving)
         now = time.monotonic()
+        self._hear(uses, now)
         for use in uses:
             fleet = fleets.get(use.endpoint)
             key = (use.endpoint, use.variant, use.gateway)

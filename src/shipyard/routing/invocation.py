@@ -360,8 +360,11 @@ class Invocations:
                 except TimeoutError:
                     if head_timeout_s is None:
                         raise
-                    up = any(i.healthy for i in variant.instances)
-                    raise self._logged(route.name, self.router.late(variant, reached=up)) from None
+                    # Taken for an instance (and so maybe sent to it), the model's
+                    # timeout; never taken, the gateway's overload (retried by boto3).
+                    taken = call.instance is not None
+                    late = self.router.late(variant, reached=taken)
+                    raise self._logged(route.name, late) from None
                 if exchange.response.status >= 300:
                     whole = await _whole(exchange.response, self.router.timeout_s)
                     raise self.model_error(route.name, whole)

@@ -10,7 +10,9 @@ queue meanwhile, and publishing the new instance gives it its turn.
 
 One object lives as long as the fleet it belongs to, across every routing table
 published for it, so the count of requests admitted stays true while instances come and
-go.
+go. Where other gateways route to the same variant, the requests they said they had
+admitted (``others``, control/serverless_use.py, at most a lease period old) count
+against MaxConcurrency too: the limit is the variant's in all, not each gateway's.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ if TYPE_CHECKING:  # the tables import this module
 class ServerlessRoute:
     """Admission and demand of one serverless variant."""
 
-    __slots__ = ("variant", "config", "slots", "max_instances", "active", "_demand")
+    __slots__ = ("variant", "config", "slots", "max_instances", "active", "others", "_demand")
 
     starts_instances = True
 
@@ -47,18 +49,22 @@ class ServerlessRoute:
         """Requests one instance serves at a time."""
         self.max_instances = math.ceil(config.max_concurrency / slots)
         self.active = 0
-        """Requests admitted and not finished: waiting for an instance or on one."""
+        """Requests admitted here and not finished: waiting for an instance or on one."""
+        self.others = 0
+        """Requests the other gateways routing to the variant last said they had
+        admitted."""
         self._demand = demand
 
     def __repr__(self) -> str:
         return (
-            f"ServerlessRoute({self.variant!r}, active={self.active}, "
+            f"ServerlessRoute({self.variant!r}, active={self.active}, others={self.others}, "
             f"max_concurrency={self.config.max_concurrency})"
         )
 
     def admit(self) -> None:
-        """Count one more request in, or refuse it past MaxConcurrency."""
-        if self.active >= self.config.max_concurrency:
+        """Count one more request in, or refuse it past MaxConcurrency (counting the
+        other gateways' requests)."""
+        if self.active + self.others >= self.config.max_concurrency:
             raise Throttling(
                 f"Production variant {self.variant} is serving its MaxConcurrency of "
                 f"{self.config.max_concurrency} requests; retry later."

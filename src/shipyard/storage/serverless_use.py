@@ -49,6 +49,9 @@ class Use:
     used: list[str] | None = None
     """The instances its requests were on since its last write, by id (None: not said,
     so any of them)."""
+    active: int = 0
+    """The requests it had admitted to the variant when it wrote (MaxConcurrency counts
+    them in all, routing/serverless.py)."""
 
 
 class ServerlessUseStore:
@@ -65,11 +68,13 @@ class ServerlessUseStore:
         self,
         wanted: Mapping[tuple[str, str], int],
         used: Mapping[tuple[str, str], Collection[str]] | None = None,
+        active: Mapping[tuple[str, str], int] | None = None,
     ) -> dict[tuple[str, str], Use]:
-        """Per (endpoint, variant), the instances this gateway's requests need now, and
-        those they were on (``used``, by id; none where not given); each row's ``uses``
-        moves on by one. Returns the rows as written, by (endpoint, variant), with the
-        holder's last failure on them."""
+        """Per (endpoint, variant), the instances this gateway's requests need now, those
+        they were on (``used``, by id; none where not given) and the requests it has
+        admitted (``active``; 0 where not given); each row's ``uses`` moves on by one.
+        Returns the rows as written, by (endpoint, variant), with the holder's last
+        failure on them."""
         if not wanted:
             return {}
         statement = upsert(self.engine.dialect.name, _U)
@@ -79,11 +84,13 @@ class ServerlessUseStore:
             set_={
                 "wanted": statement.excluded.wanted,
                 "used": statement.excluded.used,
+                "active": statement.excluded.active,
                 "uses": _U.c.uses % WRAP + 1,
             },
         )
         # In one order on every gateway, so two writing at once never deadlock.
         used = used or {}
+        active = active or {}
         rows = [
             {
                 "endpoint": e,
@@ -91,6 +98,7 @@ class ServerlessUseStore:
                 "gateway": self.gateway,
                 "wanted": n,
                 "used": sorted(used.get((e, v), ())),
+                "active": active.get((e, v), 0),
                 "uses": 1,
             }
             for (e, v), n in sorted(wanted.items())

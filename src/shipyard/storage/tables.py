@@ -252,6 +252,7 @@ serverless_use = Table(
     Column("failed_uses", Integer, nullable=False, server_default="0"),
     Column("failure", Text),
     Column("used", JSON),
+    Column("active", Integer, nullable=False, server_default="0"),
 )
 
 metric_series = Table(
