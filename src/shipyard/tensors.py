@@ -125,7 +125,7 @@ class InferRequest:
 
 def parse_request(body: bytes, header_length: int | None) -> InferRequest:
     """A REST inference request (JSON, or the binary extension), every input checked."""
-    header, tail = _split(body, header_length)
+    header, tail = _split(body, header_length, strict=True)
     inputs = header.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise TensorError("The request has no 'inputs': give a list of input tensors.")
@@ -177,7 +177,20 @@ def _not_json(literal: str) -> Any:
     raise ValueError(f"{literal} is not JSON")
 
 
-def _split(body: bytes, header_length: int | None) -> tuple[dict[str, Any], memoryview]:
+def _finite(text: str) -> float:
+    """A JSON number as Python reads it, unless it is past any float (1e400: inf)."""
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text} is past the range of any float")
+    return value
+
+
+def _split(
+    body: bytes, header_length: int | None, *, strict: bool = False
+) -> tuple[dict[str, Any], memoryview]:
+    """The JSON header and the binary data after it. ``strict`` (a client's request):
+    JSON as RFC 8259 has it, no NaN or Infinity, no number past any float. A model's
+    answer is read as Python's json reads it: a model in Python writes NaN so."""
     if header_length is None:
         header_length = len(body)
     elif header_length > len(body):
@@ -185,7 +198,12 @@ def _split(body: bytes, header_length: int | None) -> tuple[dict[str, Any], memo
             f"{HEADER_LENGTH} is {header_length}, but the body has only {len(body)} bytes."
         )
     try:
-        header = json.loads(body[:header_length], parse_constant=_not_json)
+        text = body[:header_length]
+        header = (
+            json.loads(text, parse_constant=_not_json, parse_float=_finite)
+            if strict
+            else json.loads(text)
+        )
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nesting
         raise TensorError(f"The JSON header does not parse: {exc}") from None
     if not isinstance(header, dict):
@@ -330,9 +348,11 @@ def json_to_raw(name: str, datatype: str, shape: list[int], data: Any) -> bytes:
     with np.errstate(over="ignore"):  # an overflow is found below, and refused
         converted = array.astype(dtype, copy=False)
     if count and dtype.kind == "f" and not np.isfinite(converted).all():
-        # A number past the type's range (1e39 as FP32), or past any float's (1e400,
-        # which Python reads as infinity): refused as integers out of range are.
-        raise TensorError(f"Tensor '{name}' has 'data' out of the range of {datatype}.")
+        # A finite number past the type's range (1e39 as FP32) is refused, as integers
+        # out of range are; NaN and infinities given as such (gRPC's IEEE floats) stay.
+        overflowed = np.isfinite(array.astype(np.float64)) & ~np.isfinite(converted)
+        if overflowed.any():
+            raise TensorError(f"Tensor '{name}' has 'data' out of the range of {datatype}.")
     return converted.tobytes()
 
 

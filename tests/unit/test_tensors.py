@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from shipyard.tensors import (
     encode_binary,
     from_numpy,
     header_length_of,
+    json_to_raw,
     parse_request,
     parse_response,
     rest_response,
@@ -156,7 +158,7 @@ def test_json_nested_past_the_decoders_depth_is_a_bad_request() -> None:
         ("NaN", "NaN is not JSON"),
         ("Infinity", "Infinity is not JSON"),
         ("-Infinity", "-Infinity is not JSON"),
-        ("1e400", "out of the range of FP64"),  # JSON, but past any float (Python: inf)
+        ("1e400", "past the range of any float"),  # JSON, but Python reads it as inf
     ],
 )
 def test_numbers_json_has_not_or_no_float_holds_are_refused(literal: str, words: str) -> None:
@@ -167,3 +169,14 @@ def test_numbers_json_has_not_or_no_float_holds_are_refused(literal: str, words:
     )
     with pytest.raises(TensorError, match=words):
         parse_request(body, None)
+
+
+def test_nan_and_infinities_given_as_floats_stay() -> None:
+    """Over gRPC, fp32_contents are IEEE floats: NaN (a missing value, to XGBoost) and
+    the infinities are values, not overflows. A model's answer may hold them too."""
+    raw = json_to_raw("x", "FP32", [3], [1.0, math.nan, -math.inf])
+    values = np.frombuffer(raw, dtype="<f4")
+    assert values[0] == 1.0 and math.isnan(values[1]) and values[2] == -math.inf
+    answer = b'{"outputs": [{"name": "y", "datatype": "FP64", "shape": [1], "data": [NaN]}]}'
+    (tensor,) = parse_response(answer, None)
+    assert math.isnan(np.frombuffer(tensor.raw, dtype="<f8")[0])
