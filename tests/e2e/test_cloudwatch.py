@@ -392,6 +392,16 @@ def test_alarm_refusals(gateway: GatewayProcess) -> None:
         "InvalidParameterValue",
         "^[a-z][a-zA-Z0-9_]*$",
     )
+    upper = {"Id": "M1", "MetricStat": {"Metric": {"Namespace": "n", "MetricName": "m"},
+                                        "Period": 60, "Stat": "Sum"}}  # fmt: skip
+    refused(
+        lambda: client.put_metric_alarm(
+            AlarmName="m1", EvaluationPeriods=1, Threshold=1.0,
+            ComparisonOperator="GreaterThanThreshold", Metrics=[upper],
+        ),
+        "InvalidParameterValue",
+        "^[a-z][a-zA-Z0-9_]*$",
+    )  # fmt: skip
     refused(
         lambda: client.describe_alarms(AlarmNames=["a"], AlarmNamePrefix="a"),
         "InvalidParameterCombination",

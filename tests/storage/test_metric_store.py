@@ -130,3 +130,21 @@ def test_rows_are_added_up_into_buckets_in_the_database(store: MetricStore) -> N
                      300: (10, 2 * (300 + 360 + 420 + 480 + 540), 300, 541)}  # fmt: skip
     minutes = store.aggregate([series.id], 60, 0, 120, 60)[series.id]
     assert minutes == {0: (4, 0, 0, 1), 60: (4, 240, 60, 61)}
+
+
+def test_a_series_written_with_no_unit_takes_the_first_one_given(store: MetricStore) -> None:
+    """A series an older gateway recorded without units (or a metric put without one)
+    takes the unit given later, here and in another writer's store alike; a unit once
+    given stays."""
+
+    def point(unit: str | None) -> Point:
+        return Point("AWS/SageMaker", "ModelLatency", DIMS, 60, 600, latency(10), unit)
+
+    store.write([point(None)], "old", seen=600)
+    assert store.find("AWS/SageMaker", "ModelLatency", DIMS).unit is None  # type: ignore[union-attr]
+    other = MetricStore(store.engine)  # a gateway that upgraded: knows the series' id
+    other.write([point(None)], "new", seen=610)
+    other.write([point("Microseconds")], "new", seen=620)
+    assert store.find("AWS/SageMaker", "ModelLatency", DIMS).unit == "Microseconds"  # type: ignore[union-attr]
+    store.write([point("Milliseconds")], "old", seen=630)
+    assert store.find("AWS/SageMaker", "ModelLatency", DIMS).unit == "Microseconds"  # type: ignore[union-attr]

@@ -10,6 +10,7 @@ import pytest
 from shipyard.autoscaling.scaling import step_wanted
 from shipyard.cloudwatch.alarms import judge
 from shipyard.cloudwatch.expressions import Context, evaluate
+from shipyard.cloudwatch.service import check_query_ids, queries_of
 from shipyard.errors import InvalidParameterValue
 from shipyard.statsets import StatSet
 
@@ -136,3 +137,13 @@ def test_step_adjustments_are_picked_by_the_breach() -> None:
     assert step_wanted(half, 1, 1.0) == 2  # 50 % of 1 is 0.5: one instance
     exact = {"AdjustmentType": "ExactCapacity", "StepAdjustments": [{"ScalingAdjustment": 2}]}
     assert step_wanted(exact, 0, None) == 2
+
+
+def test_an_alarm_stored_before_query_ids_were_checked_is_still_read() -> None:
+    """CloudWatch's query Id rule is held to what callers give now (GetMetricData,
+    PutMetricAlarm); an alarm a gateway stored with ``M1`` before keeps being evaluated."""
+    stat = {"Metric": {"Namespace": "n", "MetricName": "m"}, "Period": 60, "Stat": "Sum"}
+    queries, returned = queries_of({"Metrics": [{"Id": "M1", "MetricStat": stat}]})
+    assert [q.id for q in queries] == ["M1"] and returned == "M1"
+    with pytest.raises(InvalidParameterValue, match="not matching"):
+        check_query_ids([{"Id": "M1"}], "Metrics")

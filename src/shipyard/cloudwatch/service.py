@@ -500,6 +500,7 @@ _SINGLE = ("MetricName", "Namespace", "Statistic", "ExtendedStatistic", "Period"
 
 def _check_math_alarm(config: dict[str, Any]) -> None:
     metrics = config["Metrics"]
+    check_query_ids(metrics, "Metrics")
     given = [k for k in _SINGLE if config.get(k) not in (None, [])]
     if given:
         raise InvalidParameterCombination(
@@ -587,11 +588,6 @@ def query_of(m: dict[str, Any]) -> Query:
             f"MetricDataQueries {m.get('Id')}: give MetricStat or Expression, not both."
         )
     query_id = m["Id"]
-    if not _QUERY_ID.fullmatch(query_id):
-        raise InvalidParameterValue(
-            f"The value {query_id} for parameter MetricDataQueries.Id is not matching the "
-            "expected pattern ^[a-z][a-zA-Z0-9_]*$."
-        )
     return Query(
         id=query_id,
         stat=None if stat is None else _metric_stat(query_id, stat),
@@ -604,6 +600,18 @@ def query_of(m: dict[str, Any]) -> Query:
 
 _QUERY_ID = re.compile(r"[a-z][a-zA-Z0-9_]*")
 """A MetricDataQuery's Id, as CloudWatch requires it (botocore's documentation)."""
+
+
+def check_query_ids(queries: Sequence[dict[str, Any]], what: str) -> None:
+    """InvalidParameterValue for a query Id CloudWatch refuses: checked on what a caller
+    gives (GetMetricData, PutMetricAlarm), never on an alarm stored before it was."""
+    for m in queries:
+        query_id = m.get("Id")
+        if isinstance(query_id, str) and not _QUERY_ID.fullmatch(query_id):
+            raise InvalidParameterValue(
+                f"The value {query_id} for parameter {what}.Id is not matching the "
+                "expected pattern ^[a-z][a-zA-Z0-9_]*$."
+            )
 
 
 def _metric_stat(query_id: str, stat: dict[str, Any]) -> MetricStat:

@@ -114,6 +114,8 @@ class MetricStore:
         """Series key -> id, as this process has seen them (ids never change)."""
         self._seen: dict[str, int] = {}
         """Series key -> the ``last_seen`` this process last wrote for it."""
+        self._united: set[str] = set()
+        """Series this process has given a unit to (or left one already given)."""
 
     def __repr__(self) -> str:
         return f"MetricStore({self.engine.url.render_as_string(hide_password=True)!r})"
@@ -191,6 +193,8 @@ class MetricStore:
         key = series_key(point.namespace, point.name, point.dimensions)
         found = self._ids.get(key)
         if found is not None:
+            if point.unit is not None and key not in self._united:
+                self._give_unit(conn, key, found, point.unit)
             if seen - self._seen.get(key, 0) >= _SEEN_EVERY_S:
                 conn.execute(
                     update(t.metric_series)
@@ -217,9 +221,22 @@ class MetricStore:
             conn.execute(
                 update(t.metric_series).where(t.metric_series.c.id == found).values(last_seen=seen)
             )
+            if point.unit is not None:
+                self._give_unit(conn, key, found, point.unit)
         self._ids[key] = found
         self._seen[key] = seen
         return found
+
+    def _give_unit(self, conn: Connection, key: str, series: int, unit: str) -> None:
+        """A series first written with no unit takes the first one given (a series an
+        older gateway recorded, or a metric put without one before): asked for in its
+        unit, its data is found."""
+        conn.execute(
+            update(t.metric_series)
+            .where(t.metric_series.c.id == series, t.metric_series.c.unit.is_(None))
+            .values(unit=unit)
+        )
+        self._united.add(key)
 
     def find(self, namespace: str, name: str, dimensions: Dimensions) -> Series | None:
         """The series of exactly these dimensions, if anything was ever recorded for it."""

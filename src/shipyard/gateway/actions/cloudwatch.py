@@ -11,6 +11,7 @@ from shipyard.cloudwatch.service import (
     MAX_DATAPOINTS,
     CloudWatchService,
     MetricStat,
+    check_query_ids,
     query_of,
 )
 from shipyard.errors import InvalidNextToken, InvalidParameterCombination, InvalidParameterValue
@@ -113,7 +114,9 @@ def get_metric_statistics(svc: CloudWatchService, p: dict[str, Any]) -> dict[str
 
 
 def get_metric_data(svc: CloudWatchService, p: dict[str, Any]) -> dict[str, Any]:
-    queries = [query_of(q) for q in p.get("MetricDataQueries") or []]
+    given = p.get("MetricDataQueries") or []
+    check_query_ids(given, "MetricDataQueries")
+    queries = [query_of(q) for q in given]
     results = svc.metric_data(queries, float(p["StartTime"]), float(p["EndTime"]))
     descending = p.get("ScanBy", "TimestampDescending") == "TimestampDescending"
     budget = int(p.get("MaxDatapoints") or MAX_DATAPOINTS)
