@@ -267,7 +267,7 @@ class EndpointService:
             with self._missing_by_arn("endpoint", "endpoint", name):
                 current = self.store.get_endpoint(name)
             if retain_variants:
-                retained = _retained(current, config, exclude_retained)
+                retained = _retained(current, self._serverless(current), config, exclude_retained)
             if deployment is None and retain_deployment:
                 deployment = current.last_deployment
         kept = deployments.retain(config, retained)
@@ -275,7 +275,7 @@ class EndpointService:
             [(v.instance_type, v.instance_count) for v in kept.variants], replacing=name
         )
         if deployment is not None:
-            deployments.check(deployment, config, self._alarm_exists)
+            deployments.check(deployment, kept, self._alarm_exists)
         running = {"config": deployment, "started": time.time()} if deployment else None
         with self._missing_by_arn("endpoint", "endpoint", name):
             endpoint = self.store.change_endpoint(
@@ -294,6 +294,15 @@ class EndpointService:
             )
         self._wake()
         return endpoint
+
+    def _serverless(self, endpoint: Endpoint) -> set[str]:
+        """The serverless variants of the config ``endpoint`` runs now (none known when
+        that config was deleted since)."""
+        try:
+            config = self.store.get_endpoint_config(endpoint.config_name)
+        except ResourceNotFound:
+            return set()
+        return {v.name for v in config.variants if v.serverless is not None}
 
     def _alarm_exists(self, name: str) -> bool:
         return MetricStore(self.store.engine).get_alarm(name) is not None
@@ -557,9 +566,10 @@ is the endpoint config's and is always the new one's here."""
 
 
 def _retained(
-    endpoint: Endpoint, config: EndpointConfig, exclude: Sequence[str]
+    endpoint: Endpoint, serverless: set[str], config: EndpointConfig, exclude: Sequence[str]
 ) -> dict[str, dict[str, Any]]:
-    """What an update keeps of each variant of ``config`` that ``endpoint`` has now."""
+    """What an update keeps of each variant of ``config`` that ``endpoint`` has now (of
+    which those named in ``serverless`` have no instance count to keep)."""
     dropped = {_PROPERTIES[p] for p in exclude if p in _PROPERTIES}
     now = {v.name: v for v in endpoint.variants}
     kept: dict[str, dict[str, Any]] = {}
@@ -568,7 +578,7 @@ def _retained(
         if state is None or state.shadow != variant.shadow:
             continue
         values: dict[str, Any] = {"weight": state.desired_weight}
-        if variant.serverless is None:  # a serverless variant has no count to keep
-            values["count"] = state.desired_instance_count
+        if variant.serverless is None and variant.name not in serverless:
+            values["count"] = state.desired_instance_count  # serverless ones have none
         kept[variant.name] = {k: v for k, v in values.items() if k not in dropped}
     return kept
