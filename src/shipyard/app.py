@@ -274,8 +274,7 @@ class Gateway:
                 origin=settings.config.stem if settings.config else None,
                 default_jobs=JobsConfig(limit=settings.max_active_jobs),
                 autoscaling_notify=stack.autoscaling.notify,
-            ),
-            redact=self.notifier.redact,
+            )
         )
         return [
             Route("/", control_door.handle, methods=["POST"]),

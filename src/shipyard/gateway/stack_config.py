@@ -4,17 +4,17 @@
 says who may change what). Answers are JSON; a refused change is 400 with
 ``{"message": ...}`` and changes nothing.
 
-Notification URLs carry passwords and tokens (a mail server's, a webhook's). Only a
-caller who may put them (``shipyard:PutStack``, the operator's power: ``apply`` compares
-them with its file's) reads them whole; any other key allowed ``shipyard:GetStack`` (a
-console's ``shipyard:Get*``) reads them masked, as the dispatcher logs them.
+Notification URLs carry passwords and tokens (a mail server's, a webhook's: in its
+user part, its path, its query or the headers apprise reads from it). Only a caller who
+may put them (``shipyard:PutStack``, the operator's power: ``apply`` compares them with
+its file's) reads them whole; any other key allowed ``shipyard:GetStack`` (a console's
+``shipyard:Get*``) reads each as its scheme and host alone.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Callable
+import urllib.parse
 from typing import Any
 
 from starlette.requests import Request
@@ -31,10 +31,8 @@ MAX_BODY_BYTES = 1 << 20
 class StackConfigDoor:
     """Translates ``/stack`` into StackConfig calls."""
 
-    def __init__(self, config: StackConfig, *, redact: Callable[[str], str]) -> None:
+    def __init__(self, config: StackConfig) -> None:
         self.config = config
-        self.redact = redact
-        """A notification URL with its passwords and tokens masked (Notifier.redact)."""
 
     def __repr__(self) -> str:
         return f"StackConfigDoor({self.config!r})"
@@ -42,8 +40,7 @@ class StackConfigDoor:
     async def get(self, request: Request) -> Response:
         snapshot = self.config.snapshot()
         if not admitted(request.scope).may("shipyard:PutStack"):
-            # apprise parses each URL to mask it: off the event loop.
-            snapshot = await asyncio.to_thread(_masked, snapshot, self.redact)
+            snapshot = _masked(snapshot)
         return JSONResponse(snapshot)
 
     async def put(self, request: Request) -> Response:
@@ -58,12 +55,28 @@ class StackConfigDoor:
         return JSONResponse(snapshot)
 
 
-def _masked(snapshot: dict[str, Any], redact: Callable[[str], str]) -> dict[str, Any]:
-    """``snapshot`` with every notification URL masked: the topics' and jobs.notify's."""
+def _masked(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """``snapshot`` with every notification URL (the topics', jobs.notify's) shown as
+    its scheme and host alone."""
     jobs = dict(snapshot["jobs"])
-    jobs["notify"] = {status: [redact(u) for u in urls] for status, urls in jobs["notify"].items()}
-    topics = {name: [redact(u) for u in urls] for name, urls in snapshot["topics"].items()}
+    jobs["notify"] = {status: [_shown(u) for u in urls] for status, urls in jobs["notify"].items()}
+    topics = {name: [_shown(u) for u in urls] for name, urls in snapshot["topics"].items()}
     return {**snapshot, "topics": topics, "jobs": jobs}
+
+
+_HOSTED = frozenset({"mailto", "mailtos", "json", "jsons", "xml", "xmls", "form", "forms"})
+"""Schemes whose host part is a host. Elsewhere apprise may put a token there (Telegram's
+``tgram://bottoken/...``, Discord's), so only the scheme is shown."""
+
+
+def _shown(url: str) -> str:
+    """A notification URL's scheme, and its host where that is one: where it goes, none
+    of what it carries."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "(not a URL)"
+    host = urllib.parse.urlsplit(f"x://{rest}").hostname if scheme.lower() in _HOSTED else None
+    return f"{scheme}://{host}/..." if host else f"{scheme}://..."
 
 
 def _change(body: Any) -> StackChange:
