@@ -63,8 +63,11 @@ class FakeSource:
         self.failures: dict[str, Exception] = {}
         self.loads: list[str] = []
         self.unloaded: list[str] = []
-        self.freed: dict[str, int] = {}
-        """What unloading a url gives back, where not all it measured at its load."""
+        self.left: dict[str, int] = {}
+        """What unloading a url leaves in the process (a library its code imported)."""
+        self.leftovers: dict[str, int] = {}
+        """What the unloaded models left, as it stands."""
+        self.resident: list[str] = []
 
     async def load(self, name: str, url: str) -> Loaded[str]:
         first = url not in self.loads
@@ -76,14 +79,21 @@ class FakeSource:
             raise self.failures[url]
         if url not in self.sizes:
             raise ModelNotFound(f"Could not find model '{name}' at {url}.")
+        self.resident.append(url)
         return Loaded(
             f"model:{url}", self.sizes[url], load_s=0.5, download_s=0.25 if first else None
         )
 
     async def unload(self, models: list[object], urls: Sequence[str]) -> int:
+        """How much the process has grown: what the loaded models hold, and what the
+        unloaded ones left behind (``left``)."""
         models.clear()
         self.unloaded.extend(urls)
-        return sum(self.freed.get(u, self.sizes.get(u, 0)) for u in urls)
+        for u in urls:
+            self.resident.remove(u)
+            self.leftovers[u] = self.leftovers.get(u, 0) + self.left.get(u, 0)
+        held = sum(self.sizes[u] for u in self.resident)
+        return held + sum(self.leftovers.values())
 
 
 def make_cache(
@@ -188,16 +198,16 @@ def test_the_count_cap_unloads_the_coldest_and_ties_go_to_the_first_loaded() -> 
 
 
 def test_what_an_unloaded_model_left_in_the_process_counts_against_the_budget() -> None:
-    """a imported a library (charged 30, 20 of it stays when a goes): with 20 left, b and
-    c (30 each) no longer fit beside d, where without it they would have."""
+    """a imported a library (20 of its 30 stay when a goes): with 20 left, b and c (30
+    each) no longer fit beside d, where without it they would have."""
 
     async def scenario() -> None:
         cache, source, clock = make_cache({"a": 30, "b": 30, "c": 30, "d": 30, "e": 30})
-        source.freed[url("a")] = 10
+        source.left[url("a")] = 20
         for name in "abcd":
             await cache.acquire(name)
             clock.advance()
-        assert cache.left_bytes == 20  # d's load unloaded a, which gave back 10 of 30
+        assert cache.left_bytes == 20  # d's load unloaded a, which left 20 behind
         assert [info.name for info in cache.models()] == ["b", "c", "d"]
         assert cache.memory_bytes + cache.left_bytes == 110  # over: the next load says so
         loaded_e = await cache.acquire("e")
@@ -208,26 +218,22 @@ def test_what_an_unloaded_model_left_in_the_process_counts_against_the_budget() 
     run(scenario())
 
 
-def test_an_unload_giving_back_more_than_its_charge_takes_what_was_left_down() -> None:
-    """b's cache grew after its load (charged 30, gives back 45): what a left is repaid."""
+def test_what_was_left_is_measured_afresh_and_never_past_half_the_budget() -> None:
+    """What unloads left is read from the process each time (the library's memory given
+    back later counts no more), and held to half the budget (a process growing for
+    reasons of its own still keeps half for models)."""
 
     async def scenario() -> None:
         cache, source, clock = make_cache({"a": 40, "b": 30, "c": 40, "d": 40}, max_models=1)
-        source.freed[url("a")] = 20
-        source.freed[url("b")] = 45
+        source.left[url("a")] = 90
         await cache.acquire("a")
         clock.advance()
         await cache.acquire("b")
-        assert cache.left_bytes == 20
+        assert cache.left_bytes == 50  # 90 left, held to half of 100
         clock.advance()
+        source.leftovers.clear()  # the library's memory went back since
         await cache.acquire("c")
-        assert cache.left_bytes == 5
-        clock.advance()
-        await cache.acquire("d")  # c gives back its 40: nothing more is repaid or left
-        assert cache.left_bytes == 5
-        source.freed[url("d")] = 60
-        assert await cache.unload("d") >= 0
-        assert cache.left_bytes == 0  # never below nothing
+        assert cache.left_bytes == 0
 
     run(scenario())
 

@@ -107,6 +107,8 @@ class HandlersSource:
         self._program = program
         self._code_dir = code_dir
         self._lock = Lock()
+        self._base_bytes: int | None = None
+        """The process's resident memory before its first model loaded."""
 
     def __repr__(self) -> str:
         return f"HandlersSource(disk={self._disk!r}, program={self._program!r})"
@@ -115,9 +117,9 @@ class HandlersSource:
         """Fetch and load ``url`` in a worker thread; ModelNotFound or ModelLoadFailed."""
         return await run_blocking(self._load, name, url)
 
-    async def unload(self, models: list[object], urls: Sequence[str]) -> int:
+    async def unload(self, models: list[object], urls: Sequence[str]) -> int | None:
         """Drop ``models`` (emptying the list), free their memory, and unpin their
-        artifacts; the bytes the process gave back."""
+        artifacts; how much the process has grown since its first load, after that."""
         return await run_blocking(self._unload, models, urls)
 
     def _load(self, name: str, url: str) -> Loaded[Handlers]:
@@ -127,6 +129,8 @@ class HandlersSource:
             with self._lock:
                 release_memory()  # a trimmed heap first, so growth is the model's own
                 before_bytes = rss_bytes()
+                if self._base_bytes is None:
+                    self._base_bytes = before_bytes  # what the process held before models
                 started_s = time.perf_counter()
                 loaded = _load_isolated(model_dir, self._program, self._code_dir)
                 load_s = time.perf_counter() - started_s
@@ -140,16 +144,14 @@ class HandlersSource:
             raise ModelLoadFailed(f"Model '{name}' failed to load: {failure}")
         return Loaded(loaded, memory_bytes, load_s, download_s)
 
-    def _unload(self, models: list[object], urls: Sequence[str]) -> int:
+    def _unload(self, models: list[object], urls: Sequence[str]) -> int | None:
         with self._lock:
-            release_memory()  # as a load measures: from a trimmed heap to a trimmed heap
-            before_bytes = rss_bytes()
             models.clear()
-            release_memory()
-            freed_bytes = max(before_bytes - rss_bytes(), 0)
+            release_memory()  # a trimmed heap, as the first load's measure began from
+            grown = None if self._base_bytes is None else rss_bytes() - self._base_bytes
         for url in urls:
             self._disk.unpin(url)
-        return freed_bytes
+        return grown
 
     def _fetch(self, name: str, url: str) -> tuple[Path, float | None]:
         try:

@@ -79,9 +79,10 @@ class ModelSource(Protocol[M_co]):
         """Fetch ``url`` and load it as ``name``; ModelNotFound or ModelLoadFailed if not."""
         ...
 
-    async def unload(self, models: list[object], urls: Sequence[str]) -> int:
+    async def unload(self, models: list[object], urls: Sequence[str]) -> int | None:
         """Empty ``models`` (the last references to them) and give their memory back;
-        the bytes the process gave back doing so, as measured (0 when not measured)."""
+        how much the process has grown since its first load, measured once they are
+        gone (None when not measured)."""
         ...
 
 
@@ -161,12 +162,14 @@ class ModelCache(Generic[M]):
 
     A model is charged what the process grew by while it loaded, and that is not all
     given back when it goes: the libraries its code imported first (numpy, torch) stay,
-    and so do caches it filled. Each unload measures what the process gave back; what it
-    kept of the models' charges counts against the budget from then on (``left_bytes``),
-    and an unload that gives back more than its models' charges takes it down again. So
-    the budget bounds the process's growth, not only the sum of the models' charges: an
-    instance that had counted only the charges held 6-14% more than its budget under
-    load (bench/results/multimodel.md).
+    and so do caches it filled. Each unload measures how much the process has grown since
+    its first load; what that is beyond the charges of the models still loaded counts
+    against the budget (``left_bytes``), measured afresh each time (so the errors of
+    measures never add up), and at most half the budget (so a process that grows for
+    reasons of its own still keeps half for models). The budget thus bounds the process's
+    growth, not only the sum of the models' charges: an instance that had counted only
+    the charges held 6-14% more than its budget under load
+    (bench/results/multimodel.md).
 
     Failure modes: the budget bounds the memory measured *after* a load, not the peak
     during one, so leave headroom for the largest model beyond the budget. A model can be
@@ -393,15 +396,16 @@ class ModelCache(Generic[M]):
         self, models: list[object], urls: list[str], *, names: list[str], charged: int
     ) -> float:
         started_s = self._clock()
-        freed = await self._source.unload(models, urls)
+        grown = await self._source.unload(models, urls)
         unload_s = self._clock() - started_s
-        self._left_bytes = max(self._left_bytes + charged - freed, 0)
+        if grown is not None:
+            beyond = max(grown - self.memory_bytes, 0)
+            self._left_bytes = min(beyond, self.memory_budget_bytes // 2)
         log.info(
-            "unloaded %s in %.3f s: %d bytes given back of %d charged (%d left in the process)",
+            "unloaded %s (charged %d bytes) in %.3f s; %d bytes held beyond the models' charges",
             ", ".join(names),
-            unload_s,
-            freed,
             charged,
+            unload_s,
             self._left_bytes,
         )
         return unload_s
