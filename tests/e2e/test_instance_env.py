@@ -174,3 +174,20 @@ def test_a_job_on_s3_gets_explicit_credentials(
     # The runner uploaded the job's model to S3 with those credentials.
     listed = bucket.client.list_objects_v2(Bucket=bucket.name, Prefix=f"out/{name}/")
     assert any(o["Key"].endswith("model.tar.gz") for o in listed.get("Contents", []))
+
+
+def test_a_job_given_s3_in_a_variable_gets_explicit_credentials(
+    gateway_factory: Callable[..., GatewayProcess], bucket: Bucket, tmp_path: Path
+) -> None:
+    """Its script reads S3 by itself (the location in a variable it is given):
+    credentials, though its channels and output are local."""
+    gw = gateway_factory(
+        extra_env={**SECRETS, **JOB_ENV, **profile_credentials(tmp_path, bucket.endpoint_url)}
+    )
+    name = unique("envjob")
+    request = job_request(name, tmp_path / "out", mode="env")
+    request["Environment"] = {"DATA_LOCATION": f"s3://{bucket.name}/d"}
+    gw.sm.create_training_job(**request)
+    job = wait_final(gw.sm, name)
+    assert job["TrainingJobStatus"] == "Completed", job.get("FailureReason")
+    assert job_environment(gw, name)["AWS_ACCESS_KEY_ID"] == "AKIDPROFILE"

@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 
+import pytest
+
+from shipyard.errors import InvalidParameter
+from shipyard.gateway.actions import listing
 from shipyard.gateway.actions.listing import page_jobs
 
 
@@ -43,3 +47,13 @@ def test_a_training_jobs_token_goes_on_in_its_own_order() -> None:
     )
     assert [j.name for j in rest["TrainingJobSummaries"]] == ["j2"]
     assert "NextToken" not in rest
+
+
+def test_a_token_made_by_hand_for_another_kind_of_key_is_refused() -> None:
+    """Its scope right (it can be computed), its key a string where times are floats:
+    InvalidParameter, not a 500."""
+    params = {"MaxResults": 2}
+    scope = listing._scope("TrainingJobSummaries", params)
+    forged = listing._encode({"list": scope, "after": ["zz", "a"]})
+    with pytest.raises(InvalidParameter, match="Invalid pagination token"):
+        page_jobs(_jobs(), {**params, "NextToken": forged}, "TrainingJobSummaries")

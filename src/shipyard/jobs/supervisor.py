@@ -158,9 +158,10 @@ class JobSupervisor:
                 handle = await self.backend.start_job(
                     workdir,
                     s3_endpoint_url=self.s3_endpoint_url,
-                    # S3 credentials only for a job whose own locations are in S3: not
-                    # for an s3:// anywhere else in its request (a tag, a name).
-                    s3_access=any(uri.startswith("s3://") for uri in spec.locations()),
+                    # S3 credentials only for a job that reads or writes S3: its own
+                    # locations, or an s3:// its script is given (a hyperparameter, a
+                    # variable); not for an s3:// elsewhere in its request (a tag).
+                    s3_access=any(uri.startswith("s3://") for uri in _opened(spec)),
                 )
             except BackendError as exc:
                 await asyncio.to_thread(self._fail, job, str(exc))
@@ -322,3 +323,11 @@ def _may_retry(job: Job) -> tuple[bool, str]:
     if job.attempt > retries:
         return False, f"all {retries} retries of its RetryStrategy are used"
     return True, ""
+
+
+def _opened(spec: JobSpec) -> list[str]:
+    """What a job's runner and script may open: its locations, and the values of its
+    hyperparameters and environment (a script reading S3 by itself names it there)."""
+    given = [*spec.hyperparameters.values(), *spec.environment.values()]
+    # The sagemaker SDK writes hyperparameters JSON-encoded: '"s3://bucket/data"'.
+    return [*spec.locations(), *(value.strip('"') for value in given)]

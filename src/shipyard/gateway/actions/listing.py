@@ -57,7 +57,10 @@ def page(
     scope = _scope(kind, params)
     after = _after(params.get("NextToken"), scope)
     if after is not None:
-        chosen = [i for i in chosen if (place(i) < after if descending else place(i) > after)]
+        try:
+            chosen = [i for i in chosen if (place(i) < after if descending else place(i) > after)]
+        except TypeError:  # a token made by hand, its key not of this order's kind
+            raise InvalidParameter("Invalid pagination token.") from None
     size = int(params.get("MaxResults", DEFAULT_MAX_RESULTS))
     window = chosen[:size]
     if len(chosen) <= size:

@@ -36,7 +36,8 @@ def upgrade() -> None:
         ).first()
         if clash is not None:
             # Made before names were compared this way: both stay, and this table's
-            # names are compared as they are spelt until one of them goes.
+            # names are compared as they are spelt from now on (its unique index can
+            # only be made while no two differ only in case; none is made later).
             log.warning("%s: names %r differ only in case; left unindexed", table, clash[0])
             continue
         op.create_index(f"ix_{table}_name_lower", table, [sa.text("lower(name)")], unique=True)
