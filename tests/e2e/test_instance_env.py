@@ -156,20 +156,32 @@ def test_a_job_script_gets_its_own_variables_not_the_gateways(
     assert "SM_MODEL_DIR" in seen
 
 
-def test_a_job_on_s3_gets_explicit_credentials(
-    gateway_factory: Callable[..., GatewayProcess], bucket: Bucket, tmp_path: Path
-) -> None:
+def _job_with_profile(
+    gateway_factory: Callable[..., GatewayProcess],
+    bucket: Bucket,
+    tmp_path: Path,
+    **changes: Any,
+) -> tuple[str, dict[str, Any]]:
+    """A completed job (``changes`` made to its request) of a gateway whose AWS
+    credentials come from a profile; its name, and the environment its script saw."""
     gw = gateway_factory(
         extra_env={**SECRETS, **JOB_ENV, **profile_credentials(tmp_path, bucket.endpoint_url)}
     )
     name = unique("envjob")
-    request = job_request(name, tmp_path / "unused", mode="env")
-    request["OutputDataConfig"] = {"S3OutputPath": f"s3://{bucket.name}/out"}
+    request = {**job_request(name, tmp_path / "out", mode="env"), **changes}
     gw.sm.create_training_job(**request)
     job = wait_final(gw.sm, name)
     assert job["TrainingJobStatus"] == "Completed", job.get("FailureReason")
     seen = job_environment(gw, name)
     assert_no_gateway_secrets(seen)
+    return name, seen
+
+
+def test_a_job_on_s3_gets_explicit_credentials(
+    gateway_factory: Callable[..., GatewayProcess], bucket: Bucket, tmp_path: Path
+) -> None:
+    output = {"S3OutputPath": f"s3://{bucket.name}/out"}
+    name, seen = _job_with_profile(gateway_factory, bucket, tmp_path, OutputDataConfig=output)
     assert seen["AWS_ACCESS_KEY_ID"] == "AKIDPROFILE"
     # The runner uploaded the job's model to S3 with those credentials.
     listed = bucket.client.list_objects_v2(Bucket=bucket.name, Prefix=f"out/{name}/")
@@ -181,13 +193,6 @@ def test_a_job_given_s3_in_a_variable_gets_explicit_credentials(
 ) -> None:
     """Its script reads S3 by itself (the location in a variable it is given):
     credentials, though its channels and output are local."""
-    gw = gateway_factory(
-        extra_env={**SECRETS, **JOB_ENV, **profile_credentials(tmp_path, bucket.endpoint_url)}
-    )
-    name = unique("envjob")
-    request = job_request(name, tmp_path / "out", mode="env")
-    request["Environment"] = {"DATA_LOCATION": f"s3://{bucket.name}/d"}
-    gw.sm.create_training_job(**request)
-    job = wait_final(gw.sm, name)
-    assert job["TrainingJobStatus"] == "Completed", job.get("FailureReason")
-    assert job_environment(gw, name)["AWS_ACCESS_KEY_ID"] == "AKIDPROFILE"
+    variables = {"DATA_LOCATION": f"s3://{bucket.name}/d"}
+    _, seen = _job_with_profile(gateway_factory, bucket, tmp_path, Environment=variables)
+    assert seen["AWS_ACCESS_KEY_ID"] == "AKIDPROFILE"
