@@ -14,6 +14,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests.conftest import GatewayProcess, deploy, wait_in_service, wait_until
+from tests.e2e.processes import instance_pids
 
 ROLE = "arn:aws:iam::123456789012:role/x"
 
@@ -240,6 +241,49 @@ def test_a_new_specification_replaces_copies_without_failing_requests(
     after = sm.describe_inference_component(InferenceComponentName="m")
     assert after["InferenceComponentStatus"] == "InService"
     assert after["LastModifiedTime"] == before["LastModifiedTime"]
+
+
+def test_a_specification_that_fails_to_start_is_tried_once(
+    gateway: GatewayProcess, env_model: str, model_tarball: Callable[[str], str]
+) -> None:
+    """Its copies fail to load: the previous copies serve on, the failure is recorded,
+    and no more copies of it are started until the specification changes again."""
+    sm, rt = gateway.sm, gateway.rt
+    component_endpoint(sm, "tried", count=1)
+    container = {"Image": "shipyard/python", "ArtifactUrl": env_model}
+    create_component(sm, "t", "tried", copies=1, cpus=0.5, container=container)
+    wait_component(sm, "t")
+    needs = {"NumberOfCpuCoresRequired": 0.5, "MinMemoryRequiredInMb": 1024}
+    broken = {"Image": "shipyard/python", "ArtifactUrl": model_tarball("load_fails")}
+    sm.update_inference_component(
+        InferenceComponentName="t",
+        Specification={"Container": broken, "ComputeResourceRequirements": needs},
+    )
+    wait_until(
+        lambda: (
+            "failed"
+            in (
+                sm.describe_inference_component(InferenceComponentName="t").get("FailureReason")
+                or ""
+            )
+        ),
+        "the failed update recorded",
+    )
+    first = sm.describe_inference_component(InferenceComponentName="t")
+    started = len(instance_pids(gateway.process.pid))
+    time.sleep(2)  # a loop would have started more copies and rewritten the reason by now
+    again = sm.describe_inference_component(InferenceComponentName="t")
+    assert again["FailureReason"] == first["FailureReason"]
+    assert again["LastModifiedTime"] == first["LastModifiedTime"]
+    assert len(instance_pids(gateway.process.pid)) == started
+    assert "SHIPYARD_INSTANCE_ID" in env_of(rt, "tried", "t")  # the previous copy serves
+    # A new specification is tried again.
+    sm.update_inference_component(
+        InferenceComponentName="t",
+        Specification={"Container": {**container, "Environment": {"V": "2"}},
+                       "ComputeResourceRequirements": needs},
+    )  # fmt: skip
+    wait_until(lambda: env_of(rt, "tried", "t").get("V") == "2", "the new specification")
 
 
 def test_managed_instance_scaling_grows_and_shrinks_the_variant(

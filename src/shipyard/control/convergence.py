@@ -67,6 +67,10 @@ class Converger:
         components' rows and the desired instance counts). Until that changes, what the
         step could not reach (copies that fit nowhere, a copy that fails to start) is
         not tried again on every pass."""
+        self._failed_specs: dict[str, int] = {}
+        """Per inference component, the generation of a specification whose copies
+        failed to start: not tried again until the specification changes (recording the
+        failure changes the component, which would otherwise ask for another step)."""
         self.provisioner = provisioner
         self.publisher = publisher
         self.fleets = fleets
@@ -335,11 +339,14 @@ class Converger:
             running = fleet.components.get(c.name)
             if running is None:
                 return False
-            if running is not None and (
-                running.generation != c.generation or len(fleet.slots[c.name]) != c.copies
-            ):
+            respecify = running.generation != c.generation and not self._given_up(c)
+            if respecify or len(fleet.slots[c.name]) != c.copies:
                 return False
         return True
+
+    def _given_up(self, c: InferenceComponent) -> bool:
+        """Whether ``c``'s specification is one whose copies failed to start."""
+        return self._failed_specs.get(c.name) == c.generation
 
     async def place_components(self, ep: Endpoint, components: list[InferenceComponent]) -> None:
         """Bring the copies of ``ep``'s components to what the store asks, placing them
@@ -441,6 +448,10 @@ class Converger:
         running = fleet.components.get(c.name)
         try:
             if running is None or running.generation != c.generation:
+                if self._given_up(c):
+                    if running is not None:  # the previous copies serve on, as many as asked
+                        await self._scale_copies(fleet, c, fit)
+                    return
                 await self._respecify(fleet, variant, c, fit)
             else:
                 await self._scale_copies(fleet, c, fit)
@@ -505,6 +516,7 @@ class Converger:
             fleet.starting.pop(c.name, None)
         failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
         if failed is not None:
+            self._failed_specs[c.name] = c.generation
             await self.provisioner.stop_slots(new)
             # The previous copies, if any, go on serving; the failure is recorded and the
             # specification not tried again until it changes.
@@ -516,6 +528,7 @@ class Converger:
                 # The previous copies restart, should they fail, as what they are.
                 fleet.templates[c.name], fleet.components[c.name] = old_template, old_copies
             raise failed
+        self._failed_specs.pop(c.name, None)
         fleet.slots[c.name] = new
         self.publisher.publish(fleet)
         if old:
@@ -533,6 +546,7 @@ class Converger:
             await self._scale_out(fleet.endpoint, fleet, c.name, missing)
 
     async def _remove_component(self, fleet: Fleet, c: InferenceComponent) -> None:
+        self._failed_specs.pop(c.name, None)
         slots = fleet.slots.pop(c.name, [])
         fleet.placement.pop(c.name, None)
         fleet.components.pop(c.name, None)
