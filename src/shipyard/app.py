@@ -95,7 +95,9 @@ class Gateway:
         self.worker_metrics = WorkerMetrics.of(self.metrics.registry, settings)
         self.loops = Loops()
         self.topics = Topics(stack.topics)
-        self.notifier = Notifier()
+        # A subscriber may take half the dispatcher's lease to answer: one that answers
+        # late is not sent the event again.
+        self.notifier = Notifier(read_timeout_s=settings.event_lease_s / 2)
         self.dispatcher = Dispatcher(
             log=EventLog(self.store.engine),
             topics=self.topics,

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import http.server
+import threading
+import time
 
 import pytest
 
@@ -89,3 +92,43 @@ def test_email_to_an_smtp_server_that_is_down_is_a_delivery_error() -> None:
 def test_redact_masks_passwords() -> None:
     shown = Notifier().redact("json://user:s3cret@127.0.0.1:9000/hook")
     assert "s3cret" not in shown and "127.0.0.1" in shown
+
+
+class _SlowHook(http.server.BaseHTTPRequestHandler):
+    """Answers 200 a second after each POST."""
+
+    posts = 0
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        type(self).posts += 1
+        time.sleep(1.0)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_subscriber_slower_than_apprises_own_timeout_is_waited_for() -> None:
+    """A send given up on is sent again by the dispatcher: a subscriber that answers
+    late would get the event twice. The notifier waits ``read_timeout_s`` (the gateway
+    gives it half its event lease), unless the URL sets its own ``rto``."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowHook)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"json://127.0.0.1:{server.server_address[1]}/hook"
+    try:
+        with pytest.raises(DeliveryError):
+            asyncio.run(Notifier(read_timeout_s=0.3).send(url, title="t", body="b", key="k"))
+        asyncio.run(Notifier(read_timeout_s=5).send(url, title="t", body="b", key="k"))
+        with pytest.raises(DeliveryError):  # the URL's own read timeout wins
+            asyncio.run(
+                Notifier(read_timeout_s=5).send(url + "?rto=0.3", title="t", body="b", key="k")
+            )
+        assert _SlowHook.posts == 3
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)

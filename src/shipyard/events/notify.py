@@ -68,10 +68,19 @@ _capture = _Capture(logging.WARNING)
 
 
 class Notifier:
-    """Sends one notification to one apprise URL; raises DeliveryError when it fails."""
+    """Sends one notification to one apprise URL; raises DeliveryError when it fails.
+
+    ``read_timeout_s``: how long a subscriber may take to answer, where its URL sets no
+    ``rto`` of its own. apprise gives up after 4 s, and the dispatcher sends an event
+    again when a send fails: a webhook that answered in 6 s got the same event up to ten
+    times. Keep it below the dispatcher's lease (events/dispatcher.py).
+    """
+
+    def __init__(self, *, read_timeout_s: float = 4.0) -> None:
+        self.read_timeout_s = read_timeout_s
 
     def __repr__(self) -> str:
-        return "Notifier()"
+        return f"Notifier(read_timeout_s={self.read_timeout_s:g})"
 
     async def load(self) -> None:
         """Import apprise in a worker thread, once per process, so that neither
@@ -85,7 +94,7 @@ class Notifier:
         Runs apprise in a worker thread. Cancelling the caller does not stop a send
         already under way.
         """
-        await asyncio.to_thread(_send, url, title, body, key)
+        await asyncio.to_thread(_send, url, title, body, key, self.read_timeout_s)
 
     def redact(self, url: str) -> str:
         """``url`` with passwords and tokens masked, as apprise prints it; for display."""
@@ -95,7 +104,7 @@ class Notifier:
         return str(plugin.url(privacy=True))
 
 
-def _send(url: str, title: str, body: str, key: str) -> None:
+def _send(url: str, title: str, body: str, key: str, read_timeout_s: float = 4.0) -> None:
     apprise = _apprise()
     lines: list[str] = []
     token = _captured.set(lines)
@@ -106,6 +115,8 @@ def _send(url: str, title: str, body: str, key: str) -> None:
             return
         if plugin is None:
             raise DeliveryError(_reason(lines, "apprise cannot use this URL"))
+        if "rto=" not in url.partition("?")[2]:  # the URL's own read timeout wins
+            plugin.socket_read_timeout = read_timeout_s
         headers = getattr(plugin, "headers", None)
         if isinstance(headers, dict):
             headers[DELIVERY_KEY_HEADER] = _header_value(key)
