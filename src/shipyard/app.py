@@ -23,6 +23,7 @@ from shipyard.cloudwatch import assembly as cloudwatch_assembly
 from shipyard.control import assembly as endpoint_assembly
 from shipyard.control.endpoints import EndpointService
 from shipyard.core import Core
+from shipyard.errors import ShipyardError
 from shipyard.events.dispatcher import Dispatcher
 from shipyard.events.notify import Notifier
 from shipyard.events.topics import Topics
@@ -196,6 +197,10 @@ class Gateway:
             lifespan=self._lifespan,
             exception_handlers={404: _unknown_path, 405: _unknown_path},
         )
+        try:  # the stack file's templates, now that they can be held to botocore's shapes
+            self.jobs.check_templates(self.jobs.config, host_access=False)
+        except ShipyardError as exc:
+            raise ValueError(exc.message) from None  # `serve` says so and exits 2
         self.app.state.ready = False
         self.runtime = RuntimeDoor(
             invocations=self.invocations,

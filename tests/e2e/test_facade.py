@@ -143,7 +143,25 @@ def test_twenty_simultaneous_requests_with_limit_three_schedule_exactly_three(
         gw.sm.stop_training_job(TrainingJobName=name)
 
 
-@pytest.mark.parametrize("bad", [{"limit": 0}, {"white_list": ["x"]}, {"frobnicate": 1}])
+_HALF_A_TEMPLATE = {"AlgorithmSpecification": {"TrainingImage": "shipyard/python"}}
+_MALFORMED = [
+    # a hyperparameter is a string; a channel has a name; a count is a number
+    {**_HALF_A_TEMPLATE, "HyperParameters": {"sagemaker_program": 5}},
+    {**_HALF_A_TEMPLATE, "HyperParameters": {"sagemaker_program": "a.py"},
+     "InputDataConfig": [{"DataSource": {"S3DataSource": {"S3Uri": "s3://b/x"}}}]},
+    {**_HALF_A_TEMPLATE, "HyperParameters": {"sagemaker_program": "a.py"},
+     "ResourceConfig": {"InstanceCount": "abc"}},
+]  # fmt: skip
+
+
+def _with_template(template: dict[str, Any]) -> dict[str, Any]:
+    return {"white_list": ["t"], "s3_bucket": "s3://b/out", "templates": {"t": template}}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"limit": 0}, {"white_list": ["x"]}, {"frobnicate": 1}, *map(_with_template, _MALFORMED)],
+)
 def test_a_bad_jobs_section_stops_the_gateway_at_start_with_the_field_named(
     tmp_path: Path, bad: dict[str, Any]
 ) -> None:

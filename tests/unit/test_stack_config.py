@@ -16,7 +16,10 @@ from shipyard.jobs.service import JobService
 from shipyard.stack_config import StackChange, StackConfig
 from shipyard.stackfile import AccessKey, AuthConfig, JobsConfig
 
-TEMPLATE = {"AlgorithmSpecification": {"TrainingImage": "shipyard/python"}}
+TEMPLATE = {
+    "AlgorithmSpecification": {"TrainingImage": "shipyard/python"},
+    "HyperParameters": {"sagemaker_program": "run.py"},
+}
 
 
 def config(origin: str | None = "site") -> tuple[StackConfig, Topics, Any, Any]:

@@ -21,6 +21,7 @@ from shipyard.errors import (
     JobTypeNotAllowed,
     ResourceInUse,
     ResourceLimitExceeded,
+    ShipyardError,
 )
 from shipyard.events.kinds import Announcer
 from shipyard.host_access import HostAccess
@@ -56,6 +57,9 @@ class JobService:
         if tagging is not None:
             tagging.track("training-job", store.list)
         self.config = config
+        self.validate: Callable[[dict[str, Any]], None] | None = None
+        """Holds a CreateTrainingJob request to botocore's shapes (the control door's
+        validator, set where it is built); None: not checked."""
         self.live_templates = False
         """Whether ``config`` was put through ``PUT /stack`` rather than read from the
         stack file at start: its jobs are then checked as any caller's (check_templates)."""
@@ -173,19 +177,27 @@ class JobService:
             self.jobs_dir / job.name / f"attempt-{n}" / "job.log" for n in range(1, job.attempt + 1)
         ]
 
-    def check_templates(self, config: JobsConfig) -> None:
-        """Refuse ``config`` (a jobs section put through ``PUT /stack``) when a job of one
-        of its templates would be refused by CreateTrainingJob: InvalidParameter naming
-        the template and the field."""
+    def check_templates(self, config: JobsConfig, *, host_access: bool = True) -> None:
+        """Refuse ``config`` (a jobs section put through ``PUT /stack``, or read from the
+        stack file at start) when a job of one of its templates would be refused by
+        CreateTrainingJob: InvalidParameter naming the template and the field. Its
+        requests are held to botocore's shapes (``validate``) and to what this gateway
+        runs; with ``host_access``, to what the caller's call could open and start too
+        (a file read at start is the operator's own)."""
         for job_type in config.templates:
             try:
-                self.check_host_access(_from_template(config, job_type))
-            except InvalidParameter as exc:
+                request = _from_template(config, job_type)
+                if host_access:
+                    self.check_host_access(request)
+                if job_type in config.white_list:  # what the facade makes jobs of
+                    if self.validate is not None:
+                        self.validate(request)
+                    _check_runnable(request)
+            except ShipyardError as exc:
                 raise InvalidParameter(f"jobs.templates.{job_type}: {exc.message}") from None
-            except (AttributeError, TypeError) as exc:
-                # A template is checked by botocore's shapes only when a job is made of it.
+            except (AttributeError, TypeError, KeyError, ValueError) as exc:
                 raise InvalidParameter(
-                    f"jobs.templates.{job_type}: not a CreateTrainingJob request ({exc})."
+                    f"jobs.templates.{job_type}: not a CreateTrainingJob request ({exc!r})."
                 ) from None
 
 

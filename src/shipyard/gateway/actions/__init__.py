@@ -8,6 +8,8 @@ records. ``registry`` gathers every family into the one table ``POST /`` serves
 
 from __future__ import annotations
 
+import functools
+
 from shipyard.autoscaling.scaling import ScalingService
 from shipyard.cloudwatch.service import CloudWatchService
 from shipyard.control.components import ComponentService
@@ -56,6 +58,8 @@ def registry(
     """Every control-plane action, bound to the service it acts on; SageMaker's requests
     checked against botocore's model (but LOCAL_URI_SHAPES' patterns)."""
     validator = RequestValidator(unpatterned=LOCAL_URI_SHAPES)
+    # The jobs' templates are CreateTrainingJob requests: held to the same shapes.
+    jobs.validate = functools.partial(validator.validate, "CreateTrainingJob")
     actions = ActionRegistry()
     actions.add(SAGEMAKER, ACTIONS, endpoints_service, validator=validator)
     actions.add(SAGEMAKER, inference_components.ACTIONS, components, validator=validator)
