@@ -198,6 +198,26 @@ def test_adapters_are_refused_where_they_cannot_run(
         lambda: sm.delete_inference_component(InferenceComponentName="base"),
         "is the base of ten",
     )
+    # A base made an adapter would strand its adapters; an adapter has no copies to scale.
+    refused(
+        lambda: sm.update_inference_component(
+            InferenceComponentName="base",
+            Specification={
+                "BaseInferenceComponentName": "plain",
+                "Container": {"ArtifactUrl": url},
+            },
+        ),
+        "is not an adapter",
+    )
+    scaling = gateway.client("application-autoscaling")
+    refused(
+        lambda: scaling.register_scalable_target(
+            ServiceNamespace="sagemaker", ResourceId="inference-component/ten",
+            ScalableDimension="sagemaker:inference-component:DesiredCopyCount",
+            MinCapacity=1, MaxCapacity=2,
+        ),
+        "is an adapter",
+    )  # fmt: skip
 
     # A base whose model_fn takes no adapter folder: the adapter is loaded as a model of
     # its own (here the sum model, with its own code) in the base's copies.

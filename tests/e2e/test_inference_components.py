@@ -465,6 +465,16 @@ def test_copies_follow_a_target_tracking_policy_without_failing_a_request(
         ServiceNamespace="sagemaker", ResourceId=resource, ScalableDimension=COPIES,
         MinCapacity=1, MaxCapacity=3,
     )  # fmt: skip
+    # ScalableDimension filters what is described; MaxResults is held to 1-50.
+    listed = aas.describe_scalable_targets(ServiceNamespace="sagemaker", ScalableDimension=COPIES)
+    assert [t["ResourceId"] for t in listed["ScalableTargets"]] == [resource]
+    variants = aas.describe_scalable_targets(
+        ServiceNamespace="sagemaker", ScalableDimension="sagemaker:variant:DesiredInstanceCount"
+    )
+    assert variants["ScalableTargets"] == []
+    with pytest.raises(ClientError) as too_many:
+        aas.describe_scalable_targets(ServiceNamespace="sagemaker", MaxResults=51)
+    assert "between 1 and 50" in str(too_many.value)
     with pytest.raises(ClientError) as wrong_metric:
         aas.put_scaling_policy(
             PolicyName="p", ServiceNamespace="sagemaker", ResourceId=resource,

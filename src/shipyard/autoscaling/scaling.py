@@ -283,12 +283,18 @@ class ScalingService:
                 "inference-component/<name>."
             )
         try:
-            self.components.describe(name)
+            component = self.components.describe(name)
         except ResourceNotFound:
             raise InvalidParameter(
                 f"The target resource {resource} does not exist: could not find inference "
                 f'component "{name}".'
             ) from None
+        if component.spec.base is not None:
+            # As UpdateInferenceComponentRuntimeConfig refuses it: it has no copies.
+            raise InvalidParameter(
+                f"Inference component {name} is an adapter: it runs in the copies of its "
+                f"base inference component {component.spec.base}, which is what scales."
+            )
         return name
 
     def _variant(self, resource: str) -> tuple[str, str]:

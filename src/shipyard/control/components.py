@@ -10,6 +10,7 @@ the status they reach.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable
 
 from sqlalchemy import Connection
@@ -113,6 +114,14 @@ class ComponentService:
             if copies is None:
                 return current
         if spec is not None:
+            if (spec.base is None) != (current.spec.base is None):
+                # An adapter runs in its base's copies, a component in its own: one is not
+                # made the other (its copies, or its adapters, would be stranded).
+                kind = "an adapter" if current.spec.base is not None else "not an adapter"
+                raise InvalidParameter(
+                    f"Inference component {name} is {kind}: an update keeps it so "
+                    "(BaseInferenceComponentName given or not, as at its creation)."
+                )
             host = self._variant_of(current.endpoint, current.variant)
             self._check_spec(name, spec, host, current.endpoint)
             self.components.respecify(name, spec, dict(raw or {}), copies)
@@ -131,13 +140,16 @@ class ComponentService:
         self._wake()
         return self.components.get(name)
 
-    def delete(self, name: str) -> None:
-        component = self.components.get(name)
-        adapters = [
+    def _adapters_of(self, component: InferenceComponent) -> builtins.list[str]:
+        return [
             c.name
             for c in self.components.list(component.endpoint)
-            if c.spec.base == name and c.status is not ComponentStatus.DELETING
+            if c.spec.base == component.name and c.status is not ComponentStatus.DELETING
         ]
+
+    def delete(self, name: str) -> None:
+        component = self.components.get(name)
+        adapters = self._adapters_of(component)
         if adapters:
             raise ResourceInUse(
                 f"Inference component {name} is the base of {', '.join(adapters)}; delete "

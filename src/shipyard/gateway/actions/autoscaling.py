@@ -52,8 +52,21 @@ def _scope(p: dict[str, Any], *, dimension_required: bool = True) -> None:
 def _page(items: Sequence[T], p: dict[str, Any]) -> tuple[list[T], str | None]:
     start = offset(p.get("NextToken"))
     size = int(p.get("MaxResults", _MAX_RESULTS))
+    if not 1 <= size <= 50:  # AWS's documented range; botocore's model has none
+        raise InvalidParameter(f"MaxResults {size} is not between 1 and 50.")
     window = list(items[start : start + size])
     return window, token(start + size) if start + size < len(items) else None
+
+
+_R = TypeVar("_R", ScalableTarget, ScalingPolicy, ScalingActivity)
+
+
+def _of_dimension(items: Sequence[_R], p: dict[str, Any]) -> Sequence[_R]:
+    """Those of ``items`` on the ScalableDimension asked for (all when none is)."""
+    dimension = p.get("ScalableDimension")
+    if dimension is None:
+        return items
+    return [i for i in items if dimension_of(i.resource_id) == dimension]
 
 
 def _listed(key: str, items: list[dict[str, Any]], next_token: str | None) -> dict[str, Any]:
@@ -77,7 +90,7 @@ def register_scalable_target(svc: ScalingService, p: dict[str, Any]) -> dict[str
 
 def describe_scalable_targets(svc: ScalingService, p: dict[str, Any]) -> dict[str, Any]:
     _scope(p, dimension_required=False)
-    window, next_token = _page(svc.describe_targets(p.get("ResourceIds")), p)
+    window, next_token = _page(_of_dimension(svc.describe_targets(p.get("ResourceIds")), p), p)
     return _listed("ScalableTargets", [_target(t) for t in window], next_token)
 
 
@@ -106,7 +119,7 @@ def put_scaling_policy(svc: ScalingService, p: dict[str, Any]) -> dict[str, Any]
 def describe_scaling_policies(svc: ScalingService, p: dict[str, Any]) -> dict[str, Any]:
     _scope(p, dimension_required=False)
     policies = svc.describe_policies(p.get("ResourceId"), p.get("PolicyNames"))
-    window, next_token = _page(policies, p)
+    window, next_token = _page(_of_dimension(policies, p), p)
     return _listed("ScalingPolicies", [_policy(svc, x) for x in window], next_token)
 
 
@@ -118,7 +131,8 @@ def delete_scaling_policy(svc: ScalingService, p: dict[str, Any]) -> dict[str, A
 
 def describe_scaling_activities(svc: ScalingService, p: dict[str, Any]) -> dict[str, Any]:
     _scope(p, dimension_required=False)
-    window, next_token = _page(svc.describe_activities(p.get("ResourceId")), p)
+    activities = svc.describe_activities(p.get("ResourceId"))
+    window, next_token = _page(_of_dimension(activities, p), p)
     return _listed("ScalingActivities", [_activity(a) for a in window], next_token)
 
 
