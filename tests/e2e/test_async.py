@@ -273,6 +273,33 @@ def test_a_repeated_inference_id_is_processed_once(
     assert len(results(webhook, "job-1")) == 1
 
 
+def test_an_endpoint_made_again_under_its_name_runs_its_own_requests(
+    async_gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    """Deleting an endpoint drops its queue: one made again under the name runs a
+    request with an InferenceId the old one used, and answers it in its own output path."""
+    sm, rt = async_gateway.sm, async_gateway.rt
+    name = unique("again")
+    deploy_async(sm, name, tmp_path / "first")
+    first = rt.invoke_endpoint_async(
+        EndpointName=name, InputLocation=put_input(tmp_path, {"n": 1}), InferenceId="same"
+    )
+    wait_file(first["OutputLocation"])
+    sm.delete_endpoint(EndpointName=name)
+    sm.get_waiter("endpoint_deleted").wait(
+        EndpointName=name, WaiterConfig={"Delay": 0.2, "MaxAttempts": 300}
+    )
+    sm.delete_endpoint_config(EndpointConfigName=name)
+    sm.delete_model(ModelName=name)
+    deploy_async(sm, name, tmp_path / "second")
+    second = rt.invoke_endpoint_async(
+        EndpointName=name, InputLocation=put_input(tmp_path, {"n": 2}), InferenceId="same"
+    )
+    assert second["OutputLocation"] != first["OutputLocation"]
+    assert "/second/" in second["OutputLocation"]
+    assert json.loads(wait_file(second["OutputLocation"])) == {"n": 2}
+
+
 def test_an_inference_id_names_a_file_in_the_output_path_whatever_its_characters(
     async_gateway: GatewayProcess, tmp_path: Path, webhook: Any
 ) -> None:

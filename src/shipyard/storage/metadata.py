@@ -260,6 +260,10 @@ class MetadataStore:
             # What gateways said of its serverless use goes with it: an endpoint made
             # again under the name starts with none (storage/serverless_use.py).
             conn.execute(delete(t.serverless_use).where(t.serverless_use.c.endpoint == name))
+            # So does its queue of asynchronous requests, as SageMaker drops it: one made
+            # again under the name neither runs them nor takes their InferenceIds as its
+            # own requests' (which would be answered with the old output locations).
+            conn.execute(delete(t.async_requests).where(t.async_requests.c.endpoint == name))
         if result.rowcount == 0:
             raise ResourceNotFound.of("endpoint", name)
 
