@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal
 import pytest
 
 from shipyard.errors import ArtifactError
+from shipyard.storage import artifacts
 from shipyard.storage.artifacts import COMPLETE_MARKER, ArtifactStore
 
 if TYPE_CHECKING:
@@ -579,3 +580,24 @@ def test_very_long_member_paths_are_refused(tmp_path: Path) -> None:
         tar.addfile(member, io.BytesIO(b"x"))
     with pytest.raises(ArtifactError, match="longer than 1024 characters"):
         ArtifactStore().fetch_model(str(archive), tmp_path / "dest")
+
+
+def test_an_archive_growing_far_past_its_size_is_refused_before_it_fills_the_disk(
+    store: ArtifactStore, tmp_path: Path, dest: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bomb (a few KB of gzip making MBs of zeros; in the wild, 2 MB making 2 GiB):
+    refused on its members' declared sizes, so nothing past the budget is written."""
+    monkeypatch.setattr(artifacts, "MIN_EXPANSION_BYTES", 1 << 20)  # a small floor here
+    archive = write_tar(
+        tmp_path / "model.tar.gz",
+        [file_member("code/inference.py", b"#\n"), file_member("zeros.bin", bytes(8 << 20))],
+    )
+    assert archive.stat().st_size < 64 * 1024
+    before = snapshot(tmp_path)
+    with pytest.raises(ArtifactError, match="'zeros.bin' would make the model more than 200 times"):
+        store.fetch_model(str(archive), dest)
+    assert_failed_cleanly(dest, before, tmp_path)
+    # Weights that compress as weights do are taken whole.
+    plain = write_tar(tmp_path / "real.tar.gz", [file_member("w.bin", os.urandom(2 << 20))])
+    store.fetch_model(str(plain), tmp_path / "real")
+    assert (tmp_path / "real" / "w.bin").stat().st_size == 2 << 20

@@ -459,10 +459,11 @@ def _stamps(root: Path, below: str) -> dict[str, FileStamp]:
 
 
 def _extract(archive: Path, uri: str, tree: Path, words: _Words) -> None:
-    """Extract ``archive`` into ``tree`` through the standard library's ``data`` filter."""
+    """Extract ``archive`` into ``tree`` through the standard library's ``data`` filter,
+    within a budget of bytes (_Budget)."""
     try:
         with tarfile.open(archive, mode="r:*") as tar:
-            tar.extractall(tree, filter=_model_filter)
+            tar.extractall(tree, filter=_Budget(archive, tree))
             # tarfile stops at the end-of-archive marker and never reads gzip's trailer;
             # reading on to the end makes gzip verify its CRC, catching corrupt downloads.
             while tar.fileobj.read(_READ_CHUNK_BYTES):
@@ -482,8 +483,9 @@ def _extract(archive: Path, uri: str, tree: Path, words: _Words) -> None:
 _MAX_PATH_CHARS = 1024
 
 
-class _UnsafeLink(tarfile.FilterError):
-    """A link the ``data`` filter would allow but we refuse anyway (see _model_filter)."""
+class _Refused(tarfile.FilterError):
+    """A member the ``data`` filter would allow but we refuse anyway (see _model_filter
+    and _Budget)."""
 
     def __init__(self, tarinfo: tarfile.TarInfo, why: str) -> None:
         super().__init__(why)
@@ -502,16 +504,51 @@ def _model_filter(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
     checked = tarfile.data_filter(member, path)
     if member.issym() or member.islnk():
         if ".." in Path(member.linkname).parts:
-            raise _UnsafeLink(member, f"links to {member.linkname!r} through '..'")
+            raise _Refused(member, f"links to {member.linkname!r} through '..'")
     if len(member.name) > _MAX_PATH_CHARS or len(member.linkname) > _MAX_PATH_CHARS:
-        raise _UnsafeLink(member, f"has a path longer than {_MAX_PATH_CHARS} characters")
+        raise _Refused(member, f"has a path longer than {_MAX_PATH_CHARS} characters")
     return checked
+
+
+MAX_EXPANSION = 200
+"""How many times its own size an archive may grow to when extracted, past a floor of
+MIN_EXPANSION_BYTES: model weights compress little, so an archive that would grow more
+is a bomb (2 MB of gzip making 2 GiB of zeros) meant to fill the disk."""
+MIN_EXPANSION_BYTES = 1 << 30
+DISK_RESERVE_BYTES = 1 << 30
+"""What an extraction must leave free on the disk the home is on (the store lives there)."""
+
+
+class _Budget:
+    """The ``data`` filter of _model_filter, and the bytes an archive's members may
+    take: at most MAX_EXPANSION times the archive (or MIN_EXPANSION_BYTES), and never so
+    much that less than DISK_RESERVE_BYTES stays free. Checked on each member's declared
+    size before it is written, so nothing past the budget reaches the disk."""
+
+    def __init__(self, archive: Path, tree: Path) -> None:
+        allowed = max(archive.stat().st_size * MAX_EXPANSION, MIN_EXPANSION_BYTES)
+        tree.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(tree).free - DISK_RESERVE_BYTES
+        self.left = min(allowed, max(free, 0))
+        self.why = (
+            f"more than {MAX_EXPANSION} times the archive's size"
+            if allowed <= free
+            else "more than the disk has free"
+        )
+
+    def __call__(self, member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+        checked = _model_filter(member, path)
+        if member.isreg():
+            self.left -= member.size
+            if self.left < 0:
+                raise _Refused(member, f"would make the model {self.why}")
+        return checked
 
 
 def _describe_refusal(exc: tarfile.FilterError, words: _Words) -> str:
     member = exc.tarinfo
     name = f"member {member.name!r}"
-    if isinstance(exc, _UnsafeLink):
+    if isinstance(exc, _Refused):
         return f"{name} {exc.why}"
     if isinstance(exc, tarfile.OutsideDestinationError):
         return f"{name} would be written outside {words.place}"
