@@ -515,7 +515,7 @@ MAX_EXPANSION = 200
 MIN_EXPANSION_BYTES: model weights compress little, so an archive that would grow more
 is a bomb (2 MB of gzip making 2 GiB of zeros) meant to fill the disk."""
 MIN_EXPANSION_BYTES = 1 << 30
-DISK_RESERVE_BYTES = 1 << 30
+DISK_RESERVE_BYTES = 100 << 20
 """What an extraction must leave free on the disk the home is on (the store lives there)."""
 
 
