@@ -212,6 +212,7 @@ def test_create_describe_list_delete_endpoint(gateway: GatewayProcess, model_tar
     variant = described["ProductionVariants"][0]
     assert variant["CurrentInstanceCount"] == 2 and variant["DesiredInstanceCount"] == 2
     assert variant["DeployedImages"][0]["SpecifiedImage"] == "shipyard/python"
+    assert variant["RoutingConfig"] == {"RoutingStrategy": "RANDOM"}  # SageMaker's default
     listed = sm.list_endpoints(StatusEquals="InService", NameContains=name[:6])["Endpoints"]
     assert [e["EndpointName"] for e in listed] == [name]
     with pytest.raises(ClientError) as err:

@@ -302,6 +302,11 @@ def test_managed_instance_scaling_grows_and_shrinks_the_variant(
         return int(described["ProductionVariants"][0]["CurrentInstanceCount"])
 
     assert instances() == 2  # one 2-core copy per instance
+    (variant,) = sm.describe_endpoint(EndpointName="elastic")["ProductionVariants"]
+    assert variant["ManagedInstanceScaling"] == {
+        "Status": "ENABLED", "MinInstanceCount": 1, "MaxInstanceCount": 3,
+    }  # fmt: skip
+    assert variant["RoutingConfig"] == {"RoutingStrategy": "LEAST_OUTSTANDING_REQUESTS"}
     sm.update_inference_component_runtime_config(
         InferenceComponentName="big", DesiredRuntimeConfig={"CopyCount": 1}
     )

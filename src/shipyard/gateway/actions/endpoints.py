@@ -11,7 +11,7 @@ from shipyard.control.endpoints import EndpointService
 from shipyard.errors import ResourceNotFound
 from shipyard.gateway.actions.data_capture import describe_data_capture
 from shipyard.gateway.actions.listing import page
-from shipyard.records import Endpoint, EndpointConfig
+from shipyard.records import Endpoint, EndpointConfig, VariantSpec
 
 
 def create_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
@@ -31,6 +31,7 @@ def describe_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]
         for v in (config.variants if config is not None else ())
         if v.serverless is not None
     }
+    specs = {v.name: v for v in (config.variants if config is not None else ())}
     variants: list[dict[str, Any]] = []
     shadows: list[dict[str, Any]] = []
     for state in endpoint.variants:
@@ -39,6 +40,8 @@ def describe_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]
             "CurrentWeight": state.desired_weight,
             "DesiredWeight": state.desired_weight,
         }
+        if (spec := specs.get(state.name)) is not None:
+            entry.update(_variant_settings(spec))
         if state.name in serverless:
             # No instance count: a serverless variant has instances only while it works.
             entry["CurrentServerlessConfig"] = serverless[state.name]
@@ -191,6 +194,17 @@ def update_weights_and_capacities(svc: EndpointService, p: dict[str, Any]) -> di
 def delete_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
     svc.delete_endpoint(p["EndpointName"])
     return {}
+
+
+def _variant_settings(spec: VariantSpec) -> dict[str, Any]:
+    """ProductionVariantSummary's RoutingConfig and ManagedInstanceScaling, as configured."""
+    settings: dict[str, Any] = {"RoutingConfig": {"RoutingStrategy": spec.routing_strategy.value}}
+    if spec.managed_scaling is not None:
+        low, high = spec.managed_scaling
+        settings["ManagedInstanceScaling"] = {
+            "Status": "ENABLED", "MinInstanceCount": low, "MaxInstanceCount": high,
+        }  # fmt: skip
+    return settings
 
 
 def _summary(e: Endpoint) -> dict[str, Any]:
