@@ -211,6 +211,11 @@ class ComponentStatus(StrEnum):
     FAILED = "Failed"
 
 
+SHORT_OF_CAPACITY = "Insufficient capacity"
+"""How the FailureReason of an inference component whose copies fit nowhere begins: it
+stays Updating, and its scaling policy may still take it back in."""
+
+
 @dataclass(frozen=True, slots=True)
 class ComputeRequirements:
     """InferenceComponentComputeResourceRequirements: what each copy reserves on an

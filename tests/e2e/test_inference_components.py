@@ -437,6 +437,18 @@ def test_a_restarted_gateway_brings_components_back(
 COPIES = "sagemaker:inference-component:DesiredCopyCount"
 
 
+def _track_concurrency(aas: Any, resource: str) -> None:
+    """A target-tracking policy: one request in flight per copy, no cooldowns."""
+    aas.put_scaling_policy(
+        PolicyName="p", ServiceNamespace="sagemaker", ResourceId=resource,
+        ScalableDimension=COPIES, PolicyType="TargetTrackingScaling",
+        TargetTrackingScalingPolicyConfiguration={
+            "TargetValue": 1.0, "ScaleOutCooldown": 0, "ScaleInCooldown": 0,
+            "PredefinedMetricSpecification": {"PredefinedMetricType":
+                "SageMakerInferenceComponentConcurrentRequestsPerCopyHighResolution"}},
+    )  # fmt: skip
+
+
 def test_copies_follow_a_target_tracking_policy_without_failing_a_request(
     gateway_factory: Callable[..., GatewayProcess], model_tarball: Callable[[str], str]
 ) -> None:
@@ -491,14 +503,7 @@ def test_copies_follow_a_target_tracking_policy_without_failing_a_request(
     assert "not supported for sagemaker:inference-component:DesiredCopyCount" in str(
         wrong_metric.value
     )
-    aas.put_scaling_policy(
-        PolicyName="p", ServiceNamespace="sagemaker", ResourceId=resource,
-        ScalableDimension=COPIES, PolicyType="TargetTrackingScaling",
-        TargetTrackingScalingPolicyConfiguration={
-            "TargetValue": 1.0, "ScaleOutCooldown": 0, "ScaleInCooldown": 0,
-            "PredefinedMetricSpecification": {"PredefinedMetricType":
-                "SageMakerInferenceComponentConcurrentRequestsPerCopyHighResolution"}},
-    )  # fmt: skip
+    _track_concurrency(aas, resource)
 
     def copies() -> int:
         described = sm.describe_inference_component(InferenceComponentName="auto")
@@ -631,3 +636,43 @@ def test_an_endpoint_update_keeps_its_components_serving(
     )
     wait_in_service(sm, "moving")
     assert wait_component(sm, "stays")["RuntimeConfig"]["CurrentCopyCount"] == 2
+
+
+def test_copies_past_the_capacity_are_taken_back_in_by_their_policy(
+    gateway_factory: Callable[..., GatewayProcess], model_tarball: Callable[[str], str]
+) -> None:
+    """More copies asked than fit: the component stays Updating, short of capacity, and
+    its policy still takes it back in once idle, rather than leaving it stuck there."""
+    gw = gateway_factory(
+        extra_env={"SHIPYARD_AUTOSCALING_PERIOD_S": "0.3", "SHIPYARD_AUTOSCALING_WINDOW_S": "3"}
+    )
+    sm, aas = gw.sm, gw.client("application-autoscaling")
+    sm.create_model(
+        ModelName="echo",
+        PrimaryContainer={"Image": "shipyard/python", "ModelDataUrl": model_tarball("echo")},
+        ExecutionRoleArn=ROLE,
+    )
+    component_endpoint(sm, "full", count=1)  # 2 cores: four copies of half a core
+    create_component(sm, "wide", "full", copies=1, cpus=0.5, memory_mb=256, model="echo")
+    wait_component(sm, "wide")
+    sm.update_inference_component_runtime_config(
+        InferenceComponentName="wide", DesiredRuntimeConfig={"CopyCount": 6}
+    )
+    wait_until(
+        lambda: (
+            "Insufficient capacity"
+            in (
+                sm.describe_inference_component(InferenceComponentName="wide").get("FailureReason")
+                or ""
+            )
+        ),
+        "the copies short of capacity",
+    )
+    resource = "inference-component/wide"
+    aas.register_scalable_target(
+        ServiceNamespace="sagemaker", ResourceId=resource, ScalableDimension=COPIES,
+        MinCapacity=1, MaxCapacity=6,
+    )  # fmt: skip
+    _track_concurrency(aas, resource)
+    described = wait_component(sm, "wide", timeout_s=60)
+    assert described["RuntimeConfig"]["DesiredCopyCount"] <= 4

@@ -58,6 +58,7 @@ from shipyard.errors import InvalidParameter, ObjectNotFound, ResourceNotFound, 
 from shipyard.events.kinds import scaling_activity_event
 from shipyard.metrics import Metrics
 from shipyard.records import (
+    SHORT_OF_CAPACITY,
     ActivityStatus,
     ComponentStatus,
     Endpoint,
@@ -453,7 +454,7 @@ class Autoscaler:
             return
         if not self.acts_on(component.endpoint):
             return
-        if component.status is not ComponentStatus.IN_SERVICE:
+        if component.status is not ComponentStatus.IN_SERVICE and not _short(component):
             return  # a step or an update is under way; look again next pass
         target = replace(target, endpoint=component.endpoint, variant=component.name)
         current = component.copies
@@ -757,3 +758,11 @@ def _fields(activity: ScalingActivity) -> dict[str, Any]:
         "from_count": activity.from_count,
         "to_count": activity.to_count,
     }
+
+
+def _short(component: InferenceComponent) -> bool:
+    """A component left Updating because its copies fit nowhere (a step past the
+    capacity): a step is not under way, and the policy may take it back in."""
+    return component.status is ComponentStatus.UPDATING and (
+        component.failure_reason or ""
+    ).startswith(SHORT_OF_CAPACITY)

@@ -32,6 +32,7 @@ from shipyard.control.serverless import ServerlessScaler
 from shipyard.errors import FleetFailed, ShipyardError
 from shipyard.provisioning.fleet import AdapterOf, ComponentCopies, Fleet, Provisioner, Slot
 from shipyard.records import (
+    SHORT_OF_CAPACITY,
     ComponentStatus,
     Endpoint,
     EndpointConfig,
@@ -477,7 +478,7 @@ class Converger:
             await self._component_status(
                 c,
                 c.status,
-                f"Insufficient capacity: {short} of the {c.copies} copies of inference "
+                f"{SHORT_OF_CAPACITY}: {short} of the {c.copies} copies of inference "
                 f"component {c.name} fit on none of variant {variant.name}'s instances "
                 f"({limit} {size}); free room or raise the instance count.",
             )
