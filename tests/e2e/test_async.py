@@ -7,6 +7,8 @@ import json
 import signal
 import sqlite3
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -211,6 +213,20 @@ def test_bad_requests_get_validation_errors(
     with pytest.raises(ClientError) as err:
         rt.invoke_endpoint_async(EndpointName="missing", InputLocation=put_input(tmp_path, 1))
     assert err.value.response["Error"]["Code"] == "ValidationError"
+    # A number is ASCII digits: not "1_000" or another script's digits, as int() takes.
+    for ttl in ("1_000", "\u0666\u0660\u0660"):
+        request = urllib.request.Request(
+            f"{async_gateway.url}/endpoints/{name}/async-invocations",
+            data=b"",
+            method="POST",
+            headers={
+                "X-Amzn-SageMaker-InputLocation": put_input(tmp_path, 1),
+                "X-Amzn-SageMaker-RequestTTLSeconds": ttl.encode().decode("latin-1"),
+            },
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 400, ttl
 
 
 def test_an_unknown_topic_or_output_path_is_refused_at_create(

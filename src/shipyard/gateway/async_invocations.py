@@ -118,7 +118,7 @@ def _int(given: dict[str, str], key: str, name: str) -> int | None:
     value = given.get(key)
     if value is None:
         return None
-    try:
-        return int(value)
-    except ValueError:
-        raise RuntimeValidationError(f"{name} must be an integer, not {value!r}.") from None
+    # ASCII digits alone: Python's int() also takes "1_000", spaces and other scripts' digits.
+    if not value.isascii() or not value.isdigit():
+        raise RuntimeValidationError(f"{name} must be an integer, not {value!r}.")
+    return int(value)
