@@ -275,7 +275,7 @@ def test_a_specification_that_fails_to_start_is_tried_once(
     again = sm.describe_inference_component(InferenceComponentName="t")
     assert again["FailureReason"] == first["FailureReason"]
     assert again["LastModifiedTime"] == first["LastModifiedTime"]
-    assert len(instance_pids(gateway.process.pid)) == started
+    assert len(instance_pids(gateway.process.pid)) <= started  # none started since
     assert "SHIPYARD_INSTANCE_ID" in env_of(rt, "tried", "t")  # the previous copy serves
     # A new specification is tried again.
     sm.update_inference_component(
