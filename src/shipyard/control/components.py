@@ -10,7 +10,6 @@ the status they reach.
 
 from __future__ import annotations
 
-import builtins
 from collections.abc import Callable
 
 from sqlalchemy import Connection
@@ -140,16 +139,13 @@ class ComponentService:
         self._wake()
         return self.components.get(name)
 
-    def _adapters_of(self, component: InferenceComponent) -> builtins.list[str]:
-        return [
-            c.name
-            for c in self.components.list(component.endpoint)
-            if c.spec.base == component.name and c.status is not ComponentStatus.DELETING
-        ]
-
     def delete(self, name: str) -> None:
         component = self.components.get(name)
-        adapters = self._adapters_of(component)
+        adapters = [
+            c.name
+            for c in self.components.list(component.endpoint)
+            if c.spec.base == name and c.status is not ComponentStatus.DELETING
+        ]
         if adapters:
             raise ResourceInUse(
                 f"Inference component {name} is the base of {', '.join(adapters)}; delete "

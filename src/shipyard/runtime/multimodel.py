@@ -279,9 +279,9 @@ class ModelCache(Generic[M]):
         if entry is None:
             raise ModelNotLoaded(f"Model '{name}' is not loaded.")
         models: list[object] = [entry.model]
-        url, charged = entry.url, entry.memory_bytes
+        url = entry.url
         del entry  # the source must hold the last reference
-        return await self._unload(models, [url], names=[name], charged=charged)
+        return await self._unload(models, [url], names=[name])
 
     def models(self) -> list[ModelInfo]:
         """Every model in memory, by name."""
@@ -351,7 +351,7 @@ class ModelCache(Generic[M]):
             self._forget_url(name, url)
             models: list[object] = [loaded.model]
             del loaded
-            await self._unload(models, [url], names=[name], charged=size)
+            await self._unload(models, [url], names=[name])
             raise ModelTooLarge(
                 f"Model '{name}' needs {size} bytes ({size / 2**20:.1f} MiB) of memory, more "
                 f"than the whole budget of {self.memory_budget_bytes} bytes "
@@ -360,8 +360,8 @@ class ModelCache(Generic[M]):
         model = loaded.model
         self._entries[name] = _Entry(name, url, model, size, self._clock(), next(self._order))
         log.info("loaded model %s from %s: %d bytes in %.3f s", name, url, size, loaded.load_s)
-        names, urls, doomed, charged = self._evict(keep=name)
-        unload_s = await self._unload(doomed, urls, names=names, charged=charged) if names else None
+        names, urls, doomed = self._evict(keep=name)
+        unload_s = await self._unload(doomed, urls, names=names) if names else None
         return _Outcome(model, loaded.download_s, loaded.load_s, unload_s, tuple(names))
 
     def _forget_url(self, name: str, url: str) -> None:
@@ -369,14 +369,12 @@ class ModelCache(Generic[M]):
         if self._urls.get(name) == url:
             del self._urls[name]
 
-    def _evict(self, *, keep: str) -> tuple[list[str], list[str], list[object], int]:
-        """Take least recently used models out until the rest fit; their names, urls,
-        models and the bytes they were charged."""
+    def _evict(self, *, keep: str) -> tuple[list[str], list[str], list[object]]:
+        """Take least recently used models out until the rest fit; their names, urls, models."""
         names: list[str] = []
         urls: list[str] = []
         models: list[object] = []
         total = self.memory_bytes + self._left_bytes
-        charged = 0
         while total > self.memory_budget_bytes or (
             self.max_models is not None and len(self._entries) > self.max_models
         ):
@@ -386,15 +384,12 @@ class ModelCache(Generic[M]):
                 break
             del self._entries[victim.name]
             total -= victim.memory_bytes
-            charged += victim.memory_bytes
             names.append(victim.name)
             urls.append(victim.url)
             models.append(victim.model)
-        return names, urls, models, charged
+        return names, urls, models
 
-    async def _unload(
-        self, models: list[object], urls: list[str], *, names: list[str], charged: int
-    ) -> float:
+    async def _unload(self, models: list[object], urls: list[str], *, names: list[str]) -> float:
         started_s = self._clock()
         grown = await self._source.unload(models, urls)
         unload_s = self._clock() - started_s
@@ -402,9 +397,8 @@ class ModelCache(Generic[M]):
             beyond = max(grown - self.memory_bytes, 0)
             self._left_bytes = min(beyond, self.memory_budget_bytes // 2)
         log.info(
-            "unloaded %s (charged %d bytes) in %.3f s; %d bytes held beyond the models' charges",
+            "unloaded %s in %.3f s; %d bytes held beyond the models' charges",
             ", ".join(names),
-            charged,
             unload_s,
             self._left_bytes,
         )
