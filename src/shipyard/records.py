@@ -272,6 +272,18 @@ class InferenceComponent:
     """The Specification as the client gave it, echoed by DescribeInferenceComponent."""
     generation: int = 0
     """Bumped when the specification changes: copies of an older one are replaced."""
+    served: ServedSpec | None = None
+    """The last specification whose copies came InService: what an update whose copies
+    fail to start rolls back to."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServedSpec:
+    """A component's specification that served, as InferenceComponent holds it."""
+
+    spec: ComponentSpec
+    raw: dict[str, Any]
+    generation: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,6 +105,26 @@ def test_an_adapter_is_loaded_into_its_base_components_copies(
     wait_until(
         lambda: ask(rt, "ten", [1])["sum"] == 100.0, "the adapter's new artifact", timeout_s=60
     )
+    v2 = sm.describe_inference_component(InferenceComponentName="ten")["Specification"]
+    # One that fails to load (no adapter.json): the previous artifact serves on, and
+    # Describe shows it, InService, with the failure.
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    sm.update_inference_component(
+        InferenceComponentName="ten",
+        Specification={"BaseInferenceComponentName": "base",
+                       "Container": {"ArtifactUrl": broken.as_uri()}},
+    )  # fmt: skip
+
+    def reason() -> str:
+        found = sm.describe_inference_component(InferenceComponentName="ten")
+        return str(found.get("FailureReason") or "")
+
+    wait_until(lambda: "failed" in reason(), "the failed adapter update recorded")
+    after = sm.describe_inference_component(InferenceComponentName="ten")
+    assert after["InferenceComponentStatus"] == "InService"
+    assert after["Specification"] == v2
+    assert [ask(rt, "ten", [1])["sum"] for _ in range(4)] == [100.0] * 4
 
     # The base at zero copies: a request for the adapter brings a copy back.
     sm.update_inference_component_runtime_config(

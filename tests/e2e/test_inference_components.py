@@ -246,8 +246,9 @@ def test_a_new_specification_replaces_copies_without_failing_requests(
 def test_a_specification_that_fails_to_start_is_tried_once(
     gateway: GatewayProcess, env_model: str, model_tarball: Callable[[str], str]
 ) -> None:
-    """Its copies fail to load: the previous copies serve on, the failure is recorded,
-    and no more copies of it are started until the specification changes again."""
+    """Its copies fail to load: the previous copies serve on, Describe shows the
+    specification they run (DESIGN 2.11: the new one InService is the one serving) with
+    the failure recorded, and no more copies of it are started until it is sent again."""
     sm, rt = gateway.sm, gateway.rt
     component_endpoint(sm, "tried", count=1)
     container = {"Image": "shipyard/python", "ArtifactUrl": env_model}
@@ -270,6 +271,8 @@ def test_a_specification_that_fails_to_start_is_tried_once(
         "the failed update recorded",
     )
     first = sm.describe_inference_component(InferenceComponentName="t")
+    assert first["InferenceComponentStatus"] == "InService"
+    assert first["Specification"]["Container"]["ArtifactUrl"] == env_model  # rolled back
     started = len(instance_pids(gateway.process.pid))
     time.sleep(2)  # a loop would have started more copies and rewritten the reason by now
     again = sm.describe_inference_component(InferenceComponentName="t")
@@ -277,6 +280,31 @@ def test_a_specification_that_fails_to_start_is_tried_once(
     assert again["LastModifiedTime"] == first["LastModifiedTime"]
     assert len(instance_pids(gateway.process.pid)) <= started  # none started since
     assert "SHIPYARD_INSTANCE_ID" in env_of(rt, "tried", "t")  # the previous copy serves
+    # The specification serving, sent again, replaces nothing.
+    sm.update_inference_component(
+        InferenceComponentName="t",
+        Specification={"Container": container, "ComputeResourceRequirements": needs},
+    )
+    same = sm.describe_inference_component(InferenceComponentName="t")
+    assert same["LastModifiedTime"] == first["LastModifiedTime"]
+    # The failed one sent again is tried again, and rolled back again.
+    sm.update_inference_component(
+        InferenceComponentName="t",
+        Specification={"Container": broken, "ComputeResourceRequirements": needs},
+    )
+    retried = sm.describe_inference_component(InferenceComponentName="t")
+    assert retried["Specification"]["Container"]["ArtifactUrl"] == broken["ArtifactUrl"]
+
+    def rolled_back_again() -> bool:
+        now = sm.describe_inference_component(InferenceComponentName="t")
+        return bool(
+            now["InferenceComponentStatus"] == "InService"
+            and now["Specification"]["Container"]["ArtifactUrl"] == env_model
+            and now["LastModifiedTime"] > retried["LastModifiedTime"]
+        )
+
+    wait_until(rolled_back_again, "the failed specification tried again and rolled back")
+    assert "SHIPYARD_INSTANCE_ID" in env_of(rt, "tried", "t")
     # A new specification is tried again.
     sm.update_inference_component(
         InferenceComponentName="t",

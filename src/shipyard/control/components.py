@@ -106,9 +106,11 @@ class ComponentService:
         """A new specification (its copies replaced, a few at a time, never all at
         once) and/or a new copy count."""
         current = self._changeable(name)
-        if spec == current.spec and not current.failure_reason:
-            # The same specification again (a stack file applied twice): nothing to
-            # replace; only a copy count, if given, changes.
+        serving = current.served is not None and current.served.generation == current.generation
+        if spec == current.spec and (serving or not current.failure_reason):
+            # The same specification again (a stack file applied twice, or the one a failed
+            # update rolled back to): nothing to replace; only a copy count, if given,
+            # changes. One that failed to start is tried again.
             spec = None
             if copies is None:
                 return current

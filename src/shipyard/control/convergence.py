@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import replace
 from typing import Any
 
 from shipyard.backends.base import Resources
@@ -38,6 +39,7 @@ from shipyard.records import (
     EndpointConfig,
     EndpointStatus,
     InferenceComponent,
+    ServedSpec,
     VariantSpec,
     VariantState,
 )
@@ -424,19 +426,23 @@ class Converger:
         failure = await self.publisher.adapters.load_all(copies, loaded)
         if failure is not None:
             log.warning("adapter %s failed to load: %s", c.name, failure)
-            if c.name in fleet.adapters:  # an update: the previous artifact serves on
-                await self._component_status(
-                    c,
-                    ComponentStatus.IN_SERVICE,
+            previous = fleet.adapters.get(c.name)
+            if previous is not None:  # an update: the previous artifact serves on
+                reason = (
                     f"Updating inference component {c.name} failed, it keeps its previous "
-                    f"adapter: {failure}",
+                    f"adapter: {failure}"
                 )
+                generation = await self._roll_back(c, previous.generation, reason)
+                if generation is not None:
+                    # Copies that loaded the failed artifact load the previous one again.
+                    fleet.adapters[c.name] = AdapterOf(previous.base, previous.src, generation)
+                    self.publisher.publish(fleet)
             else:
                 await self._component_status(c, ComponentStatus.FAILED, failure)
             return
         fleet.adapters[c.name] = adapter
         self.publisher.publish(fleet)
-        await self._component_status(c, ComponentStatus.IN_SERVICE)
+        await self._component_status(c, ComponentStatus.IN_SERVICE, served=True)
 
     async def _converge_component(
         self,
@@ -460,13 +466,18 @@ class Converger:
             log.warning("inference component %s failed: %s", c.name, exc)
             if c.status is ComponentStatus.CREATING:
                 await self._component_status(c, ComponentStatus.FAILED, str(exc))
-            else:
-                await self._component_status(
-                    c,
-                    ComponentStatus.IN_SERVICE,
-                    f"Updating inference component {c.name} failed, it keeps its previous "
-                    f"copies: {exc}",
-                )
+                return
+            reason = (
+                f"Updating inference component {c.name} failed, it keeps its previous copies: {exc}"
+            )
+            previous = fleet.components.get(c.name)
+            if previous is None:
+                await self._component_status(c, ComponentStatus.IN_SERVICE, reason)
+                return
+            generation = await self._roll_back(c, previous.generation, reason)
+            if generation is not None:
+                fleet.components[c.name] = replace(previous, generation=generation)
+                self._failed_specs.pop(c.name, None)
             return
         if short:
             size = variant.instance_type
@@ -483,7 +494,7 @@ class Converger:
                 f"({limit} {size}); free room or raise the instance count.",
             )
             return
-        await self._component_status(c, ComponentStatus.IN_SERVICE)
+        await self._component_status(c, ComponentStatus.IN_SERVICE, served=True)
 
     async def _respecify(
         self, fleet: Fleet, variant: VariantSpec, c: InferenceComponent, fit: int
@@ -569,11 +580,20 @@ class Converger:
         await asyncio.to_thread(self.components.delete, c.name)
 
     async def _component_status(
-        self, c: InferenceComponent, status: ComponentStatus, reason: str | None = None
+        self,
+        c: InferenceComponent,
+        status: ComponentStatus,
+        reason: str | None = None,
+        *,
+        served: bool = False,
     ) -> None:
         """Record what the step reached, unless the component changed meanwhile (a new
-        copy count or specification: the next step judges that)."""
-        if status is c.status and reason == c.failure_reason:
+        copy count or specification: the next step judges that). ``served``: its copies
+        run its current specification, which is recorded as the one to roll back to."""
+        changes: dict[str, Any] = {}
+        if served and (c.served is None or c.served.generation != c.generation):
+            changes["served"] = ServedSpec(c.spec, c.raw, c.generation)
+        if status is c.status and reason == c.failure_reason and not changes:
             return
         await asyncio.to_thread(
             self.components.change,
@@ -581,7 +601,35 @@ class Converger:
             unchanged_since=c.modified,
             status=status,
             failure_reason=reason,
+            **changes,
         )
+
+    async def _roll_back(self, c: InferenceComponent, running: int, reason: str) -> int | None:
+        """An update whose copies failed to start: ``c`` back to the specification its
+        running copies (of generation ``running``) serve, InService with ``reason``, so
+        that Describe shows what serves. Under a generation of its own, as specifications
+        only move forward (the failed one sent again is tried again). The new generation,
+        or None where nothing is rolled back: the copies failed at ``c``'s own
+        generation (scaled, not respecified), the specification they run is not known (a
+        store from before it was kept), or ``c`` changed meanwhile; then only the status
+        and reason are recorded."""
+        served = c.served
+        if running == c.generation or served is None or served.generation != running:
+            await self._component_status(c, ComponentStatus.IN_SERVICE, reason)
+            return None
+        generation = c.generation + 1
+        back = await asyncio.to_thread(
+            self.components.change,
+            c.name,
+            unchanged_since=c.modified,
+            spec=served.spec,
+            raw=served.raw,
+            generation=generation,
+            served=replace(served, generation=generation),
+            status=ComponentStatus.IN_SERVICE,
+            failure_reason=reason,
+        )
+        return generation if back else None
 
     async def retire(self, name: str) -> None:
         """Out of routing, then drained and stopped: the endpoint's fleet is gone."""

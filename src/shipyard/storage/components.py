@@ -22,6 +22,7 @@ from shipyard.records import (
     ComponentStatus,
     ComputeRequirements,
     InferenceComponent,
+    ServedSpec,
 )
 from shipyard.storage import tables as t
 from shipyard.storage.transactions import transaction
@@ -150,6 +151,8 @@ def _column_value(key: str, value: Any) -> Any:
         return value.value
     if key == "spec":
         return _spec_json(value)
+    if key == "served":
+        return _served_json(value)
     return value
 
 
@@ -167,12 +170,25 @@ def _row(c: InferenceComponent) -> dict[str, Any]:
         "created": c.created,
         "modified": c.modified,
         "generation": c.generation,
+        "served": _served_json(c.served),
     }
 
 
 def _spec_json(spec: ComponentSpec) -> dict[str, Any]:
     out = asdict(spec)
     return out
+
+
+def _served_json(served: ServedSpec | None) -> dict[str, Any] | None:
+    if served is None:
+        return None
+    return {"spec": _spec_json(served.spec), "raw": served.raw, "generation": served.generation}
+
+
+def _served(data: dict[str, Any] | None) -> ServedSpec | None:
+    if not data:
+        return None
+    return ServedSpec(_spec(dict(data["spec"])), dict(data["raw"]), int(data["generation"]))
 
 
 def _spec(data: dict[str, Any]) -> ComponentSpec:
@@ -206,4 +222,5 @@ def _component(row: Any) -> InferenceComponent:
         failure_reason=row["failure_reason"],
         raw=dict(row["raw"] or {}),
         generation=int(row["generation"] or 0),
+        served=_served(row["served"]),
     )

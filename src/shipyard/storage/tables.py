@@ -59,6 +59,7 @@ inference_components = Table(
     Column("created", DateTime(timezone=True), nullable=False),
     Column("modified", DateTime(timezone=True), nullable=False),
     Column("generation", Integer, nullable=False, default=0),
+    Column("served", JSON),
 )
 
 endpoints = Table(
