@@ -157,6 +157,26 @@ def test_a_directory_copy_replaces_symlinks_by_their_content(
     assert (dest / "shared.bin").read_bytes() == b"shared"
 
 
+@pytest.mark.parametrize("target", [".", "..", "../sub"])
+def test_a_folder_reached_twice_through_links_is_refused(
+    store: ArtifactStore, tmp_path: Path, dest: Path, target: str
+) -> None:
+    """A link to the folder itself or above it would be copied without end (two such
+    links grow it exponentially), and two links to one folder copy it twice."""
+    source = make_model_dir(tmp_path / "src")
+    (source / "sub").mkdir()
+    (source / "sub" / "a").symlink_to(target)
+    if target == "../sub":
+        (source / "b").symlink_to("sub")
+
+    with pytest.raises(ArtifactError, match="reached twice through links"):
+        store.fetch_model(str(source), dest)
+
+    assert not dest.exists()
+    with pytest.raises(ArtifactError, match="reached twice through links"):
+        store.download(str(source), tmp_path / "channel")
+
+
 def test_a_second_fetch_returns_the_complete_copy_without_reading_the_source(
     store: ArtifactStore, tmp_path: Path, dest: Path
 ) -> None:

@@ -339,8 +339,23 @@ class ArtifactStore:
         in between, and a sandboxed job may do just that in its own output folder,
         which lies under a root, keeping a link there swapping between a harmless file
         and a secret until a copy reads the secret.
+
+        A folder reached twice (a link to itself or to a folder above it, or two links to
+        one folder) is refused: followed, such links copy without end until the disk is
+        full.
         """
         copied = 0
+        folders: set[tuple[int, int]] = set()
+
+        def once(folder: str, names: list[str]) -> list[str]:
+            found = os.stat(folder)
+            if (found.st_dev, found.st_ino) in folders:
+                raise ArtifactError(
+                    f"{words.subject} {uri} is unsafe: the folder {folder} is reached twice "
+                    "through links (a link loop, or two links to one folder)."
+                )
+            folders.add((found.st_dev, found.st_ino))
+            return []
 
         def copy(src: str, dst: str) -> str:
             nonlocal copied
@@ -362,7 +377,7 @@ class ArtifactStore:
             return dst
 
         # copytree collects OSErrors and goes on; an ArtifactError stops it at once.
-        shutil.copytree(source, dest, dirs_exist_ok=True, copy_function=copy)
+        shutil.copytree(source, dest, dirs_exist_ok=True, copy_function=copy, ignore=once)
         return copied
 
     def _s3_filesystem(self) -> Any:
