@@ -91,6 +91,35 @@ def test_custom_attributes_over_1024_characters_are_refused(gw: GatewayProcess) 
     assert invoke(gw, **{"X-Amzn-SageMaker-Custom-Attributes": "a" * 1024})[0] == 200
 
 
+@pytest.mark.parametrize("path", ["invocations", "invocations-response-stream"])
+@pytest.mark.parametrize(
+    ("header", "member"),
+    [
+        (b"X-Amzn-SageMaker-Target-Variant", b"targetVariant"),
+        (b"X-Amzn-SageMaker-Target-Container-Hostname", b"targetContainerHostname"),
+        (b"X-Amzn-SageMaker-Inference-Component", b"inferenceComponentName"),
+    ],
+)
+def test_a_name_header_outside_its_pattern_is_a_validation_error(
+    gw: GatewayProcess, path: str, header: bytes, member: bytes
+) -> None:
+    """Bytes that are no UTF-8 (a 500 once) or no name are refused by botocore's pattern
+    for the member, on both doors."""
+    for value in (b"\xff", b"caf\xc3\xa9", b"a b", b"-lead", b"a_b"):
+        answer = raw(
+            gw,
+            b"POST /endpoints/sums/%s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            b"\r\n%s: %s\r\nContent-Length: 6\r\nConnection: close\r\n\r\n[[1]]\n"
+            % (path.encode(), header, value),
+        )
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400"), answer
+        assert b"x-amzn-errortype: ValidationError" in head.lower().replace(
+            b"validationerror", b"ValidationError"
+        )
+        assert member in body and b"regular expression pattern" in body
+
+
 @pytest.mark.parametrize("value", ["x" * 65, "caf\u00e9", "tab\there"])
 def test_an_inference_id_must_be_1_to_64_printable_characters(
     gw: GatewayProcess, value: str

@@ -8,10 +8,14 @@ AWS words it. The table is built once at import; a request pays a dict lookup pe
 Patterns are Java's and mostly beyond Python's ``re`` (``\\p{Print}``): what matters of
 them is enforced by hand. Identifiers (``\\A\\S[\\p{Print}]*\\z``) must be printable
 ASCII not starting with a space, and the ASCII-only members (``\\p{ASCII}*``) ASCII.
+The names (TargetVariant, TargetContainerHostname, InferenceComponentName) have plain
+patterns of ASCII letters, digits and hyphens, which ``re`` matches as they are, over the
+whole value as AWS's validation does.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from shipyard.errors import RuntimeValidationError
@@ -19,6 +23,9 @@ from shipyard.gateway.validation import service_model
 
 _IDENTIFIER = r"\A\S[\p{Print}]*\z"
 _ASCII = r"\p{ASCII}*"
+_NAMES = frozenset({"TargetVariant", "TargetContainerHostname", "InferenceComponentName"})
+"""SessionId is left to routing/sessions.py: the stream door's pattern has no NEW_SESSION,
+which shipyard takes there too."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +35,8 @@ class _Limit:
     max: int
     identifier: bool
     ascii: bool
+    pattern: re.Pattern[bytes] | None = None
+    """A name's pattern, matched over the whole value."""
 
 
 def _limits(operation: str) -> dict[bytes, _Limit]:
@@ -46,6 +55,7 @@ def _limits(operation: str) -> dict[bytes, _Limit]:
             max=int(meta.get("max", 1 << 20)),
             identifier=pattern == _IDENTIFIER,
             ascii=pattern == _ASCII,
+            pattern=re.compile(pattern.encode()) if name in _NAMES and pattern else None,
         )
     return limits
 
@@ -70,6 +80,9 @@ def check_header(limits: dict[bytes, _Limit], key: bytes, value: bytes) -> None:
             _refuse(limit, value, f"Member must satisfy regular expression pattern: {_IDENTIFIER}")
     elif limit.ascii and not value.isascii():
         _refuse(limit, value, f"Member must satisfy regular expression pattern: {_ASCII}")
+    elif limit.pattern is not None and limit.pattern.fullmatch(value) is None:
+        pattern = limit.pattern.pattern.decode()
+        _refuse(limit, value, f"Member must satisfy regular expression pattern: {pattern}")
 
 
 def _refuse(limit: _Limit, value: bytes, constraint: str) -> None:
