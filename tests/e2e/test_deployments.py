@@ -313,6 +313,7 @@ def test_deployment_configs_that_cannot_be_carried_out_are_refused(
     big["BlueGreenUpdatePolicy"]["TrafficRoutingConfiguration"]["CanarySize"]["Value"] = 3
     refused(big, "CanarySize of 3 instances is larger than the fleet")
     refused(canary(1, ["no-such-alarm"]), "no-such-alarm")
+    refused({"AutoRollbackConfiguration": {"Alarms": [{}]}}, "names no AlarmName")  # was a 500
     refused(
         {
             "BlueGreenUpdatePolicy": {
@@ -382,3 +383,96 @@ def test_a_rollback_that_cannot_start_the_old_instances_again_is_update_rollback
     gw.sm.update_endpoint(EndpointName=name, EndpointConfigName=f"{name}-b")
     wait_in_service(gw.sm, name)
     assert seen[0][0] == "Updating"
+
+
+def test_a_rollback_cut_short_by_a_restart_is_finished_on_the_old_config(
+    gateway_factory: Callable[..., GatewayProcess],
+    model_tarball: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    """The gateway stopped while an endpoint was RollingBack: started again, it serves
+    the old config and records the rollback (the endpoint was left RollingBack for good,
+    with no instances, refusing updates)."""
+    from shipyard.records import EndpointStatus
+    from shipyard.storage.metadata import MetadataStore
+
+    home = tmp_path / "home"
+    gw = gateway_factory(home=home, extra_env=FAST)
+    name, url = unique("cut"), model_tarball("flaky")
+    make_config(gw, f"{name}-a", url, "old")
+    make_config(gw, f"{name}-b", url, "new")
+    gw.sm.create_endpoint(EndpointName=name, EndpointConfigName=f"{name}-a")
+    wait_in_service(gw.sm, name)
+    gw.sm.update_endpoint(EndpointName=name, EndpointConfigName=f"{name}-b",
+                          DeploymentConfig=canary(300))  # fmt: skip
+    stages(gw, name, lambda d: "Baking" in json.dumps(d, default=str))
+    gw.stop()
+    # Where a stop during the rollback leaves the store (Deployer._rolling_back).
+    store = MetadataStore(f"sqlite:///{home / 'shipyard.db'}")
+    ep = store.get_endpoint(name)
+    store.change_endpoint(
+        name,
+        status=EndpointStatus.ROLLING_BACK,
+        deployment={**(ep.deployment or {}), "stage": "RollingBack", "since": time.time()},
+    )
+    store.engine.dispose()
+    gw = gateway_factory(home=home, extra_env=FAST)
+    stages(gw, name, in_service)
+    d = gw.sm.describe_endpoint(EndpointName=name)
+    assert d["EndpointConfigName"] == f"{name}-a" and "PendingDeploymentSummary" not in d, d
+    assert "rolled back" in d["FailureReason"], d
+    answer = gw.rt.invoke_endpoint(EndpointName=name, Body=b"{}", ContentType="application/json")
+    assert json.loads(answer["Body"].read())["model"] == "old"
+    gw.sm.update_endpoint(EndpointName=name, EndpointConfigName=f"{name}-b")  # allowed again
+    wait_in_service(gw.sm, name)
+
+
+def test_a_failed_endpoint_updated_with_a_deployment_config_deploys_the_new_config(
+    gateway: GatewayProcess, model_tarball: Callable[[str], str]
+) -> None:
+    """No old fleet serves to be kept safe: the new config is deployed at once (the old,
+    broken config was started again and the endpoint left Failed on it)."""
+    gw = gateway
+    name = unique("mend")
+    make_config(gw, f"{name}-a", model_tarball("load_fails"), "old", count=1)
+    make_config(gw, f"{name}-b", model_tarball("flaky"), "new", count=1)
+    gw.sm.create_endpoint(EndpointName=name, EndpointConfigName=f"{name}-a")
+    wait_until(
+        lambda: gw.sm.describe_endpoint(EndpointName=name)["EndpointStatus"] == "Failed",
+        "the first config failed",
+    )
+    gw.sm.update_endpoint(EndpointName=name, EndpointConfigName=f"{name}-b",
+                          DeploymentConfig=canary(0))  # fmt: skip
+    wait_in_service(gw.sm, name)
+    d = gw.sm.describe_endpoint(EndpointName=name)
+    assert d["EndpointConfigName"] == f"{name}-b" and "PendingDeploymentSummary" not in d, d
+    answer = gw.rt.invoke_endpoint(EndpointName=name, Body=b"{}", ContentType="application/json")
+    assert json.loads(answer["Body"].read())["model"] == "new"
+
+
+def test_alarms_without_a_policy_roll_back_an_all_at_once_deployment(
+    gateway: GatewayProcess, model_tarball: Callable[[str], str]
+) -> None:
+    """botocore: with no update policy, blue/green all at once, its alarms watched."""
+    gw = gateway
+    name, url = unique("alarmed"), model_tarball("flaky")
+    make_config(gw, f"{name}-a", url, "old", count=1)
+    make_config(gw, f"{name}-b", url, "new", count=1)
+    gw.sm.create_endpoint(EndpointName=name, EndpointConfigName=f"{name}-a")
+    wait_in_service(gw.sm, name)
+    alarm = f"{name}-drill"
+    gw.client("cloudwatch").put_metric_alarm(
+        AlarmName=alarm, Namespace="AWS/SageMaker", MetricName="Invocation5XXErrors",
+        Dimensions=[{"Name": "EndpointName", "Value": name}], Statistic="Sum", Period=10,
+        EvaluationPeriods=1, Threshold=1, ComparisonOperator="GreaterThanOrEqualToThreshold",
+        TreatMissingData="ignore",
+    )  # fmt: skip
+    gw.client("cloudwatch").set_alarm_state(AlarmName=alarm, StateValue="ALARM", StateReason="x")
+    gw.sm.update_endpoint(
+        EndpointName=name,
+        EndpointConfigName=f"{name}-b",
+        DeploymentConfig={"AutoRollbackConfiguration": {"Alarms": [{"AlarmName": alarm}]}},
+    )
+    stages(gw, name, lambda d: in_service(d) and "FailureReason" in d)
+    d = gw.sm.describe_endpoint(EndpointName=name)
+    assert d["EndpointConfigName"] == f"{name}-a" and alarm in d["FailureReason"], d

@@ -26,7 +26,7 @@ from typing import Any
 
 from shipyard.backends.base import Resources
 from shipyard.contract import ADAPTERS_TOKEN_ENV
-from shipyard.control.deployments import Deployer, retain
+from shipyard.control.deployments import Deployer, deploys, retain
 from shipyard.control.placement import Demand, place
 from shipyard.control.publishing import RoutePublisher
 from shipyard.control.serverless import ServerlessScaler
@@ -89,9 +89,13 @@ class Converger:
     def __repr__(self) -> str:
         return f"Converger(fleets={sorted(self.fleets)})"
 
-    async def create(self, ep: Endpoint, *, taken: dict[str, Any] | None = None) -> None:
+    async def create(
+        self, ep: Endpoint, *, taken: dict[str, Any] | None = None, record_failure: bool = True
+    ) -> None:
         """``taken``: what the endpoint's previous lease holder recorded of its fleet,
-        when this gateway took the lease over from it (Provisioner.launch adopts it)."""
+        when this gateway took the lease over from it (Provisioner.launch adopts it).
+        ``record_failure``: a fleet that cannot start fails the endpoint (else it is only
+        logged, and the caller judges)."""
         try:
             config = await asyncio.to_thread(self.store.get_endpoint_config, ep.config_name)
             adopting = bool(taken) and self.provisioner.adopts
@@ -110,7 +114,8 @@ class Converger:
             log.warning("endpoint %s failed: %s", ep.name, exc)
             if ep.name not in self.fleets:
                 self.publisher.withdraw(ep.name)
-            await self._change(ep.name, status=EndpointStatus.FAILED, failure_reason=str(exc))
+            if record_failure:
+                await self._change(ep.name, status=EndpointStatus.FAILED, failure_reason=str(exc))
             return
         self.fleets[ep.name] = fleet
         self._placed.pop(ep.name, None)
@@ -127,6 +132,13 @@ class Converger:
         if ep.deployment is not None and self._deploys(ep.deployment):
             await self._deploy(ep, taken=taken)
             return
+        await self._replace(ep, taken=taken)
+
+    async def _replace(self, ep: Endpoint, *, taken: dict[str, Any] | None, **also: Any) -> None:
+        """An update without a deployment: the new config's fleet is started beside the
+        old one and takes its place once it answers. ``also``: more changes recorded
+        with the outcome."""
+        assert ep.pending_config_name is not None
         try:
             config = await asyncio.to_thread(self.store.get_endpoint_config, ep.pending_config_name)
             config = retain(config, ep.retained)
@@ -152,6 +164,7 @@ class Converger:
                 retained=None,
                 failure_reason=f"Update to endpoint configuration {ep.pending_config_name} "
                 f"failed, the endpoint keeps its previous configuration: {exc}",
+                **also,
             )
             return
         old = self.fleets.get(ep.name)
@@ -170,15 +183,43 @@ class Converger:
             variants=tuple(
                 VariantState(v.name, v.weight, v.instance_count, v.shadow) for v in config.variants
             ),
+            **also,
         )
         if old is not None:
             await self.provisioner.drain_and_stop(old.all_slots())
             self.publisher.forget_model_series(old, old.all_slots())
 
+    async def finish_rollback(self, ep: Endpoint, *, taken: dict[str, Any] | None) -> None:
+        """A rollback cut short (the gateway stopped while it ran): the endpoint's config
+        is the old one, started again here if need be, and the rollback is recorded as
+        Deployer._rolled_back would have."""
+        if ep.name not in self.fleets:
+            await self.create(ep, taken=taken)
+            if ep.name not in self.fleets:
+                return  # the old config cannot start: create recorded why
+        pending = ep.pending_config_name
+        reason = (
+            f"Update to endpoint configuration {pending} was rolled back; the gateway "
+            "stopped during the rollback, which it completed on starting again."
+        )
+        also = (
+            None if pending is None else self.deployer.recording(ep, pending, "RolledBack", reason)
+        )
+        await self._change(
+            ep.name,
+            status=EndpointStatus.IN_SERVICE,
+            pending_config_name=None,
+            retained=None,
+            deployment=None,
+            failure_reason=reason,
+            also=also,
+        )
+        if also is not None:
+            self.deployer.on_event()
+
     @staticmethod
     def _deploys(deployment: dict[str, Any]) -> bool:
-        config = deployment.get("config") or {}
-        return bool(config.get("BlueGreenUpdatePolicy") or config.get("RollingUpdatePolicy"))
+        return deploys(deployment.get("config") or {})
 
     async def _deploy(self, ep: Endpoint, *, taken: dict[str, Any] | None) -> None:
         """An update with a DeploymentConfig (control/deployments.py): the old fleet
@@ -187,10 +228,13 @@ class Converger:
         assert ep.pending_config_name is not None
         old = self.fleets.get(ep.name)
         if old is None:
-            await self.create(ep, taken=taken)
+            await self.create(ep, taken=taken, record_failure=False)
             old = self.fleets.get(ep.name)
             if old is None:
-                return  # the old config cannot start: create recorded why
+                # The old config cannot start (the endpoint had failed): no fleet serves to
+                # be kept safe step by step, so the new config is deployed at once.
+                await self._replace(ep, taken=taken, deployment=None)
+                return
         try:
             config = await asyncio.to_thread(self.store.get_endpoint_config, ep.pending_config_name)
             config = retain(config, ep.retained)

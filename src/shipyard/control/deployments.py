@@ -79,6 +79,12 @@ def _size(spec: dict[str, Any], fleet: int) -> float:
     return value / 100.0
 
 
+ALL_AT_ONCE: dict[str, Any] = {"TrafficRoutingConfiguration": {"Type": "ALL_AT_ONCE"}}
+"""The policy of a DeploymentConfig that names none (only AutoRollbackConfiguration): "If
+no update policy is specified, SageMaker uses a blue/green deployment strategy with all at
+once traffic shifting by default" (botocore)."""
+
+
 def plan(deployment: dict[str, Any], fleet: int) -> Plan:
     alarms = tuple(
         a["AlarmName"]
@@ -96,7 +102,7 @@ def plan(deployment: dict[str, Any], fleet: int) -> Plan:
             timeout_s=float(rolling.get("MaximumExecutionTimeoutInSeconds", DEFAULT_TIMEOUT_S)),
             alarms=alarms,
         )
-    policy = deployment["BlueGreenUpdatePolicy"]
+    policy = deployment.get("BlueGreenUpdatePolicy") or ALL_AT_ONCE
     routing = policy["TrafficRoutingConfiguration"]
     kind = routing["Type"]
     if kind == "CANARY":
@@ -119,6 +125,15 @@ def plan(deployment: dict[str, Any], fleet: int) -> Plan:
     )
 
 
+def deploys(deployment: dict[str, Any]) -> bool:
+    """Whether a DeploymentConfig asks for a deployment carried out step by step: a policy,
+    or alarms alone (then blue/green, all at once: ALL_AT_ONCE)."""
+    alarms = (deployment.get("AutoRollbackConfiguration") or {}).get("Alarms")
+    return bool(
+        deployment.get("BlueGreenUpdatePolicy") or deployment.get("RollingUpdatePolicy") or alarms
+    )
+
+
 def check(
     deployment: dict[str, Any], config: EndpointConfig, known_alarm: Callable[[str], bool]
 ) -> None:
@@ -129,12 +144,13 @@ def check(
         raise InvalidParameter(
             "DeploymentConfig takes BlueGreenUpdatePolicy or RollingUpdatePolicy, not both."
         )
-    if (blue_green is not None or rolling is not None) and (
+    if deploys(deployment) and (
         config.hosts_components or any(v.serverless is not None for v in config.variants)
     ):
         raise InvalidParameter(
             f"Endpoint configuration {config.name} has serverless variants or hosts inference "
-            "components: it is deployed all at once, without a DeploymentConfig policy."
+            "components: it is deployed all at once, without a DeploymentConfig policy or "
+            "alarms."
         )
     fleet = capacity(config)
     for field, spec in _sizes(blue_green, rolling):
@@ -149,7 +165,13 @@ def check(
                 f"DeploymentConfig {field} of {value} percent is more than 100 percent."
             )
     alarms = (deployment.get("AutoRollbackConfiguration") or {}).get("Alarms") or ()
-    for alarm in alarms:
+    for index, alarm in enumerate(alarms, 1):
+        if not alarm.get("AlarmName"):
+            # Optional in botocore's Alarm shape, so its validation lets an empty one by.
+            raise InvalidParameter(
+                f"DeploymentConfig.AutoRollbackConfiguration.Alarms: alarm {index} names no "
+                "AlarmName."
+            )
         if not known_alarm(alarm["AlarmName"]):
             raise InvalidParameter(
                 f"DeploymentConfig.AutoRollbackConfiguration.Alarms: alarm {alarm['AlarmName']} "

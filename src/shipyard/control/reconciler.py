@@ -177,7 +177,11 @@ class Reconciler:
         answering 429 until the mirror's first pass.
         """
         for ep in await asyncio.to_thread(self.store.list_endpoints):
-            if ep.status not in (EndpointStatus.IN_SERVICE, EndpointStatus.UPDATING):
+            if ep.status not in (
+                EndpointStatus.IN_SERVICE,
+                EndpointStatus.UPDATING,
+                EndpointStatus.ROLLING_BACK,
+            ):
                 continue
             try:
                 config = await asyncio.to_thread(self.store.get_endpoint_config, ep.config_name)
@@ -269,6 +273,10 @@ class Reconciler:
             return steps.create(ep, taken=taken)
         if ep.status is EndpointStatus.UPDATING:
             return steps.update(ep, taken=taken)
+        if ep.status is EndpointStatus.ROLLING_BACK:
+            # Its deployment's own step records the rollback; with none running (the
+            # gateway stopped meanwhile, or the lease moved), this one finishes it.
+            return steps.finish_rollback(ep, taken=taken)
         if ep.status in _SERVING and fleet is None:
             # After a gateway restart, or a lease taken over.
             return steps.create(ep, taken=taken)
