@@ -30,6 +30,7 @@ from typing import Any
 
 from shipyard.contract import ACCEPT, CONTENT_TYPE
 from shipyard.errors import (
+    NoSuchObject,
     ObjectStoreError,
     RuntimeFailure,
     ShipyardError,
@@ -143,7 +144,9 @@ class TransformRun:
                 router.close()
         except ShipyardError as exc:
             raise TransformFailed(exc.message) from exc
-        except ObjectStoreError as exc:
+        except (NoSuchObject, ObjectStoreError) as exc:
+            # The caller's input or output location, as SageMaker counts them: an object
+            # gone since it was listed (or named by a manifest and never there) included.
             raise TransformFailed(f"ClientError: {exc}") from exc
         finally:
             if not launching.done():
@@ -166,13 +169,40 @@ class TransformRun:
             if not found:
                 raise TransformFailed(f"ClientError: No objects found under {uri}.")
             return found
-        manifest = json.loads(self.objects.read_bytes(uri, limit=_MANIFEST_BYTES))
-        if not isinstance(manifest, list) or not manifest or "prefix" not in manifest[0]:
+        return self._manifest(uri)
+
+    def _manifest(self, uri: str) -> list[tuple[str, str]]:
+        """The objects a ManifestFile names. The manifest is the caller's: whatever is
+        wrong with it fails the job as a ClientError naming it, never as an error of ours
+        (a nesting too deep for the parser included), and one that names no object fails
+        as an empty S3Prefix does."""
+        try:
+            manifest = json.loads(self.objects.read_bytes(uri, limit=_MANIFEST_BYTES))
+        except NoSuchObject as exc:
+            raise TransformFailed(f"ClientError: Could not find manifest {uri}.") from exc
+        except ObjectStoreError as exc:  # its message names the URI
+            raise TransformFailed(f"ClientError: Manifest: {exc}") from exc
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+            raise TransformFailed(f"ClientError: Manifest {uri} is not JSON: {exc}") from exc
+        if (
+            not isinstance(manifest, list)
+            or not manifest
+            or not isinstance(manifest[0], dict)
+            or not isinstance(manifest[0].get("prefix"), str)
+        ):
             raise TransformFailed(
                 f'ClientError: Manifest {uri} is not a JSON list starting with {{"prefix": …}}.'
             )
-        prefix = str(manifest[0]["prefix"])
-        return [(self.objects.join(prefix, str(rel)), str(rel)) for rel in manifest[1:]]
+        prefix, entries = manifest[0]["prefix"], manifest[1:]
+        for index, entry in enumerate(entries, start=1):
+            if not isinstance(entry, str):
+                raise TransformFailed(
+                    f"ClientError: Manifest {uri}: entry {index} is not a string (a key "
+                    f"under the prefix): {json.dumps(entry)[:100]}."
+                )
+        if not entries:
+            raise TransformFailed(f"ClientError: No objects found in manifest {uri}.")
+        return [(self.objects.join(prefix, rel), rel) for rel in entries]
 
     # -- instances --------------------------------------------------------------------
 
