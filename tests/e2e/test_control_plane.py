@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError, WaiterError
 
-from tests.conftest import GatewayProcess, deploy, unique
+from tests.conftest import GatewayProcess, deploy, unique, wait_until
+from tests.e2e.processes import instance_pids
 
 
 def _code(err: pytest.ExceptionInfo[ClientError]) -> str:
@@ -288,6 +289,30 @@ def test_endpoint_is_described_after_its_config_and_model_are_deleted(
     assert described["EndpointStatus"] == "InService"
     assert described["ProductionVariants"][0]["CurrentInstanceCount"] == 1
     assert "DeployedImages" not in described["ProductionVariants"][0]
+
+
+def test_deleting_a_creating_endpoint_stops_its_start(
+    gateway: GatewayProcess, model_tarball: Any
+) -> None:
+    """The create step was waiting on an instance whose model takes minutes to load:
+    the delete waited for it (up to the start timeout), the instance running on."""
+    sm = gateway.sm
+    deploy(sm, "slowload", model_tarball("sleepy"), environment={"SLEEPY_LOAD_S": "600"},
+           wait=False)  # fmt: skip
+    wait_until(lambda: instance_pids(gateway.process.pid), "the instance started")
+    started = instance_pids(gateway.process.pid)
+    sm.delete_endpoint(EndpointName="slowload")
+
+    def gone() -> bool:
+        names = [e["EndpointName"] for e in sm.list_endpoints()["Endpoints"]]
+        return "slowload" not in names
+
+    wait_until(gone, "the endpoint deleted", timeout_s=30)
+    wait_until(
+        lambda: not set(started) & set(instance_pids(gateway.process.pid)),
+        "its instance stopped",
+        timeout_s=30,
+    )
 
 
 def test_changing_a_missing_resource_names_it_by_arn(gateway: GatewayProcess) -> None:

@@ -125,6 +125,8 @@ class Reconciler:
             unhealthy_restart_after_s=unhealthy_restart_after_s,
         )
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._deleting: set[str] = set()
+        """Endpoints whose running step (in ``_tasks``) is their delete."""
         self._wake = Wakeup()
         self._from_zero: set[str] = set()
         """Components a request asked to bring back from zero copies, being recorded."""
@@ -249,10 +251,18 @@ class Reconciler:
             if ep.name not in held:
                 self._let_go(ep.name)
                 continue
-            if ep.name in self._tasks:
+            running = self._tasks.get(ep.name)
+            if running is not None:
+                if ep.status is EndpointStatus.DELETING and ep.name not in self._deleting:
+                    # A step still bringing up what is now deleted (a create waiting on
+                    # instances that may never answer) stops them as it unwinds; the
+                    # delete step follows once it has.
+                    running.cancel()
                 continue
             step = self._step_for(ep, hosted.get(ep.name, []))
             if step is not None:
+                if ep.status is EndpointStatus.DELETING:
+                    self._deleting.add(ep.name)
                 self._spawn(ep.name, step)
         for name in list(self.fleets):
             if name not in seen and name not in self._tasks:
@@ -377,6 +387,7 @@ class Reconciler:
 
         def done(t: asyncio.Task[None]) -> None:
             self._tasks.pop(name, None)
+            self._deleting.discard(name)
             if not t.cancelled() and t.exception() is not None:
                 log.error("converging %s failed", name, exc_info=t.exception())
             self._wake.set()
