@@ -460,7 +460,8 @@ def test_metrics_and_alarms_are_scoped_as_their_endpoints(
         PolicyName="b", ServiceNamespace="sagemaker", ResourceId="endpoint/team-b-x/variant/v1",
         ScalableDimension="sagemaker:variant:DesiredInstanceCount", PolicyType="StepScaling",
         StepScalingPolicyConfiguration={"AdjustmentType": "ChangeInCapacity",
-                                        "StepAdjustments": [{"ScalingAdjustment": 1}]},
+                                        "StepAdjustments": [{"MetricIntervalLowerBound": 0,
+                                                             "ScalingAdjustment": 1}]},
     )["PolicyARN"]  # fmt: skip
     cw = client(gw, "cloudwatch", WATCHER, WATCHER_SECRET)
     cw.put_metric_alarm(AlarmName="team-a-errors", **on("team-a-x"))

@@ -396,24 +396,62 @@ class Autoscaler:
         )
         if elsewhere is not None:
             self.reader.elsewhere = elsewhere
+        asynchronous = await asyncio.to_thread(self._asynchronous, endpoints, targets)
         for target in targets:
-            if target.component is not None:
-                await self._evaluate_copies(target, components, policies)
-                continue
-            endpoint = endpoints.get(target.endpoint)
-            if endpoint is None or target.resource_id in self._open:
-                continue
-            if not self.acts_on(target.endpoint):
-                continue
-            if endpoint.status is not EndpointStatus.IN_SERVICE:
-                continue  # a step or an update is under way; look again next pass
-            state = next((v for v in endpoint.variants if v.name == target.variant), None)
-            if state is None:
-                continue
-            current = state.desired_instance_count
-            wanted, cause = self._wanted(target, current, policies.get(target.resource_id, []))
-            if wanted is not None and wanted != current:
-                await asyncio.to_thread(self._step, target, current, wanted, cause)
+            try:
+                if target.component is not None:
+                    await self._evaluate_copies(target, components, policies)
+                else:
+                    await self._evaluate_variant(target, endpoints, policies, asynchronous)
+            except Exception:
+                # One target's failure (a policy that cannot be computed, a store error on
+                # its step) must not stop every other endpoint of the gateway scaling.
+                log.exception("autoscaling %s failed; evaluating the others", target.resource_id)
+
+    async def _evaluate_variant(
+        self,
+        target: ScalableTarget,
+        endpoints: dict[str, Endpoint],
+        policies: dict[str, list[ScalingPolicy]],
+        asynchronous: set[str],
+    ) -> None:
+        """One pass for a variant's DesiredInstanceCount."""
+        endpoint = endpoints.get(target.endpoint)
+        if endpoint is None or target.resource_id in self._open:
+            return
+        if not self.acts_on(target.endpoint):
+            return
+        if endpoint.status is not EndpointStatus.IN_SERVICE:
+            return  # a step or an update is under way; look again next pass
+        state = next((v for v in endpoint.variants if v.name == target.variant), None)
+        if state is None:
+            return
+        current = state.desired_instance_count
+        wanted, cause = self._wanted(
+            target,
+            current,
+            policies.get(target.resource_id, []),
+            zero_ok=target.endpoint in asynchronous,
+        )
+        if wanted is not None and wanted != current:
+            await asyncio.to_thread(self._step, target, current, wanted, cause)
+
+    def _asynchronous(
+        self, endpoints: dict[str, Endpoint], targets: Iterable[ScalableTarget]
+    ) -> set[str]:
+        """The endpoints of the variant targets whose config is asynchronous now: only
+        their variants may scale to zero. A target's MinCapacity 0 was checked when it was
+        registered, but UpdateEndpoint may since have moved its endpoint to a real-time
+        config. Blocking: call it in a worker thread."""
+        names = {t.endpoint for t in targets if t.component is None}
+        return {n for n in names if n in endpoints and self._is_async(endpoints[n].config_name)}
+
+    def _is_async(self, config_name: str) -> bool:
+        try:
+            config = self.endpoints.store.get_endpoint_config(config_name)
+        except ResourceNotFound:
+            return False  # at least one instance: the safe side for a variant
+        return config.async_config is not None
 
     def _read_here(
         self,
@@ -458,7 +496,9 @@ class Autoscaler:
             return  # a step or an update is under way; look again next pass
         target = replace(target, endpoint=component.endpoint, variant=component.name)
         current = component.copies
-        wanted, cause = self._wanted(target, current, policies.get(target.resource_id, []))
+        wanted, cause = self._wanted(
+            target, current, policies.get(target.resource_id, []), zero_ok=True
+        )
         if wanted is not None and wanted != current:
             await asyncio.to_thread(self._step, target, current, wanted, cause)
 
@@ -514,9 +554,17 @@ class Autoscaler:
             self._last_out[target.resource_id] = stamp
 
     def _wanted(
-        self, target: ScalableTarget, current: int, policies: list[ScalingPolicy]
+        self,
+        target: ScalableTarget,
+        current: int,
+        policies: list[ScalingPolicy],
+        *,
+        zero_ok: bool,
     ) -> tuple[int | None, str]:
-        low, high = target.min_capacity, target.max_capacity
+        """The count the target should have now and why; None when it should stay.
+        ``zero_ok``: the target may scale to zero (an asynchronous endpoint's variant, an
+        inference component)."""
+        low, high = _bounds(target, zero_ok)
         out_ok = not target.suspended.get("DynamicScalingOutSuspended", False)
         in_ok = not target.suspended.get("DynamicScalingInSuspended", False)
         if current < low:
@@ -572,9 +620,18 @@ class Autoscaler:
         goal = float(config["TargetValue"])
         if metric in PER_INSTANCE:
             instances = max(self.reader.healthy(target.endpoint).get(target.variant, 0), 1)
-            count = math.ceil(round(value * instances / goal, 9))
+            quotient = value * instances / goal
         else:
-            count = math.ceil(round(current * value / goal, 9))
+            quotient = current * value / goal
+        if not math.isfinite(quotient):
+            # A TargetValue stored before PutScalingPolicy refused ones this small: no
+            # count of instances follows from it, so the policy asks for nothing.
+            log.warning(
+                "policy %s of %s: %s %g over TargetValue %g is not a number of instances",
+                policy.name, target.resource_id, shown, value, goal,
+            )  # fmt: skip
+            return None
+        count = math.ceil(round(quotient, 9))
         relation = ">" if count > current else "<" if count < current else "="
         return _Proposal(
             count=count,
@@ -622,7 +679,9 @@ class Autoscaler:
         wanted = step_wanted(policy.config, current, breach)
         if wanted is None:
             return f"No step of policy {policy.name} covers the alarm's value {value}."
-        wanted = min(max(wanted, target.min_capacity), target.max_capacity)
+        zero_ok = target.component is not None or self._endpoint_is_async(target.endpoint)
+        low, high = _bounds(target, zero_ok)
+        wanted = min(max(wanted, low), high)
         out = wanted > current
         key = "DynamicScalingOutSuspended" if out else "DynamicScalingInSuspended"
         if target.suspended.get(key, False):
@@ -637,6 +696,12 @@ class Autoscaler:
             f"monitor alarm {alarm} in state {state} triggered policy {policy.name}.",
         )
         return f"Setting {target.resource_id} from {current} to {wanted}."
+
+    def _endpoint_is_async(self, name: str) -> bool:
+        try:
+            return self._is_async(self.endpoints.store.get_endpoint(name).config_name)
+        except ResourceNotFound:
+            return False
 
     def _current(self, target: ScalableTarget) -> int | None:
         """The target's desired capacity now; None while it is being changed."""
@@ -742,6 +807,16 @@ def _copies_outcome(
 def endpoint_moved(exc: ShipyardError) -> bool:
     """Whether ``exc`` says the endpoint changed under the step (not a refusal to scale)."""
     return exc.message.startswith(("Cannot update endpoint", "Could not find endpoint"))
+
+
+def _bounds(target: ScalableTarget, zero_ok: bool) -> tuple[int, int]:
+    """(MinCapacity, MaxCapacity) as the autoscaler holds the target to them: a target
+    that may not scale to zero (a real-time variant, DESIGN 3.1) keeps at least one
+    instance, whatever MinCapacity (and MaxCapacity) it kept from an asynchronous config."""
+    if zero_ok:
+        return target.min_capacity, target.max_capacity
+    low = max(target.min_capacity, 1)
+    return low, max(target.max_capacity, low)
 
 
 def _cooling(last: datetime | None, cooldown_s: float, when: datetime) -> bool:

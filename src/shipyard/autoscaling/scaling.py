@@ -75,6 +75,10 @@ DEFAULT_COOLDOWN_S = 300
 """Application Auto Scaling's default ScaleOutCooldown and ScaleInCooldown for SageMaker."""
 
 _MAX_COOLDOWN_S = 86_400
+_TARGET_VALUE_LIMIT = 2.0**360
+"""Application Auto Scaling refuses a TargetValue beyond 2^360. Shipyard also refuses one
+below 2^-360: a metric divided by it would overflow a float, and the autoscaler could not
+turn it into a count of instances."""
 _SUSPENDED = (
     "DynamicScalingInSuspended",
     "DynamicScalingOutSuspended",
@@ -340,8 +344,12 @@ class ScalingService:
                 "PredefinedMetricSpecification and CustomizedMetricSpecification."
             )
         value = float(config["TargetValue"])
-        if value <= 0:
+        if not value > 0:  # NaN too
             raise InvalidParameter(f"TargetValue must be greater than 0; it is {value:g}.")
+        if not 1 / _TARGET_VALUE_LIMIT <= value <= _TARGET_VALUE_LIMIT:
+            raise InvalidParameter(
+                f"TargetValue {value:g} is out of range: it must be between 2^-360 and 2^360."
+            )
         for field in ("ScaleOutCooldown", "ScaleInCooldown"):
             cooldown = config.get(field)
             if cooldown is not None and not 0 <= int(cooldown) <= _MAX_COOLDOWN_S:
@@ -421,8 +429,10 @@ def _check_predefined(predefined: dict[str, Any], target: ScalableTarget) -> Non
 
 def check_steps(config: dict[str, Any]) -> None:
     """StepScalingPolicyConfiguration as Application Auto Scaling checks it: an
-    adjustment type, steps whose intervals do not overlap, at most one without a lower
-    bound and one without an upper bound."""
+    adjustment type, and steps each with at least one bound whose intervals neither
+    overlap nor leave a gap (an alarm's value in the gap would run no step). Steps that
+    reach below 0 must end in one without a lower bound, and steps that reach above 0 in
+    one without an upper bound, so that however far the alarm's value goes a step runs."""
     kind = config.get("AdjustmentType")
     if kind not in ADJUSTMENT_TYPES:
         raise InvalidParameter(
@@ -440,9 +450,10 @@ def check_steps(config: dict[str, Any]) -> None:
     for n, step in enumerate(steps, start=1):
         low = step.get("MetricIntervalLowerBound")
         high = step.get("MetricIntervalUpperBound")
-        if low is None and high is None and len(steps) > 1:
+        if low is None and high is None:
             raise InvalidParameter(
-                f"StepAdjustments {n} has no bound: only a policy's single step may be unbounded."
+                f"StepAdjustments {n} has no bound: the upper and lower bound can't both be "
+                "null in the same step adjustment."
             )
         if low is not None and high is not None and float(low) >= float(high):
             raise InvalidParameter(
@@ -453,13 +464,35 @@ def check_steps(config: dict[str, Any]) -> None:
         intervals.append(
             (-math.inf if low is None else float(low), math.inf if high is None else float(high))
         )
-    intervals.sort()
-    for (_, high), (low, _) in zip(intervals, intervals[1:], strict=False):
-        if low < high:
-            raise InvalidParameter("The StepAdjustments' metric intervals overlap.")
+    _check_intervals(intervals)
     cooldown = config.get("Cooldown")
     if cooldown is not None and not 0 <= int(cooldown) <= _MAX_COOLDOWN_S:
         raise InvalidParameter(f"Cooldown must be between 0 and {_MAX_COOLDOWN_S} seconds.")
+
+
+def _check_intervals(intervals: list[tuple[float, float]]) -> None:
+    """The steps' metric intervals (an open end as an infinity) cover one range without
+    overlap or gap, open at either end that reaches past 0."""
+    intervals = sorted(intervals)
+    for (_, high), (low, _) in zip(intervals, intervals[1:], strict=False):
+        if low < high:
+            raise InvalidParameter("The StepAdjustments' metric intervals overlap.")
+        if low > high:
+            raise InvalidParameter(
+                f"The StepAdjustments' metric intervals have a gap between {high:g} and "
+                f"{low:g}: their ranges can't overlap or have a gap."
+            )
+    start, end = intervals[0][0], intervals[-1][1]
+    if -math.inf < start < 0:
+        raise InvalidParameter(
+            f"A step adjustment has the negative lower bound {start:g}, so a step adjustment "
+            "must have a null lower bound."
+        )
+    if 0 < end < math.inf:
+        raise InvalidParameter(
+            f"A step adjustment has the positive upper bound {end:g}, so a step adjustment "
+            "must have a null upper bound."
+        )
 
 
 def step_wanted(config: dict[str, Any], current: int, breach: float | None) -> int | None:
