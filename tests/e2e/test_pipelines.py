@@ -237,6 +237,35 @@ def test_direct_invocation_picks_the_container_by_hostname(gateway: GatewayProce
     )
 
 
+def test_a_failing_direct_container_is_a_model_error_naming_its_hostname(
+    gateway: GatewayProcess,
+) -> None:
+    """DESIGN 2.7: a failing container is named by its ContainerHostname in Direct mode
+    too, whether its answer is read whole or streamed."""
+    containers = [stage("a", "x/a", "ha"), stage("b", "x/b", "hb")]
+    deploy(gateway.sm, "direct-fails", containers, "Direct")
+    with pytest.raises(ClientError) as err:
+        gateway.rt.invoke_endpoint(
+            EndpointName="direct-fails",
+            ContentType="text/csv",
+            Body=b"fail:b",
+            TargetContainerHostname="hb",
+        )
+    response = err.value.response
+    assert response["Error"]["Code"] == "ModelError"
+    assert response["OriginalStatusCode"] == 500
+    assert "from hb with message" in response["Error"]["Message"]
+    with pytest.raises(ClientError) as err:
+        gateway.rt.invoke_endpoint_with_response_stream(
+            EndpointName="direct-fails",
+            ContentType="text/csv",
+            Body=b"fail:b",
+            TargetContainerHostname="hb",
+        )
+    assert err.value.response["Error"]["Code"] == "ModelError"
+    assert "from hb with message" in err.value.response["Error"]["Message"]
+
+
 def test_an_async_endpoint_runs_a_serial_pipeline(gateway: GatewayProcess, tmp_path: Path) -> None:
     sm = gateway.sm
     out = tmp_path / "out"
@@ -290,6 +319,11 @@ BAD_MODELS: list[tuple[dict[str, Any], str]] = [
     (
         {"Containers": [stage("a", "x/a", "same"), stage("b", "x/b", "same")]},
         "'same' is given to more than one container",
+    ),
+    (
+        # Hostnames are compared as SageMaker compares them: whatever their case.
+        {"Containers": [stage("a", "x/a", "ha"), stage("b", "x/b", "HA")]},
+        "'HA' is given to more than one container",
     ),
     ({"Containers": [stage(str(n), "x/n") for n in range(16)]}, "less than or equal to 15"),
     (

@@ -323,6 +323,31 @@ def test_bad_requests_are_refused(gw: GatewayProcess, tmp_path: Path) -> None:
             "ValidationException", "Completed")  # fmt: skip
 
 
+def test_a_direct_model_is_refused(gw: GatewayProcess, tmp_path: Path) -> None:
+    """A transform never names a target container, so every record of a Direct model
+    would fail: CreateTransformJob refuses it, naming the model and why."""
+    stage = (MODELS / "stage").as_uri()
+    gw.sm.create_model(
+        ModelName="direct",
+        Containers=[
+            {"Image": "shipyard/python", "ModelDataUrl": stage, "ContainerHostname": host}
+            for host in ("ha", "hb")
+        ],
+        InferenceExecutionConfig={"Mode": "Direct"},
+        ExecutionRoleArn=ROLE,
+    )
+    data = tmp_path / "in"
+    write_csv(data, "a.csv", [[1]])
+    name = unique("tfdirect")
+    with pytest.raises(botocore.exceptions.ClientError) as caught:
+        transform(gw, name, "direct", data.as_uri(), tmp_path / "out")
+    error = caught.value.response["Error"]
+    assert error["Code"] == "ValidationException", error
+    assert "Model direct" in error["Message"] and "Direct" in error["Message"], error
+    with pytest.raises(botocore.exceptions.ClientError):
+        gw.sm.describe_transform_job(TransformJobName=name)
+
+
 def test_transform_instances_count_against_the_gateways_instance_quota(
     gateway_factory: Callable[..., GatewayProcess], tmp_path: Path
 ) -> None:

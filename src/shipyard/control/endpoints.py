@@ -135,7 +135,8 @@ class EndpointService:
     ) -> EndpointConfig:
         if async_config is not None:
             self._check_async(async_config)
-        names = [v.name for v in variants]
+        # SageMaker compares variant names whatever their case: p1 and P1 are one name.
+        names = [v.name.casefold() for v in variants]
         if len(set(names)) != len(names):
             raise InvalidParameter(
                 "Variant names must be unique within an endpoint config, across "

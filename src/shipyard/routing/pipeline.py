@@ -11,7 +11,8 @@ answers ``GET /ping`` for the whole group and ``POST /invocations`` by the model
   an error ends the pipeline there: its answer comes back tagged with the container's
   name (``FAILED_CONTAINER``), which the doors put in their ModelError.
 - Direct: the container named by ``X-Amzn-SageMaker-Target-Container-Hostname`` serves
-  the request alone; a missing or unknown name is ValidationError.
+  the request alone (a pipeline of one step, so its error is tagged the same way); a
+  missing or unknown name is ValidationError.
 
 Why a pool rather than a branch in the router: the router's send path stays exactly what
 it is for every single-container instance (bench/gateway_overhead.py), and pipelines
@@ -90,8 +91,8 @@ class ContainerGroupPool(ConnectionPool):
     ) -> Response:
         if path == INVOCATIONS_PATH:
             if self.direct:
-                return await self.target(headers).pool.request(
-                    method, path, headers, body, content_length=content_length, max_body=max_body
+                return await self._serial(
+                    (self.target(headers),), headers, body, content_length, max_body
                 )
             self._no_target(headers)
             return await self._serial(self.containers, headers, body, content_length, max_body)

@@ -1,6 +1,7 @@
 """TransformService: CreateTransformJob and its family (DESIGN 2.6), desired state only.
 
-It checks what botocore's model cannot (the model exists and can serve a batch, filters
+It checks what botocore's model cannot (the model exists and can serve a batch: not
+MultiModel, not Direct, as a transform names neither a target model nor container; filters
 are in SageMaker's JSONPath subset, locations are allowed), records the job with its
 event, and wakes the TransformSupervisor, which runs it.
 """
@@ -13,7 +14,7 @@ from typing import Any
 from shipyard.errors import InvalidParameter, ResourceLimitExceeded, ResourceNotFound
 from shipyard.events.kinds import Announcer
 from shipyard.host_access import HostAccess
-from shipyard.records import JobStatus, TransformJob
+from shipyard.records import ExecutionMode, JobStatus, TransformJob
 from shipyard.storage.metadata import MetadataStore, now
 from shipyard.storage.tags import Tagging
 from shipyard.storage.transform_jobs import TransformStore
@@ -129,6 +130,13 @@ class TransformService:
             raise InvalidParameter(
                 f"Model {name} is a MultiModel model; a transform job needs a model that "
                 "answers every request itself."
+            )
+        if model.execution_mode is ExecutionMode.DIRECT:
+            # A transform sends no TargetContainerHostname, so every record would fail.
+            raise InvalidParameter(
+                f"Model {name} invokes its containers directly (InferenceExecutionConfig.Mode "
+                "Direct); a transform job names no target container, so it needs a model "
+                "that answers every request itself, such as a Serial inference pipeline."
             )
         source = request["TransformInput"]["DataSource"]["S3DataSource"]
         if source["S3DataType"] not in ("S3Prefix", "ManifestFile"):

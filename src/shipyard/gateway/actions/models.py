@@ -132,7 +132,8 @@ def _check_mode(p: dict[str, Any], container: dict[str, Any]) -> None:
 
 def _check_containers(p: dict[str, Any]) -> None:
     """Refuse a multi-container model SageMaker would refuse: a container without an
-    image, a hostname given twice, a Direct model whose containers are not all named."""
+    image, a hostname given twice (whatever its case, as hostnames are compared), a
+    Direct model whose containers are not all named."""
     containers = p.get("Containers") or []
     mode = (p.get("InferenceExecutionConfig") or {}).get("Mode", ExecutionMode.SERIAL)
     if mode == ExecutionMode.DIRECT and not containers:
@@ -159,12 +160,12 @@ def _check_containers(p: dict[str, Any]) -> None:
                     "they are for by it."
                 )
             continue
-        if hostname in seen:
+        if hostname.casefold() in seen:
             raise InvalidParameter(
                 f"ContainerHostname {hostname!r} is given to more than one container; each "
                 "container's hostname must be unique."
             )
-        seen.add(hostname)
+        seen.add(hostname.casefold())
 
 
 def _is_prefix(uri: str) -> bool:
