@@ -288,7 +288,71 @@ def test_endpoint_is_described_after_its_config_and_model_are_deleted(
     described = sm.describe_endpoint(EndpointName="orphan")
     assert described["EndpointStatus"] == "InService"
     assert described["ProductionVariants"][0]["CurrentInstanceCount"] == 1
-    assert "DeployedImages" not in described["ProductionVariants"][0]
+    images = described["ProductionVariants"][0]["DeployedImages"]  # what it runs
+    assert images[0]["SpecifiedImage"] == "shipyard/python"
+
+
+def test_an_endpoint_whose_config_and_model_were_deleted_scales_and_survives_a_restart(
+    gateway_factory: Callable[..., GatewayProcess], model_tarball: Any, tmp_path: Path
+) -> None:
+    """They were gone from the store: the endpoint could not be scaled, and a restart
+    left it Failed ("Could not find endpoint configuration")."""
+    home = tmp_path / "home"
+    gw = gateway_factory(home=home)
+    sm = gw.sm
+    deploy(sm, "kept", model_tarball("echo"))
+    sm.delete_endpoint_config(EndpointConfigName="kept")
+    sm.delete_model(ModelName="kept")
+    for gone in (
+        lambda: sm.describe_endpoint_config(EndpointConfigName="kept"),
+        lambda: sm.describe_model(ModelName="kept"),
+    ):
+        with pytest.raises(ClientError) as err:
+            gone()
+        assert _code(err) == "ValidationException"
+    sm.update_endpoint_weights_and_capacities(
+        EndpointName="kept",
+        DesiredWeightsAndCapacities=[{"VariantName": "v1", "DesiredInstanceCount": 2}],
+    )
+    wait_until(
+        lambda: (
+            sm.describe_endpoint(EndpointName="kept")["ProductionVariants"][0].get(
+                "CurrentInstanceCount"
+            )
+            == 2
+        ),
+        "scaled to two instances",
+    )
+    # A new model and config under the names take nothing from the endpoint.
+    sm.create_model(ModelName="kept", PrimaryContainer={"Image": "shipyard/python",
+                    "ModelDataUrl": model_tarball("sleepy")})  # fmt: skip
+    sm.create_endpoint_config(
+        EndpointConfigName="kept",
+        ProductionVariants=[{"VariantName": "other", "ModelName": "kept",
+                             "InstanceType": "ml.m5.large", "InitialInstanceCount": 1}],
+    )  # fmt: skip
+    gw.stop()
+    gw = gateway_factory(home=home)
+    wait_until(
+        lambda: gw.sm.describe_endpoint(EndpointName="kept")["EndpointStatus"] == "InService",
+        "in service again after the restart",
+    )
+    described = gw.sm.describe_endpoint(EndpointName="kept")
+    assert described["EndpointConfigName"] == "kept"
+    assert described["ProductionVariants"][0]["DesiredInstanceCount"] == 2
+
+    def answered() -> bool:
+        try:
+            answer = gw.rt.invoke_endpoint(
+                EndpointName="kept", Body=b'{"a": 1}', ContentType="application/json"
+            )
+        except ClientError as exc:  # its instances still starting: ModelNotReady
+            assert exc.response["Error"]["Code"] == "ModelNotReadyException", exc
+            return False
+        assert json.loads(answer["Body"].read()) == {"a": 1}
+        return True
+
+    wait_until(answered, "answered by what it ran before the restart")
 
 
 def test_deleting_a_creating_endpoint_stops_its_start(

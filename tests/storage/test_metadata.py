@@ -102,3 +102,56 @@ def test_endpoint_quota_and_duplicates(store: MetadataStore) -> None:
     with pytest.raises(ResourceLimitExceeded, match="Number of endpoints"):
         store.create_endpoint(_endpoint("c"), max_endpoints=2)
     assert sorted(e.name for e in store.list_endpoints()) == ["a", "b"]
+
+
+def test_a_model_and_config_an_endpoint_runs_are_kept_when_deleted(store: MetadataStore) -> None:
+    """SageMaker lets users delete them while the endpoint runs on: the endpoint must still
+    start again (a restart), scale and be updated from them, so they are kept, hidden from
+    the API, until no endpoint runs them."""
+    store.create_model(_model("m"))
+    store.create_endpoint_config(_config("c"))
+    store.create_endpoint(_endpoint("e"), max_endpoints=10)
+    store.delete_endpoint_config("c")
+    store.delete_model("m")
+
+    for missing in (
+        lambda: store.get_model("m", kept=False),
+        lambda: store.get_endpoint_config("c", kept=False),
+        lambda: store.delete_model("m"),
+        lambda: store.delete_endpoint_config("c"),
+    ):
+        with pytest.raises(ResourceNotFound):
+            missing()
+    assert store.list_models() == [] and store.list_endpoint_configs() == []
+    assert store.get_endpoint_config("c").variants[0].model_name == "m"  # what starts it
+    assert store.get_model("m").image == "shipyard/python"
+
+    # New ones under the names (any case): the endpoint keeps what it ran, described by
+    # the name it was given.
+    store.create_model(replace(_model("M"), image="other"))
+    store.create_endpoint_config(replace(_config("C"), async_config=None))
+    ep = store.get_endpoint("e")
+    assert ep.config_name != "c" and store.shown_config_name(ep.config_name) == "c"
+    ran = store.get_endpoint_config(ep.config_name)
+    assert store.get_model(ran.variants[0].model_name).image == "shipyard/python"
+    assert {m.name for m in store.list_models()} == {"M"}
+    assert {c.name for c in store.list_endpoint_configs()} == {"C"}
+
+    # Kept only as long as an endpoint runs them.
+    store.delete_endpoint("e")
+    with pytest.raises(ResourceNotFound):
+        store.get_endpoint_config(ep.config_name)
+    with pytest.raises(ResourceNotFound):
+        store.get_model(ran.variants[0].model_name)
+    assert store.get_model("M").image == "other"
+
+
+def test_a_model_or_config_no_endpoint_runs_is_deleted_at_once(store: MetadataStore) -> None:
+    store.create_model(_model("m"))
+    store.create_endpoint_config(_config("c"))
+    store.delete_endpoint_config("c")
+    store.delete_model("m")
+    with pytest.raises(ResourceNotFound):
+        store.get_endpoint_config("c")
+    with pytest.raises(ResourceNotFound):
+        store.get_model("m")

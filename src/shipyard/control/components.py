@@ -234,7 +234,7 @@ class ComponentService:
             )
         if spec.model_name is not None:
             try:
-                model = self.store.get_model(spec.model_name)
+                model = self.store.get_model(spec.model_name, kept=False)
             except ResourceNotFound:
                 raise InvalidParameter(
                     f'Could not find model "{self.arn("model", spec.model_name)}".'

@@ -113,7 +113,7 @@ class EndpointService:
         return model
 
     def describe_model(self, name: str) -> Model:
-        return self.store.get_model(name)
+        return self.store.get_model(name, kept=False)
 
     def list_models(self) -> list[Model]:
         return self.store.list_models()
@@ -149,7 +149,7 @@ class EndpointService:
                 self._check_instance_count(variant.name, variant.instance_count)
                 continue
             try:
-                model = self.store.get_model(variant.model_name)
+                model = self.store.get_model(variant.model_name, kept=False)
             except ResourceNotFound:
                 raise InvalidParameter(
                     f'Could not find model "{self.arn("model", variant.model_name)}".'
@@ -184,7 +184,7 @@ class EndpointService:
         return config
 
     def describe_endpoint_config(self, name: str) -> EndpointConfig:
-        return self.store.get_endpoint_config(name)
+        return self.store.get_endpoint_config(name, kept=False)
 
     def list_endpoint_configs(self) -> list[EndpointConfig]:
         return self.store.list_endpoint_configs()
@@ -348,7 +348,7 @@ class EndpointService:
                     f'The variant name(s) "{variant}" is/are not present in the endpoint '
                     f'"{current.arn}".'
                 )
-        config = self._config_for_endpoint(current.config_name)
+        config = self._config_for_endpoint(current.config_name, kept=True)
         serverless = {v.name for v in config.variants if v.serverless is not None}
         for variant, (_, count) in changes.items():
             if count is not None and variant in serverless:
@@ -447,9 +447,11 @@ class EndpointService:
                 "(SHIPYARD_MAX_INSTANCE_MEMORY_BYTES)."
             )
 
-    def _config_for_endpoint(self, config_name: str) -> EndpointConfig:
+    def _config_for_endpoint(self, config_name: str, *, kept: bool = False) -> EndpointConfig:
+        """The config a caller names (``kept``: the one an endpoint runs, which may have
+        been deleted since)."""
         try:
-            return self.store.get_endpoint_config(config_name)
+            return self.store.get_endpoint_config(config_name, kept=kept)
         except ResourceNotFound:
             raise InvalidParameter(
                 f'Could not find endpoint configuration "{config_name}".'

@@ -25,6 +25,7 @@ from shipyard.records import (
     ServedSpec,
 )
 from shipyard.storage import tables as t
+from shipyard.storage.metadata import collect_kept
 from shipyard.storage.transactions import transaction
 
 
@@ -144,6 +145,7 @@ class ComponentStore:
         table = t.inference_components
         with transaction(self.engine) as conn:
             conn.execute(delete(table).where(table.c.name == name))
+            collect_kept(conn)  # a model deleted while the component ran it
 
 
 def _column_value(key: str, value: Any) -> Any:

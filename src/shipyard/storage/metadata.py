@@ -7,6 +7,7 @@ them in a worker thread, so the data path never waits on the store.
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -23,6 +24,7 @@ from sqlalchemy import (
     func,
     insert,
     inspect,
+    or_,
     select,
     text,
     update,
@@ -138,20 +140,25 @@ class MetadataStore:
         }
         self._insert(t.models, row, f'Cannot create already existing model "{model.arn}".')
 
-    def get_model(self, name: str) -> Model:
+    def get_model(self, name: str, *, kept: bool = True) -> Model:
+        """``kept``: a model deleted while an endpoint runs it is found too (what starts
+        that endpoint's instances needs it); the API's callers pass False."""
+        query = select(t.models).where(t.models.c.name == name)
+        if not kept:
+            query = query.where(_live(t.models))
         with self._tx() as conn:
-            row = conn.execute(select(t.models).where(t.models.c.name == name)).mappings().first()
+            row = conn.execute(query).mappings().first()
         if row is None:
             raise ResourceNotFound.of("model", name)
         return _model(row)
 
     def list_models(self) -> list[Model]:
         with self._tx() as conn:
-            rows = conn.execute(select(t.models)).mappings().all()
+            rows = conn.execute(select(t.models).where(_live(t.models))).mappings().all()
         return [_model(r) for r in rows]
 
     def delete_model(self, name: str) -> None:
-        self._delete(t.models, name, "model")
+        self._retire(t.models, name, "model")
 
     # -- endpoint configs -----------------------------------------------------------------
 
@@ -167,21 +174,37 @@ class MetadataStore:
         message = f'Cannot create already existing endpoint configuration "{config.arn}".'
         self._insert(t.endpoint_configs, row, message)
 
-    def get_endpoint_config(self, name: str) -> EndpointConfig:
+    def get_endpoint_config(self, name: str, *, kept: bool = True) -> EndpointConfig:
+        """``kept``: as for get_model."""
         table = t.endpoint_configs
+        query = select(table).where(table.c.name == name)
+        if not kept:
+            query = query.where(_live(table))
         with self._tx() as conn:
-            row = conn.execute(select(table).where(table.c.name == name)).mappings().first()
+            row = conn.execute(query).mappings().first()
         if row is None:
             raise ResourceNotFound.of("endpoint configuration", name)
         return _endpoint_config(row)
 
     def list_endpoint_configs(self) -> list[EndpointConfig]:
+        table = t.endpoint_configs
         with self._tx() as conn:
-            rows = conn.execute(select(t.endpoint_configs)).mappings().all()
+            rows = conn.execute(select(table).where(_live(table))).mappings().all()
         return [_endpoint_config(r) for r in rows]
 
     def delete_endpoint_config(self, name: str) -> None:
-        self._delete(t.endpoint_configs, name, "endpoint configuration")
+        self._retire(t.endpoint_configs, name, "endpoint configuration")
+
+    def shown_config_name(self, name: str) -> str:
+        """The name an endpoint's config is described by: its own, unless it was
+        deleted and its name taken by a new config (``_make_room``), which leaves it a
+        hidden one."""
+        if not name.startswith(_HIDDEN):
+            return name
+        try:
+            return str(self.get_endpoint_config(name).raw.get("EndpointConfigName", name))
+        except ResourceNotFound:
+            return name
 
     # -- endpoints ------------------------------------------------------------------------
 
@@ -252,6 +275,8 @@ class MetadataStore:
             )
             if also is not None:
                 also(conn)
+            if "config_name" in changes or "pending_config_name" in changes:
+                collect_kept(conn)
             return changed
 
     def delete_endpoint(self, name: str) -> None:
@@ -264,6 +289,7 @@ class MetadataStore:
             # again under the name neither runs them nor takes their InferenceIds as its
             # own requests' (which would be answered with the old output locations).
             conn.execute(delete(t.async_requests).where(t.async_requests.c.endpoint == name))
+            collect_kept(conn)
         if result.rowcount == 0:
             raise ResourceNotFound.of("endpoint", name)
 
@@ -281,15 +307,111 @@ class MetadataStore:
     def _insert(self, table: Any, row: dict[str, Any], taken_message: str) -> None:
         try:
             with self._tx() as conn:
+                if table is t.models or table is t.endpoint_configs:
+                    _make_room(conn, table, row["name"])
                 conn.execute(insert(table).values(**row))
         except IntegrityError as exc:
             raise AlreadyExists(taken_message) from exc
 
-    def _delete(self, table: Any, name: str, kind: str) -> None:
+    def _retire(self, table: Any, name: str, kind: str) -> None:
+        """Delete the model or config ``name``, as SageMaker lets users do while an
+        endpoint runs it. That endpoint's instances are started again from it after a
+        restart, scaled and updated from it: it is kept, marked deleted (no longer
+        described, listed or named by a new resource), until no endpoint runs it."""
         with self._tx() as conn:
-            result = conn.execute(delete(table).where(table.c.name == name))
-        if result.rowcount == 0:
-            raise ResourceNotFound.of(kind, name)
+            query = select(table.c.name).where(table.c.name == name).where(_live(table))
+            if conn.execute(query).first() is None:
+                raise ResourceNotFound.of(kind, name)
+            if name in _in_use(conn, table):
+                conn.execute(update(table).where(table.c.name == name).values(deleted=True))
+            else:
+                conn.execute(delete(table).where(table.c.name == name))
+
+
+_HIDDEN = "~"
+"""The first character of a kept row's name once a new resource took its own: no name
+SageMaker's patterns allow begins with it."""
+
+
+def _live(table: Any) -> Any:
+    return or_(table.c.deleted.is_(None), table.c.deleted.is_(False))
+
+
+def _used_configs(conn: Connection) -> set[str]:
+    rows = conn.execute(select(t.endpoints.c.config_name, t.endpoints.c.pending_config_name))
+    return {name for row in rows for name in row if name}
+
+
+def _used_models(conn: Connection) -> set[str]:
+    """Models an endpoint's config (or pending config) names, or a component does."""
+    table = t.endpoint_configs
+    used: set[str] = set()
+    query = select(table.c.variants).where(table.c.name.in_(_used_configs(conn)))
+    for (variants,) in conn.execute(query):
+        used.update(v.get("model_name") or "" for v in variants or ())
+    for (spec,) in conn.execute(select(t.inference_components.c.spec)):
+        used.add((spec or {}).get("model_name") or "")
+    used.discard("")
+    return used
+
+
+def _in_use(conn: Connection, table: Any) -> set[str]:
+    return _used_configs(conn) if table is t.endpoint_configs else _used_models(conn)
+
+
+def collect_kept(conn: Connection) -> None:
+    """Models and configs kept for endpoints that no longer run them go (_retire)."""
+    configs = t.endpoint_configs
+    conn.execute(
+        delete(configs)
+        .where(configs.c.deleted.is_(True))
+        .where(configs.c.name.not_in(_used_configs(conn)))
+    )
+    models = t.models
+    conn.execute(
+        delete(models)
+        .where(models.c.deleted.is_(True))
+        .where(models.c.name.not_in(_used_models(conn)))
+    )
+
+
+def _make_room(conn: Connection, table: Any, name: str) -> None:
+    """A new model or config under the name of one kept for an endpoint (_retire): the
+    kept one takes a hidden name, and what runs it follows, so the endpoint keeps
+    running what it ran (as on SageMaker) and the name is the new resource's."""
+    query = (
+        select(table.c.name, table.c.raw)
+        .where(func.lower(table.c.name) == name.lower())
+        .where(table.c.deleted.is_(True))
+    )
+    found = conn.execute(query).first()
+    if found is None:
+        return
+    old, hidden = str(found[0]), f"{_HIDDEN}{secrets.token_hex(8)}"
+    # The name it was given stays in its request, which describes it (shown_config_name).
+    key = "EndpointConfigName" if table is t.endpoint_configs else "ModelName"
+    raw = {**(found[1] or {}), key: old}
+    conn.execute(update(table).where(table.c.name == old).values(name=hidden, raw=raw))
+    if table is t.endpoint_configs:
+        for column in ("config_name", "pending_config_name"):
+            where = t.endpoints.c[column] == old
+            conn.execute(update(t.endpoints).where(where).values({column: hidden}))
+        return
+    configs = t.endpoint_configs
+    used = select(configs.c.name, configs.c.variants).where(configs.c.name.in_(_used_configs(conn)))
+    for config, variants in conn.execute(used).all():
+        if any(v.get("model_name") == old for v in variants or ()):
+            renamed = [{**v, "model_name": hidden} if v.get("model_name") == old else v
+                       for v in variants]  # fmt: skip
+            conn.execute(update(configs).where(configs.c.name == config).values(variants=renamed))
+    components = t.inference_components
+    for component, spec in conn.execute(select(components.c.name, components.c.spec)).all():
+        if (spec or {}).get("model_name") == old:
+            conn.execute(
+                update(components)
+                .where(components.c.name == component)
+                .values(spec={**spec, "model_name": hidden})
+            )
 
 
 def _make_engine(url: str) -> Engine:

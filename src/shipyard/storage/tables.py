@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     Float,
@@ -31,6 +32,7 @@ models = Table(
     Column("execution_role_arn", String(2048)),
     Column("created", DateTime(timezone=True), nullable=False),
     Column("raw", JSON, nullable=False),
+    Column("deleted", Boolean),
 )
 
 endpoint_configs = Table(
@@ -42,6 +44,7 @@ endpoint_configs = Table(
     Column("created", DateTime(timezone=True), nullable=False),
     Column("raw", JSON, nullable=False),
     Column("async_config", JSON),
+    Column("deleted", Boolean),
 )
 
 inference_components = Table(

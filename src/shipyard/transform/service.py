@@ -122,7 +122,7 @@ class TransformService:
     def _check(self, request: dict[str, Any]) -> None:
         name = request["ModelName"]
         try:
-            model = self.models.get_model(name)
+            model = self.models.get_model(name, kept=False)
         except ResourceNotFound:
             arn = f"arn:aws:sagemaker:{self.region}:{self.account_id}:model/{name.lower()}"
             raise InvalidParameter(f'Could not find model "{arn}".') from None

@@ -58,7 +58,7 @@ def describe_endpoint(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]
     out: dict[str, Any] = {
         "EndpointName": endpoint.name,
         "EndpointArn": endpoint.arn,
-        "EndpointConfigName": endpoint.config_name,
+        "EndpointConfigName": svc.store.shown_config_name(endpoint.config_name),
         "ProductionVariants": variants,
         "EndpointStatus": endpoint.status.value,
         "CreationTime": endpoint.created,
@@ -86,7 +86,7 @@ def _pending(svc: EndpointService, endpoint: Endpoint) -> dict[str, Any]:
     deployment = endpoint.deployment or {}
     started = deployment.get("started")
     summary: dict[str, Any] = {
-        "EndpointConfigName": endpoint.pending_config_name,
+        "EndpointConfigName": svc.store.shown_config_name(endpoint.pending_config_name or ""),
         "StartTime": datetime.fromtimestamp(float(started), UTC) if started else endpoint.modified,
     }
     config = _config(svc, endpoint.pending_config_name or "")
@@ -121,22 +121,24 @@ def _pending(svc: EndpointService, endpoint: Endpoint) -> dict[str, Any]:
 
 
 def _config(svc: EndpointService, config_name: str) -> EndpointConfig | None:
-    """SageMaker lets users delete a config or model that a live endpoint still runs, so
-    either may be gone; the endpoint is still described."""
+    """The config the endpoint runs: kept while it does, should the user delete it
+    (MetadataStore._retire), so it is described as it runs."""
     try:
-        return svc.describe_endpoint_config(config_name)
+        return svc.store.get_endpoint_config(config_name)
     except ResourceNotFound:
         return None
 
 
 def _deployed_images(svc: EndpointService, config: EndpointConfig | None) -> dict[str, str]:
-    """Variant name -> image, for the models that still exist."""
+    """Variant name -> image of the models it runs (kept too, as its config)."""
     if config is None:
         return {}
     images = {}
     for variant in config.variants:
+        if not variant.model_name:
+            continue  # a variant of inference components
         try:
-            images[variant.name] = svc.describe_model(variant.model_name).image
+            images[variant.name] = svc.store.get_model(variant.model_name).image
         except ResourceNotFound:
             continue
     return images

@@ -252,9 +252,10 @@ class ConsoleState:
     def endpoint_record(self, name: str) -> tuple[Endpoint, EndpointConfig | None]:
         endpoint = self.endpoints.store.get_endpoint(name)
         try:
-            config = self.endpoints.describe_endpoint_config(endpoint.config_name)
+            # What it runs, though the user may have deleted it (MetadataStore._retire).
+            config = self.endpoints.store.get_endpoint_config(endpoint.config_name)
         except ShipyardError:
-            config = None  # deleted under a live endpoint: show the endpoint anyway
+            config = None
         return endpoint, config
 
     def arn(self, kind: str, name: str) -> str:
