@@ -40,8 +40,8 @@ class ProductionVariant(BaseModel):
     ModelName: str | None = Field(default=None, pattern=_NAME, max_length=63)
     """A model the file declares (its deployed version is used) or one that exists."""
     InstanceType: str | None = None
-    InitialInstanceCount: int | None = Field(default=None, ge=0)
-    InitialVariantWeight: float | None = Field(default=None, ge=0)
+    InitialInstanceCount: int | None = Field(default=None, ge=0, strict=True)
+    InitialVariantWeight: float | None = Field(default=None, ge=0, strict=True)
 
 
 class ModelBody(BaseModel):
@@ -84,8 +84,8 @@ class AlarmBody(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     ComparisonOperator: str
-    EvaluationPeriods: int = Field(ge=1)
-    Threshold: float | None = None
+    EvaluationPeriods: int = Field(ge=1, strict=True)
+    Threshold: float | None = Field(default=None, strict=True)
     Tags: list[dict[str, str]] = Field(default_factory=list)
 
 
@@ -108,12 +108,12 @@ class ScalingTarget(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    MinCapacity: int = Field(ge=0)
-    MaxCapacity: int = Field(ge=1)
-    TargetValue: float = Field(gt=0)
+    MinCapacity: int = Field(ge=0, strict=True)
+    MaxCapacity: int = Field(ge=1, strict=True)
+    TargetValue: float = Field(gt=0, strict=True)
     PredefinedMetricType: str = "SageMakerVariantInvocationsPerInstance"
-    ScaleInCooldown: int | None = Field(default=None, ge=0)
-    ScaleOutCooldown: int | None = Field(default=None, ge=0)
+    ScaleInCooldown: int | None = Field(default=None, ge=0, strict=True)
+    ScaleOutCooldown: int | None = Field(default=None, ge=0, strict=True)
 
 
 class StackResources(BaseModel):
@@ -250,7 +250,7 @@ class JobsConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    limit: int = Field(default=4, ge=1)
+    limit: int = Field(default=4, ge=1, strict=True)
     """Jobs active at once, from either door."""
     white_list: list[str] = Field(default_factory=list)
     """Job types ``POST /inference`` accepts; each needs a template."""
@@ -305,7 +305,7 @@ class AuthConfig(BaseModel):
 
     keys: list[AccessKey] = Field(min_length=1)
     """Keys that may sign requests; at least one."""
-    allow_commands: bool = False
+    allow_commands: bool = Field(default=False, strict=True)
     """Whether ``cmd:`` images and ``ContainerEntrypoint`` (commands on this host) may run."""
     file_roots: list[Path] = Field(default_factory=list)
     """Folders that ``file://`` and plain-path locations must lie under (after ``..`` and
@@ -314,7 +314,7 @@ class AuthConfig(BaseModel):
     """With ``allow_commands: false``, more variable names (or ``PREFIX_*``) a caller's
     ``Environment`` may set beyond SageMaker's; interpreter and loader variables stay
     refused whatever this says."""
-    sandbox: bool = True
+    sandbox: bool = Field(default=True, strict=True)
     """Run instances and jobs of the local backend under bubblewrap (DESIGN 2.9)."""
     notify_targets: list[str] = Field(default_factory=list)
     """URL patterns (``*`` matches any characters) that notification targets named by

@@ -300,6 +300,19 @@ BAD = [
         "bad.yaml:5: jobs.notify.Completed: unknown topic 'nope'",
     ),
     ("jobs:\n  limit: 0\n", "bad.yaml:2: jobs.limit: Input should be greater than or equal to 1"),
+    # Numbers and switches are taken as written, not coerced from strings or booleans.
+    ('jobs:\n  limit: "3"\n', "bad.yaml:2: jobs.limit: Input should be a valid integer"),
+    ("jobs:\n  limit: true\n", "bad.yaml:2: jobs.limit: Input should be a valid integer"),
+    (
+        "endpoints:\n  e: {EndpointConfigName: c}\nscaling:\n"
+        '  e/v1: {MinCapacity: 1, MaxCapacity: "2", TargetValue: 5}\n',
+        "bad.yaml:4: scaling.e/v1.MaxCapacity: Input should be a valid integer",
+    ),
+    (
+        "auth:\n  keys: [{access_key_id: AK, secret_access_key_env: S}]\n"
+        '  allow_commands: "false"\n',
+        "bad.yaml:3: auth.allow_commands: Input should be a valid boolean",
+    ),
     ("models: [\n", "bad.yaml:2: expected the node content"),
     ("- a\n- b\n", "bad.yaml:1: a stack file is a YAML mapping"),
     ("modles: {}\n", "bad.yaml:1: modles: Extra inputs are not permitted"),
