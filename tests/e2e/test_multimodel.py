@@ -169,10 +169,10 @@ def test_each_target_model_answers_and_bad_names_are_validation_errors(
     broken = _refused(gateway, "mme", TargetModel="broken.tar.gz")
     assert (broken["Error"]["Code"], broken["OriginalStatusCode"]) == ("ModelError", 500)
     assert "weights of broken.tar.gz are missing" in broken["OriginalMessage"]
-    # A single-model endpoint passes TargetModel through, as before.
+    # A single-model endpoint refuses TargetModel, as SageMaker does.
     deploy(gateway.sm, "echo", model_tarball("echo"))
-    out = gateway.rt.invoke_endpoint(EndpointName="echo", Body=b'{"a": 1}', TargetModel="x")
-    assert json.loads(out["Body"].read()) == {"a": 1}
+    single = _refused(gateway, "echo", TargetModel="x")["Error"]
+    assert single["Code"] == "ValidationError" and "not a multi-model endpoint" in single["Message"]
 
 
 def test_concurrent_first_requests_load_a_model_once_and_metrics_show_it(

@@ -120,6 +120,25 @@ def test_a_name_header_outside_its_pattern_is_a_validation_error(
         assert member in body and b"regular expression pattern" in body
 
 
+def test_a_target_model_on_an_endpoint_of_one_model_is_a_validation_error(
+    gw: GatewayProcess,
+) -> None:
+    """As SageMaker answers it (the header was passed to the model and ignored)."""
+    with pytest.raises(ClientError) as info:
+        gw.rt.invoke_endpoint(
+            EndpointName="sums", ContentType="application/json", Body=b"[[1]]",
+            TargetModel="other.tar.gz",
+        )  # fmt: skip
+    error = info.value.response["Error"]
+    assert error["Code"] == "ValidationError"
+    assert error["Message"] == (
+        "Endpoint sums is not a multi-model endpoint and does not support target model header."
+    )
+    status, headers, _ = invoke(gw, **{"X-Amzn-SageMaker-Target-Model": "other.tar.gz"})
+    assert status == 400 and headers.get("x-amzn-ErrorType") == "ValidationError"
+    assert invoke(gw)[0] == 200
+
+
 @pytest.mark.parametrize("value", ["x" * 65, "caf\u00e9", "tab\there"])
 def test_an_inference_id_must_be_1_to_64_printable_characters(
     gw: GatewayProcess, value: str

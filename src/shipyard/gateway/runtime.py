@@ -13,7 +13,7 @@ import time
 from functools import partial
 from typing import Any
 
-from shipyard.contract import FORWARDED
+from shipyard.contract import FORWARDED, TARGET_MODEL
 from shipyard.errors import (
     AuthFailure,
     BodyEncodingError,
@@ -164,12 +164,15 @@ class RuntimeDoor:
         target: str | None = None
         component: str | None = None
         content_length: int | None = None
+        asks_model = False
         for key, value in scope["headers"]:
             if key in INVOKE_ENDPOINT:  # a header with limits of its own
                 check_header(INVOKE_ENDPOINT, key, value)
             wire = FORWARDED.get(key)
             if wire is not None:
                 forward.append((wire, value))
+                if wire is TARGET_MODEL:
+                    asks_model = True
             elif key == b"content-length":
                 content_length = int(value)
             elif key == _TARGET_VARIANT:
@@ -183,6 +186,7 @@ class RuntimeDoor:
             target=target,
             started=started,
             component=component,
+            asks_model=asks_model,
         )
 
     @staticmethod

@@ -103,8 +103,14 @@ class Invocations:
         """Choose the call's variant (``call.target``, or by weight) and, for a multi-model
         variant, read its TargetModel; both are kept on the call."""
         variant = call.variant = self._variant(route, call)
-        if variant.multi_model is not None and call.model is None:
-            call.model = target_model(route.name, call.headers)
+        if variant.multi_model is not None:
+            if call.model is None:
+                call.model = target_model(route.name, call.headers)
+        elif call.asks_model:
+            raise RuntimeValidationError(
+                f"Endpoint {route.name} is not a multi-model endpoint and does not support "
+                "target model header."
+            )
         return variant
 
     def _variant(self, route: EndpointRoute, call: Call) -> VariantRoute:

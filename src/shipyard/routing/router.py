@@ -99,6 +99,9 @@ class Call:
     opening: sessions.Sessions | None = None
     """Set when the call asks for a new session: what makes its id once an instance is
     chosen for it (``Sessions.assign``), the id naming that instance."""
+    asks_model: bool = False
+    """The client sent a TargetModel (the door saw the header): refused where the variant
+    is no multi-model one, as SageMaker refuses it."""
 
     def copy_to(self, variant: VariantRoute) -> Call:
         """This call for ``variant`` (a shadow's copy): the same request, no instance
@@ -120,6 +123,7 @@ class Call:
             self.opened,
             self.path,
             None,
+            self.asks_model,
         )
 
 
