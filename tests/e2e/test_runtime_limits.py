@@ -139,6 +139,22 @@ def test_a_target_model_on_an_endpoint_of_one_model_is_a_validation_error(
     assert invoke(gw)[0] == 200
 
 
+def test_a_target_container_on_an_endpoint_of_one_container_is_a_validation_error(
+    gw: GatewayProcess,
+) -> None:
+    """AWS: "You will get validation errors if you ... specify a value for
+    TargetContainerHostname in a request to an endpoint that is not configured for direct
+    invocation" (it was passed to the model and ignored)."""
+    with pytest.raises(ClientError) as info:
+        gw.rt.invoke_endpoint(
+            EndpointName="sums", ContentType="application/json", Body=b"[[1]]",
+            TargetContainerHostname="first",
+        )  # fmt: skip
+    error = info.value.response["Error"]
+    assert error["Code"] == "ValidationError"
+    assert "not configured for direct invocation" in error["Message"]
+
+
 @pytest.mark.parametrize("value", ["x" * 65, "caf\u00e9", "tab\there"])
 def test_an_inference_id_must_be_1_to_64_printable_characters(
     gw: GatewayProcess, value: str

@@ -13,7 +13,7 @@ import time
 from functools import partial
 from typing import Any
 
-from shipyard.contract import FORWARDED, TARGET_MODEL
+from shipyard.contract import FORWARDED
 from shipyard.errors import (
     AuthFailure,
     BodyEncodingError,
@@ -36,7 +36,7 @@ from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT, check_header
 from shipyard.routing import sessions
 from shipyard.routing.client import Response
 from shipyard.routing.invocation import Invocations
-from shipyard.routing.router import Call
+from shipyard.routing.router import ASKED_BY, Call
 
 log = logging.getLogger(__name__)
 
@@ -164,15 +164,15 @@ class RuntimeDoor:
         target: str | None = None
         component: str | None = None
         content_length: int | None = None
-        asks_model = False
+        asks = 0
         for key, value in scope["headers"]:
             if key in INVOKE_ENDPOINT:  # a header with limits of its own
                 check_header(INVOKE_ENDPOINT, key, value)
             wire = FORWARDED.get(key)
             if wire is not None:
                 forward.append((wire, value))
-                if wire is TARGET_MODEL:
-                    asks_model = True
+                if wire in ASKED_BY:  # TargetModel, TargetContainerHostname: rare
+                    asks |= ASKED_BY[wire]
             elif key == b"content-length":
                 content_length = int(value)
             elif key == _TARGET_VARIANT:
@@ -186,7 +186,7 @@ class RuntimeDoor:
             target=target,
             started=started,
             component=component,
-            asks_model=asks_model,
+            asks=asks,
         )
 
     @staticmethod

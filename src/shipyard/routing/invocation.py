@@ -33,8 +33,8 @@ from shipyard.contract import BATCH, parse_batch
 from shipyard.errors import EndpointNotFound, ModelError, RuntimeValidationError, UpstreamError
 from shipyard.routing.client import Response, StreamedResponse
 from shipyard.routing.multimodel import refusal, target_model
-from shipyard.routing.pipeline import FAILED_CONTAINER
-from shipyard.routing.router import Call, Exchange, Router
+from shipyard.routing.pipeline import FAILED_CONTAINER, ContainerGroupPool
+from shipyard.routing.router import ASK_CONTAINER, ASK_MODEL, Call, Exchange, Router
 from shipyard.routing.sessions import CLOSED_HEADER, NEW_SESSION, Sessions, header_at
 from shipyard.routing.sessions import gone as sessions_gone
 from shipyard.routing.shadow import ShadowCopier
@@ -103,14 +103,10 @@ class Invocations:
         """Choose the call's variant (``call.target``, or by weight) and, for a multi-model
         variant, read its TargetModel; both are kept on the call."""
         variant = call.variant = self._variant(route, call)
-        if variant.multi_model is not None:
-            if call.model is None:
-                call.model = target_model(route.name, call.headers)
-        elif call.asks_model:
-            raise RuntimeValidationError(
-                f"Endpoint {route.name} is not a multi-model endpoint and does not support "
-                "target model header."
-            )
+        if call.asks:
+            _refuse_what_cannot_be(route, variant, call.asks)
+        if variant.multi_model is not None and call.model is None:
+            call.model = target_model(route.name, call.headers)
         return variant
 
     def _variant(self, route: EndpointRoute, call: Call) -> VariantRoute:
@@ -448,3 +444,27 @@ async def _whole(response: StreamedResponse, timeout_s: float) -> Response:
                 if size >= _ERROR_BODY_BYTES:
                     break
     return Response(response.status, response.headers, b"".join(pieces)[:_ERROR_BODY_BYTES])
+
+
+def _refuse_what_cannot_be(route: EndpointRoute, variant: VariantRoute, asks: int) -> None:
+    """A routing header the variant cannot honour is SageMaker's ValidationError: a
+    TargetModel where the variant is not multi-model, a TargetContainerHostname where
+    its model has one container. (A multi-container model judges the latter itself,
+    routing/pipeline.py: a Serial pipeline refuses it, a Direct one needs it.) Only
+    called for a request that sent one, so every other request pays a test of ``asks``."""
+    if asks & ASK_MODEL and variant.multi_model is None:
+        raise RuntimeValidationError(
+            f"Endpoint {route.name} is not a multi-model endpoint and does not support "
+            "target model header."
+        )
+    pools = [instance.pool for instance in variant.instances]
+    if (
+        asks & ASK_CONTAINER
+        and pools
+        and not any(isinstance(pool, ContainerGroupPool) for pool in pools)
+    ):
+        raise RuntimeValidationError(
+            f"Endpoint {route.name} is not configured for direct invocation: "
+            "TargetContainerHostname is only valid for a model whose containers are invoked "
+            "directly (InferenceExecutionConfig.Mode Direct)."
+        )

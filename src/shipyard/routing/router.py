@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
-from shipyard.contract import INVOCATIONS_PATH
+from shipyard.contract import INVOCATIONS_PATH, TARGET_CONTAINER_HOSTNAME, TARGET_MODEL
 from shipyard.errors import (
     ClientGone,
     InstanceFailed,
@@ -55,6 +55,13 @@ from shipyard.routing.table import EndpointRoute, VariantRoute
 log = logging.getLogger(__name__)
 
 Headers = list[tuple[bytes, bytes]]
+
+
+ASK_MODEL = 1
+ASK_CONTAINER = 2
+ASKED_BY: dict[bytes, int] = {TARGET_MODEL: ASK_MODEL, TARGET_CONTAINER_HOSTNAME: ASK_CONTAINER}
+"""The forwarded request headers (as contract.FORWARDED names them) that ask the routing
+for something: a TargetModel, a TargetContainerHostname."""
 
 
 @dataclass(slots=True)
@@ -99,9 +106,10 @@ class Call:
     opening: sessions.Sessions | None = None
     """Set when the call asks for a new session: what makes its id once an instance is
     chosen for it (``Sessions.assign``), the id naming that instance."""
-    asks_model: bool = False
-    """The client sent a TargetModel (the door saw the header): refused where the variant
-    is no multi-model one, as SageMaker refuses it."""
+    asks: int = 0
+    """Which routing headers the client sent (ASK_MODEL, ASK_CONTAINER, as the door saw
+    them forwarded): each is refused where the variant cannot honour it, as SageMaker
+    refuses it (Invocations.pick)."""
 
     def copy_to(self, variant: VariantRoute) -> Call:
         """This call for ``variant`` (a shadow's copy): the same request, no instance
@@ -123,7 +131,7 @@ class Call:
             self.opened,
             self.path,
             None,
-            self.asks_model,
+            self.asks,
         )
 
 
