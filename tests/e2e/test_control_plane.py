@@ -353,6 +353,11 @@ def test_an_endpoint_whose_config_and_model_were_deleted_scales_and_survives_a_r
         return True
 
     wait_until(answered, "answered by what it ran before the restart")
+    # The console names them as the user did, not by the names they are kept under.
+    for path in ("/console/api/endpoints", "/console/api/endpoints/kept"):
+        with urllib.request.urlopen(gw.url + path, timeout=30) as page:
+            shown = page.read().decode()
+        assert "kept" in shown and "~" not in shown, (path, shown)
 
 
 def test_deleting_a_creating_endpoint_stops_its_start(
@@ -377,6 +382,41 @@ def test_deleting_a_creating_endpoint_stops_its_start(
         "its instance stopped",
         timeout_s=30,
     )
+
+
+def test_deleting_a_creating_endpoint_stops_an_instance_that_ignores_sigterm(
+    gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    """Its stop waits 10 s for SIGTERM before SIGKILL: the step was cancelled again on
+    every pass meanwhile, a cancel landing in that wait, and the instance ran on after the
+    gateway itself stopped."""
+    sm = gateway.sm
+    pid_file = tmp_path / "pid"
+    sm.create_model(
+        ModelName="deaf",
+        PrimaryContainer={
+            "Image": f"cmd:bash -c 'echo $$ > {pid_file}; trap \"\" TERM; exec sleep 600'"
+        },
+    )
+    sm.create_endpoint_config(
+        EndpointConfigName="deaf",
+        ProductionVariants=[{"VariantName": "v1", "ModelName": "deaf",
+                             "InstanceType": "ml.m5.large", "InitialInstanceCount": 1,
+                             "ContainerStartupHealthCheckTimeoutInSeconds": 600}],
+    )  # fmt: skip
+    sm.create_endpoint(EndpointName="deaf", EndpointConfigName="deaf")
+    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), "the instance started")
+    pid = int(pid_file.read_text())
+    sm.delete_endpoint(EndpointName="deaf")
+
+    def gone() -> bool:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        return state == "Z"
+
+    wait_until(gone, "its instance killed after SIGTERM went unheard", timeout_s=40)
 
 
 def test_changing_a_missing_resource_names_it_by_arn(gateway: GatewayProcess) -> None:

@@ -155,3 +155,49 @@ def test_a_model_or_config_no_endpoint_runs_is_deleted_at_once(store: MetadataSt
         store.get_endpoint_config("c")
     with pytest.raises(ResourceNotFound):
         store.get_model("m")
+
+
+def test_a_deleted_model_a_component_would_roll_back_to_is_kept(store: MetadataStore) -> None:
+    """A component's served specification (what a failed update rolls back to) keeps its
+    model as its current one does, and a new model taking the name leaves it alone."""
+    from shipyard.records import ComponentSpec, ComponentStatus, InferenceComponent, ServedSpec
+    from shipyard.storage.components import ComponentStore
+
+    components = ComponentStore(store.engine)
+    store.create_model(_model("ma"))
+    store.create_model(_model("mb"))
+    spec = ComponentSpec(model_name="ma")
+    stamp = now()
+    components.create(
+        InferenceComponent(
+            "ic", "arn:ic", "e", "v1", spec, 1, ComponentStatus.IN_SERVICE, stamp, stamp,
+            served=ServedSpec(spec, {"ModelName": "ma"}, 0),
+        )
+    )  # fmt: skip
+    store.delete_model("ma")
+    components.respecify("ic", ComponentSpec(model_name="mb"), {"ModelName": "mb"}, None)
+    assert store.get_model("ma").name == "ma"  # still what a rollback would start
+    store.create_model(replace(_model("ma"), image="new"))
+    served = components.get("ic").served
+    assert served is not None and served.spec.model_name != "ma"
+    assert store.get_model(str(served.spec.model_name)).image == "shipyard/python"
+
+
+def test_a_pending_config_renamed_mid_update_is_the_one_promoted(store: MetadataStore) -> None:
+    """The update read config c2; the user deleted it and made a new c2 meanwhile: the
+    endpoint records the config it deployed, not the new one of that name."""
+    store.create_model(_model("m"))
+    store.create_endpoint_config(_config("c"))
+    store.create_endpoint_config(_config("c2"))
+    store.create_endpoint(
+        replace(_endpoint("e"), status=EndpointStatus.IN_SERVICE), max_endpoints=9
+    )
+    store.change_endpoint("e", status=EndpointStatus.UPDATING, pending_config_name="c2")
+    store.delete_endpoint_config("c2")
+    store.create_endpoint_config(replace(_config("c2"), raw={"EndpointConfigName": "c2", "new": 1}))
+    done = store.change_endpoint(
+        "e", status=EndpointStatus.IN_SERVICE, config_name="c2", pending_config_name=None
+    )
+    assert done.config_name != "c2" and store.shown_config_name(done.config_name) == "c2"
+    assert "new" not in store.get_endpoint_config(done.config_name).raw
+    assert "new" in store.get_endpoint_config("c2").raw

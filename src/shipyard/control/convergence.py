@@ -162,8 +162,9 @@ class Converger:
                 else EndpointStatus.FAILED,
                 pending_config_name=None,
                 retained=None,
-                failure_reason=f"Update to endpoint configuration {ep.pending_config_name} "
-                f"failed, the endpoint keeps its previous configuration: {exc}",
+                failure_reason=f"Update to endpoint configuration "
+                f"{self.store.shown_config_name(ep.pending_config_name)} failed, the endpoint "
+                f"keeps its previous configuration: {exc}",
                 **also,
             )
             return
@@ -199,7 +200,8 @@ class Converger:
                 return  # the old config cannot start: create recorded why
         pending = ep.pending_config_name
         reason = (
-            f"Update to endpoint configuration {pending} was rolled back; the gateway "
+            f"Update to endpoint configuration {self.store.shown_config_name(pending or '')} "
+            "was rolled back; the gateway "
             "stopped during the rollback, which it completed on starting again."
         )
         also = (
@@ -243,7 +245,8 @@ class Converger:
             log.warning("deployment of %s failed, keeping its fleet: %s", ep.name, exc)
             self.publisher.unblend(old)
             reason = (
-                f"Update to endpoint configuration {ep.pending_config_name} failed, the "
+                f"Update to endpoint configuration "
+                f"{self.store.shown_config_name(ep.pending_config_name)} failed, the "
                 f"endpoint keeps its previous configuration: {exc}"
             )
             also = self.deployer.recording(ep, ep.pending_config_name, "Failed", reason)

@@ -241,7 +241,7 @@ class Deployer:
         event = deployment_event(
             endpoint=ep.name,
             arn=ep.arn,
-            config=config,
+            config=self.store.shown_config_name(config),
             state=state,
             reason=reason,
             started=started,

@@ -253,10 +253,12 @@ class Reconciler:
                 continue
             running = self._tasks.get(ep.name)
             if running is not None:
-                if ep.status is EndpointStatus.DELETING and ep.name not in self._deleting:
+                deleted = ep.status is EndpointStatus.DELETING and ep.name not in self._deleting
+                if deleted and not running.cancelling():
                     # A step still bringing up what is now deleted (a create waiting on
                     # instances that may never answer) stops them as it unwinds; the
-                    # delete step follows once it has.
+                    # delete step follows once it has. Cancelled once: a second cancel
+                    # would land in that unwinding and leave instances running.
                     running.cancel()
                 continue
             step = self._step_for(ep, hosted.get(ep.name, []))

@@ -94,6 +94,8 @@ class ComponentStore:
             changed = conn.execute(query.values(**values)).rowcount > 0
             if changed and also is not None:
                 also(conn)
+            if changed and ("spec" in changes or "served" in changes):
+                collect_kept(conn)  # a deleted model it no longer runs nor rolls back to
             return changed
 
     def start_from_zero(self, name: str) -> bool:
@@ -138,6 +140,7 @@ class ComponentStore:
         query = update(table).where(table.c.name == name).where(table.c.status.in_(live))
         with transaction(self.engine) as conn:
             if conn.execute(query.values(**values)).rowcount:
+                collect_kept(conn)  # a deleted model the previous one named
                 return
         raise not_found(name)
 

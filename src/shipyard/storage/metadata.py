@@ -265,6 +265,12 @@ class MetadataStore:
                     raise InvalidParameter(
                         f"Endpoint {name} cannot go from {current.status} to {new_status}."
                     )
+            promoted = changes.get("config_name")
+            pending = current.pending_config_name
+            if promoted is not None and pending and pending.startswith(_HIDDEN):
+                # The step deploying the pending config read it before the user deleted it
+                # and gave its name to a new one (_make_room): it means the one it ran.
+                changes["config_name"] = pending
             changed = replace(current, modified=now(), **changes)
             if "generation" not in changes:
                 changed = replace(changed, generation=current.generation + 1)
@@ -349,8 +355,11 @@ def _used_models(conn: Connection) -> set[str]:
     query = select(table.c.variants).where(table.c.name.in_(_used_configs(conn)))
     for (variants,) in conn.execute(query):
         used.update(v.get("model_name") or "" for v in variants or ())
-    for (spec,) in conn.execute(select(t.inference_components.c.spec)):
+    components = t.inference_components
+    for spec, served in conn.execute(select(components.c.spec, components.c.served)):
         used.add((spec or {}).get("model_name") or "")
+        # What a failed update rolls back to (control/convergence.py _roll_back).
+        used.add(((served or {}).get("spec") or {}).get("model_name") or "")
     used.discard("")
     return used
 
@@ -405,13 +414,15 @@ def _make_room(conn: Connection, table: Any, name: str) -> None:
                        for v in variants]  # fmt: skip
             conn.execute(update(configs).where(configs.c.name == config).values(variants=renamed))
     components = t.inference_components
-    for component, spec in conn.execute(select(components.c.name, components.c.spec)).all():
+    rows = conn.execute(select(components.c.name, components.c.spec, components.c.served))
+    for component, spec, served in rows.all():
+        changes: dict[str, Any] = {}
         if (spec or {}).get("model_name") == old:
-            conn.execute(
-                update(components)
-                .where(components.c.name == component)
-                .values(spec={**spec, "model_name": hidden})
-            )
+            changes["spec"] = {**spec, "model_name": hidden}
+        if ((served or {}).get("spec") or {}).get("model_name") == old:
+            changes["served"] = {**served, "spec": {**served["spec"], "model_name": hidden}}
+        if changes:
+            conn.execute(update(components).where(components.c.name == component).values(changes))
 
 
 def _make_engine(url: str) -> Engine:

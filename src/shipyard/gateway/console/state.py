@@ -15,6 +15,7 @@ snapshots; nothing holds a reference into live objects after a call returns.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -247,6 +248,12 @@ class ConsoleState:
         if reaches is not None:
             endpoints = [e for e in endpoints if reaches(e.arn)]
         configs = {c.name: c for c in self.endpoints.list_endpoint_configs()}
+        for endpoint in endpoints:  # one the user deleted is kept while the endpoint runs it
+            if endpoint.config_name not in configs:
+                with contextlib.suppress(ShipyardError):
+                    configs[endpoint.config_name] = self.endpoints.store.get_endpoint_config(
+                        endpoint.config_name
+                    )
         return endpoints, configs
 
     def endpoint_record(self, name: str) -> tuple[Endpoint, EndpointConfig | None]:
@@ -301,12 +308,20 @@ class ConsoleState:
         specs: dict[str, VariantSpec] = {v.name: v for v in config.variants} if config else {}
         healthy = self._healthy(endpoint.name)
         variants = []
+        # Names as the user gave them: a config or model deleted and its name taken by a
+        # new one is kept under a hidden name (MetadataStore._make_room), which its own
+        # request still names.
+        given = {
+            v.get("VariantName"): v.get("ModelName")
+            for key in ("ProductionVariants", "ShadowProductionVariants")
+            for v in (config.raw.get(key) or [] if config else [])
+        }
         for state in endpoint.variants:
             spec = specs.get(state.name)
             variants.append(
                 VariantRow(
                     name=state.name,
-                    model=spec.model_name if spec else "",
+                    model=str(given.get(state.name) or spec.model_name) if spec else "",
                     instance_type=spec.instance_type if spec else "",
                     desired_instances=state.desired_instance_count,
                     healthy_instances=healthy.get(state.name, 0),
@@ -320,7 +335,9 @@ class ConsoleState:
             name=endpoint.name,
             status=endpoint.status.value,
             failure_reason=endpoint.failure_reason,
-            config_name=endpoint.config_name,
+            config_name=str(config.raw.get("EndpointConfigName", endpoint.config_name))
+            if config
+            else endpoint.config_name,
             pending_config_name=endpoint.pending_config_name,
             modified=endpoint.modified,
             variants=tuple(variants),
