@@ -26,6 +26,7 @@ from tests.conftest import (
     make_tarball,
     unique,
     wait_dispatched,
+    wait_until,
 )
 from tests.e2e.processes import instance_pids
 
@@ -494,3 +495,56 @@ def test_two_gateways_on_postgresql_share_one_queue_and_run_each_request_once(
         ).all()
     assert {attempts for _, attempts in owners} == {1}  # nothing ran twice
     assert len({owner for owner, _ in owners}) == 2  # both gateways took work
+
+
+def test_a_request_whose_instance_dies_under_it_is_run_again(
+    async_gateway: GatewayProcess, tmp_path: Path, webhook: Any
+) -> None:
+    """The instance's process died mid-request (as when the gateway running the fleet is
+    lost): the request failed for good, where InvokeEndpoint's client would retry it."""
+    name = unique("asyncdies")
+    model = make_tarball("dies_once", tmp_path / "m" / "model.tar.gz").as_uri()
+    deploy_async(async_gateway.sm, name, tmp_path / "out", model_url=model)
+    marker = tmp_path / "died"
+    answer = async_gateway.rt.invoke_endpoint_async(
+        EndpointName=name, InputLocation=put_input(tmp_path, {"marker": str(marker)})
+    )
+    assert json.loads(wait_file(answer["OutputLocation"], timeout_s=60)) == {"marker": str(marker)}
+    assert marker.exists()  # it did die once
+    [message] = wait_results(webhook, 1)
+    assert message["invocationStatus"] == "Completed"
+
+
+def test_a_gateway_stopped_cleanly_gives_back_the_requests_it_was_running(
+    gateway_factory: Callable[..., GatewayProcess],
+    tmp_path: Path,
+    model_tarball: Any,
+    webhook: Any,
+) -> None:
+    """Not left Running under its name until their leases pass (InvocationTimeoutSeconds,
+    15 minutes by default): another gateway on the store runs them at once."""
+    from shipyard.records import AsyncStatus
+    from shipyard.storage.async_queue import AsyncQueue
+    from shipyard.storage.metadata import MetadataStore
+
+    stack = tmp_path / "stack.yaml"
+    stack.write_text(yaml.safe_dump({"topics": {"results": [webhook.url]}}))
+    home = tmp_path / "home"
+    gw = gateway_factory(home, args=["--config", str(stack)])
+    name = unique("handback")
+    deploy_async(gw.sm, name, tmp_path / "out", model_url=model_tarball("sleepy"))
+    answer = gw.rt.invoke_endpoint_async(
+        EndpointName=name, InputLocation=put_input(tmp_path, {"sleep": 60})
+    )
+    store = MetadataStore(f"sqlite:///{home / 'shipyard.db'}")
+    queue = AsyncQueue(store.engine)
+    try:
+        wait_until(
+            lambda: queue.get(name, answer["InferenceId"]).status is AsyncStatus.RUNNING,
+            "the request running",
+        )
+        gw.stop()
+        request = queue.get(name, answer["InferenceId"])
+        assert request.status is AsyncStatus.QUEUED and request.owner is None, request
+    finally:
+        store.close()

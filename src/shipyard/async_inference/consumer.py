@@ -54,6 +54,9 @@ from shipyard.storage.objects import ObjectStore
 log = logging.getLogger(__name__)
 
 _ERROR_REASON_CHARS = 64 * 1024
+_ATTEMPTS = 3
+"""Tries of a request whose instance fails under it, counted by the queue's claims: one
+that crashes every instance it reaches fails after the third."""
 """How much of a model's error goes into the failure reason."""
 
 
@@ -146,6 +149,20 @@ class Consumer:
         finally:
             for task in self._tasks:
                 task.cancel()
+            await self._hand_back()
+
+    async def _hand_back(self) -> None:
+        """The gateway stops: the requests it was running go back to the queue for the
+        other gateways (or this one, started again) to run at once, rather than waiting
+        out their leases (InvocationTimeoutSeconds, 15 minutes by default)."""
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        try:
+            handed = await asyncio.to_thread(self.queue.release_owned, self.owner)
+        except Exception:  # the store may be gone too: the leases then pass in time
+            log.exception("could not give back the asynchronous requests this gateway ran")
+            return
+        if handed:
+            log.info("gave back %d asynchronous request(s) to the queue", handed)
 
     async def step(self) -> None:
         for name, route in list(self.router.routes.items()):
@@ -218,6 +235,11 @@ class Consumer:
                 f"{request.invocation_timeout_s:g} s (InvocationTimeoutSeconds).",
             )
         except (InstanceFailed, UpstreamError) as exc:
+            if request.attempts < _ATTEMPTS:
+                # Its instance died under it (a crash, or the gateway running the fleet
+                # was lost): a client of InvokeEndpoint would retry, so the queue does.
+                log.info("request %s goes back to the queue: %s", request.inference_id, exc)
+                return None
             return _Outcome(False, f"ServiceUnavailable: the instance failed: {exc}")
         except (ModelNotReady, ServiceUnavailable) as exc:
             log.info("request %s goes back to the queue: %s", request.inference_id, exc)
