@@ -170,6 +170,11 @@ class Settings(BaseSettings):
     """How long a dispatcher holds an event it is delivering. Events held by a gateway
     that died are taken again once this has passed."""
 
+    async_lease_s: float = Field(default=30.0, gt=0)
+    """How long an asynchronous request a gateway runs stays its own unrenewed. It renews
+    the requests it runs every third of this; a killed gateway's are run by another once
+    this has passed since (a gateway stopped cleanly gives them back at once)."""
+
     lease_s: float = Field(default=6.0, gt=0)
     """How long a gateway's lease on an endpoint's fleet, a training job or a transform
     job lasts unrenewed. Gateways sharing a database each run only what they hold the

@@ -548,3 +548,44 @@ def test_a_gateway_stopped_cleanly_gives_back_the_requests_it_was_running(
         assert request.status is AsyncStatus.QUEUED and request.owner is None, request
     finally:
         store.close()
+
+
+def test_a_killed_gateways_running_requests_are_run_by_another_within_a_lease(
+    gateway_factory: Callable[..., GatewayProcess],
+    tmp_path: Path,
+    webhook: Any,
+    pg_schema: PgSchema,
+    model_tarball: Any,
+) -> None:
+    """They stayed Running under the dead gateway's name for InvocationTimeoutSeconds (15
+    minutes by default): a gateway now renews what it runs, so they pass to another
+    SHIPYARD_ASYNC_LEASE_S after its last renewal."""
+    import sqlalchemy
+
+    stack = tmp_path / "stack.yaml"
+    stack.write_text(yaml.safe_dump({"topics": {"results": [webhook.url]}}))
+    args = ["--config", str(stack), "--db", pg_schema.url]
+    env = {"SHIPYARD_ASYNC_LEASE_S": "3"}
+    first = gateway_factory(tmp_path / "a", args=args, extra_env=env)
+    name = unique("orphaned")
+    deploy_async(first.sm, name, tmp_path / "out", model_url=model_tarball("sleepy"))
+    answer = first.rt.invoke_endpoint_async(
+        EndpointName=name, InputLocation=put_input(tmp_path, {"sleep": 5})
+    )
+    query = sqlalchemy.text(f"SELECT status FROM {pg_schema.name}.async_requests")
+
+    def running() -> bool:
+        with pg_schema.admin.connect() as conn:
+            return conn.execute(query).scalar() == "Running"
+
+    wait_until(running, "the request running on the first gateway")
+    first.stop(signal.SIGKILL)
+    gateway_factory(tmp_path / "b", args=args, extra_env=env)
+    wait_file(answer["OutputLocation"], timeout_s=60)
+    with pg_schema.admin.connect() as conn:
+        attempts = conn.execute(
+            sqlalchemy.text(f"SELECT attempts FROM {pg_schema.name}.async_requests")
+        ).scalar()
+    # The killed gateway's try, then the second's: once more if it first reached the dead
+    # holder's instances, still in the routes it mirrored (back to the queue, as they died).
+    assert attempts in (2, 3)

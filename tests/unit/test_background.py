@@ -120,7 +120,7 @@ def test_the_async_consumer_survives_a_database_that_is_not_ready_at_start(
                     invocation_timeout_s=60,
                 )
             )
-            claimed = queue.claim("ep", owner="test", limit=1, now=at, lease_margin_s=30)
+            claimed = queue.claim("ep", owner="test", limit=1, now=at, lease_s=30)
             assert [r.inference_id for r in claimed] == ["left-behind"]
 
     def status() -> AsyncStatus:

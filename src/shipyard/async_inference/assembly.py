@@ -34,6 +34,7 @@ def build(
         account_id=settings.account_id,
         on_event=core.on_event,
         on_backlog_without_capacity=on_backlog_without_capacity,
+        lease_s=settings.async_lease_s,
     )
     requests = AsyncInvocations(queue=queue, wake=consumer.wake, host_access=core.host_access)
     return AsyncInference(requests=requests, consumer=consumer)

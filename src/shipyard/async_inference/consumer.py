@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from shipyard.background import Wakeup
 from shipyard.contract import ACCEPT, CONTENT_TYPE, CUSTOM_ATTRIBUTES, INFERENCE_ID
@@ -105,7 +105,7 @@ class Consumer:
         account_id: str,
         on_event: Callable[[], None],
         poll_period_s: float = 0.5,
-        lease_margin_s: float = 30.0,
+        lease_s: float = 30.0,
         on_backlog_without_capacity: Callable[[], None] | None = None,
     ) -> None:
         self.queue = queue
@@ -118,7 +118,9 @@ class Consumer:
         self.account_id = account_id
         self._on_event = on_event
         self.poll_period_s = poll_period_s
-        self.lease_margin_s = lease_margin_s
+        self.lease_s = lease_s
+        """How long a request this gateway runs stays its own unrenewed (Settings.async_lease_s)."""
+        self._renewed = 0.0
         self.on_backlog_without_capacity = on_backlog_without_capacity
         """Called when an endpoint has requests waiting and no instance (it scaled to
         zero): the autoscaler brings one back."""
@@ -165,6 +167,12 @@ class Consumer:
             log.info("gave back %d asynchronous request(s) to the queue", handed)
 
     async def step(self) -> None:
+        if self._tasks and time.monotonic() - self._renewed >= self.lease_s / 3:
+            # What this gateway runs stays its own while it lives; a killed gateway's
+            # requests pass to the others a lease after its last renewal.
+            self._renewed = time.monotonic()
+            until = now() + timedelta(seconds=self.lease_s)
+            await asyncio.to_thread(self.queue.renew, self.owner, until)
         for name, route in list(self.router.routes.items()):
             config = route.async_config
             if config is None:
@@ -179,7 +187,7 @@ class Consumer:
                     owner=self.owner,
                     limit=free,
                     now=now(),
-                    lease_margin_s=self.lease_margin_s,
+                    lease_s=self.lease_s,
                 )
                 for request in claimed:
                     self._start(route, request)

@@ -74,11 +74,11 @@ class AsyncQueue:
         return _request(row)
 
     def claim(
-        self, endpoint: str, *, owner: str, limit: int, now: datetime, lease_margin_s: float
+        self, endpoint: str, *, owner: str, limit: int, now: datetime, lease_s: float
     ) -> list[AsyncRequest]:
         """Take up to ``limit`` requests, oldest first: queued ones, and running ones whose
-        lease has passed (their worker died). Each leaves Running, owned by ``owner``, with
-        a lease of its InvocationTimeoutSeconds plus ``lease_margin_s``."""
+        lease has passed (their gateway died). Each leaves Running, owned by ``owner``,
+        with a lease of ``lease_s``, which the owner renews while it runs it (``renew``)."""
         if limit <= 0:
             return []
         claimable = or_(
@@ -100,8 +100,7 @@ class AsyncQueue:
                     owner=owner,
                     attempts=int(row["attempts"]) + 1,
                     started=now,
-                    lease_until=now
-                    + timedelta(seconds=float(row["invocation_timeout_s"]) + lease_margin_s),
+                    lease_until=now + timedelta(seconds=lease_s),
                 )
                 conn.execute(update(_Q).where(_Q.c.id == row["id"]).values(**_row(request)))
                 claimed.append(request)
@@ -139,6 +138,12 @@ class AsyncQueue:
             conn.execute(
                 update(_Q).where(held, _Q.c.status == AsyncStatus.RUNNING.value).values(**values)
             )
+
+    def renew(self, owner: str, until: datetime) -> int:
+        """Extend the leases of the requests ``owner`` runs to ``until``; how many."""
+        held = and_(_Q.c.owner == owner, _Q.c.status == AsyncStatus.RUNNING.value)
+        with self._tx() as conn:
+            return int(conn.execute(update(_Q).where(held).values(lease_until=until)).rowcount)
 
     def release_owned(self, owner: str) -> int:
         """Requeue every request ``owner`` was running: a gateway calls this as it starts,
