@@ -602,6 +602,22 @@ def test_very_long_member_paths_are_refused(tmp_path: Path) -> None:
         ArtifactStore().fetch_model(str(archive), tmp_path / "dest")
 
 
+def test_an_archive_of_too_many_entries_is_refused(
+    store: ArtifactStore, tmp_path: Path, dest: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Empty files cost no bytes of the budget but an inode each: millions of them in a
+    few MB of gzip would exhaust the disk's inodes (here the limit is lowered to 50)."""
+    monkeypatch.setattr(artifacts, "MAX_MEMBERS", 50)
+    members = [file_member("code/inference.py", b"#\n")]
+    members += [file_member(f"empty/{n}", b"") for n in range(60)]
+    archive = write_tar(tmp_path / "model.tar.gz", members)
+    before = snapshot(tmp_path)
+    with pytest.raises(ArtifactError, match="'empty/49' is past the 50 entries"):
+        store.fetch_model(str(archive), dest)
+    assert_failed_cleanly(dest, before, tmp_path)
+    store.fetch_model(str(write_tar(tmp_path / "ok.tar.gz", members[:50])), tmp_path / "ok")
+
+
 def test_an_archive_growing_far_past_its_size_is_refused_before_it_fills_the_disk(
     store: ArtifactStore, tmp_path: Path, dest: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

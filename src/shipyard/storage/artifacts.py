@@ -532,19 +532,26 @@ is a bomb (2 MB of gzip making 2 GiB of zeros) meant to fill the disk."""
 MIN_EXPANSION_BYTES = 1 << 30
 DISK_RESERVE_BYTES = 100 << 20
 """What an extraction must leave free on the disk the home is on (the store lives there)."""
+MAX_MEMBERS = 100_000
+"""Entries an archive may hold: empty files and folders take no bytes of the budget but an
+inode and a system call each, so an archive of millions of them (a few MB of gzip) would
+exhaust the disk's inodes and hold an instance's start for minutes. A model folder, even a
+sharded checkpoint with its tokenizer, holds hundreds."""
 
 
 class _Budget:
     """The ``data`` filter of _model_filter, and the bytes an archive's members may
     take: at most MAX_EXPANSION times the archive (or MIN_EXPANSION_BYTES), and never so
-    much that less than DISK_RESERVE_BYTES stays free. Checked on each member's declared
-    size before it is written, so nothing past the budget reaches the disk."""
+    much that less than DISK_RESERVE_BYTES stays free, in at most MAX_MEMBERS entries.
+    Checked on each member's declared size before it is written, so nothing past the
+    budget reaches the disk."""
 
     def __init__(self, archive: Path, tree: Path) -> None:
         allowed = max(archive.stat().st_size * MAX_EXPANSION, MIN_EXPANSION_BYTES)
         tree.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(tree).free - DISK_RESERVE_BYTES
         self.left = min(allowed, max(free, 0))
+        self.members = 0
         self.why = (
             f"more than {MAX_EXPANSION} times the archive's size"
             if allowed <= free
@@ -553,6 +560,9 @@ class _Budget:
 
     def __call__(self, member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
         checked = _model_filter(member, path)
+        self.members += 1
+        if self.members > MAX_MEMBERS:
+            raise _Refused(member, f"is past the {MAX_MEMBERS} entries a model may hold")
         if member.isreg():
             self.left -= member.size
             if self.left < 0:
