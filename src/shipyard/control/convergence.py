@@ -193,7 +193,7 @@ class Converger:
     async def finish_rollback(self, ep: Endpoint, *, taken: dict[str, Any] | None) -> None:
         """A rollback cut short (the gateway stopped while it ran): the endpoint's config
         is the old one, started again here if need be, and the rollback is recorded as
-        Deployer._rolled_back would have."""
+        Deployer._rolled_back records it (Deployer.ended)."""
         if ep.name not in self.fleets:
             await self.create(ep, taken=taken)
             if ep.name not in self.fleets:
@@ -201,23 +201,10 @@ class Converger:
         pending = ep.pending_config_name
         reason = (
             f"Update to endpoint configuration {self.store.shown_config_name(pending or '')} "
-            "was rolled back; the gateway "
-            "stopped during the rollback, which it completed on starting again."
+            "was rolled back; the gateway stopped during the rollback, which it completed "
+            "on starting again."
         )
-        also = (
-            None if pending is None else self.deployer.recording(ep, pending, "RolledBack", reason)
-        )
-        await self._change(
-            ep.name,
-            status=EndpointStatus.IN_SERVICE,
-            pending_config_name=None,
-            retained=None,
-            deployment=None,
-            failure_reason=reason,
-            also=also,
-        )
-        if also is not None:
-            self.deployer.on_event()
+        await self.deployer.ended(ep, pending or "", "RolledBack", reason)
 
     @staticmethod
     def _deploys(deployment: dict[str, Any]) -> bool:
@@ -249,18 +236,7 @@ class Converger:
                 f"{self.store.shown_config_name(ep.pending_config_name)} failed, the "
                 f"endpoint keeps its previous configuration: {exc}"
             )
-            also = self.deployer.recording(ep, ep.pending_config_name, "Failed", reason)
-            await self._change(
-                ep.name,
-                status=EndpointStatus.IN_SERVICE,
-                pending_config_name=None,
-                retained=None,
-                deployment=None,
-                failure_reason=reason,
-                also=also,
-            )
-            if also is not None:
-                self.deployer.on_event()
+            await self.deployer.ended(ep, ep.pending_config_name, "Failed", reason)
             return
         if new is None:
             return  # rolled back: the old fleet serves, the endpoint says why

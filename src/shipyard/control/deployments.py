@@ -422,14 +422,32 @@ class Deployer:
         reason = f"Update to endpoint configuration {config.name} was rolled back: {why}"
         if failed is not None:
             reason += f" The rollback did not complete: {failed}"
-        also = self.recording(
-            ep, config.name, "RolledBack" if failed is None else "UpdateRollbackFailed", reason
-        )
+        if failed is None:
+            await self.ended(ep, config.name, "RolledBack", reason)
+        else:
+            await self.ended(
+                ep,
+                config.name,
+                "UpdateRollbackFailed",
+                reason,
+                status=EndpointStatus.UPDATE_ROLLBACK_FAILED,
+            )
+
+    async def ended(
+        self,
+        ep: Endpoint,
+        config: str,
+        state: str,
+        reason: str,
+        *,
+        status: EndpointStatus = EndpointStatus.IN_SERVICE,
+    ) -> None:
+        """A deployment that did not complete: the endpoint back on its old config with
+        ``reason``, and topics told (``state``), in one transaction."""
+        also = self.recording(ep, config, state, reason)
         await self.change(
             ep.name,
-            status=EndpointStatus.IN_SERVICE
-            if failed is None
-            else EndpointStatus.UPDATE_ROLLBACK_FAILED,
+            status=status,
             pending_config_name=None,
             retained=None,
             deployment=None,
