@@ -214,6 +214,7 @@ class Gateway:
             invocations=asynchronous.requests,
             account_id=settings.account_id,
             region=settings.region,
+            body_timeout_s=settings.body_read_timeout_s,
         )
         doors = PathRouter(
             endpoint_doors={

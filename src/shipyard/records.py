@@ -437,7 +437,8 @@ class AsyncRequest:
 
     endpoint: str
     inference_id: str
-    input_location: str
+    input_location: str | None
+    """Where the input is; None when it came inline (``body``)."""
     output_location: str
     failure_location: str
     received: datetime
@@ -458,6 +459,8 @@ class AsyncRequest:
     finished: datetime | None = None
     failure_reason: str | None = None
     id: int | None = None
+    body: bytes | None = None
+    """The input sent inline (InvokeEndpointAsync's Body), kept with the request."""
 
 
 SAGEMAKER_NAMESPACE = "sagemaker"

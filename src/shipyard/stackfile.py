@@ -202,7 +202,7 @@ def validation_errors(path: Path, exc: ValidationError, lines: Mapping[Loc, int]
     """One line per error: ``<path>:<line>: <field>: <message>``."""
     out = []
     for error in exc.errors(include_url=False):
-        field = _dotted(error["loc"])
+        field = dotted(error["loc"])
         message = error["msg"].removeprefix("Value error, ")
         head, colon, _ = message.partition(": ")
         if colon and " " not in head and head.startswith(field):
@@ -211,7 +211,7 @@ def validation_errors(path: Path, exc: ValidationError, lines: Mapping[Loc, int]
             loc = _loc(head)
         else:
             loc = tuple(str(part) for part in error["loc"])
-        line = _line_of(loc, lines)
+        line = line_of(loc, lines)
         where = f"{path}:{line}" if line else str(path)
         out.append(f"{where}: {field}: {message}" if field else f"{where}: {message}")
     return "\n".join(out)
@@ -222,7 +222,7 @@ def _loc(dotted: str) -> Loc:
     return tuple(part for part in re.split(r"[.\[\]]+", dotted) if part)
 
 
-def _line_of(loc: Loc, lines: Mapping[Loc, int]) -> int | None:
+def line_of(loc: Loc, lines: Mapping[Loc, int]) -> int | None:
     """The line of ``loc``, else of its nearest enclosing key that the file has."""
     for end in range(len(loc), 0, -1):
         if loc[:end] in lines:
@@ -230,7 +230,7 @@ def _line_of(loc: Loc, lines: Mapping[Loc, int]) -> int | None:
     return None
 
 
-def _dotted(loc: tuple[int | str, ...]) -> str:
+def dotted(loc: tuple[int | str, ...]) -> str:
     """``("endpoint_configs", "a", "ProductionVariants", 0, "x")`` as
     ``endpoint_configs.a.ProductionVariants[0].x``."""
     out = ""

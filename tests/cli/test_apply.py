@@ -15,6 +15,8 @@ import yaml
 from typer.testing import CliRunner
 
 from shipyard.cli import app
+from shipyard.cli.client import Gateway, translated
+from shipyard.errors import GatewayError
 from shipyard.stackfile import StackFile
 from tests.conftest import GatewayProcess, make_tarball, start_gateway
 
@@ -337,6 +339,45 @@ def test_apply_refuses_a_bad_file_before_asking_the_gateway(tmp_path: Path) -> N
     out = CliRunner().invoke(app, ["apply", str(path), "--url", "http://127.0.0.1:9"])
     assert out.exit_code == 2
     assert f"error: {path}:5: endpoint_configs.a.ProductionVariants[0]" in out.stderr
+
+
+def test_a_field_the_create_calls_refuse_stops_apply_before_any_change(
+    gw: GatewayProcess, artifacts: dict[str, str], tmp_path: Path
+) -> None:
+    content = stack("half", artifacts["echo"])
+    content["endpoint_configs"]["half-cfg"]["ProductionVariants"][0]["Bogus"] = 3
+    content["endpoints"]["half"]["DeploymentConfig"] = {"BlueGreenUpdatePolicy": {}}
+    path = write(tmp_path / "half.yaml", content)
+    lines = path.read_text().splitlines()
+    bogus = next(n for n, line in enumerate(lines, 1) if "Bogus" in line)
+    policy = next(n for n, line in enumerate(lines, 1) if "BlueGreenUpdatePolicy" in line)
+
+    out = shipyard(gw, "apply", str(path), "--yes")
+    assert out.exit_code == 2, out.output
+    errors = out.stderr.splitlines()
+    assert errors[0].startswith(
+        f"error: {path}:{bogus}: endpoint_configs.half-cfg.ProductionVariants[0].Bogus: "
+        "unknown field; valid here: VariantName, ModelName,"
+    ), errors
+    assert errors[1] == (
+        f"error: {path}:{policy}: endpoints.half.DeploymentConfig.BlueGreenUpdatePolicy."
+        "TrafficRoutingConfiguration: required field missing"
+    ), errors
+    assert "cannot reach" not in out.output
+    # Nothing was applied: not even the model, which comes before the config.
+    assert "half" not in {m["ModelName"] for m in gw.sm.list_models()["Models"]}
+
+
+def test_a_request_boto3_refuses_is_reported_as_invalid_not_as_unreachable() -> None:
+    # No gateway at this URL: boto3 refuses the call before trying to send it.
+    gateway = Gateway("http://127.0.0.1:9")
+    with pytest.raises(GatewayError) as raised, translated(gateway.url, about="model m"):
+        gateway.sagemaker.create_model(ModelName="m", Bogus=1)
+    message = str(raised.value)
+    assert message.startswith(
+        'model m: invalid request, not sent: Unknown parameter in input: "Bogus"'
+    )
+    assert "cannot reach" not in message
 
 
 def test_topics_and_job_templates_are_applied_to_the_running_gateway(

@@ -230,6 +230,55 @@ def test_bad_requests_get_validation_errors(
         assert refused.value.code == 400, ttl
 
 
+def test_an_inline_body_is_queued_with_the_request_and_answered_at_the_output_path(
+    async_gateway: GatewayProcess, tmp_path: Path, webhook: Any
+) -> None:
+    sm, rt = async_gateway.sm, async_gateway.rt
+    name = unique("asyncbody")
+    deploy_async(sm, name, tmp_path / "out")
+    answer = rt.invoke_endpoint_async(
+        EndpointName=name, Body=b'{"inline": [1, 2]}', ContentType="application/json"
+    )
+    assert json.loads(wait_file(answer["OutputLocation"])) == {"inline": [1, 2]}
+    [message] = wait_results(webhook, 1)
+    assert message["invocationStatus"] == "Completed"
+    assert message["requestParameters"]["inputLocation"] is None
+    # As large as SageMaker allows: 128,000 bytes.
+    largest = json.dumps("x" * (128_000 - 2)).encode()
+    assert len(largest) == 128_000
+    answer = rt.invoke_endpoint_async(
+        EndpointName=name, Body=largest, ContentType="application/json"
+    )
+    assert wait_file(answer["OutputLocation"]) == largest
+
+
+def test_an_inline_body_and_an_input_location_together_or_too_large_queue_nothing(
+    async_gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    sm, rt = async_gateway.sm, async_gateway.rt
+    name = unique("asyncboth")
+    deploy_async(sm, name, tmp_path / "out")
+    location = put_input(tmp_path, {"from": "location"})
+    for inference_id, kwargs, words in (
+        ("both", {"Body": b'{"from": "body"}', "InputLocation": location}, "not both"),
+        ("large", {"Body": json.dumps("x" * 128_000).encode()}, "maximum of 128000"),
+    ):
+        with pytest.raises(ClientError) as err:
+            rt.invoke_endpoint_async(EndpointName=name, InferenceId=inference_id, **kwargs)
+        assert err.value.response["Error"]["Code"] == "ValidationError", kwargs
+        assert words in err.value.response["Error"]["Message"]
+        # Nothing was queued under the id: a request queued under it would be the one
+        # this returns (a repeated Inference-Id is answered with the earlier request).
+        again = rt.invoke_endpoint_async(
+            EndpointName=name, InferenceId=inference_id, InputLocation=location
+        )
+        assert json.loads(wait_file(again["OutputLocation"])) == {"from": "location"}
+    with pytest.raises(ClientError) as err:
+        rt.invoke_endpoint_async(EndpointName=name)
+    assert err.value.response["Error"]["Code"] == "ValidationError"
+    assert "InputLocation" in err.value.response["Error"]["Message"]
+
+
 def test_an_unknown_topic_or_output_path_is_refused_at_create(
     async_gateway: GatewayProcess, tmp_path: Path
 ) -> None:
@@ -441,6 +490,33 @@ def test_a_queued_backlog_survives_a_gateway_kill(
             keys.setdefault(message["inferenceId"], set()).add(key)
     assert sorted(keys) == sorted(a["InferenceId"] for a in answers), found
     assert all(len(k) == 1 for k in keys.values()), keys
+
+
+def test_queued_inline_bodies_survive_a_gateway_kill(
+    gateway_factory: Callable[..., GatewayProcess], tmp_path: Path, webhook: Any
+) -> None:
+    stack = tmp_path / "stack.yaml"
+    stack.write_text(yaml.safe_dump({"topics": {"results": [webhook.url]}}))
+    home = tmp_path / "home"
+    gw = gateway_factory(home, args=["--config", str(stack)])
+    name = unique("asyncbodykill")
+    deploy_async(gw.sm, name, tmp_path / "out", image=f"cmd:python {COUNTER}",
+                 model_url=(MODELS / "async_counter").as_uri(), max_concurrent=1)  # fmt: skip
+    bodies = [json.dumps({"sleep": 0.3, "pad": "x" * n}).encode() for n in range(6)]
+    answers = [
+        gw.rt.invoke_endpoint_async(EndpointName=name, Body=body, ContentType="application/json")
+        for body in bodies
+    ]
+    wait_file(answers[0]["OutputLocation"])
+    gw.stop(signal.SIGKILL)
+    again = gateway_factory(home, args=["--config", str(stack)])
+    again.sm.get_waiter("endpoint_in_service").wait(
+        EndpointName=name, WaiterConfig={"Delay": 0.2, "MaxAttempts": 300}
+    )
+    for body, answer in zip(bodies, answers, strict=True):
+        # The counter model answers with the size of the body it got.
+        out = json.loads(wait_file(answer["OutputLocation"], timeout_s=60))
+        assert out["bytes"] == len(body), (out, len(body))
 
 
 def test_two_gateways_on_postgresql_share_one_queue_and_run_each_request_once(

@@ -185,6 +185,45 @@ def test_endpoint_config_validates_models_and_limits(gateway: GatewayProcess) ->
     assert "Cannot create already existing endpoint configuration" in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"InstancePools": [{"InstanceType": "ml.m5.large", "Priority": 1}]},
+        {"VariantInstanceProvisionTimeoutInSeconds": 600},
+    ],
+    ids=["instance-pools", "provision-timeout"],
+)
+@pytest.mark.parametrize("key", ["ProductionVariants", "ShadowProductionVariants"])
+def test_variant_fields_this_gateway_cannot_honour_are_refused_by_name(
+    gateway: GatewayProcess, extra: dict[str, Any], key: str
+) -> None:
+    """botocore's model has them (capacity-aware instance pools); accepting them and then
+    doing otherwise would be worse than saying so."""
+    sm = gateway.sm
+    name = unique("pools")
+    sm.create_model(ModelName=name, PrimaryContainer={"Image": "shipyard/python"})
+    variant = {
+        "VariantName": "v1",
+        "ModelName": name,
+        "InstanceType": "ml.m5.large",
+        "InitialInstanceCount": 1,
+    }
+    variants = {"ProductionVariants": [{**variant, **extra}]}
+    if key == "ShadowProductionVariants":
+        variants = {
+            "ProductionVariants": [variant],
+            key: [{**variant, "VariantName": "s", **extra}],
+        }
+    with pytest.raises(ClientError) as err:
+        sm.create_endpoint_config(EndpointConfigName=name, **variants)
+    assert _code(err) == "ValidationException"
+    (field,) = extra
+    assert f"{field} is not supported" in str(err.value)
+    with pytest.raises(ClientError) as err:
+        sm.describe_endpoint_config(EndpointConfigName=name)
+    assert _code(err) == "ValidationException"
+
+
 def test_bad_requests_get_aws_errors_and_the_gateway_stays_up(gateway: GatewayProcess) -> None:
     status, body = _raw(gateway, "SageMaker.CreateModel", b"{not json")
     assert status == 400 and body["__type"] == "SerializationException"

@@ -229,10 +229,13 @@ class Consumer:
                 f"Request expired: it waited {waited:.0f} s in the queue, longer than its "
                 "RequestTTLSeconds.",
             )
-        try:
-            size = await asyncio.to_thread(self.objects.size, request.input_location)
-        except (NoSuchObject, ObjectStoreError) as exc:
-            return _Outcome(False, f"ClientError: Could not read the input: {exc}")
+        if request.input_location is None:  # sent inline, kept with the request
+            size = len(request.body or b"")
+        else:
+            try:
+                size = await asyncio.to_thread(self.objects.size, request.input_location)
+            except (NoSuchObject, ObjectStoreError) as exc:
+                return _Outcome(False, f"ClientError: Could not read the input: {exc}")
         try:
             async with asyncio.timeout(request.invocation_timeout_s):
                 return await self._invoke(route, request, size)
@@ -262,7 +265,11 @@ class Consumer:
         if request.custom_attributes:
             headers.append((CUSTOM_ATTRIBUTES, request.custom_attributes.encode()))
         headers.append((INFERENCE_ID, request.inference_id.encode()))
-        call = Call(headers, self.objects.read_chunks(request.input_location), content_length=size)
+        if request.input_location is None:
+            call = Call(headers, request.body or b"", content_length=size)
+        else:
+            chunks = self.objects.read_chunks(request.input_location)
+            call = Call(headers, chunks, content_length=size)
         status: int | None = None  # counted once the model's answer is known
         try:
             async with self.invocations.stream(route, call) as exchange:

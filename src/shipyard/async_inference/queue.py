@@ -23,6 +23,8 @@ from shipyard.storage.metadata import now
 
 DEFAULT_TTL_S = 21600
 DEFAULT_TIMEOUT_S = 900
+MAX_INLINE_BYTES = 128_000
+"""The most an input sent inline (InvokeEndpointAsync's Body) may hold, as SageMaker's."""
 
 
 class AsyncInvocations:
@@ -48,6 +50,7 @@ class AsyncInvocations:
         config: AsyncConfig,
         *,
         input_location: str | None,
+        body: bytes | None = None,
         inference_id: str | None = None,
         content_type: str | None = None,
         accept: str | None = None,
@@ -59,14 +62,17 @@ class AsyncInvocations:
     ) -> AsyncRequest:
         """Queue one request; a known ``inference_id`` returns the earlier request instead.
 
-        Raises RuntimeValidationError for a missing or unusable InputLocation and for
-        values outside SageMaker's ranges.
+        The input is at ``input_location`` or is ``body`` (sent inline, kept with the
+        request): exactly one of them. Raises RuntimeValidationError for neither or both,
+        an unusable InputLocation, a body over MAX_INLINE_BYTES and values outside
+        SageMaker's ranges.
         """
-        location = _input_location(input_location)
-        try:
-            self.host_access.check_location(location, "InputLocation")
-        except InvalidParameter as exc:  # the runtime's own error code
-            raise RuntimeValidationError(exc.message) from None
+        location = _input(input_location, body)
+        if location is not None:
+            try:
+                self.host_access.check_location(location, "InputLocation")
+            except InvalidParameter as exc:  # the runtime's own error code
+                raise RuntimeValidationError(exc.message) from None
         ttl = _in_range("RequestTTLSeconds", ttl_s, DEFAULT_TTL_S, 60, 21600)
         timeout = _in_range("InvocationTimeoutSeconds", timeout_s, DEFAULT_TIMEOUT_S, 1, 3600)
         inference_id = inference_id or str(uuid.uuid4())
@@ -91,6 +97,7 @@ class AsyncInvocations:
             accept=accept,
             custom_attributes=custom_attributes,
             notify=notify_settings(config),
+            body=body if location is None else None,
         )
         queued, created = self.queue.enqueue(request)
         if created:
@@ -98,10 +105,24 @@ class AsyncInvocations:
         return queued
 
 
-def _input_location(value: str | None) -> str:
+def _input(value: str | None, body: bytes | None) -> str | None:
+    """The InputLocation, or None for an input sent inline (``body``)."""
+    if value and body:
+        raise RuntimeValidationError(
+            "Give the input either at X-Amzn-SageMaker-InputLocation or as the request "
+            "body (Body), not both."
+        )
+    if body:
+        if len(body) > MAX_INLINE_BYTES:
+            raise RuntimeValidationError(
+                f"Body is {len(body)} bytes, over the maximum of {MAX_INLINE_BYTES}: put a "
+                "larger input at an InputLocation."
+            )
+        return None
     if not value:
         raise RuntimeValidationError(
-            "X-Amzn-SageMaker-InputLocation is required: the s3:// or file:// URI of the input."
+            "The input is required: X-Amzn-SageMaker-InputLocation (the s3:// or file:// URI "
+            "of the input) or the request body (Body)."
         )
     if not value.startswith(("s3://", "file:///", "/")) or len(value) > 1024:
         raise RuntimeValidationError(

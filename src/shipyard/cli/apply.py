@@ -10,7 +10,7 @@ gateway failed, 2 the file is not a valid stack file.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
@@ -55,7 +55,7 @@ def apply(
     """Converge a running gateway to a stack file: plan, confirm, apply."""
     from shipyard.cli.stack import plan_apply
 
-    stack = _load(file)
+    stack = _load(file, shapes=True)
     name = stack_name or file.stem
     with _reported():
         gateway = Gateway(url)
@@ -95,16 +95,31 @@ def destroy(
     _carry_out(gateway, plan, yes=yes, verb="Destroy", timeout_s=timeout)
 
 
-def _load(file: Path) -> StackFile:
-    """The stack file, or its errors (file:line: field: message) and exit 2."""
+def _load(file: Path, *, shapes: bool = False) -> StackFile:
+    """The stack file, or its errors (file:line: field: message) and exit 2.
+
+    With ``shapes``, its bodies are also checked against the calls that create them
+    (cli/shapes.py), so a file that one of them would refuse changes nothing.
+    """
     from shipyard.stackfile import StackFile
 
     try:
-        return StackFile.load(file)
+        stack = StackFile.load(file)
     except ValueError as exc:
-        for line in str(exc).splitlines():
-            typer.secho(f"error: {line}", fg="red", err=True)
-        raise typer.Exit(2) from None
+        _refuse(str(exc).splitlines())
+    if shapes:
+        from shipyard.cli.shapes import check
+
+        if errors := check(file, stack):
+            _refuse(errors)
+    return stack
+
+
+def _refuse(errors: list[str]) -> NoReturn:
+    """Report a bad stack file, one error a line, and exit 2."""
+    for line in errors:
+        typer.secho(f"error: {line}", fg="red", err=True)
+    raise typer.Exit(2)
 
 
 def _show(plan: Plan, title: str) -> None:

@@ -444,18 +444,23 @@ def _region() -> str:
 
 @contextlib.contextmanager
 def translated(url: str, *, about: str | None = None) -> Iterator[None]:
-    """Turn botocore's and urllib's failures (except HTTP error answers) into GatewayError.
+    """Turn botocore's and urllib's failures (except HTTP error answers) into GatewayError:
+    the gateway's refusal, a request boto3 would not send, or a gateway out of reach.
 
     SageMaker's messages may not name the job ("Requested resource not found."), so a
     control-plane error ``about`` a job or an endpoint starts with its name.
     """
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
 
     try:
         yield
     except ClientError as exc:
         error = exc.response.get("Error", {})
         message = f"{error.get('Message', exc)} ({error.get('Code', 'Error')})"
+        raise GatewayError(f"{about}: {message}" if about else message) from None
+    except ParamValidationError as exc:
+        # boto3 refused the request before sending it: nothing reached the gateway.
+        message = "invalid request, not sent: " + "; ".join(str(exc).splitlines()[1:])
         raise GatewayError(f"{about}: {message}" if about else message) from None
     except urllib.error.HTTPError:
         raise

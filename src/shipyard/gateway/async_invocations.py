@@ -1,7 +1,8 @@
 """The asynchronous runtime door: ``POST /endpoints/{name}/async-invocations``.
 
-InvokeEndpointAsync carries no payload: its headers name the input's location. The door
-checks the endpoint is asynchronous, queues the request durably and answers 202 with
+InvokeEndpointAsync names its input's location in a header or sends the input inline as
+its body (at most 128,000 bytes), never both. The door checks the endpoint is
+asynchronous, queues the request durably (an inline input with it) and answers 202 with
 the InferenceId and where the output or failure file will appear.
 """
 
@@ -13,8 +14,17 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from shipyard.async_inference.queue import AsyncInvocations
-from shipyard.errors import AuthFailure, InternalFailure, RuntimeFailure, RuntimeValidationError
+from shipyard.async_inference.queue import MAX_INLINE_BYTES, AsyncInvocations
+from shipyard.errors import (
+    AuthFailure,
+    BodyTimedOut,
+    BodyTimeout,
+    BodyTooLarge,
+    ClientLeft,
+    InternalFailure,
+    RuntimeFailure,
+    RuntimeValidationError,
+)
 from shipyard.gateway import bodies
 from shipyard.gateway.auth import admitted, resource_arn
 from shipyard.gateway.errors import runtime_error_response
@@ -36,19 +46,23 @@ class AsyncDoor:
         invocations: AsyncInvocations,
         account_id: str,
         region: str = "us-east-1",
+        body_timeout_s: float = 60.0,
     ) -> None:
         self.router = router
         self.invocations = invocations
         self.account_id = account_id
         self.region = region
+        self.body_timeout_s = body_timeout_s
 
     def __repr__(self) -> str:
         return f"AsyncDoor({self.invocations!r})"
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any, name: str) -> None:
         try:
-            await bodies.drain(receive)  # the payload lives at InputLocation; ignore any body
-            body, headers = await self._submit(scope, name)
+            inline = await self._read_body(scope, receive)
+            body, headers = await self._submit(scope, name, inline)
+        except ClientLeft:
+            return  # gone before its body was whole: nobody to answer
         except (RuntimeFailure, AuthFailure) as exc:
             await runtime_error_response(exc, send)
             return
@@ -64,8 +78,27 @@ class AsyncDoor:
         await send({"type": "http.response.start", "status": 202, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
 
+    async def _read_body(self, scope: dict[str, Any], receive: Any) -> bytes:
+        """The input sent inline, if any: one over MAX_INLINE_BYTES is refused (and the
+        rest of it read and dropped, so the client reads the answer)."""
+        try:
+            return await bodies.read_body(
+                scope, receive, max_bytes=MAX_INLINE_BYTES, timeout_s=self.body_timeout_s
+            )
+        except BodyTooLarge as exc:
+            if exc.body_left:
+                await bodies.drain(receive)
+            raise RuntimeValidationError(
+                f"Body is over the maximum of {MAX_INLINE_BYTES} bytes: put a larger input "
+                "at an InputLocation."
+            ) from None
+        except BodyTimedOut as exc:
+            raise BodyTimeout(
+                f"The request body did not arrive within {exc.timeout_s:g} seconds."
+            ) from None
+
     async def _submit(
-        self, scope: dict[str, Any], name: str
+        self, scope: dict[str, Any], name: str, inline: bytes
     ) -> tuple[dict[str, str], list[tuple[bytes, bytes]]]:
         edge = admitted(scope)
         if edge.caller is not None:  # keys scoped by resource (DESIGN 2.9)
@@ -98,6 +131,7 @@ class AsyncDoor:
             name,
             route.async_config,
             input_location=given.get("inputlocation"),
+            body=inline or None,
             inference_id=inference_id,
             content_type=given.get("content-type"),
             accept=given.get("accept"),

@@ -199,6 +199,7 @@ def _row(r: AsyncRequest) -> dict[str, Any]:
         "started": r.started,
         "finished": r.finished,
         "failure_reason": r.failure_reason,
+        "body": r.body,
     }
 
 
@@ -227,4 +228,5 @@ def _request(row: Any) -> AsyncRequest:
         started=when(row["started"]),
         finished=when(row["finished"]),
         failure_reason=row["failure_reason"],
+        body=None if row["body"] is None else bytes(row["body"]),
     )

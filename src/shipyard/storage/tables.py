@@ -11,6 +11,7 @@ from sqlalchemy import (
     Float,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -142,7 +143,7 @@ async_requests = Table(
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("endpoint", String(63), nullable=False),
     Column("inference_id", String(64), nullable=False),
-    Column("input_location", Text, nullable=False),
+    Column("input_location", Text),  # None: the input is ``body``
     Column("output_location", Text, nullable=False),
     Column("failure_location", Text, nullable=False),
     Column("received", DateTime(timezone=True), nullable=False),
@@ -159,6 +160,7 @@ async_requests = Table(
     Column("started", DateTime(timezone=True)),
     Column("finished", DateTime(timezone=True)),
     Column("failure_reason", Text),
+    Column("body", LargeBinary),  # an inline input, at most 128,000 bytes
     UniqueConstraint("endpoint", "inference_id", name="uq_async_requests_inference_id"),
     Index("ix_async_requests_queue", "endpoint", "status", "id"),
 )
