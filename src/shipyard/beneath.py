@@ -72,9 +72,8 @@ def _refused(root: Path, parts: Sequence[str]) -> LinkRefused:
     where = root.joinpath(*parts)
     return LinkRefused(
         errno.ELOOP,
-        f"{where} is a link or no folder; a location is reached from its root "
-        f"({root}) through no link, so a link made in a folder below it cannot lead the "
-        "write elsewhere",
+        f"{where} is a link or no folder; a location is reached from its root ({root}) "
+        "through folders only, never through a link",
     )
 
 
