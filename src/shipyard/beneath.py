@@ -30,15 +30,22 @@ from shipyard.errors import LinkRefused
 
 log = logging.getLogger(__name__)
 
-_NO_LINK_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_PATH = getattr(os, "O_PATH", os.O_RDONLY)
+"""Opens a folder as a place only (Linux's ``O_PATH``): enough to work relative to it,
+and needing only the search permission a path through it needs, not read permission."""
+_DIR = os.O_DIRECTORY | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def open_folder(root: Path, parts: Sequence[str], *, create: bool = False) -> int:
+def open_folder(
+    root: Path, parts: Sequence[str], *, create: bool = False, listed: bool = True
+) -> int:
     """A descriptor of the folder ``root/parts[0]/parts[1]/...``, each part opened
     relative to the one above without following a link; ``create`` makes missing
-    folders on the way. ``root`` itself is followed (it is the gateway's). The caller
-    closes the descriptor.
+    folders on the way. ``root`` itself is followed (it is the gateway's). The folders
+    on the way are opened as places only (``O_PATH``), as a path goes through them;
+    the last one for reading, unless not ``listed`` (a write, which only names files
+    in it). The caller closes the descriptor.
 
     Raises:
         FileNotFoundError: a part is missing (without ``create``).
@@ -48,14 +55,16 @@ def open_folder(root: Path, parts: Sequence[str], *, create: bool = False) -> in
     """
     if any(part in ("", ".", "..") or "/" in part for part in parts):
         raise ValueError(f"not a path below its folder: {'/'.join(parts)!r}")
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    last = (os.O_RDONLY if listed else _PATH) | _DIR
+    fd = os.open(root, last if not parts else _PATH | _DIR)
     try:
         for depth, part in enumerate(parts):
             if create:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(part, dir_fd=fd)
+            flags = last if depth == len(parts) - 1 else _PATH | _DIR
             try:
-                below = os.open(part, _NO_LINK_DIR, dir_fd=fd)
+                below = os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
             except OSError as exc:
                 if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise
@@ -102,7 +111,7 @@ class Beneath:
             OSError: the system refused.
         """
         try:
-            fd = open_folder(self.root, self.folders)
+            fd = open_folder(self.root, self.folders, listed=False)
         except FileNotFoundError:
             return
         try:
@@ -145,7 +154,7 @@ class AtomicWrite:
             raise ValueError(f"the write of {self.target} has ended")
         if self._file is None:
             target = self.target
-            self._folder = open_folder(target.root, target.folders, create=True)
+            self._folder = open_folder(target.root, target.folders, create=True, listed=False)
             fd = os.open(self._partial, _NEW_FILE, 0o666, dir_fd=self._folder)
             self._file = os.fdopen(fd, "wb")
         return self._file

@@ -212,3 +212,19 @@ def test_the_walk_refuses_a_link_at_any_depth_and_deletes_only_the_name(place: P
     assert files(outside) == ["f"]
     with pytest.raises(ValueError):
         Beneath(root, ("..",), "f").writer().write(b"x")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads and writes regardless of permissions")
+def test_a_folder_that_may_be_passed_but_not_listed_is_written_through(place: Path) -> None:
+    """Folders on the way are opened as places, not read: a write through a folder of
+    mode 0711 (a home folder, often) works as a write by path did."""
+    passage = place / "root" / "passage"
+    (passage / "out").mkdir(parents=True)
+    passage.chmod(0o311)
+    try:
+        store = ObjectStore(filesystems=Filesystems(file_roots=FileRoots([place / "root"])))
+        asyncio.run(store.write_bytes(str(passage / "out" / "x.out"), b"through"))
+        store.delete(str(passage / "out" / "x.out"))
+    finally:
+        passage.chmod(0o755)
+    assert files(passage) == []

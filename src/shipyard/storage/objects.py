@@ -17,6 +17,10 @@ Guarantees:
   upload completes, and a failed write aborts the upload instead. A retried write
   replaces the object whole. A process killed mid-write can leave a hidden
   ``.<name>.<random>.partial`` sibling behind, never a partial object.
+- **A local write or delete follows no link below its root.** Its folder is reached
+  from the root it was checked under one folder at a time, and the file is created,
+  renamed and removed relative to that folder (Filesystems.local_target): a folder
+  turned into a link after the check fails the write instead of leading it elsewhere.
 
 Errors, translated here from the filesystem's, s3fs's and botocore's and chained with
 ``from exc``::
