@@ -75,6 +75,7 @@ code. By who raises them:
       UnsupportedLocation                   (ValueError) a URI that names no local path or S3
       ├── UnsupportedScheme                 a scheme other than s3:// or file://
       └── OutsideFileRoots                  a local path outside ``auth.file_roots``
+      LinkRefused                           (OSError) a link below a root, where a write goes
     runtime/ (the built-in instance; the codes are its answers)
       CodecError                       400  a request the default codecs cannot handle
       ├── UnsupportedContentType       415  no default decoder for the Content-Type
@@ -540,6 +541,14 @@ class UnsupportedScheme(UnsupportedLocation):
 
 class OutsideFileRoots(UnsupportedLocation):
     """A local location outside ``auth.file_roots``; the message names it and the roots."""
+
+
+class LinkRefused(OSError):
+    """A link (or no folder) where a folder below a root was expected: a location is
+    reached through no link (beneath.py). Its text is the message alone."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 class CodecError(Exception):

@@ -33,6 +33,8 @@ from typing import Any, BinaryIO
 
 from pydantic import TypeAdapter, ValidationError
 
+from shipyard.beneath import open_folder
+
 JOB_FILE = "job.json"
 STATUS_FILE = "status.jsonl"
 LOG_FILE = "job.log"
@@ -259,28 +261,17 @@ def open_folder_beneath(root: Path, relative: str) -> int:
     under ``root``, reached through no link: each folder is opened with ``O_NOFOLLOW``
     relative to the one above it, so a link swapped in at any moment by code the gateway
     does not trust (a training container writes its ``/opt/ml`` tree as root) leads
-    nowhere. ``root`` itself must be the gateway's (it is followed if it is a link).
-    Close the descriptor.
+    nowhere (beneath.py's walk). ``root`` itself must be the gateway's (it is followed if
+    it is a link). Close the descriptor.
 
     Raises:
         FileNotFoundError: nothing there.
-        OSError: a link (``ELOOP``) or a part that is no folder (``ENOTDIR``).
+        LinkRefused: (an OSError, ``ELOOP``) a link or a part that is no folder.
         ValueError: ``relative`` climbs out of ``root`` or is absolute.
     """
-    parts = [] if relative in ("", ".") else relative.split("/")
-    if relative.startswith("/") or any(p in ("", ".", "..") for p in parts):
+    if relative.startswith("/"):
         raise ValueError(f"not a path below its folder: {relative!r}")
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        for part in parts:
-            below = os.open(part, flags, dir_fd=fd)
-            os.close(fd)
-            fd = below
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return open_folder(root, [] if relative in ("", ".") else relative.split("/"))
 
 
 def open_beneath(root: Path, relative: str) -> BinaryIO:

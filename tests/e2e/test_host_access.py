@@ -5,12 +5,14 @@ Issue 9 findings 1 and 2, reproduced as an attacker holding a valid key would tr
 
 from __future__ import annotations
 
+import contextlib
+import json
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, WaiterError
 
 from tests.conftest import MODELS, make_tarball, start_gateway, wait_in_service
 from tests.e2e.test_auth import SECRETS, client, write_stack
@@ -173,3 +175,61 @@ def test_allow_commands_and_roots_let_an_operator_opt_in(roots: Path) -> None:
         assert {m["ModelName"] for m in sm.list_models()["Models"]} == {"cmd", "sum"}
     finally:
         gw.stop()
+
+
+def test_a_transform_output_is_not_written_through_a_link_made_after_the_check(
+    roots: Path,
+) -> None:
+    """Issue 65, item 1: the output folder did not exist when CreateTransformJob was
+    checked; while the model answered, it became a link out of the roots (a job writing
+    a folder under a root can make one) and the gateway wrote the answer through it.
+
+    The model makes the link itself as it answers (link_maker), so the link is there
+    after the check and before the write, every time; ``sandbox: false`` only so that
+    it may write the root, as a job may write its own output folder."""
+    outside = roots / "outside-the-roots"
+    outside.mkdir()
+    shutil.copytree(MODELS / "link_maker", roots / "models" / "link_maker")
+    data = roots / "data"
+    out = data / "raced" / "out"
+    (data / "raced" / "in").mkdir(parents=True)
+    order = {"link": str(out), "to": str(outside)}
+    (data / "raced" / "in" / "order.json").write_text(json.dumps(order))
+    folders = [str(roots / "models"), str(data)]
+    gw = gateway(roots, "raced", file_roots=folders, sandbox=False)
+    try:
+        sm = client(gw, "sagemaker")
+        sm.create_model(
+            ModelName="link-maker",
+            PrimaryContainer={
+                "Image": "shipyard/python",
+                "ModelDataUrl": (roots / "models" / "link_maker").as_uri(),
+            },
+            ExecutionRoleArn="arn:aws:iam::123456789012:role/x",
+        )
+        sm.create_transform_job(
+            TransformJobName="raced",
+            ModelName="link-maker",
+            TransformInput={
+                "DataSource": {
+                    "S3DataSource": {
+                        "S3DataType": "S3Prefix",
+                        "S3Uri": (data / "raced" / "in").as_uri(),
+                    }
+                },
+                "ContentType": "application/json",
+            },
+            TransformOutput={"S3OutputPath": out.as_uri()},
+            TransformResources={"InstanceType": "ml.m5.large", "InstanceCount": 1},
+        )
+        with contextlib.suppress(WaiterError):  # it raises on Failed, the outcome expected
+            sm.get_waiter("transform_job_completed_or_stopped").wait(
+                TransformJobName="raced", WaiterConfig={"Delay": 0.3, "MaxAttempts": 400}
+            )
+        job = sm.describe_transform_job(TransformJobName="raced")
+    finally:
+        gw.stop()
+    assert out.is_symlink(), "the model made its link"
+    assert list(outside.iterdir()) == [], "nothing is written outside the roots"
+    assert job["TransformJobStatus"] == "Failed", job
+    assert "is a link or no folder" in job["FailureReason"], job["FailureReason"]

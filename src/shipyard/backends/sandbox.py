@@ -59,7 +59,6 @@ What it does not guarantee:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -71,6 +70,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from shipyard.beneath import open_folder
 from shipyard.errors import SandboxUnavailable
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,6 @@ _TRIAL_TIMEOUT_S = 30.0
 TMP_BYTES = 2 << 30
 """The size of a sandbox's ``/tmp``: a tmpfs is memory that no process's resident size
 shows, so unbounded a model could fill the host's memory past every memory check."""
-_NO_LINK_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,20 +230,14 @@ class Sandbox:
         root = next((r for r in roots if real.is_relative_to(r)), None)
         if root is None:
             raise ValueError(f"{path} is outside auth.file_roots")
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            for part in real.relative_to(root).parts:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, dir_fd=fd)
-                inner = os.open(part, _NO_LINK_DIR, dir_fd=fd)
-                os.close(fd)
-                fd = inner
+            fd = open_folder(root, real.relative_to(root).parts, create=True)
+        except OSError as exc:
+            raise ValueError(f"{path} cannot be made or opened without a link: {exc}") from exc
+        try:
             # Where the folder opened is (the kernel's word for it): checked, not assumed.
             self._check_grant(Path(os.readlink(f"/proc/self/fd/{fd}")), path)
-        except OSError as exc:
-            os.close(fd)
-            raise ValueError(f"{path} cannot be made or opened without a link: {exc}") from exc
-        except ValueError:
+        except BaseException:
             os.close(fd)
             raise
         return fd

@@ -303,22 +303,23 @@ class ArtifactStore:
                     out.discard()
                 raise
             return
-        target = self._local_path(uri, _OUTPUT_WORDS)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.partial")
-        with open(partial, "wb") as out:
-            shutil.copyfileobj(source, out)
-        os.replace(partial, target)
+        try:
+            out = self._filesystems.local_target(uri).writer()  # through no link
+        except UnsupportedLocation as exc:
+            raise ArtifactError(f"{_OUTPUT_WORDS.subject} {exc}") from None
+        try:
+            shutil.copyfileobj(source, out, _READ_CHUNK_BYTES)
+            out.commit()
+        except BaseException:
+            out.abort()
+            raise
 
     def _put(self, path: Path, uri: str) -> None:
         if uri.startswith(S3_SCHEME):
             self._s3_filesystem().put_file(str(path), _s3_path(uri, _OUTPUT_WORDS))
             return
-        target = self._local_path(uri, _OUTPUT_WORDS)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.partial")
-        shutil.copyfile(path, partial)
-        os.replace(partial, target)
+        with open(path, "rb") as source:
+            self._put_stream(source, uri)
 
     def _local_path(self, uri: str, words: _Words) -> Path:
         """The local path of ``uri``, refused outside ``file_roots`` (filesystems.py)."""

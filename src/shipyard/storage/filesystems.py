@@ -11,8 +11,9 @@ is safe).
 
 Local locations stay ``pathlib`` paths rather than fsspec's local filesystem: the stores'
 guarantees rest on what only the operating system gives directly, a write renamed into
-place atomically (``os.replace`` of a sibling file), ``flock`` on a lock file beside a
-fetched folder, and the standard library's tar extraction filter over real paths.
+place atomically (a sibling file renamed over it, in a folder held open), ``flock`` on a
+lock file beside a fetched folder, and the standard library's tar extraction filter over
+real paths.
 
 Errors are ``UnsupportedLocation`` with a message that names the URI and what to write
 instead; each store prefixes it with its own subject ("Model data ...").
@@ -29,9 +30,22 @@ keys, ``..`` included; an output key; a capture destination; an async input or o
 a multi-model ``TargetModel``) is checked where it is opened, without a check of its
 own. The guard applies to URIs only, which callers name: the folders a store is given
 as ``Path`` (a fetch's destination, the gateway's home, its caches and logs) are the
-gateway's own and are never checked. A link swapped in between the check and the open
-could still lead out; only code that runs on this host can make one, and with
-``auth:`` that code runs in a sandbox that sees no more than the roots.
+gateway's own and are never checked.
+
+**Checked, then opened through no link.** A check names a path; a link swapped in
+between the check and the open would lead elsewhere, and code the gateway runs for a
+caller can make one: a sandboxed job writes its own output folder, under a root, and a
+later call's output may lie below it. So a read is checked again once open
+(``open_local``: the file held is the file checked), and every local write or delete
+made for a caller (transform and async outputs and failures, capture files, uploads of
+a job's model and checkpoints, async output deletes) goes to ``local_target``: the
+folder is resolved once, at the check, and then reached from its root one folder at a
+time without following a link (beneath.py), the file created, renamed and deleted
+relative to the folder held. A link made below the root after the check makes the write
+fail (LinkRefused, naming the link) instead of leading it out. Without ``file_roots``
+(no ``auth:``) the same walk starts at ``/``: links that exist when the write begins are
+the user's and are followed, as the user's shell would; one swapped in after that is
+refused all the same.
 """
 
 from __future__ import annotations
@@ -48,6 +62,7 @@ from urllib.request import url2pathname
 
 import fsspec.core
 
+from shipyard.beneath import Beneath
 from shipyard.errors import OutsideFileRoots, UnsupportedLocation, UnsupportedScheme
 
 S3_SCHEME = "s3://"
@@ -153,6 +168,13 @@ class FileRoots:
             )
         return path
 
+    def root_of(self, folder: Path, uri: str) -> Path:
+        """The root that the resolved ``folder`` lies in (the deepest, when roots nest),
+        or OutsideFileRoots naming ``uri`` when it lies in none, or in a hidden folder."""
+        self.check(folder, uri)
+        inside = [r for r in self.roots if folder.is_relative_to(r)]
+        return max(inside, key=lambda root: len(root.parts))
+
     def check_uri(self, uri: str) -> None:
         """Refuse ``uri`` when it names a local path outside the roots (OutsideFileRoots);
         a URI that opens no local file passes."""
@@ -211,6 +233,28 @@ class Filesystems:
         if self.file_roots is not None:
             self.file_roots.check(path, uri)
         return path
+
+    def local_target(self, uri: str) -> Beneath:
+        """Where a local write or delete for ``uri`` goes: its name in its folder, reached
+        from a root through no link (the module docstring; ``Beneath.writer`` and
+        ``Beneath.unlink`` do the rest).
+
+        The folder is resolved now (links followed, ``..`` undone) and checked against
+        ``file_roots`` as ``local_file`` checks ``uri``; the root is the one it lies in,
+        or ``/`` without ``file_roots``.
+
+        Raises:
+            UnsupportedLocation: as ``local_file``, or ``uri`` names no file (a root, or
+                a path ending in ``..``); OutsideFileRoots, one of them, when the file or
+                its folder resolves outside the roots.
+        """
+        path = self.local_file(uri)
+        if path.name in ("", ".", ".."):
+            raise UnsupportedLocation(f"{uri[:200]} names no file.")
+        folder = Path(os.path.realpath(path.parent))
+        roots = self.file_roots
+        root = Path(folder.anchor) if roots is None else roots.root_of(folder, uri)
+        return Beneath(root, folder.relative_to(root).parts, path.name)
 
     def open_local(self, uri: str) -> BinaryIO:
         """``uri``'s local file (``local_file``) opened for reading, and checked again once

@@ -17,6 +17,10 @@ Guarantees:
   upload completes, and a failed write aborts the upload instead. A retried write
   replaces the object whole. A process killed mid-write can leave a hidden
   ``.<name>.<random>.partial`` sibling behind, never a partial object.
+- **A local write or delete follows no link below its root.** Its folder is reached
+  from the root it was checked under one folder at a time, and the file is created,
+  renamed and removed relative to that folder (Filesystems.local_target): a folder
+  turned into a link after the check fails the write instead of leading it elsewhere.
 
 Errors, translated here from the filesystem's, s3fs's and botocore's and chained with
 ``from exc``::
@@ -32,8 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import secrets
 import stat
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -43,6 +45,7 @@ from typing import Any, BinaryIO, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from shipyard.beneath import AtomicWrite, Beneath
 from shipyard.errors import NoSuchObject, ObjectStoreError, UnsupportedLocation, UnsupportedScheme
 from shipyard.storage.filesystems import S3_SCHEME, Filesystems, join_location, s3_path
 
@@ -194,7 +197,7 @@ class ObjectStore:
             if uri.startswith(S3_SCHEME):
                 self._s3().rm_file(_s3_path(uri))
             else:
-                self._local_path(uri).unlink(missing_ok=True)
+                self._local_target(uri).unlink()
 
     def list_prefix(self, prefix: str) -> list[tuple[str, str]]:
         """Every object whose key starts with ``prefix``, as (URI, key relative to the
@@ -253,7 +256,7 @@ class ObjectStore:
         with _translate(uri, "write"):
             if uri.startswith(S3_SCHEME):
                 return _S3Sink(uri, self._s3().open(_s3_path(uri), "wb", block_size=_S3_PART_BYTES))
-            return _LocalSink(uri, self._local_path(uri))
+            return _LocalSink(uri, self._local_target(uri).writer())
 
     def _s3(self) -> Any:
         return self._filesystems.s3()
@@ -262,6 +265,12 @@ class ObjectStore:
         """``uri``'s local file, opened and then checked (Filesystems.open_local)."""
         with _located(uri):
             return self._filesystems.open_local(uri)
+
+    def _local_target(self, uri: str) -> Beneath:
+        """Where a local write or delete for ``uri`` goes, reached through no link below
+        its root (Filesystems.local_target)."""
+        with _located(uri):
+            return self._filesystems.local_target(uri)
 
     def _local_path(self, uri: str) -> Path:
         """The local path of ``uri``, refused outside ``file_roots`` (filesystems.py)."""
@@ -284,52 +293,24 @@ def _located(uri: str) -> Iterator[None]:
 
 
 class _LocalSink:
-    """A local write: a hidden sibling file, renamed over the target when complete.
+    """A local write (beneath.py's AtomicWrite: a hidden sibling file in the folder held
+    open beneath its root, renamed over the target when complete), its errors this
+    store's."""
 
-    The sibling's name is unique, so two writers of one target never mix their bytes:
-    the last to finish wins, whole. It is created by the first write (or by commit, for
-    an empty object), under a lock that also orders abort() after a write still running
-    in another thread: a cancelled task does not stop its thread, and nothing is created
-    that abort() cannot see.
-    """
-
-    def __init__(self, uri: str, target: Path) -> None:
+    def __init__(self, uri: str, write: AtomicWrite) -> None:
         self._uri = uri
-        self._target = target
-        self._partial = target.with_name(f".{target.name}.{secrets.token_hex(6)}.partial")
-        self._file: BinaryIO | None = None
-        self._lock = threading.Lock()
-        self._done = False
-
-    def _opened(self) -> BinaryIO:
-        if self._file is None:
-            self._target.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self._partial, "xb")
-        return self._file
+        self._write = write
 
     def write(self, chunk: bytes) -> None:
-        with self._lock, _translate(self._uri, "write"):
-            self._opened().write(chunk)
+        with _translate(self._uri, "write"):
+            self._write.write(chunk)
 
     def commit(self) -> None:
-        with self._lock, _translate(self._uri, "write"):
-            file = self._opened()
-            file.flush()
-            os.fsync(file.fileno())  # else a power cut could leave an empty file in place
-            file.close()
-            os.replace(self._partial, self._target)
-            self._done = True
+        with _translate(self._uri, "write"):
+            self._write.commit()
 
     def abort(self) -> None:
-        with self._lock:
-            if self._done or self._file is None:
-                return
-            self._done = True
-            try:
-                self._file.close()
-                self._partial.unlink(missing_ok=True)
-            except OSError:
-                logger.warning("Could not remove %s", self._partial, exc_info=True)
+        self._write.abort()
 
 
 class _S3Sink:
