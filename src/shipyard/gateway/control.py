@@ -340,9 +340,10 @@ class ControlDoor:
 def _nested_paths(service: str, action: str) -> tuple[tuple[tuple[str, ...], str], ...]:
     """Where below its top level a request of ``action`` names a resource, read from
     botocore's input shape once: (path, kind) with ``"*"`` for a list's items, kind a
-    value of ``_NAMED`` (a member of that name), ``"arn"`` (a member ending in ``Arn``)
-    ``_ALARM``, ``_NAMESPACE`` or ``_DIMENSION``. Maps (``Environment``, ``HyperParameters``, tags) hold the
-    caller's own names, not the service's, and are not walked."""
+    value of ``_NAMED`` (a member of that name), ``"arn"`` (a member ending in ``Arn``),
+    ``_ALARM``, ``_NAMESPACE`` or ``_DIMENSION``. Maps (``Environment``,
+    ``HyperParameters``, tags) hold the caller's own names, not the service's, and are
+    not walked."""
     model = service_model(service)
     if action not in model.operation_names or model.operation_model(action).input_shape is None:
         return ()
