@@ -137,12 +137,12 @@ def _config(name: str) -> dict[str, Any]:
 
 
 def test_series_put_before_owners_were_kept_count_as_callers(url: str) -> None:
-    """Migration 0021: a series in a namespace of the gateway's own (any case) stays
+    """Migration 0022: a series in a namespace of the gateway's own (any case) stays
     the gateway's; any other was put by a caller, and counts toward the quota."""
     store = MetadataStore(url)
     spaces = ["AWS/SageMaker", "/aws/sagemaker/Endpoints", "aWs/x", "Shop", "AWSome"]
     try:
-        with _at(store, "0020") as conn:
+        with _at(store, "0021") as conn:
             conn.execute(
                 t.metric_series.insert(),
                 [{"key": f"k{n}", "namespace": ns, "name": "m", "dimensions": [],
