@@ -270,6 +270,7 @@ class Gateway:
             ),
             arn=self.service.arn,
             alarm_arn=self.cloudwatch.service.alarm_arn,
+            namespace_arn=self.cloudwatch.service.namespace_arn,
         )
         jobs_door = JobsDoor(jobs=self.jobs)
         stack_door = StackConfigDoor(

@@ -19,7 +19,7 @@
     │   │                              400  parameters that do not go together
     │   ├── MissingParameter           400  a parameter an action needs
     │   ├── InvalidNextToken           400  a NextToken that is not ours
-    │   ├── LimitExceeded              400  too many alarms
+    │   ├── LimitExceeded              400  too many alarms or metric series
     │   ├── InvalidFormat              400  StateReasonData that is not JSON
     │   └── AlarmNotFound              404  ResourceNotFound: no such alarm
     ├── UnknownOperation               400  an X-Amz-Target we do not implement

@@ -203,6 +203,13 @@ class Settings(BaseSettings):
     """How long one-minute CloudWatch datapoints are kept (DESIGN 2.12); 10 s ones are
     kept three hours."""
 
+    max_metric_series: int = Field(default=100_000, ge=10)
+    """Quota: metric series callers may create with PutMetricData, all together; one key
+    may create a tenth of it. The gateway's own recorded series do not count."""
+
+    max_alarms: int = Field(default=5000, ge=10)
+    """Quota: CloudWatch alarms, all together; one key may create a tenth of it."""
+
     metrics_tick_s: float = Field(default=10.0, gt=0, le=10.0)
     """How often the CloudWatch recorder writes what the data path counted, and alarms
     are evaluated; 10 s datapoints need it at most 10."""

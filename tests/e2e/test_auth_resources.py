@@ -9,6 +9,7 @@ holds below its top level and the jobs ``POST /inference`` makes are scoped alik
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -66,13 +67,15 @@ def teams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayPro
                     "allow": ["sagemaker:*", "logs:*", "application-autoscaling:*"],
                     "resources": ["arn:aws:sagemaker:*:*:*/TEAM-A-*"],  # names: any case
                 },
-                {  # CloudWatch for team a: its endpoints' metrics and its own alarms
+                {  # CloudWatch for team a: its endpoints' metrics, its own alarms and
+                    # its own namespaces
                     "access_key_id": WATCHER,
                     "secret_access_key_env": "K_WATCHER",
                     "allow": ["cloudwatch:*"],
                     "resources": [
                         "arn:aws:sagemaker:*:*:*/team-a-*",
                         "arn:aws:cloudwatch:*:*:alarm:team-a-*",
+                        "arn:aws:cloudwatch:*:*:namespace/TeamA*",
                     ],
                 },
                 {  # every SageMaker action, nothing else
@@ -492,6 +495,59 @@ def test_metrics_and_alarms_are_scoped_as_their_endpoints(
     cw.set_alarm_state(AlarmName="team-a-errors", StateValue="ALARM", StateReason="a drill")
     cw.delete_alarms(AlarmNames=["team-a-errors"])
     ops.delete_alarms(AlarmNames=["team-b-errors"])
+
+
+def test_a_namespace_is_a_resource_to_put_or_read_a_metric(
+    teams: tuple[GatewayProcess, Path],
+) -> None:
+    """Team b's guardrail alarm watches its own namespace: a key of team a's puts no
+    datum there (which would roll back team b's deployment), nor reads it."""
+    gw, _ = teams
+    ops = client(gw, "cloudwatch")
+    guard = {
+        "Namespace": "TeamB", "MetricName": "Errors", "Statistic": "Sum", "Period": 60,
+        "EvaluationPeriods": 1, "Threshold": 0.0, "ComparisonOperator": "GreaterThanThreshold",
+    }  # fmt: skip
+    ops.put_metric_alarm(AlarmName="team-b-guard", **guard)
+    ops.put_metric_data(Namespace="TeamB", MetricData=[{"MetricName": "Errors", "Value": 0}])
+    cw = client(gw, "cloudwatch", WATCHER, WATCHER_SECRET)
+    now = time.time()
+
+    def denied(call: Any, resource: str) -> None:
+        code, status, message = error_code(call)
+        assert (code, status) == ("AccessDeniedException", 403), message
+        assert resource in message, message
+
+    team_b = "arn:aws:cloudwatch:us-east-1:000000000000:namespace/TeamB"
+    errors = [{"MetricName": "Errors", "Value": 100}]
+    denied(lambda: cw.put_metric_data(Namespace="TeamB", MetricData=errors), team_b)
+    denied(lambda: cw.get_metric_statistics(
+        Namespace="TeamB", MetricName="Errors", StartTime=now - 60, EndTime=now + 60,
+        Period=60, Statistics=["Sum"]), team_b)  # fmt: skip
+    denied(lambda: cw.get_metric_data(
+        MetricDataQueries=[{"Id": "b", "MetricStat": {
+            "Metric": {"Namespace": "TeamB", "MetricName": "Errors"},
+            "Period": 60, "Stat": "Sum"}}],
+        StartTime=now - 60, EndTime=now + 60), team_b)  # fmt: skip
+    denied(lambda: cw.list_metrics(Namespace="TeamB"), team_b)
+    denied(lambda: cw.put_metric_alarm(AlarmName="team-a-spy", **guard), team_b)
+    # The gateway's own namespaces are the gateway's: put only by nobody.
+    denied(lambda: cw.put_metric_data(
+        Namespace="/aws/sagemaker/Endpoints",
+        MetricData=[{"MetricName": "CPUUtilization", "Value": 100,
+                     "Dimensions": [{"Name": "EndpointName", "Value": "team-a-x"}]}]),
+        "namespace//aws/sagemaker/Endpoints")  # fmt: skip
+    # Its own namespaces, it puts into and reads.
+    cw.put_metric_data(Namespace="TeamA/Shop", MetricData=[{"MetricName": "Orders", "Value": 3}])
+    listed = cw.list_metrics()["Metrics"]
+    assert {m["Namespace"] for m in listed if not m["Namespace"].lower().startswith(
+        ("aws/", "/aws/"))} == {"TeamA/Shop"}  # fmt: skip
+    stats = cw.get_metric_statistics(
+        Namespace="TeamA/Shop", MetricName="Orders", StartTime=now - 120, EndTime=now + 120,
+        Period=240, Statistics=["Sum"])["Datapoints"]  # fmt: skip
+    assert [p["Sum"] for p in stats] == [3.0]
+    assert "TeamB" in {m["Namespace"] for m in ops.list_metrics()["Metrics"]}
+    ops.delete_alarms(AlarmNames=["team-b-guard"])
 
 
 def test_the_query_protocol_is_authorised_by_the_action_its_signed_body_names(

@@ -11,11 +11,12 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import func, select
 
+from shipyard.errors import LimitExceeded
 from shipyard.records import Event
 from shipyard.statsets import StatSet
 from shipyard.storage import tables as t
 from shipyard.storage.metadata import MetadataStore
-from shipyard.storage.metrics import Alarm, HistoryItem, MetricStore, Point, stats_of
+from shipyard.storage.metrics import Alarm, HistoryItem, MetricStore, Point, Quota, stats_of
 
 DIMS = (("EndpointName", "e"), ("VariantName", "v1"))
 
@@ -148,3 +149,59 @@ def test_a_series_written_with_no_unit_takes_the_first_one_given(store: MetricSt
     assert store.find("AWS/SageMaker", "ModelLatency", DIMS).unit == "Microseconds"  # type: ignore[union-attr]
     store.write([point("Milliseconds")], "old", seen=630)
     assert store.find("AWS/SageMaker", "ModelLatency", DIMS).unit == "Microseconds"  # type: ignore[union-attr]
+
+
+def test_series_not_written_within_the_retention_are_purged_and_their_ids_forgotten(
+    store: MetricStore,
+) -> None:
+    day = 86_400
+    old = Point("Shop", "Orders", (), 60, 0, latency(1))
+    store.write([old], "put", seen=0, owner="k")
+    store.write([Point("Shop", "Fresh", (), 60, 2 * day, latency(1))], "put", seen=2 * day)
+    gone = store.find("Shop", "Orders", ())
+    assert gone is not None
+    # Written an hour before the cutoff at the latest ("last_seen" is written hourly).
+    assert store.purge_series(before=day) == 1
+    assert store.find("Shop", "Orders", ()) is None
+    assert store.find("Shop", "Fresh", ()) is not None
+    assert store.read([gone.id], 60, 0, 10 * day)[gone.id] == []
+    # Put again, it is a new series: not rows under the id this store had cached.
+    store.write([Point("Shop", "Orders", (), 60, 2 * day, latency(5))], "put", seen=2 * day)
+    again = store.find("Shop", "Orders", ())
+    assert again is not None and again.id != gone.id
+    assert [r[1:3] for r in store.read([again.id], 60, 0, 10 * day)[again.id]] == [(1, 5)]
+
+
+def test_an_id_another_gateway_purged_is_read_anew(store: MetricStore) -> None:
+    point = Point("AWS/SageMaker", "Invocations", DIMS, 60, 0, latency(1))
+    store.write([point], "gw-a", seen=0)
+    other = MetricStore(store.engine)  # another gateway, its hourly sweep
+    day = 86_400
+    assert other.purge_series(before=day) == 1
+    later = Point("AWS/SageMaker", "Invocations", DIMS, 60, day, latency(2))
+    store.write([later], "gw-a", seen=day)
+    series = store.find("AWS/SageMaker", "Invocations", DIMS)
+    assert series is not None
+    assert [r[0] for r in store.read([series.id], 60, 0, 2 * day)[series.id]] == [day]
+
+
+def test_callers_series_are_bounded_in_all_and_per_key(store: MetricStore) -> None:
+    quota = Quota(total=3, per_owner=2)
+
+    def put(owner: str, *names: str) -> None:
+        points = [Point("Shop", n, (), 60, 600, latency(1)) for n in names]
+        store.write(points, "put", seen=600, owner=owner, quota=quota)
+
+    put("a", "a1", "a2")
+    with pytest.raises(LimitExceeded):
+        put("a", "a1", "a3")  # one new series too many: nothing of the write is kept
+    a1 = store.find("Shop", "a1", ())
+    assert a1 is not None
+    assert store.aggregate([a1.id], 60, 0, 10_000, 60)[a1.id][600][0] == 1
+    assert store.find("Shop", "a3", ()) is None
+    put("b", "b1")
+    with pytest.raises(LimitExceeded):
+        put("b", "b2")  # three in all
+    # The gateway's own series are not callers': not counted, never refused.
+    store.write([Point("AWS/SageMaker", "Invocations", DIMS, 60, 600, latency(1))], "gw", seen=600)
+    assert store.find("AWS/SageMaker", "Invocations", DIMS) is not None

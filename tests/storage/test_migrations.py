@@ -13,7 +13,7 @@ import pytest
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, inspect
+from sqlalchemy import Connection, inspect, select
 from sqlalchemy.exc import DatabaseError, IntegrityError
 
 from shipyard.storage import metadata
@@ -134,3 +134,30 @@ def _model(name: str) -> dict[str, Any]:
 def _config(name: str) -> dict[str, Any]:
     now = datetime.now(UTC)
     return {"name": name, "arn": f"arn:{name}", "variants": [], "created": now, "raw": {}}
+
+
+def test_series_put_before_owners_were_kept_count_as_callers(url: str) -> None:
+    """Migration 0022: a series in a namespace of the gateway's own (any case) stays
+    the gateway's; any other was put by a caller, and counts toward the quota."""
+    store = MetadataStore(url)
+    spaces = ["AWS/SageMaker", "/aws/sagemaker/Endpoints", "aWs/x", "Shop", "AWSome"]
+    try:
+        with _at(store, "0021") as conn:
+            conn.execute(
+                t.metric_series.insert(),
+                [{"key": f"k{n}", "namespace": ns, "name": "m", "dimensions": [],
+                  "last_seen": 0} for n, ns in enumerate(spaces)],
+            )  # fmt: skip
+        store.migrate()
+        with store.engine.connect() as conn:
+            rows = conn.execute(select(t.metric_series.c.namespace, t.metric_series.c.owner))
+            owners = dict(rows.all())
+        assert owners == {
+            "AWS/SageMaker": None,
+            "/aws/sagemaker/Endpoints": None,
+            "aWs/x": None,
+            "Shop": "",
+            "AWSome": "",
+        }
+    finally:
+        store.close()

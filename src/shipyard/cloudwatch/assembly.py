@@ -49,6 +49,8 @@ def build(
         check_action=check_action,
         transition=actions.transition,
         retention_days=settings.metrics_retention_days,
+        max_series=settings.max_metric_series,
+        max_alarms=settings.max_alarms,
     )
     recorder = Recorder(
         store=store,

@@ -25,7 +25,7 @@ lost between a read and a reset):
 Each tick's readings are added to the rows of the 10 s and 60 s periods they fall in, in
 one transaction, in a worker thread. Nothing is written for a series with no values in a
 period, as CloudWatch publishes nothing then (alarms see missing data). Rows older than
-the retention are purged once an hour.
+the retention are purged once an hour, and so are series not written within it.
 """
 
 from __future__ import annotations
@@ -402,5 +402,8 @@ class Recorder:
     def _purge(self, at: float) -> None:
         self.store.purge(period=10, before=int(at - HIGH_RESOLUTION_KEEP_S))
         self.store.purge(period=60, before=int(at - self.retention_s))
+        # A series with no datapoint within the retention (none left to read): gone, and
+        # out of the callers' series quota.
+        self.store.purge_series(before=int(at - self.retention_s))
         # CloudWatch keeps alarm history two weeks, deleted alarms' included.
         self.store.purge_history(before=datetime.fromtimestamp(at - 14 * 86_400, UTC))

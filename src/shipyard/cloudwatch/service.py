@@ -22,7 +22,6 @@ from shipyard.errors import (
     InvalidFormat,
     InvalidParameterCombination,
     InvalidParameterValue,
-    LimitExceeded,
     MissingParameter,
 )
 from shipyard.statsets import StatSet, is_statistic, percentile_of
@@ -32,6 +31,7 @@ from shipyard.storage.metrics import (
     HistoryItem,
     MetricStore,
     Point,
+    Quota,
     Row,
     Series,
     dimensions_of,
@@ -42,7 +42,6 @@ from shipyard.storage.tags import TagStore
 PUT_SOURCE = "put"
 """The source of PutMetricData's rows."""
 
-MAX_ALARMS = 5000
 MAX_QUERIES = 500
 MAX_ROWS = 2_000_000
 """The most stored rows one GetMetricData may read (its queries' rows added up, a
@@ -88,6 +87,18 @@ class Result:
     points: dict[int, float] = field(default_factory=dict)
 
 
+def reserved(namespace: str) -> bool:
+    """Whether ``namespace`` is the gateway's own (``AWS/`` and ``/aws/``, any case):
+    what it records there, no caller may put."""
+    return namespace.lower().startswith(("aws/", "/aws/"))
+
+
+def quota(limit: int, owner: str | None) -> Quota:
+    """``limit`` in all, a tenth of it for ``owner`` (a key's id; none for "", a caller
+    with no ``auth:``, or None, the operator's)."""
+    return Quota(total=limit, per_owner=max(limit // 10, 1) if owner else None)
+
+
 def resolution(period: int) -> int:
     """The rows a period reads: 10 s rows below a minute (or off a minute's multiple)."""
     return 60 if period % 60 == 0 else 10
@@ -116,6 +127,8 @@ class CloudWatchService:
         check_action: Callable[[str], str | None],
         transition: Callable[[Alarm, str, str, str | None], bool],
         retention_days: float,
+        max_series: int = 100_000,
+        max_alarms: int = 5000,
         tags: TagStore | None = None,
         wake_alarms: Callable[[], None] = lambda: None,
         clock: Callable[[], float] | None = None,
@@ -128,6 +141,10 @@ class CloudWatchService:
         self.transition = transition
         """Moves an alarm to a state and runs its actions (cloudwatch/alarms.py)."""
         self.retention_days = retention_days
+        self.max_series = max_series
+        """Series callers may create, all together; each key a tenth of it."""
+        self.max_alarms = max_alarms
+        """Alarms, all together; each key may create a tenth of it."""
         self.tags = tags or TagStore(store.engine)
         """Alarms' tags, by ARN (TagResource, ListTagsForResource, UntagResource)."""
         self._wake_alarms = wake_alarms
@@ -138,11 +155,19 @@ class CloudWatchService:
 
     # -- metrics ----------------------------------------------------------------------
 
-    def put_metric_data(self, namespace: str, data: Sequence[dict[str, Any]]) -> None:
-        if namespace.startswith("AWS/"):
+    def namespace_arn(self, namespace: str) -> str:
+        """A namespace as a resource a scoped key must reach (the name verbatim)."""
+        return f"arn:aws:cloudwatch:{self.region}:{self.account_id}:namespace/{namespace}"
+
+    def put_metric_data(
+        self, namespace: str, data: Sequence[dict[str, Any]], *, owner: str = ""
+    ) -> None:
+        """Record ``data``; a series it creates is ``owner``'s (the caller's key id, ""
+        with no ``auth:``), within the series quota."""
+        if reserved(namespace):
             raise InvalidParameterValue(
-                f"The value {namespace} for parameter Namespace is invalid: the AWS/ "
-                "namespaces are reserved for AWS's own metrics."
+                f"The value {namespace} for parameter Namespace is invalid: the AWS/ and "
+                "/aws/ namespaces are reserved for the gateway's own metrics."
             )
         now = self._clock()
         points: list[Point] = []
@@ -168,7 +193,9 @@ class CloudWatchService:
                         datum.get("Unit"),
                     )
                 )
-        self.store.write(points, PUT_SOURCE, seen=int(now))
+        self.store.write(
+            points, PUT_SOURCE, seen=int(now), owner=owner, quota=quota(self.max_series, owner)
+        )
 
     def list_metrics(
         self,
@@ -321,10 +348,17 @@ class CloudWatchService:
         return f"arn:aws:cloudwatch:{self.region}:{self.account_id}:alarm:{name}"
 
     def put_alarm(
-        self, name: str, config: dict[str, Any], tags: Sequence[dict[str, Any]] = ()
+        self,
+        name: str,
+        config: dict[str, Any],
+        tags: Sequence[dict[str, Any]] = (),
+        *,
+        owner: str | None = None,
     ) -> Alarm:
         """Create or update an alarm; a new one starts INSUFFICIENT_DATA, an updated one
-        keeps its state until its next evaluation (as CloudWatch does)."""
+        keeps its state until its next evaluation (as CloudWatch does). A new one is
+        ``owner``'s (a key's id, "" with no ``auth:``, None the operator's), within the
+        alarm quota."""
         check_alarm(config)
         for key in ("AlarmActions", "OKActions", "InsufficientDataActions"):
             for arn in config.get(key) or ():
@@ -334,8 +368,6 @@ class CloudWatchService:
         current = self.store.get_alarm(name)
         when = datetime.fromtimestamp(self._clock(), UTC)
         if current is None:
-            if len(self.store.list_alarms()) >= MAX_ALARMS:
-                raise LimitExceeded(f"The maximum of {MAX_ALARMS} alarms has been reached.")
             alarm = Alarm(
                 name=name,
                 arn=self.alarm_arn(name),
@@ -360,7 +392,12 @@ class CloudWatchService:
             )
             summary = f'Alarm "{name}" updated'
         data = json.dumps({"type": "Update", "updatedAlarm": _history_config(name, config)})
-        self.store.put_alarm(alarm, HistoryItem(name, when, "ConfigurationUpdate", summary, data))
+        self.store.put_alarm(
+            alarm,
+            HistoryItem(name, when, "ConfigurationUpdate", summary, data),
+            owner=owner,
+            quota=quota(self.max_alarms, owner),
+        )
         if tags:
             self.tags.add(alarm.arn, {str(t["Key"]): str(t.get("Value", "")) for t in tags})
         self._wake_alarms()

@@ -71,6 +71,7 @@ import ipaddress
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -253,6 +254,11 @@ class Admitted(NamedTuple):
 
 
 _OPEN = Admitted(_NO_HEAD)
+
+REQUEST_KEY: ContextVar[str] = ContextVar("shipyard_request_key", default="")
+"""The key id of the request a control-plane action runs for ("" with no ``auth:``),
+set by the control door around the action: for an action that records who made what
+(CloudWatch's series and alarms, bounded per key)."""
 
 
 def admitted(scope: Mapping[str, object]) -> Admitted:

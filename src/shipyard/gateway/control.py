@@ -22,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
+from shipyard.cloudwatch.service import reserved
 from shipyard.errors import (
     BodyTimedOut,
     BodyTooLarge,
@@ -33,7 +34,7 @@ from shipyard.errors import (
     UnknownOperation,
 )
 from shipyard.gateway import bodies, query
-from shipyard.gateway.auth import Admitted, admitted, authorize
+from shipyard.gateway.auth import REQUEST_KEY, Admitted, admitted, authorize
 from shipyard.gateway.errors import AMZ_JSON, CBOR, control_error_response, rpc_v2_error_response
 from shipyard.gateway.registry import Action, ActionRegistry, query_target, rpc_v2_target
 from shipyard.gateway.validation import service_model
@@ -66,6 +67,12 @@ _DIMENSION = "dimension"
 """A metric dimension (``{"Name", "Value"}``): ``EndpointName`` names an endpoint."""
 _ALARM = "alarm"
 """A CloudWatch alarm by name below the top level (a deployment's rollback alarms)."""
+_NAMESPACE = "namespace"
+"""A CloudWatch metric's namespace below the top level (GetMetricData's queries, a
+metric math alarm's metrics)."""
+_PUT_METRICS = "PutMetricData"
+"""The one action that writes a namespace: it needs the namespace's ARN even for the
+gateway's own namespaces (which it then refuses); reads need it outside them."""
 
 _DRAIN_BYTES = 8 << 20
 _DRAIN_S = 2.0
@@ -92,12 +99,17 @@ class ControlDoor:
         actions: ActionRegistry,
         arn: Callable[[str, str], str],
         alarm_arn: Callable[[str], str] | None = None,
+        namespace_arn: Callable[[str], str] | None = None,
     ) -> None:
         self.actions = actions
         self.arn = arn
         self.alarm_arn = alarm_arn
         """A CloudWatch alarm's ARN by its name: what a scoped key must reach to put,
         read, set, tag or delete it (``resources: [arn:aws:cloudwatch:*:*:alarm:team-*]``)."""
+        self.namespace_arn = namespace_arn
+        """A CloudWatch namespace's ARN: what a scoped key must reach to put a metric
+        in it, or read one outside the gateway's own namespaces
+        (``resources: [arn:aws:cloudwatch:*:*:namespace/TeamA*]``)."""
 
     async def handle(self, request: Request) -> Response:
         """AWS JSON: the action named by ``X-Amz-Target``, the body a JSON object."""
@@ -183,19 +195,28 @@ class ControlDoor:
         if scoped:  # keys scoped by resource: every resource the call names (DESIGN 2.9)
             # In a worker: the first call of an action reads botocore's model (_nested_paths).
             nested = await run_in_threadpool(self._nested, action, params)
-            for arn in self._resources(params, params) + nested:
+            for arn in self._resources(params, params, action) + nested:
                 edge.reach(arn)
-        result: dict[str, Any] = await run_in_threadpool(action.run, params)
+        # Who the action runs for, for what it records of its maker (CloudWatch's per-key
+        # quotas); the worker thread runs in a copy of this context.
+        token = REQUEST_KEY.set("" if edge.caller is None else edge.caller.access_key_id)
+        try:
+            result: dict[str, Any] = await run_in_threadpool(action.run, params)
+        finally:
+            REQUEST_KEY.reset(token)
         if scoped and action.lists:  # only what the key may see
-            self._only_reached(result, params, edge)
+            self._only_reached(result, params, edge, action)
         return result
 
-    def _resources(self, value: dict[str, Any], params: dict[str, Any]) -> list[str]:
+    def _resources(
+        self, value: dict[str, Any], params: dict[str, Any], action: Action
+    ) -> list[str]:
         """The ARNs of the resources a request (or an item of an answer to ``params``)
-        names at its top level: by name (``EndpointName``...), by ARN (``ResourceArn``,
-        ``EndpointArn``...), by Application Auto Scaling's ``ResourceId`` or by log group
-        and stream. A Create names the resource it creates; CreateEndpoint both the
-        endpoint and its config, as IAM asks of both."""
+        of ``action`` names at its top level: by name (``EndpointName``...), by ARN
+        (``ResourceArn``, ``EndpointArn``...), by Application Auto Scaling's
+        ``ResourceId``, by log group and stream, or a CloudWatch metric's namespace. A
+        Create names the resource it creates; CreateEndpoint both the endpoint and its
+        config, as IAM asks of both."""
         arn = self.arn
         found = []
         for key, item in value.items():
@@ -204,10 +225,7 @@ class ControlDoor:
                 continue
             if not isinstance(item, str):
                 continue
-            if key == "AlarmName" and self.alarm_arn is not None:
-                found.append(self.alarm_arn(item))
-            elif key.lower().endswith("arn") and item.lower().startswith("arn:aws:cloudwatch:"):
-                found.append(item)
+            found.extend(self._cloudwatch_resources(key, item, action))
             if key in _NAMED:
                 found.append(arn(_NAMED[key], item))
             elif key.lower().endswith("arn") and item.lower().startswith("arn:aws:sagemaker:"):
@@ -221,6 +239,25 @@ class ControlDoor:
             elif key == "logStreamName" and params.get("logGroupName") == JOBS_GROUP:
                 found.append(arn("training-job", item.split("/")[0]))
         return found
+
+    def _cloudwatch_resources(self, key: str, item: str, action: Action) -> list[str]:
+        """What a top-level string names in CloudWatch's terms: an alarm (by name or
+        ARN), a metric's namespace."""
+        if key == "AlarmName" and self.alarm_arn is not None:
+            return [self.alarm_arn(item)]
+        if key.lower().endswith("arn") and item.lower().startswith("arn:aws:cloudwatch:"):
+            return [item]
+        if key == "Namespace" and action.service.iam == "cloudwatch":
+            return self._namespace_resources(item, action)
+        return []
+
+    def _namespace_resources(self, namespace: str, action: Action) -> list[str]:
+        """A metric's namespace, as a scoped key must reach it: always to put a metric,
+        to read one outside the gateway's own namespaces (whose metrics are reached
+        through the endpoint or component their dimensions name)."""
+        if self.namespace_arn is None or (action.name != _PUT_METRICS and reserved(namespace)):
+            return []
+        return [self.namespace_arn(namespace)]
 
     def _listed_resources(self, key: str, items: list[Any]) -> list[str]:
         """What a list member names: a metric's (or alarm's) dimensions, alarms by name,
@@ -272,6 +309,8 @@ class ControlDoor:
                     found.extend(self._dimension_resources([item]))
                 elif not isinstance(item, str):
                     continue
+                elif kind == _NAMESPACE:
+                    found.extend(self._namespace_resources(item, action))
                 elif kind == _ALARM:
                     if self.alarm_arn is not None:
                         found.append(self.alarm_arn(item))
@@ -281,7 +320,9 @@ class ControlDoor:
                     found.append(item)
         return found
 
-    def _only_reached(self, result: dict[str, Any], params: dict[str, Any], edge: Admitted) -> None:
+    def _only_reached(
+        self, result: dict[str, Any], params: dict[str, Any], edge: Admitted, action: Action
+    ) -> None:
         """Drop from each list of the answer the items naming a resource the key does
         not reach. Each page is filtered as it is served: a page may come out short or
         empty, with its NextToken, which clients and boto3's paginators follow."""
@@ -291,7 +332,7 @@ class ControlDoor:
                     item
                     for item in value
                     if not isinstance(item, dict)
-                    or all(edge.reaches(arn) for arn in self._resources(item, params))
+                    or all(edge.reaches(arn) for arn in self._resources(item, params, action))
                 ]
 
 
@@ -299,9 +340,10 @@ class ControlDoor:
 def _nested_paths(service: str, action: str) -> tuple[tuple[tuple[str, ...], str], ...]:
     """Where below its top level a request of ``action`` names a resource, read from
     botocore's input shape once: (path, kind) with ``"*"`` for a list's items, kind a
-    value of ``_NAMED`` (a member of that name), ``"arn"`` (a member ending in ``Arn``)
-    or ``_DIMENSION``. Maps (``Environment``, ``HyperParameters``, tags) hold the
-    caller's own names, not the service's, and are not walked."""
+    value of ``_NAMED`` (a member of that name), ``"arn"`` (a member ending in ``Arn``),
+    ``_ALARM``, ``_NAMESPACE`` or ``_DIMENSION``. Maps (``Environment``,
+    ``HyperParameters``, tags) hold the caller's own names, not the service's, and are
+    not walked."""
     model = service_model(service)
     if action not in model.operation_names or model.operation_model(action).input_shape is None:
         return ()
@@ -320,17 +362,26 @@ def _nested_paths(service: str, action: str) -> tuple[tuple[tuple[str, ...], str
             found.append((path, _DIMENSION))
             return
         for name, member in members.items():
-            if path and member.type_name == "string":
-                if name in _NAMED:
-                    found.append(((*path, name), _NAMED[name]))
-                elif name == "AlarmName":  # a deployment's rollback alarms, by name
-                    found.append(((*path, name), _ALARM))
-                elif name.lower().endswith("arn"):
-                    found.append(((*path, name), "arn"))
+            kind = _member_kind(service, name) if member.type_name == "string" else None
+            if path and kind is not None:
+                found.append(((*path, name), kind))
             walk(member, (*path, name), seen)
 
     walk(model.operation_model(action).input_shape, (), frozenset())
     return tuple(found)
+
+
+def _member_kind(service: str, name: str) -> str | None:
+    """What a string member of this name names below a request's top level, if anything."""
+    if name in _NAMED:
+        return _NAMED[name]
+    if name == "AlarmName":  # a deployment's rollback alarms, by name
+        return _ALARM
+    if name == "Namespace" and service == "cloudwatch":
+        return _NAMESPACE
+    if name.lower().endswith("arn"):
+        return "arn"
+    return None
 
 
 def _at(value: object, path: tuple[str, ...]) -> list[object]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -29,6 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
+from shipyard.errors import LimitExceeded
 from shipyard.records import Event
 from shipyard.statsets import StatSet
 from shipyard.storage import tables as t
@@ -45,7 +48,11 @@ Row = tuple[int, float, float, float, float, dict[str, float] | None]
 _WRITE_ATTEMPTS = 3
 _SEEN_EVERY_S = 3600
 """How often a series' ``last_seen`` is written while it is written: ListMetrics looks
-back two weeks (three hours with RecentlyActive), an hour's slack is within both."""
+back two weeks (three hours with RecentlyActive), an hour's slack is within both. A
+series' id is also read anew this often, so an id another gateway purged is never used
+for long."""
+_CACHED_SERIES = 20_000
+"""The series whose ids a process keeps (the most recently written); another is read."""
 
 
 def dimensions_of(items: Iterable[dict[str, Any]] | None) -> Dimensions:
@@ -55,6 +62,88 @@ def dimensions_of(items: Iterable[dict[str, Any]] | None) -> Dimensions:
 def series_key(namespace: str, name: str, dimensions: Dimensions) -> str:
     text = json.dumps([namespace, name, [list(d) for d in dimensions]], separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """How many series callers may create: ``total`` all together, ``per_owner`` each
+    key (None: no bound per key, as with no ``auth:``)."""
+
+    total: int
+    per_owner: int | None
+
+
+@dataclass(slots=True)
+class _Known:
+    """A series this process wrote: its id, the ``last_seen`` it wrote, whether its
+    unit is settled."""
+
+    id: int
+    seen: int
+    united: bool = False
+
+
+class _SeriesCache:
+    """Series key -> ``_Known``, the ``_CACHED_SERIES`` most recently used (threads of
+    one process share it: the recorder's and PutMetricData's)."""
+
+    def __init__(self, size: int = _CACHED_SERIES) -> None:
+        self._size = size
+        self._items: OrderedDict[str, _Known] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: str) -> _Known | None:
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+            return found
+
+    def put(self, key: str, known: _Known) -> None:
+        with self._lock:
+            self._items[key] = known
+            self._items.move_to_end(key)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+@dataclass(slots=True)
+class _Budget:
+    """The series one write may still create, counted once per write when it first
+    creates one."""
+
+    quota: Quota
+    owner: str
+    total: int | None = None
+    mine: int = 0
+
+    def take(self, conn: Connection) -> None:
+        """Count one more series, or LimitExceeded (the whole write is undone)."""
+        c = t.metric_series.c
+        if self.total is None:
+            count = select(func.count()).select_from(t.metric_series)
+            self.total = int(conn.execute(count.where(c.owner.is_not(None))).scalar_one())
+            if self.quota.per_owner is not None:
+                self.mine = int(conn.execute(count.where(c.owner == self.owner)).scalar_one())
+        if self.total >= self.quota.total:
+            raise LimitExceeded(
+                f"The maximum of {self.quota.total} metric series has been reached: a "
+                "series with no datapoint within the retention is deleted."
+            )
+        if self.quota.per_owner is not None and self.mine >= self.quota.per_owner:
+            raise LimitExceeded(
+                f"The maximum of {self.quota.per_owner} metric series one key may create "
+                "has been reached: a series with no datapoint within the retention is deleted."
+            )
+        self.total += 1
+        self.mine += 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,37 +199,52 @@ class MetricStore:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._ids: dict[str, int] = {}
-        """Series key -> id, as this process has seen them (ids never change)."""
-        self._seen: dict[str, int] = {}
-        """Series key -> the ``last_seen`` this process last wrote for it."""
-        self._united: set[str] = set()
-        """Series this process has given a unit to (or left one already given)."""
+        self._known = _SeriesCache()
+        """The series this process wrote lately (an id lives until its series is
+        purged, which no series written within the retention is)."""
 
     def __repr__(self) -> str:
         return f"MetricStore({self.engine.url.render_as_string(hide_password=True)!r})"
 
     # -- datapoints -------------------------------------------------------------------
 
-    def write(self, points: Sequence[Point], source: str, *, seen: int) -> None:
+    def write(
+        self,
+        points: Sequence[Point],
+        source: str,
+        *,
+        seen: int,
+        owner: str | None = None,
+        quota: Quota | None = None,
+    ) -> None:
         """Add ``points`` to the rows of ``source`` (merged with what a row holds already:
         a period recorded in two parts, or PutMetricData called twice in it).
 
-        Two writers of one source's rows (PutMetricData from two threads or gateways)
-        are serialised (a transaction lock on PostgreSQL), and a writer that lost the
-        race to insert a series writes again."""
+        A series a write creates is ``owner``'s (None: the gateway's own), within
+        ``quota`` when given: past it the write is LimitExceeded, and nothing of it is
+        written. Two writers of one source's rows (PutMetricData from two threads or
+        gateways) are serialised (a transaction lock on PostgreSQL), and a writer that
+        lost the race to insert a series writes again."""
         if not points:
             return
         for attempt in range(_WRITE_ATTEMPTS):
+            budget = None if quota is None or owner is None else _Budget(quota, owner)
             try:
-                self._write(points, source, seen)
+                self._write(points, source, seen, owner, budget)
                 return
             except IntegrityError:
-                self._ids.clear()  # a series another writer made: read it anew
+                self._known.clear()  # a series another writer made: read it anew
                 if attempt == _WRITE_ATTEMPTS - 1:
                     raise
 
-    def _write(self, points: Sequence[Point], source: str, seen: int) -> None:
+    def _write(
+        self,
+        points: Sequence[Point],
+        source: str,
+        seen: int,
+        owner: str | None,
+        budget: _Budget | None,
+    ) -> None:
         with transaction(self.engine) as conn:
             if conn.dialect.name == "postgresql":
                 # One writer of a source's rows at a time, across threads and gateways
@@ -150,7 +254,7 @@ class MetricStore:
                 conn.execute(text("SELECT pg_advisory_xact_lock(:lock)"), {"lock": lock})
             merged: dict[tuple[int, int, int], StatSet] = {}
             for point in points:
-                series = self._series_id(conn, point, seen)
+                series = self._series_id(conn, point, seen, owner, budget)
                 key = (series, point.period, point.start)
                 found = merged.get(key)
                 if found is None:
@@ -189,22 +293,24 @@ class MetricStore:
             if fresh:
                 conn.execute(insert(t.metric_points), fresh)
 
-    def _series_id(self, conn: Connection, point: Point, seen: int) -> int:
+    def _series_id(
+        self,
+        conn: Connection,
+        point: Point,
+        seen: int,
+        owner: str | None,
+        budget: _Budget | None,
+    ) -> int:
         key = series_key(point.namespace, point.name, point.dimensions)
-        found = self._ids.get(key)
-        if found is not None:
-            if point.unit is not None and key not in self._united:
-                self._give_unit(conn, key, found, point.unit)
-            if seen - self._seen.get(key, 0) >= _SEEN_EVERY_S:
-                conn.execute(
-                    update(t.metric_series)
-                    .where(t.metric_series.c.id == found)
-                    .values(last_seen=seen)
-                )
-                self._seen[key] = seen
-            return found
+        known = self._known.get(key)
+        if known is not None and seen - known.seen < _SEEN_EVERY_S:
+            if point.unit is not None and not known.united:
+                self._give_unit(conn, known, point.unit)
+            return known.id
         row = conn.execute(select(t.metric_series.c.id).where(t.metric_series.c.key == key)).first()
         if row is None:
+            if budget is not None:
+                budget.take(conn)
             result = conn.execute(
                 insert(t.metric_series).values(
                     key=key,
@@ -213,30 +319,29 @@ class MetricStore:
                     dimensions=[list(d) for d in point.dimensions],
                     unit=point.unit,
                     last_seen=seen,
+                    owner=owner,
                 )
             )
-            found = int(result.inserted_primary_key[0])  # type: ignore[index]
+            known = _Known(int(result.inserted_primary_key[0]), seen)  # type: ignore[index]
         else:
-            found = int(row.id)
-            conn.execute(
-                update(t.metric_series).where(t.metric_series.c.id == found).values(last_seen=seen)
-            )
+            known = _Known(int(row.id), seen)
+            same = t.metric_series.c.id == known.id
+            conn.execute(update(t.metric_series).where(same).values(last_seen=seen))
             if point.unit is not None:
-                self._give_unit(conn, key, found, point.unit)
-        self._ids[key] = found
-        self._seen[key] = seen
-        return found
+                self._give_unit(conn, known, point.unit)
+        self._known.put(key, known)
+        return known.id
 
-    def _give_unit(self, conn: Connection, key: str, series: int, unit: str) -> None:
+    def _give_unit(self, conn: Connection, known: _Known, unit: str) -> None:
         """A series first written with no unit takes the first one given (a series an
         older gateway recorded, or a metric put without one before): asked for in its
         unit, its data is found."""
         conn.execute(
             update(t.metric_series)
-            .where(t.metric_series.c.id == series, t.metric_series.c.unit.is_(None))
+            .where(t.metric_series.c.id == known.id, t.metric_series.c.unit.is_(None))
             .values(unit=unit)
         )
-        self._united.add(key)
+        known.united = True
 
     def find(self, namespace: str, name: str, dimensions: Dimensions) -> Series | None:
         """The series of exactly these dimensions, if anything was ever recorded for it."""
@@ -374,17 +479,44 @@ class MetricStore:
             )
             return int(result.rowcount or 0)
 
+    def purge_series(self, *, before: int) -> int:
+        """Delete the series with no datapoint written since ``before`` (epoch seconds),
+        with any rows left of them; how many. They leave the quota, and this process's
+        ids. (``last_seen`` is written hourly, so one not written since an hour before
+        ``before`` is the one known to be that old.)"""
+        c = t.metric_series.c
+        old = c.last_seen < before - _SEEN_EVERY_S
+        with transaction(self.engine) as conn:
+            stale = select(c.id).where(old)
+            conn.execute(delete(t.metric_points).where(t.metric_points.c.series.in_(stale)))
+            result = conn.execute(delete(t.metric_series).where(old))
+            removed = int(result.rowcount or 0)
+        if removed:
+            self._known.clear()
+        return removed
+
     # -- alarms -----------------------------------------------------------------------
 
-    def put_alarm(self, alarm: Alarm, history: HistoryItem) -> None:
-        """Create or replace ``alarm`` (its state kept by the caller), with its history."""
+    def put_alarm(
+        self,
+        alarm: Alarm,
+        history: HistoryItem,
+        *,
+        owner: str | None = None,
+        quota: Quota | None = None,
+    ) -> None:
+        """Create or replace ``alarm`` (its state kept by the caller), with its history.
+        A new alarm is ``owner``'s, within ``quota`` when given (else LimitExceeded,
+        nothing written); a replaced one stays its creator's."""
         row = _alarm_row(alarm)
         with transaction(self.engine) as conn:
             found = conn.execute(
                 update(t.alarms).where(t.alarms.c.name == alarm.name).values(**row)
             )
             if found.rowcount == 0:
-                conn.execute(insert(t.alarms).values(name=alarm.name, **row))
+                if quota is not None:
+                    _check_alarm_quota(conn, owner, quota)
+                conn.execute(insert(t.alarms).values(name=alarm.name, owner=owner, **row))
             _add_history(conn, history)
 
     def get_alarm(self, name: str) -> Alarm | None:
@@ -465,6 +597,18 @@ class MetricStore:
                 HistoryItem(r.alarm, _utc(r.time), r.item_type, r.summary, r.data)
                 for r in conn.execute(query)
             ]
+
+
+def _check_alarm_quota(conn: Connection, owner: str | None, quota: Quota) -> None:
+    count = select(func.count()).select_from(t.alarms)
+    if int(conn.execute(count).scalar_one()) >= quota.total:
+        raise LimitExceeded(f"The maximum of {quota.total} alarms has been reached.")
+    if quota.per_owner is None or owner is None:
+        return
+    if int(conn.execute(count.where(t.alarms.c.owner == owner)).scalar_one()) >= quota.per_owner:
+        raise LimitExceeded(
+            f"The maximum of {quota.per_owner} alarms one key may create has been reached."
+        )
 
 
 def _add_history(conn: Connection, item: HistoryItem) -> None:

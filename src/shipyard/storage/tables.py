@@ -272,6 +272,9 @@ metric_series = Table(
     Column("dimensions", JSON, nullable=False),
     Column("unit", String(32)),
     Column("last_seen", BigInteger, nullable=False, index=True),
+    # Who created it with PutMetricData: the key's id, "" with no ``auth:``; None for the
+    # gateway's own recorded series (which no quota counts).
+    Column("owner", String(128), index=True),
 )
 
 metric_points = Table(
@@ -302,6 +305,9 @@ alarms = Table(
     Column("state_updated", DateTime(timezone=True), nullable=False),
     Column("config_updated", DateTime(timezone=True), nullable=False),
     Column("evaluated", DateTime(timezone=True)),
+    # The key that created it ("" with no ``auth:``, None from the stack file or before
+    # owners were kept): each key's alarms are bounded.
+    Column("owner", String(128), index=True),
 )
 
 alarm_history = Table(

@@ -16,6 +16,7 @@ from shipyard.cloudwatch.service import (
 )
 from shipyard.errors import InvalidNextToken, InvalidParameterCombination, InvalidParameterValue
 from shipyard.gateway.actions.listing import offset, token
+from shipyard.gateway.auth import REQUEST_KEY
 from shipyard.statsets import STATISTICS
 from shipyard.storage.metrics import Alarm, HistoryItem, Series, dimensions_of
 
@@ -56,7 +57,7 @@ def put_metric_data(svc: CloudWatchService, p: dict[str, Any]) -> dict[str, Any]
     data = p.get("MetricData") or []
     if not data:
         raise InvalidParameterValue("The parameter MetricData is required.")
-    svc.put_metric_data(p["Namespace"], data)
+    svc.put_metric_data(p["Namespace"], data, owner=REQUEST_KEY.get())
     return {}
 
 
@@ -170,7 +171,7 @@ _ALARM_FIELDS = (
 def put_metric_alarm(svc: CloudWatchService, p: dict[str, Any]) -> dict[str, Any]:
     config = {k: p[k] for k in _ALARM_FIELDS if k in p}
     config.setdefault("ActionsEnabled", True)
-    svc.put_alarm(p["AlarmName"], config, p.get("Tags") or ())
+    svc.put_alarm(p["AlarmName"], config, p.get("Tags") or (), owner=REQUEST_KEY.get())
     return {}
 
 
