@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from shipyard.routing.session_closes import SessionCloses
 from shipyard.routing.instance import Instance
+from shipyard.routing.session_closes import SessionCloses
 from shipyard.routing.sessions import Sessions, key
 from shipyard.storage.metadata import MetadataStore
 from shipyard.storage.secrets import shared_secret

@@ -42,7 +42,9 @@ class Handler(BaseHTTPRequestHandler):
             TURNS[new] = []
             at = datetime.now(UTC) + timedelta(seconds=ttl)
             header = f"{new}; Expires={at.strftime('%Y-%m-%dT%H:%M:%SZ')}"
-            self._reply(200, {"pid": pid, "opened": new}, {"X-Amzn-SageMaker-New-Session-Id": header})
+            self._reply(
+                200, {"pid": pid, "opened": new}, {"X-Amzn-SageMaker-New-Session-Id": header}
+            )
         elif session not in TURNS:
             self._reply(400, {"error": f"no session {session}"}, {})
         else:
@@ -58,4 +60,6 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
-ThreadingHTTPServer(("127.0.0.1", int(os.environ["SAGEMAKER_BIND_TO_PORT"])), Handler).serve_forever()
+ThreadingHTTPServer(
+    ("127.0.0.1", int(os.environ["SAGEMAKER_BIND_TO_PORT"])), Handler
+).serve_forever()
