@@ -142,12 +142,12 @@ class RuntimeApp:
         handlers = self.handlers
         if adapters is None:
             content_type, accept, attributes, streamed, _ = request_headers(scope["headers"])
-            context = _context(scope["headers"], attributes) if handlers.uses_context else None
+            context = context_of(scope["headers"], attributes) if handlers.uses_context else None
         else:
             content_type, accept, attributes, streamed, raw = request_headers(
                 scope["headers"], ADAPTER_IDENTIFIER
             )
-            context = _context(scope["headers"], attributes) if handlers.uses_context else None
+            context = context_of(scope["headers"], attributes) if handlers.uses_context else None
             if raw is not None:
                 adapter = raw.decode("latin-1")
                 held = adapters.registered.get(adapter)
@@ -157,7 +157,7 @@ class RuntimeApp:
                     return
                 # Never batched: a batch is of the base model's requests.
                 await self._answer(send, receive, held[1], body, content_type, accept,
-                                   _context(scope["headers"], attributes, adapter),
+                                   context_of(scope["headers"], attributes, adapter),
                                    streamed)  # fmt: skip
                 return
         if self.batcher is not None and handlers.batchable(content_type):
@@ -205,7 +205,7 @@ class RuntimeApp:
         content_type, accept, attributes, streamed, _ = request_headers(headers)
         if streamed or (self.batcher is not None and handlers.batchable(content_type)):
             return None
-        context = _context(headers, attributes) if handlers.uses_context else None
+        context = context_of(headers, attributes) if handlers.uses_context else None
         try:
             payload, media_type = threads.call(handlers.answer, body, content_type, accept, context)
             if not isinstance(payload, bytes):  # an iterator, collected on a task
@@ -336,7 +336,7 @@ class RuntimeApp:
         context: Context | None,
     ) -> None:
         first = await streaming.first_chunk(self.threads, chunks)  # raises: an error status
-        headers = _with_attributes([(b"content-type", header_value(media_type))], context)
+        headers = with_context([(b"content-type", header_value(media_type))], context)
         await streaming.send_stream(send, receive, self.threads, chunks, first, headers, _described)
 
 
@@ -384,10 +384,10 @@ def _answer_headers(
         (b"content-type", header_value(media_type)),
         (b"content-length", str(len(payload)).encode()),
     ]
-    return _with_attributes(headers, context)
+    return with_context(headers, context)
 
 
-def _with_attributes(
+def with_context(
     headers: list[tuple[bytes, bytes]], context: Context | None
 ) -> list[tuple[bytes, bytes]]:
     """``headers`` and the custom attributes and session headers the handlers set, if any
@@ -403,7 +403,7 @@ def _with_attributes(
     return headers
 
 
-def _context(
+def context_of(
     headers: list[tuple[bytes, bytes]], attributes: str | None, adapter: str | None = None
 ) -> Context:
     """The handlers' Context of a request: its custom attributes, the adapter it names,
