@@ -61,7 +61,7 @@ from shipyard.storage.filesystems import Filesystems
 from shipyard.storage.metadata import MetadataStore
 from shipyard.storage.objects import ObjectStore
 from shipyard.storage.secrets import shared_secret
-from shipyard.storage.sessions import ClosedSessions
+from shipyard.storage.sessions import ClosedSessions, SessionPins
 from shipyard.storage.tags import Tagging, TagStore
 from shipyard.transform import assembly as transform_assembly
 
@@ -134,10 +134,11 @@ class Gateway:
         self.invocations = Invocations(
             self.router,
             shadows=self.shadows,
-            sessions=Sessions(ttl_s=settings.session_ttl_s),
+            sessions=Sessions(ttl_s=settings.session_ttl_s, max_open=settings.max_sessions),
             region=settings.region,
             account_id=settings.account_id,
         )
+        self.invocations.sessions.pins = SessionPins(self.store.engine)
         self.session_closes = SessionCloses(
             self.invocations.sessions,
             ClosedSessions(self.store.engine),

@@ -81,7 +81,12 @@ class Settings(BaseSettings):
 
     session_ttl_s: float = Field(default=1200.0, ge=1, le=7 * 24 * 3600)
     """How long a stateful session lives from when it opens (DESIGN 2.11), in seconds
-    from 1 to a week; using it does not extend it."""
+    from 1 to a week; using it does not extend it. A model's own sessions last as long
+    as it says; this is for those the gateway names for a model that names none."""
+
+    max_sessions: int = Field(default=10_000, ge=1, le=10_000_000)
+    """Open sessions per endpoint, counted by each gateway for those opened through it;
+    beyond it a NEW_SESSION is refused with ThrottlingException."""
 
     max_payload_bytes: int = 6 * 1024 * 1024
     """Largest request body the runtime accepts (SageMaker's 6 MB)."""

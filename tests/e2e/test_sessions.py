@@ -1,11 +1,14 @@
-"""Stateful sessions (SessionId) end to end with boto3: opened on the instance chosen
-for the request, followed there, closed by the model, refused once gone, on plain
-variants, on inference components and on the response stream."""
+"""Stateful sessions (SessionId) end to end with boto3, for a model written without
+sessions (it answers no id of its own: the gateway names the session): opened on the
+instance chosen for the request, followed there, closed by the model, refused once gone,
+on plain variants, on inference components and on the response stream. A model's own
+sessions: test_stateful_sessions.py."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,19 +42,21 @@ def test_a_session_stays_on_its_instance_until_the_model_closes_it(
            strategy="LEAST_OUTSTANDING_REQUESTS")  # fmt: skip
 
     first, out = ask(rt, "chat", SessionId="NEW_SESSION")
+    assert first["session"] == "NEW_SESSION"  # as the client sent it: the model may open one
     header = out["NewSessionId"]
-    session, expires = header.split("; Expires=")
-    assert first["session"] == session and first["turn"] == 1  # the model was told
-    assert expires.endswith("Z")
+    # It opened none: the gateway's own id, with SageMaker's form of an expiry.
+    assert re.fullmatch(r"[0-9a-f]+; Expires=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", header)
+    session = header.split(";")[0]
     followed = [ask(rt, "chat", SessionId=session)[0] for _ in range(6)]
     assert {f["pid"] for f in followed} == {first["pid"]}
-    assert [f["turn"] for f in followed] == [2, 3, 4, 5, 6, 7]
+    assert {f["session"] for f in followed} == {session}  # from then on, the model sees it
+    assert [f["turn"] for f in followed] == [1, 2, 3, 4, 5, 6]
 
     # Without a session, requests spread over the instances as before.
     assert len({ask(rt, "chat")[0]["pid"] for _ in range(30)}) > 1
 
     closing, out = ask(rt, "chat", b"close", SessionId=session)
-    assert out["ClosedSessionId"] == session and closing["turn"] == 8
+    assert out["ClosedSessionId"] == session and closing["turn"] == 7
     with pytest.raises(ClientError) as gone:
         ask(rt, "chat", SessionId=session)
     assert gone.value.response["Error"]["Code"] == "ValidationError"
@@ -193,7 +198,7 @@ def test_a_session_is_followed_whichever_worker_takes_its_requests(
 
     answers = held_until_both_take_one(gw, workers, follow)
     assert {a["pid"] for a in answers} == {first["pid"]}
-    assert [a["turn"] for a in answers] == list(range(2, len(answers) + 2))
+    assert [a["turn"] for a in answers] == list(range(1, len(answers) + 1))
 
 
 def test_a_session_lives_as_long_as_shipyard_session_ttl_s(
@@ -208,7 +213,7 @@ def test_a_session_lives_as_long_as_shipyard_session_ttl_s(
     at = datetime.strptime(expires, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
     # Opened between ``before`` and ``after``, for 5 s, rounded up to a whole second.
     assert before + 5 <= at.timestamp() <= after + 6
-    assert ask(gw.rt, "brief", SessionId=session)[0]["turn"] == 2
+    assert ask(gw.rt, "brief", SessionId=session)[0]["turn"] == 1
 
     def refused() -> bool:
         try:

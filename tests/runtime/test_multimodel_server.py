@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -313,6 +314,26 @@ def test_the_models_contract(served: MultiModelRuntime) -> None:
     for method, path in (("GET", member), ("DELETE", member), ("POST", member + "/invoke")):
         reply = served.request(method, path, b"[1]" if method == "POST" else b"")
         assert (reply.status, reply.headers[ERROR]) == (404, "ModelNotLoaded"), (method, path)
+
+
+def test_a_multi_model_handler_keeps_sessions_through_its_context(
+    served: MultiModelRuntime,
+) -> None:
+    """As in single-model mode: the handler reads the request's session from its
+    context, opens one with its own id and expiry, and closes it."""
+    url = str(MODELS / "session_context")
+    assert served.post_json("/models", {"model_name": "talk", "url": url}).status == 200
+    session = "X-Amzn-SageMaker-Session-Id"
+    opened = served.request("POST", "/models/talk/invoke", b"{}", {session: "NEW_SESSION"})
+    assert opened.status == 200 and opened.json()["seen"] == "NEW_SESSION"
+    new = opened.headers["x-amzn-sagemaker-new-session-id"]
+    sid, _, expires = new.partition("; Expires=")
+    assert sid == opened.json()["opened"] and re.fullmatch(r"\d{4}-.*T.*Z", expires)
+    turn = served.request("POST", "/models/talk/invoke", b"{}", {session: sid})
+    assert turn.json()["seen"] == sid and "x-amzn-sagemaker-new-session-id" not in turn.headers
+    closed = served.request("POST", "/models/talk/invoke", b"close", {session: sid})
+    assert closed.headers["x-amzn-sagemaker-closed-session-id"] == sid
+    assert served.request("DELETE", "/models/talk").status == 200
 
 
 def test_post_models_refuses_a_malformed_body_and_a_missing_artifact(

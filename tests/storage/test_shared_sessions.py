@@ -1,7 +1,7 @@
 """What the gateways of one store share about sessions, on SQLite and on PostgreSQL: the
 key their ids are signed with (storage/secrets.py), made once, the same for every gateway
-also when several ask for the first time at once; and the sessions closed
-(storage/sessions.py)."""
+also when several ask for the first time at once; the sessions closed, and where the
+sessions under a model's own id live (storage/sessions.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from shipyard.routing.instance import Instance
 from shipyard.routing.session_closes import SessionCloses
-from shipyard.routing.sessions import Sessions
+from shipyard.routing.sessions import Sessions, key
 from shipyard.storage.metadata import MetadataStore
 from shipyard.storage.secrets import shared_secret
-from shipyard.storage.sessions import ClosedSessions
+from shipyard.storage.sessions import ClosedSessions, SessionPins
 
 
 def _stores(url: str, n: int) -> list[MetadataStore]:
@@ -110,3 +111,50 @@ def test_a_close_after_the_table_emptied_is_still_learned(
         assert closed.since(seq, 2_000.0)[0] == [("late", 3_000.0)]
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_a_models_own_session_is_routed_by_every_gateway_of_the_store(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A session opened under a model's own id through one gateway is found by another
+    (storage/sessions.py's pins), until it is closed (the close, shared, drops the pin)
+    or expires (purged)."""
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'meta.db'}"
+    else:
+        url = request.getfixturevalue("pg_schema").url
+    a_store, b_store = _stores(url, 2)
+    now = [1_000.0]
+    held = Instance("i-1", "v", "http://127.0.0.1:9")
+    try:
+        a = Sessions(key=b"k" * 32, clock=lambda: now[0])
+        b = Sessions(key=b"k" * 32, clock=lambda: now[0])
+        a.pins, b.pins = SessionPins(a_store.engine), SessionPins(b_store.engine)
+        for sid, expires in (("m-1", "00:25:00"), ("m-2", "00:20:00")):
+            header = f"{sid}; Expires=1970-01-01T{expires}Z".encode()
+            assert a.opened("e", held, header)[0] == sid
+            asyncio.run(a.share("e", sid))
+        gateway_id, _ = a.opened("e", held, None)
+        asyncio.run(a.share("e", gateway_id))  # the gateway's own ids need no pin
+
+        assert b.where("e", "m-1") is None  # not known here: the store says where
+        assert asyncio.run(b.fetch("e", "m-1")) is True
+        assert b.where("e", "m-1") == (held.digest, 1_500.0)
+        assert asyncio.run(b.fetch("f", "m-1")) is False  # another endpoint's is not it
+        assert asyncio.run(b.fetch("e", "never")) is False
+        assert SessionPins(b_store.engine).find(key("e", gateway_id), now[0]) is None
+
+        a.close("m-2", "e", held)
+        b_loop = SessionCloses(b, ClosedSessions(b_store.engine), period_s=1, clock=lambda: now[0])
+        a_loop = SessionCloses(a, ClosedSessions(a_store.engine), period_s=1, clock=lambda: now[0])
+        asyncio.run(a_loop.exchange())
+        assert asyncio.run(b.fetch("e", "m-2")) is False  # closed: its pin is gone
+
+        now[0] = 1_600.0  # m-1 expired: no longer found, and purged
+        assert asyncio.run(b.fetch("e", "m-1")) is False
+        asyncio.run(b_loop.exchange())
+        assert ClosedSessions(a_store.engine).purge(now[0]) == 0
+    finally:
+        a_store.close()
+        b_store.close()

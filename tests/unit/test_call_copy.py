@@ -35,7 +35,7 @@ def test_copy_to_carries_every_field_but_the_instance_and_variant() -> None:
 
     assert copy is not call
     assert copy.variant is shadow
-    assert copy.instance is None and copy.pinned is None and copy.opening is None
+    assert copy.instance is None and copy.pinned is None and copy.opening is False
     for f in dataclasses.fields(Call):
         if f.name not in _RESET:
             assert getattr(copy, f.name) == getattr(call, f.name), f.name
@@ -45,5 +45,5 @@ def test_copy_to_is_what_replace_gives() -> None:
     call = Call([(b"x-amzn-sagemaker-session-id", b"s1")], b"body", content_length=4)
     call.session, call.opened, call.target = "s1", b"s1; Expires=1", "v1"
     shadow = _variant("shadow")
-    expected = dataclasses.replace(call, variant=shadow, instance=None, pinned=None, opening=None)
+    expected = dataclasses.replace(call, variant=shadow, instance=None, pinned=None, opening=False)
     assert call.copy_to(shadow) == expected

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from shipyard.errors import RuntimeValidationError
+from shipyard.errors import ModelError, RuntimeValidationError, Throttling
 from shipyard.metrics import Metrics
 from shipyard.routing.instance import Instance
 from shipyard.routing.invocation import SESSION_TABLE_WAIT_S, Invocations
 from shipyard.routing.policies import LeastOutstandingRequests
 from shipyard.routing.router import Call, Router
-from shipyard.routing.sessions import Sessions
+from shipyard.routing.sessions import Sessions, key
 from shipyard.routing.table import EndpointRoute, VariantRoute
 from tests.unit.test_client import _serve as serve
 from tests.unit.test_queued_calls import Recording
@@ -27,129 +27,152 @@ TWO = Instance("i-2", "v", "http://127.0.0.1:10")
 BOTH = [[ONE, TWO]]
 
 
-def _open(sessions: Sessions, endpoint: str, instance: Instance) -> str:
-    """A session of ``endpoint`` opened on ``instance``, as the router and the
-    invocation open one: NEW_SESSION, the instance chosen, the model's good answer."""
-    call = Call([(b"X-Amzn-SageMaker-Session-Id", b"NEW_SESSION")], b"", opening=sessions)
-    sessions.assign(call, endpoint, instance)
-    assert call.session is not None
-    assert call.headers == [(b"X-Amzn-SageMaker-Session-Id", call.session.encode())]
-    sessions.opened(call.session, endpoint)
-    return call.session
+def _open(
+    sessions: Sessions, endpoint: str, instance: Instance, answered: bytes | None = None
+) -> str:
+    """A session of ``endpoint`` opened on ``instance``, as the invocation opens one: the
+    model's good answer to NEW_SESSION, with its New-Session-Id (``answered``) or none."""
+    sessions.admit(endpoint)
+    session_id, header = sessions.opened(endpoint, instance, answered)
+    assert header.startswith(session_id.encode() + b"; Expires=")
+    return session_id
 
 
-def test_an_id_names_its_instance_and_botocore_takes_it() -> None:
+def _on(sessions: Sessions, endpoint: str, sid: str, places: Any = BOTH) -> Instance | None:
+    """The instance holding ``sid``, as the invocation finds it; raises as it does."""
+    pin = sessions.where(endpoint, sid)
+    if pin is None:
+        raise RuntimeValidationError(f"Session {sid} is not valid: unknown here")
+    return sessions.instance_for(pin, places)
+
+
+def test_a_gateway_id_names_its_instance_and_botocore_takes_it() -> None:
     sessions = Sessions()
     first, second = _open(sessions, "e", ONE), _open(sessions, "e", TWO)
     assert first != second
     assert re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9])*", first) and len(first) <= 200
-    assert sessions.instance_for("e", first, BOTH) is ONE
-    assert sessions.instance_for("e", second, BOTH) is TWO
+    assert _on(sessions, "e", first) is ONE
+    assert _on(sessions, "e", second) is TWO
     # The same instance as another gateway's table has it (control/mirror.py) is found.
     mirrored = Instance("i-2", "v", "http://127.0.0.1:10")
-    assert sessions.instance_for("e", second, [[ONE, mirrored]]) is mirrored
+    assert _on(sessions, "e", second, [[ONE, mirrored]]) is mirrored
     # Restarted in place, an instance takes a new address: its sessions are gone.
     restarted = Instance("i-2", "v", "http://127.0.0.1:11")
-    assert sessions.instance_for("e", second, [[ONE, restarted]]) is None
+    assert _on(sessions, "e", second, [[ONE, restarted]]) is None
 
 
-def test_a_session_expires_after_its_ttl_and_is_then_refused() -> None:
+def test_a_models_id_and_expiry_are_the_sessions() -> None:
     now = [1_000.0]
     sessions = Sessions(ttl_s=60, clock=lambda: now[0])
-    call = Call([(b"x-amzn-sagemaker-session-id", b"NEW_SESSION")], b"", opening=sessions)
-    sessions.assign(call, "e", ONE)
-    assert call.session is not None
-    assert sessions.opened(call.session, "e") == (
-        f"{call.session}; Expires=1970-01-01T00:17:40Z".encode()
-    )
+    sid, header = sessions.opened("e", ONE, b"sess-1; Expires=1970-01-01T00:20:00Z")
+    assert (sid, header) == ("sess-1", b"sess-1; Expires=1970-01-01T00:20:00Z")
+    assert _on(sessions, "e", "sess-1") is ONE and sessions.count("e") == 1
+    # Another endpoint's model may use the same id for a session of its own.
+    assert sessions.where("f", "sess-1") is None
+    sessions.opened("f", TWO, b"sess-1;Expires=1970-01-01T00:30:00+00:00")
+    assert _on(sessions, "f", "sess-1") is TWO and _on(sessions, "e", "sess-1") is ONE
+    # Without an expiry, the gateway's lifetime; a time with no zone is UTC.
+    assert sessions.opened("e", ONE, b"sess-2")[1] == b"sess-2; Expires=1970-01-01T00:17:40Z"
+    assert sessions.opened("e", ONE, b"sess-3; Expires=1970-01-01T00:16:41")[0] == "sess-3"
+    now[0] = 1_200.0  # sess-1's expiry: over
+    with pytest.raises(RuntimeValidationError, match="Session sess-1 is not valid"):
+        _on(sessions, "e", "sess-1")
+    with pytest.raises(RuntimeValidationError):
+        _on(sessions, "e", "sess-3")  # given in the past
+    for bad in (b"NEW_SESSION", b"two words", b"-x", b"a" * 257, b"; Expires=x", b"a--"):
+        with pytest.raises(ModelError, match="not one"):
+            sessions.opened("e", ONE, bad)
+
+
+def test_a_gateway_session_expires_after_its_ttl_and_is_then_refused() -> None:
+    now = [1_000.0]
+    sessions = Sessions(ttl_s=60, clock=lambda: now[0])
+    sid, header = sessions.opened("e", ONE, None)
+    assert header == f"{sid}; Expires=1970-01-01T00:17:40Z".encode()
     now[0] += 59
-    assert sessions.instance_for("e", call.session, BOTH) is ONE
+    assert _on(sessions, "e", sid) is ONE
     assert sessions.count("e") == 1
     now[0] += 1
-    with pytest.raises(RuntimeValidationError, match=f"Session {call.session} is not valid"):
-        sessions.instance_for("e", call.session, BOTH)
+    with pytest.raises(RuntimeValidationError, match=f"Session {sid} is not valid"):
+        _on(sessions, "e", sid)
     assert sessions.count("e") == 0
 
 
 def test_a_closed_session_or_another_endpoints_is_refused() -> None:
     sessions = Sessions()
     sid = _open(sessions, "e", ONE)
-    with pytest.raises(RuntimeValidationError):
-        sessions.instance_for("other", sid, BOTH)
-    sessions.close(sid, "other", ONE)  # another endpoint's model cannot close it
-    sessions.close(sid, "e", TWO)  # nor another instance's
-    assert sessions.instance_for("e", sid, BOTH) is ONE
-    sessions.close(sid, "e", ONE)
-    with pytest.raises(RuntimeValidationError):
-        sessions.instance_for("e", sid, BOTH)
+    model = _open(sessions, "e", ONE, b"m-1")
+    assert sessions.where("other", sid) is None and sessions.where("other", model) is None
+    for s in (sid, model):
+        sessions.close(s, "other", ONE)  # another endpoint's model cannot close it
+        sessions.close(s, "e", TWO)  # nor another instance's
+        assert _on(sessions, "e", s) is ONE
+        sessions.close(s, "e", ONE)
+        with pytest.raises(RuntimeValidationError):
+            _on(sessions, "e", s)
     assert sessions.count("e") == 0
 
 
-def test_ids_made_up_or_altered_or_signed_by_another_store_are_refused() -> None:
+def test_ids_made_up_or_altered_or_signed_by_another_store_are_unknown() -> None:
     sessions = Sessions(key=b"k" * 32)
     sid = _open(sessions, "e", ONE)
     later = f"{int(sid[:8], 16) + 3600:08x}" + sid[8:]  # a longer life, unsigned
     other_store = Sessions(key=b"o" * 32)
-    for bad in (
-        later,
-        "never-opened",
-        "0" * len(sid),
-        sid.upper() + "0",
-        "zz" * 36,
-        "",
-        sid.upper(),
-    ):
-        with pytest.raises(RuntimeValidationError):
-            sessions.instance_for("e", bad, BOTH)
-    with pytest.raises(RuntimeValidationError):
-        other_store.instance_for("e", sid, BOTH)
+    for bad in (later, "never-opened", "0" * len(sid), sid.upper() + "0", "zz" * 36, "",
+                sid.upper()):  # fmt: skip
+        assert sessions.where("e", bad) is None
+    assert other_store.where("e", sid) is None
     # Every gateway of one store has its key (storage/secrets.py): any of them routes it.
-    assert Sessions(key=b"k" * 32).instance_for("e", sid, BOTH) is ONE
+    assert _on(Sessions(key=b"k" * 32), "e", sid) is ONE
 
 
 def test_a_closed_session_is_refused_in_every_spelling_and_shared() -> None:
-    """An id has one spelling (lower-case hex, as made): a closed session cannot come
-    back in upper case. Its close is queued for the store's other gateways, which learn
-    it (routing/session_closes.py)."""
+    """A gateway id has one spelling (lower-case hex, as made): a closed session cannot
+    come back in upper case. Its close is queued for the store's other gateways, which
+    learn it (routing/session_closes.py), by its key."""
     here, there = Sessions(key=b"k" * 32), Sessions(key=b"k" * 32)
     sid = _open(here, "e", ONE)
     here.close(sid, "e", ONE)
     here.close(sid, "e", ONE)  # told twice: shared once
     for spelling in (sid, sid.upper(), sid[:10].upper() + sid[10:]):
         with pytest.raises(RuntimeValidationError):
-            here.instance_for("e", spelling, BOTH)
-    assert here.closing == [(sid, float(int(sid[:8], 16)))]
-    assert there.instance_for("e", sid, BOTH) is ONE
+            _on(here, "e", spelling)
+    assert here.closing == [(key("e", sid), float(int(sid[:8], 16)))]
+    assert _on(there, "e", sid) is ONE
     there.learn(here.closing)
     with pytest.raises(RuntimeValidationError):
-        there.instance_for("e", sid, BOTH)
+        _on(there, "e", sid)
 
 
-def test_a_new_sessions_header_names_no_session_until_its_instance_is_chosen() -> None:
-    """Between reading NEW_SESSION and choosing an instance, the request carries an id
-    of no session: a shadow's copy of a call refused before that is not asked to open
-    one."""
+def test_a_new_session_reaches_the_model_unchanged() -> None:
+    """NEW_SESSION goes to the model as the client sent it: the model creates the
+    session."""
     sessions = Sessions(key=b"k" * 32)
     invocations = Invocations(Router(timeout_s=5), sessions=sessions)
     call = _session_call("NEW_SESSION")
     assert invocations._session(_table(9), call) is True
-    [(_, value)] = call.headers
-    assert value != b"NEW_SESSION" and len(value) == len(_open(sessions, "e", ONE))
-    with pytest.raises(RuntimeValidationError):  # no gateway made it
-        sessions.instance_for("e", value.decode(), BOTH)
+    assert call.headers == [(b"X-Amzn-SageMaker-Session-Id", b"NEW_SESSION")]
 
 
-def test_expired_sessions_are_forgotten_as_new_ones_open() -> None:
+def test_open_sessions_are_bounded_per_endpoint_and_expired_ones_make_room() -> None:
     now = [0.0]
-    sessions = Sessions(ttl_s=10, clock=lambda: now[0])
-    for _ in range(100):
-        _open(sessions, "e", ONE)
-    closed = _open(sessions, "e", ONE)
-    sessions.close(closed, "e", ONE)
-    now[0] = 20
-    _open(sessions, "e", ONE)
-    assert repr(sessions) == "Sessions(live=1, ttl_s=10)"
-    assert not sessions._closed
+    sessions = Sessions(ttl_s=10, max_open=3, clock=lambda: now[0])
+    for n in range(3):
+        _open(sessions, "e", ONE, f"s-{n}; Expires=1970-01-01T00:00:{5 + n:02}Z".encode())
+    with pytest.raises(Throttling, match="3 open sessions"):
+        sessions.admit("e")
+    sessions.admit("f")  # each endpoint its own
+    sessions.close("s-0", "e", ONE)  # a close makes room at once
+    _open(sessions, "e", ONE, b"s-3; Expires=1970-01-01T00:00:05Z")
+    with pytest.raises(Throttling):
+        sessions.admit("e")
+    now[0] = 6.5  # s-1 and s-3 expired
+    sessions.admit("e")
+    for n in (4, 5):
+        _open(sessions, "e", ONE, f"s-{n}".encode())
+    with pytest.raises(Throttling):
+        sessions.admit("e")
+    assert repr(sessions) == "Sessions(live=3, ttl_s=10, max_open=3)"
 
 
 def test_a_request_waiting_for_its_sessions_instance_takes_no_other_turn() -> None:
@@ -262,28 +285,26 @@ def test_a_session_whose_instance_the_table_lacks_waits_for_the_next_table() -> 
     asyncio.run(scenario())
 
 
-def test_a_new_sessions_id_names_the_instance_it_was_sent_to() -> None:
-    """NEW_SESSION: the id the model gets is made once the router has chosen its
-    instance, on the taken path as on ``run``'s, and names that instance."""
+def test_a_new_session_waits_for_run_and_gets_the_gateways_id() -> None:
+    """NEW_SESSION: never sent on the taken path (its model's id is recorded before the
+    client has it, which ``run`` awaits); a model that answers no id gets the gateway's,
+    which names the instance it was sent to."""
 
     async def scenario() -> None:
-        async with _instance() as (_, port, router, invocations):
+        async with _instance() as (handler, port, router, invocations):
             router.publish(_table(port))
             route = router.routes["e"]
-            call = _session_call("NEW_SESSION")
-            answer = await invocations.run(route, call)
-            assert answer.body == b"hi" and call.session is not None and call.opened
-            assert call.headers == [(b"X-Amzn-SageMaker-Session-Id", call.session.encode())]
-            instance = route.variants[0].instances[0]
-            assert invocations.sessions.instance_for("e", call.session, [[instance]]) is instance
-
             taken = _session_call("NEW_SESSION")
-            done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            assert invocations.start(route, taken, lambda a, e: done.set_result((a, e)))
-            answer, error = await asyncio.wait_for(done, 1)
-            assert error is None and taken.session is not None and taken.opened
-            assert taken.opened.startswith(taken.session.encode() + b"; Expires=")
-            assert invocations.sessions.instance_for("e", taken.session, [[instance]]) is instance
+            assert not invocations.start(route, taken, lambda a, e: None)
+            assert taken.instance is None and handler.bodies == []
+            for call in (taken, _session_call("NEW_SESSION")):
+                answer = await invocations.run(route, call)
+                assert answer.body == b"hi" and call.session is not None and call.opened
+                assert call.opened.startswith(call.session.encode() + b"; Expires=")
+                # Its shadows (sent after the answer) are told the session's id.
+                assert call.headers == [(b"X-Amzn-SageMaker-Session-Id", call.session.encode())]
+                instance = route.variants[0].instances[0]
+                assert _on(invocations.sessions, "e", call.session, [[instance]]) is instance
             assert invocations.sessions.count("e") == 2
 
     asyncio.run(scenario())

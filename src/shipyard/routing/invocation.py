@@ -35,7 +35,7 @@ from shipyard.routing.client import Response, StreamedResponse
 from shipyard.routing.multimodel import refusal, target_model
 from shipyard.routing.pipeline import FAILED_CONTAINER, ContainerGroupPool
 from shipyard.routing.router import ASK_CONTAINER, ASK_MODEL, Call, Exchange, Router
-from shipyard.routing.sessions import CLOSED_HEADER, NEW_SESSION, Sessions, header_at
+from shipyard.routing.sessions import CLOSED_HEADER, NEW_HEADER, NEW_SESSION, Sessions, header_at
 from shipyard.routing.sessions import gone as sessions_gone
 from shipyard.routing.shadow import ShadowCopier
 from shipyard.routing.table import EndpointRoute, VariantRoute
@@ -116,27 +116,33 @@ class Invocations:
 
     def _session(self, route: EndpointRoute, call: Call) -> bool:
         """Read the call's SessionId (routing/sessions.py): pin the call to its session's
-        instance, or, for NEW_SESSION, give the model the new session's id. True when
-        the call opens a session."""
-        if call.opening is not None:
-            return True  # read already (``start``, then ``run``): its id may be made
+        instance, or admit a NEW_SESSION, which goes to the model unchanged. True when
+        the call opens a session.
+
+        Raises:
+            RuntimeValidationError: the session has expired or been closed.
+            Throttling: a NEW_SESSION beyond the endpoint's open sessions.
+        """
+        if call.opening:
+            return True  # read already (``start``, then ``run``)
         found = header_at(call.headers)
         if found < 0:
             return False
-        key, value = call.headers[found]
-        asked = value.decode(errors="replace")
+        asked = call.headers[found][1].decode(errors="replace")
         if asked == NEW_SESSION:
-            call.opening = self.sessions  # its id is made once its instance is chosen
-            # Until then an id of no session: a shadow copied from a call that never
-            # reached an instance is not asked to open one.
-            call.headers[found] = (key, Sessions.unsigned_id().encode())
+            self.sessions.admit(route.name)
+            call.opening = True
             return True
         call.session = asked
+        pin = self.sessions.where(route.name, asked)
+        if pin is None:  # not known here: ``_placed`` asks the store
+            call.pinned = None
+            return False
         places = [v.instances for v in route.variants if not v.shadow]
         if call.variant is not None:
             places.insert(0, call.variant.instances)  # an inference component's copies
         # None: not in this table (``_placed`` waits for the next one, or refuses it).
-        call.pinned = self.sessions.instance_for(route.name, asked, places)
+        call.pinned = self.sessions.instance_for(pin, places)
         return False
 
     async def _placed(self, route: EndpointRoute, call: Call) -> tuple[EndpointRoute, VariantRoute]:
@@ -151,6 +157,11 @@ class Invocations:
             RuntimeValidationError: the session's instance is gone.
         """
         session = call.session or ""
+        sessions = self.sessions
+        if sessions.where(route.name, session) is None and not await sessions.fetch(
+            route.name, session
+        ):
+            raise sessions_gone(session)  # no gateway of the store knows it
         loop = asyncio.get_running_loop()
         until = loop.time() + SESSION_TABLE_WAIT_S
         route = self.route(route.name)  # the table now: the door's may be older
@@ -182,15 +193,34 @@ class Invocations:
         return variant  # gone: the router says so
 
     def _settle_session(
-        self, route: EndpointRoute, call: Call, opening: bool, closed: bytes | None
+        self,
+        route: EndpointRoute,
+        call: Call,
+        opening: bool,
+        response: Response | StreamedResponse,
     ) -> None:
-        """After a good answer: the session the call opened is recorded on the instance
-        that gave it; one the model closed is forgotten."""
-        if opening and call.session is not None:
-            call.opened = self.sessions.opened(call.session, route.name)
+        """After a good answer: the session the call opened (the model's id, or the
+        gateway's) is pinned to the instance that gave it, and named on the request for
+        its shadows; one the model closed is forgotten."""
+        if opening:
+            answered = response.header(NEW_HEADER)
+            call.session, call.opened = self.sessions.opened(route.name, call.instance, answered)
+            found = header_at(call.headers)
+            if found >= 0:
+                call.headers[found] = (call.headers[found][0], call.session.encode())
+        closed = response.header(CLOSED_HEADER)
         if closed:
             closing = closed.decode(errors="replace").strip()
             self.sessions.close(closing, route.name, call.instance)
+
+    @staticmethod
+    def _unopened(call: Call) -> None:
+        """Before a NEW_SESSION's shadow copies go: a session the production call did not
+        open is named by an id of no session, so no shadow is asked to open one (one it
+        did open is named on the request by ``_settle_session``)."""
+        found = header_at(call.headers)
+        if found >= 0 and call.opened is None:
+            call.headers[found] = (call.headers[found][0], Sessions.unsigned_id().encode())
 
     @staticmethod
     def component(route: EndpointRoute, name: str | None) -> VariantRoute:
@@ -246,8 +276,13 @@ class Invocations:
             # when this request next yields: after the client's answer is written.
             if copies:
                 assert shadows is not None
+                if opening:
+                    self._unopened(call)
                 shadows.send(route, copies, call)
-        return self._answered(route, call, variant, response, model_s, opening)
+        answer = self._answered(route, call, variant, response, model_s, opening)
+        if opening and call.session is not None:
+            await self.sessions.share(route.name, call.session)  # before the client has it
+        return answer
 
     def start(self, route: EndpointRoute, call: Call, done: Answered) -> bool:
         """``run`` with no task, for a call an instance can take at once
@@ -256,9 +291,10 @@ class Invocations:
         sent, and ``run`` serves the call; an error raised here (choosing the variant)
         is ``run``'s too."""
         variant = call.variant or self.pick(route, call)
-        opening = self._session(route, call)
-        if call.session is not None:
-            return False  # a session's call may wait for its instance: ``run``'s
+        if self._session(route, call) or call.session is not None:
+            # A session's call may wait for its instance, and one opening a session
+            # waits for the store: ``run``'s.
+            return False
 
         def answered(
             response: Response | None, model_s: float, error: BaseException | None
@@ -277,7 +313,7 @@ class Invocations:
                 done(None, self._logged(route.name, error))
                 return
             try:
-                answer = self._answered(route, call, variant, response, model_s, opening)
+                answer = self._answered(route, call, variant, response, model_s, False)
             except Exception as exc:
                 done(None, exc)
                 return
@@ -309,8 +345,8 @@ class Invocations:
                     raise failure
             raise self.model_error(route.name, response)
         self.latency(call, model_s)
-        if call.session is not None:
-            self._settle_session(route, call, opening, response.header(CLOSED_HEADER))
+        if call.session is not None or opening:
+            self._settle_session(route, call, opening, response)
         capture = variant.capture
         if capture is not None and isinstance(call.body, bytes):
             # One random draw; only sampled records are buffered.
@@ -370,13 +406,16 @@ class Invocations:
                 if exchange.response.status >= 300:
                     whole = await _whole(exchange.response, self.router.timeout_s)
                     raise self.model_error(route.name, whole)
-                if call.session is not None:
-                    closed = exchange.response.header(CLOSED_HEADER)
-                    self._settle_session(route, call, opening, closed)
+                if call.session is not None or opening:
+                    self._settle_session(route, call, opening, exchange.response)
+                    if opening and call.session is not None:
+                        await self.sessions.share(route.name, call.session)
                 yield exchange
         finally:
             if copies:
                 assert shadows is not None
+                if opening:
+                    self._unopened(call)
                 shadows.send(route, copies, call)
 
     # -- after the call ---------------------------------------------------------------

@@ -103,9 +103,8 @@ class Call:
     path: bytes = INVOCATIONS_PATH
     """Where on the instance it goes: ``/invocations``, or for a shadow's copies sent
     together (routing/shadow.py) contract.COPIES_PATH."""
-    opening: sessions.Sessions | None = None
-    """Set when the call asks for a new session: what makes its id once an instance is
-    chosen for it (``Sessions.assign``), the id naming that instance."""
+    opening: bool = False
+    """Set when the call asks for a new session (NEW_SESSION, routing/invocation.py)."""
     asks: int = 0
     """Which routing headers the client sent (ASK_MODEL, ASK_CONTAINER, as the door saw
     them forwarded): each is refused where the variant cannot honour it, as SageMaker
@@ -130,7 +129,7 @@ class Call:
             None,
             self.opened,
             self.path,
-            None,
+            False,
             self.asks,
         )
 
@@ -371,8 +370,6 @@ class Router:
         abandon = None
         try:
             if self._deadlines.watch(flight):
-                if call.opening is not None:  # first: nothing is counted should it fail
-                    call.opening.assign(call, route.name, instance)
                 instance.in_flight += 1
                 flight.ahead = instance.in_flight - 1
                 call.instance = instance
@@ -554,8 +551,6 @@ class Router:
             variant = self.current(route, variant)
             instance = self._choose(variant, call, tried, turn=turn)
             if instance is not None:
-                if call.opening is not None:  # first: nothing is counted should it fail
-                    call.opening.assign(call, route.name, instance)
                 instance.in_flight += 1
                 call.instance = instance
                 return variant, instance

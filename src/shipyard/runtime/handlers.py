@@ -20,7 +20,8 @@ type, and the default ``output_fn`` encodes the dict (or one array) the chain re
 a ``(body, content_type)`` tuple; an iterator or generator in place of the body (or from
 ``predict_fn``) is a streamed answer, one chunk per item (:mod:`streaming`). Any handler
 may take an extra keyword parameter ``context``: a :class:`Context` carrying the request's
-custom attributes (and the adapter it names) and taking the response's. Which handlers
+custom attributes, its stateful session (and the adapter it names) and taking the
+response's. Which handlers
 want it is decided once, at load time, so a request pays for one flag test per handler.
 
 Adapters (adapter inference components, :mod:`adapters`): a ``model_fn`` that takes a
@@ -47,8 +48,10 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import re
 import sys
 from collections.abc import Callable, Sequence, Sized
+from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -64,6 +67,8 @@ Handler = Callable[..., Any]
 Request = tuple[bytes, str, str, "Context | None"]
 """One request of a batch: body, content type, accept and context."""
 
+_SESSION_ID = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9])*")
+_MAX_SESSION_ID = 256
 _PENDING: Any = ("pending", "")  # an answer slot not yet filled, told apart by identity
 
 
@@ -75,22 +80,67 @@ class Context:
     header back with the response. ``adapter`` names the adapter the request is for (an
     adapter inference component, registered through ``load_adapter_fn``), or is None for
     the base model.
+
+    Stateful sessions: ``session_id`` is the request's session (``"NEW_SESSION"`` when the
+    client asks for one, None without). A handler answering a NEW_SESSION opens the
+    session with ``open_session(id, expires)``; one that opens none gets the gateway's
+    (its id is then ``session_id`` on the session's later requests). ``close_session()``
+    ends the request's session.
     """
 
-    __slots__ = ("request_custom_attributes", "response_custom_attributes", "adapter")
+    __slots__ = (
+        "request_custom_attributes",
+        "response_custom_attributes",
+        "adapter",
+        "session_id",
+        "new_session",
+        "closed_session",
+    )
 
     def __init__(
-        self, request_custom_attributes: str | None = None, adapter: str | None = None
+        self,
+        request_custom_attributes: str | None = None,
+        adapter: str | None = None,
+        session_id: str | None = None,
     ) -> None:
         self.request_custom_attributes = request_custom_attributes
         self.response_custom_attributes: str | None = None
         self.adapter = adapter
+        self.session_id = session_id
+        self.new_session: str | None = None
+        """The New-Session-Id header's value ``open_session`` set, if any."""
+        self.closed_session: str | None = None
+        """The session ``close_session`` closed, if any."""
+
+    def open_session(self, session_id: str, expires: datetime | float | None = None) -> None:
+        """Answer this NEW_SESSION request by opening session ``session_id`` (letters,
+        digits and single hyphens, at most 256 characters), lasting until ``expires``: a
+        datetime (UTC unless it says otherwise) or Unix time; None, the gateway's default
+        (``SHIPYARD_SESSION_TTL_S``). The gateway reads it only on a NEW_SESSION."""
+        if len(session_id) > _MAX_SESSION_ID or not _SESSION_ID.fullmatch(session_id):
+            raise ValueError(f"not a session id: {session_id[:300]!r}")
+        if expires is None:
+            self.new_session = session_id
+            return
+        if not isinstance(expires, datetime):
+            expires = datetime.fromtimestamp(expires, UTC)
+        elif expires.tzinfo is None:
+            expires = expires.replace(tzinfo=UTC)
+        at = expires.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.new_session = f"{session_id}; Expires={at}"
+
+    def close_session(self) -> None:
+        """End the request's session (answered to the gateway, which refuses its id from
+        then on)."""
+        if self.session_id is None or self.session_id == "NEW_SESSION":
+            raise ValueError("this request belongs to no session to close")
+        self.closed_session = self.session_id
 
     def __repr__(self) -> str:
         return (
             f"Context(request_custom_attributes={self.request_custom_attributes!r}, "
             f"response_custom_attributes={self.response_custom_attributes!r}, "
-            f"adapter={self.adapter!r})"
+            f"adapter={self.adapter!r}, session_id={self.session_id!r})"
         )
 
 

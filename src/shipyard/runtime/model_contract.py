@@ -45,15 +45,16 @@ from shipyard.contract import (
 )
 from shipyard.errors import BadModelRequest, InvalidTargetModel, MultiModelError
 from shipyard.runtime.batching import BatchConfig, Batcher
-from shipyard.runtime.handlers import Context, Handlers
+from shipyard.runtime.handlers import Handlers
 from shipyard.runtime.multimodel import Acquired, ModelCache, check_model_name
 from shipyard.runtime.server import (
-    CUSTOM_ATTRIBUTES,
     Receive,
     Scope,
     Send,
+    context_of,
     describe_failure,
     request_headers,
+    with_context,
 )
 from shipyard.runtime.workers import Inline, Runner, batch_runner
 
@@ -78,6 +79,8 @@ class _Request:
     accept: str
     attributes: str | None
     target: bytes | None
+    headers: list[tuple[bytes, bytes]]
+    """All of them: a Context reads its session there (runtime/server.py's ``context_of``)."""
 
 
 class MultiModelApp:
@@ -152,11 +155,12 @@ class MultiModelApp:
             assert self._batch_runner is not None, "batching is configured"
             batcher = handlers.batcher = Batcher(handlers, self._batch_runner, config)
         headers = _model_headers(acquired, self.cache)
-        context = Context(request.attributes) if handlers.uses_context else None
+        context = context_of(request.headers, request.attributes) if handlers.uses_context else None
         try:
             answer = await batcher.submit(
                 (request.body, request.content_type, request.accept, context)
             )
+            extra = with_context([], context)  # ValueError: a value no header can hold
         except Exception as exc:
             status, text = describe_failure(exc)
             body = text.encode()
@@ -164,9 +168,7 @@ class MultiModelApp:
         headers.append((b"content-type", answer.media_type.encode("latin-1")))
         headers.append((b"content-length", str(len(answer.payload)).encode()))
         headers.append((BATCH, format_batch(answer.size, answer.wait_s)))
-        if context is not None and context.response_custom_attributes is not None:
-            headers.append((CUSTOM_ATTRIBUTES, context.response_custom_attributes.encode()))
-        return 200, headers, answer.payload
+        return 200, headers + extra, answer.payload
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = _model_route(scope)
@@ -248,20 +250,19 @@ def _respond(
     """Run the request through the model's handlers: status, headers and body."""
     handlers = acquired.model
     headers = _model_headers(acquired, cache)
-    context = Context(request.attributes) if handlers.uses_context else None
+    context = context_of(request.headers, request.attributes) if handlers.uses_context else None
     try:
         payload, media_type = handlers.invoke(
             request.body, request.content_type, request.accept, context
         )
+        extra = with_context([], context)  # ValueError: a value no header can hold
     except Exception as exc:
         status, text = describe_failure(exc)
         body = text.encode()
         return status, [*headers, _TEXT, (b"content-length", str(len(body)).encode())], body
     headers.append((b"content-type", media_type.encode("latin-1")))
     headers.append((b"content-length", str(len(payload)).encode()))
-    if context is not None and context.response_custom_attributes is not None:
-        headers.append((CUSTOM_ATTRIBUTES, context.response_custom_attributes.encode()))
-    return 200, headers, payload
+    return 200, headers + extra, payload
 
 
 def _model_headers(acquired: Acquired[Any], cache: ModelCache[Handlers]) -> Headers:
@@ -294,7 +295,7 @@ async def _read_request(scope: Scope, receive: Receive) -> _Request | None:
     if body is None:
         return None
     content_type, accept, attributes, _, target = request_headers(scope["headers"], _TARGET_MODEL)
-    return _Request(body, content_type, accept, attributes, target)
+    return _Request(body, content_type, accept, attributes, target, scope["headers"])
 
 
 def _target(raw: bytes | None) -> str:

@@ -62,6 +62,9 @@ Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
+SESSION_ID = b"x-amzn-sagemaker-session-id"
+NEW_SESSION_ID = b"x-amzn-sagemaker-new-session-id"
+CLOSED_SESSION_ID = b"x-amzn-sagemaker-closed-session-id"
 DEFAULT_TYPE = "application/json"
 
 _PING_START: Message = {
@@ -139,12 +142,12 @@ class RuntimeApp:
         handlers = self.handlers
         if adapters is None:
             content_type, accept, attributes, streamed, _ = request_headers(scope["headers"])
-            context = Context(attributes) if handlers.uses_context else None
+            context = context_of(scope["headers"], attributes) if handlers.uses_context else None
         else:
             content_type, accept, attributes, streamed, raw = request_headers(
                 scope["headers"], ADAPTER_IDENTIFIER
             )
-            context = Context(attributes) if handlers.uses_context else None
+            context = context_of(scope["headers"], attributes) if handlers.uses_context else None
             if raw is not None:
                 adapter = raw.decode("latin-1")
                 held = adapters.registered.get(adapter)
@@ -154,7 +157,8 @@ class RuntimeApp:
                     return
                 # Never batched: a batch is of the base model's requests.
                 await self._answer(send, receive, held[1], body, content_type, accept,
-                                   Context(attributes, adapter), streamed)  # fmt: skip
+                                   context_of(scope["headers"], attributes, adapter),
+                                   streamed)  # fmt: skip
                 return
         if self.batcher is not None and handlers.batchable(content_type):
             await self._batched(send, self.batcher, (body, content_type, accept, context))
@@ -201,7 +205,7 @@ class RuntimeApp:
         content_type, accept, attributes, streamed, _ = request_headers(headers)
         if streamed or (self.batcher is not None and handlers.batchable(content_type)):
             return None
-        context = Context(attributes) if handlers.uses_context else None
+        context = context_of(headers, attributes) if handlers.uses_context else None
         try:
             payload, media_type = threads.call(handlers.answer, body, content_type, accept, context)
             if not isinstance(payload, bytes):  # an iterator, collected on a task
@@ -332,7 +336,7 @@ class RuntimeApp:
         context: Context | None,
     ) -> None:
         first = await streaming.first_chunk(self.threads, chunks)  # raises: an error status
-        headers = _with_attributes([(b"content-type", header_value(media_type))], context)
+        headers = with_context([(b"content-type", header_value(media_type))], context)
         await streaming.send_stream(send, receive, self.threads, chunks, first, headers, _described)
 
 
@@ -380,17 +384,36 @@ def _answer_headers(
         (b"content-type", header_value(media_type)),
         (b"content-length", str(len(payload)).encode()),
     ]
-    return _with_attributes(headers, context)
+    return with_context(headers, context)
 
 
-def _with_attributes(
+def with_context(
     headers: list[tuple[bytes, bytes]], context: Context | None
 ) -> list[tuple[bytes, bytes]]:
-    """``headers`` and the custom attributes the handlers set, if any (UTF-8, as ever)."""
-    if context is not None and context.response_custom_attributes is not None:
-        value = header_value(context.response_custom_attributes, "utf-8")
-        headers.append((CUSTOM_ATTRIBUTES, value))
+    """``headers`` and the custom attributes and session headers the handlers set, if any
+    (UTF-8, as ever)."""
+    if context is not None:
+        if context.response_custom_attributes is not None:
+            value = header_value(context.response_custom_attributes, "utf-8")
+            headers.append((CUSTOM_ATTRIBUTES, value))
+        if context.new_session is not None:
+            headers.append((NEW_SESSION_ID, context.new_session.encode()))
+        if context.closed_session is not None:
+            headers.append((CLOSED_SESSION_ID, context.closed_session.encode()))
     return headers
+
+
+def context_of(
+    headers: list[tuple[bytes, bytes]], attributes: str | None, adapter: str | None = None
+) -> Context:
+    """The handlers' Context of a request: its custom attributes, the adapter it names,
+    and its session (read only for handlers that take a context)."""
+    session = None
+    for name, value in headers:
+        if name == SESSION_ID:
+            session = value.decode("latin-1")
+            break
+    return Context(attributes, adapter, session)
 
 
 async def _status_of(app: App, headers: list[tuple[bytes, bytes]], body: bytes) -> int:

@@ -334,13 +334,23 @@ closed_sessions = Table(
     "closed_sessions",
     metadata,
     Column("seq", Integer, primary_key=True, autoincrement=True),
-    Column("session_id", String(128), nullable=False),
+    Column("session_id", String(128), nullable=False, index=True),
     Column("expires", Float, nullable=False, index=True),
     # Never a seq used before, even once the table was emptied: readers go by it.
     sqlite_autoincrement=True,
 )
 """Sessions their models closed, until they would have expired (storage/sessions.py): so
 every gateway of the store refuses them."""
+
+session_pins = Table(
+    "session_pins",
+    metadata,
+    Column("session_key", String(64), primary_key=True),
+    Column("instance", String(16), nullable=False),
+    Column("expires", Float, nullable=False, index=True),
+)
+"""Sessions opened under a model's own id: the instance holding each (its digest), until
+it expires or closes (storage/sessions.py), for every gateway of the store to route."""
 
 # Names are unique whatever their case, as SageMaker's are (migration 0016).
 for _table in (models, endpoint_configs, endpoints, inference_components, jobs, transform_jobs):
