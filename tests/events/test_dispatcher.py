@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -357,3 +358,47 @@ def test_backoff_doubles_up_to_its_cap(store: MetadataStore) -> None:
         backoff_max_s=300,
     )
     assert [dispatcher.backoff_s(n) for n in (0, 1, 3, 8, 1000)] == [1.5, 3.0, 12.0, 300, 300]
+
+
+def test_a_subscriber_that_never_answers_holds_back_no_other_event(
+    store: MetadataStore, webhook: WebhookListener
+) -> None:
+    """An alarm's notification must not wait for another event's hanging webhook.
+
+    The hanging subscriber is a socket that listens and never answers: the kernel takes
+    the connection and the request, and the send waits for its read timeout (a minute
+    here). While it does, an event recorded to a working webhook is delivered at once.
+    """
+    hanging = socket.socket()
+    hanging.bind(("127.0.0.1", 0))
+    hanging.listen(8)
+    slow_url = f"http://127.0.0.1:{hanging.getsockname()[1]}"
+    log = EventLog(store.engine)
+    dispatcher = Dispatcher(
+        log=log, topics=Topics(), notifier=Notifier(read_timeout_s=60), poll_period_s=600
+    )
+    dispatcher.drain_s = 0.1
+
+    def sending(key: str) -> bool:
+        return [d.status for d in log.deliveries(key)] == [DeliveryStatus.SENDING]
+
+    async def main() -> None:
+        task = asyncio.create_task(dispatcher.run(), name="dispatcher")
+        try:
+            await asyncio.to_thread(log.record, make_event("slow", topics=(slow_url,)))
+            dispatcher.wake()
+            await wait_until_async(lambda: sending("slow"), "the hanging send under way")
+            await asyncio.to_thread(log.record, make_event("alarm", topics=(webhook.url,)))
+            dispatcher.wake()
+            got = await asyncio.to_thread(webhook.wait_for, 1, 10)
+            assert got[0].headers[KEY] == "alarm"
+            assert sending("slow")  # still waiting for its answer
+        finally:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    try:
+        asyncio.run(main())
+    finally:
+        hanging.close()

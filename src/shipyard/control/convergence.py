@@ -256,7 +256,7 @@ class Converger:
                 VariantState(v.name, v.weight, v.instance_count, v.shadow) for v in config.variants
             ),
         )
-        if also is not None:
+        if self.deployer.notify:
             self.deployer.on_event()
         await self.provisioner.drain_and_stop(old.all_slots())
         self.publisher.forget_model_series(old, old.all_slots())

@@ -232,11 +232,9 @@ class Deployer:
 
     def recording(
         self, ep: Endpoint, config: str, state: str, reason: str = ""
-    ) -> Callable[[Connection], None] | None:
+    ) -> Callable[[Connection], None]:
         """What records the deployment's end with the endpoint's change (one
-        transaction), when any topic is to hear of it."""
-        if not self.notify:
-            return None
+        transaction), whether or not any topic is to hear of it."""
         started = float((ep.deployment or {}).get("started") or self.clock())
         event = deployment_event(
             endpoint=ep.name,
@@ -454,7 +452,7 @@ class Deployer:
             failure_reason=reason,
             also=also,
         )
-        if also is not None:
+        if self.notify:
             self.on_event()
 
 

@@ -254,12 +254,15 @@ class RoutePublisher:
         )
 
     def export_gauges(self, fleets: Iterable[Fleet]) -> None:
+        gauge = self.metrics.instances
         for fleet in fleets:
+            healthy = fleet.healthy()
             for variant, slots in fleet.slots.items():
-                healthy = sum(1 for s in slots if s.instance is not None and s.instance.healthy)
-                gauge = self.metrics.instances
-                gauge.labels(fleet.endpoint, variant, "healthy").set(healthy)
-                gauge.labels(fleet.endpoint, variant, "unhealthy").set(len(slots) - healthy)
+                # A variant of inference components counts its instances, not processes.
+                total = fleet.hosts.get(variant, len(slots))
+                up = healthy.get(variant, 0)
+                gauge.labels(fleet.endpoint, variant, "healthy").set(up)
+                gauge.labels(fleet.endpoint, variant, "unhealthy").set(total - up)
 
     def forget_gauges(self, fleet: Fleet) -> None:
         """Drop every series of a fleet that is gone."""

@@ -154,11 +154,7 @@ class Reconciler:
         fleet = self.fleets.get(endpoint) or self.mirror.fleets.get(endpoint)
         if fleet is None:
             return {}
-        counts = {
-            name: sum(1 for s in slots if s.instance is not None and s.instance.healthy)
-            for name, slots in fleet.slots.items()
-        }
-        return counts | fleet.hosts
+        return fleet.healthy()
 
     def current_copies(self, component: InferenceComponent) -> int:
         """How many copies of ``component`` answer their health checks now."""

@@ -1,6 +1,7 @@
 """Dispatcher: delivers recorded events to their subscribers, once per subscriber.
 
-Procedure, one pass (``dispatch_once``):
+Procedure, for each due event (``run`` settles each in a task of its own, so a slow
+subscriber holds back no other event; ``dispatch_once`` does one batch and waits):
 
 1. Lease up to ``batch_size`` due events (``EventLog.claim_due``).
 2. Resolve each event's targets to subscribers (``Topics.resolve``). An unknown topic
@@ -133,39 +134,61 @@ class Dispatcher:
         self._wake.set()
 
     async def run(self) -> None:
-        """Dispatch until cancelled: a pass every ``poll_period_s``, or at once on wake.
+        """Dispatch until cancelled: look for due events every ``poll_period_s``, or at
+        once on wake, and settle each in a task of its own.
 
-        A failed pass is logged and retried; only cancellation ends the loop.
+        No event waits for another: a subscriber that takes its whole read timeout to
+        answer (or never does) holds back its own event alone, not the events recorded
+        meanwhile (an alarm's notification waited behind a hanging webhook for longer
+        than the 30 s its reader allowed). At most ``batch_size`` events are worked on
+        at once; the lease keeps an event from being claimed twice while it is. A failed
+        look is logged and retried; only cancellation ends the loop, after letting the
+        deliveries under way record their outcomes for up to ``drain_s``.
         """
         self._wake.bind()
         await _db(self._log.release_claims)
-        while True:
-            try:
-                claimed = await self._drained_pass()
-            except Exception:
-                log.exception("Event dispatch failed; retrying in %.1fs", self._poll_period_s)
-                claimed = 0
-            if claimed < self.batch_size:
-                await self._wake.wait(self._poll_period_s)
+        working: set[asyncio.Future[None]] = set()
+        try:
+            while True:
+                room = self.batch_size - len(working)
+                claimed = await self._claim_some(room) if room > 0 else []
+                for state in claimed:
+                    task = asyncio.ensure_future(self._settle(state))
+                    working.add(task)
+                    task.add_done_callback(self._done(working))
+                if room <= 0 or len(claimed) < room:
+                    await self._wake.wait(self._poll_period_s)
+        except asyncio.CancelledError:
+            await self._drain(working)
+            raise
 
-    async def _drained_pass(self) -> int:
-        """``dispatch_once``, which a cancellation lets finish for up to ``drain_s``.
+    def _done(self, working: set[asyncio.Future[None]]) -> Callable[[asyncio.Future[None]], None]:
+        def done(task: asyncio.Future[None]) -> None:
+            working.discard(task)
+            self._wake.set()  # room for another event
+
+        return done
+
+    async def _claim_some(self, limit: int) -> list[EventState]:
+        try:
+            return await _db(
+                self._log.claim_due, now=self._clock(), lease_s=self._lease_s, limit=limit
+            )
+        except Exception:
+            log.exception("Event dispatch failed; retrying in %.1fs", self._poll_period_s)
+            return []
+
+    async def _drain(self, working: set[asyncio.Future[None]]) -> None:
+        """Let the deliveries under way record their outcomes, for up to ``drain_s``.
 
         A send cut short by shutdown would leave a 'sending' row and be sent again after
         the restart; letting it commit its outcome keeps restarts from duplicating.
         """
-        task = asyncio.ensure_future(self.dispatch_once())
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            try:
-                await asyncio.wait({task}, timeout=self.drain_s)
-            finally:
-                if not task.done():
-                    task.cancel()
-                elif not task.cancelled() and task.exception() is not None:
-                    log.error("Event dispatch failed at shutdown", exc_info=task.exception())
-            raise
+        if not working:
+            return
+        _, late = await asyncio.wait(set(working), timeout=self.drain_s)
+        for task in late:
+            task.cancel()
 
     async def dispatch_once(self) -> int:
         """One pass over the events due now; returns how many it worked on."""

@@ -16,8 +16,15 @@ builder                        the change, and who hears it
 ``scaling_activity_event``     an Application Auto Scaling activity ended;
                                ``autoscaling.notify``
 ``deployment_event``           an UpdateEndpoint's DeploymentConfig completed, rolled
-                               back or failed; ``deployments.notify``
+                               back or failed; ``deployments.notify`` (recorded when
+                               no topic hears it too)
+``endpoint_events``            an endpoint's EndpointStatus, and each step a deployment
+                               reaches (its stage and traffic share); no topic: the
+                               events log's record
 =============================  ======================================================
+
+Every status change is recorded, whether or not a topic hears it: the events log (the
+console's Events page) is the record of what happened, notifications a view of it.
 
 Every key is fixed per change (a final status, a request's outcome, an activity), so a
 change seen twice (a worker that died mid-way, a gateway restarted) is announced once.
@@ -36,6 +43,7 @@ from typing import Any, Generic, TypeVar
 from shipyard.records import (
     AsyncConfig,
     AsyncRequest,
+    Endpoint,
     Event,
     Job,
     JobStatus,
@@ -49,6 +57,8 @@ TRANSFORM_JOB = "SageMaker Transform Job State Change"
 INFERENCE_RESULT = "SageMaker Async Inference Result"
 SCALING_ACTIVITY = "Application Auto Scaling Scaling Activity State Change"
 DEPLOYMENT = "Endpoint Deployment State Change"
+ENDPOINT = "SageMaker Endpoint State Change"
+DEPLOYMENT_STEP = "Endpoint Deployment Step"
 
 MAX_INLINE_RESPONSE_BYTES = 128 * 1024
 """SageMaker includes an asynchronous response in a notification only up to 128 KB."""
@@ -374,6 +384,81 @@ def deployment_event(
         f"{state.lower().replace('rolledback', 'rolled back')}."
         + (f"\nReason: {reason}" if reason else ""),
         time=at,
+    )
+
+
+# -- endpoints ----------------------------------------------------------------------------
+
+
+def endpoint_events(endpoint: Endpoint, previous: Endpoint | None) -> list[Event]:
+    """What a change of ``endpoint`` from ``previous`` (None: it was just created) says:
+    its new EndpointStatus, and the step a deployment reached. Keys are fixed per
+    endpoint (its creation time), generation and status or step, so a change is one
+    event."""
+    events: list[Event] = []
+    if previous is None or previous.status != endpoint.status:
+        events.append(_endpoint_status_event(endpoint))
+    step = _step(endpoint.deployment)
+    if step is not None and step != (None if previous is None else _step(previous.deployment)):
+        events.append(_deployment_step_event(endpoint, *step))
+    return events
+
+
+def _endpoint_status_event(endpoint: Endpoint) -> Event:
+    status = endpoint.status.value
+    detail: dict[str, Any] = {
+        "EndpointName": endpoint.name,
+        "EndpointArn": endpoint.arn,
+        "EndpointConfigName": endpoint.config_name,
+        "EndpointStatus": status,
+        "CreationTime": _seconds(endpoint.created),
+        "LastModifiedTime": _seconds(endpoint.modified),
+    }
+    if endpoint.failure_reason:
+        detail["FailureReason"] = endpoint.failure_reason
+    born = endpoint.created.timestamp()
+    return Event(
+        key=f"endpoint:{endpoint.arn}:{born:.6f}:{endpoint.generation}:{status}",
+        detail_type=ENDPOINT,
+        source="aws.sagemaker",
+        resource=endpoint.arn,
+        detail=detail,
+        topics=(),
+        subject=f"Endpoint {endpoint.name} {status}"[:100],
+        message=f"Endpoint {endpoint.name} is {status}."
+        + (f"\nReason: {endpoint.failure_reason}" if endpoint.failure_reason else ""),
+        time=endpoint.modified,
+    )
+
+
+def _step(deployment: Mapping[str, Any] | None) -> tuple[float, str, float] | None:
+    """(started, stage, share) of a deployment under way; None when none is."""
+    if not deployment or not deployment.get("stage"):
+        return None
+    started = float(deployment.get("started") or 0.0)
+    return started, str(deployment["stage"]), round(float(deployment.get("share") or 0.0), 6)
+
+
+def _deployment_step_event(endpoint: Endpoint, started: float, stage: str, share: float) -> Event:
+    detail = {
+        "EndpointName": endpoint.name,
+        "EndpointArn": endpoint.arn,
+        "EndpointConfigName": endpoint.pending_config_name or endpoint.config_name,
+        "DeploymentStage": stage,
+        "TrafficShare": share,
+        "StartTime": datetime.fromtimestamp(started, endpoint.modified.tzinfo).isoformat(),
+    }
+    return Event(
+        key=f"deployment:{endpoint.name}:{started:.6f}:step:{stage}:{share:.6f}",
+        detail_type=DEPLOYMENT_STEP,
+        source="aws.sagemaker",
+        resource=endpoint.arn,
+        detail=detail,
+        topics=(),
+        subject=f"Deployment of {endpoint.name}: {stage} at {share:.0%}"[:100],
+        message=f"Endpoint {endpoint.name}: deployment {stage}, the new fleet takes "
+        f"{share:.0%} of the traffic.",
+        time=endpoint.modified,
     )
 
 

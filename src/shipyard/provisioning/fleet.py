@@ -200,6 +200,31 @@ class Fleet:
     def all_slots(self) -> list[Slot]:
         return [s for slots in self.slots.values() for s in slots]
 
+    def healthy(self) -> dict[str, int]:
+        """Per variant (and inference component), its instances (copies) that answer
+        their health checks now: what DescribeEndpoint, the console and the CLI show.
+
+        A variant of inference components has no processes of its own (its copies are
+        them): of its ``hosts`` instances, one is down only when copies are placed on
+        it and none of them answers."""
+        counts = {
+            name: sum(1 for s in slots if s.instance is not None and s.instance.healthy)
+            for name, slots in self.slots.items()
+        }
+        for variant, hosts in self.hosts.items():
+            up: set[int] = set()
+            placed: set[int] = set()
+            for name, copies in self.components.items():
+                if copies.variant != variant:
+                    continue
+                slots, hosts_of = self.slots.get(name, []), self.placement.get(name, [])
+                for slot, host in zip(slots, hosts_of, strict=False):  # copies being placed
+                    placed.add(host)
+                    if slot.instance is not None and slot.instance.healthy:
+                        up.add(host)
+            counts[variant] = hosts - len({h for h in placed - up if h < hosts})
+        return counts
+
 
 class Provisioner:
     """Starts and stops the instances of fleets."""

@@ -431,12 +431,17 @@ class Invocations:
 
     @staticmethod
     def count(call: Call | None, status: int, error: BaseException | None = None) -> None:
-        """Count one answered request, and its 4xx/5xx, on the variant it was routed to
-        (none, when it failed before a variant was chosen). A model's own error (``error``
-        a ModelError) counts by the status the model answered, as CloudWatch's
-        Invocation4XXErrors and Invocation5XXErrors do, not by ModelError's 424."""
+        """Count one answered request, and its 4xx/5xx, on the variant it was routed to,
+        when it reached the model: sent to an instance, or answered by the model. What
+        the gateway refuses itself (a bad header, an unknown session, no room in the
+        queue) is not the model's invocation, wherever the refusal is found. A model's
+        own error (``error`` a ModelError) counts by the status the model answered, as
+        CloudWatch's Invocation4XXErrors and Invocation5XXErrors do, not by ModelError's
+        424."""
         if isinstance(error, ModelError):
             status = error.original_status_code
+        elif call is None or call.instance is None:
+            return
         if call is not None and call.variant is not None:
             m = call.variant.metrics
             m.invocations.inc()

@@ -57,6 +57,9 @@ from shipyard.storage.transactions import serialize, transaction
 
 log = logging.getLogger(__name__)
 
+Announce = Callable[[Endpoint, Endpoint | None], Sequence[Event]]
+"""An endpoint's new record and its previous one (None: created) -> the events it says."""
+
 _MIGRATIONS = Path(__file__).parent / "migrations"
 _MIGRATION_LOCK = 0x5348_4950_5944
 """The advisory lock migrations take on PostgreSQL ("SHIPYD")."""
@@ -82,9 +85,13 @@ def now() -> datetime:
 class MetadataStore:
     """Models, endpoint configs and endpoints in SQLite (default) or PostgreSQL."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, announce: Announce | None = None) -> None:
         self.url = url
         self.engine = _make_engine(url)
+        self.announce = announce
+        """The events of an endpoint's change (its status, a deployment's step), recorded
+        with the change in its transaction: every endpoint write goes through
+        ``create_endpoint`` or ``change_endpoint``, so none is missed."""
 
     def __repr__(self) -> str:
         return f"MetadataStore({self.engine.url.render_as_string(hide_password=True)!r})"
@@ -226,8 +233,11 @@ class MetadataStore:
                 conn.execute(insert(t.endpoints).values(**row))
             except IntegrityError as exc:
                 raise AlreadyExists(message) from exc
-            for event in events:
+            for event in [*events, *self._announced(endpoint, None)]:
                 record_event(conn, event)
+
+    def _announced(self, endpoint: Endpoint, previous: Endpoint | None) -> Sequence[Event]:
+        return () if self.announce is None else self.announce(endpoint, previous)
 
     def get_endpoint(self, name: str) -> Endpoint:
         with self._tx() as conn:
@@ -279,6 +289,8 @@ class MetadataStore:
                 .where(t.endpoints.c.name == name)
                 .values(**_endpoint_row(changed))
             )
+            for event in self._announced(changed, current):
+                record_event(conn, event)
             if also is not None:
                 also(conn)
             if "config_name" in changes or "pending_config_name" in changes:

@@ -470,9 +470,14 @@ def instance_logs(tails: Sequence[tuple[str, str]]) -> str:
 
 
 def _resource(detail: dict[str, object], arn: str) -> str:
-    """A link to the job an event is about (its detail has the name as given: ARNs
-    lower-case it); else the ARN's last part."""
-    for key, kind in (("TrainingJobName", "jobs"), ("TransformJobName", "transform-jobs")):
+    """A link to the endpoint or job an event is about (its detail has the name as
+    given: ARNs lower-case it); else the ARN's last part."""
+    kinds = (
+        ("EndpointName", "endpoints"),
+        ("TrainingJobName", "jobs"),
+        ("TransformJobName", "transform-jobs"),
+    )
+    for key, kind in kinds:
         name = detail.get(key)
         if isinstance(name, str):
             return _link(kind, name)

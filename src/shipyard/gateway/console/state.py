@@ -479,10 +479,7 @@ class ConsoleState:
             if route is None:
                 return {}
             return {v.name: sum(1 for i in v.instances if i.healthy) for v in route.variants}
-        return {
-            name: sum(1 for s in slots if s.instance is not None and s.instance.healthy)
-            for name, slots in fleet.slots.items()
-        }
+        return fleet.healthy()
 
 
 def _component_row(c: InferenceComponent, fleet: Fleet | None) -> ComponentRow:
