@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from shipyard.contract import ADAPTERS_TOKEN_ENV, ADAPTERS_TOKEN_FD_ENV
 from shipyard.errors import InvalidParameter, OutsideFileRoots
 from shipyard.launch import MODEL_CODE
 from shipyard.stackfile import AuthConfig
@@ -116,15 +117,25 @@ its configuration from elsewhere (``HOME``, ``AWS_CONFIG_FILE``'s
 
 GATEWAY_VARIABLES = frozenset(
     {
+        ADAPTERS_TOKEN_ENV,
+        ADAPTERS_TOKEN_FD_ENV,
+        "SHIPYARD_INFERENCE_COMPONENT",
         "SHIPYARD_IMPORTS_FILE",
         "SHIPYARD_INSTANCE_ID",
         "SHIPYARD_MODEL_PREFIX",
         "SHIPYARD_S3_ENDPOINT_URL",
         "SAGEMAKER_BIND_TO_PORT",
+        "SHIPYARD_WORKER_SOCKET",
+        "SHIPYARD_WORKER_READY",
+        "SHIPYARD_WORKER_PEERS",
     }
 )
-"""Variables the gateway sets on its instances itself (a file it writes, the instance's
-id, port, model prefix and S3 endpoint): a caller may not set them."""
+"""The gateway's own variables: what it sets on its instances itself (the adapters
+token of a component's copies, which component a copy is, a file it writes, the
+instance's id, port, model prefix and S3 endpoint) and on its own worker processes. A
+caller's ``Environment`` may never name one, with ``auth:`` or without (check_process):
+one that did could, for instance, give another model's instance a code-loading route
+with a token of its choosing."""
 
 CODE_VARIABLES = frozenset(
     {"SAGEMAKER_SUBMIT_DIRECTORY", "SAGEMAKER_PROGRAM", "SHIPYARD_INSTALL_REQUIREMENTS"}
@@ -228,8 +239,17 @@ class HostAccess:
         so is any ``entrypoint``. ``environment``: each name must pass
         ``environment_refusal``, and a variable naming a location (LOCATION_VARIABLES)
         must lie under ``file_roots``. The ``*_field`` arguments are the request's names
-        for them, as messages show them (``Containers.2.Image``).
+        for them, as messages show them (``Containers.2.Image``). The gateway's own
+        variables (GATEWAY_VARIABLES) are refused with ``auth:`` or without.
         """
+        if environment is not None and not isinstance(environment, Mapping):
+            raise InvalidParameter(f"{environment_field}: a map of names to values is expected.")
+        for name in environment or {}:
+            if str(name) in GATEWAY_VARIABLES:
+                raise InvalidParameter(
+                    f"{environment_field}: {str(name)!r} is the gateway's own variable, set "
+                    "by the gateway itself; a caller may never set it."
+                )
         if not self.enforced:
             return
         if image and image.startswith("cmd:") and not self.allow_commands:
@@ -242,8 +262,6 @@ class HostAccess:
                 f"{entrypoint_field}: a container entrypoint runs a command on the gateway's "
                 "host, which this gateway's auth.allow_commands does not allow."
             )
-        if environment is not None and not isinstance(environment, Mapping):
-            raise InvalidParameter(f"{environment_field}: a map of names to values is expected.")
         for name, value in (environment or {}).items():
             why = environment_refusal(
                 str(name), allow_commands=self.allow_commands, allowed=self.allow_environment

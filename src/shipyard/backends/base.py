@@ -59,6 +59,18 @@ def runtime_for(image: str) -> str:
     return "docker"
 
 
+def token_pipe(token: str) -> int:
+    """The read end of a pipe holding ``token`` and then its end, for a child to inherit
+    (the caller closes it once the child is started). A token is far shorter than a
+    pipe's buffer, so the write never blocks."""
+    read, write = os.pipe()
+    try:
+        os.write(write, token.encode())
+    finally:
+        os.close(write)
+    return read
+
+
 def log_tail(path: Path | None, lines: int = 3) -> str:
     """The last ``lines`` of an instance's log, to end a reason it stopped with; ``""``
     when there is none."""
@@ -137,6 +149,11 @@ class InstanceSpec:
     endpoint: str | None = None
     """The endpoint whose fleet the instance is in: a backend whose instances outlive
     their gateway files them under it, for the next gateway to adopt or stop."""
+    adapters_token: str | None = None
+    """For a copy of an inference component alone: the token its ``/adapters`` route
+    requires (contract.ADAPTERS_TOKEN). The built-in runtime reads it from a pipe
+    (``--adapters-token-fd``, ``token_pipe``), never from its environment, which its
+    model's code and a caller's Environment share; without it there is no route."""
 
 
 class InstanceHandle(Protocol):
