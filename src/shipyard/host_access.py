@@ -6,9 +6,11 @@ accepts an image, an environment, a location or a notification target. Without
 
 - **Processes.** ``check_process`` is the one place that decides whether a process may
   start with what a caller asked for: ``cmd:`` images and ``ContainerEntrypoint`` need
-  ``allow_commands``, and the caller's ``Environment`` is limited (``environment_refusal``
-  says how). Every Create path calls it: CreateModel (each container),
-  CreateTrainingJob, CreateTransformJob, job templates put live and the jobs they start.
+  ``allow_commands``, a container image must match ``allow_images``, and the caller's
+  ``Environment`` is limited (``environment_refusal`` says how; the gateway's own
+  variables are refused without ``auth:`` too). Every Create path calls it: CreateModel
+  (each container), CreateTrainingJob, CreateTransformJob, inference components' own
+  containers, job templates put live and the jobs they start.
 - **Files.** ``check_location`` refuses, early and with the field's name, a location
   outside ``file_roots``. It is a courtesy to the caller: the guard that holds is the
   one in storage/filesystems.py, where the stores open files, and both read a location
@@ -28,6 +30,7 @@ from urllib.parse import urlsplit
 
 from shipyard.contract import ADAPTERS_TOKEN_ENV, ADAPTERS_TOKEN_FD_ENV
 from shipyard.errors import InvalidParameter, OutsideFileRoots
+from shipyard.images import runtime_for
 from shipyard.launch import MODEL_CODE
 from shipyard.stackfile import AuthConfig
 from shipyard.storage.filesystems import FileRoots
@@ -208,6 +211,8 @@ class HostAccess:
     """More variables a caller's ``Environment`` may name (``auth.allow_environment``)."""
     notify_targets: tuple[str, ...] = ()
     """URL patterns a caller's notification targets must match (``auth.notify_targets``)."""
+    allow_images: tuple[re.Pattern[str], ...] = ()
+    """Container images a caller may run (``auth.allow_images``); none by default."""
 
     @classmethod
     def from_auth(cls, auth: AuthConfig | None, *, home: Path | None = None) -> HostAccess:
@@ -220,6 +225,7 @@ class HostAccess:
             file_roots=FileRoots(auth.file_roots, hidden=() if home is None else (home,)),
             allow_environment=tuple(wildcard(p) for p in auth.allow_environment),
             notify_targets=tuple(auth.notify_targets),
+            allow_images=tuple(wildcard(p) for p in auth.allow_images),
         )
 
     def check_process(
@@ -236,10 +242,12 @@ class HostAccess:
         """Refuse, with InvalidParameter naming the field, a process a caller may not start.
 
         ``image``: a ``cmd:`` image runs a command, allowed only with ``allow_commands``;
-        so is any ``entrypoint``. ``environment``: each name must pass
-        ``environment_refusal``, and a variable naming a location (LOCATION_VARIABLES)
-        must lie under ``file_roots``. The ``*_field`` arguments are the request's names
-        for them, as messages show them (``Containers.2.Image``). The gateway's own
+        so is any ``entrypoint``; a container image (``images.runtime_for``) runs outside
+        the sandbox, from a registry, allowed only when it matches ``allow_images``.
+        ``environment``: each name must pass ``environment_refusal``, and a variable
+        naming a location (LOCATION_VARIABLES) must lie under ``file_roots``. The
+        ``*_field`` arguments are the request's names for them, as messages show them
+        (``Containers.2.Image``). The gateway's own
         variables (GATEWAY_VARIABLES) are refused with ``auth:`` or without.
         """
         if environment is not None and not isinstance(environment, Mapping):
@@ -256,6 +264,12 @@ class HostAccess:
             raise InvalidParameter(
                 f"{image_field}: {image[:80]!r} runs a command on the gateway's host, which "
                 "this gateway's auth.allow_commands does not allow."
+            )
+        if image and runtime_for(image) == "docker" and not _matches(image, self.allow_images):
+            raise InvalidParameter(
+                f"{image_field}: the container image {image[:200]!r} is not one this "
+                "gateway runs for callers (auth.allow_images); use shipyard/python, or ask "
+                "the operator to allow the image."
             )
         if entrypoint and not self.allow_commands:
             raise InvalidParameter(
