@@ -39,9 +39,15 @@ ADAPTER_IDENTIFIER = b"x-amzn-sagemaker-adapter-identifier"
 container standard names it; written by the gateway only, never forwarded from a client
 (runtime/adapters.py)."""
 ADAPTERS_TOKEN = b"x-shipyard-adapters-token"
-"""On ``POST /adapters`` and ``DELETE /adapters/<name>``: the token the copy got in its
-environment (ADAPTERS_TOKEN_ENV), so only the gateway registers adapters in it."""
+"""On ``POST /adapters`` and ``DELETE /adapters/<name>``: the token a component's copy
+was handed by the gateway on a pipe (``--adapters-token-fd``), so only the gateway
+registers adapters in it."""
 ADAPTERS_TOKEN_ENV = "SHIPYARD_ADAPTERS_TOKEN"
+ADAPTERS_TOKEN_FD_ENV = "SHIPYARD_ADAPTERS_TOKEN_FD"
+"""A ``cmd:`` server's copy of a component: the descriptor of the pipe its token is read
+from (the number, not the token)."""
+"""Where the token once travelled: one of the gateway's own variables, which no caller's
+Environment may name (host_access.GATEWAY_VARIABLES) and which turns on nothing."""
 
 FORWARDED: dict[bytes, bytes] = {
     name.lower(): name

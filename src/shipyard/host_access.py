@@ -6,9 +6,11 @@ accepts an image, an environment, a location or a notification target. Without
 
 - **Processes.** ``check_process`` is the one place that decides whether a process may
   start with what a caller asked for: ``cmd:`` images and ``ContainerEntrypoint`` need
-  ``allow_commands``, and the caller's ``Environment`` is limited (``environment_refusal``
-  says how). Every Create path calls it: CreateModel (each container),
-  CreateTrainingJob, CreateTransformJob, job templates put live and the jobs they start.
+  ``allow_commands``, a container image must match ``allow_images``, and the caller's
+  ``Environment`` is limited (``environment_refusal`` says how; the gateway's own
+  variables are refused without ``auth:`` too). Every Create path calls it: CreateModel
+  (each container), CreateTrainingJob, CreateTransformJob, inference components' own
+  containers, job templates put live and the jobs they start.
 - **Files.** ``check_location`` refuses, early and with the field's name, a location
   outside ``file_roots``. It is a courtesy to the caller: the guard that holds is the
   one in storage/filesystems.py, where the stores open files, and both read a location
@@ -26,7 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from shipyard.contract import ADAPTERS_TOKEN_ENV, ADAPTERS_TOKEN_FD_ENV
 from shipyard.errors import InvalidParameter, OutsideFileRoots
+from shipyard.images import runtime_for
 from shipyard.launch import MODEL_CODE
 from shipyard.stackfile import AuthConfig
 from shipyard.storage.filesystems import FileRoots
@@ -116,15 +120,25 @@ its configuration from elsewhere (``HOME``, ``AWS_CONFIG_FILE``'s
 
 GATEWAY_VARIABLES = frozenset(
     {
+        ADAPTERS_TOKEN_ENV,
+        ADAPTERS_TOKEN_FD_ENV,
+        "SHIPYARD_INFERENCE_COMPONENT",
         "SHIPYARD_IMPORTS_FILE",
         "SHIPYARD_INSTANCE_ID",
         "SHIPYARD_MODEL_PREFIX",
         "SHIPYARD_S3_ENDPOINT_URL",
         "SAGEMAKER_BIND_TO_PORT",
+        "SHIPYARD_WORKER_SOCKET",
+        "SHIPYARD_WORKER_READY",
+        "SHIPYARD_WORKER_PEERS",
     }
 )
-"""Variables the gateway sets on its instances itself (a file it writes, the instance's
-id, port, model prefix and S3 endpoint): a caller may not set them."""
+"""The gateway's own variables: what it sets on its instances itself (the adapters
+token of a component's copies, which component a copy is, a file it writes, the
+instance's id, port, model prefix and S3 endpoint) and on its own worker processes. A
+caller's ``Environment`` may never name one, with ``auth:`` or without (check_process):
+one that did could, for instance, give another model's instance a code-loading route
+with a token of its choosing."""
 
 CODE_VARIABLES = frozenset(
     {"SAGEMAKER_SUBMIT_DIRECTORY", "SAGEMAKER_PROGRAM", "SHIPYARD_INSTALL_REQUIREMENTS"}
@@ -197,6 +211,8 @@ class HostAccess:
     """More variables a caller's ``Environment`` may name (``auth.allow_environment``)."""
     notify_targets: tuple[str, ...] = ()
     """URL patterns a caller's notification targets must match (``auth.notify_targets``)."""
+    allow_images: tuple[re.Pattern[str], ...] = ()
+    """Container images a caller may run (``auth.allow_images``); none by default."""
 
     @classmethod
     def from_auth(cls, auth: AuthConfig | None, *, home: Path | None = None) -> HostAccess:
@@ -209,6 +225,7 @@ class HostAccess:
             file_roots=FileRoots(auth.file_roots, hidden=() if home is None else (home,)),
             allow_environment=tuple(wildcard(p) for p in auth.allow_environment),
             notify_targets=tuple(auth.notify_targets),
+            allow_images=tuple(wildcard(p) for p in auth.allow_images),
         )
 
     def check_process(
@@ -225,11 +242,22 @@ class HostAccess:
         """Refuse, with InvalidParameter naming the field, a process a caller may not start.
 
         ``image``: a ``cmd:`` image runs a command, allowed only with ``allow_commands``;
-        so is any ``entrypoint``. ``environment``: each name must pass
-        ``environment_refusal``, and a variable naming a location (LOCATION_VARIABLES)
-        must lie under ``file_roots``. The ``*_field`` arguments are the request's names
-        for them, as messages show them (``Containers.2.Image``).
+        so is any ``entrypoint``; a container image (``images.runtime_for``) runs outside
+        the sandbox, from a registry, allowed only when it matches ``allow_images``.
+        ``environment``: each name must pass ``environment_refusal``, and a variable
+        naming a location (LOCATION_VARIABLES) must lie under ``file_roots``. The
+        ``*_field`` arguments are the request's names for them, as messages show them
+        (``Containers.2.Image``). The gateway's own
+        variables (GATEWAY_VARIABLES) are refused with ``auth:`` or without.
         """
+        if environment is not None and not isinstance(environment, Mapping):
+            raise InvalidParameter(f"{environment_field}: a map of names to values is expected.")
+        for name in environment or {}:
+            if str(name) in GATEWAY_VARIABLES:
+                raise InvalidParameter(
+                    f"{environment_field}: {str(name)!r} is the gateway's own variable, set "
+                    "by the gateway itself; a caller may never set it."
+                )
         if not self.enforced:
             return
         if image and image.startswith("cmd:") and not self.allow_commands:
@@ -237,13 +265,17 @@ class HostAccess:
                 f"{image_field}: {image[:80]!r} runs a command on the gateway's host, which "
                 "this gateway's auth.allow_commands does not allow."
             )
+        if image and runtime_for(image) == "docker" and not _matches(image, self.allow_images):
+            raise InvalidParameter(
+                f"{image_field}: the container image {image[:200]!r} is not one this "
+                "gateway runs for callers (auth.allow_images); use shipyard/python, or ask "
+                "the operator to allow the image."
+            )
         if entrypoint and not self.allow_commands:
             raise InvalidParameter(
                 f"{entrypoint_field}: a container entrypoint runs a command on the gateway's "
                 "host, which this gateway's auth.allow_commands does not allow."
             )
-        if environment is not None and not isinstance(environment, Mapping):
-            raise InvalidParameter(f"{environment_field}: a map of names to values is expected.")
         for name, value in (environment or {}).items():
             why = environment_refusal(
                 str(name), allow_commands=self.allow_commands, allowed=self.allow_environment

@@ -319,6 +319,12 @@ class AuthConfig(BaseModel):
     notify_targets: list[str] = Field(default_factory=list)
     """URL patterns (``*`` matches any characters) that notification targets named by
     callers must match; the stack file's own topics are always allowed."""
+    allow_images: list[str] = Field(default_factory=list)
+    """Container images callers may run (``*`` matches any characters:
+    ``registry.example.com/team/*``); empty means none. The built-in runtime's images
+    (``shipyard/python``, SageMaker's framework image URIs unless
+    SHIPYARD_FRAMEWORK_IMAGES=container) and ``cmd:`` ones (``allow_commands``) are not
+    container images."""
 
     @model_validator(mode="after")
     def _check(self) -> AuthConfig:

@@ -380,7 +380,11 @@ def test_under_auth_a_containers_model_is_fetched_within_the_file_roots(
     (root / "links").mkdir()
     (tmp_path / "secret.txt").write_text("outside the roots")
     (root / "links" / "answer.txt").symlink_to(tmp_path / "secret.txt")
-    stack = write_stack(tmp_path / "stack.yaml", file_roots=[str(root)])
+    stack = write_stack(
+        tmp_path / "stack.yaml",
+        file_roots=[str(root)],
+        allow_images=["localhost/shipyard-test/echo:*"],
+    )
     gw = gateway_factory(extra_env={**engine.env, **SECRETS}, args=["--config", str(stack)])
     sm, rt = client(gw, "sagemaker"), client(gw, "sagemaker-runtime")
     good, bad = unique("inside"), unique("link")
@@ -435,8 +439,16 @@ def test_a_restarted_gateway_removes_its_containers_and_no_one_elses(
     artifact: str,
     tmp_path: Path,
 ) -> None:
+    from docker.types import Ulimit
+
+    from shipyard.backends.containers import host_ulimits
+
     foreign = engine.client.containers.run(
-        images["v1"], ["serve"], detach=True, name=unique("foreign")
+        images["v1"],
+        ["serve"],
+        detach=True,
+        name=unique("foreign"),
+        ulimits=[Ulimit(name=n, soft=v, hard=v) for n, v in host_ulimits().items()],
     )
     home = tmp_path / "home"
     gw = gateway_factory(home, extra_env=engine.env)

@@ -203,7 +203,10 @@ def test_under_auth_a_training_image_runs_and_its_runner_keeps_to_the_file_roots
     root = tmp_path / "root"
     root.mkdir()
     stack = write_stack(  # sandbox: true, as with every auth: section by default
-        tmp_path / "stack.yaml", file_roots=[str(root)], allow_environment=["GREETING"]
+        tmp_path / "stack.yaml",
+        file_roots=[str(root)],
+        allow_environment=["GREETING"],
+        allow_images=["localhost/shipyard-test/*"],
     )
     gw = gateway_factory(extra_env={**engine.env, **ENV, **SECRETS}, args=["--config", str(stack)])
     sm = client(gw, "sagemaker")

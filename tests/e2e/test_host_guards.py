@@ -38,6 +38,7 @@ def guarded(roots: Path) -> Any:
         roots / "stack.yaml",
         file_roots=[str(roots / "models"), str(roots / "data")],
         allow_environment=["TEAM_*"],
+        allow_images=["registry.example.com/team/*"],
         notify_targets=["http://127.0.0.1:*/allowed/*"],
         sandbox=False,
     )
@@ -239,6 +240,31 @@ def test_sagemaker_and_operator_allowed_variables_are_accepted(guarded: GatewayP
         )
     )
     assert "'OTHER'" in message and "auth.allow_environment" in message
+
+
+def test_container_images_come_only_from_allow_images(guarded: GatewayProcess, roots: Path) -> None:
+    """Issue 65: a container image runs outside the sandbox, pulled from a registry; a
+    caller names only those ``auth.allow_images`` matches (none by default)."""
+    sm = client(guarded, "sagemaker")
+    for image in ("registry.example.com/other/server:1", "registry.example.com/team"):
+        message = refused(
+            lambda image=image: sm.create_model(
+                ModelName=unique("image"),
+                PrimaryContainer={"Image": image},
+                ExecutionRoleArn=ROLE,
+            )
+        )
+        assert f"PrimaryContainer.Image: the container image '{image}'" in message
+        assert "auth.allow_images" in message
+    request = job_request(unique("image"), roots / "data" / "never")
+    request["AlgorithmSpecification"]["TrainingImage"] = "docker.io/library/python:3"
+    message = refused(lambda: sm.create_training_job(**request))
+    assert "AlgorithmSpecification.TrainingImage: the container image" in message
+    sm.create_model(
+        ModelName=unique("image"),
+        PrimaryContainer={"Image": "registry.example.com/team/server:1"},
+        ExecutionRoleArn=ROLE,
+    )
 
 
 def test_a_transform_may_not_choose_the_code_its_model_runs(

@@ -23,6 +23,8 @@ import numpy as np
 import pytest
 from tests.conftest import post_expecting_continue, wait_until
 
+from shipyard.backends.base import token_pipe
+
 MODELS = Path(__file__).parent.parent / "models"
 START_TIMEOUT_S = 20.0
 
@@ -81,11 +83,18 @@ def runtime_argv(model_dir: Path, port: int, *extra: str) -> list[str]:
     return argv + ["--model-dir", str(model_dir), *extra]
 
 
-def spawn(argv: list[str], env: dict[str, str], stderr_path: Path) -> subprocess.Popen[bytes]:
+def spawn(
+    argv: list[str], env: dict[str, str], stderr_path: Path, *, pass_fds: tuple[int, ...] = ()
+) -> subprocess.Popen[bytes]:
     """A runtime process started with ``env``, its stderr written to ``stderr_path``."""
     with open(stderr_path, "wb") as stderr:
         return subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr
+            argv,
+            env=env,
+            pass_fds=pass_fds,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
         )
 
 
@@ -117,20 +126,29 @@ def wait_ready(runtime: Runtime) -> None:
 def start_runtime(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Callable[..., Runtime]]:
-    """A factory: ``start_runtime(model_dir, **env)`` returns a ready instance.
+    """A factory: ``start_runtime(model_dir, **env)`` returns a ready instance;
+    ``adapters_token=`` hands it a component copy's token as the gateway does (a pipe).
 
     Instances are shared within the module by model dir and environment, and every
     process started is stopped by its PID at the end.
     """
-    started: dict[tuple[Path, tuple[tuple[str, str], ...]], Runtime] = {}
+    started: dict[tuple[Path, str | None, tuple[tuple[str, str], ...]], Runtime] = {}
     log_dir = tmp_path_factory.mktemp("runtime-logs")
 
-    def start(model_dir: Path, **env: str) -> Runtime:
-        key = (model_dir, tuple(sorted(env.items())))
+    def start(model_dir: Path, *, adapters_token: str | None = None, **env: str) -> Runtime:
+        key = (model_dir, adapters_token, tuple(sorted(env.items())))
         if key not in started:
             port = free_port()
             stderr_path = log_dir / f"{model_dir.name}-{port}.log"
-            process = spawn(runtime_argv(model_dir, port), {**os.environ, **env}, stderr_path)
+            argv, fds = runtime_argv(model_dir, port), ()
+            if adapters_token is not None:
+                fds = (token_pipe(adapters_token),)
+                argv += ["--adapters-token-fd", str(fds[0])]
+            try:
+                process = spawn(argv, {**os.environ, **env}, stderr_path, pass_fds=fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
             started[key] = Runtime(port, process, stderr_path)
             wait_ready(started[key])
         return started[key]
@@ -498,7 +516,7 @@ def test_adapters_are_registered_invoked_replaced_and_dropped(
 ) -> None:
     """SageMaker's LoRA container routes: ``model_fn(model_dir, adapter_dir)`` builds
     each adapter's model; a request names it in X-Amzn-SageMaker-Adapter-Identifier."""
-    lora = start_runtime(MODELS / "lora", SHIPYARD_ADAPTERS_TOKEN="t0ken")
+    lora = start_runtime(MODELS / "lora", adapters_token="t0ken")
     token = {"X-Shipyard-Adapters-Token": "t0ken"}
     for name, scale in (("x2", 2), ("x3", 3)):
         (tmp_path / name).mkdir()
@@ -547,3 +565,18 @@ def test_a_process_that_is_no_components_copy_has_no_adapters_route(echo: Runtim
     body = json.dumps({"name": "a", "src": "/"}).encode()
     refused = echo.request("POST", "/adapters", body, {"X-Shipyard-Adapters-Token": ""})
     assert refused.status == 404
+
+
+def test_a_token_in_the_environment_turns_on_no_adapters_route(
+    start_runtime: Callable[..., Runtime], tmp_path: Path
+) -> None:
+    """Issue 65: the token travels on a pipe the gateway hands a component's copy alone;
+    the variable it once travelled in, set by whoever shares the environment, opens
+    nothing."""
+    plain = start_runtime(MODELS / "lora", SHIPYARD_ADAPTERS_TOKEN="chosen")
+    (tmp_path / "x2").mkdir()
+    (tmp_path / "x2" / "adapter.json").write_text(json.dumps({"scale": 2}))
+    body = json.dumps({"name": "a", "src": str(tmp_path / "x2")}).encode()
+    headers = {"Content-Type": "application/json", "X-Shipyard-Adapters-Token": "chosen"}
+    assert plain.request("POST", "/adapters", body, headers).status == 404
+    assert plain.invoke(b"[1, 2]", content_type="application/json").status == 200

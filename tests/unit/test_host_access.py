@@ -429,3 +429,35 @@ def test_a_call_that_only_uses_a_model_may_not_choose_its_code(tmp_path: Path) -
     access(tmp_path, allow_commands=True).check_process(
         environment={"SAGEMAKER_PROGRAM": "serve.py"}, chooses_code=False
     )
+
+
+def test_container_images_need_allow_images(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SHIPYARD_FRAMEWORK_IMAGES", raising=False)
+    checked = access(tmp_path, allow_images=["registry.example.com/team/*", "python:3.12"])
+    framework = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-inference:2.1-cpu-py310"
+    for image in ("shipyard/python", framework, "registry.example.com/team/a:1", "python:3.12"):
+        checked.check_process(image=image)
+    for image in (
+        "python:3.13",
+        "registry.example.com/teams/a:1",
+        "evil/registry.example.com/team/",
+    ):
+        with pytest.raises(InvalidParameter, match=rf"Image: the container image '{image}'"):
+            checked.check_process(image=image)
+    with pytest.raises(InvalidParameter, match="auth.allow_images"):
+        access(tmp_path).check_process(image="registry.example.com/team/a:1")
+    # Served as a container, a framework image is one like any other.
+    monkeypatch.setenv("SHIPYARD_FRAMEWORK_IMAGES", "container")
+    with pytest.raises(InvalidParameter, match="pytorch-inference"):
+        checked.check_process(image=framework)
+    HostAccess.from_auth(None).check_process(image="python:3.13")
+
+
+def test_the_gateways_own_variables_are_refused_without_auth_too() -> None:
+    open_access = HostAccess.from_auth(None)
+    for name in ("SHIPYARD_ADAPTERS_TOKEN", "SHIPYARD_ADAPTERS_TOKEN_FD", "SAGEMAKER_BIND_TO_PORT"):
+        with pytest.raises(InvalidParameter, match=rf"Environment: '{name}' is the gateway's own"):
+            open_access.check_process(environment={name: "x"})
+    open_access.check_process(environment={"SHIPYARD_TASK": "embeddings", "LD_PRELOAD": "/x"})

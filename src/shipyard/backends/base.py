@@ -11,52 +11,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from shipyard.images import (
+    BUILTIN_IMAGES,
+    FRAMEWORK_IMAGES_ENV,
+    FRAMEWORK_REPOSITORIES,
+    is_framework_image,
+    runtime_for,
+)
+
 if TYPE_CHECKING:
     from shipyard.job_contract import StatusLine
     from shipyard.records import VariantSpec
 
-BUILTIN_IMAGES = ("shipyard/python",)
-FRAMEWORK_REPOSITORIES = (
-    "sagemaker-scikit-learn",
-    "sagemaker-xgboost",
-    "xgboost",
-    "pytorch-inference",
-    "pytorch-training",
-    "tensorflow-inference",
-    "tensorflow-training",
-    "mxnet-inference",
-    "mxnet-training",
-)
-"""The repositories of SageMaker's framework images (as the sagemaker SDK's image_uris
-names them), served by the built-in runtime; and every ``huggingface-*`` one. Matched on
-the repository's name, not anywhere in the URI: a team's own ``acme/sklearn-server`` is
-a container image."""
+__all__ = [
+    "BUILTIN_IMAGES",
+    "FRAMEWORK_IMAGES_ENV",
+    "FRAMEWORK_REPOSITORIES",
+    "is_framework_image",
+    "runtime_for",
+]
 
 
-def is_framework_image(image: str) -> bool:
-    """Whether ``image`` is a SageMaker framework image URI (by its repository's name)."""
-    repository = image.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0]
-    return repository in FRAMEWORK_REPOSITORIES or repository.startswith("huggingface-")
-
-
-FRAMEWORK_IMAGES_ENV = "SHIPYARD_FRAMEWORK_IMAGES"
-"""``builtin`` (default) or ``container``: what serves a SageMaker framework image URI.
-The gateway's setting (Settings.framework_images); a job runner is given it too."""
-
-
-def runtime_for(image: str) -> str:
-    """Which runtime serves ``image``: ``python``, ``cmd`` or ``docker``.
-
-    A framework image URI is the built-in runtime's unless SHIPYARD_FRAMEWORK_IMAGES is
-    ``container`` (read here, each time: the gateway and its job runners, which are
-    processes of their own, decide alike)."""
-    if image.startswith("cmd:"):
-        return "cmd"
-    if image in BUILTIN_IMAGES:
-        return "python"
-    if is_framework_image(image):
-        return "docker" if os.environ.get(FRAMEWORK_IMAGES_ENV) == "container" else "python"
-    return "docker"
+def token_pipe(token: str) -> int:
+    """The read end of a pipe holding ``token`` and then its end, for a child to inherit
+    (the caller closes it once the child is started). A token is far shorter than a
+    pipe's buffer, so the write never blocks."""
+    read, write = os.pipe()
+    try:
+        os.write(write, token.encode())
+    finally:
+        os.close(write)
+    return read
 
 
 def log_tail(path: Path | None, lines: int = 3) -> str:
@@ -137,6 +122,11 @@ class InstanceSpec:
     endpoint: str | None = None
     """The endpoint whose fleet the instance is in: a backend whose instances outlive
     their gateway files them under it, for the next gateway to adopt or stop."""
+    adapters_token: str | None = None
+    """For a copy of an inference component alone: the token its ``/adapters`` route
+    requires (contract.ADAPTERS_TOKEN). The built-in runtime reads it from a pipe
+    (``--adapters-token-fd``, ``token_pipe``), never from its environment, which its
+    model's code and a caller's Environment share; without it there is no route."""
 
 
 class InstanceHandle(Protocol):

@@ -25,6 +25,7 @@ import contextlib
 import hashlib
 import logging
 import re
+import resource
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -74,7 +75,20 @@ HARDENING: dict[str, Any] = {
     "cap_drop": DROPPED_CAPABILITIES,
     "pids_limit": PIDS_LIMIT,
 }
-"""What every container shipyard creates runs with, an instance's or a job's."""
+"""What every container shipyard creates runs with, an instance's or a job's (with
+``host_ulimits`` and the writable layer's cap: Engine.create)."""
+DISK_BYTES_ENV = "SHIPYARD_CONTAINER_DISK_BYTES"
+"""The most a container may write to its own layer (bytes; 0: no cap)."""
+DEFAULT_DISK_BYTES = 10 << 30
+RLIMITS = {
+    "nofile": (resource.RLIMIT_NOFILE, "/proc/sys/fs/nr_open"),
+    "nproc": (resource.RLIMIT_NPROC, "/proc/sys/kernel/pid_max"),
+}
+"""The limits a container is given explicitly: each with the kernel's own ceiling (no
+more files can be open in a process, no more processes exist)."""
+_RLIMIT_NAMES = {int(which): name for name, (which, _) in RLIMITS.items()}
+_RLIMIT_REFUSED = re.compile(r"rlimit type (\d+)")
+_NO_DISK_CAP = re.compile(r"storage.?opt|overlay\.size|quota|backingfs", re.IGNORECASE)
 CONTAINER_MODELS_DIR = "/opt/ml/models"
 """Where a multi-model container sees the models the gateway fetched for it (read-only;
 the gateway's ModelAgent names a folder under it in each ``POST /models``)."""
@@ -128,10 +142,15 @@ class Engine:
         self._environ = {
             k: v
             for k, v in environ.items()
-            if k.startswith("DOCKER_") or k in ("HOME", "SHIPYARD_IMAGE_PULL")
+            if k.startswith("DOCKER_") or k in ("HOME", "SHIPYARD_IMAGE_PULL", DISK_BYTES_ENV)
         }
         self._client: Any = None
         self._lock = threading.Lock()
+        text = environ.get(DISK_BYTES_ENV, "").strip()
+        if text and not (text.isdigit()):
+            raise ValueError(f"{DISK_BYTES_ENV}: {text!r} is not a number of bytes")
+        self.disk_bytes = int(text) if text else DEFAULT_DISK_BYTES
+        """The cap on each container's writable layer; 0 once the engine cannot cap it."""
 
     def variables(self) -> dict[str, str]:
         """What a process that talks to the engine itself (a job runner) is given: the
@@ -145,6 +164,35 @@ class Engine:
     @property
     def where(self) -> str:
         return self._environ.get("DOCKER_HOST") or "the default Docker socket"
+
+    def create(self, client: Any, image: str, **options: Any) -> Any:
+        """A new container of ``image``, with what every container gets: HARDENING, the
+        host's resource limits (``host_ulimits``: an engine that asks for more than its
+        host allows fails every container) and its writable layer capped at
+        ``disk_bytes``. Engines cap the layer only on some storage (Docker: overlay on
+        XFS with project quotas; Podman: overlay on XFS); on any other, the first
+        refusal is logged and containers run uncapped from then on."""
+        from docker.errors import APIError
+        from docker.types import Ulimit
+
+        ulimits = [Ulimit(name=n, soft=v, hard=v) for n, v in host_ulimits().items()]
+        options = {**HARDENING, "ulimits": ulimits, **options}
+        if self.disk_bytes:
+            try:
+                size = {"size": str(self.disk_bytes)}
+                return client.containers.create(image, storage_opt=size, **options)
+            except APIError as exc:
+                if not _NO_DISK_CAP.search(str(exc)):
+                    raise
+                log.warning(
+                    "The container engine at %s cannot cap a container's writable layer "
+                    "(%s): containers run without %s's cap.",
+                    self.where,
+                    _first_line(exc),
+                    DISK_BYTES_ENV,
+                )
+                self.disk_bytes = 0
+        return client.containers.create(image, **options)
 
     def client(self) -> Any:
         """The engine's client, connected.
@@ -279,7 +327,8 @@ class ContainerBackend:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / _USED_MARK).touch()
         try:
-            container = client.containers.create(
+            container = self.engine.create(
+                client,
                 image.id,
                 command=["serve"],
                 name=name,
@@ -298,7 +347,6 @@ class ContainerBackend:
                         "mode": "ro",
                     }
                 },
-                **HARDENING,
                 **_limits(client, spec.resources),
             )
             container.start()
@@ -307,7 +355,7 @@ class ContainerBackend:
             self._remove_named(client, name)
             raise BackendError(
                 f"Instance {spec.instance_id} failed to start: the engine could not run "
-                f"{spec.image}: {_first_line(exc)}"
+                f"{spec.image}: {_engine_refusal(exc)}"
             ) from None
         published = (container.attrs["NetworkSettings"].get("Ports") or {}).get(f"{port}/tcp")
         if not published:
@@ -564,7 +612,8 @@ class TrainingContainer:
             "TRAINING_JOB_ARN": spec.arn,
         }
         try:
-            container = client.containers.create(
+            container = self.engine.create(
+                client,
                 image.id,
                 entrypoint=list(spec.entrypoint) if spec.entrypoint else None,
                 command=list(spec.arguments)
@@ -583,7 +632,6 @@ class TrainingContainer:
                     LABEL_WORKDIR: str(self.workdir),
                 },
                 volumes=volumes,
-                **HARDENING,
                 **limits,
             )
             container.start()
@@ -591,7 +639,7 @@ class TrainingContainer:
             with contextlib.suppress(Exception):
                 client.api.remove_container(self.name, force=True, v=True)
             raise BackendError(
-                f"The engine could not run the training image {spec.image}: {_first_line(exc)}"
+                f"The engine could not run the training image {spec.image}: {_engine_refusal(exc)}"
             ) from None
 
     def output(self) -> Iterator[str]:
@@ -711,6 +759,55 @@ def _exited(attrs: Mapping[str, Any]) -> str | None:
     code = state.get("ExitCode")
     error = str(state.get("Error") or "").strip()
     return f"its container exited with code {code}" + (f": {error}" if error else "")
+
+
+def ulimits_within(hard: dict[str, int], ceilings: dict[str, int | None]) -> dict[str, int]:
+    """The value (soft and hard) a container asks for each of ``hard``'s limits: the
+    hard limit, at most its kernel ceiling; a limit without any bound (unlimited, and no
+    ceiling read) is left to the engine."""
+    chosen = {}
+    for name, value in hard.items():
+        bounds = [v for v in (value, ceilings.get(name)) if v is not None and v >= 0]
+        if value == resource.RLIM_INFINITY:
+            bounds = [v for v in bounds if v != value]
+        if bounds:
+            chosen[name] = min(bounds)
+    return chosen
+
+
+def host_ulimits() -> dict[str, int]:
+    """What each container asks for (RLIMITS): no more than this process's hard limits
+    (the host's, when the engine runs beside the gateway) and the kernel's ceilings.
+    Engines otherwise ask for their own defaults (Podman: a million files), which a
+    host with lower hard limits (a container, a locked-down machine) refuses with
+    "error setting rlimit"."""
+    hard = {name: resource.getrlimit(which)[1] for name, (which, _) in RLIMITS.items()}
+    return ulimits_within(hard, {name: _read_int(path) for name, (_, path) in RLIMITS.items()})
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        return int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _engine_refusal(exc: BaseException) -> str:
+    """Why the engine could not run a container, with what to change when it could not
+    set one of the resource limits."""
+    first = _first_line(exc)
+    refused = _RLIMIT_REFUSED.search(str(exc))
+    if refused is None:
+        return first
+    name = _RLIMIT_NAMES.get(int(refused.group(1)), f"type {refused.group(1)}")
+    key = {"nofile": "LimitNOFILE", "nproc": "LimitNPROC"}.get(name, "Limit*")
+    return (
+        f"{first}. The engine could not give the container the {name} limit asked for "
+        f"(the gateway's own hard limit, {host_ulimits().get(name, 'unlimited')}): the "
+        f"engine runs with a lower one. Raise the engine's ({key}= in its service, "
+        "ulimit -H where it is started), or start the gateway with the engine's limit "
+        "(ulimit -H)"
+    )
 
 
 def _first_line(exc: BaseException) -> str:

@@ -57,6 +57,7 @@ from shipyard.backends.base import (
     JobHandle,
     log_tail,
     runtime_for,
+    token_pipe,
 )
 from shipyard.backends.containers import (
     ContainerBackend,
@@ -65,6 +66,7 @@ from shipyard.backends.containers import (
 )
 from shipyard.backends.environment import process_environment
 from shipyard.backends.sandbox import MODEL_DIR, Sandbox
+from shipyard.contract import ADAPTERS_TOKEN_FD_ENV
 from shipyard.errors import BackendError
 from shipyard.job_contract import (
     JOB_FILE,
@@ -117,13 +119,17 @@ def _command(
     where: list[str],
     error_file: Path,
     unix: _UnixListener | None = None,
+    token_fd: int | None = None,
 ) -> list[str]:
     """The command of an instance: the built-in runtime, or ``shipyard.launch`` running
-    a ``cmd:`` image's command; ``where`` says where its model is."""
+    a ``cmd:`` image's command; ``where`` says where its model is, ``token_fd`` where
+    a component's copy reads its adapters token (InstanceSpec.adapters_token)."""
     if kind == "python":
         argv = [sys.executable, "-m", "shipyard.runtime", "--port", str(port)]
         if unix is not None:
             argv += ["--unix-socket-fd", str(unix.sock.fileno())]
+        if token_fd is not None:
+            argv += ["--adapters-token-fd", str(token_fd)]
         return [*argv, *where, "--error-file", str(error_file)]
     argv = [sys.executable, "-m", "shipyard.launch", *where, "--error-file", str(error_file)]
     return [*argv, "--", "/bin/sh", "-c", spec.image.removeprefix("cmd:")]
@@ -217,12 +223,15 @@ class LocalBackend:
         env["SAGEMAKER_BIND_TO_PORT"] = str(port)
         cwd = spec.workdir or home
         unix = self._unix_listener(port) if kind == "python" else None
+        token = token_pipe(spec.adapters_token) if spec.adapters_token else None
+        if token is not None and kind == "cmd":
+            env[ADAPTERS_TOKEN_FD_ENV] = str(token)
         try:
             if self.sandbox is not None:
-                argv = await self._sandboxed(spec, kind, port, env, error_file, home, unix)
-                process = self._popen(argv, env, cwd, spec, unix)
+                argv = await self._sandboxed(spec, kind, port, env, error_file, home, unix, token)
+                process = self._popen(argv, env, cwd, spec, unix, token)
             else:
-                process = self._start_process(spec, kind, port, env, error_file, cwd, unix)
+                process = self._start_process(spec, kind, port, env, error_file, cwd, unix, token)
         except BaseException:
             if unix is not None:
                 unix.path.unlink(missing_ok=True)
@@ -230,6 +239,8 @@ class LocalBackend:
         finally:
             if unix is not None:
                 unix.sock.close()  # the instance holds its own
+            if token is not None:
+                os.close(token)
         (self.run_dir / f"{spec.instance_id}.pid").write_text(str(process.pid))
         log.info("started instance %s pid %s on port %s", spec.instance_id, process.pid, port)
         return LocalInstance(
@@ -273,8 +284,10 @@ class LocalBackend:
         error_file: Path,
         cwd: Path,
         unix: _UnixListener | None,
+        token: int | None,
     ) -> subprocess.Popen[bytes]:
-        """Start the instance unsandboxed, from a warm spare when it may."""
+        """Start the instance unsandboxed, from a warm spare when it may (never a
+        component's copy: a spare takes no adapters token)."""
         # The model folder: the instance's own, or the artifact fetched by the instance
         # itself into this host's cache (shipyard/launch.py), shared by its instances.
         if spec.workdir is not None:
@@ -286,15 +299,16 @@ class LocalBackend:
             where = ["--model-cache", str(self.models_dir)]
             if spec.model_url:
                 where += ["--model-url", spec.model_url]
-        argv = _command(spec, kind, port, where, error_file, unix)
+        argv = _command(spec, kind, port, where, error_file, unix, token)
         warm = (
             kind == "python"
+            and token is None
             and spec.warm
             and self.warm_spares > 0
             and spare.can_become(self._spare_environment(), env)
         )
         if not warm:
-            return self._popen(argv, env, cwd, spec, unix)
+            return self._popen(argv, env, cwd, spec, unix, token)
         env[spare.IMPORTS_FILE] = str(self._imports_file)
         # The spare is told the socket by the descriptor it receives, not by our number.
         fresh = _command(spec, kind, port, where, error_file)
@@ -312,6 +326,7 @@ class LocalBackend:
         error_file: Path,
         home: Path,
         unix: _UnixListener | None,
+        token: int | None,
     ) -> list[str]:
         """The ``bwrap`` command of a sandboxed instance.
 
@@ -341,7 +356,7 @@ class LocalBackend:
         else:
             model = await asyncio.to_thread(self._fetch, spec)
             where = ["--model-dir", str(MODEL_DIR)]
-        argv = _command(spec, kind, port, where, error_file, unix)
+        argv = _command(spec, kind, port, where, error_file, unix, token)
         return self.sandbox.wrap(
             argv, chdir=spec.workdir or home, writable=writable, readonly=readonly, model=model
         )
@@ -370,14 +385,17 @@ class LocalBackend:
         cwd: Path,
         spec: InstanceSpec,
         unix: _UnixListener | None = None,
+        token: int | None = None,
     ) -> subprocess.Popen[bytes]:
         out = open(spec.log_path, "ab") if spec.log_path else subprocess.DEVNULL
+        fds = [] if unix is None else [unix.sock.fileno()]
+        fds += [] if token is None else [token]
         try:
             return subprocess.Popen(
                 argv,
                 env=env,
                 cwd=cwd,
-                pass_fds=() if unix is None else (unix.sock.fileno(),),
+                pass_fds=fds,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

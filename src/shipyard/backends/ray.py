@@ -175,6 +175,7 @@ class RayBackend:
             own_folder=spec.workdir is not None,
             environment=environment,
             cpu_nice=spec.cpu_nice,
+            adapters_token=spec.adapters_token,
         )
         ref = None
         named: dict[str, Any] = {}

@@ -26,7 +26,9 @@ import ray
 import ray.util
 
 from shipyard import autogroup
+from shipyard.backends.base import token_pipe
 from shipyard.backends.environment import process_environment
+from shipyard.contract import ADAPTERS_TOKEN_FD_ENV
 from shipyard.job_contract import JOB_FILE, LOG_FILE, SCRIPT_PID_FILE, STATUS_FILE
 
 _PR_SET_PDEATHSIG = 1
@@ -46,6 +48,9 @@ class Command:
     """Whether the instance gets a folder of its own as model directory (multi-model)."""
     environment: dict[str, str]
     cpu_nice: int
+    adapters_token: str | None = None
+    """A component's copy's (InstanceSpec.adapters_token): handed to the built-in runtime
+    through a pipe, not its environment."""
 
 
 def _node_root() -> Path:
@@ -136,24 +141,34 @@ class InstanceActor:
             empty = root / "models" / "_empty"
             empty.mkdir(parents=True, exist_ok=True)
             where = ["--model-dir", str(empty)]
+        token = token_pipe(command.adapters_token) if command.adapters_token else None
         if command.kind == "python":
             argv = [sys.executable, "-m", "shipyard.runtime", "--host", host, "--port", str(port)]
             argv += [*where, "--error-file", str(self.error_file)]
+            if token is not None:
+                argv += ["--adapters-token-fd", str(token)]
         else:
             argv = [sys.executable, "-m", "shipyard.launch", *where]
             argv += ["--error-file", str(self.error_file), "--", "/bin/sh", "-c"]
             argv.append(command.shell or "")
-        with open(self.log_path, "ab") as out:
-            self.process = subprocess.Popen(
-                argv,
-                env=env,
-                cwd=home,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=functools.partial(_start_child, os.getpid(), command.cpu_nice),
-            )
+            if token is not None:
+                env[ADAPTERS_TOKEN_FD_ENV] = str(token)
+        try:
+            with open(self.log_path, "ab") as out:
+                self.process = subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=home,
+                    pass_fds=() if token is None else (token,),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=functools.partial(_start_child, os.getpid(), command.cpu_nice),
+                )
+        finally:
+            if token is not None:
+                os.close(token)
         self.address = (host, port)
         return host, port, self.process.pid
 

@@ -25,7 +25,6 @@ from dataclasses import replace
 from typing import Any
 
 from shipyard.backends.base import Resources
-from shipyard.contract import ADAPTERS_TOKEN_ENV
 from shipyard.control.deployments import Deployer, deploys, retain
 from shipyard.control.placement import Demand, place
 from shipyard.control.publishing import RoutePublisher
@@ -536,7 +535,7 @@ class Converger:
             variant.name,
             c.generation,
             resources,
-            token=template.environment.get(ADAPTERS_TOKEN_ENV, ""),
+            token=template.adapters_token or "",
         )
         new = [self.provisioner.new_slot(fleet.endpoint, fleet, c.name) for _ in range(fit)]
         fleet.slots[c.name] = list(old)

@@ -189,6 +189,8 @@ class JobService:
                 request = _from_template(config, job_type)
                 if host_access:
                     self.check_host_access(request)
+                else:  # the operator's own file: only the gateway's own variables refused
+                    HostAccess().check_process(environment=request.get("Environment"))
                 if job_type in config.white_list:  # what the facade makes jobs of
                     if self.validate is not None:
                         self.validate(request)

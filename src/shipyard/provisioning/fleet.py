@@ -27,7 +27,6 @@ from shipyard.backends.base import (
     variant_resources,
 )
 from shipyard.backends.containers import CONTAINER_MODELS_DIR
-from shipyard.contract import ADAPTERS_TOKEN_ENV
 from shipyard.errors import BackendError, FleetFailed, ShipyardError
 from shipyard.provisioning.containers import (
     ContainerGroups,
@@ -109,6 +108,9 @@ class VariantTemplate:
     """How long an instance has to pass its first ``/ping`` (an inference component's
     StartupParameters.ContainerStartupHealthCheckTimeoutInSeconds); None: the gateway's
     ``instance_start_timeout_s``."""
+    adapters_token: str | None = None
+    """An inference component's: what its copies' ``/adapters`` route takes
+    (InstanceSpec.adapters_token); None for any other variant, whose instances have none."""
 
 
 @dataclass(eq=False)
@@ -420,7 +422,7 @@ class Provisioner:
         template = await self._template(model, component.name)
         template.environment["SHIPYARD_INFERENCE_COMPONENT"] = component.name
         # Its copies take adapters from the gateway alone (routing/adapters.py).
-        template.environment[ADAPTERS_TOKEN_ENV] = secrets.token_hex(16)
+        template = dataclasses.replace(template, adapters_token=secrets.token_hex(16))
         if spec.startup_timeout_s is not None:
             template = dataclasses.replace(template, start_timeout_s=spec.startup_timeout_s)
         return template
@@ -532,6 +534,7 @@ class Provisioner:
                 (variant_resources(v) for v in fleet.config.variants if v.name == variant), None
             ),
             endpoint=endpoint if fleet.adoptable else None,
+            adapters_token=template.adapters_token,
         )
         if template.group is not None:
             spec = group_spec(spec, template.group)

@@ -11,9 +11,10 @@ restarted is a new Instance, and so is registered again; a copy that answers
 ``AdapterNotFound`` anyway is forgotten, so the next request registers it again. A route
 of an older generation (a table not yet swapped) never registers over a newer one.
 
-The registration routes are the gateway's alone: each copy of a component gets a token
-in its environment (``SHIPYARD_ADAPTERS_TOKEN``) that ``/adapters`` requires, so another
-process on the host cannot make it fetch and run code of its choosing.
+The registration routes are the gateway's alone: each copy of a component is handed a
+token on a pipe at its start (InstanceSpec.adapters_token), never in its environment,
+that ``/adapters`` requires, so another process on the host cannot make it fetch and run
+code of its choosing; an instance of anything else has no such route.
 
 What each copy holds is kept on its Instance (``adapters``); the registrations under way
 in one AdapterLoader (the route publisher's), not in the routes, which are rebuilt on

@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from shipyard import heap, launch
-from shipyard.contract import ADAPTERS_TOKEN_ENV
 from shipyard.runtime import handlers, server, spare, tasks, workers
 from shipyard.runtime.adapters import Adapters
 from shipyard.runtime.batching import DEFAULT_MAX_DELAY_MS, BatchConfig
@@ -72,9 +71,25 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="also serve on this bound Unix socket, inherited (the gateway's way in)",
     )
     parser.add_argument(
+        "--adapters-token-fd",
+        type=int,
+        help="read the token /adapters requires from this inherited pipe (an inference "
+        "component's copy); without it the instance has no /adapters route",
+    )
+    parser.add_argument(
         "--error-file", type=Path, help="where to write '<ExcType>: <message>' if start fails"
     )
     return parser.parse_args(argv)
+
+
+def _adapters_token(fd: int | None) -> str:
+    """The token a component's copy was handed on the pipe ``fd``; ``""`` without one.
+    Never from the environment, which the model's code and a caller's Environment
+    share: a variable of that name there turns on nothing."""
+    if fd is None:
+        return ""
+    with os.fdopen(fd, "rb") as pipe:
+        return pipe.read(4096).decode().strip()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         code_dir = _code_dir(cache, os.environ)
         if code_dir is not None:
             fetched[code_dir] = os.environ["SAGEMAKER_SUBMIT_DIRECTORY"]
-        app = _app(model_dir, os.environ, code_dir)
+        app = _app(model_dir, os.environ, code_dir, _adapters_token(args.adapters_token_fd))
         spare.record_imports(os.environ)
     except Exception as exc:
         log.exception("could not start the model in %s", args.model_dir or args.model_url)
@@ -137,7 +152,12 @@ def _code_dir(cache: Path, environ: Mapping[str, str]) -> Path | None:
     return code_dir
 
 
-def _app(model_dir: Path, environ: Mapping[str, str], code_dir: Path | None = None) -> server.App:
+def _app(
+    model_dir: Path,
+    environ: Mapping[str, str],
+    code_dir: Path | None = None,
+    adapters_token: str = "",
+) -> server.App:
     program = environ.get("SAGEMAKER_PROGRAM")
     count = _number(environ, "SAGEMAKER_MODEL_SERVER_WORKERS", int) or 1
     threads = workers.runner(count)
@@ -152,14 +172,13 @@ def _app(model_dir: Path, environ: Mapping[str, str], code_dir: Path | None = No
         loaded = handlers.load(model_dir, program=program, code_dir=code_dir)
         # Only a copy of an inference component takes adapters, from whoever holds its
         # token (the gateway): the route fetches and runs code.
-        token = environ.get(ADAPTERS_TOKEN_ENV, "")
         adapters = None
-        if token:
+        if adapters_token:
             adapters = Adapters(
                 loaded,
                 model_dir,
                 Path(tempfile.gettempdir()) / f"shipyard-adapters-{os.getpid()}",
-                token=token,
+                token=adapters_token,
                 s3_endpoint_url=environ.get("SHIPYARD_S3_ENDPOINT_URL") or None,
             )
         return server.RuntimeApp(loaded, threads=threads, batching=batching, adapters=adapters)

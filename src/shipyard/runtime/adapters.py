@@ -9,10 +9,10 @@ standard gives:
   once done. Registering a name again with another ``src`` replaces it (an
   UpdateInferenceComponent).
 - ``DELETE /adapters/<name>``: drop it; 404 when the name is not registered.
-- both take the token the copy got in its environment (``SHIPYARD_ADAPTERS_TOKEN``) in
-  ``X-Shipyard-Adapters-Token``, else 403: registering fetches and runs code, so only the
-  gateway may. A process started without a token (not a component's copy) has no
-  ``/adapters`` at all.
+- both take the token the copy was handed on a pipe at its start
+  (``--adapters-token-fd``) in ``X-Shipyard-Adapters-Token``, else 403: registering
+  fetches and runs code, so only the gateway may. A process started without one (not a
+  component's copy) has no ``/adapters`` at all, whatever its environment says.
 - an invocation for the adapter carries ``X-Amzn-SageMaker-Adapter-Identifier: <name>``
   and is served by the adapter's model (handlers see the name in ``context.adapter``);
   an unregistered name is answered 404 with ``X-Shipyard-Error: AdapterNotFound`` (the
