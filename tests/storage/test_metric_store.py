@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import func, select
 
+from shipyard.cloudwatch.alarms import AlarmActions
 from shipyard.errors import LimitExceeded
 from shipyard.records import Event
 from shipyard.statsets import StatSet
@@ -205,3 +206,67 @@ def test_callers_series_are_bounded_in_all_and_per_key(store: MetricStore) -> No
     # The gateway's own series are not callers': not counted, never refused.
     store.write([Point("AWS/SageMaker", "Invocations", DIMS, 60, 600, latency(1))], "gw", seen=600)
     assert store.find("AWS/SageMaker", "Invocations", DIMS) is not None
+
+
+def _events(store: MetricStore) -> list[tuple[str, ...]]:
+    with store.engine.connect() as conn:
+        return [tuple(r.topics) for r in conn.execute(select(t.events).order_by(t.events.c.id))]
+
+
+def test_a_transition_decided_on_an_alarm_since_configured_again_is_not_written(
+    store: MetricStore,
+) -> None:
+    """An evaluation pass read the alarm with the old topic; PutMetricAlarm then gave it
+    a new one. The pass's transition must not be written with an event for the old
+    topic (the new one would never hear of the change): it is refused, and the next
+    pass, on the alarm as it is, tells the new topic."""
+    first = datetime(2026, 1, 1, tzinfo=UTC)
+    old = Alarm("a", "arn:a", {"Threshold": 1.0, "AlarmActions": [OLD]}, "INSUFFICIENT_DATA",
+                "new", None, first, first)  # fmt: skip
+    store.put_alarm(old, HistoryItem("a", first, "ConfigurationUpdate", "created", "{}"))
+    stale = store.get_alarm("a")
+    assert stale is not None
+    later = datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
+    new = Alarm("a", "arn:a", {"Threshold": 1.0, "AlarmActions": [NEW]}, "INSUFFICIENT_DATA",
+                "new", None, first, later)  # fmt: skip
+    store.put_alarm(new, HistoryItem("a", later, "ConfigurationUpdate", "updated", "{}"))
+    actions = AlarmActions(store=store, region="us-east-1", account_id="123456789012",
+                           run_policy=_no_policy, on_event=lambda: None)  # fmt: skip
+    assert not actions.transition(stale, "ALARM", "breached", None, when=later)
+    assert _events(store) == []
+    fresh = store.get_alarm("a")
+    assert fresh is not None and fresh.state == "INSUFFICIENT_DATA"
+    assert actions.transition(fresh, "ALARM", "breached", None, when=later)
+    assert _events(store) == [(NEW,)]
+
+
+def test_configuring_an_alarm_again_keeps_the_state_it_has_now(store: MetricStore) -> None:
+    """PutMetricAlarm on an existing alarm read its state, then wrote it back: a
+    transition made in between was undone (its notification sent, for a state the
+    alarm no longer had, and sent again at the next breach)."""
+    first = datetime(2026, 1, 1, tzinfo=UTC)
+    alarm = Alarm("a", "arn:a", {"Threshold": 1.0, "AlarmActions": [OLD]}, "INSUFFICIENT_DATA",
+                  "new", None, first, first)  # fmt: skip
+    store.put_alarm(alarm, HistoryItem("a", first, "ConfigurationUpdate", "created", "{}"))
+    read_by_put = store.get_alarm("a")
+    assert read_by_put is not None
+    actions = AlarmActions(store=store, region="us-east-1", account_id="123456789012",
+                           run_policy=_no_policy, on_event=lambda: None)  # fmt: skip
+    assert actions.transition(read_by_put, "ALARM", "breached", None, when=first)
+    later = datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
+    store.put_alarm(
+        Alarm("a", "arn:a", {"Threshold": 2.0, "AlarmActions": [OLD]}, read_by_put.state,
+              read_by_put.reason, None, read_by_put.state_updated, later),
+        HistoryItem("a", later, "ConfigurationUpdate", "updated", "{}"),
+    )  # fmt: skip
+    found = store.get_alarm("a")
+    assert found is not None
+    assert (found.state, found.config["Threshold"]) == ("ALARM", 2.0)
+
+
+OLD = "arn:aws:sns:us-east-1:123456789012:old"
+NEW = "arn:aws:sns:us-east-1:123456789012:new"
+
+
+def _no_policy(arn: str, alarm: str, state: str, value: float | None, threshold: float) -> str:
+    raise AssertionError(f"no policy action expected, got {arn}")

@@ -196,6 +196,7 @@ class AlarmActions:
             history=history,
             event=event,
             expected=alarm.state,
+            configured=alarm.config_updated,
         )
         if not changed:
             return False

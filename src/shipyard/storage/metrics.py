@@ -505,13 +505,16 @@ class MetricStore:
         owner: str | None = None,
         quota: Quota | None = None,
     ) -> None:
-        """Create or replace ``alarm`` (its state kept by the caller), with its history.
-        A new alarm is ``owner``'s, within ``quota`` when given (else LimitExceeded,
-        nothing written); a replaced one stays its creator's."""
+        """Create or replace ``alarm``, with its history. A new alarm is ``owner``'s,
+        within ``quota`` when given (else LimitExceeded, nothing written); a replaced one
+        stays its creator's and keeps the state it has in the store: writing back the
+        state its caller read would undo a transition made since (its notification sent
+        for a state the alarm then no longer had)."""
         row = _alarm_row(alarm)
+        configured = {k: row[k] for k in ("arn", "config", "config_updated")}
         with transaction(self.engine) as conn:
             found = conn.execute(
-                update(t.alarms).where(t.alarms.c.name == alarm.name).values(**row)
+                update(t.alarms).where(t.alarms.c.name == alarm.name).values(**configured)
             )
             if found.rowcount == 0:
                 if quota is not None:
@@ -550,10 +553,27 @@ class MetricStore:
         history: HistoryItem,
         event: Event | None,
         expected: str | None = None,
+        configured: datetime | None = None,
     ) -> bool:
         """Set an alarm's state with its history item and event, in one transaction;
-        False (nothing written) when the alarm is gone, or is no longer in ``expected``."""
+        False (nothing written) when the alarm is gone, is no longer in ``expected``, or
+        was configured again since ``configured`` (its ``config_updated``).
+
+        The last guard is what keeps a notification from going astray: a transition is
+        decided on the alarm as an evaluation pass read it, and its event names that
+        alarm's actions. Were the alarm replaced meanwhile (PutMetricAlarm on its name,
+        with other actions), the new state would be written with an event for the old
+        actions, and the new ones, never told, would wait for a change that had already
+        happened. Refused here, the next pass decides again on the alarm as it is."""
         with transaction(self.engine) as conn:
+            if configured is not None:
+                found = conn.execute(
+                    select(t.alarms.c.config_updated)
+                    .where(t.alarms.c.name == name)
+                    .with_for_update()
+                ).first()
+                if found is None or _utc(found.config_updated) != configured:
+                    return False
             query = update(t.alarms).where(t.alarms.c.name == name)
             if expected is not None:
                 query = query.where(t.alarms.c.state == expected)
