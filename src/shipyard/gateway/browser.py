@@ -7,7 +7,7 @@ browser is a loopback client. Any page it shows can send a ``<form>`` or a "simp
 ``ReadOnce``) asks ``BrowserRules.refusal`` of every request, before any door sees it:
 
 - ``Host`` must be one of this gateway's names: ``localhost``, ``127.0.0.1`` or
-  ``[::1]`` with its port, or a name the operator allowed (``--allow-host``,
+  ``[::1]`` with its port (or none), or a name the operator allowed (``--allow-host``,
   ``allow_hosts:``; a name alone matches any port, ``NAME:PORT`` that port only). A
   rebound page sends its own name. ``/healthz`` is exempt.
 - ``Origin`` and ``Sec-Fetch-Site`` must not show another origin's page (a page of
@@ -44,10 +44,10 @@ class BrowserRules:
 
     def __init__(self, port: int, allow_hosts: Iterable[str] = ()) -> None:
         self.port = port
-        hosts = {f"{name}:{port}" for name in _LOOPBACK}
+        # A loopback name with no port too: a browser always names a port that is not
+        # its scheme's own, and a page at another port is another origin.
+        hosts = {*_LOOPBACK, *(f"{name}:{port}" for name in _LOOPBACK)}
         names: set[str] = set()
-        if port in (80, 443):  # a client may leave the scheme's own port out
-            hosts.update(_LOOPBACK)
         if port == 0:  # bound to a port chosen at start: any port of loopback
             names.update(_LOOPBACK)
         for entry in allow_hosts:
