@@ -139,6 +139,7 @@ def test_another_sites_page_is_refused(local: GatewayProcess, tmp_path: Path) ->
         {"Origin": "null"},  # a sandboxed frame or a file: page
         {"Origin": f"http://{own}, https://evil.example"},
         {"Origin": "http://localhost:1"},
+        {"Origin": "http://localhost"},  # a page of port 80's server: another origin
     ):
         status, _, out = send(local, "POST", "/", create_model("paged", marker), **target, **page)
         assert status == 403 and b"another site" in out, (page, out)

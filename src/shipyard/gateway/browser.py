@@ -40,13 +40,16 @@ _HOST = re.compile(r"(?:[a-z0-9_](?:[a-z0-9_.-]*[a-z0-9_])?|\[[0-9a-f:.]+\])(?::
 class BrowserRules:
     """The browser rules of one gateway without ``auth:`` (see the module)."""
 
-    __slots__ = ("port", "hosts", "names")
+    __slots__ = ("port", "hosts", "origins", "names")
 
     def __init__(self, port: int, allow_hosts: Iterable[str] = ()) -> None:
         self.port = port
-        # A loopback name with no port too: a browser always names a port that is not
-        # its scheme's own, and a page at another port is another origin.
-        hosts = {*_LOOPBACK, *(f"{name}:{port}" for name in _LOOPBACK)}
+        origins = {f"{name}:{port}" for name in _LOOPBACK}
+        if port in (80, 443):  # the scheme's own port, which an origin leaves out
+            origins.update(_LOOPBACK)
+        # A Host of a loopback name with no port too: a browser names every port but
+        # its scheme's own, so no page sends one to a gateway on another port.
+        hosts = {*_LOOPBACK, *origins}
         names: set[str] = set()
         if port == 0:  # bound to a port chosen at start: any port of loopback
             names.update(_LOOPBACK)
@@ -57,9 +60,15 @@ class BrowserRules:
                     f"allow_hosts: {entry!r} is not a host name or address, with or "
                     "without :PORT (an IPv6 address in brackets)"
                 )
-            (hosts if _name(host) != host else names).add(host)
+            if _name(host) != host:
+                hosts.add(host)
+                origins.add(host)
+            else:
+                names.add(host)
         self.hosts = frozenset(hosts)
         """``Host`` values taken as they are."""
+        self.origins = frozenset(origins)
+        """Hosts (and ports) of the pages that are this gateway's own."""
         self.names = frozenset(names)
         """Names taken with any port, or none."""
 
@@ -68,7 +77,11 @@ class BrowserRules:
 
     def refusal(self, method: str, path: str, head: Head) -> str | None:
         """Why the request read once as ``head`` is refused, or None when it is not."""
-        if head.host not in self.hosts and path != "/healthz" and not self.is_own(head.host):
+        if (
+            head.host not in self.hosts
+            and path != "/healthz"
+            and not self._named(head.host, self.hosts)
+        ):
             return (
                 f"Host {_shown(head.host)} does not name this gateway. Without an auth: "
                 f"section it answers only localhost, 127.0.0.1 and [::1] on its port "
@@ -101,13 +114,13 @@ class BrowserRules:
             )
         return None
 
-    def is_own(self, host: str | None) -> bool:
-        """Whether ``host`` (a ``Host`` value, or an origin's host and port) names this
-        gateway."""
+    def _named(self, host: str | None, exact: frozenset[str]) -> bool:
+        """Whether ``host`` (a ``Host`` value, or an origin's host and port) is one of
+        ``exact`` or an allowed name, with any port."""
         if host is None:
             return False
         host = host.strip().lower()
-        return host in self.hosts or _name(host) in self.names
+        return host in exact or _name(host) in self.names
 
     def _own_page(self, head: Head) -> bool:
         if head.fetch_site is not None and any(
@@ -118,7 +131,11 @@ class BrowserRules:
             # Joined by commas when sent more than once: each one must be ours.
             for origin in head.origin.split(","):
                 scheme, sep, host = origin.strip().partition("://")
-                if not sep or scheme.lower() not in ("http", "https") or not self.is_own(host):
+                if (
+                    not sep
+                    or scheme.lower() not in ("http", "https")
+                    or not self._named(host, self.origins)
+                ):
                     return False  # "null" (a sandboxed or file: page) included
         return True
 
