@@ -30,6 +30,7 @@ import uvloop
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
+from shipyard.gateway.browser import BrowserRules
 from shipyard.gateway.http_limits import limited_protocol
 from shipyard.gateway.paths import PathRouter
 from shipyard.gateway.runtime import RuntimeDoor
@@ -171,7 +172,8 @@ def _edge() -> ReadOnce:
         raise AssertionError(scope["path"])
 
     return ReadOnce(
-        PathRouter(endpoint_doors={"invocations": door}, v2=nowhere, v1=nowhere, fallback=nowhere)
+        PathRouter(endpoint_doors={"invocations": door}, v2=nowhere, v1=nowhere, fallback=nowhere),
+        browser=BrowserRules(8080),  # a gateway without auth:, as `shipyard serve` starts it
     )
 
 

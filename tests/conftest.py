@@ -330,7 +330,7 @@ def post_expecting_continue(port: int, path: str, body: bytes) -> tuple[bytes, b
     the final answer's head and its body (read to its Content-Length)."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(
-            f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Expect: 100-continue\r\nContent-Length: {len(body)}\r\n\r\n".encode()
         )
         assert sock.recv(1024).startswith(b"HTTP/1.1 100 ")  # the body is still unsent

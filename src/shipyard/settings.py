@@ -25,6 +25,11 @@ class Settings(BaseSettings):
     port: int = 8080
     """Port the gateway binds to."""
 
+    allow_hosts: list[str] = Field(default_factory=list)
+    """More ``Host`` names a gateway without ``auth:`` answers (``--allow-host``, besides
+    ``allow_hosts:`` in the stack file): ``NAME`` on any port, or ``NAME:PORT``. Without
+    them it answers only localhost, 127.0.0.1 and [::1] on its port (gateway/browser.py)."""
+
     grpc_port: int | None = None
     """Port of the Open Inference Protocol's gRPC service (``inference.GRPCInferenceService``)
     on ``host``, served in the gateway's process and event loop; None: no gRPC."""

@@ -389,6 +389,9 @@ class StackFile(StackResources):
     """Serve HTTPS; ``shipyard serve --tls-cert/--tls-key`` win over it."""
     account_id: str | None = Field(default=None, pattern=r"^\d{12}$")
     """The account id written into ARNs, unless ``SHIPYARD_ACCOUNT_ID`` says otherwise."""
+    allow_hosts: list[str] = Field(default_factory=list)
+    """More ``Host`` names a gateway without ``auth:`` answers, besides ``--allow-host``:
+    ``NAME`` on any port, or ``NAME:PORT`` (for a proxy that passes its own name on)."""
 
     @model_validator(mode="after")
     def _check_topics(self) -> StackFile:

@@ -414,7 +414,12 @@ def test_topics_and_job_templates_are_applied_to_the_running_gateway(
 
     def submit(job_type: str) -> tuple[int, dict[str, Any]]:
         body = json.dumps({"type": job_type}).encode()
-        request = urllib.request.Request(gw.url + "/inference", data=body, method="POST")
+        request = urllib.request.Request(
+            gw.url + "/inference",
+            data=body,
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=30) as r:
                 return r.status, json.loads(r.read())

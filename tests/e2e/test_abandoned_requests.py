@@ -20,7 +20,7 @@ def post_and_leave(gw: GatewayProcess, body: bytes, after_s: float) -> None:
     address = urlsplit(gw.url)
     with socket.create_connection((address.hostname, address.port), timeout=10) as s:
         s.sendall(
-            b"POST /endpoints/queued/invocations HTTP/1.1\r\nHost: x\r\n"
+            b"POST /endpoints/queued/invocations HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             b"Content-Type: application/json\r\n"
             + f"Content-Length: {len(body)}\r\n\r\n".encode()
             + body
@@ -159,7 +159,7 @@ def test_an_oip_client_that_leaves_while_queued_is_never_served(
         body = _oip_body(0, "gone")
         with socket.create_connection((address.hostname, address.port), timeout=10) as s:
             s.sendall(
-                f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n".encode()
                 + body
             )

@@ -223,6 +223,7 @@ def test_bad_requests_get_validation_errors(
             headers={
                 "X-Amzn-SageMaker-InputLocation": put_input(tmp_path, 1),
                 "X-Amzn-SageMaker-RequestTTLSeconds": ttl.encode().decode("latin-1"),
+                "Content-Type": "application/json",
             },
         )
         with pytest.raises(urllib.error.HTTPError) as refused:

@@ -638,7 +638,9 @@ def test_the_query_protocol_of_older_sdks(
 
 
 def _post(gw: GatewayProcess, body: bytes) -> tuple[int, bytes]:
-    request = urllib.request.Request(gw.url + "/", data=body, method="POST")
+    request = urllib.request.Request(
+        gw.url + "/", data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as reply:
             return reply.status, reply.read()

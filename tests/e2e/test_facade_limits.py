@@ -22,7 +22,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def post(gw: GatewayProcess, body: bytes, *, chunked: bool = False) -> tuple[int, bytes]:
     port = int(gw.url.rsplit(":", 1)[1])
-    head = b"POST /inference HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = b"POST /inference HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     if chunked:
         request = head + b"Transfer-Encoding: chunked\r\n\r\n"
         request += f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"

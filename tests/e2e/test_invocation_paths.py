@@ -53,7 +53,11 @@ def gw(tmp_path_factory: pytest.TempPathFactory, grpc_port: int) -> Iterator[Gat
 def infer_rest(gw: GatewayProcess, name: str, request_id: str) -> dict[str, Any]:
     """POST /v2/models/{name}/infer with one JSON input; the answer, checked 200."""
     body = json.dumps({"id": request_id, "inputs": [INPUT]}).encode()
-    request = urllib.request.Request(gw.url + f"/v2/models/{name}/infer", data=body)
+    request = urllib.request.Request(
+        gw.url + f"/v2/models/{name}/infer",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=30) as answer:
         assert answer.status == 200
         result: dict[str, Any] = json.loads(answer.read())

@@ -54,7 +54,9 @@ def _inputs(binary: bool, dtype: str = "INT32") -> list[httpclient.InferInput]:
 
 def _post(gw: GatewayProcess, path: str, body: Any, method: str = "POST") -> tuple[int, Any]:
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(gw.url + path, data=data, method=method)
+    request = urllib.request.Request(
+        gw.url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as r:
             return r.status, json.loads(r.read())
@@ -156,7 +158,10 @@ def test_binary_framing_errors_are_bad_requests(gw: GatewayProcess) -> None:
             gw.url + "/v2/models/add/infer",
             data=header + tail,
             method="POST",
-            headers={"Inference-Header-Content-Length": str(length)},
+            headers={
+                "Inference-Header-Content-Length": str(length),
+                "Content-Type": "application/octet-stream",
+            },
         )
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(request, timeout=30)

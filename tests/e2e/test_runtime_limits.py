@@ -108,7 +108,7 @@ def test_a_name_header_outside_its_pattern_is_a_validation_error(
     for value in (b"\xff", b"caf\xc3\xa9", b"a b", b"-lead", b"a_b"):
         answer = raw(
             gw,
-            b"POST /endpoints/sums/%s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            b"POST /endpoints/sums/%s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
             b"\r\n%s: %s\r\nContent-Length: 6\r\nConnection: close\r\n\r\n[[1]]\n"
             % (path.encode(), header, value),
         )
@@ -191,7 +191,7 @@ def test_a_chunked_body_just_over_the_limit_gets_its_413(gw: GatewayProcess) -> 
     limit = 6 * 1024 * 1024
     chunk = b"x" * (limit + 1)
     request = (
-        b"POST /endpoints/sums/invocations HTTP/1.1\r\nHost: x\r\n"
+        b"POST /endpoints/sums/invocations HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
         + f"{len(chunk):x}\r\n".encode()
         + chunk
@@ -204,7 +204,7 @@ def test_a_chunked_body_just_over_the_limit_gets_its_413(gw: GatewayProcess) -> 
 def test_a_body_that_does_not_arrive_in_time_is_refused(gw: GatewayProcess) -> None:
     with socket.create_connection(("127.0.0.1", port(gw)), timeout=15) as s:
         s.sendall(
-            b"POST /endpoints/sums/invocations HTTP/1.1\r\nHost: x\r\n"
+            b"POST /endpoints/sums/invocations HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n[[1"
         )
         answer = read_response(s)
@@ -225,7 +225,7 @@ def test_slow_clients_do_not_take_the_instance_from_normal_ones(gw: GatewayProce
             return
         sockets.append(s)
         s.sendall(
-            b"POST /endpoints/sums/invocations HTTP/1.1\r\nHost: x\r\n"
+            b"POST /endpoints/sums/invocations HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
         )
         while not stop.is_set():

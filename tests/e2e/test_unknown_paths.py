@@ -13,7 +13,11 @@ from tests.conftest import GatewayProcess
 
 
 def _call(gw: GatewayProcess, method: str, path: str) -> tuple[int, Message, dict]:
-    request = urllib.request.Request(gw.url + path, data=b"{}" if method == "POST" else None)
+    request = urllib.request.Request(
+        gw.url + path,
+        data=b"{}" if method == "POST" else None,
+        headers={"Content-Type": "application/json"},
+    )
     request.method = method
     try:
         with urllib.request.urlopen(request, timeout=10) as response:

@@ -43,6 +43,18 @@ def serve(
         bool,
         typer.Option(help="Allow a non-loopback --host without an auth: section (unsafe)."),
     ] = False,
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-host",
+            help=(
+                "Without an auth: section, also answer requests whose Host is NAME (any "
+                "port) or NAME:PORT, e.g. behind a proxy; repeatable. By default only "
+                "localhost, 127.0.0.1 and [::1] on --port are answered, so that a web page "
+                "whose name is pointed at this host cannot drive the gateway."
+            ),
+        ),
+    ] = None,
     grpc_port: Annotated[
         int | None,
         typer.Option(help="Also serve the Open Inference Protocol over gRPC on this port."),
@@ -80,6 +92,7 @@ def serve(
         "backend": backend,
         "ray_address": ray_address,
         "insecure": insecure or None,
+        "allow_hosts": allow_host or None,
         "grpc_port": grpc_port,
         "tls_cert": tls_cert,
         "tls_key": tls_key,

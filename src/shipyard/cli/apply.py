@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 # them: every other command would pay about 0.3 s for them at start.
 
 _ACTION_STYLES = {"create": "green", "update": "yellow", "delete": "red", "unchanged": "dim"}
-_STARTUP_SECTIONS = ("autoscaling", "auth", "account_id")
+_STARTUP_SECTIONS = ("autoscaling", "auth", "account_id", "allow_hosts")
 """Sections the gateway reads when it starts (``serve --config``), which apply leaves."""
 
 File = Annotated[Path, typer.Argument(help="Stack file (YAML).", show_default=False)]

@@ -132,6 +132,10 @@ _READ_ONCE = frozenset(
         b"host",
     )
 )
+_JOINED = frozenset((b"origin", b"sec-fetch-site", b"content-type"))
+"""Headers the browser rules read (gateway/browser.py): sent more than once, their values
+are joined by commas, as HTTP joins a list, and every one of them is checked."""
+_READ = _READ_ONCE | _JOINED
 
 
 class Head(NamedTuple):
@@ -146,6 +150,11 @@ class Head(NamedTuple):
     date: str | None = None
     content_sha256: str | None = None
     content_length: str | None = None
+    host: str | None = None
+    origin: str | None = None
+    fetch_site: str | None = None
+    """``Sec-Fetch-Site``."""
+    content_type: str | None = None
 
 
 def read_head(headers: list[tuple[bytes, bytes]]) -> Head:
@@ -153,8 +162,11 @@ def read_head(headers: list[tuple[bytes, bytes]]) -> Head:
     them); RepeatedHeader when one of them comes twice, ``Host`` included."""
     found: dict[bytes, str] = {}
     for key, value in headers:
-        if key in _READ_ONCE:
+        if key in _READ:
             if key in found:
+                if key in _JOINED:
+                    found[key] += "," + value.decode("latin-1")
+                    continue
                 raise RepeatedHeader(
                     f"The request carries the {key.decode('latin-1')} header more than once; "
                     "send it once."
@@ -169,6 +181,10 @@ def read_head(headers: list[tuple[bytes, bytes]]) -> Head:
         date=found.get(b"date"),
         content_sha256=found.get(b"x-amz-content-sha256"),
         content_length=found.get(b"content-length"),
+        host=found.get(b"host"),
+        origin=found.get(b"origin"),
+        fetch_site=found.get(b"sec-fetch-site"),
+        content_type=found.get(b"content-type"),
     )
 
 
@@ -589,7 +605,7 @@ def door_of(path: str) -> Door:
 
 def action_of(method: str, path: str, target: str | None) -> tuple[Door, str] | None:
     """The door and scoping action of a request, or None when it needs no signature."""
-    if path == "/healthz" or (method == "GET" and _is_console_page(path)):
+    if path == "/healthz" or (method == "GET" and is_console_page(path)):
         return None
     if path.startswith("/console/api/"):
         return Door.OTHER, _console_action(path)
@@ -619,7 +635,8 @@ def action_of(method: str, path: str, target: str | None) -> tuple[Door, str] | 
     return Door.OTHER, "shipyard:Unknown"
 
 
-def _is_console_page(path: str) -> bool:
+def is_console_page(path: str) -> bool:
+    """Whether ``path`` is one of the console's pages or static files, which hold no data."""
     return path.rstrip("/") == "/console" or (
         path.startswith("/console/") and not path.startswith("/console/api/")
     )

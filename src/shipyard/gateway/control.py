@@ -183,6 +183,8 @@ class ControlDoor:
             # Authorised as what runs, where it runs: whichever way the action was named
             # (X-Amz-Target, a query form's Action, an RPC v2 path) and read at the edge.
             authorize(edge.caller, action.iam, account_id=edge.account_id)
+            if edge.action != action.iam:  # a query form names its action in the body
+                edge = edge._replace(action=action.iam)  # what a refusal below names
         try:
             action.validator.validate(action.name, params)
         except InvalidParameter as exc:

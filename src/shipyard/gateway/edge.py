@@ -2,8 +2,9 @@
 edge that reads each request's head once and checks its signature.
 
 ``serving_tls`` decides, at start, the certificate and key the gateway serves HTTPS (and
-gRPC) with; ``edge`` wraps the doors in ReadOnce (no ``auth:``) or RequireSignature
-(gateway/signatures.py), and refuses to serve an open gateway beyond loopback.
+gRPC) with; ``edge`` wraps the doors in ReadOnce with the browser rules (no ``auth:``,
+gateway/browser.py) or RequireSignature (gateway/signatures.py), and refuses to serve an
+open gateway beyond loopback.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import ssl
 from pathlib import Path
 
 from shipyard.gateway.auth import Verifier, is_loopback
+from shipyard.gateway.browser import BrowserRules
 from shipyard.gateway.signatures import ASGIApp, ReadOnce, RequireSignature
 from shipyard.settings import Settings
 from shipyard.stackfile import StackFile
@@ -20,7 +22,8 @@ from shipyard.stackfile import StackFile
 
 def edge(doors: ASGIApp, settings: Settings, stack: StackFile) -> ReadOnce:
     """The doors behind the edge: their heads read once (repeated security-relevant
-    headers refused), and SigV4 verified when the stack file has ``auth:``."""
+    headers refused), and SigV4 verified when the stack file has ``auth:``; without it,
+    what a web page could make a browser send refused."""
     if stack.auth is None:
         if not (is_loopback(settings.host) or settings.insecure):
             raise ValueError(
@@ -29,7 +32,10 @@ def edge(doors: ASGIApp, settings: Settings, stack: StackFile) -> ReadOnce:
                 "the port could run commands on this host. Add an auth: section "
                 "(see SECURITY.md) or pass --insecure."
             )
-        return ReadOnce(doors, account_id=settings.account_id)
+        allowed = [*settings.allow_hosts, *stack.allow_hosts]
+        return ReadOnce(
+            doors, account_id=settings.account_id, browser=BrowserRules(settings.port, allowed)
+        )
     return RequireSignature(
         doors,
         verifier=Verifier.from_config(stack.auth, os.environ),

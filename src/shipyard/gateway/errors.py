@@ -92,6 +92,17 @@ def facade_error_response(exc: Exception) -> Response:
 def unknown_path_response(path: str, method: str, status_code: int) -> Response:
     """A path or method no door serves, answered in the shape of the door it looks like,
     so a client reports a named error instead of failing to parse ``Not Found``."""
+    if path == "/console" or (
+        path.startswith("/console/") and not path.startswith("/console/api/")
+    ):
+        # A browser's page: the path it asked for (which a link can fill with markup) is
+        # not repeated, and the answer is not to be read as anything but text.
+        return Response(
+            "Not found" if status_code == 404 else "Method not allowed",
+            status_code=status_code,
+            media_type="text/plain",
+            headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"},
+        )
     if status_code == 405:
         message = f"{method} is not supported on {path}."
     else:
@@ -121,7 +132,11 @@ def unknown_path_response(path: str, method: str, status_code: int) -> Response:
         json.dumps(body),
         status_code=status_code,
         media_type=AMZ_JSON,
-        headers={"x-amzn-ErrorType": "UnknownOperationException"},
+        # The path is repeated: nothing but JSON to a browser (the console's API too).
+        headers={
+            "x-amzn-ErrorType": "UnknownOperationException",
+            "X-Content-Type-Options": "nosniff",
+        },
     )
 
 

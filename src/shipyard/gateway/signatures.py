@@ -3,7 +3,9 @@
 ``ReadOnce`` reads the headers a request's security rests on, once (``auth.read_head``):
 one of them sent twice is refused (400, in the door's error shape) before anything else
 sees the request, and what was read travels to the doors as a value under
-``scope[auth.ADMITTED]``. It is the whole edge of a gateway without ``auth:``.
+``scope[auth.ADMITTED]``. It is the whole edge of a gateway without ``auth:``, with
+that gateway's browser rules (gateway/browser.py): a request a web page could have made
+the user's browser send is refused (403, in the door's error shape) before any door runs.
 
 ``RequireSignature`` is the edge of a gateway with ``auth:``: it also lets only signed,
 allowed requests through. Everything the head says is checked before the body is read
@@ -29,6 +31,7 @@ from typing import Any
 from starlette.responses import Response
 
 from shipyard.errors import (
+    AccessDenied,
     AuthFailure,
     BodyTimedOut,
     BodyTooLarge,
@@ -57,6 +60,7 @@ from shipyard.gateway.auth import (
     is_loopback,
     read_head,
 )
+from shipyard.gateway.browser import BrowserRules
 from shipyard.gateway.errors import (
     control_error_response,
     facade_error_response,
@@ -78,15 +82,19 @@ Taker = Callable[[Scope, bytes, Respond], bool]
 
 
 class ReadOnce:
-    """Wraps the gateway's app: read the head once, refuse repeats, hand the doors the value."""
+    """Wraps the gateway's app: read the head once, refuse repeats, hand the doors the value;
+    with ``browser`` rules, refuse what they refuse."""
 
-    def __init__(self, app: ASGIApp, *, account_id: str = "") -> None:
+    def __init__(
+        self, app: ASGIApp, *, account_id: str = "", browser: BrowserRules | None = None
+    ) -> None:
         self.app = app
         self.account_id = account_id
+        self.browser = browser
         self._take: Taker | None = getattr(app, "take", None)
 
     def __repr__(self) -> str:
-        return "ReadOnce()"
+        return f"ReadOnce(browser={self.browser!r})"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -98,19 +106,30 @@ class ReadOnce:
             log.info("refused %s %s: %s", scope["method"], scope["path"], exc.message)
             await _render(door_of(scope["path"]), exc, scope, receive, send)
             return
+        browser = self.browser
+        if browser is not None:
+            refusal = browser.refusal(scope["method"], scope["path"], head)
+            if refusal is not None:
+                log.info("refused %s %s: %s", scope["method"], scope["path"], refusal)
+                await _refuse(head, AccessDenied(refusal), scope, receive, send)
+                return
         await self.admit(head, scope, receive, send)
 
     def take(self, scope: Scope, body: bytes, respond: Respond) -> bool:
         """The edge for a request served on callbacks, its whole ``body`` in hand
         (gateway/http_limits.py): its head read once and admitted as ``__call__`` admits
-        it, then offered to the app's ``take``. False when a header is repeated (the
-        ASGI call refuses it) or the app does not take it: nothing was done."""
+        it, then offered to the app's ``take``. False when a header is repeated or the
+        browser rules refuse it (the ASGI call answers the refusal), or the app does not
+        take it: nothing was done."""
         take = self._take
         if take is None:
             return False
         try:
             head = read_head(scope["headers"])
         except RepeatedHeader:
+            return False
+        browser = self.browser
+        if browser is not None and browser.refusal(scope["method"], scope["path"], head):
             return False
         scope[ADMITTED] = Admitted(head, account_id=self.account_id)
         return take(scope, body, respond)
@@ -183,8 +202,7 @@ class RequireSignature(ReadOnce):
             return  # gone before its body was whole: nobody to answer
         except _QueryRefused as refused:  # in the query protocol's XML, as its client reads
             log.info("refused %s %s: %s", scope["method"], scope["path"], refused.exc.wire_type)
-            status, payload = query.error(refused.exc, str(uuid.uuid4()))
-            await Response(payload, status_code=status, media_type="text/xml")(scope, receive, send)
+            await _render_query(refused.exc, scope, receive, send)
             return
         except (AuthFailure, SignedBodyTooLarge, SignedBodyTimeout) as exc:
             log.info("refused %s %s: %s", scope["method"], scope["path"], exc.wire_type)
@@ -291,6 +309,26 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replay
+
+
+async def _refuse(
+    head: Head, exc: ShipyardError, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """``exc`` in the door's shape: a form sent to ``POST /`` with no ``X-Amz-Target`` is
+    the query protocol's, answered in its XML."""
+    if (
+        scope["path"] == "/"
+        and not head.target
+        and "x-www-form-urlencoded" in (head.content_type or "").lower()
+    ):
+        await _render_query(exc, scope, receive, send)
+        return
+    await _render(door_of(scope["path"]), exc, scope, receive, send)
+
+
+async def _render_query(exc: ShipyardError, scope: Scope, receive: Receive, send: Send) -> None:
+    status, payload = query.error(exc, str(uuid.uuid4()))
+    await Response(payload, status_code=status, media_type="text/xml")(scope, receive, send)
 
 
 async def _render(

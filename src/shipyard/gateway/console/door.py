@@ -141,7 +141,9 @@ class ConsoleDoor:
         name = request.path_params["file"]
         content = self._static.get(name)
         if content is None:
-            return Response("Not found", status_code=404, media_type="text/plain")
+            return Response(
+                "Not found", status_code=404, media_type="text/plain", headers=_API_HEADERS
+            )
         media_type = _STATIC_TYPES[os.path.splitext(name)[1]]
         # The URL carries the version (pages.py), so a cached copy is never stale.
         return Response(content, media_type=media_type, headers={"Cache-Control": "max-age=3600"})
