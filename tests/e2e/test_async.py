@@ -174,6 +174,43 @@ def test_a_model_error_lands_in_the_failure_path_and_is_announced(
     assert not Path(answer["OutputLocation"].removeprefix("file://")).exists()
 
 
+@pytest.mark.parametrize(
+    ("blocked", "model"),
+    [(["failed"], "predict_raises"), (["ok", "failed"], "echo")],
+    ids=["failure-path-unwritable", "output-and-failure-paths-unwritable"],
+)
+def test_a_request_whose_outcome_file_cannot_be_written_still_ends_failed(
+    async_gateway: GatewayProcess, tmp_path: Path, webhook: Any, blocked: list[str], model: str
+) -> None:
+    """A file where the output or failure folder must be: the write is refused every time
+    (the walk beneath the root meets no folder there), and the request still ends Failed,
+    announced once, its reason telling why, rather than staying Running and retried."""
+    name = unique("asyncunwritable")
+    out = tmp_path / "out"
+    url = make_tarball(model, tmp_path / "m" / "model.tar.gz").as_uri()
+    deploy_async(async_gateway.sm, name, out, model_url=url)
+    out.mkdir(exist_ok=True)
+    for folder in blocked:
+        (out / folder).write_text("a file where a folder must be")
+    answer = async_gateway.rt.invoke_endpoint_async(
+        EndpointName=name, InputLocation=put_input(tmp_path, [1]), ContentType="application/json"
+    )
+    [message] = wait_results(webhook, 1)
+    assert message["invocationStatus"] == "Failed", message
+    reason = message["failureReason"]
+    assert "could not be written to the FailureLocation" in reason, reason
+    if model == "predict_raises":
+        assert "bad input for model" in reason, reason
+    else:
+        assert f"/out/ok/{answer['InferenceId']}.out" in reason, reason
+    with sqlite3.connect(async_gateway.home / "shipyard.db") as db:
+        status, stored = db.execute(
+            "SELECT status, failure_reason FROM async_requests WHERE inference_id = ?",
+            (answer["InferenceId"],),
+        ).fetchone()
+    assert (status, stored) == ("Failed", reason)
+
+
 def test_unreadable_input_and_timeouts_fail_with_a_reason(
     async_gateway: GatewayProcess, tmp_path: Path, webhook: Any
 ) -> None:
