@@ -340,6 +340,52 @@ def test_an_unknown_topic_or_output_path_is_refused_at_create(
         assert err.value.response["Error"]["Code"] == "ValidationException"
 
 
+def test_a_full_queue_refuses_with_503_and_queues_nothing(
+    gateway_factory: Callable[..., GatewayProcess], tmp_path: Path, webhook: Any
+) -> None:
+    """SHIPYARD_MAX_ASYNC_QUEUE=3 and a model busy for a minute with the first request:
+    three requests are unfinished (one running, two queued), the fourth is refused in the
+    runtime's shape with Retry-After, and nothing more is queued."""
+    stack = tmp_path / "stack.yaml"
+    stack.write_text(yaml.safe_dump({"topics": {"results": [webhook.url]}}))
+    gw = gateway_factory(
+        args=["--config", str(stack)],
+        extra_env={"SHIPYARD_MAX_ASYNC_QUEUE": "3", "SHIPYARD_DRAIN_TIMEOUT_S": "1"},
+    )
+    name = unique("asyncfull")
+    deploy_async(gw.sm, name, tmp_path / "out", image=f"cmd:python {COUNTER}",
+                 model_url=(MODELS / "async_counter").as_uri(), max_concurrent=1)  # fmt: skip
+    slow = put_input(tmp_path, {"sleep": 60})
+    answers = [
+        gw.rt.invoke_endpoint_async(EndpointName=name, InputLocation=slow, InferenceId=f"r{i}")
+        for i in range(3)
+    ]
+    rt = gw.client("sagemaker-runtime", max_attempts=1)
+    with pytest.raises(ClientError) as refused:
+        rt.invoke_endpoint_async(EndpointName=name, InputLocation=slow)
+    error = refused.value.response
+    assert error["Error"]["Code"] == "ServiceUnavailable", error
+    assert error["ResponseMetadata"]["HTTPStatusCode"] == 503
+    assert "SHIPYARD_MAX_ASYNC_QUEUE" in error["Error"]["Message"]
+    request = urllib.request.Request(
+        f"{gw.url}/endpoints/{name}/async-invocations",
+        method="POST",
+        headers={"X-Amzn-SageMaker-InputLocation": slow},
+    )
+    with pytest.raises(urllib.error.HTTPError) as raw:
+        urllib.request.urlopen(request, timeout=10)
+    assert raw.value.code == 503
+    assert raw.value.headers["x-amzn-ErrorType"] == "ServiceUnavailable"
+    assert raw.value.headers["Retry-After"] == "30"
+    assert json.loads(raw.value.read())["ErrorCode"] == "ServiceUnavailable"
+    # A repeated Inference-Id is still answered with the request it names.
+    again = rt.invoke_endpoint_async(EndpointName=name, InputLocation=slow, InferenceId="r2")
+    assert again["OutputLocation"] == answers[2]["OutputLocation"]
+    with sqlite3.connect(gw.home / "shipyard.db") as db:
+        ids = db.execute("SELECT inference_id FROM async_requests WHERE endpoint = ?", (name,))
+        assert sorted(row[0] for row in ids) == ["r0", "r1", "r2"]
+
+
 def test_a_real_time_endpoint_refuses_async_invocations(
     async_gateway: GatewayProcess, tmp_path: Path
 ) -> None:
