@@ -38,7 +38,8 @@
     │   ├── ModelNotReady              429  instances still starting
     │   ├── Throttling                 429  a serverless variant at its MaxConcurrency
     │   ├── ServiceUnavailable         503  no instance can take the request now
-    │   │   └── InstanceFailed         503  an instance failed after the request may have reached it
+    │   │   ├── InstanceFailed         503  an instance failed after the request may have reached it
+    │   │   └── AsyncQueueFull         503  an asynchronous endpoint's queue is full (Retry-After)
     │   └── InternalFailure            500  a bug of ours
     ├── AuthFailure                    403  a request that is not signed, or not allowed
     │   ├── MissingAuthenticationToken      no signature at all
@@ -299,6 +300,9 @@ class SignedBodyTimeout(ValidationException):
 class RuntimeFailure(ShipyardError):
     """Root of the runtime door's errors (``sagemaker-runtime``)."""
 
+    retry_after_s: int | None = None
+    """Seconds a client should wait before trying again, sent as ``Retry-After``."""
+
 
 class RuntimeValidationError(RuntimeFailure):
     """Unknown endpoint or variant, bad headers, or a body over the size limit."""
@@ -383,6 +387,12 @@ class ServiceUnavailable(RuntimeFailure):
 
 class InstanceFailed(ServiceUnavailable):
     """The instance failed once the request may have reached it: not sent again."""
+
+
+class AsyncQueueFull(ServiceUnavailable):
+    """An asynchronous endpoint holds its most unfinished requests; nothing was queued."""
+
+    retry_after_s = 30
 
 
 class InternalFailure(RuntimeFailure):

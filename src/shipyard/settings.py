@@ -130,6 +130,11 @@ class Settings(BaseSettings):
     max_queue_per_instance: int = 64
     """Requests an instance may have outstanding before the gateway answers 503."""
 
+    max_async_queue: int = Field(default=10_000, ge=1)
+    """Unfinished (queued or running) asynchronous requests one endpoint may hold, each
+    possibly with an inline body of up to 128,000 bytes in the store; beyond it
+    InvokeEndpointAsync is answered 503 and nothing is queued."""
+
     shadow_max_pending_copies: int = Field(default=64, ge=1)
     """Copies of production requests a shadow variant may have sent and not yet answered;
     past it, new copies are dropped and counted (``shipyard_shadow_copies_dropped``), so

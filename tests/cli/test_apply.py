@@ -341,6 +341,22 @@ def test_apply_refuses_a_bad_file_before_asking_the_gateway(tmp_path: Path) -> N
     assert f"error: {path}:5: endpoint_configs.a.ProductionVariants[0]" in out.stderr
 
 
+def test_a_field_the_gateway_does_not_do_stops_apply_before_asking_it(tmp_path: Path) -> None:
+    content = stack("ssm", "file:///srv/model.tar.gz")
+    content["endpoint_configs"]["ssm-cfg"]["ProductionVariants"][0]["EnableSSMAccess"] = True
+    content["models"]["ssm"]["EnableNetworkIsolation"] = False  # what happens anyway
+    path = write(tmp_path / "ssm.yaml", content)
+    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if "SSM" in text)
+    # No gateway at this URL: the file is refused first, with exit code 2.
+    out = CliRunner().invoke(app, ["apply", str(path), "--url", "http://127.0.0.1:9"])
+    assert out.exit_code == 2, out.output
+    assert out.stderr.splitlines() == [
+        f"error: {path}:{line}: endpoint_configs.ssm-cfg.ProductionVariants[0].EnableSSMAccess: "
+        "not supported: true asks for SSM sessions into the instances, which this gateway "
+        "does not give."
+    ], out.stderr
+
+
 def test_a_field_the_create_calls_refuse_stops_apply_before_any_change(
     gw: GatewayProcess, artifacts: dict[str, str], tmp_path: Path
 ) -> None:

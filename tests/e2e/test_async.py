@@ -174,6 +174,43 @@ def test_a_model_error_lands_in_the_failure_path_and_is_announced(
     assert not Path(answer["OutputLocation"].removeprefix("file://")).exists()
 
 
+@pytest.mark.parametrize(
+    ("blocked", "model"),
+    [(["failed"], "predict_raises"), (["ok", "failed"], "echo")],
+    ids=["failure-path-unwritable", "output-and-failure-paths-unwritable"],
+)
+def test_a_request_whose_outcome_file_cannot_be_written_still_ends_failed(
+    async_gateway: GatewayProcess, tmp_path: Path, webhook: Any, blocked: list[str], model: str
+) -> None:
+    """A file where the output or failure folder must be: the write is refused every time
+    (the walk beneath the root meets no folder there), and the request still ends Failed,
+    announced once, its reason telling why, rather than staying Running and retried."""
+    name = unique("asyncunwritable")
+    out = tmp_path / "out"
+    url = make_tarball(model, tmp_path / "m" / "model.tar.gz").as_uri()
+    deploy_async(async_gateway.sm, name, out, model_url=url)
+    out.mkdir(exist_ok=True)
+    for folder in blocked:
+        (out / folder).write_text("a file where a folder must be")
+    answer = async_gateway.rt.invoke_endpoint_async(
+        EndpointName=name, InputLocation=put_input(tmp_path, [1]), ContentType="application/json"
+    )
+    [message] = wait_results(webhook, 1)
+    assert message["invocationStatus"] == "Failed", message
+    reason = message["failureReason"]
+    assert "could not be written to the FailureLocation" in reason, reason
+    if model == "predict_raises":
+        assert "bad input for model" in reason, reason
+    else:
+        assert f"/out/ok/{answer['InferenceId']}.out" in reason, reason
+    with sqlite3.connect(async_gateway.home / "shipyard.db") as db:
+        status, stored = db.execute(
+            "SELECT status, failure_reason FROM async_requests WHERE inference_id = ?",
+            (answer["InferenceId"],),
+        ).fetchone()
+    assert (status, stored) == ("Failed", reason)
+
+
 def test_unreadable_input_and_timeouts_fail_with_a_reason(
     async_gateway: GatewayProcess, tmp_path: Path, webhook: Any
 ) -> None:
@@ -302,6 +339,52 @@ def test_an_unknown_topic_or_output_path_is_refused_at_create(
                 AsyncInferenceConfig={"OutputConfig": output},
             )
         assert err.value.response["Error"]["Code"] == "ValidationException"
+
+
+def test_a_full_queue_refuses_with_503_and_queues_nothing(
+    gateway_factory: Callable[..., GatewayProcess], tmp_path: Path, webhook: Any
+) -> None:
+    """SHIPYARD_MAX_ASYNC_QUEUE=3 and a model busy for a minute with the first request:
+    three requests are unfinished (one running, two queued), the fourth is refused in the
+    runtime's shape with Retry-After, and nothing more is queued."""
+    stack = tmp_path / "stack.yaml"
+    stack.write_text(yaml.safe_dump({"topics": {"results": [webhook.url]}}))
+    gw = gateway_factory(
+        args=["--config", str(stack)],
+        extra_env={"SHIPYARD_MAX_ASYNC_QUEUE": "3", "SHIPYARD_DRAIN_TIMEOUT_S": "1"},
+    )
+    name = unique("asyncfull")
+    deploy_async(gw.sm, name, tmp_path / "out", image=f"cmd:python {COUNTER}",
+                 model_url=(MODELS / "async_counter").as_uri(), max_concurrent=1)  # fmt: skip
+    slow = put_input(tmp_path, {"sleep": 60})
+    answers = [
+        gw.rt.invoke_endpoint_async(EndpointName=name, InputLocation=slow, InferenceId=f"r{i}")
+        for i in range(3)
+    ]
+    rt = gw.client("sagemaker-runtime", max_attempts=1)
+    with pytest.raises(ClientError) as refused:
+        rt.invoke_endpoint_async(EndpointName=name, InputLocation=slow)
+    error = refused.value.response
+    assert error["Error"]["Code"] == "ServiceUnavailable", error
+    assert error["ResponseMetadata"]["HTTPStatusCode"] == 503
+    assert "SHIPYARD_MAX_ASYNC_QUEUE" in error["Error"]["Message"]
+    request = urllib.request.Request(
+        f"{gw.url}/endpoints/{name}/async-invocations",
+        method="POST",
+        headers={"X-Amzn-SageMaker-InputLocation": slow},
+    )
+    with pytest.raises(urllib.error.HTTPError) as raw:
+        urllib.request.urlopen(request, timeout=10)
+    assert raw.value.code == 503
+    assert raw.value.headers["x-amzn-ErrorType"] == "ServiceUnavailable"
+    assert raw.value.headers["Retry-After"] == "30"
+    assert json.loads(raw.value.read())["ErrorCode"] == "ServiceUnavailable"
+    # A repeated Inference-Id is still answered with the request it names.
+    again = rt.invoke_endpoint_async(EndpointName=name, InputLocation=slow, InferenceId="r2")
+    assert again["OutputLocation"] == answers[2]["OutputLocation"]
+    with sqlite3.connect(gw.home / "shipyard.db") as db:
+        ids = db.execute("SELECT inference_id FROM async_requests WHERE endpoint = ?", (name,))
+        assert sorted(row[0] for row in ids) == ["r0", "r1", "r2"]
 
 
 def test_a_real_time_endpoint_refuses_async_invocations(

@@ -36,5 +36,10 @@ def build(
         on_backlog_without_capacity=on_backlog_without_capacity,
         lease_s=settings.async_lease_s,
     )
-    requests = AsyncInvocations(queue=queue, wake=consumer.wake, host_access=core.host_access)
+    requests = AsyncInvocations(
+        queue=queue,
+        wake=consumer.wake,
+        host_access=core.host_access,
+        max_waiting=settings.max_async_queue,
+    )
     return AsyncInference(requests=requests, consumer=consumer)

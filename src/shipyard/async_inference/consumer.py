@@ -12,7 +12,9 @@ request:
   few MB of it, whatever its size;
 - goes back to the queue, untouched, when no instance can take it after all;
 - fails with the reason written to ``<InferenceId>-error.out`` when the input is
-  unreadable, the model answers an error, or InvocationTimeoutSeconds passes.
+  unreadable, the model answers an error, its output cannot be written, or
+  InvocationTimeoutSeconds passes; when the failure file cannot be written either, the
+  request still fails, the reason saying so.
 
 The outcome and its notification are recorded in one transaction, and only by the worker
 that still holds the request's lease, so a request whose first worker died is processed
@@ -27,7 +29,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from shipyard.background import Wakeup
@@ -54,10 +56,10 @@ from shipyard.storage.objects import ObjectStore
 log = logging.getLogger(__name__)
 
 _ERROR_REASON_CHARS = 64 * 1024
+"""How much of a model's error goes into the failure reason."""
 _ATTEMPTS = 3
 """Tries of a request whose instance fails under it, counted by the queue's claims: one
 that crashes every instance it reaches fails after the third."""
-"""How much of a model's error goes into the failure reason."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +206,11 @@ class Consumer:
     async def _process(self, route: EndpointRoute, request: AsyncRequest) -> None:
         started = now()
         try:
-            outcome = await self._run(route, request, started)
+            try:
+                outcome = await self._run(route, request, started)
+            except Exception as exc:  # a request that cannot be run fails, never hangs
+                log.exception("asynchronous request %s could not be run", request.inference_id)
+                outcome = _Outcome(False, f"InternalFailure: the request could not be run: {exc}")
             if outcome is None:
                 await asyncio.to_thread(self.queue.release, request)
                 return
@@ -293,12 +299,7 @@ class Consumer:
         return _Outcome(True, response=bytes(head), response_type=kind)
 
     async def _record(self, request: AsyncRequest, outcome: _Outcome) -> None:
-        if outcome.succeeded:
-            await self._remove(request.failure_location)
-        else:
-            reason = outcome.reason or "failed"
-            await self.objects.write_bytes(request.failure_location, reason.encode())
-            await self._remove(request.output_location)
+        outcome = await self._write_outcome(request, outcome)
         at = now()
         arn = (
             f"arn:aws:sagemaker:{self.region}:{self.account_id}:endpoint/{request.endpoint.lower()}"
@@ -328,6 +329,30 @@ class Consumer:
         self.metrics.async_invocations.labels(request.endpoint, status.value).inc()
         if event is not None:
             self._on_event()
+
+    async def _write_outcome(self, request: AsyncRequest, outcome: _Outcome) -> _Outcome:
+        """Leave the outcome's file alone at its location: a success's output is written
+        already, a failure's reason is written now; the other file is removed. A failure
+        file that cannot be written (storage refuses, a link or a file where a folder
+        must be) is told in the reason the store and the notification carry instead:
+        the request fails all the same, and is never left unfinished."""
+        if outcome.succeeded:
+            await self._remove(request.failure_location)
+            return outcome
+        reason = outcome.reason or "failed"
+        try:
+            await self.objects.write_bytes(request.failure_location, reason.encode())
+        except Exception as exc:  # whatever it is, the request still ends Failed
+            log.warning(
+                "request %s: could not write its failure file: %s",
+                request.inference_id,
+                exc,
+                exc_info=not isinstance(exc, ObjectStoreError),
+            )
+            reason = f"{reason} The failure could not be written to the FailureLocation: {exc}"
+            outcome = replace(outcome, reason=reason)
+        await self._remove(request.output_location)
+        return outcome
 
     async def _remove(self, uri: str) -> None:
         with contextlib.suppress(NoSuchObject, ObjectStoreError):

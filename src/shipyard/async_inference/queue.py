@@ -2,8 +2,9 @@
 
 It checks the request against SageMaker's limits, fixes where its output and failure
 files go (``<S3OutputPath>/<InferenceId>.out``, ``<S3FailurePath>/<InferenceId>-error.out``)
-and which topics hear of it, records it durably, and wakes the consumer. It never sees
-HTTP and never touches an instance.
+and which topics hear of it, records it durably unless its endpoint already holds its
+most unfinished requests (``SHIPYARD_MAX_ASYNC_QUEUE``), and wakes the consumer. It never
+sees HTTP and never touches an instance.
 """
 
 from __future__ import annotations
@@ -14,10 +15,15 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from shipyard.errors import InvalidParameter, RuntimeValidationError, UnsupportedLocation
+from shipyard.errors import (
+    AsyncQueueFull,
+    InvalidParameter,
+    RuntimeValidationError,
+    UnsupportedLocation,
+)
 from shipyard.host_access import HostAccess
 from shipyard.records import AsyncConfig, AsyncRequest
-from shipyard.storage.async_queue import AsyncQueue
+from shipyard.storage.async_queue import AsyncQueue, QueueFull
 from shipyard.storage.filesystems import join_location
 from shipyard.storage.metadata import now
 
@@ -36,10 +42,13 @@ class AsyncInvocations:
         queue: AsyncQueue,
         wake: Callable[[], None],
         host_access: HostAccess | None = None,
+        max_waiting: int | None = None,
     ) -> None:
         self.queue = queue
         self._wake = wake
         self.host_access = host_access or HostAccess()
+        self.max_waiting = max_waiting
+        """Unfinished requests one endpoint may hold (Settings.max_async_queue)."""
 
     def __repr__(self) -> str:
         return f"AsyncInvocations({self.queue!r})"
@@ -65,7 +74,8 @@ class AsyncInvocations:
         The input is at ``input_location`` or is ``body`` (sent inline, kept with the
         request): exactly one of them. Raises RuntimeValidationError for neither or both,
         an unusable InputLocation, a body over MAX_INLINE_BYTES and values outside
-        SageMaker's ranges.
+        SageMaker's ranges; AsyncQueueFull when the endpoint holds ``max_waiting``
+        unfinished requests already.
         """
         location = _input(input_location, body)
         if location is not None:
@@ -99,7 +109,13 @@ class AsyncInvocations:
             notify=notify_settings(config),
             body=body if location is None else None,
         )
-        queued, created = self.queue.enqueue(request)
+        try:
+            queued, created = self.queue.enqueue(request, max_waiting=self.max_waiting)
+        except QueueFull as exc:
+            raise AsyncQueueFull(
+                f"Endpoint {endpoint} holds {exc.waiting} unfinished asynchronous requests, "
+                f"its most (SHIPYARD_MAX_ASYNC_QUEUE); nothing was queued: try again later."
+            ) from None
         if created:
             self._wake()
         return queued

@@ -5,7 +5,8 @@ and ``alarms`` is the input of one Create (or Put) call less its name; ``scaling
 a RegisterScalableTarget and a PutScalingPolicy. botocore's own validator checks every one
 against its service model's input shape, as boto3 would when the call is made, so a field
 that boto3 would refuse half-way through an apply (an unknown member, a wrong type, a
-missing required member) is found before anything changes, and named by line.
+missing required member) is found before anything changes, and named by line; so is a
+member the gateway refuses as not done here (gateway/unsupported.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from shipyard.gateway import unsupported
 from shipyard.stackfile import Loc, StackFile, dotted, line_of, read_yaml
 
 _SECTIONS = {
@@ -48,6 +50,9 @@ def _errors(data: Mapping[str, Any], stack: StackFile) -> Iterator[tuple[Loc, st
             params = {name_member: str(name), **(body or {})}
             for loc, message in _validate(service, operation, params):
                 yield (section, str(name), *loc), message
+            if service == "sagemaker":
+                for where, why in unsupported.refusals(operation, params):
+                    yield (section, str(name), *map(str, where)), f"not supported: {why}"
     for key, target in stack.scaling.items():
         # The calls that converge makes (cli/converge.py), from the checked section.
         rid = f"endpoint/{key.replace('/', '/variant/', 1)}"

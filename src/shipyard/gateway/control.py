@@ -5,7 +5,8 @@ RPC v2 CBOR, as botocore sends CloudWatch's by default. One pipeline behind both
 Whatever arrives, the answer is an AWS JSON error or a result, never a 500 or a hang:
 the body is read up to a cap (``MAX_BODY_BYTES``) within a time limit, JSON nested
 deeper than any SageMaker shape is refused before anything walks it, and the request is
-checked against botocore's service model before an action sees it.
+checked against botocore's service model, and SageMaker's against the members not done
+here (gateway/unsupported.py), before an action sees it.
 """
 
 from __future__ import annotations
@@ -33,10 +34,16 @@ from shipyard.errors import (
     SerializationException,
     UnknownOperation,
 )
-from shipyard.gateway import bodies, query
+from shipyard.gateway import bodies, query, unsupported
 from shipyard.gateway.auth import REQUEST_KEY, Admitted, admitted, authorize
 from shipyard.gateway.errors import AMZ_JSON, CBOR, control_error_response, rpc_v2_error_response
-from shipyard.gateway.registry import Action, ActionRegistry, query_target, rpc_v2_target
+from shipyard.gateway.registry import (
+    SAGEMAKER,
+    Action,
+    ActionRegistry,
+    query_target,
+    rpc_v2_target,
+)
 from shipyard.gateway.validation import service_model
 from shipyard.logs.service import ENDPOINTS_GROUP, JOBS_GROUP
 
@@ -193,6 +200,8 @@ class ControlDoor:
             raise MetricsValidationError(exc.message) from None
         assert isinstance(params, dict)  # validate refuses anything but a JSON object
         _drop_nulls(params)
+        if action.service is SAGEMAKER:  # members it has that are not done here
+            unsupported.check(action.name, params)
         scoped = not edge.reaches_all
         if scoped:  # keys scoped by resource: every resource the call names (DESIGN 2.9)
             # In a worker: the first call of an action reads botocore's model (_nested_paths).

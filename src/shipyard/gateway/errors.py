@@ -18,7 +18,14 @@ from typing import Any
 import cbor2
 from starlette.responses import Response
 
-from shipyard.errors import AuthFailure, FacadeRefusal, MetricsFault, ModelError, ShipyardError
+from shipyard.errors import (
+    AuthFailure,
+    FacadeRefusal,
+    MetricsFault,
+    ModelError,
+    RuntimeFailure,
+    ShipyardError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +74,8 @@ def runtime_error_answer(exc: ShipyardError) -> tuple[int, list[tuple[bytes, byt
         (b"content-length", str(len(payload)).encode()),
         (b"x-amzn-errortype", exc.wire_type.encode()),
     ]
+    if isinstance(exc, RuntimeFailure) and exc.retry_after_s is not None:
+        headers.append((b"retry-after", str(exc.retry_after_s).encode()))
     return exc.status_code, headers, payload
 
 

@@ -319,7 +319,7 @@ class Provisioner:
             model = await asyncio.to_thread(self.store.get_model, variant.model_name)
             template = await self._template(model, variant.name)
             template.environment.update(environment or {})
-            startup = _startup_timeout(config, variant.name)
+            startup = _startup_timeout(config, variant.name, self.start_timeout_s)
             if startup is not None:
                 template = dataclasses.replace(template, start_timeout_s=startup)
             if variant.serverless is not None:
@@ -660,13 +660,22 @@ class Provisioner:
         await asyncio.gather(*(stop(s) for s in slots))
 
 
-def _startup_timeout(config: EndpointConfig, variant: str) -> float | None:
-    """The variant's ContainerStartupHealthCheckTimeoutInSeconds, if its config sets it:
-    how long its instances have to pass their first ``/ping``."""
+def _startup_timeout(config: EndpointConfig, variant: str, default_s: float) -> float | None:
+    """How long the variant's instances have to pass their first ``/ping``, if its config
+    says: its ContainerStartupHealthCheckTimeoutInSeconds (else ``default_s``), plus its
+    ModelDataDownloadTimeoutInSeconds when set. An instance here fetches its model data
+    as it starts, so the download and the health check are one wait, bounded by both."""
     variants = [*(config.raw.get("ProductionVariants") or ())]
     variants += config.raw.get("ShadowProductionVariants") or ()
     for raw in variants:
         if isinstance(raw, dict) and raw.get("VariantName") == variant:
-            value = raw.get("ContainerStartupHealthCheckTimeoutInSeconds")
-            return float(value) if isinstance(value, int | float) and value > 0 else None
+            health = _seconds(raw.get("ContainerStartupHealthCheckTimeoutInSeconds"))
+            download = _seconds(raw.get("ModelDataDownloadTimeoutInSeconds"))
+            if download is None:
+                return health
+            return download + (default_s if health is None else health)
     return None
+
+
+def _seconds(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and value > 0 else None

@@ -4,6 +4,10 @@ The queue survives restarts because it is a table. Guarantees:
 
 - **Idempotent enqueue.** ``(endpoint, inference_id)`` is unique: a repeated Inference-Id
   returns the request already queued (or done) and queues nothing.
+- **Bounded enqueue.** Given a bound, an endpoint's unfinished requests are counted in the
+  transaction that queues one (SQLite's ``BEGIN IMMEDIATE`` serialises them; on
+  PostgreSQL concurrent puts may pass it by as many as race), and one beyond it is
+  refused with :class:`QueueFull`.
 - **Leased claims.** A claim marks requests Running with an owner and a lease; a request
   whose owner died is claimable again once its lease has passed. On PostgreSQL claims use
   ``FOR UPDATE SKIP LOCKED``, so gateways sharing a database never claim the same request
@@ -31,6 +35,15 @@ from shipyard.storage.metadata import _utc as utc
 from shipyard.storage.transactions import transaction
 
 _Q = t.async_requests
+_WAITING = (AsyncStatus.QUEUED.value, AsyncStatus.RUNNING.value)
+
+
+class QueueFull(Exception):
+    """An endpoint already holds its most unfinished requests; nothing was queued."""
+
+    def __init__(self, waiting: int) -> None:
+        super().__init__(f"{waiting} requests waiting")
+        self.waiting = waiting
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +69,24 @@ class AsyncQueue:
         with transaction(self.engine) as conn:
             yield conn
 
-    def enqueue(self, request: AsyncRequest) -> tuple[AsyncRequest, bool]:
-        """Queue ``request``; return it and True, or the earlier one with its id and False."""
+    def enqueue(
+        self, request: AsyncRequest, *, max_waiting: int | None = None
+    ) -> tuple[AsyncRequest, bool]:
+        """Queue ``request``; return it and True, or the earlier one with its id and False.
+
+        Raises:
+            QueueFull: its endpoint holds ``max_waiting`` unfinished requests already
+                (and none with its inference id).
+        """
         try:
             with self._tx() as conn:
+                if max_waiting is not None:
+                    waiting = _count_waiting(conn, request.endpoint)
+                    if waiting >= max_waiting:
+                        earlier = _find(conn, request.endpoint, request.inference_id)
+                        if earlier is None:
+                            raise QueueFull(waiting)
+                        return earlier, False
                 result = conn.execute(insert(_Q).values(**_row(request)))
                 key = result.inserted_primary_key
                 assert key is not None
@@ -68,10 +95,11 @@ class AsyncQueue:
             return self.get(request.endpoint, request.inference_id), False
 
     def get(self, endpoint: str, inference_id: str) -> AsyncRequest:
-        query = select(_Q).where(_Q.c.endpoint == endpoint, _Q.c.inference_id == inference_id)
         with self._tx() as conn:
-            row = conn.execute(query).mappings().one()
-        return _request(row)
+            found = _find(conn, endpoint, inference_id)
+        if found is None:
+            raise LookupError(f"no asynchronous request {inference_id!r} for {endpoint!r}")
+        return found
 
     def claim(
         self, endpoint: str, *, owner: str, limit: int, now: datetime, lease_s: float
@@ -155,10 +183,9 @@ class AsyncQueue:
             return int(conn.execute(update(_Q).where(held).values(**values)).rowcount)
 
     def backlog(self, endpoint: str) -> Backlog:
-        waiting = [AsyncStatus.QUEUED.value, AsyncStatus.RUNNING.value]
         query = (
             select(_Q.c.status, func.count(), func.min(_Q.c.received))
-            .where(_Q.c.endpoint == endpoint, _Q.c.status.in_(waiting))
+            .where(_Q.c.endpoint == endpoint, _Q.c.status.in_(_WAITING))
             .group_by(_Q.c.status)
         )
         with self._tx() as conn:
@@ -172,10 +199,20 @@ class AsyncQueue:
         )
 
     def endpoints_with_work(self) -> list[str]:
-        waiting = [AsyncStatus.QUEUED.value, AsyncStatus.RUNNING.value]
-        query = select(_Q.c.endpoint).where(_Q.c.status.in_(waiting)).distinct()
+        query = select(_Q.c.endpoint).where(_Q.c.status.in_(_WAITING)).distinct()
         with self._tx() as conn:
             return [row[0] for row in conn.execute(query).all()]
+
+
+def _count_waiting(conn: Connection, endpoint: str) -> int:
+    query = select(func.count()).where(_Q.c.endpoint == endpoint, _Q.c.status.in_(_WAITING))
+    return int(conn.execute(query).scalar_one())
+
+
+def _find(conn: Connection, endpoint: str, inference_id: str) -> AsyncRequest | None:
+    query = select(_Q).where(_Q.c.endpoint == endpoint, _Q.c.inference_id == inference_id)
+    row = conn.execute(query).mappings().first()
+    return None if row is None else _request(row)
 
 
 def _row(r: AsyncRequest) -> dict[str, Any]:

@@ -60,25 +60,12 @@ def _async_config(c: dict[str, Any]) -> AsyncConfig:
     )
 
 
-_REFUSED_FIELDS = {
-    "InstancePools": "a variant runs on its one InstanceType here; give that instead.",
-    "VariantInstanceProvisionTimeoutInSeconds": (
-        "instances here are not provisioned from a cloud's capacity; "
-        "ContainerStartupHealthCheckTimeoutInSeconds bounds an instance's start."
-    ),
-}
-"""ProductionVariant members botocore's model has and this gateway cannot honour: refused
-by name rather than accepted and ignored."""
-
-
 def _variant(v: dict[str, Any]) -> VariantSpec:
     # botocore's model makes ModelName and InitialInstanceCount optional (inference
     # components and serverless variants go without), so a request that passed
     # validation may still lack what an instance-based variant needs.
+    # Members that ask for what is not done here are refused before (gateway/unsupported.py).
     name = v["VariantName"]
-    for field, why in _REFUSED_FIELDS.items():
-        if field in v:
-            raise InvalidParameter(f"Production variant {name}: {field} is not supported: {why}")
     model_name = v.get("ModelName")
     if "ServerlessConfig" in v:
         if model_name is None:
