@@ -320,6 +320,7 @@ class Gateway:
         state = ConsoleState(
             endpoints=self.service,
             fleets=self.reconciler.fleets,
+            fleet_of=self.reconciler.fleet_of,
             routes=self.router.routes,
             backlogs=self.consumer.backlogs,
             metrics=self.metrics,

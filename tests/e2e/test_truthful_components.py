@@ -7,6 +7,8 @@ endpoint's fleet shows the healthy instances the holder does."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -108,6 +110,8 @@ def test_the_gateway_without_the_fleet_shows_the_holders_healthy_counts(
     holder, other = (a, b) if instance_pids(a.process.pid) else (b, a)
 
     def counts(gw: GatewayProcess) -> tuple[str, str, str]:
+        """DescribeEndpoint's, the console's (its list and the endpoint's page) and the
+        component's copies on that page."""
         described = gw.sm.describe_endpoint(EndpointName="held")["ProductionVariants"][0]
         _, listing = gw.get("/console/api/endpoints")
         _, page = gw.get("/console/api/endpoints/held")
@@ -134,3 +138,19 @@ def test_the_gateway_without_the_fleet_shows_the_holders_healthy_counts(
     except AssertionError as exc:
         raise AssertionError(f"{exc}: the other showed {seen[-1]}") from None
     assert seen[-1] == ("1/1", "1/1 1/1", "2/2"), seen
+    for gw in (holder, other):  # the CLI, pointed at either
+        assert cli_variant_row(gw, "held")[-3:] == ["1/1", "1", "0"]  # healthy, unhealthy
+
+
+def cli_variant_row(gw: GatewayProcess, endpoint: str) -> list[str]:
+    """The cells of the AllTraffic row of ``shipyard endpoints describe``."""
+    env = {"SHIPYARD_URL": gw.url, "AWS_ACCESS_KEY_ID": "test",
+           "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+           "COLUMNS": "200"}  # fmt: skip
+    described = subprocess.run(
+        [sys.executable, "-m", "shipyard", "endpoints", "describe", endpoint],
+        capture_output=True, text=True, env=env, timeout=60, check=False,
+    )  # fmt: skip
+    assert described.returncode == 0, described.stderr
+    row = next(line for line in described.stdout.splitlines() if "AllTraffic" in line)
+    return [c.strip() for c in re.split(r"[│|]", row) if c.strip()]
