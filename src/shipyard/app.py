@@ -25,7 +25,7 @@ from shipyard.control.endpoints import EndpointService
 from shipyard.core import Core
 from shipyard.errors import ShipyardError
 from shipyard.events.dispatcher import Dispatcher
-from shipyard.events.kinds import endpoint_events
+from shipyard.events.kinds import component_events, endpoint_events
 from shipyard.events.notify import Notifier
 from shipyard.events.topics import Topics
 from shipyard.gateway.actions import registry
@@ -92,7 +92,9 @@ class Gateway:
             )
         settings.home.mkdir(parents=True, exist_ok=True)
         self.settings = settings
-        self.store = MetadataStore(settings.db_url, announce=endpoint_events)
+        self.store = MetadataStore(
+            settings.db_url, announce=endpoint_events, announce_component=component_events
+        )
         self.metrics = Metrics()
         self.worker_metrics = WorkerMetrics.of(self.metrics.registry, settings)
         self.loops = Loops()
@@ -318,6 +320,7 @@ class Gateway:
         state = ConsoleState(
             endpoints=self.service,
             fleets=self.reconciler.fleets,
+            fleet_of=self.reconciler.fleet_of,
             routes=self.router.routes,
             backlogs=self.consumer.backlogs,
             metrics=self.metrics,

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from shipyard.events.kinds import component_events
 from shipyard.records import ComponentSpec, ComponentStatus, InferenceComponent
 from shipyard.storage.components import ComponentStore
+from shipyard.storage.events import EventLog
 from shipyard.storage.metadata import MetadataStore, now
 
 
@@ -60,3 +62,29 @@ def test_a_request_starts_no_copy_of_a_component_not_at_zero(
     assert not components.start_from_zero("ic")
     after = components.get("ic")
     assert (after.copies, after.status) == (copies, status)
+
+
+def test_every_status_change_is_an_event_written_with_it(meta: MetadataStore) -> None:
+    """Each write that moves a component's status records one event in its transaction,
+    whichever method makes it; a write that changes no status, or that does not apply,
+    records none; a status reached again is an event again."""
+    store = ComponentStore(meta.engine, announce=component_events)
+    log = EventLog(meta.engine)
+
+    def statuses() -> list[str]:
+        return [s.event.detail["InferenceComponentStatus"] for s in log.recent_events(50)][::-1]
+
+    store.create(_component("ic", 1, ComponentStatus.CREATING))
+    assert statuses() == ["Creating"]
+    seen = store.get("ic")
+    assert store.change("ic", status=ComponentStatus.IN_SERVICE)
+    assert store.change("ic", copies=0)  # no status change: no event
+    assert not store.change("ic", unchanged_since=seen.modified, status=ComponentStatus.FAILED)
+    assert store.start_from_zero("ic")
+    assert store.change("ic", status=ComponentStatus.IN_SERVICE)
+    store.respecify("ic", seen.spec, {}, None)
+    assert store.change("ic", status=ComponentStatus.DELETING)
+    assert statuses() == ["Creating", "InService", "Updating", "InService", "Updating", "Deleting"]
+    store.delete("ic")
+    assert len(statuses()) == 6, "events outlive their component"
+    assert all(s.event.topics == () for s in log.recent_events(50))

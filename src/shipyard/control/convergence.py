@@ -63,7 +63,7 @@ class Converger:
         components: ComponentStore | None = None,
     ) -> None:
         self.store = store
-        self.components = components or ComponentStore(store.engine)
+        self.components = components or ComponentStore.of(store)
         self._placed: dict[str, tuple[Any, ...]] = {}
         """Per endpoint of components: what its last component step was asked (the
         components' rows and the desired instance counts). Until that changes, what the

@@ -56,7 +56,7 @@ class EndpointService:
         tagging: Tagging | None = None,
     ) -> None:
         self.store = store
-        self.components = ComponentStore(store.engine)
+        self.components = ComponentStore.of(store)
         self.host_access = host_access or HostAccess()
         self.tagging = tagging or Tagging(store=TagStore(store.engine))
         self.tagging.track("model", self.list_models)

@@ -71,13 +71,18 @@ def routes_of(fleet: Fleet) -> dict[str, Any]:
                         # Where the backend finds it again (an instance that outlives
                         # its gateway), for the gateway that takes the lease over.
                         "ref": getattr(s.handle, "ref", None),
+                        # A component's copy: the instance it is placed on.
+                        "host": _host(fleet, name, i),
                     }
-                    for s in slots
+                    for i, s in enumerate(slots)
                     if s.instance is not None
                 ],
             }
             for name, slots in fleet.slots.items()
         ],
+        # Per variant of components, its instances: with each copy's host, what
+        # Fleet.healthy counts the variant's healthy instances from, here and there.
+        "hosts": dict(fleet.hosts),
         # An endpoint of inference components: each component's copies are the slots
         # under its name, on the variant that hosts it; adapters run in their base's.
         "components": {
@@ -88,6 +93,11 @@ def routes_of(fleet: Fleet) -> dict[str, Any]:
             for name, a in fleet.adapters.items()
         },
     }
+
+
+def _host(fleet: Fleet, name: str, index: int) -> int | None:
+    placed = fleet.placement.get(name, [])
+    return placed[index] if index < len(placed) else None
 
 
 class RouteRecorder:
@@ -259,6 +269,7 @@ class FleetMirror:
             fleet.adapters[name] = AdapterOf(
                 adapter["base"], adapter["src"], int(adapter["generation"])
             )
+        fleet.hosts = {v: int(n) for v, n in (routes.get("hosts") or {}).items() if v in variants}
         for variant in routes["variants"]:
             name = variant["name"]
             spec = variants.get(name)
@@ -296,6 +307,7 @@ class FleetMirror:
                     instance.healthy = False
                 slot = Slot(spec=InstanceSpec(recorded["id"], ""), variant=name, instance=instance)
                 fleet.slots[name].append(slot)
+        fleet.placement = _placement(fleet, routes)
         for gone in known.values():
             gone.pool.close()
         return fleet
@@ -358,6 +370,23 @@ class FleetMirror:
     def close(self) -> None:
         for endpoint in list(self.fleets):
             self._let_go(endpoint)
+
+
+def _placement(fleet: Fleet, routes: dict[str, Any]) -> dict[str, list[int]]:
+    """Per component of ``fleet``, the host of each of its slots as the holder recorded
+    it (Fleet.healthy zips them), where every one is known: a holder of an earlier
+    version records none."""
+    recorded = {
+        (variant["name"], instance["id"]): instance.get("host")
+        for variant in routes["variants"]
+        for instance in variant["instances"]
+    }
+    out: dict[str, list[int]] = {}
+    for name in fleet.components:
+        placed = [recorded.get((name, s.spec.instance_id)) for s in fleet.slots.get(name, [])]
+        if all(host is not None for host in placed):
+            out[name] = [int(host) for host in placed if host is not None]
+    return out
 
 
 def _reachable(url: str, host: str | None) -> bool:

@@ -150,15 +150,21 @@ class Reconciler:
         """Ask for a converge pass now; safe to call from any thread."""
         self._wake.set()
 
+    def fleet_of(self, endpoint: str) -> Fleet | None:
+        """The endpoint's fleet: the one run here, else the copy of the holder's that the
+        mirror keeps. What DescribeEndpoint, the console and the CLI count from, so
+        they agree whichever gateway answers."""
+        return self.fleets.get(endpoint) or self.mirror.fleets.get(endpoint)
+
     def current_instance_counts(self, endpoint: str) -> dict[str, int]:
-        fleet = self.fleets.get(endpoint) or self.mirror.fleets.get(endpoint)
+        fleet = self.fleet_of(endpoint)
         if fleet is None:
             return {}
         return fleet.healthy()
 
     def current_copies(self, component: InferenceComponent) -> int:
         """How many copies of ``component`` answer their health checks now."""
-        fleet = self.fleets.get(component.endpoint) or self.mirror.fleets.get(component.endpoint)
+        fleet = self.fleet_of(component.endpoint)
         if fleet is None or component.name not in fleet.components:
             return 0
         slots = fleet.slots.get(component.name, [])

@@ -21,6 +21,8 @@ builder                        the change, and who hears it
 ``endpoint_events``            an endpoint's EndpointStatus, and each step a deployment
                                reaches (its stage and traffic share); no topic: the
                                events log's record
+``component_events``           an inference component's InferenceComponentStatus; no
+                               topic: the events log's record
 =============================  ======================================================
 
 Every status change is recorded, whether or not a topic hears it: the events log (the
@@ -45,6 +47,7 @@ from shipyard.records import (
     AsyncRequest,
     Endpoint,
     Event,
+    InferenceComponent,
     Job,
     JobStatus,
     ScalableTarget,
@@ -59,6 +62,7 @@ SCALING_ACTIVITY = "Application Auto Scaling Scaling Activity State Change"
 DEPLOYMENT = "Endpoint Deployment State Change"
 ENDPOINT = "SageMaker Endpoint State Change"
 DEPLOYMENT_STEP = "Endpoint Deployment Step"
+COMPONENT = "SageMaker Inference Component State Change"
 
 MAX_INLINE_RESPONSE_BYTES = 128 * 1024
 """SageMaker includes an asynchronous response in a notification only up to 128 KB."""
@@ -460,6 +464,49 @@ def _deployment_step_event(endpoint: Endpoint, started: float, stage: str, share
         f"{share:.0%} of the traffic.",
         time=endpoint.modified,
     )
+
+
+# -- inference components ----------------------------------------------------------------
+
+
+def component_events(
+    component: InferenceComponent, previous: InferenceComponent | None
+) -> list[Event]:
+    """What a change of ``component`` from ``previous`` (None: it was just created) says:
+    its new InferenceComponentStatus. Keyed by the component's creation and the write's
+    time, so a status reached again (InService after each update) is an event of its
+    own, and one write is one event."""
+    if previous is not None and previous.status == component.status:
+        return []
+    status = component.status.value
+    detail: dict[str, Any] = {
+        "InferenceComponentName": component.name,
+        "InferenceComponentArn": component.arn,
+        "EndpointName": component.endpoint,
+        "VariantName": component.variant,
+        "InferenceComponentStatus": status,
+        "DesiredCopyCount": component.copies,
+        "CreationTime": _seconds(component.created),
+        "LastModifiedTime": _seconds(component.modified),
+    }
+    if component.failure_reason:
+        detail["FailureReason"] = component.failure_reason
+    born, at = component.created.timestamp(), component.modified.timestamp()
+    return [
+        Event(
+            key=f"component:{component.arn}:{born:.6f}:{at:.6f}:{status}",
+            detail_type=COMPONENT,
+            source="aws.sagemaker",
+            resource=component.arn,
+            detail=detail,
+            topics=(),
+            subject=f"Inference component {component.name} {status}"[:100],
+            message=f"Inference component {component.name} on endpoint "
+            f"{component.endpoint} is {status}."
+            + (f"\nReason: {component.failure_reason}" if component.failure_reason else ""),
+            time=component.modified,
+        )
+    ]
 
 
 # -- shared -------------------------------------------------------------------------------

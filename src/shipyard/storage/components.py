@@ -3,7 +3,8 @@ components hosts (how many copies of which specification).
 
 The control plane writes it (control/components.py); the reconciler reads it and records
 what it reached (status, failure reason), and deletes a component once its copies are
-gone.
+gone. Every write that changes a component goes through ``_write`` (or ``create``),
+which records the change's events (its status: ``announce``) in the same transaction.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql import Update
 
 from shipyard.errors import AlreadyExists, ResourceNotFound
 from shipyard.records import (
@@ -25,7 +27,8 @@ from shipyard.records import (
     ServedSpec,
 )
 from shipyard.storage import tables as t
-from shipyard.storage.metadata import collect_kept
+from shipyard.storage.events import record_event
+from shipyard.storage.metadata import AnnounceComponent, MetadataStore, collect_kept
 from shipyard.storage.transactions import transaction
 
 
@@ -36,8 +39,15 @@ def not_found(name: str) -> ResourceNotFound:
 class ComponentStore:
     """Inference components in the metadata store's database."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, announce: AnnounceComponent | None = None) -> None:
         self.engine = engine
+        self.announce = announce
+        """The events of a component's change (its status), recorded with the change."""
+
+    @classmethod
+    def of(cls, store: MetadataStore) -> ComponentStore:
+        """The components of ``store``'s database, announced as ``store`` says."""
+        return cls(store.engine, announce=store.announce_component)
 
     def __repr__(self) -> str:
         return f"ComponentStore({self.engine.url.render_as_string(hide_password=True)!r})"
@@ -47,6 +57,7 @@ class ComponentStore:
         try:
             with transaction(self.engine) as conn:
                 conn.execute(insert(t.inference_components).values(**row))
+                self._record(conn, component, None)
         except IntegrityError as exc:
             raise AlreadyExists(
                 f'Cannot create already existing inference component "{component.arn}".'
@@ -91,7 +102,7 @@ class ComponentStore:
         if unchanged_since is not None:
             query = query.where(table.c.modified == unchanged_since)
         with transaction(self.engine) as conn:
-            changed = conn.execute(query.values(**values)).rowcount > 0
+            changed = self._write(conn, name, query.values(**values))
             if changed and also is not None:
                 also(conn)
             if changed and ("spec" in changes or "served" in changes):
@@ -118,7 +129,7 @@ class ComponentStore:
             )
         )
         with transaction(self.engine) as conn:
-            return conn.execute(query).rowcount > 0
+            return self._write(conn, name, query)
 
     def respecify(
         self, name: str, spec: ComponentSpec, raw: dict[str, Any], copies: int | None
@@ -139,10 +150,36 @@ class ComponentStore:
                 ComponentStatus.UPDATING.value]  # fmt: skip
         query = update(table).where(table.c.name == name).where(table.c.status.in_(live))
         with transaction(self.engine) as conn:
-            if conn.execute(query.values(**values)).rowcount:
+            if self._write(conn, name, query.values(**values)):
                 collect_kept(conn)  # a deleted model the previous one named
                 return
         raise not_found(name)
+
+    def _write(self, conn: Connection, name: str, query: Update) -> bool:
+        """Run ``query`` (an UPDATE of the component ``name``) and record the events of
+        what it changed; whether it changed the component."""
+        previous = self._locked(conn, name)
+        if previous is None or not conn.execute(query).rowcount:
+            return False
+        changed = self._locked(conn, name)
+        if changed is not None:
+            self._record(conn, changed, previous)
+        return True
+
+    def _locked(self, conn: Connection, name: str) -> InferenceComponent | None:
+        table = t.inference_components
+        query = select(table).where(table.c.name == name)
+        if conn.dialect.name == "postgresql":
+            query = query.with_for_update()  # what the UPDATE changes is what was read
+        row = conn.execute(query).mappings().first()
+        return None if row is None else _component(row)
+
+    def _record(
+        self, conn: Connection, component: InferenceComponent, previous: InferenceComponent | None
+    ) -> None:
+        if self.announce is not None:
+            for event in self.announce(component, previous):
+                record_event(conn, event)
 
     def delete(self, name: str) -> None:
         table = t.inference_components

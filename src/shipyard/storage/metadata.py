@@ -45,6 +45,7 @@ from shipyard.records import (
     EndpointConfig,
     EndpointStatus,
     Event,
+    InferenceComponent,
     Model,
     RoutingStrategy,
     ServerlessConfig,
@@ -59,6 +60,8 @@ log = logging.getLogger(__name__)
 
 Announce = Callable[[Endpoint, Endpoint | None], Sequence[Event]]
 """An endpoint's new record and its previous one (None: created) -> the events it says."""
+AnnounceComponent = Callable[[InferenceComponent, InferenceComponent | None], Sequence[Event]]
+"""The same for an inference component (storage/components.py)."""
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
 _MIGRATION_LOCK = 0x5348_4950_5944
@@ -85,13 +88,22 @@ def now() -> datetime:
 class MetadataStore:
     """Models, endpoint configs and endpoints in SQLite (default) or PostgreSQL."""
 
-    def __init__(self, url: str, *, announce: Announce | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        announce: Announce | None = None,
+        announce_component: AnnounceComponent | None = None,
+    ) -> None:
         self.url = url
         self.engine = _make_engine(url)
         self.announce = announce
         """The events of an endpoint's change (its status, a deployment's step), recorded
         with the change in its transaction: every endpoint write goes through
         ``create_endpoint`` or ``change_endpoint``, so none is missed."""
+        self.announce_component = announce_component
+        """The same for an inference component's change (its status), which the
+        component store (``ComponentStore.of``) records with each of its writes."""
 
     def __repr__(self) -> str:
         return f"MetadataStore({self.engine.url.render_as_string(hide_password=True)!r})"

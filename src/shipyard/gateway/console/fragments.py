@@ -471,7 +471,11 @@ def instance_logs(tails: Sequence[tuple[str, str]]) -> str:
 
 def _resource(detail: dict[str, object], arn: str) -> str:
     """A link to the endpoint or job an event is about (its detail has the name as
-    given: ARNs lower-case it); else the ARN's last part."""
+    given: ARNs lower-case it); an inference component by name, linked to the endpoint
+    whose page shows it; else the ARN's last part."""
+    component, endpoint = detail.get("InferenceComponentName"), detail.get("EndpointName")
+    if isinstance(component, str) and isinstance(endpoint, str):
+        return f'{esc(component)} <span class="muted">on</span> {_link("endpoints", endpoint)}'
     kinds = (
         ("EndpointName", "endpoints"),
         ("TrainingJobName", "jobs"),

@@ -218,6 +218,7 @@ class ConsoleState:
         components: Callable[[str], list[InferenceComponent]] = lambda endpoint: [],
         sessions: Callable[[str], int] = lambda endpoint: 0,
         cloudwatch: CloudWatchService | None = None,
+        fleet_of: Callable[[str], Fleet | None] | None = None,
     ) -> None:
         self.cloudwatch = cloudwatch
         """Where the charts' history and the alarms come from (a store read: it blocks)."""
@@ -226,6 +227,10 @@ class ConsoleState:
         """An endpoint's inference components (a store read: it blocks)."""
         self.sessions = sessions
         self.fleets = fleets
+        """The fleets this gateway runs (their instances, with their processes)."""
+        self.fleet_of = fleet_of or fleets.get
+        """An endpoint's fleet, run here or by the gateway that holds it (the mirror's
+        copy): its healthy counts and copies, as DescribeEndpoint counts them."""
         self.routes = routes
         self.backlogs = backlogs
         self.metrics = metrics
@@ -351,6 +356,7 @@ class ConsoleState:
         components: Sequence[InferenceComponent] = (),
     ) -> EndpointDetail:
         fleet = self.fleets.get(endpoint.name)
+        counted = self.fleet_of(endpoint.name)
         instances: list[InstanceRow] = []
         serverless: list[ServerlessRow] = []
         multi_model: set[str] = set()
@@ -383,8 +389,8 @@ class ConsoleState:
             serverless=tuple(serverless),
             backlog=self.backlogs.get(endpoint.name),
             mirrored=table is not None,
-            components=tuple(_component_row(c, fleet) for c in components),
-            hosts=dict(fleet.hosts) if fleet is not None else {},
+            components=tuple(_component_row(c, counted) for c in components),
+            hosts=dict(counted.hosts) if counted is not None else {},
             sessions=self.sessions(endpoint.name),
             deployment=endpoint.deployment,
         )
@@ -473,13 +479,9 @@ class ConsoleState:
         return out
 
     def _healthy(self, endpoint: str) -> dict[str, int]:
-        fleet = self.fleets.get(endpoint)
-        if fleet is None:
-            route = self.routes.get(endpoint)
-            if route is None:
-                return {}
-            return {v.name: sum(1 for i in v.instances if i.healthy) for v in route.variants}
-        return fleet.healthy()
+        """Per variant, its healthy instances: of the endpoint's fleet, wherever it runs."""
+        fleet = self.fleet_of(endpoint)
+        return {} if fleet is None else fleet.healthy()
 
 
 def _component_row(c: InferenceComponent, fleet: Fleet | None) -> ComponentRow:
