@@ -15,7 +15,7 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 PYTHON=$1 CONC=${2:-32} DURATION=${3:-8}
-BODY=${BODY:-${BENCH_DIR:-$HERE/../../shared/bench-peers}/shipyard/request.json}
+BODY=${BODY:-$HERE/request.json}
 work=$(mktemp -d)
 mkdir -p "$work/echo/code"
 cat > "$work/echo/code/inference.py" <<'PY'

@@ -33,7 +33,13 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 POST_LUA = HERE / "post.lua"
 TIMED_LUA = HERE / "timed.lua"
-PEER_BODY = Path(os.environ.get("BENCH_BODY", "/work/shared/bench-peers/shipyard/request.json"))
+PEER_BODY = Path(os.environ.get("BENCH_BODY", HERE / "request.json"))
+"""The peer harness's request ({"instances": [[20 floats]]}, 227 B), kept here so that the
+benchmarks that only borrow its body run without the harness; BENCH_BODY overrides it."""
+PEER_HARNESS_NEEDED = (
+    "needs the peer-benchmark harness, an optional checkout that is not part of this "
+    'repository (bench/README.md, "The peer harness"): set BENCH_DIR to its folder'
+)
 WRK_INSTALL_HINT = "wrk is not installed: apt-get install -y wrk"
 ROLE_ARN = "arn:aws:iam::123456789012:role/bench"
 
@@ -43,6 +49,19 @@ class BenchTimeout(Exception):
 
 
 # ----------------------------------------------------------------------------- run bounds
+def peer_harness() -> Path:
+    """The peer-benchmark harness's folder: BENCH_DIR, else ``shared/bench-peers`` in the
+    folder that holds this repository (as bench/peer/harness_dir.sh finds it). Exits 2
+    saying what is needed when it is not there."""
+    folder = Path(os.environ.get("BENCH_DIR") or HERE.parent.parent / "shared" / "bench-peers")
+    if not (folder / "run_one.sh").is_file():
+        print(
+            f"{Path(sys.argv[0]).name}: {PEER_HARNESS_NEEDED}. Not found: {folder}", file=sys.stderr
+        )
+        sys.exit(2)
+    return folder
+
+
 def require_wrk() -> str:
     """The path of wrk; exits with an install hint when it is missing."""
     path = shutil.which("wrk")

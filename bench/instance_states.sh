@@ -12,7 +12,7 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 PYTHON=$1 MODEL_DIR=$2 STRATEGY=${3:-RANDOM} CONC=${4:-8} INSTANCES=${5:-2}
-BODY=${BODY:-${BENCH_DIR:-$HERE/../../shared/bench-peers}/shipyard/request.json}
+BODY=${BODY:-$HERE/request.json}
 work=$(mktemp -d)
 port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 SHIPYARD_BENCH_STRATEGY=$STRATEGY "$PYTHON" "$HERE/peer/serve.py" --port "$port" \

@@ -15,7 +15,7 @@ from pathlib import Path
 import harness as h
 
 MODELS = Path(os.environ.get("PEERS_ROOT", "/tmp/peers")) / "shipyard_models"
-BODY = Path(__file__).resolve().parents[1].parent / "shared/bench-peers/shipyard/request.json"
+BODY = h.PEER_BODY
 STRATEGIES = ("RANDOM", "LEAST_OUTSTANDING_REQUESTS")
 
 

@@ -93,7 +93,7 @@ ROW = [
     0.957348, -1.824483, -0.261427, -1.382915, -3.158907, 1.844973, 1.134516, 0.33473,
     3.145701, 1.414452, 1.171094, -0.156463,
 ]  # fmt: skip
-"""The peers' request row (bench-peers/shipyard/request.json)."""
+"""The peers' request row (bench/request.json, the peer harness's request)."""
 PATHS = ["invoke", "rest-json", "rest-binary", "grpc"]
 MLSERVER = Path(os.environ.get("PEERS_ROOT", "/tmp/peers")) / "minilm-mlserver" / "bin"
 PEER_APPS = Path(__file__).resolve().parent / "peer_apps"

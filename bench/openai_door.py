@@ -1,4 +1,4 @@
-"""The OpenAI-compatible door (DESIGN 2.13), measured three ways in one run:
+"""The OpenAI-compatible door (``/v1``), measured three ways in one run:
 
     .venv/bin/python bench/openai_door.py > bench/results/openai_door.md
     # DURATION=10 WARMUP=3 CONCS="8 32" ROUNDS=4 REQUESTS=12 TOKENS=64 THREADS=1

@@ -1,6 +1,6 @@
 -- wrk script: POST the bytes of $BENCH_BODY_FILE as application/json on every request and,
 -- when done, print one line "BENCH_JSON {...}" (latencies in microseconds). Same as
--- bench-peers/_lib/post.lua, so figures here and in the peer harness are comparable.
+-- the peer harness's _lib/post.lua, so figures here and in the peer harness are comparable.
 local f = assert(io.open(os.getenv("BENCH_BODY_FILE"), "rb"))
 wrk.method = "POST"
 wrk.body = f:read("*a")

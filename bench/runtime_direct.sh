@@ -4,12 +4,12 @@
 # PYTHON is an interpreter with shipyard installed (compare two trees with two venvs),
 # MODEL_DIR a model folder; the variables go to the runtime's environment (e.g.
 # SAGEMAKER_MODEL_SERVER_WORKERS=2). CONCS (default "8 32"), DURATION (8 s, after a 2 s
-# warm-up), BODY (the peer harness's 20-float request). The runtime is stopped by PID.
+# warm-up), BODY (default bench/request.json: the peer harness's 20-float request). The runtime is stopped by PID.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 PYTHON=$1 MODEL_DIR=$2
 shift 2
-BODY=${BODY:-${BENCH_DIR:-$HERE/../../shared/bench-peers}/raw_asgi/request.json}
+BODY=${BODY:-$HERE/request.json}
 DURATION=${DURATION:-8}
 port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 env "$@" "$PYTHON" -m shipyard.runtime --port "$port" --model-dir "$MODEL_DIR" >/dev/null 2>&1 &

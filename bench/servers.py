@@ -9,8 +9,9 @@ kept across machines, and the script stops with that hint when it is missing).
 
 Three apps, each under every server in turn, on 127.0.0.1:
 
-- ``floor``: the peer harness's bare ASGI echo app (bench-peers/raw_asgi/app.py), to check
-  the issue's reference figure within this run.
+- ``floor``: the peer-benchmark harness's bare ASGI echo app (its ``raw_asgi/app.py``), to
+  check the issue's reference figure within this run. The harness is an optional checkout
+  (``BENCH_DIR``, bench/README.md); without it leave ``floor`` out of ``APPS``.
 - ``runtime``: the built-in runtime (RuntimeApp, ``POST /invocations``) serving the echo
   model (tests/models/echo: no handlers, the default JSON codecs) and the sklearn model
   (LogisticRegression, 20 features, one row per request). uvicorn is
@@ -65,6 +66,7 @@ from harness import (
     free_port,
     http_status,
     measure,
+    peer_harness,
     require_wrk,
     table,
     time_budget,
@@ -74,7 +76,6 @@ from harness import (
 from shipyard.settings import Settings
 
 ROOT = HERE.parent
-RAW_ASGI = Path(os.environ.get("BENCH_DIR", "/work/shared/bench-peers")) / "raw_asgi"
 CELLS = (("floor", "echo"), ("runtime", "echo"), ("runtime", "sklearn"),
          ("gateway", "echo"), ("gateway", "sklearn"))  # fmt: skip
 PROBE_TIMEOUT_S = 2.0
@@ -160,12 +161,13 @@ def start(
     home = work / f"home-{model}-{server}-{port}"
     if app == "floor":
         env = {**env, "BENCH_MODEL": model}
+        raw_asgi = peer_harness() / "raw_asgi"
         if server == "uvicorn":
-            argv = [py, "-m", "uvicorn", "app:app", "--app-dir", str(RAW_ASGI), "--host",
+            argv = [py, "-m", "uvicorn", "app:app", "--app-dir", str(raw_asgi), "--host",
                     "127.0.0.1", "--port", str(port), "--loop", "uvloop", "--http",
                     "httptools", "--no-access-log", "--log-level", "warning"]  # fmt: skip
         else:
-            argv = granian_argv(server, "asgi", port, "app:app", RAW_ASGI)
+            argv = granian_argv(server, "asgi", port, "app:app", raw_asgi)
         ready, path = "/", "/"
     elif app == "runtime":
         if server == "uvicorn":
@@ -330,6 +332,8 @@ def main() -> int:
     timing = (env_float("WARMUP", 2.0), env_float("DURATION", 8.0))
     concs = env_ints("CONCS", [8, 32])
     apps = os.environ.get("APPS", "floor runtime gateway").split()
+    if "floor" in apps:
+        peer_harness()  # exits now, saying what is needed, rather than mid-run
     cells = [cell for cell in CELLS if cell[0] in apps]
     runs = rounds * len(cells) * len(names)
     budget = runs * (len(concs) * (sum(timing) + 3) + 20) + 300

@@ -1,6 +1,6 @@
 -- wrk script: post.lua with a SigV4 signature made once (BENCH_AUTHORIZATION, BENCH_DATE):
 -- when done, print one line "BENCH_JSON {...}" (latencies in microseconds). Same as
--- bench-peers/_lib/post.lua, so figures here and in the peer harness are comparable.
+-- the peer harness's _lib/post.lua, so figures here and in the peer harness are comparable.
 local f = assert(io.open(os.getenv("BENCH_BODY_FILE"), "rb"))
 wrk.method = "POST"
 wrk.body = f:read("*a")

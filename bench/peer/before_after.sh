@@ -7,7 +7,7 @@
 # LABELS="before after" leaves Ray Serve out (make bench-guard does).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
-BENCH_DIR=${BENCH_DIR:-/work/shared/bench-peers}
+source "$HERE/harness_dir.sh"  # BENCH_DIR, the peer-benchmark harness, or exit 2
 OUT=${OUT:-$HERE/../results/before_after}
 BEFORE=$(cd "$1" && pwd) AFTER=$(cd "$2" && pwd)
 export CONCS=${CONCS:-"8 32"}

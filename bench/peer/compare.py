@@ -4,19 +4,25 @@
 
 ``--ours`` holds the result JSON files of our own run_one.sh runs (shipyard, and any peers
 re-run in the same session: compare with those first, since this machine's speed drifts by
-2x and more between sessions). ``--published`` is the peer harness's results folder, the
-figures behind its RESULTS.md. Prints req/s (p99 ms) per model, workers and concurrency.
+2x and more between sessions). ``--published`` is the peer-benchmark harness's results
+folder, the figures behind its RESULTS.md (default ``$BENCH_DIR/results``: the harness is an
+optional checkout, see bench/README.md; without it the script says so and exits 2). Prints
+req/s (p99 ms) per model, workers and concurrency.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-PUBLISHED = Path("/work/shared/bench-peers/results")
+sys.path.insert(0, str(HERE.parent))
+
+from harness import PEER_HARNESS_NEEDED, peer_harness  # noqa: E402
+
 PEERS = ["raw_asgi", "fastapi", "rayserve_tput", "mlserver", "torchserve", "bentoml"]
 
 Runs = dict[tuple[str, str, int], dict[int, dict[str, Any]]]
@@ -43,8 +49,14 @@ def cell(runs: Runs, key: tuple[str, str, int], conc: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ours", type=Path, default=HERE.parent / "results")
-    parser.add_argument("--published", type=Path, default=PUBLISHED)
+    parser.add_argument("--published", type=Path, default=None)
     args = parser.parse_args()
+    if args.published is None:
+        args.published = peer_harness() / "results"
+    elif not args.published.is_dir():
+        print(f"compare.py: --published {args.published} is not a folder", file=sys.stderr)
+        print(f"compare.py: {PEER_HARNESS_NEEDED}", file=sys.stderr)
+        sys.exit(2)
     ours, when = load(args.ours)
     published, _ = load(args.published)
     same = sorted({p for p, _, _ in ours} - {"shipyard"})
@@ -52,7 +64,7 @@ def main() -> None:
     headers += [f"{p} (same run)" for p in same]
     headers += ["shipyard / raw_asgi"] if "raw_asgi" in same else []
     headers += [f"{p} (RESULTS.md)" for p in PEERS]
-    print("req/s (p99 ms); wrk -t1 -cC, 3 s warm-up + 10 s measured (bench-peers defaults)\n")
+    print("req/s (p99 ms); wrk -t1 -cC, 3 s warm-up + 10 s measured (the harness's defaults)\n")
     print("| " + " | ".join(headers) + " |")
     print("|" + "---|" * len(headers))
     for (peer, model, workers), by_conc in sorted(ours.items(), key=lambda kv: kv[0][1:]):

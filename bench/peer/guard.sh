@@ -12,6 +12,7 @@
 #   BENCH_GUARD_ROUNDS  rounds (default 3)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
+source "$HERE/harness_dir.sh"  # BENCH_DIR, the peer-benchmark harness, or exit 2
 ROOT="$(cd "$HERE/../.." && pwd)"
 REF=${BENCH_GUARD_REF:-$(tr -d '[:space:]' < "$HERE/reference")}
 MIN=${BENCH_GUARD_MIN:-0.9}

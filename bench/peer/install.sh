@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# shipyard's slot in the peer harness (/work/shared/bench-peers): install.
-# Contract (bench-peers/_template/install.sh): idempotent; everything goes into
+# shipyard's slot in the peer-benchmark harness (an optional checkout: harness_dir.sh):
+# install. Contract (the harness's _template/install.sh): idempotent; everything goes into
 # $PEERS_ROOT/shipyard (a venv under /tmp/peers, never inside the repository), or
 # $PEERS_ROOT/$SHIPYARD_VENV when set: before_after.sh keeps one venv per tree it compares,
 # so switching trees costs no new venv.
@@ -11,7 +11,8 @@
 # also reinstalled (--no-deps, --force-reinstall) whenever a hash of src/ and pyproject.toml
 # differs from the one recorded at the last install: quick when nothing changed, never stale.
 set -euo pipefail
-source "${BENCH_DIR:-/work/shared/bench-peers}/_lib/common.sh"
+source "$(dirname "$0")/harness_dir.sh"  # BENCH_DIR, the peer-benchmark harness, or exit 2
+source "$BENCH_DIR/_lib/common.sh"
 SHIPYARD_SRC=${SHIPYARD_SRC:-$(cd "$(dirname "$0")/../.." && pwd)}
 [[ -f $SHIPYARD_SRC/pyproject.toml ]] || { echo "no pyproject.toml in $SHIPYARD_SRC" >&2; exit 1; }
 

@@ -8,7 +8,7 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-BENCH_DIR=${BENCH_DIR:-$ROOT/../shared/bench-peers}
+source "$HERE/harness_dir.sh"  # BENCH_DIR, the peer-benchmark harness, or exit 2
 OUT=${OUT:-$HERE/../results/lead}
 export CONCS=${CONCS:-"8 32"}
 PEERS=${PEERS:-"raw_asgi rayserve_tput"}

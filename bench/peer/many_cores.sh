@@ -18,7 +18,7 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-export BENCH_DIR=${BENCH_DIR:-$ROOT/../shared/bench-peers}
+source "$HERE/harness_dir.sh"  # BENCH_DIR, the peer-benchmark harness, or exit 2
 OUT=${OUT:-$ROOT/bench/results/many_cores}
 SIZES=${SIZES:-"1 2 4"}
 MODELS=${MODELS:-"echo sklearn"}

@@ -3,14 +3,15 @@
 # made from the machine's python3 (whose site-packages, numpy and scikit-learn included,
 # each venv sees after its own) and a folder of wheels, then stamped so the harness's
 # install.sh scripts find them up to date. Run lead.sh or run_one.sh after it.
-#   WHEELS=DIR BENCH_DIR=.../bench-peers bash bench/peer/offline.sh
+#   WHEELS=DIR BENCH_DIR=HARNESS bash bench/peer/offline.sh
+# (HARNESS: the peer-benchmark harness's folder, an optional checkout: harness_dir.sh)
 # WHEELS holds, for the machine's Python, shipyard's dependencies that its python3 lacks
 # (uvicorn and httptools among them), e.g. from `pip download --no-deps --only-binary=:all:
 # --python-version 3.12 --platform manylinux2014_x86_64 ...` where pip can reach an index.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 : "${WHEELS:?WHEELS names the folder of wheels}"
-export BENCH_DIR=${BENCH_DIR:-$ROOT/../shared/bench-peers}
+source "$ROOT/bench/peer/harness_dir.sh"  # BENCH_DIR, the peer-benchmark harness, or exit 2
 source "$BENCH_DIR/_lib/common.sh"  # PEERS_ROOT, SKLEARN_SPEC
 PY=${PY:-$(command -v python3)}
 machine_site=$("$PY" -c 'import site; print(site.getsitepackages()[0])')

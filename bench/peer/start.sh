@@ -9,7 +9,8 @@
 # InService the URL answers 4xx, which the harness counts as part of the cold start.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
-source "${BENCH_DIR:-/work/shared/bench-peers}/_lib/common.sh"
+source "$HERE/harness_dir.sh"  # BENCH_DIR, the peer-benchmark harness, or exit 2
+source "$BENCH_DIR/_lib/common.sh"
 MODEL=$1 PORT=$2 WORKERS=${3:-1}
 case $MODEL in echo|sklearn) ;; *) echo "unsupported model $MODEL" >&2; exit 3;; esac
 

@@ -10,12 +10,12 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-BENCH_DIR=${BENCH_DIR:-$ROOT/../shared/bench-peers}
+source "$HERE/harness_dir.sh"  # BENCH_DIR, the peer-benchmark harness, or exit 2
 BEFORE=$(cd "$1" && pwd) AFTER=$(cd "$2" && pwd)
 MODEL=${MODEL:-sklearn} INSTANCES=${INSTANCES:-2} ROUNDS=${ROUNDS:-2}
 OUT=${OUT:-$(mktemp -d)}
 export CONCS=${CONCS:-"8 32"} WARMUP=${WARMUP:-2} DURATION=${DURATION:-6}
-export RESULTS_DIR=${RESULTS_DIR:-$(mktemp -d)} BENCH_DIR
+export RESULTS_DIR=${RESULTS_DIR:-$(mktemp -d)}
 probe() { (cd "$ROOT/bench" && python3 -c 'import harness; print(harness.cpu_probe_ms())'); }
 echo "CPU probe before: $(probe) ms; $(date -u '+%Y-%m-%d %H:%M') UTC"
 for round in $(seq 1 "$ROUNDS"); do

@@ -21,7 +21,7 @@ venv() {  # venv NAME PIP_ARGS...: (re)create only when the arguments change
 }
 
 mkdir -p "$PEERS_ROOT"
-# The same versions as the shared peer harness (../shared/bench-peers): MLServer needs
+# The same versions as the peer-benchmark harness pins (bench/README.md): MLServer needs
 # uvloop below 0.22 or its inference worker dies at start.
 venv minilm-rayserve "ray[serve]==2.60.0" "$TORCH" "$WEIGHTS" &
 venv minilm-mlserver "mlserver==1.7.1" "uvloop==0.21.0" "$TORCH" "$WEIGHTS" &

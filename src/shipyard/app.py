@@ -237,7 +237,7 @@ class Gateway:
 
     def _check_alarm_action(self, arn: str) -> str | None:
         """Why an alarm cannot run the action ``arn`` (None: it can): an SNS topic this
-        gateway knows, or a step scaling policy (DESIGN 2.12)."""
+        gateway knows, or a step scaling policy."""
         if arn.startswith("arn:aws:autoscaling:"):
             policy = self.scaling.policy_by_arn(arn)
             if policy is None:

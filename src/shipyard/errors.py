@@ -172,7 +172,7 @@ class RepeatedHeader(ValidationException):
     ``Authorization``, ``Content-Length``, ...) more than once.
 
     Refused at the edge before anything reads it: two values let the signature check
-    and the door that acts each pick a different one (DESIGN 2.9, "read once").
+    and the door that acts each pick a different one (a request is read once, at the edge).
     """
 
 

@@ -1,5 +1,6 @@
-"""What callers may make this host do: run commands, name local files, notify (DESIGN 2.9).
+"""What callers may make this host do: run commands, name local files, notify.
 
+SECURITY.md, "Host powers are off unless granted", states these rules for operators.
 Built once from the stack file's ``auth:`` section and handed to every service that
 accepts an image, an environment, a location or a notification target. Without
 ``auth:`` the gateway is for local use and everything is allowed. With it:

@@ -98,7 +98,7 @@ class Model:
 
     @property
     def multi_container(self) -> bool:
-        """Whether each instance is a group of container processes (DESIGN 2.7): an
+        """Whether each instance is a group of container processes: an
         inference pipeline of two or more containers, or a Direct multi-container model."""
         if not isinstance(self.raw.get("Containers"), list):
             return False
@@ -134,7 +134,7 @@ class ExecutionMode(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ServerlessConfig:
-    """ProductionVariant.ServerlessConfig (DESIGN 3.2)."""
+    """ProductionVariant.ServerlessConfig: a variant with instances only while it has work."""
 
     memory_mb: int
     """MemorySizeInMB: the most an instance may use; one over it is stopped."""
@@ -164,7 +164,7 @@ class VariantSpec:
     routing_strategy: RoutingStrategy
     serverless: ServerlessConfig | None = None
     shadow: bool = False
-    """A ShadowProductionVariant (DESIGN 2.7): it gets copies of the production
+    """A ShadowProductionVariant: it gets copies of the production
     variant's requests, never a client's own, and its answers go only to /metrics."""
     managed_scaling: tuple[int, int] | None = None
     """ManagedInstanceScaling (ENABLED): the (MinInstanceCount, MaxInstanceCount) a
@@ -474,7 +474,7 @@ def dimension_of(resource_id: str) -> str:
     return COMPONENT_COPIES if resource_id.startswith("inference-component/") else VARIANT_INSTANCES
 
 
-"""The one ScalableDimension shipyard scales (DESIGN 3.1)."""
+"""The one ScalableDimension shipyard scales: a SageMaker variant's instance count."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,7 +85,7 @@ class Settings(BaseSettings):
     """How long the gateway waits for an instance to answer one invocation."""
 
     session_ttl_s: float = Field(default=1200.0, ge=1, le=7 * 24 * 3600)
-    """How long a stateful session lives from when it opens (DESIGN 2.11), in seconds
+    """How long a stateful session lives from when it opens, in seconds
     from 1 to a week; using it does not extend it. A model's own sessions last as long
     as it says; this is for those the gateway names for a model that names none."""
 
@@ -116,7 +116,7 @@ class Settings(BaseSettings):
 
     idle_timeout_s: float = Field(default=20.0, gt=0)
     """How long a connection may stay open sending nothing, from the moment it opens and
-    between requests; then it is closed (DESIGN 2.9)."""
+    between requests; then it is closed (SECURITY.md, "Limits against hostile clients")."""
 
     max_connections: int = Field(default=1000, ge=1)
     """Connections open at once; beyond them a new request is answered 503."""
@@ -208,14 +208,14 @@ class Settings(BaseSettings):
     being created, and holds requests to it, before a client can see it InService."""
 
     autoscaling_period_s: float = Field(default=5.0, gt=0)
-    """How often scaling policies are evaluated (DESIGN 3.1)."""
+    """How often scaling policies are evaluated."""
 
     autoscaling_window_s: float = Field(default=60.0, gt=0)
     """The sliding window invocations per instance are counted over, scaled to a
     minute (CloudWatch's one-minute period)."""
 
     metrics_retention_days: float = Field(default=15.0, gt=0)
-    """How long one-minute CloudWatch datapoints are kept (DESIGN 2.12); 10 s ones are
+    """How long one-minute CloudWatch datapoints are kept; 10 s ones are
     kept three hours."""
 
     max_metric_series: int = Field(default=100_000, ge=10)

@@ -14,7 +14,7 @@ tags. Changes live in this gateway's memory: a restarted gateway reads ``--confi
 again, so point it at the file you apply.
 
 Under ``auth:`` a change's job templates must pass what CreateTrainingJob checks
-(``allow_commands``, the environment rule, ``file_roots``; DESIGN 2.9): ``PUT /stack``
+(``allow_commands``, the environment rule, ``file_roots``): ``PUT /stack``
 must not start what no call could. Its topics and notify targets are a stack file's, the
 operator's, and stay allowed, as those of the file read at start are.
 """
@@ -131,7 +131,7 @@ class StackConfig:
         return self.snapshot()
 
     def _check_host_access(self, change: StackChange, checked: StackFile) -> None:
-        """A template is checked as CreateTrainingJob checks a request (DESIGN 2.9):
+        """A template is checked as CreateTrainingJob checks a request:
         ``PUT /stack`` must not start what no call could. Topics and notify targets are
         a stack file's, the operator's (only a key allowed ``shipyard:PutStack`` puts
         them), and stay allowed as the file read at start is."""

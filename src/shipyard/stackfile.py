@@ -4,7 +4,7 @@ converges its resource sections (cli/apply.py); ``PUT /stack`` changes its ``top
 ``jobs:`` sections live (stack_config.py).
 
 ``models``, ``endpoint_configs``, ``endpoints`` and ``inference_components`` map a name to
-the body of its SageMaker Create call without the name (DESIGN 2.5); ``scaling`` maps
+the body of its SageMaker Create call without the name; ``scaling`` maps
 ``endpoint/variant`` to one scalable target and its target-tracking policy; ``alarms`` a
 CloudWatch alarm's name to its PutMetricAlarm body. The fields
 checked here are the ones a plan depends on (names, counts, weights, references);
@@ -79,7 +79,7 @@ class EndpointBody(BaseModel):
 
 
 class AlarmBody(BaseModel):
-    """PutMetricAlarm without ``AlarmName`` (DESIGN 2.12)."""
+    """PutMetricAlarm's body without ``AlarmName`` (the key it is listed under)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -278,7 +278,8 @@ class JobsConfig(BaseModel):
 
 
 class AccessKey(BaseModel):
-    """One key that may sign requests (DESIGN 2.9). The secret is read from the environment."""
+    """One key that may sign requests (SECURITY.md, "With `auth:`"). The secret is read from the
+    environment."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -295,7 +296,7 @@ class AccessKey(BaseModel):
     bearer_token_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     """Name of the environment variable holding a token that the OpenAI-compatible door
     (``/v1``) takes as ``Authorization: Bearer <token>`` for this key, with its ``allow``
-    and ``resources`` (DESIGN 2.13)."""
+    and ``resources``; SigV4 with the key works there too."""
 
 
 class AuthConfig(BaseModel):
@@ -315,7 +316,8 @@ class AuthConfig(BaseModel):
     ``Environment`` may set beyond SageMaker's; interpreter and loader variables stay
     refused whatever this says."""
     sandbox: bool = Field(default=True, strict=True)
-    """Run instances and jobs of the local backend under bubblewrap (DESIGN 2.9)."""
+    """Run instances and jobs of the local backend under bubblewrap, so that their code cannot
+    reach what the gateway holds (SECURITY.md, "Model code runs in a sandbox")."""
     notify_targets: list[str] = Field(default_factory=list)
     """URL patterns (``*`` matches any characters) that notification targets named by
     callers must match; the stack file's own topics are always allowed."""
@@ -384,7 +386,7 @@ class StackFile(StackResources):
     autoscaling: AutoscalingConfig = Field(default_factory=AutoscalingConfig)
     deployments: DeploymentsConfig = Field(default_factory=DeploymentsConfig)
     auth: AuthConfig | None = None
-    """Without it, requests are not checked (local use); see DESIGN 2.9."""
+    """Without it, requests are not checked (local use); SECURITY.md says what it changes."""
     tls: TlsConfig | None = None
     """Serve HTTPS; ``shipyard serve --tls-cert/--tls-key`` win over it."""
     account_id: str | None = Field(default=None, pattern=r"^\d{12}$")

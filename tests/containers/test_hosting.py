@@ -1,4 +1,4 @@
-"""Endpoints whose Image is a container image, on a real engine (DESIGN 2.1): SageMaker's
+"""Endpoints whose Image is a container image, on a real engine: SageMaker's
 hosting contract, checked from inside the container (images/serve.py reports what it
 sees) and from the engine's side."""
 

@@ -1,4 +1,4 @@
-"""Training jobs in a training image, on a real engine (DESIGN 2.1): SageMaker's training
+"""Training jobs in a training image, on a real engine: SageMaker's training
 contract, checked through what images/train.py leaves in the model it uploads."""
 
 from __future__ import annotations

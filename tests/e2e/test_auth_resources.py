@@ -1,4 +1,4 @@
-"""Keys scoped by resource (``resources:``): one gateway, several teams (DESIGN 2.9).
+"""Keys scoped by resource (``resources:``): one gateway, several teams.
 
 Two endpoints, ``team-a-x`` and ``team-b-x``; a key that reaches only
 ``endpoint/team-a-*`` invokes the one and not the other on every door, and its List

@@ -1,4 +1,4 @@
-"""Application Auto Scaling (DESIGN 3.1), driven by boto3's ``application-autoscaling``
+"""Application Auto Scaling, driven by boto3's ``application-autoscaling``
 client: the API and its refusals, target tracking under a real bounded load, asynchronous
 endpoints at zero instances, and restarts."""
 

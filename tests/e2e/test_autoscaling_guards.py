@@ -1,4 +1,4 @@
-"""The autoscaler's guards (DESIGN 3.1), on real gateways driven by boto3: PutScalingPolicy
+"""The autoscaler's guards, on real gateways driven by boto3: PutScalingPolicy
 refuses a TargetValue or step adjustments Application Auto Scaling refuses, a stored
 policy that cannot be computed never stops the other targets scaling in the same pass,
 and a real-time variant never scales below one instance whatever MinCapacity it kept

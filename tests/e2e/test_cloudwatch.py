@@ -1,4 +1,4 @@
-"""CloudWatch on the gateway (DESIGN 2.12), driven by boto3's ``cloudwatch`` client (AWS
+"""CloudWatch on the gateway, driven by boto3's ``cloudwatch`` client (AWS
 JSON 1.0, what it sends), by botocore in Smithy RPC v2 CBOR (what its model lists first)
 and by the AWS CLI: metrics of real invocations under SageMaker's names, sums that
 match what was sent, alarms that go to ALARM and back on real error bursts and notify a

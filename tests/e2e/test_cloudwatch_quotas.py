@@ -1,4 +1,4 @@
-"""What callers may make of CloudWatch, bounded (DESIGN 2.9): metric series and alarms
+"""What callers may make of CloudWatch, bounded: metric series and alarms
 per key and in all, and the gateway's own namespaces, which no caller may put into."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Safe deployments (DESIGN 2.12): UpdateEndpoint with a DeploymentConfig, driven by boto3
+"""Safe deployments: UpdateEndpoint with a DeploymentConfig, driven by boto3
 against a real gateway under steady traffic. A canary of a good model completes step by
 step; a canary and a linear deployment of a model that fails 30 % of its requests roll
 back by themselves on a real CloudWatch alarm, with no failure for clients of the old

@@ -247,7 +247,7 @@ def test_a_specification_that_fails_to_start_is_tried_once(
     gateway: GatewayProcess, env_model: str, model_tarball: Callable[[str], str]
 ) -> None:
     """Its copies fail to load: the previous copies serve on, Describe shows the
-    specification they run (DESIGN 2.11: the new one InService is the one serving) with
+    specification they run (Describe shows a new one, InService, only once it serves) with
     the failure recorded, and no more copies of it are started until it is sent again."""
     sm, rt = gateway.sm, gateway.rt
     component_endpoint(sm, "tried", count=1)

@@ -1,4 +1,4 @@
-"""What instances and jobs are given: their own variables, never the gateway's (DESIGN 2.9).
+"""What instances and jobs are given: their own variables, never the gateway's.
 
 The gateway below carries secrets in its environment (an ``auth:`` key, a database
 password, AWS keys); none may reach a model's code. Processes that use ``s3://`` get the

@@ -1,4 +1,4 @@
-"""The Open Inference Protocol v2 (DESIGN 2.8) through tritonclient, unchanged, against a
+"""The Open Inference Protocol v2 (REST and gRPC) through tritonclient, unchanged, against a
 real gateway and real instances of tests/models/tensor_add and tests/models/echo."""
 
 from __future__ import annotations

@@ -240,7 +240,7 @@ def test_direct_invocation_picks_the_container_by_hostname(gateway: GatewayProce
 def test_a_failing_direct_container_is_a_model_error_naming_its_hostname(
     gateway: GatewayProcess,
 ) -> None:
-    """DESIGN 2.7: a failing container is named by its ContainerHostname in Direct mode
+    """A failing container is named by its ContainerHostname in Direct mode
     too, whether its answer is read whole or streamed."""
     containers = [stage("a", "x/a", "ha"), stage("b", "x/b", "hb")]
     deploy(gateway.sm, "direct-fails", containers, "Direct")

@@ -1,4 +1,4 @@
-"""InvokeEndpointWithResponseStream (DESIGN 2.2) through boto3, against a real gateway and
+"""InvokeEndpointWithResponseStream through boto3, against a real gateway and
 real instances: tests/models/streamer (a generator in the built-in runtime) and
 tests/models/cmd_stream (a `cmd:` server answering chunked)."""
 

@@ -1,4 +1,4 @@
-"""With ``auth:``, model and job code runs in a sandbox (DESIGN 2.9, ``auth.sandbox``).
+"""With ``auth:``, model and job code runs in a sandbox (``auth.sandbox``).
 
 Proven from inside: the probe model (tests/models/sandbox_probe) tries to read the
 gateway's environment through ``/proc``, the gateway's store and a file outside the

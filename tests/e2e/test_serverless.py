@@ -1,4 +1,4 @@
-"""Serverless endpoints (DESIGN 3.2): no instance while idle, cold starts that hold the
+"""Serverless endpoints: no instance while idle, cold starts that hold the
 request, MaxConcurrency, idle scale-in, MemorySizeInMB and restarts."""
 
 from __future__ import annotations

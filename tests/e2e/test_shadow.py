@@ -1,4 +1,4 @@
-"""Shadow variants (DESIGN 2.7): copies of production requests go to the shadow off the
+"""Shadow variants: copies of production requests go to the shadow off the
 client's path; its answers, errors and latency are in /metrics under its own name."""
 
 from __future__ import annotations

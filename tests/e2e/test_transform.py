@@ -1,4 +1,4 @@
-"""Batch transform (DESIGN 2.6) end to end: real gateways, instances and files, driven
+"""Batch transform end to end: real gateways, instances and files, driven
 with boto3 as SageMaker users drive it."""
 
 from __future__ import annotations

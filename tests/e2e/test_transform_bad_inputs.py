@@ -1,4 +1,4 @@
-"""Batch transform (DESIGN 2.6) with input that is bad by the caller's fault: a manifest
+"""Batch transform with input that is bad by the caller's fault: a manifest
 that is missing, not JSON or not of SageMaker's shape, names nothing, or names an object
 that is not there. Each ends the job Failed with a ``ClientError: ...`` FailureReason
 naming what is wrong, as an empty S3Prefix does, never as an internal error with a

@@ -76,7 +76,8 @@ def test_email_with_an_explicit_smtp_host_as_in_the_stack_file(smtp: SmtpListene
 
 
 def test_email_to_addresses_apprise_refuses_goes_out_as_plain_smtp(smtp: SmtpListener) -> None:
-    """DESIGN's own example uses ``a@x``, which apprise refuses; smtplib sends it."""
+    """An address with no dot in its domain (``a@x``, as local relays take) is one apprise
+    refuses; smtplib sends it."""
     send(f"mailto://127.0.0.1:{smtp.port}?from=a@x&to=b@x&smtp=127.0.0.1", key="job/b/Failed")
     [message] = smtp.wait_for(1)
     assert message.mail_from == "a@x" and message.rcpt_tos == ["b@x"]

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible door under ``auth:`` (DESIGN 2.13): bearer tokens configured per
+"""The OpenAI-compatible door under ``auth:``: bearer tokens configured per
 key (``bearer_token_env``), scoped like the key's signature, and SigV4 too.
 
 The endpoints serve the scripted model (script/), so no torch is needed here.

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible door (DESIGN 2.13) driven by the ``openai`` client, unchanged,
+"""The OpenAI-compatible door driven by the ``openai`` client, unchanged,
 against a real gateway: a tiny causal LM built offline (tiny_lm.py) served with
 ``SHIPYARD_TASK=text-generation``, MiniLM with ``SHIPYARD_TASK=embeddings``, the same LM
 as an inference component, and a scripted model that fails and stalls on request.

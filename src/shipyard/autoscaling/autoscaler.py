@@ -1,4 +1,4 @@
-"""Autoscaler: target tracking on the gateway's own counters (DESIGN 3.1).
+"""Autoscaler: target tracking on the gateway's own counters.
 
 Every tick (a second, or the period if shorter) it samples what the data path already
 counts: invocations per variant (the ``shipyard_invocations`` counter), requests in
@@ -650,7 +650,7 @@ class Autoscaler:
         self, arn: str, alarm: str, state: str, value: float | None, threshold: float
     ) -> str:
         """Run the step scaling policy ``arn`` for ``alarm``, whose value is ``value``
-        against ``threshold`` (DESIGN 3.1); what it did, in words. Called by the alarm's
+        against ``threshold``; what it did, in words. Called by the alarm's
         evaluation (or SetAlarmState), from a worker thread."""
         policy = next((p for p in self.store.list_policies() if p.arn == arn), None)
         if policy is None:
@@ -811,8 +811,9 @@ def endpoint_moved(exc: ShipyardError) -> bool:
 
 def _bounds(target: ScalableTarget, zero_ok: bool) -> tuple[int, int]:
     """(MinCapacity, MaxCapacity) as the autoscaler holds the target to them: a target
-    that may not scale to zero (a real-time variant, DESIGN 3.1) keeps at least one
-    instance, whatever MinCapacity (and MaxCapacity) it kept from an asynchronous config."""
+    that may not scale to zero (a real-time variant: MinCapacity 0 is for asynchronous
+    ones only) keeps at least one instance, whatever MinCapacity (and MaxCapacity) it
+    kept from an asynchronous config."""
     if zero_ok:
         return target.min_capacity, target.max_capacity
     low = max(target.min_capacity, 1)

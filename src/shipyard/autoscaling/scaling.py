@@ -1,4 +1,4 @@
-"""ScalingService: Application Auto Scaling's targets, policies and activities (DESIGN 3.1).
+"""ScalingService: Application Auto Scaling's targets, policies and activities.
 
 The control plane's actions for ``AnyScaleFrontendService.*`` land here. It checks what
 botocore's model cannot (the endpoint and variant exist, Min <= Max, MinCapacity 0 only

@@ -1,5 +1,5 @@
 """Container images, run through the Docker Engine API (Docker, or Podman's compatible
-service), honouring SageMaker's hosting contract (DESIGN 2.1).
+service), honouring SageMaker's hosting contract (``<image> serve``, ``/ping``, ``/invocations``).
 
 An instance of an image is one engine container: ``<image> serve``, its model artifact
 (fetched and extracted once on the gateway's host, into the same cache the local

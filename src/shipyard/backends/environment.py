@@ -1,5 +1,5 @@
 """The environment an instance or a job starts with: a few plain variables, never the
-gateway's own (DESIGN 2.9).
+gateway's own (SECURITY.md, "Secrets stay secret").
 
 The gateway's environment holds its secrets (the keys of ``auth:``, database URLs,
 cloud credentials), and a model's code can read whatever its process was given. So a

@@ -3,8 +3,9 @@
 With ``auth:`` (and ``auth.sandbox``, its default there), a model's or a job's code is
 arbitrary code run for a caller who may hold nothing more than one narrow key. It stays
 allowed, but it runs under bubblewrap (``bwrap``, Debian's ``bubblewrap``), so it cannot
-reach what the gateway holds (DESIGN 2.9). :class:`Sandbox` is the one place that says
-what a sandboxed process sees; the backend only names the few folders of each process.
+reach what the gateway holds (SECURITY.md, "Model code runs in a sandbox").
+:class:`Sandbox` is the one place that says what a sandboxed process sees; the backend
+only names the few folders of each process.
 
 What a sandboxed process gets:
 

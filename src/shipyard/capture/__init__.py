@@ -1,4 +1,4 @@
-"""Data capture (DESIGN 2.7): a sampled share of invocations written as SageMaker's JSON
+"""Data capture: a sampled share of invocations written as SageMaker's JSON
 Lines records, off the request's path.
 
 - config.py: an endpoint config's DataCaptureConfig, in plain words;

@@ -149,7 +149,7 @@ def serve(
         # Closed idle from the moment it opens (http_limits), and between requests.
         timeout_keep_alive=settings.idle_timeout_s,  # type: ignore[arg-type]
         # uvicorn counts the connection asking among the open ones: one more lets
-        # max_connections be open and served, and answers 503 to the next (DESIGN 2.9).
+        # max_connections be open and served, and answers 503 to the next.
         limit_concurrency=settings.max_connections + 1,
         timeout_graceful_shutdown=int(settings.drain_timeout_s),
         # The flags, else the stack file's tls: section (create_app checked them).

@@ -1,5 +1,5 @@
 """CloudWatch on the gateway: metrics under SageMaker's names, kept in the store, and
-alarms that act on them (DESIGN 2.12).
+alarms that act on them.
 
 - recorder.py: what the data path counts, written as datapoints every tick
 - service.py: PutMetricData, the reads (GetMetricData, GetMetricStatistics, ListMetrics)

@@ -1,5 +1,5 @@
 """Alarms: evaluated every period, their state changed as CloudWatch changes it, their
-actions run (DESIGN 2.12).
+actions run.
 
 An alarm looks at its last ``EvaluationPeriods`` complete periods (a period is complete
 once the recorder has written it: ``lag_s`` after its end). Each period's value breaches

@@ -1,4 +1,4 @@
-"""CloudWatchService: reading and writing metrics, and keeping alarms (DESIGN 2.12).
+"""CloudWatchService: reading and writing metrics, and keeping alarms.
 
 The control plane's ``cloudwatch`` actions land here (gateway/actions/cloudwatch.py
 turns AWS's fields into these arguments). Reads add up every gateway's rows of a

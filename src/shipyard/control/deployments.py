@@ -1,5 +1,5 @@
 """Safe deployments: an UpdateEndpoint with a DeploymentConfig, carried out step by step
-and rolled back by itself when an alarm fires (DESIGN 2.12).
+and rolled back by itself when an alarm fires.
 
 ``plan`` turns a DeploymentConfig into steps; ``check`` refuses one that cannot be
 carried out. ``Deployer.run`` carries one out, with the old fleet serving throughout:

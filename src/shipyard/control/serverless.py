@@ -1,4 +1,4 @@
-"""Serverless variants (DESIGN 3.2): instances started by demand, stopped when idle or
+"""Serverless variants: instances started by demand, stopped when idle or
 over their memory.
 
 The router says how many instances a serverless variant's work needs

@@ -32,7 +32,7 @@ the commit): the next write's ``uses``, two past the last one known, says so, an
 write it skipped is kept with the time its asks were taken. The times of writes past
 keeping are dropped, written to again or not.
 
-MaxConcurrency is the variant's in all (DESIGN 3.2), not each gateway's. So every write
+MaxConcurrency is the variant's in all, not each gateway's. So every write
 carries the requests the writer has admitted (``active``), and reads back the other
 gateways' rows; the holder writes its own too while another gateway routes to the
 variant, and learns the others' on each converge pass. Each gateway's admission then

@@ -133,7 +133,7 @@ def _send_plain_mail(url: str, title: str, body: str, key: str) -> None:
     """Plain SMTP (no TLS, no login) for ``mailto://`` URLs apprise refuses.
 
     apprise refuses addresses whose domain has no dot (``ops@localhost``, ``b@x``), which
-    local relays and DESIGN's own example use; the standard library sends those.
+    local relays and tests use; the standard library sends those.
     """
     parts = urlsplit(url)
     query = parse_qs(parts.query)

@@ -101,7 +101,7 @@ class AsyncDoor:
         self, scope: dict[str, Any], name: str, inline: bytes
     ) -> tuple[dict[str, str], list[tuple[bytes, bytes]]]:
         edge = admitted(scope)
-        if edge.caller is not None:  # keys scoped by resource (DESIGN 2.9)
+        if edge.caller is not None:  # keys scoped by resource
             edge.reach(resource_arn(self.region, self.account_id, "endpoint", name))
         route = self.router.routes.get(name)
         if route is None:

@@ -1,4 +1,6 @@
-"""Authentication: AWS Signature Version 4 on every door but ``/healthz`` (DESIGN 2.9).
+"""Authentication: AWS Signature Version 4 on every door but ``/healthz``.
+
+What it guarantees, for operators: SECURITY.md, "With `auth:`".
 
 boto3, the AWS CLI, the sagemaker SDK and ``curl --aws-sigv4`` sign by themselves, so a
 gateway with an ``auth:`` section needs nothing new from its users but a key. botocore
@@ -249,7 +251,7 @@ class Admitted(NamedTuple):
 
     def reach(self, arn: str) -> None:
         """Raise AccessDenied unless the caller's key reaches the resource ``arn``: what
-        every door asks with the ARN it acts on (DESIGN 2.9)."""
+        every door asks with the ARN it acts on, before it acts."""
         if self.caller is not None and not self.caller.reaches(arn):
             raise _denied(self.caller, self.action or "", self.account_id, arn)
 
@@ -356,7 +358,7 @@ class Verifier:
 
     def accept_bearer(self, key_id: str, token: str) -> None:
         """Take ``token`` as ``Authorization: Bearer`` for key ``key_id`` (its caller, its
-        scope) on the door that accepts bearer tokens (DESIGN 2.13)."""
+        scope) on the door that accepts bearer tokens (``/v1``, the OpenAI-compatible door)."""
         digest = hashlib.sha256(token.encode()).digest()
         if digest in self._bearers:
             raise ValueError("auth.keys: two keys have the same bearer token")

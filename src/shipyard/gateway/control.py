@@ -127,7 +127,7 @@ class ControlDoor:
         media_type = AMZ_JSON
         try:
             # The target the edge read and authorised, never the header again: a second
-            # reading could pick another value (DESIGN 2.9, "read once").
+            # reading could pick another value (a request is read once, at the edge).
             action = self.actions.find(edge.target)
             media_type = action.service.media_type
             params = _parse(await read_body(request, max_bytes=MAX_BODY_BYTES))
@@ -203,7 +203,7 @@ class ControlDoor:
         if action.service is SAGEMAKER:  # members it has that are not done here
             unsupported.check(action.name, params)
         scoped = not edge.reaches_all
-        if scoped:  # keys scoped by resource: every resource the call names (DESIGN 2.9)
+        if scoped:  # keys scoped by resource: every resource the call names
             # In a worker: the first call of an action reads botocore's model (_nested_paths).
             nested = await run_in_threadpool(self._nested, action, params)
             for arn in self._resources(params, params, action) + nested:

@@ -161,7 +161,7 @@ _OPENAI_TYPES = {
 
 
 def openai_error_body(exc: ShipyardError) -> tuple[int, dict[str, Any]]:
-    """The OpenAI-compatible door's error (DESIGN 2.13): status and ``{"error": {message,
+    """The OpenAI-compatible door's error: status and ``{"error": {message,
     type, param, code}}``, as the ``openai`` client raises it.
 
     A model's own error keeps a 4xx status (a parameter it refused, its own overload)

@@ -1,6 +1,6 @@
 """The jobs doors over HTTP: ``POST /inference`` (the one-call facade) and job logs.
 
-The facade answers with the HTTP status equal to the body's ``status`` (DESIGN 2.4):
+The facade answers with the HTTP status equal to the body's ``status``:
 200 scheduled, 501 no usable ``type``, 510 type not white-listed, 502 limit reached.
 """
 
@@ -57,7 +57,7 @@ class JobsDoor:
 
     def _reach(self, request: Request, job_type: str) -> None:
         """AccessDenied unless the caller's key reaches the job a ``job_type`` job would be
-        (its ``resources``, DESIGN 2.9), before anything is scheduled: its name is made
+        (its ``resources``), before anything is scheduled: its name is made
         as the job's is (the type, then a time stamp), so patterns on the name's start
         (``training-job/team-a-*``) decide. An unknown type is left to ``submit``."""
         edge = admitted(request.scope)
@@ -75,7 +75,7 @@ class JobsDoor:
         """
         name = request.path_params["name"]
         jobs = self.jobs
-        try:  # keys scoped by resource reach the job's ARN (DESIGN 2.9)
+        try:  # keys scoped by resource must reach the job's ARN
             arn = resource_arn(jobs.region, jobs.account_id, "training-job", name)
             admitted(request.scope).reach(arn)
         except AccessDenied as exc:

@@ -164,7 +164,7 @@ def _variant(route: EndpointRoute, version: str) -> VariantRoute:
 
 
 def _is_shadow(variant: VariantRoute) -> bool:
-    # Shadow variants (DESIGN 2.7) only take copies: never a version a client can call.
+    # Shadow variants only take copies: never a version a client can call.
     return bool(getattr(variant, "shadow", False))
 
 

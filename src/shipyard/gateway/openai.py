@@ -1,5 +1,5 @@
 """The OpenAI-compatible door: ``/v1/models``, ``/v1/chat/completions``,
-``/v1/completions`` and ``/v1/embeddings`` (DESIGN 2.13).
+``/v1/completions`` and ``/v1/embeddings``, as the ``openai`` client (v1) sends them.
 
 A raw ASGI handler on the data path, as the runtime doors are (gateway/runtime.py). It
 translates the OpenAI wire into the same :class:`~shipyard.routing.router.Call` an
@@ -233,7 +233,7 @@ class OpenAIDoor:
 
     def _route(self, model: str, name: str, component: str) -> EndpointRoute:
         """The endpoint ``model`` names; 404 for an unknown endpoint or component, 400
-        for an endpoint of components named bare (DESIGN 2.13)."""
+        for an endpoint of components named bare: a component is required there."""
         try:
             route = self.invocations.route(name)
         except EndpointNotFound:

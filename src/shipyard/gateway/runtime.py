@@ -205,7 +205,7 @@ class RuntimeDoor:
 
     def reach(self, scope: Scope, name: str) -> None:
         """AccessDenied unless the caller's key reaches endpoint ``name`` (its
-        ``resources``, DESIGN 2.9); every runtime door asks before it acts."""
+        ``resources``); every runtime door asks before it acts."""
         edge = admitted(scope)
         if edge.caller is not None:
             edge.reach(resource_arn(self.region, self.account_id, "endpoint", name))

@@ -1,4 +1,5 @@
-"""The edge: the ASGI layer every request passes first (DESIGN 2.9).
+"""The edge: the ASGI layer every request passes first (SECURITY.md, "Every request is
+signed, and read once").
 
 ``ReadOnce`` reads the headers a request's security rests on, once (``auth.read_head``):
 one of them sent twice is refused (400, in the door's error shape) before anything else

@@ -1,5 +1,5 @@
 """Multi-container instances: one instance of a multi-container model is a group of
-processes, one per container, each on its own port (DESIGN 2.7).
+processes, one per container, each on its own port.
 
 The group is made here, above the backends, which go on starting single processes:
 ContainerGroups wraps the gateway's Backend so that starting a GroupSpec starts each of

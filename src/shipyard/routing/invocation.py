@@ -456,14 +456,14 @@ class Invocations:
 
     def _logged(self, name: str, error: E) -> E:
         """``error``, a ModelError the router made (a timeout) given the endpoint's log
-        group as every other ModelError has it (DESIGN 2.2's LogStreamArn)."""
+        group as every other ModelError has it (its ``LogStreamArn``)."""
         if isinstance(error, ModelError) and not error.log_stream_arn:
             error.log_stream_arn = self._log_group(name)
         return error
 
     def model_error(self, name: str, response: Response) -> ModelError:
         """The instance answered with an error status: the model's own failure. A step of
-        a multi-container model is named by its ContainerHostname or position (DESIGN 2.7)."""
+        a multi-container model is named by its ContainerHostname or position."""
         message = response.body.decode(errors="replace")
         kind = "client" if response.status < 500 else "server"
         source = (response.header(FAILED_CONTAINER) or b"primary").decode(errors="replace")

@@ -1,6 +1,6 @@
 """Container groups on the data path: inference pipelines (Serial) and Direct invocation.
 
-One instance of a multi-container model (DESIGN 2.7) is a group of container processes,
+One instance of a multi-container model (a pipeline or Direct) is a group of container processes,
 each on its own port. The router sees the group as one Instance (its policy, in-flight
 count, draining and health are the group's) whose pool is a ContainerGroupPool, which
 answers ``GET /ping`` for the whole group and ``POST /invocations`` by the model's mode:

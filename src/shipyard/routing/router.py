@@ -448,8 +448,8 @@ class Router:
         """The error for a call with no answer within ``timeout_s``. One that ``reached``
         no instance was never the model's: a serverless variant (or a component at zero)
         is still starting, and any other had no instance free all that time, which is
-        the gateway's overload (both retried by boto3: backpressure, DESIGN 2.2). A call
-        an instance had timed out there: the model's ModelError."""
+        the gateway's overload (both retried by boto3, so backpressure is 429/503, never a
+        hang). A call an instance had timed out there: the model's ModelError."""
         if not reached:
             if not variant.admission.starts_instances:
                 return ServiceUnavailable(

@@ -1,6 +1,6 @@
 """Serverless variants on the data path: admission against MaxConcurrency, and demand.
 
-A serverless variant (DESIGN 3.2) has instances only while it has work. This object is
+A serverless variant (ServerlessConfig) has instances only while it has work. This object is
 its Admission strategy (routing/strategies.py); the router asks it two things per
 request: may it enter (at most ``MaxConcurrency`` requests in flight across the variant,
 counting those waiting for a cold start; past that, ThrottlingException), and, when no

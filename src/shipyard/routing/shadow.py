@@ -1,6 +1,6 @@
 """Shadow variants: copies of production requests, sent off the client's path.
 
-A shadow variant (ShadowProductionVariants, DESIGN 2.7) is a fleet of its own that gets
+A shadow variant (ShadowProductionVariants) is a fleet of its own that gets
 a share of the production variant's requests, equal to its weight over the production
 weight and capped at all of them. The client's answer never waits for a copy: the door
 hands the copies over only once the production answer is sent (or has failed), and each

@@ -4,9 +4,9 @@ A raw ASGI callable rather than a framework app: every invocation passes through
 two routes need no router, no request object and no middleware. The per-request work is
 one pass over the headers, the handlers (inline on the loop with one worker, on handler
 threads with more; ``/ping`` answers while they run either way: :mod:`workers`), and two
-``send`` calls (the floor we compare against is ``bench-peers/raw_asgi``). With inline
-handlers, the protocol answers most invocations itself through ``answer_now``, with no
-ASGI task (:mod:`direct`); the app serves the rest. In multi-model
+``send`` calls (the floor we compare against is the peer harness's bare ASGI echo app:
+bench/README.md). With inline handlers, the protocol answers most invocations itself
+through ``answer_now``, with no ASGI task (:mod:`direct`); the app serves the rest. In multi-model
 mode :mod:`model_contract`'s app is served instead, so none of its work lands on this
 path. With server-side batching on, a request goes to the :mod:`batching` FIFO instead of
 straight to the handlers, and its

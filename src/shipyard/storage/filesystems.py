@@ -18,12 +18,12 @@ real paths.
 Errors are ``UnsupportedLocation`` with a message that names the URI and what to write
 instead; each store prefixes it with its own subject ("Model data ...").
 
-**The one guard on local files** (DESIGN 2.9, ``auth.file_roots``). A ``Filesystems``
-built with ``file_roots`` refuses, with ``OutsideFileRoots``, every local path a store
-opens, lists or writes for a URI that is not under one of them: ``local_file`` is the
-only way the stores turn a URI into a local path. The check runs on the path the store
-is about to open, parsed by ``local_path`` below, the one parser of locations (the
-early checks of the control plane, host_access.py, call it too): ``FILE:///x``, a
+**The one guard on local files** (``auth.file_roots``; SECURITY.md states the rule). A
+``Filesystems`` built with ``file_roots`` refuses, with ``OutsideFileRoots``, every local
+path a store opens, lists or writes for a URI that is not under one of them:
+``local_file`` is the only way the stores turn a URI into a local path. The check runs
+on the path the store is about to open, parsed by ``local_path`` below, the one parser
+of locations (the early checks of the control plane, host_access.py, call it too): ``FILE:///x``, a
 leading space or a tab in the scheme are read as the opener reads them, because they
 *are* the opener's reading. So a location reached by any route (a manifest's prefix and
 keys, ``..`` included; an output key; a capture destination; an async input or output;

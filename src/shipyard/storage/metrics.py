@@ -1,4 +1,4 @@
-"""MetricStore: CloudWatch's metric datapoints, alarms and alarm history (DESIGN 2.12).
+"""MetricStore: CloudWatch's metric datapoints, alarms and alarm history.
 
 A series is a namespace, a metric name and its dimensions; its datapoints are statistic
 sets (cloudwatch/stats.py) per period (10 s and 60 s), per source: each gateway writes

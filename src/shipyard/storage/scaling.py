@@ -1,6 +1,6 @@
 """ScalingStore: scalable targets, their policies and their scaling activities.
 
-Application Auto Scaling's state (DESIGN 3.1). A scaling step changes an endpoint's
+Application Auto Scaling's state. A scaling step changes an endpoint's
 desired instance count and starts its activity in one transaction
 (``MetadataStore.change_endpoint(..., also=...)`` with ``start_activity``); the step's end
 is recorded with its event in another (``finish_activity``), so what DescribeScalingActivities

@@ -1,4 +1,4 @@
-"""One batch transform job, run to its end (DESIGN 2.6).
+"""One batch transform job, run to its end.
 
 ``TransformRun.run`` starts the job's own instances (InstanceCount of them, through the
 Provisioner like any fleet, with ``SAGEMAKER_BATCH=true`` and the other batch variables;

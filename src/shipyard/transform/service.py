@@ -1,4 +1,4 @@
-"""TransformService: CreateTransformJob and its family (DESIGN 2.6), desired state only.
+"""TransformService: CreateTransformJob and its family, desired state only.
 
 It checks what botocore's model cannot (the model exists and can serve a batch: not
 MultiModel, not Direct, as a transform names neither a target model nor container; filters

@@ -1,6 +1,7 @@
 """A user's own container-contract server (a `cmd:` image) that streams by answering
-/invocations chunked, as DESIGN 2.2 says: the request (JSON) names "chunks", "gap_s"
-between them, and "break_after" to drop the connection after that many chunks."""
+/invocations chunked (the gateway relays each chunk as a response-stream part): the
+request (JSON) names "chunks", "gap_s" between them, and "break_after" to drop the
+connection after that many chunks."""
 
 import json
 import os

@@ -1,6 +1,6 @@
 """Application Auto Scaling's actions (``AnyScaleFrontendService.*``), for SageMaker
 variants only: ServiceNamespace ``sagemaker`` and ScalableDimension
-``sagemaker:variant:DesiredInstanceCount`` (DESIGN 3.1)."""
+``sagemaker:variant:DesiredInstanceCount``."""
 
 from __future__ import annotations
 

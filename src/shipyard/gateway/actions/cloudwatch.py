@@ -1,5 +1,5 @@
 """CloudWatch's actions (``GraniteServiceVersion20100801.*``, or the same names over
-Smithy RPC v2 CBOR): metrics and alarms (DESIGN 2.12)."""
+Smithy RPC v2 CBOR): metrics and alarms."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """DataCaptureConfig on the control plane: checked at CreateEndpointConfig, described
-by DescribeEndpoint (DESIGN 2.7).
+by DescribeEndpoint.
 
 The botocore model the control door validates against already enforces the ranges,
 enums and list lengths (InitialSamplingPercentage 0-100, CaptureMode, up to 10 content

@@ -120,7 +120,7 @@ def _managed_scaling(name: str, v: dict[str, Any], count: int) -> tuple[int, int
 
 
 def _serverless(name: str, v: dict[str, Any]) -> ServerlessConfig:
-    """ServerlessConfig, checked as SageMaker checks it (DESIGN 3.2)."""
+    """ServerlessConfig, checked as SageMaker checks it."""
     for field in ("InstanceType", "InitialInstanceCount"):
         if field in v:
             raise InvalidParameter(

@@ -1,4 +1,4 @@
-"""The web console at ``/console`` (DESIGN 2.10): one more door over the same services.
+"""The web console at ``/console``: one more door over the same services.
 
 - pages.py: the pages, shells with no data (they load unsigned under ``auth:``);
 - fragments.py: the data as HTML, rendered on the server, escaped in one place;

@@ -65,7 +65,7 @@ View = Callable[[Request], Awaitable[Response]]
 
 
 class ConsoleDoor:
-    """Routes of the web console (DESIGN 2.10); see the module."""
+    """Routes of the web console; see the module."""
 
     def __init__(
         self,
@@ -148,7 +148,7 @@ class ConsoleDoor:
         # The URL carries the version (pages.py), so a cached copy is never stale.
         return Response(content, media_type=media_type, headers={"Cache-Control": "max-age=3600"})
 
-    # -- keys scoped by resource (DESIGN 2.9) -----------------------------------------
+    # -- keys scoped by resource ------------------------------------------------------
 
     def _one(self, kind: str, view: View) -> View:
         """``view`` of the resource ``{name}`` of ``kind``, refused as the edge refuses

@@ -1,11 +1,11 @@
 """The console's pages: shells with no data in them, one per URL.
 
 A browser cannot sign a navigation, so with an ``auth:`` section a page loads unsigned
-(DESIGN 2.9) and must therefore hold nothing a caller without a key may not see: its
-title, its navigation, and empty regions that name the ``/console/api/`` view filling
-them. ``console.js`` fetches those views (signed, when the body says ``data-auth``)
-and polls them; the markup of the data itself is rendered here on the server, in
-fragments.py, so the script only places it.
+(it and ``/healthz`` are all that answer unsigned: SECURITY.md) and must therefore hold
+nothing a caller without a key may not see: its title, its navigation, and empty regions
+that name the ``/console/api/`` view filling them. ``console.js`` fetches those views
+(signed, when the body says ``data-auth``) and polls them; the markup of the data itself
+is rendered here on the server, in fragments.py, so the script only places it.
 """
 
 from __future__ import annotations

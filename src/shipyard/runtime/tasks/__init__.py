@@ -1,6 +1,6 @@
 """Ready handlers for common models, chosen with ``SHIPYARD_TASK`` in a model's
 Environment, so that a model folder as ``save_pretrained`` writes it is all a user
-deploys (DESIGN 2.13):
+deploys (loaded offline, needing only ``torch`` and ``transformers``):
 
 - ``text-generation`` (:mod:`.generation`): a ``transformers`` causal LM answering
   OpenAI's chat and completions schema, streamed token by token, concurrent requests

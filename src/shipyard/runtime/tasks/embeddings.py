@@ -224,7 +224,7 @@ def load(model_dir: Path) -> Model:
     """The sentence-transformers folder in ``model_dir``, loaded offline.
 
     Run with ``transformers`` and ``torch`` alone rather than the sentence-transformers
-    library: the ready handlers need nothing else (DESIGN 2.13). What runs is the
+    library: a ready handler needs only ``torch`` and ``transformers``. What runs is the
     pipeline ``modules.json`` lists (Transformer, Pooling, Dense, Normalize), as
     sentence-transformers runs it; the tests hold the vectors to that library's.
     """

@@ -1,6 +1,6 @@
 """A model whose predict_fn yields chat chunk objects as dicts: the built-in runtime
-encodes each item as JSON, one chunk an item, without a line's end (DESIGN 2.13: "in the
-built-in runtime, one per item a generator yields")."""
+encodes each item as JSON, one chunk an item, without a line's end: the door streams one
+chunk object per item a generator yields."""
 
 import json
 
