@@ -137,7 +137,11 @@ class Gateway:
         self.invocations = Invocations(
             self.router,
             shadows=self.shadows,
-            sessions=Sessions(ttl_s=settings.session_ttl_s, max_open=settings.max_sessions),
+            sessions=Sessions(
+                ttl_s=settings.session_ttl_s,
+                max_ttl_s=settings.session_max_ttl_s,
+                max_open=settings.max_sessions,
+            ),
             region=settings.region,
             account_id=settings.account_id,
         )

@@ -89,9 +89,15 @@ class Settings(BaseSettings):
     from 1 to a week; using it does not extend it. A model's own sessions last as long
     as it says; this is for those the gateway names for a model that names none."""
 
+    session_max_ttl_s: float = Field(default=6 * 3600.0, ge=1, le=7 * 24 * 3600)
+    """The longest a model's own session may last, in seconds from when it opens (1 to a
+    week): an expiry the model answers later than that is cut to it, so that no session
+    holds a place, and its records, for longer."""
+
     max_sessions: int = Field(default=10_000, ge=1, le=10_000_000)
-    """Open sessions per endpoint, counted by each gateway for those opened through it;
-    beyond it a NEW_SESSION is refused with ThrottlingException."""
+    """Open sessions per endpoint and gateway: each gateway counts those opened through
+    it, so an endpoint served by several may have as many through each; beyond it a
+    NEW_SESSION is refused with ThrottlingException."""
 
     max_payload_bytes: int = 6 * 1024 * 1024
     """Largest request body the runtime accepts (SageMaker's 6 MB)."""

@@ -175,3 +175,36 @@ def test_open_sessions_are_bounded_per_endpoint(
         ask(rt, "few", SessionId="NEW_SESSION")
     ask(rt, "few", b"close", SessionId=kept)
     assert opens()
+
+
+def test_a_model_cannot_keep_a_session_for_ever_nor_take_anothers(
+    gateway_factory: Callable[..., GatewayProcess],
+) -> None:
+    """A model's expiry is cut to SHIPYARD_SESSION_MAX_TTL_S from the answer; an id the
+    model answers that is another instance's open session is the model's error, and the
+    session stays on its instance."""
+    gw = gateway_factory(extra_env={"SHIPYARD_SESSION_MAX_TTL_S": "60"})
+    deploy(gw.sm, "hostile", (MODELS / "stateful").as_uri(), image=CONTAINER, count=2)
+    rt = gw.client("sagemaker-runtime", max_attempts=1)
+
+    forever = json.dumps({"expires": "9999-12-31T23:59:59Z"}).encode()
+    first, out = ask(rt, "hostile", forever, SessionId="NEW_SESSION")
+    session = out["NewSessionId"].split(";")[0]
+    assert abs(_expiry(out["NewSessionId"]) - (time.time() + 60)) < 15
+
+    # NEW_SESSIONs naming that id: its own instance may open it again; the other's
+    # answer is refused, until one reaches it.
+    taking = json.dumps({"id": session}).encode()
+
+    def refused_to_the_other() -> bool:
+        try:
+            reopened, _ = ask(rt, "hostile", taking, SessionId="NEW_SESSION")
+        except ClientError as exc:
+            assert exc.response["Error"]["Code"] == "ModelError", exc.response
+            assert "open on another instance" in str(exc)
+            return True
+        assert reopened["pid"] == first["pid"]
+        return False
+
+    wait_until(refused_to_the_other, "a NEW_SESSION answered by the other instance", 30)
+    assert ask(rt, "hostile", SessionId=session)[0]["pid"] == first["pid"]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from shipyard.errors import ModelError
 from shipyard.routing.instance import Instance
 from shipyard.routing.session_closes import SessionCloses
 from shipyard.routing.sessions import Sessions, key
@@ -155,6 +156,46 @@ def test_a_models_own_session_is_routed_by_every_gateway_of_the_store(
         assert asyncio.run(b.fetch("e", "m-1")) is False
         asyncio.run(b_loop.exchange())
         assert ClosedSessions(a_store.engine).purge(now[0]) == 0
+    finally:
+        a_store.close()
+        b_store.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_a_model_cannot_take_a_session_open_through_another_gateway(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A model's id live on an instance, recorded by one gateway, is not moved by another
+    gateway whose model (another instance, or copy) answers the same id: that answer is
+    the model's error, and the session stays where it is, in the store and here."""
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'meta.db'}"
+    else:
+        url = request.getfixturevalue("pg_schema").url
+    a_store, b_store = _stores(url, 2)
+    now = [1_000.0]
+    held = Instance("i-1", "v", "http://127.0.0.1:9")
+    other = Instance("i-2", "v", "http://127.0.0.1:10")
+    try:
+        a = Sessions(key=b"k" * 32, clock=lambda: now[0])
+        b = Sessions(key=b"k" * 32, clock=lambda: now[0])
+        a.pins, b.pins = SessionPins(a_store.engine), SessionPins(b_store.engine)
+        a.opened("e", held, b"m-1; Expires=1970-01-01T00:25:00Z")
+        asyncio.run(a.share("e", "m-1"))
+        b.opened("e", other, b"m-1")  # b knows nothing of it: the store does
+        with pytest.raises(ModelError, match="open on another instance"):
+            asyncio.run(b.share("e", "m-1"))
+        assert b.where("e", "m-1") is None  # no longer pinned here
+        assert asyncio.run(b.fetch("e", "m-1")) is True
+        assert b.where("e", "m-1") == (held.digest, 1_500.0)
+
+        pins = SessionPins(b_store.engine)
+        assert pins.record(key("e", "m-1"), other.digest, 1_400.0, now[0]) is False
+        assert pins.record(key("e", "m-1"), held.digest, 1_400.0, now[0]) is True  # its own
+        assert pins.find(key("e", "m-1"), now[0]) == (held.digest, 1_400.0)
+        now[0] = 1_400.0  # expired: any instance may use the id again
+        assert pins.record(key("e", "m-1"), other.digest, 2_000.0, now[0]) is True
+        assert pins.find(key("e", "m-1"), now[0]) == (other.digest, 2_000.0)
     finally:
         a_store.close()
         b_store.close()

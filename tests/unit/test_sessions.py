@@ -175,6 +175,75 @@ def test_open_sessions_are_bounded_per_endpoint_and_expired_ones_make_room() -> 
     assert repr(sessions) == "Sessions(live=3, ttl_s=10, max_open=3)"
 
 
+def test_a_models_expiry_is_cut_to_the_longest_a_session_may_last() -> None:
+    """A model that names the last time there is holds its place for ``max_ttl_s``."""
+    now = [1_000.0]
+    sessions = Sessions(ttl_s=60, max_ttl_s=3_600, max_open=1, clock=lambda: now[0])
+    sid, header = sessions.opened("e", ONE, b"s-1; Expires=9999-12-31T23:59:59Z")
+    assert header == b"s-1; Expires=1970-01-01T01:16:40Z"  # 1,000 + 3,600
+    # A sooner expiry, or the gateway's lifetime, stand.
+    assert sessions.opened("f", ONE, b"s-2; Expires=1970-01-01T00:20:00Z")[1].endswith(b"00:20:00Z")
+    with pytest.raises(Throttling):
+        sessions.admit("e")
+    now[0] = 4_600.0
+    with pytest.raises(RuntimeValidationError):
+        _on(sessions, "e", sid)
+    sessions.admit("e")
+
+
+def test_a_withdrawn_endpoints_sessions_and_expired_ones_are_forgotten() -> None:
+    """The table of an endpoint withdrawn (deleted, its fleet gone) takes its sessions
+    with it; a NEW_SESSION of any endpoint forgets those expired, so what is kept follows
+    the live sessions, also of endpoints no longer asked for new ones."""
+    now = [0.0]
+    sessions = Sessions(ttl_s=10, clock=lambda: now[0])
+    router = Router(timeout_s=5)
+    Invocations(router, sessions=sessions)
+    router.publish(_table(9))
+    for n in range(3):
+        _open(sessions, "e", ONE, f"m-{n}".encode())
+        _open(sessions, "e", TWO)
+    _open(sessions, "f", ONE, b"stays; Expires=1970-01-01T01:00:00Z")
+    assert repr(sessions).startswith("Sessions(live=7,")
+    router.withdraw("e")
+    assert repr(sessions).startswith("Sessions(live=1,") and sessions.count("e") == 0
+    with pytest.raises(RuntimeValidationError, match="unknown here"):
+        _on(sessions, "e", "m-0")
+    # Sessions of an endpoint that opens no more: forgotten once expired.
+    for n in range(5):
+        _open(sessions, "g", ONE, f"g-{n}".encode())
+    now[0] = 10.0
+    sessions.admit("f")
+    assert repr(sessions).startswith("Sessions(live=1,")
+    # Sessions opened and closed by the thousand leave no trace behind them either.
+    for _ in range(20_000):
+        sid = _open(sessions, "f", ONE)
+        sessions.close(sid, "f", ONE)
+        now[0] += 0.0001
+    assert len(sessions._expiries) < 5_000 and repr(sessions).startswith("Sessions(live=1,")
+
+
+def test_a_model_cannot_take_another_instances_session() -> None:
+    """An id the model answers that is a session live on another instance (or copy) is
+    its error: the session stays. Its own instance may open it again, and once it has
+    expired or closed any may."""
+    now = [1_000.0]
+    sessions = Sessions(ttl_s=60, key=b"k" * 32, clock=lambda: now[0])
+    _open(sessions, "e", ONE, b"m-1")
+    own = _open(sessions, "e", ONE)
+    for taken in (b"m-1", b"m-1; Expires=9999-12-31T23:59:59Z", own.encode()):
+        with pytest.raises(ModelError, match="open on another instance"):
+            sessions.opened("e", TWO, taken)
+    assert _on(sessions, "e", "m-1") is ONE and _on(sessions, "e", own) is ONE
+    assert sessions.opened("e", ONE, b"m-1")[0] == "m-1"  # its own instance again
+    assert sessions.opened("f", TWO, b"m-1")[0] == "m-1"  # another endpoint's own
+    sessions.close("m-1", "e", ONE)
+    assert sessions.opened("e", TWO, b"m-1")[0] == "m-1"  # closed: free again
+    assert _on(sessions, "e", "m-1") is TWO
+    now[0] += 61
+    assert sessions.opened("e", ONE, b"m-1")[0] == "m-1"  # expired: free again
+
+
 def test_a_request_waiting_for_its_sessions_instance_takes_no_other_turn() -> None:
     """A session's request waits for its own instance; an instance freed meanwhile goes
     to the requests without a session, as LEAST_OUTSTANDING_REQUESTS would route them."""

@@ -80,6 +80,7 @@ class Invocations:
         self.router = router
         self.shadows = shadows
         self.sessions = sessions or Sessions()
+        router.withdrawn = self.sessions.forget  # an endpoint's sessions go with its table
         self.region = region
         self.account_id = account_id
 

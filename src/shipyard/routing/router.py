@@ -161,6 +161,9 @@ class Router:
         self.copies_pending: Callable[[str, str], int] | None = None
         """Per (endpoint, shadow variant), the copies sent to it and not yet answered
         (routing/shadow.py), which may wait in the copier rather than in a queue here."""
+        self.withdrawn: Callable[[str], None] = _forgotten
+        """Told the name of each endpoint taken out of routing (``withdraw``): what is
+        kept per endpoint beside the table goes with it (routing/invocation.py sets it)."""
         self._rng = rng or random.Random()
         self._deadlines = Deadlines()
         self._resumed: set[asyncio.Task[None]] = set()
@@ -195,7 +198,10 @@ class Router:
         return old
 
     def withdraw(self, name: str) -> EndpointRoute | None:
+        """Take endpoint ``name``'s table out: its waiting requests look again (and find
+        none), and ``withdrawn`` forgets what was kept for it."""
         old = self.routes.pop(name, None)
+        self.withdrawn(name)
         if old is not None:
             for variant in (*old.variants, *old.components.values()):
                 variant.wake_all()
@@ -1012,6 +1018,10 @@ class _Queued:
             tell(response, model_s, error)
         except Exception:
             log.exception("answering a call that waited for an instance failed")
+
+
+def _forgotten(endpoint: str) -> None:
+    pass
 
 
 def _nothing() -> None:

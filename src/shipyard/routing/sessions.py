@@ -5,7 +5,9 @@ copy, that holds it.
 A request with ``SessionId: NEW_SESSION`` is routed as any other and reaches the model
 unchanged. The model creates the session and answers
 ``X-Amzn-SageMaker-New-Session-Id: <id>; Expires=<time>``; the gateway passes that on and
-pins the id to the instance that answered, until the time the model gave. A model that
+pins the id to the instance that answered, until the time the model gave (at most
+``max_ttl_s`` on: a later one is cut to it). An id the model answers that names a session
+live on another instance is the model's error, and that session stays. A model that
 answers no id (one written without sessions) gets the gateway's own: an id made here,
 lasting ``ttl_s`` from the answer. Later requests naming the id go to its instance, with
 the id in the same header, while the session lives: until it expires, the model closes
@@ -14,7 +16,9 @@ that the id is a ValidationError, as SageMaker's is.
 
 **Bounded.** A gateway keeps at most ``max_open`` sessions per endpoint opened through
 it; beyond that a NEW_SESSION is refused (ThrottlingException) before it reaches the
-model, and expired sessions free their places. What it learned of other gateways'
+model, and expired sessions free their places: each NEW_SESSION first forgets the
+sessions expired by then (in order of expiry, so at little cost), and an endpoint taken
+out of routing is forgotten whole (``forget``). What it learned of other gateways'
 sessions, and the closes, are bounded as well (``MAX_KNOWN``, ``MAX_CLOSED``).
 
 **Across gateways.** The gateway's own ids say where the session lives: they carry the
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import heapq
 import hmac
 import logging
 import math
@@ -57,6 +62,7 @@ REQUEST_HEADER = b"x-amzn-sagemaker-session-id"
 NEW_HEADER = b"x-amzn-sagemaker-new-session-id"
 CLOSED_HEADER = b"x-amzn-sagemaker-closed-session-id"
 DEFAULT_TTL_S = 20 * 60.0
+DEFAULT_MAX_TTL_S = 6 * 3600.0
 DEFAULT_MAX_OPEN = 10_000
 MAX_CLOSING = 100_000
 """Closes kept for the store's other gateways while it cannot be written."""
@@ -78,7 +84,8 @@ _ID_CHARS = 2 * (_PAYLOAD.size + _MAC_BYTES)
 _VALID_ID = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9])*")
 """botocore's pattern for a session id (at most 256 characters)."""
 _MAX_ID = 256
-_SWEEP_S = 1.0
+_COMPACT_MIN = 1024
+"""Expiries of sessions no longer open kept before the heap of expiries is rebuilt."""
 _LAST_TIME = 253402300799.0
 """9999-12-31T23:59:59Z: the last time an expiry can say."""
 
@@ -90,11 +97,13 @@ class Sessions:
         self,
         *,
         ttl_s: float = DEFAULT_TTL_S,
+        max_ttl_s: float = DEFAULT_MAX_TTL_S,
         max_open: int = DEFAULT_MAX_OPEN,
         clock: Callable[[], float] = time.time,
         key: bytes | None = None,
     ) -> None:
         self.ttl_s = ttl_s
+        self.max_ttl_s = max_ttl_s
         self.max_open = max_open
         self._clock = clock
         self.key = key if key is not None else secrets.token_bytes(32)
@@ -111,7 +120,11 @@ class Sessions:
         self.closing: list[tuple[str, float]] = []
         """Closes (key, expiry) answered here and not yet shared with the store's other
         gateways (routing/session_closes.py takes them)."""
-        self._swept: dict[str, float] = {}
+        self._expiries: list[tuple[float, str, str]] = []
+        """A heap of (expiry, endpoint, id) of the sessions opened here, the earliest
+        first; some no longer open (closed, forgotten, opened again) until they expire or
+        the heap is rebuilt (``_compact_at``)."""
+        self._compact_at = _COMPACT_MIN
 
     def __repr__(self) -> str:
         live = sum(len(o) for o in self._open.values())
@@ -126,16 +139,15 @@ class Sessions:
 
     def admit(self, endpoint: str) -> None:
         """A NEW_SESSION for ``endpoint`` may go to the model: fewer than ``max_open`` of
-        its sessions opened here live (the expired ones are forgotten to make room).
+        its sessions opened here live (the expired ones, of every endpoint, are forgotten
+        first).
 
         Raises:
             Throttling: as many as that live.
         """
+        self._expire()
         opened = self._open.get(endpoint)
-        if opened is None or len(opened) < self.max_open:
-            return
-        self._sweep(endpoint, opened)
-        if len(opened) >= self.max_open:
+        if opened is not None and len(opened) >= self.max_open:
             raise Throttling(
                 f"Endpoint {endpoint} has {self.max_open} open sessions, the most it may "
                 "have: close one or wait for one to expire before opening another."
@@ -150,23 +162,33 @@ class Sessions:
         gateway's own (signed, naming the instance), lasting ``ttl_s``.
 
         Raises:
-            ModelError: the model answered a New-Session-Id that is not one.
+            ModelError: the model answered a New-Session-Id that is not one, or one that
+                names a session live on another instance (which stays there).
         """
         digest = instance.digest if instance is not None else b""
         if answered:
             session_id, expires = self._read_header(answered)
+            try:
+                live = self.where(endpoint, session_id)
+            except RuntimeValidationError:
+                live = None  # expired or closed: the model may use the id again
+            if live is not None and live[0] != digest:
+                raise taken(session_id, answered)
         else:
             expires = float(math.ceil(self._clock() + self.ttl_s))  # whole seconds
             payload = _PAYLOAD.pack(int(expires), secrets.token_bytes(8), digest)
             session_id = (payload + self._mac(endpoint, payload)).hex()
+        self._expire()
         opened = self._open.setdefault(endpoint, {})
         opened[session_id] = (digest, expires)
+        heapq.heappush(self._expiries, (expires, endpoint, session_id))
         self._closed.pop(key(endpoint, session_id), None)  # a model may reuse its ids
         return session_id, f"{session_id}; Expires={_iso(expires)}".encode()
 
     def _read_header(self, value: bytes) -> tuple[str, float]:
         """(id, expiry) of a model's New-Session-Id: ``<id>; Expires=<ISO 8601 time>``.
-        Without an Expires, or with one no date, the gateway's ``ttl_s`` from now."""
+        Without an Expires, or with one no date, the gateway's ``ttl_s`` from now; one
+        later than ``max_ttl_s`` from now, that (whole seconds)."""
         text = value.decode("latin-1")
         session_id, _, rest = text.partition(";")
         session_id = session_id.strip()
@@ -182,23 +204,37 @@ class Sessions:
             name, _, at = part.strip().partition("=")
             if name.strip().lower() == "expires":
                 expires = _parse_time(at.strip())
+        now = self._clock()
         if expires is None:
-            expires = float(math.ceil(self._clock() + self.ttl_s))
-        return session_id, expires
+            expires = float(math.ceil(now + self.ttl_s))
+        return session_id, min(expires, float(math.floor(now + self.max_ttl_s)))
 
     async def share(self, endpoint: str, session_id: str) -> None:
         """Record a model's own id opened here in the store, so that every gateway of it
         routes the session: before the client has the id. The gateway's own ids need no
-        record; nor does a gateway without a store."""
+        record; nor does a gateway without a store.
+
+        Raises:
+            ModelError: the store has the id live on another instance (opened through
+                another gateway): it stays there, and is no longer pinned here.
+        """
         pins = self.pins
         pin = self._open.get(endpoint, {}).get(session_id)
         if pins is None or pin is None or self._signed(endpoint, session_id) is not None:
             return
         try:
-            await asyncio.to_thread(pins.record, key(endpoint, session_id), *pin)
+            recorded = await asyncio.to_thread(
+                pins.record, key(endpoint, session_id), *pin, self._clock()
+            )
         except Exception:
             log.exception("recording session %s in the store failed: this gateway alone "
                           "routes it", session_id)  # fmt: skip
+            return
+        if not recorded:  # live on another instance, opened through another gateway
+            opened = self._open.get(endpoint)
+            if opened is not None and opened.get(session_id) == pin:
+                del opened[session_id]
+            raise taken(session_id, session_id.encode())
 
     # -- following --------------------------------------------------------------------
 
@@ -309,15 +345,39 @@ class Sessions:
         signed = endpoint.encode() + b"\0" + payload
         return hmac.new(self.key, signed, hashlib.sha256).digest()[:_MAC_BYTES]
 
-    def _sweep(self, endpoint: str, opened: dict[str, Pin]) -> None:
-        """Forget ``endpoint``'s expired sessions, at most once a second: a full endpoint
-        refusing many NEW_SESSIONs does not read them all each time."""
-        now = self._clock()
-        if now - self._swept.get(endpoint, 0.0) < _SWEEP_S:
-            return
-        self._swept[endpoint] = now
-        for session_id in [s for s, (_, expires) in opened.items() if expires <= now]:
-            del opened[session_id]
+    def forget(self, endpoint: str) -> None:
+        """``endpoint`` is out of routing (deleted, or its fleet gone): forget its
+        sessions opened here and those learned from the store. Its gateway ids name
+        instances no table holds; a later request naming one of its sessions is refused,
+        as one whose instance is gone."""
+        self._open.pop(endpoint, None)
+        for known in [k for k in self._known if k[0] == endpoint]:
+            del self._known[known]
+
+    def _expire(self) -> None:
+        """Forget the sessions opened here that have expired, earliest first: each is
+        looked at once, when it expires. The heap keeps the expiries of sessions closed
+        or forgotten until theirs come; when those make up most of it, it is rebuilt
+        from the open ones (at a cost shared by the sessions opened since)."""
+        expiries, now = self._expiries, self._clock()
+        while expiries and expiries[0][0] <= now:
+            expires, endpoint, session_id = heapq.heappop(expiries)
+            opened = self._open.get(endpoint)
+            if opened is None:
+                continue
+            pin = opened.get(session_id)
+            if pin is not None and pin[1] == expires:
+                del opened[session_id]
+                if not opened:
+                    del self._open[endpoint]
+        if len(expiries) > self._compact_at:
+            expiries[:] = [
+                (expires, endpoint, session_id)
+                for endpoint, opened in self._open.items()
+                for session_id, (_, expires) in opened.items()
+            ]
+            heapq.heapify(expiries)
+            self._compact_at = 2 * len(expiries) + _COMPACT_MIN
 
 
 def key(endpoint: str, session_id: str) -> str:
@@ -334,6 +394,17 @@ def header_at(headers: list[tuple[bytes, bytes]]) -> int:
         if name == SESSION_ID or name == REQUEST_HEADER:
             return n
     return -1
+
+
+def taken(session_id: str, answered: bytes) -> ModelError:
+    """The model answered a new session id that is another instance's live session."""
+    text = answered.decode("latin-1")[:300]
+    return ModelError(
+        f"The model answered new session id {session_id[:300]}, which names a session "
+        "open on another instance of the endpoint: refused, and that session stays there.",
+        original_status_code=200,
+        original_message=text,
+    )
 
 
 def gone(session_id: str) -> RuntimeValidationError:

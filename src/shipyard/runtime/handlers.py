@@ -115,7 +115,8 @@ class Context:
     def open_session(self, session_id: str, expires: datetime | float | None = None) -> None:
         """Answer this NEW_SESSION request by opening session ``session_id`` (letters,
         digits and single hyphens, at most 256 characters), lasting until ``expires``: a
-        datetime (UTC unless it says otherwise) or Unix time; None, the gateway's default
+        datetime (UTC unless it says otherwise) or Unix time, which the gateway cuts to
+        ``SHIPYARD_SESSION_MAX_TTL_S`` from now; None, the gateway's default
         (``SHIPYARD_SESSION_TTL_S``). The gateway reads it only on a NEW_SESSION."""
         if len(session_id) > _MAX_SESSION_ID or not _SESSION_ID.fullmatch(session_id):
             raise ValueError(f"not a session id: {session_id[:300]!r}")

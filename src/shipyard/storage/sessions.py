@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sqlalchemy import Engine, delete, func, insert, select
+from sqlalchemy import Engine, delete, func, insert, or_, select
 
 from shipyard.storage import tables as t
-from shipyard.storage.transactions import transaction
+from shipyard.storage.transactions import insert_new, transaction
 
 _C = t.closed_sessions
 _P = t.session_pins
@@ -83,14 +83,19 @@ class SessionPins:
     def __repr__(self) -> str:
         return f"SessionPins({self.engine.url.render_as_string(hide_password=True)!r})"
 
-    def record(self, key: str, instance: bytes, expires: float) -> None:
-        """Session ``key`` lives on the instance of digest ``instance`` until ``expires``
-        (a model that reuses an id moves it)."""
+    def record(self, key: str, instance: bytes, expires: float, now: float) -> bool:
+        """Session ``key`` lives on the instance of digest ``instance`` until ``expires``;
+        False, and nothing changed, when the store has it open at ``now`` on another
+        instance (a model cannot take another's session). One the same instance opens
+        again, or one expired, is replaced (a model may reuse its ids)."""
+        held = instance.hex()
         with transaction(self.engine) as conn:
-            conn.execute(delete(_P).where(_P.c.session_key == key))
-            conn.execute(
-                insert(_P).values(session_key=key, instance=instance.hex(), expires=expires)
-            )
+            # Only a row this call may replace goes: a live one of another instance stays,
+            # and the insert then does nothing (also when another gateway's, at once, won).
+            replaceable = or_(_P.c.instance == held, _P.c.expires <= now)
+            conn.execute(delete(_P).where(_P.c.session_key == key, replaceable))
+            row = {"session_key": key, "instance": held, "expires": expires}
+            return insert_new(conn, _P, row, ["session_key"])
 
     def find(self, key: str, now: float) -> tuple[bytes, float] | None:
         """(instance digest, expiry) of session ``key``, open at ``now``; None otherwise."""

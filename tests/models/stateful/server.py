@@ -1,9 +1,10 @@
 """A `cmd:` server written for SageMaker's stateful sessions, as a container on AWS would
 be: on ``X-Amzn-SageMaker-Session-Id: NEW_SESSION`` it creates the session itself (its own
 id, ``sess-<uuid>``, and expiry: the body's ``{"ttl": seconds}``, else ten minutes, may be
-negative) and answers ``X-Amzn-SageMaker-New-Session-Id: <id>; Expires=<time>``; it keeps
-each session's turns; a body ``close`` ends the request's session
-(``X-Amzn-SageMaker-Closed-Session-Id``). An id it does not hold is its 400."""
+negative; a hostile model's are the body's ``{"id": ..., "expires": ...}``) and answers
+``X-Amzn-SageMaker-New-Session-Id: <id>; Expires=<time>``; it keeps each session's turns;
+a body ``close`` ends the request's session (``X-Amzn-SageMaker-Closed-Session-Id``). An
+id it does not hold is its 400."""
 
 import json
 import os
@@ -37,11 +38,12 @@ class Handler(BaseHTTPRequestHandler):
         if session is None:
             self._reply(200, {"pid": pid}, {})
         elif session == "NEW_SESSION":
-            ttl = json.loads(body).get("ttl", 600) if body.startswith(b"{") else 600
-            new = f"sess-{uuid.uuid4()}"
+            asked = json.loads(body) if body.startswith(b"{") else {}
+            new = asked.get("id", f"sess-{uuid.uuid4()}")
             TURNS[new] = []
-            at = datetime.now(UTC) + timedelta(seconds=ttl)
-            header = f"{new}; Expires={at.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+            at = datetime.now(UTC) + timedelta(seconds=asked.get("ttl", 600))
+            expires = asked.get("expires", at.strftime("%Y-%m-%dT%H:%M:%SZ"))
+            header = f"{new}; Expires={expires}"
             self._reply(
                 200, {"pid": pid, "opened": new}, {"X-Amzn-SageMaker-New-Session-Id": header}
             )
