@@ -170,6 +170,18 @@ _CALLER = tuple(wildcard(p) for p in CALLER_VARIABLES)
 _INTERPRETER = tuple(wildcard(p) for p in INTERPRETER_VARIABLES)
 
 
+def gateway_variable_refusal(name: str) -> str | None:
+    """Why no caller may set the variable ``name``, with ``auth:`` or without: it is one
+    of the gateway's own (GATEWAY_VARIABLES). None when it is not. ``check_process`` and
+    ``shipyard apply``'s check of a stack file (cli/shapes.py) both ask here."""
+    if name in GATEWAY_VARIABLES:
+        return (
+            f"{name!r} is the gateway's own variable, set by the gateway itself; a caller "
+            "may never set it."
+        )
+    return None
+
+
 def environment_refusal(
     name: str, *, allow_commands: bool, allowed: Iterable[re.Pattern[str]] = ()
 ) -> str | None:
@@ -188,7 +200,7 @@ def environment_refusal(
             "is an interpreter, loader or shell variable, which can make a process run "
             "code or read settings from elsewhere; a caller may never set it"
         )
-    if name in GATEWAY_VARIABLES:
+    if gateway_variable_refusal(name) is not None:
         return "is set by the gateway itself"
     if allow_commands or _matches(name, _CALLER) or _matches(name, allowed):
         return None
@@ -254,11 +266,8 @@ class HostAccess:
         if environment is not None and not isinstance(environment, Mapping):
             raise InvalidParameter(f"{environment_field}: a map of names to values is expected.")
         for name in environment or {}:
-            if str(name) in GATEWAY_VARIABLES:
-                raise InvalidParameter(
-                    f"{environment_field}: {str(name)!r} is the gateway's own variable, set "
-                    "by the gateway itself; a caller may never set it."
-                )
+            if (why := gateway_variable_refusal(str(name))) is not None:
+                raise InvalidParameter(f"{environment_field}: {why}")
         if not self.enforced:
             return
         if image and image.startswith("cmd:") and not self.allow_commands:

@@ -460,7 +460,8 @@ class AsyncRequest:
     failure_reason: str | None = None
     id: int | None = None
     body: bytes | None = None
-    """The input sent inline (InvokeEndpointAsync's Body), kept with the request."""
+    """The input sent inline (InvokeEndpointAsync's Body), kept with the request until it
+    finishes (then cleared)."""
 
 
 SAGEMAKER_NAMESPACE = "sagemaker"

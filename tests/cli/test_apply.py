@@ -384,6 +384,101 @@ def test_a_field_the_create_calls_refuse_stops_apply_before_any_change(
     assert "half" not in {m["ModelName"] for m in gw.sm.list_models()["Models"]}
 
 
+def test_a_gateway_variable_in_any_environment_stops_apply_before_any_change(
+    gw: GatewayProcess, artifacts: dict[str, str], tmp_path: Path
+) -> None:
+    """The gateway refuses its own variables to every caller, with auth: or without: the
+    file is refused whole rather than model ``gvok`` created and ``gvbad`` refused."""
+    content = stack("gvok", artifacts["echo"])
+    content["models"]["gvbad"] = {
+        "Containers": [
+            {"Image": "shipyard/python", "ModelDataUrl": artifacts["echo"]},
+            {
+                "Image": "shipyard/python",
+                "ModelDataUrl": artifacts["echo"],
+                "Environment": {"SHIPYARD_INSTANCE_ID": "x"},
+            },
+        ],
+        "ExecutionRoleArn": ROLE,
+    }
+    content["inference_components"] = {
+        "gvc": {
+            "EndpointName": "gvok",
+            "VariantName": "v1",
+            "Specification": {
+                "Container": {
+                    "Image": "shipyard/python",
+                    "ArtifactUrl": artifacts["echo"],
+                    "Environment": {"SAGEMAKER_BIND_TO_PORT": "1"},
+                },
+                "ComputeResourceRequirements": {"MinMemoryRequiredInMb": 512},
+            },
+            "RuntimeConfig": {"CopyCount": 1},
+        }
+    }
+    content["jobs"] = {"templates": {"train": {"Environment": {"SHIPYARD_WORKER_SOCKET": "x"}}}}
+    path = write(tmp_path / "gv.yaml", content)
+    lines = path.read_text().splitlines()
+
+    def line(name: str) -> int:
+        return next(n for n, text in enumerate(lines, 1) if name in text)
+
+    out = shipyard(gw, "apply", str(path), "--yes")
+    assert out.exit_code == 2, out.output
+    own = "is the gateway's own variable, set by the gateway itself; a caller may never set it."
+    assert out.stderr.splitlines() == [
+        f"error: {path}:{line('SHIPYARD_INSTANCE_ID')}: models.gvbad.Containers[1].Environment."
+        f"SHIPYARD_INSTANCE_ID: 'SHIPYARD_INSTANCE_ID' {own}",
+        f"error: {path}:{line('SAGEMAKER_BIND_TO_PORT')}: inference_components.gvc."
+        f"Specification.Container.Environment.SAGEMAKER_BIND_TO_PORT: "
+        f"'SAGEMAKER_BIND_TO_PORT' {own}",
+        f"error: {path}:{line('SHIPYARD_WORKER_SOCKET')}: jobs.templates.train.Environment."
+        f"SHIPYARD_WORKER_SOCKET: 'SHIPYARD_WORKER_SOCKET' {own}",
+    ], out.stderr
+    # Nothing was applied: not even model gvok, which is fine and comes first.
+    assert not {"gvok", "gvbad"} & {m["ModelName"] for m in gw.sm.list_models()["Models"]}
+    # The gateway says the same of the model when asked: the rule is one.
+    with pytest.raises(gw.sm.exceptions.ClientError) as refused:
+        gw.sm.create_model(ModelName="gvbad", **content["models"]["gvbad"])
+    assert f"'SHIPYARD_INSTANCE_ID' {own}" in str(refused.value)
+
+
+def test_the_scaling_calls_checked_are_the_ones_apply_sends(
+    gw: GatewayProcess, artifacts: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shipyard.cli import shapes
+
+    checked: dict[str, dict[str, Any]] = {}
+    validate = shapes._validate
+
+    def recorded(service: str, operation: str, params: dict[str, Any]) -> Any:
+        if service == "application-autoscaling":
+            checked[operation] = params
+        return validate(service, operation, params)
+
+    monkeypatch.setattr(shapes, "_validate", recorded)
+    content = stack("sc", artifacts["echo"])
+    content["scaling"]["sc/v1"]["ScaleInCooldown"] = 30
+    path = write(tmp_path / "scstack.yaml", content)
+    out = shipyard(gw, "apply", str(path), "--yes")
+    assert out.exit_code == 0, out.output
+    try:
+        scaling = gw.client("application-autoscaling")
+        where = {"ServiceNamespace": "sagemaker", "ResourceIds": ["endpoint/sc/variant/v1"]}
+        [target] = scaling.describe_scalable_targets(**where)["ScalableTargets"]
+        [policy] = scaling.describe_scaling_policies(
+            ServiceNamespace="sagemaker", ResourceId="endpoint/sc/variant/v1"
+        )["ScalingPolicies"]
+        sent_target = {k: target[k] for k in checked["RegisterScalableTarget"]}
+        assert checked["RegisterScalableTarget"] == sent_target
+        assert set(checked["RegisterScalableTarget"]) >= {"MinCapacity", "MaxCapacity"}
+        sent_policy = {k: policy[k] for k in checked["PutScalingPolicy"]}
+        assert checked["PutScalingPolicy"] == sent_policy
+        assert sent_policy["PolicyName"] == "shipyard-stack-scstack"
+    finally:
+        assert shipyard(gw, "destroy", str(path), "--yes").exit_code == 0
+
+
 def test_a_request_boto3_refuses_is_reported_as_invalid_not_as_unreachable() -> None:
     # No gateway at this URL: boto3 refuses the call before trying to send it.
     gateway = Gateway("http://127.0.0.1:9")

@@ -5,6 +5,7 @@ alarm's state, history and event written together."""
 from __future__ import annotations
 
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
@@ -206,6 +207,35 @@ def test_callers_series_are_bounded_in_all_and_per_key(store: MetricStore) -> No
     # The gateway's own series are not callers': not counted, never refused.
     store.write([Point("AWS/SageMaker", "Invocations", DIMS, 60, 600, latency(1))], "gw", seen=600)
     assert store.find("AWS/SageMaker", "Invocations", DIMS) is not None
+
+
+@pytest.mark.parametrize("quota", [Quota(total=4, per_owner=None), Quota(total=100, per_owner=4)])
+def test_alarms_put_at_once_never_pass_their_quota(store: MetricStore, quota: Quota) -> None:
+    """Each put counts, then inserts: on PostgreSQL without a lock between them, puts
+    running at once all counted the same alarms and all went in."""
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    threads = 12
+    ready = threading.Barrier(threads)
+
+    def put(n: int) -> bool:
+        alarm = Alarm(f"a{n}", f"arn:a{n}", {}, "INSUFFICIENT_DATA", "new", None, when, when)
+        ready.wait()
+        try:
+            store.put_alarm(
+                alarm,
+                HistoryItem(f"a{n}", when, "ConfigurationUpdate", "created", "{}"),
+                owner="key",
+                quota=quota,
+            )
+        except LimitExceeded:
+            return False
+        return True
+
+    for _ in range(3):  # a few rounds, each from an emptied table
+        store.delete_alarms([a.name for a in store.list_alarms()])
+        with ThreadPoolExecutor(threads) as pool:
+            created = sum(pool.map(put, range(threads)))
+        assert created == len(store.list_alarms()) == 4
 
 
 def _events(store: MetricStore) -> list[tuple[str, ...]]:

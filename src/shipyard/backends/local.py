@@ -634,6 +634,8 @@ class LocalBackend:
         sandboxed = self.sandbox is not None and not in_image
         if self.sandbox is not None and in_image:
             argv += ["--file-roots", json.dumps([str(r) for r in self.sandbox.file_roots])]
+            # The gateway's home is no caller's, even under a root: nor is it the runner's.
+            argv += ["--hidden", json.dumps([str(h) for h in self.sandbox.hidden])]
         granted: list[tuple[int, Path]] = []
         try:
             if self.sandbox is not None and sandboxed:

@@ -55,8 +55,8 @@ def apply(
     """Converge a running gateway to a stack file: plan, confirm, apply."""
     from shipyard.cli.stack import plan_apply
 
-    stack = _load(file, shapes=True)
     name = stack_name or file.stem
+    stack = _load(file, shapes_of=name)
     with _reported():
         gateway = Gateway(url)
         plan = plan_apply(gateway, name, stack)
@@ -95,11 +95,12 @@ def destroy(
     _carry_out(gateway, plan, yes=yes, verb="Destroy", timeout_s=timeout)
 
 
-def _load(file: Path, *, shapes: bool = False) -> StackFile:
+def _load(file: Path, *, shapes_of: str | None = None) -> StackFile:
     """The stack file, or its errors (file:line: field: message) and exit 2.
 
-    With ``shapes``, its bodies are also checked against the calls that create them
-    (cli/shapes.py), so a file that one of them would refuse changes nothing.
+    With ``shapes_of`` (the stack's name), its bodies are also checked against the calls
+    that create them and what the gateway refuses in them (cli/shapes.py), so a file that
+    one of them would refuse changes nothing.
     """
     from shipyard.stackfile import StackFile
 
@@ -107,10 +108,10 @@ def _load(file: Path, *, shapes: bool = False) -> StackFile:
         stack = StackFile.load(file)
     except ValueError as exc:
         _refuse(str(exc).splitlines())
-    if shapes:
+    if shapes_of is not None:
         from shipyard.cli.shapes import check
 
-        if errors := check(file, stack):
+        if errors := check(file, stack, shapes_of):
             _refuse(errors)
     return stack
 

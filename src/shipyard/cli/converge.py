@@ -15,7 +15,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from shipyard.cli.client import Gateway, translated
-from shipyard.cli.stack import DIMENSION, NAMESPACE, Plan, policy_name
+from shipyard.cli.stack import DIMENSION, NAMESPACE, Plan, policy_name, scaling_calls
 from shipyard.errors import GatewayError
 
 _POLL_PERIOD_S = 0.25
@@ -143,22 +143,10 @@ def _apply_components(
 def _put_scaling(gateway: Gateway, plan: Plan) -> None:
     scaling = gateway.client("application-autoscaling")
     for rid, body in plan.scaling:
+        (_, target), (_, policy) = scaling_calls(plan.stack, rid, body)
         with translated(gateway.url, about=rid):
-            scaling.register_scalable_target(
-                ServiceNamespace=NAMESPACE,
-                ResourceId=rid,
-                ScalableDimension=DIMENSION,
-                MinCapacity=body["MinCapacity"],
-                MaxCapacity=body["MaxCapacity"],
-            )
-            scaling.put_scaling_policy(
-                PolicyName=policy_name(plan.stack),
-                ServiceNamespace=NAMESPACE,
-                ResourceId=rid,
-                ScalableDimension=DIMENSION,
-                PolicyType="TargetTrackingScaling",
-                TargetTrackingScalingPolicyConfiguration=body["Policy"],
-            )
+            scaling.register_scalable_target(**target)
+            scaling.put_scaling_policy(**policy)
 
 
 def _delete(gateway: Gateway, plan: Plan, on_progress: EndpointProgress, timeout_s: float) -> None:

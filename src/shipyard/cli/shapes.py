@@ -6,7 +6,9 @@ a RegisterScalableTarget and a PutScalingPolicy. botocore's own validator checks
 against its service model's input shape, as boto3 would when the call is made, so a field
 that boto3 would refuse half-way through an apply (an unknown member, a wrong type, a
 missing required member) is found before anything changes, and named by line; so is a
-member the gateway refuses as not done here (gateway/unsupported.py).
+member the gateway refuses as not done here (gateway/unsupported.py), and a variable of an
+``Environment`` (a model's or component's container, a job template) that is the
+gateway's own, which it refuses to every caller (host_access.gateway_variable_refusal).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from shipyard.cli.stack import resource_id, scaling_body, scaling_calls
 from shipyard.gateway import unsupported
+from shipyard.host_access import gateway_variable_refusal
 from shipyard.stackfile import Loc, StackFile, dotted, line_of, read_yaml
 
 _SECTIONS = {
@@ -30,12 +34,13 @@ _SECTIONS = {
 _SCALING = "application-autoscaling"
 
 
-def check(path: Path, stack: StackFile) -> list[str]:
+def check(path: Path, stack: StackFile, stack_name: str) -> list[str]:
     """Every way ``path``'s bodies break their calls' shapes, one line each:
-    ``<path>:<line>: <field>: <message>``; empty when there is none."""
+    ``<path>:<line>: <field>: <message>``; empty when there is none. ``stack_name`` is
+    the stack the calls are made for (it names the scaling policy)."""
     data, lines = read_yaml(path)
     out = []
-    for loc, message in _errors(data, stack):
+    for loc, message in _errors(data, stack, stack_name):
         line = line_of(loc, lines)
         where = f"{path}:{line}" if line else str(path)
         field = dotted(tuple(int(p) if p.isdigit() else p for p in loc))
@@ -43,7 +48,9 @@ def check(path: Path, stack: StackFile) -> list[str]:
     return out
 
 
-def _errors(data: Mapping[str, Any], stack: StackFile) -> Iterator[tuple[Loc, str]]:
+def _errors(
+    data: Mapping[str, Any], stack: StackFile, stack_name: str
+) -> Iterator[tuple[Loc, str]]:
     for section, (service, operation, name_member) in _SECTIONS.items():
         bodies = data.get(section) or {}
         for name, body in bodies.items():
@@ -54,39 +61,32 @@ def _errors(data: Mapping[str, Any], stack: StackFile) -> Iterator[tuple[Loc, st
                 for where, why in unsupported.refusals(operation, params):
                     yield (section, str(name), *map(str, where)), f"not supported: {why}"
     for key, target in stack.scaling.items():
-        # The calls that converge makes (cli/converge.py), from the checked section.
-        rid = f"endpoint/{key.replace('/', '/variant/', 1)}"
-        common = {
-            "ServiceNamespace": "sagemaker",
-            "ResourceId": rid,
-            "ScalableDimension": "sagemaker:variant:DesiredInstanceCount",
-        }
-        policy: dict[str, Any] = {
-            "TargetValue": float(target.TargetValue),
-            "PredefinedMetricSpecification": {"PredefinedMetricType": target.PredefinedMetricType},
-        }
-        for member in ("ScaleInCooldown", "ScaleOutCooldown"):
-            if getattr(target, member) is not None:
-                policy[member] = getattr(target, member)
-        calls = (
-            ("RegisterScalableTarget", {**common, "MinCapacity": target.MinCapacity}),
-            (
-                "PutScalingPolicy",
-                {
-                    **common,
-                    "PolicyName": "shipyard-stack",
-                    "PolicyType": "TargetTrackingScaling",
-                    "TargetTrackingScalingPolicyConfiguration": policy,
-                },
-            ),
-        )
-        for operation, params in calls:
+        # The very calls converge makes (cli/converge.py), from the checked section.
+        rid = resource_id(key)
+        for operation, params in scaling_calls(stack_name, rid, scaling_body(target)):
             for loc, message in _validate(_SCALING, operation, params):
                 # The section flattens the policy: its members sit beside MinCapacity.
                 field = (
                     loc[-1:] if loc[:1] == ("TargetTrackingScalingPolicyConfiguration",) else loc
                 )
                 yield ("scaling", key, *field), message
+    yield from _gateway_variables(data, ())
+
+
+def _gateway_variables(value: Any, loc: Loc) -> Iterator[tuple[Loc, str]]:
+    """Each variable of an ``Environment`` anywhere in the file (models' and components'
+    containers, job templates) that the gateway refuses to any caller as its own."""
+    if isinstance(value, Mapping):
+        for key, inner in value.items():
+            if key == "Environment" and isinstance(inner, Mapping):
+                for name in inner:
+                    if (why := gateway_variable_refusal(str(name))) is not None:
+                        yield (*loc, "Environment", str(name)), why
+            else:
+                yield from _gateway_variables(inner, (*loc, str(key)))
+    elif isinstance(value, list):
+        for n, inner in enumerate(value):
+            yield from _gateway_variables(inner, (*loc, str(n)))
 
 
 def _validate(service: str, operation: str, params: dict[str, Any]) -> list[tuple[Loc, str]]:

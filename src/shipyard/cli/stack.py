@@ -494,7 +494,28 @@ def _plan_components(
     return models
 
 
-def _scaling_body(target: Any) -> dict[str, Any]:
+def scaling_calls(stack: str, rid: str, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The Application Auto Scaling calls that put ``body`` (``scaling_body``) on ``rid``,
+    as (operation, parameters): what converge sends, and what cli/shapes.py checks."""
+    common = {"ServiceNamespace": NAMESPACE, "ResourceId": rid, "ScalableDimension": DIMENSION}
+    return [
+        (
+            "RegisterScalableTarget",
+            {**common, "MinCapacity": body["MinCapacity"], "MaxCapacity": body["MaxCapacity"]},
+        ),
+        (
+            "PutScalingPolicy",
+            {
+                **common,
+                "PolicyName": policy_name(stack),
+                "PolicyType": "TargetTrackingScaling",
+                "TargetTrackingScalingPolicyConfiguration": body["Policy"],
+            },
+        ),
+    ]
+
+
+def scaling_body(target: Any) -> dict[str, Any]:
     policy: dict[str, Any] = {
         "TargetValue": float(target.TargetValue),
         "PredefinedMetricSpecification": {"PredefinedMetricType": target.PredefinedMetricType},
@@ -508,7 +529,7 @@ def _scaling_body(target: Any) -> dict[str, Any]:
 def _plan_scaling(plan: Plan, live: _Live, file: StackResources) -> None:
     for key, target in file.scaling.items():
         rid = resource_id(key)
-        body = _scaling_body(target)
+        body = scaling_body(target)
         summary = f"{target.MinCapacity}..{target.MaxCapacity} at {target.TargetValue:g}"
         now = live.targets.get(rid)
         policy = live.policies.get(rid)

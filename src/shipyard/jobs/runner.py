@@ -461,11 +461,7 @@ def _lock_pid_file(path: Path) -> IO[str]:
     return pid_file
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; exits 0 once the final status line is written."""
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):  # first, so no stop request is lost
-        signal.signal(sig, lambda _sig, _frame: stop.set())
+def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m shipyard.jobs.runner")
     parser.add_argument("workdir", type=Path, help="the job's working folder, with job.json")
     parser.add_argument("--s3-endpoint-url", help="an S3-compatible endpoint instead of AWS")
@@ -476,7 +472,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="auth.file_roots as a JSON list: local locations outside them are refused "
         "(a runner started outside a sandbox, beside a training container)",
     )
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--hidden",
+        type=json.loads,
+        default=[],
+        help="with --file-roots, folders refused even under a root (the gateway's home) "
+        "as a JSON list",
+    )
+    return parser.parse_args(argv)
+
+
+def _file_roots(args: argparse.Namespace) -> FileRoots | None:
+    """The roots the runner's own opens are held to, with the gateway's hidden folders
+    refused under them, as the gateway refuses them; None: not held (a sandbox is)."""
+    if args.file_roots is None:
+        return None
+    return FileRoots(args.file_roots, hidden=args.hidden)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; exits 0 once the final status line is written."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # first, so no stop request is lost
+        signal.signal(sig, lambda _sig, _frame: stop.set())
+    args = _arguments(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     workdir: Path = args.workdir.resolve()
     try:
@@ -490,7 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             store=ArtifactStore(
                 filesystems=Filesystems(
                     s3_endpoint_url=args.s3_endpoint_url,
-                    file_roots=None if args.file_roots is None else FileRoots(args.file_roots),
+                    file_roots=_file_roots(args),
                 )
             ),
             job_log=job_log,

@@ -15,6 +15,10 @@ The queue survives restarts because it is a table. Guarantees:
 - **Compare-and-set completion.** ``finish`` succeeds only for the owner holding the lease;
   the outcome and its notification event are written in one transaction, so a request is
   announced once, by the worker whose outcome stands.
+- **Inline bodies leave with the request.** An input sent inline is kept only while its
+  request is unfinished: the transaction that finishes it (done, failed or expired) also
+  clears its body, so finished rows hold no client bytes and a finished request can never
+  be run again from one.
 """
 
 from __future__ import annotations
@@ -150,7 +154,12 @@ class AsyncQueue:
             _Q.c.owner == request.owner,
             _Q.c.status == AsyncStatus.RUNNING.value,
         )
-        values = {"status": status.value, "finished": now, "failure_reason": failure_reason}
+        values = {
+            "status": status.value,
+            "finished": now,
+            "failure_reason": failure_reason,
+            "body": None,  # an inline input is not kept past its request
+        }
         with self._tx() as conn:
             if conn.execute(update(_Q).where(held).values(**values)).rowcount != 1:
                 return False

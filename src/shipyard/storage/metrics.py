@@ -619,7 +619,16 @@ class MetricStore:
             ]
 
 
+_ALARM_QUOTA_LOCK = int(hashlib.sha256(b"shipyard.alarms.quota").hexdigest()[:15], 16)
+
+
 def _check_alarm_quota(conn: Connection, owner: str | None, quota: Quota) -> None:
+    """Refuse a new alarm past ``quota`` (LimitExceeded). The count and the insert after it
+    are one transaction under a lock, so puts at once cannot all pass one count: SQLite's
+    writers are one at a time already, PostgreSQL's take a transaction lock, as a
+    source's series writes do."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:lock)"), {"lock": _ALARM_QUOTA_LOCK})
     count = select(func.count()).select_from(t.alarms)
     if int(conn.execute(count).scalar_one()) >= quota.total:
         raise LimitExceeded(f"The maximum of {quota.total} alarms has been reached.")
