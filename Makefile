@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOME_DIR ?= $(CURDIR)/.shipyard
 PORT ?= 8080
 
-.PHONY: run test test-images coverage lint check bench bench-guard install install-dev chromium bubblewrap containers wrk clean
+.PHONY: run test test-images coverage lint docs check bench bench-guard install install-dev chromium bubblewrap containers wrk clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -79,7 +79,13 @@ lint: install-dev
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-check: lint test
+# The documentation site (mkdocs.yml, docs/) into site/: warnings are errors, and every
+# link between pages and to a heading is checked. NO_MKDOCS_2_WARNING silences a banner
+# about MkDocs 2 that Material prints on every build.
+docs: install-dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+check: lint docs test
 
 bench: install-dev
 	$(BIN)/python bench/gateway_overhead.py

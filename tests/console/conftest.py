@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-# The README's screenshots are taken by these tests: SHIPYARD_CONSOLE_SCREENSHOTS=docs/console
-# refreshes them; otherwise they go to a scratch folder, so a test run leaves the tree as is.
+# The screenshots of docs/guides/console.md are taken by these tests:
+# SHIPYARD_CONSOLE_SCREENSHOTS=docs/console refreshes them; otherwise they go to a scratch
+# folder, so a test run leaves the tree as is.
 SCREENSHOTS = Path(
     os.environ.get("SHIPYARD_CONSOLE_SCREENSHOTS")
     or Path(tempfile.gettempdir()) / "shipyard-console-screenshots"

@@ -2,8 +2,8 @@
 
 A gateway's data path runs on its event loop, and one loop is at most one core: on a
 machine with cores to spare, one gateway caps every endpoint behind it
-(bench/results/lead.md, "On 16 cores"). Workers are what the README's "Several gateways
-on one database" already allows, on one host and one port:
+(bench/results/lead.md, "On 16 cores"). Workers are what several gateways on one database
+(docs/deploying/several-gateways.md) already allow, on one host and one port:
 
 - each worker is a whole gateway, with an identity of its own (``Settings.identity``: the
   host, the home and the worker's index) and a run folder of its own
