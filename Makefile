@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOME_DIR ?= $(CURDIR)/.shipyard
 PORT ?= 8080
 
-.PHONY: run test test-images coverage lint check bench bench-guard install install-dev chromium bubblewrap containers wrk clean
+.PHONY: run test test-images coverage lint check bench bench-guard install install-dev chromium bubblewrap containers wrk clean docs-reference
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,12 @@ lint: install-dev
 	$(BIN)/lint-imports
 
 check: lint test
+
+# The reference pages (docs/reference/: settings, stack file, API coverage, errors, metrics,
+# CLI), generated from the code. Run it after changing what they show and commit the pages:
+# tests/unit/test_docs_reference.py fails while a committed page differs from the code.
+docs-reference: install
+	$(BIN)/python -m shipyard.reference docs/reference
 
 bench: install-dev
 	$(BIN)/python bench/gateway_overhead.py
