@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOME_DIR ?= $(CURDIR)/.shipyard
 PORT ?= 8080
 
-.PHONY: run test test-images coverage lint docs check bench bench-guard install install-dev chromium bubblewrap containers wrk clean
+.PHONY: run test test-images coverage lint docs docs-reference check bench bench-guard install install-dev chromium bubblewrap containers wrk clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -86,6 +86,12 @@ docs: install-dev
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 check: lint docs test
+
+# The reference pages (docs/reference/: settings, stack file, API coverage, errors, metrics,
+# CLI), generated from the code. Run it after changing what they show and commit the pages:
+# tests/unit/test_docs_reference.py fails while a committed page differs from the code.
+docs-reference: install
+	$(BIN)/python -m shipyard.reference docs/reference
 
 bench: install-dev
 	$(BIN)/python bench/gateway_overhead.py

@@ -233,31 +233,43 @@ class InvalidParameterValue(MetricsFault):
 
 
 class InvalidParameterCombination(MetricsFault):
+    """Parameters that do not go together."""
+
     wire_type = "InvalidParameterCombination"
     shape = "InvalidParameterCombinationException"
 
 
 class MissingParameter(MetricsFault):
+    """A parameter the action needs is missing."""
+
     wire_type = "MissingParameter"
     shape = "MissingRequiredParameterException"
 
 
 class InvalidNextToken(MetricsFault):
+    """A NextToken this gateway did not give."""
+
     wire_type = "InvalidNextToken"
     shape = "InvalidNextToken"
 
 
 class LimitExceeded(MetricsFault):
+    """Too many alarms or metric series (a quota of this gateway)."""
+
     wire_type = "LimitExceeded"
     shape = "LimitExceededFault"
 
 
 class InvalidFormat(MetricsFault):
+    """StateReasonData that is not JSON."""
+
     wire_type = "InvalidFormat"
     shape = "InvalidFormatFault"
 
 
 class AlarmNotFound(MetricsFault):
+    """No alarm of that name."""
+
     wire_type = "ResourceNotFound"
     shape = "ResourceNotFound"
     status_code = 404

@@ -498,3 +498,36 @@ class _InFlight(Collector):
         for endpoint, variant, count in self._read():
             family.add_metric((endpoint, variant), count)
         yield family
+
+
+CLOUDWATCH_NAMES = {
+    "shipyard_invocations": "Invocations",
+    "shipyard_invocation_4xx_errors": "Invocation4XXErrors",
+    "shipyard_invocation_5xx_errors": "Invocation5XXErrors",
+    "shipyard_model_latency_seconds": "ModelLatency",
+    "shipyard_overhead_latency_seconds": "OverheadLatency",
+    "shipyard_requests_in_flight": "ConcurrentRequestsPerModel",
+    "shipyard_model_setup_time_seconds": "ModelSetupTime",
+    "shipyard_async_backlog_size": "ApproximateBacklogSize",
+    "shipyard_async_backlog_size_per_instance": "ApproximateBacklogSizePerInstance",
+    "shipyard_async_oldest_request_age_seconds": "ApproximateAgeOfOldestRequest",
+    "shipyard_async_has_backlog_without_capacity": "HasBacklogWithoutCapacity",
+    "shipyard_model_cache_hits": "ModelCacheHit",
+    "shipyard_model_cache_misses": "ModelCacheHit",
+    "shipyard_loaded_models": "LoadedModelCount",
+    "shipyard_model_loading_wait_seconds": "ModelLoadingWaitTime",
+    "shipyard_model_downloading_seconds": "ModelDownloadingTime",
+    "shipyard_model_loading_seconds": "ModelLoadingTime",
+    "shipyard_model_unloading_seconds": "ModelUnloadingTime",
+}
+"""Prometheus series -> the CloudWatch metric (namespace ``AWS/SageMaker``) the recorder
+writes from the same counts (cloudwatch/recorder.py): latencies there in microseconds,
+ModelCacheHit as hits over hits and misses. The reference page of metrics lists them."""
+
+CLOUDWATCH_ONLY = {
+    "InvocationsPerInstance": "AWS/SageMaker: each invocation counted as 1/instances.",
+    "CPUUtilization": "/aws/sagemaker/Endpoints: each instance's CPU, percent of one core.",
+    "MemoryUtilization": "/aws/sagemaker/Endpoints: each instance's memory, percent of its "
+    "InstanceType's.",
+}
+"""CloudWatch metrics the recorder writes that have no Prometheus series."""

@@ -14,7 +14,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     """How one gateway runs. Fields come from CLI flags, else ``SHIPYARD_*`` variables."""
 
-    model_config = SettingsConfigDict(env_prefix="SHIPYARD_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="SHIPYARD_", extra="ignore", use_attribute_docstrings=True
+    )
 
     host: str = "127.0.0.1"
     """Address the gateway binds to."""

@@ -34,40 +34,51 @@ _NAME = r"^[a-zA-Z0-9](-*[a-zA-Z0-9])*$"
 class ProductionVariant(BaseModel):
     """One entry of ``ProductionVariants`` (or ``ShadowProductionVariants``)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     VariantName: str = Field(pattern=_NAME, max_length=63)
+    """The variant's name, unique in its endpoint config."""
     ModelName: str | None = Field(default=None, pattern=_NAME, max_length=63)
     """A model the file declares (its deployed version is used) or one that exists."""
     InstanceType: str | None = None
+    """The instance type (``ml.m5.large``): its memory and devices are what an instance is
+    counted as; absent for a serverless variant (``ServerlessConfig``)."""
     InitialInstanceCount: int | None = Field(default=None, ge=0, strict=True)
+    """Instances the variant starts with."""
     InitialVariantWeight: float | None = Field(default=None, ge=0, strict=True)
+    """Its share of the endpoint's traffic, relative to the other variants' weights."""
 
 
 class ModelBody(BaseModel):
     """CreateModel without ``ModelName``."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     PrimaryContainer: dict[str, Any] | None = None
+    """The model's container: ``Image``, ``ModelDataUrl``, ``Environment``, ``Mode``."""
     Containers: list[dict[str, Any]] | None = None
+    """An inference pipeline's containers, in order, instead of ``PrimaryContainer``."""
     Tags: list[dict[str, str]] = Field(default_factory=list)
+    """``Key``/``Value`` pairs; ``shipyard apply`` adds its stack's own."""
 
 
 class EndpointConfigBody(BaseModel):
     """CreateEndpointConfig without ``EndpointConfigName``."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     ProductionVariants: list[ProductionVariant] = Field(min_length=1)
+    """The variants that serve the endpoint's traffic; at least one."""
     ShadowProductionVariants: list[ProductionVariant] | None = None
+    """Variants sent a copy of the production traffic, whose answers are not returned."""
     Tags: list[dict[str, str]] = Field(default_factory=list)
+    """``Key``/``Value`` pairs; ``shipyard apply`` adds its stack's own."""
 
 
 class EndpointBody(BaseModel):
     """CreateEndpoint without ``EndpointName``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     EndpointConfigName: str = Field(pattern=_NAME, max_length=63)
     """An endpoint config the file declares (its deployed version is used) or one that
@@ -76,48 +87,64 @@ class EndpointBody(BaseModel):
     """How an update to a new config is carried out (canary, linear, rolling, with
     AutoRollbackConfiguration alarms, which may be ones the file declares)."""
     Tags: list[dict[str, str]] = Field(default_factory=list)
+    """``Key``/``Value`` pairs; ``shipyard apply`` adds its stack's own."""
 
 
 class AlarmBody(BaseModel):
     """PutMetricAlarm's body without ``AlarmName`` (the key it is listed under)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     ComparisonOperator: str
+    """How the statistic is compared with ``Threshold`` (``GreaterThanThreshold``, ...)."""
     EvaluationPeriods: int = Field(ge=1, strict=True)
+    """Periods over which the statistic is compared with ``Threshold``."""
     Threshold: float | None = Field(default=None, strict=True)
+    """The value compared with the statistic."""
     Tags: list[dict[str, str]] = Field(default_factory=list)
+    """``Key``/``Value`` pairs; ``shipyard apply`` adds its stack's own."""
 
 
 class ComponentBody(BaseModel):
     """CreateInferenceComponent without ``InferenceComponentName``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     EndpointName: str = Field(pattern=_NAME, max_length=63)
     """An endpoint the file declares, or one that exists."""
     VariantName: str | None = Field(default=None, pattern=_NAME, max_length=63)
+    """The endpoint's variant the component is placed on."""
     Specification: dict[str, Any]
     """Its ``ModelName`` may name a model the file declares (its deployed version is used)."""
     RuntimeConfig: dict[str, Any] | None = None
+    """``CopyCount``: copies of the component to start."""
     Tags: list[dict[str, str]] = Field(default_factory=list)
+    """``Key``/``Value`` pairs; ``shipyard apply`` adds its stack's own."""
 
 
 class ScalingTarget(BaseModel):
     """RegisterScalableTarget on one variant, and one target-tracking policy on it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     MinCapacity: int = Field(ge=0, strict=True)
+    """Fewest instances the variant is scaled to; at most ``MaxCapacity``."""
     MaxCapacity: int = Field(ge=1, strict=True)
+    """Most instances the variant is scaled to."""
     TargetValue: float = Field(gt=0, strict=True)
+    """The value of the metric the policy keeps the variant at."""
     PredefinedMetricType: str = "SageMakerVariantInvocationsPerInstance"
+    """The metric tracked, a PredefinedMetricType of Application Auto Scaling."""
     ScaleInCooldown: int | None = Field(default=None, ge=0, strict=True)
+    """Seconds after a scale-in before another scale-in."""
     ScaleOutCooldown: int | None = Field(default=None, ge=0, strict=True)
+    """Seconds after a scale-out before another scale-out."""
 
 
 class StackResources(BaseModel):
     """What ``shipyard apply`` creates on a running gateway; ``serve`` leaves it alone."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
 
     models: dict[str, ModelBody] = Field(default_factory=dict)
     """Model name -> CreateModel body without the name."""
@@ -248,7 +275,7 @@ def dotted(loc: tuple[int | str, ...]) -> str:
 class JobsConfig(BaseModel):
     """The ``jobs:`` section: the ``POST /inference`` facade and job notifications."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     limit: int = Field(default=4, ge=1, strict=True)
     """Jobs active at once, from either door."""
@@ -281,7 +308,7 @@ class AccessKey(BaseModel):
     """One key that may sign requests (SECURITY.md, "With `auth:`"). The secret is read from the
     environment."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     access_key_id: str = Field(min_length=1, max_length=128, pattern=r"^\w+$")
     """The key's id, as clients send it in the SigV4 ``Credential``."""
@@ -302,7 +329,7 @@ class AccessKey(BaseModel):
 class AuthConfig(BaseModel):
     """The ``auth:`` section: who may call, and what the callers may make the host do."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     keys: list[AccessKey] = Field(min_length=1)
     """Keys that may sign requests; at least one."""
@@ -343,7 +370,7 @@ class AuthConfig(BaseModel):
 class TlsConfig(BaseModel):
     """The ``tls:`` section: serve HTTPS (and gRPC over TLS) on the gateway's port."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     cert: Path
     """PEM certificate (chain)."""
@@ -354,7 +381,7 @@ class TlsConfig(BaseModel):
 class AutoscalingConfig(BaseModel):
     """The ``autoscaling:`` section: who hears of scaling steps."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     notify: list[str] = Field(default_factory=list)
     """Topics (names, SNS topic ARNs or apprise URLs) told of every scaling activity's
@@ -364,7 +391,7 @@ class AutoscalingConfig(BaseModel):
 class DeploymentsConfig(BaseModel):
     """The ``deployments:`` section: who hears how deployments end."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     notify: list[str] = Field(default_factory=list)
     """Topics (names, SNS topic ARNs or apprise URLs) told when an UpdateEndpoint's
@@ -378,7 +405,7 @@ class StackFile(StackResources):
     from StackResources) are converged by ``shipyard apply``, not at start.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     topics: dict[str, list[str]] = Field(default_factory=dict)
     """Topic name -> subscribers, as apprise URLs."""

@@ -225,6 +225,11 @@ def _rows(operation: str) -> Iterator[tuple[str, Refused]]:
                     yield other + row.path[len(prefix) :], row
 
 
+def refused_paths(operation: str) -> list[str]:
+    """Every member path ``operation`` refuses, the same-shaped ones included."""
+    return [path for path, _ in _rows(operation)]
+
+
 def _found(value: object, steps: list[str], loc: Loc) -> Iterator[tuple[Loc, object]]:
     """Every value at ``steps`` below ``value``, with where it is."""
     if not steps:

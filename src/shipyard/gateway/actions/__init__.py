@@ -9,6 +9,8 @@ records. ``registry`` gathers every family into the one table ``POST /`` serves
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from shipyard.autoscaling.scaling import ScalingService
 from shipyard.cloudwatch.service import CloudWatchService
@@ -26,7 +28,15 @@ from shipyard.gateway.actions import (
     training_jobs,
     transform_jobs,
 )
-from shipyard.gateway.registry import CLOUDWATCH, LOGS, SAGEMAKER, SCALING, ActionRegistry
+from shipyard.gateway.registry import (
+    CLOUDWATCH,
+    LOGS,
+    SAGEMAKER,
+    SCALING,
+    ActionRegistry,
+    Json,
+    Service,
+)
 from shipyard.gateway.validation import RequestValidator
 from shipyard.jobs.service import JobService
 from shipyard.logs.service import LogService
@@ -60,12 +70,30 @@ def registry(
     validator = RequestValidator(unpatterned=LOCAL_URI_SHAPES)
     # The jobs' templates are CreateTrainingJob requests: held to the same shapes.
     jobs.validate = functools.partial(validator.validate, "CreateTrainingJob")
+    on: dict[str, object] = {
+        "endpoints": endpoints_service,
+        "components": components,
+        "jobs": jobs,
+        "transforms": transforms,
+        "scaling": scaling,
+        "logs": log_service,
+        "cloudwatch": cloudwatch_service,
+    }
     actions = ActionRegistry()
-    actions.add(SAGEMAKER, ACTIONS, endpoints_service, validator=validator)
-    actions.add(SAGEMAKER, inference_components.ACTIONS, components, validator=validator)
-    actions.add(SAGEMAKER, JOB_ACTIONS, jobs, validator=validator)
-    actions.add(SAGEMAKER, transform_jobs.ACTIONS, transforms, validator=validator)
-    actions.add(SCALING, autoscaling.ACTIONS, scaling)
-    actions.add(LOGS, logs.ACTIONS, log_service)
-    actions.add(CLOUDWATCH, cloudwatch.ACTIONS, cloudwatch_service)
+    for service, family, runs_on in FAMILIES:
+        checked = validator if service is SAGEMAKER else None
+        actions.add(service, family, on[runs_on], validator=checked)
     return actions
+
+
+FAMILIES: tuple[tuple[Service, Mapping[str, Callable[[Any, Json], Json]], str], ...] = (
+    (SAGEMAKER, ACTIONS, "endpoints"),
+    (SAGEMAKER, inference_components.ACTIONS, "components"),
+    (SAGEMAKER, JOB_ACTIONS, "jobs"),
+    (SAGEMAKER, transform_jobs.ACTIONS, "transforms"),
+    (SCALING, autoscaling.ACTIONS, "scaling"),
+    (LOGS, logs.ACTIONS, "logs"),
+    (CLOUDWATCH, cloudwatch.ACTIONS, "cloudwatch"),
+)
+"""Every family of actions ``POST /`` serves: its service, its actions, and which of
+``registry``'s services they run on. The API coverage reference is computed from it."""
