@@ -66,7 +66,14 @@ def gw(
     if request.param == "auth":
         key = {"access_key_id": KEY, "secret_access_key_env": SECRET_ENV}
         roots = [str(home), SAFE_ROOT]
-        stack = {"auth": {"keys": [key], "allow_commands": True, "file_roots": roots}}
+        stack = {
+            "auth": {
+                "keys": [key],
+                "allow_commands": True,
+                "file_roots": roots,
+                "allow_images": [IMAGE],
+            }
+        }
         (home / "stack.yaml").write_text(json.dumps(stack))  # JSON is YAML
         args = ["--config", str(home / "stack.yaml")]
         env[SECRET_ENV] = SECRET

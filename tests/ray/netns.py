@@ -69,8 +69,13 @@ class Subnet:
         return netns, address
 
     def delete(self) -> None:
-        """Remove the namespaces (their veth pairs go with them) and the bridge."""
+        """Remove the veth pairs, the namespaces and the bridge. A pair is deleted by its
+        outer end, at once: one left to go with its namespace goes only once the kernel
+        has torn the namespace down, after ``ip netns del`` returns, and the next subnet
+        of this process (same tag) could not make a pair of that name meanwhile."""
         for netns in self.namespaces:
+            outer = "v" + netns.removeprefix("sy")
+            subprocess.run(["ip", "link", "del", outer], capture_output=True, timeout=30)
             subprocess.run(["ip", "netns", "del", netns], capture_output=True, timeout=30)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=30)
 

@@ -6,6 +6,7 @@ import pytest
 
 from shipyard.gateway.auth import Head
 from shipyard.gateway.browser import BrowserRules
+from shipyard.gateway.edge import _bound
 
 RULES = BrowserRules(8080, ["gw.example", "proxy.example:9000", "[::2]"])
 
@@ -66,3 +67,19 @@ def test_bodies(content_type: str | None, authorization: str | None, refused: bo
 def test_an_allowed_host_must_be_a_host(entry: str) -> None:
     with pytest.raises(ValueError, match="allow_hosts"):
         BrowserRules(8080, [entry])
+
+
+@pytest.mark.parametrize(
+    ("bound", "names"),
+    [("10.1.2.3", ["10.1.2.3:8080"]), ("gw.internal", ["gw.internal:8080"]),
+     ("fd00::5", ["[fd00::5]:8080"]), ("0.0.0.0", []), ("::", []), ("127.0.0.1", [])],
+)  # fmt: skip
+def test_the_address_a_gateway_listens_on_is_one_of_its_names(bound: str, names: list[str]) -> None:
+    """A gateway told to listen beyond loopback (``--host 10.1.2.3 --insecure``) is
+    reached by that address: its clients name it so, and no page can make a browser
+    send another site's address as its Host."""
+    assert _bound(bound, 8080) == names
+    rules = BrowserRules(8080, _bound(bound, 8080))
+    for name in names:
+        assert rules.refusal("POST", "/", Head(host=name, content_type="application/json")) is None
+        assert rules.refusal("POST", "/", Head(host=name.rsplit(":", 1)[0] + ":1")) is not None

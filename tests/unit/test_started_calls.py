@@ -337,8 +337,10 @@ def test_a_call_that_never_reached_its_instance_goes_to_another_without_a_second
 
 
 def test_the_door_answers_every_outcome_of_a_started_call() -> None:
-    """A fault of its own is a 500 in the runtime's shape and counted; a client gone
-    while waiting gets nothing and is not counted, as on the door's ASGI call."""
+    """A fault of its own, once the call reached its instance, is a 500 in the runtime's
+    shape and counted; a client gone while waiting gets nothing and is not counted, as on
+    the door's ASGI call; a call that never reached an instance is not the model's
+    invocation, whatever it is answered."""
     router, route, variant = table(9)
     door = RuntimeDoor(invocations=Invocations(router), max_payload_bytes=1 << 20)
     answers: list[tuple[int, list[tuple[bytes, bytes]], bytes]] = []
@@ -346,14 +348,20 @@ def test_the_door_answers_every_outcome_of_a_started_call() -> None:
     def respond(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         answers.append((status, headers, body))
 
+    unsent = Call([], b"x")
+    unsent.variant = variant
+    door._answer(unsent, respond, None, RuntimeError("a fault"))
+    assert [status for status, _, _ in answers] == [500]
+    assert variant.metrics.invocations.value == 0
+    answers.clear()
     call = Call([], b"x")
     call.variant = variant
-    counted = variant.metrics.invocations.value
+    (call.instance,) = variant.instances
     door._answer(call, respond, None, ClientGone())
     assert answers == []
     door._answer(call, respond, None, RuntimeError("a fault"))
     ((status, headers, body),) = answers
     assert status == 500 and (b"x-amzn-errortype", b"InternalFailure") in headers
     assert json.loads(body)["message"] == "Internal failure."
-    assert variant.metrics.invocations.value == counted + 1
+    assert variant.metrics.invocations.value == 1
     assert variant.metrics.errors_5xx.value == 1

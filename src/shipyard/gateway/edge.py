@@ -32,7 +32,7 @@ def edge(doors: ASGIApp, settings: Settings, stack: StackFile) -> ReadOnce:
                 "the port could run commands on this host. Add an auth: section "
                 "(see SECURITY.md) or pass --insecure."
             )
-        allowed = [*settings.allow_hosts, *stack.allow_hosts]
+        allowed = [*settings.allow_hosts, *stack.allow_hosts, *_bound(settings.host, settings.port)]
         return ReadOnce(
             doors, account_id=settings.account_id, browser=BrowserRules(settings.port, allowed)
         )
@@ -67,3 +67,12 @@ def serving_tls(settings: Settings, stack: StackFile) -> tuple[Path, Path] | Non
             f"the key unencrypted): {exc}"
         ) from None
     return cert, key
+
+
+def _bound(host: str, port: int) -> list[str]:
+    """The address the gateway listens on, with its port, as a name it answers to: a
+    client that reaches it there names it so (a page cannot make a browser send another
+    site's address as its Host). A wildcard address names nothing."""
+    if host in ("", "0.0.0.0", "::") or is_loopback(host):
+        return []
+    return [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
