@@ -394,6 +394,10 @@ def test_a_subscriber_that_never_answers_holds_back_no_other_event(
             assert got[0].headers[KEY] == "alarm"
             assert sending("slow")  # still waiting for its answer
         finally:
+            # Closing the listener resets the connection it never accepted: the send
+            # in its worker thread ends now, not at its read timeout, which
+            # asyncio.run would otherwise wait out before it returns.
+            hanging.close()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
