@@ -16,7 +16,9 @@ _SEPARATOR = re.compile(r"^\|[\s|:-]+\|$")
 
 
 def _indexed(text: str) -> set[str]:
-    """The names in the first column of the tables of the index section."""
+    """The names in the first column of the tables of the index section (none without it)."""
+    if SECTION not in text:
+        return set()
     start = text.index(SECTION) + len(SECTION)
     following = re.search(r"^## ", text[start:], re.MULTILINE)
     section = text[start : start + following.start()] if following else text[start:]
