@@ -43,6 +43,10 @@ def fit() -> dict[str, object]:
     }
 
 
+def _no_caches(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    return None if "__pycache__" in member.name else member
+
+
 def build(dest: Path) -> Path:
     """Write ``dest`` (a ``.tar.gz``) and return it."""
     model = json.dumps(fit(), indent=2).encode()
@@ -50,7 +54,7 @@ def build(dest: Path) -> Path:
         info = tarfile.TarInfo("model.json")
         info.size = len(model)
         tar.addfile(info, io.BytesIO(model))
-        tar.add(HERE / "code" / "inference.py", arcname="code/inference.py")
+        tar.add(HERE / "code", arcname="code", filter=_no_caches)
     return dest
 
 
