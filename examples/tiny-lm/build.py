@@ -8,8 +8,8 @@ with a chat template, and a two-layer Llama with random weights. Nothing is down
 
 Serve the folder with ``SHIPYARD_TASK=text-generation`` (see the OpenAI door's guide).
 Its weights are random, so it answers with fragments of its six sentences: it shows the
-plumbing (chat, streaming, batching, usage), not prose. Greedy decoding is deterministic, so the tests
-hold what the door answers to ``generate``.
+plumbing (chat, streaming, batching, usage), not prose. Greedy decoding is deterministic,
+so the tests hold what the door answers to ``generate``.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ def predict_fn(rows, model):
     for row in rows:
         if len(row) != len(weights):
             raise ValueError(f"Each row is {model['features']}; got {row}.")
-        predictions.append(round(sum(w * x for w, x in zip(weights, row)) + bias, 2))
+        predictions.append(round(sum(w * x for w, x in zip(weights, row, strict=True)) + bias, 2))
     return predictions
 
 
