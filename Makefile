@@ -74,8 +74,8 @@ coverage: install-dev test-images
 	$(BIN)/pytest -q -n 3 --dist loadgroup --no-loadscope-reorder --cov=shipyard --cov-report=term-missing:skip-covered
 
 lint: install-dev
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
