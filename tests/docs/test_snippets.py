@@ -1,0 +1,200 @@
+"""Every code block of the README and of docs/ that a reader would paste runs, as
+pasted, against a real gateway: a renamed parameter, a missing import or a wrong name in
+the docs fails here.
+
+Each page gets its own gateway, started as ``make run`` starts one (``--demo``) on a
+free port, and its own folder as the working directory. The pages say
+``http://127.0.0.1:8080`` (and the CLI's default URL is that): before a block runs,
+``127.0.0.1:8080`` in its text is replaced by the test gateway's address, and
+``.venv/bin/`` by the folder of this interpreter, the placeholder ``/path/to/`` (a path
+the page asks the reader to give) by the page's folder, and the example folder ``/srv/``
+by a folder ``srv`` in it (created); bash blocks also get
+``SHIPYARD_URL``. Nothing else in a block is changed; files (a stack file) are written
+with the same replacements. Python blocks of one page run in order in one
+namespace, in this process, so a later block uses an earlier one's names; bash blocks run
+with ``bash -eu -o pipefail``, answering ``y`` to whatever asks. A reader's AWS
+configuration is not there: the blocks must bring their own region and credentials.
+
+How a page marks a block it cannot run here (and why), a file it shows, or what its
+reader has from an earlier page: tests/docs/snippets.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import GatewayProcess, start_gateway, wait_in_service
+from tests.docs.setups import SETUPS
+from tests.docs.snippets import ROOT, Block, MarkerError, Page, pages, read_page
+
+PAGES = [page for page in map(read_page, pages()) if page.blocks]
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class PageRun:
+    """A page being run: its gateway, its folder and its Python namespace."""
+
+    page: Page
+    folder: Path
+    gateway: GatewayProcess | None = None
+    namespace: dict[str, Any] = field(default_factory=dict)
+    failed_at: str | None = None
+
+    def start(self) -> GatewayProcess:
+        if self.gateway is None:
+            (self.folder / "srv").mkdir(exist_ok=True)
+            home = self.folder.with_name(f"{self.folder.name}-home")  # not in a model folder
+            self.gateway = start_gateway(home, args=["--demo"])
+            wait_in_service(self.gateway.sm, "demo")  # `make run` has it by the time one pastes
+            for name in self.page.setups:
+                SETUPS[name](self.gateway, self.folder, self.namespace)
+        return self.gateway
+
+    def stop(self) -> None:
+        if self.gateway is not None:
+            self.gateway.stop()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, PageRun]]:
+    started: dict[str, PageRun] = {}
+    yield started
+    for run in started.values():
+        run.stop()
+
+
+@pytest.fixture
+def no_aws_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The blocks run without the developer's AWS configuration, as on a fresh machine."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+
+
+def test_every_page_names_only_known_setups() -> None:
+    for page in PAGES:
+        unknown = set(page.setups) - set(SETUPS)
+        assert not unknown, f"{page.path}: unknown setup {sorted(unknown)} ({sorted(SETUPS)})"
+
+
+@pytest.mark.parametrize(
+    ("page", "block"),
+    [(page, block) for page in PAGES for block in page.blocks],
+    ids=lambda value: value.path if isinstance(value, Page) else f"line{value.line}",
+)
+@pytest.mark.usefixtures("no_aws_config")
+def test_block_runs_as_pasted(
+    page: Page,
+    block: Block,
+    runs: dict[str, PageRun],
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if page.path not in runs:
+        folder = tmp_path_factory.mktemp(Path(page.path).stem)
+        runs[page.path] = PageRun(page, folder)
+    run = runs[page.path]
+    try:
+        if block.skip is not None:
+            pytest.skip(f"{block.where}: {block.skip}")
+        if run.failed_at is not None:
+            pytest.skip(f"{block.where}: not run, as the page's block at {run.failed_at} failed")
+        if block.file is not None:
+            target = run.folder / block.file
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(_text(block, run.folder, None))
+            return
+        try:
+            gw = run.start()
+            monkeypatch.chdir(run.folder)
+            if block.language == "python":
+                _run_python(block, _text(block, run.folder, gw), run.namespace)
+            else:
+                _run_bash(block, _text(block, run.folder, gw), gw, run.folder)
+        except BaseException:
+            run.failed_at = block.where
+            raise
+    finally:
+        if block is page.blocks[-1]:
+            run.stop()
+
+
+def _text(block: Block, folder: Path, gw: GatewayProcess | None) -> str:
+    text = block.code.replace(".venv/bin/", f"{BIN}/").replace("/path/to/", f"{folder}/")
+    text = text.replace("/srv/", f"{folder}/srv/")
+    if gw is not None:
+        text = text.replace("127.0.0.1:8080", gw.url.removeprefix("http://"))
+    return text
+
+
+def _run_python(block: Block, text: str, namespace: dict[str, Any]) -> None:
+    # Blank lines ahead, so that a traceback names the page's own line numbers.
+    source = "\n" * (block.line - 1) + text
+    namespace.setdefault("__name__", "__snippet__")
+    exec(compile(source, str(ROOT / block.page), "exec"), namespace)
+
+
+def _run_bash(block: Block, text: str, gw: GatewayProcess, folder: Path) -> None:
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "SHIPYARD_URL": gw.url}
+    with contextlib.suppress(KeyError):
+        del env["VIRTUAL_ENV"]
+    done = subprocess.run(
+        ["bash", "-eu", "-o", "pipefail", "-c", text],
+        cwd=folder,
+        env=env,
+        input="y\n" * 20,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == 0, (
+        f"{block.where}: exit status {done.returncode}\n--- stdout\n{done.stdout}"
+        f"\n--- stderr\n{done.stderr}\n--- gateway log (tail)\n{gw.log()[-3000:]}"
+    )
+
+
+@pytest.mark.parametrize(
+    "marker",
+    [
+        "<!-- snippet: skip -->",  # no reason
+        "<!-- snippet: skpi (a typo) -->",
+        "<!-- snippet: skip (not before a fence) -->\n\ntext\n",
+    ],
+)
+def test_a_marker_the_runner_cannot_follow_is_an_error(tmp_path: Path, marker: str) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(f"# A page\n\n{marker}\n```python\nprint(1)\n```\n")
+    with pytest.raises(MarkerError):
+        read_page(page, "page.md")
+
+
+def test_blocks_are_read_with_their_markers_files_and_lines(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "<!-- snippet: setup clients, scores -->\n"
+        "```python\nx = 1\n```\n"
+        "<!-- snippet: skip (needs a Ray cluster) -->\n"
+        "```sh\nray start --head\n```\n"
+        "```yaml\n# stack.yaml\nmodels: {}\n```\n"
+        "```yaml\nnot: a file\n```\n"
+    )
+    read = read_page(page, "page.md")
+    assert read.setups == ("clients", "scores")
+    assert [(b.line, b.language, b.skip, b.file) for b in read.blocks] == [
+        (3, "python", None, None),
+        (7, "bash", "needs a Ray cluster", None),
+        (10, "yaml", None, "stack.yaml"),
+    ]
