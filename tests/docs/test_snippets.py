@@ -2,8 +2,10 @@
 pasted, against a real gateway: a renamed parameter, a missing import or a wrong name in
 the docs fails here.
 
-Each page gets its own gateway, started as ``make run`` starts one (``--demo``) on a
-free port, and its own folder as the working directory. The pages say
+Each page gets its own gateway on a free port, started as ``make run`` starts one
+(``--demo``) where the page tells its reader to have ``make run`` going, and its own
+folder as the working directory. Each page's blocks run on one xdist worker, in order;
+pages spread over the workers. The pages say
 ``http://127.0.0.1:8080`` (and the CLI's default URL is that): before a block runs,
 ``127.0.0.1:8080`` in its text is replaced by the test gateway's address, and
 ``.venv/bin/`` by the folder of this interpreter, the placeholder ``/path/to/`` (a path
@@ -12,7 +14,7 @@ by a folder ``srv`` in it (created); bash blocks also get
 ``SHIPYARD_URL``. Nothing else in a block is changed; files (a stack file) are written
 with the same replacements. Python blocks of one page run in order in one
 namespace, in this process, so a later block uses an earlier one's names; bash blocks run
-with ``bash -eu -o pipefail``, answering ``y`` to whatever asks. A reader's AWS
+with ``bash -eu -o pipefail``, answering ``y`` to whatever asks (``shipyard apply``). A reader's AWS
 configuration is not there: the blocks must bring their own region and credentials.
 
 How a page marks a block it cannot run here (and why), a file it shows, or what its
@@ -25,6 +27,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +41,11 @@ from tests.docs.snippets import ROOT, Block, MarkerError, Page, pages, read_page
 
 PAGES = [page for page in map(read_page, pages()) if page.blocks]
 BIN = Path(sys.executable).parent
+
+
+def _demo(page: Page) -> bool:
+    """Whether the page's reader has ``make run`` going, and so the endpoint ``demo``."""
+    return "`make run` going" in (ROOT / page.path).read_text()
 
 
 @dataclass
@@ -54,8 +62,10 @@ class PageRun:
         if self.gateway is None:
             (self.folder / "srv").mkdir(exist_ok=True)
             home = self.folder.with_name(f"{self.folder.name}-home")  # not in a model folder
-            self.gateway = start_gateway(home, args=["--demo"])
-            wait_in_service(self.gateway.sm, "demo")  # `make run` has it by the time one pastes
+            demo = _demo(self.page)
+            self.gateway = start_gateway(home, args=["--demo"] if demo else [])
+            if demo:  # `make run` has it by the time one pastes
+                wait_in_service(self.gateway.sm, "demo")
             for name in self.page.setups:
                 SETUPS[name](self.gateway, self.folder, self.namespace)
         return self.gateway
@@ -91,7 +101,11 @@ def test_every_page_names_only_known_setups() -> None:
 
 @pytest.mark.parametrize(
     ("page", "block"),
-    [(page, block) for page in PAGES for block in page.blocks],
+    [
+        pytest.param(page, block, marks=pytest.mark.xdist_group(f"snippets-{page.path}"))
+        for page in PAGES
+        for block in page.blocks
+    ],
     ids=lambda value: value.path if isinstance(value, Page) else f"line{value.line}",
 )
 @pytest.mark.usefixtures("no_aws_config")
@@ -150,16 +164,21 @@ def _run_bash(block: Block, text: str, gw: GatewayProcess, folder: Path) -> None
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "SHIPYARD_URL": gw.url}
     with contextlib.suppress(KeyError):
         del env["VIRTUAL_ENV"]
-    done = subprocess.run(
-        ["bash", "-eu", "-o", "pipefail", "-c", text],
-        cwd=folder,
-        env=env,
-        input="y\n" * 20,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
+    with tempfile.TemporaryFile() as answers:
+        # A file rather than a pipe: each command reads a buffer's worth and leaves the
+        # rest, at the file's offset, to the next one.
+        answers.write(b"y\n" * 50_000)
+        answers.seek(0)
+        done = subprocess.run(
+            ["bash", "-eu", "-o", "pipefail", "-c", text],
+            cwd=folder,
+            env=env,
+            stdin=answers,
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
     assert done.returncode == 0, (
         f"{block.where}: exit status {done.returncode}\n--- stdout\n{done.stdout}"
         f"\n--- stderr\n{done.stderr}\n--- gateway log (tail)\n{gw.log()[-3000:]}"
