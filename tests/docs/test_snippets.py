@@ -13,7 +13,9 @@ the page asks the reader to give) by the page's folder, and the example folder `
 by a folder ``srv`` in it (created); bash blocks also get
 ``SHIPYARD_URL``. Nothing else in a block is changed; files (a stack file) are written
 with the same replacements. Python blocks of one page run in order in one
-namespace, in this process, so a later block uses an earlier one's names; bash blocks run
+namespace, in this process, so a later block uses an earlier one's names; a line
+``print(...)  # what`` says what it prints, and the block's output must have that line,
+in order; bash blocks run
 with ``bash -eu -o pipefail``, answering ``y`` to whatever asks (``shipyard apply``). A reader's AWS
 configuration is not there: the blocks must bring their own region and credentials.
 
@@ -24,7 +26,9 @@ reader has from an earlier page: tests/docs/snippets.py.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -41,6 +45,7 @@ from tests.docs.snippets import ROOT, Block, MarkerError, Page, pages, read_page
 
 PAGES = [page for page in map(read_page, pages()) if page.blocks]
 BIN = Path(sys.executable).parent
+_PRINT_SAYS = re.compile(r"^print\(.*\)\s+#\s*(.+)$")
 
 
 def _demo(page: Page) -> bool:
@@ -157,7 +162,22 @@ def _run_python(block: Block, text: str, namespace: dict[str, Any]) -> None:
     # Blank lines ahead, so that a traceback names the page's own line numbers.
     source = "\n" * (block.line - 1) + text
     namespace.setdefault("__name__", "__snippet__")
-    exec(compile(source, str(ROOT / block.page), "exec"), namespace)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(source, str(ROOT / block.page), "exec"), namespace)
+    sys.stdout.write(printed.getvalue())  # shown with a failure, as pytest captures it
+    lines = iter(printed.getvalue().splitlines())
+    for n, said in _said_printed(block):
+        assert any(line.strip() == said for line in lines), (
+            f"{block.page}:{n} says it prints {said!r}; printed:\n{printed.getvalue()}"
+        )
+
+
+def _said_printed(block: Block) -> Iterator[tuple[int, str]]:
+    """The line and text of each ``print(...)  # text`` of the block."""
+    for n, line in enumerate(block.code.splitlines(), start=block.line):
+        if (found := _PRINT_SAYS.match(line)) is not None:
+            yield n, found.group(1).strip()
 
 
 def _run_bash(block: Block, text: str, gw: GatewayProcess, folder: Path) -> None:
