@@ -4,20 +4,22 @@ the docs fails here.
 
 Each page gets its own gateway on a free port, started as ``make run`` starts one
 (``--demo``) where the page tells its reader to have ``make run`` going, and its own
-folder as the working directory. Each page's blocks run on one xdist worker, in order;
-pages spread over the workers. The pages say
-``http://127.0.0.1:8080`` (and the CLI's default URL is that): before a block runs,
-``127.0.0.1:8080`` in its text is replaced by the test gateway's address, and
+folder as the working directory. A page's blocks run in order on one xdist worker; the
+pages spread over the workers.
+
+The pages say ``http://127.0.0.1:8080`` (the CLI's default URL too). Before a block runs,
+the runner replaces in its text ``127.0.0.1:8080`` by the test gateway's address,
 ``.venv/bin/`` by the folder of this interpreter, the placeholder ``/path/to/`` (a path
 the page asks the reader to give) by the page's folder, and the example folder ``/srv/``
-by a folder ``srv`` in it (created); bash blocks also get
-``SHIPYARD_URL``. Nothing else in a block is changed; files (a stack file) are written
-with the same replacements. Python blocks of one page run in order in one
-namespace, in this process, so a later block uses an earlier one's names; a line
-``print(...)  # what`` says what it prints, and the block's output must have that line,
-in order; bash blocks run
-with ``bash -eu -o pipefail``, answering ``y`` to whatever asks (``shipyard apply``). A reader's AWS
-configuration is not there: the blocks must bring their own region and credentials.
+by a folder ``srv`` in it; bash blocks also get ``SHIPYARD_URL``. Nothing else in a block
+is changed. Files a page shows (a stack file) are written with the same replacements.
+
+Python blocks of one page run in order in one namespace, in this process, so a later
+block uses an earlier one's names; a line ``print(...)  # what`` says what it prints,
+and the block's output must have that line, in order. Bash blocks run with
+``bash -eu -o pipefail``, answering ``y`` to whatever asks (``shipyard apply``). A
+reader's AWS configuration is not there: the blocks bring their own region and
+credentials.
 
 How a page marks a block it cannot run here (and why), a file it shows, or what its
 reader has from an earlier page: tests/docs/snippets.py.
