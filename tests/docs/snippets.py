@@ -6,6 +6,9 @@ is said in the Markdown, in HTML comments a reader of the rendered page does not
 
 - ``<!-- snippet: skip (why) -->`` before a fence (blank lines between): the block is not run, and
   the test reports it skipped with that reason. Every skip says why.
+- ``<!-- snippet: gateway -->`` before a fence holding ``shipyard serve ARGS``: the
+  page's gateway is started with those arguments (each port they name replaced by a free
+  one, and that port replaced in the page's later blocks) rather than the block run.
 - ``<!-- snippet: setup NAME, ... -->`` anywhere on a page: what the page's text says the
   reader already has (the quickstart's clients, its model folder, the endpoint
   ``scores``); the runner makes it before the page's first block (tests/docs/setups.py).
@@ -28,6 +31,7 @@ RUNNABLE = {"python": "python", "py": "python", "bash": "bash", "sh": "bash"}
 _FENCE = re.compile(r"^(```+)\s*([\w+-]*)\s*$")
 _MARKER = re.compile(r"^\s*<!--\s*snippet:(.*?)-->\s*$")
 _SKIP = re.compile(r"^\s*skip\s*\((.+)\)\s*$")
+_GATEWAY = re.compile(r"^\s*gateway\s*$")
 _SETUP = re.compile(r"^\s*setup\s+([\w, -]+?)\s*$")
 _FILE = re.compile(r"^#\s*([\w.-]+(?:/[\w.-]+)*\.(?:py|ya?ml|json|csv|txt))\b")
 
@@ -47,6 +51,8 @@ class Block:
     """Why it is not run, from its marker; None when it runs."""
     file: str | None = None
     """The path it is the content of, relative to the page's folder; None for code to run."""
+    serves: bool = False
+    """Whether it is the command starting the page's gateway (a ``gateway`` marker)."""
 
     @property
     def where(self) -> str:
@@ -77,22 +83,15 @@ def read_page(path: Path, name: str | None = None) -> Page:
     setups: list[str] = []
     blocks: list[Block] = []
     pending_skip: str | None = None
+    pending_serves = False
     i = 0
     while i < len(lines):
         line = lines[i]
         if (marker := _MARKER.match(line)) is not None:
-            body = marker.group(1)
-            if (skip := _SKIP.match(body)) is not None:
-                if not _opens_fence(lines, i + 1):
-                    raise MarkerError(f"{name}:{i + 1}: a skip marker must precede a fence")
-                pending_skip = skip.group(1).strip()
-            elif (setup := _SETUP.match(body)) is not None:
+            if (setup := _SETUP.match(marker.group(1))) is not None:
                 setups += [s.strip() for s in setup.group(1).split(",") if s.strip()]
             else:
-                raise MarkerError(
-                    f"{name}:{i + 1}: not a snippet marker: {line.strip()!r} "
-                    "(skip (why), or setup NAME, ...)"
-                )
+                pending_skip, pending_serves = _block_marker(marker.group(1), lines, i, name)
             i += 1
             continue
         if (fence := _FENCE.match(line)) is not None and fence.group(2):
@@ -105,14 +104,30 @@ def read_page(path: Path, name: str | None = None) -> Page:
             if (named := _FILE.match(first)) is not None:
                 blocks.append(Block(name, i + 2, language, code, pending_skip, named.group(1)))
             elif language in RUNNABLE:
-                blocks.append(Block(name, i + 2, RUNNABLE[language], code, pending_skip))
-            elif pending_skip is not None:
-                raise MarkerError(f"{name}:{i}: a skip marker before a block that never runs")
-            pending_skip = None
+                blocks.append(
+                    Block(name, i + 2, RUNNABLE[language], code, pending_skip, None, pending_serves)
+                )
+            elif pending_skip is not None or pending_serves:
+                raise MarkerError(f"{name}:{i}: a marker before a block that never runs")
+            pending_skip, pending_serves = None, False
             i = end + 1
             continue
         i += 1
     return Page(name, tuple(setups), tuple(blocks))
+
+
+def _block_marker(body: str, lines: list[str], i: int, name: str) -> tuple[str | None, bool]:
+    """A marker of the next block: why it is skipped (or None), whether it serves."""
+    if not _opens_fence(lines, i + 1):
+        raise MarkerError(f"{name}:{i + 1}: not a snippet marker before a fence: {lines[i]!r}")
+    if (skip := _SKIP.match(body)) is not None:
+        return skip.group(1).strip(), False
+    if _GATEWAY.match(body) is not None:
+        return None, True
+    raise MarkerError(
+        f"{name}:{i + 1}: not a snippet marker: {lines[i].strip()!r} "
+        "(skip (why), gateway, or setup NAME, ...)"
+    )
 
 
 def _opens_fence(lines: list[str], i: int) -> bool:

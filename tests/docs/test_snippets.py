@@ -31,6 +31,7 @@ import contextlib
 import io
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -41,7 +42,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import GatewayProcess, start_gateway, wait_in_service
+from tests.conftest import GatewayProcess, free_port, start_gateway, wait_in_service
 from tests.docs.setups import SETUPS
 from tests.docs.snippets import ROOT, Block, MarkerError, Page, pages, read_page
 
@@ -64,18 +65,37 @@ class PageRun:
     gateway: GatewayProcess | None = None
     namespace: dict[str, Any] = field(default_factory=dict)
     failed_at: str | None = None
+    ports: dict[str, str] = field(default_factory=dict)
+    """The page's ports (``127.0.0.1:8081``) and the test gateway's ones in their place."""
 
     def start(self) -> GatewayProcess:
         if self.gateway is None:
             (self.folder / "srv").mkdir(exist_ok=True)
             home = self.folder.with_name(f"{self.folder.name}-home")  # not in a model folder
             demo = _demo(self.page)
-            self.gateway = start_gateway(home, args=["--demo"] if demo else [])
+            args = self._serve_args() + (["--demo"] if demo else [])
+            self.gateway = start_gateway(home, args=args)
+            self.ports["127.0.0.1:8080"] = self.gateway.url.removeprefix("http://")
             if demo:  # `make run` has it by the time one pastes
                 wait_in_service(self.gateway.sm, "demo")
             for name in self.page.setups:
                 SETUPS[name](self.gateway, self.folder, self.namespace)
         return self.gateway
+
+    def _serve_args(self) -> list[str]:
+        """The arguments of the page's ``shipyard serve`` block, its ports made free."""
+        serves = [block for block in self.page.blocks if block.serves]
+        if not serves:
+            return []
+        argv = shlex.split(serves[0].code, comments=True)
+        assert argv[:2] == ["shipyard", "serve"], f"{serves[0].where}: not shipyard serve"
+        args = argv[2:]
+        for i, arg in enumerate(args[:-1]):
+            if arg.endswith("-port"):
+                port = str(free_port())
+                self.ports[f"127.0.0.1:{args[i + 1]}"] = f"127.0.0.1:{port}"
+                args[i + 1] = port
+        return args
 
     def stop(self) -> None:
         if self.gateway is not None:
@@ -135,15 +155,17 @@ def test_block_runs_as_pasted(
         if block.file is not None:
             target = run.folder / block.file
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(_text(block, run.folder, None))
+            target.write_text(_text(block, run.folder, run.ports))
             return
         try:
             gw = run.start()
             monkeypatch.chdir(run.folder)
+            if block.serves:
+                return  # the gateway started with its arguments
             if block.language == "python":
-                _run_python(block, _text(block, run.folder, gw), run.namespace)
+                _run_python(block, _text(block, run.folder, run.ports), run.namespace)
             else:
-                _run_bash(block, _text(block, run.folder, gw), gw, run.folder)
+                _run_bash(block, _text(block, run.folder, run.ports), gw, run.folder)
         except BaseException:
             run.failed_at = block.where
             raise
@@ -152,11 +174,11 @@ def test_block_runs_as_pasted(
             run.stop()
 
 
-def _text(block: Block, folder: Path, gw: GatewayProcess | None) -> str:
+def _text(block: Block, folder: Path, ports: dict[str, str]) -> str:
     text = block.code.replace(".venv/bin/", f"{BIN}/").replace("/path/to/", f"{folder}/")
     text = text.replace("/srv/", f"{folder}/srv/")
-    if gw is not None:
-        text = text.replace("127.0.0.1:8080", gw.url.removeprefix("http://"))
+    for page_port, test_port in ports.items():
+        text = text.replace(page_port, test_port)
     return text
 
 
@@ -213,6 +235,7 @@ def _run_bash(block: Block, text: str, gw: GatewayProcess, folder: Path) -> None
         "<!-- snippet: skip -->",  # no reason
         "<!-- snippet: skpi (a typo) -->",
         "<!-- snippet: skip (not before a fence) -->\n\ntext\n",
+        "<!-- snippet: gateway -->\n```yaml\nnot: run\n```\n",
     ],
 )
 def test_a_marker_the_runner_cannot_follow_is_an_error(tmp_path: Path, marker: str) -> None:
@@ -226,6 +249,8 @@ def test_blocks_are_read_with_their_markers_files_and_lines(tmp_path: Path) -> N
     page = tmp_path / "page.md"
     page.write_text(
         "<!-- snippet: setup clients, scores -->\n"
+        "<!-- snippet: gateway -->\n"
+        "```bash\nshipyard serve --grpc-port 8081\n```\n"
         "```python\nx = 1\n```\n"
         "<!-- snippet: skip (needs a Ray cluster) -->\n"
         "```sh\nray start --head\n```\n"
@@ -234,8 +259,9 @@ def test_blocks_are_read_with_their_markers_files_and_lines(tmp_path: Path) -> N
     )
     read = read_page(page, "page.md")
     assert read.setups == ("clients", "scores")
-    assert [(b.line, b.language, b.skip, b.file) for b in read.blocks] == [
-        (3, "python", None, None),
-        (7, "bash", "needs a Ray cluster", None),
-        (10, "yaml", None, "stack.yaml"),
+    assert [(b.line, b.language, b.skip, b.file, b.serves) for b in read.blocks] == [
+        (4, "bash", None, None, True),
+        (7, "python", None, None, False),
+        (11, "bash", "needs a Ray cluster", None, False),
+        (14, "yaml", None, "stack.yaml", False),
     ]
