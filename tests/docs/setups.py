@@ -7,6 +7,7 @@ the quickstart"). A setup changes the page's folder, its namespace or its gatewa
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,20 @@ def scores_errors(gw: GatewayProcess, folder: Path, namespace: dict[str, Any]) -
     )
 
 
+def examples(gw: GatewayProcess, folder: Path, namespace: dict[str, Any]) -> None:
+    """The repository's ``examples/`` folder, as a reader at its root has it: copied into
+    the page's folder, so that what a block builds there stays out of the checkout."""
+    shutil.copytree(
+        REPOSITORY / "examples",
+        folder / "examples",
+        ignore=shutil.ignore_patterns("model", "*.tar.gz", "__pycache__"),
+    )
+
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
 SETUPS: dict[str, Callable[[GatewayProcess, Path, dict[str, Any]], None]] = {
+    "examples": examples,
     "my-model": my_model,
     "clients": clients,
     "scores": scores,
