@@ -14,9 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     """How one gateway runs. Fields come from CLI flags, else ``SHIPYARD_*`` variables."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="SHIPYARD_", extra="ignore", use_attribute_docstrings=True
-    )
+    model_config = SettingsConfigDict(env_prefix="SHIPYARD_", extra="ignore")
 
     host: str = "127.0.0.1"
     """Address the gateway binds to."""

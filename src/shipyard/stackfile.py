@@ -34,7 +34,7 @@ _NAME = r"^[a-zA-Z0-9](-*[a-zA-Z0-9])*$"
 class ProductionVariant(BaseModel):
     """One entry of ``ProductionVariants`` (or ``ShadowProductionVariants``)."""
 
-    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="allow")
 
     VariantName: str = Field(pattern=_NAME, max_length=63)
     """The variant's name, unique in its endpoint config."""
@@ -52,7 +52,7 @@ class ProductionVariant(BaseModel):
 class ModelBody(BaseModel):
     """CreateModel without ``ModelName``."""
 
-    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="allow")
 
     PrimaryContainer: dict[str, Any] | None = None
     """The model's container: ``Image``, ``ModelDataUrl``, ``Environment``, ``Mode``."""
@@ -65,7 +65,7 @@ class ModelBody(BaseModel):
 class EndpointConfigBody(BaseModel):
     """CreateEndpointConfig without ``EndpointConfigName``."""
 
-    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="allow")
 
     ProductionVariants: list[ProductionVariant] = Field(min_length=1)
     """The variants that serve the endpoint's traffic; at least one."""
@@ -78,7 +78,7 @@ class EndpointConfigBody(BaseModel):
 class EndpointBody(BaseModel):
     """CreateEndpoint without ``EndpointName``."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
     EndpointConfigName: str = Field(pattern=_NAME, max_length=63)
     """An endpoint config the file declares (its deployed version is used) or one that
@@ -93,7 +93,7 @@ class EndpointBody(BaseModel):
 class AlarmBody(BaseModel):
     """PutMetricAlarm's body without ``AlarmName`` (the key it is listed under)."""
 
-    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="allow")
 
     ComparisonOperator: str
     """How the statistic is compared with ``Threshold`` (``GreaterThanThreshold``, ...)."""
@@ -108,7 +108,7 @@ class AlarmBody(BaseModel):
 class ComponentBody(BaseModel):
     """CreateInferenceComponent without ``InferenceComponentName``."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
     EndpointName: str = Field(pattern=_NAME, max_length=63)
     """An endpoint the file declares, or one that exists."""
@@ -125,7 +125,7 @@ class ComponentBody(BaseModel):
 class ScalingTarget(BaseModel):
     """RegisterScalableTarget on one variant, and one target-tracking policy on it."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
     MinCapacity: int = Field(ge=0, strict=True)
     """Fewest instances the variant is scaled to; at most ``MaxCapacity``."""
@@ -144,7 +144,7 @@ class ScalingTarget(BaseModel):
 class StackResources(BaseModel):
     """What ``shipyard apply`` creates on a running gateway; ``serve`` leaves it alone."""
 
-    model_config = ConfigDict(use_attribute_docstrings=True)
+    model_config = ConfigDict()
 
     models: dict[str, ModelBody] = Field(default_factory=dict)
     """Model name -> CreateModel body without the name."""
@@ -275,7 +275,7 @@ def dotted(loc: tuple[int | str, ...]) -> str:
 class JobsConfig(BaseModel):
     """The ``jobs:`` section: the ``POST /inference`` facade and job notifications."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
     limit: int = Field(default=4, ge=1, strict=True)
     """Jobs active at once, from either door."""
@@ -308,7 +308,7 @@ class AccessKey(BaseModel):
     """One key that may sign requests (SECURITY.md, "With `auth:`"). The secret is read from the
     environment."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
     access_key_id: str = Field(min_length=1, max_length=128, pattern=r"^\w+$")
     """The key's id, as clients send it in the SigV4 ``Credential``."""
@@ -329,7 +329,7 @@ class AccessKey(BaseModel):
 class AuthConfig(BaseModel):
     """The ``auth:`` section: who may call, and what the callers may make the host do."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
     keys: list[AccessKey] = Field(min_length=1)
     """Keys that may sign requests; at least one."""
@@ -370,7 +370,7 @@ class AuthConfig(BaseModel):
 class TlsConfig(BaseModel):
     """The ``tls:`` section: serve HTTPS (and gRPC over TLS) on the gateway's port."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
     cert: Path
     """PEM certificate (chain)."""
@@ -381,7 +381,7 @@ class TlsConfig(BaseModel):
 class AutoscalingConfig(BaseModel):
     """The ``autoscaling:`` section: who hears of scaling steps."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
     notify: list[str] = Field(default_factory=list)
     """Topics (names, SNS topic ARNs or apprise URLs) told of every scaling activity's
@@ -391,7 +391,7 @@ class AutoscalingConfig(BaseModel):
 class DeploymentsConfig(BaseModel):
     """The ``deployments:`` section: who hears how deployments end."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
     notify: list[str] = Field(default_factory=list)
     """Topics (names, SNS topic ARNs or apprise URLs) told when an UpdateEndpoint's
@@ -405,7 +405,7 @@ class StackFile(StackResources):
     from StackResources) are converged by ``shipyard apply``, not at start.
     """
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
     topics: dict[str, list[str]] = Field(default_factory=dict)
     """Topic name -> subscribers, as apprise URLs."""

@@ -25,6 +25,7 @@ content type is looked at only when one is sent with no ``Authorization``.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 
@@ -101,7 +102,6 @@ class BrowserRules:
         if (
             content_type is not None
             and head.authorization is None
-            and content_type not in _NOT_FORMS
             and _is_form(content_type)
             and method not in _SAFE_METHODS
         ):
@@ -147,20 +147,13 @@ def _name(host: str) -> str:
     return host.partition(":")[0]
 
 
-_NOT_FORMS: set[str] = set()
-"""The first content types ``_is_form`` found not to be forms (a client sends the same
-few again and again): a set lookup on the data path rather than parsing."""
-
-
+@functools.lru_cache(maxsize=64)  # bounded: content types are the caller's to choose
 def _is_form(content_type: str) -> bool:
     """Whether ``content_type`` (every value, when sent more than once) is a body a page
-    may send without a preflight."""
+    may send without a preflight. Cached: a client sends the same few again and again,
+    and a lookup costs the data path less than parsing."""
     lowered = content_type.lower()
-    if any(part.partition(";")[0].strip() in _FORMS for part in lowered.split(",")):
-        return True
-    if len(_NOT_FORMS) < 64:  # bounded: content types are the caller's to choose
-        _NOT_FORMS.add(content_type)
-    return False
+    return any(part.partition(";")[0].strip() in _FORMS for part in lowered.split(","))
 
 
 def _shown(value: str | None) -> str:

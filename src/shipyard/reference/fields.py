@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
+import itertools
 import json
+import textwrap
 import types
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
@@ -83,13 +88,42 @@ def meaning(owner: type[BaseModel], name: str, field: FieldInfo) -> str:
     """The field's description (its attribute docstring), else, for a field that is a
     model, that model's docstring; a field with neither is an error, so that every
     field's meaning is written where it is declared."""
-    text = field.description
+    text = field.description or next(
+        (d[name] for d in map(_docstrings, _models(owner)) if name in d), None
+    )
     if not text:
         nested = _model_of(field.annotation)
         text = nested.__doc__ if nested is not None else None
     if not text:
         raise ValueError(f"{owner.__name__}.{name} has no description: write its docstring")
     return prose(text)
+
+
+def _models(owner: type[BaseModel]) -> list[type[BaseModel]]:
+    """``owner`` and the models it inherits fields from, nearest first."""
+    return [c for c in owner.__mro__ if isinstance(c, type) and issubclass(c, BaseModel)
+            and c is not BaseModel]  # fmt: skip
+
+
+@functools.cache
+def _docstrings(owner: type[BaseModel]) -> dict[str, str]:
+    """The attribute docstrings of ``owner``'s fields (the string that follows a field in
+    its class body), read from its source here rather than by pydantic's
+    ``use_attribute_docstrings``, which would parse the source at every import of the
+    model: every gateway start and CLI command, for this page alone."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(owner))).body[0]
+    assert isinstance(body, ast.ClassDef)
+    found: dict[str, str] = {}
+    for stmt, after in itertools.pairwise(body.body):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            found[stmt.target.id] = inspect.cleandoc(after.value.value)
+    return found
 
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:
