@@ -46,8 +46,8 @@ from harness import (
     time_budget,
 )
 
-from shipyard.gateway.auth import SignedRequest, Verifier
-from shipyard.gateway.signatures import RequireSignature
+from shipyard.gateway.edge.auth import SignedRequest, Verifier
+from shipyard.gateway.edge.signatures import RequireSignature
 
 KEY, SECRET = "AKIABENCH00000000001", "bench-secret"
 SIGNED_LUA = HERE / "signed.lua"

@@ -5,17 +5,17 @@
 Two measures, each the process's CPU time over N requests, ROUNDS times:
 
 - ``protocol``: the gateway's HTTP protocol (uvicorn's httptools protocol with the
-  edge's limits, gateway/http_limits.py) parsing an InvokeEndpoint request fed to it as
+  edge's limits, http/server.py) parsing an InvokeEndpoint request fed to it as
   bytes and running uvicorn's ASGI cycle around an app that reads the body and answers
   it, written to a transport that keeps nothing;
 - ``layers``: what runs between the protocol and the instance's connection pool: the
-  edge (gateway/signatures.py ReadOnce), the path router, the runtime door, the
+  edge (gateway/edge/signatures.py ReadOnce), the path router, the runtime door, the
   invocation (routing/invocation.py) and the router, with an instance whose pool answers
   at once.
 
 What neither covers is the rest of a real request's cost: the system calls and the
 event loop's turns for the client's and the instance's connections, the connection pool
-(routing/client.py), and caches no longer warm between requests (bench/gateway_floor.sh
+(http/client.py), and caches no longer warm between requests (bench/gateway_floor.sh
 measures the whole). Compare trees with PYTHONPATH=TREE/src.
 """
 
@@ -30,13 +30,14 @@ import uvloop
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from shipyard.gateway.browser import BrowserRules
-from shipyard.gateway.http_limits import limited_protocol
-from shipyard.gateway.paths import PathRouter
-from shipyard.gateway.runtime import RuntimeDoor
-from shipyard.gateway.signatures import ReadOnce
+from shipyard.gateway.doors.endpoint import EndpointAccess
+from shipyard.gateway.doors.runtime import RuntimeDoor
+from shipyard.gateway.edge.browser import BrowserRules
+from shipyard.gateway.edge.signatures import ReadOnce
+from shipyard.http.client import Response
+from shipyard.http.paths import PathRouter
+from shipyard.http.server import limited_protocol
 from shipyard.metrics import Metrics
-from shipyard.routing.client import Response
 from shipyard.routing.instance import Instance
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.policies import Random
@@ -144,7 +145,7 @@ def _nothing() -> None:
 
 
 class Edge:
-    """What the HTTP protocol leaves in the scope for the doors (gateway/http_limits.py):
+    """What the HTTP protocol leaves in the scope for the doors (http/server.py):
     the body is whole, and a disconnect is never reported."""
 
     completed_messages = 1
@@ -166,7 +167,9 @@ def _edge() -> ReadOnce:
     )
     router = Router(timeout_s=60)
     router.publish(EndpointRoute("echo", [variant]))
-    door = RuntimeDoor(invocations=Invocations(router), max_payload_bytes=6 << 20)
+    door = RuntimeDoor(
+        access=EndpointAccess(invocations=Invocations(router), max_payload_bytes=6 << 20)
+    )
 
     async def nowhere(scope: Any, receive: Any, send: Any) -> None:
         raise AssertionError(scope["path"])

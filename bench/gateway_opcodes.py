@@ -7,9 +7,9 @@ On this 2-core VM the same code's CPU per request moves by ±10% from one run to
 more than most changes to the data path. Bytecodes per request do not move; in the
 running gateway they go with its CPU per request (bench/results/gateway_taken.md).
 
-One process: the gateway's HTTP protocol (gateway/http_limits.py) fed an InvokeEndpoint
+One process: the gateway's HTTP protocol (http/server.py) fed an InvokeEndpoint
 request as bytes, the edge, the doors and the router of bench/gateway_layers.py, and an
-instance connection pool (routing/client.py) talking HTTP over loopback to a small echo
+instance connection pool (http/client.py) talking HTTP over loopback to a small echo
 server in the same process (whose own work is left out of the counts). Two paths: the
 ASGI app through uvicorn's request cycle, and the request taken on callbacks (``take``),
 its head and body in one read (boto3 writes them together) or in two (http.client,

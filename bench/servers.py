@@ -18,7 +18,7 @@ Three apps, each under every server in turn, on 127.0.0.1:
   ``python -m shipyard.runtime``, i.e. ``runtime/server.py serve()`` as it is.
 - ``gateway``: ``shipyard serve`` with an endpoint of one instance of each model. Only the
   gateway's server changes; its instance still runs uvicorn. Under granian the head limits
-  of gateway/http_limits.py are replaced by granian's nearest flags, and a probe (with the
+  of http/server.py are replaced by granian's nearest flags, and a probe (with the
   head timeout cut to 2 s so it is quick) shows what each server answers at those limits.
 
 Servers: ``uvicorn`` (uvloop, httptools, as shipyard runs it), ``granian`` (ASGI, one
@@ -117,7 +117,7 @@ def granian_argv(server: str, interface: str, port: int, target: str, workdir: P
 
 
 def gateway_limit_flags(settings: Settings) -> list[str]:
-    """granian's nearest equivalents of the gateway's head limits (gateway/http_limits.py).
+    """granian's nearest equivalents of the gateway's head limits (http/server.py).
 
     hyper answers 431 once a head outgrows the read buffer (in practice somewhat past it:
     see the probe), and drops a connection whose head is late after the header read
@@ -470,7 +470,7 @@ def write_report(
         "",
         "## Head limits of the gateway (probe, head timeout 2 s)",
         "",
-        "uvicorn: gateway/http_limits.py (max_headers 100, max_head_bytes 65536, "
+        "uvicorn: http/server.py (max_headers 100, max_head_bytes 65536, "
         f"head_timeout_s). granian: {probe_flags}.",
         "",
         table(["request", *names], probe_rows) if probe_rows else "(not run)",

@@ -28,24 +28,25 @@ from shipyard.events.dispatcher import Dispatcher
 from shipyard.events.kinds import component_events, endpoint_events
 from shipyard.events.notify import Notifier
 from shipyard.events.topics import Topics
-from shipyard.gateway.actions import registry
-from shipyard.gateway.async_invocations import AsyncDoor
+from shipyard.gateway.api.actions import registry
+from shipyard.gateway.api.control import ControlDoor
+from shipyard.gateway.api.facade import JobsDoor
+from shipyard.gateway.api.stack_config import StackConfigDoor
 from shipyard.gateway.console import ConsoleDoor, ConsoleState, JobReads
-from shipyard.gateway.control import ControlDoor
-from shipyard.gateway.edge import edge, serving_tls
-from shipyard.gateway.errors import unknown_path_response
-from shipyard.gateway.facade import JobsDoor
-from shipyard.gateway.http_limits import Take
-from shipyard.gateway.oip import InferenceProtocol
-from shipyard.gateway.oip_rest import OipRestDoor
-from shipyard.gateway.openai import OpenAIDoor
-from shipyard.gateway.ops import healthz, metrics_endpoint
-from shipyard.gateway.paths import PathRouter
-from shipyard.gateway.runtime import RuntimeDoor
-from shipyard.gateway.stack_config import StackConfigDoor
-from shipyard.gateway.streaming import ResponseStreamDoor
-from shipyard.gateway.worker_metrics import WorkerMetrics
+from shipyard.gateway.doors.async_invocations import AsyncDoor
+from shipyard.gateway.doors.endpoint import EndpointAccess
+from shipyard.gateway.doors.oip.protocol import InferenceProtocol
+from shipyard.gateway.doors.oip.rest import OipRestDoor
+from shipyard.gateway.doors.openai import OpenAIDoor
+from shipyard.gateway.doors.runtime import RuntimeDoor
+from shipyard.gateway.doors.streaming import ResponseStreamDoor
+from shipyard.gateway.edge.assembly import edge, serving_tls
+from shipyard.gateway.ops.routes import healthz, metrics_endpoint
+from shipyard.gateway.ops.worker_metrics import WorkerMetrics
+from shipyard.gateway.wire.errors import unknown_path_response
 from shipyard.host_access import HostAccess
+from shipyard.http.paths import PathRouter
+from shipyard.http.server import Take
 from shipyard.jobs import assembly as jobs_assembly
 from shipyard.logs.service import LogService
 from shipyard.metrics import Metrics
@@ -74,8 +75,8 @@ StartupHook = Callable[[EndpointService], Awaitable[None]]
 class Gateway:
     """The gateway's ASGI app: every component, built from Settings and wired together.
 
-    Requests pass the edge (read once, signatures checked: gateway/signatures.py), then
-    the path router (gateway/paths.py): the data path's doors straight, everything else
+    Requests pass the edge (read once, signatures checked: gateway/edge/signatures.py), then
+    the path router (http/paths.py): the data path's doors straight, everything else
     through Starlette's routing.
     """
 
@@ -210,13 +211,14 @@ class Gateway:
         except ShipyardError as exc:
             raise ValueError(exc.message) from None  # `serve` says so and exits 2
         self.app.state.ready = False
-        self.runtime = RuntimeDoor(
+        access = EndpointAccess(
             invocations=self.invocations,
             max_payload_bytes=settings.max_payload_bytes,
             body_timeout_s=settings.body_read_timeout_s,
         )
-        self.streaming = ResponseStreamDoor(runtime=self.runtime)
-        self.oip = InferenceProtocol(runtime=self.runtime, is_ready=lambda: self.app.state.ready)
+        self.runtime = RuntimeDoor(access=access)
+        self.streaming = ResponseStreamDoor(access=access)
+        self.oip = InferenceProtocol(access=access, is_ready=lambda: self.app.state.ready)
         async_door = AsyncDoor(
             router=self.router,
             invocations=asynchronous.requests,
@@ -231,12 +233,12 @@ class Gateway:
                 "invocations-response-stream": self.streaming,
             },
             v2=OipRestDoor(self.oip),
-            v1=OpenAIDoor(runtime=self.runtime),
+            v1=OpenAIDoor(access=access),
             fallback=self.app,
         )
         self._entry = edge(doors, settings, stack)
         self.take: Take = self._entry.take
-        """For the HTTP protocol (gateway/http_limits.py): an invocation whose body is
+        """For the HTTP protocol (http/server.py): an invocation whose body is
         whole, served with no ASGI cycle or task when an instance can take it at once."""
 
     def _check_alarm_action(self, arn: str) -> str | None:
@@ -378,7 +380,7 @@ class Gateway:
         self.loops.start("cloudwatch-recorder", self.cloudwatch.recorder.run)
         self.loops.start("alarm-evaluator", self.cloudwatch.evaluator.run)
         if self.settings.grpc_port is not None:
-            from shipyard.gateway.oip_grpc import start_grpc
+            from shipyard.gateway.doors.oip.grpc import start_grpc
 
             pem = None
             if self.tls is not None:  # gRPC takes the PEM text, not the files

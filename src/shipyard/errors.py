@@ -63,7 +63,7 @@ code. By who raises them:
       UpstreamError                         the connection to an instance failed mid-request
       └── ResponseTooLarge                  the answer outgrew the limit it was sent with
       ClientGone                            the client left before it could be answered
-    gateway/bodies.py (reading a request's body)
+    http/bodies.py (reading a request's body)
       BodyError                             a body that could not be read whole
       ├── BodyTooLarge                      larger than the door's limit
       ├── BodyTimedOut                      not all there within the door's deadline

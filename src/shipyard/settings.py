@@ -28,7 +28,7 @@ class Settings(BaseSettings):
     allow_hosts: list[str] = Field(default_factory=list)
     """More ``Host`` names a gateway without ``auth:`` answers (``--allow-host``, besides
     ``allow_hosts:`` in the stack file): ``NAME`` on any port, or ``NAME:PORT``. Without
-    them it answers only localhost, 127.0.0.1 and [::1] on its port (gateway/browser.py)."""
+    them it answers only localhost, 127.0.0.1 and [::1] on its port (gateway/edge/browser.py)."""
 
     grpc_port: int | None = None
     """Port of the Open Inference Protocol's gRPC service (``inference.GRPCInferenceService``)
@@ -48,7 +48,7 @@ class Settings(BaseSettings):
 
     worker_peers: Path | None = None
     """Where the workers of one ``shipyard serve --workers`` serve their metrics to one
-    another (gateway/worker_metrics.py), set with ``worker``; a folder of that run's."""
+    another (gateway/ops/worker_metrics.py), set with ``worker``; a folder of that run's."""
 
     db: str | None = None
     """SQLAlchemy URL of the metadata store; default a SQLite file in ``home``."""

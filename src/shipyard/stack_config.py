@@ -1,7 +1,7 @@
 """The stack file's ``topics:`` and ``jobs:`` sections on a running gateway.
 
 The gateway starts with them from ``--config``; ``shipyard apply`` changes them without a
-restart (``GET /stack`` and ``PUT /stack``, gateway/stack_config.py). A change takes
+restart (``GET /stack`` and ``PUT /stack``, gateway/api/stack_config.py). A change takes
 effect at once for everything that reads them: the dispatcher's topics, the job
 service's templates, white list and limit, and the notify maps of job and transform
 announcements.

@@ -6,7 +6,7 @@ Three forms of the same tensors meet here:
 - the REST body a client sends: a JSON header whose inputs carry ``data`` as JSON, or
   ``parameters.binary_data_size`` bytes appended after the header (the binary tensor
   extension, the header's length in ``Inference-Header-Content-Length``);
-- the gRPC ``ModelInferRequest`` (gateway/oip_grpc.py turns it into :class:`Tensor`);
+- the gRPC ``ModelInferRequest`` (gateway/doors/oip/grpc.py turns it into :class:`Tensor`);
 - the **wire format** between the gateway and an instance: always the binary form, every
   tensor's bytes after the JSON header, sent to ``POST /invocations`` with
   ``Content-Type: application/vnd.shipyard.v2+tensors; header-length=N`` and the same

@@ -7,12 +7,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from shipyard.gateway.auth import Door, action_of
 from shipyard.gateway.console import fragments, pages
 from shipyard.gateway.console.door import LOG_CHUNK_BYTES, _read_log
 from shipyard.gateway.console.history import MetricsHistory
 from shipyard.gateway.console.logs import TAIL_BYTES, instance_tails
 from shipyard.gateway.console.state import ConsoleState, EndpointRow, JobReads, VariantRow
+from shipyard.gateway.edge.auth import Door, action_of
 from shipyard.records import Event, JobStatus
 from shipyard.storage.events import EventState
 

@@ -296,7 +296,7 @@ def test_a_connection_idle_between_requests_is_closed_too(open_gw: GatewayProces
 
 
 def test_a_connection_in_use_longer_than_the_idle_timeout_is_kept(open_gw: GatewayProcess) -> None:
-    # One timer per connection (shipyard/keepalive.py): when it fires while requests keep
+    # One timer per connection (shipyard/http/keepalive.py): when it fires while requests keep
     # coming it is armed again for what is left, never closing a connection in use.
     with connect(open_gw) as s:
         started = time.monotonic()

@@ -130,7 +130,7 @@ def test_a_target_value_whose_use_cannot_be_computed_is_refused(
     """botocore sends Infinity and NaN (its validation takes any float) as the strings
     "Infinity" and "NaN", and the gateway's request validation refuses them before
     PutScalingPolicy sees them, as a Java deserialiser does: SerializationException
-    (gateway/validation.py). A finite value out of 2^-360..2^360 is PutScalingPolicy's
+    (gateway/wire/validation.py). A finite value out of 2^-360..2^360 is PutScalingPolicy's
     ValidationException."""
     gw, name = guarded
     config = {"TargetValue": goal, "PredefinedMetricSpecification": PER_INSTANCE}

@@ -1,4 +1,4 @@
-"""Invocations taken on callbacks (gateway/http_limits.py ``take``): a request whose
+"""Invocations taken on callbacks (http/server.py ``take``): a request whose
 head and body arrive in one read, for an endpoint with an instance free and a connection
 to it idle, is served with no ASGI cycle or task. What its client sees must be what the
 ASGI path gives it: the same answer, the same errors, keep-alive, pipelining and

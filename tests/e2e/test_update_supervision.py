@@ -15,7 +15,7 @@ from pathlib import Path
 
 from shipyard.app import create_app
 from shipyard.demo import DEMO_NAME, deploy_demo
-from shipyard.gateway.actions import endpoint_configs
+from shipyard.gateway.api.actions import endpoint_configs
 from shipyard.records import EndpointStatus
 from shipyard.settings import Settings
 from tests.conftest import wait_until_async

@@ -24,7 +24,7 @@ from re import _constants as sre_c  # type: ignore[attr-defined]
 from re import _parser as sre_parse  # type: ignore[attr-defined]
 from typing import Any
 
-from shipyard.gateway.validation import Matcher, _compile
+from shipyard.gateway.wire.validation import Matcher, _compile
 
 MISSING: Any = object()
 """What an override returns when it has no opinion on a member."""

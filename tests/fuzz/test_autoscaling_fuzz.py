@@ -18,7 +18,7 @@ from typing import Any
 import botocore.session
 import pytest
 
-from shipyard.gateway.actions.autoscaling import ACTIONS
+from shipyard.gateway.api.actions.autoscaling import ACTIONS
 from tests.conftest import GatewayProcess, make_tarball, start_gateway, wait_in_service
 from tests.fuzz.shapes import MISSING, Request, Skeletons, mutate
 from tests.fuzz.test_control_plane_fuzz import SEED, assert_clean, post

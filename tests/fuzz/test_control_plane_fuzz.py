@@ -31,8 +31,8 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
-from shipyard.gateway.actions import ACTIONS, JOB_ACTIONS
-from shipyard.gateway.actions.transform_jobs import ACTIONS as TRANSFORM_ACTIONS
+from shipyard.gateway.api.actions import ACTIONS, JOB_ACTIONS
+from shipyard.gateway.api.actions.transform_jobs import ACTIONS as TRANSFORM_ACTIONS
 from tests.conftest import GatewayProcess, start_gateway, stop_job_processes
 from tests.e2e.processes import instance_pids
 from tests.fuzz.shapes import MISSING, Request, Skeletons, mutate

@@ -47,7 +47,7 @@ KEY, SECRET_ENV, SECRET = "AKIAFUZZ0000000000002", "SHIPYARD_FUZZ_SECRET", "fuzz
 SUM = "fuzz-sum"
 ECHO = "fuzz-echo"
 HTTP_PARSER_400 = b"Invalid HTTP request received."  # the HTTP parser's own 400
-HEAD_431 = b"Request header fields too large."  # gateway/http_limits.py, before any door
+HEAD_431 = b"Request header fields too large."  # http/server.py, before any door
 CODING_501 = b"Transfer codings other than chunked are not implemented."  # the same, its head
 
 

@@ -7,8 +7,8 @@ import random
 import botocore.session
 import pytest
 
-from shipyard.gateway.actions import ACTIONS, JOB_ACTIONS, LOCAL_URI_SHAPES
-from shipyard.gateway.validation import RequestValidator
+from shipyard.gateway.api.actions import ACTIONS, JOB_ACTIONS, LOCAL_URI_SHAPES
+from shipyard.gateway.wire.validation import RequestValidator
 from tests.fuzz.shapes import MISSING, Skeletons, mutate
 
 OPERATIONS = sorted({*ACTIONS, *JOB_ACTIONS})

@@ -1,5 +1,5 @@
 """The runtime's invocations on the wire: answered from the HTTP protocol without an ASGI
-task (runtime/direct.py), they leave the connection as uvicorn's own cycle does.
+task (http/direct.py), they leave the connection as uvicorn's own cycle does.
 
 Driven over raw sockets against a real runtime process, so that the bytes on the wire,
 pipelined requests and the connection's end are what is checked.

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from shipyard.http.client import Response
 from shipyard.routing import adapters
 from shipyard.routing.adapters import Adapter, AdapterLoader
-from shipyard.routing.client import Response
 from shipyard.routing.instance import Instance
 
 

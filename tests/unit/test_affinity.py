@@ -7,8 +7,8 @@ from collections import Counter, OrderedDict
 
 import pytest
 
+from shipyard.http.client import Response
 from shipyard.metrics import Metrics
-from shipyard.routing.client import Response
 from shipyard.routing.instance import Instance
 from shipyard.routing.multimodel import CACHE, EVICTED, MultiModelRoute
 from shipyard.routing.policies import (

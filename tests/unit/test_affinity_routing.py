@@ -8,8 +8,8 @@ from collections.abc import Callable
 import pytest
 
 from shipyard.errors import ModelNotReady, RuntimeValidationError, UpstreamError
+from shipyard.http.client import Response
 from shipyard.metrics import Metrics
-from shipyard.routing.client import Response
 from shipyard.routing.instance import Instance
 from shipyard.routing.multimodel import (
     CACHE,

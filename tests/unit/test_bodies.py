@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from shipyard.errors import BodyEncodingError, BodyTimedOut, BodyTooLarge, ClientLeft
-from shipyard.gateway import bodies
+from shipyard.http import bodies
 
 SCOPE: dict[str, Any] = {"type": "http"}  # not seen by the edge: read under a deadline
 

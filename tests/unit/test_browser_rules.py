@@ -1,12 +1,12 @@
-"""The browser rules of a gateway without auth: (gateway/browser.py), by the head alone."""
+"""The browser rules of a gateway without auth: (gateway/edge/browser.py), by the head alone."""
 
 from __future__ import annotations
 
 import pytest
 
-from shipyard.gateway.auth import Head
-from shipyard.gateway.browser import BrowserRules
-from shipyard.gateway.edge import _bound
+from shipyard.gateway.edge.assembly import _bound
+from shipyard.gateway.edge.auth import Head
+from shipyard.gateway.edge.browser import BrowserRules
 
 RULES = BrowserRules(8080, ["gw.example", "proxy.example:9000", "[::2]"])
 

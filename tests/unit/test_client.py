@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from shipyard.errors import UpstreamError
-from shipyard.routing.client import ConnectionPool
+from shipyard.http.client import ConnectionPool
 from tests.conftest import wait_until_async
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

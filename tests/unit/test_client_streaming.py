@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 import pytest
 
 from shipyard.errors import UpstreamError
-from shipyard.routing.client import ConnectionPool, StreamedResponse
+from shipyard.http.client import ConnectionPool, StreamedResponse
 from tests.conftest import wait_until_async
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

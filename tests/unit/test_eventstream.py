@@ -14,7 +14,7 @@ from botocore.eventstream import EventStream, EventStreamBuffer
 from botocore.exceptions import EventStreamError
 from botocore.parsers import EventStreamJSONParser
 
-from shipyard.gateway import eventstream
+from shipyard.http import eventstream
 
 
 def parse(data: bytes) -> list[Any]:

@@ -1,5 +1,5 @@
 """The gateway's HTTP protocol offers a request whose body is whole to the app's ``take``
-(gateway/http_limits.py), and gives uvicorn's request cycle whatever it does not take,
+(http/server.py), and gives uvicorn's request cycle whatever it does not take,
 as if never held: the real protocol class, fed bytes, over a transport that records."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from shipyard.gateway.http_limits import Respond, body_arrived, limited_protocol
+from shipyard.http.server import Respond, body_arrived, limited_protocol
 
 Taker = Callable[[dict[str, Any], bytes, Respond], bool]
 

@@ -1,5 +1,5 @@
 """A built-in runtime instance on this host also serves on a Unix socket, and the
-gateway's requests to it take that socket (backends/local.py, routing/client.py).
+gateway's requests to it take that socket (backends/local.py, http/client.py).
 
 Real instance processes (plain, and in a bubblewrap sandbox where bwrap is installed),
 real requests through the gateway's connection pool.

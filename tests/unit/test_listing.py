@@ -1,4 +1,4 @@
-"""The List actions' order and paging (gateway/actions/listing.py), each as botocore
+"""The List actions' order and paging (gateway/api/actions/listing.py), each as botocore
 documents its defaults."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from enum import Enum
 import pytest
 
 from shipyard.errors import InvalidParameter
-from shipyard.gateway.actions import listing
-from shipyard.gateway.actions.listing import page_jobs
+from shipyard.gateway.api.actions import listing
+from shipyard.gateway.api.actions.listing import page_jobs
 
 
 class _Status(Enum):

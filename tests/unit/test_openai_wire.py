@@ -1,5 +1,5 @@
 """The OpenAI-compatible door's wire pieces: server-sent event framing of a model's JSON
-Lines, and OpenAI's error objects (gateway/openai.py, gateway/errors.py)."""
+Lines, and OpenAI's error objects (gateway/doors/openai.py, gateway/wire/errors.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from shipyard.errors import (
     Throttling,
     UnrecognizedClient,
 )
-from shipyard.gateway.auth import Verifier
-from shipyard.gateway.errors import openai_error_body
-from shipyard.gateway.openai import ModelNotFound, SseFraming, _read_request
+from shipyard.gateway.doors.openai import ModelNotFound, SseFraming, _read_request
+from shipyard.gateway.edge.auth import Verifier
+from shipyard.gateway.wire.errors import openai_error_body
 
 
 def test_lines_become_events_whatever_the_chunks() -> None:
@@ -46,8 +46,8 @@ def test_a_model_speaking_sse_is_framed_once() -> None:
 
 
 def test_a_line_past_the_limit_fails_the_stream(monkeypatch: pytest.MonkeyPatch) -> None:
-    from shipyard.gateway import openai
-    from shipyard.gateway.streaming import FramingError
+    from shipyard.gateway.doors import openai
+    from shipyard.gateway.doors.relay import FramingError
 
     monkeypatch.setattr(openai, "MAX_LINE_BYTES", 100)
     framing = SseFraming()
@@ -158,7 +158,7 @@ def test_bearer_tokens_travel_only_over_tls_or_loopback(
 ) -> None:
     import asyncio
 
-    from shipyard.gateway.signatures import RequireSignature
+    from shipyard.gateway.edge.signatures import RequireSignature
 
     async def door(scope: object, receive: object, send: object) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 import pytest
 
 from shipyard.errors import ModelNotReady, RuntimeValidationError, ServiceUnavailable
+from shipyard.http.client import Response
 from shipyard.metrics import Metrics
 from shipyard.records import RoutingStrategy
-from shipyard.routing.client import Response
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import LeastOutstandingRequests, Random, policy_for
 from shipyard.routing.router import Call, Router

@@ -1,4 +1,4 @@
-"""The instance's protocol answering invocations without an ASGI task (runtime/direct.py),
+"""The instance's protocol answering invocations without an ASGI task (http/direct.py),
 in process on loopback: what it must keep of uvicorn's own cycle under pipelining, a
 client that does not read, a handler that raises anything, and keep-alive."""
 
@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import uvicorn
 
-from shipyard.keepalive import LazyKeepAlive
-from shipyard.runtime.direct import Answer, direct_protocol
+from shipyard.http.direct import Answer, direct_protocol
+from shipyard.http.keepalive import LazyKeepAlive
+from shipyard.http.writes import coalescing
 from shipyard.runtime.handlers import Handlers
 from shipyard.runtime.server import RuntimeApp
-from shipyard.writes import coalescing
 from tests.runtime.test_runtime_wire import invocation
 
 CODE = """

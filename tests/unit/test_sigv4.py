@@ -20,7 +20,7 @@ from shipyard.errors import (
     RepeatedHeader,
     UnrecognizedClient,
 )
-from shipyard.gateway.auth import (
+from shipyard.gateway.edge.auth import (
     ADMITTED,
     Caller,
     Door,
@@ -30,7 +30,7 @@ from shipyard.gateway.auth import (
     authorize,
     read_head,
 )
-from shipyard.gateway.signatures import RequireSignature
+from shipyard.gateway.edge.signatures import RequireSignature
 
 KEY, SECRET = "AKIATESTOPS000000001", "ops-secret/with+chars"
 NOW = dt.datetime(2026, 11, 22, 12, 0, 0, tzinfo=dt.UTC)

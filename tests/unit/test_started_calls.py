@@ -17,9 +17,10 @@ from shipyard.errors import (
     ResponseTooLarge,
     UpstreamError,
 )
-from shipyard.gateway.runtime import RuntimeDoor
+from shipyard.gateway.doors.endpoint import EndpointAccess
+from shipyard.gateway.doors.runtime import RuntimeDoor
+from shipyard.http.client import ConnectionPool
 from shipyard.metrics import Metrics
-from shipyard.routing.client import ConnectionPool
 from shipyard.routing.instance import Instance
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.policies import Random
@@ -342,7 +343,9 @@ def test_the_door_answers_every_outcome_of_a_started_call() -> None:
     the door's ASGI call; a call that never reached an instance is not the model's
     invocation, whatever it is answered."""
     router, route, variant = table(9)
-    door = RuntimeDoor(invocations=Invocations(router), max_payload_bytes=1 << 20)
+    door = RuntimeDoor(
+        access=EndpointAccess(invocations=Invocations(router), max_payload_bytes=1 << 20)
+    )
     answers: list[tuple[int, list[tuple[bytes, bytes]], bytes]] = []
 
     def respond(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:

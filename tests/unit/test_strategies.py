@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Sequence
 import pytest
 
 from shipyard.errors import ModelNotReady, Throttling
+from shipyard.http.client import Response
 from shipyard.metrics import Metrics
-from shipyard.routing.client import Response
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import Random
 from shipyard.routing.router import Call, Router

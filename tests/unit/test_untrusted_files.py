@@ -1,7 +1,7 @@
 """The gateway reads a job's files (its log, status and PID files) from a folder the job's
 code writes: a link or a FIFO put in place of one is never followed, never waited on.
 
-Each reader of a job's log is tried: GET /jobs/{name}/logs (gateway/facade.py),
+Each reader of a job's log is tried: GET /jobs/{name}/logs (gateway/api/facade.py),
 GetLogEvents (logs/service.py), the console's log view, the status lines and the PID
 files the backend reads.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from shipyard.backends.local import LocalBackend
+from shipyard.gateway.api.facade import _read_from
 from shipyard.gateway.console.door import _read_log
-from shipyard.gateway.facade import _read_from
 from shipyard.job_contract import open_untrusted, read_status, untrusted_size
 from shipyard.logs.service import LogStream, _lines
 

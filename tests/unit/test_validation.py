@@ -14,7 +14,7 @@ from shipyard.errors import (
     UnknownOperation,
     ValidationException,
 )
-from shipyard.gateway.validation import RequestValidator
+from shipyard.gateway.wire.validation import RequestValidator
 
 NAME_PATTERN = "^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}"
 

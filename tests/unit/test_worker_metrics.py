@@ -1,6 +1,6 @@
-"""/metrics across workers (gateway/worker_metrics.py): each worker serves its registry
+"""/metrics across workers (gateway/ops/worker_metrics.py): each worker serves its registry
 on a Unix socket, and the one asked gives every worker's series with its label; and what
-a key scoped to some resources sees of it (gateway/ops.py)."""
+a key scoped to some resources sees of it (gateway/ops/routes.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shipyard.gateway.ops import _Reached, _Text, _visible, scoped
-from shipyard.gateway.worker_metrics import WorkerMetrics, _grouped
+from shipyard.gateway.ops.routes import _Reached, _Text, _visible, scoped
+from shipyard.gateway.ops.worker_metrics import WorkerMetrics, _grouped
 from shipyard.metrics import Metrics
 
 
@@ -124,7 +124,7 @@ def test_a_cut_answer_is_left_out_and_a_scoped_key_sees_only_what_it_reaches() -
 
 def test_a_key_scoped_to_endpoints_sees_no_other_transform_job() -> None:
     """A series names a transform job in its ``job`` label: a key that cannot reach the
-    job does not see it, as it does not see another team's endpoint (gateway/ops.py)."""
+    job does not see it, as it does not see another team's endpoint (gateway/ops/routes.py)."""
     metrics = Metrics()
     metrics.transform_records.labels("team-a-job").set(1)
     metrics.transform_records.labels("team-b-job").set(2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from shipyard.writes import CoalescingTransport
+from shipyard.http.writes import CoalescingTransport
 
 
 class Recording:

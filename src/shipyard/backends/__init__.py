@@ -65,7 +65,7 @@ class BackendContext:
 
     hidden: tuple[Path, ...] = ()
     """Folders of the gateway's besides its home that a sandbox masks even where a file
-    root holds them (the workers' metrics sockets: gateway/worker_metrics.py)."""
+    root holds them (the workers' metrics sockets: gateway/ops/worker_metrics.py)."""
 
     filesystems: Filesystems | None = None
     """The gateway's file systems (``auth.file_roots`` enforced): what a backend fetches

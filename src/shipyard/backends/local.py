@@ -16,7 +16,7 @@ outside them: a sandboxed runner's bwrap is recorded beside its working folder
 line, which any process can take.
 
 A built-in runtime instance also serves on a Unix socket, and the gateway that started
-it sends its requests there (routing/client.py): on one host that costs both processes
+it sends its requests there (http/client.py): on one host that costs both processes
 less than TCP on loopback. The backend binds the socket itself, in a folder only the
 gateway's user reads and no sandbox is shown (``<temp>/shipyard-*/<n>.sock``), and
 hands the instance the bound socket (``--unix-socket-fd``): the instance never names,

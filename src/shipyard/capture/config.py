@@ -2,7 +2,7 @@
 
 The endpoint config keeps the request as sent (``EndpointConfig.raw``), so the capture
 settings are read back from there rather than stored twice; the control plane checks
-them before anything is stored (gateway/actions/data_capture.py), and ``from_wire``
+them before anything is stored (gateway/api/actions/data_capture.py), and ``from_wire``
 trusts what it reads.
 """
 

@@ -75,12 +75,11 @@ def serve(
     ] = None,
 ) -> None:
     """Start the gateway."""
-    import uvicorn
     from pydantic import ValidationError
 
     from shipyard.app import create_app
     from shipyard.demo import deploy_demo
-    from shipyard.gateway.http_limits import limited_protocol
+    from shipyard.http.serving import ServerLimits, server_config
     from shipyard.settings import Settings
 
     given: dict[str, Any] = {
@@ -127,38 +126,26 @@ def serve(
     except ValueError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from exc
-    server_config = uvicorn.Config(
+    limits = ServerLimits(
+        max_headers=settings.max_headers,
+        max_head_bytes=settings.max_head_bytes,
+        head_timeout_s=settings.head_timeout_s,
+        idle_timeout_s=settings.idle_timeout_s,
+        max_connections=settings.max_connections,
+        drain_timeout_s=settings.drain_timeout_s,
+    )
+    # The flags, else the stack file's tls: section (create_app checked them).
+    uvicorn_config = server_config(
         gateway,
         host=settings.host,
         port=settings.port,
-        loop="uvloop",
-        http=limited_protocol(
-            max_headers=settings.max_headers,
-            max_head_bytes=settings.max_head_bytes,
-            head_timeout_s=settings.head_timeout_s,
-            take=gateway.take,
-        ),
-        # The edge switches to no other protocol (http_limits): no WebSocket
-        # implementation to load for it.
-        ws="none",
-        access_log=False,
-        log_level="warning",
-        # No caller's X-Forwarded-* rewrites who it is, and no header says what we run on.
-        proxy_headers=False,
-        server_header=False,
-        # Closed idle from the moment it opens (http_limits), and between requests.
-        timeout_keep_alive=settings.idle_timeout_s,  # type: ignore[arg-type]
-        # uvicorn counts the connection asking among the open ones: one more lets
-        # max_connections be open and served, and answers 503 to the next.
-        limit_concurrency=settings.max_connections + 1,
-        timeout_graceful_shutdown=int(settings.drain_timeout_s),
-        # The flags, else the stack file's tls: section (create_app checked them).
-        ssl_certfile=gateway.tls[0] if gateway.tls else None,
-        ssl_keyfile=gateway.tls[1] if gateway.tls else None,
+        limits=limits,
+        take=gateway.take,
+        tls=gateway.tls,
     )
     # A worker serves the socket its supervisor bound; a gateway alone binds it itself.
     sockets = [workers.inherited_socket()] if settings.worker is not None else None
-    server = workers.server(server_config, ready)
+    server = workers.server(uvicorn_config, ready)
     server.run(sockets=sockets)
     if not server.started:
         raise typer.Exit(3)  # uvicorn.run's exit status when the server could not start

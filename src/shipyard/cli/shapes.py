@@ -6,7 +6,7 @@ a RegisterScalableTarget and a PutScalingPolicy. botocore's own validator checks
 against its service model's input shape, as boto3 would when the call is made, so a field
 that boto3 would refuse half-way through an apply (an unknown member, a wrong type, a
 missing required member) is found before anything changes, and named by line; so is a
-member the gateway refuses as not done here (gateway/unsupported.py), and a variable of an
+member the gateway refuses as not done here (gateway/api/unsupported.py), and a variable of an
 ``Environment`` (a model's or component's container, a job template) that is the
 gateway's own, which it refuses to every caller (host_access.gateway_variable_refusal).
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from shipyard.cli.stack import resource_id, scaling_body, scaling_calls
-from shipyard.gateway import unsupported
+from shipyard.gateway.api import unsupported
 from shipyard.host_access import gateway_variable_refusal
 from shipyard.stackfile import Loc, StackFile, dotted, line_of, read_yaml
 
@@ -93,7 +93,7 @@ def _validate(service: str, operation: str, params: dict[str, Any]) -> list[tupl
     """(where under ``params``, what is wrong) for each error botocore's validator finds."""
     from botocore.validate import ParamValidator, ValidationErrors
 
-    from shipyard.gateway.validation import service_model
+    from shipyard.gateway.wire.validation import service_model
 
     shape = service_model(service).operation_model(operation).input_shape
     report = ParamValidator().validate(params, shape)

@@ -175,7 +175,7 @@ def supervise(settings: Settings, argv: Sequence[str]) -> int:
             store.migrate()
         finally:
             store.close()
-        # Where the workers serve their metrics to one another (gateway/worker_metrics.py):
+        # Where the workers serve their metrics to one another (gateway/ops/worker_metrics.py):
         # a folder of this run's alone (mode 0700), gone with it.
         with tempfile.TemporaryDirectory(prefix="shipyard-workers-") as peers:
             return _Supervisor(argv, sock, Path(peers)).run(settings.workers)

@@ -1,6 +1,6 @@
 """CloudWatchService: reading and writing metrics, and keeping alarms.
 
-The control plane's ``cloudwatch`` actions land here (gateway/actions/cloudwatch.py
+The control plane's ``cloudwatch`` actions land here (gateway/api/actions/cloudwatch.py
 turns AWS's fields into these arguments). Reads add up every gateway's rows of a
 period; a period finer than a minute reads the 10 s rows (kept three hours), any other
 the one-minute rows (kept ``SHIPYARD_METRICS_RETENTION_DAYS``).

@@ -3,7 +3,7 @@ botocore's own models list them, marked by what the gateway serves.
 
 Served is computed, not written: the control plane's operations are those of the action
 registry's families (gateway/actions), the runtime's those of the runtime doors below;
-an operation with members the gateway refuses by name (gateway/unsupported.py) is
+an operation with members the gateway refuses by name (gateway/api/unsupported.py) is
 partly served, and its note lists them.
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Mapping
 import botocore
 import botocore.session
 
-from shipyard.gateway.actions import FAMILIES
-from shipyard.gateway.unsupported import TABLE, refused_paths
+from shipyard.gateway.api.actions import FAMILIES
+from shipyard.gateway.api.unsupported import TABLE, refused_paths
 from shipyard.reference.markdown import code, page, table
 
 SERVICES = ("sagemaker", "sagemaker-runtime", "application-autoscaling", "cloudwatch", "logs")
@@ -28,7 +28,7 @@ RUNTIME_DOORS = {
     "InvokeEndpointWithResponseStream": "/endpoints/{EndpointName}/invocations-response-stream",
 }
 """sagemaker-runtime's operations and the path of the door that serves each (the runtime
-doors, gateway/runtime.py, async_invocations.py and streaming.py, routed in app.py)."""
+doors, gateway/doors/runtime.py, async_invocations.py and streaming.py, routed in app.py)."""
 
 SERVED, PARTLY, NOT_SERVED = "served", "partly", "not served"
 
@@ -43,7 +43,7 @@ def served() -> dict[str, set[str]]:
 
 
 def refused() -> dict[str, list[str]]:
-    """Operation -> the members it refuses (paths of gateway/unsupported.py's table)."""
+    """Operation -> the members it refuses (paths of gateway/api/unsupported.py's table)."""
     return {row.operation: refused_paths(row.operation) for row in TABLE}
 
 

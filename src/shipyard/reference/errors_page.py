@@ -1,5 +1,5 @@
 """docs/reference/errors.md: the exception tree of shipyard/errors.py, with each error's
-wire code and HTTP status on the doors that answer it (gateway/errors.py renders them)."""
+wire code and HTTP status on the doors that answer it (gateway/wire/errors.py renders them)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from shipyard.errors import (
     RuntimeFailure,
     ShipyardError,
 )
-from shipyard.gateway.errors import openai_error_body
+from shipyard.gateway.wire.errors import openai_error_body
 from shipyard.reference.markdown import code, first_paragraph, page, table
 
 

@@ -34,7 +34,7 @@ from urllib.parse import quote
 
 from shipyard.contract import ADAPTER_IDENTIFIER, ADAPTERS_TOKEN, ERROR
 from shipyard.errors import ModelError, UpstreamError
-from shipyard.routing.client import OnAnswer, Response, StreamedResponse
+from shipyard.http.client import OnAnswer, Response, StreamedResponse
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import Policy
 

@@ -8,7 +8,7 @@ from collections import deque
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from shipyard.routing.client import ConnectionPool, Response
+from shipyard.http.client import ConnectionPool, Response
 
 
 class Waiter(Protocol):
@@ -35,7 +35,7 @@ class Instance:
     answers (routing/multimodel.py), so it may be briefly out of date. Empty otherwise.
 
     ``socket_path``: a Unix socket on this host where the instance also serves, which
-    its requests then take (routing/client.py); its ``url`` stays what others see.
+    its requests then take (http/client.py); its ``url`` stays what others see.
 
     ``takes_copies``: it runs the built-in runtime, which takes a shadow's copies many
     at a time (contract.COPIES_PATH); cleared should it answer that route 404.

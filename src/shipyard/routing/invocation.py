@@ -31,7 +31,7 @@ from typing import TypeVar
 
 from shipyard.contract import BATCH, parse_batch
 from shipyard.errors import EndpointNotFound, ModelError, RuntimeValidationError, UpstreamError
-from shipyard.routing.client import Response, StreamedResponse
+from shipyard.http.client import Response, StreamedResponse
 from shipyard.routing.multimodel import refusal, target_model
 from shipyard.routing.pipeline import FAILED_CONTAINER, ContainerGroupPool
 from shipyard.routing.router import ASK_CONTAINER, ASK_MODEL, Call, Exchange, Router

@@ -37,7 +37,7 @@ from shipyard.contract import (
     model_url,
 )
 from shipyard.errors import ArtifactError
-from shipyard.routing.client import Response
+from shipyard.http.client import Response
 from shipyard.routing.instance import Instance
 
 Headers = list[tuple[bytes, bytes]]

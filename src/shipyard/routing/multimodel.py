@@ -39,8 +39,8 @@ from shipyard.errors import (
     RuntimeValidationError,
     ServiceUnavailable,
 )
+from shipyard.http.client import OnAnswer, Response, StreamedResponse
 from shipyard.metrics import ModelMetrics
-from shipyard.routing.client import OnAnswer, Response, StreamedResponse
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import ModelPolicy
 from shipyard.routing.strategies import open_invocation

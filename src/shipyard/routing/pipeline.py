@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from shipyard.contract import INVOCATIONS_PATH, TARGET_CONTAINER_HOSTNAME
 from shipyard.errors import ResponseTooLarge, RuntimeValidationError, UpstreamError
-from shipyard.routing.client import ConnectionPool, OnAnswer, Response, StreamedResponse
+from shipyard.http.client import ConnectionPool, OnAnswer, Response, StreamedResponse
 
 Headers = list[tuple[bytes, bytes]]
 

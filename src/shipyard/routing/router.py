@@ -45,8 +45,8 @@ from shipyard.errors import (
     ServiceUnavailable,
     UpstreamError,
 )
+from shipyard.http.client import Response, StreamedResponse
 from shipyard.routing import sessions
-from shipyard.routing.client import Response, StreamedResponse
 from shipyard.routing.deadlines import Deadlines
 from shipyard.routing.instance import Instance, Waiter
 from shipyard.routing.strategies import Admission

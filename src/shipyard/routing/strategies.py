@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from shipyard.contract import INVOCATIONS_PATH
-from shipyard.routing.client import OnAnswer, Response, StreamedResponse
+from shipyard.http.client import OnAnswer, Response, StreamedResponse
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import Policy
 

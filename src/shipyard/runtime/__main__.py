@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 unix_sock = server.unix_listener(args.unix_socket_fd)
             except (OSError, ValueError) as exc:
-                # The gateway then reaches the instance on its port (routing/client.py).
+                # The gateway then reaches the instance on its port (http/client.py).
                 log.warning("not serving on the Unix socket given: %s", exc)
         model_dir: Path = args.model_dir or _fetch(args.model_url, cache, os.environ)
         if args.model_url:

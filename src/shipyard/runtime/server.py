@@ -44,14 +44,14 @@ from shipyard.contract import (
     unpack_copies,
 )
 from shipyard.errors import CodecError
-from shipyard.keepalive import LazyKeepAlive
+from shipyard.http.direct import Answer, direct_protocol, header_value
+from shipyard.http.keepalive import LazyKeepAlive
+from shipyard.http.writes import coalescing
 from shipyard.runtime import streaming
 from shipyard.runtime.adapters import NOT_FOUND, AdapterError, Adapters
 from shipyard.runtime.batching import BatchConfig, Batcher
-from shipyard.runtime.direct import Answer, direct_protocol, header_value
 from shipyard.runtime.handlers import Context, Handlers, Request
 from shipyard.runtime.workers import Inline, PingStandby, Runner, batch_runner
-from shipyard.writes import coalescing
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ class RuntimeApp:
         await send({"type": "http.response.body", "body": payload})
 
     def answer_now(self, headers: list[tuple[bytes, bytes]], body: bytes) -> Answer | App | None:
-        """``POST /invocations`` answered in the protocol's callback (runtime/direct.py),
+        """``POST /invocations`` answered in the protocol's callback (http/direct.py),
         the handlers called inline as ``_invocations`` calls them; None, before any
         handler runs, for what only the ASGI path does: handler threads, adapters, a
         batch, a streamed answer."""
@@ -538,8 +538,8 @@ def serve(app: App, sock: socket.socket, unix_sock: socket.socket | None = None)
         app,
         loop="uvloop",
         # uvicorn's httptools protocol, a response's head and body in one system call, one
-        # keep-alive timer per connection (shipyard/keepalive.py), and a RuntimeApp's
-        # invocations answered without an ASGI task (runtime/direct.py).
+        # keep-alive timer per connection (shipyard/http/keepalive.py), and a RuntimeApp's
+        # invocations answered without an ASGI task (http/direct.py).
         http=protocol,
         ws="none",
         lifespan="off",

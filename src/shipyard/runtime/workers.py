@@ -79,7 +79,7 @@ class Inline:
         return self.call(fn, *args)
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """``run`` for a caller that is no coroutine (runtime/direct.py)."""
+        """``run`` for a caller that is no coroutine (http/direct.py)."""
         self.since = time.monotonic()
         try:
             return fn(*args)

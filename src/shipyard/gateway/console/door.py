@@ -10,7 +10,7 @@ before Starlette routes anything (app.py), so the console costs the data path no
 but the CPU its own requests take.
 
 With an ``auth:`` section the pages and static files load unsigned and every view is
-signed by the page's script; gateway/auth.py scopes each view as the action it
+signed by the page's script; gateway/edge/auth.py scopes each view as the action it
 reads (e.g. ``sagemaker:DescribeEndpoint``, ``shipyard:GetMetrics``). A key scoped by
 resource sees only what it reaches: a view of one endpoint or job (its logs and
 metrics included) is refused unless the key reaches that resource's ARN, and the lists
@@ -33,12 +33,12 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
 from shipyard.errors import AccessDenied, ResourceNotFound, ShipyardError
-from shipyard.gateway.auth import admitted
 from shipyard.gateway.console import fragments, pages
 from shipyard.gateway.console.history import MetricsHistory
 from shipyard.gateway.console.logs import instance_tails
 from shipyard.gateway.console.state import ConsoleState, Reaches
-from shipyard.gateway.errors import control_error_response
+from shipyard.gateway.edge.auth import admitted
+from shipyard.gateway.wire.errors import control_error_response
 from shipyard.job_contract import open_untrusted, untrusted_size
 from shipyard.provisioning.fleet import TRANSFORM_JOB_LOGS
 

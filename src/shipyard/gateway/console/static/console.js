@@ -8,7 +8,7 @@
 // With an auth: section (body[data-auth="1"]) every call is signed with AWS
 // Signature V4 using a key the user enters, kept in this tab's sessionStorage, with
 // Web Crypto's HMAC-SHA256, exactly as botocore signs, so the gateway's own verifier
-// (gateway/auth.py) checks it.
+// (gateway/edge/auth.py) checks it.
 "use strict";
 
 (() => {

@@ -1,0 +1,9 @@
+"""HTTP/1.1 with nothing of shipyard in it: the gateway's server protocol and its limits
+(``server``), the path router (``paths``), bodies read whole within limits (``bodies``),
+AWS event-stream framing (``eventstream``), the pooled client that reaches instances
+(``client``), the instance's direct protocol (``direct``), lazy keep-alive and coalesced
+writes (``keepalive``, ``writes``), and the server's assembly (``serving``).
+
+It imports nothing of shipyard above ``shipyard.errors`` (an import-linter contract in
+``pyproject.toml`` holds it there), so each piece can be read, tested and replaced as
+plain HTTP."""
