@@ -28,6 +28,7 @@ from shipyard.records import (
     VariantSpec,
     VariantState,
 )
+from shipyard.routing import priorities
 from shipyard.storage.components import ComponentStore
 from shipyard.storage.metadata import MetadataStore, now
 from shipyard.storage.metrics import MetricStore
@@ -164,6 +165,13 @@ class EndpointService:
                 raise InvalidParameter(
                     f"Production variant {variant.name} has a ServerlessConfig; serverless "
                     f"endpoints do not support {what}."
+                )
+            queued = priorities.configured_variables(model.environment)
+            if queued and (async_config is not None or model.multi_model):
+                what = "AsyncInferenceConfig" if async_config is not None else "a MultiModel model"
+                raise InvalidParameter(
+                    f"Model {model.name} sets Environment {queued[0]}; an endpoint config "
+                    f"with {what} does not hold requests in a priority queue."
                 )
             if async_config is not None and model.multi_model:
                 # InvokeEndpointAsync has no TargetModel, so no request could name a model.

@@ -8,6 +8,7 @@ from shipyard.control.endpoints import EndpointService
 from shipyard.errors import InvalidParameter
 from shipyard.gateway.api.actions.listing import page
 from shipyard.records import ContainerMode, ExecutionMode, Model
+from shipyard.routing import priorities
 
 # Multi-model settings the built-in runtime reads from the model's Environment.
 _CACHE_KNOBS = (
@@ -30,6 +31,9 @@ def create_model(svc: EndpointService, p: dict[str, Any]) -> dict[str, Any]:
         raise InvalidParameter("PrimaryContainer.Image must be provided.")
     _check_mode(p, container)
     _check_containers(p)
+    priorities.queue_rules(
+        {str(k): str(v) for k, v in (container.get("Environment") or {}).items()}
+    )  # refuses a bad admission value, naming it
     # None of the containers may run a command, set a variable or name a file this
     # gateway's auth: section does not allow.
     for n, other in enumerate(p.get("Containers") or [], start=1):
