@@ -20,6 +20,10 @@ _BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
+_QUEUE_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    30.0, 60.0,
+)  # fmt: skip
 
 
 # Server-side batches: SHIPYARD_MAX_BATCH_SIZE is typically a power of two up to 128 or so.
@@ -173,6 +177,34 @@ class Metrics:
 
         self._async_metrics()
         self._model_metrics()
+        self._admission_metrics()
+
+    def _admission_metrics(self) -> None:
+        # A variant's priority queue (routing/priorities.py): per level, as the level's
+        # number ("1", "2", ...).
+        labels = ("endpoint", "variant", "priority")
+        self.queue_time = Histogram(
+            "shipyard_queue_time_seconds",
+            "QueueTime: how long each request that started on an instance waited for it at "
+            "the gateway, per priority level.",
+            labels,
+            buckets=_QUEUE_BUCKETS,
+            registry=self.registry,
+        )
+        self.admission_rejections = Counter(
+            "shipyard_admission_rejections",
+            "AdmissionRejections: requests refused by a variant's queue, per priority level "
+            "and reason: queue_full (the queue was at its limit) or deadline (still waiting "
+            "at its deadline).",
+            (*labels, "reason"),
+            registry=self.registry,
+        )
+
+    def watch_queued(self, read: Callable[[], Iterable[tuple[str, str, int, int]]]) -> None:
+        """Export ``shipyard_queued_requests`` from ``read()`` at each scrape: (endpoint,
+        variant, priority level, requests waiting), read from the router's queues when
+        /metrics is asked rather than kept in a gauge on every request."""
+        self.registry.register(_Queued(read))
 
     def _async_metrics(self) -> None:
         # CloudWatch's names for asynchronous endpoints, one gauge each.
@@ -500,6 +532,21 @@ class _InFlight(Collector):
         yield family
 
 
+class _Queued(Collector):
+    def __init__(self, read: Callable[[], Iterable[tuple[str, str, int, int]]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "shipyard_queued_requests",
+            "Requests waiting at the gateway for an instance of a variant, per priority level.",
+            labels=("endpoint", "variant", "priority"),
+        )
+        for endpoint, variant, level, count in self._read():
+            family.add_metric((endpoint, variant, str(level)), count)
+        yield family
+
+
 CLOUDWATCH_NAMES = {
     "shipyard_invocations": "Invocations",
     "shipyard_invocation_4xx_errors": "Invocation4XXErrors",
@@ -519,6 +566,8 @@ CLOUDWATCH_NAMES = {
     "shipyard_model_downloading_seconds": "ModelDownloadingTime",
     "shipyard_model_loading_seconds": "ModelLoadingTime",
     "shipyard_model_unloading_seconds": "ModelUnloadingTime",
+    "shipyard_queue_time_seconds": "QueueTime",
+    "shipyard_admission_rejections": "AdmissionRejections",
 }
 """Prometheus series -> the CloudWatch metric (namespace ``AWS/SageMaker``) the recorder
 writes from the same counts (cloudwatch/recorder.py): latencies there in microseconds,

@@ -14,6 +14,8 @@ lost between a read and a reset):
   ``ApproximateBacklogSizePerInstance``, ``ApproximateAgeOfOldestRequest``,
   ``HasBacklogWithoutCapacity``;
 - per serverless variant: ``ModelSetupTime`` (microseconds) of its cold starts;
+- per variant with a priority queue (routing/priorities.py): ``QueueTime``
+  (microseconds each started request waited) and ``AdmissionRejections``;
 - per multi-model variant: ``ModelCacheHit`` (1 per hit, 0 per miss), ``LoadedModelCount``
   (each instance's, each tick), ``ModelLoadingWaitTime``, ``ModelDownloadingTime``,
   ``ModelLoadingTime`` and ``ModelUnloadingTime`` (microseconds);
@@ -57,6 +59,7 @@ _UNITS = {
     "ModelLatency": "Microseconds",
     "OverheadLatency": "Microseconds",
     "ModelSetupTime": "Microseconds",
+    "QueueTime": "Microseconds",
     "ModelLoadingWaitTime": "Microseconds",
     "ModelDownloadingTime": "Microseconds",
     "ModelLoadingTime": "Microseconds",
@@ -105,7 +108,19 @@ class Readings:
         out.extend(self._backlogs())
         out.extend(self._setup_times(dims))
         out.extend(self._multi_model(dims))
+        out.extend(self._admission(dims))
         return out
+
+    def _admission(self, dims: dict[tuple[str, str], tuple[Dimensions, int]]) -> Iterator[Reading]:
+        """A priority queue's QueueTime (microseconds, each started request's wait, all
+        levels together) and AdmissionRejections (the requests it refused)."""
+        yield from self._means("QueueTime", self.metrics.queue_time, dims)
+        refused = _per_variant(self.metrics.admission_rejections, "_total")
+        for key, total in refused.items():
+            n = self._delta(("refused", *key), total)
+            found = dims.get(key)
+            if n > 0 and found is not None:
+                yield SAGEMAKER, "AdmissionRejections", found[0], StatSet.of(n, n, 1.0, 1.0)
 
     def _multi_model(
         self, dims: dict[tuple[str, str], tuple[Dimensions, int]]
