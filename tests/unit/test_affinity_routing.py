@@ -9,6 +9,7 @@ import pytest
 
 from shipyard.errors import ModelNotReady, RuntimeValidationError, UpstreamError
 from shipyard.metrics import Metrics
+from shipyard.routing.call import Call
 from shipyard.routing.client import Response
 from shipyard.routing.instance import Instance
 from shipyard.routing.multimodel import (
@@ -20,7 +21,7 @@ from shipyard.routing.multimodel import (
     target_model,
 )
 from shipyard.routing.policies import ModelAffinity, Random
-from shipyard.routing.router import Call, Router
+from shipyard.routing.router import Router
 from shipyard.routing.table import EndpointRoute, VariantRoute
 
 Answer = Callable[[str], Response]

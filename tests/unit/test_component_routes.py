@@ -14,10 +14,11 @@ from shipyard.errors import RuntimeValidationError, ServiceUnavailable
 from shipyard.metrics import Metrics
 from shipyard.provisioning.fleet import AdapterOf, ComponentCopies, Fleet, Slot
 from shipyard.records import EndpointConfig, RoutingStrategy, VariantSpec
+from shipyard.routing.call import Call
 from shipyard.routing.instance import Instance
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.policies import LeastOutstandingRequests
-from shipyard.routing.router import Call, Router
+from shipyard.routing.router import Router
 from shipyard.routing.table import EndpointRoute, VariantRoute
 
 METRICS = Metrics()

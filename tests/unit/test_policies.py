@@ -12,10 +12,11 @@ import pytest
 from shipyard.errors import ModelNotReady, RuntimeValidationError, ServiceUnavailable
 from shipyard.metrics import Metrics
 from shipyard.records import RoutingStrategy
+from shipyard.routing.call import Call
 from shipyard.routing.client import Response
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import LeastOutstandingRequests, Random, policy_for
-from shipyard.routing.router import Call, Router
+from shipyard.routing.router import Router
 from shipyard.routing.table import EndpointRoute, VariantRoute
 from tests.conftest import wait_until_async
 

@@ -9,9 +9,10 @@ from typing import Any
 
 from shipyard.errors import ClientGone, ModelError, ServiceUnavailable
 from shipyard.metrics import Metrics
+from shipyard.routing.call import Call
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import LeastOutstandingRequests
-from shipyard.routing.router import Call, Router
+from shipyard.routing.router import Router
 from shipyard.routing.table import EndpointRoute, VariantRoute
 from tests.unit.test_client import _read_request as read_request
 from tests.unit.test_client import _serve as serve

@@ -12,9 +12,10 @@ from shipyard.control.serverless import start_failed
 from shipyard.errors import ModelError
 from shipyard.metrics import Metrics
 from shipyard.records import ServerlessConfig
+from shipyard.routing.call import Call
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import LeastOutstandingRequests
-from shipyard.routing.router import Call, Router
+from shipyard.routing.router import Router
 from shipyard.routing.serverless import ServerlessRoute
 from shipyard.routing.table import EndpointRoute, VariantRoute
 from tests.unit.test_client import _serve as serve

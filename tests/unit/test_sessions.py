@@ -13,10 +13,11 @@ import pytest
 
 from shipyard.errors import ModelError, RuntimeValidationError, Throttling
 from shipyard.metrics import Metrics
+from shipyard.routing.call import Call
 from shipyard.routing.instance import Instance
 from shipyard.routing.invocation import SESSION_TABLE_WAIT_S, Invocations
 from shipyard.routing.policies import LeastOutstandingRequests
-from shipyard.routing.router import Call, Router
+from shipyard.routing.router import Router
 from shipyard.routing.sessions import Sessions, key
 from shipyard.routing.table import EndpointRoute, VariantRoute
 from tests.unit.test_client import _serve as serve

@@ -19,11 +19,12 @@ from shipyard.errors import (
 )
 from shipyard.gateway.runtime import RuntimeDoor
 from shipyard.metrics import Metrics
+from shipyard.routing.call import Call
 from shipyard.routing.client import ConnectionPool
 from shipyard.routing.instance import Instance
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.policies import Random
-from shipyard.routing.router import Call, Router
+from shipyard.routing.router import Router
 from shipyard.routing.strategies import OneModel
 from shipyard.routing.table import EndpointRoute, VariantRoute
 from tests.unit.test_client import Odd

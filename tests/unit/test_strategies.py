@@ -10,10 +10,11 @@ import pytest
 
 from shipyard.errors import ModelNotReady, Throttling
 from shipyard.metrics import Metrics
+from shipyard.routing.call import Call
 from shipyard.routing.client import Response
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import Random
-from shipyard.routing.router import Call, Router
+from shipyard.routing.router import Router
 from shipyard.routing.strategies import UNLIMITED, OneModel
 from shipyard.routing.table import EndpointRoute, VariantRoute
 

@@ -33,8 +33,8 @@ from shipyard.errors import (
     Throttling,
 )
 from shipyard.gateway.runtime import RuntimeDoor
+from shipyard.routing.call import Call
 from shipyard.routing.client import Response
-from shipyard.routing.router import Call
 from shipyard.routing.table import EndpointRoute, VariantRoute
 from shipyard.tensors import (
     HEADER_LENGTH,

@@ -22,8 +22,8 @@ from shipyard.gateway import bodies
 from shipyard.gateway.errors import send_json
 from shipyard.gateway.http_limits import on_disconnect
 from shipyard.gateway.oip import InferenceProtocol, status_of
+from shipyard.routing.call import Call
 from shipyard.routing.invocation import Invocations
-from shipyard.routing.router import Call
 from shipyard.tensors import (
     HEADER_LENGTH,
     header_length_of,

@@ -34,9 +34,9 @@ from shipyard.gateway.errors import runtime_error_answer, runtime_error_response
 from shipyard.gateway.http_limits import Respond, on_disconnect
 from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT, check_header
 from shipyard.routing import sessions
+from shipyard.routing.call import ASKED_BY, Call
 from shipyard.routing.client import Response
 from shipyard.routing.invocation import Invocations
-from shipyard.routing.router import ASKED_BY, Call
 
 log = logging.getLogger(__name__)
 

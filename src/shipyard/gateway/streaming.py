@@ -50,9 +50,9 @@ from shipyard.gateway.errors import runtime_error_response
 from shipyard.gateway.runtime import RuntimeDoor, session_headers
 from shipyard.gateway.runtime_headers import INVOKE_ENDPOINT_STREAM, check_header
 from shipyard.routing import sessions
+from shipyard.routing.call import Call, Exchange
 from shipyard.routing.client import Response
 from shipyard.routing.invocation import Invocations
-from shipyard.routing.router import Call, Exchange
 from shipyard.routing.table import EndpointRoute
 
 log = logging.getLogger(__name__)

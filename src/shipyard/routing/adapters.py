@@ -39,7 +39,7 @@ from shipyard.routing.instance import Instance
 from shipyard.routing.policies import Policy
 
 if TYPE_CHECKING:
-    from shipyard.routing.router import Call
+    from shipyard.routing.call import Call
 
 _NOT_FOUND = b"AdapterNotFound"
 _UNREGISTER_TIMEOUT_S = 10.0

@@ -2,7 +2,7 @@
 
 A door (InvokeEndpoint, response streaming, the Open Inference Protocol over REST and
 gRPC, the asynchronous consumer, batch transform) only translates its wire format into
-a :class:`~shipyard.routing.router.Call` and the answer back. What happens in between
+a :class:`~shipyard.routing.call.Call` and the answer back. What happens in between
 lives here:
 
 - the variant (the one the client named, or one by weight) and, for a multi-model
@@ -31,10 +31,11 @@ from typing import TypeVar
 
 from shipyard.contract import BATCH, parse_batch
 from shipyard.errors import EndpointNotFound, ModelError, RuntimeValidationError, UpstreamError
+from shipyard.routing.call import ASK_CONTAINER, ASK_MODEL, Call, Exchange
 from shipyard.routing.client import Response, StreamedResponse
 from shipyard.routing.multimodel import refusal, target_model
 from shipyard.routing.pipeline import FAILED_CONTAINER, ContainerGroupPool
-from shipyard.routing.router import ASK_CONTAINER, ASK_MODEL, Call, Exchange, Router
+from shipyard.routing.router import Router
 from shipyard.routing.sessions import CLOSED_HEADER, NEW_HEADER, NEW_SESSION, Sessions, header_at
 from shipyard.routing.sessions import gone as sessions_gone
 from shipyard.routing.shadow import ShadowCopier

@@ -46,8 +46,8 @@ from shipyard.routing.policies import ModelPolicy
 from shipyard.routing.strategies import open_invocation
 
 if TYPE_CHECKING:
+    from shipyard.routing.call import Call
     from shipyard.routing.model_agent import ModelAgent
-    from shipyard.routing.router import Call
 
 Headers = list[tuple[bytes, bytes]]
 

@@ -32,7 +32,7 @@ from shipyard.routing.instance import Instance
 from shipyard.routing.policies import Policy
 
 if TYPE_CHECKING:
-    from shipyard.routing.router import Call
+    from shipyard.routing.call import Call
     from shipyard.routing.table import VariantRoute
 
 
