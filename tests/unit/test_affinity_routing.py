@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from shipyard.errors import ModelNotReady, RuntimeValidationError, UpstreamError
 from shipyard.metrics import Metrics
 from shipyard.routing.call import Call
-from shipyard.routing.client import Response
+from shipyard.routing.client import Response, in_task
 from shipyard.routing.instance import Instance
 from shipyard.routing.multimodel import (
     CACHE,
@@ -38,6 +39,11 @@ class FakePool:
     async def request(self, *args: object, **kwargs: object) -> Response:
         self.log.append(self.name)
         return self.answer(self.name)
+
+    def start(self, *args: Any, **kwargs: Any) -> Callable[[], None]:
+        """As ConnectionPool.start: ``request``'s outcome told to its callback."""
+        on_answer = args[5]
+        return in_task(self.request(*args[:4]), on_answer)
 
     def close(self) -> None:
         pass

@@ -121,11 +121,9 @@ def test_a_call_taken_on_callbacks_fails_with_the_models_reason() -> None:
     async def main() -> None:
         server_handler, server, router, route, variant = await one_instance(0.2)
         first, waiting = Told(), Told()
-        assert router.start(route, variant, Call([], b"first"), first)
-        assert router.start(route, variant, Call([], b"waiting"), waiting)
-        router.fail_waiting(
-            "e", "v1", lambda: start_failed("v1", "no weights"), time.monotonic() - 100
-        )
+        router.start(route, variant, Call([], b"first"), first)
+        router.start(route, variant, Call([], b"waiting"), waiting)
+        router.fail_waiting("e", "v1", lambda: start_failed("v1", "no weights"), time.monotonic())
         _, _, error = await waiting.wait()
         assert isinstance(error, ModelError), error
         assert "failed to start: no weights" in str(error)

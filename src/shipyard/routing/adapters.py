@@ -34,7 +34,7 @@ from urllib.parse import quote
 
 from shipyard.contract import ADAPTER_IDENTIFIER, ADAPTERS_TOKEN, ERROR
 from shipyard.errors import ModelError, UpstreamError
-from shipyard.routing.client import OnAnswer, Response, StreamedResponse
+from shipyard.routing.client import OnAnswer, Response, StreamedResponse, in_task
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import Policy
 
@@ -187,7 +187,13 @@ class AdapterRoute:
     def choose(self, instances: Sequence[Instance], call: Call) -> Instance | None:
         return self.policy.choose(instances)
 
-    async def send(self, instance: Instance, call: Call, max_body: int | None) -> Response:
+    def send(
+        self, instance: Instance, call: Call, max_body: int | None, on_answer: OnAnswer
+    ) -> Callable[[], None]:
+        """The adapter registered in the copy first (in a task), then the request."""
+        return in_task(self._send(instance, call, max_body), on_answer)
+
+    async def _send(self, instance: Instance, call: Call, max_body: int | None) -> Response:
         refusal = await self.loader.ensure(instance, self.adapter)
         if refusal is not None:
             return refusal
@@ -199,13 +205,6 @@ class AdapterRoute:
             content_length=call.content_length,
             max_body=max_body,
         )
-
-    @staticmethod
-    def start(
-        instance: Instance, call: Call, max_body: int | None, on_answer: OnAnswer
-    ) -> Callable[[], None] | None:
-        # Always sent by ``send``: the adapter may have to be registered in the copy first.
-        return None
 
     @contextlib.asynccontextmanager
     async def open(self, instance: Instance, call: Call) -> AsyncIterator[StreamedResponse]:

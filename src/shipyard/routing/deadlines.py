@@ -59,6 +59,10 @@ class Deadlines:
         self._add(entry)
         return True
 
+    def watched(self) -> int:
+        """Entries whose deadline is watched now."""
+        return len(self._live)
+
     def drop(self, entry: Expiring) -> None:
         self._live.discard(entry)
 

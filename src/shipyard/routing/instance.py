@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -12,14 +13,93 @@ from shipyard.routing.client import ConnectionPool, Response
 
 
 class Waiter(Protocol):
-    """A request in a variant's queue: a future its task awaits (Router.invoke), or a
-    call taken on callbacks (Router.start) that acts on its turn at once."""
+    """A request waiting for an instance (the router's flight, routing/router.py): told
+    its turn when one may take it."""
 
-    def done(self) -> bool: ...
+    def done(self) -> bool:
+        """It no longer waits (answered, failed, or its client gone): skipped."""
+        ...
 
-    def set_result(self, result: None, /) -> None: ...
+    def turn(self) -> None:
+        """An instance may take it now (it may still be beaten to it, and join again)."""
+        ...
 
-    def set_exception(self, exception: BaseException, /) -> None: ...
+
+class Queue:
+    """Requests waiting for an instance, first come first served: the one queue of the
+    router, for a variant's requests, a session's (``Instance.pinned``), a serverless
+    variant's cold start and an inference component's copies.
+
+    Where a waiter joins (``join``) and which gets the next turn (``turn``) are decided
+    here and nowhere else: a priority among requests is a change to these two.
+    """
+
+    __slots__ = ("_waiting", "_waking")
+
+    def __init__(self) -> None:
+        self._waiting: deque[Waiter] = deque()
+        self._waking = False
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def __bool__(self) -> bool:
+        return bool(self._waiting)
+
+    def __iter__(self) -> Iterator[Waiter]:
+        return iter(self._waiting)
+
+    def __repr__(self) -> str:
+        return f"Queue(waiting={len(self._waiting)})"
+
+    def join(self, waiter: Waiter, *, front: bool = False) -> None:
+        """Wait for a turn: at the back, or (``front``: it had the turn and was beaten to
+        the instance) at the front. While every waiter is being woken at once they rejoin
+        in the order they had."""
+        if front and not self._waking:
+            self._waiting.appendleft(waiter)
+        else:
+            self._waiting.append(waiter)
+
+    def leave(self, waiter: Waiter) -> bool:
+        """Out of the queue without a turn; False when it was not in it."""
+        try:
+            self._waiting.remove(waiter)
+        except ValueError:
+            return False
+        return True
+
+    def turn(self) -> bool:
+        """Give the next waiter still waiting its turn; False when none waits."""
+        waiting = self._waiting
+        while waiting:
+            waiter = waiting.popleft()
+            if not waiter.done():
+                waiter.turn()
+                return True
+        return False
+
+    def wake_all(self) -> None:
+        """A turn for every waiter (the table changed: they look again)."""
+        waking = list(self._waiting)
+        self._waiting.clear()
+        self._waking = True
+        try:
+            for waiter in waking:
+                if not waiter.done():
+                    waiter.turn()
+        finally:
+            self._waking = False
+
+    def take_all(self) -> list[Waiter]:
+        """Every waiter, out of the queue (they fail, or move to another queue)."""
+        waiting = list(self._waiting)
+        self._waiting.clear()
+        return waiting
+
+    def extend(self, waiters: list[Waiter]) -> None:
+        """Waiters moved here from another queue, behind those here."""
+        self._waiting.extend(waiters)
 
 
 class Instance:
@@ -98,7 +178,7 @@ class Instance:
         ``service_s``."""
         self.healthy = True
         self.models: dict[str, None] = {}
-        self.pinned: deque[Waiter] = deque()
+        self.pinned = Queue()
         """Requests of its sessions waiting for it (routing/router.py): they can take no
         other instance, so they wait here, not in the variant's queue, where they would
         take turns other requests could use."""

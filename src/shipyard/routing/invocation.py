@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TypeVar
 
 from shipyard.contract import BATCH, parse_batch
@@ -67,7 +67,7 @@ class Invocations:
     shadows, measured and captured the same way, whichever door it came through.
     """
 
-    __slots__ = ("router", "shadows", "sessions", "region", "account_id")
+    __slots__ = ("router", "shadows", "sessions", "region", "account_id", "_tasks")
 
     def __init__(
         self,
@@ -84,6 +84,8 @@ class Invocations:
         router.withdrawn = self.sessions.forget  # an endpoint's sessions go with its table
         self.region = region
         self.account_id = account_id
+        self._tasks: set[asyncio.Task[None]] = set()
+        """Invocations going on in a task (``start``'s steps that await), held until done."""
 
     def __repr__(self) -> str:
         return f"Invocations({self.router!r})"
@@ -257,71 +259,150 @@ class Invocations:
             The router's errors (routing/router.py); ModelError, or a multi-model
             instance's platform error, for an error answer.
         """
-        variant = call.variant or self.pick(route, call)
+        route, variant, opening, copies = await self._prepared(route, call)
+        response: Response | None = None
+        model_s, error = 0.0, None
+        try:
+            response, model_s = await self.router.invoke(route, variant, call)
+        except Exception as exc:
+            error = exc
+        answer = self._after(route, call, variant, opening, copies, response, model_s, error)
+        if opening and call.session is not None:
+            await self.sessions.share(route.name, call.session)  # before the client has it
+        return answer
+
+    def start(self, route: EndpointRoute, call: Call, done: Answered) -> bool:
+        """``run`` with no task to await it: its outcome goes to ``done`` from the loop's
+        callbacks, the answer ``run`` would return or the error it would raise (True:
+        it is on its way). What refuses it before anything was sent (choosing the
+        variant, its session, the router's admission) is raised here. A step that must
+        await (finding a session's instance in the store or the next table, sharing
+        a session just opened) runs in a task of its own."""
+        prepared = self._prepare(route, call)
+        if prepared is None:  # a session's instance this gateway has yet to find
+            self._in_task(self._run_then(route, call, done))
+            return True
+        route, variant, opening, copies = prepared
+
+        def answered(
+            response: Response | None, model_s: float, error: BaseException | None
+        ) -> None:
+            try:
+                answer = self._after(
+                    route, call, variant, opening, copies, response, model_s, error
+                )
+            except Exception as exc:
+                done(None, exc)
+                return
+            if opening and call.session is not None:
+                self._in_task(self._shared_then(route.name, call.session, answer, done))
+                return
+            done(answer, None)
+
+        self.router.start(route, variant, call, answered)
+        return True
+
+    async def _run_then(self, route: EndpointRoute, call: Call, done: Answered) -> None:
+        try:
+            answer = await self.run(route, call)
+        except Exception as exc:
+            done(None, exc)
+            return
+        done(answer, None)
+
+    async def _shared_then(
+        self, endpoint: str, session: str, answer: Response, done: Answered
+    ) -> None:
+        try:
+            await self.sessions.share(endpoint, session)
+        except Exception as exc:
+            done(None, exc)
+            return
+        done(answer, None)
+
+    def _in_task(self, work: Coroutine[None, None, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _prepare(
+        self, route: EndpointRoute, call: Call, *, streamed: bool = False
+    ) -> tuple[EndpointRoute, VariantRoute, bool, list[VariantRoute] | None] | None:
+        """What every way to invoke does first, at once: the variant (and TargetModel),
+        the session (True: the call opens one) and the shadows its copies go to. None
+        when the call names a session whose instance this table lacks (``_prepared``
+        awaits it)."""
+        variant = call.variant
+        if variant is None:
+            variant = call.variant = (
+                self._variant(route, call) if streamed else self.pick(route, call)
+            )
         opening = self._session(route, call)
         if call.session is not None and call.pinned is None and not opening:
-            route, variant = await self._placed(route, call)
+            return None
+        return self._prepared_for(route, call, variant, opening, streamed)
+
+    async def _prepared(
+        self, route: EndpointRoute, call: Call, *, streamed: bool = False
+    ) -> tuple[EndpointRoute, VariantRoute, bool, list[VariantRoute] | None]:
+        """``_prepare``, awaiting a session's instance where the table lacks it."""
+        prepared = self._prepare(route, call, streamed=streamed)
+        if prepared is not None:
+            return prepared
+        route, variant = await self._placed(route, call)
+        return self._prepared_for(route, call, variant, False, streamed)
+
+    def _prepared_for(
+        self,
+        route: EndpointRoute,
+        call: Call,
+        variant: VariantRoute,
+        opening: bool,
+        streamed: bool,
+    ) -> tuple[EndpointRoute, VariantRoute, bool, list[VariantRoute] | None]:
         if call.pinned is not None:
             variant = self._session_variant(route, call, variant)
+        if streamed and variant.multi_model is not None:
+            raise RuntimeValidationError(
+                f"Endpoint {route.name} is a multi-model endpoint: a streamed invocation "
+                "does not support multi-model endpoints; use InvokeEndpoint."
+            )
         shadows = self.shadows
         copies = (
             shadows.pick(route, variant)
             if shadows is not None and route.copies and isinstance(call.body, bytes)
             else None  # a body read from its source as it is sent cannot be sent twice
         )
-        try:
-            response, model_s = await self.router.invoke(route, variant, call)
-        except ModelError as exc:
-            raise self._logged(route.name, exc) from None
-        finally:
-            # Copies start once the production answer is in (or failed), and run only
-            # when this request next yields: after the client's answer is written.
-            if copies:
-                assert shadows is not None
+        return route, variant, opening, copies
+
+    def _after(
+        self,
+        route: EndpointRoute,
+        call: Call,
+        variant: VariantRoute,
+        opening: bool,
+        copies: list[VariantRoute] | None,
+        response: Response | None,
+        model_s: float,
+        error: BaseException | None,
+    ) -> Response:
+        """What every way to invoke does once the router has answered: the shadows'
+        copies sent (they run once this callback is over: after the client's answer is
+        written; no fault of theirs reaches the client), then the answer measured,
+        settled and captured (``_answered``), or the error raised."""
+        if copies:
+            try:
                 if opening:
                     self._unopened(call)
-                shadows.send(route, copies, call)
-        answer = self._answered(route, call, variant, response, model_s, opening)
-        if opening and call.session is not None:
-            await self.sessions.share(route.name, call.session)  # before the client has it
-        return answer
-
-    def start(self, route: EndpointRoute, call: Call, done: Answered) -> bool:
-        """``run`` with no task, for a call an instance can take at once
-        (Router.start): its outcome goes to ``done`` from the loop's callbacks, the
-        answer ``run`` would return or the error it would raise. False: nothing was
-        sent, and ``run`` serves the call; an error raised here (choosing the variant)
-        is ``run``'s too."""
-        variant = call.variant or self.pick(route, call)
-        if self._session(route, call) or call.session is not None:
-            # A session's call may wait for its instance, and one opening a session
-            # waits for the store: ``run``'s.
-            return False
-
-        def answered(
-            response: Response | None, model_s: float, error: BaseException | None
-        ) -> None:
-            shadows = self.shadows
-            if shadows is not None and route.copies and isinstance(call.body, bytes):
-                # As ``run``: after the answer, before the client has it; they run once
-                # this callback is over. No fault of theirs keeps the client waiting.
-                try:
-                    copies = shadows.pick(route, variant)
-                    if copies:
-                        shadows.send(route, copies, call)
-                except Exception:
-                    log.exception("copying an invocation to %s's shadows failed", route.name)
-            if response is None:
-                done(None, self._logged(route.name, error))
-                return
-            try:
-                answer = self._answered(route, call, variant, response, model_s, False)
-            except Exception as exc:
-                done(None, exc)
-                return
-            done(answer, None)
-
-        return self.router.start(route, variant, call, answered)
+                assert self.shadows is not None
+                self.shadows.send(route, copies, call)
+            except Exception:
+                log.exception("copying an invocation to %s's shadows failed", route.name)
+        if response is None:
+            raise self._logged(
+                route.name, error or AssertionError("neither an answer nor an error")
+            )
+        return self._answered(route, call, variant, response, model_s, opening)
 
     def _answered(
         self,
@@ -371,25 +452,8 @@ class Invocations:
             As ``run``; RuntimeValidationError for a multi-model variant, whose answers
             are never streamed.
         """
-        variant = call.variant
-        if variant is None:
-            variant = call.variant = self._variant(route, call)
-        opening = self._session(route, call)
-        if call.session is not None and call.pinned is None and not opening:
-            route, variant = await self._placed(route, call)
-        if call.pinned is not None:
-            variant = self._session_variant(route, call, variant)
-        if variant.multi_model is not None:
-            raise RuntimeValidationError(
-                f"Endpoint {route.name} is a multi-model endpoint: a streamed invocation "
-                "does not support multi-model endpoints; use InvokeEndpoint."
-            )
+        route, variant, opening, copies = await self._prepared(route, call, streamed=True)
         shadows = self.shadows
-        copies = (
-            shadows.pick(route, variant)
-            if shadows is not None and route.copies and isinstance(call.body, bytes)
-            else None  # a body read from its source as it is sent cannot be sent twice
-        )
         try:
             async with contextlib.AsyncExitStack() as stack:
                 try:

@@ -40,7 +40,7 @@ from shipyard.errors import (
     ServiceUnavailable,
 )
 from shipyard.metrics import ModelMetrics
-from shipyard.routing.client import OnAnswer, Response, StreamedResponse
+from shipyard.routing.client import OnAnswer, Response, StreamedResponse, in_task
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import ModelPolicy
 from shipyard.routing.strategies import open_invocation
@@ -95,18 +95,21 @@ class MultiModelRoute:
             raise ServiceUnavailable("The variant now serves multiple models; retry naming one.")
         return self.policy.choose(instances, call.model)
 
-    async def send(self, instance: Instance, call: Call, max_body: int | None) -> Response:
-        """Send one invocation of the call's model to ``instance``; its answer.
+    def send(
+        self, instance: Instance, call: Call, max_body: int | None, on_answer: OnAnswer
+    ) -> Callable[[], None]:
+        """Send one invocation of the call's model to ``instance``.
 
         The instance counts as holding the model from now on, so requests for it that
-        follow wait for this load instead of starting another elsewhere.
+        follow wait for this load instead of starting another elsewhere. A ``cmd:``
+        server's agent loads the model first, in a task.
         """
         model, body = call.model, call.body
         assert model is not None and isinstance(body, bytes)
         if self.agent is not None:
-            return await self.agent.invoke(instance, model, call.headers, body)
+            return in_task(self.agent.invoke(instance, model, call.headers, body), on_answer)
         _touch(instance.models, model)
-        return await instance.pool.request(b"POST", b"/invocations", call.headers, body)
+        return instance.pool.start(b"POST", b"/invocations", call.headers, body, None, on_answer)
 
     def learn(self, instance: Instance, call: Call, response: Response) -> bool:
         """Observe the answer; True when it was too large for this instance's memory
@@ -114,14 +117,6 @@ class MultiModelRoute:
         assert call.model is not None
         self.observe(instance, call.model, response)
         return response.header(ERROR) == TOO_LARGE
-
-    @staticmethod
-    def start(
-        instance: Instance, call: Call, max_body: int | None, on_answer: OnAnswer
-    ) -> Callable[[], None] | None:
-        # Always sent by ``send``: a model may have to be loaded first, and a refusal
-        # teaches the router to try another instance.
-        return None
 
     @staticmethod
     def open(

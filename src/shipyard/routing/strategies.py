@@ -23,7 +23,7 @@ in the module that owns it, not a branch in the router.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from shipyard.contract import INVOCATIONS_PATH
@@ -43,17 +43,14 @@ class Dispatch(Protocol):
         """The instance for ``call``, or None when every one is full."""
         ...
 
-    def send(self, instance: Instance, call: Call, max_body: int | None) -> Awaitable[Response]:
-        """Send ``call`` to ``instance``; its answer (an UpstreamError if none came)."""
-        ...
-
-    def start(
+    def send(
         self, instance: Instance, call: Call, max_body: int | None, on_answer: OnAnswer
-    ) -> Callable[[], None] | None:
-        """``send`` with no task to await it, when ``call`` can go to ``instance`` at
-        once (ConnectionPool.start): its outcome goes to ``on_answer``; returns what
-        abandons it. None: nothing was sent (``send`` it). Only a dispatch whose
-        ``learn`` never asks for another instance starts calls."""
+    ) -> Callable[[], None]:
+        """Send ``call`` to ``instance``: its answer, or the error (an UpstreamError when
+        none came), goes to ``on_answer`` from the loop's callbacks; returns what abandons
+        it (then ``on_answer`` is not called). A dispatch that must await first (loading
+        a model, registering an adapter) runs that in a task of its own (client.in_task):
+        the router does not fork."""
         ...
 
     def open(
@@ -108,23 +105,18 @@ class OneModel:
     def choose(self, instances: Sequence[Instance], call: Call) -> Instance | None:
         return self.policy.choose(instances)
 
-    def send(self, instance: Instance, call: Call, max_body: int | None) -> Awaitable[Response]:
-        # The pool's own coroutine, not one wrapped around it: no extra frame per request.
-        return instance.pool.request(
+    def send(
+        self, instance: Instance, call: Call, max_body: int | None, on_answer: OnAnswer
+    ) -> Callable[[], None]:
+        return instance.pool.start(
             b"POST",
             call.path,
             call.headers,
             call.body,
+            max_body,
+            on_answer,
             content_length=call.content_length,
-            max_body=max_body,
         )
-
-    def start(
-        self, instance: Instance, call: Call, max_body: int | None, on_answer: OnAnswer
-    ) -> Callable[[], None] | None:
-        if not isinstance(call.body, bytes):
-            return None
-        return instance.pool.start(b"POST", call.path, call.headers, call.body, max_body, on_answer)
 
     def open(
         self, instance: Instance, call: Call

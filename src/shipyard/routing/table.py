@@ -10,13 +10,12 @@ from __future__ import annotations
 import bisect
 import itertools
 import random
-from collections import deque
 from collections.abc import Sequence
 
 from shipyard.capture.writer import VariantCapture
 from shipyard.metrics import VariantMetrics
 from shipyard.records import AsyncConfig
-from shipyard.routing.instance import Instance, Waiter
+from shipyard.routing.instance import Instance, Queue
 from shipyard.routing.multimodel import MultiModelRoute
 from shipyard.routing.policies import Policy
 from shipyard.routing.serverless import ServerlessRoute
@@ -113,7 +112,7 @@ class VariantRoute:
         elif serverless is not None:
             self.admission = serverless
         self.coming = coming
-        self.waiters: deque[Waiter] = deque()
+        self.waiters = Queue()
         queued = len(instances) if policy.queues else 0
         self.queue_limit = 0 if multi_model else policy.max_in_flight * (queued + coming)
         if serverless is not None:
@@ -129,20 +128,10 @@ class VariantRoute:
 
     def release(self) -> None:
         """An instance answered: give the oldest waiting request its turn."""
-        while self.waiters:
-            waiter = self.waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
+        self.waiters.turn()
 
     def wake_all(self) -> None:
-        # Those woken now, not those they put back: a call taken on callbacks that finds
-        # no instance goes back to the queue at once, from its set_result.
-        waking = list(self.waiters)
-        self.waiters.clear()
-        for waiter in waking:
-            if not waiter.done():
-                waiter.set_result(None)
+        self.waiters.wake_all()
 
 
 class EndpointRoute:
