@@ -722,14 +722,28 @@ class ConnectionPool:
         An answer whose body passes ``max_body`` bytes is ResponseTooLarge: the gateway
         holds whole answers in memory, so one instance must not fill it.
         """
-        length = len(body) if isinstance(body, bytes) else content_length
+        if not isinstance(body, bytes):
+            head = _request_head(
+                method, path, self._host_header, headers, content_length, chunked=False
+            )
+            exchange = _Exchange(self, head, body, max_body, on_answer)
+            exchange.go()
+            return exchange.abandon
+        # The common case, written out: a body in hand, sent now on an idle connection.
         parts = [method, b" ", path, b" HTTP/1.1\r\nHost: ", self._host_header, b"\r\n"]
         for name, value in headers:
             parts += [name, b": ", value, b"\r\n"]
-        if length is not None:
-            parts += [b"Content-Length: ", str(length).encode(), b"\r\n"]
-        parts.append(b"\r\n")
-        exchange = _Exchange(self, b"".join(parts), body, max_body, on_answer)
+        parts += [b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n"]
+        head = b"".join(parts)
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                exchange = _Exchange(self, head, body, max_body, on_answer, conn)
+                conn.begin(exchange, max_body)
+                conn.transport.write(head + body)  # type: ignore[union-attr]
+                return exchange.abandon
+        exchange = _Exchange(self, head, body, max_body, on_answer)
         exchange.go()
         return exchange.abandon
 
@@ -827,7 +841,7 @@ class _Exchange:
 
     __slots__ = (
         "pool", "head", "body", "max_body", "on_answer", "conn", "reused", "tries", "task",
-        "writing", "answer", "over",
+        "writing", "over",
     )  # fmt: skip
 
     def __init__(
@@ -837,24 +851,26 @@ class _Exchange:
         body: bytes | AsyncIterator[bytes],
         max_body: int | None,
         on_answer: OnAnswer,
+        conn: _Connection | None = None,
     ) -> None:
         self.pool = pool
         self.head = head
         self.body = body
         self.max_body = max_body
         self.on_answer = on_answer
-        self.conn: _Connection | None = None
-        self.reused = False
-        self.tries = 0
+        self.conn = conn
+        """Its connection: an idle one it was sent on at once, or the one it made."""
+        self.reused = conn is not None
+        self.tries = 1
         self.task: asyncio.Task[None] | None = None
-        self.writing = False
-        """An iterated body is still being written: an answer that came first waits."""
-        self.answer: Response | None = None
+        self.writing: bool | Response = False
+        """True while an iterated body is being written; the answer, should it come
+        before the body is all written (told once it is)."""
         self.over = False
 
     def go(self) -> None:
-        """One try: on an idle connection at once, else connecting in a task."""
-        self.tries += 1
+        """A try not made at once (``start``): on an idle connection, else connecting
+        in a task."""
         body = self.body
         if isinstance(body, bytes):
             conn = self.pool._idle_connection()
@@ -898,9 +914,8 @@ class _Exchange:
             if not isinstance(exc, Exception):
                 raise
             return
-        self.writing = False
-        if self.answer is not None:  # answered before the body was all written
-            answer, self.answer = self.answer, None
+        answer, self.writing = self.writing, False
+        if isinstance(answer, Response):  # answered before the body was all written
             self.pool._release(conn)
             self._tell(answer, None)
 
@@ -913,7 +928,7 @@ class _Exchange:
         assert conn is not None
         conn._waiter = None
         if self.writing:
-            self.answer = response  # told once the body is written, as the socket allows
+            self.writing = response  # told once the body is written, as the socket allows
             return
         self.pool._release(conn)
         self._tell(response, None)
@@ -932,6 +947,7 @@ class _Exchange:
             and not isinstance(exc, ResponseTooLarge)
         ):
             self.over = False
+            self.tries += 1
             self.go()
             return
         self._tell(None, exc)
@@ -1001,7 +1017,7 @@ def _request_head(
 ) -> bytes:
     """The request line and headers of a streamed request.
 
-    ConnectionPool.start builds the same bytes inline and is left so: it is the
+    ConnectionPool.start builds the same bytes inline for a body in hand: it is the
     benchmarked hot path of every real-time invocation, which must not pay even a call
     for this path's sake; the price is these few duplicated lines.
     """

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import deque
-from collections.abc import Iterator
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -25,55 +24,47 @@ class Waiter(Protocol):
         ...
 
 
-class Queue:
+class Queue(deque[Waiter]):
     """Requests waiting for an instance, first come first served: the one queue of the
     router, for a variant's requests, a session's (``Instance.pinned``), a serverless
     variant's cold start and an inference component's copies.
 
     Where a waiter joins (``join``) and which gets the next turn (``turn``) are decided
-    here and nowhere else: a priority among requests is a change to these two.
+    here and nowhere else: a priority among requests is a change to these two. (A deque,
+    so that its length and truth cost no call on the data path; the router uses only the
+    methods below.)
     """
 
-    __slots__ = ("_waiting", "_waking")
+    __slots__ = ("_waking",)
 
     def __init__(self) -> None:
-        self._waiting: deque[Waiter] = deque()
+        super().__init__()
         self._waking = False
 
-    def __len__(self) -> int:
-        return len(self._waiting)
-
-    def __bool__(self) -> bool:
-        return bool(self._waiting)
-
-    def __iter__(self) -> Iterator[Waiter]:
-        return iter(self._waiting)
-
     def __repr__(self) -> str:
-        return f"Queue(waiting={len(self._waiting)})"
+        return f"Queue(waiting={len(self)})"
 
     def join(self, waiter: Waiter, *, front: bool = False) -> None:
         """Wait for a turn: at the back, or (``front``: it had the turn and was beaten to
         the instance) at the front. While every waiter is being woken at once they rejoin
         in the order they had."""
         if front and not self._waking:
-            self._waiting.appendleft(waiter)
+            self.appendleft(waiter)
         else:
-            self._waiting.append(waiter)
+            self.append(waiter)
 
     def leave(self, waiter: Waiter) -> bool:
         """Out of the queue without a turn; False when it was not in it."""
         try:
-            self._waiting.remove(waiter)
+            self.remove(waiter)
         except ValueError:
             return False
         return True
 
     def turn(self) -> bool:
         """Give the next waiter still waiting its turn; False when none waits."""
-        waiting = self._waiting
-        while waiting:
-            waiter = waiting.popleft()
+        while self:
+            waiter = self.popleft()
             if not waiter.done():
                 waiter.turn()
                 return True
@@ -81,8 +72,7 @@ class Queue:
 
     def wake_all(self) -> None:
         """A turn for every waiter (the table changed: they look again)."""
-        waking = list(self._waiting)
-        self._waiting.clear()
+        waking = self.drain()
         self._waking = True
         try:
             for waiter in waking:
@@ -91,15 +81,11 @@ class Queue:
         finally:
             self._waking = False
 
-    def take_all(self) -> list[Waiter]:
+    def drain(self) -> list[Waiter]:
         """Every waiter, out of the queue (they fail, or move to another queue)."""
-        waiting = list(self._waiting)
-        self._waiting.clear()
+        waiting = list(self)
+        self.clear()
         return waiting
-
-    def extend(self, waiters: list[Waiter]) -> None:
-        """Waiters moved here from another queue, behind those here."""
-        self._waiting.extend(waiters)
 
 
 class Instance:

@@ -278,19 +278,27 @@ class Invocations:
         variant, its session, the router's admission) is raised here. A step that must
         await (finding a session's instance in the store or the next table, sharing
         a session just opened) runs in a task of its own."""
-        prepared = self._prepare(route, call)
-        if prepared is None:  # a session's instance this gateway has yet to find
-            self._in_task(self._run_then(route, call, done))
-            return True
-        route, variant, opening, copies = prepared
+        # ``_prepare``, its first two steps written out for the common case.
+        variant = call.variant or self.pick(route, call)
+        opening = self._session(route, call)
+        copies = None
+        if call.session is not None or opening or route.copies:
+            prepared = self._prepare(route, call)
+            if prepared is None:  # a session's instance this gateway has yet to find
+                self._in_task(self._run_then(route, call, done))
+                return True
+            route, variant, opening, copies = prepared
 
         def answered(
             response: Response | None, model_s: float, error: BaseException | None
         ) -> None:
             try:
-                answer = self._after(
-                    route, call, variant, opening, copies, response, model_s, error
-                )
+                if response is not None and copies is None:  # ``_after``'s common case
+                    answer = self._answered(route, call, variant, response, model_s, opening)
+                else:
+                    answer = self._after(
+                        route, call, variant, opening, copies, response, model_s, error
+                    )
             except Exception as exc:
                 done(None, exc)
                 return
@@ -338,6 +346,8 @@ class Invocations:
                 self._variant(route, call) if streamed else self.pick(route, call)
             )
         opening = self._session(route, call)
+        if call.session is None and not opening and not route.copies and not streamed:
+            return route, variant, False, None  # the common case: nothing more to do
         if call.session is not None and call.pinned is None and not opening:
             return None
         return self._prepared_for(route, call, variant, opening, streamed)

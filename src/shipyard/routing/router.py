@@ -98,7 +98,7 @@ class Router:
             for variant in (*old.variants, *old.components.values()):
                 successor = route.successor(variant)
                 if successor is not None and successor is not variant:
-                    successor.waiters.extend(variant.waiters.take_all())
+                    successor.waiters.extend(variant.waiters.drain())
                 variant.wake_all()
                 _wake_pinned(variant)
             for variant in (*route.variants, *route.components.values()):
@@ -318,8 +318,12 @@ class Router:
     def _pass_on(variant: VariantRoute, instance: Instance) -> None:
         """``instance`` has room for one more request: the turn goes to a request of one
         of its sessions waiting for it, else to the variant's queue."""
-        if not instance.pinned.turn():
-            variant.release()
+        pinned = instance.pinned
+        if pinned and pinned.turn():
+            return
+        waiters = variant.waiters
+        if waiters:
+            waiters.turn()
 
     @staticmethod
     def _unsent(
@@ -426,7 +430,7 @@ class Router:
         waiting = route.by_name.get(variant) if route is not None else None
         if waiting is None:
             return
-        for waiter in waiting.waiters.take_all():
+        for waiter in waiting.waiters.drain():
             if isinstance(waiter, _Flight):
                 waiter.fail(error, began_by)
 
@@ -511,9 +515,16 @@ class _Flight:
                 self.when = loop.time() + timeout_s
                 if not self.router._deadlines.watch(self):  # on a loop not the sweep's
                     self.timer = loop.call_at(self.when, self.expire, self.when)
-            pinned = self.call.pinned
+            call, variant = self.call, self.variant
+            pinned = call.pinned
+            if pinned is None and not variant.waiters:
+                # The common case, first: an instance free now, and no one before it.
+                instance = variant.dispatch.choose(variant.instances, call)
+                if instance is not None:
+                    self._place(instance)
+                    return
             # First come, first served: at the front only with no one waiting before it.
-            self._look(not self.variant.waiters or (pinned is not None and not pinned.pinned))
+            self._look(not variant.waiters or (pinned is not None and not pinned.pinned))
         except BaseException:
             self.state = _OVER
             self._unwatched()
@@ -590,7 +601,13 @@ class _Flight:
                     self.tried.append(instance)
                     self._look(True)
                     return
-                self._finish(response, model_s, None)
+                # ``_finish``, written out for the common case (it never waited).
+                self.state = _OVER
+                router._deadlines.drop(self)
+                if self.timer is not None:
+                    self.timer.cancel()
+                self.admission.leave()
+                self._tell(response, model_s, None)
                 return
             assert error is not None
             self._unsent(instance, error)
