@@ -16,7 +16,7 @@ from shipyard.routing.instance import Instance
 from shipyard.routing.multimodel import (
     CACHE,
     ERROR,
-    MultiModelRoute,
+    MultiModelDispatch,
     not_found_message,
     refusal,
     target_model,
@@ -62,7 +62,7 @@ def _route(answer: Answer, log: list[str], n: int = 2) -> tuple[Router, Endpoint
         policy=Random(max_in_flight=4),
         instances=instances,
         metrics=metrics.for_variant("e", "v"),
-        multi_model=MultiModelRoute(
+        dispatch=MultiModelDispatch(
             prefix="s3://bucket/models/",
             policy=ModelAffinity(max_in_flight=4),
             metrics={

@@ -170,10 +170,13 @@ class AdapterLoader:
                     await instance.pool.request(b"DELETE", path, token)
 
 
-class AdapterRoute:
+class AdapterDispatch:
     """Dispatch (routing/strategies.py) for the requests of one adapter component."""
 
     __slots__ = ("policy", "adapter", "loader", "_header")
+
+    names_model = False
+    queues = True
 
     def __init__(self, policy: Policy, *, adapter: Adapter, loader: AdapterLoader) -> None:
         self.policy = policy
@@ -182,7 +185,7 @@ class AdapterRoute:
         self._header = (ADAPTER_IDENTIFIER, adapter.name.encode())
 
     def __repr__(self) -> str:
-        return f"AdapterRoute({self.adapter.name!r}, {self.policy!r})"
+        return f"AdapterDispatch({self.adapter.name!r}, {self.policy!r})"
 
     def choose(self, instances: Sequence[Instance], call: Call) -> Instance | None:
         return self.policy.choose(instances)
@@ -221,6 +224,14 @@ class AdapterRoute:
             if response.header(ERROR) == _NOT_FOUND:
                 self.loader.forget(instance, self.adapter.name)
             yield response
+
+    @staticmethod
+    def prepare(endpoint: str, call: Call) -> None:
+        pass
+
+    @staticmethod
+    def platform_error(response: Response, call: Call) -> Exception | None:
+        return None
 
     def learn(self, instance: Instance, call: Call, response: Response) -> bool:
         if response.header(ERROR) == _NOT_FOUND:

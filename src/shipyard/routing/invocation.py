@@ -33,7 +33,6 @@ from shipyard.contract import BATCH, parse_batch
 from shipyard.errors import EndpointNotFound, ModelError, RuntimeValidationError, UpstreamError
 from shipyard.routing.call import ASK_CONTAINER, ASK_MODEL, Call, Exchange
 from shipyard.routing.client import Response, StreamedResponse
-from shipyard.routing.multimodel import refusal, target_model
 from shipyard.routing.pipeline import FAILED_CONTAINER, ContainerGroupPool
 from shipyard.routing.router import Router
 from shipyard.routing.sessions import CLOSED_HEADER, NEW_HEADER, NEW_SESSION, Sessions, header_at
@@ -109,8 +108,8 @@ class Invocations:
         variant = call.variant = self._variant(route, call)
         if call.asks:
             _refuse_what_cannot_be(route, variant, call.asks)
-        if variant.multi_model is not None and call.model is None:
-            call.model = target_model(route.name, call.headers)
+        if variant.dispatch.names_model:
+            variant.dispatch.prepare(route.name, call)
         return variant
 
     def _variant(self, route: EndpointRoute, call: Call) -> VariantRoute:
@@ -372,7 +371,7 @@ class Invocations:
     ) -> tuple[EndpointRoute, VariantRoute, bool, list[VariantRoute] | None]:
         if call.pinned is not None:
             variant = self._session_variant(route, call, variant)
-        if streamed and variant.multi_model is not None:
+        if streamed and variant.dispatch.names_model:
             raise RuntimeValidationError(
                 f"Endpoint {route.name} is a multi-model endpoint: a streamed invocation "
                 "does not support multi-model endpoints; use InvokeEndpoint."
@@ -431,11 +430,9 @@ class Invocations:
             if observed is not None:
                 variant.metrics.observe_batch(*observed)
         if response.status >= 300:
-            multi = variant.multi_model
-            if multi is not None and call.model is not None:
-                failure = refusal(response, call.model, multi.prefix)
-                if failure is not None:
-                    raise failure
+            failure = variant.dispatch.platform_error(response, call)
+            if failure is not None:
+                raise failure
             raise self.model_error(route.name, response)
         self.latency(call, model_s)
         if call.session is not None or opening:
@@ -572,7 +569,7 @@ def _refuse_what_cannot_be(route: EndpointRoute, variant: VariantRoute, asks: in
     its model has one container. (A multi-container model judges the latter itself,
     routing/pipeline.py: a Serial pipeline refuses it, a Direct one needs it.) Only
     called for a request that sent one, so every other request pays a test of ``asks``."""
-    if asks & ASK_MODEL and variant.multi_model is None:
+    if asks & ASK_MODEL and not variant.dispatch.names_model:
         raise RuntimeValidationError(
             f"Endpoint {route.name} is not a multi-model endpoint and does not support "
             "target model header."

@@ -1,6 +1,6 @@
 """Multi-model routes: the TargetModel a request names, who holds it, and what went wrong.
 
-A variant that serves a ``Mode: MultiModel`` model carries a MultiModelRoute, set by the
+A variant that serves a ``Mode: MultiModel`` model carries a MultiModelDispatch, set by the
 reconciler: its Dispatch strategy (routing/strategies.py), which the router asks to choose
 an instance for a TargetModel, to send the request and to learn from the answer. Only
 such variants have it, so none of this work lands on the single-model path.
@@ -60,7 +60,7 @@ TOO_LARGE = b"ModelTooLarge"
 _NOT_HELD = frozenset({b"ModelNotFound", b"ModelLoadFailed", TOO_LARGE, b"InvalidTargetModel"})
 
 
-class MultiModelRoute:
+class MultiModelDispatch:
     """What the data path needs for a variant serving a multi-model prefix.
 
     ``metrics`` holds each instance's bound series by instance id; ``agent`` is set when
@@ -68,6 +68,9 @@ class MultiModelRoute:
     """
 
     __slots__ = ("prefix", "policy", "metrics", "agent")
+
+    names_model = True
+    queues = False
 
     def __init__(
         self,
@@ -83,9 +86,21 @@ class MultiModelRoute:
         self.agent = agent
 
     def __repr__(self) -> str:
-        return f"MultiModelRoute(prefix={self.prefix!r}, policy={self.policy!r})"
+        return f"MultiModelDispatch(prefix={self.prefix!r}, policy={self.policy!r})"
 
     # -- Dispatch (routing/strategies.py) --------------------------------------------
+
+    @staticmethod
+    def prepare(endpoint: str, call: Call) -> None:
+        """The TargetModel the request names, kept on the call."""
+        if call.model is None:
+            call.model = target_model(endpoint, call.headers)
+
+    def platform_error(self, response: Response, call: Call) -> Exception | None:
+        """SageMaker's error for the instance's platform error (``refusal``)."""
+        if call.model is None:
+            return None
+        return refusal(response, call.model, self.prefix)
 
     def choose(self, instances: Sequence[Instance], call: Call) -> Instance | None:
         """The instance for a request for the call's model (model affinity), or None if
