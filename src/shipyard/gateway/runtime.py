@@ -112,11 +112,11 @@ class RuntimeDoor:
         return 200
 
     def take(self, scope: Scope, name: str, body: bytes, respond: Respond) -> bool:
-        """Serve the invocation in ``scope``, its whole ``body`` in hand, with no task:
-        if an instance can take it at once (Invocations.start), it is sent now and its
+        """Serve the invocation in ``scope``, its whole ``body`` in hand, with no task
+        (Invocations.start): sent now, or queued until an instance can take it, and its
         answer given to ``respond`` (status, headers, body) from the loop's callbacks.
-        False: nothing was done, and the door's ASGI call serves the request, which
-        also answers every refusal (a refusal found here is not answered here)."""
+        False: refused before anything was sent, and the door's ASGI call serves the
+        request, which answers the refusal in the door's shape."""
         started = time.perf_counter()
         try:
             self.reach(scope, name)

@@ -471,10 +471,10 @@ class Invocations:
                 except TimeoutError:
                     if head_timeout_s is None:
                         raise
-                    # Taken for an instance (and so maybe sent to it), the model's
-                    # timeout; never taken, the gateway's overload (retried by boto3).
-                    taken = call.instance is not None
-                    late = self.router.late(variant, reached=taken)
+                    # An instance chosen (and so maybe sent to it), the model's
+                    # timeout; never chosen, the gateway's overload (retried by boto3).
+                    reached = call.instance is not None
+                    late = self.router.late(variant, reached=reached)
                     raise self._logged(route.name, late) from None
                 if exchange.response.status >= 300:
                     whole = await _whole(exchange.response, self.router.timeout_s)

@@ -4,7 +4,7 @@ Real-time, multi-model, asynchronous and streamed requests all come through here
 this is the only place that chooses an instance and counts the work in flight on it:
 the policies, the reconciler's "busy" exemption, draining and the async consumer's
 capacity all read that one count. Per request, the same steps for every variant: admit
-it, take an instance (after waiting in a queue if none can take it now), send, learn
+it, choose an instance (after waiting in a queue if none can take it now), send, learn
 from the answer, give the instance back. What differs between kinds of variant (one
 model or many, a standing fleet or a serverless one) is the variant's Dispatch and
 Admission strategies (routing/strategies.py), not a branch here. What surrounds a call
@@ -214,7 +214,7 @@ class Router:
         """Send one invocation and yield its answer once the head is in.
 
         ``async with router.stream(...) as exchange:`` then read
-        ``exchange.response.chunks()``. The engine takes the instance as for ``start``;
+        ``exchange.response.chunks()``. The engine chooses the instance as for ``start``;
         it stays held (counted busy) until the block is left. No deadline is set here:
         the caller's (an asynchronous request's InvocationTimeoutSeconds) covers the
         whole exchange.
@@ -307,7 +307,7 @@ class Router:
         instance.in_flight -= 1
         instance.last_used = time.monotonic()  # a serverless variant's idle clock
         # The turn goes to the queue of the table published now: a swap since the request
-        # was taken moved the waiting requests there, and a turn given to the old table's
+        # was chosen moved the waiting requests there, and a turn given to the old table's
         # (empty) queue would be lost, leaving them asleep beside an idle instance.
         current = self.routes.get(route.name)
         if current is not None and current is not route:
@@ -447,7 +447,7 @@ _NEVER = float("inf")
 class _Flight:
     """One request's way through the router, from its admission to its instance given
     back: the engine every driver runs (``start`` passes its callback, ``invoke`` a
-    future's, ``stream`` also ``hold``, told when an instance is taken).
+    future's, ``stream`` also ``hold``, told when an instance is held for it).
 
     Its steps, each run from the loop's callbacks:
 
@@ -499,7 +499,7 @@ class _Flight:
         """When it began waiting (monotonic) in the queue of the variant named ``waited``."""
         self.waited: str | None = None
         self.reached = False
-        """An instance was taken for it once: a timeout is then the model's."""
+        """An instance was chosen for it once: a timeout is then the model's."""
         self.timer: asyncio.TimerHandle | None = None
 
     # -- the way ----------------------------------------------------------------------
@@ -748,7 +748,7 @@ class _Flight:
 
 
 class _Held:
-    """``stream``'s side of its flight: a future per instance taken for it."""
+    """``stream``'s side of its flight: a future per instance held for it."""
 
     __slots__ = ("future",)
 
@@ -764,7 +764,7 @@ class _Held:
             self.future.set_exception(error)
 
     async def wait(self) -> None:
-        """Until an instance is taken (then ready for the next one), or the error."""
+        """Until an instance is held for it (then ready for the next one), or the error."""
         try:
             await self.future
         finally:
