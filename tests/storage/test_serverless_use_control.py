@@ -427,7 +427,7 @@ def _routed(fleet: Fleet) -> dict[str, EndpointRoute]:
         policy=LeastOutstandingRequests(max_in_flight=1),
         instances=[slot.instance for slot in fleet.slots["v1"] if slot.instance is not None],
         metrics=Metrics().for_variant("e", "v1"),
-        serverless=fleet.serverless["v1"],
+        admission=fleet.serverless["v1"],
     )
     return {"e": EndpointRoute("e", [variant])}
 

@@ -15,9 +15,13 @@ lives here:
 - a model's error answer turned into the runtime's ModelError (or, for a multi-model
   instance's platform error, the error SageMaker gives for it).
 
-Two ways to invoke, as the router has: ``run`` returns the whole answer; ``stream``
-yields it as it arrives. Counting an answer (Invocations, its 4XX/5XX errors) is the
-door's last step, through ``count``: only the door knows the status its client got.
+Three ways to invoke, over the router's three drivers: ``run`` returns the whole
+answer, ``start`` tells it to a callback (the gateway's callback path), ``stream``
+yields it as it arrives. They share one preparation step (``_prepare``: the variant,
+TargetModel, session and shadows) and, for a whole answer, one step after it
+(``_after``); they differ only in how the answer is delivered. Counting an answer
+(Invocations, its 4XX/5XX errors) is the door's last step, through ``count``: only the
+door knows the status its client got.
 """
 
 from __future__ import annotations
@@ -62,8 +66,9 @@ answer, or the error ``run`` would raise."""
 class Invocations:
     """Invokes endpoints through one router, with everything a door needs around it.
 
-    Guarantee: every invocation that reaches ``run`` or ``stream`` is routed, copied to
-    shadows, measured and captured the same way, whichever door it came through.
+    Guarantee: every invocation that reaches ``run``, ``start`` or ``stream`` is routed,
+    copied to shadows, measured and captured the same way, whichever door it came
+    through.
     """
 
     __slots__ = ("router", "shadows", "sessions", "region", "account_id", "_tasks")
