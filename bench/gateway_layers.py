@@ -133,7 +133,14 @@ class AtOnce:
         return Response(200, [(b"content-type", b"application/json")], body)
 
     def start(
-        self, method: bytes, path: bytes, headers: Any, body: bytes, max_body: Any, on_answer: Any
+        self,
+        method: bytes,
+        path: bytes,
+        headers: Any,
+        body: bytes,
+        max_body: Any,
+        on_answer: Any,
+        **_: Any,
     ) -> Any:
         response = Response(200, [(b"content-type", b"application/json")], body)
         asyncio.get_running_loop().call_soon(on_answer, response, None)

@@ -24,7 +24,7 @@ from shipyard.provisioning.fleet import Fleet, Slot
 from shipyard.records import EndpointConfig, RoutingStrategy, ServerlessConfig, VariantSpec
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import LeastOutstandingRequests
-from shipyard.routing.serverless import ServerlessRoute
+from shipyard.routing.serverless import ServerlessAdmission
 from shipyard.routing.table import EndpointRoute, VariantRoute
 from shipyard.storage import tables as t
 from shipyard.storage.metadata import MetadataStore
@@ -387,7 +387,7 @@ def _fleet() -> Fleet:
             ]
         },  # fmt: skip
         weights={"v1": 1.0},
-        serverless={"v1": ServerlessRoute("v1", serverless, slots=1, demand=lambda n: None)},
+        serverless={"v1": ServerlessAdmission("v1", serverless, slots=1, demand=lambda n: None)},
     )
     return fleet
 
@@ -427,12 +427,12 @@ def _routed(fleet: Fleet) -> dict[str, EndpointRoute]:
         policy=LeastOutstandingRequests(max_in_flight=1),
         instances=[slot.instance for slot in fleet.slots["v1"] if slot.instance is not None],
         metrics=Metrics().for_variant("e", "v1"),
-        serverless=fleet.serverless["v1"],
+        admission=fleet.serverless["v1"],
     )
     return {"e": EndpointRoute("e", [variant])}
 
 
-def _busy(fleet: Fleet, requests: int) -> ServerlessRoute:
+def _busy(fleet: Fleet, requests: int) -> ServerlessAdmission:
     """``requests`` admitted to the fleet's variant and on its first instance."""
     admission = fleet.serverless["v1"]
     admission.active = requests

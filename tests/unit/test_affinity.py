@@ -10,7 +10,7 @@ import pytest
 from shipyard.http.client import Response
 from shipyard.metrics import Metrics
 from shipyard.routing.instance import Instance
-from shipyard.routing.multimodel import CACHE, EVICTED, MultiModelRoute
+from shipyard.routing.multimodel import CACHE, EVICTED, MultiModelDispatch
 from shipyard.routing.policies import (
     IgnoreModel,
     ModelAffinity,
@@ -128,7 +128,7 @@ def _hit_rate(policy: ModelPolicy, *, seed: int) -> float:
     weights = [1 / (rank + 1) for rank in range(len(names))]
     instances = _instances(*([()] * 4))
     caches = {i.instance_id: _LruCache(100) for i in instances}
-    route = MultiModelRoute(prefix="file:///p", policy=policy, metrics={})
+    route = MultiModelDispatch(prefix="file:///p", policy=policy, metrics={})
     hits = total = 0
     for _ in range(1500):
         wave = []
@@ -136,7 +136,7 @@ def _hit_rate(policy: ModelPolicy, *, seed: int) -> float:
             instance = policy.choose(instances, model)
             assert instance is not None
             instance.in_flight += 1
-            instance.models.setdefault(model, None)  # as MultiModelRoute.send does
+            instance.models.setdefault(model, None)  # as MultiModelDispatch.send does
             wave.append((instance, model))
         for instance, model in wave:
             instance.in_flight -= 1
@@ -159,7 +159,7 @@ def test_affinity_hits_the_cache_far_more_often_than_random_routing() -> None:
 def test_observe_learns_loads_and_evictions_from_the_answers() -> None:
     metrics = Metrics()
     (instance,) = _instances(("old", "kept"))
-    route = MultiModelRoute(
+    route = MultiModelDispatch(
         prefix="file:///p",
         policy=ModelAffinity(max_in_flight=4),
         metrics={"i-0": metrics.for_instance_models("e", "v", "i-0")},

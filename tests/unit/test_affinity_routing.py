@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from shipyard.errors import ModelNotReady, RuntimeValidationError, UpstreamError
-from shipyard.http.client import Response
+from shipyard.http.client import Response, in_task
 from shipyard.metrics import Metrics
+from shipyard.routing.call import Call
 from shipyard.routing.instance import Instance
 from shipyard.routing.multimodel import (
     CACHE,
     ERROR,
-    MultiModelRoute,
+    MultiModelDispatch,
     not_found_message,
     refusal,
     target_model,
 )
 from shipyard.routing.policies import ModelAffinity, Random
-from shipyard.routing.router import Call, Router
+from shipyard.routing.router import Router
 from shipyard.routing.table import EndpointRoute, VariantRoute
 
 Answer = Callable[[str], Response]
@@ -37,6 +39,11 @@ class FakePool:
     async def request(self, *args: object, **kwargs: object) -> Response:
         self.log.append(self.name)
         return self.answer(self.name)
+
+    def start(self, *args: Any, **kwargs: Any) -> Callable[[], None]:
+        """As ConnectionPool.start: ``request``'s outcome told to its callback."""
+        on_answer = args[5]
+        return in_task(self.request(*args[:4]), on_answer)
 
     def close(self) -> None:
         pass
@@ -55,7 +62,7 @@ def _route(answer: Answer, log: list[str], n: int = 2) -> tuple[Router, Endpoint
         policy=Random(max_in_flight=4),
         instances=instances,
         metrics=metrics.for_variant("e", "v"),
-        multi_model=MultiModelRoute(
+        dispatch=MultiModelDispatch(
             prefix="s3://bucket/models/",
             policy=ModelAffinity(max_in_flight=4),
             metrics={

@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 
 from shipyard.metrics import Metrics
+from shipyard.routing.call import Call
 from shipyard.routing.policies import LeastOutstandingRequests
-from shipyard.routing.router import Call
 from shipyard.routing.table import VariantRoute
 
 _RESET = {"variant", "instance", "pinned", "opening"}

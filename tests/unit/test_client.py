@@ -324,12 +324,11 @@ def test_a_ping_goes_on_a_connection_of_its_own_even_with_idle_ones_pooled() -> 
         server, port = await _serve(handler)
         pool = ConnectionPool("127.0.0.1", port)
         await pool.request(b"GET", b"/other", [])
-        assert len(pool._idle) == 1
-        kept = pool._idle[0]
+        assert pool.idle_count() == 1
         for _ in range(2):
             response = await pool.ping()
             assert (response.status, response.body) == (200, b"ok")
-        assert pool._idle == [kept]  # untouched, and no ping connection joined it
+        assert pool.idle_count() == 1  # no ping connection joined it
         pool.close()
         server.close()
         await server.wait_closed()

@@ -14,10 +14,11 @@ from shipyard.errors import RuntimeValidationError, ServiceUnavailable
 from shipyard.metrics import Metrics
 from shipyard.provisioning.fleet import AdapterOf, ComponentCopies, Fleet, Slot
 from shipyard.records import EndpointConfig, RoutingStrategy, VariantSpec
+from shipyard.routing.call import Call
 from shipyard.routing.instance import Instance
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.policies import LeastOutstandingRequests
-from shipyard.routing.router import Call, Router
+from shipyard.routing.router import Router
 from shipyard.routing.table import EndpointRoute, VariantRoute
 
 METRICS = Metrics()
@@ -74,18 +75,29 @@ def test_a_swap_keeps_a_request_with_its_component() -> None:
         router.current(new, new.components["a"])
 
 
+class _Waiting:
+    """A request in a queue that only records its turn."""
+
+    turned = False
+
+    def done(self) -> bool:
+        return self.turned
+
+    def turn(self) -> None:
+        self.turned = True
+
+
 def test_requests_waiting_for_a_component_move_to_its_next_table() -> None:
     async def scenario() -> None:
         router = Router(timeout_s=5)
         old = _table(a=1)
         router.publish(old)
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        old.components["a"].waiters.append(waiter)
+        waiter = _Waiting()
+        old.components["a"].waiters.join(waiter)
         new = _table(a=1)
         router.publish(new)
         # Moved, then given a turn: the new table may have room.
-        assert waiter.done()
+        assert waiter.turned
         assert not old.components["a"].waiters
 
     asyncio.run(scenario())
@@ -119,11 +131,11 @@ def test_an_adapter_and_its_base_wait_in_one_queue_for_their_shared_copies() -> 
         base, adapter = route.components["base"], route.components["ten"]
         assert adapter.waiters is base.waiters
         assert adapter.instances == [copy]
-        await router._take(route, base, Call([], b""), [], True)  # the copy is busy
-        waiting = asyncio.create_task(router._take(route, adapter, Call([], b""), [], True))
+        held = await router.acquire(route, base, Call([], b""))  # the copy is busy
+        waiting = asyncio.create_task(router.acquire(route, adapter, Call([], b"")))
         await asyncio.sleep(0)
         assert not waiting.done()
-        router._give_back(route, base, copy)
-        assert (await asyncio.wait_for(waiting, 1))[1] is copy
+        held.close()
+        assert (await asyncio.wait_for(waiting, 1)).instance is copy
 
     asyncio.run(scenario())

@@ -1,103 +1,90 @@
 """Deadlines swept together: they fire (late by at most the resolution, never early),
-leave other cancellations alone, and stop sweeping once nothing waits."""
+leave the others alone, and stop sweeping once nothing is watched."""
 
 from __future__ import annotations
 
 import asyncio
-import time
-
-import pytest
 
 from shipyard.routing.deadlines import Deadlines
 
 
-def test_an_overdue_call_gets_timeout_error_within_the_resolution() -> None:
-    async def main() -> float:
+class Entry:
+    """What the router's requests give the sweep: a deadline and what expiring does."""
+
+    def __init__(self, when: float) -> None:
+        self.when = when
+        self.expired: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+
+    def expire(self, now: float) -> None:
+        self.expired.set_result(now)
+
+
+def test_an_overdue_entry_expires_within_the_resolution_never_before() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
         deadlines = Deadlines(resolution_s=0.05)
-        started = time.monotonic()
-        with pytest.raises(TimeoutError):
-            async with deadlines.after(0.2):
-                await asyncio.sleep(10)
-        return time.monotonic() - started
-
-    took = asyncio.run(main())
-    assert 0.2 <= took < 0.2 + 0.05 + 0.5  # the last term: a slow machine's scheduling
-
-
-def test_a_call_done_in_time_is_untouched_and_the_sweep_stops() -> None:
-    async def main() -> None:
-        deadlines = Deadlines(resolution_s=0.01)
-        async with deadlines.after(5) as deadline:
-            await asyncio.sleep(0.05)  # a few sweeps pass over a live deadline
-        assert not deadline.expired()
-        await asyncio.sleep(0.05)
-        assert deadlines._sweep_handle is None
-        assert not deadlines._live
+        entry = Entry(loop.time() + 0.2)
+        assert deadlines.watch(entry) and deadlines.watched() == 1
+        now = await asyncio.wait_for(entry.expired, 5)
+        assert now >= entry.when
+        assert deadlines.watched() == 0
 
     asyncio.run(main())
 
 
-def test_only_the_overdue_ones_of_many_fire() -> None:
-    async def call(deadlines: Deadlines, limit: float, work: float) -> str:
-        try:
-            async with deadlines.after(limit):
-                await asyncio.sleep(work)
-        except TimeoutError:
-            return "timed out"
-        return "done"
+def test_a_dropped_entry_is_untouched_and_the_sweep_stops() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        deadlines = Deadlines(resolution_s=0.01)
+        entry = Entry(loop.time() + 0.03)
+        deadlines.watch(entry)
+        deadlines.drop(entry)
+        later = Entry(loop.time() + 0.1)  # a sentinel watched after it, expired last
+        deadlines.watch(later)
+        await asyncio.wait_for(later.expired, 5)
+        assert not entry.expired.done()
+        assert deadlines.watched() == 0 and deadlines._sweep_handle is None
 
-    async def main() -> list[str]:
+    asyncio.run(main())
+
+
+def test_only_the_overdue_ones_of_many_expire() -> None:
+    async def main() -> list[bool]:
+        loop = asyncio.get_running_loop()
         deadlines = Deadlines(resolution_s=0.02)
-        return await asyncio.gather(
-            call(deadlines, 0.1, 5), call(deadlines, 5, 0.2), call(deadlines, 0.05, 5)
-        )
+        entries = [Entry(loop.time() + s) for s in (0.1, 30, 0.05)]
+        for entry in entries:
+            deadlines.watch(entry)
+        await asyncio.wait_for(asyncio.gather(entries[0].expired, entries[2].expired), 5)
+        assert deadlines.watched() == 1
+        deadlines.drop(entries[1])
+        return [entry.expired.done() for entry in entries]
 
-    assert asyncio.run(main()) == ["timed out", "done", "timed out"]
+    assert asyncio.run(main()) == [True, False, True]
 
 
-def test_a_cancellation_from_elsewhere_stays_a_cancellation() -> None:
+def test_a_fault_expiring_one_entry_does_not_keep_the_others() -> None:
+    class Faulty(Entry):
+        def expire(self, now: float) -> None:
+            raise RuntimeError("a fault in expire")
+
     async def main() -> None:
-        deadlines = Deadlines(resolution_s=0.01)
-        entered = asyncio.Event()
-
-        async def wait() -> None:
-            async with deadlines.after(0.05):
-                entered.set()
-                await asyncio.sleep(10)
-
-        task = asyncio.create_task(wait())
-        await entered.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        await asyncio.sleep(0.1)  # the sweep finds nothing left to expire
-        assert not deadlines._live
+        loop = asyncio.get_running_loop()
+        deadlines = Deadlines(resolution_s=0.02)
+        faulty, entry = Faulty(loop.time() + 0.03), Entry(loop.time() + 0.03)
+        deadlines.watch(faulty)
+        deadlines.watch(entry)
+        await asyncio.wait_for(entry.expired, 5)
+        assert deadlines.watched() == 0
 
     asyncio.run(main())
 
 
-def test_a_second_loop_gets_a_deadline_of_its_own() -> None:
+def test_a_second_loop_is_declined() -> None:
     deadlines = Deadlines(resolution_s=0.05)
 
-    async def overdue() -> None:
-        async with deadlines.after(0.05):
-            await asyncio.sleep(10)
+    async def watch() -> bool:
+        return deadlines.watch(Entry(asyncio.get_running_loop().time() + 30))
 
-    for _ in range(2):  # the second run is on another loop than the sweep's
-        with pytest.raises(TimeoutError):
-            asyncio.run(overdue())
-
-
-def test_a_deadline_is_entered_once() -> None:
-    async def main() -> None:
-        deadlines = Deadlines(resolution_s=0.05)
-        deadline = deadlines.after(5)
-        async with deadline:
-            with pytest.raises(RuntimeError):
-                async with deadline:
-                    pass
-        with pytest.raises(RuntimeError):
-            async with deadline:
-                pass
-
-    asyncio.run(main())
+    assert asyncio.run(watch())  # the sweep's loop
+    assert not asyncio.run(watch())  # another: its caller sets a timer of its own

@@ -5,17 +5,19 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
 from shipyard.errors import ModelNotReady, RuntimeValidationError, ServiceUnavailable
-from shipyard.http.client import Response
+from shipyard.http.client import Response, in_task
 from shipyard.metrics import Metrics
 from shipyard.records import RoutingStrategy
+from shipyard.routing.call import Call
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import LeastOutstandingRequests, Random, policy_for
-from shipyard.routing.router import Call, Router
+from shipyard.routing.router import Router
 from shipyard.routing.table import EndpointRoute, VariantRoute
 from tests.conftest import wait_until_async
 
@@ -175,6 +177,11 @@ class FakePool:
 
     def finish_one(self) -> None:
         next(g for g in self.gates if not g.done()).set_result(None)
+
+    def start(self, *args: Any, **kwargs: Any) -> Callable[[], None]:
+        """As ConnectionPool.start: ``request``'s outcome told to its callback."""
+        on_answer = args[5]
+        return in_task(self.request(*args[:4]), on_answer)
 
     def close(self) -> None:
         pass

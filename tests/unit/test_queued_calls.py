@@ -7,11 +7,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from shipyard.errors import ClientGone, ModelError, ServiceUnavailable
+import pytest
+
+from shipyard.errors import ClientGone, ModelError, ModelNotReady, ServiceUnavailable
+from shipyard.http.client import Response, in_task
 from shipyard.metrics import Metrics
+from shipyard.routing.call import Call
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import LeastOutstandingRequests
-from shipyard.routing.router import Call, Router
+from shipyard.routing.router import Router
 from shipyard.routing.table import EndpointRoute, VariantRoute
 from tests.unit.test_client import _read_request as read_request
 from tests.unit.test_client import _serve as serve
@@ -113,20 +117,11 @@ class Counting:
         pass
 
 
-def counted(router: Router, variant: VariantRoute) -> tuple[Counting, list[Any]]:
-    """A counting admission set on ``variant``, and the list of the work ``router``
-    resumes in a task (what a call taken on callbacks should not need)."""
+def counted(router: Router, variant: VariantRoute) -> Counting:
+    """A counting admission set on ``variant``."""
     admission = Counting()
     variant.admission = admission  # type: ignore[assignment]
-    resumed: list[Any] = []
-    resume = router._resume
-
-    def counting_resume(work: Any) -> None:
-        resumed.append(work)
-        resume(work)
-
-    router._resume = counting_resume  # type: ignore[method-assign]
-    return admission, resumed
+    return admission
 
 
 class Gone:
@@ -153,10 +148,10 @@ def test_calls_that_find_the_instance_busy_wait_and_go_in_order_from_the_answers
     async def main() -> None:
         server_handler, server, router, route, variant = await one_instance()
         (instance,) = variant.instances
-        admission, resumed = counted(router, variant)
+        admission = counted(router, variant)
         told = [Told() for _ in range(4)]
         for n, done in enumerate(told):
-            assert router.start(route, variant, Call([], b"call-%d" % n), done)
+            router.start(route, variant, Call([], b"call-%d" % n), done)
         # One sent, three waiting in the variant's queue: the instance takes one at a time.
         assert instance.in_flight == 1 and len(variant.waiters) == 3
         assert admission.active == 4
@@ -164,9 +159,8 @@ def test_calls_that_find_the_instance_busy_wait_and_go_in_order_from_the_answers
             response, model_s, error = await done.wait()
             assert error is None and response.body == b"call-%d" % n and model_s > 0
         assert server_handler.bodies == [b"call-%d" % n for n in range(4)]
-        assert instance.in_flight == 0 and not variant.waiters and not router._deadlines._live
-        # Each was sent from the answer before it: no task took over any of them.
-        assert resumed == [] and admission.active == 0 and admission.admitted == 4
+        assert instance.in_flight == 0 and not variant.waiters and not router.watched()
+        assert admission.active == 0 and admission.admitted == 4
         router.close()
         server.close()
 
@@ -178,12 +172,12 @@ def test_a_waiting_invoke_keeps_its_place_ahead_of_later_started_calls() -> None
         server_handler, server, router, route, variant = await one_instance()
         (instance,) = variant.instances
         first = Told()
-        assert router.start(route, variant, Call([], b"first"), first)
+        router.start(route, variant, Call([], b"first"), first)
         invoked = asyncio.ensure_future(router.invoke(route, variant, Call([], b"invoked")))
         await asyncio.sleep(0)  # the invoke is in the queue now
         assert len(variant.waiters) == 1
         last = Told()
-        assert router.start(route, variant, Call([], b"last"), last)
+        router.start(route, variant, Call([], b"last"), last)
         assert (await invoked)[0].body == b"invoked"
         assert (await last.wait())[0].body == b"last"
         assert server_handler.bodies == [b"first", b"invoked", b"last"]
@@ -198,9 +192,9 @@ def test_a_waiting_call_whose_client_left_is_never_sent() -> None:
         server_handler, server, router, route, variant = await one_instance()
         (instance,) = variant.instances
         first = Told()
-        assert router.start(route, variant, Call([], b"first"), first)
+        router.start(route, variant, Call([], b"first"), first)
         gone, left = Gone(), Told()
-        assert router.start(route, variant, Call([], b"left", watch_gone=gone), left)
+        router.start(route, variant, Call([], b"left", watch_gone=gone), left)
         assert len(variant.waiters) == 1
         gone.fire()
         response, _, error = await left.wait()
@@ -209,11 +203,11 @@ def test_a_waiting_call_whose_client_left_is_never_sent() -> None:
         await first.wait()
         await asyncio.sleep(0.2)  # nothing more reaches the instance
         assert server_handler.bodies == [b"first"]
-        assert instance.in_flight == 0 and not router._deadlines._live
+        assert instance.in_flight == 0 and not router.watched()
         # Once its turn came, a call stops watching its client.
         busy, again, answered = Told(), Gone(), Told()
-        assert router.start(route, variant, Call([], b"busy"), busy)
-        assert router.start(route, variant, Call([], b"again", watch_gone=again), answered)
+        router.start(route, variant, Call([], b"busy"), busy)
+        router.start(route, variant, Call([], b"again", watch_gone=again), answered)
         assert len(again.callbacks) == 1 and again.unwatched == 0
         await busy.wait()
         assert again.unwatched == 1
@@ -232,7 +226,7 @@ def test_a_call_that_waits_past_the_deadline_is_invokes_timeout_and_never_sent()
         first = asyncio.ensure_future(router.invoke(route, variant, Call([], b"first"), 5.0))
         await asyncio.sleep(0.05)
         waiting = Told()
-        assert router.start(route, variant, Call([], b"waiting"), waiting)
+        router.start(route, variant, Call([], b"waiting"), waiting)
         response, _, error = await waiting.wait()
         # Never sent: no instance was free all that time, the gateway's overload (a 503
         # boto3 retries), not the model's timeout.
@@ -241,7 +235,7 @@ def test_a_call_that_waits_past_the_deadline_is_invokes_timeout_and_never_sent()
         assert (await first)[0].body == b"first"
         await asyncio.sleep(0.1)
         assert server_handler.bodies == [b"first"]
-        assert instance.in_flight == 0 and not router._deadlines._live
+        assert instance.in_flight == 0 and not router.watched()
         router.close()
         server.close()
 
@@ -254,7 +248,7 @@ def test_the_deadline_runs_from_when_the_call_came_not_from_its_turn() -> None:
         first = asyncio.ensure_future(router.invoke(route, variant, Call([], b"first"), 5.0))
         await asyncio.sleep(0)
         second = Told()
-        assert router.start(route, variant, Call([], b"second"), second)
+        router.start(route, variant, Call([], b"second"), second)
         assert (await first)[0].body == b"first"
         # Sent 0.6 s after it came, answered 0.6 s later: past its 0.9 s, which from its
         # turn it would not be.
@@ -267,16 +261,17 @@ def test_the_deadline_runs_from_when_the_call_came_not_from_its_turn() -> None:
     asyncio.run(main())
 
 
-def test_a_full_queue_or_no_instance_ready_leaves_the_call_to_invoke() -> None:
+def test_a_full_queue_or_no_instance_ready_refuses_the_call_at_once() -> None:
     async def main() -> None:
         server_handler, server, router, route, variant = await one_instance(0.2, max_in_flight=2)
         (instance,) = variant.instances
         assert variant.queue_limit == 2
         told = [Told() for _ in range(3)]
         for n, done in enumerate(told):
-            assert router.start(route, variant, Call([], b"%d" % n), done)
-        # The queue is full: ``start`` does nothing, and ``invoke`` refuses.
-        assert not router.start(route, variant, Call([], b"more"), Told())
+            router.start(route, variant, Call([], b"%d" % n), done)
+        # The queue is full: ``start`` refuses, as ``invoke`` does, leaving nothing.
+        with pytest.raises(ServiceUnavailable):
+            router.start(route, variant, Call([], b"more"), Told())
         assert len(variant.waiters) == 2
         try:
             await router.invoke(route, variant, Call([], b"more"))
@@ -287,7 +282,8 @@ def test_a_full_queue_or_no_instance_ready_leaves_the_call_to_invoke() -> None:
         for done in told:
             assert (await done.wait())[2] is None
         instance.healthy = False
-        assert not router.start(route, variant, Call([], b"none ready"), Told())
+        with pytest.raises(ModelNotReady):
+            router.start(route, variant, Call([], b"none ready"), Told())
         assert not variant.waiters
         router.close()
         server.close()
@@ -300,14 +296,14 @@ def test_waiting_calls_fail_with_the_variant() -> None:
         server_handler, server, router, route, variant = await one_instance(0.2)
         (instance,) = variant.instances
         first, waiting = Told(), Told()
-        assert router.start(route, variant, Call([], b"first"), first)
-        assert router.start(route, variant, Call([], b"waiting"), waiting)
+        router.start(route, variant, Call([], b"first"), first)
+        router.start(route, variant, Call([], b"waiting"), waiting)
         router.fail_waiting("e", "v1", lambda: ServiceUnavailable("cold start failed"))
         response, _, error = await waiting.wait()
         assert response is None and isinstance(error, ServiceUnavailable)
-        assert len(router._deadlines._live) == 1  # the first call's, still in flight
+        assert router.watched() == 1  # the first call's, still in flight
         assert (await first.wait())[2] is None
-        assert instance.in_flight == 0 and not router._deadlines._live
+        assert instance.in_flight == 0 and not router.watched()
         router.close()
         server.close()
 
@@ -319,10 +315,10 @@ def test_waiting_calls_move_to_a_new_table_and_go_to_its_instances() -> None:
         busy, fresh, servers, router, route, variant = await busy_and_fresh()
         busy_port, fresh_port = (server.sockets[0].getsockname()[1] for server in servers)
         first = Told()
-        assert router.start(route, variant, Call([], b"first"), first)
+        router.start(route, variant, Call([], b"first"), first)
         waiting = [Told() for _ in range(2)]
         for n, done in enumerate(waiting):
-            assert router.start(route, variant, Call([], b"moved-%d" % n), done)
+            router.start(route, variant, Call([], b"moved-%d" % n), done)
         # The reconciler publishes a table with one more instance: the waiting calls
         # move to it and go to the instance that is free, without waiting for the busy one.
         new_route, new_variant = lor_route(busy_port, fresh_port)
@@ -347,14 +343,14 @@ def test_a_waiting_call_on_an_endpoint_withdrawn_is_unavailable() -> None:
     async def main() -> None:
         server_handler, server, router, route, variant = await one_instance(0.2)
         first, waiting = Told(), Told()
-        assert router.start(route, variant, Call([], b"first"), first)
-        assert router.start(route, variant, Call([], b"waiting"), waiting)
+        router.start(route, variant, Call([], b"first"), first)
+        router.start(route, variant, Call([], b"waiting"), waiting)
         router.withdraw("e")
         response, _, error = await waiting.wait()
         assert response is None and isinstance(error, ServiceUnavailable)
         assert "being deleted" in str(error)
         await first.wait()
-        assert list(router.in_flight()) == [] and not router._deadlines._live
+        assert list(router.in_flight()) == [] and not router.watched()
         router.close()
         server.close()
 
@@ -365,11 +361,11 @@ def test_a_waiting_call_keeps_the_admission_it_came_by_across_a_swap_of_tables()
     async def main() -> None:
         busy, fresh, servers, router, route, variant = await busy_and_fresh()
         busy_port, fresh_port = (server.sockets[0].getsockname()[1] for server in servers)
-        first_admission, _ = counted(router, variant)
+        first_admission = counted(router, variant)
         first = Told()
-        assert router.start(route, variant, Call([], b"first"), first)
+        router.start(route, variant, Call([], b"first"), first)
         moved = Told()
-        assert router.start(route, variant, Call([], b"moved"), moved)
+        router.start(route, variant, Call([], b"moved"), moved)
         # The successor counts its own (a serverless variant's MaxConcurrency): the call
         # it never admitted must not leave it.
         new_route, new_variant = lor_route(busy_port, fresh_port)
@@ -390,34 +386,48 @@ def test_a_waiting_call_keeps_the_admission_it_came_by_across_a_swap_of_tables()
 
 
 class Failing:
-    """OneModel's dispatch, whose ``start`` raises (or sends nothing, ``sends=False``)
-    for the bodies in ``refuse``."""
+    """OneModel's dispatch, whose ``send`` raises for the bodies in ``refuse``."""
 
-    def __init__(self, dispatch: Any, refuse: set[bytes], *, sends: bool = True) -> None:
+    def __init__(self, dispatch: Any, refuse: set[bytes]) -> None:
         self.dispatch = dispatch
         self.refuse = refuse
-        self.sends = sends
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.dispatch, name)
 
-    def start(self, instance: Any, call: Call, max_body: Any, on_answer: Any) -> Any:
+    def send(self, instance: Any, call: Call, max_body: Any, on_answer: Any) -> Any:
         if call.body in self.refuse:
-            if self.sends:
-                raise RuntimeError("a fault in start")
-            return None
-        return self.dispatch.start(instance, call, max_body, on_answer)
+            raise RuntimeError("a fault in send")
+        return self.dispatch.send(instance, call, max_body, on_answer)
+
+
+class Awaiting:
+    """OneModel's dispatch, whose ``send`` awaits something first (as an adapter's
+    registration does), in a task of its own."""
+
+    def __init__(self, dispatch: Any) -> None:
+        self.dispatch = dispatch
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.dispatch, name)
+
+    def send(self, instance: Any, call: Call, max_body: Any, on_answer: Any) -> Any:
+        async def later() -> Response:
+            await asyncio.sleep(0.01)
+            return await instance.pool.request(b"POST", call.path, call.headers, call.body)
+
+        return in_task(later(), on_answer)
 
 
 def test_a_fault_sending_a_waiting_call_is_that_calls_and_the_turn_goes_on() -> None:
     async def main() -> None:
         server_handler, server, router, route, variant = await one_instance()
         (instance,) = variant.instances
-        admission, _ = counted(router, variant)
+        admission = counted(router, variant)
         variant.dispatch = Failing(variant.dispatch, {b"faulty"})  # type: ignore[assignment]
         told = {body: Told() for body in (b"first", b"faulty", b"last")}
         for body, done in told.items():
-            assert router.start(route, variant, Call([], body), done)
+            router.start(route, variant, Call([], body), done)
         first = await told[b"first"].wait()
         assert first[2] is None and first[0].body == b"first"
         faulty = await told[b"faulty"].wait()
@@ -427,29 +437,27 @@ def test_a_fault_sending_a_waiting_call_is_that_calls_and_the_turn_goes_on() -> 
         assert [len(done.outcomes) for done in told.values()] == [1, 1, 1]
         assert server_handler.bodies == [b"first", b"last"]
         assert admission.active == 0 and instance.in_flight == 0
-        assert not variant.waiters and not router._deadlines._live
+        assert not variant.waiters and not router.watched()
         router.close()
         server.close()
 
     asyncio.run(main())
 
 
-def test_a_waiting_call_that_cannot_be_sent_on_callbacks_goes_on_in_a_task() -> None:
+def test_a_waiting_call_whose_dispatch_awaits_is_answered_from_its_task() -> None:
     async def main() -> None:
         server_handler, server, router, route, variant = await one_instance()
-        admission, resumed = counted(router, variant)
-        variant.dispatch = Failing(  # type: ignore[assignment]
-            variant.dispatch, {b"awaits"}, sends=False
-        )
+        admission = counted(router, variant)
+        variant.dispatch = Awaiting(variant.dispatch)  # type: ignore[assignment]
         first, awaits = Told(), Told()
-        assert router.start(route, variant, Call([], b"first"), first)
-        assert router.start(route, variant, Call([], b"awaits"), awaits)
+        router.start(route, variant, Call([], b"first"), first)
+        router.start(route, variant, Call([], b"awaits"), awaits)
         assert (await first.wait())[2] is None
         response, model_s, error = await awaits.wait()
         assert error is None and response.body == b"awaits" and model_s > 0
-        assert len(resumed) == 1 and admission.active == 0 and admission.admitted == 2
+        assert admission.active == 0 and admission.admitted == 2
         assert server_handler.bodies == [b"first", b"awaits"]
-        assert variant.instances[0].in_flight == 0 and not router._deadlines._live
+        assert variant.instances[0].in_flight == 0 and not router.watched()
         router.close()
         server.close()
 
@@ -479,7 +487,7 @@ def test_calls_sent_from_expiries_keep_one_sweep_of_the_deadlines() -> None:
         started = asyncio.get_running_loop().time()
         for n in range(12):  # a call every 0.1 s, each outliving its 0.2 s
             told.append(Told())
-            assert router.start(route, variant, Call([], b"%d" % n), told[-1])
+            router.start(route, variant, Call([], b"%d" % n), told[-1])
             await asyncio.sleep(0.1)
         for done in told:
             assert isinstance((await done.wait())[2], ModelError)

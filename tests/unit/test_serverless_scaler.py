@@ -14,7 +14,7 @@ from shipyard.metrics import Metrics
 from shipyard.provisioning.fleet import Fleet, FleetFailed, Slot
 from shipyard.records import EndpointConfig, RoutingStrategy, ServerlessConfig, VariantSpec
 from shipyard.routing.router import Router
-from shipyard.routing.serverless import ServerlessRoute
+from shipyard.routing.serverless import ServerlessAdmission
 from tests.unit.test_serverless_waiting import _until
 
 
@@ -44,7 +44,7 @@ def _fleet() -> Fleet:
         config=EndpointConfig("e", "arn:e", (variant,), datetime.now(UTC)),
         slots={"v1": []},
         weights={"v1": 1.0},
-        serverless={"v1": ServerlessRoute("v1", serverless, slots=1, demand=lambda n: None)},
+        serverless={"v1": ServerlessAdmission("v1", serverless, slots=1, demand=lambda n: None)},
     )
 
 

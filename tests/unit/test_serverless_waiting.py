@@ -12,17 +12,18 @@ from shipyard.control.serverless import start_failed
 from shipyard.errors import ModelError
 from shipyard.metrics import Metrics
 from shipyard.records import ServerlessConfig
+from shipyard.routing.call import Call
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import LeastOutstandingRequests
-from shipyard.routing.router import Call, Router
-from shipyard.routing.serverless import ServerlessRoute
+from shipyard.routing.router import Router
+from shipyard.routing.serverless import ServerlessAdmission
 from shipyard.routing.table import EndpointRoute, VariantRoute
 from tests.unit.test_client import _serve as serve
 from tests.unit.test_queued_calls import Recording, one_instance
 from tests.unit.test_started_calls import Told
 
 
-def _table(admission: ServerlessRoute, *instances: Instance) -> EndpointRoute:
+def _table(admission: ServerlessAdmission, *instances: Instance) -> EndpointRoute:
     """The endpoint's table as the publisher makes it for a serverless variant."""
     variant = VariantRoute(
         "v1",
@@ -30,15 +31,15 @@ def _table(admission: ServerlessRoute, *instances: Instance) -> EndpointRoute:
         policy=LeastOutstandingRequests(max_in_flight=1),
         instances=instances,
         metrics=Metrics().for_variant("e", "v1"),
-        serverless=admission,
+        admission=admission,
     )
     return EndpointRoute("e", [variant])
 
 
-def _at_rest() -> tuple[Router, ServerlessRoute, list[int]]:
+def _at_rest() -> tuple[Router, ServerlessAdmission, list[int]]:
     """A router with a serverless variant at rest, and the asks for instances it makes."""
     asks: list[int] = []
-    admission = ServerlessRoute(
+    admission = ServerlessAdmission(
         "v1", ServerlessConfig(memory_mb=1024, max_concurrency=4), slots=1, demand=asks.append
     )
     router = Router(timeout_s=10.0)
@@ -120,11 +121,9 @@ def test_a_call_taken_on_callbacks_fails_with_the_models_reason() -> None:
     async def main() -> None:
         server_handler, server, router, route, variant = await one_instance(0.2)
         first, waiting = Told(), Told()
-        assert router.start(route, variant, Call([], b"first"), first)
-        assert router.start(route, variant, Call([], b"waiting"), waiting)
-        router.fail_waiting(
-            "e", "v1", lambda: start_failed("v1", "no weights"), time.monotonic() - 100
-        )
+        router.start(route, variant, Call([], b"first"), first)
+        router.start(route, variant, Call([], b"waiting"), waiting)
+        router.fail_waiting("e", "v1", lambda: start_failed("v1", "no weights"), time.monotonic())
         _, _, error = await waiting.wait()
         assert isinstance(error, ModelError), error
         assert "failed to start: no weights" in str(error)

@@ -13,10 +13,11 @@ import pytest
 
 from shipyard.errors import ModelError, RuntimeValidationError, Throttling
 from shipyard.metrics import Metrics
+from shipyard.routing.call import Call
 from shipyard.routing.instance import Instance
 from shipyard.routing.invocation import SESSION_TABLE_WAIT_S, Invocations
 from shipyard.routing.policies import LeastOutstandingRequests
-from shipyard.routing.router import Call, Router
+from shipyard.routing.router import Router
 from shipyard.routing.sessions import Sessions, key
 from shipyard.routing.table import EndpointRoute, VariantRoute
 from tests.unit.test_client import _serve as serve
@@ -261,19 +262,19 @@ def test_a_request_waiting_for_its_sessions_instance_takes_no_other_turn() -> No
         route = EndpointRoute("e", [variant])
         router = Router(timeout_s=5)
         router.publish(route)
-        for _ in range(2):  # both instances busy
-            await router._take(route, variant, Call([], b""), [], True)
+        held = [await router.acquire(route, variant, Call([], b"")) for _ in range(2)]
+        on = {flight.instance: flight for flight in held}  # both instances busy
         pinned = asyncio.create_task(
-            router._take(route, variant, Call([], b"", session="s", pinned=x), [], True)
+            router.acquire(route, variant, Call([], b"", session="s", pinned=x))
         )
         await asyncio.sleep(0)
-        plain = asyncio.create_task(router._take(route, variant, Call([], b""), [], False))
+        plain = asyncio.create_task(router.acquire(route, variant, Call([], b"")))
         await asyncio.sleep(0)
-        router._give_back(route, variant, y)
-        assert (await asyncio.wait_for(plain, 1))[1] is y
+        on[y].close()
+        assert (await asyncio.wait_for(plain, 1)).instance is y
         assert not pinned.done()
-        router._give_back(route, variant, x)
-        assert (await asyncio.wait_for(pinned, 1))[1] is x
+        on[x].close()
+        assert (await asyncio.wait_for(pinned, 1)).instance is x
 
     asyncio.run(scenario())
 
@@ -354,21 +355,24 @@ def test_a_session_whose_instance_the_table_lacks_waits_for_the_next_table() -> 
     asyncio.run(scenario())
 
 
-def test_a_new_session_waits_for_run_and_gets_the_gateways_id() -> None:
-    """NEW_SESSION: never sent on the taken path (its model's id is recorded before the
-    client has it, which ``run`` awaits); a model that answers no id gets the gateway's,
-    which names the instance it was sent to."""
+def test_a_new_session_gets_the_gateways_id_on_either_driver() -> None:
+    """NEW_SESSION, awaited (``run``) or on callbacks (``start``, which shares the
+    session in a task before telling the answer): a model that answers no id gets the
+    gateway's, which names the instance it was sent to."""
 
     async def scenario() -> None:
         async with _instance() as (handler, port, router, invocations):
             router.publish(_table(port))
             route = router.routes["e"]
             taken = _session_call("NEW_SESSION")
-            assert not invocations.start(route, taken, lambda a, e: None)
-            assert taken.instance is None and handler.bodies == []
-            for call in (taken, _session_call("NEW_SESSION")):
-                answer = await invocations.run(route, call)
-                assert answer.body == b"hi" and call.session is not None and call.opened
+            told: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            assert invocations.start(route, taken, lambda a, e: told.set_result((a, e)))
+            answer, error = await asyncio.wait_for(told, 5)
+            assert error is None and answer.body == b"hi"
+            called = _session_call("NEW_SESSION")
+            assert (await invocations.run(route, called)).body == b"hi"
+            for call in (taken, called):
+                assert call.session is not None and call.opened
                 assert call.opened.startswith(call.session.encode() + b"; Expires=")
                 # Its shadows (sent after the answer) are told the session's id.
                 assert call.headers == [(b"X-Amzn-SageMaker-Session-Id", call.session.encode())]

@@ -15,9 +15,10 @@ from prometheus_client import CollectorRegistry, Counter
 
 from shipyard.contract import pack_outcomes, unpack_copies
 from shipyard.metrics import Metrics
+from shipyard.routing.call import Call
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import LeastOutstandingRequests
-from shipyard.routing.router import Call, Router
+from shipyard.routing.router import Router
 from shipyard.routing.shadow import ShadowCopier
 from shipyard.routing.table import EndpointRoute, VariantRoute
 

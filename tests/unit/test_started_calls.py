@@ -1,5 +1,5 @@
-"""Calls started with no task (ConnectionPool.start, Router.start): the same exchange and
-the same steps as ``request`` and ``invoke``, against small real servers on loopback."""
+"""Calls started with no task (ConnectionPool.start, Router.start), which ``request`` and
+``invoke`` await, against small real servers on loopback."""
 
 from __future__ import annotations
 
@@ -15,16 +15,18 @@ from shipyard.errors import (
     InstanceFailed,
     ModelError,
     ResponseTooLarge,
+    ServiceUnavailable,
     UpstreamError,
 )
 from shipyard.gateway.doors.endpoint import EndpointAccess
 from shipyard.gateway.doors.runtime import RuntimeDoor
 from shipyard.http.client import ConnectionPool
 from shipyard.metrics import Metrics
+from shipyard.routing.call import Call
 from shipyard.routing.instance import Instance
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.policies import Random
-from shipyard.routing.router import Call, Router
+from shipyard.routing.router import Router
 from shipyard.routing.strategies import OneModel
 from shipyard.routing.table import EndpointRoute, VariantRoute
 from tests.unit.test_client import Odd
@@ -80,17 +82,18 @@ async def warm(pool: ConnectionPool) -> None:
     assert response.status == 200
 
 
-def test_start_needs_an_idle_connection_and_reuses_it() -> None:
+def test_start_connects_when_no_connection_is_idle_and_reuses_it() -> None:
     async def main() -> list[int]:
         handler, connections = echo()
         server, port = await serve(handler)
         pool = ConnectionPool("127.0.0.1", port)
         told = Told()
-        assert pool.start(b"POST", b"/invocations", [], b"x", None, told) is None
-        await warm(pool)
+        pool.start(b"POST", b"/invocations", [], b"x", None, told)  # connects, in a task
+        response, error = await told.wait()
+        assert error is None and response.body == b"x" and pool.idle_count() == 1
         for n in range(3):
             told = Told()
-            assert pool.start(b"POST", b"/invocations", [(b"X-N", b"1")], b"%d" % n, None, told)
+            pool.start(b"POST", b"/invocations", [(b"X-N", b"1")], b"%d" % n, None, told)
             response, error = await told.wait()
             assert error is None and response.status == 200 and response.body == b"%d" % n
         pool.close()
@@ -107,7 +110,7 @@ def test_a_connection_closed_while_idle_is_tried_once_more_as_request_does() -> 
         pool = ConnectionPool("127.0.0.1", port)
         await warm(pool)
         told = Told()
-        assert pool.start(b"POST", b"/invocations", [], b"again", None, told)
+        pool.start(b"POST", b"/invocations", [], b"again", None, told)
         response, error = await told.wait()
         assert error is None and response.body == b"again"
         pool.close()
@@ -125,7 +128,7 @@ def test_an_answer_cut_short_is_not_tried_again() -> None:
         pool = ConnectionPool("127.0.0.1", port)
         await warm(pool)
         told = Told()
-        assert pool.start(b"POST", b"/invocations", [], b"cut", None, told)
+        pool.start(b"POST", b"/invocations", [], b"cut", None, told)
         outcome = await told.wait()
         pool.close()
         server.close()
@@ -143,7 +146,7 @@ def test_an_answer_too_large_is_not_tried_again() -> None:
         pool = ConnectionPool("127.0.0.1", port)
         await warm(pool)
         told = Told()
-        assert pool.start(b"POST", b"/invocations", [], b"x" * 100, 10, told)
+        pool.start(b"POST", b"/invocations", [], b"x" * 100, 10, told)
         outcome = await told.wait()
         pool.close()
         server.close()
@@ -162,7 +165,6 @@ def test_an_abandoned_call_is_never_answered_and_its_connection_closed() -> None
         await warm(pool)
         told = Told()
         abandon = pool.start(b"POST", b"/invocations", [], b"late", None, told)
-        assert abandon is not None
         abandon()
         await asyncio.sleep(0.4)
         server.close()
@@ -170,7 +172,7 @@ def test_an_abandoned_call_is_never_answered_and_its_connection_closed() -> None
 
     told, pool = asyncio.run(main())
     assert told.outcomes == []
-    assert pool._idle == []  # closed, not handed back
+    assert pool.idle_count() == 0  # closed, not handed back
 
 
 class FirstOffered(OneModel):
@@ -204,13 +206,14 @@ def test_a_started_call_is_counted_until_answered_and_taught_by_the_answer() -> 
         (instance,) = variant.instances
         await warm(instance.pool)
         done = Told()
-        assert router.start(route, variant, Call([], b"hi"), done)
-        assert instance.in_flight == 1 and router._deadlines._live
-        # Nothing else can take the instance meanwhile (one at a time).
-        assert not router.start(route, variant, Call([], b"other"), Told())
+        router.start(route, variant, Call([], b"hi"), done)
+        assert instance.in_flight == 1 and router.watched() == 1
+        # Nothing else can take the instance meanwhile (one at a time), and none queues.
+        with pytest.raises(ServiceUnavailable):
+            router.start(route, variant, Call([], b"other"), Told())
         response, model_s, error = await done.wait()
         assert error is None and response.body == b"hi" and model_s > 0
-        assert instance.in_flight == 0 and not router._deadlines._live
+        assert instance.in_flight == 0 and not router.watched()
         assert instance.latency_s > 0
         router.close()
         server.close()
@@ -226,11 +229,11 @@ def test_a_started_call_past_the_deadline_is_invokes_timeout() -> None:
         (instance,) = variant.instances
         await warm(instance.pool)
         done = Told()
-        assert router.start(route, variant, Call([], b"slow"), done)
+        router.start(route, variant, Call([], b"slow"), done)
         response, _, error = await done.wait()
         assert response is None and isinstance(error, ModelError)
         assert error.original_status_code == 504
-        assert instance.in_flight == 0 and not router._deadlines._live
+        assert instance.in_flight == 0 and not router.watched()
         await asyncio.sleep(1.0)  # the late answer, on a connection since closed, changes nothing
         assert done.outcomes == [(None, 0.0, error)]
         router.close()
@@ -254,10 +257,10 @@ def test_an_instance_that_dies_mid_call_is_invokes_error() -> None:
         (instance,) = variant.instances
         await warm(instance.pool)
         done = Told()
-        assert router.start(route, variant, Call([], b"boom"), done)
+        router.start(route, variant, Call([], b"boom"), done)
         response, _, error = await done.wait()
         assert response is None and isinstance(error, InstanceFailed)
-        assert instance.in_flight == 0 and not router._deadlines._live
+        assert instance.in_flight == 0 and not router.watched()
         router.close()
         server.close()
 
@@ -269,8 +272,8 @@ def test_a_fault_while_starting_undoes_everything() -> None:
         def choose(self, instances: Any, call: Any) -> Any:
             return instances[0]
 
-        def start(self, *args: Any) -> Any:
-            raise RuntimeError("a fault in start")
+        def send(self, *args: Any) -> Any:
+            raise RuntimeError("a fault in send")
 
     class Counting:
         starts_instances = False
@@ -291,7 +294,7 @@ def test_a_fault_while_starting_undoes_everything() -> None:
         with pytest.raises(RuntimeError):
             router.start(route, variant, call, Told())
         assert variant.instances[0].in_flight == 0 and call.instance is None
-        assert admission.active == 0 and not router._deadlines._live
+        assert admission.active == 0 and not router.watched()
 
     asyncio.run(main())
 
@@ -322,11 +325,11 @@ def test_a_call_that_never_reached_its_instance_goes_to_another_without_a_second
         # The first instance's pool reaches nothing once its idle connection fails.
         first.pool.port = 9
         first.pool.socket_path = None
-        first.pool._idle[0].transport.abort()  # type: ignore[union-attr]
+        first.pool.close()
         # The first of those offered: ``start`` offers both, ``invoke`` then the other.
         variant.dispatch = FirstOffered(Random(max_in_flight=1))
         done = Told()
-        assert router.start(route, variant, Call([], b"moved"), done)
+        router.start(route, variant, Call([], b"moved"), done)
         response, _, error = await done.wait()
         assert error is None and response.body == b"moved"
         assert not first.healthy and first.in_flight == 0 and second.in_flight == 0

@@ -4,16 +4,17 @@ kind of variant is a new Dispatch or Admission, with no change to the router."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
 from shipyard.errors import ModelNotReady, Throttling
-from shipyard.http.client import Response
+from shipyard.http.client import OnAnswer, Response, in_task
 from shipyard.metrics import Metrics
+from shipyard.routing.call import Call
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import Random
-from shipyard.routing.router import Call, Router
+from shipyard.routing.router import Router
 from shipyard.routing.strategies import UNLIMITED, OneModel
 from shipyard.routing.table import EndpointRoute, VariantRoute
 
@@ -30,14 +31,16 @@ class Sticky:
         wanted = call.headers[0][1].decode()
         return next((i for i in instances if i.instance_id == wanted and i.healthy), None)
 
-    def send(self, instance: Instance, call: Call, max_body: int | None) -> Awaitable[Response]:
+    def send(
+        self, instance: Instance, call: Call, max_body: int | None, on_answer: OnAnswer
+    ) -> Callable[[], None]:
         self.sent.append(instance.instance_id)
 
         async def answer() -> Response:
             status = 507 if call.body == b"too big" and len(self.sent) == 1 else 200
             return Response(status, [], instance.instance_id.encode())
 
-        return answer()
+        return in_task(answer(), on_answer)
 
     def learn(self, instance: Instance, call: Call, response: Response) -> bool:
         if response.status == 507:

@@ -46,8 +46,8 @@ from shipyard.errors import (
 from shipyard.events.kinds import inference_result_event
 from shipyard.metrics import Metrics
 from shipyard.records import AsyncRequest, AsyncStatus
+from shipyard.routing.call import Call
 from shipyard.routing.invocation import Invocations
-from shipyard.routing.router import Call
 from shipyard.routing.table import EndpointRoute
 from shipyard.storage.async_queue import AsyncQueue
 from shipyard.storage.metadata import now

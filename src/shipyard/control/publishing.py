@@ -17,12 +17,12 @@ from shipyard.capture.writer import CaptureWriter
 from shipyard.metrics import Metrics
 from shipyard.provisioning.fleet import Fleet, Slot
 from shipyard.records import EndpointConfig, VariantSpec
-from shipyard.routing.adapters import Adapter, AdapterLoader, AdapterRoute
+from shipyard.routing.adapters import Adapter, AdapterDispatch, AdapterLoader
 from shipyard.routing.instance import Instance
-from shipyard.routing.multimodel import MultiModelRoute
+from shipyard.routing.multimodel import MultiModelDispatch
 from shipyard.routing.policies import LeastOutstandingRequests, model_policy_for, policy_for
 from shipyard.routing.router import Router
-from shipyard.routing.serverless import ServerlessRoute
+from shipyard.routing.serverless import ServerlessAdmission
 from shipyard.routing.strategies import FromZero
 from shipyard.routing.table import EndpointRoute, VariantRoute
 
@@ -124,8 +124,8 @@ class RoutePublisher:
                     capture=None
                     if self.capture is None
                     else self.capture.for_variant(fleet.endpoint, variant.name, captured),
-                    multi_model=self._model_route(fleet, variant.name, instances),
-                    serverless=serverless,
+                    dispatch=self._model_route(fleet, variant.name, instances),
+                    admission=serverless,
                     coming=fleet.starting.get(variant.name, 0),
                     shadow=variant.shadow,
                 )
@@ -144,7 +144,7 @@ class RoutePublisher:
             if base is None:
                 continue
             route = self._component_route(fleet, variants[base.variant], name, adapter.base)
-            route.dispatch = AdapterRoute(
+            route.dispatch = AdapterDispatch(
                 route.policy,
                 adapter=Adapter(name, adapter.src, adapter.generation, base.token),
                 loader=self.adapters,
@@ -211,7 +211,7 @@ class RoutePublisher:
         )
         self.on_change(endpoint, None)
 
-    def _serverless_route(self, fleet: Fleet, variant: VariantSpec) -> ServerlessRoute | None:
+    def _serverless_route(self, fleet: Fleet, variant: VariantSpec) -> ServerlessAdmission | None:
         """The variant's admission and demand, made once per fleet and kept across its
         tables, so the count of requests admitted survives every republish."""
         if variant.serverless is None:
@@ -219,7 +219,7 @@ class RoutePublisher:
         route = fleet.serverless.get(variant.name)
         if route is None:
             name = variant.name
-            route = ServerlessRoute(
+            route = ServerlessAdmission(
                 name,
                 variant.serverless,
                 slots=self.serverless_slots,
@@ -236,12 +236,12 @@ class RoutePublisher:
 
     def _model_route(
         self, fleet: Fleet, variant: str, instances: list[Instance]
-    ) -> MultiModelRoute | None:
+    ) -> MultiModelDispatch | None:
         """Set for a variant serving a MultiModel model: its requests then need a TargetModel."""
         template = fleet.templates.get(variant)
         if template is None or template.prefix is None:
             return None
-        return MultiModelRoute(
+        return MultiModelDispatch(
             prefix=template.prefix,
             policy=model_policy_for(self.model_routing, max_in_flight=self.max_in_flight),
             metrics={

@@ -36,7 +36,7 @@ MaxConcurrency is the variant's in all, not each gateway's. So every write
 carries the requests the writer has admitted (``active``), and reads back the other
 gateways' rows; the holder writes its own too while another gateway routes to the
 variant, and learns the others' on each converge pass. Each gateway's admission then
-counts the others' requests (``ServerlessRoute.others``) from the rows that moved in the
+counts the others' requests (``ServerlessAdmission.others``) from the rows that moved in the
 last ``3 * period_s`` (by this gateway's clock: a row left by a gateway that died stops
 counting). The count is a period old at most, so the limit holds in all up to what the
 gateways admit within one period of each other.
@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterable, Mapping
 from shipyard.background import Wakeup
 from shipyard.control.serverless import ServerlessScaler
 from shipyard.provisioning.fleet import Fleet
-from shipyard.routing.serverless import ServerlessRoute
+from shipyard.routing.serverless import ServerlessAdmission
 from shipyard.routing.table import EndpointRoute
 from shipyard.storage.serverless_use import WRAP, ServerlessUseStore, Use
 
@@ -103,7 +103,7 @@ class ServerlessUse:
         self._unsure: dict[tuple[str, str], float] = {}
         """Per mirrored variant, when the asks of a write that raised were taken: it may
         have been stored all the same, as the next write's ``uses`` will tell."""
-        self._admissions: dict[tuple[str, str], tuple[ServerlessRoute, float]] = {}
+        self._admissions: dict[tuple[str, str], tuple[ServerlessAdmission, float]] = {}
         """Per serverless variant routed here, its admission, and when it was last seen."""
         self._heard: dict[tuple[str, str, str], tuple[int, float, int]] = {}
         """Per row of another gateway: its ``uses``, when it last moved (this process's
@@ -146,7 +146,7 @@ class ServerlessUse:
                 continue
             for variant in fleet.serverless:
                 route = table.by_name.get(variant)
-                if route is None or not isinstance(route.admission, ServerlessRoute):
+                if route is None or not isinstance(route.admission, ServerlessAdmission):
                     continue
                 admission = route.admission
                 key = (fleet.endpoint, variant)

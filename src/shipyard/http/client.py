@@ -7,7 +7,10 @@ httptools, the same parser uvicorn uses. bench/gateway_overhead.py measures the 
 
 Two ways to send a request share the pool's connections:
 
-- ``ConnectionPool.request`` returns the whole response: real-time invocations.
+- ``ConnectionPool.start`` sends a request and tells its whole response to a callback
+  (``request`` awaits the same): real-time invocations. A body in hand goes out at once
+  on an idle connection, with no task; connecting, or a body read from an iterator, is
+  done in a task of the exchange's own.
 - ``ConnectionPool.stream`` hands the response body over as it arrives, holding at most
   about 1 MiB of it: asynchronous invocations, whose answers may be as large as their
   inputs (up to 1 GB), and response streaming. A chunked answer is handed over in the
@@ -21,9 +24,10 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
-from typing import Protocol
+from functools import partial
+from typing import Any, Protocol
 
 import httptools
 
@@ -106,7 +110,7 @@ class StreamedResponse:
 
 
 class _Waiter(Protocol):
-    """What waits for a connection's answer: the future ``send`` awaits, or _Started."""
+    """What waits for a connection's answer: the future ``ping`` awaits, or an _Exchange."""
 
     def done(self) -> bool: ...
 
@@ -115,9 +119,31 @@ class _Waiter(Protocol):
     def set_exception(self, exc: BaseException, /) -> None: ...
 
 
-OnAnswer = Callable[[Response | None, UpstreamError | None], None]
+OnAnswer = Callable[[Response | None, BaseException | None], None]
 """Told the outcome of a started request (ConnectionPool.start): the answer, or the error
-``request`` would raise."""
+``request`` raises (an UpstreamError, or what a streamed body raised)."""
+
+
+def in_task(work: Coroutine[Any, Any, Response], on_answer: OnAnswer) -> Callable[[], None]:
+    """Run ``work`` in a task and tell ``on_answer`` its outcome; returns what abandons
+    it (the task cancelled, ``on_answer`` never called). For a sender whose request must
+    await something first (connecting, loading a model): the caller does not fork."""
+    task = asyncio.get_running_loop().create_task(work)
+    told = [on_answer]
+
+    def finished(task: asyncio.Task[Response]) -> None:
+        tell = told.pop() if told else None
+        if tell is None or task.cancelled():
+            return
+        error = task.exception()
+        tell(None if error is not None else task.result(), error)
+
+    def abandon() -> None:
+        told.clear()
+        task.cancel()
+
+    task.add_done_callback(finished)
+    return abandon
 
 
 def _ends_at_close(status: int, headers: list[tuple[bytes, bytes]]) -> bool:
@@ -315,26 +341,26 @@ class _Connection(asyncio.Protocol):
         self._head_done = False
         self._waiter = waiter
 
-    async def send(
-        self, head: bytes, body: bytes | AsyncIterator[bytes], limit: int | None = None
-    ) -> Response:
+    async def send(self, request: bytes) -> Response:
+        """Send a whole request and await its answer, outside any pool (``ping``)."""
         waiter: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
-        self.begin(waiter, limit)
+        self.begin(waiter, None)
         assert self.transport is not None
         try:
-            if isinstance(body, bytes):
-                self.transport.write(head + body)
-            else:
-                self.transport.write(head)
-                async for chunk in body:
-                    self.transport.write(chunk)
-                    if self._drained is not None:
-                        await self._drained.wait()
-                        if self.closed:  # the waiter holds the error; stop reading the body
-                            break
+            self.transport.write(request)
             return await waiter
         finally:
             self._waiter = None
+
+    async def write_body(self, body: AsyncIterator[bytes]) -> None:
+        """Write an iterated body as the instance reads it (the head went first)."""
+        assert self.transport is not None
+        async for chunk in body:
+            self.transport.write(chunk)
+            if self._drained is not None:
+                await self._drained.wait()
+                if self.closed:  # its waiter holds the error: stop reading the body
+                    break
 
 
 class _StreamReader:
@@ -589,11 +615,23 @@ class ConnectionPool:
             where += f" via {self.socket_path}"
         return f"ConnectionPool({where}, idle={len(self._idle)})"
 
-    async def _acquire(self) -> tuple[_Connection, bool]:
-        while self._idle:
-            conn = self._idle.pop()
+    def idle_count(self) -> int:
+        """Connections kept open between requests, ready for the next one."""
+        return len(self._idle)
+
+    def _idle_connection(self) -> _Connection | None:
+        """The connection used last that is still open (LIFO, so hot ones stay warm)."""
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
             if not conn.closed:
-                return conn, True
+                return conn
+        return None
+
+    async def _acquire(self) -> tuple[_Connection, bool]:
+        conn = self._idle_connection()
+        if conn is not None:
+            return conn, True
         return await self._connect(), False
 
     async def _connect(self, *, tcp: bool = False) -> _Connection:
@@ -640,79 +678,74 @@ class ConnectionPool:
         content_length: int | None = None,
         max_body: int | None = None,
     ) -> Response:
-        """Send one request and return the whole response.
+        """Send one request and return the whole response: ``start``, awaited.
 
-        A reused connection that the instance closed while idle fails before anything
-        was read; that case is retried once on a fresh connection when ``body`` is bytes.
-        Cancellation (a timeout above us) closes the connection, since its state is
-        unknown. An answer whose body passes ``max_body`` bytes is ResponseTooLarge: the
-        gateway holds whole answers in memory, so one instance must not fill it.
+        Cancellation (a timeout above us) abandons the exchange, closing its connection,
+        since its state is unknown.
         """
-        length = len(body) if isinstance(body, bytes) else content_length
-        parts = [method, b" ", path, b" HTTP/1.1\r\nHost: ", self._host_header, b"\r\n"]
-        for name, value in headers:
-            parts += [name, b": ", value, b"\r\n"]
-        if length is not None:
-            parts += [b"Content-Length: ", str(length).encode(), b"\r\n"]
-        parts.append(b"\r\n")
-        head = b"".join(parts)
-        for attempt in (1, 2):
-            conn, reused = await self._acquire()
-            try:
-                response = await conn.send(head, body, max_body)
-            except UpstreamError as exc:
-                conn.close()
-                if (
-                    reused
-                    and attempt == 1
-                    and not conn.received
-                    and isinstance(body, bytes)
-                    and not isinstance(exc, ResponseTooLarge)
-                ):
-                    continue
-                raise
-            except BaseException:
-                conn.close()
-                raise
-            self._release(conn)
-            return response
-        raise AssertionError("unreachable")
+        answer: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        abandon = self.start(
+            method,
+            path,
+            headers,
+            body,
+            max_body,
+            partial(_settle, answer),
+            content_length=content_length,
+        )
+        try:
+            return await answer
+        except asyncio.CancelledError:
+            abandon()
+            raise
 
     def start(
         self,
         method: bytes,
         path: bytes,
         headers: list[tuple[bytes, bytes]],
-        body: bytes,
+        body: bytes | AsyncIterator[bytes],
         max_body: int | None,
         on_answer: OnAnswer,
-    ) -> Callable[[], None] | None:
-        """``request`` with no task to await it, for a body in hand: sent at once on an
-        idle connection, its outcome given to ``on_answer`` from the loop's callbacks
-        (the answer, or the UpstreamError ``request`` would raise). Returns what
-        abandons the request (a deadline passed): its connection is closed, or its retry
-        cancelled, and ``on_answer`` is not called. None when no connection is idle:
-        nothing was sent (``request`` connects).
+        *,
+        content_length: int | None = None,
+    ) -> Callable[[], None]:
+        """Send one request; its whole response (or the error) goes to ``on_answer`` from
+        the loop's callbacks. Returns what abandons it (a deadline passed): its connection
+        is closed, or its connecting cancelled, and ``on_answer`` is not called.
 
-        The same exchange as ``request``'s: a failure on the reused connection is tried
-        once more on another (in a task: the one case that awaits).
+        A body in hand goes out at once on an idle connection, with no task; with none
+        idle, or a body read from an iterator (sent with ``Content-Length:
+        content_length``), the exchange connects and writes in a task of its own. A
+        reused connection that the instance closed while idle fails before anything was
+        read: that case is sent once more on another connection when ``body`` is bytes.
+        An answer whose body passes ``max_body`` bytes is ResponseTooLarge: the gateway
+        holds whole answers in memory, so one instance must not fill it.
         """
+        if not isinstance(body, bytes):
+            head = _request_head(
+                method, path, self._host_header, headers, content_length, chunked=False
+            )
+            exchange = _Exchange(self, head, body, max_body, on_answer)
+            exchange.go()
+            return exchange.abandon
+        # The common case, written out: a body in hand, sent now on an idle connection.
+        parts = [method, b" ", path, b" HTTP/1.1\r\nHost: ", self._host_header, b"\r\n"]
+        for name, value in headers:
+            parts += [name, b": ", value, b"\r\n"]
+        parts += [b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n"]
+        head = b"".join(parts)
         idle = self._idle
         while idle:
             conn = idle.pop()
-            if conn.closed:
-                continue
-            parts = [method, b" ", path, b" HTTP/1.1\r\nHost: ", self._host_header, b"\r\n"]
-            for name, value in headers:
-                parts += [name, b": ", value, b"\r\n"]
-            parts += [b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n"]
-            head = b"".join(parts)
-            started = _Started(self, conn, head, body, max_body, on_answer)
-            conn.begin(started, max_body)
-            assert conn.transport is not None
-            conn.transport.write(head + body)
-            return started.abandon
-        return None
+            if not conn.closed:
+                exchange = _Exchange(self, head, body, max_body, on_answer, conn)
+                conn.begin(exchange, max_body)
+                conn.transport.write(head + body)  # type: ignore[union-attr]
+                return exchange.abandon
+        exchange = _Exchange(self, head, body, max_body, on_answer)
+        exchange.go()
+        return exchange.abandon
 
     async def ping(self) -> Response:
         """``GET /ping`` on a connection of its own, closed after the answer.
@@ -726,7 +759,7 @@ class ConnectionPool:
             b"GET /ping HTTP/1.1\r\nHost: " + self._host_header + b"\r\nConnection: close\r\n\r\n"
         )
         try:
-            return await conn.send(head, b"", None)
+            return await conn.send(head)
         finally:
             conn.close()
 
@@ -798,53 +831,128 @@ class ConnectionPool:
         self._idle.clear()
 
 
-class _Started:
-    """A request begun by ConnectionPool.start: the waiter on its connection, and what
-    ``request`` does after (the connection back to the pool, or one more try)."""
+class _Exchange:
+    """One request begun by ConnectionPool.start, from its connection to its answer.
 
-    __slots__ = ("pool", "conn", "head", "body", "max_body", "on_answer", "_done", "_retry")
+    It is the waiter on its connection (set_result, set_exception), and does what follows:
+    the connection back to the pool, or one more try on another connection after a
+    failure on a reused one before any of the answer was read.
+    """
+
+    __slots__ = (
+        "pool", "head", "body", "max_body", "on_answer", "conn", "reused", "tries", "task",
+        "writing", "over",
+    )  # fmt: skip
 
     def __init__(
         self,
         pool: ConnectionPool,
-        conn: _Connection,
         head: bytes,
-        body: bytes,
+        body: bytes | AsyncIterator[bytes],
         max_body: int | None,
         on_answer: OnAnswer,
+        conn: _Connection | None = None,
     ) -> None:
         self.pool = pool
-        self.conn = conn
         self.head = head
         self.body = body
         self.max_body = max_body
         self.on_answer = on_answer
-        self._done = False
-        self._retry: asyncio.Task[None] | None = None
+        self.conn = conn
+        """Its connection: an idle one it was sent on at once, or the one it made."""
+        self.reused = conn is not None
+        self.tries = 1
+        self.task: asyncio.Task[None] | None = None
+        self.writing: bool | Response = False
+        """True while an iterated body is being written; the answer, should it come
+        before the body is all written (told once it is)."""
+        self.over = False
+
+    def go(self) -> None:
+        """A try not made at once (``start``): on an idle connection, else connecting
+        in a task."""
+        body = self.body
+        if isinstance(body, bytes):
+            conn = self.pool._idle_connection()
+            if conn is not None:
+                self.conn, self.reused = conn, True
+                conn.begin(self, self.max_body)
+                assert conn.transport is not None
+                conn.transport.write(self.head + body)
+                return
+        self.task = asyncio.get_running_loop().create_task(self._connected())
+
+    async def _connected(self) -> None:
+        try:
+            if isinstance(self.body, bytes):
+                conn, reused = await self.pool._connect(), False
+            else:
+                conn, reused = await self.pool._acquire()
+        except UpstreamError as exc:
+            self._tell(None, exc)
+            return
+        self.conn, self.reused = conn, reused
+        conn.begin(self, self.max_body)
+        assert conn.transport is not None
+        body = self.body
+        if isinstance(body, bytes):
+            conn.transport.write(self.head + body)
+            return
+        conn.transport.write(self.head)
+        self.writing = True
+        try:
+            await conn.write_body(body)
+        except BaseException as exc:
+            self.writing = False
+            if not self.over:
+                self.over = True
+                conn._waiter = None
+                conn.close()
+                if isinstance(exc, Exception):  # the body's own error, told unchanged
+                    self._tell(None, exc)
+                    return
+            if not isinstance(exc, Exception):
+                raise
+            return
+        answer, self.writing = self.writing, False
+        if isinstance(answer, Response):  # answered before the body was all written
+            self.pool._release(conn)
+            self._tell(answer, None)
 
     def done(self) -> bool:
-        return self._done
+        return self.over
 
     def set_result(self, response: Response) -> None:
-        self._done = True
+        self.over = True
         conn = self.conn
+        assert conn is not None
         conn._waiter = None
+        if self.writing:
+            self.writing = response  # told once the body is written, as the socket allows
+            return
         self.pool._release(conn)
         self._tell(response, None)
 
     def set_exception(self, exc: BaseException) -> None:
-        self._done = True
+        self.over = True
         conn = self.conn
+        assert conn is not None
         conn._waiter = None
         conn.close()
-        assert isinstance(exc, UpstreamError)
-        if isinstance(exc, ResponseTooLarge) or conn.received:
-            self._tell(None, exc)
-        else:
-            # As ``request`` does after a failure on a reused connection.
-            self._retry = asyncio.get_running_loop().create_task(self._again())
+        if (
+            self.reused
+            and self.tries == 1
+            and not conn.received
+            and isinstance(self.body, bytes)
+            and not isinstance(exc, ResponseTooLarge)
+        ):
+            self.over = False
+            self.tries += 1
+            self.go()
+            return
+        self._tell(None, exc)
 
-    def _tell(self, response: Response | None, error: UpstreamError | None) -> None:
+    def _tell(self, response: Response | None, error: BaseException | None) -> None:
         # Once, and letting go of whoever waits: it holds ``abandon``, which holds this
         # (a reference cycle left to the garbage collector on every request otherwise).
         on_answer, self.on_answer = self.on_answer, _ignore
@@ -855,35 +963,31 @@ class _Started:
         except Exception:
             log.exception("handling an instance's answer failed")
 
-    async def _again(self) -> None:
-        try:
-            conn, _ = await self.pool._acquire()
-        except UpstreamError as exc:
-            self._tell(None, exc)
-            return
-        try:
-            response = await conn.send(self.head, self.body, self.max_body)
-        except UpstreamError as exc:
-            conn.close()
-            self._tell(None, exc)
-            return
-        except BaseException:
-            conn.close()
-            raise
-        self.pool._release(conn)
-        self._tell(response, None)
-
     def abandon(self) -> None:
         self.on_answer = _ignore
-        if not self._done:
-            self._done = True
-            self.conn._waiter = None
-            self.conn.close()
-        elif self._retry is not None:
-            self._retry.cancel()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        conn = self.conn
+        if not self.over and conn is not None:
+            self.over = True
+            conn._waiter = None
+            conn.close()
 
 
-def _ignore(response: Response | None, error: UpstreamError | None) -> None:
+def _settle(
+    answer: asyncio.Future[Response], response: Response | None, error: BaseException | None
+) -> None:
+    """The outcome of an exchange ``request`` awaits, into its future."""
+    if answer.done():
+        return
+    if error is not None:
+        answer.set_exception(error)
+    else:
+        assert response is not None
+        answer.set_result(response)
+
+
+def _ignore(response: Response | None, error: BaseException | None) -> None:
     pass
 
 
@@ -913,7 +1017,7 @@ def _request_head(
 ) -> bytes:
     """The request line and headers of a streamed request.
 
-    ConnectionPool.request builds the same bytes inline and is left so: it is the
+    ConnectionPool.start builds the same bytes inline for a body in hand: it is the
     benchmarked hot path of every real-time invocation, which must not pay even a call
     for this path's sake; the price is these few duplicated lines.
     """

@@ -38,7 +38,7 @@ from shipyard.provisioning.containers import (
 from shipyard.records import EndpointConfig, InferenceComponent, Model
 from shipyard.routing.instance import Instance
 from shipyard.routing.model_agent import ModelAgent
-from shipyard.routing.serverless import ServerlessRoute
+from shipyard.routing.serverless import ServerlessAdmission
 from shipyard.storage.artifacts import ArtifactStore
 from shipyard.storage.metadata import MetadataStore
 
@@ -177,7 +177,7 @@ class Fleet:
     slots: dict[str, list[Slot]]
     weights: dict[str, float]
     templates: dict[str, VariantTemplate] = field(default_factory=dict)
-    serverless: dict[str, ServerlessRoute] = field(default_factory=dict)
+    serverless: dict[str, ServerlessAdmission] = field(default_factory=dict)
     """Per serverless variant: its admission and demand, kept across routing tables."""
     starting: dict[str, int] = field(default_factory=dict)
     """Per variant: instances being started (a scale-out, or a serverless variant's

@@ -34,12 +34,12 @@ from urllib.parse import quote
 
 from shipyard.contract import ADAPTER_IDENTIFIER, ADAPTERS_TOKEN, ERROR
 from shipyard.errors import ModelError, UpstreamError
-from shipyard.http.client import OnAnswer, Response, StreamedResponse
+from shipyard.http.client import OnAnswer, Response, StreamedResponse, in_task
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import Policy
 
 if TYPE_CHECKING:
-    from shipyard.routing.router import Call
+    from shipyard.routing.call import Call
 
 _NOT_FOUND = b"AdapterNotFound"
 _UNREGISTER_TIMEOUT_S = 10.0
@@ -170,10 +170,13 @@ class AdapterLoader:
                     await instance.pool.request(b"DELETE", path, token)
 
 
-class AdapterRoute:
+class AdapterDispatch:
     """Dispatch (routing/strategies.py) for the requests of one adapter component."""
 
     __slots__ = ("policy", "adapter", "loader", "_header")
+
+    names_model = False
+    queues = True
 
     def __init__(self, policy: Policy, *, adapter: Adapter, loader: AdapterLoader) -> None:
         self.policy = policy
@@ -182,12 +185,18 @@ class AdapterRoute:
         self._header = (ADAPTER_IDENTIFIER, adapter.name.encode())
 
     def __repr__(self) -> str:
-        return f"AdapterRoute({self.adapter.name!r}, {self.policy!r})"
+        return f"AdapterDispatch({self.adapter.name!r}, {self.policy!r})"
 
     def choose(self, instances: Sequence[Instance], call: Call) -> Instance | None:
         return self.policy.choose(instances)
 
-    async def send(self, instance: Instance, call: Call, max_body: int | None) -> Response:
+    def send(
+        self, instance: Instance, call: Call, max_body: int | None, on_answer: OnAnswer
+    ) -> Callable[[], None]:
+        """The adapter registered in the copy first (in a task), then the request."""
+        return in_task(self._send(instance, call, max_body), on_answer)
+
+    async def _send(self, instance: Instance, call: Call, max_body: int | None) -> Response:
         refusal = await self.loader.ensure(instance, self.adapter)
         if refusal is not None:
             return refusal
@@ -199,13 +208,6 @@ class AdapterRoute:
             content_length=call.content_length,
             max_body=max_body,
         )
-
-    @staticmethod
-    def start(
-        instance: Instance, call: Call, max_body: int | None, on_answer: OnAnswer
-    ) -> Callable[[], None] | None:
-        # Always sent by ``send``: the adapter may have to be registered in the copy first.
-        return None
 
     @contextlib.asynccontextmanager
     async def open(self, instance: Instance, call: Call) -> AsyncIterator[StreamedResponse]:
@@ -222,6 +224,14 @@ class AdapterRoute:
             if response.header(ERROR) == _NOT_FOUND:
                 self.loader.forget(instance, self.adapter.name)
             yield response
+
+    @staticmethod
+    def prepare(endpoint: str, call: Call) -> None:
+        pass
+
+    @staticmethod
+    def platform_error(response: Response, call: Call) -> Exception | None:
+        return None
 
     def learn(self, instance: Instance, call: Call, response: Response) -> bool:
         if response.header(ERROR) == _NOT_FOUND:

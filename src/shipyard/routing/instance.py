@@ -12,14 +12,80 @@ from shipyard.http.client import ConnectionPool, Response
 
 
 class Waiter(Protocol):
-    """A request in a variant's queue: a future its task awaits (Router.invoke), or a
-    call taken on callbacks (Router.start) that acts on its turn at once."""
+    """A request waiting for an instance (the router's flight, routing/router.py): told
+    its turn when one may take it."""
 
-    def done(self) -> bool: ...
+    def done(self) -> bool:
+        """It no longer waits (answered, failed, or its client gone): skipped."""
+        ...
 
-    def set_result(self, result: None, /) -> None: ...
+    def turn(self) -> None:
+        """An instance may take it now (it may still be beaten to it, and join again)."""
+        ...
 
-    def set_exception(self, exception: BaseException, /) -> None: ...
+
+class Queue(deque[Waiter]):
+    """Requests waiting for an instance, first come first served: the one queue of the
+    router, for a variant's requests, a session's (``Instance.pinned``), a serverless
+    variant's cold start and an inference component's copies.
+
+    Where a waiter joins (``join``) and which gets the next turn (``turn``) are decided
+    here and nowhere else: a priority among requests is a change to these two. (A deque,
+    so that its length and truth cost no call on the data path; the router uses only the
+    methods below.)
+    """
+
+    __slots__ = ("_waking",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._waking = False
+
+    def __repr__(self) -> str:
+        return f"Queue(waiting={len(self)})"
+
+    def join(self, waiter: Waiter, *, front: bool = False) -> None:
+        """Wait for a turn: at the back, or (``front``: it had the turn and was beaten to
+        the instance) at the front. While every waiter is being woken at once they rejoin
+        in the order they had."""
+        if front and not self._waking:
+            self.appendleft(waiter)
+        else:
+            self.append(waiter)
+
+    def leave(self, waiter: Waiter) -> bool:
+        """Out of the queue without a turn; False when it was not in it."""
+        try:
+            self.remove(waiter)
+        except ValueError:
+            return False
+        return True
+
+    def turn(self) -> bool:
+        """Give the next waiter still waiting its turn; False when none waits."""
+        while self:
+            waiter = self.popleft()
+            if not waiter.done():
+                waiter.turn()
+                return True
+        return False
+
+    def wake_all(self) -> None:
+        """A turn for every waiter (the table changed: they look again)."""
+        waking = self.drain()
+        self._waking = True
+        try:
+            for waiter in waking:
+                if not waiter.done():
+                    waiter.turn()
+        finally:
+            self._waking = False
+
+    def drain(self) -> list[Waiter]:
+        """Every waiter, out of the queue (they fail, or move to another queue)."""
+        waiting = list(self)
+        self.clear()
+        return waiting
 
 
 class Instance:
@@ -98,7 +164,7 @@ class Instance:
         ``service_s``."""
         self.healthy = True
         self.models: dict[str, None] = {}
-        self.pinned: deque[Waiter] = deque()
+        self.pinned = Queue()
         """Requests of its sessions waiting for it (routing/router.py): they can take no
         other instance, so they wait here, not in the variant's queue, where they would
         take turns other requests could use."""

@@ -2,7 +2,7 @@
 
 A door (InvokeEndpoint, response streaming, the Open Inference Protocol over REST and
 gRPC, the asynchronous consumer, batch transform) only translates its wire format into
-a :class:`~shipyard.routing.router.Call` and the answer back. What happens in between
+a :class:`~shipyard.routing.call.Call` and the answer back. What happens in between
 lives here:
 
 - the variant (the one the client named, or one by weight) and, for a multi-model
@@ -15,9 +15,13 @@ lives here:
 - a model's error answer turned into the runtime's ModelError (or, for a multi-model
   instance's platform error, the error SageMaker gives for it).
 
-Two ways to invoke, as the router has: ``run`` returns the whole answer; ``stream``
-yields it as it arrives. Counting an answer (Invocations, its 4XX/5XX errors) is the
-door's last step, through ``count``: only the door knows the status its client got.
+Three ways to invoke, over the router's three drivers: ``run`` returns the whole
+answer, ``start`` tells it to a callback (the gateway's callback path), ``stream``
+yields it as it arrives. They share one preparation step (``_prepare``: the variant,
+TargetModel, session and shadows) and, for a whole answer, one step after it
+(``_after``); they differ only in how the answer is delivered. Counting an answer
+(Invocations, its 4XX/5XX errors) is the door's last step, through ``count``: only the
+door knows the status its client got.
 """
 
 from __future__ import annotations
@@ -26,15 +30,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import TypeVar
 
 from shipyard.contract import BATCH, parse_batch
 from shipyard.errors import EndpointNotFound, ModelError, RuntimeValidationError, UpstreamError
 from shipyard.http.client import Response, StreamedResponse
-from shipyard.routing.multimodel import refusal, target_model
+from shipyard.routing.call import ASK_CONTAINER, ASK_MODEL, Call, Exchange
 from shipyard.routing.pipeline import FAILED_CONTAINER, ContainerGroupPool
-from shipyard.routing.router import ASK_CONTAINER, ASK_MODEL, Call, Exchange, Router
+from shipyard.routing.router import Router
 from shipyard.routing.sessions import CLOSED_HEADER, NEW_HEADER, NEW_SESSION, Sessions, header_at
 from shipyard.routing.sessions import gone as sessions_gone
 from shipyard.routing.shadow import ShadowCopier
@@ -62,11 +66,12 @@ answer, or the error ``run`` would raise."""
 class Invocations:
     """Invokes endpoints through one router, with everything a door needs around it.
 
-    Guarantee: every invocation that reaches ``run`` or ``stream`` is routed, copied to
-    shadows, measured and captured the same way, whichever door it came through.
+    Guarantee: every invocation that reaches ``run``, ``start`` or ``stream`` is routed,
+    copied to shadows, measured and captured the same way, whichever door it came
+    through.
     """
 
-    __slots__ = ("router", "shadows", "sessions", "region", "account_id")
+    __slots__ = ("router", "shadows", "sessions", "region", "account_id", "_tasks")
 
     def __init__(
         self,
@@ -83,6 +88,8 @@ class Invocations:
         router.withdrawn = self.sessions.forget  # an endpoint's sessions go with its table
         self.region = region
         self.account_id = account_id
+        self._tasks: set[asyncio.Task[None]] = set()
+        """Invocations going on in a task (``start``'s steps that await), held until done."""
 
     def __repr__(self) -> str:
         return f"Invocations({self.router!r})"
@@ -106,8 +113,8 @@ class Invocations:
         variant = call.variant = self._variant(route, call)
         if call.asks:
             _refuse_what_cannot_be(route, variant, call.asks)
-        if variant.multi_model is not None and call.model is None:
-            call.model = target_model(route.name, call.headers)
+        if variant.dispatch.names_model:
+            variant.dispatch.prepare(route.name, call)
         return variant
 
     def _variant(self, route: EndpointRoute, call: Call) -> VariantRoute:
@@ -256,71 +263,160 @@ class Invocations:
             The router's errors (routing/router.py); ModelError, or a multi-model
             instance's platform error, for an error answer.
         """
+        route, variant, opening, copies = await self._prepared(route, call)
+        response: Response | None = None
+        model_s, error = 0.0, None
+        try:
+            response, model_s = await self.router.invoke(route, variant, call)
+        except Exception as exc:
+            error = exc
+        answer = self._after(route, call, variant, opening, copies, response, model_s, error)
+        if opening and call.session is not None:
+            await self.sessions.share(route.name, call.session)  # before the client has it
+        return answer
+
+    def start(self, route: EndpointRoute, call: Call, done: Answered) -> bool:
+        """``run`` with no task to await it: its outcome goes to ``done`` from the loop's
+        callbacks, the answer ``run`` would return or the error it would raise (True:
+        it is on its way). What refuses it before anything was sent (choosing the
+        variant, its session, the router's admission) is raised here. A step that must
+        await (finding a session's instance in the store or the next table, sharing
+        a session just opened) runs in a task of its own."""
+        # ``_prepare``, its first two steps written out for the common case.
         variant = call.variant or self.pick(route, call)
         opening = self._session(route, call)
+        copies = None
+        if call.session is not None or opening or route.copies:
+            prepared = self._prepare(route, call)
+            if prepared is None:  # a session's instance this gateway has yet to find
+                self._in_task(self._run_then(route, call, done))
+                return True
+            route, variant, opening, copies = prepared
+
+        def answered(
+            response: Response | None, model_s: float, error: BaseException | None
+        ) -> None:
+            try:
+                if response is not None and copies is None:  # ``_after``'s common case
+                    answer = self._answered(route, call, variant, response, model_s, opening)
+                else:
+                    answer = self._after(
+                        route, call, variant, opening, copies, response, model_s, error
+                    )
+            except Exception as exc:
+                done(None, exc)
+                return
+            if opening and call.session is not None:
+                self._in_task(self._shared_then(route.name, call.session, answer, done))
+                return
+            done(answer, None)
+
+        self.router.start(route, variant, call, answered)
+        return True
+
+    async def _run_then(self, route: EndpointRoute, call: Call, done: Answered) -> None:
+        try:
+            answer = await self.run(route, call)
+        except Exception as exc:
+            done(None, exc)
+            return
+        done(answer, None)
+
+    async def _shared_then(
+        self, endpoint: str, session: str, answer: Response, done: Answered
+    ) -> None:
+        try:
+            await self.sessions.share(endpoint, session)
+        except Exception as exc:
+            done(None, exc)
+            return
+        done(answer, None)
+
+    def _in_task(self, work: Coroutine[None, None, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _prepare(
+        self, route: EndpointRoute, call: Call, *, streamed: bool = False
+    ) -> tuple[EndpointRoute, VariantRoute, bool, list[VariantRoute] | None] | None:
+        """What every way to invoke does first, at once: the variant (and TargetModel),
+        the session (True: the call opens one) and the shadows its copies go to. None
+        when the call names a session whose instance this table lacks (``_prepared``
+        awaits it)."""
+        variant = call.variant
+        if variant is None:
+            variant = call.variant = (
+                self._variant(route, call) if streamed else self.pick(route, call)
+            )
+        opening = self._session(route, call)
+        if call.session is None and not opening and not route.copies and not streamed:
+            return route, variant, False, None  # the common case: nothing more to do
         if call.session is not None and call.pinned is None and not opening:
-            route, variant = await self._placed(route, call)
+            return None
+        return self._prepared_for(route, call, variant, opening, streamed)
+
+    async def _prepared(
+        self, route: EndpointRoute, call: Call, *, streamed: bool = False
+    ) -> tuple[EndpointRoute, VariantRoute, bool, list[VariantRoute] | None]:
+        """``_prepare``, awaiting a session's instance where the table lacks it."""
+        prepared = self._prepare(route, call, streamed=streamed)
+        if prepared is not None:
+            return prepared
+        route, variant = await self._placed(route, call)
+        return self._prepared_for(route, call, variant, False, streamed)
+
+    def _prepared_for(
+        self,
+        route: EndpointRoute,
+        call: Call,
+        variant: VariantRoute,
+        opening: bool,
+        streamed: bool,
+    ) -> tuple[EndpointRoute, VariantRoute, bool, list[VariantRoute] | None]:
         if call.pinned is not None:
             variant = self._session_variant(route, call, variant)
+        if streamed and variant.dispatch.names_model:
+            raise RuntimeValidationError(
+                f"Endpoint {route.name} is a multi-model endpoint: a streamed invocation "
+                "does not support multi-model endpoints; use InvokeEndpoint."
+            )
         shadows = self.shadows
         copies = (
             shadows.pick(route, variant)
             if shadows is not None and route.copies and isinstance(call.body, bytes)
             else None  # a body read from its source as it is sent cannot be sent twice
         )
-        try:
-            response, model_s = await self.router.invoke(route, variant, call)
-        except ModelError as exc:
-            raise self._logged(route.name, exc) from None
-        finally:
-            # Copies start once the production answer is in (or failed), and run only
-            # when this request next yields: after the client's answer is written.
-            if copies:
-                assert shadows is not None
+        return route, variant, opening, copies
+
+    def _after(
+        self,
+        route: EndpointRoute,
+        call: Call,
+        variant: VariantRoute,
+        opening: bool,
+        copies: list[VariantRoute] | None,
+        response: Response | None,
+        model_s: float,
+        error: BaseException | None,
+    ) -> Response:
+        """What every way to invoke does once the router has answered: the shadows'
+        copies sent (they run once this callback is over: after the client's answer is
+        written; no fault of theirs reaches the client), then the answer measured,
+        settled and captured (``_answered``), or the error raised."""
+        if copies:
+            try:
                 if opening:
                     self._unopened(call)
-                shadows.send(route, copies, call)
-        answer = self._answered(route, call, variant, response, model_s, opening)
-        if opening and call.session is not None:
-            await self.sessions.share(route.name, call.session)  # before the client has it
-        return answer
-
-    def start(self, route: EndpointRoute, call: Call, done: Answered) -> bool:
-        """``run`` with no task, for a call an instance can take at once
-        (Router.start): its outcome goes to ``done`` from the loop's callbacks, the
-        answer ``run`` would return or the error it would raise. False: nothing was
-        sent, and ``run`` serves the call; an error raised here (choosing the variant)
-        is ``run``'s too."""
-        variant = call.variant or self.pick(route, call)
-        if self._session(route, call) or call.session is not None:
-            # A session's call may wait for its instance, and one opening a session
-            # waits for the store: ``run``'s.
-            return False
-
-        def answered(
-            response: Response | None, model_s: float, error: BaseException | None
-        ) -> None:
-            shadows = self.shadows
-            if shadows is not None and route.copies and isinstance(call.body, bytes):
-                # As ``run``: after the answer, before the client has it; they run once
-                # this callback is over. No fault of theirs keeps the client waiting.
-                try:
-                    copies = shadows.pick(route, variant)
-                    if copies:
-                        shadows.send(route, copies, call)
-                except Exception:
-                    log.exception("copying an invocation to %s's shadows failed", route.name)
-            if response is None:
-                done(None, self._logged(route.name, error))
-                return
-            try:
-                answer = self._answered(route, call, variant, response, model_s, False)
-            except Exception as exc:
-                done(None, exc)
-                return
-            done(answer, None)
-
-        return self.router.start(route, variant, call, answered)
+                assert self.shadows is not None
+                self.shadows.send(route, copies, call)
+            except Exception:
+                log.exception("copying an invocation to %s's shadows failed", route.name)
+        if response is None:
+            raise self._logged(
+                route.name, error or AssertionError("neither an answer nor an error")
+            )
+        return self._answered(route, call, variant, response, model_s, opening)
 
     def _answered(
         self,
@@ -339,11 +435,9 @@ class Invocations:
             if observed is not None:
                 variant.metrics.observe_batch(*observed)
         if response.status >= 300:
-            multi = variant.multi_model
-            if multi is not None and call.model is not None:
-                failure = refusal(response, call.model, multi.prefix)
-                if failure is not None:
-                    raise failure
+            failure = variant.dispatch.platform_error(response, call)
+            if failure is not None:
+                raise failure
             raise self.model_error(route.name, response)
         self.latency(call, model_s)
         if call.session is not None or opening:
@@ -370,25 +464,8 @@ class Invocations:
             As ``run``; RuntimeValidationError for a multi-model variant, whose answers
             are never streamed.
         """
-        variant = call.variant
-        if variant is None:
-            variant = call.variant = self._variant(route, call)
-        opening = self._session(route, call)
-        if call.session is not None and call.pinned is None and not opening:
-            route, variant = await self._placed(route, call)
-        if call.pinned is not None:
-            variant = self._session_variant(route, call, variant)
-        if variant.multi_model is not None:
-            raise RuntimeValidationError(
-                f"Endpoint {route.name} is a multi-model endpoint: a streamed invocation "
-                "does not support multi-model endpoints; use InvokeEndpoint."
-            )
+        route, variant, opening, copies = await self._prepared(route, call, streamed=True)
         shadows = self.shadows
-        copies = (
-            shadows.pick(route, variant)
-            if shadows is not None and route.copies and isinstance(call.body, bytes)
-            else None  # a body read from its source as it is sent cannot be sent twice
-        )
         try:
             async with contextlib.AsyncExitStack() as stack:
                 try:
@@ -399,10 +476,10 @@ class Invocations:
                 except TimeoutError:
                     if head_timeout_s is None:
                         raise
-                    # Taken for an instance (and so maybe sent to it), the model's
-                    # timeout; never taken, the gateway's overload (retried by boto3).
-                    taken = call.instance is not None
-                    late = self.router.late(variant, reached=taken)
+                    # An instance chosen (and so maybe sent to it), the model's
+                    # timeout; never chosen, the gateway's overload (retried by boto3).
+                    reached = call.instance is not None
+                    late = self.router.late(variant, reached=reached)
                     raise self._logged(route.name, late) from None
                 if exchange.response.status >= 300:
                     whole = await _whole(exchange.response, self.router.timeout_s)
@@ -497,7 +574,7 @@ def _refuse_what_cannot_be(route: EndpointRoute, variant: VariantRoute, asks: in
     its model has one container. (A multi-container model judges the latter itself,
     routing/pipeline.py: a Serial pipeline refuses it, a Direct one needs it.) Only
     called for a request that sent one, so every other request pays a test of ``asks``."""
-    if asks & ASK_MODEL and variant.multi_model is None:
+    if asks & ASK_MODEL and not variant.dispatch.names_model:
         raise RuntimeValidationError(
             f"Endpoint {route.name} is not a multi-model endpoint and does not support "
             "target model header."

@@ -1,6 +1,6 @@
 """Multi-model routes: the TargetModel a request names, who holds it, and what went wrong.
 
-A variant that serves a ``Mode: MultiModel`` model carries a MultiModelRoute, set by the
+A variant that serves a ``Mode: MultiModel`` model carries a MultiModelDispatch, set by the
 reconciler: its Dispatch strategy (routing/strategies.py), which the router asks to choose
 an instance for a TargetModel, to send the request and to learn from the answer. Only
 such variants have it, so none of this work lands on the single-model path.
@@ -39,15 +39,15 @@ from shipyard.errors import (
     RuntimeValidationError,
     ServiceUnavailable,
 )
-from shipyard.http.client import OnAnswer, Response, StreamedResponse
+from shipyard.http.client import OnAnswer, Response, StreamedResponse, in_task
 from shipyard.metrics import ModelMetrics
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import ModelPolicy
 from shipyard.routing.strategies import open_invocation
 
 if TYPE_CHECKING:
+    from shipyard.routing.call import Call
     from shipyard.routing.model_agent import ModelAgent
-    from shipyard.routing.router import Call
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -60,7 +60,7 @@ TOO_LARGE = b"ModelTooLarge"
 _NOT_HELD = frozenset({b"ModelNotFound", b"ModelLoadFailed", TOO_LARGE, b"InvalidTargetModel"})
 
 
-class MultiModelRoute:
+class MultiModelDispatch:
     """What the data path needs for a variant serving a multi-model prefix.
 
     ``metrics`` holds each instance's bound series by instance id; ``agent`` is set when
@@ -68,6 +68,9 @@ class MultiModelRoute:
     """
 
     __slots__ = ("prefix", "policy", "metrics", "agent")
+
+    names_model = True
+    queues = False
 
     def __init__(
         self,
@@ -83,9 +86,21 @@ class MultiModelRoute:
         self.agent = agent
 
     def __repr__(self) -> str:
-        return f"MultiModelRoute(prefix={self.prefix!r}, policy={self.policy!r})"
+        return f"MultiModelDispatch(prefix={self.prefix!r}, policy={self.policy!r})"
 
     # -- Dispatch (routing/strategies.py) --------------------------------------------
+
+    @staticmethod
+    def prepare(endpoint: str, call: Call) -> None:
+        """The TargetModel the request names, kept on the call."""
+        if call.model is None:
+            call.model = target_model(endpoint, call.headers)
+
+    def platform_error(self, response: Response, call: Call) -> Exception | None:
+        """SageMaker's error for the instance's platform error (``refusal``)."""
+        if call.model is None:
+            return None
+        return refusal(response, call.model, self.prefix)
 
     def choose(self, instances: Sequence[Instance], call: Call) -> Instance | None:
         """The instance for a request for the call's model (model affinity), or None if
@@ -95,18 +110,21 @@ class MultiModelRoute:
             raise ServiceUnavailable("The variant now serves multiple models; retry naming one.")
         return self.policy.choose(instances, call.model)
 
-    async def send(self, instance: Instance, call: Call, max_body: int | None) -> Response:
-        """Send one invocation of the call's model to ``instance``; its answer.
+    def send(
+        self, instance: Instance, call: Call, max_body: int | None, on_answer: OnAnswer
+    ) -> Callable[[], None]:
+        """Send one invocation of the call's model to ``instance``.
 
         The instance counts as holding the model from now on, so requests for it that
-        follow wait for this load instead of starting another elsewhere.
+        follow wait for this load instead of starting another elsewhere. A ``cmd:``
+        server's agent loads the model first, in a task.
         """
         model, body = call.model, call.body
         assert model is not None and isinstance(body, bytes)
         if self.agent is not None:
-            return await self.agent.invoke(instance, model, call.headers, body)
+            return in_task(self.agent.invoke(instance, model, call.headers, body), on_answer)
         _touch(instance.models, model)
-        return await instance.pool.request(b"POST", b"/invocations", call.headers, body)
+        return instance.pool.start(b"POST", b"/invocations", call.headers, body, None, on_answer)
 
     def learn(self, instance: Instance, call: Call, response: Response) -> bool:
         """Observe the answer; True when it was too large for this instance's memory
@@ -114,14 +132,6 @@ class MultiModelRoute:
         assert call.model is not None
         self.observe(instance, call.model, response)
         return response.header(ERROR) == TOO_LARGE
-
-    @staticmethod
-    def start(
-        instance: Instance, call: Call, max_body: int | None, on_answer: OnAnswer
-    ) -> Callable[[], None] | None:
-        # Always sent by ``send``: a model may have to be loaded first, and a refusal
-        # teaches the router to try another instance.
-        return None
 
     @staticmethod
     def open(

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from shipyard.contract import INVOCATIONS_PATH, TARGET_CONTAINER_HOSTNAME
 from shipyard.errors import ResponseTooLarge, RuntimeValidationError, UpstreamError
-from shipyard.http.client import ConnectionPool, OnAnswer, Response, StreamedResponse
+from shipyard.http.client import ConnectionPool, OnAnswer, Response, StreamedResponse, in_task
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -79,38 +79,39 @@ class ContainerGroupPool(ConnectionPool):
         mode = "Direct" if self.direct else "Serial"
         return f"ContainerGroupPool({mode}, {[c.name for c in self.containers]})"
 
-    async def request(
-        self,
-        method: bytes,
-        path: bytes,
-        headers: Headers,
-        body: bytes | AsyncIterator[bytes] = b"",
-        *,
-        content_length: int | None = None,
-        max_body: int | None = None,
-    ) -> Response:
-        if path == INVOCATIONS_PATH:
-            if self.direct:
-                return await self._serial(
-                    (self.target(headers),), headers, body, content_length, max_body
-                )
-            self._no_target(headers)
-            return await self._serial(self.containers, headers, body, content_length, max_body)
-        return await super().request(
-            method, path, headers, body, content_length=content_length, max_body=max_body
-        )
-
     def start(
         self,
         method: bytes,
         path: bytes,
         headers: Headers,
-        body: bytes,
+        body: bytes | AsyncIterator[bytes],
         max_body: int | None,
         on_answer: OnAnswer,
-    ) -> Callable[[], None] | None:
-        # A group's invocation crosses its containers (``request``): nothing starts here.
-        return None
+        *,
+        content_length: int | None = None,
+    ) -> Callable[[], None]:
+        """As ConnectionPool.start. An invocation crosses the group's containers as its
+        mode says, in a task (each step awaits the one before); any other path goes to
+        the first container."""
+        if path != INVOCATIONS_PATH:
+            return super().start(
+                method, path, headers, body, max_body, on_answer, content_length=content_length
+            )
+        return in_task(self._invoke(headers, body, content_length, max_body), on_answer)
+
+    async def _invoke(
+        self,
+        headers: Headers,
+        body: bytes | AsyncIterator[bytes],
+        content_length: int | None,
+        max_body: int | None,
+    ) -> Response:
+        if self.direct:
+            return await self._serial(
+                (self.target(headers),), headers, body, content_length, max_body
+            )
+        self._no_target(headers)
+        return await self._serial(self.containers, headers, body, content_length, max_body)
 
     @contextlib.asynccontextmanager
     async def stream(

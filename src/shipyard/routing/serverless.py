@@ -28,12 +28,18 @@ if TYPE_CHECKING:  # the tables import this module
     from shipyard.routing.table import VariantRoute
 
 
-class ServerlessRoute:
+class ServerlessAdmission:
     """Admission and demand of one serverless variant."""
 
     __slots__ = ("variant", "config", "slots", "max_instances", "active", "others", "_demand")
 
     starts_instances = True
+
+    @property
+    def bound(self) -> int:
+        """Every request admitted may wait here for an instance, the first ones for a
+        cold start: admission already bounds them."""
+        return self.config.max_concurrency
 
     def __init__(
         self,
@@ -57,7 +63,7 @@ class ServerlessRoute:
 
     def __repr__(self) -> str:
         return (
-            f"ServerlessRoute({self.variant!r}, active={self.active}, others={self.others}, "
+            f"ServerlessAdmission({self.variant!r}, active={self.active}, others={self.others}, "
             f"max_concurrency={self.config.max_concurrency})"
         )
 

@@ -43,11 +43,12 @@ from shipyard.contract import (
     unpack_outcomes,
 )
 from shipyard.errors import ModelError, RuntimeFailure
+from shipyard.routing.call import Call
 from shipyard.routing.strategies import OneModel
 
 if TYPE_CHECKING:  # the router and the tables import this module
     from shipyard.metrics import VariantMetrics
-    from shipyard.routing.router import Call, Router
+    from shipyard.routing.router import Router
     from shipyard.routing.table import EndpointRoute, VariantRoute
 
 log = logging.getLogger(__name__)
@@ -262,9 +263,7 @@ class ShadowCopier:
         outcomes: list[tuple[int, float | None]]
         try:
             body = pack_copies([(c.headers, c.body) for c in batch])  # type: ignore[misc]
-            # A Call of its own (the router imports this module, so its class is taken
-            # from a copy rather than imported).
-            bulk = type(batch[0])(_BULK_HEADERS, body, variant=shadow, path=COPIES_PATH)
+            bulk = Call(_BULK_HEADERS, body, variant=shadow, path=COPIES_PATH)
             response, elapsed_s = await self.router.invoke(
                 route, shadow, bulk, timeout_s * len(batch)
             )

@@ -7,23 +7,25 @@ small interfaces, set on each VariantRoute by whoever builds the table:
 
 - **Dispatch**: which instance may take the request, how it is sent there, and what the
   answer teaches. ``OneModel`` for a variant that serves one model (its routing policy
-  chooses; the body goes to ``/invocations``); MultiModelRoute (routing/multimodel.py)
+  chooses; the body goes to ``/invocations``); MultiModelDispatch (routing/multimodel.py)
   for ``Mode: MultiModel``, which chooses by TargetModel, keeps the view of which
   instance holds which model and retries a model too large for one instance on another;
-  AdapterRoute (routing/adapters.py) for an adapter inference component, which registers
+  AdapterDispatch (routing/adapters.py) for an adapter inference component, which registers
   the adapter in its base's copies and names it in each request.
 - **Admission**: whether a request may enter, and what the variant does when no instance
-  can take it. ``Unlimited`` for a fleet that is there all the time; ServerlessRoute
+  can take it. ``Unlimited`` for a fleet that is there all the time; ServerlessAdmission
   (routing/serverless.py) admits against MaxConcurrency and asks for instances on demand.
 
 A new kind of variant (inference components, sticky sessions) is a new strategy here and
-in the module that owns it, not a branch in the router.
+in the module that owns it, not a branch in the router or in routing/invocation.py: what
+they ask of a variant (does it read a TargetModel, may its requests wait, is an error
+answer the platform's) they ask of its strategies.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from shipyard.contract import INVOCATIONS_PATH
@@ -32,28 +34,45 @@ from shipyard.routing.instance import Instance
 from shipyard.routing.policies import Policy
 
 if TYPE_CHECKING:
-    from shipyard.routing.router import Call
+    from shipyard.routing.call import Call
     from shipyard.routing.table import VariantRoute
 
 
 class Dispatch(Protocol):
     """Places the requests of one variant on its instances."""
 
+    names_model: bool
+    """Its requests name a TargetModel (a multi-model variant), read by ``prepare``; a
+    request that names one anywhere else is refused, and its answers are never
+    streamed."""
+
+    queues: bool
+    """Its requests may wait at the gateway for an instance (as its policy says). A
+    multi-model variant's do not: one waiting for one model must not hold back the
+    requests for the others (a full one answers 503)."""
+
+    def prepare(self, endpoint: str, call: Call) -> None:
+        """Read what the dispatch needs from ``call`` before it is routed (only asked
+        where ``names_model``); raises the client's error."""
+        ...
+
+    def platform_error(self, response: Response, call: Call) -> Exception | None:
+        """The client's error for an error answer the platform gave rather than the
+        model (a multi-model instance's ModelNotFound), or None: the model's own."""
+        ...
+
     def choose(self, instances: Sequence[Instance], call: Call) -> Instance | None:
         """The instance for ``call``, or None when every one is full."""
         ...
 
-    def send(self, instance: Instance, call: Call, max_body: int | None) -> Awaitable[Response]:
-        """Send ``call`` to ``instance``; its answer (an UpstreamError if none came)."""
-        ...
-
-    def start(
+    def send(
         self, instance: Instance, call: Call, max_body: int | None, on_answer: OnAnswer
-    ) -> Callable[[], None] | None:
-        """``send`` with no task to await it, when ``call`` can go to ``instance`` at
-        once (ConnectionPool.start): its outcome goes to ``on_answer``; returns what
-        abandons it. None: nothing was sent (``send`` it). Only a dispatch whose
-        ``learn`` never asks for another instance starts calls."""
+    ) -> Callable[[], None]:
+        """Send ``call`` to ``instance``: its answer, or the error (an UpstreamError when
+        none came), goes to ``on_answer`` from the loop's callbacks; returns what abandons
+        it (then ``on_answer`` is not called). A dispatch that must await first (loading
+        a model, registering an adapter) runs that in a task of its own (client.in_task):
+        the router does not fork."""
         ...
 
     def open(
@@ -80,6 +99,13 @@ class Admission(Protocol):
     """Whether the variant starts instances for the requests that wait (then waiting for
     one with none up is a cold start, not an outage)."""
 
+    @property
+    def bound(self) -> int | None:
+        """How many requests may wait at the gateway, when the admission bounds them
+        itself (a serverless variant's MaxConcurrency); None: as many as the policy makes
+        room for."""
+        ...
+
     def admit(self) -> None:
         """Count one request in, or raise (ThrottlingException) to refuse it."""
         ...
@@ -99,32 +125,36 @@ class OneModel:
 
     __slots__ = ("policy",)
 
+    names_model = False
+    queues = True
+
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
 
     def __repr__(self) -> str:
         return f"OneModel({self.policy!r})"
 
+    def prepare(self, endpoint: str, call: Call) -> None:
+        pass
+
+    def platform_error(self, response: Response, call: Call) -> Exception | None:
+        return None
+
     def choose(self, instances: Sequence[Instance], call: Call) -> Instance | None:
         return self.policy.choose(instances)
 
-    def send(self, instance: Instance, call: Call, max_body: int | None) -> Awaitable[Response]:
-        # The pool's own coroutine, not one wrapped around it: no extra frame per request.
-        return instance.pool.request(
+    def send(
+        self, instance: Instance, call: Call, max_body: int | None, on_answer: OnAnswer
+    ) -> Callable[[], None]:
+        return instance.pool.start(
             b"POST",
             call.path,
             call.headers,
             call.body,
+            max_body,
+            on_answer,
             content_length=call.content_length,
-            max_body=max_body,
         )
-
-    def start(
-        self, instance: Instance, call: Call, max_body: int | None, on_answer: OnAnswer
-    ) -> Callable[[], None] | None:
-        if not isinstance(call.body, bytes):
-            return None
-        return instance.pool.start(b"POST", call.path, call.headers, call.body, max_body, on_answer)
 
     def open(
         self, instance: Instance, call: Call
@@ -154,6 +184,7 @@ class Unlimited:
     __slots__ = ()
 
     starts_instances = False
+    bound: int | None = None
 
     def __repr__(self) -> str:
         return "Unlimited()"
@@ -180,6 +211,7 @@ class FromZero:
     __slots__ = ("_start",)
 
     starts_instances = True
+    bound: int | None = None
 
     def __init__(self, start: Callable[[], None]) -> None:
         self._start = start

@@ -10,16 +10,13 @@ from __future__ import annotations
 import bisect
 import itertools
 import random
-from collections import deque
 from collections.abc import Sequence
 
 from shipyard.capture.writer import VariantCapture
 from shipyard.metrics import VariantMetrics
 from shipyard.records import AsyncConfig
-from shipyard.routing.instance import Instance, Waiter
-from shipyard.routing.multimodel import MultiModelRoute
+from shipyard.routing.instance import Instance, Queue
 from shipyard.routing.policies import Policy
-from shipyard.routing.serverless import ServerlessRoute
 from shipyard.routing.shadow import copy_shares
 from shipyard.routing.strategies import UNLIMITED, Admission, Dispatch, OneModel
 
@@ -30,17 +27,11 @@ class VariantRoute:
     ``capture`` is set when the endpoint config captures data (DataCaptureConfig): the
     runtime door offers it every invocation answered (capture/writer.py).
 
-    ``waiters`` is the variant's FIFO queue of requests held at the gateway until an
-    instance can take them (policies with ``queues``); it is handed from one published
-    table to the next, so a swap never strands a waiting request. ``multi_model`` is set
-    when the variant serves a ``Mode: MultiModel`` model: the strategy the router asks to
-    choose, send and learn for each request, which then names a TargetModel. Such a
-    variant holds nothing at the gateway (a full one answers 503): a request waiting for
-    one model must not hold back requests for the others. ``serverless`` is set for a
-    variant with a ServerlessConfig: its requests are admitted against MaxConcurrency and
-    wait here for an instance to start when none can take them. ``coming`` counts the
-    instances being started for the variant (a scale-out): while there are any, a request
-    that finds every instance full waits for them here, even under a policy that does not
+    ``waiters`` is the variant's queue (routing/instance.py) of requests held at the
+    gateway until an instance can take them; it is handed from one published table to
+    the next, so a swap never strands a waiting request. ``coming`` counts the instances
+    being started for the variant (a scale-out): while there are any, a request that
+    finds every instance full waits for them here, even under a policy that does not
     queue otherwise, instead of being refused while capacity is on its way. ``shadow``
     marks a shadow variant: never picked by weight nor by TargetVariant, it only takes
     the copies routing/shadow.py sends it.
@@ -49,8 +40,10 @@ class VariantRoute:
     instances (``component``); it is then found by that name, never by weight.
 
     ``dispatch`` and ``admission`` are the strategies the router follows for the
-    variant's requests (routing/strategies.py): the one given (an adapter component's),
-    the multi-model route or one model under ``policy``; the serverless route or no limit.
+    variant's requests (routing/strategies.py): one model under ``policy`` and no limit
+    unless others are given (a multi-model variant's MultiModelDispatch, an adapter
+    component's AdapterDispatch; a serverless variant's ServerlessAdmission, a component
+    at zero's FromZero). What differs between kinds of variant is theirs alone.
     """
 
     __slots__ = (
@@ -62,8 +55,6 @@ class VariantRoute:
         "capture",
         "waiters",
         "queue_limit",
-        "multi_model",
-        "serverless",
         "coming",
         "shadow",
         "dispatch",
@@ -80,8 +71,6 @@ class VariantRoute:
         instances: Sequence[Instance],
         metrics: VariantMetrics,
         capture: VariantCapture | None = None,
-        multi_model: MultiModelRoute | None = None,
-        serverless: ServerlessRoute | None = None,
         coming: int = 0,
         shadow: bool = False,
         component: str | None = None,
@@ -98,51 +87,31 @@ class VariantRoute:
         self.instances = list(instances)
         self.metrics = metrics
         self.capture = capture
-        self.multi_model = multi_model
-        self.serverless = serverless
-        self.dispatch: Dispatch = (
-            dispatch
-            if dispatch is not None
-            else multi_model
-            if multi_model is not None
-            else OneModel(policy)
-        )
-        self.admission: Admission = UNLIMITED
-        if admission is not None:
-            self.admission = admission
-        elif serverless is not None:
-            self.admission = serverless
+        self.dispatch: Dispatch = dispatch if dispatch is not None else OneModel(policy)
+        self.admission: Admission = admission if admission is not None else UNLIMITED
         self.coming = coming
-        self.waiters: deque[Waiter] = deque()
+        self.waiters = Queue()
         queued = len(instances) if policy.queues else 0
-        self.queue_limit = 0 if multi_model else policy.max_in_flight * (queued + coming)
-        if serverless is not None:
-            # Admission already bounds it: every request admitted may wait here for an
-            # instance, the first ones for a cold start.
-            self.queue_limit = serverless.config.max_concurrency
-        elif admission is not None and admission.starts_instances:
+        bound = self.admission.bound
+        if bound is not None:
+            self.queue_limit = bound  # the admission's own bound (MaxConcurrency)
+        elif not self.dispatch.queues:
+            self.queue_limit = 0
+        elif self.admission.starts_instances:
             # Room to wait for the first instance, and as many as the policy queues.
             self.queue_limit = policy.max_in_flight * max(queued + coming, 1)
+        else:
+            self.queue_limit = policy.max_in_flight * (queued + coming)
 
     def __repr__(self) -> str:
         return f"VariantRoute({self.name!r}, weight={self.weight}, instances={self.instances})"
 
     def release(self) -> None:
         """An instance answered: give the oldest waiting request its turn."""
-        while self.waiters:
-            waiter = self.waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
+        self.waiters.turn()
 
     def wake_all(self) -> None:
-        # Those woken now, not those they put back: a call taken on callbacks that finds
-        # no instance goes back to the queue at once, from its set_result.
-        waking = list(self.waiters)
-        self.waiters.clear()
-        for waiter in waking:
-            if not waiter.done():
-                waiter.set_result(None)
+        self.waiters.wake_all()
 
 
 class EndpointRoute:

@@ -41,9 +41,10 @@ from shipyard.errors import (
 from shipyard.metrics import Metrics
 from shipyard.provisioning.fleet import TRANSFORM_JOB_LOGS, Fleet, Provisioner
 from shipyard.records import EndpointConfig, RoutingStrategy, TransformJob, VariantSpec
+from shipyard.routing.call import Call
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.policies import LeastOutstandingRequests
-from shipyard.routing.router import Call, Router
+from shipyard.routing.router import Router
 from shipyard.routing.table import EndpointRoute, VariantRoute
 from shipyard.storage.metadata import MetadataStore, now
 from shipyard.storage.objects import ObjectStore

@@ -37,6 +37,7 @@ from shipyard.records import (
     TransformJob,
     VariantSpec,
 )
+from shipyard.routing.serverless import ServerlessAdmission
 from shipyard.routing.table import EndpointRoute
 from shipyard.storage.events import EventLog, EventState
 
@@ -540,14 +541,15 @@ def _from_route(route: EndpointRoute) -> tuple[list[InstanceRow], set[str], list
                     tuple(i.models),
                 )
             )
-        if v.multi_model is not None:
+        if v.dispatch.names_model:
             multi_model.add(v.name)
-        if v.serverless is not None:
-            config = v.serverless.config
+        admission = v.admission
+        if isinstance(admission, ServerlessAdmission):
+            config = admission.config
             serverless.append(
                 ServerlessRow(
                     variant=v.name,
-                    active=v.serverless.active,
+                    active=admission.active,
                     max_concurrency=config.max_concurrency,
                     memory_mb=config.memory_mb,
                     provisioned=config.provisioned_concurrency,

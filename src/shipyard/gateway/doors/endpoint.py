@@ -25,8 +25,8 @@ from shipyard.errors import (
 from shipyard.gateway.edge.auth import admitted, resource_arn
 from shipyard.http import bodies
 from shipyard.routing import sessions
+from shipyard.routing.call import Call
 from shipyard.routing.invocation import Invocations
-from shipyard.routing.router import Call
 
 Scope = dict[str, Any]
 Receive = Any

@@ -2,7 +2,7 @@
 ``/v1/completions`` and ``/v1/embeddings``, as the ``openai`` client (v1) sends them.
 
 A raw ASGI handler on the data path, as the runtime doors are (gateway/doors/runtime.py). It
-translates the OpenAI wire into the same :class:`~shipyard.routing.router.Call` an
+translates the OpenAI wire into the same :class:`~shipyard.routing.call.Call` an
 InvokeEndpoint makes, and the answer back; everything between (variants, components,
 sessions, shadows, limits, metrics, data capture) is routing/invocation.py's, so a
 request here is served exactly as the same body sent to InvokeEndpoint would be.
@@ -53,8 +53,8 @@ from shipyard.http import bodies
 from shipyard.http.client import Response
 from shipyard.http.server import on_disconnect
 from shipyard.routing import sessions
+from shipyard.routing.call import Call, Exchange
 from shipyard.routing.invocation import Invocations
-from shipyard.routing.router import Call, Exchange
 from shipyard.routing.table import EndpointRoute
 
 log = logging.getLogger(__name__)

@@ -41,8 +41,8 @@ from shipyard.errors import (
 )
 from shipyard.http import bodies
 from shipyard.http.client import Response
+from shipyard.routing.call import Call, Exchange
 from shipyard.routing.invocation import Invocations
-from shipyard.routing.router import Call, Exchange
 from shipyard.routing.table import EndpointRoute
 
 log = logging.getLogger(__name__)

@@ -27,8 +27,8 @@ from shipyard.http import bodies
 from shipyard.http.client import Response
 from shipyard.http.server import Respond, on_disconnect
 from shipyard.routing import sessions
+from shipyard.routing.call import ASKED_BY, Call
 from shipyard.routing.invocation import Invocations
-from shipyard.routing.router import ASKED_BY, Call
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +96,11 @@ class RuntimeDoor:
         return 200
 
     def take(self, scope: Scope, name: str, body: bytes, respond: Respond) -> bool:
-        """Serve the invocation in ``scope``, its whole ``body`` in hand, with no task:
-        if an instance can take it at once (Invocations.start), it is sent now and its
+        """Serve the invocation in ``scope``, its whole ``body`` in hand, with no task
+        (Invocations.start): sent now, or queued until an instance can take it, and its
         answer given to ``respond`` (status, headers, body) from the loop's callbacks.
-        False: nothing was done, and the door's ASGI call serves the request, which
-        also answers every refusal (a refusal found here is not answered here)."""
+        False: refused before anything was sent, and the door's ASGI call serves the
+        request, which answers the refusal in the door's shape."""
         started = time.perf_counter()
         try:
             self.access.reach(scope, name)

@@ -39,7 +39,7 @@ from shipyard.gateway.wire.errors import runtime_error_response
 from shipyard.gateway.wire.runtime_headers import INVOKE_ENDPOINT_STREAM, check_header
 from shipyard.http import eventstream
 from shipyard.routing import sessions
-from shipyard.routing.router import Call, Exchange
+from shipyard.routing.call import Call, Exchange
 from shipyard.routing.table import EndpointRoute
 
 log = logging.getLogger(__name__)

@@ -30,8 +30,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from shipyard.errors import RuntimeFailure, TensorError
 from shipyard.gateway.doors.oip.protocol import InferenceProtocol, status_of
+from shipyard.routing.call import Call
 from shipyard.routing.invocation import Invocations
-from shipyard.routing.router import Call
 from shipyard.tensors import (
     InferRequest,
     Tensor,

@@ -34,7 +34,7 @@ from shipyard.errors import (
 )
 from shipyard.gateway.doors.endpoint import EndpointAccess
 from shipyard.http.client import Response
-from shipyard.routing.router import Call
+from shipyard.routing.call import Call
 from shipyard.routing.table import EndpointRoute, VariantRoute
 from shipyard.tensors import (
     HEADER_LENGTH,
@@ -108,7 +108,7 @@ class InferenceProtocol:
         route = self.invocations.route(name)
         variants = [_variant(route, version)] if version is not None else route.variants
         return any(
-            v.serverless is not None or any(i.healthy for i in v.instances)
+            v.admission.starts_instances or any(i.healthy for i in v.instances)
             for v in variants
             if not _is_shadow(v)
         )
@@ -147,7 +147,7 @@ class InferenceProtocol:
             call.variant = _variant(route, version)
         variant = call.variant or self.router.variant_for(route, None)
         call.variant = variant
-        if variant.multi_model is not None:
+        if variant.dispatch.names_model:
             raise RuntimeValidationError(
                 f"Endpoint {name} serves many models (Mode: MultiModel); call it with "
                 "InvokeEndpoint and TargetModel."

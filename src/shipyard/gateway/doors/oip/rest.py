@@ -22,8 +22,8 @@ from shipyard.gateway.doors.oip.protocol import InferenceProtocol, status_of
 from shipyard.gateway.wire.errors import send_json
 from shipyard.http import bodies
 from shipyard.http.server import on_disconnect
+from shipyard.routing.call import Call
 from shipyard.routing.invocation import Invocations
-from shipyard.routing.router import Call
 from shipyard.tensors import (
     HEADER_LENGTH,
     header_length_of,
