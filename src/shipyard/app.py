@@ -50,6 +50,7 @@ from shipyard.http.server import Take
 from shipyard.jobs import assembly as jobs_assembly
 from shipyard.logs.service import LogService
 from shipyard.metrics import Metrics
+from shipyard.processing import assembly as processing_assembly
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.router import Router
 from shipyard.routing.session_closes import SessionCloses
@@ -176,6 +177,8 @@ class Gateway:
         self.consumer = asynchronous.consumer
         jobs = jobs_assembly.build(core, self.backend)
         self.jobs, self.supervisor = jobs.service, jobs.supervisor
+        processing = processing_assembly.build(core, self.backend)
+        self.processing, self.processing_supervisor = processing.service, processing.supervisor
         transforms = transform_assembly.build(
             core, self.provisioner, budget=self.service.check_budget
         )
@@ -275,8 +278,11 @@ class Gateway:
                 jobs=self.jobs,
                 transforms=self.transforms,
                 scaling=self.scaling,
-                log_service=LogService(jobs=self.jobs, logs_dir=settings.home / "logs"),
+                log_service=LogService(
+                    jobs=self.jobs, processing=self.processing, logs_dir=settings.home / "logs"
+                ),
                 cloudwatch_service=self.cloudwatch.service,
+                processing=self.processing,
             ),
             arn=self.service.arn,
             alarm_arn=self.cloudwatch.service.alarm_arn,
@@ -372,6 +378,7 @@ class Gateway:
         self.loops.start("session-closes", self.session_closes.run)
         self.loops.start("event-dispatcher", self.dispatcher.run)
         self.loops.start("job-supervisor", self.supervisor.run)
+        self.loops.start("processing-supervisor", self.processing_supervisor.run)
         self.loops.start("async-consumer", self.consumer.run)
         self.loops.start("autoscaler", self.autoscaler.run)
         self.loops.start("transform-supervisor", self.transform_supervisor.run)

@@ -24,6 +24,7 @@ from shipyard.gateway.api.actions import (
     inference_components,
     logs,
     models,
+    processing_jobs,
     tags,
     training_jobs,
     transform_jobs,
@@ -40,6 +41,7 @@ from shipyard.gateway.wire.registry import (
 from shipyard.gateway.wire.validation import RequestValidator
 from shipyard.jobs.service import JobService
 from shipyard.logs.service import LogService
+from shipyard.processing.service import ProcessingService
 from shipyard.transform.service import TransformService
 
 ACTIONS = {**models.ACTIONS, **endpoint_configs.ACTIONS, **endpoints.ACTIONS, **tags.ACTIONS}
@@ -64,6 +66,7 @@ def registry(
     scaling: ScalingService,
     log_service: LogService,
     cloudwatch_service: CloudWatchService,
+    processing: ProcessingService,
 ) -> ActionRegistry:
     """Every control-plane action, bound to the service it acts on; SageMaker's requests
     checked against botocore's model (but LOCAL_URI_SHAPES' patterns)."""
@@ -78,6 +81,7 @@ def registry(
         "scaling": scaling,
         "logs": log_service,
         "cloudwatch": cloudwatch_service,
+        "processing": processing,
     }
     actions = ActionRegistry()
     for service, family, runs_on in FAMILIES:
@@ -91,6 +95,7 @@ FAMILIES: tuple[tuple[Service, Mapping[str, Callable[[Any, Json], Json]], str], 
     (SAGEMAKER, inference_components.ACTIONS, "components"),
     (SAGEMAKER, JOB_ACTIONS, "jobs"),
     (SAGEMAKER, transform_jobs.ACTIONS, "transforms"),
+    (SAGEMAKER, processing_jobs.ACTIONS, "processing"),
     (SCALING, autoscaling.ACTIONS, "scaling"),
     (LOGS, logs.ACTIONS, "logs"),
     (CLOUDWATCH, cloudwatch.ACTIONS, "cloudwatch"),
