@@ -50,6 +50,7 @@ from shipyard.http.server import Take
 from shipyard.jobs import assembly as jobs_assembly
 from shipyard.logs.service import LogService
 from shipyard.metrics import Metrics
+from shipyard.monitoring import assembly as monitoring_assembly
 from shipyard.processing import assembly as processing_assembly
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.router import Router
@@ -201,6 +202,13 @@ class Gateway:
             backend=self.provisioner.backend,  # multi-container instances added up
         )
         self.scaling.alarms_naming = self._alarms_naming
+        monitoring = monitoring_assembly.build(
+            core,
+            processing=self.processing,
+            endpoints=self.service,
+            cloudwatch=self.cloudwatch.service,
+        )
+        self.monitoring, self.monitor_runs = monitoring.service, monitoring.runs
         self.console = self._console(settings, stack)
         self._on_startup = on_startup
         self._grpc: Any = None
@@ -283,6 +291,7 @@ class Gateway:
                 ),
                 cloudwatch_service=self.cloudwatch.service,
                 processing=self.processing,
+                monitoring_service=self.monitoring,
             ),
             arn=self.service.arn,
             alarm_arn=self.cloudwatch.service.alarm_arn,
@@ -379,6 +388,7 @@ class Gateway:
         self.loops.start("event-dispatcher", self.dispatcher.run)
         self.loops.start("job-supervisor", self.supervisor.run)
         self.loops.start("processing-supervisor", self.processing_supervisor.run)
+        self.loops.start("monitor-runs", self.monitor_runs.run)
         self.loops.start("async-consumer", self.consumer.run)
         self.loops.start("autoscaler", self.autoscaler.run)
         self.loops.start("transform-supervisor", self.transform_supervisor.run)

@@ -164,7 +164,7 @@ class ProcessingRunner:
         dest = self._local(item.local_path)
         what = f"input '{item.name}'"
         if item.data_type != "ManifestFile":
-            return self._store.download(item.uri, dest, what=what)
+            return self._store.download(item.uri, dest, what=what, missing_ok=item.missing_ok)
         staging = self.workdir / "manifest" / item.name
         self._store.download(item.uri, staging, what=f"the manifest of {what}")
         manifest = next(p for p in staging.iterdir() if p.is_file())

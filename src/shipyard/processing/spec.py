@@ -26,6 +26,9 @@ PROCESSING_ROOT = OPT_ML / "processing"
 MESSAGE_FILE = "output/message"
 """Below ``/opt/ml``: what the script says of its end; the first KB is the ExitMessage."""
 EXIT_MESSAGE_BYTES = 1024
+CAPTURE_INPUT = "endpoint_input_1"
+"""A monitoring run's input of the endpoint's captured records: nothing captured yet is
+no error of the fetch (the analyzer then says the job had no data)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,6 +40,8 @@ class Input:
     local_path: str
     data_type: str = "S3Prefix"
     """``S3Prefix`` (the objects under ``uri``) or ``ManifestFile`` (those it lists)."""
+    missing_ok: bool = False
+    """Nothing at ``uri`` fetches nothing rather than failing the job (CAPTURE_INPUT)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

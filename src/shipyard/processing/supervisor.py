@@ -13,7 +13,7 @@ from typing import Any
 from shipyard.backends.base import PROCESSING_RUNNER
 from shipyard.jobs.supervisor import JobSupervisor
 from shipyard.processing.service import command
-from shipyard.processing.spec import PROCESSING_FILE, Input, Output, ProcessingSpec
+from shipyard.processing.spec import CAPTURE_INPUT, PROCESSING_FILE, Input, Output, ProcessingSpec
 from shipyard.records import Job
 
 
@@ -42,7 +42,10 @@ def processing_spec(job: Job, *, stop_grace_s: float) -> ProcessingSpec:
         command=command(request),
         started_at=job.created.timestamp(),
         environment={str(k): str(v) for k, v in (request.get("Environment") or {}).items()},
-        inputs=tuple(_input(item) for item in request.get("ProcessingInputs") or []),
+        inputs=tuple(
+            _input(item, run=job.job_type is not None)
+            for item in request.get("ProcessingInputs") or []
+        ),
         outputs=tuple(
             Output(
                 name=item["OutputName"],
@@ -57,13 +60,15 @@ def processing_spec(job: Job, *, stop_grace_s: float) -> ProcessingSpec:
     )
 
 
-def _input(item: dict[str, Any]) -> Input:
+def _input(item: dict[str, Any], *, run: bool) -> Input:
+    """An input; ``run``: of a monitoring run (its capture input may be empty)."""
     s3 = item["S3Input"]
     return Input(
         name=item["InputName"],
         uri=s3["S3Uri"],
         local_path=s3["LocalPath"],
         data_type=s3.get("S3DataType", "S3Prefix"),
+        missing_ok=run and item["InputName"] == CAPTURE_INPUT,
     )
 
 
