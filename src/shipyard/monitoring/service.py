@@ -26,7 +26,7 @@ from shipyard.errors import (
 )
 from shipyard.host_access import HostAccess
 from shipyard.monitoring import cron
-from shipyard.processing.service import ProcessingService
+from shipyard.processing.service import ProcessingService, callers_variables
 from shipyard.records import JobStatus
 from shipyard.storage.artifacts import join_uri
 from shipyard.storage.metadata import now
@@ -256,10 +256,11 @@ class MonitoringService:
     def _check(self, plan: Plan, prefix: str) -> None:
         """Refuse a baseline that cannot be found and what ``auth:`` would refuse."""
         access = self.host_access
+        image = str(plan.app.get("ImageUri", ""))
         access.check_process(
-            image=str(plan.app.get("ImageUri", "")),
+            image=image,
             entrypoint=plan.app.get("ContainerEntrypoint"),
-            environment=plan.environment,
+            environment=callers_variables(image, plan.environment),
             image_field=f"{prefix}ImageUri",
         )
         for n, output in enumerate(plan.outputs, start=1):

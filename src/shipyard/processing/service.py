@@ -33,6 +33,24 @@ from shipyard.storage.metadata import now
 ANALYZER_REPOSITORY = "sagemaker-model-monitor-analyzer"
 """The image repository of Model Monitor's analyzer: run by the built-in one."""
 ANALYZER_COMMAND = (sys.executable, "-m", "shipyard.monitoring.analyzer")
+ANALYZER_VARIABLES = frozenset(
+    {
+        "analysis_type",
+        "baseline_constraints",
+        "baseline_statistics",
+        "categorical_drift_method",
+        "dataset_format",
+        "dataset_source",
+        "end_time",
+        "output_path",
+        "publish_cloudwatch_metrics",
+        "sagemaker_endpoint_name",
+        "sagemaker_monitoring_schedule_name",
+        "start_time",
+    }
+)
+"""The analyzer's settings (monitoring/analyzer.py): the built-in analyzer's own, so
+``auth:`` takes them for it as SageMaker's variables are taken for a model."""
 PYTHON_NAMES = ("python3", "python")
 """A leading entrypoint word that means "the built-in Python"."""
 
@@ -104,12 +122,13 @@ class ProcessingService:
         """Refuse commands, variables and local locations ``auth:`` does not allow."""
         app = request.get("AppSpecification") or {}
         entrypoint = app.get("ContainerEntrypoint")
+        image = str(app.get("ImageUri", ""))
         self.host_access.check_process(
-            image=str(app.get("ImageUri", "")),
+            image=image,
             # [python3, a script of its inputs, ...] is the built-in Python running the
             # job's own code, as a framework model's script: no command of the host's.
             entrypoint=None if _runs_own_script(entrypoint) else entrypoint,
-            environment=request.get("Environment"),
+            environment=callers_variables(image, request.get("Environment")),
             image_field="AppSpecification.ImageUri",
             entrypoint_field="AppSpecification.ContainerEntrypoint",
         )
@@ -168,6 +187,13 @@ def command(request: dict[str, Any]) -> tuple[str, ...]:
     if entrypoint[0] in PYTHON_NAMES:
         entrypoint[0] = sys.executable
     return (*entrypoint, *arguments)
+
+
+def callers_variables(image: str, environment: Any) -> Any:
+    """``environment`` less the analyzer's own settings when ``image`` is the analyzer."""
+    if _repository(image) != ANALYZER_REPOSITORY or not isinstance(environment, dict):
+        return environment
+    return {k: v for k, v in environment.items() if k not in ANALYZER_VARIABLES}
 
 
 def check_paths(request: dict[str, Any]) -> None:
