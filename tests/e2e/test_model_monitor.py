@@ -333,3 +333,33 @@ def test_a_window_without_records_fails_with_no_data(gw: GatewayProcess, tmp_pat
     assert execution["MonitoringExecutionStatus"] == "Failed"
     assert execution["FailureReason"] == "Job inputs had no data"
     assert execution["ScheduledTime"] <= datetime.now(UTC)
+
+
+def test_a_run_interrupted_by_a_restart_ends_once_as_the_same_execution(
+    gateway_factory: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    first = gateway_factory(extra_env=ENV)
+    stats = baseline(first, tmp_path)
+    capture, out = tmp_path / "capture", tmp_path / "monitoring"
+    endpoint = endpoint_with_capture(first, tmp_path, capture)
+    invoke_rows(first, endpoint, rows(100, seed=3), capture)
+    definition, schedule = unique("dq"), unique("schedule")
+    first.sm.create_data_quality_job_definition(
+        **definition_request(definition, endpoint, stats, out)
+    )
+    first.sm.create_monitoring_schedule(**now_schedule(schedule, definition))
+
+    def started() -> bool:
+        runs = first.sm.list_monitoring_executions(MonitoringScheduleName=schedule)
+        return bool(runs["MonitoringExecutionSummaries"])
+
+    wait_until(started, "the run to start")
+    assert first.stop() in (0, -15)  # uvicorn re-raises SIGTERM after a clean shutdown
+    second = gateway_factory(home=first.home, extra_env=ENV)
+
+    execution = wait_execution(second, schedule)
+    assert execution["MonitoringExecutionStatus"] == "Completed"
+    runs = second.sm.list_monitoring_executions(MonitoringScheduleName=schedule)
+    assert len(runs["MonitoringExecutionSummaries"]) == 1
+    described = second.sm.describe_monitoring_schedule(MonitoringScheduleName=schedule)
+    assert described["MonitoringScheduleStatus"] == "Scheduled"

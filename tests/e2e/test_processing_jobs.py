@@ -226,3 +226,21 @@ def test_a_taken_name_is_in_use_and_an_unknown_job_is_named(
     assert unknown.value.response["Error"]["Code"] == "ValidationException"
     assert "no-such-job" in unknown.value.response["Error"]["Message"]
     wait_final(gw.sm, name)
+
+
+def test_a_job_running_across_a_gateway_restart_completes_as_the_same_job(
+    gateway_factory: Callable[..., GatewayProcess], data_dir: Path, tmp_path: Path
+) -> None:
+    first = gateway_factory(extra_env=ENV)
+    name, out = unique("proc"), tmp_path / "out"
+    first.sm.create_processing_job(**processing_request(name, data_dir, out, "--sleep", "4"))
+    log = first.home / "processing" / name / "attempt-1" / "job.log"
+    wait_until(lambda: log.exists() and "sleeping" in log.read_text(), "the script to start")
+
+    assert first.stop() in (0, -15)  # uvicorn re-raises SIGTERM after a clean shutdown
+    second = gateway_factory(home=first.home, extra_env=ENV)
+
+    job = wait_final(second.sm, name)
+    assert job["ProcessingJobStatus"] == "Completed", job.get("FailureReason")
+    assert (out / "total.txt").read_text() == "10"
+    assert log.read_text().count("Started the job") == 1
