@@ -350,6 +350,10 @@ class Gateway:
                 describe_job=self.jobs.describe,
                 newest_transforms=self.transforms.store.newest,
                 describe_transform=self.transforms.describe,
+                newest_processing=self.processing.store.newest,
+                describe_processing=self.processing.describe,
+                schedules=self.monitoring.list_schedules,
+                schedule=self.monitoring.schedule_view,
             ),
             events=EventLog(self.store.engine),
             components=self.components.components.list,
@@ -362,6 +366,7 @@ class Gateway:
             logs_dir=settings.home / "logs",
             auth=stack.auth is not None,
             region=settings.region,
+            processing_log_files=self.processing.log_files,
         )
 
     def __repr__(self) -> str:

@@ -278,6 +278,14 @@ def test_a_shifted_feature_is_reported_by_a_now_schedule_with_its_metrics(
         Statistics=["Maximum"],
     )
     assert stats_out["Datapoints"] and stats_out["Datapoints"][0]["Maximum"] > 0.5
+    status, page = gw.get(f"/console/api/monitoring-schedules/{schedule}")
+    assert status == 200
+    assert "CompletedWithViolations" in page.decode()
+    assert "baseline_drift_check" in page.decode() and "income" in page.decode()
+    status, listing = gw.get("/console/api/jobs")
+    assert status == 200 and job_name in listing.decode() and schedule in listing.decode()
+    status, log = gw.get(f"/console/api/processing-jobs/{job_name}/log?offset=0")
+    assert status == 200 and "Processing job completed" in json.loads(log)["text"]
 
 
 def test_bad_schedules_are_refused_with_aws_codes(gw: GatewayProcess, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ it runs or where it writes.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -25,8 +26,10 @@ from shipyard.errors import (
     ShipyardError,
 )
 from shipyard.host_access import HostAccess
+from shipyard.job_contract import open_beneath
 from shipyard.monitoring import cron
 from shipyard.processing.service import ProcessingService, callers_variables
+from shipyard.processing.spec import below_opt_ml
 from shipyard.records import JobStatus
 from shipyard.storage.artifacts import join_uri
 from shipyard.storage.metadata import now
@@ -58,6 +61,27 @@ class Plan:
     baselining_job: str | None = None
     """BaseliningJobName, when no StatisticsResource and ConstraintsResource are named:
     its output's files are the baseline (MonitoringService.plan reads them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunView:
+    """One execution for the console, with its violations when its report is here."""
+
+    execution: Execution
+    violations: list[dict[str, Any]] | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleView:
+    """A schedule's console page: the schedule and its runs, newest first."""
+
+    schedule: Schedule
+    endpoint: str
+    runs: list[RunView]
+
+
+SHOWN_RUNS = 20
+"""How many of a schedule's runs its console page shows."""
 
 
 class MonitoringService:
@@ -191,6 +215,43 @@ class MonitoringService:
     def last_execution(self, name: str) -> Execution | None:
         runs = [e for e in self.store.executions() if e.schedule == name]
         return max(runs, key=lambda e: e.scheduled, default=None)
+
+    def schedule_view(self, name: str) -> ScheduleView:
+        """The schedule ``name`` and its newest runs, each with the violations its
+        analyzer left in the job's folder (read through no link: the job wrote it)."""
+        schedule = self.describe_schedule(name)
+        runs = sorted(
+            (e for e in self.store.executions() if e.schedule == name),
+            key=lambda e: e.scheduled,
+            reverse=True,
+        )[:SHOWN_RUNS]
+        try:
+            endpoint = self.plan(schedule.request).endpoint
+        except ShipyardError:
+            endpoint = ""
+        return ScheduleView(schedule, endpoint, [RunView(e, self._violations(e)) for e in runs])
+
+    def _violations(self, execution: Execution) -> list[dict[str, Any]] | None:
+        if execution.status != "CompletedWithViolations":
+            return [] if execution.status == "Completed" else None
+        try:
+            job = self.processing.describe(execution.job_name)
+            output = job.request["ProcessingOutputConfig"]["Outputs"][0]["S3Output"]
+        except (ShipyardError, KeyError, IndexError):
+            return None
+        relative = below_opt_ml(str(output.get("LocalPath", "")))
+        if relative is None:
+            return None
+        root = self.processing.jobs_dir / job.name / f"attempt-{job.attempt}" / "ml"
+        try:
+            with open_beneath(root, f"{relative.as_posix()}/constraint_violations.json") as f:
+                found = json.loads(f.read(1 << 22))
+        except (OSError, ValueError):
+            return None
+        violations = found.get("violations") if isinstance(found, dict) else None
+        return (
+            [v for v in violations if isinstance(v, dict)] if isinstance(violations, list) else None
+        )
 
     def _has_run(self, name: str) -> bool:
         return self.last_execution(name) is not None
