@@ -147,6 +147,7 @@ def test_a_failing_script_fails_with_its_exit_code_and_stderr_and_uploads_nothin
     assert job["ProcessingJobStatus"] == "Failed"
     assert job["FailureReason"].startswith("AlgorithmError: ExitCode 3")
     assert "something broke" in job["FailureReason"]
+    assert job["ExitMessage"] == "gave up"
     assert not out.exists()
 
 

@@ -35,7 +35,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
@@ -140,7 +140,8 @@ class ProcessingRunner:
         if run.halted is not None:
             return Outcome(status="Stopped", exit_code=run.exit_code)
         if run.exit_code != 0:
-            return _failed(_failure_reason(run), exit_code=run.exit_code)
+            failed = _failed(_failure_reason(run), exit_code=run.exit_code)
+            return replace(failed, model_artifacts=self._exit_message())
         self._status("Uploading", "Uploading output data")
         try:
             self._upload(spec)
