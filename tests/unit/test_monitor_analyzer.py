@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shipyard.monitoring.analyzer import NO_DATA, AnalysisError, analyse
+from shipyard.monitoring.analyzer import AnalysisError, analyse
+from shipyard.monitoring.messages import NO_DATA
 from shipyard.monitoring.statistics import Kll, distance
 
 COLUMNS = ("label", "age", "income", "colour")

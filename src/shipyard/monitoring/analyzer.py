@@ -36,10 +36,10 @@ from shipyard.monitoring.dataset import (
     read_csv,
     read_json_lines,
 )
+from shipyard.monitoring.messages import NO_DATA, exit_message
 from shipyard.monitoring.statistics import constraints, statistics
 from shipyard.monitoring.violations import check, type_shares
 
-NO_DATA = "Job inputs had no data"
 MESSAGE = Path("/opt/ml/output/message")
 METRICS = Path("/opt/ml/output/metrics.json")
 
@@ -87,14 +87,8 @@ def analyse(environ: Mapping[str, str], *, message: Path, metrics: Path) -> int:
             },
         )
     message.parent.mkdir(parents=True, exist_ok=True)
-    message.write_text(_message(len(violations)))
+    message.write_text(exit_message(len(violations)))
     return len(violations)
-
-
-def _message(count: int) -> str:
-    if count == 0:
-        return "Completed: Job completed successfully with no violations."
-    return f"CompletedWithViolations: Job completed successfully with {count} violations."
 
 
 def _read(
@@ -165,7 +159,7 @@ def main() -> int:
     except AnalysisError as exc:
         print(exc, file=sys.stderr)
         return 1
-    print(_message(count) if os.environ.get("baseline_constraints") else "Baseline suggested.")
+    print(exit_message(count) if os.environ.get("baseline_constraints") else "Baseline suggested.")
     return 0
 
 

@@ -35,7 +35,7 @@ from shipyard.cloudwatch.service import CloudWatchService
 from shipyard.errors import ResourceInUse, ShipyardError
 from shipyard.job_contract import open_beneath
 from shipyard.monitoring import cron
-from shipyard.monitoring.analyzer import NO_DATA
+from shipyard.monitoring.messages import NO_DATA, WITH_VIOLATIONS
 from shipyard.monitoring.service import (
     DEFAULT_OUTPUT_PATH,
     PENDING,
@@ -179,9 +179,7 @@ class MonitorRuns:
         if job.status == JobStatus.COMPLETED:
             message = job.model_artifacts or ""
             status = (
-                "CompletedWithViolations"
-                if message.startswith("CompletedWithViolations")
-                else "Completed"
+                "CompletedWithViolations" if message.startswith(WITH_VIOLATIONS) else "Completed"
             )
             self._publish(execution, job)
             store.change_execution(execution.job_name, status=status)
