@@ -143,3 +143,63 @@ def test_a_command_other_than_python_on_its_own_script_is_refused(
 
     assert code == "ValidationException"
     assert "ContainerEntrypoint" in message
+
+
+def test_the_analyzer_runs_sandboxed_with_its_own_settings(
+    guarded: GatewayProcess, place: Path
+) -> None:
+    sm, name = client(guarded, "sagemaker"), unique("baseline")
+    root = place / "root"
+    (root / "baseline").mkdir(exist_ok=True)
+    rows = ["label,a"] + [f"{i % 2},{i}" for i in range(50)]
+    (root / "baseline" / "train.csv").write_text("\n".join(rows) + "\n")
+    sm.create_processing_job(
+        ProcessingJobName=name,
+        RoleArn="arn:aws:iam::123456789012:role/x",
+        AppSpecification={
+            "ImageUri": "156813124566.dkr.ecr.us-east-1.amazonaws.com/"
+            "sagemaker-model-monitor-analyzer"
+        },
+        ProcessingInputs=[
+            {
+                "InputName": "baseline_dataset_input",
+                "S3Input": {
+                    "S3Uri": (root / "baseline").as_uri(),
+                    "LocalPath": "/opt/ml/processing/input/baseline_dataset_input",
+                    "S3DataType": "S3Prefix",
+                    "S3InputMode": "File",
+                },
+            }
+        ],
+        ProcessingOutputConfig={
+            "Outputs": [
+                {
+                    "OutputName": "monitoring_output",
+                    "S3Output": {
+                        "S3Uri": (root / "out" / name).as_uri(),
+                        "LocalPath": "/opt/ml/processing/output",
+                        "S3UploadMode": "EndOfJob",
+                    },
+                }
+            ]
+        },
+        ProcessingResources={
+            "ClusterConfig": {
+                "InstanceCount": 1,
+                "InstanceType": "ml.m5.large",
+                "VolumeSizeInGB": 1,
+            }
+        },
+        Environment={
+            "dataset_format": json.dumps({"csv": {"header": True}}),
+            "dataset_source": "/opt/ml/processing/input/baseline_dataset_input",
+            "output_path": "/opt/ml/processing/output",
+            "publish_cloudwatch_metrics": "Disabled",
+        },
+    )
+
+    job = wait_final(sm, name)
+
+    assert job["ProcessingJobStatus"] == "Completed", job.get("FailureReason")
+    constraints = json.loads((root / "out" / name / "constraints.json").read_text())
+    assert [f["name"] for f in constraints["features"]] == ["label", "a"]

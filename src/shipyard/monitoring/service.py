@@ -28,7 +28,11 @@ from shipyard.errors import (
 from shipyard.host_access import HostAccess
 from shipyard.job_contract import open_beneath
 from shipyard.monitoring import cron
-from shipyard.processing.service import ProcessingService, callers_variables
+from shipyard.processing.service import (
+    ProcessingService,
+    callers_image,
+    callers_variables,
+)
 from shipyard.processing.spec import below_opt_ml
 from shipyard.records import JobStatus
 from shipyard.storage.artifacts import join_uri
@@ -319,7 +323,7 @@ class MonitoringService:
         access = self.host_access
         image = str(plan.app.get("ImageUri", ""))
         access.check_process(
-            image=image,
+            image=callers_image(image),
             entrypoint=plan.app.get("ContainerEntrypoint"),
             environment=callers_variables(image, plan.environment),
             image_field=f"{prefix}ImageUri",

@@ -124,7 +124,7 @@ class ProcessingService:
         entrypoint = app.get("ContainerEntrypoint")
         image = str(app.get("ImageUri", ""))
         self.host_access.check_process(
-            image=image,
+            image=callers_image(image),
             # [python3, a script of its inputs, ...] is the built-in Python running the
             # job's own code, as a framework model's script: no command of the host's.
             entrypoint=None if _runs_own_script(entrypoint) else entrypoint,
@@ -187,6 +187,12 @@ def command(request: dict[str, Any]) -> tuple[str, ...]:
     if entrypoint[0] in PYTHON_NAMES:
         entrypoint[0] = sys.executable
     return (*entrypoint, *arguments)
+
+
+def callers_image(image: str) -> str | None:
+    """The image a caller runs, for ``auth:`` to judge: none for the analyzer, which is
+    the gateway's own code (no container is pulled or run)."""
+    return None if _repository(image) == ANALYZER_REPOSITORY else image
 
 
 def callers_variables(image: str, environment: Any) -> Any:
