@@ -3,7 +3,8 @@ captured records (``sagemakerCaptureJson``), as Model Monitor's ``dataset_format
 names them.
 
 Columns are a CSV's header (else ``_c0``, ``_c1``…) or JSON's keys, in the order first
-seen. A cell is missing when it is empty, ``null`` or its key is absent. Captured CSV
+seen. A cell is missing when it is empty, ``null`` (JSON's, or a CSV cell saying so) or
+its key is absent. Captured CSV
 bodies have no header: their cells map to the baseline's columns by position, the
 output's cells first when the output was captured.
 """
@@ -75,9 +76,9 @@ class Dataset:
 
 
 def cell(text: str) -> Value:
-    """A CSV cell: an integer, a number, text, or None when empty."""
+    """A CSV cell: an integer, a number, text, or None when empty or ``null``."""
     text = text.strip()
-    if not text:
+    if not text or text == "null":
         return None
     try:
         return int(text)

@@ -6,7 +6,7 @@ Each pass (every ``period_s``, or at once when woken):
 - a ``Scheduled`` schedule whose tick is due gets a run: an execution recorded with its
   tick moved on, in one transaction (storage/monitoring.py), then its processing job
   (the analyzer over the endpoint's captured records, processing/service.py). A cron
-  tick missed by more than MISSED_AFTER (the gateway was down) is skipped, not run
+  tick not reached within MISSED_AFTER (the gateway was down) is skipped, not run
   late; a ``NOW`` schedule's one run is never skipped;
 - an execution follows its processing job: ``InProgress`` while it runs, then
   ``Completed`` or ``CompletedWithViolations`` (the analyzer's message says which),
@@ -51,7 +51,8 @@ from shipyard.storage.monitoring import Execution, Schedule
 
 log = logging.getLogger(__name__)
 
-MISSED_AFTER = timedelta(minutes=5)
+MISSED_AFTER = timedelta(seconds=60)
+"""A cron tick not run within this is missed (the gateway was down): skipped."""
 NAMESPACE = "aws/sagemaker/Endpoints/data-metrics"
 BASELINE_STATS = "/opt/ml/processing/baseline/stats"
 BASELINE_CONSTRAINTS = "/opt/ml/processing/baseline/constraints"
