@@ -371,3 +371,52 @@ def test_a_run_interrupted_by_a_restart_ends_once_as_the_same_execution(
     assert len(runs["MonitoringExecutionSummaries"]) == 1
     described = second.sm.describe_monitoring_schedule(MonitoringScheduleName=schedule)
     assert described["MonitoringScheduleStatus"] == "Scheduled"
+
+
+def test_a_cron_schedule_is_scheduled_stopped_started_and_deleted_across_a_restart(
+    gateway_factory: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    first = gateway_factory(extra_env=ENV)
+    endpoint = endpoint_with_capture(first, tmp_path, tmp_path / "capture")
+    definition, schedule = unique("dq"), unique("hourly")
+    first.sm.create_data_quality_job_definition(
+        **definition_request(definition, endpoint, tmp_path / "stats", tmp_path / "out")
+    )
+    request = now_schedule(schedule, definition)
+    request["MonitoringScheduleConfig"]["ScheduleConfig"] = {
+        "ScheduleExpression": "cron(0 * ? * * *)"
+    }
+    first.sm.create_monitoring_schedule(**request)
+
+    def status(gw: GatewayProcess) -> str:
+        found = gw.sm.describe_monitoring_schedule(MonitoringScheduleName=schedule)
+        return str(found["MonitoringScheduleStatus"])
+
+    wait_until(lambda: status(first) == "Scheduled", "the schedule to be Scheduled", 10)
+    first.sm.stop_monitoring_schedule(MonitoringScheduleName=schedule)
+    assert status(first) == "Stopped"
+    assert first.stop() in (0, -15)  # uvicorn re-raises SIGTERM after a clean shutdown
+    second = gateway_factory(home=first.home, extra_env=ENV)
+    assert status(second) == "Stopped"
+    second.sm.start_monitoring_schedule(MonitoringScheduleName=schedule)
+    assert status(second) == "Scheduled"
+    listed = second.sm.list_monitoring_schedules(EndpointName=endpoint)
+    [summary] = listed["MonitoringScheduleSummaries"]
+    assert summary["MonitoringJobDefinitionName"] == definition
+    assert summary["MonitoringType"] == "DataQuality"
+    with pytest.raises(ClientError) as in_use:
+        second.sm.delete_data_quality_job_definition(JobDefinitionName=definition)
+    assert in_use.value.response["Error"]["Code"] == "ResourceInUse"
+
+    second.sm.delete_monitoring_schedule(MonitoringScheduleName=schedule)
+
+    with pytest.raises(ClientError) as gone:
+        second.sm.describe_monitoring_schedule(MonitoringScheduleName=schedule)
+    assert gone.value.response["Error"]["Code"] == "ResourceNotFound"
+    second.sm.delete_data_quality_job_definition(JobDefinitionName=definition)
+    assert (
+        second.sm.list_monitoring_executions(MonitoringScheduleName=schedule)[
+            "MonitoringExecutionSummaries"
+        ]
+        == []
+    )
