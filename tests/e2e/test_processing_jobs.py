@@ -245,3 +245,17 @@ def test_a_job_running_across_a_gateway_restart_completes_as_the_same_job(
     assert job["ProcessingJobStatus"] == "Completed", job.get("FailureReason")
     assert (out / "total.txt").read_text() == "10"
     assert log.read_text().count("Started the job") == 1
+
+
+def test_a_job_past_its_max_runtime_is_stopped(
+    gw: GatewayProcess, data_dir: Path, tmp_path: Path
+) -> None:
+    name, out = unique("proc"), tmp_path / "out"
+    request = processing_request(name, data_dir, out, "--sleep", "300")
+    request["StoppingCondition"] = {"MaxRuntimeInSeconds": 2}
+
+    gw.sm.create_processing_job(**request)
+
+    job = wait_final(gw.sm, name, timeout_s=30)
+    assert job["ProcessingJobStatus"] == "Stopped"
+    assert not out.exists()
