@@ -32,18 +32,29 @@ class Column:
 
     name: str
     values: list[Value] = field(default_factory=list)
+    _counts: tuple[int, int, int] | None = field(default=None, repr=False, compare=False)
+    """present, integers, numbers: counted once, after the last value added
+    (Dataset.add forgets them)."""
+
+    def _counted(self) -> tuple[int, int, int]:
+        if self._counts is None:
+            kinds = [type(v) for v in self.values]
+            integers = kinds.count(int)
+            numbers = integers + kinds.count(float)
+            self._counts = (len(kinds) - kinds.count(type(None)), integers, numbers)
+        return self._counts
 
     @property
     def present(self) -> int:
-        return sum(1 for v in self.values if v is not None)
+        return self._counted()[0]
 
     @property
     def integers(self) -> int:
-        return sum(1 for v in self.values if type(v) is int)
+        return self._counted()[1]
 
     @property
     def numbers(self) -> int:
-        return sum(1 for v in self.values if type(v) is int or type(v) is float)
+        return self._counted()[2]
 
     def floats(self) -> np.ndarray:
         """The present numbers, as one array."""
@@ -72,6 +83,7 @@ class Dataset:
                 known[name] = column
         for column in self.columns:
             column.values.append(row.get(column.name))
+            column._counts = None
         self.items += 1
 
 
@@ -202,6 +214,8 @@ def _body(part: dict[str, Any] | None) -> list[Any]:
         data = base64.b64decode(data).decode("utf-8", errors="replace")
     if encoding == "JSON" or kind.endswith("json"):
         return _json_rows(json.loads(data))
+    if '"' not in data:  # no quoting: the common case, split without the csv module
+        return [[cell(c) for c in line.split(",")] for line in data.splitlines() if line]
     return [[cell(c) for c in row] for row in csv.reader(io.StringIO(data)) if row]
 
 
