@@ -277,7 +277,8 @@ def stop_job_processes(home: Path) -> None:
     A PID counts only while its process is the one its file names (a PID may have been
     reused): a script runs in its attempt's folder, and a runner names that folder on its
     command line, as the gateway itself tells its runners (backends/local.py)."""
-    for pid_file in sorted(home.glob("jobs/*/attempt-*/*.pid")):
+    pid_files = [*home.glob("jobs/*/attempt-*/*.pid"), *home.glob("processing/*/attempt-*/*.pid")]
+    for pid_file in sorted(pid_files):
         folder = str(pid_file.parent)
         try:
             pid = int(pid_file.read_text().strip())

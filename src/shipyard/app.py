@@ -50,6 +50,8 @@ from shipyard.http.server import Take
 from shipyard.jobs import assembly as jobs_assembly
 from shipyard.logs.service import LogService
 from shipyard.metrics import Metrics
+from shipyard.monitoring import assembly as monitoring_assembly
+from shipyard.processing import assembly as processing_assembly
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.router import Router
 from shipyard.routing.session_closes import SessionCloses
@@ -176,6 +178,8 @@ class Gateway:
         self.consumer = asynchronous.consumer
         jobs = jobs_assembly.build(core, self.backend)
         self.jobs, self.supervisor = jobs.service, jobs.supervisor
+        processing = processing_assembly.build(core, self.backend)
+        self.processing, self.processing_supervisor = processing.service, processing.supervisor
         transforms = transform_assembly.build(
             core, self.provisioner, budget=self.service.check_budget
         )
@@ -198,6 +202,13 @@ class Gateway:
             backend=self.provisioner.backend,  # multi-container instances added up
         )
         self.scaling.alarms_naming = self._alarms_naming
+        monitoring = monitoring_assembly.build(
+            core,
+            processing=self.processing,
+            endpoints=self.service,
+            cloudwatch=self.cloudwatch.service,
+        )
+        self.monitoring, self.monitor_runs = monitoring.service, monitoring.runs
         self.console = self._console(settings, stack)
         self._on_startup = on_startup
         self._grpc: Any = None
@@ -275,8 +286,12 @@ class Gateway:
                 jobs=self.jobs,
                 transforms=self.transforms,
                 scaling=self.scaling,
-                log_service=LogService(jobs=self.jobs, logs_dir=settings.home / "logs"),
+                log_service=LogService(
+                    jobs=self.jobs, processing=self.processing, logs_dir=settings.home / "logs"
+                ),
                 cloudwatch_service=self.cloudwatch.service,
+                processing=self.processing,
+                monitoring_service=self.monitoring,
             ),
             arn=self.service.arn,
             alarm_arn=self.cloudwatch.service.alarm_arn,
@@ -335,6 +350,10 @@ class Gateway:
                 describe_job=self.jobs.describe,
                 newest_transforms=self.transforms.store.newest,
                 describe_transform=self.transforms.describe,
+                newest_processing=self.processing.store.newest,
+                describe_processing=self.processing.describe,
+                schedules=self.monitoring.list_schedules,
+                schedule=self.monitoring.schedule_view,
             ),
             events=EventLog(self.store.engine),
             components=self.components.components.list,
@@ -347,6 +366,7 @@ class Gateway:
             logs_dir=settings.home / "logs",
             auth=stack.auth is not None,
             region=settings.region,
+            processing_log_files=self.processing.log_files,
         )
 
     def __repr__(self) -> str:
@@ -372,6 +392,8 @@ class Gateway:
         self.loops.start("session-closes", self.session_closes.run)
         self.loops.start("event-dispatcher", self.dispatcher.run)
         self.loops.start("job-supervisor", self.supervisor.run)
+        self.loops.start("processing-supervisor", self.processing_supervisor.run)
+        self.loops.start("monitor-runs", self.monitor_runs.run)
         self.loops.start("async-consumer", self.consumer.run)
         self.loops.start("autoscaler", self.autoscaler.run)
         self.loops.start("transform-supervisor", self.transform_supervisor.run)

@@ -8,6 +8,7 @@
     │   │   └── OwnedElsewhere         400  a stack changing what another stack owns
     │   └── RepeatedHeader             400  a security-relevant header sent twice
     ├── ResourceInUse                  400  a name already taken, or a resource still used
+    ├── MonitoringNotFound             400  no such monitoring schedule or job definition
     ├── ResourceLimitExceeded          400  a quota hit
     ├── ObjectNotFound                 400  Application Auto Scaling: no such target or policy
     ├── LogResourceNotFound            400  CloudWatch Logs: no such log group or stream
@@ -180,6 +181,14 @@ class ResourceInUse(ShipyardError):
     """A name already taken, or a resource that something else still uses."""
 
     wire_type = "ResourceInUse"
+    status_code = 400
+
+
+class MonitoringNotFound(ShipyardError):
+    """A monitoring schedule or job definition that does not exist: SageMaker answers
+    these with its own ``ResourceNotFound`` code, not ValidationException."""
+
+    wire_type = "ResourceNotFound"
     status_code = 400
 
 

@@ -176,3 +176,40 @@ def test_a_key_scoped_by_resource_lists_only_the_jobs_and_events_it_reaches() ->
     shown = [s.event for s in state.recent_events(10, reaches)]
     assert [e.resource.rsplit("/", 1)[-1] for e in shown] == ["a-1", "f0"]
     assert len(state.recent_events(10)) == 4
+
+
+def test_a_schedules_page_lists_its_runs_and_their_violations_escaped() -> None:
+    schedule = SimpleNamespace(
+        name="s",
+        status="Scheduled",
+        failure_reason=None,
+        request={"MonitoringScheduleConfig": {"ScheduleConfig": {"ScheduleExpression": "NOW"}}},
+        next_tick=None,
+        created=NOW,
+    )
+    run = SimpleNamespace(
+        execution=SimpleNamespace(
+            scheduled=NOW,
+            status="CompletedWithViolations",
+            window_start=NOW,
+            window_end=NOW,
+            job_name="model-monitoring-1",
+            detail={"request": {"ProcessingJobName": "model-monitoring-1"}},
+            failure_reason=None,
+        ),
+        violations=[
+            {
+                "feature_name": "<b>income</b>",
+                "constraint_check_type": "baseline_drift_check",
+                "description": "Baseline drift distance: 0.5 exceeds threshold: 0.1",
+            }
+        ],
+    )
+    view = SimpleNamespace(schedule=schedule, endpoint="scores", runs=[run])
+
+    html = fragments.monitoring_schedule(view)
+
+    assert "&lt;b&gt;income&lt;/b&gt;" in html and "<b>income" not in html
+    assert "baseline_drift_check" in html
+    assert 'href="/console/processing-jobs/model-monitoring-1"' in html
+    assert 'href="/console/endpoints/scores"' in html

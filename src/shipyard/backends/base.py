@@ -186,6 +186,12 @@ class JobHandle:
     ref: str
 
 
+JOB_RUNNER = "shipyard.jobs.runner"
+"""The training job runner (``python -m``)."""
+PROCESSING_RUNNER = "shipyard.processing.runner"
+"""The processing job runner (``python -m``)."""
+
+
 class JobBackend(Protocol):
     """Starts, watches and signals job runners (``python -m shipyard.jobs.runner``).
 
@@ -195,12 +201,19 @@ class JobBackend(Protocol):
     """
 
     async def start_job(
-        self, workdir: Path, *, s3_endpoint_url: str | None, s3_access: bool = True
+        self,
+        workdir: Path,
+        *,
+        s3_endpoint_url: str | None,
+        s3_access: bool = True,
+        runner: str = JOB_RUNNER,
     ) -> JobHandle:
         """Start the runner of the job prepared in ``workdir`` (its ``job.json``).
 
         ``s3_access``: whether the job names ``s3://`` locations, and so gets S3
-        credentials."""
+        credentials. ``runner``: the module run, JOB_RUNNER or PROCESSING_RUNNER, which
+        sandboxes its own script (it shows it ``/opt/ml`` at that very path), so its
+        runner is started outside the sandbox, with ``auth.file_roots`` to enforce."""
         ...
 
     def attach_job(self, ref: str) -> JobHandle:

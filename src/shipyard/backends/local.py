@@ -52,6 +52,7 @@ import psutil
 from shipyard import autogroup, launch
 from shipyard.backends.base import (
     FRAMEWORK_IMAGES_ENV,
+    JOB_RUNNER,
     InstanceHandle,
     InstanceSpec,
     JobHandle,
@@ -614,15 +615,21 @@ class LocalBackend:
     # -- job runners ----------------------------------------------------------------------
 
     async def start_job(
-        self, workdir: Path, *, s3_endpoint_url: str | None, s3_access: bool = True
+        self,
+        workdir: Path,
+        *,
+        s3_endpoint_url: str | None,
+        s3_access: bool = True,
+        runner: str = JOB_RUNNER,
     ) -> JobHandle:
-        argv = [sys.executable, "-m", "shipyard.jobs.runner", str(workdir)]
+        argv = [sys.executable, "-m", runner, str(workdir)]
         env = process_environment(self._environ, home=workdir, s3=self._s3 if s3_access else None)
         if FRAMEWORK_IMAGES_ENV in self._environ:  # the runner decides as the gateway did
             env[FRAMEWORK_IMAGES_ENV] = self._environ[FRAMEWORK_IMAGES_ENV]
-        in_image = self._in_image(workdir)
-        if in_image:
-            assert self.containers is not None
+        # A processing runner sandboxes its script itself, as a training image's runs
+        # in its container: either way the runner is outside, holding file_roots.
+        in_image = runner != JOB_RUNNER or self._in_image(workdir)
+        if in_image and self.containers is not None:
             env.update(self.containers.engine.variables())  # the runner starts its container
         if s3_endpoint_url:
             argv += ["--s3-endpoint-url", s3_endpoint_url]

@@ -56,7 +56,14 @@ import ray
 import ray.exceptions
 import ray.util
 
-from shipyard.backends.base import InstanceHandle, InstanceSpec, JobHandle, Resources, runtime_for
+from shipyard.backends.base import (
+    JOB_RUNNER,
+    InstanceHandle,
+    InstanceSpec,
+    JobHandle,
+    Resources,
+    runtime_for,
+)
 from shipyard.backends.ray_actors import Command, InstanceActor, JobActor
 from shipyard.errors import BackendError
 from shipyard.instance_types import GIB, INSTANCE_TYPES
@@ -358,8 +365,15 @@ class RayBackend:
     # -- job runners ----------------------------------------------------------------------
 
     async def start_job(
-        self, workdir: Path, *, s3_endpoint_url: str | None, s3_access: bool = True
+        self,
+        workdir: Path,
+        *,
+        s3_endpoint_url: str | None,
+        s3_access: bool = True,
+        runner: str = JOB_RUNNER,
     ) -> JobHandle:
+        if runner != JOB_RUNNER:
+            raise BackendError("The ray backend runs training jobs only; use the local backend.")
         job_json = (workdir / JOB_FILE).read_text()
         spec = JobSpec.from_json(job_json)
         known = INSTANCE_TYPES.get(spec.resource.instance_type)

@@ -79,6 +79,8 @@ log = logging.getLogger(__name__)
 SANDBOX_UID = 65534
 """The uid and gid a sandboxed process has inside (``nobody``)."""
 MODEL_DIR = Path("/opt/ml/model")
+OPT_ML = Path("/opt/ml")
+"""Where a processing job's script finds its tree (``processing/runner.py``)."""
 """Where a sandboxed instance finds its model folder, as on SageMaker."""
 
 _SYSTEM_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -261,6 +263,7 @@ class Sandbox:
         writable: Iterable[Path] = (),
         granted: Iterable[tuple[int, str | Path]] = (),
         model: Path | None = None,
+        opt_ml: Path | None = None,
         die_with_parent: bool = True,
     ) -> list[str]:
         """The command that runs ``argv`` in a sandbox, in the folder ``chdir``.
@@ -272,6 +275,7 @@ class Sandbox:
         are skipped when missing. ``granted``: (descriptor from :meth:`grant`, path the
         process sees it at), read-write; pass the descriptors to the child
         (``pass_fds``). ``model``: a folder seen read-only at ``/opt/ml/model``.
+        ``opt_ml``: a folder seen read-write at ``/opt/ml`` (a processing job's tree).
         ``die_with_parent``: the sandbox is SIGKILLed when the process that started
         ``bwrap`` ends (an instance, which never outlives its gateway; not a job).
 
@@ -310,8 +314,31 @@ class Sandbox:
         )
         if model is not None:
             args += ["--ro-bind", str(model), str(MODEL_DIR)]
+        if opt_ml is not None:
+            args += ["--bind", str(opt_ml), str(OPT_ML)]
         args += ["--remount-ro", "/", "--chdir", str(chdir), "--", *argv]
         return args
+
+
+def with_opt_ml(bwrap: str, argv: Sequence[str], *, opt_ml: Path, chdir: Path) -> list[str]:
+    """The command that runs ``argv`` seeing the folder ``opt_ml`` at ``/opt/ml`` and the
+    rest of the host as the gateway's user does: a processing job's script without
+    ``auth:`` (with it, :meth:`Sandbox.wrap`'s ``opt_ml``).
+
+    A private mount namespace (bubblewrap, in a user namespace when the gateway is not
+    root): the host's root bound as it is, ``/opt`` replaced by a folder in memory holding
+    the host's own ``/opt`` entries again and ``opt_ml``, so nothing on the host is
+    changed. Its processes stay in bwrap's process group, and no process of the
+    namespace outlives a SIGKILL to it.
+    """
+    args = [bwrap, "--dev-bind", "/", "/", "--tmpfs", str(OPT_ML.parent)]
+    host_opt = OPT_ML.parent
+    if host_opt.is_dir():
+        for entry in sorted(host_opt.iterdir()):
+            if entry.name != OPT_ML.name:
+                args += ["--dev-bind", str(entry), str(entry)]
+    args += ["--bind", str(opt_ml), str(OPT_ML), "--chdir", str(chdir), "--", *argv]
+    return args
 
 
 def _binds(binds: Iterable[tuple[str, Path]]) -> list[str]:

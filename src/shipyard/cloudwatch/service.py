@@ -169,6 +169,14 @@ class CloudWatchService:
                 f"The value {namespace} for parameter Namespace is invalid: the AWS/ and "
                 "/aws/ namespaces are reserved for the gateway's own metrics."
             )
+        self._put(namespace, data, owner=owner)
+
+    def put_own_metric_data(self, namespace: str, data: Sequence[dict[str, Any]]) -> None:
+        """Record ``data`` in one of the gateway's own namespaces (Model Monitor's
+        ``aws/sagemaker/Endpoints/data-metrics``), as the operator's series."""
+        self._put(namespace, data, owner=None)
+
+    def _put(self, namespace: str, data: Sequence[dict[str, Any]], *, owner: str | None) -> None:
         now = self._clock()
         points: list[Point] = []
         for n, datum in enumerate(data, start=1):

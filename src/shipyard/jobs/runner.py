@@ -443,7 +443,7 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
 
 
-def _lock_pid_file(path: Path) -> IO[str]:
+def lock_pid_file(path: Path) -> IO[str]:
     """Write our PID to ``path`` and hold an exclusive ``flock`` on it while we live.
 
     The lock keeps a second runner out of the folder, and the kernel releases it however
@@ -499,7 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     workdir: Path = args.workdir.resolve()
     try:
-        pid_file = _lock_pid_file(workdir / RUNNER_PID_FILE)
+        pid_file = lock_pid_file(workdir / RUNNER_PID_FILE)
     except OSError as exc:
         log.error("Cannot run the job in %s: %s", workdir, exc)
         return 2

@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from shipyard.backends.base import JobBackend, JobHandle
+from shipyard.backends.base import JOB_RUNNER, JobBackend, JobHandle
 from shipyard.background import Wakeup
 from shipyard.errors import BackendError
 from shipyard.events.kinds import Announcer
@@ -56,7 +56,15 @@ _SPOT_RETRIES = 10
 
 
 class JobSupervisor:
-    """Starts, watches and stops job runners so they match the store."""
+    """Starts, watches and stops job runners so they match the store.
+
+    Processing jobs are supervised alike (processing/supervisor.py): another ``runner``
+    module, another ``prepare``."""
+
+    runner = JOB_RUNNER
+    """The module the backend runs for each attempt (``python -m``)."""
+    counted = True
+    """Whether its jobs are the training jobs the ``jobs`` metrics count."""
 
     def __init__(
         self,
@@ -105,8 +113,9 @@ class JobSupervisor:
 
     async def step(self) -> None:
         jobs = await asyncio.to_thread(self.store.list, active_only=True)
-        for status in ACTIVE_JOB_STATUSES:
-            self.metrics.jobs.labels(status.value).set(sum(j.status == status for j in jobs))
+        if self.counted:
+            for status in ACTIVE_JOB_STATUSES:
+                self.metrics.jobs.labels(status.value).set(sum(j.status == status for j in jobs))
         if self.claim is not None:
             held = await self.claim([j.name for j in jobs])
             jobs = [j for j in jobs if j.name in held]
@@ -152,16 +161,13 @@ class JobSupervisor:
             applied = 0
             shutil.rmtree(workdir, ignore_errors=True)
             workdir.mkdir(parents=True)
-            spec = self._spec(job)
-            (workdir / JOB_FILE).write_text(spec.to_json())
             try:
+                s3_access = self.prepare(job, workdir)
                 handle = await self.backend.start_job(
                     workdir,
                     s3_endpoint_url=self.s3_endpoint_url,
-                    # S3 credentials only for a job that reads or writes S3: its own
-                    # locations, or an s3:// its script is given (a hyperparameter, a
-                    # variable); not for an s3:// elsewhere in its request (a tag).
-                    s3_access=any(uri.startswith("s3://") for uri in _opened(spec)),
+                    s3_access=s3_access,
+                    runner=self.runner,
                 )
             except BackendError as exc:
                 await asyncio.to_thread(self._fail, job, str(exc))
@@ -241,16 +247,30 @@ class JobSupervisor:
             job.name,
             status=JobStatus.STOPPED,
             ended=at,
-            secondary=StatusTransition("Stopped", at, at, "Training job stopped"),
+            secondary=StatusTransition("Stopped", at, at, f"{self.store.noun} stopped"),
             event_for=self.announcer,
         )
         self._after_change(changed, job)
 
     def _after_change(self, job: Job, previous: Job) -> None:
         if job.status != previous.status and not job.active:
-            self.metrics.jobs_finished.labels(job.status.value).inc()
+            if self.counted:
+                self.metrics.jobs_finished.labels(job.status.value).inc()
             self._signalled.discard((job.name, previous.runner or ""))
         self._on_event()
+
+    def prepare(self, job: Job, workdir: Path) -> bool:
+        """Write what the runner reads into ``workdir`` (``job.json``); return whether
+        the job reads or writes S3, and so gets S3 credentials.
+
+        Raises:
+            BackendError: the job cannot be run as asked; the message says why."""
+        spec = self._spec(job)
+        (workdir / JOB_FILE).write_text(spec.to_json())
+        # S3 credentials only for a job that reads or writes S3: its own locations, or an
+        # s3:// its script is given (a hyperparameter, a variable); not for an s3://
+        # elsewhere in its request (a tag).
+        return any(uri.startswith("s3://") for uri in _opened(spec))
 
     def _spec(self, job: Job) -> JobSpec:
         request = job.request

@@ -5,6 +5,7 @@ API, so the gateway serves the part of it they use (actions/logs.py) over two gr
 
 - ``/aws/sagemaker/TrainingJobs``: one stream per job, ``<job>/algo-1-<created epoch>``,
   its attempts' ``job.log`` files one after the other;
+- ``/aws/sagemaker/ProcessingJobs``: likewise, one stream per processing job;
 - ``/aws/sagemaker/Endpoints/<endpoint>``: one stream per instance,
   ``<variant>/<instance id>``, its log file.
 
@@ -20,13 +21,16 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from shipyard.errors import LogResourceNotFound
 from shipyard.job_contract import open_untrusted, untrusted_size
 from shipyard.jobs.service import JobService
 from shipyard.provisioning.fleet import TRANSFORM_JOB_LOGS
+from shipyard.records import Job
 
 JOBS_GROUP = "/aws/sagemaker/TrainingJobs"
+PROCESSING_GROUP = "/aws/sagemaker/ProcessingJobs"
 ENDPOINTS_GROUP = "/aws/sagemaker/Endpoints/"
 
 MAX_EVENTS = 10_000
@@ -62,8 +66,11 @@ class LogEvent:
 class LogService:
     """The log groups and streams of this gateway's jobs and endpoint instances."""
 
-    def __init__(self, *, jobs: JobService, logs_dir: Path) -> None:
+    def __init__(
+        self, *, jobs: JobService, logs_dir: Path, processing: _Jobs | None = None
+    ) -> None:
         self.jobs = jobs
+        self.processing = processing
         self.logs_dir = logs_dir
         """Where instance logs are: ``<logs_dir>/<endpoint>/<instance id>.log`` (and a
         transform job's under TRANSFORM_JOB_LOGS, which is no endpoint's)."""
@@ -78,17 +85,15 @@ class LogService:
             if folder.is_dir()
             else []
         )
-        return [JOBS_GROUP, *(ENDPOINTS_GROUP + name for name in endpoints)]
+        jobs = [JOBS_GROUP] if self.processing is None else [JOBS_GROUP, PROCESSING_GROUP]
+        return [*jobs, *(ENDPOINTS_GROUP + name for name in endpoints)]
 
     def streams(self, group: str) -> list[LogStream]:
         """Every stream of ``group``, by name; LogResourceNotFound for an unknown group."""
         if group == JOBS_GROUP:
-            found = []
-            for job in self.jobs.list_jobs():
-                created_ms = int(job.created.timestamp() * 1000)
-                name = f"{job.name}/algo-1-{created_ms // 1000}"
-                found.append(LogStream(name, tuple(self.jobs.log_files(job.name)), created_ms))
-            return sorted(found, key=lambda s: s.name)
+            return _job_streams(self.jobs)
+        if group == PROCESSING_GROUP and self.processing is not None:
+            return _job_streams(self.processing)
         if group.startswith(ENDPOINTS_GROUP):
             endpoint = group.removeprefix(ENDPOINTS_GROUP)
             folder = self.logs_dir / endpoint
@@ -121,6 +126,20 @@ class LogService:
             taken += len(line)
             offset = line_offset + len(line)
         return events, offset
+
+
+class _Jobs(Protocol):
+    def list_jobs(self) -> list[Job]: ...
+    def log_files(self, name: str) -> list[Path]: ...
+
+
+def _job_streams(jobs: _Jobs) -> list[LogStream]:
+    found = []
+    for job in jobs.list_jobs():
+        created_ms = int(job.created.timestamp() * 1000)
+        name = f"{job.name}/algo-1-{created_ms // 1000}"
+        found.append(LogStream(name, tuple(jobs.log_files(job.name)), created_ms))
+    return sorted(found, key=lambda s: s.name)
 
 
 def _instance_stream(endpoint: str, path: Path) -> LogStream:

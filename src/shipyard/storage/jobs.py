@@ -14,7 +14,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, insert, select, text, update
+from sqlalchemy import Connection, Engine, Table, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from shipyard.errors import InvalidParameter, ResourceInUse, ResourceLimitExceeded, ResourceNotFound
@@ -45,10 +45,18 @@ def _utc(value: datetime | None) -> datetime | None:
 
 
 class JobStore:
-    """Jobs over the MetadataStore's engine; typed records in, typed records out."""
+    """Jobs over the MetadataStore's engine; typed records in, typed records out.
 
-    def __init__(self, engine: Engine) -> None:
+    ``table`` and ``noun``: training jobs (``jobs``) by default; processing jobs keep the
+    same record in a table of their own (``processing_jobs``), named in messages as
+    "Processing job"."""
+
+    def __init__(
+        self, engine: Engine, *, table: Table = t.jobs, noun: str = "Training job"
+    ) -> None:
         self.engine = engine
+        self.table = table
+        self.noun = noun
 
     def __repr__(self) -> str:
         return f"JobStore({self.engine.url.render_as_string(hide_password=True)!r})"
@@ -75,11 +83,11 @@ class JobStore:
                         f"Jobs, with current utilization of {active} Jobs and a request delta "
                         "of 1 Jobs."
                     )
-                conn.execute(insert(t.jobs).values(**_row(job)))
+                conn.execute(insert(self.table).values(**_row(job)))
                 _record(conn, event_for(job, None))
                 return limit - active - 1
         except IntegrityError as exc:
-            raise ResourceInUse(f'Training job "{job.name}" already exists.') from exc
+            raise ResourceInUse(f'{self.noun} "{job.name}" already exists.') from exc
 
     def get(self, name: str) -> Job:
         with self._tx() as conn:
@@ -91,17 +99,17 @@ class JobStore:
         For lists (the console): an ordered query with a limit and a grouped count, so
         the cost stays that of ``limit`` rows however many jobs the store holds.
         """
-        query = select(t.jobs).order_by(t.jobs.c.created.desc()).limit(limit)
-        counts = select(t.jobs.c.status, func.count()).group_by(t.jobs.c.status)
+        query = select(self.table).order_by(self.table.c.created.desc()).limit(limit)
+        counts = select(self.table.c.status, func.count()).group_by(self.table.c.status)
         with self._tx() as conn:
             jobs = [_job(r) for r in conn.execute(query).mappings().all()]
             by_status = {status: int(n) for status, n in conn.execute(counts).all()}
         return jobs, by_status
 
     def list(self, *, active_only: bool = False) -> list[Job]:
-        query = select(t.jobs)
+        query = select(self.table)
         if active_only:
-            query = query.where(t.jobs.c.status.in_([s.value for s in ACTIVE_JOB_STATUSES]))
+            query = query.where(self.table.c.status.in_([s.value for s in ACTIVE_JOB_STATUSES]))
         with self._tx() as conn:
             return [_job(r) for r in conn.execute(query).mappings().all()]
 
@@ -127,13 +135,14 @@ class JobStore:
             current = self._get(conn, name, lock=True)
             if expect is not None and current.status not in expect:
                 raise InvalidParameter(
-                    f"The request was rejected because the training job is in status "
+                    f"The request was rejected because the {self.noun.lower()} {name} is in "
+                    f"status "
                     f"{current.status}."
                 )
             new_status = changes.get("status", current.status)
             if new_status != current.status and new_status not in JOB_TRANSITIONS[current.status]:
                 raise InvalidParameter(
-                    f"Training job {name} cannot go from {current.status} to {new_status}."
+                    f"{self.noun} {name} cannot go from {current.status} to {new_status}."
                 )
             changed = replace(current, modified=now(), **changes)
             if secondary is not None:
@@ -142,18 +151,20 @@ class JobStore:
                     secondary_status=secondary.status,
                     transitions=_append(current.transitions, secondary),
                 )
-            conn.execute(update(t.jobs).where(t.jobs.c.name == name).values(**_row(changed)))
+            conn.execute(
+                update(self.table).where(self.table.c.name == name).values(**_row(changed))
+            )
             if event_for is not None:
                 _record(conn, event_for(changed, current))
             return changed
 
     def _count_active(self, conn: Connection) -> int:
         active = [s.value for s in ACTIVE_JOB_STATUSES]
-        query = select(func.count()).select_from(t.jobs).where(t.jobs.c.status.in_(active))
+        query = select(func.count()).select_from(self.table).where(self.table.c.status.in_(active))
         return int(conn.execute(query).scalar_one())
 
     def _get(self, conn: Connection, name: str, *, lock: bool = False) -> Job:
-        query = select(t.jobs).where(t.jobs.c.name == name)
+        query = select(self.table).where(self.table.c.name == name)
         if lock and conn.dialect.name == "postgresql":
             query = query.with_for_update()
         row = conn.execute(query).mappings().first()

@@ -105,6 +105,67 @@ jobs = Table(
     Column("applied_lines", Integer, nullable=False),
 )
 
+processing_jobs = Table(
+    "processing_jobs",
+    metadata,
+    Column("name", String(63), primary_key=True),
+    Column("arn", String(256), nullable=False),
+    Column("job_type", String(256)),
+    Column("status", String(32), nullable=False, index=True),
+    Column("secondary_status", String(32), nullable=False),
+    Column("failure_reason", Text),
+    Column("model_artifacts", Text),
+    Column("request", JSON, nullable=False),
+    Column("transitions", JSON, nullable=False),
+    Column("created", DateTime(timezone=True), nullable=False),
+    Column("modified", DateTime(timezone=True), nullable=False),
+    Column("started", DateTime(timezone=True)),
+    Column("ended", DateTime(timezone=True)),
+    Column("attempt", Integer, nullable=False),
+    Column("runner", String(1024)),
+    Column("applied_lines", Integer, nullable=False),
+)
+"""Processing jobs: the columns of ``jobs`` (JobStore serves both); ``model_artifacts``
+holds a processing job's ExitMessage."""
+
+monitoring_job_definitions = Table(
+    "monitoring_job_definitions",
+    metadata,
+    Column("name", String(63), primary_key=True),
+    Column("arn", String(256), nullable=False),
+    Column("request", JSON, nullable=False),
+    Column("created", DateTime(timezone=True), nullable=False),
+)
+
+monitoring_schedules = Table(
+    "monitoring_schedules",
+    metadata,
+    Column("name", String(63), primary_key=True),
+    Column("arn", String(256), nullable=False),
+    Column("request", JSON, nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("failure_reason", Text),
+    Column("created", DateTime(timezone=True), nullable=False),
+    Column("modified", DateTime(timezone=True), nullable=False),
+    Column("next_tick", DateTime(timezone=True)),
+)
+
+monitoring_executions = Table(
+    "monitoring_executions",
+    metadata,
+    Column("job_name", String(63), primary_key=True),
+    Column("schedule", String(63), nullable=False, index=True),
+    Column("scheduled", DateTime(timezone=True), nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("failure_reason", Text),
+    Column("window_start", DateTime(timezone=True), nullable=False),
+    Column("window_end", DateTime(timezone=True), nullable=False),
+    Column("created", DateTime(timezone=True), nullable=False),
+    Column("modified", DateTime(timezone=True), nullable=False),
+    Column("detail", JSON, nullable=False),
+    UniqueConstraint("schedule", "scheduled"),
+)
+
 events = Table(
     "events",
     metadata,
@@ -353,5 +414,15 @@ session_pins = Table(
 it expires or closes (storage/sessions.py), for every gateway of the store to route."""
 
 # Names are unique whatever their case, as SageMaker's are (migration 0016).
-for _table in (models, endpoint_configs, endpoints, inference_components, jobs, transform_jobs):
+for _table in (
+    models,
+    endpoint_configs,
+    endpoints,
+    inference_components,
+    jobs,
+    transform_jobs,
+    processing_jobs,
+    monitoring_job_definitions,
+    monitoring_schedules,
+):
     Index(f"ix_{_table.name}_name_lower", func.lower(_table.c.name), unique=True)

@@ -71,6 +71,10 @@ _NAMED = {
     "BaseInferenceComponentName": "inference-component",
     "TrainingJobName": "training-job",
     "TransformJobName": "transform-job",
+    "ProcessingJobName": "processing-job",
+    "MonitoringScheduleName": "monitoring-schedule",
+    "JobDefinitionName": "data-quality-job-definition",
+    "MonitoringJobDefinitionName": "data-quality-job-definition",
 }
 """Request members that name a resource, and the kind of ARN its name makes."""
 

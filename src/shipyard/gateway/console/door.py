@@ -41,6 +41,7 @@ from shipyard.gateway.edge.auth import admitted
 from shipyard.gateway.wire.errors import control_error_response
 from shipyard.job_contract import open_untrusted, untrusted_size
 from shipyard.provisioning.fleet import TRANSFORM_JOB_LOGS
+from shipyard.records import Job
 
 LOG_CHUNK_BYTES = 64 * 1024
 """Most log bytes one poll returns; a page opened on a long log starts at its tail."""
@@ -75,9 +76,12 @@ class ConsoleDoor:
         logs_dir: Path,
         auth: bool,
         region: str,
+        processing_log_files: Callable[[str], list[Path]] | None = None,
     ) -> None:
         self.state = state
         self.log_files = log_files
+        self.processing_log_files = processing_log_files
+        """A processing job's log files; None: the console shows no processing jobs."""
         self.logs_dir = logs_dir
         """Where instances log: ``<logs_dir>/<endpoint>/<id>.log``, and a transform job's
         under ``<logs_dir>/TRANSFORM_JOB_LOGS/<job>/``."""
@@ -103,6 +107,12 @@ class ConsoleDoor:
             Route("/jobs", self.jobs_view),
             Route("/jobs/{name}", one("training-job", self.job_view)),
             Route("/jobs/{name}/log", one("training-job", self.log_view)),
+            Route("/processing-jobs/{name}", one("processing-job", self.processing_view)),
+            Route("/processing-jobs/{name}/log", one("processing-job", self.processing_log_view)),
+            Route(
+                "/monitoring-schedules/{name}",
+                one("monitoring-schedule", self.schedule_view),
+            ),
             Route("/transform-jobs/{name}", one("transform-job", self.transform_view)),
             Route("/transform-jobs/{name}/logs", one("transform-job", self.transform_logs_view)),
             Route("/events", self.events_view),
@@ -114,6 +124,11 @@ class ConsoleDoor:
             Route("/console/jobs", page("Jobs", "Jobs", lambda _: pages.jobs())),
             Route("/console/jobs/{name}", page(None, "Jobs", pages.job)),
             Route("/console/transform-jobs/{name}", page(None, "Jobs", pages.transform_job)),
+            Route("/console/processing-jobs/{name}", page(None, "Jobs", pages.processing_job)),
+            Route(
+                "/console/monitoring-schedules/{name}",
+                page(None, "Jobs", pages.monitoring_schedule),
+            ),
             Route("/console/events", page("Events", "Events", lambda _: pages.events())),
             Route("/console/static/{file}", self.static),
             Mount("/console/api", routes=api),
@@ -204,7 +219,27 @@ class ConsoleDoor:
         reaches = _reaches(request)
         training = await run_in_threadpool(self.state.jobs, reaches)
         transforms = await run_in_threadpool(self.state.transforms, reaches)
-        return _fragment(fragments.jobs(training, transforms))
+        processing = await run_in_threadpool(self.state.processing, reaches)
+        schedules = await run_in_threadpool(self.state.schedules, reaches)
+        shown = processing if self.processing_log_files is not None else None
+        return _fragment(fragments.jobs(training, transforms, shown, schedules))
+
+    async def processing_view(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        try:
+            job = await run_in_threadpool(self.state.describe_processing, name)
+        except ShipyardError:
+            return _fragment(fragments.not_found(f'Could not find processing job "{name}".'), 404)
+        return _fragment(fragments.processing_job(job))
+
+    async def schedule_view(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        try:
+            view = await run_in_threadpool(self.state.schedule, name)
+        except ShipyardError:
+            message = f'Could not find monitoring schedule "{name}".'
+            return _fragment(fragments.not_found(message), 404)
+        return _fragment(fragments.monitoring_schedule(view))
 
     async def job_view(self, request: Request) -> Response:
         name = request.path_params["name"]
@@ -242,13 +277,26 @@ class ConsoleDoor:
 
         ``done`` tells the page to stop polling: the job has ended and nothing is left.
         """
+        return await self._job_log(request, self.state.describe_job, self.log_files, "training")
+
+    async def processing_log_view(self, request: Request) -> Response:
+        files = self.processing_log_files or (lambda name: [])
+        return await self._job_log(request, self.state.describe_processing, files, "processing")
+
+    async def _job_log(
+        self,
+        request: Request,
+        describe: Callable[[str], Job],
+        log_files: Callable[[str], list[Path]],
+        kind: str,
+    ) -> Response:
         name = request.path_params["name"]
         asked = request.query_params.get("offset", "tail")
         try:
-            job = await run_in_threadpool(self.state.describe_job, name)
-            files = self.log_files(name)
+            job = await run_in_threadpool(describe, name)
+            files = log_files(name)
         except ShipyardError:
-            return JSONResponse({"message": f"Could not find training job {name}."}, 404)
+            return JSONResponse({"message": f"Could not find {kind} job {name}."}, 404)
         offset = None if asked == "tail" else int(asked) if asked.isdigit() else 0
         text, next_offset = await run_in_threadpool(_read_log, files, offset, not job.active)
         done = not job.active and next_offset >= await run_in_threadpool(_total_size, files)

@@ -357,7 +357,68 @@ def _progress(job: TransformJob) -> str:
     )
 
 
-def jobs(training: Listing, transforms: Listing) -> str:
+def jobs(
+    training: Listing,
+    transforms: Listing,
+    processing: Listing | None = None,
+    schedules: Sequence[Any] = (),
+) -> str:
+    return (
+        _training(training)
+        + _processing(processing)
+        + _transforms(transforms)
+        + _schedules(schedules)
+    )
+
+
+def _processing(processing: Listing | None) -> str:
+    if processing is None:
+        return ""
+    return (
+        "<h2>Processing jobs</h2>"
+        + _more(processing, "processing jobs")
+        + table(
+            ("Processing job", "Status", "Created", "Duration", "Exit message"),
+            (
+                (
+                    _link("processing-jobs", j.name),
+                    badge(j.status.value),
+                    when(j.created),
+                    _duration(j.started, j.ended),
+                    esc(j.model_artifacts or "—"),
+                )
+                for j in processing.jobs
+            ),
+            empty="No processing jobs.",
+        )
+    )
+
+
+def _schedules(schedules: Sequence[Any]) -> str:
+    if not schedules:
+        return ""
+    return "<h2>Monitoring schedules</h2>" + table(
+        ("Schedule", "Status", "Expression", "Next run", "Created"),
+        (
+            (
+                _link("monitoring-schedules", s.name),
+                badge(s.status),
+                esc(_expression(s)),
+                when(s.next_tick),
+                when(s.created),
+            )
+            for s in schedules
+        ),
+        empty="No monitoring schedules.",
+    )
+
+
+def _expression(schedule: Any) -> str:
+    config = schedule.request.get("MonitoringScheduleConfig") or {}
+    return str((config.get("ScheduleConfig") or {}).get("ScheduleExpression", ""))
+
+
+def _training(training: Listing) -> str:
     return (
         "<h2>Training jobs</h2>"
         + _more(training, "jobs")
@@ -376,7 +437,12 @@ def jobs(training: Listing, transforms: Listing) -> str:
             ),
             empty="No training jobs.",
         )
-        + "<h2>Transform jobs</h2>"
+    )
+
+
+def _transforms(transforms: Listing) -> str:
+    return (
+        "<h2>Transform jobs</h2>"
         + _more(transforms, "transform jobs")
         + table(
             ("Transform job", "Model", "Status", "Progress", "Created"),
@@ -414,6 +480,68 @@ def job(j: Job) -> str:
         + "<h2>Progress</h2>"
         + transitions
     )
+
+
+def processing_job(j: Job) -> str:
+    app = j.request.get("AppSpecification") or {}
+    outputs = (j.request.get("ProcessingOutputConfig") or {}).get("Outputs") or []
+    where = ", ".join(str((o.get("S3Output") or {}).get("S3Uri", "")) for o in outputs)
+    return (
+        f'<p class="status">{badge(j.status.value)}</p>'
+        + _failure(j.failure_reason)
+        + f'<dl class="facts"><dt>Image</dt><dd>{esc(app.get("ImageUri", ""))}</dd>'
+        f"<dt>Exit message</dt><dd>{esc(j.model_artifacts or '—')}</dd>"
+        f"<dt>Schedule</dt><dd>{esc(j.job_type or '—')}</dd>"
+        f"<dt>Created</dt><dd>{when(j.created)}</dd><dt>Started</dt><dd>{when(j.started)}</dd>"
+        f"<dt>Ended</dt><dd>{when(j.ended)}</dd>"
+        f"<dt>Duration</dt><dd>{_duration(j.started, j.ended)}</dd>"
+        f"<dt>Outputs</dt><dd>{esc(where) or '—'}</dd></dl>"
+    )
+
+
+def monitoring_schedule(view: Any) -> str:
+    """A schedule (monitoring/service.py's ScheduleView): its facts, then its runs, each
+    with its violations."""
+    s = view.schedule
+    runs = table(
+        ("Scheduled", "Status", "Window", "Processing job", "Violations"),
+        (
+            (
+                when(r.execution.scheduled),
+                badge(r.execution.status),
+                f"{when(r.execution.window_start)} – {when(r.execution.window_end)}",
+                _link("processing-jobs", r.execution.job_name)
+                if r.execution.detail.get("request")
+                else "—",
+                _violations(r.violations, r.execution.failure_reason),
+            )
+            for r in view.runs
+        ),
+        empty="No runs yet.",
+    )
+    return (
+        f'<p class="status">{badge(s.status)}</p>'
+        + _failure(s.failure_reason)
+        + f'<dl class="facts"><dt>Endpoint</dt><dd>{_link("endpoints", view.endpoint)}</dd>'
+        f"<dt>Expression</dt><dd>{esc(_expression(s))}</dd>"
+        f"<dt>Next run</dt><dd>{when(s.next_tick)}</dd>"
+        f"<dt>Created</dt><dd>{when(s.created)}</dd></dl>" + "<h2>Runs</h2>" + runs
+    )
+
+
+def _violations(violations: list[dict[str, Any]] | None, failure: str | None) -> str:
+    if failure:
+        return esc(failure)
+    if violations is None:
+        return "—"
+    if not violations:
+        return "none"
+    items = "".join(
+        f"<li><strong>{esc(v.get('feature_name', ''))}</strong> "
+        f"{esc(v.get('constraint_check_type', ''))}: {esc(v.get('description', ''))}</li>"
+        for v in violations
+    )
+    return f"<ul>{items}</ul>"
 
 
 def transform_job(t: TransformJob) -> str:

@@ -121,5 +121,18 @@ def transform_job(name: str) -> str:
     )
 
 
+def processing_job(name: str) -> str:
+    base = f"/console/api/processing-jobs/{quote(name, safe='')}"
+    return view(base, every_ms=2000, label="Processing job") + (
+        f'<h2>Log</h2><pre class="log" data-log="{base}/log" data-every-ms="1000" '
+        f'aria-label="Log" tabindex="0"></pre>'
+    )
+
+
+def monitoring_schedule(name: str) -> str:
+    base = f"/console/api/monitoring-schedules/{quote(name, safe='')}"
+    return view(base, every_ms=5000, label="Monitoring schedule")
+
+
 def events() -> str:
     return view("/console/api/events", every_ms=LIST_EVERY_MS, label="Events")

@@ -201,6 +201,13 @@ class JobReads:
     describe_job: Callable[[str], Job]
     newest_transforms: Callable[[int], tuple[list[TransformJob], dict[str, int]]]
     describe_transform: Callable[[str], TransformJob]
+    newest_processing: Callable[[int], tuple[list[Job], dict[str, int]]] | None = None
+    """Processing jobs, as ``newest_jobs``; None: the console shows none."""
+    describe_processing: Callable[[str], Job] | None = None
+    schedules: Callable[[], list[Any]] | None = None
+    """Model Monitor's schedules (storage/monitoring.py's Schedule); None: none shown."""
+    schedule: Callable[[str], Any] | None = None
+    """A schedule's page: monitoring/service.py's ``schedule_view`` (raises when unknown)."""
 
 
 class ConsoleState:
@@ -284,6 +291,30 @@ class ConsoleState:
         if reaches is None:
             return _listing(*self._jobs.newest_transforms(MAX_LISTED))
         return _reached(self._jobs.newest_transforms(MAX_SCANNED)[0], reaches)
+
+    def processing(self, reaches: Reaches | None = None) -> Listing:
+        newest = self._jobs.newest_processing
+        if newest is None:
+            return Listing((), 0)
+        if reaches is None:
+            return _listing(*newest(MAX_LISTED))
+        return _reached(newest(MAX_SCANNED)[0], reaches)
+
+    def describe_processing(self, name: str) -> Job:
+        if self._jobs.describe_processing is None:
+            raise ShipyardError(f"No processing job {name}.")
+        return self._jobs.describe_processing(name)
+
+    def schedules(self, reaches: Reaches | None = None) -> list[Any]:
+        if self._jobs.schedules is None:
+            return []
+        found = self._jobs.schedules()
+        return found if reaches is None else [s for s in found if reaches(s.arn)]
+
+    def schedule(self, name: str) -> Any:
+        if self._jobs.schedule is None:
+            raise ShipyardError(f"No monitoring schedule {name}.")
+        return self._jobs.schedule(name)
 
     def recent_events(self, limit: int, reaches: Reaches | None = None) -> list[EventState]:
         """The ``limit`` newest events (about resources that ``reaches``)."""

@@ -38,6 +38,9 @@ as IAM writes them, ``*`` wildcards, case-insensitive):
                                             logs:GetLogEvents (instance logs)
     GET /console/api/jobs...                sagemaker:DescribeTrainingJob
     GET /console/api/transform-jobs/...     sagemaker:DescribeTransformJob
+    GET /console/api/processing-jobs/...    sagemaker:DescribeProcessingJob
+    GET /console/api/monitoring-schedules/...
+                                            sagemaker:DescribeMonitoringSchedule
     GET /console/api/events                 shipyard:GetEvents
 
 The console's pages and static files (``GET /console`` and below, but ``/console/api``)
@@ -656,6 +659,8 @@ def _console_action(path: str) -> str:
     return {
         "jobs": "sagemaker:DescribeTrainingJob",
         "transform-jobs": "sagemaker:DescribeTransformJob",
+        "processing-jobs": "sagemaker:DescribeProcessingJob",
+        "monitoring-schedules": "sagemaker:DescribeMonitoringSchedule",
         "events": "shipyard:GetEvents",
     }.get(kind, "shipyard:Unknown")
 

@@ -24,6 +24,8 @@ from shipyard.gateway.api.actions import (
     inference_components,
     logs,
     models,
+    monitoring,
+    processing_jobs,
     tags,
     training_jobs,
     transform_jobs,
@@ -40,6 +42,8 @@ from shipyard.gateway.wire.registry import (
 from shipyard.gateway.wire.validation import RequestValidator
 from shipyard.jobs.service import JobService
 from shipyard.logs.service import LogService
+from shipyard.monitoring.service import MonitoringService
+from shipyard.processing.service import ProcessingService
 from shipyard.transform.service import TransformService
 
 ACTIONS = {**models.ACTIONS, **endpoint_configs.ACTIONS, **endpoints.ACTIONS, **tags.ACTIONS}
@@ -48,11 +52,14 @@ ACTIONS = {**models.ACTIONS, **endpoint_configs.ACTIONS, **endpoints.ACTIONS, **
 JOB_ACTIONS = training_jobs.ACTIONS
 """SageMaker's training-job actions (JobService)."""
 
-LOCAL_URI_SHAPES = frozenset({"Url", "ContainerImage", "S3Uri", "DestinationS3Uri", "SnsTopicArn"})
+LOCAL_URI_SHAPES = frozenset(
+    {"Url", "ContainerImage", "S3Uri", "DestinationS3Uri", "MonitoringS3Uri", "SnsTopicArn"}
+)
 """Shapes whose AWS pattern allows only https/s3 URLs or registry images: shipyard also
 takes file:// and plain paths, and cmd: images (where ``auth:`` allows them, decided by
 host_access.py), so their patterns are not enforced; their lengths are.
-DestinationS3Uri likewise; SnsTopicArn also takes topic names and apprise URLs."""
+DestinationS3Uri and MonitoringS3Uri likewise; SnsTopicArn also takes topic names and
+apprise URLs."""
 
 
 def registry(
@@ -64,6 +71,8 @@ def registry(
     scaling: ScalingService,
     log_service: LogService,
     cloudwatch_service: CloudWatchService,
+    processing: ProcessingService,
+    monitoring_service: MonitoringService,
 ) -> ActionRegistry:
     """Every control-plane action, bound to the service it acts on; SageMaker's requests
     checked against botocore's model (but LOCAL_URI_SHAPES' patterns)."""
@@ -78,6 +87,8 @@ def registry(
         "scaling": scaling,
         "logs": log_service,
         "cloudwatch": cloudwatch_service,
+        "processing": processing,
+        "monitoring": monitoring_service,
     }
     actions = ActionRegistry()
     for service, family, runs_on in FAMILIES:
@@ -91,6 +102,8 @@ FAMILIES: tuple[tuple[Service, Mapping[str, Callable[[Any, Json], Json]], str], 
     (SAGEMAKER, inference_components.ACTIONS, "components"),
     (SAGEMAKER, JOB_ACTIONS, "jobs"),
     (SAGEMAKER, transform_jobs.ACTIONS, "transforms"),
+    (SAGEMAKER, processing_jobs.ACTIONS, "processing"),
+    (SAGEMAKER, monitoring.ACTIONS, "monitoring"),
     (SCALING, autoscaling.ACTIONS, "scaling"),
     (LOGS, logs.ACTIONS, "logs"),
     (CLOUDWATCH, cloudwatch.ACTIONS, "cloudwatch"),

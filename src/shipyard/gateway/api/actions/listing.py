@@ -114,13 +114,18 @@ J = TypeVar("J", bound=_Job)
 def page_jobs(jobs: Sequence[J], params: dict[str, Any], key: str) -> dict[str, Any]:
     """ListTrainingJobs / ListTransformJobs: filters, Name / CreationTime / Status order
     and NextToken over ``jobs``; ``key`` names the list (``TrainingJobSummaries``), whose
-    items are the chosen jobs (summarised by the caller). Training jobs are listed oldest
-    first unless asked otherwise, transform jobs newest first, as botocore documents."""
+    items are the chosen jobs (summarised by the caller). Training and processing jobs
+    are listed oldest first unless asked otherwise, transform jobs newest first, as
+    botocore documents."""
     chosen, next_token = page(
         jobs,
         params,
         kind=key,
-        default_order="Ascending" if key == "TrainingJobSummaries" else "Descending",
+        default_order=(
+            "Ascending"
+            if key in ("TrainingJobSummaries", "ProcessingJobSummaries")
+            else "Descending"
+        ),
         name=lambda j: j.name,
         created=lambda j: j.created,
         modified=lambda j: j.modified,
