@@ -32,7 +32,7 @@ from shipyard.gateway.api.actions import registry
 from shipyard.gateway.api.control import ControlDoor
 from shipyard.gateway.api.facade import JobsDoor
 from shipyard.gateway.api.stack_config import StackConfigDoor
-from shipyard.gateway.console import ConsoleDoor, ConsoleState, JobReads
+from shipyard.gateway.console import ConsoleDoor, ConsoleState, JobReads, ResourceReads
 from shipyard.gateway.doors.async_invocations import AsyncDoor
 from shipyard.gateway.doors.endpoint import EndpointAccess
 from shipyard.gateway.doors.oip.protocol import InferenceProtocol
@@ -343,6 +343,12 @@ class Gateway:
         )
         return ConsoleDoor(
             state=state,
+            resources=ResourceReads(
+                endpoints=self.service,
+                components=self.components.list,
+                cloudwatch=self.cloudwatch.service,
+                scaling=self.scaling,
+            ),
             log_files=self.jobs.log_files,
             logs_dir=settings.home / "logs",
             auth=stack.auth is not None,

@@ -2,7 +2,9 @@
 
 - pages.py: the pages, shells with no data (they load unsigned under ``auth:``);
 - fragments.py: the data as HTML, rendered on the server, escaped in one place;
-- state.py: the reads, from the store and from the gateway's memory;
+- state.py: the reads, from the store and from the gateway's memory, of endpoints, jobs
+  and events; resources.py: of models, configs, components, alarms and scaling policies;
+- listings.py: the fragments of the latter, escaped by fragments.py's one rule;
 - door.py: the routes, ``/console/...`` and ``/console/api/...``;
 - static/: console.js (polling, SigV4 signing, charts, log tail) and console.css.
 
@@ -10,6 +12,7 @@ No build step: the script and stylesheet are written by hand and served as they 
 """
 
 from shipyard.gateway.console.door import ConsoleDoor
+from shipyard.gateway.console.resources import ResourceReads
 from shipyard.gateway.console.state import ConsoleState, JobReads
 
-__all__ = ["ConsoleDoor", "ConsoleState", "JobReads"]
+__all__ = ["ConsoleDoor", "ConsoleState", "JobReads", "ResourceReads"]

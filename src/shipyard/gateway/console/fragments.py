@@ -70,7 +70,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, empty: str) 
     return f'<table class="cards"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def _link(kind: str, name: str) -> str:
+def link(kind: str, name: str) -> str:
     return f'<a href="/console/{kind}/{quote(name, safe="")}">{esc(name)}</a>'
 
 
@@ -100,8 +100,16 @@ def _variant_line(v: VariantRow, total_weight: float) -> str:
 
 def _variants_list(row: EndpointRow) -> str:
     total = sum(v.weight for v in row.variants if not v.shadow)
+    copies = "".join(
+        f'<li><b>{esc(c.name)}</b> <span class="counts">{c.current}/{c.desired}</span> '
+        f'<span class="muted">copies on {esc(c.variant)}</span></li>'
+        for c in row.components
+    )
     return (
-        '<ul class="variants">' + "".join(_variant_line(v, total) for v in row.variants) + "</ul>"
+        '<ul class="variants">'
+        + "".join(_variant_line(v, total) for v in row.variants)
+        + copies
+        + "</ul>"
     )
 
 
@@ -111,10 +119,10 @@ def overview(rows: Sequence[EndpointRow]) -> str:
         counts[r.status] = counts.get(r.status, 0) + 1
     summary = " · ".join(f"{n} {esc(status)}" for status, n in sorted(counts.items()))
     body = table(
-        ("Endpoint", "Status", "Variants (healthy/desired instances)", "Last modified"),
+        ("Endpoint", "Status", "Instances", "Last modified"),
         (
             (
-                _link("endpoints", r.name)
+                link("endpoints", r.name)
                 + (' <span class="badge plain">async</span>' if r.is_async else ""),
                 badge(r.status)
                 + (f'<p class="reason">{esc(r.failure_reason)}</p>' if r.failure_reason else ""),
@@ -123,8 +131,8 @@ def overview(rows: Sequence[EndpointRow]) -> str:
             )
             for r in sorted(rows, key=lambda r: r.name)
         ),
-        empty="No endpoints yet. Create one with boto3 (CreateModel, CreateEndpointConfig, "
-        "CreateEndpoint) or shipyard apply.",
+        empty="No endpoints yet. Create one from a model's page (Models), with boto3 "
+        "(CreateModel, CreateEndpointConfig, CreateEndpoint) or shipyard apply.",
     )
     return f'<p class="summary">{len(rows)} endpoints{" · " + summary if summary else ""}</p>{body}'
 
@@ -136,9 +144,13 @@ def endpoint(detail: EndpointDetail) -> str:
         if row.pending_config_name else ""
     )  # fmt: skip
     parts = [
-        f'<p class="status">{badge(row.status)}</p>',
+        f'<p class="status" role="status" aria-label="Status" data-status="{esc(row.status)}" '
+        f'data-variants="{esc(",".join(v.name for v in row.variants if not v.shadow))}" '
+        f'data-components="{esc(",".join(c.name for c in detail.components))}">'
+        f"{badge(row.status)}</p>",
         _failure(row.failure_reason),
-        f'<dl class="facts"><dt>Endpoint config</dt><dd>{esc(row.config_name)}</dd>{pending}'
+        f'<dl class="facts"><dt>Endpoint config</dt><dd>{link("endpoint-configs", row.config_name)}'
+        f"</dd>{pending}"
         f"<dt>Kind</dt><dd>{'asynchronous' if row.is_async else 'real-time'}</dd>"
         f"<dt>Last modified</dt><dd>{when(row.modified)}</dd></dl>",
         "<h2>Variants</h2>",
@@ -147,7 +159,7 @@ def endpoint(detail: EndpointDetail) -> str:
         _instances(detail),
     ]
     if detail.deployment and row.pending_config_name:
-        parts += ["<h2>Deployment</h2>", _deployment(detail.deployment, row.pending_config_name)]
+        parts.append(_deployment(detail.deployment, row.pending_config_name))
     if detail.alarms:
         parts += ["<h2>Alarms</h2>", _alarms(detail)]
     if detail.components or detail.hosts:
@@ -174,7 +186,17 @@ def _deployment(deployment: dict[str, Any], config: str) -> str:
     ]
     share = float(deployment.get("share", 0.0))
     stage = str(deployment.get("stage", "Creating"))
+    roll_back = (
+        f'<button type="button" data-rollback="{esc(alarms[0])}" '
+        'data-needs="cloudwatch:SetAlarmState">Roll back</button> <span class="muted">sets '
+        f"alarm {esc(alarms[0])} to ALARM: traffic returns to the old fleet, the new one "
+        "stops.</span>"
+        if alarms and stage != "RollingBack"
+        else ""
+    )
     return (
+        '<section class="deployment" role="region" aria-label="Deployment">'
+        "<h2>Deployment</h2>"
         f'<dl class="facts" data-deployment="{esc(stage)}">'
         f"<dt>To config</dt><dd>{esc(config)}</dd>"
         f"<dt>Policy</dt><dd>{esc(kind)}</dd>"
@@ -182,6 +204,7 @@ def _deployment(deployment: dict[str, Any], config: str) -> str:
         f'<dt>New fleet\'s traffic</dt><dd><meter min="0" max="1" value="{share:.3f}"></meter> '
         f"{share:.0%}</dd>"
         f"<dt>Rolls back on</dt><dd>{esc(', '.join(alarms)) or 'no alarm'}</dd></dl>"
+        f"{roll_back}</section>"
     )
 
 
@@ -365,7 +388,7 @@ def jobs(training: Listing, transforms: Listing) -> str:
             ("Job", "Type", "Status", "Secondary status", "Created", "Duration"),
             (
                 (
-                    _link("jobs", j.name),
+                    link("jobs", j.name),
                     esc(j.job_type or "—"),
                     badge(j.status.value),
                     esc(j.secondary_status),
@@ -382,7 +405,7 @@ def jobs(training: Listing, transforms: Listing) -> str:
             ("Transform job", "Model", "Status", "Progress", "Created"),
             (
                 (
-                    _link("transform-jobs", t.name),
+                    link("transform-jobs", t.name),
                     esc(t.request.get("ModelName", "")),
                     badge(t.status.value),
                     _progress(t),
@@ -444,12 +467,13 @@ def events(states: Sequence[EventState]) -> str:
         )
 
     return table(
-        ("Time", "Event", "Resource", "Message", "Notification"),
+        ("Time", "Event", "Resource", "Status", "Message", "Notification"),
         (
             (
                 when(s.event.time),
                 esc(s.event.detail_type),
                 _resource(s.event.detail, s.event.resource),
+                _new_status(s.event.detail),
                 esc(s.event.message),
                 delivery(s),
             )
@@ -457,6 +481,17 @@ def events(states: Sequence[EventState]) -> str:
         ),
         empty="No events yet.",
     )
+
+
+def _new_status(detail: dict[str, object]) -> str:
+    """The status a state change moved to, as the API spells it."""
+    for key, value in detail.items():
+        if key.endswith(("Status", "State", "Stage")) and isinstance(value, str):
+            return badge(value)
+    state = detail.get("state")
+    if isinstance(state, dict) and isinstance(state.get("value"), str):
+        return badge(state["value"])  # an alarm's (CloudWatch's event shape)
+    return '<span class="muted">—</span>'
 
 
 def instance_logs(tails: Sequence[tuple[str, str]]) -> str:
@@ -475,16 +510,21 @@ def _resource(detail: dict[str, object], arn: str) -> str:
     whose page shows it; else the ARN's last part."""
     component, endpoint = detail.get("InferenceComponentName"), detail.get("EndpointName")
     if isinstance(component, str) and isinstance(endpoint, str):
-        return f'{esc(component)} <span class="muted">on</span> {_link("endpoints", endpoint)}'
+        return (
+            f'{link("inference-components", component)} <span class="muted">on</span> '
+            f"{link('endpoints', endpoint)}"
+        )
     kinds = (
         ("EndpointName", "endpoints"),
         ("TrainingJobName", "jobs"),
         ("TransformJobName", "transform-jobs"),
+        ("alarmName", "alarms"),
+        ("ModelName", "models"),
     )
     for key, kind in kinds:
         name = detail.get(key)
         if isinstance(name, str):
-            return _link(kind, name)
+            return link(kind, name)
     return esc(arn.rsplit("/", 1)[-1])
 
 

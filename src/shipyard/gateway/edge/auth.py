@@ -39,6 +39,12 @@ as IAM writes them, ``*`` wildcards, case-insensitive):
     GET /console/api/jobs...                sagemaker:DescribeTrainingJob
     GET /console/api/transform-jobs/...     sagemaker:DescribeTransformJob
     GET /console/api/events                 shipyard:GetEvents
+    GET /console/api/models...              sagemaker:DescribeModel
+    GET /console/api/endpoint-configs...    sagemaker:DescribeEndpointConfig
+    GET /console/api/inference-components...
+                                            sagemaker:DescribeInferenceComponent
+    GET /console/api/alarms...              cloudwatch:DescribeAlarms
+    GET /console/api/whoami                 shipyard:GetCallerPermissions (any valid key)
 
 The console's pages and static files (``GET /console`` and below, but ``/console/api``)
 need no signature: a browser cannot sign a navigation, so they hold no data, and the
@@ -565,9 +571,17 @@ def _denied(caller: Caller, action: str, account_id: str, arn: str | None = None
     )
 
 
+ANY_KEY = "shipyard:GetCallerPermissions"
+"""The one action every valid key may call: what the key itself may call and reach
+(the console reads it to disable what the key may not use; it tells a key nothing of
+another one)."""
+
+
 def authorize(caller: Caller, action: str, *, account_id: str, arn: str | None = None) -> None:
     """Raise AccessDenied unless ``caller``'s key may call ``action`` (on ``arn``, when
     given: the one place both an action and a resource are decided)."""
+    if action == ANY_KEY and arn is None:
+        return
     if not caller.may(action) or (arn is not None and not caller.reaches(arn)):
         raise _denied(caller, action, account_id, arn)
 
@@ -657,6 +671,11 @@ def _console_action(path: str) -> str:
         "jobs": "sagemaker:DescribeTrainingJob",
         "transform-jobs": "sagemaker:DescribeTransformJob",
         "events": "shipyard:GetEvents",
+        "models": "sagemaker:DescribeModel",
+        "endpoint-configs": "sagemaker:DescribeEndpointConfig",
+        "inference-components": "sagemaker:DescribeInferenceComponent",
+        "alarms": "cloudwatch:DescribeAlarms",
+        "whoami": ANY_KEY,
     }.get(kind, "shipyard:Unknown")
 
 
