@@ -136,4 +136,12 @@ def test_an_endpoint_of_components_shows_them_their_copies_placement_and_session
     assert "0, 1" in text  # 1.5 cores each: one copy per 2-core instance
     view = tab.page.locator("section[data-view]").first.inner_text()
     assert "Variant AllTraffic: 2 instances." in view and "Open sessions: 1." in view
+    # The list counts the component's copies, and its variant's instances, as served.
+    tab.page.goto(f"{gw.url}/console")
+    listed = tab.page.locator("section[data-view] tr", has_text="shared")
+    listed.filter(has_text="echoes").wait_for()
+    assert "2/2" in listed.locator("li", has_text="echoes").inner_text()
+    assert "2/2" in listed.locator("li", has_text="ml.m5.large").inner_text()
+    tab.page.goto(f"{gw.url}/console/inference-components/echoes")
+    tab.page.locator('[data-copies="2"]').wait_for()
     assert tab.errors == []

@@ -108,6 +108,7 @@ class ConsoleDoor:
             Route("/endpoints/{name}", one("endpoint", self.endpoint_view)),
             Route("/endpoints/{name}/metrics", one("endpoint", self.metrics_view)),
             Route("/endpoints/{name}/logs", one("endpoint", self.endpoint_logs_view)),
+            Route("/endpoints/{name}/history", one("endpoint", self.endpoint_history_view)),
             Route("/models", self.models_view),
             Route("/models/{name}", one("model", self.model_view)),
             Route("/endpoint-configs", self.configs_view),
@@ -235,21 +236,26 @@ class ConsoleDoor:
             else []
         )
         alarms = await run_in_threadpool(self.state.alarms_of, name)
-        policies = await run_in_threadpool(self.resources.policies_of, name)
-        steps = await run_in_threadpool(self._deployments, name)
         detail = replace(self.state.detail(endpoint, config, components), alarms=alarms)
+        return _fragment(fragments.endpoint(detail))
+
+    async def endpoint_history_view(self, request: Request) -> Response:
+        """An endpoint's scaling policies and deployment history: read less often than
+        its state (pages.py)."""
+        name = request.path_params["name"]
+        policies = await run_in_threadpool(self.resources.policies_of, name)
+        steps = await run_in_threadpool(
+            self.state.events.recent_about,
+            self.state.arn("endpoint", name),
+            (DEPLOYMENT, DEPLOYMENT_STEP),
+            DEPLOYMENTS_SHOWN,
+        )
         return _fragment(
-            fragments.endpoint(detail)
-            + "<h2>Scaling policies</h2>"
+            "<h2>Scaling policies</h2>"
             + listings.policies(policies)
             + "<h2>Deployment history</h2>"
             + fragments.events(steps)
         )
-
-    def _deployments(self, name: str) -> list[Any]:
-        kinds = (DEPLOYMENT, DEPLOYMENT_STEP)
-        found = self.state.recent_events(EVENTS_SHOWN, None, name)
-        return [s for s in found if s.event.detail_type in kinds][:DEPLOYMENTS_SHOWN]
 
     async def models_view(self, request: Request) -> Response:
         found = await run_in_threadpool(

@@ -258,6 +258,7 @@ def endpoint(name: str) -> str:
         f'aria-label="Charts">{charts}</section>'
         + _TRY_IT
         + view(base, every_ms=2000, label="Endpoint")
+        + view(f"{base}/history", every_ms=LIST_EVERY_MS, label="History")
         + "<h2>Instance logs</h2>"
         + view(f"{base}/logs", every_ms=3000, label="Instance logs")
     )
