@@ -58,6 +58,7 @@ from shipyard.routing.shadow import ShadowCopier
 from shipyard.settings import Settings
 from shipyard.stack_config import StackConfig
 from shipyard.stackfile import JobsConfig, StackFile
+from shipyard.storage.async_queue import AsyncQueue
 from shipyard.storage.events import EventLog
 from shipyard.storage.filesystems import Filesystems
 from shipyard.storage.metadata import MetadataStore
@@ -124,6 +125,7 @@ class Gateway:
             tagging=Tagging(store=TagStore(self.store.engine)),
             on_event=self.dispatcher.wake,
         )
+        self.objects = core.objects
         self.router = Router(
             timeout_s=settings.invocation_timeout_s,
             max_response_bytes=settings.max_response_bytes,
@@ -348,6 +350,8 @@ class Gateway:
                 components=self.components.list,
                 cloudwatch=self.cloudwatch.service,
                 scaling=self.scaling,
+                queue=AsyncQueue(self.store.engine),
+                objects=self.objects,
             ),
             log_files=self.jobs.log_files,
             logs_dir=settings.home / "logs",

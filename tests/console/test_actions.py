@@ -8,6 +8,7 @@ variant is added by an update so that traffic can be shifted between two.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ ROLE = "arn:aws:iam::123456789012:role/x"
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     home = tmp_path_factory.mktemp("console-actions")
-    gw = start_gateway(home / "home")
+    gw = start_gateway(home / "home", extra_env={"SHIPYARD_CAPTURE_FLUSH_INTERVAL_S": "0.2"})
     try:
         url = make_tarball("sum", home / "models" / "sum.tar.gz").as_uri()
         for name in ("adder", "adder-two"):
@@ -39,24 +40,25 @@ def _status(gw: GatewayProcess, name: str) -> str:
     return str(gw.sm.describe_endpoint(EndpointName=name)["EndpointStatus"])
 
 
-def _create_from_model(tab: Tab, name: str) -> None:
+def _create_from_model(tab: Tab, name: str, capture: str = "") -> None:
     page = tab.page
     page.get_by_role("button", name="Create endpoint").click()
     page.get_by_label("Endpoint name").fill(name)
     page.get_by_label("Instance type").fill("ml.m5.large")
     page.get_by_label("Instances", exact=True).fill("1")
+    page.get_by_label("Capture to").fill(capture)
     page.get_by_role("button", name="Create", exact=True).click()
     page.wait_for_url(f"**/console/endpoints/{name}")
 
 
 def test_a_newcomer_deploys_invokes_shifts_traffic_and_deletes_from_the_console(
-    gw: GatewayProcess, open_tab: Callable[..., Tab]
+    gw: GatewayProcess, open_tab: Callable[..., Tab], tmp_path: Path
 ) -> None:
     tab = open_tab(gw.url + "/console/models")
     page = tab.page
     page.get_by_role("link", name="adder", exact=True).click()
     page.wait_for_url("**/console/models/adder")
-    _create_from_model(tab, "first")
+    _create_from_model(tab, "first", capture=(tmp_path / "captured").as_uri())
     status = page.get_by_role("status", name="Status")
     status.filter(has_text="InService").wait_for(timeout=60_000)
 
@@ -71,6 +73,10 @@ def test_a_newcomer_deploys_invokes_shifts_traffic_and_deletes_from_the_console(
     assert response.locator("[data-variant='AllTraffic']").count() == 1
     assert "ms" in response.inner_text()
     tab.screenshot("try-it.png")
+    # What was captured of it, readable: input and output as text.
+    captured = page.get_by_role("region", name="Captured data")
+    captured.locator("tr", has_text="[[1, 2], [3, 4]]").wait_for()
+    assert "AllTraffic" in captured.inner_text()
 
     # A second variant, by an update to a config of two (created as a client would).
     gw.sm.create_endpoint_config(

@@ -86,6 +86,9 @@ def test_an_async_endpoint_shows_its_backlog(
     backlog.wait_for()
     tab.page.wait_for_selector('[data-backlog="0"]')  # all three answered
     assert "asynchronous" in tab.page.locator("dl.facts").first.inner_text()
+    requests = tab.page.get_by_role("region", name="Asynchronous requests")
+    requests.locator("tbody tr", has_text="Completed").nth(2).wait_for()
+    assert out.as_uri() in requests.inner_text()
     assert tab.errors == []
 
 

@@ -109,6 +109,8 @@ class ConsoleDoor:
             Route("/endpoints/{name}/metrics", one("endpoint", self.metrics_view)),
             Route("/endpoints/{name}/logs", one("endpoint", self.endpoint_logs_view)),
             Route("/endpoints/{name}/history", one("endpoint", self.endpoint_history_view)),
+            Route("/endpoints/{name}/requests", one("endpoint", self.requests_view)),
+            Route("/endpoints/{name}/captured", one("endpoint", self.captured_view)),
             Route("/models", self.models_view),
             Route("/models/{name}", one("model", self.model_view)),
             Route("/endpoint-configs", self.configs_view),
@@ -256,6 +258,14 @@ class ConsoleDoor:
             + "<h2>Deployment history</h2>"
             + fragments.events(steps)
         )
+
+    async def requests_view(self, request: Request) -> Response:
+        found = await run_in_threadpool(self.resources.requests, request.path_params["name"])
+        return _fragment(listings.requests(found))
+
+    async def captured_view(self, request: Request) -> Response:
+        capture = await run_in_threadpool(self.resources.captured, request.path_params["name"])
+        return _fragment(listings.captured(capture))
 
     async def models_view(self, request: Request) -> Response:
         found = await run_in_threadpool(

@@ -12,10 +12,12 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from shipyard.gateway.console.captured import Body, Capture
 from shipyard.gateway.console.fragments import badge, esc, link, table, when
 from shipyard.gateway.console.resources import PAGE_SIZE, AlarmDetail, ModelDetail, Page, shown_name
 from shipyard.gateway.console.state import ComponentRow
 from shipyard.records import (
+    AsyncRequest,
     EndpointConfig,
     InferenceComponent,
     Model,
@@ -294,4 +296,58 @@ def policies(found: Sequence[ScalingPolicy]) -> str:
         ("Policy", "Scales", "Type", "Target"),
         ((esc(p.name), esc(p.resource_id), esc(p.policy_type), target(p)) for p in found),
         empty="No scaling policies.",
+    )
+
+
+def requests(found: Sequence[AsyncRequest] | None) -> str:
+    """An asynchronous endpoint's newest requests: where each stands, and where its
+    output (or failure) went."""
+    if found is None:
+        return ""  # a real-time endpoint: no queue
+
+    def went(r: AsyncRequest) -> str:
+        if r.status.value == "Failed":
+            reason = f'<p class="reason">{esc(r.failure_reason)}</p>' if r.failure_reason else ""
+            return f"{esc(r.failure_location)}{reason}"
+        return esc(r.output_location)
+
+    return "<h2>Asynchronous requests</h2>" + table(
+        ("Inference id", "Status", "Received", "Finished", "Attempts", "Output or failure"),
+        (
+            (
+                esc(r.inference_id),
+                badge(r.status.value),
+                when(r.received),
+                when(r.finished),
+                str(r.attempts),
+                went(r),
+            )
+            for r in found
+        ),
+        empty="No requests yet.",
+    )
+
+
+def _shown(body: Body | None) -> str:
+    if body is None:
+        return '<span class="muted">—</span>'
+    kind = f'<span class="muted">{esc(body.content_type)}, {body.size} bytes</span>'
+    if body.text is None:
+        return kind + ' <span class="muted">(binary)</span>'
+    return f'<pre class="answer">{esc(body.text)}</pre>{kind}'
+
+
+def captured(capture: Capture | None) -> str:
+    if capture is None:
+        return ""  # capture is off
+    where = f'<h2>Captured data</h2><p class="summary">Captured to {esc(capture.destination)}</p>'
+    if capture.problem:
+        return where + f'<p class="problem">{esc(capture.problem)}</p>'
+    return where + table(
+        ("Time", "Variant", "Inference id", "Input", "Output"),
+        (
+            (esc(r.time), esc(r.variant), esc(r.inference_id), _shown(r.input), _shown(r.output))
+            for r in capture.records
+        ),
+        empty="Nothing captured yet.",
     )

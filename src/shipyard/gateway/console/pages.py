@@ -20,6 +20,9 @@ LIST_EVERY_MS = 5000
 endpoints or of the newest jobs costs the gateway about 10 ms of CPU, which its data
 path shares; an endpoint's own page (about 1 ms a read) is read every 2 s."""
 
+CAPTURE_EVERY_MS = 10_000
+"""Captured data is read from files (a listing and a few reads): less often."""
+
 _NAV = (
     ("Endpoints", "/console"),
     ("Models", "/console/models"),
@@ -259,6 +262,8 @@ def endpoint(name: str) -> str:
         + _TRY_IT
         + view(base, every_ms=2000, label="Endpoint")
         + view(f"{base}/history", every_ms=LIST_EVERY_MS, label="History")
+        + view(f"{base}/requests", every_ms=LIST_EVERY_MS, label="Asynchronous requests")
+        + view(f"{base}/captured", every_ms=CAPTURE_EVERY_MS, label="Captured data")
         + "<h2>Instance logs</h2>"
         + view(f"{base}/logs", every_ms=3000, label="Instance logs")
     )

@@ -18,15 +18,27 @@ from typing import Any, Generic, TypeVar
 from shipyard.autoscaling.scaling import ScalingService
 from shipyard.cloudwatch.service import CloudWatchService
 from shipyard.control.endpoints import EndpointService
-from shipyard.errors import ResourceNotFound
-from shipyard.records import EndpointConfig, InferenceComponent, Model, ScalingPolicy
+from shipyard.errors import ResourceNotFound, ShipyardError
+from shipyard.gateway.console.captured import Capture, last_records
+from shipyard.records import (
+    AsyncRequest,
+    EndpointConfig,
+    InferenceComponent,
+    Model,
+    ScalingPolicy,
+)
+from shipyard.storage.async_queue import AsyncQueue
 from shipyard.storage.metrics import Alarm, HistoryItem
+from shipyard.storage.objects import ObjectStore
 
 PAGE_SIZE = 50
 """Rows a list shows at once, as ``MaxResults`` would; the next page is a link away."""
 
 ALARM_HISTORY = 50
 """State changes an alarm's page shows, newest first."""
+
+REQUESTS_SHOWN = 50
+"""An asynchronous endpoint's newest requests shown."""
 
 Reaches = Callable[[str], bool]
 
@@ -108,11 +120,15 @@ class ResourceReads:
         components: Callable[[], list[InferenceComponent]],
         cloudwatch: CloudWatchService | None,
         scaling: ScalingService | None,
+        queue: AsyncQueue | None = None,
+        objects: ObjectStore | None = None,
     ) -> None:
         self.endpoints = endpoints
         self._components = components
         self.cloudwatch = cloudwatch
         self.scaling = scaling
+        self.queue = queue
+        self.objects = objects
 
     def __repr__(self) -> str:
         return "ResourceReads()"
@@ -191,6 +207,29 @@ class ResourceReads:
             for p in self.scaling.describe_policies(None, None)
             if p.resource_id.startswith(f"endpoint/{endpoint}/")
         )
+
+    def requests(self, endpoint: str) -> tuple[AsyncRequest, ...] | None:
+        """An asynchronous endpoint's newest requests; None for a real-time one."""
+        config = self._config_of(endpoint)
+        if config is None or config.async_config is None or self.queue is None:
+            return None
+        return tuple(self.queue.recent(endpoint, REQUESTS_SHOWN))
+
+    def captured(self, endpoint: str) -> Capture | None:
+        """The last records the endpoint's capture wrote; None when it captures nothing."""
+        config = self._config_of(endpoint)
+        capture = (config.raw.get("DataCaptureConfig") or {}) if config is not None else {}
+        destination = capture.get("DestinationS3Uri")
+        if not destination or capture.get("EnableCapture") is False or self.objects is None:
+            return None
+        return last_records(self.objects, str(destination), endpoint)
+
+    def _config_of(self, endpoint: str) -> EndpointConfig | None:
+        store = self.endpoints.store
+        try:
+            return store.get_endpoint_config(store.get_endpoint(endpoint).config_name)
+        except ShipyardError:
+            return None
 
 
 def shown_name(config: EndpointConfig) -> str:

@@ -36,6 +36,8 @@ as IAM writes them, ``*`` wildcards, case-insensitive):
                                             shipyard:GetMetrics
     GET /console/api/endpoints/{name}/logs, /console/api/transform-jobs/{name}/logs
                                             logs:GetLogEvents (instance logs)
+    GET /console/api/endpoints/{name}/captured
+                                            shipyard:GetCapturedData (captured bodies)
     GET /console/api/jobs...                sagemaker:DescribeTrainingJob
     GET /console/api/transform-jobs/...     sagemaker:DescribeTransformJob
     GET /console/api/events                 shipyard:GetEvents
@@ -665,6 +667,8 @@ def _console_action(path: str) -> str:
     kind, view = parts[0], parts[2] if len(parts) == 3 else None
     if kind in ("endpoints", "transform-jobs") and view == "logs":
         return "logs:GetLogEvents"
+    if kind == "endpoints" and view == "captured":
+        return "shipyard:GetCapturedData"  # the invocations' bodies: more than a Describe
     if kind == "endpoints":
         return "shipyard:GetMetrics" if view == "metrics" else "sagemaker:DescribeEndpoint"
     return {
