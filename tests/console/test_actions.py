@@ -190,8 +190,12 @@ def test_every_kind_of_resource_has_a_list_and_a_page(
     page.goto(gw.url + "/console/inference-components")
     page.locator("section[data-view][data-loaded]").wait_for()
     tab.page.set_viewport_size(PHONE)
-    width = page.evaluate("document.documentElement.scrollWidth")
-    assert width <= PHONE["width"]
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    page.goto(gw.url + "/console/models/adder")
+    page.get_by_role("button", name="Create endpoint").click()
+    page.get_by_role("region", name="Create endpoint").get_by_label("Endpoint name").wait_for()
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    tab.screenshot("phone-create-endpoint.png")
     assert tab.errors == []
 
 

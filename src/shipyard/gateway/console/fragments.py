@@ -146,7 +146,8 @@ def endpoint(detail: EndpointDetail) -> str:
     parts = [
         f'<p class="status" role="status" aria-label="Status" data-status="{esc(row.status)}" '
         f'data-variants="{esc(",".join(v.name for v in row.variants if not v.shadow))}" '
-        f'data-components="{esc(",".join(c.name for c in detail.components))}">'
+        f'data-components="{esc(",".join(c.name for c in detail.components))}" '
+        f'data-async="{int(row.is_async)}" data-captures="{int(row.captures)}">'
         f"{badge(row.status)}</p>",
         _failure(row.failure_reason),
         f'<dl class="facts"><dt>Endpoint config</dt><dd>{link("endpoint-configs", row.config_name)}'

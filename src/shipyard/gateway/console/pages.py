@@ -22,6 +22,9 @@ path shares; an endpoint's own page (about 1 ms a read) is read every 2 s."""
 
 CAPTURE_EVERY_MS = 10_000
 """Captured data is read from files (a listing and a few reads): less often."""
+HISTORY_EVERY_MS = 10_000
+"""An endpoint's scaling policies and deployment history (two small queries); a
+deployment's live steps are in the endpoint's own view, read every 2 s."""
 
 _NAV = (
     ("Endpoints", "/console"),
@@ -79,11 +82,14 @@ def shell(*, title: str, active: str, body: str, auth: bool, region: str) -> str
 """
 
 
-def view(path: str, *, every_ms: int, label: str) -> str:
-    """An empty region that console.js fills from ``path`` and refreshes."""
+def view(path: str, *, every_ms: int, label: str, when: str = "") -> str:
+    """An empty region that console.js fills from ``path`` and refreshes; with ``when``,
+    hidden and not read until the endpoint's view says it applies (``data-<when>="1"``:
+    an endpoint's queue, its captured data), so an endpoint without them costs nothing."""
+    condition = f' data-when="{escape(when)}" hidden' if when else ""
     return (
         f'<section class="view" data-view="{escape(path)}" data-every-ms="{every_ms}" '
-        f'aria-label="{escape(label)}"><p class="muted">Loading…</p></section>'
+        f'aria-label="{escape(label)}"{condition}><p class="muted">Loading…</p></section>'
     )
 
 
@@ -257,13 +263,17 @@ def endpoint(name: str) -> str:
     return (
         actions
         + panels
+        + view(base, every_ms=2000, label="Endpoint")
+        + _TRY_IT
         + f'<section class="charts" data-metrics="{base}/metrics" data-every-ms="2000" '
         f'aria-label="Charts">{charts}</section>'
-        + _TRY_IT
-        + view(base, every_ms=2000, label="Endpoint")
-        + view(f"{base}/history", every_ms=LIST_EVERY_MS, label="History")
-        + view(f"{base}/requests", every_ms=LIST_EVERY_MS, label="Asynchronous requests")
-        + view(f"{base}/captured", every_ms=CAPTURE_EVERY_MS, label="Captured data")
+        + view(f"{base}/history", every_ms=HISTORY_EVERY_MS, label="History")
+        + view(
+            f"{base}/requests", every_ms=LIST_EVERY_MS, label="Asynchronous requests", when="async"
+        )
+        + view(
+            f"{base}/captured", every_ms=CAPTURE_EVERY_MS, label="Captured data", when="captures"
+        )
         + "<h2>Instance logs</h2>"
         + view(f"{base}/logs", every_ms=3000, label="Instance logs")
     )

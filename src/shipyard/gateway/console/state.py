@@ -104,6 +104,8 @@ class EndpointRow:
     is_async: bool
     components: tuple[ComponentRow, ...] = ()
     """An endpoint of inference components: each one's copies, healthy and desired."""
+    captures: bool = False
+    """Its config captures data (DataCaptureConfig with a destination, enabled)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,6 +371,7 @@ class ConsoleState:
             modified=endpoint.modified,
             variants=tuple(variants),
             is_async=bool(config and config.async_config),
+            captures=_captures(config),
             components=tuple(_component_row(c, counted) for c in components) if components else (),
         )
 
@@ -504,6 +507,11 @@ class ConsoleState:
                     )
                     counters[key] = sample.value
         return out
+
+
+def _captures(config: EndpointConfig | None) -> bool:
+    capture = (config.raw.get("DataCaptureConfig") or {}) if config is not None else {}
+    return bool(capture.get("DestinationS3Uri")) and capture.get("EnableCapture") is not False
 
 
 _NAMED_BY = (

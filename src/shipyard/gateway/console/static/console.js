@@ -232,6 +232,23 @@
     element.addEventListener("refresh", () => tick().catch(() => {}));
   }
 
+  // Views that apply to some endpoints only (data-when): read once the endpoint's own
+  // view says they apply, never for the others.
+  function watchWhenApplies() {
+    const endpoint = document.querySelector("section[data-view][aria-label=Endpoint]");
+    const waiting = [...document.querySelectorAll("[data-view][data-when]")];
+    if (!endpoint || !waiting.length) return;
+    endpoint.addEventListener("changed", () => {
+      const status = endpoint.querySelector("[data-status]");
+      for (const view of waiting) {
+        if (view.dataset.watched || !status || status.dataset[view.dataset.when] !== "1") continue;
+        view.dataset.watched = "1";
+        view.hidden = false;
+        watchView(view);
+      }
+    });
+  }
+
   function watchLog(pre) {
     let offset = "tail";
     poll(async () => {
@@ -955,7 +972,8 @@
     signOutButton.hidden = !AUTH;
     startActions();
     document.querySelectorAll("form.filter").forEach(filterList);
-    document.querySelectorAll("[data-view]").forEach(watchView);
+    watchWhenApplies();
+    document.querySelectorAll("[data-view]:not([data-when])").forEach(watchView);
     document.querySelectorAll("[data-metrics]").forEach(watchCharts);
     document.querySelectorAll("[data-log]").forEach(watchLog);
   }
