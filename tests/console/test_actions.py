@@ -72,11 +72,11 @@ def test_a_newcomer_deploys_invokes_shifts_traffic_and_deletes_from_the_console(
     assert "[3" in response.locator("pre.answer").inner_text()
     assert response.locator("[data-variant='AllTraffic']").count() == 1
     assert "ms" in response.inner_text()
-    tab.screenshot("try-it.png")
     # What was captured of it, readable: input and output as text.
     captured = page.get_by_role("region", name="Captured data")
     captured.locator("tr", has_text="[[1, 2], [3, 4]]").wait_for()
     assert "AllTraffic" in captured.inner_text()
+    tab.screenshot("try-it.png")
 
     # A second variant, by an update to a config of two (created as a client would).
     gw.sm.create_endpoint_config(

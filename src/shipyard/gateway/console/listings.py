@@ -344,7 +344,7 @@ def captured(capture: Capture | None) -> str:
     if capture.problem:
         return where + f'<p class="problem">{esc(capture.problem)}</p>'
     return where + table(
-        ("Time", "Variant", "Inference id", "Input", "Output"),
+        ("Time", "Variant", "Inference or event id", "Input", "Output"),
         (
             (esc(r.time), esc(r.variant), esc(r.inference_id), _shown(r.input), _shown(r.output))
             for r in capture.records
