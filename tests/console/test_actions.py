@@ -128,6 +128,18 @@ def test_a_newcomer_deploys_invokes_shifts_traffic_and_deletes_from_the_console(
     try_it.get_by_role("button", name="Invoke").click()
     response.locator("[data-variant='second']").wait_for()
 
+    # Target tracking on the second variant; the page lists the policy.
+    page.get_by_role("button", name="Scaling policy").click()
+    scaling = page.get_by_role("region", name="Scaling policy")
+    scaling.get_by_label("Variant").select_option("second")
+    scaling.get_by_label("Max instances").fill("3")
+    scaling.get_by_label("Target invocations per instance").fill("50")
+    scaling.get_by_role("button", name="Save policy").click()
+    page.get_by_role("status").filter(has_text="Scaling policy saved").wait_for()
+    history = page.get_by_role("region", name="History")
+    history.locator("tr", has_text="endpoint/first/variant/second").wait_for(timeout=30_000)
+    assert "SageMakerVariantInvocationsPerInstance at 50" in history.inner_text()
+
     # Every step is an event, linked to its endpoint, filterable by resource.
     page.goto(gw.url + "/console/events")
     page.get_by_label("Resource").fill("first")

@@ -166,6 +166,21 @@ def test_a_jobs_log_streams_while_it_runs(
     assert tab.errors == jobs.errors == events.errors == []
 
 
+def test_a_running_job_is_stopped_from_its_page(
+    gw: GatewayProcess, open_tab: Callable[..., Tab], tmp_path: Path
+) -> None:
+    name = unique("long")
+    gw.sm.create_training_job(**job_request(name, tmp_path / "out", mode="steps", steps="10000"))
+    tab = open_tab(f"{gw.url}/console/jobs/{name}")
+    page = tab.page
+    page.locator("pre.log").filter(has_text="step 2").wait_for()
+    page.get_by_role("button", name="Stop job").click()
+    page.get_by_role("status").filter(has_text=f"Stopping {name}").wait_for()
+    assert wait_final(gw.sm, name)["TrainingJobStatus"] == "Stopped"
+    page.locator(".status", has_text="Stopped").wait_for()
+    assert tab.errors == []
+
+
 def test_a_phone_width_screen_gets_cards_without_sideways_scrolling(
     gw: GatewayProcess, open_tab: Callable[..., Tab]
 ) -> None:

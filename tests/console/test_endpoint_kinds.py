@@ -147,4 +147,15 @@ def test_an_endpoint_of_components_shows_them_their_copies_placement_and_session
     assert "2/2" in listed.locator("li", has_text="ml.m5.large").inner_text()
     tab.page.goto(f"{gw.url}/console/inference-components/echoes")
     tab.page.locator('[data-copies="2"]').wait_for()
+
+    # One copy fewer, from the endpoint's weights and capacity form.
+    tab.page.goto(f"{gw.url}/console/endpoints/shared")
+    tab.page.get_by_role("button", name="Update weights and capacity").click()
+    form = tab.page.get_by_role("region", name="Update weights and capacity")
+    form.get_by_role("group", name="echoes").get_by_label("Instances").fill("1")
+    form.get_by_role("button", name="Apply").click()
+    tab.page.get_by_role("status").filter(has_text="echoes: 1 copies").wait_for()
+    described = gw.sm.describe_inference_component(InferenceComponentName="echoes")
+    assert described["RuntimeConfig"]["DesiredCopyCount"] == 1
+    row.filter(has_text="1/1").wait_for()
     assert tab.errors == []
