@@ -191,6 +191,12 @@ def test_a_key_scoped_by_resource_lists_only_the_jobs_and_events_it_reaches() ->
     shown = [s.event for s in state.recent_events(10, reaches)]
     assert [e.resource.rsplit("/", 1)[-1] for e in shown] == ["a-1", "f0"]
     assert len(state.recent_events(10)) == 4
+    # Filters, as ListTrainingJobs takes them, and events by the resource they name.
+    failed = state.jobs(None, name="B-", status="Failed")
+    assert [j.name for j in failed.jobs] == ["b-1", "b-2"] and failed.total == 2
+    assert [j.name for j in state.jobs(reaches, name="b").jobs] == []
+    about = state.recent_events(10, None, "a-1")
+    assert [s.event.resource for s in about] == [arn("training-job", "a-1")]
 
 
 def test_every_key_may_ask_what_it_may_do_and_nothing_more() -> None:

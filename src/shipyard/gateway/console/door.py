@@ -341,8 +341,11 @@ class ConsoleDoor:
 
     async def jobs_view(self, request: Request) -> Response:
         reaches = _reaches(request)
-        training = await run_in_threadpool(self.state.jobs, reaches)
-        transforms = await run_in_threadpool(self.state.transforms, reaches)
+        wanted = Filter.of(request.query_params)
+        training = await run_in_threadpool(self.state.jobs, reaches, wanted.name, wanted.status)
+        transforms = await run_in_threadpool(
+            self.state.transforms, reaches, wanted.name, wanted.status
+        )
         return _fragment(fragments.jobs(training, transforms))
 
     async def job_view(self, request: Request) -> Response:

@@ -280,7 +280,8 @@ def endpoint(name: str) -> str:
 
 
 def jobs() -> str:
-    return view("/console/api/jobs", every_ms=LIST_EVERY_MS, label="Jobs")
+    statuses = ("InProgress", "Completed", "Failed", "Stopping", "Stopped")
+    return _list("/console/api/jobs", "Jobs", statuses)
 
 
 def job(name: str) -> str:

@@ -278,15 +278,21 @@ class ConsoleState:
         """The ARN of resource ``name`` of ``kind`` (``endpoint``, ``training-job``...)."""
         return self.endpoints.arn(kind, name)
 
-    def jobs(self, reaches: Reaches | None = None) -> Listing:
-        if reaches is None:
+    def jobs(self, reaches: Reaches | None = None, name: str = "", status: str = "") -> Listing:
+        """The newest training jobs; with a filter (a part of the name, a status: as
+        ListTrainingJobs takes them), those among the newest ``MAX_SCANNED`` that match."""
+        if reaches is None and not name and not status:
             return _listing(*self._jobs.newest_jobs(MAX_LISTED))
-        return _reached(self._jobs.newest_jobs(MAX_SCANNED)[0], reaches)
+        found = self._jobs.newest_jobs(MAX_SCANNED)[0]
+        return _reached(found, _matching(reaches, name, status))
 
-    def transforms(self, reaches: Reaches | None = None) -> Listing:
-        if reaches is None:
+    def transforms(
+        self, reaches: Reaches | None = None, name: str = "", status: str = ""
+    ) -> Listing:
+        if reaches is None and not name and not status:
             return _listing(*self._jobs.newest_transforms(MAX_LISTED))
-        return _reached(self._jobs.newest_transforms(MAX_SCANNED)[0], reaches)
+        found = self._jobs.newest_transforms(MAX_SCANNED)[0]
+        return _reached(found, _matching(reaches, name, status))
 
     def recent_events(
         self, limit: int, reaches: Reaches | None = None, resource: str = ""
@@ -610,10 +616,22 @@ def _listing(jobs: Sequence[Any], by_status: dict[str, int]) -> Listing:
     return Listing(tuple(jobs), sum(by_status.values()), by_status)
 
 
-def _reached(jobs: Sequence[Job | TransformJob], reaches: Reaches) -> Listing:
-    """The newest ``MAX_LISTED`` of the ``jobs`` that ``reaches``, counted among those
-    alone: a scoped key learns nothing of the others, not even how many there are."""
-    kept = [j for j in jobs if reaches(j.arn)]
+def _matching(
+    reaches: Reaches | None, name: str, status: str
+) -> Callable[[Job | TransformJob], bool]:
+    needle = name.lower()
+    return lambda j: (
+        (reaches is None or reaches(j.arn))
+        and needle in j.name.lower()
+        and (not status or j.status.value == status)
+    )
+
+
+def _reached(jobs: Sequence[Job | TransformJob], keep: Callable[[Any], bool]) -> Listing:
+    """The newest ``MAX_LISTED`` of the ``jobs`` to ``keep`` (that the key reaches, that
+    match a filter), counted among those alone: a scoped key learns nothing of the
+    others, not even how many there are."""
+    kept = [j for j in jobs if keep(j)]
     by_status: dict[str, int] = {}
     for job in kept:
         by_status[job.status.value] = by_status.get(job.status.value, 0) + 1
