@@ -175,6 +175,9 @@ def test_a_running_job_is_stopped_from_its_page(
     page = tab.page
     page.locator("pre.log").filter(has_text="step 2").wait_for()
     page.get_by_role("button", name="Stop job").click()
+    confirm = page.get_by_role("region", name="Stop job")
+    assert "SIGTERM" in confirm.inner_text()  # says what happens, and asks once
+    confirm.get_by_role("button", name="Stop", exact=True).click()
     page.get_by_role("status").filter(has_text=f"Stopping {name}").wait_for()
     assert wait_final(gw.sm, name)["TrainingJobStatus"] == "Stopped"
     page.locator(".status", has_text="Stopped").wait_for()

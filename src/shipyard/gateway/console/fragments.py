@@ -153,7 +153,8 @@ def endpoint(detail: EndpointDetail) -> str:
         f'<dl class="facts"><dt>Endpoint config</dt><dd>{link("endpoint-configs", row.config_name)}'
         f"</dd>{pending}"
         f"<dt>Kind</dt><dd>{'asynchronous' if row.is_async else 'real-time'}</dd>"
-        f"<dt>Last modified</dt><dd>{when(row.modified)}</dd></dl>",
+        f"<dt>Last modified</dt><dd>{when(row.modified)}</dd>"
+        f"<dt>Sessions open</dt><dd>{detail.sessions}</dd></dl>",
         "<h2>Variants</h2>",
         _variants_table(row.variants),
         "<h2>Instances</h2>",

@@ -287,6 +287,7 @@ def jobs() -> str:
 def job(name: str) -> str:
     base = f"/console/api/jobs/{quote(name, safe='')}"
     stop = _actions(("stop-job", "Stop job", "sagemaker:StopTrainingJob", "training-job"))
+    stop += _dialog("stop-job", "Stop job")
     return (
         stop
         + view(base, every_ms=2000, label="Job")
@@ -300,6 +301,7 @@ def job(name: str) -> str:
 def transform_job(name: str) -> str:
     base = f"/console/api/transform-jobs/{quote(name, safe='')}"
     stop = _actions(("stop-transform", "Stop job", "sagemaker:StopTransformJob", "transform-job"))
+    stop += _dialog("stop-transform", "Stop job")
     return (
         stop
         + view(base, every_ms=2000, label="Transform job")

@@ -787,6 +787,14 @@
         });
     },
 
+    async "stop-job"(panel) {
+      stopJob(panel, true);
+    },
+
+    async "stop-transform"(panel) {
+      stopJob(panel, false);
+    },
+
     async "delete-component"(panel) {
       const c = await call("sagemaker:DescribeInferenceComponent", { InferenceComponentName: pageName });
       confirmDelete(panel, "inference component", `Deleting ${pageName} stops its copies on `
@@ -797,23 +805,19 @@
     },
   };
 
-  async function stopJob(button) {
-    const training = button.dataset.open === "stop-job";
+  function stopJob(panel, training) {
     const action = training ? "sagemaker:StopTrainingJob" : "sagemaker:StopTransformJob";
     const params = training ? { TrainingJobName: pageName } : { TransformJobName: pageName };
-    button.disabled = true;
-    try {
+    panelForm(panel, [el("p", {}, `Stopping ${pageName} sends its processes SIGTERM, then `
+      + "SIGKILL after the grace period; what it wrote so far stays where it is.")],
+    "Stop", async () => {
       await call(action, params);
-      announce(`Stopping ${pageName}: its processes get SIGTERM, then SIGKILL.`, false);
-    } catch (err) {
-      announce(failure(err), true);
-      button.disabled = false;
-    }
+      return `Stopping ${pageName}.`;
+    });
   }
 
   async function openPanel(button) {
     const key = button.dataset.open;
-    if (key === "stop-job" || key === "stop-transform") return stopJob(button);
     const panel = document.querySelector(`[data-panel="${key}"]`);
     if (!panel) return;
     if (!panel.hidden) return closePanel(panel);
@@ -824,7 +828,7 @@
     panel.replaceChildren(el("p", { class: "muted" }, "Loading…"));
     try {
       await PANELS[key](panel);
-      const first = panel.querySelector("input, select, textarea");
+      const first = panel.querySelector("input, select, textarea, button[type=submit]");
       if (first) first.focus();
     } catch (err) {
       panel.replaceChildren(el("p", { class: "problem" }, failure(err)));
