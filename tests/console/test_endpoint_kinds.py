@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import GatewayProcess, deploy, make_tarball, start_gateway, wait_until
+from tests.conftest import (
+    MODELS,
+    GatewayProcess,
+    deploy,
+    make_tarball,
+    start_gateway,
+    wait_until,
+)
 from tests.console.conftest import Tab
 from tests.e2e.test_multimodel import _deploy_mme, _invoke
 from tests.e2e.test_serverless import create_serverless
@@ -158,4 +165,26 @@ def test_an_endpoint_of_components_shows_them_their_copies_placement_and_session
     described = gw.sm.describe_inference_component(InferenceComponentName="echoes")
     assert described["RuntimeConfig"]["DesiredCopyCount"] == 1
     row.filter(has_text="1/1").wait_for()
+    assert tab.errors == []
+
+
+def test_try_it_streams_a_streaming_models_answer_and_shows_a_mid_stream_failure(
+    gw: GatewayProcess, open_tab: Callable[..., Tab]
+) -> None:
+    deploy(gw.sm, "streams", (MODELS / "streamer").as_uri())
+    tab = _endpoint_page(open_tab, gw, "streams")
+    page = tab.page
+    try_it = page.get_by_role("region", name="Try it")
+    try_it.get_by_label("Body").fill('{"chunks": 3}')
+    try_it.get_by_label("Stream the answer").check()
+    try_it.get_by_role("button", name="Invoke").click()
+    response = page.get_by_role("region", name="Response")
+    page.locator(".response[data-parts='3']").wait_for()
+    assert response.locator("pre.answer").inner_text() == "chunk 0\nchunk 1\nchunk 2\n"
+    assert response.locator("[data-http-status='200']").count() == 1
+
+    try_it.get_by_label("Body").fill('{"chunks": 5, "fail_after": 2}')
+    try_it.get_by_role("button", name="Invoke").click()
+    page.get_by_role("alert").filter(has_text="failed mid-stream").wait_for()
+    assert "ModelStreamError" in response.locator("pre.answer").inner_text()
     assert tab.errors == []

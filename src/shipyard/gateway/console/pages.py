@@ -226,6 +226,7 @@ _TRY_IT = """<section class="tryit" role="region" aria-labelledby="tryit-title">
 </label>
 <label>Target model <input name="targetModel" placeholder="multi-model only"></label>
 <label>Session <input name="session" placeholder="optional: NEW_SESSION or an id"></label>
+<label class="check"><input type="checkbox" name="stream"> Stream the answer</label>
 <button type="submit">Invoke</button>
 </form>
 <section class="response" role="region" aria-label="Response" hidden></section>

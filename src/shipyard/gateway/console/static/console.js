@@ -874,6 +874,54 @@
     });
   }
 
+  // InvokeEndpointWithResponseStream's answer: AWS event-stream messages, each a
+  // prelude (total and headers lengths, CRC), headers, a payload and a CRC. Only the
+  // framing is read here; the gateway computed the CRCs and TCP kept them intact.
+  function eventHeaders(bytes) {
+    const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+    const found = {};
+    let at = 0;
+    const fixed = { 0: 0, 1: 0, 2: 1, 3: 2, 4: 4, 5: 8, 8: 8, 9: 16 };
+    while (at < bytes.length) {
+      const nameLength = bytes[at];
+      const name = new TextDecoder().decode(bytes.subarray(at + 1, at + 1 + nameLength));
+      at += 1 + nameLength;
+      const type = bytes[at];
+      at += 1;
+      if (type === 6 || type === 7) {
+        const length = view.getUint16(at);
+        if (type === 7) found[name] = new TextDecoder().decode(bytes.subarray(at + 2, at + 2 + length));
+        at += 2 + length;
+      } else {
+        at += fixed[type] ?? bytes.length;
+      }
+    }
+    return found;
+  }
+
+  // Each message of `response`'s body as it arrives: onMessage(headers, payload).
+  async function readEvents(response, onMessage) {
+    const reader = response.body.getReader();
+    let buffer = new Uint8Array(0);
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      const joined = new Uint8Array(buffer.length + value.length);
+      joined.set(buffer);
+      joined.set(value, buffer.length);
+      buffer = joined;
+      while (buffer.length >= 12) {
+        const view = new DataView(buffer.buffer, buffer.byteOffset, buffer.byteLength);
+        const total = view.getUint32(0);
+        const headersLength = view.getUint32(4);
+        if (buffer.length < total) break;
+        const headers = eventHeaders(buffer.subarray(12, 12 + headersLength));
+        onMessage(headers, buffer.subarray(12 + headersLength, total - 4));
+        buffer = buffer.slice(total);
+      }
+    }
+  }
+
   async function invoke(form) {
     const out = form.parentElement.querySelector(".response");
     const f = form.elements;
@@ -882,25 +930,50 @@
     if (f.component.value) headers["x-amzn-sagemaker-inference-component"] = f.component.value;
     if (f.targetModel.value) headers["x-amzn-sagemaker-target-model"] = f.targetModel.value;
     if (f.session.value) headers["x-amzn-sagemaker-session-id"] = f.session.value;
+    const streamed = f.stream.checked;
+    const door = streamed ? "invocations-response-stream" : "invocations";
     const button = form.querySelector("button[type=submit]");
     button.disabled = true;
     const started = performance.now();
     try {
       const response = await send(
-        `/endpoints/${encodeURIComponent(pageName)}/invocations`, "POST", f.body.value, headers);
-      const text = await response.text();
-      const ms = performance.now() - started;
+        `/endpoints/${encodeURIComponent(pageName)}/${door}`, "POST", f.body.value, headers);
+      const first = performance.now() - started;
       const variant = response.headers.get("x-amzn-invoked-production-variant") || "—";
-      const facts = el("dl", { class: "facts" },
-        el("dt", {}, "Status"), el("dd", { "data-http-status": String(response.status) }, String(response.status)),
-        el("dt", {}, "Invoked variant"), el("dd", { "data-variant": variant }, variant),
-        el("dt", {}, "Latency"), el("dd", {}, `${ms.toFixed(1)} ms`));
+      const latency = el("dd", {}, `${first.toFixed(1)} ms`);
+      const answer = el("pre", { class: "answer", tabindex: "0" });
       const listed = el("dl", { class: "facts headers" });
       for (const [k, v] of response.headers) listed.append(el("dt", {}, k), el("dd", {}, v));
-      out.replaceChildren(facts, el("pre", { class: "answer", tabindex: "0" }, text),
-        el("details", {}, el("summary", {}, "Headers"), listed));
+      out.replaceChildren(
+        el("dl", { class: "facts" },
+          el("dt", {}, "Status"),
+          el("dd", { "data-http-status": String(response.status) }, String(response.status)),
+          el("dt", {}, "Invoked variant"), el("dd", { "data-variant": variant }, variant),
+          el("dt", {}, streamed ? "First byte, whole answer" : "Latency"), latency),
+        answer, el("details", {}, el("summary", {}, "Headers"), listed));
       out.hidden = false;
-      announce(response.ok ? `Invoked ${pageName}: ${response.status}.` : `${pageName} answered ${response.status}.`, !response.ok);
+      let failed = !response.ok;
+      if (streamed && response.ok) {
+        const text = new TextDecoder();
+        let parts = 0;
+        await readEvents(response, (h, payload) => {
+          if (h[":message-type"] === "event" && h[":event-type"] === "PayloadPart") {
+            answer.append(text.decode(payload, { stream: true }));
+            parts += 1;
+          } else {
+            failed = true;
+            const kind = h[":exception-type"] || h[":error-code"] || "Error";
+            answer.append(el("strong", {}, `\n${kind}: ${new TextDecoder().decode(payload)}`));
+          }
+        });
+        out.dataset.parts = String(parts);
+        latency.textContent = `${first.toFixed(1)} ms, ${(performance.now() - started).toFixed(1)} ms`;
+      } else {
+        answer.textContent = await response.text();
+        latency.textContent = `${(performance.now() - started).toFixed(1)} ms`;
+      }
+      announce(failed ? `${pageName} answered ${response.status}${streamed && response.ok ? ", then failed mid-stream" : ""}.`
+        : `Invoked ${pageName}: ${response.status}.`, failed);
     } catch (err) {
       announce(failure(err), true);
     } finally {
