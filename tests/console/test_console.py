@@ -80,6 +80,14 @@ def test_the_overview_lists_endpoints_with_status_variants_and_weights(
     assert "Failed" in broken.inner_text()
     assert "weights missing" in broken.inner_text()
     tab.screenshot("overview.png")
+    # Filtered as ListEndpoints filters: by status, by a part of the name.
+    tab.page.get_by_label("Status").select_option("Failed")
+    scores.wait_for(state="detached")
+    assert broken.count() == 1
+    tab.page.get_by_label("Status").select_option("")
+    tab.page.get_by_label("Name contains").fill("SCO")
+    broken.wait_for(state="detached")
+    assert scores.count() == 1
     assert tab.errors == []
 
 

@@ -37,7 +37,7 @@ from shipyard.events.kinds import DEPLOYMENT, DEPLOYMENT_STEP
 from shipyard.gateway.console import fragments, listings, pages
 from shipyard.gateway.console.history import MetricsHistory
 from shipyard.gateway.console.logs import instance_tails
-from shipyard.gateway.console.resources import Filter, ResourceReads
+from shipyard.gateway.console.resources import Filter, ResourceReads, page_of
 from shipyard.gateway.console.state import ConsoleState, Reaches
 from shipyard.gateway.edge.auth import admitted
 from shipyard.gateway.wire.errors import control_error_response
@@ -224,7 +224,16 @@ class ConsoleDoor:
         reaches = _reaches(request)
         endpoints, configs = await run_in_threadpool(self.state.endpoint_records, reaches)
         components = await run_in_threadpool(self.resources.all_components)
-        return _fragment(fragments.overview(self.state.rows(endpoints, configs, components)))
+        shown = page_of(  # by name, as the overview lists them
+            endpoints,
+            Filter.of(request.query_params),
+            name=lambda e: e.name,
+            status=lambda e: e.status.value,
+            created=lambda e: e.name,
+            newest_first=False,
+        )
+        rows = self.state.rows(shown.items, configs, components)
+        return _fragment(fragments.overview(rows, total=shown.total) + listings.pager(shown))
 
     async def endpoint_view(self, request: Request) -> Response:
         name = request.path_params["name"]

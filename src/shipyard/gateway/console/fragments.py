@@ -113,7 +113,8 @@ def _variants_list(row: EndpointRow) -> str:
     )
 
 
-def overview(rows: Sequence[EndpointRow]) -> str:
+def overview(rows: Sequence[EndpointRow], *, total: int | None = None) -> str:
+    """The endpoints listed (a page of ``total`` matching, when given)."""
     counts: dict[str, int] = {}
     for r in rows:
         counts[r.status] = counts.get(r.status, 0) + 1
@@ -134,7 +135,12 @@ def overview(rows: Sequence[EndpointRow]) -> str:
         empty="No endpoints yet. Create one from a model's page (Models), with boto3 "
         "(CreateModel, CreateEndpointConfig, CreateEndpoint) or shipyard apply.",
     )
-    return f'<p class="summary">{len(rows)} endpoints{" · " + summary if summary else ""}</p>{body}'
+    listed = len(rows) if total is None else total
+    shown = f" ({len(rows)} shown)" if listed > len(rows) else ""
+    return (
+        f'<p class="summary">{listed} endpoints{shown}{" · " + summary if summary else ""}</p>'
+        + body
+    )
 
 
 def endpoint(detail: EndpointDetail) -> str:

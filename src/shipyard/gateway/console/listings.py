@@ -38,7 +38,7 @@ def _summary(page: Page[Any], what: str) -> str:
     return f'<p class="summary">{page.total}{asked} {esc(what)}{shown}</p>'
 
 
-def _pager(page: Page[Any]) -> str:
+def pager(page: Page[Any]) -> str:
     buttons = []
     if page.filter.page > 0:
         buttons.append(
@@ -83,7 +83,7 @@ def models(page: Page[Model]) -> str:
             ),
             empty="No models. Create one with CreateModel (boto3, the SDK or shipyard apply).",
         )
-        + _pager(page)
+        + pager(page)
     )
 
 
@@ -127,7 +127,7 @@ def configs(page: Page[EndpointConfig]) -> str:
             ),
             empty="No endpoint configs.",
         )
-        + _pager(page)
+        + pager(page)
     )
 
 
@@ -188,7 +188,7 @@ def components(page: Page[InferenceComponent]) -> str:
             ),
             empty="No inference components.",
         )
-        + _pager(page)
+        + pager(page)
     )
 
 
@@ -242,7 +242,7 @@ def alarms(page: Page[Any]) -> str:
             ),
             empty="No alarms. Create one with PutMetricAlarm.",
         )
-        + _pager(page)
+        + pager(page)
     )
 
 

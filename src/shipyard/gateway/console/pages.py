@@ -110,7 +110,8 @@ def _list(path: str, label: str, statuses: tuple[str, ...] = ()) -> str:
 
 
 def overview() -> str:
-    return view("/console/api/endpoints", every_ms=LIST_EVERY_MS, label="Endpoints")
+    statuses = ("InService", "Creating", "Updating", "RollingBack", "Failed", "Deleting")
+    return _list("/console/api/endpoints", "Endpoints", statuses)
 
 
 def models() -> str:

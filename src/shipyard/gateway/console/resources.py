@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from shipyard.autoscaling.scaling import ScalingService
@@ -83,16 +82,18 @@ def page_of(
     *,
     name: Callable[[T], str],
     status: Callable[[T], str] = lambda _: "",
-    created: Callable[[T], datetime],
+    created: Callable[[T], Any],
+    newest_first: bool = True,
 ) -> Page[T]:
-    """``items`` filtered as ``wanted`` says, newest first, cut to its page."""
+    """``items`` filtered as ``wanted`` says, newest first (or in ``created``'s order),
+    cut to its page."""
     needle = wanted.name.lower()
     kept = [
         item
         for item in items
         if needle in name(item).lower() and (not wanted.status or status(item) == wanted.status)
     ]
-    kept.sort(key=created, reverse=True)
+    kept.sort(key=created, reverse=newest_first)
     start = wanted.page * PAGE_SIZE
     return Page(tuple(kept[start : start + PAGE_SIZE]), len(kept), wanted)
 
