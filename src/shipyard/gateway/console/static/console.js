@@ -1028,6 +1028,8 @@
       const open = [...document.querySelectorAll("[data-panel]")].find((p) => !p.hidden);
       if (open) closePanel(open);
     });
+    const deleted = new URLSearchParams(location.search).get("deleted");
+    if (deleted) announce(`Deleting endpoint ${deleted}: its instances stop.`, false);
     try {
       const response = await api("/console/api/whoami");
       if (response.ok) permissions = await response.json();
