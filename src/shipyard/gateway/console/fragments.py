@@ -296,13 +296,13 @@ def _components(detail: EndpointDetail) -> str:
     sessions = f'<p class="muted">Open sessions: {detail.sessions}.</p>' if detail.sessions else ""
     return (
         table(
-            ("Component", "Variant", "Status", "Copies", "Per copy", "Placed on instances"),
+            ("Component", "Variant", "Status", "Instances", "Per copy", "Placed on instances"),
             (
                 (
-                    esc(c.name) + _failure(c.failure_reason),
+                    link("inference-components", c.name) + _failure(c.failure_reason),
                     esc(c.variant),
                     badge(c.status),
-                    f"{c.current}/{c.desired}",
+                    f'{c.current}/{c.desired} <span class="muted">copies</span>',
                     f"{c.cpus:g} cores, {c.memory_mb} MB",
                     esc(", ".join(str(i) for i in c.placed_on)) or "—",
                 )
