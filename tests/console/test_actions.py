@@ -139,6 +139,12 @@ def test_a_newcomer_deploys_invokes_shifts_traffic_and_deletes_from_the_console(
     history = page.get_by_role("region", name="History")
     history.locator("tr", has_text="endpoint/first/variant/second").wait_for(timeout=30_000)
     assert "SageMakerVariantInvocationsPerInstance at 50" in history.inner_text()
+    # Opened again, the form shows what is set, to edit it.
+    page.get_by_role("button", name="Scaling policy").click()
+    scaling.get_by_label("Variant").select_option("second")
+    assert scaling.get_by_label("Max instances").input_value() == "3"
+    assert scaling.get_by_label("Target invocations per instance").input_value() == "50"
+    page.keyboard.press("Escape")
 
     # Every step is an event, linked to its endpoint, filterable by resource.
     page.goto(gw.url + "/console/events")

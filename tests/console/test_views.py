@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,6 +13,7 @@ import pytest
 
 from shipyard.errors import AccessDenied
 from shipyard.gateway.console import fragments, listings, pages
+from shipyard.gateway.console.captured import last_records
 from shipyard.gateway.console.door import LOG_CHUNK_BYTES, _read_log
 from shipyard.gateway.console.history import MetricsHistory
 from shipyard.gateway.console.logs import TAIL_BYTES, instance_tails
@@ -19,6 +22,7 @@ from shipyard.gateway.console.state import ConsoleState, EndpointRow, JobReads, 
 from shipyard.gateway.edge.auth import ANY_KEY, Caller, Door, action_of, authorize
 from shipyard.records import Event, JobStatus
 from shipyard.storage.events import EventState
+from shipyard.storage.objects import ObjectStore
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 
@@ -230,3 +234,31 @@ def test_lists_filter_by_name_and_status_and_page_like_list_actions() -> None:
     )
     assert {m.name for m in failed.items} == {f"m-01{n}" for n in range(0, 10, 2)}
     assert Filter.of({"page": "-1", "name": "x" * 100}) == Filter(name="x" * 63)
+
+
+def test_captured_records_read_newest_first_text_as_text_binary_as_its_size(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "capture" / "ep" / "AllTraffic" / "2026" / "11" / "29" / "12"
+    folder.mkdir(parents=True)
+
+    def record(at: str, data: str, encoding: str = "JSON") -> str:
+        body = {"observedContentType": "application/json", "mode": "INPUT", "data": data,
+                "encoding": encoding}  # fmt: skip
+        meta = {"eventId": "e", "inferenceId": at, "inferenceTime": f"2026-11-29T12:{at}Z"}
+        return json.dumps({"captureData": {"endpointInput": body}, "eventMetadata": meta})
+
+    (folder / "00-00-000-a.jsonl").write_text(record("00:01", "[[1, 2]]") + "\n")
+    binary = base64.b64encode(b"\xff\x00\x01").decode()
+    (folder / "01-00-000-b.jsonl").write_text(
+        record("01:01", binary, "BASE64") + "\nnot json\n" + record("01:02", "[[3]]") + "\n"
+    )
+    shown = last_records(ObjectStore(), (tmp_path / "capture").as_uri(), "ep")
+    assert [r.inference_id for r in shown.records] == ["01:02", "01:01", "00:01"]
+    assert shown.records[0].input is not None and shown.records[0].input.text == "[[3]]"
+    binary_body = shown.records[1].input
+    assert binary_body is not None and binary_body.text is None and binary_body.size == 3
+    assert shown.records[2].variant == "AllTraffic" and shown.records[0].output is None
+    html = listings.captured(shown)
+    assert "[[3]]" in html and "3 bytes" in html and "(binary)" in html
+    assert last_records(ObjectStore(), (tmp_path / "none").as_uri(), "ep").records == ()

@@ -684,11 +684,29 @@
 
     async scaling(panel) {
       const endpoint = await describeEndpoint();
-      const variants = el("select", { name: "variant" },
-        ...(endpoint.ProductionVariants || []).map((v) => el("option", {}, v.VariantName)));
+      const names = (endpoint.ProductionVariants || []).map((v) => v.VariantName);
+      const ids = names.map((v) => `endpoint/${pageName}/variant/${v}`);
+      // What is set now, to edit it (none yet: the defaults).
+      const [targets, policies] = await Promise.all([
+        call("application-autoscaling:DescribeScalableTargets", { ServiceNamespace: "sagemaker", ResourceIds: ids }),
+        call("application-autoscaling:DescribeScalingPolicies", { ServiceNamespace: "sagemaker" }),
+      ]).catch(() => [{}, {}]);
+      const variants = el("select", { name: "variant" }, ...names.map((v) => el("option", {}, v)));
       const low = number("min", 1, 1);
       const high = number("max", 4, 1);
       const target = el("input", { name: "target", type: "number", min: "1", step: "any", value: "100", required: true });
+      const current = () => {
+        const id = `endpoint/${pageName}/variant/${variants.value}`;
+        const t = (targets.ScalableTargets || []).find((x) => x.ResourceId === id);
+        const p = (policies.ScalingPolicies || []).find((x) => x.ResourceId === id
+          && x.PolicyType === "TargetTrackingScaling");
+        low.value = String(t ? t.MinCapacity : 1);
+        high.value = String(t ? t.MaxCapacity : 4);
+        target.value = String(p ? p.TargetTrackingScalingPolicyConfiguration.TargetValue : 100);
+        target.dataset.policy = p ? p.PolicyName : "";
+      };
+      variants.addEventListener("change", current);
+      current();
       panelForm(panel, [
         field("Variant", variants), field("Min instances", low), field("Max instances", high),
         field("Target invocations per instance", target),
@@ -702,7 +720,8 @@
           MinCapacity: Number(low.value), MaxCapacity: Number(high.value),
         });
         await call("application-autoscaling:PutScalingPolicy", {
-          PolicyName: `${pageName}-${variants.value}-invocations`, ServiceNamespace: "sagemaker",
+          PolicyName: target.dataset.policy || `${pageName}-${variants.value}-invocations`,
+          ServiceNamespace: "sagemaker",
           ResourceId: resource, ScalableDimension: dimension, PolicyType: "TargetTrackingScaling",
           TargetTrackingScalingPolicyConfiguration: {
             TargetValue: Number(target.value),
