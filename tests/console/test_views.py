@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
+from shipyard import __version__
 from shipyard.errors import AccessDenied
 from shipyard.gateway.console import fragments, listings, pages
 from shipyard.gateway.console.captured import last_records
-from shipyard.gateway.console.door import LOG_CHUNK_BYTES, _read_log
+from shipyard.gateway.console.door import LOG_CHUNK_BYTES, _read_log, _versioned
 from shipyard.gateway.console.history import MetricsHistory
 from shipyard.gateway.console.logs import TAIL_BYTES, instance_tails
 from shipyard.gateway.console.resources import PAGE_SIZE, Filter, page_of
@@ -60,6 +61,18 @@ def test_a_page_is_a_shell_that_names_its_views() -> None:
     assert 'data-metrics="/console/api/endpoints/a%20b/metrics"' in html
     assert 'data-auth="1" data-region="eu"' in html
     assert "<script>" not in html  # no inline script: the CSP allows none
+    assert '<script type="module" src="/console/static/console.js?v=' in html
+
+
+def test_the_scripts_import_each_other_at_this_version() -> None:
+    answer = _versioned(b'import { a } from "./signing.js";\nfrom "./polling.js";')
+    assert (
+        answer
+        == (
+            f'import {{ a }} from "./signing.js?v={__version__}";\n'
+            f'from "./polling.js?v={__version__}";'
+        ).encode()
+    )
 
 
 def test_a_log_is_read_in_whole_lines_from_an_offset_or_its_tail(tmp_path: Path) -> None:

@@ -6,7 +6,9 @@
   and events; resources.py: of models, configs, components, alarms and scaling policies;
 - listings.py: the fragments of the latter, escaped by fragments.py's one rule;
 - door.py: the routes, ``/console/...`` and ``/console/api/...``;
-- static/: console.js (polling, SigV4 signing, charts, log tail) and console.css.
+- static/: console.js, an ES module importing signing.js (SigV4, the API's calls),
+  polling.js (views, log tail), charts.js, actions.js (the controls, each a call of the
+  public API) and tryit.js; and console.css.
 
 No build step: the script and stylesheet are written by hand and served as they are.
 """

@@ -20,6 +20,7 @@ metrics included) is refused unless the key reaches that resource's ARN, and the
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -32,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
+from shipyard import __version__
 from shipyard.errors import AccessDenied, ResourceNotFound, ShipyardError
 from shipyard.events.kinds import DEPLOYMENT, DEPLOYMENT_STEP
 from shipyard.gateway.console import fragments, listings, pages
@@ -68,6 +70,19 @@ _STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; cha
 
 View = Callable[[Request], Awaitable[Response]]
 
+STATIC_FILES = (
+    "console.js",
+    "signing.js",
+    "polling.js",
+    "charts.js",
+    "actions.js",
+    "tryit.js",
+    "console.css",
+)
+"""console.js is an ES module importing the others: no bundler, no build step."""
+
+_IMPORT = re.compile(rb'from "\./([a-z]+)\.js"')
+
 
 class ConsoleDoor:
     """Routes of the web console; see the module."""
@@ -93,9 +108,7 @@ class ConsoleDoor:
         self.history = MetricsHistory(state.counters)
         """Sampled by the app's lifespan (``history.run``)."""
         folder = package_files.files("shipyard.gateway.console") / "static"
-        self._static = {
-            name: (folder / name).read_bytes() for name in ("console.js", "console.css")
-        }
+        self._static = {name: _versioned((folder / name).read_bytes()) for name in STATIC_FILES}
 
     def __repr__(self) -> str:
         return f"ConsoleDoor(auth={self.auth})"
@@ -410,6 +423,13 @@ class ConsoleDoor:
             {"text": text, "next": next_offset, "status": job.status.value, "done": done},
             headers=_API_HEADERS,
         )
+
+
+def _versioned(content: bytes) -> bytes:
+    """``content`` with its imports of the other modules naming this version, as the
+    pages name console.js: a browser never mixes a cached module with a newer one."""
+    version = __version__.encode()
+    return _IMPORT.sub(lambda m: b'from "./' + m[1] + b".js?v=" + version + b'"', content)
 
 
 def _unnamed(body: Callable[[], str]) -> Callable[[str], str]:

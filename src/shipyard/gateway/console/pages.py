@@ -62,7 +62,7 @@ def shell(*, title: str, active: str, body: str, auth: bool, region: str) -> str
 <title>{escape(title)} · shipyard</title>
 <link rel="icon" href="data:,">
 <link rel="stylesheet" href="/console/static/console.css?v={__version__}">
-<script src="/console/static/console.js?v={__version__}" defer></script>
+<script type="module" src="/console/static/console.js?v={__version__}"></script>
 </head>
 <body data-auth="{1 if auth else 0}" data-region="{escape(region)}">
 <header class="top">
