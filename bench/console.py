@@ -175,6 +175,10 @@ def time_views(url: str, job: str, repeat: int, pid: int) -> list[list[object]]:
         ("json", f"/console/api/jobs/{job}/log?offset=0"),
         ("json", f"/console/api/jobs/{job}/log?offset=tail"),
         ("view", "/console/api/events"),
+        ("view", "/console/api/endpoints/live-0/history"),
+        ("view", "/console/api/models"),
+        ("view", "/console/api/endpoint-configs"),
+        ("json", "/console/api/whoami"),
     ]
     rows: list[list[object]] = []
     for kind, path in paths:

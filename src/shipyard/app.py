@@ -32,7 +32,7 @@ from shipyard.gateway.api.actions import registry
 from shipyard.gateway.api.control import ControlDoor
 from shipyard.gateway.api.facade import JobsDoor
 from shipyard.gateway.api.stack_config import StackConfigDoor
-from shipyard.gateway.console import ConsoleDoor, ConsoleState, JobReads
+from shipyard.gateway.console import ConsoleDoor, ConsoleState, JobReads, ResourceReads
 from shipyard.gateway.doors.async_invocations import AsyncDoor
 from shipyard.gateway.doors.endpoint import EndpointAccess
 from shipyard.gateway.doors.oip.protocol import InferenceProtocol
@@ -60,6 +60,7 @@ from shipyard.routing.shadow import ShadowCopier
 from shipyard.settings import Settings
 from shipyard.stack_config import StackConfig
 from shipyard.stackfile import JobsConfig, StackFile
+from shipyard.storage.async_queue import AsyncQueue
 from shipyard.storage.events import EventLog
 from shipyard.storage.filesystems import Filesystems
 from shipyard.storage.metadata import MetadataStore
@@ -126,6 +127,7 @@ class Gateway:
             tagging=Tagging(store=TagStore(self.store.engine)),
             on_event=self.dispatcher.wake,
         )
+        self.objects = core.objects
         self.router = Router(
             timeout_s=settings.invocation_timeout_s,
             max_response_bytes=settings.max_response_bytes,
@@ -362,6 +364,14 @@ class Gateway:
         )
         return ConsoleDoor(
             state=state,
+            resources=ResourceReads(
+                endpoints=self.service,
+                components=self.components.list,
+                cloudwatch=self.cloudwatch.service,
+                scaling=self.scaling,
+                queue=AsyncQueue(self.store.engine),
+                objects=self.objects,
+            ),
             log_files=self.jobs.log_files,
             logs_dir=settings.home / "logs",
             auth=stack.auth is not None,

@@ -80,6 +80,14 @@ def test_the_overview_lists_endpoints_with_status_variants_and_weights(
     assert "Failed" in broken.inner_text()
     assert "weights missing" in broken.inner_text()
     tab.screenshot("overview.png")
+    # Filtered as ListEndpoints filters: by status, by a part of the name.
+    tab.page.get_by_label("Status").select_option("Failed")
+    scores.wait_for(state="detached")
+    assert broken.count() == 1
+    tab.page.get_by_label("Status").select_option("")
+    tab.page.get_by_label("Name contains").fill("SCO")
+    broken.wait_for(state="detached")
+    assert scores.count() == 1
     assert tab.errors == []
 
 
@@ -164,6 +172,24 @@ def test_a_jobs_log_streams_while_it_runs(
     assert "SageMaker Training Job State Change" in events.page.inner_text("main")
     assert events.page.locator(f'a[href="/console/jobs/{name}"]').count() >= 1
     assert tab.errors == jobs.errors == events.errors == []
+
+
+def test_a_running_job_is_stopped_from_its_page(
+    gw: GatewayProcess, open_tab: Callable[..., Tab], tmp_path: Path
+) -> None:
+    name = unique("long")
+    gw.sm.create_training_job(**job_request(name, tmp_path / "out", mode="steps", steps="10000"))
+    tab = open_tab(f"{gw.url}/console/jobs/{name}")
+    page = tab.page
+    page.locator("pre.log").filter(has_text="step 2").wait_for()
+    page.get_by_role("button", name="Stop job").click()
+    confirm = page.get_by_role("region", name="Stop job")
+    assert "SIGTERM" in confirm.inner_text()  # says what happens, and asks once
+    confirm.get_by_role("button", name="Stop", exact=True).click()
+    page.get_by_role("status").filter(has_text=f"Stopping {name}").wait_for()
+    assert wait_final(gw.sm, name)["TrainingJobStatus"] == "Stopped"
+    page.locator(".status", has_text="Stopped").wait_for()
+    assert tab.errors == []
 
 
 def test_a_phone_width_screen_gets_cards_without_sideways_scrolling(

@@ -13,7 +13,16 @@ import pytest
 
 from tests.conftest import GatewayProcess, deploy, make_tarball, start_gateway
 from tests.console.conftest import Tab
-from tests.e2e.test_auth import APP, APP_SECRET, OPS, OPS_SECRET, SECRETS, client, write_stack
+from tests.e2e.test_auth import (
+    APP,
+    APP_SECRET,
+    OPS,
+    OPS_SECRET,
+    SECRETS,
+    client,
+    signed_http,
+    write_stack,
+)
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +101,56 @@ def test_a_scoped_key_sees_what_it_may_describe_and_is_told_what_it_may_not(
     charts.filter(has_text="AccessDeniedException").wait_for()
     assert "shipyard:GetMetrics" in charts.inner_text()
     assert page.locator("form#signin").is_hidden()  # denied, not signed out
+
+
+def test_a_read_only_key_sees_every_control_disabled_with_why_and_a_forged_call_is_refused(
+    secured: GatewayProcess, open_tab: Callable[..., Tab]
+) -> None:
+    """APP may describe and invoke, nothing else: the page disables what it may not
+    call, naming the action; a control enabled by hand still gets the gateway's
+    refusal, announced as an alert, and nothing changes."""
+    tab = open_tab(secured.url + "/console/endpoints/guarded")
+    _sign_in(tab, APP, APP_SECRET)
+    page = tab.page
+    page.get_by_role("status", name="Status").filter(has_text="InService").wait_for()
+    weights = page.get_by_role("button", name="Update weights and capacity")
+    page.wait_for_function("document.querySelector('[data-open=weights]').disabled === true")
+    assert "sagemaker:UpdateEndpointWeightsAndCapacities" in (
+        weights.get_attribute("aria-description") or ""
+    )
+    delete = page.get_by_role("button", name="Delete endpoint")
+    assert delete.is_disabled()
+    assert "sagemaker:DeleteEndpoint" in (delete.get_attribute("aria-description") or "")
+
+    # Invoking is allowed: Try it goes through the runtime door, signed.
+    try_it = page.get_by_role("region", name="Try it")
+    assert try_it.get_by_role("button", name="Invoke").is_enabled()
+    try_it.get_by_label("Body").fill("[[1, 2]]")
+    try_it.get_by_role("button", name="Invoke").click()
+    page.get_by_role("region", name="Response").locator("[data-http-status='200']").wait_for()
+
+    # Forged: the button enabled by hand; the gateway refuses the call itself.
+    page.evaluate("document.querySelector('[data-open=delete]').disabled = false")
+    delete.click()
+    panel = page.get_by_role("region", name="Delete endpoint")
+    panel.get_by_label("Confirm").fill("guarded")
+    panel.get_by_role("button", name="Delete").click()
+    alert = page.get_by_role("alert").filter(has_text="AccessDeniedException")
+    alert.wait_for()
+    assert "sagemaker:DeleteEndpoint" in alert.inner_text()
+    status = client(secured, "sagemaker").describe_endpoint(EndpointName="guarded")
+    assert status["EndpointStatus"] == "InService"
+    tab.errors[:] = [e for e in tab.errors if "403" not in e]  # the refusal's failed load
+    assert tab.errors == []
+
+
+def test_whoami_tells_a_key_what_it_may_do_and_needs_a_signature(
+    secured: GatewayProcess,
+) -> None:
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(secured.url + "/console/api/whoami", timeout=10)
+    assert refused.value.code == 403
+    status, _, body = signed_http(secured, "GET", "/console/api/whoami", key=APP, secret=APP_SECRET)
+    assert status == 200
+    answer = json.loads(body)
+    assert answer["key"] == APP and "sagemaker:describe*" in answer["allow"]  # as matched

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.conftest import GatewayProcess, make_tarball, wait_in_service, wait_until
 from tests.console.conftest import Tab
-from tests.e2e.test_deployments import canary, make_config
+from tests.e2e.test_deployments import make_config
 
 
 def test_charts_alarms_and_a_deployment_that_rolls_back(
@@ -69,25 +69,35 @@ def test_charts_alarms_and_a_deployment_that_rolls_back(
     page.wait_for_function(
         "() => Number(document.querySelector('figure[data-chart=invocations]').dataset.stored) >= 1"
     )
-    alarms = page.locator("section[data-view] table", has_text="shop-errors")
+    alarms = page.locator("section[data-view] table", has_text="shop-errors").first
     assert "Invocation5XXErrors" in alarms.inner_text()
 
-    gw.sm.update_endpoint(
-        EndpointName="shop",
-        EndpointConfigName="shop-b",
-        DeploymentConfig=canary(300, ["shop-errors"]),
-    )
+    # A canary of one instance, rolled back by shop-errors, started from the page.
+    page.get_by_role("button", name="Update endpoint").click()
+    form = page.get_by_role("region", name="Update endpoint")
+    form.get_by_label("Endpoint config").select_option("shop-b")
+    form.get_by_role("radiogroup", name="Deployment policy").get_by_label("Canary").check()
+    form.get_by_label("Size").fill("1")
+    form.get_by_label("Unit").select_option(label="Instances")
+    form.get_by_label("Wait interval").fill("300")
+    form.get_by_label("Rollback alarms").fill("shop-errors")
+    form.get_by_role("button", name="Start update").click()
     page.wait_for_selector('[data-deployment="Baking"]', timeout=60_000)
-    deployment = page.locator('[data-deployment="Baking"]')
+    deployment = page.get_by_role("region", name="Deployment")
     assert "shop-b" in deployment.inner_text() and "blue/green, canary" in deployment.inner_text()
     assert deployment.locator("meter").get_attribute("value") == "0.500"
     assert "shop-errors" in deployment.inner_text()
     tab.screenshot("deployment.png")
 
-    cw.set_alarm_state(AlarmName="shop-errors", StateValue="ALARM", StateReason="a drill")
+    # Roll back: the page sets the rollback alarm (SetAlarmState), as a drill would.
+    deployment.get_by_role("button", name="Roll back").click()
+    page.get_by_role("status").filter(has_text="the deployment rolls back").wait_for()
     page.wait_for_function("() => document.body.innerText.includes('rolled back')", timeout=60_000)
     text = page.locator("section[data-view]").first.inner_text()
     assert "shop-errors" in text and "InService" in text
     assert page.locator("[data-deployment]").count() == 0
-    assert "ALARM" in page.locator("section[data-view] table", has_text="shop-errors").inner_text()
+    assert "ALARM" in alarms.inner_text()
+    # The steps, and why it ended, in the endpoint's deployment history.
+    history = page.locator("section[data-view] table", has_text="Endpoint Deployment").first
+    assert "RolledBack" in history.inner_text() and "Baking" in history.inner_text()
     assert tab.errors == []

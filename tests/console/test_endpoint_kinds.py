@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import GatewayProcess, deploy, make_tarball, start_gateway, wait_until
+from tests.conftest import (
+    MODELS,
+    GatewayProcess,
+    deploy,
+    make_tarball,
+    start_gateway,
+    wait_until,
+)
 from tests.console.conftest import Tab
 from tests.e2e.test_multimodel import _deploy_mme, _invoke
 from tests.e2e.test_serverless import create_serverless
@@ -86,6 +93,9 @@ def test_an_async_endpoint_shows_its_backlog(
     backlog.wait_for()
     tab.page.wait_for_selector('[data-backlog="0"]')  # all three answered
     assert "asynchronous" in tab.page.locator("dl.facts").first.inner_text()
+    requests = tab.page.get_by_role("region", name="Asynchronous requests")
+    requests.locator("tbody tr", has_text="Completed").nth(2).wait_for()
+    assert out.as_uri() in requests.inner_text()
     assert tab.errors == []
 
 
@@ -136,4 +146,45 @@ def test_an_endpoint_of_components_shows_them_their_copies_placement_and_session
     assert "0, 1" in text  # 1.5 cores each: one copy per 2-core instance
     view = tab.page.locator("section[data-view]").first.inner_text()
     assert "Variant AllTraffic: 2 instances." in view and "Open sessions: 1." in view
+    # The list counts the component's copies, and its variant's instances, as served.
+    tab.page.goto(f"{gw.url}/console")
+    listed = tab.page.locator("section[data-view] tr", has_text="shared")
+    listed.filter(has_text="echoes").wait_for()
+    assert "2/2" in listed.locator("li", has_text="echoes").inner_text()
+    assert "2/2" in listed.locator("li", has_text="ml.m5.large").inner_text()
+    tab.page.goto(f"{gw.url}/console/inference-components/echoes")
+    tab.page.locator('[data-copies="2"]').wait_for()
+
+    # One copy fewer, from the endpoint's weights and capacity form.
+    tab.page.goto(f"{gw.url}/console/endpoints/shared")
+    tab.page.get_by_role("button", name="Update weights and capacity").click()
+    form = tab.page.get_by_role("region", name="Update weights and capacity")
+    form.get_by_role("group", name="echoes").get_by_label("Instances").fill("1")
+    form.get_by_role("button", name="Apply").click()
+    tab.page.get_by_role("status").filter(has_text="echoes: 1 copies").wait_for()
+    described = gw.sm.describe_inference_component(InferenceComponentName="echoes")
+    assert described["RuntimeConfig"]["DesiredCopyCount"] == 1
+    row.filter(has_text="1/1").wait_for()
+    assert tab.errors == []
+
+
+def test_try_it_streams_a_streaming_models_answer_and_shows_a_mid_stream_failure(
+    gw: GatewayProcess, open_tab: Callable[..., Tab]
+) -> None:
+    deploy(gw.sm, "streams", (MODELS / "streamer").as_uri())
+    tab = _endpoint_page(open_tab, gw, "streams")
+    page = tab.page
+    try_it = page.get_by_role("region", name="Try it")
+    try_it.get_by_label("Body").fill('{"chunks": 3}')
+    try_it.get_by_label("Stream the answer").check()
+    try_it.get_by_role("button", name="Invoke").click()
+    response = page.get_by_role("region", name="Response")
+    page.locator(".response[data-parts='3']").wait_for()
+    assert response.locator("pre.answer").inner_text() == "chunk 0\nchunk 1\nchunk 2\n"
+    assert response.locator("[data-http-status='200']").count() == 1
+
+    try_it.get_by_label("Body").fill('{"chunks": 5, "fail_after": 2}')
+    try_it.get_by_role("button", name="Invoke").click()
+    page.get_by_role("alert").filter(has_text="failed mid-stream").wait_for()
+    assert "ModelStreamError" in response.locator("pre.answer").inner_text()
     assert tab.errors == []

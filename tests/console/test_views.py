@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import base64
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from shipyard.gateway.console import fragments, pages
-from shipyard.gateway.console.door import LOG_CHUNK_BYTES, _read_log
+import pytest
+
+from shipyard import __version__
+from shipyard.errors import AccessDenied
+from shipyard.gateway.console import fragments, listings, pages
+from shipyard.gateway.console.captured import last_records
+from shipyard.gateway.console.door import LOG_CHUNK_BYTES, _read_log, _versioned
 from shipyard.gateway.console.history import MetricsHistory
 from shipyard.gateway.console.logs import TAIL_BYTES, instance_tails
+from shipyard.gateway.console.resources import PAGE_SIZE, Filter, page_of
 from shipyard.gateway.console.state import ConsoleState, EndpointRow, JobReads, VariantRow
-from shipyard.gateway.edge.auth import Door, action_of
+from shipyard.gateway.edge.auth import ANY_KEY, Caller, Door, action_of, authorize
 from shipyard.records import Event, JobStatus
 from shipyard.storage.events import EventState
+from shipyard.storage.objects import ObjectStore
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 
@@ -52,6 +61,18 @@ def test_a_page_is_a_shell_that_names_its_views() -> None:
     assert 'data-metrics="/console/api/endpoints/a%20b/metrics"' in html
     assert 'data-auth="1" data-region="eu"' in html
     assert "<script>" not in html  # no inline script: the CSP allows none
+    assert '<script type="module" src="/console/static/console.js?v=' in html
+
+
+def test_the_scripts_import_each_other_at_this_version() -> None:
+    answer = _versioned(b'import { a } from "./signing.js";\nfrom "./polling.js";')
+    assert (
+        answer
+        == (
+            f'import {{ a }} from "./signing.js?v={__version__}";\n'
+            f'from "./polling.js?v={__version__}";'
+        ).encode()
+    )
 
 
 def test_a_log_is_read_in_whole_lines_from_an_offset_or_its_tail(tmp_path: Path) -> None:
@@ -88,6 +109,17 @@ def test_pages_load_unsigned_and_each_view_is_scoped_as_what_it_reads() -> None:
         "/console/api/endpoints/logs": "sagemaker:DescribeEndpoint",
         "/console/api/endpoints/metrics": "sagemaker:DescribeEndpoint",
         "/console/api/transform-jobs/logs": "sagemaker:DescribeTransformJob",
+        "/console/api/endpoints/captured": "sagemaker:DescribeEndpoint",
+        # the other resources, each as its Describe; captured bodies need more
+        "/console/api/endpoints/x/history": "sagemaker:DescribeEndpoint",
+        "/console/api/endpoints/x/requests": "sagemaker:DescribeEndpoint",
+        "/console/api/endpoints/x/captured": "shipyard:GetCapturedData",
+        "/console/api/models": "sagemaker:DescribeModel",
+        "/console/api/models/x": "sagemaker:DescribeModel",
+        "/console/api/endpoint-configs/x": "sagemaker:DescribeEndpointConfig",
+        "/console/api/inference-components/x": "sagemaker:DescribeInferenceComponent",
+        "/console/api/alarms/x": "cloudwatch:DescribeAlarms",
+        "/console/api/whoami": "shipyard:GetCallerPermissions",
     }
     for path, action in expected.items():
         assert action_of("GET", path, None) == (Door.OTHER, action)
@@ -176,6 +208,73 @@ def test_a_key_scoped_by_resource_lists_only_the_jobs_and_events_it_reaches() ->
     shown = [s.event for s in state.recent_events(10, reaches)]
     assert [e.resource.rsplit("/", 1)[-1] for e in shown] == ["a-1", "f0"]
     assert len(state.recent_events(10)) == 4
+    # Filters, as ListTrainingJobs takes them, and events by the resource they name.
+    failed = state.jobs(None, name="B-", status="Failed")
+    assert [j.name for j in failed.jobs] == ["b-1", "b-2"] and failed.total == 2
+    assert [j.name for j in state.jobs(reaches, name="b").jobs] == []
+    about = state.recent_events(10, None, "a-1")
+    assert [s.event.resource for s in about] == [arn("training-job", "a-1")]
+
+
+def test_every_key_may_ask_what_it_may_do_and_nothing_more() -> None:
+    reader = Caller("AKIA", allow=("sagemaker:describe*",))
+    authorize(reader, ANY_KEY, account_id="1")  # allowed by no pattern, still answered
+    with pytest.raises(AccessDenied):
+        authorize(reader, "sagemaker:DeleteEndpoint", account_id="1")
+
+
+def test_lists_filter_by_name_and_status_and_page_like_list_actions() -> None:
+    items = [
+        SimpleNamespace(
+            name=f"m-{n:03d}",
+            status="InService" if n % 2 else "Failed",
+            image="i",
+            model_data_url=None,
+            created=NOW.replace(minute=n % 60, second=n // 60),
+        )
+        for n in range(120)
+    ]
+    first = page_of(items, Filter(), name=lambda m: m.name, created=lambda m: m.created)
+    assert first.total == 120 and len(first.items) == PAGE_SIZE and first.more
+    html = listings.models(first)  # type: ignore[arg-type]
+    assert 'data-page="1">Next page' in html and "Previous page" not in html
+    failed = page_of(
+        items,
+        Filter(name="M-01", status="Failed", page=0),
+        name=lambda m: m.name,
+        status=lambda m: m.status,
+        created=lambda m: m.created,
+    )
+    assert {m.name for m in failed.items} == {f"m-01{n}" for n in range(0, 10, 2)}
+    assert Filter.of({"page": "-1", "name": "x" * 100}) == Filter(name="x" * 63)
+
+
+def test_captured_records_read_newest_first_text_as_text_binary_as_its_size(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "capture" / "ep" / "AllTraffic" / "2026" / "11" / "29" / "12"
+    folder.mkdir(parents=True)
+
+    def record(at: str, data: str, encoding: str = "JSON") -> str:
+        body = {"observedContentType": "application/json", "mode": "INPUT", "data": data,
+                "encoding": encoding}  # fmt: skip
+        meta = {"eventId": "e", "inferenceId": at, "inferenceTime": f"2026-11-29T12:{at}Z"}
+        return json.dumps({"captureData": {"endpointInput": body}, "eventMetadata": meta})
+
+    (folder / "00-00-000-a.jsonl").write_text(record("00:01", "[[1, 2]]") + "\n")
+    binary = base64.b64encode(b"\xff\x00\x01").decode()
+    (folder / "01-00-000-b.jsonl").write_text(
+        record("01:01", binary, "BASE64") + "\nnot json\n" + record("01:02", "[[3]]") + "\n"
+    )
+    shown = last_records(ObjectStore(), (tmp_path / "capture").as_uri(), "ep")
+    assert [r.inference_id for r in shown.records] == ["01:02", "01:01", "00:01"]
+    assert shown.records[0].input is not None and shown.records[0].input.text == "[[3]]"
+    binary_body = shown.records[1].input
+    assert binary_body is not None and binary_body.text is None and binary_body.size == 3
+    assert shown.records[2].variant == "AllTraffic" and shown.records[0].output is None
+    html = listings.captured(shown)
+    assert "[[3]]" in html and "3 bytes" in html and "(binary)" in html
+    assert last_records(ObjectStore(), (tmp_path / "none").as_uri(), "ep").records == ()
 
 
 def test_a_schedules_page_lists_its_runs_and_their_violations_escaped() -> None:

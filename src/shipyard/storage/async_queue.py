@@ -207,6 +207,18 @@ class AsyncQueue:
             oldest_received=oldest[0] if oldest else None,
         )
 
+    def recent(self, endpoint: str, limit: int) -> list[AsyncRequest]:
+        """An endpoint's ``limit`` newest requests, newest first, without their inline
+        bodies (the console's list: what is queued, running, done or failed, and where
+        its output or failure went)."""
+        columns = [c for c in _Q.c if c.name != "body"]
+        query = (
+            select(*columns).where(_Q.c.endpoint == endpoint).order_by(_Q.c.id.desc()).limit(limit)
+        )
+        with self._tx() as conn:
+            rows = conn.execute(query).mappings().all()
+        return [_request({**row, "body": None}) for row in rows]
+
     def endpoints_with_work(self) -> list[str]:
         query = select(_Q.c.endpoint).where(_Q.c.status.in_(_WAITING)).distinct()
         with self._tx() as conn:

@@ -20,6 +20,7 @@ database's, so tests can inject time.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -217,6 +218,22 @@ class EventLog:
     def recent_events(self, limit: int) -> list[EventState]:
         """The ``limit`` events recorded last, newest first (the console's events log)."""
         query = select(t.events).order_by(t.events.c.id.desc()).limit(limit)
+        with transaction(self._engine) as conn:
+            rows = conn.execute(query).mappings().all()
+        return [_event_state(r) for r in rows]
+
+    def recent_about(
+        self, resource: str, detail_types: Sequence[str], limit: int
+    ) -> list[EventState]:
+        """The ``limit`` newest events of ``detail_types`` about ``resource`` (an ARN),
+        newest first: an endpoint's deployment history, read without decoding the rest."""
+        c = t.events.c
+        query = (
+            select(t.events)
+            .where(c.resource == resource, c.detail_type.in_(list(detail_types)))
+            .order_by(c.id.desc())
+            .limit(limit)
+        )
         with transaction(self._engine) as conn:
             rows = conn.execute(query).mappings().all()
         return [_event_state(r) for r in rows]

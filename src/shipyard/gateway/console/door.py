@@ -20,10 +20,11 @@ metrics included) is refused unless the key reaches that resource's ARN, and the
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from importlib import resources
+from importlib import resources as package_files
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +33,13 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
+from shipyard import __version__
 from shipyard.errors import AccessDenied, ResourceNotFound, ShipyardError
-from shipyard.gateway.console import fragments, pages
+from shipyard.events.kinds import DEPLOYMENT, DEPLOYMENT_STEP
+from shipyard.gateway.console import fragments, listings, pages
 from shipyard.gateway.console.history import MetricsHistory
 from shipyard.gateway.console.logs import instance_tails
+from shipyard.gateway.console.resources import Filter, ResourceReads, page_of
 from shipyard.gateway.console.state import ConsoleState, Reaches
 from shipyard.gateway.edge.auth import admitted
 from shipyard.gateway.wire.errors import control_error_response
@@ -47,6 +51,9 @@ LOG_CHUNK_BYTES = 64 * 1024
 """Most log bytes one poll returns; a page opened on a long log starts at its tail."""
 
 EVENTS_SHOWN = 100
+
+DEPLOYMENTS_SHOWN = 20
+"""Steps and ends of deployments an endpoint's page shows, newest first."""
 
 _PAGE_HEADERS = {
     # No inline script or style anywhere: a value that slipped past escaping still
@@ -64,6 +71,19 @@ _STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; cha
 
 View = Callable[[Request], Awaitable[Response]]
 
+STATIC_FILES = (
+    "console.js",
+    "signing.js",
+    "polling.js",
+    "charts.js",
+    "actions.js",
+    "tryit.js",
+    "console.css",
+)
+"""console.js is an ES module importing the others: no bundler, no build step."""
+
+_IMPORT = re.compile(rb'from "\./([a-z]+)\.js"')
+
 
 class ConsoleDoor:
     """Routes of the web console; see the module."""
@@ -72,6 +92,7 @@ class ConsoleDoor:
         self,
         *,
         state: ConsoleState,
+        resources: ResourceReads,
         log_files: Callable[[str], list[Path]],
         logs_dir: Path,
         auth: bool,
@@ -79,6 +100,7 @@ class ConsoleDoor:
         processing_log_files: Callable[[str], list[Path]] | None = None,
     ) -> None:
         self.state = state
+        self.resources = resources
         self.log_files = log_files
         self.processing_log_files = processing_log_files
         """A processing job's log files; None: the console shows no processing jobs."""
@@ -89,10 +111,8 @@ class ConsoleDoor:
         self.region = region
         self.history = MetricsHistory(state.counters)
         """Sampled by the app's lifespan (``history.run``)."""
-        folder = resources.files("shipyard.gateway.console") / "static"
-        self._static = {
-            name: (folder / name).read_bytes() for name in ("console.js", "console.css")
-        }
+        folder = package_files.files("shipyard.gateway.console") / "static"
+        self._static = {name: _versioned((folder / name).read_bytes()) for name in STATIC_FILES}
 
     def __repr__(self) -> str:
         return f"ConsoleDoor(auth={self.auth})"
@@ -100,10 +120,25 @@ class ConsoleDoor:
     def routes(self) -> list[BaseRoute]:
         page, one = self._page, self._one
         api = [  # a view of one resource asks first whether the key reaches it
+            Route("/whoami", self.whoami_view),
             Route("/endpoints", self.endpoints_view),
             Route("/endpoints/{name}", one("endpoint", self.endpoint_view)),
             Route("/endpoints/{name}/metrics", one("endpoint", self.metrics_view)),
             Route("/endpoints/{name}/logs", one("endpoint", self.endpoint_logs_view)),
+            Route("/endpoints/{name}/history", one("endpoint", self.endpoint_history_view)),
+            Route("/endpoints/{name}/requests", one("endpoint", self.requests_view)),
+            Route("/endpoints/{name}/captured", one("endpoint", self.captured_view)),
+            Route("/models", self.models_view),
+            Route("/models/{name}", one("model", self.model_view)),
+            Route("/endpoint-configs", self.configs_view),
+            Route("/endpoint-configs/{name}", one("endpoint-config", self.config_view)),
+            Route("/inference-components", self.components_view),
+            Route(
+                "/inference-components/{name}",
+                one("inference-component", self.component_view),
+            ),
+            Route("/alarms", self.alarms_view),
+            Route("/alarms/{name}", one("alarm", self.alarm_view)),
             Route("/jobs", self.jobs_view),
             Route("/jobs/{name}", one("training-job", self.job_view)),
             Route("/jobs/{name}/log", one("training-job", self.log_view)),
@@ -117,10 +152,24 @@ class ConsoleDoor:
             Route("/transform-jobs/{name}/logs", one("transform-job", self.transform_logs_view)),
             Route("/events", self.events_view),
         ]
+        lists = (
+            ("Models", "/console/models", pages.models),
+            ("Endpoint configs", "/console/endpoint-configs", pages.configs),
+            ("Inference components", "/console/inference-components", pages.components),
+            ("Alarms", "/console/alarms", pages.alarms),
+        )
+        ones = (
+            ("Models", "/console/models/{name}", pages.model),
+            ("Endpoint configs", "/console/endpoint-configs/{name}", pages.config),
+            ("Inference components", "/console/inference-components/{name}", pages.component),
+            ("Alarms", "/console/alarms/{name}", pages.alarm),
+        )
         return [
             Route("/console", page("Endpoints", "Endpoints", lambda _: pages.overview())),
             Route("/console/", page("Endpoints", "Endpoints", lambda _: pages.overview())),
             Route("/console/endpoints/{name}", page(None, "Endpoints", pages.endpoint)),
+            *(Route(path, page(title, title, _unnamed(body))) for title, path, body in lists),
+            *(Route(path, page(None, active, body)) for active, path, body in ones),
             Route("/console/jobs", page("Jobs", "Jobs", lambda _: pages.jobs())),
             Route("/console/jobs/{name}", page(None, "Jobs", pages.job)),
             Route("/console/transform-jobs/{name}", page(None, "Jobs", pages.transform_job)),
@@ -170,7 +219,8 @@ class ConsoleDoor:
         (403, ``{"__type", "message"}``) unless the caller's key reaches its ARN."""
 
         async def handle(request: Request) -> Response:
-            arn = self.state.arn(kind, request.path_params["name"])
+            name = request.path_params["name"]
+            arn = self.resources.alarm_arn(name) if kind == "alarm" else self.state.arn(kind, name)
             try:
                 admitted(request.scope).reach(arn)
             except AccessDenied as exc:
@@ -183,10 +233,35 @@ class ConsoleDoor:
 
     # -- views ------------------------------------------------------------------------
 
+    async def whoami_view(self, request: Request) -> Response:
+        """What the signed-in key may call and reach (``shipyard:GetCallerPermissions``):
+        the console disables what it may not use. Without ``auth:``, everything."""
+        edge = admitted(request.scope)
+        caller = edge.caller
+        answer: dict[str, object] = {
+            "auth": caller is not None,
+            "key": caller.access_key_id if caller is not None else None,
+            "allow": list(caller.allow) if caller is not None else ["*"],
+            "resources": list(caller.resources) if caller is not None else ["*"],
+            # For the page to write the ARNs the resource patterns match.
+            "arn": self.state.arn("endpoint", "x").rsplit(":", 1)[0],
+        }
+        return JSONResponse(answer, headers=_API_HEADERS)
+
     async def endpoints_view(self, request: Request) -> Response:
         reaches = _reaches(request)
         endpoints, configs = await run_in_threadpool(self.state.endpoint_records, reaches)
-        return _fragment(fragments.overview(self.state.rows(endpoints, configs)))
+        components = await run_in_threadpool(self.resources.all_components)
+        shown = page_of(  # by name, as the overview lists them
+            endpoints,
+            Filter.of(request.query_params),
+            name=lambda e: e.name,
+            status=lambda e: e.status.value,
+            created=lambda e: e.name,
+            newest_first=False,
+        )
+        rows = self.state.rows(shown.items, configs, components)
+        return _fragment(fragments.overview(rows, total=shown.total) + listings.pager(shown))
 
     async def endpoint_view(self, request: Request) -> Response:
         name = request.path_params["name"]
@@ -203,6 +278,92 @@ class ConsoleDoor:
         detail = replace(self.state.detail(endpoint, config, components), alarms=alarms)
         return _fragment(fragments.endpoint(detail))
 
+    async def endpoint_history_view(self, request: Request) -> Response:
+        """An endpoint's scaling policies and deployment history: read less often than
+        its state (pages.py)."""
+        name = request.path_params["name"]
+        policies = await run_in_threadpool(self.resources.policies_of, name)
+        steps = await run_in_threadpool(
+            self.state.events.recent_about,
+            self.state.arn("endpoint", name),
+            (DEPLOYMENT, DEPLOYMENT_STEP),
+            DEPLOYMENTS_SHOWN,
+        )
+        return _fragment(
+            "<h2>Scaling policies</h2>"
+            + listings.policies(policies)
+            + "<h2>Deployment history</h2>"
+            + fragments.events(steps)
+        )
+
+    async def requests_view(self, request: Request) -> Response:
+        found = await run_in_threadpool(self.resources.requests, request.path_params["name"])
+        return _fragment(listings.requests(found))
+
+    async def captured_view(self, request: Request) -> Response:
+        capture = await run_in_threadpool(self.resources.captured, request.path_params["name"])
+        return _fragment(listings.captured(capture))
+
+    async def models_view(self, request: Request) -> Response:
+        found = await run_in_threadpool(
+            self.resources.models, Filter.of(request.query_params), _reaches(request)
+        )
+        return _fragment(listings.models(found))
+
+    async def model_view(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        try:
+            detail = await run_in_threadpool(self.resources.model, name)
+        except ShipyardError:
+            return _fragment(fragments.not_found(f'Could not find model "{name}".'), 404)
+        return _fragment(listings.model(detail))
+
+    async def configs_view(self, request: Request) -> Response:
+        found = await run_in_threadpool(
+            self.resources.configs, Filter.of(request.query_params), _reaches(request)
+        )
+        return _fragment(listings.configs(found))
+
+    async def config_view(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        try:
+            config = await run_in_threadpool(self.resources.config, name)
+        except ShipyardError:
+            return _fragment(
+                fragments.not_found(f'Could not find endpoint configuration "{name}".'), 404
+            )
+        return _fragment(listings.config(config))
+
+    async def components_view(self, request: Request) -> Response:
+        found = await run_in_threadpool(
+            self.resources.components, Filter.of(request.query_params), _reaches(request)
+        )
+        return _fragment(listings.components(found))
+
+    async def component_view(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        try:
+            component = await run_in_threadpool(self.resources.component, name)
+        except ShipyardError:
+            return _fragment(
+                fragments.not_found(f'Could not find inference component "{name}".'), 404
+            )
+        row = self.state.component_row(component)
+        return _fragment(listings.component(component, row))
+
+    async def alarms_view(self, request: Request) -> Response:
+        found = await run_in_threadpool(
+            self.resources.alarms, Filter.of(request.query_params), _reaches(request)
+        )
+        return _fragment(listings.alarms(found))
+
+    async def alarm_view(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        detail = await run_in_threadpool(self.resources.alarm, name)
+        if detail is None:
+            return _fragment(fragments.not_found(f"Could not find alarm {name}."), 404)
+        return _fragment(listings.alarm(detail))
+
     async def metrics_view(self, request: Request) -> Response:
         name = request.path_params["name"]
         variants = self.state.series(name)
@@ -217,8 +378,11 @@ class ConsoleDoor:
 
     async def jobs_view(self, request: Request) -> Response:
         reaches = _reaches(request)
-        training = await run_in_threadpool(self.state.jobs, reaches)
-        transforms = await run_in_threadpool(self.state.transforms, reaches)
+        wanted = Filter.of(request.query_params)
+        training = await run_in_threadpool(self.state.jobs, reaches, wanted.name, wanted.status)
+        transforms = await run_in_threadpool(
+            self.state.transforms, reaches, wanted.name, wanted.status
+        )
         processing = await run_in_threadpool(self.state.processing, reaches)
         schedules = await run_in_threadpool(self.state.schedules, reaches)
         shown = processing if self.processing_log_files is not None else None
@@ -258,7 +422,10 @@ class ConsoleDoor:
         return _fragment(fragments.transform_job(job))
 
     async def events_view(self, request: Request) -> Response:
-        states = await run_in_threadpool(self.state.recent_events, EVENTS_SHOWN, _reaches(request))
+        resource = request.query_params.get("resource", "")[:256]
+        states = await run_in_threadpool(
+            self.state.recent_events, EVENTS_SHOWN, _reaches(request), resource
+        )
         return _fragment(fragments.events(states))
 
     async def endpoint_logs_view(self, request: Request) -> Response:
@@ -304,6 +471,17 @@ class ConsoleDoor:
             {"text": text, "next": next_offset, "status": job.status.value, "done": done},
             headers=_API_HEADERS,
         )
+
+
+def _versioned(content: bytes) -> bytes:
+    """``content`` with its imports of the other modules naming this version, as the
+    pages name console.js: a browser never mixes a cached module with a newer one."""
+    version = __version__.encode()
+    return _IMPORT.sub(lambda m: b'from "./' + m[1] + b".js?v=" + version + b'"', content)
+
+
+def _unnamed(body: Callable[[], str]) -> Callable[[str], str]:
+    return lambda _: body()
 
 
 def _reaches(request: Request) -> Reaches | None:

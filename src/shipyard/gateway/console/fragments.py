@@ -70,7 +70,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, empty: str) 
     return f'<table class="cards"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def _link(kind: str, name: str) -> str:
+def link(kind: str, name: str) -> str:
     return f'<a href="/console/{kind}/{quote(name, safe="")}">{esc(name)}</a>'
 
 
@@ -100,21 +100,30 @@ def _variant_line(v: VariantRow, total_weight: float) -> str:
 
 def _variants_list(row: EndpointRow) -> str:
     total = sum(v.weight for v in row.variants if not v.shadow)
+    copies = "".join(
+        f'<li><b>{esc(c.name)}</b> <span class="counts">{c.current}/{c.desired}</span> '
+        f'<span class="muted">copies on {esc(c.variant)}</span></li>'
+        for c in row.components
+    )
     return (
-        '<ul class="variants">' + "".join(_variant_line(v, total) for v in row.variants) + "</ul>"
+        '<ul class="variants">'
+        + "".join(_variant_line(v, total) for v in row.variants)
+        + copies
+        + "</ul>"
     )
 
 
-def overview(rows: Sequence[EndpointRow]) -> str:
+def overview(rows: Sequence[EndpointRow], *, total: int | None = None) -> str:
+    """The endpoints listed (a page of ``total`` matching, when given)."""
     counts: dict[str, int] = {}
     for r in rows:
         counts[r.status] = counts.get(r.status, 0) + 1
     summary = " · ".join(f"{n} {esc(status)}" for status, n in sorted(counts.items()))
     body = table(
-        ("Endpoint", "Status", "Variants (healthy/desired instances)", "Last modified"),
+        ("Endpoint", "Status", "Instances", "Last modified"),
         (
             (
-                _link("endpoints", r.name)
+                link("endpoints", r.name)
                 + (' <span class="badge plain">async</span>' if r.is_async else ""),
                 badge(r.status)
                 + (f'<p class="reason">{esc(r.failure_reason)}</p>' if r.failure_reason else ""),
@@ -123,10 +132,15 @@ def overview(rows: Sequence[EndpointRow]) -> str:
             )
             for r in sorted(rows, key=lambda r: r.name)
         ),
-        empty="No endpoints yet. Create one with boto3 (CreateModel, CreateEndpointConfig, "
-        "CreateEndpoint) or shipyard apply.",
+        empty="No endpoints yet. Create one from a model's page (Models), with boto3 "
+        "(CreateModel, CreateEndpointConfig, CreateEndpoint) or shipyard apply.",
     )
-    return f'<p class="summary">{len(rows)} endpoints{" · " + summary if summary else ""}</p>{body}'
+    listed = len(rows) if total is None else total
+    shown = f" ({len(rows)} shown)" if listed > len(rows) else ""
+    return (
+        f'<p class="summary">{listed} endpoints{shown}{" · " + summary if summary else ""}</p>'
+        + body
+    )
 
 
 def endpoint(detail: EndpointDetail) -> str:
@@ -136,18 +150,24 @@ def endpoint(detail: EndpointDetail) -> str:
         if row.pending_config_name else ""
     )  # fmt: skip
     parts = [
-        f'<p class="status">{badge(row.status)}</p>',
+        f'<p class="status" role="status" aria-label="Status" data-status="{esc(row.status)}" '
+        f'data-variants="{esc(",".join(v.name for v in row.variants if not v.shadow))}" '
+        f'data-components="{esc(",".join(c.name for c in detail.components))}" '
+        f'data-async="{int(row.is_async)}" data-captures="{int(row.captures)}">'
+        f"{badge(row.status)}</p>",
         _failure(row.failure_reason),
-        f'<dl class="facts"><dt>Endpoint config</dt><dd>{esc(row.config_name)}</dd>{pending}'
+        f'<dl class="facts"><dt>Endpoint config</dt><dd>{link("endpoint-configs", row.config_name)}'
+        f"</dd>{pending}"
         f"<dt>Kind</dt><dd>{'asynchronous' if row.is_async else 'real-time'}</dd>"
-        f"<dt>Last modified</dt><dd>{when(row.modified)}</dd></dl>",
+        f"<dt>Last modified</dt><dd>{when(row.modified)}</dd>"
+        f"<dt>Sessions open</dt><dd>{detail.sessions}</dd></dl>",
         "<h2>Variants</h2>",
         _variants_table(row.variants),
         "<h2>Instances</h2>",
         _instances(detail),
     ]
     if detail.deployment and row.pending_config_name:
-        parts += ["<h2>Deployment</h2>", _deployment(detail.deployment, row.pending_config_name)]
+        parts.append(_deployment(detail.deployment, row.pending_config_name))
     if detail.alarms:
         parts += ["<h2>Alarms</h2>", _alarms(detail)]
     if detail.components or detail.hosts:
@@ -174,7 +194,17 @@ def _deployment(deployment: dict[str, Any], config: str) -> str:
     ]
     share = float(deployment.get("share", 0.0))
     stage = str(deployment.get("stage", "Creating"))
+    roll_back = (
+        f'<button type="button" data-rollback="{esc(alarms[0])}" '
+        'data-needs="cloudwatch:SetAlarmState">Roll back</button> <span class="muted">sets '
+        f"alarm {esc(alarms[0])} to ALARM: traffic returns to the old fleet, the new one "
+        "stops.</span>"
+        if alarms and stage != "RollingBack"
+        else ""
+    )
     return (
+        '<section class="deployment" role="region" aria-label="Deployment">'
+        "<h2>Deployment</h2>"
         f'<dl class="facts" data-deployment="{esc(stage)}">'
         f"<dt>To config</dt><dd>{esc(config)}</dd>"
         f"<dt>Policy</dt><dd>{esc(kind)}</dd>"
@@ -182,6 +212,7 @@ def _deployment(deployment: dict[str, Any], config: str) -> str:
         f'<dt>New fleet\'s traffic</dt><dd><meter min="0" max="1" value="{share:.3f}"></meter> '
         f"{share:.0%}</dd>"
         f"<dt>Rolls back on</dt><dd>{esc(', '.join(alarms)) or 'no alarm'}</dd></dl>"
+        f"{roll_back}</section>"
     )
 
 
@@ -265,13 +296,13 @@ def _components(detail: EndpointDetail) -> str:
     sessions = f'<p class="muted">Open sessions: {detail.sessions}.</p>' if detail.sessions else ""
     return (
         table(
-            ("Component", "Variant", "Status", "Copies", "Per copy", "Placed on instances"),
+            ("Component", "Variant", "Status", "Instances", "Per copy", "Placed on instances"),
             (
                 (
-                    esc(c.name) + _failure(c.failure_reason),
+                    link("inference-components", c.name) + _failure(c.failure_reason),
                     esc(c.variant),
                     badge(c.status),
-                    f"{c.current}/{c.desired}",
+                    f'{c.current}/{c.desired} <span class="muted">copies</span>',
                     f"{c.cpus:g} cores, {c.memory_mb} MB",
                     esc(", ".join(str(i) for i in c.placed_on)) or "—",
                 )
@@ -381,7 +412,7 @@ def _processing(processing: Listing | None) -> str:
             ("Processing job", "Status", "Created", "Duration", "Exit message"),
             (
                 (
-                    _link("processing-jobs", j.name),
+                    link("processing-jobs", j.name),
                     badge(j.status.value),
                     when(j.created),
                     _duration(j.started, j.ended),
@@ -401,7 +432,7 @@ def _schedules(schedules: Sequence[Any]) -> str:
         ("Schedule", "Status", "Expression", "Next run", "Created"),
         (
             (
-                _link("monitoring-schedules", s.name),
+                link("monitoring-schedules", s.name),
                 badge(s.status),
                 esc(_expression(s)),
                 when(s.next_tick),
@@ -426,7 +457,7 @@ def _training(training: Listing) -> str:
             ("Job", "Type", "Status", "Secondary status", "Created", "Duration"),
             (
                 (
-                    _link("jobs", j.name),
+                    link("jobs", j.name),
                     esc(j.job_type or "—"),
                     badge(j.status.value),
                     esc(j.secondary_status),
@@ -448,7 +479,7 @@ def _transforms(transforms: Listing) -> str:
             ("Transform job", "Model", "Status", "Progress", "Created"),
             (
                 (
-                    _link("transform-jobs", t.name),
+                    link("transform-jobs", t.name),
                     esc(t.request.get("ModelName", "")),
                     badge(t.status.value),
                     _progress(t),
@@ -510,7 +541,7 @@ def monitoring_schedule(view: Any) -> str:
                 when(r.execution.scheduled),
                 badge(r.execution.status),
                 f"{when(r.execution.window_start)} – {when(r.execution.window_end)}",
-                _link("processing-jobs", r.execution.job_name)
+                link("processing-jobs", r.execution.job_name)
                 if r.execution.detail.get("request")
                 else "—",
                 _violations(r.violations, r.execution.failure_reason),
@@ -522,7 +553,7 @@ def monitoring_schedule(view: Any) -> str:
     return (
         f'<p class="status">{badge(s.status)}</p>'
         + _failure(s.failure_reason)
-        + f'<dl class="facts"><dt>Endpoint</dt><dd>{_link("endpoints", view.endpoint)}</dd>'
+        + f'<dl class="facts"><dt>Endpoint</dt><dd>{link("endpoints", view.endpoint)}</dd>'
         f"<dt>Expression</dt><dd>{esc(_expression(s))}</dd>"
         f"<dt>Next run</dt><dd>{when(s.next_tick)}</dd>"
         f"<dt>Created</dt><dd>{when(s.created)}</dd></dl>" + "<h2>Runs</h2>" + runs
@@ -572,12 +603,13 @@ def events(states: Sequence[EventState]) -> str:
         )
 
     return table(
-        ("Time", "Event", "Resource", "Message", "Notification"),
+        ("Time", "Event", "Resource", "Status", "Message", "Notification"),
         (
             (
                 when(s.event.time),
                 esc(s.event.detail_type),
                 _resource(s.event.detail, s.event.resource),
+                _new_status(s.event.detail),
                 esc(s.event.message),
                 delivery(s),
             )
@@ -585,6 +617,17 @@ def events(states: Sequence[EventState]) -> str:
         ),
         empty="No events yet.",
     )
+
+
+def _new_status(detail: dict[str, object]) -> str:
+    """The status a state change moved to, as the API spells it."""
+    for key, value in detail.items():
+        if key.endswith(("Status", "State", "Stage")) and isinstance(value, str):
+            return badge(value)
+    state = detail.get("state")
+    if isinstance(state, dict) and isinstance(state.get("value"), str):
+        return badge(state["value"])  # an alarm's (CloudWatch's event shape)
+    return '<span class="muted">—</span>'
 
 
 def instance_logs(tails: Sequence[tuple[str, str]]) -> str:
@@ -603,16 +646,21 @@ def _resource(detail: dict[str, object], arn: str) -> str:
     whose page shows it; else the ARN's last part."""
     component, endpoint = detail.get("InferenceComponentName"), detail.get("EndpointName")
     if isinstance(component, str) and isinstance(endpoint, str):
-        return f'{esc(component)} <span class="muted">on</span> {_link("endpoints", endpoint)}'
+        return (
+            f'{link("inference-components", component)} <span class="muted">on</span> '
+            f"{link('endpoints', endpoint)}"
+        )
     kinds = (
         ("EndpointName", "endpoints"),
         ("TrainingJobName", "jobs"),
         ("TransformJobName", "transform-jobs"),
+        ("alarmName", "alarms"),
+        ("ModelName", "models"),
     )
     for key, kind in kinds:
         name = detail.get(key)
         if isinstance(name, str):
-            return _link(kind, name)
+            return link(kind, name)
     return esc(arn.rsplit("/", 1)[-1])
 
 

@@ -20,7 +20,21 @@ LIST_EVERY_MS = 5000
 endpoints or of the newest jobs costs the gateway about 10 ms of CPU, which its data
 path shares; an endpoint's own page (about 1 ms a read) is read every 2 s."""
 
-_NAV = (("Endpoints", "/console"), ("Jobs", "/console/jobs"), ("Events", "/console/events"))
+CAPTURE_EVERY_MS = 10_000
+"""Captured data is read from files (a listing and a few reads): less often."""
+HISTORY_EVERY_MS = 10_000
+"""An endpoint's scaling policies and deployment history (two small queries); a
+deployment's live steps are in the endpoint's own view, read every 2 s."""
+
+_NAV = (
+    ("Endpoints", "/console"),
+    ("Models", "/console/models"),
+    ("Endpoint configs", "/console/endpoint-configs"),
+    ("Inference components", "/console/inference-components"),
+    ("Jobs", "/console/jobs"),
+    ("Alarms", "/console/alarms"),
+    ("Events", "/console/events"),
+)
 
 _SIGN_IN = """<form id="signin" class="signin" hidden>
 <h2>Sign in</h2>
@@ -48,7 +62,7 @@ def shell(*, title: str, active: str, body: str, auth: bool, region: str) -> str
 <title>{escape(title)} · shipyard</title>
 <link rel="icon" href="data:,">
 <link rel="stylesheet" href="/console/static/console.css?v={__version__}">
-<script src="/console/static/console.js?v={__version__}" defer></script>
+<script type="module" src="/console/static/console.js?v={__version__}"></script>
 </head>
 <body data-auth="{1 if auth else 0}" data-region="{escape(region)}">
 <header class="top">
@@ -58,8 +72,9 @@ def shell(*, title: str, active: str, body: str, auth: bool, region: str) -> str
 </header>
 {_SIGN_IN}
 <p id="problem" class="problem" role="alert" hidden></p>
-<main id="content">
+<main id="content" data-name="{escape(title)}">
 <h1>{escape(title)}</h1>
+<p id="outcome" class="outcome" role="status" aria-live="polite"></p>
 {body}
 </main>
 </body>
@@ -67,20 +82,176 @@ def shell(*, title: str, active: str, body: str, auth: bool, region: str) -> str
 """
 
 
-def view(path: str, *, every_ms: int, label: str) -> str:
-    """An empty region that console.js fills from ``path`` and refreshes."""
+def view(path: str, *, every_ms: int, label: str, when: str = "") -> str:
+    """An empty region that console.js fills from ``path`` and refreshes; with ``when``,
+    hidden and not read until the endpoint's view says it applies (``data-<when>="1"``:
+    an endpoint's queue, its captured data), so an endpoint without them costs nothing."""
+    condition = f' data-when="{escape(when)}" hidden' if when else ""
     return (
         f'<section class="view" data-view="{escape(path)}" data-every-ms="{every_ms}" '
-        f'aria-label="{escape(label)}"><p class="muted">Loading…</p></section>'
+        f'aria-label="{escape(label)}"{condition}><p class="muted">Loading…</p></section>'
+    )
+
+
+def _list(path: str, label: str, statuses: tuple[str, ...] = ()) -> str:
+    """A filter (a part of the name, a status, as List* takes them) over a list's view."""
+    choice = ""
+    if statuses:
+        options = "".join(f"<option>{escape(s)}</option>" for s in statuses)
+        choice = (
+            '<label>Status <select name="status"><option value="">any</option>'
+            f"{options}</select></label>"
+        )
+    return (
+        f'<form class="filter" role="search" aria-label="Filter {escape(label.lower())}">'
+        f'<label>Name contains <input name="name" type="search" autocomplete="off"></label>'
+        f"{choice}</form>" + view(path, every_ms=LIST_EVERY_MS, label=label)
     )
 
 
 def overview() -> str:
-    return view("/console/api/endpoints", every_ms=LIST_EVERY_MS, label="Endpoints")
+    statuses = ("InService", "Creating", "Updating", "RollingBack", "Failed", "Deleting")
+    return _list("/console/api/endpoints", "Endpoints", statuses)
+
+
+def models() -> str:
+    return _list("/console/api/models", "Models")
+
+
+def model(name: str) -> str:
+    return (
+        _actions(
+            ("create-endpoint", "Create endpoint", "sagemaker:CreateEndpoint", "model"),
+            ("delete-model", "Delete model", "sagemaker:DeleteModel", "model"),
+        )
+        + _dialog("create-endpoint", "Create endpoint")
+        + _dialog("delete-model", "Delete model")
+        + view(f"/console/api/models/{quote(name, safe='')}", every_ms=LIST_EVERY_MS, label="Model")
+    )
+
+
+def configs() -> str:
+    return _list("/console/api/endpoint-configs", "Endpoint configs")
+
+
+def config(name: str) -> str:
+    return (
+        _actions(
+            (
+                "delete-config",
+                "Delete endpoint config",
+                "sagemaker:DeleteEndpointConfig",
+                "endpoint-config",
+            ),
+        )  # fmt: skip
+        + _dialog("delete-config", "Delete endpoint config")
+        + view(
+            f"/console/api/endpoint-configs/{quote(name, safe='')}",
+            every_ms=LIST_EVERY_MS,
+            label="Endpoint config",
+        )
+    )
+
+
+def components() -> str:
+    statuses = ("InService", "Creating", "Updating", "Failed", "Deleting")
+    return _list("/console/api/inference-components", "Inference components", statuses)
+
+
+def component(name: str) -> str:
+    return (
+        _actions(
+            (
+                "copies",
+                "Update copies",
+                "sagemaker:UpdateInferenceComponentRuntimeConfig",
+                "inference-component",
+            ),
+            (
+                "delete-component",
+                "Delete inference component",
+                "sagemaker:DeleteInferenceComponent",
+                "inference-component",
+            ),
+        )  # fmt: skip
+        + _dialog("copies", "Update copies")
+        + _dialog("delete-component", "Delete inference component")
+        + view(
+            f"/console/api/inference-components/{quote(name, safe='')}",
+            every_ms=2000,
+            label="Inference component",
+        )
+    )
+
+
+def alarms() -> str:
+    return _list("/console/api/alarms", "Alarms", ("OK", "ALARM", "INSUFFICIENT_DATA"))
+
+
+def alarm(name: str) -> str:
+    return view(f"/console/api/alarms/{quote(name, safe='')}", every_ms=2000, label="Alarm")
+
+
+def _actions(*buttons: tuple[str, str, str, str]) -> str:
+    """Buttons opening the page's action forms. ``data-needs`` is the action the button
+    calls (console.js disables it, saying so, when the key may not), ``data-on`` the kind
+    of resource whose ARN the key must reach (the page's own)."""
+    return (
+        '<div class="actions" role="toolbar" aria-label="Actions">'
+        + "".join(
+            f'<button type="button" data-open="{escape(key)}" data-needs="{escape(needs)}" '
+            f'data-on="{escape(on)}">{escape(label)}</button>'
+            for key, label, needs, on in buttons
+        )
+        + "</div>"
+    )
+
+
+def _dialog(key: str, label: str) -> str:
+    """An empty form console.js fills when its button opens it (it needs the resource's
+    current state: variants, configs), hidden until then."""
+    return (
+        f'<section class="panel" data-panel="{escape(key)}" role="region" '
+        f'aria-label="{escape(label)}" hidden></section>'
+    )
+
+
+_TRY_IT = """<section class="tryit" role="region" aria-labelledby="tryit-title">
+<h2 id="tryit-title">Try it</h2>
+<form data-form="invoke" data-needs="sagemaker-runtime:InvokeEndpoint" data-on="endpoint">
+<label class="wide">Body <textarea name="body" rows="4" spellcheck="false">[[1, 2]]</textarea>
+</label>
+<label>Content type <input name="contentType" value="application/json"></label>
+<label>Variant <select name="variant"><option value="">by weight</option></select></label>
+<label data-if="components" hidden>Inference component <select name="component"></select>
+</label>
+<label>Target model <input name="targetModel" placeholder="multi-model only"></label>
+<label>Session <input name="session" placeholder="optional: NEW_SESSION or an id"></label>
+<label class="check"><input type="checkbox" name="stream"> Stream the answer</label>
+<button type="submit">Invoke</button>
+</form>
+<section class="response" role="region" aria-label="Response" hidden></section>
+</section>"""
 
 
 def endpoint(name: str) -> str:
     base = f"/console/api/endpoints/{quote(name, safe='')}"
+    actions = _actions(
+        ("weights", "Update weights and capacity",
+         "sagemaker:UpdateEndpointWeightsAndCapacities", "endpoint"),
+        ("update", "Update endpoint", "sagemaker:UpdateEndpoint", "endpoint"),
+        ("scaling", "Scaling policy", "application-autoscaling:PutScalingPolicy", "endpoint"),
+        ("delete", "Delete endpoint", "sagemaker:DeleteEndpoint", "endpoint"),
+    )  # fmt: skip
+    panels = "".join(
+        _dialog(key, label)
+        for key, label in (
+            ("weights", "Update weights and capacity"),
+            ("update", "Update endpoint"),
+            ("scaling", "Scaling policy"),
+            ("delete", "Delete endpoint"),
+        )
+    )
     charts = "".join(
         f'<figure class="chart" data-chart="{kind}"><figcaption>{caption}'
         f'<span class="now"></span></figcaption><canvas height="140"></canvas>'
@@ -92,30 +263,50 @@ def endpoint(name: str) -> str:
         )
     )
     return (
-        f'<section class="charts" data-metrics="{base}/metrics" data-every-ms="2000" '
-        f'aria-label="Charts">{charts}</section>'
+        actions
+        + panels
         + view(base, every_ms=2000, label="Endpoint")
+        + _TRY_IT
+        + f'<section class="charts" data-metrics="{base}/metrics" data-every-ms="2000" '
+        f'aria-label="Charts">{charts}</section>'
+        + view(f"{base}/history", every_ms=HISTORY_EVERY_MS, label="History")
+        + view(
+            f"{base}/requests", every_ms=LIST_EVERY_MS, label="Asynchronous requests", when="async"
+        )
+        + view(
+            f"{base}/captured", every_ms=CAPTURE_EVERY_MS, label="Captured data", when="captures"
+        )
         + "<h2>Instance logs</h2>"
         + view(f"{base}/logs", every_ms=3000, label="Instance logs")
     )
 
 
 def jobs() -> str:
-    return view("/console/api/jobs", every_ms=LIST_EVERY_MS, label="Jobs")
+    statuses = ("InProgress", "Completed", "Failed", "Stopping", "Stopped")
+    return _list("/console/api/jobs", "Jobs", statuses)
 
 
 def job(name: str) -> str:
     base = f"/console/api/jobs/{quote(name, safe='')}"
-    return view(base, every_ms=2000, label="Job") + (
-        f'<h2>Log</h2><pre class="log" data-log="{base}/log" data-every-ms="1000" '
-        f'aria-label="Log" tabindex="0"></pre>'
+    stop = _actions(("stop-job", "Stop job", "sagemaker:StopTrainingJob", "training-job"))
+    stop += _dialog("stop-job", "Stop job")
+    return (
+        stop
+        + view(base, every_ms=2000, label="Job")
+        + (
+            f'<h2>Log</h2><pre class="log" data-log="{base}/log" data-every-ms="1000" '
+            f'aria-label="Log" tabindex="0"></pre>'
+        )
     )
 
 
 def transform_job(name: str) -> str:
     base = f"/console/api/transform-jobs/{quote(name, safe='')}"
+    stop = _actions(("stop-transform", "Stop job", "sagemaker:StopTransformJob", "transform-job"))
+    stop += _dialog("stop-transform", "Stop job")
     return (
-        view(base, every_ms=2000, label="Transform job")
+        stop
+        + view(base, every_ms=2000, label="Transform job")
         + "<h2>Instance logs</h2>"
         + view(f"{base}/logs", every_ms=3000, label="Instance logs")
     )
@@ -135,4 +326,9 @@ def monitoring_schedule(name: str) -> str:
 
 
 def events() -> str:
-    return view("/console/api/events", every_ms=LIST_EVERY_MS, label="Events")
+    return (
+        '<form class="filter" role="search" aria-label="Filter events">'
+        '<label>Resource <input name="resource" type="search" autocomplete="off" '
+        'placeholder="a name: endpoint, component, job, alarm"></label></form>'
+        + view("/console/api/events", every_ms=LIST_EVERY_MS, label="Events")
+    )

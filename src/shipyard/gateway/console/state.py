@@ -103,6 +103,10 @@ class EndpointRow:
     modified: datetime
     variants: tuple[VariantRow, ...]
     is_async: bool
+    components: tuple[ComponentRow, ...] = ()
+    """An endpoint of inference components: each one's copies, healthy and desired."""
+    captures: bool = False
+    """Its config captures data (DataCaptureConfig with a destination, enabled)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,15 +286,21 @@ class ConsoleState:
         """The ARN of resource ``name`` of ``kind`` (``endpoint``, ``training-job``...)."""
         return self.endpoints.arn(kind, name)
 
-    def jobs(self, reaches: Reaches | None = None) -> Listing:
-        if reaches is None:
+    def jobs(self, reaches: Reaches | None = None, name: str = "", status: str = "") -> Listing:
+        """The newest training jobs; with a filter (a part of the name, a status: as
+        ListTrainingJobs takes them), those among the newest ``MAX_SCANNED`` that match."""
+        if reaches is None and not name and not status:
             return _listing(*self._jobs.newest_jobs(MAX_LISTED))
-        return _reached(self._jobs.newest_jobs(MAX_SCANNED)[0], reaches)
+        found = self._jobs.newest_jobs(MAX_SCANNED)[0]
+        return _reached(found, _matching(reaches, name, status))
 
-    def transforms(self, reaches: Reaches | None = None) -> Listing:
-        if reaches is None:
+    def transforms(
+        self, reaches: Reaches | None = None, name: str = "", status: str = ""
+    ) -> Listing:
+        if reaches is None and not name and not status:
             return _listing(*self._jobs.newest_transforms(MAX_LISTED))
-        return _reached(self._jobs.newest_transforms(MAX_SCANNED)[0], reaches)
+        found = self._jobs.newest_transforms(MAX_SCANNED)[0]
+        return _reached(found, _matching(reaches, name, status))
 
     def processing(self, reaches: Reaches | None = None) -> Listing:
         newest = self._jobs.newest_processing
@@ -316,12 +326,20 @@ class ConsoleState:
             raise ShipyardError(f"No monitoring schedule {name}.")
         return self._jobs.schedule(name)
 
-    def recent_events(self, limit: int, reaches: Reaches | None = None) -> list[EventState]:
-        """The ``limit`` newest events (about resources that ``reaches``)."""
-        if reaches is None:
+    def recent_events(
+        self, limit: int, reaches: Reaches | None = None, resource: str = ""
+    ) -> list[EventState]:
+        """The ``limit`` newest events (about resources that ``reaches``, and about the
+        resource named ``resource`` when given: among the newest ``MAX_SCANNED``)."""
+        if reaches is None and not resource:
             return self.events.recent_events(limit)
         scanned = self.events.recent_events(max(limit, MAX_SCANNED))
-        return [s for s in scanned if reaches(self.about(s.event))][:limit]
+        return [
+            s
+            for s in scanned
+            if (reaches is None or reaches(self.about(s.event)))
+            and (not resource or names(s.event, resource))
+        ][:limit]
 
     def about(self, event: Event) -> str:
         """The ARN of the resource an event is about: its ``resource``, but for a scaling
@@ -337,13 +355,25 @@ class ConsoleState:
     # -- from memory (on the event loop) ----------------------------------------------
 
     def rows(
-        self, endpoints: Iterable[Endpoint], configs: Mapping[str, EndpointConfig]
+        self,
+        endpoints: Iterable[Endpoint],
+        configs: Mapping[str, EndpointConfig],
+        components: Iterable[InferenceComponent] = (),
     ) -> list[EndpointRow]:
-        return [self.row(e, configs.get(e.config_name)) for e in endpoints]
+        hosted: dict[str, list[InferenceComponent]] = {}
+        for c in components:
+            hosted.setdefault(c.endpoint, []).append(c)
+        return [self.row(e, configs.get(e.config_name), hosted.get(e.name, ())) for e in endpoints]
 
-    def row(self, endpoint: Endpoint, config: EndpointConfig | None) -> EndpointRow:
+    def row(
+        self,
+        endpoint: Endpoint,
+        config: EndpointConfig | None,
+        components: Sequence[InferenceComponent] = (),
+    ) -> EndpointRow:
         specs: dict[str, VariantSpec] = {v.name: v for v in config.variants} if config else {}
-        healthy = self._healthy(endpoint.name)
+        counted = self.fleet_of(endpoint.name)
+        healthy = {} if counted is None else counted.healthy()
         variants = []
         # Names as the user gave them: a config or model deleted and its name taken by a
         # new one is kept under a hidden name (MetadataStore._make_room), which its own
@@ -379,6 +409,8 @@ class ConsoleState:
             modified=endpoint.modified,
             variants=tuple(variants),
             is_async=bool(config and config.async_config),
+            captures=_captures(config),
+            components=tuple(_component_row(c, counted) for c in components) if components else (),
         )
 
     def detail(
@@ -414,7 +446,7 @@ class ConsoleState:
         if table is not None:
             instances, multi_model, serverless = _from_route(table)
         return EndpointDetail(
-            row=self.row(endpoint, config),
+            row=self.row(endpoint, config, components),
             instances=tuple(instances),
             starting=dict(fleet.starting) if fleet is not None else {},
             multi_model=frozenset(multi_model),
@@ -426,6 +458,10 @@ class ConsoleState:
             sessions=self.sessions(endpoint.name),
             deployment=endpoint.deployment,
         )
+
+    def component_row(self, component: InferenceComponent) -> ComponentRow:
+        """A component's copies as its endpoint's fleet counts them (on the event loop)."""
+        return _component_row(component, self.fleet_of(component.endpoint))
 
     def alarms_of(self, endpoint: str) -> tuple[AlarmRow, ...]:
         """The alarms on ``endpoint``'s metrics (a store read: it blocks)."""
@@ -510,10 +546,29 @@ class ConsoleState:
                     counters[key] = sample.value
         return out
 
-    def _healthy(self, endpoint: str) -> dict[str, int]:
-        """Per variant, its healthy instances: of the endpoint's fleet, wherever it runs."""
-        fleet = self.fleet_of(endpoint)
-        return {} if fleet is None else fleet.healthy()
+
+def _captures(config: EndpointConfig | None) -> bool:
+    capture = (config.raw.get("DataCaptureConfig") or {}) if config is not None else {}
+    return bool(capture.get("DestinationS3Uri")) and capture.get("EnableCapture") is not False
+
+
+_NAMED_BY = (
+    "EndpointName",
+    "InferenceComponentName",
+    "TrainingJobName",
+    "TransformJobName",
+    "alarmName",
+    "ModelName",
+    "EndpointConfigName",
+)
+
+
+def names(event: Event, resource: str) -> bool:
+    """Whether ``event`` is about the resource named ``resource`` (an endpoint's events
+    include its components' and its deployments'), by name as given or by its ARN."""
+    if any(event.detail.get(key) == resource for key in _NAMED_BY):
+        return True
+    return event.resource.lower().rsplit("/", 1)[-1] == resource.lower()
 
 
 def _component_row(c: InferenceComponent, fleet: Fleet | None) -> ComponentRow:
@@ -594,10 +649,22 @@ def _listing(jobs: Sequence[Any], by_status: dict[str, int]) -> Listing:
     return Listing(tuple(jobs), sum(by_status.values()), by_status)
 
 
-def _reached(jobs: Sequence[Job | TransformJob], reaches: Reaches) -> Listing:
-    """The newest ``MAX_LISTED`` of the ``jobs`` that ``reaches``, counted among those
-    alone: a scoped key learns nothing of the others, not even how many there are."""
-    kept = [j for j in jobs if reaches(j.arn)]
+def _matching(
+    reaches: Reaches | None, name: str, status: str
+) -> Callable[[Job | TransformJob], bool]:
+    needle = name.lower()
+    return lambda j: (
+        (reaches is None or reaches(j.arn))
+        and needle in j.name.lower()
+        and (not status or j.status.value == status)
+    )
+
+
+def _reached(jobs: Sequence[Job | TransformJob], keep: Callable[[Any], bool]) -> Listing:
+    """The newest ``MAX_LISTED`` of the ``jobs`` to ``keep`` (that the key reaches, that
+    match a filter), counted among those alone: a scoped key learns nothing of the
+    others, not even how many there are."""
+    kept = [j for j in jobs if keep(j)]
     by_status: dict[str, int] = {}
     for job in kept:
         by_status[job.status.value] = by_status.get(job.status.value, 0) + 1

@@ -36,12 +36,20 @@ as IAM writes them, ``*`` wildcards, case-insensitive):
                                             shipyard:GetMetrics
     GET /console/api/endpoints/{name}/logs, /console/api/transform-jobs/{name}/logs
                                             logs:GetLogEvents (instance logs)
+    GET /console/api/endpoints/{name}/captured
+                                            shipyard:GetCapturedData (captured bodies)
     GET /console/api/jobs...                sagemaker:DescribeTrainingJob
     GET /console/api/transform-jobs/...     sagemaker:DescribeTransformJob
     GET /console/api/processing-jobs/...    sagemaker:DescribeProcessingJob
     GET /console/api/monitoring-schedules/...
                                             sagemaker:DescribeMonitoringSchedule
     GET /console/api/events                 shipyard:GetEvents
+    GET /console/api/models...              sagemaker:DescribeModel
+    GET /console/api/endpoint-configs...    sagemaker:DescribeEndpointConfig
+    GET /console/api/inference-components...
+                                            sagemaker:DescribeInferenceComponent
+    GET /console/api/alarms...              cloudwatch:DescribeAlarms
+    GET /console/api/whoami                 shipyard:GetCallerPermissions (any valid key)
 
 The console's pages and static files (``GET /console`` and below, but ``/console/api``)
 need no signature: a browser cannot sign a navigation, so they hold no data, and the
@@ -568,9 +576,17 @@ def _denied(caller: Caller, action: str, account_id: str, arn: str | None = None
     )
 
 
+ANY_KEY = "shipyard:GetCallerPermissions"
+"""The one action every valid key may call: what the key itself may call and reach
+(the console reads it to disable what the key may not use; it tells a key nothing of
+another one)."""
+
+
 def authorize(caller: Caller, action: str, *, account_id: str, arn: str | None = None) -> None:
     """Raise AccessDenied unless ``caller``'s key may call ``action`` (on ``arn``, when
     given: the one place both an action and a resource are decided)."""
+    if action == ANY_KEY and arn is None:
+        return
     if not caller.may(action) or (arn is not None and not caller.reaches(arn)):
         raise _denied(caller, action, account_id, arn)
 
@@ -654,6 +670,8 @@ def _console_action(path: str) -> str:
     kind, view = parts[0], parts[2] if len(parts) == 3 else None
     if kind in ("endpoints", "transform-jobs") and view == "logs":
         return "logs:GetLogEvents"
+    if kind == "endpoints" and view == "captured":
+        return "shipyard:GetCapturedData"  # the invocations' bodies: more than a Describe
     if kind == "endpoints":
         return "shipyard:GetMetrics" if view == "metrics" else "sagemaker:DescribeEndpoint"
     return {
@@ -662,6 +680,11 @@ def _console_action(path: str) -> str:
         "processing-jobs": "sagemaker:DescribeProcessingJob",
         "monitoring-schedules": "sagemaker:DescribeMonitoringSchedule",
         "events": "shipyard:GetEvents",
+        "models": "sagemaker:DescribeModel",
+        "endpoint-configs": "sagemaker:DescribeEndpointConfig",
+        "inference-components": "sagemaker:DescribeInferenceComponent",
+        "alarms": "cloudwatch:DescribeAlarms",
+        "whoami": ANY_KEY,
     }.get(kind, "shipyard:Unknown")
 
 
