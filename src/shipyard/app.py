@@ -34,6 +34,7 @@ from shipyard.gateway.api.facade import JobsDoor
 from shipyard.gateway.api.stack_config import StackConfigDoor
 from shipyard.gateway.console import ConsoleDoor, ConsoleState, JobReads
 from shipyard.gateway.doors.async_invocations import AsyncDoor
+from shipyard.gateway.doors.bidi import BidiDoor, BidiLimits
 from shipyard.gateway.doors.endpoint import EndpointAccess
 from shipyard.gateway.doors.oip.protocol import InferenceProtocol
 from shipyard.gateway.doors.oip.rest import OipRestDoor
@@ -45,6 +46,7 @@ from shipyard.gateway.ops.routes import healthz, metrics_endpoint
 from shipyard.gateway.ops.worker_metrics import WorkerMetrics
 from shipyard.gateway.wire.errors import unknown_path_response
 from shipyard.host_access import HostAccess
+from shipyard.http.h2server import H2Server
 from shipyard.http.paths import PathRouter
 from shipyard.http.server import Take
 from shipyard.jobs import assembly as jobs_assembly
@@ -218,6 +220,16 @@ class Gateway:
         )
         self.runtime = RuntimeDoor(access=access)
         self.streaming = ResponseStreamDoor(access=access)
+        self.bidi = BidiDoor(
+            access=access,
+            limits=BidiLimits(
+                idle_timeout_s=settings.bidi_idle_timeout_s,
+                max_duration_s=settings.bidi_max_duration_s,
+                max_part_bytes=settings.max_payload_bytes,
+            ),
+            metrics=self.metrics.bidi,
+        )
+        self._h2: H2Server | None = None
         self.oip = InferenceProtocol(access=access, is_ready=lambda: self.app.state.ready)
         async_door = AsyncDoor(
             router=self.router,
@@ -392,6 +404,10 @@ class Gateway:
                 max_message_bytes=self.settings.max_payload_bytes + 64 * 1024,
                 tls=pem,
             )
+        if self.settings.http2_port is not None:
+            self._h2 = H2Server(self.bidi, idle_timeout_s=self.settings.idle_timeout_s)
+            tls = None if self.tls is None else (str(self.tls[0]), str(self.tls[1]))
+            await self._h2.start(self.settings.host, self.settings.http2_port, tls=tls)
         if self.worker_metrics is not None:
             await self.worker_metrics.start()
         if self._on_startup is not None:
@@ -410,6 +426,8 @@ class Gateway:
             app.state.ready = False
             if self._grpc is not None:  # takes no more calls, answers those in flight
                 await self._grpc.stop(self.settings.drain_timeout_s)
+            if self._h2 is not None:  # GOAWAY; the streams open go on for the drain
+                await self._h2.stop(self.settings.drain_timeout_s)
             await self.loops.stop()
             try:  # the last closes answered, for the store's other gateways
                 await self.session_closes.exchange()

@@ -7,6 +7,7 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -102,6 +103,7 @@ class Metrics:
             buckets=_BUCKETS,
             registry=self.registry,
         )
+        self.bidi = BidiMetrics(self.registry)
         self.instances = Gauge(
             "shipyard_instances",
             "Instances per endpoint, variant and state (healthy, unhealthy).",
@@ -297,6 +299,38 @@ class Metrics:
         what the data path appended (each reader calls this first)."""
         for log in list(self.latency_logs.values()):
             log.fold()
+
+
+class BidiMetrics:
+    """Bidirectional streams: those open, and the parts relayed each way, per endpoint
+    and variant. A variant's gauge stays exported (at 0) once it has had a stream."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ("endpoint", "variant")
+        self.active = Gauge(
+            "shipyard_bidi_streams_active",
+            "Bidirectional streams open, per endpoint and variant.",
+            labels,
+            registry=registry,
+        )
+        self.parts = Counter(
+            "shipyard_bidi_parts",
+            "Parts relayed on bidirectional streams: in from clients, out from models.",
+            (*labels, "direction"),
+            registry=registry,
+        )
+
+    def __repr__(self) -> str:
+        return "BidiMetrics()"
+
+    def opened(self, endpoint: str, variant: str, relay: Any) -> Callable[[], None]:
+        """Count one stream open until the returned callable is called, and its parts
+        (``relay.on_part``)."""
+        gauge = self.active.labels(endpoint, variant)
+        counted = {d: self.parts.labels(endpoint, variant, d) for d in ("in", "out")}
+        gauge.inc()
+        relay.on_part = lambda direction: counted[direction].inc()
+        return gauge.dec
 
 
 @dataclass(slots=True)

@@ -59,6 +59,7 @@ class Instance:
         "stop_reason",
         "takes_copies",
         "streams",
+        "bidi_streams",
         "digest",
     )
 
@@ -96,6 +97,9 @@ class Instance:
         """Of ``in_flight``, the exchanges whose answer is streamed (response streaming,
         asynchronous invocations): they may last long, and their time is not in
         ``service_s``."""
+        self.bidi_streams = 0
+        """Bidirectional streams open on it (Router.hold): not in ``in_flight``, as each
+        runs beside the instance's requests, on a thread or connection of its own."""
         self.healthy = True
         self.models: dict[str, None] = {}
         self.pinned: deque[Waiter] = deque()

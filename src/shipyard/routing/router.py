@@ -504,6 +504,42 @@ class Router:
             admission.leave()
 
     @contextlib.asynccontextmanager
+    async def hold(
+        self, route: EndpointRoute, variant: VariantRoute, call: Call
+    ) -> AsyncIterator[tuple[VariantRoute, Instance]]:
+        """Hold one instance of ``variant`` for a stream the caller carries itself (a
+        WebSocket per bidirectional stream), counted open on it (``Instance.bidi_streams``)
+        until the block is left.
+
+        The instance is the healthy one with the fewest requests and streams open: a
+        stream runs on a thread of its own in the instance, so it takes no place of the
+        instance's ``concurrency`` and never waits in the variant's queue (the instance
+        refuses more streams than it takes, and the door says so).
+
+        Raises:
+            ModelNotReady when no instance of the variant is healthy.
+        """
+        admission = variant.admission
+        admission.admit()
+        try:
+            variant = self.current(route, variant)
+            healthy = [i for i in variant.instances if i.healthy]
+            if not healthy:
+                raise ModelNotReady(f"No instance of variant {variant.name} is ready yet.")
+            least = min(i.in_flight + i.bidi_streams for i in healthy)
+            chosen = [i for i in healthy if i.in_flight + i.bidi_streams == least]
+            instance = chosen[0] if len(chosen) == 1 else self._rng.choice(chosen)
+            call.instance = instance
+            instance.bidi_streams += 1
+            try:
+                yield variant, instance
+            finally:
+                instance.bidi_streams -= 1
+                instance.last_used = time.monotonic()
+        finally:
+            admission.leave()
+
+    @contextlib.asynccontextmanager
     async def _exchange(
         self,
         route: EndpointRoute,
