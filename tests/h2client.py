@@ -239,3 +239,67 @@ class H2Client:
         if self._task is not None:
             self._task.cancel()
         self.writer.close()
+
+
+STREAMING_EVENTS = "STREAMING-AWS4-HMAC-SHA256-EVENTS"
+
+
+def signed_head(
+    authority: str, path: str, key: str, secret: str, region: str = "us-east-1"
+) -> tuple[dict[str, str], str]:
+    """The SigV4 headers of a bidirectional stream's request, and its signature (the seed
+    of its events' chain), as AWS's SDKs sign them."""
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    request = AWSRequest(
+        method="POST",
+        url=f"https://{authority}{path}",
+        headers={
+            "X-Amz-Content-SHA256": STREAMING_EVENTS,
+            "Content-Type": "application/vnd.amazon.eventstream",
+        },
+    )
+    SigV4Auth(Credentials(key, secret), "sagemaker", region).add_auth(request)
+    headers = {k: v for k, v in request.headers.items() if k.lower() != "content-type"}
+    seed = headers["Authorization"].rsplit("Signature=", 1)[1]
+    return headers, seed
+
+
+class EventSigner:
+    """Signs events as AWS's SDKs do, each chained to the signature before it."""
+
+    def __init__(self, seed: str, secret: str, region: str = "us-east-1") -> None:
+        self.prior = seed
+        self.secret = secret
+        self.region = region
+
+    def sign(self, inner: bytes, *, corrupt: bool = False) -> bytes:
+        import datetime as dt
+        import hashlib
+        import hmac
+
+        now = dt.datetime.now(dt.UTC)
+        millis = int(now.timestamp() * 1000)
+        stamp = dt.datetime.fromtimestamp(millis / 1000, dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+        date_header = bytes((5,)) + b":date" + bytes((8,)) + struct.pack(">q", millis)
+        day = stamp[:8]
+        key = ("AWS4" + self.secret).encode()
+        for part in (day, self.region, "sagemaker", "aws4_request"):
+            key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+        to_sign = "\n".join(
+            (
+                "AWS4-HMAC-SHA256-PAYLOAD",
+                stamp,
+                f"{day}/{self.region}/sagemaker/aws4_request",
+                self.prior,
+                hashlib.sha256(date_header).hexdigest(),
+                hashlib.sha256(inner).hexdigest(),
+            )
+        )
+        signature = hmac.new(key, to_sign.encode(), hashlib.sha256).digest()
+        self.prior = signature.hex()
+        if corrupt:
+            signature = bytes(32)
+        return envelope(inner, signature, millis)

@@ -41,7 +41,7 @@ from shipyard.gateway.doors.oip.rest import OipRestDoor
 from shipyard.gateway.doors.openai import OpenAIDoor
 from shipyard.gateway.doors.runtime import RuntimeDoor
 from shipyard.gateway.doors.streaming import ResponseStreamDoor
-from shipyard.gateway.edge.assembly import edge, serving_tls
+from shipyard.gateway.edge.assembly import edge, serving_tls, stream_edge
 from shipyard.gateway.ops.routes import healthz, metrics_endpoint
 from shipyard.gateway.ops.worker_metrics import WorkerMetrics
 from shipyard.gateway.wire.errors import unknown_path_response
@@ -222,6 +222,7 @@ class Gateway:
         self.streaming = ResponseStreamDoor(access=access)
         self.bidi = BidiDoor(
             access=access,
+            edge=stream_edge(settings, stack, secure=self.tls is not None),
             limits=BidiLimits(
                 idle_timeout_s=settings.bidi_idle_timeout_s,
                 max_duration_s=settings.bidi_max_duration_s,

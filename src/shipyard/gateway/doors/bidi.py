@@ -37,13 +37,15 @@ import contextlib
 import json
 import logging
 import re
+import struct
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from shipyard.errors import (
-    AccessDenied,
     AuthFailure,
+    InvalidSignature,
     ModelError,
     ModelNotReady,
     RuntimeFailure,
@@ -53,6 +55,8 @@ from shipyard.errors import (
     Throttling,
 )
 from shipyard.gateway.doors.endpoint import EndpointAccess
+from shipyard.gateway.edge.auth import ADMITTED, EventSignatures
+from shipyard.gateway.edge.streams import StreamEdge
 from shipyard.http import eventstream
 from shipyard.http.h2server import H2Stream, StreamGone
 from shipyard.http.wsclient import Closed, Part, Refused, Unreachable, WebSocket
@@ -104,8 +108,16 @@ class _Request:
 class BidiDoor:
     """Translates InvokeEndpointWithBidirectionalStream to a held instance's WebSocket."""
 
-    def __init__(self, *, access: EndpointAccess, limits: BidiLimits, metrics: Any = None) -> None:
+    def __init__(
+        self,
+        *,
+        access: EndpointAccess,
+        edge: StreamEdge,
+        limits: BidiLimits,
+        metrics: Any = None,
+    ) -> None:
         self.access = access
+        self.edge = edge
         self.invocations = access.invocations
         self.limits = limits
         self.metrics = metrics
@@ -119,15 +131,18 @@ class BidiDoor:
         call: Call | None = None
         status, error = 200, None
         try:
+            admitted, signatures = self.edge.admit(
+                stream.method, stream.path, stream.authority, stream.headers
+            )
             request = _request(stream)
-            self.access.reach({}, request.name)
+            self.access.reach({ADMITTED: admitted}, request.name)
             route = self.invocations.route(request.name)
             call = Call([], b"", target=request.target, started=started)
             async with self.invocations.hold(route, call) as instance:
                 socket = await self._open(instance, request, route.name)
                 variant = call.variant.name if call.variant is not None else ""
                 tagged = socket.protocol.subprotocol == _SUBPROTOCOL
-                relay = _Relay(stream, socket, self.limits, tagged=tagged)
+                relay = _Relay(stream, socket, self.limits, tagged=tagged, signatures=signatures)
                 counted = self._count_open(route.name, variant, relay)
                 try:
                     await stream.respond(
@@ -224,8 +239,6 @@ def _header(stream: H2Stream, name: bytes) -> str | None:
 
 
 _ERROR_TYPES: list[tuple[type[ShipyardError], int, str]] = [
-    (AccessDenied, 403, "AccessDeniedException"),
-    (AuthFailure, 403, "AccessDeniedException"),
     (RuntimeValidationError, 400, "InputValidationError"),
     (ModelError, 424, "ModelError"),
     (ModelNotReady, 503, "ServiceUnavailableError"),
@@ -238,6 +251,8 @@ async def _refuse(stream: H2Stream, exc: ShipyardError) -> None:
     """A refusal before the stream: a whole answer, then RST_STREAM (NO_ERROR) when the
     client's side is still open, so it stops sending."""
     status, kind = 500, "InternalServerError"
+    if isinstance(exc, AuthFailure):  # as every door words them (SECURITY.md)
+        status, kind = exc.status_code, exc.wire_type
     for cls, code, name in _ERROR_TYPES:
         if isinstance(exc, cls):
             status, kind = code, name
@@ -271,9 +286,18 @@ class _Relay:
     """
 
     def __init__(
-        self, stream: H2Stream, socket: WebSocket, limits: BidiLimits, *, tagged: bool
+        self,
+        stream: H2Stream,
+        socket: WebSocket,
+        limits: BidiLimits,
+        *,
+        tagged: bool,
+        signatures: EventSignatures | None = None,
     ) -> None:
         self.stream = stream
+        self.signatures = signatures
+        """Under ``auth:``, the events' chained signatures: each checked before its part
+        goes on."""
         self.socket = socket
         self.limits = limits
         self.tagged = tagged
@@ -362,6 +386,8 @@ class _Relay:
             self._fail(f"A malformed event: {exc}.")
         except _PartTooLarge as exc:
             self._fail(str(exc))
+        except InvalidSignature as exc:
+            self._fail(f"{exc.message} The stream was ended; nothing after it was sent on.")
 
     async def _relay_client(self) -> None:
         socket = self.socket
@@ -391,6 +417,8 @@ class _Relay:
         """The part an event carries, unwrapped from its signed envelope; None for an
         envelope with no payload (the SDKs' last signed frame) or another event."""
         headers = message.headers
+        if self.signatures is not None:
+            _check_signature(self.signatures, message)
         if ":chunk-signature" in headers or ":date" in headers:
             if not message.payload:
                 return None
@@ -448,6 +476,18 @@ class _Relay:
 
 class _PartTooLarge(Exception):
     pass
+
+
+def _check_signature(signatures: EventSignatures, message: eventstream.Message) -> None:
+    """InvalidSignature unless ``message`` is an envelope whose ``:chunk-signature``
+    follows from the one before it."""
+    when = message.headers.get(":date")
+    signature = message.headers.get(":chunk-signature")
+    if not isinstance(when, datetime) or not isinstance(signature, bytes):
+        raise InvalidSignature("An event is not signed: :date and :chunk-signature are required.")
+    date_header = b"\x05:date\x08" + struct.pack(">q", round(when.timestamp() * 1000))
+    stamp = when.strftime("%Y%m%dT%H%M%SZ")
+    signatures.check(stamp, date_header, message.payload, signature)
 
 
 def _model_stream_error(data: bytes) -> bytes | None:
