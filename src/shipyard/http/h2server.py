@@ -282,7 +282,8 @@ class H2Connection(asyncio.Protocol):
         stream = self.streams.get(event.stream_id)
         if stream is None:
             # Data for a stream already done: give its window back all the same.
-            self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            with contextlib.suppress(h2.exceptions.ProtocolError, KeyError):
+                self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
             return
         stream._took(event.data or b"")
         padding = event.flow_controlled_length - len(event.data or b"")

@@ -93,7 +93,9 @@ class RuntimeApp:
         bidi_max_streams: int = 100,
     ) -> None:
         self.handlers = handlers
-        self.bidi = BidiStreams(handlers.stream, handlers.model, max_streams=bidi_max_streams)
+        self.bidi = BidiStreams(
+            getattr(handlers, "stream", None), handlers.model, max_streams=bidi_max_streams
+        )
         """Bidirectional streams: ``stream_fn`` over a WebSocket per stream (:mod:`bidi`)."""
         self.threads = threads or Inline()
         self.adapters = adapters

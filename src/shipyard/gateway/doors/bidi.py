@@ -79,6 +79,7 @@ _DEFAULT_PATH = "invocations-bidirectional-stream"
 _SUBPROTOCOL = "shipyard.bidi"  # runtime/bidi.py's tagged messages
 _CANNOT_STREAM = "x-shipyard-cannot-stream"
 _MAX_PINGS_MISSED = 5
+_CANCEL = 0x8  # HTTP/2's CANCEL error code
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,7 +334,12 @@ class _Relay:
         if self._failure is not None and end == b"":
             end, close_code = self._failure, 1001
         await self.socket.close(close_code)
-        await self.stream.end(end)
+        try:  # a client that reads no more has the idle time to take the last event
+            async with asyncio.timeout(self.limits.idle_timeout_s):
+                await self.stream.end(end)
+        except TimeoutError:
+            self.stream.reset(_CANCEL)
+            return
         if not self.stream.ended:
             self.stream.reset()
 
