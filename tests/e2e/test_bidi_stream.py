@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MODELS, GatewayProcess, deploy, free_port, start_gateway, wait_until
+from tests.conftest import (
+    MODELS,
+    GatewayProcess,
+    deploy,
+    free_port,
+    in_flight,
+    start_gateway,
+    wait_until,
+)
 from tests.h2client import H2Client, envelope, request_event
 
 ECHO = "bidi-echo"
@@ -272,3 +280,26 @@ def test_streams_are_counted_in_metrics(gw: GatewayProcess) -> None:
         ),
         "no stream open",
     )
+
+
+def test_an_open_stream_counts_in_flight_and_invocations_still_pass(gw: GatewayProcess) -> None:
+    """The built-in instance works on one request at a time; a stream open on it runs
+    on a thread of its own, so an InvokeEndpoint is served meanwhile, not queued behind
+    the stream, while the stream counts in flight (draining and autoscaling read it)."""
+
+    async def go() -> None:
+        client = await H2Client.connect(h2_port(gw))
+        stream = await client.open(ECHO)
+        await stream.part("open")
+        assert (await stream.next_event()) is not None
+        assert in_flight(gw, ECHO) == 1
+        answer = await asyncio.to_thread(
+            gw.rt.invoke_endpoint, EndpointName=ECHO, Body=b"[1]", ContentType="application/json"
+        )
+        assert answer["Body"].read() == b"[1]"
+        await stream.end()
+        await stream.rest()
+        await client.close()
+
+    run(go())
+    wait_until(lambda: in_flight(gw, ECHO) == 0, "nothing in flight")

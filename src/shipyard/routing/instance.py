@@ -98,8 +98,9 @@ class Instance:
         asynchronous invocations): they may last long, and their time is not in
         ``service_s``."""
         self.bidi_streams = 0
-        """Bidirectional streams open on it (Router.hold): not in ``in_flight``, as each
-        runs beside the instance's requests, on a thread or connection of its own."""
+        """Of ``in_flight``, the bidirectional streams open on it (Router.hold): each runs
+        beside the instance's requests, on a thread or connection of its own, so takes
+        no place of its ``concurrency``."""
         self.healthy = True
         self.models: dict[str, None] = {}
         self.pinned: deque[Waiter] = deque()

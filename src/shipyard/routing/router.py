@@ -508,13 +508,16 @@ class Router:
         self, route: EndpointRoute, variant: VariantRoute, call: Call
     ) -> AsyncIterator[tuple[VariantRoute, Instance]]:
         """Hold one instance of ``variant`` for a stream the caller carries itself (a
-        WebSocket per bidirectional stream), counted open on it (``Instance.bidi_streams``)
-        until the block is left.
+        WebSocket per bidirectional stream), counted in flight (and in
+        ``Instance.bidi_streams``) until the block is left: draining waits for it, a
+        serverless instance is not idle, least outstanding requests counts it.
 
-        The instance is the healthy one with the fewest requests and streams open: a
-        stream runs on a thread of its own in the instance, so it takes no place of the
-        instance's ``concurrency`` and never waits in the variant's queue (the instance
-        refuses more streams than it takes, and the door says so).
+        The instance is the one the variant's policy chooses, as for an invocation; when
+        every one is at its request concurrency, the healthy one with the fewest in
+        flight: a stream runs on a thread or connection of its own in the instance, so it
+        never waits in the variant's queue (an instance refuses more streams than it
+        takes, and the door says so), and takes no place of the instance's concurrency
+        (policies.py).
 
         Raises:
             ModelNotReady when no instance of the variant is healthy.
@@ -526,16 +529,17 @@ class Router:
             healthy = [i for i in variant.instances if i.healthy]
             if not healthy:
                 raise ModelNotReady(f"No instance of variant {variant.name} is ready yet.")
-            least = min(i.in_flight + i.bidi_streams for i in healthy)
-            chosen = [i for i in healthy if i.in_flight + i.bidi_streams == least]
-            instance = chosen[0] if len(chosen) == 1 else self._rng.choice(chosen)
+            instance = variant.dispatch.choose(healthy, call)
+            if instance is None:
+                instance = min(healthy, key=lambda i: i.in_flight)
             call.instance = instance
+            instance.in_flight += 1
             instance.bidi_streams += 1
             try:
                 yield variant, instance
             finally:
                 instance.bidi_streams -= 1
-                instance.last_used = time.monotonic()
+                self._give_back(route, variant, instance)
         finally:
             admission.leave()
 

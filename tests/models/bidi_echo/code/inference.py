@@ -3,7 +3,7 @@
 A part "fail" raises (a ModelStreamError for the client); "notes:<path>" names a file
 where the generator's end is written ("closed"), so a test sees what the model did;
 "twice:<x>" answers <x> twice. With GREETING in the environment, the model says it
-before reading any part.
+before reading any part. InvokeEndpoint answers its body back.
 """
 
 import os
@@ -11,6 +11,10 @@ import os
 
 def model_fn(model_dir):
     return None
+
+
+def predict_fn(data, model):
+    return data
 
 
 def stream_fn(parts, model):
