@@ -16,6 +16,7 @@ from tests.conftest import MODELS, GatewayProcess, deploy, free_port, start_gate
 from tests.h2client import H2Client
 
 CMD = "bidi-cmd"
+LOST = "bidi-cmd-lost"
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +29,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
         server = MODELS / "cmd_bidi" / "server.py"
         image = f"cmd:{sys.executable} {server}"  # the websockets library is in our venv
         deploy(gateway.sm, CMD, (MODELS / "cmd_bidi").as_uri(), image=image)
+        deploy(gateway.sm, LOST, (MODELS / "cmd_bidi").as_uri(), image=image)
         yield gateway
     finally:
         gateway.stop()
@@ -157,6 +159,21 @@ def test_a_server_refusing_the_websocket_is_a_model_error(gw: GatewayProcess) ->
         body = stream.json_body()
         assert body["OriginalStatusCode"] == 418
         assert body["OriginalMessage"] == "nope"
+        await client.close()
+
+    run(go())
+
+
+def test_an_instance_lost_mid_stream_is_an_internal_stream_failure(gw: GatewayProcess) -> None:
+    async def go() -> None:
+        client = await connect(gw)
+        stream = await client.open(LOST)
+        await stream.part("still here")
+        assert (await stream.next_event()) is not None
+        await stream.part("exit")
+        events = await stream.rest()
+        assert [e.kind for e in events] == ["InternalStreamFailure"]
+        assert "lost" in events[0].error["Message"]
         await client.close()
 
     run(go())

@@ -303,3 +303,36 @@ def test_an_open_stream_counts_in_flight_and_invocations_still_pass(gw: GatewayP
 
     run(go())
     wait_until(lambda: in_flight(gw, ECHO) == 0, "nothing in flight")
+
+
+def test_a_malformed_event_ends_the_stream_with_internal_stream_failure(
+    gw: GatewayProcess,
+) -> None:
+    async def go() -> None:
+        client = await H2Client.connect(h2_port(gw))
+        stream = await client.open(ECHO)
+        await stream.part("fine")
+        assert (await stream.next_event()) is not None
+        await stream.send(b"\x00\x00\x00\x20" + b"\xff" * 28)  # a prelude whose CRC fails
+        events = await stream.rest()
+        assert [e.kind for e in events] == ["InternalStreamFailure"]
+        assert "malformed" in events[0].error["Message"]
+        await client.close()
+
+    run(go())
+
+
+def test_an_authority_that_does_not_name_the_gateway_is_refused(gw: GatewayProcess) -> None:
+    """Without auth:, the browser rules hold on the HTTP/2 door too: a page whose name
+    points at this host cannot drive it."""
+
+    async def go() -> None:
+        client = await H2Client.connect(h2_port(gw))
+        client.authority = f"evil.example:{h2_port(gw)}"
+        stream = await client.open(ECHO)
+        assert await stream.wait_head() == 403
+        await stream.rest()
+        assert "evil.example" in stream.json_body()["Message"]
+        await client.close()
+
+    run(go())

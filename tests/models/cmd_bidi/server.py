@@ -9,6 +9,7 @@ Each message is echoed whole once all its frames are in, except:
 - "where?": answers the path and query the WebSocket was opened on;
 - "close:<code>:<reason>": closes the WebSocket with that code;
 - "error": sends {"ModelStreamError": {"ErrorCode": "E42", "Message": "bad input"}};
+- "exit": the process exits at once (an instance lost mid-stream);
 - "notes:<path>": once the WebSocket is closed, writes there the close code the gateway
   sent ("1000", "1001", ...).
 """
@@ -48,6 +49,8 @@ async def stream(ws):
                 _, code, reason = first.split(":", 2)
                 await ws.close(int(code), reason)
                 return
+            if first == "exit":
+                os._exit(1)
             if first == "error":
                 error = {"ModelStreamError": {"ErrorCode": "E42", "Message": "bad input"}}
                 await ws.send(json.dumps(error))
