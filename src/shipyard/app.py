@@ -230,6 +230,7 @@ class Gateway:
             ),
             metrics=self.metrics.bidi,
         )
+        self.metrics.bidi.watch(self.bidi.open_streams)
         self._h2: H2Server | None = None
         self.oip = InferenceProtocol(access=access, is_ready=lambda: self.app.state.ready)
         async_door = AsyncDoor(

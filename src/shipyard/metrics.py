@@ -7,7 +7,6 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -303,16 +302,13 @@ class Metrics:
 
 class BidiMetrics:
     """Bidirectional streams: those open, and the parts relayed each way, per endpoint
-    and variant. A variant's gauge stays exported (at 0) once it has had a stream."""
+    and variant. The open streams are read from the routing tables at each scrape
+    (``watch``), so every variant is exported, at 0 when it has none."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         labels = ("endpoint", "variant")
-        self.active = Gauge(
-            "shipyard_bidi_streams_active",
-            "Bidirectional streams open, per endpoint and variant.",
-            labels,
-            registry=registry,
-        )
+        self._open = _OpenStreams()
+        registry.register(self._open)
         self.parts = Counter(
             "shipyard_bidi_parts",
             "Parts relayed on bidirectional streams: in from clients, out from models.",
@@ -323,14 +319,32 @@ class BidiMetrics:
     def __repr__(self) -> str:
         return "BidiMetrics()"
 
-    def opened(self, endpoint: str, variant: str, relay: Any) -> Callable[[], None]:
-        """Count one stream open until the returned callable is called, and its parts
-        (``relay.on_part``)."""
-        gauge = self.active.labels(endpoint, variant)
+    def watch(self, read: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+        """Export ``shipyard_bidi_streams_active`` from ``read()`` at each scrape:
+        (endpoint, variant, streams open)."""
+        self._open.read = read
+
+    def counting(self, endpoint: str, variant: str) -> Callable[[str], None]:
+        """What counts one part relayed ("in" or "out") on a stream of ``variant``."""
         counted = {d: self.parts.labels(endpoint, variant, d) for d in ("in", "out")}
-        gauge.inc()
-        relay.on_part = lambda direction: counted[direction].inc()
-        return gauge.dec
+        return lambda direction: counted[direction].inc()
+
+
+class _OpenStreams(Collector):
+    _labelnames = ("endpoint", "variant")  # as prometheus_client's own keep them
+
+    def __init__(self) -> None:
+        self.read: Callable[[], Iterable[tuple[str, str, int]]] = tuple
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "shipyard_bidi_streams_active",
+            "Bidirectional streams open, per endpoint and variant.",
+            labels=("endpoint", "variant"),
+        )
+        for endpoint, variant, count in self.read():
+            family.add_metric((endpoint, variant), count)
+        yield family
 
 
 @dataclass(slots=True)

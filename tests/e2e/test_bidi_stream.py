@@ -273,6 +273,8 @@ def test_streams_are_counted_in_metrics(gw: GatewayProcess) -> None:
     run(go())
     text = gw.get("/metrics")[1].decode()
     assert f'shipyard_bidi_parts_total{{direction="in",endpoint="{ECHO}",variant="v1"}}' in text
+    # Every variant is exported, at 0 before any stream.
+    assert f'shipyard_bidi_streams_active{{endpoint="{NONE}",variant="v1"}} 0.0' in text
     wait_until(
         lambda: (
             f'shipyard_bidi_streams_active{{endpoint="{ECHO}",variant="v1"}} 0.0'

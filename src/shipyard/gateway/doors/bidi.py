@@ -39,6 +39,7 @@ import logging
 import re
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -144,7 +145,7 @@ class BidiDoor:
                 variant = call.variant.name if call.variant is not None else ""
                 tagged = socket.protocol.subprotocol == _SUBPROTOCOL
                 relay = _Relay(stream, socket, self.limits, tagged=tagged, signatures=signatures)
-                counted = self._count_open(route.name, variant, relay)
+                self._count_parts(route.name, variant, relay)
                 try:
                     await stream.respond(
                         200,
@@ -155,7 +156,7 @@ class BidiDoor:
                     )
                     await relay.run()
                 finally:
-                    counted()
+                    socket.abort()  # closed already, unless the head could not go out
         except (RuntimeFailure, AuthFailure) as exc:
             status, error = exc.status_code, exc
             with contextlib.suppress(StreamGone):
@@ -195,11 +196,17 @@ class BidiDoor:
                 f"The instance of endpoint {name} is unreachable: {exc}."
             ) from None
 
-    def _count_open(self, endpoint: str, variant: str, relay: _Relay) -> Any:
-        metrics = self.metrics
-        if metrics is None:
-            return lambda: None
-        return metrics.opened(endpoint, variant, relay)
+    def _count_parts(self, endpoint: str, variant: str, relay: _Relay) -> None:
+        if self.metrics is not None:
+            relay.on_part = self.metrics.counting(endpoint, variant)
+
+    def open_streams(self) -> Iterator[tuple[str, str, int]]:
+        """(endpoint, variant, bidirectional streams open) for every published variant,
+        read from the routing tables (``Instance.bidi_streams``): the metrics' gauge."""
+        for route in list(self.access.router.routes.values()):
+            for variant in route.variants:
+                if not variant.shadow and variant.multi_model is None:
+                    yield route.name, variant.name, sum(i.bidi_streams for i in variant.instances)
 
 
 def _request(stream: H2Stream) -> _Request:
