@@ -407,7 +407,11 @@ class Gateway:
                 tls=pem,
             )
         if self.settings.http2_port is not None:
-            self._h2 = H2Server(self.bidi, idle_timeout_s=self.settings.idle_timeout_s)
+            self._h2 = H2Server(
+                self.bidi,
+                idle_timeout_s=self.settings.idle_timeout_s,
+                max_connections=self.settings.max_connections,
+            )
             tls = None if self.tls is None else (str(self.tls[0]), str(self.tls[1]))
             await self._h2.start(self.settings.host, self.settings.http2_port, tls=tls)
         if self.worker_metrics is not None:

@@ -12,8 +12,9 @@ an asyncio protocol, one task per stream, with:
   buffer to drain, so a client that reads slowly holds the handler back.
 - **A client gone** (RST_STREAM, a lost connection, GOAWAY before the stream began)
   cancels the stream's task at once, wherever it waits; ``H2Stream.gone`` says why.
-- **Limits**: at most ``max_streams`` streams open per connection (SETTINGS), heads of
-  at most ``max_header_bytes``, and a connection with no stream open closed after
+- **Limits**: at most ``max_connections`` connections (one more is closed at once),
+  ``max_streams`` streams open on each (SETTINGS), heads of at most
+  ``max_header_bytes``, and a connection with no stream open closed after
   ``idle_timeout_s`` (a connection with a stream open is never idle).
 
 Served over TLS (ALPN ``h2``, as AWS's clients require) or cleartext with prior
@@ -176,6 +177,7 @@ class H2Connection(asyncio.Protocol):
         max_header_bytes: int,
         idle_timeout_s: float,
         connections: set[H2Connection],
+        max_connections: int = 1000,
     ) -> None:
         config = h2.config.H2Configuration(
             client_side=False, header_encoding=None, validate_inbound_headers=True
@@ -186,6 +188,7 @@ class H2Connection(asyncio.Protocol):
         self.max_header_bytes = max_header_bytes
         self.idle_timeout_s = idle_timeout_s
         self.connections = connections
+        self.max_connections = max_connections
         self.streams: dict[int, H2Stream] = {}
         self.transport: asyncio.Transport | None = None
         self.closing = False
@@ -200,6 +203,9 @@ class H2Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        if len(self.connections) >= self.max_connections:
+            transport.close()
+            return
         self.connections.add(self)
         self.conn.local_settings = h2.settings.Settings(
             client=False,
@@ -436,8 +442,10 @@ class H2Server:
         max_streams: int = 128,
         max_header_bytes: int = 64 * 1024,
         idle_timeout_s: float = 75.0,
+        max_connections: int = 1000,
     ) -> None:
         self.handler = handler
+        self.max_connections = max_connections
         self.max_streams = max_streams
         self.max_header_bytes = max_header_bytes
         self.idle_timeout_s = idle_timeout_s
@@ -466,6 +474,7 @@ class H2Server:
             max_header_bytes=self.max_header_bytes,
             idle_timeout_s=self.idle_timeout_s,
             connections=self.connections,
+            max_connections=self.max_connections,
         )
 
     @property
