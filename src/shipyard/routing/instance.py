@@ -60,6 +60,7 @@ class Instance:
         "takes_copies",
         "streams",
         "bidi_streams",
+        "streams_both_ways",
         "digest",
     )
 
@@ -72,8 +73,12 @@ class Instance:
         concurrency: int | None = None,
         socket_path: str | None = None,
         takes_copies: bool = False,
+        streams_both_ways: bool | None = None,
     ) -> None:
         parts = urlsplit(url)
+        self.streams_both_ways = streams_both_ways
+        """Whether it serves bidirectional streams, when its backend knows (a container
+        image's label); None: the instance says so itself when asked."""
         self.takes_copies = takes_copies
         self.instance_id = instance_id
         self.digest = hashlib.blake2b(f"{instance_id}\0{url}".encode(), digest_size=8).digest()

@@ -165,6 +165,11 @@ class BidiDoor:
             Invocations.count(call, status, error)
 
     async def _open(self, instance: Any, request: _Request, name: str) -> WebSocket:
+        if instance.streams_both_ways is False:  # known before any connection to it
+            raise RuntimeValidationError(
+                f"Endpoint {name} cannot stream both ways: its image is not labelled "
+                "com.amazonaws.sagemaker.capabilities.bidirectional-streaming=true."
+            )
         pool = instance.pool
         try:
             return await WebSocket.connect(
