@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from dataclasses import dataclass
 
 from websockets.client import ClientProtocol
@@ -41,6 +42,18 @@ class Refused(Exception):
             if key.lower() == name:
                 return value
         return None
+
+
+def _refusal(answer: bytes) -> Refused | None:
+    """The status and body of an HTTP answer that is no WebSocket's, when it has one."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    match = _STATUS_LINE.match(head)
+    if match is None:
+        return None
+    return Refused(int(match.group(1)), body, [])
+
+
+_STATUS_LINE = re.compile(rb"HTTP/1\.[01] (\d{3})")
 
 
 class Unreachable(Exception):
@@ -120,8 +133,11 @@ class WebSocket:
             raise Unreachable(f"cannot reach the instance: {exc!r}") from None
 
     async def _handshake(self) -> None:
+        seen = b""  # what the instance answered, for an answer websockets cannot parse
         while True:
             data = await self.reader.read(65536)
+            if len(seen) < 65536:
+                seen += data
             if data:
                 self.protocol.receive_data(data)
             else:
@@ -141,20 +157,27 @@ class WebSocket:
                     self._frames.append(event)
             if accepted:
                 return
-            error = self.protocol.handshake_exc
-            if isinstance(error, InvalidStatus):
-                response = error.response
-                self.writer.close()
-                raise Refused(
-                    response.status_code,
-                    bytes(response.body or b""),
-                    list(response.headers.raw_items()),
-                )
-            if isinstance(error, InvalidHandshake):
-                self.writer.close()
-                raise Unreachable(f"the instance's handshake was not WebSocket's: {error}")
+            self._check_handshake(seen)
             if not data:
                 raise Unreachable("the instance closed the connection during the handshake")
+
+    def _check_handshake(self, seen: bytes) -> None:
+        """Raise Refused or Unreachable for a handshake that failed."""
+        error = self.protocol.handshake_exc
+        if isinstance(error, InvalidStatus):
+            response = error.response
+            self.writer.close()
+            raise Refused(
+                response.status_code,
+                bytes(response.body or b""),
+                list(response.headers.raw_items()),
+            )
+        if isinstance(error, InvalidHandshake):
+            self.writer.close()
+            refused = _refusal(seen)  # an HTTP/1.0 answer, say: still a refusal
+            if refused is not None:
+                raise refused
+            raise Unreachable(f"the instance's handshake was not WebSocket's: {error}")
 
     async def send(self, data: bytes, *, text: bool, fin: bool, continuation: bool) -> None:
         """One data frame: the first of a message (``continuation`` False) or the next."""
