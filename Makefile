@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOME_DIR ?= $(CURDIR)/.shipyard
 PORT ?= 8080
 
-.PHONY: run test test-images coverage lint docs docs-reference check bench bench-guard install install-dev chromium bubblewrap containers wrk clean
+.PHONY: run test test-images coverage lint docs docs-reference check bench bench-guard install install-dev chromium bubblewrap containers wrk http2-client clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
-install-dev: $(VENV)/.installed-dev chromium bubblewrap containers
+install-dev: $(VENV)/.installed-dev chromium bubblewrap containers http2-client
 
 # The console's browser tests (tests/console/) drive Debian's chromium through Playwright.
 # Installed with apt-get where that works (as root); elsewhere those tests skip, saying so.
@@ -50,6 +50,21 @@ containers:
 	   (apt-get update -qq >/dev/null 2>&1 && \
 	    apt-get install -y -qq podman runc debootstrap >/dev/null 2>&1)) || \
 	  echo "podman could not be installed: the container tests will skip"
+
+# AWS's own client of bidirectional streaming (aws-sdk-sagemaker-runtime-http2, over its
+# CRT transport) needs Python >= 3.12, the project 3.11: its tests (tests/e2e/
+# test_bidi_aws_client.py) run it from this side environment, made with the first
+# Python >= 3.12 found; where there is none they skip, saying so.
+HTTP2_VENV := .venv-http2
+http2-client:
+	@test -x $(HTTP2_VENV)/bin/python || { \
+	  py=$$(for p in python3.13 python3.12 $$HOME/.pyenv/versions/3.1[2-9]*/bin/python; do \
+	    $$p -c 'import sys; assert sys.version_info >= (3, 12)' >/dev/null 2>&1 && \
+	    { echo $$p; break; }; done); \
+	  if [ -n "$$py" ]; then \
+	    $$py -m venv $(HTTP2_VENV) && $(HTTP2_VENV)/bin/pip install --quiet \
+	      'aws-sdk-sagemaker-runtime-http2>=0.12' 'smithy-http[awscrt]' || rm -rf $(HTTP2_VENV); \
+	  else echo "no Python >= 3.12: the tests of AWS's HTTP/2 client will skip"; fi; }
 
 # The load generator of the peer harness (bench-guard), installed as chromium is.
 wrk:

@@ -34,17 +34,19 @@ from shipyard.gateway.api.facade import JobsDoor
 from shipyard.gateway.api.stack_config import StackConfigDoor
 from shipyard.gateway.console import ConsoleDoor, ConsoleState, JobReads, ResourceReads
 from shipyard.gateway.doors.async_invocations import AsyncDoor
+from shipyard.gateway.doors.bidi import BidiDoor, BidiLimits
 from shipyard.gateway.doors.endpoint import EndpointAccess
 from shipyard.gateway.doors.oip.protocol import InferenceProtocol
 from shipyard.gateway.doors.oip.rest import OipRestDoor
 from shipyard.gateway.doors.openai import OpenAIDoor
 from shipyard.gateway.doors.runtime import RuntimeDoor
 from shipyard.gateway.doors.streaming import ResponseStreamDoor
-from shipyard.gateway.edge.assembly import edge, serving_tls
+from shipyard.gateway.edge.assembly import edge, serving_tls, stream_edge
 from shipyard.gateway.ops.routes import healthz, metrics_endpoint
 from shipyard.gateway.ops.worker_metrics import WorkerMetrics
 from shipyard.gateway.wire.errors import unknown_path_response
 from shipyard.host_access import HostAccess
+from shipyard.http.h2server import H2Server
 from shipyard.http.paths import PathRouter
 from shipyard.http.server import Take
 from shipyard.jobs import assembly as jobs_assembly
@@ -231,6 +233,18 @@ class Gateway:
         )
         self.runtime = RuntimeDoor(access=access)
         self.streaming = ResponseStreamDoor(access=access)
+        self.bidi = BidiDoor(
+            access=access,
+            edge=stream_edge(settings, stack, secure=self.tls is not None),
+            limits=BidiLimits(
+                idle_timeout_s=settings.bidi_idle_timeout_s,
+                max_duration_s=settings.bidi_max_duration_s,
+                max_part_bytes=settings.max_payload_bytes,
+            ),
+            metrics=self.metrics.bidi,
+        )
+        self.metrics.bidi.watch(self.bidi.open_streams)
+        self._h2: H2Server | None = None
         self.oip = InferenceProtocol(access=access, is_ready=lambda: self.app.state.ready)
         async_door = AsyncDoor(
             router=self.router,
@@ -424,6 +438,14 @@ class Gateway:
                 max_message_bytes=self.settings.max_payload_bytes + 64 * 1024,
                 tls=pem,
             )
+        if self.settings.http2_port is not None:
+            self._h2 = H2Server(
+                self.bidi,
+                idle_timeout_s=self.settings.idle_timeout_s,
+                max_connections=self.settings.max_connections,
+            )
+            tls = None if self.tls is None else (str(self.tls[0]), str(self.tls[1]))
+            await self._h2.start(self.settings.host, self.settings.http2_port, tls=tls)
         if self.worker_metrics is not None:
             await self.worker_metrics.start()
         if self._on_startup is not None:
@@ -442,6 +464,8 @@ class Gateway:
             app.state.ready = False
             if self._grpc is not None:  # takes no more calls, answers those in flight
                 await self._grpc.stop(self.settings.drain_timeout_s)
+            if self._h2 is not None:  # GOAWAY; the streams open go on for the drain
+                await self._h2.stop(self.settings.drain_timeout_s)
             await self.loops.stop()
             try:  # the last closes answered, for the store's other gateways
                 await self.session_closes.exchange()

@@ -106,6 +106,7 @@ class Metrics:
             buckets=_BUCKETS,
             registry=self.registry,
         )
+        self.bidi = BidiMetrics(self.registry)
         self.instances = Gauge(
             "shipyard_instances",
             "Instances per endpoint, variant and state (healthy, unhealthy).",
@@ -329,6 +330,53 @@ class Metrics:
         what the data path appended (each reader calls this first)."""
         for log in list(self.latency_logs.values()):
             log.fold()
+
+
+class BidiMetrics:
+    """Bidirectional streams: those open, and the parts relayed each way, per endpoint
+    and variant. The open streams are read from the routing tables at each scrape
+    (``watch``), so every variant is exported, at 0 when it has none."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ("endpoint", "variant")
+        self._open = _OpenStreams()
+        registry.register(self._open)
+        self.parts = Counter(
+            "shipyard_bidi_parts",
+            "Parts relayed on bidirectional streams: in from clients, out from models.",
+            (*labels, "direction"),
+            registry=registry,
+        )
+
+    def __repr__(self) -> str:
+        return "BidiMetrics()"
+
+    def watch(self, read: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+        """Export ``shipyard_bidi_streams_active`` from ``read()`` at each scrape:
+        (endpoint, variant, streams open)."""
+        self._open.read = read
+
+    def counting(self, endpoint: str, variant: str) -> Callable[[str], None]:
+        """What counts one part relayed ("in" or "out") on a stream of ``variant``."""
+        counted = {d: self.parts.labels(endpoint, variant, d) for d in ("in", "out")}
+        return lambda direction: counted[direction].inc()
+
+
+class _OpenStreams(Collector):
+    _labelnames = ("endpoint", "variant")  # as prometheus_client's own keep them
+
+    def __init__(self) -> None:
+        self.read: Callable[[], Iterable[tuple[str, str, int]]] = tuple
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "shipyard_bidi_streams_active",
+            "Bidirectional streams open, per endpoint and variant.",
+            labels=("endpoint", "variant"),
+        )
+        for endpoint, variant, count in self.read():
+            family.add_metric((endpoint, variant), count)
+        yield family
 
 
 @dataclass(slots=True)

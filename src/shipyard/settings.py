@@ -34,6 +34,18 @@ class Settings(BaseSettings):
     """Port of the Open Inference Protocol's gRPC service (``inference.GRPCInferenceService``)
     on ``host``, served in the gateway's process and event loop; None: no gRPC."""
 
+    http2_port: int | None = None
+    """Port of the HTTP/2 door for bidirectional streaming
+    (InvokeEndpointWithBidirectionalStream) on ``host``: TLS with ALPN ``h2`` when the
+    gateway serves TLS, else cleartext HTTP/2 with prior knowledge; None: no HTTP/2 door."""
+
+    bidi_idle_timeout_s: int = Field(default=300, ge=1)
+    """A bidirectional stream with no part either way for this many seconds is ended
+    (the client gets InternalStreamFailure, the model's input ends)."""
+
+    bidi_max_duration_s: int = Field(default=1800, ge=1)
+    """A bidirectional stream is ended this many seconds after it began."""
+
     home: Path = Field(default_factory=lambda: Path("~/.shipyard").expanduser())
     """Holds every piece of state of the embedded default: database, artifacts, logs."""
 

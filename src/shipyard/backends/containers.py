@@ -55,6 +55,8 @@ LABEL_JOB = "dev.shipyard.job"
 LABEL_WORKDIR = "dev.shipyard.workdir"
 BIND_TO_PORT_LABEL = "com.amazonaws.sagemaker.capabilities.accept-bind-to-port"
 """An image labelled ``true`` listens on ``SAGEMAKER_BIND_TO_PORT`` instead of 8080."""
+BIDI_LABEL = "com.amazonaws.sagemaker.capabilities.bidirectional-streaming"
+"""An image labelled ``true`` serves bidirectional streams, as SageMaker reads it."""
 SERVE_PORT = 8080
 """Where a hosting image listens, unless it accepts SAGEMAKER_BIND_TO_PORT."""
 BIND_PORT = 8080
@@ -130,6 +132,9 @@ class ContainerInstance:
     one after the other, and one engine call answers both."""
     socket_path: str | None = None
     """Containers are reached on their published port only."""
+    streams_both_ways: bool = False
+    """Whether its image is labelled BIDI_LABEL=true: it serves bidirectional streams on
+    a WebSocket (gateway/doors/bidi.py); without the label a stream is refused."""
 
     def __repr__(self) -> str:
         return f"ContainerInstance(id={self.instance_id!r}, name={self.name!r}, url={self.url!r})"
@@ -368,6 +373,7 @@ class ContainerBackend:
             container_id=container.id,
             name=name,
             log_path=spec.log_path,
+            streams_both_ways=str(labels.get(BIDI_LABEL, "")).lower() == "true",
         )
         if spec.log_path is not None:
             handle.follower = threading.Thread(

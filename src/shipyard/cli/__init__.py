@@ -59,6 +59,13 @@ def serve(
         int | None,
         typer.Option(help="Also serve the Open Inference Protocol over gRPC on this port."),
     ] = None,
+    http2_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Also serve bidirectional streaming (HTTP/2) on this port: TLS with "
+            "--tls-cert, else cleartext with prior knowledge."
+        ),
+    ] = None,
     tls_cert: Annotated[
         Path | None,
         typer.Option(help="Serve HTTPS (and gRPC over TLS) with this PEM certificate chain."),
@@ -93,6 +100,7 @@ def serve(
         "insecure": insecure or None,
         "allow_hosts": allow_host or None,
         "grpc_port": grpc_port,
+        "http2_port": http2_port,
         "tls_cert": tls_cert,
         "tls_key": tls_key,
         "workers": worker_count,
@@ -114,7 +122,7 @@ def serve(
             raise typer.Exit(2) from exc
         raise typer.Exit(status)
     if settings.worker:
-        settings.grpc_port, demo = None, False  # worker 0's, alone
+        settings.grpc_port, settings.http2_port, demo = None, None, False  # worker 0's alone
     # Taken first, so that nothing this worker starts inherits it.
     ready = workers.ready_pipe() if settings.worker is not None else None
     try:

@@ -555,6 +555,7 @@ class Provisioner:
             concurrency=instance_concurrency(slot.spec),
             socket_path=handle.socket_path,
             takes_copies=takes_copies(slot.spec),
+            streams_both_ways=getattr(handle, "streams_both_ways", None),
         )
         if isinstance(handle, GroupHandle):
             handle.attach(instance)

@@ -125,6 +125,8 @@ class Instance:
         "stop_reason",
         "takes_copies",
         "streams",
+        "bidi_streams",
+        "streams_both_ways",
         "digest",
     )
 
@@ -137,8 +139,12 @@ class Instance:
         concurrency: int | None = None,
         socket_path: str | None = None,
         takes_copies: bool = False,
+        streams_both_ways: bool | None = None,
     ) -> None:
         parts = urlsplit(url)
+        self.streams_both_ways = streams_both_ways
+        """Whether it serves bidirectional streams, when its backend knows (a container
+        image's label); None: the instance says so itself when asked."""
         self.takes_copies = takes_copies
         self.instance_id = instance_id
         self.digest = hashlib.blake2b(f"{instance_id}\0{url}".encode(), digest_size=8).digest()
@@ -162,6 +168,10 @@ class Instance:
         """Of ``in_flight``, the exchanges whose answer is streamed (response streaming,
         asynchronous invocations): they may last long, and their time is not in
         ``service_s``."""
+        self.bidi_streams = 0
+        """Of ``in_flight``, the bidirectional streams open on it (Router.hold): each runs
+        beside the instance's requests, on a thread or connection of its own, so takes
+        no place of its ``concurrency``."""
         self.healthy = True
         self.models: dict[str, None] = {}
         self.pinned = Queue()

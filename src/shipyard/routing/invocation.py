@@ -37,6 +37,7 @@ from shipyard.contract import BATCH, parse_batch
 from shipyard.errors import EndpointNotFound, ModelError, RuntimeValidationError, UpstreamError
 from shipyard.http.client import Response, StreamedResponse
 from shipyard.routing.call import ASK_CONTAINER, ASK_MODEL, Call, Exchange
+from shipyard.routing.instance import Instance
 from shipyard.routing.pipeline import FAILED_CONTAINER, ContainerGroupPool
 from shipyard.routing.router import Router
 from shipyard.routing.sessions import CLOSED_HEADER, NEW_HEADER, NEW_SESSION, Sessions, header_at
@@ -495,6 +496,28 @@ class Invocations:
                 if opening:
                     self._unopened(call)
                 shadows.send(route, copies, call)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, route: EndpointRoute, call: Call) -> AsyncIterator[Instance]:
+        """Hold an instance for a bidirectional stream, which the caller carries to it
+        itself: the variant as for every call (TargetVariant, else by weight), then
+        Router.hold. ``call.variant`` and ``call.instance`` say where it went.
+
+        Raises:
+            RuntimeValidationError for a multi-model variant or an inference
+            component, which do not stream both ways; as Router.hold otherwise.
+        """
+        variant = call.variant
+        if variant is None:
+            variant = call.variant = self._variant(route, call)
+        if variant.dispatch.names_model or variant.component is not None:
+            raise RuntimeValidationError(
+                f"Endpoint {route.name} cannot stream both ways: its variant {variant.name} "
+                "serves many models."
+            )
+        async with self.router.hold(route, variant, call) as (held, instance):
+            call.variant = held
+            yield instance
 
     # -- after the call ---------------------------------------------------------------
 

@@ -47,14 +47,17 @@ class Random:
         n = len(instances)
         if n == 1:  # no draw to make
             only = instances[0]
-            return only if only.healthy and only.in_flight < self.max_in_flight else None
+            busy = only.in_flight - only.bidi_streams
+            return only if only.healthy and busy < self.max_in_flight else None
         if n == 0:
             return None
         # Try a random start first: the common case (all healthy, none full) costs one draw.
         start = self._rng.randrange(n)
         for i in range(n):
             candidate = instances[(start + i) % n]
-            if candidate.healthy and candidate.in_flight < self.max_in_flight:
+            # Bidirectional streams take no place of the instance's requests.
+            busy = candidate.in_flight - candidate.bidi_streams
+            if candidate.healthy and busy < self.max_in_flight:
                 return candidate
         return None
 
@@ -102,7 +105,7 @@ class LeastOutstandingRequests:
 
     def choose(self, instances: Sequence[Instance]) -> Instance | None:
         best: list[Instance] = []
-        least = self.max_in_flight
+        least = 1 << 62
         for candidate in instances:
             if not candidate.healthy or candidate.in_flight > least:
                 continue
@@ -113,7 +116,8 @@ class LeastOutstandingRequests:
                 and not candidate.streams
             ):
                 limit += 1
-            if candidate.in_flight >= min(limit, self.max_in_flight):
+            # Bidirectional streams count as outstanding, but take no handler slot.
+            if candidate.in_flight - candidate.bidi_streams >= min(limit, self.max_in_flight):
                 continue
             if candidate.in_flight < least:
                 least = candidate.in_flight

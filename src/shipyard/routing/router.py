@@ -301,6 +301,46 @@ class Router:
             original_message="timed out",
         )
 
+    @contextlib.asynccontextmanager
+    async def hold(
+        self, route: EndpointRoute, variant: VariantRoute, call: Call
+    ) -> AsyncIterator[tuple[VariantRoute, Instance]]:
+        """Hold one instance of ``variant`` for a stream the caller carries itself (a
+        WebSocket per bidirectional stream), counted in flight (and in
+        ``Instance.bidi_streams``) until the block is left: draining waits for it, a
+        serverless instance is not idle, least outstanding requests counts it.
+
+        The instance is the one the variant's policy chooses, as for an invocation; when
+        every one is at its request concurrency, the healthy one with the fewest in
+        flight: a stream runs on a thread or connection of its own in the instance, so it
+        never waits in the variant's queue (an instance refuses more streams than it
+        takes, and the door says so), and takes no place of the instance's concurrency
+        (policies.py).
+
+        Raises:
+            ModelNotReady when no instance of the variant is healthy.
+        """
+        admission = variant.admission
+        admission.admit()
+        try:
+            variant = self.current(route, variant)
+            healthy = [i for i in variant.instances if i.healthy]
+            if not healthy:
+                raise ModelNotReady(f"No instance of variant {variant.name} is ready yet.")
+            instance = variant.dispatch.choose(healthy, call)
+            if instance is None:
+                instance = min(healthy, key=lambda i: i.in_flight)
+            call.instance = instance
+            instance.in_flight += 1
+            instance.bidi_streams += 1
+            try:
+                yield variant, instance
+            finally:
+                instance.bidi_streams -= 1
+                self._give_back(route, variant, instance)
+        finally:
+            admission.leave()
+
     # -- choosing and counting --------------------------------------------------------
 
     def _give_back(self, route: EndpointRoute, variant: VariantRoute, instance: Instance) -> None:

@@ -181,7 +181,13 @@ def _app(
                 token=adapters_token,
                 s3_endpoint_url=environ.get("SHIPYARD_S3_ENDPOINT_URL") or None,
             )
-        return server.RuntimeApp(loaded, threads=threads, batching=batching, adapters=adapters)
+        return server.RuntimeApp(
+            loaded,
+            threads=threads,
+            batching=batching,
+            adapters=adapters,
+            bidi_max_streams=_number(environ, "SHIPYARD_BIDI_MAX_STREAMS", int) or 100,
+        )
     # Imported here: s3fs and the artifact store are for multi-model instances only.
     from shipyard.runtime import model_contract, model_source
 

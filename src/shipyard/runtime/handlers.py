@@ -157,6 +157,9 @@ class Handlers:
         self._output: Handler = _find(module, "output_fn") or codecs.encode
         self._predict_tensors = _find(module, "predict_tensors_fn")
         self._predict_batch = _find(module, "predict_batch_fn")
+        self.stream: Handler | None = _find(module, "stream_fn")
+        """``stream_fn(parts, model)``, for bidirectional streams (:mod:`bidi`); None:
+        the model cannot stream."""
         self.module = module
         self._transform_ctx = _takes_context(self._transform)
         self._input_ctx = _takes_context(self._input)

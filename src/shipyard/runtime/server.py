@@ -50,6 +50,7 @@ from shipyard.http.writes import coalescing
 from shipyard.runtime import streaming
 from shipyard.runtime.adapters import NOT_FOUND, AdapterError, Adapters
 from shipyard.runtime.batching import BatchConfig, Batcher
+from shipyard.runtime.bidi import BidiStreams
 from shipyard.runtime.handlers import Context, Handlers, Request
 from shipyard.runtime.workers import Inline, PingStandby, Runner, batch_runner
 
@@ -89,8 +90,13 @@ class RuntimeApp:
         threads: Runner | None = None,
         batching: BatchConfig | None = None,
         adapters: Adapters | None = None,
+        bidi_max_streams: int = 100,
     ) -> None:
         self.handlers = handlers
+        self.bidi = BidiStreams(
+            getattr(handlers, "stream", None), handlers.model, max_streams=bidi_max_streams
+        )
+        """Bidirectional streams: ``stream_fn`` over a WebSocket per stream (:mod:`bidi`)."""
         self.threads = threads or Inline()
         self.adapters = adapters
         """The adapters loaded into this process (:mod:`adapters`)."""
@@ -103,7 +109,9 @@ class RuntimeApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            return  # uvicorn runs with lifespan and websockets off; nothing else arrives
+            if scope["type"] == "websocket":  # any path: the model has one stream_fn
+                await self.bidi.serve(scope, receive, send)
+            return  # uvicorn runs with lifespan off
         path = scope["path"]
         method = scope["method"]
         if path == "/invocations":
@@ -541,7 +549,12 @@ def serve(app: App, sock: socket.socket, unix_sock: socket.socket | None = None)
         # keep-alive timer per connection (shipyard/http/keepalive.py), and a RuntimeApp's
         # invocations answered without an ASGI task (http/direct.py).
         http=protocol,
-        ws="none",
+        # Bidirectional streams (runtime/bidi.py): the gateway pings, and answers within
+        # the part limit plus the PARTIAL parts joined to it.
+        ws="websockets-sansio" if isinstance(app, RuntimeApp) else "none",
+        ws_max_size=32 * 1024 * 1024,
+        ws_ping_interval=None,
+        ws_per_message_deflate=False,
         lifespan="off",
         interface="asgi3",
         access_log=False,

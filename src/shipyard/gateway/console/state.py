@@ -124,6 +124,8 @@ class InstanceRow:
     latency_ms: float
     models: tuple[str, ...]
     """Multi-model: the TargetModels the gateway believes it holds, least recent first."""
+    streams: int = 0
+    """Bidirectional streams open on it (InvokeEndpointWithBidirectionalStream)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -602,6 +604,7 @@ def _instance_row(instance_id: str, variant: str, slot: Slot) -> InstanceRow:
         ping_failures=slot.ping_failures,
         latency_ms=instance.latency_s * 1000,
         models=tuple(instance.models),
+        streams=instance.bidi_streams,
     )
 
 
@@ -625,6 +628,7 @@ def _from_route(route: EndpointRoute) -> tuple[list[InstanceRow], set[str], list
                     None,
                     latency_ms,
                     tuple(i.models),
+                    i.bidi_streams,
                 )
             )
         if v.dispatch.names_model:

@@ -16,6 +16,7 @@ from pathlib import Path
 from shipyard.gateway.edge.auth import Verifier, is_loopback
 from shipyard.gateway.edge.browser import BrowserRules
 from shipyard.gateway.edge.signatures import ASGIApp, ReadOnce, RequireSignature
+from shipyard.gateway.edge.streams import StreamEdge
 from shipyard.settings import Settings
 from shipyard.stackfile import StackFile
 
@@ -42,6 +43,26 @@ def edge(doors: ASGIApp, settings: Settings, stack: StackFile) -> ReadOnce:
         account_id=settings.account_id,
         max_body_bytes=settings.max_payload_bytes,
         body_timeout_s=settings.body_read_timeout_s,
+    )
+
+
+def stream_edge(settings: Settings, stack: StackFile, *, secure: bool) -> StreamEdge:
+    """The edge of the HTTP/2 door (``--http2-port``): as ``edge``, its own port the one
+    a loopback ``Host`` (``:authority``) names."""
+    if stack.auth is None:
+        port = settings.http2_port or 0
+        allowed = [*settings.allow_hosts, *stack.allow_hosts, *_bound(settings.host, port)]
+        return StreamEdge(
+            verifier=None,
+            browser=BrowserRules(port, allowed),
+            account_id=settings.account_id,
+            secure=secure,
+        )
+    return StreamEdge(
+        verifier=Verifier.from_config(stack.auth, os.environ),
+        browser=None,
+        account_id=settings.account_id,
+        secure=secure,
     )
 
 

@@ -110,6 +110,9 @@ _ALGORITHM = "AWS4-HMAC-SHA256"
 BEARER = "Bearer "
 _MAX_SKEW_S = 15 * 60
 _UNSIGNED = "UNSIGNED-PAYLOAD"
+STREAMING_EVENTS = "STREAMING-AWS4-HMAC-SHA256-EVENTS"
+"""The payload hash of a request whose body is a stream of events, each signed on its
+own (``EventSignatures``): the request's signature covers the head alone."""
 _AMZ_DATE = re.compile(r"(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})Z")
 _FIELD = re.compile(r"(Credential|SignedHeaders|Signature)=([^,\s]*)")
 _BAD_SIGNATURE = (
@@ -539,6 +542,48 @@ class Verifier:
         return stamp
 
 
+class EventSignatures:
+    """The signatures of a request's events, each chained to the one before it as AWS's
+    SDKs sign them: the first to the request's own signature.
+
+    Per event the string to sign is ``AWS4-HMAC-SHA256-PAYLOAD``, the event's ``:date``
+    (as YYYYMMDDTHHMMSSZ), the scope of that day, the signature before it (hex), the
+    SHA-256 of the ``:date`` header as encoded, and the SHA-256 of the payload; the
+    ``:chunk-signature`` is its HMAC under the request's key. ``check`` raises
+    InvalidSignature for one that does not match, and the chain is then of no use.
+    """
+
+    def __init__(self, pending: Pending) -> None:
+        self._secret = pending.key.secret
+        _, self._region, self._service = pending.scope
+        self._prior = pending.signature
+        self._keys: dict[str, bytes] = {}
+
+    def __repr__(self) -> str:
+        return f"EventSignatures(region={self._region!r})"
+
+    def check(self, stamp: str, date_header: bytes, payload: bytes, signature: bytes) -> None:
+        day = stamp[:8]
+        key = self._keys.get(day)
+        if key is None:
+            self._keys = {day: _signing_key(self._secret, day, self._region, self._service)}
+            key = self._keys[day]
+        to_sign = "\n".join(
+            (
+                "AWS4-HMAC-SHA256-PAYLOAD",
+                stamp,
+                f"{day}/{self._region}/{self._service}/aws4_request",
+                self._prior,
+                hashlib.sha256(date_header).hexdigest(),
+                hashlib.sha256(payload).hexdigest(),
+            )
+        )
+        expected = hmac.new(key, to_sign.encode(), hashlib.sha256).digest()
+        if not hmac.compare_digest(expected, signature):
+            raise InvalidSignature("An event's signature does not match.")
+        self._prior = expected.hex()
+
+
 def _check_signed(signed: str, head: Head) -> None:
     """The headers a signature must cover: ``host``, the header that dates it and
     ``x-amz-target`` when present (it names the action), so that none can be changed
@@ -556,6 +601,8 @@ def _check_signed(signed: str, head: Head) -> None:
 
 
 def _payload_hash(declared: str | None, body: bytes) -> str:
+    if declared == STREAMING_EVENTS:
+        return declared  # each event is signed, chained to this signature
     if declared == _UNSIGNED:
         # The signer chose not to sign the body (over TLS, checked by start); the
         # signature then covers everything but the body, as on AWS.
@@ -639,6 +686,7 @@ def action_of(method: str, path: str, target: str | None) -> tuple[Door, str] | 
         action = {
             "async-invocations": "InvokeEndpointAsync",
             "invocations-response-stream": "InvokeEndpointWithResponseStream",
+            "invocations-bidirectional-stream": "InvokeEndpointWithBidirectionalStream",
         }.get(kind, "InvokeEndpoint")
         return Door.RUNTIME, f"sagemaker-runtime:{action}"
     if path.startswith("/v2"):
