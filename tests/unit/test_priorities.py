@@ -7,12 +7,12 @@ import pytest
 from shipyard.errors import InvalidParameter, RuntimeValidationError
 from shipyard.routing.priorities import (
     UNCONFIGURED,
-    Asked,
     QueueRules,
     from_custom_attributes,
     from_oip,
     from_service_tier,
     queue_rules,
+    resolve,
 )
 
 FOUR = QueueRules(levels=4, default_level=2, configured=True)
@@ -60,27 +60,34 @@ def test_a_bad_value_is_refused_naming_the_variable(name: str, value: str) -> No
 
 
 def test_custom_attributes_give_a_level_and_a_deadline_and_leave_the_rest() -> None:
-    got = from_custom_attributes("trace=abc, Shipyard-Priority = 1; shipyard-deadline-ms=40", FOUR)
-    assert got == Asked(1, 0.04)
-    assert from_custom_attributes("trace=abc", FOUR) == Asked(2, None)
-    assert from_custom_attributes(None, FOUR) == Asked(2, None)
+    got = from_custom_attributes("trace=abc, Shipyard-Priority = 1; shipyard-deadline-ms=40")
+    assert got == (1, 0.04)
+    assert from_custom_attributes("trace=abc") == (None, None)
 
 
 def test_zero_means_the_default() -> None:
-    assert from_custom_attributes("shipyard-priority=0,shipyard-deadline-ms=0", FOUR) == Asked(2)
+    priority, deadline_s = from_custom_attributes("shipyard-priority=0,shipyard-deadline-ms=0")
+    assert resolve(FOUR, priority, deadline_s) == (2, None)
 
 
 def test_the_earlier_of_the_request_and_the_default_deadline_counts() -> None:
     rules = QueueRules(levels=1, deadline_s=0.1, configured=True)
-    assert from_custom_attributes("shipyard-deadline-ms=50", rules).deadline_s == 0.05
-    assert from_custom_attributes("shipyard-deadline-ms=500", rules).deadline_s == 0.1
-    assert from_custom_attributes(None, rules).deadline_s == 0.1
+    assert resolve(rules, None, 0.05) == (1, 0.05)
+    assert resolve(rules, None, 0.5) == (1, 0.1)
+    assert resolve(rules, None, None) == (1, 0.1)
+
+
+def test_a_level_above_the_variants_is_refused_naming_it() -> None:
+    with pytest.raises(RuntimeValidationError, match="shipyard-priority.*5"):
+        resolve(FOUR, 5, None)
+    assert resolve(UNCONFIGURED, 1, None) == (1, None)  # an unconfigured variant: level 1
+    with pytest.raises(RuntimeValidationError):
+        resolve(UNCONFIGURED, 2, None)
 
 
 @pytest.mark.parametrize(
     "value",
     [
-        "shipyard-priority=5",
         "shipyard-priority=-1",
         "shipyard-priority=1.0",
         "shipyard-priority=1,shipyard-priority=2",
@@ -91,24 +98,24 @@ def test_the_earlier_of_the_request_and_the_default_deadline_counts() -> None:
 )
 def test_a_bad_key_or_value_is_refused(value: str) -> None:
     with pytest.raises(RuntimeValidationError, match="shipyard-|CustomAttributes"):
-        from_custom_attributes(value, FOUR)
+        from_custom_attributes(value)
 
 
 def test_oip_parameters_are_tritons_names_and_units() -> None:
-    assert from_oip({"priority": 1, "timeout": 20_000}, FOUR) == Asked(1, 0.02)
-    assert from_oip({"priority": 0}, FOUR) == Asked(2, None)
-    assert from_oip(None, FOUR) == Asked(2, None)
+    assert from_oip({"priority": 1, "timeout": 20_000}) == (1, 0.02)
+    assert from_oip({"priority": 0}) == (0, None)
+    assert from_oip(None) == (None, None)
     with pytest.raises(RuntimeValidationError, match="priority"):
-        from_oip({"priority": 7}, FOUR)
+        from_oip({"priority": "high"})
     with pytest.raises(RuntimeValidationError, match="timeout"):
-        from_oip({"timeout": -3}, FOUR)
+        from_oip({"timeout": -3})
 
 
 def test_service_tiers_map_to_levels() -> None:
-    assert from_service_tier("priority", FOUR).level == 1
-    assert from_service_tier("fast", FOUR).level == 1
-    assert from_service_tier("flex", FOUR).level == 4
-    assert from_service_tier("auto", FOUR).level == 2
-    assert from_service_tier(None, FOUR).level == 2
+    assert resolve(FOUR, from_service_tier("priority"), None)[0] == 1
+    assert resolve(FOUR, from_service_tier("fast"), None)[0] == 1
+    assert resolve(FOUR, from_service_tier("flex"), None)[0] == 4
+    assert resolve(FOUR, from_service_tier("auto"), None)[0] == 2
+    assert resolve(FOUR, from_service_tier(None), None)[0] == 2
     with pytest.raises(RuntimeValidationError, match="service_tier"):
-        from_service_tier("turbo", FOUR)
+        from_service_tier("turbo")

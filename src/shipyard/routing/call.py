@@ -74,6 +74,16 @@ class Call:
     them forwarded): each is refused where the variant cannot honour it, as SageMaker
     refuses it (Invocations.pick)."""
 
+    priority: int | None = None
+    """The priority level the client asked for (routing/priorities.py), checked against
+    its variant's levels once the variant is chosen; 0 or None: the default."""
+    deadline_s: float | None = None
+    """The deadline the client asked for (seconds from now by which it must have started
+    on an instance), None: none; once the variant is chosen, the earlier of this and
+    the variant's default."""
+    level: int = 1
+    """The level it waits at, once its variant's rules are applied: 1 is the most urgent."""
+
     def copy_to(self, variant: VariantRoute) -> Call:
         """This call for ``variant`` (a shadow's copy): the same request, no instance
         chosen or pinned. Field by field rather than ``dataclasses.replace``, which
@@ -95,6 +105,9 @@ class Call:
             self.path,
             False,
             self.asks,
+            self.priority,
+            self.deadline_s,
+            self.level,
         )
 
 

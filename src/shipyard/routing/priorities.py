@@ -12,10 +12,10 @@ Each request may ask for a level and a deadline through its door's own field: th
 ``shipyard-priority`` and ``shipyard-deadline-ms`` items of ``CustomAttributes``
 (``from_custom_attributes``), the Open Inference Protocol's ``priority`` and
 ``timeout`` parameters (``from_oip``), the OpenAI door's ``service_tier``
-(``from_service_tier``). Every door turns what it read into one ``Asked`` with
-``asked``, so the queue sees the same record whatever the door. A value out of range,
-a key given twice or an unknown ``shipyard-`` key is the door's validation error,
-naming key and value; nothing is run.
+(``from_service_tier``), each read into ``Call.priority`` and ``Call.deadline_s``;
+once its variant is chosen, ``resolve`` turns them into the level it waits at and its
+deadline. A value out of range, a key given twice or an unknown ``shipyard-`` key is the
+door's validation error, naming key and value; nothing is run.
 
 Parsed here by hand: the formats are ours (a few ``key=value`` items), and each
 refusal must name the exact key and value the caller sent.
@@ -72,12 +72,9 @@ class QueueRules:
 UNCONFIGURED = QueueRules()
 
 
-@dataclass(frozen=True, slots=True)
-class Asked:
-    """What one request asked of the queue, resolved against its variant's rules."""
-
-    level: int = 1
-    deadline_s: float | None = None
+LEAST = -1
+"""A priority that asks for the least urgent level, whatever their number (OpenAI's
+``flex``)."""
 
 
 def queue_rules(environment: Mapping[str, str]) -> QueueRules:
@@ -116,27 +113,42 @@ def configured_variables(environment: Mapping[str, str]) -> list[str]:
     return [name for name in VARIABLES if name in environment]
 
 
-def asked(rules: QueueRules, priority: int | None, deadline_s: float | None) -> Asked:
+def resolve(
+    rules: QueueRules, priority: int | None, deadline_s: float | None
+) -> tuple[int, float | None]:
     """The level and deadline of a request that asked for ``priority`` (0 or None: the
-    default) and ``deadline_s`` (None: none), under ``rules``: the earlier of its own
-    deadline and the default."""
-    level = rules.default_level if not priority else priority
-    if rules.deadline_s is not None:
-        deadline_s = rules.deadline_s if deadline_s is None else min(deadline_s, rules.deadline_s)
-    return Asked(level, deadline_s)
-
-
-def from_custom_attributes(value: str | None, rules: QueueRules) -> Asked:
-    """The ``shipyard-priority`` and ``shipyard-deadline-ms`` items of a
-    ``CustomAttributes`` header (items split on ``,`` and ``;``, ``key=value``, keys
-    case-insensitive, spaces ignored); the other items are the model's.
+    default; LEAST: the least urgent) and ``deadline_s`` (None: none), under its
+    variant's ``rules``: the earlier of its own deadline and the variant's default.
 
     Raises:
-        RuntimeValidationError: a value out of range or not a decimal integer, a key
-            given twice, an unknown ``shipyard-`` key.
+        RuntimeValidationError: a priority above the variant's levels.
     """
-    if not value or _OUR_PREFIX not in value.lower():
-        return asked(rules, None, None)
+    if not priority:
+        level = rules.default_level
+    elif priority == LEAST:
+        level = rules.levels
+    elif 0 < priority <= rules.levels:
+        level = priority
+    else:
+        raise RuntimeValidationError(
+            f"{PRIORITY_KEY} (priority) {priority} is out of range: this endpoint's "
+            f"levels are 1 to {rules.levels}, and 0 asks for the default."
+        )
+    if rules.deadline_s is not None:
+        deadline_s = rules.deadline_s if deadline_s is None else min(deadline_s, rules.deadline_s)
+    return level, deadline_s
+
+
+def from_custom_attributes(value: str) -> tuple[int | None, float | None]:
+    """The ``shipyard-priority`` and ``shipyard-deadline-ms`` items of a
+    ``CustomAttributes`` header (items split on ``,`` and ``;``, ``key=value``, keys
+    case-insensitive, spaces ignored); the other items are the model's. The priority is
+    checked against the variant's levels later (``resolve``).
+
+    Raises:
+        RuntimeValidationError: a value not a decimal integer, a key given twice, an
+            unknown ``shipyard-`` key.
+    """
     found: dict[str, str] = {}
     for item in _ITEM_SPLIT.split(value):
         key, sep, raw = item.partition("=")
@@ -147,77 +159,63 @@ def from_custom_attributes(value: str | None, rules: QueueRules) -> Asked:
         if key not in (PRIORITY_KEY, DEADLINE_KEY) or not sep:
             raise RuntimeValidationError(
                 f"CustomAttributes item {item.strip()!r} is not one shipyard reads: give "
-                f"{PRIORITY_KEY}=<0..{rules.levels}> or {DEADLINE_KEY}=<milliseconds>."
+                f"{PRIORITY_KEY}=<level> or {DEADLINE_KEY}=<milliseconds>."
             )
         if key in found:
             raise RuntimeValidationError(f"CustomAttributes names {key} more than once.")
         found[key] = raw
     priority = None
     if PRIORITY_KEY in found:
-        priority = _level(PRIORITY_KEY, found[PRIORITY_KEY], rules)
+        priority = _whole_number(PRIORITY_KEY, found[PRIORITY_KEY])
     deadline_s = None
     if DEADLINE_KEY in found:
-        deadline_ms = _milliseconds(DEADLINE_KEY, found[DEADLINE_KEY])
+        deadline_ms = _whole_number(DEADLINE_KEY, found[DEADLINE_KEY])
         deadline_s = deadline_ms / 1000 if deadline_ms > 0 else None  # 0: the default
-    return asked(rules, priority, deadline_s)
+    return priority, deadline_s
 
 
-def from_oip(parameters: Mapping[str, Any] | None, rules: QueueRules) -> Asked:
-    """The Open Inference Protocol request's ``priority`` (0..N) and ``timeout``
-    (microseconds) parameters, as tritonclient sends them.
+def from_oip(parameters: Mapping[str, Any] | None) -> tuple[int | None, float | None]:
+    """The Open Inference Protocol request's ``priority`` (a level, 0 the default) and
+    ``timeout`` (microseconds, 0 none) parameters, as tritonclient sends them.
 
     Raises:
-        RuntimeValidationError: either out of range or not an integer.
+        RuntimeValidationError: either not a whole number 0 or more.
     """
     if not parameters:
-        return asked(rules, None, None)
+        return None, None
     priority = None
     if "priority" in parameters:
-        priority = _level("priority", parameters["priority"], rules)
+        priority = _whole_number("priority", parameters["priority"])
     deadline_s = None
     if "timeout" in parameters:
-        timeout = parameters["timeout"]
-        if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
-            raise RuntimeValidationError(
-                f"Parameter timeout must be a whole number of microseconds, got {timeout!r}."
-            )
+        timeout = _whole_number("timeout", parameters["timeout"])
         deadline_s = timeout / 1_000_000 if timeout > 0 else None
-    return asked(rules, priority, deadline_s)
+    return priority, deadline_s
 
 
-def from_service_tier(tier: Any, rules: QueueRules) -> Asked:
+def from_service_tier(tier: Any) -> int | None:
     """The OpenAI request's ``service_tier``: ``priority`` and ``fast`` the most urgent
-    level, ``flex`` the least, ``auto``, ``default``, ``scale`` or none the default.
+    level, ``flex`` the least (LEAST), ``auto``, ``default``, ``scale`` or none the
+    default (None).
 
     Raises:
         RuntimeValidationError: any other value.
     """
     if tier is None or tier in _TIERS_DEFAULT:
-        return asked(rules, None, None)
+        return None
     if tier in _TIERS_URGENT:
-        return asked(rules, 1, None)
+        return 1
     if tier == "flex":
-        return asked(rules, rules.levels, None)
+        return LEAST
     raise RuntimeValidationError(
         f"service_tier {tier!r} is not one of auto, default, flex, scale, priority, fast."
     )
 
 
-def _level(key: str, raw: Any, rules: QueueRules) -> int:
-    value = _integer(raw)
-    if value is None or not 0 <= value <= rules.levels:
-        raise RuntimeValidationError(
-            f"{key} must be a whole number from 0 to {rules.levels}, got {raw!r}."
-        )
-    return value
-
-
-def _milliseconds(key: str, raw: str) -> int:
+def _whole_number(key: str, raw: Any) -> int:
     value = _integer(raw)
     if value is None or value < 0:
-        raise RuntimeValidationError(
-            f"{key} must be a whole number of milliseconds, 0 or more, got {raw!r}."
-        )
+        raise RuntimeValidationError(f"{key} must be a whole number, 0 or more, got {raw!r}.")
     return value
 
 
