@@ -505,7 +505,7 @@ class _Flight:
     __slots__ = (
         "router", "route", "variant", "call", "outcome", "hold", "admission", "when", "tried",
         "instance", "ahead", "sent", "abandon", "state", "unwatch", "since", "waited",
-        "reached", "timer",
+        "timer",
     )  # fmt: skip
 
     def __init__(
@@ -530,16 +530,16 @@ class _Flight:
         """Its deadline (the loop's time)."""
         self.tried: list[Instance] = []
         self.instance: Instance | None = None
-        self.ahead = 0
-        self.sent = 0.0
+        """The instance chosen for it last (None: none yet, and a timeout is then the
+        gateway's, not the model's). ``ahead`` and ``sent`` are set when it is sent."""
+        self.ahead: int
+        self.sent: float
         self.abandon: Callable[[], None] = _nothing
         self.state = _NEW
         self.unwatch: Callable[[], None] = _nothing
         self.since = 0.0
         """When it began waiting (monotonic) in the queue of the variant named ``waited``."""
         self.waited: str | None = None
-        self.reached = False
-        """An instance was chosen for it once: a timeout is then the model's."""
         self.timer: asyncio.TimerHandle | None = None
 
     # -- the way ----------------------------------------------------------------------
@@ -600,7 +600,6 @@ class _Flight:
         call = self.call
         instance.in_flight += 1
         call.instance = self.instance = instance
-        self.reached = True
         if self.unwatch is not _nothing:
             unwatch, self.unwatch = self.unwatch, _nothing
             unwatch()
@@ -627,8 +626,8 @@ class _Flight:
             return
         self.state = _NEW
         self.abandon = _nothing  # the pool's exchange, which holds this: no cycle left
-        router, variant, instance, call = self.router, self.variant, self.instance, self.call
-        assert instance is not None
+        router, variant, call = self.router, self.variant, self.call
+        instance: Instance = self.instance  # type: ignore[assignment]  # sent: _place set it
         try:
             if response is not None:
                 router._give_back(self.route, variant, instance)
@@ -689,7 +688,7 @@ class _Flight:
         self.state = _NEW
         try:
             if asyncio.get_running_loop().time() >= self.when:  # its sweep has yet to come
-                raise self.router.late(self.variant, reached=self.reached)
+                raise self.router.late(self.variant, reached=self.instance is not None)
             self._look(True)
         except Exception as exc:
             self._finish(None, 0.0, exc)
@@ -707,7 +706,9 @@ class _Flight:
         """No answer by its deadline: ``late``, reached or not."""
         state = self.state
         if state == _WAITING:
-            self._finish(None, 0.0, self.router.late(self.variant, reached=self.reached))
+            self._finish(
+                None, 0.0, self.router.late(self.variant, reached=self.instance is not None)
+            )
         elif state == _FLYING:
             abandon, self.abandon = self.abandon, _nothing
             abandon()
