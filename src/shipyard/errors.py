@@ -406,6 +406,17 @@ class ServiceUnavailable(RuntimeFailure):
     status_code = 503
 
 
+class AdmissionRefused(ServiceUnavailable):
+    """A variant's priority queue refused the request: full (``reason`` "queue_full"),
+    or still waiting at its deadline ("deadline"). Nothing reached the model; every HTTP
+    door adds ``Retry-After`` (``retry_after_s``)."""
+
+    def __init__(self, message: str, *, reason: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
 class InstanceFailed(ServiceUnavailable):
     """The instance failed once the request may have reached it: not sent again."""
 

@@ -201,6 +201,14 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.admission_late = Counter(
+            "shipyard_admission_late",
+            "Requests whose deadline passed while they waited and that ran late "
+            "(SHIPYARD_DEADLINE_ACTION=DELAY), per priority level.",
+            labels,
+            registry=self.registry,
+        )
+
     def watch_queued(self, read: Callable[[], Iterable[tuple[str, str, int, int]]]) -> None:
         """Export ``shipyard_queued_requests`` from ``read()`` at each scrape: (endpoint,
         variant, priority level, requests waiting), read from the router's queues when
@@ -317,6 +325,7 @@ class Metrics:
                 overhead=self.overhead_latency.child(key),
             )
         return VariantMetrics(
+            admission=_AdmissionSeries(self, endpoint, variant),
             invocations=self.invocations.labels(endpoint, variant),
             errors_4xx=self.errors_4xx.labels(endpoint, variant),
             errors_5xx=self.errors_5xx.labels(endpoint, variant),
@@ -379,8 +388,43 @@ class _OpenStreams(Collector):
         yield family
 
 
+class _AdmissionSeries:
+    """One variant's priority-queue series, each level's bound at its first use."""
+
+    __slots__ = ("_metrics", "_endpoint", "_variant", "_waits", "_late")
+
+    def __init__(self, metrics: Metrics, endpoint: str, variant: str) -> None:
+        self._metrics = metrics
+        self._endpoint = endpoint
+        self._variant = variant
+        self._waits: dict[int, Histogram] = {}
+        self._late: dict[int, Counter] = {}
+
+    def queued(self, level: int, waited_s: float) -> None:
+        child = self._waits.get(level)
+        if child is None:
+            child = self._waits[level] = self._metrics.queue_time.labels(
+                self._endpoint, self._variant, str(level)
+            )
+        child.observe(waited_s)
+
+    def refused(self, level: int, reason: str) -> None:
+        self._metrics.admission_rejections.labels(
+            self._endpoint, self._variant, str(level), reason
+        ).inc()
+
+    def late(self, level: int) -> None:
+        child = self._late.get(level)
+        if child is None:
+            child = self._late[level] = self._metrics.admission_late.labels(
+                self._endpoint, self._variant, str(level)
+            )
+        child.inc()
+
+
 @dataclass(slots=True)
 class VariantMetrics:
+    admission: _AdmissionSeries
     invocations: _Tally
     errors_4xx: _Tally
     errors_5xx: _Tally
@@ -388,6 +432,18 @@ class VariantMetrics:
     batch_size: Callable[[], Histogram]
     batch_wait: Callable[[], Histogram]
     _batches: tuple[Histogram, Histogram] | None = None
+
+    def queued(self, level: int, waited_s: float) -> None:
+        """A request at priority ``level`` started on an instance after ``waited_s``."""
+        self.admission.queued(level, waited_s)
+
+    def refused(self, level: int, reason: str) -> None:
+        """The priority queue refused a request: ``queue_full`` or ``deadline``."""
+        self.admission.refused(level, reason)
+
+    def late(self, level: int) -> None:
+        """A request's deadline passed while it waited, and it waits on (DELAY)."""
+        self.admission.late(level)
 
     def observe_batch(self, size: int, wait_s: float) -> None:
         """One answer of a server-side batch. The batch series are bound at the first, so

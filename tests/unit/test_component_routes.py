@@ -79,6 +79,7 @@ class _Waiting:
     """A request in a queue that only records its turn."""
 
     turned = False
+    rank = 0
 
     def done(self) -> bool:
         return self.turned

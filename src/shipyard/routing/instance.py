@@ -23,15 +23,25 @@ class Waiter(Protocol):
         """An instance may take it now (it may still be beaten to it, and join again)."""
         ...
 
+    @property
+    def rank(self) -> int:
+        """Where it stands among the waiters: 0 first. Its priority level's, once its
+        variant's rules applied (routing/priorities.py): ``2 × (level - 1)``, plus one
+        once its deadline passed and it waits on late. 0 for every request of a variant
+        without priorities."""
+        ...
+
 
 class Queue(deque[Waiter]):
-    """Requests waiting for an instance, first come first served: the one queue of the
-    router, for a variant's requests, a session's (``Instance.pinned``), a serverless
-    variant's cold start and an inference component's copies.
+    """Requests waiting for an instance: the one queue of the router, for a variant's
+    requests, a session's (``Instance.pinned``), a serverless variant's cold start and an
+    inference component's copies.
 
-    Where a waiter joins (``join``) and which gets the next turn (``turn``) are decided
-    here and nowhere else: a priority among requests is a change to these two. (A deque,
-    so that its length and truth cost no call on the data path; the router uses only the
+    Strict priority by rank (``Waiter.rank``), first come first served within one: the
+    queue is kept in that order, so the next turn is always the front's. Where a waiter
+    joins (``join``) and which gets the next turn (``turn``) are decided here and nowhere
+    else. Without priorities every rank is 0 and a join is an append. (A deque, so that
+    its length and truth cost no call on the data path; the router uses only the
     methods below.)
     """
 
@@ -45,13 +55,31 @@ class Queue(deque[Waiter]):
         return f"Queue(waiting={len(self)})"
 
     def join(self, waiter: Waiter, *, front: bool = False) -> None:
-        """Wait for a turn: at the back, or (``front``: it had the turn and was beaten to
-        the instance) at the front. While every waiter is being woken at once they rejoin
-        in the order they had."""
+        """Wait for a turn: at the back of its rank, or (``front``: it had the turn and
+        was beaten to the instance) at the front of it. While every waiter is being woken
+        at once they rejoin in the order they had."""
+        rank = waiter.rank
         if front and not self._waking:
-            self.appendleft(waiter)
-        else:
+            if not self or self[0].rank >= rank:
+                self.appendleft(waiter)
+                return
+            # Before the first waiter of its rank or a later one.
+            for at, other in enumerate(self):
+                if other.rank >= rank:
+                    self.insert(at, waiter)
+                    return
             self.append(waiter)
+            return
+        if not self or self[-1].rank <= rank:
+            self.append(waiter)
+            return
+        # Behind the last waiter of its rank or an earlier one: priority, by hand (a
+        # bounded queue, its order one comparison of ranks).
+        for at in range(len(self) - 1, -1, -1):
+            if self[at].rank <= rank:
+                self.insert(at + 1, waiter)
+                return
+        self.appendleft(waiter)
 
     def leave(self, waiter: Waiter) -> bool:
         """Out of the queue without a turn; False when it was not in it."""

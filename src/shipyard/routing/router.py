@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
 
 from shipyard.errors import (
+    AdmissionRefused,
     ClientGone,
     InstanceFailed,
     ModelError,
@@ -448,6 +449,13 @@ class Router:
         variant.admission.waiting(variant)
         queue = variant.waiters if call.pinned is None else call.pinned.pinned
         if len(queue) >= variant.queue_limit:
+            if variant.rules.configured:
+                variant.metrics.refused(call.level, "queue_full")
+                raise AdmissionRefused(
+                    f"The queue of variant {variant.name} holds its most waiting requests "
+                    f"({variant.queue_limit}); nothing was run, retry later.",
+                    reason="queue_full",
+                )
             raise ServiceUnavailable(
                 f"Every instance of variant {variant.name} is at capacity; retry later."
             )
@@ -505,7 +513,7 @@ class _Flight:
     __slots__ = (
         "router", "route", "variant", "call", "outcome", "hold", "admission", "when", "tried",
         "instance", "ahead", "sent", "abandon", "state", "unwatch", "since", "waited",
-        "timer",
+        "timer", "rank", "start_by", "queued_at", "start_timer",
     )  # fmt: skip
 
     def __init__(
@@ -541,6 +549,14 @@ class _Flight:
         """When it began waiting (monotonic) in the queue of the variant named ``waited``."""
         self.waited: str | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.rank = 2 * (call.level - 1)
+        """Its place among waiters (Queue): its priority level's, one more once late."""
+        self.start_by = _NEVER
+        """The loop's time by which it must have started on an instance (its admission
+        deadline, routing/priorities.py); _NEVER without one."""
+        self.queued_at = 0.0
+        """When it first waited in a queue (perf_counter), for its queue time; 0 never."""
+        self.start_timer: asyncio.TimerHandle | None = None
 
     # -- the way ----------------------------------------------------------------------
 
@@ -550,6 +566,8 @@ class _Flight:
         nothing is left counted, queued or watched."""
         self.admission.admit()
         try:
+            if self.call.deadline_s is not None:
+                self.start_by = asyncio.get_running_loop().time() + self.call.deadline_s
             if timeout_s is not None:
                 loop = asyncio.get_running_loop()
                 self.when = loop.time() + timeout_s
@@ -590,6 +608,14 @@ class _Flight:
         else:
             pinned.pinned.join(self, front=front)
         self.state = _WAITING
+        if not self.queued_at:
+            self.queued_at = time.perf_counter()
+        if self.start_by != _NEVER and self.start_timer is None and not self.rank & 1:
+            # Answered at its deadline, not at the next sweep: a timer of its own, made
+            # only for a request that asked for a deadline and has to wait.
+            self.start_timer = asyncio.get_running_loop().call_at(
+                self.start_by, self._start_by_passed
+            )
         watch_gone = self.call.watch_gone
         if watch_gone is not None and self.unwatch is _nothing:
             # Only a request that waits watches its client, by a callback (no task).
@@ -600,6 +626,8 @@ class _Flight:
         call = self.call
         instance.in_flight += 1
         call.instance = self.instance = instance
+        if self.queued_at or self.variant.rules.configured:
+            self._started_waiting()
         if self.unwatch is not _nothing:
             unwatch, self.unwatch = self.unwatch, _nothing
             unwatch()
@@ -619,6 +647,40 @@ class _Flight:
             call.instance = self.instance = None
             self.state = _NEW
             raise
+
+    def _started_waiting(self) -> None:
+        """Its queue time, now that an instance took it (a variant with priorities
+        counts every request's, waited or not)."""
+        if self.start_timer is not None:
+            self.start_timer.cancel()
+            self.start_timer = None
+        waited_s = time.perf_counter() - self.queued_at if self.queued_at else 0.0
+        self.variant.metrics.queued(self.call.level, waited_s)
+
+    def _start_by_passed(self) -> None:
+        """Its admission deadline passed while it waited: refused now (REJECT), or on
+        behind every request of its level whose deadline has not passed (DELAY)."""
+        self.start_timer = None
+        if self.state != _WAITING:
+            return
+        variant, level = self.variant, self.call.level
+        if variant.rules.run_late:
+            self._leave_queue()
+            self.rank |= 1
+            self._join(self.router.current(self.route, variant), front=False)
+            variant.metrics.late(level)
+            return
+        variant.metrics.refused(level, "deadline")
+        self._finish(
+            None,
+            0.0,
+            AdmissionRefused(
+                f"The request waited for an instance of variant {variant.name} past its "
+                f"deadline of {(self.call.deadline_s or 0.0) * 1000:.0f} ms and was not run; retry "
+                "later.",
+                reason="deadline",
+            ),
+        )
 
     def answered(self, response: Response | None, error: BaseException | None) -> None:
         """The instance's answer, or why there is none (the dispatch's callback)."""
@@ -760,6 +822,9 @@ class _Flight:
         self._tell(response, model_s, error)
 
     def _unwatched(self) -> None:
+        if self.start_timer is not None:
+            self.start_timer.cancel()
+            self.start_timer = None
         self.router._deadlines.drop(self)
         if self.timer is not None:
             self.timer.cancel()

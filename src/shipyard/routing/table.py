@@ -17,6 +17,7 @@ from shipyard.metrics import VariantMetrics
 from shipyard.records import AsyncConfig
 from shipyard.routing.instance import Instance, Queue
 from shipyard.routing.policies import Policy
+from shipyard.routing.priorities import UNCONFIGURED, QueueRules
 from shipyard.routing.shadow import copy_shares
 from shipyard.routing.strategies import UNLIMITED, Admission, Dispatch, OneModel
 
@@ -39,6 +40,9 @@ class VariantRoute:
     A route may hold the copies of one inference component instead of a variant's
     instances (``component``); it is then found by that name, never by weight.
 
+    ``rules`` are its priority queue's (routing/priorities.py): levels, a bound of its
+    own, deadlines; a variant without any waits in one line as before.
+
     ``dispatch`` and ``admission`` are the strategies the router follows for the
     variant's requests (routing/strategies.py): one model under ``policy`` and no limit
     unless others are given (a multi-model variant's MultiModelDispatch, an adapter
@@ -60,6 +64,7 @@ class VariantRoute:
         "dispatch",
         "admission",
         "component",
+        "rules",
     )
 
     def __init__(
@@ -76,8 +81,11 @@ class VariantRoute:
         component: str | None = None,
         admission: Admission | None = None,
         dispatch: Dispatch | None = None,
+        rules: QueueRules = UNCONFIGURED,
     ) -> None:
         self.name = name
+        self.rules = rules
+        """Its priority queue's rules (routing/priorities.py); unconfigured, one level."""
         self.component = component
         """For the copies of an inference component: its name (``name`` is then the
         variant that hosts it)."""
@@ -102,6 +110,8 @@ class VariantRoute:
             self.queue_limit = policy.max_in_flight * max(queued + coming, 1)
         else:
             self.queue_limit = policy.max_in_flight * (queued + coming)
+        if rules.max_queue is not None:
+            self.queue_limit = rules.max_queue  # the model's own bound
 
     def __repr__(self) -> str:
         return f"VariantRoute({self.name!r}, weight={self.weight}, instances={self.instances})"

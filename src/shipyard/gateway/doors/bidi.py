@@ -61,8 +61,8 @@ from shipyard.gateway.edge.streams import StreamEdge
 from shipyard.http import eventstream
 from shipyard.http.h2server import H2Stream, StreamGone
 from shipyard.http.wsclient import Closed, Part, Refused, Unreachable, WebSocket
-from shipyard.routing.invocation import Invocations
 from shipyard.routing.call import Call
+from shipyard.routing.invocation import Invocations
 
 log = logging.getLogger(__name__)
 
