@@ -71,7 +71,7 @@ async def count(n: int, *, take: bool, apart: bool = False) -> tuple[Counts, Cou
     route = edge.app.endpoint_doors["invocations"].router.routes["echo"]  # type: ignore[attr-defined]
     (instance,) = route.variants[0].instances
     instance.pool = Instance("i-1", "AllTraffic", f"http://127.0.0.1:{port}").pool
-    proto, transport = http_protocol(edge, edge.take if take else None)
+    proto, transport = http_protocol(edge, edge.serve_whole if take else None)
     loop = asyncio.get_running_loop()
 
     head, body = REQUEST.split(b"\r\n\r\n", 1)

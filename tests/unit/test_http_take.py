@@ -112,7 +112,9 @@ def protocol(served: Served, take: Taker | None) -> tuple[Any, Recording]:
         served.app, interface="asgi3", access_log=False, server_header=False, date_header=False
     )
     config.load()
-    cls = limited_protocol(max_headers=100, max_head_bytes=65536, head_timeout_s=10, take=take)
+    cls = limited_protocol(
+        max_headers=100, max_head_bytes=65536, head_timeout_s=10, serve_whole=take
+    )
     proto = cls(config=config, server_state=ServerState(), app_state={})
     transport = Recording()
     proto.connection_made(transport)
