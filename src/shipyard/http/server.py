@@ -390,17 +390,6 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             # the next read, and the request is released to uvicorn otherwise.
             self._hold_timer = self.loop.call_later(self.hold_body_s, self._hold_timed_out)
 
-    def _held_complete(self, held: list[bytes]) -> None:
-        """The held request's body is whole: offered, and released to uvicorn (its
-        message complete) if the app declines it."""
-        self._held = None
-        if self._hold_timer is not None:  # the head came alone: its body is here
-            self._cancel_hold_timer()
-        body = held[0] if len(held) == 1 else b"".join(held)
-        if not self._offer(body):
-            self._release(body)
-            super().on_message_complete()
-
     def _offer(self, body: bytes) -> bool:
         """The seam: the held request offered to the app's ``serve_whole``, an
         _Answering standing in for uvicorn's cycle (what uvicorn's keep-alive,
@@ -453,7 +442,15 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         if held is None:
             super().on_message_complete()
         else:
-            self._held_complete(held)
+            # The held request's body is whole: offered, and released to uvicorn (its
+            # message complete) if the app declines it.
+            self._held = None
+            if self._hold_timer is not None:  # the head came alone: its body is here
+                self._cancel_hold_timer()
+            body = held[0] if len(held) == 1 else b"".join(held)
+            if not self._offer(body):
+                self._release(body)
+                super().on_message_complete()
         self.completed_messages += 1
         self._completed_here = True
         self._awaiting_head = True

@@ -71,13 +71,14 @@ class RuntimeDoor:
             made.watch_gone = on_disconnect(scope)
             call = made
             response = await self.invocations.run(route, call)
-        except ClientGone:
-            return
         except Exception as exc:
             error = exc
             if isinstance(exc, PayloadTooLarge) and exc.body_left:
                 await bodies.drain(receive)
-        status, headers, body = self._answer(name, call, response, error)
+        answer = self._answer(name, call, None, response, error)
+        if answer is None:
+            return
+        status, headers, body = answer
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
@@ -95,25 +96,13 @@ class RuntimeDoor:
                 return False  # chunked, so undeclared: ``__call__`` refuses it
             call.body = body
             call.watch_gone = on_disconnect(scope)
-            return self.invocations.start(route, call, partial(self._respond, name, call, respond))
+            # What _answer returns is for ``__call__``; Invocations.start drops it.
+            answer = partial(self._answer, name, call, respond)
+            return self.invocations.start(route, call, answer)  # type: ignore[arg-type]
         except Exception:
             # Refused, or something unexpected, before anything was sent: ``__call__``
             # meets the same and answers it in the door's shape.
             return False
-
-    def _respond(
-        self,
-        name: str,
-        call: Call,
-        respond: Respond,
-        response: Response | None,
-        error: BaseException | None,
-    ) -> None:
-        """Write the answer to a call ``serve_whole`` started (Invocations.start's
-        callback)."""
-        if isinstance(error, ClientGone):
-            return  # left while it waited for an instance: nobody to answer
-        respond(*self._answer(name, call, response, error))
 
     def _prepare(self, scope: Scope, name: str, started: float) -> tuple[EndpointRoute, Call]:
         """What both drivers do before the body: the key's reach, the endpoint's route,
@@ -130,13 +119,19 @@ class RuntimeDoor:
         self,
         name: str,
         call: Call | None,
+        respond: Respond | None,
         response: Response | None,
         error: BaseException | None,
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        """The answering step both drivers share: the model's answer with the runtime's
-        headers, or the error in the runtime's shape (an unexpected one logged, and
-        answered as an internal failure); counted for its variant (Invocations.count)
-        when ``call`` was made, before the answer is written."""
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+        """The answering step both drivers share, and Invocations.start's callback: the
+        model's answer with the runtime's headers, or the error in the runtime's shape
+        (an unexpected one logged, and answered as an internal failure), written through
+        ``respond`` (the callback path's; ``__call__`` sends what is returned); then
+        counted for its variant (Invocations.count) when ``call`` was made. None for a
+        client gone (left while it waited for its body or an instance): nobody to
+        answer, and nothing counted."""
+        if isinstance(error, ClientGone):
+            return None
         try:
             if response is not None:
                 assert call is not None
@@ -149,6 +144,8 @@ class RuntimeDoor:
             log.error("invocation of %s failed", name, exc_info=exc)
             error = None
             answer = runtime_error_answer(InternalFailure("Internal failure."))
+        if respond is not None:
+            respond(*answer)
         if call is not None:
             Invocations.count(call, answer[0], error)
         return answer
