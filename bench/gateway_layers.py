@@ -235,7 +235,7 @@ async def taken(n: int) -> float:
     for _ in range(n):
         answered = loop.create_future()
         if not edge.serve_whole(_scope(), BODY, respond):
-            raise RuntimeError("the edge did not take the request")
+            raise RuntimeError("the edge did not serve the request whole")
         if await answered != 200:
             raise RuntimeError(f"the door answered {answered.result()}")
     return time.process_time() - started
@@ -243,7 +243,7 @@ async def taken(n: int) -> float:
 
 async def whole(n: int, *, take: bool) -> float:
     """The protocol and the layers together: request bytes in, answer bytes out, through
-    the ASGI app (``take`` False) or taken on callbacks."""
+    the ASGI app (``take`` False) or on the callback path (``serve_whole``)."""
     edge = _edge()
     proto, transport = http_protocol(edge, edge.serve_whole if take else None)
     return await feed(proto, transport, n)

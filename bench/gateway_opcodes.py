@@ -11,7 +11,7 @@ One process: the gateway's HTTP protocol (http/server.py) fed an InvokeEndpoint
 request as bytes, the edge, the doors and the router of bench/gateway_layers.py, and an
 instance connection pool (http/client.py) talking HTTP over loopback to a small echo
 server in the same process (whose own work is left out of the counts). Two paths: the
-ASGI app through uvicorn's request cycle, and the request taken on callbacks (``take``),
+ASGI app through uvicorn's request cycle, and the callback path (``serve_whole``),
 its head and body in one read (boto3 writes them together) or in two (http.client,
 urllib3, requests and httpx write them apart; before the edge held a request for the read
 after its head, such a request went the ASGI way).
