@@ -31,7 +31,8 @@ answers) and, once its body is whole in that read or the next, *offers* it
 (``_offer``): one seam, the only place the protocol calls the app's callback path. A
 request the app declines, or one whose body does not come in time, is *released*
 (``_release``) to uvicorn's cycle as if never held. An ``_Answering`` stands in for
-uvicorn's cycle while the app answers.
+uvicorn's cycle while the app answers. (On the data path, *take* means one thing only:
+the router taking an instance for a call.)
 """
 
 from __future__ import annotations
