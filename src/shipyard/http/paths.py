@@ -68,7 +68,9 @@ class PathRouter:
             endpoint = self._endpoint(scope)
             if endpoint is not None:
                 action, name = endpoint
-                return self.endpoint_doors[action](scope, receive, send, name)
+                door = self.endpoint_doors.get(action)
+                if door is not None:
+                    return door(scope, receive, send, name)
             if path == "/v2" or path.startswith("/v2/"):
                 return self.v2(scope, receive, send)
             if path.startswith("/v1/") or path == "/v1":
@@ -88,12 +90,12 @@ class PathRouter:
         return False
 
     def _endpoint(self, scope: Scope) -> tuple[str, str] | None:
-        """The lookup both drivers share: for ``POST /endpoints/{name}/{action}`` with a
-        door for ``action``, the action and the endpoint's name; else None."""
+        """The lookup both drivers share: for ``POST /endpoints/{name}/{action}``, the
+        action (each driver's doors are keyed by it) and the endpoint's name; else None."""
         path: str = scope["path"]
         if path.startswith(_ENDPOINTS) and scope["method"] == "POST":
             name, _, action = path[len(_ENDPOINTS) :].rpartition("/")
             name = name.strip("/")
-            if action in self.endpoint_doors and name and "/" not in name:
+            if name and "/" not in name:
                 return action, name
         return None

@@ -187,7 +187,7 @@ class RuntimeDoor:
     def _answer_headers(call: Call, response: Response) -> list[tuple[bytes, bytes]]:
         headers = [
             (b"content-type", response.header(b"content-type") or b"application/octet-stream"),
-            (b"content-length", str(len(response.body)).encode()),
+            (b"content-length", b"%d" % len(response.body)),
             (b"x-amzn-invoked-production-variant", call.variant.name.encode()),  # type: ignore[union-attr]
         ]
         attributes = response.header(_CUSTOM_ATTRIBUTES)
