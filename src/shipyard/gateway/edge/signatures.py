@@ -19,6 +19,12 @@ only) is not read here at all.
 A refusal is answered at once, before the rest of the body: the HTTP protocol
 (http/server.py) drops what the client still sends for a few seconds, so that it
 reads the refusal rather than a reset, then closes the connection.
+
+Both edges have two drivers over the same checks (``_prepare`` before the body,
+``_finish`` with a signed body): the ASGI call, and ``serve_whole`` for a request whose
+body is already whole (the callback path, http/server.py). They differ only in how the
+body arrives and how a refusal is written: ``serve_whole`` declines, and the ASGI call
+answers it in the door's shape.
 """
 
 from __future__ import annotations
