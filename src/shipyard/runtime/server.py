@@ -98,8 +98,10 @@ class RuntimeApp:
         self.batcher = (
             None if batching is None else Batcher(handlers, batch_runner(self.threads), batching)
         )
-        self._inline = isinstance(self.threads, Inline) and adapters is None
-        """Whether ``answer`` may call the handlers in place (one worker, no adapters)."""
+        threads = self.threads
+        self._inline = threads.call if isinstance(threads, Inline) and adapters is None else None
+        """How ``answer`` calls the handlers in place (one worker, no adapters); None
+        where it may not."""
 
     def __repr__(self) -> str:
         return f"RuntimeApp({self.handlers!r}, {self.threads!r})"
@@ -178,14 +180,13 @@ class RuntimeApp:
         context = context_of(headers, attributes) if handlers.uses_context else None
         if self.batcher is not None and handlers.batchable(content_type):
             return functools.partial(self._batched, (body, content_type, accept, context))
-        if streamed or not self._inline:
+        inline = self._inline
+        if streamed or inline is None:
             return functools.partial(
                 self._run, handlers, body, content_type, accept, context, streamed
             )
-        threads = self.threads
-        assert isinstance(threads, Inline)  # as _inline says
         try:
-            payload, media_type = threads.call(handlers.answer, body, content_type, accept, context)
+            payload, media_type = inline(handlers.answer, body, content_type, accept, context)
             if not isinstance(payload, bytes):  # an iterator, collected on a task
                 return functools.partial(self._whole, payload, media_type, context)
             return Answer(200, _answer_headers(payload, media_type, context), payload)
