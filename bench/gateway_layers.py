@@ -103,7 +103,9 @@ def http_protocol(app: Any, take: Any = None) -> tuple[Any, Transport]:
         app, http="httptools", access_log=False, server_header=False, proxy_headers=False
     )
     config.load()
-    cls = limited_protocol(max_headers=100, max_head_bytes=65536, head_timeout_s=10, take=take)
+    cls = limited_protocol(
+        max_headers=100, max_head_bytes=65536, head_timeout_s=10, serve_whole=take
+    )
     proto = cls(config=config, server_state=ServerState(), app_state={})
     transport = Transport()
     proto.connection_made(transport)
@@ -239,8 +241,8 @@ async def taken(n: int) -> float:
     started = time.process_time()
     for _ in range(n):
         answered = loop.create_future()
-        if not edge.take(_scope(), BODY, respond):
-            raise RuntimeError("the edge did not take the request")
+        if not edge.serve_whole(_scope(), BODY, respond):
+            raise RuntimeError("the edge did not serve the request whole")
         if await answered != 200:
             raise RuntimeError(f"the door answered {answered.result()}")
     return time.process_time() - started
@@ -248,9 +250,9 @@ async def taken(n: int) -> float:
 
 async def whole(n: int, *, take: bool) -> float:
     """The protocol and the layers together: request bytes in, answer bytes out, through
-    the ASGI app (``take`` False) or taken on callbacks."""
+    the ASGI app (``take`` False) or on the callback path (``serve_whole``)."""
     edge = _edge()
-    proto, transport = http_protocol(edge, edge.take if take else None)
+    proto, transport = http_protocol(edge, edge.serve_whole if take else None)
     return await feed(proto, transport, n)
 
 

@@ -11,7 +11,7 @@ One process: the gateway's HTTP protocol (http/server.py) fed an InvokeEndpoint
 request as bytes, the edge, the doors and the router of bench/gateway_layers.py, and an
 instance connection pool (http/client.py) talking HTTP over loopback to a small echo
 server in the same process (whose own work is left out of the counts). Two paths: the
-ASGI app through uvicorn's request cycle, and the request taken on callbacks (``take``),
+ASGI app through uvicorn's request cycle, and the callback path (``serve_whole``),
 its head and body in one read (boto3 writes them together) or in two (http.client,
 urllib3, requests and httpx write them apart; before the edge held a request for the read
 after its head, such a request went the ASGI way).
@@ -71,7 +71,7 @@ async def count(n: int, *, take: bool, apart: bool = False) -> tuple[Counts, Cou
     route = edge.app.endpoint_doors["invocations"].router.routes["echo"]  # type: ignore[attr-defined]
     (instance,) = route.variants[0].instances
     instance.pool = Instance("i-1", "AllTraffic", f"http://127.0.0.1:{port}").pool
-    proto, transport = http_protocol(edge, edge.take if take else None)
+    proto, transport = http_protocol(edge, edge.serve_whole if take else None)
     loop = asyncio.get_running_loop()
 
     head, body = REQUEST.split(b"\r\n\r\n", 1)

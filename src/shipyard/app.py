@@ -48,7 +48,7 @@ from shipyard.gateway.wire.errors import unknown_path_response
 from shipyard.host_access import HostAccess
 from shipyard.http.h2server import H2Server
 from shipyard.http.paths import PathRouter
-from shipyard.http.server import Take
+from shipyard.http.server import ServeWhole
 from shipyard.jobs import assembly as jobs_assembly
 from shipyard.logs.service import LogService
 from shipyard.metrics import Metrics
@@ -264,9 +264,9 @@ class Gateway:
             fallback=self.app,
         )
         self._entry = edge(doors, settings, stack)
-        self.take: Take = self._entry.take
-        """For the HTTP protocol (http/server.py): an invocation whose body is
-        whole, served with no ASGI cycle or task when an instance can take it at once."""
+        self.serve_whole: ServeWhole = self._entry.serve_whole
+        """For the HTTP protocol (http/server.py): the callback path's driver, which
+        serves an invocation whose body is whole with no ASGI cycle or task."""
 
     def _check_alarm_action(self, arn: str) -> str | None:
         """Why an alarm cannot run the action ``arn`` (None: it can): an SNS topic this

@@ -1,4 +1,4 @@
-"""Invocations taken on callbacks (http/server.py ``take``): a request whose
+"""Invocations on the callback path (http/server.py ``serve_whole``): a request whose
 head and body arrive in one read, for an endpoint with an instance free and a connection
 to it idle, is served with no ASGI cycle or task. What its client sees must be what the
 ASGI path gives it: the same answer, the same errors, keep-alive, pipelining and
@@ -128,7 +128,7 @@ def warm(gw: GatewayProcess, name: str, body: bytes = b"{}") -> None:
     assert status in (200, 424)
 
 
-def test_an_answer_taken_is_the_answer_of_the_asgi_path(gw: GatewayProcess) -> None:
+def test_an_answer_on_the_callback_path_is_the_answer_of_the_asgi_path(gw: GatewayProcess) -> None:
     warm(gw, "echo")
     data = request("echo", b'{"x": [1, 2, 3]}')
     taken, asgi = whole(gw, data), in_pieces(gw, data)
@@ -166,7 +166,7 @@ def test_a_body_written_apart_from_its_head_gets_the_same_answer(gw: GatewayProc
     assert json.loads(apart[2]) == {"x": [1, 2, 3]}
 
 
-def test_a_model_error_taken_is_the_error_of_the_asgi_path(gw: GatewayProcess) -> None:
+def test_a_model_error_on_the_callback_path_is_that_of_the_asgi_path(gw: GatewayProcess) -> None:
     warm(gw, "flaky")
     data = request("flaky", b'{"fail": true}')
     taken, asgi = whole(gw, data), in_pieces(gw, data)
@@ -243,7 +243,7 @@ def test_a_client_gone_before_its_answer_leaves_nothing_behind(gw: GatewayProces
     assert whole(gw, request("slow", b'{"sleep": 0}'))[0] == 200
 
 
-def test_calls_taken_are_counted(gw: GatewayProcess) -> None:
+def test_calls_on_the_callback_path_are_counted(gw: GatewayProcess) -> None:
     warm(gw, "flaky")
     before = {
         name: metric(gw, name, "flaky", "v1")

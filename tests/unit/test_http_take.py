@@ -1,6 +1,7 @@
-"""The gateway's HTTP protocol offers a request whose body is whole to the app's ``take``
-(http/server.py), and gives uvicorn's request cycle whatever it does not take,
-as if never held: the real protocol class, fed bytes, over a transport that records."""
+"""The gateway's HTTP protocol offers a request whose body is whole to the app's
+``serve_whole`` (http/server.py), and releases to uvicorn's request cycle whatever it
+declines, as if never held: the real protocol class, fed bytes, over a transport that
+records."""
 
 from __future__ import annotations
 
@@ -93,7 +94,7 @@ class Served:
 
 
 class Offers:
-    """A ``take`` that keeps what it is offered (each body, and the ``respond`` to answer
+    """A ``serve_whole`` that keeps what it is offered (each body, and the ``respond`` to answer
     it with) and answers ``result``, answering no request itself."""
 
     def __init__(self, result: bool) -> None:
@@ -112,7 +113,9 @@ def protocol(served: Served, take: Taker | None) -> tuple[Any, Recording]:
         served.app, interface="asgi3", access_log=False, server_header=False, date_header=False
     )
     config.load()
-    cls = limited_protocol(max_headers=100, max_head_bytes=65536, head_timeout_s=10, take=take)
+    cls = limited_protocol(
+        max_headers=100, max_head_bytes=65536, head_timeout_s=10, serve_whole=take
+    )
     proto = cls(config=config, server_state=ServerState(), app_state={})
     transport = Recording()
     proto.connection_made(transport)
@@ -138,7 +141,7 @@ def answers(data: bytes) -> list[bytes]:
     return out
 
 
-def test_a_request_whole_in_one_read_is_taken_and_answered_as_uvicorn_would() -> None:
+def test_a_request_whole_in_one_read_is_served_whole_and_answered_as_uvicorn_would() -> None:
     taken: list[tuple[str, bytes, dict[str, Any]]] = []
 
     def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
@@ -218,7 +221,7 @@ def head_and_body(body: bytes = BODY) -> tuple[bytes, bytes]:
     return data[: -len(body)], data[-len(body) :]
 
 
-def test_a_body_whole_in_the_read_after_its_head_is_taken() -> None:
+def test_a_body_whole_in_the_read_after_its_head_is_served_whole() -> None:
     taken: list[bytes] = []
 
     def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
@@ -309,7 +312,7 @@ def test_a_connection_lost_while_a_body_is_awaited_leaves_nothing_armed() -> Non
 
 
 @pytest.mark.parametrize("refusal", ["declined", "raised"])
-def test_a_request_not_taken_goes_to_uvicorn_as_if_never_held(
+def test_a_request_declined_goes_to_uvicorn_as_if_never_held(
     refusal: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
@@ -331,7 +334,7 @@ def test_a_request_not_taken_goes_to_uvicorn_as_if_never_held(
     assert ("a fault in take" in caplog.text) == (refusal == "raised")
 
 
-def test_requests_pipelined_behind_a_taken_one_wait_for_its_answer() -> None:
+def test_requests_pipelined_behind_one_served_whole_wait_for_its_answer() -> None:
     take = Offers(True)
     responders = take.responders
 
@@ -458,7 +461,7 @@ def test_a_chunked_bodys_trailer_fields_never_become_request_headers(taken: bool
     assert served.asgi == ([] if taken else [("/endpoints/e/invocations", BODY)])
 
 
-def test_a_take_that_fails_after_answering_is_not_answered_again() -> None:
+def test_a_serve_whole_that_fails_after_answering_is_not_answered_again() -> None:
     def take(scope: dict[str, Any], body: bytes, respond: Respond) -> bool:
         respond(200, [(b"content-length", b"5")], b"taken")
         raise RuntimeError("after the answer")
@@ -674,7 +677,7 @@ def test_a_shutdown_with_a_refused_request_queued_keeps_the_answer_in_flight() -
     assert transport.closing
 
 
-def test_a_held_request_refused_for_its_trailers_is_never_offered_to_take() -> None:
+def test_a_held_request_refused_for_its_trailers_is_never_offered() -> None:
     offers = Offers(True)
 
     async def scenario() -> Recording:
@@ -743,7 +746,7 @@ def test_a_request_asking_to_upgrade_is_parsed_again_with_its_body() -> None:
     assert seen == [True, True, True] and not transport.closing
 
 
-def test_a_held_request_asking_to_upgrade_is_taken_with_its_body() -> None:
+def test_a_held_request_asking_to_upgrade_is_offered_with_its_body() -> None:
     offers = Offers(True)
 
     async def scenario() -> None:

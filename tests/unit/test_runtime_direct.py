@@ -226,9 +226,9 @@ def test_custom_attributes_go_out_in_utf_8_and_a_line_break_is_refused() -> None
         module.__dict__,
     )
     app = RuntimeApp(Handlers(model=None, module=module))
-    answer = app.answer_now([(b"content-type", b"text/plain")], "checked=✓".encode())
+    answer = app.answer([(b"content-type", b"text/plain")], "checked=✓".encode())
     assert isinstance(answer, Answer) and answer.status == 200
     assert (b"x-amzn-sagemaker-custom-attributes", "checked=✓".encode()) in answer.headers
-    refused = app.answer_now([(b"content-type", b"text/plain")], b"a\r\nx-injected: 1")
+    refused = app.answer([(b"content-type", b"text/plain")], b"a\r\nx-injected: 1")
     assert isinstance(refused, Answer) and refused.status == 500
     assert all(name != b"x-injected" for name, _ in refused.headers)

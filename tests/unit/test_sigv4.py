@@ -297,7 +297,7 @@ def test_keys_are_scoped_to_the_resources_they_name() -> None:
 
 
 class Taker:
-    """An app whose ``take`` records what the edge admitted."""
+    """An app whose ``serve_whole`` (the callback path) records what the edge admitted."""
 
     def __init__(self) -> None:
         self.admitted: list[Any] = []
@@ -305,13 +305,13 @@ class Taker:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         raise AssertionError("the ASGI call is not this test's")
 
-    def take(self, scope: dict[str, Any], body: bytes, respond: Any) -> bool:
+    def serve_whole(self, scope: dict[str, Any], body: bytes, respond: Any) -> bool:
         self.admitted.append(scope[ADMITTED])
         return True
 
 
 def invocation_scope(request: SignedRequest) -> dict[str, Any]:
-    """The scope the gateway's protocol gives a request it offers to ``take``."""
+    """The scope the gateway's protocol gives a request it offers to ``serve_whole``."""
     return {
         "type": "http",
         "method": request.method,
@@ -329,10 +329,10 @@ def invocation_scope(request: SignedRequest) -> dict[str, Any]:
     [(KEY, SECRET, True), ("AKIATESTAPP000000001", "app", False), (KEY, "wrong", False)],
     ids=["allowed", "not-allowed", "bad-signature"],
 )
-def test_a_signed_invocation_is_taken_only_once_verified_and_authorised(
+def test_a_signed_invocation_is_served_whole_only_once_verified_and_authorised(
     key: str, secret: str, taken: bool
 ) -> None:
-    """What ``take`` lets through is what ``__call__`` lets through: a refusal is left
+    """What ``serve_whole`` lets through is what ``__call__`` lets through: a refusal is left
     to ``__call__``, which answers it in the door's shape."""
     body = b'{"instances": [[1, 2]]}'
     request = signed(
@@ -347,7 +347,7 @@ def test_a_signed_invocation_is_taken_only_once_verified_and_authorised(
         app, verifier=verifier(), account_id="000000000000", max_body_bytes=1 << 20,
         body_timeout_s=5,
     )  # fmt: skip
-    assert edge.take(invocation_scope(request), body, lambda *answer: None) is taken
+    assert edge.serve_whole(invocation_scope(request), body, lambda *answer: None) is taken
     if taken:
         (admitted,) = app.admitted
         assert admitted.caller.access_key_id == KEY
@@ -355,16 +355,16 @@ def test_a_signed_invocation_is_taken_only_once_verified_and_authorised(
     else:
         assert app.admitted == []
     # A body other than the one signed is refused too.
-    assert not edge.take(invocation_scope(request), body + b" ", lambda *answer: None)
+    assert not edge.serve_whole(invocation_scope(request), body + b" ", lambda *answer: None)
 
 
 @pytest.mark.parametrize(
     "case",
     ["allowed", "not-allowed", "bad-signature", "other-body", "too-large", "repeated", "unsigned"],
 )
-def test_take_admits_exactly_what_the_asgi_call_admits(case: str) -> None:
-    """The same request through ``take`` and through ``__call__``: the same Admitted
-    value, or a refusal (which ``take`` leaves to ``__call__`` to answer)."""
+def test_the_callback_path_admits_exactly_what_the_asgi_call_admits(case: str) -> None:
+    """The same request through ``serve_whole`` and through ``__call__``: the same
+    Admitted value, or a refusal (which ``serve_whole`` leaves to ``__call__`` to answer)."""
     body = b'{"instances": [[1, 2]]}'
     key, secret = {"not-allowed": ("AKIATESTAPP000000001", "app"), "bad-signature": (KEY, "x")}.get(
         case, (KEY, SECRET)
@@ -398,7 +398,7 @@ def test_take_admits_exactly_what_the_asgi_call_admits(case: str) -> None:
         )  # fmt: skip
 
     taken_by, called = Taker(), Called()
-    taken = edge(taken_by).take(invocation_scope(request), sent, lambda *answer: None)
+    taken = edge(taken_by).serve_whole(invocation_scope(request), sent, lambda *answer: None)
     answers: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:

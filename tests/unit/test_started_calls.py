@@ -356,16 +356,16 @@ def test_the_door_answers_every_outcome_of_a_started_call() -> None:
 
     unsent = Call([], b"x")
     unsent.variant = variant
-    door._answer(unsent, respond, None, RuntimeError("a fault"))
+    door._answer("e", unsent, respond, None, RuntimeError("a fault"))
     assert [status for status, _, _ in answers] == [500]
     assert variant.metrics.invocations.value == 0
     answers.clear()
     call = Call([], b"x")
     call.variant = variant
     (call.instance,) = variant.instances
-    door._answer(call, respond, None, ClientGone())
+    door._answer("e", call, respond, None, ClientGone())
     assert answers == []
-    door._answer(call, respond, None, RuntimeError("a fault"))
+    door._answer("e", call, respond, None, RuntimeError("a fault"))
     ((status, headers, body),) = answers
     assert status == 500 and (b"x-amzn-errortype", b"InternalFailure") in headers
     assert json.loads(body)["message"] == "Internal failure."

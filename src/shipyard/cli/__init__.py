@@ -148,7 +148,7 @@ def serve(
         host=settings.host,
         port=settings.port,
         limits=limits,
-        take=gateway.take,
+        serve_whole=gateway.serve_whole,
         tls=gateway.tls,
     )
     # A worker serves the socket its supervisor bound; a gateway alone binds it itself.

@@ -5,24 +5,26 @@ waits for them whatever serves the request. An ASGI cycle around that call (a ta
 app's coroutines, ``receive`` and ``send`` messages, uvicorn's checks on each) cost about
 as much CPU as the handler of a cheap model, and the instance shares the machine's cores
 with the gateway and its clients (bench/results/instance_direct.md). So the instance's
-protocol answers ``POST /invocations`` once its body is whole, in the parser's callback:
-the app's ``answer_now`` runs the handlers and returns the answer, which leaves in one
-write.
+protocol answers ``POST /invocations`` once its body is whole, in the parser's callback.
 
-What is not answered here goes through uvicorn's ASGI cycle as before, the app deciding
-before any handler runs: a request asking ``Expect: 100-continue``, every request of an
-app whose handlers run on threads, and what ``answer_now`` declines (a streamed answer
-asked for, a batched request, an adapter's). A handler that returns an iterator is
-collected by an ASGI task of its own (``answer_now`` returns the app that does it).
+The app has one handler path, ``answer(headers, body)`` (``Answers``), and both drivers
+call it: this protocol, and the app's own ASGI call, which reads the body and is then
+only an adapter from ``answer``'s outcome to ASGI messages. The outcome is a whole
+``Answer``, which leaves here in one write; or a ``Finish`` (a streamed answer, a batch,
+handlers on threads, an iterator to collect), which the protocol runs on an ASGI task of
+its own, past the body it has read.
+
+What goes to the app's ASGI call, as before: a request asking ``Expect:
+100-continue``, any other path, and every request while the client is not reading its
+answers (the transport's write buffer is full), where the app's ``send`` waits for it
+while the requests behind queue.
 
 Written by hand because uvicorn offers no way to answer a request without its cycle; it
 reuses uvicorn's protocol and cycle for everything else (parsing, keep-alive, pipelined
 requests), so that a request answered here and one answered by the app leave the
 connection in the same state. The body is read whole before the answer, as the app reads
-it. While the client is not reading its answers (the transport's write buffer is full)
-requests go to the app, whose ``send`` waits for it while the requests behind queue; a
-pipelined request is answered on the loop's next turn, as uvicorn starts its task; and a
-handler's exception that escapes ``answer_now`` is answered as uvicorn answers an app's.
+it. A pipelined request is answered on the loop's next turn, as uvicorn starts its task;
+and an exception that escapes ``answer`` is answered as uvicorn answers an app's.
 """
 
 from __future__ import annotations
@@ -54,11 +56,15 @@ class Answer(NamedTuple):
     body: bytes
 
 
-class AnswersNow(Protocol):
-    def answer_now(self, headers: Headers, body: bytes) -> Answer | ASGIApp | None:
-        """The answer to ``POST /invocations`` with these headers and this whole body; an
-        ASGI app that finishes it on a task; or None, before any handler ran, when the
-        request must go through the app."""
+Finish = Callable[[Any, Any], Awaitable[None]]
+"""What finishes an answer on a task, given the request's ``receive`` (past its body: it
+only tells of a disconnect) and ``send``."""
+
+
+class Answers(Protocol):
+    def answer(self, headers: Headers, body: bytes) -> Answer | Finish:
+        """The one handler path of ``POST /invocations`` with these headers and this
+        whole body: the whole answer, or what finishes it on a task."""
         ...
 
 
@@ -82,7 +88,7 @@ class DirectProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol answering ``answers``' invocations in its callbacks
     (see the module); :func:`direct_protocol` makes one for an app."""
 
-    answers: AnswersNow
+    answers: Answers
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -127,7 +133,7 @@ class DirectProtocol(HttpToolsProtocol):
         waiting, self._waiting = self._waiting, None
         if waiting is not None:
             cycle, buffer = waiting
-            # bytes, as uvicorn's receive hands on, should the app take the request.
+            # bytes, as uvicorn's receive hands on, should the app's ASGI call serve it.
             cycle.body = buffer.getvalue()
             self._answer_or_start(cycle)
 
@@ -148,7 +154,7 @@ class DirectProtocol(HttpToolsProtocol):
         try:
             # In a context of its own, as the task of an ASGI request would be.
             outcome = contextvars.copy_context().run(
-                self.answers.answer_now, cycle.scope["headers"], body
+                self.answers.answer, cycle.scope["headers"], body
             )
         except BaseException:
             # What uvicorn's task does with an app's exception: log it, answer 500.
@@ -156,23 +162,31 @@ class DirectProtocol(HttpToolsProtocol):
             cycle.keep_alive = False
             _write(self, cycle, _INTERNAL_ERROR)
             return
-        if outcome is None:
-            super()._start_asgi_task(cycle, self.app)
-            return
-        # Answered: the cycle, which the connection keeps until its next request, need
-        # not keep the body too (uvicorn's receive lets it go once read).
+        # The body is the outcome's now: the cycle, which the connection keeps until its
+        # next request, need not keep it too (uvicorn's receive lets it go once read).
         cycle.body = b""
         if isinstance(outcome, Answer):
             _write(self, cycle, outcome)
         else:
-            super()._start_asgi_task(cycle, outcome)  # type: ignore[arg-type]
+            super()._start_asgi_task(cycle, _past_body(outcome))  # type: ignore[arg-type]
 
 
-def direct_protocol(base: type[HttpToolsProtocol], app: AnswersNow) -> type[HttpToolsProtocol]:
+def direct_protocol(base: type[HttpToolsProtocol], app: Answers) -> type[HttpToolsProtocol]:
     """``base`` (uvicorn's httptools protocol, or one derived from it) answering ``app``'s
     invocations in its callbacks (see the module)."""
     name = f"Direct{base.__name__}"
     return type(name, (DirectProtocol, base), {"answers": app, "__qualname__": name})
+
+
+def _past_body(finish: Finish) -> ASGIApp:
+    """The ASGI app of a request whose answer ``finish`` finishes: uvicorn's cycle still
+    holds the body's message (emptied, the body read here), taken before ``finish``."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await finish(receive, send)
+
+    return app
 
 
 def _invocation(cycle: Any) -> bool:

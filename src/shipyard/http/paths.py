@@ -18,7 +18,9 @@ from shipyard.http.server import Respond
 Scope = dict[str, Any]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
 EndpointDoor = Callable[[Scope, Any, Any, str], Awaitable[None]]
-EndpointTaker = Callable[[Scope, str, bytes, Respond], bool]
+ServeWhole = Callable[[Scope, str, bytes, Respond], bool]
+"""An endpoint door's ``serve_whole``: the callback path's driver, given the endpoint's
+name (RuntimeDoor.serve_whole)."""
 
 _ENDPOINTS = "/endpoints/"
 
@@ -29,9 +31,13 @@ class PathRouter:
     ``endpoint_doors`` maps the last path segment of ``POST /endpoints/{name}/...``
     (``invocations``, ``async-invocations``, ``invocations-response-stream``) to the
     door that serves it, called with the endpoint's name.
+
+    Two drivers over one lookup (``_endpoint``): ``__call__``, the ASGI app, and
+    ``serve_whole``, the callback path's, which hands a request whose body is whole to
+    its door's ``serve_whole`` where the door has one.
     """
 
-    __slots__ = ("endpoint_doors", "v2", "v1", "fallback", "_takers")
+    __slots__ = ("endpoint_doors", "v2", "v1", "fallback", "_serve_whole")
 
     def __init__(
         self,
@@ -45,10 +51,10 @@ class PathRouter:
         self.v2 = v2
         self.v1 = v1
         self.fallback = fallback
-        self._takers: dict[str, EndpointTaker] = {
-            action: door.take
+        self._serve_whole: dict[str, ServeWhole] = {
+            action: door.serve_whole
             for action, door in self.endpoint_doors.items()
-            if hasattr(door, "take")
+            if hasattr(door, "serve_whole")
         }
 
     def __repr__(self) -> str:
@@ -59,31 +65,37 @@ class PathRouter:
         # request while it runs (an ASGI app all the same: calling it gives an awaitable).
         if scope["type"] == "http":
             path: str = scope["path"]
-            if path.startswith(_ENDPOINTS) and scope["method"] == "POST":
-                name, action = _endpoint(path)
+            endpoint = self._endpoint(scope)
+            if endpoint is not None:
+                action, name = endpoint
                 door = self.endpoint_doors.get(action)
-                if door is not None and name and "/" not in name:
+                if door is not None:
                     return door(scope, receive, send, name)
-            elif path == "/v2" or path.startswith("/v2/"):
+            if path == "/v2" or path.startswith("/v2/"):
                 return self.v2(scope, receive, send)
-            elif path.startswith("/v1/") or path == "/v1":
+            if path.startswith("/v1/") or path == "/v1":
                 return self.v1(scope, receive, send)
         return self.fallback(scope, receive, send)
 
-    def take(self, scope: Scope, body: bytes, respond: Respond) -> bool:
-        """Hand a request whose whole ``body`` is in hand to its door's ``take``
-        (RuntimeDoor.take: served on callbacks, with no task); False when its door has
-        none or does not take it: nothing was done, and ``__call__`` routes it."""
-        path: str = scope["path"]
-        if path.startswith(_ENDPOINTS) and scope["method"] == "POST":
-            name, action = _endpoint(path)
-            take = self._takers.get(action)
-            if take is not None and name and "/" not in name:
-                return take(scope, name, body, respond)
+    def serve_whole(self, scope: Scope, body: bytes, respond: Respond) -> bool:
+        """The callback path's driver: a request whose whole ``body`` is in hand, handed
+        to its endpoint door's ``serve_whole``. False when it has no such door or the
+        door declines: nothing was done, and ``__call__`` routes it."""
+        endpoint = self._endpoint(scope)
+        if endpoint is not None:
+            action, name = endpoint
+            serve = self._serve_whole.get(action)
+            if serve is not None:
+                return serve(scope, name, body, respond)
         return False
 
-
-def _endpoint(path: str) -> tuple[str, str]:
-    """The endpoint's name and the action of a path under ``/endpoints/``."""
-    name, _, action = path[len(_ENDPOINTS) :].rpartition("/")
-    return name.strip("/"), action
+    def _endpoint(self, scope: Scope) -> tuple[str, str] | None:
+        """The lookup both drivers share: for ``POST /endpoints/{name}/{action}``, the
+        action (each driver's doors are keyed by it) and the endpoint's name; else None."""
+        path: str = scope["path"]
+        if path.startswith(_ENDPOINTS) and scope["method"] == "POST":
+            name, _, action = path[len(_ENDPOINTS) :].rpartition("/")
+            name = name.strip("/")
+            if name and "/" not in name:
+                return action, name
+        return None

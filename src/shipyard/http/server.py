@@ -22,6 +22,17 @@ The edge also tells the app whether a request's body has arrived whole (``body_a
 a body parsed in the same read as its head, the common case, is read with no deadline;
 and calls it back when a client's connection is lost (``on_disconnect``), so a request
 waiting for an instance leaves the queue without a task of its own watching ``receive``.
+
+**The callback path.** The app may also serve a request with no ASGI cycle or task: its
+``serve_whole`` (``ServeWhole``), given the scope, the whole body and a ``respond`` that
+writes the answer. The protocol *holds* a POST at the end of its head (``_hold``: nothing
+before it still to answer, a plain path, room under the limits, a client reading its
+answers) and, once its body is whole in that read or the next, *offers* it
+(``_offer``): one seam, the only place the protocol calls the app's callback path. A
+request the app declines, or one whose body does not come in time, is *released*
+(``_release``) to uvicorn's cycle as if never held. An ``_Answering`` stands in for
+uvicorn's cycle while the app answers. (On the data path, *take* means one thing only:
+the router taking an instance for a call.)
 """
 
 from __future__ import annotations
@@ -40,11 +51,12 @@ from shipyard.http.keepalive import LazyKeepAlive
 from shipyard.http.writes import CoalescingTransport
 
 Respond = Callable[[int, list[tuple[bytes, bytes]], bytes], None]
-"""Writes the answer to a request taken on callbacks: status, headers, body."""
-Take = Callable[[Any, bytes, Respond], bool]
-"""The app's way to serve a request whose body is whole with no task (the edge's
-``take``, gateway/edge/signatures.py): True once it has it, and then it calls ``respond``
-once; False when it leaves the request to the ASGI app, having done nothing."""
+"""Writes the answer to a request served on the callback path: status, headers, body."""
+ServeWhole = Callable[[Any, bytes, Respond], bool]
+"""The app's driver of the callback path (the edge's ``serve_whole``,
+gateway/edge/signatures.py): serve a request whose body is whole, with no ASGI cycle or
+task. True once it has it, and then it calls ``respond`` once; False when it leaves the
+request to the ASGI app, having done nothing."""
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +132,7 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
     hold_body_s = 0.05
     """How long a held request whose head came alone waits for its body (the next read)
     before it goes to uvicorn."""
-    take: Take | None = None
+    serve_whole: ServeWhole | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -145,7 +157,7 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         """A refusal of a request that came while one before it was still to be answered:
         written once that one is (see _defer)."""
         self._held: list[bytes] | None = None
-        """The body so far of a request held to be taken once whole (``take``)."""
+        """The body so far of a request held to be offered once whole (``_offer``)."""
         self._hold_timer: Any = None
         """Armed while a held request whose head came alone waits for its body."""
         self._head_timer: Any = None
@@ -160,9 +172,9 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         self._lost_watchers: set[Callable[[], None]] = set()
         self.completed_messages = 0
         """Requests on the connection whose body has been parsed whole."""
-        # Fixed for the connection: whether a request may be offered to ``take`` at all
-        # (uvicorn's cycle logs what it answers; a root path changes the scope's path).
-        self._may_take = self.take is not None and not self.access_log and not self.root_path
+        # Fixed for the connection: whether a request may be held at all (uvicorn's
+        # cycle logs what it answers; a root path changes the scope's path).
+        self._may_hold = self.serve_whole is not None and not self.access_log and not self.root_path
         self._one_read_within = self.max_head_bytes - self.max_headers
 
     def connection_made(self, transport: Any) -> None:
@@ -185,18 +197,8 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             self._invalid()
         except httptools.HttpParserUpgrade as upgrade:
             self._without_upgrade(data[upgrade.args[0] :])
-        held = self._held
-        if held is not None:
-            if held or self._hold_timer is not None or self.transport.is_closing():
-                # Its body is not whole in the read that brought its head, or in the one
-                # after: uvicorn's, as any request (its body read, under the door's
-                # deadline, by the ASGI app). On a connection ending, nothing.
-                self._release()
-            else:
-                # The head came alone: http.client, urllib3, requests and httpx write a
-                # request's head and its body apart. Its body is offered to ``take`` if
-                # it is whole in the next read, and it is given to uvicorn otherwise.
-                self._hold_timer = self.loop.call_later(self.hold_body_s, self._hold_timed_out)
+        if self._held is not None:
+            self._held_after_read()
         if self._refused is not None:
             self._refuse(*self._refused)
             return
@@ -336,15 +338,15 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             # request is parsed again without its upgrade (_without_upgrade).
             self._upgrading = True
             return
-        if self._may_take and self._may_hold():
+        if self._may_hold and self._hold():
             return
         super().on_headers_complete()
         if upgrade:
             # A CONNECT, answered by the app (no tunnel here), and the connection closed.
             self.cycle.keep_alive = False
 
-    def _may_hold(self) -> bool:
-        """Hold the request, with no ASGI cycle or task, to offer it whole to ``take``:
+    def _hold(self) -> bool:
+        """Hold the request, with no ASGI cycle or task, to offer it once whole:
         a POST with nothing before it still to answer (no pipelining), no upgrade asked
         (on_headers_complete), no 100-continue to send, a plain path, and room under
         uvicorn's concurrency limit. The scope gets what uvicorn's on_headers_complete
@@ -360,7 +362,7 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
             or self.parser.get_method() != b"POST"
             or (limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit))
             # A client not reading its answers: uvicorn's send waits for it, and what it
-            # sends meanwhile queues behind, where answers taken would pile up here.
+            # sends meanwhile queues behind, where answers served here would pile up.
             or self.flow.write_paused
             or self.transport.get_write_buffer_size() > HIGH_WATER_LIMIT
         ):
@@ -376,24 +378,39 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         self._held = []
         return True
 
-    def _take(self, body: bytes) -> bool:
-        """Offer the held request to ``take``, an _Answering standing in for uvicorn's
-        cycle (what uvicorn's keep-alive, pipelining and shutdown read) until answered."""
-        assert self.take is not None
+    def _held_after_read(self) -> None:
+        """A read is parsed and the held request's body is not whole yet."""
+        if self._held or self._hold_timer is not None or self.transport.is_closing():
+            # Its body is not whole in the read that brought its head, or in the one
+            # after: uvicorn's, as any request (its body read, under the door's
+            # deadline, by the ASGI app). On a connection ending, nothing.
+            self._release()
+        else:
+            # The head came alone: http.client, urllib3, requests and httpx write a
+            # request's head and its body apart. Its body is offered if it is whole in
+            # the next read, and the request is released to uvicorn otherwise.
+            self._hold_timer = self.loop.call_later(self.hold_body_s, self._hold_timed_out)
+
+    def _offer(self, body: bytes) -> bool:
+        """The seam: the held request offered to the app's ``serve_whole``, an
+        _Answering standing in for uvicorn's cycle (what uvicorn's keep-alive,
+        pipelining and shutdown read) until it is answered. False: declined, nothing
+        done."""
+        assert self.serve_whole is not None
         keep_alive = self.scope["http_version"] != "1.0" and self.parser.should_keep_alive()
         answering = _Answering(self, keep_alive)
         previous, self.cycle = self.cycle, answering  # type: ignore[assignment]
         try:
-            taken = self.take(self.scope, body, answering.respond)
+            served = self.serve_whole(self.scope, body, answering.respond)
         except Exception:
             # Left to the app, unless it was answered before the failure (answering it
             # again would write a second answer for one request).
-            logger.exception("taking a request failed")
-            taken = answering.response_complete
-        if not taken:
-            answering.response_complete = True  # whatever ``take`` began answers nothing
+            logger.exception("serving a whole request failed")
+            served = answering.response_complete
+        if not served:
+            answering.response_complete = True  # whatever it began answers nothing
             self.cycle = previous
-        return taken
+        return served
 
     def _release(self, body: bytes | None = None) -> None:
         """Give the held request to uvicorn, as if never held: its cycle and ASGI task
@@ -426,11 +443,13 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         if held is None:
             super().on_message_complete()
         else:
+            # The held request's body is whole: offered, and released to uvicorn (its
+            # message complete) if the app declines it.
             self._held = None
             if self._hold_timer is not None:  # the head came alone: its body is here
                 self._cancel_hold_timer()
             body = held[0] if len(held) == 1 else b"".join(held)
-            if not self._take(body):
+            if not self._offer(body):
                 self._release(body)
                 super().on_message_complete()
         self.completed_messages += 1
@@ -607,8 +626,8 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
 
 
 class _Answering:
-    """Stands in for uvicorn's request cycle while a request taken on callbacks
-    (LimitedHttpToolsProtocol._take) is answered: it carries what uvicorn's protocol reads
+    """Stands in for uvicorn's request cycle while a request served on the callback path
+    (LimitedHttpToolsProtocol._offer) is answered: it carries what uvicorn's protocol reads
     of a cycle (an answer under way holds pipelined requests back; a shutdown or a lost
     connection marks it), and writes the answer as uvicorn's cycle would."""
 
@@ -671,11 +690,11 @@ def limited_protocol(
     max_head_bytes: int,
     head_timeout_s: float,
     drain_timeout_s: float = LimitedHttpToolsProtocol.drain_timeout_s,
-    take: Take | None = None,
+    serve_whole: ServeWhole | None = None,
 ) -> type[LimitedHttpToolsProtocol]:
     """The protocol class to give ``uvicorn.run(http=...)``, with these limits; the idle
-    timeout is uvicorn's ``timeout_keep_alive``. ``take``: the app's way to serve a
-    request whose body is whole with no ASGI cycle or task (the edge's ``take``)."""
+    timeout is uvicorn's ``timeout_keep_alive``. ``serve_whole``: the app's driver of the
+    callback path (see the module)."""
     return type(
         "LimitedHttpToolsProtocol",
         (LimitedHttpToolsProtocol,),
@@ -684,6 +703,6 @@ def limited_protocol(
             "max_head_bytes": max_head_bytes,
             "head_timeout_s": head_timeout_s,
             "drain_timeout_s": drain_timeout_s,
-            "take": staticmethod(take) if take is not None else None,
+            "serve_whole": staticmethod(serve_whole) if serve_whole is not None else None,
         },
     )

@@ -12,7 +12,7 @@ from typing import Any
 
 import uvicorn
 
-from shipyard.http.server import Take, limited_protocol
+from shipyard.http.server import ServeWhole, limited_protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,10 +33,10 @@ def server_config(
     host: str,
     port: int,
     limits: ServerLimits,
-    take: Take | None,
+    serve_whole: ServeWhole | None,
     tls: tuple[Path, Path] | None,
 ) -> uvicorn.Config:
-    """uvicorn's configuration for ``app`` on ``host:port``. ``take`` serves a
+    """uvicorn's configuration for ``app`` on ``host:port``. ``serve_whole`` serves a
     whole-bodied invocation on callbacks (http/server.py); ``tls`` is the certificate
     chain and key files."""
     return uvicorn.Config(
@@ -48,7 +48,7 @@ def server_config(
             max_headers=limits.max_headers,
             max_head_bytes=limits.max_head_bytes,
             head_timeout_s=limits.head_timeout_s,
-            take=take,
+            serve_whole=serve_whole,
         ),
         # The edge switches to no other protocol (http/server.py): no WebSocket
         # implementation to load for it.

@@ -5,12 +5,13 @@ two routes need no router, no request object and no middleware. The per-request 
 one pass over the headers, the handlers (inline on the loop with one worker, on handler
 threads with more; ``/ping`` answers while they run either way: :mod:`workers`), and two
 ``send`` calls (the floor we compare against is the peer harness's bare ASGI echo app:
-bench/README.md). With inline handlers, the protocol answers most invocations itself
-through ``answer_now``, with no ASGI task (:mod:`direct`); the app serves the rest. In multi-model
-mode :mod:`model_contract`'s app is served instead, so none of its work lands on this
-path. With server-side batching on, a request goes to the :mod:`batching` FIFO instead of
-straight to the handlers, and its
-answer carries ``X-Shipyard-Batch``; without it, the only cost is one attribute test.
+bench/README.md). An invocation has one handler path, ``RuntimeApp.answer``, which both
+drivers call: the instance's protocol, once the body is whole, with no ASGI task
+(http/direct.py), and the app's ASGI call, an adapter that reads the body and sends
+what ``answer`` gives. In multi-model mode :mod:`model_contract`'s app is served instead,
+so none of its work lands on this path. With server-side batching on, a request goes to
+the :mod:`batching` FIFO instead of straight to the handlers, and its answer carries
+``X-Shipyard-Batch``; without it, the only cost is one attribute test.
 
 Errors: a handler that raises is logged with its traceback and answered with 500 (or the
 exception's own ``status_code`` when it is an int in 400..599) and a ``text/plain`` body
@@ -44,7 +45,7 @@ from shipyard.contract import (
     unpack_copies,
 )
 from shipyard.errors import CodecError
-from shipyard.http.direct import Answer, direct_protocol, header_value
+from shipyard.http.direct import Answer, Finish, direct_protocol, header_value
 from shipyard.http.keepalive import LazyKeepAlive
 from shipyard.http.writes import coalescing
 from shipyard.runtime import streaming
@@ -103,6 +104,10 @@ class RuntimeApp:
         self.batcher = (
             None if batching is None else Batcher(handlers, batch_runner(self.threads), batching)
         )
+        threads = self.threads
+        self._inline = threads.call if isinstance(threads, Inline) and adapters is None else None
+        """How ``answer`` calls the handlers in place (one worker, no adapters); None
+        where it may not."""
 
     def __repr__(self) -> str:
         return f"RuntimeApp({self.handlers!r}, {self.threads!r})"
@@ -136,6 +141,8 @@ class RuntimeApp:
             await _plain(send, 404, "Not Found")
 
     async def _invocations(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /invocations`` on the ASGI path: the body read, then ``answer``'s
+        outcome sent, or run."""
         message = await receive()
         body: bytes = message.get("body", b"")
         if message.get("more_body", False):
@@ -146,114 +153,99 @@ class RuntimeApp:
             body = b"".join(chunks)
         if message["type"] == "http.disconnect":
             return
-        adapters = self.adapters
+        outcome = self.answer(scope["headers"], body)
+        if isinstance(outcome, Answer):
+            await _send(send, outcome)
+        else:
+            await outcome(receive, send)
+
+    def answer(self, headers: list[tuple[bytes, bytes]], body: bytes) -> Answer | Finish:
+        """The one handler path of ``POST /invocations``, for both drivers (the
+        protocol's callback, http/direct.py, and the ASGI call): the whole answer when
+        the handlers run inline here (one worker, no adapters, nothing batched or
+        streamed), or a handler's failure; else what finishes it on a task, the handlers
+        run as ``threads`` runs them."""
         handlers = self.handlers
+        adapters = self.adapters
+        context: Context | None
         if adapters is None:
-            content_type, accept, attributes, streamed, _ = request_headers(scope["headers"])
-            context = context_of(scope["headers"], attributes) if handlers.uses_context else None
+            content_type, accept, attributes, streamed, _ = request_headers(headers)
         else:
             content_type, accept, attributes, streamed, raw = request_headers(
-                scope["headers"], ADAPTER_IDENTIFIER
+                headers, ADAPTER_IDENTIFIER
             )
-            context = context_of(scope["headers"], attributes) if handlers.uses_context else None
             if raw is not None:
                 adapter = raw.decode("latin-1")
                 held = adapters.registered.get(adapter)
                 if held is None:
                     text = f"{NOT_FOUND}: Adapter {adapter} is not registered."
-                    await _plain(send, 404, text, code=NOT_FOUND)
-                    return
+                    return _plain_answer(404, text, code=NOT_FOUND)
                 # Never batched: a batch is of the base model's requests.
-                await self._answer(send, receive, held[1], body, content_type, accept,
-                                   context_of(scope["headers"], attributes, adapter),
-                                   streamed)  # fmt: skip
-                return
+                context = context_of(headers, attributes, adapter)
+                return functools.partial(
+                    self._run, held[1], body, content_type, accept, context, streamed
+                )
+        context = context_of(headers, attributes) if handlers.uses_context else None
         if self.batcher is not None and handlers.batchable(content_type):
-            await self._batched(send, self.batcher, (body, content_type, accept, context))
-            return
-        await self._answer(send, receive, handlers, body, content_type, accept, context, streamed)
+            return functools.partial(self._batched, (body, content_type, accept, context))
+        inline = self._inline
+        if streamed or inline is None:
+            return functools.partial(
+                self._run, handlers, body, content_type, accept, context, streamed
+            )
+        try:
+            payload, media_type = inline(handlers.answer, body, content_type, accept, context)
+            if not isinstance(payload, bytes):  # an iterator, collected on a task
+                return functools.partial(self._whole, payload, media_type, context)
+            return Answer(200, _answer_headers(payload, media_type, context), payload)
+        except Exception as exc:
+            return _failure_answer(exc)
 
-    async def _answer(
+    async def _run(
         self,
-        send: Send,
-        receive: Receive,
         handlers: Handlers,
         body: bytes,
         content_type: str,
         accept: str,
         context: Context | None,
         streamed: bool,
+        receive: Receive,
+        send: Send,
     ) -> None:
+        """The handlers run as ``threads`` runs them, on a task; their answer sent,
+        streamed when asked for and given as an iterator."""
         try:
             payload, media_type = await self.threads.run(
                 handlers.answer, body, content_type, accept, context
             )
             if not isinstance(payload, bytes):  # the handlers returned an iterator
                 if streamed:
-                    await self._stream(send, receive, payload, media_type, context)
+                    await self._stream(payload, media_type, context, receive, send)
                 else:
-                    await self._whole(send, receive, payload, media_type, context)
+                    await self._whole(payload, media_type, context, receive, send)
                 return
-            headers = _answer_headers(payload, media_type, context)
+            answer = Answer(200, _answer_headers(payload, media_type, context), payload)
         except Exception as exc:
-            await _failure(send, exc)
-            return
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": payload})
-
-    def answer_now(self, headers: list[tuple[bytes, bytes]], body: bytes) -> Answer | App | None:
-        """``POST /invocations`` answered in the protocol's callback (http/direct.py),
-        the handlers called inline as ``_invocations`` calls them; None, before any
-        handler runs, for what only the ASGI path does: handler threads, adapters, a
-        batch, a streamed answer."""
-        threads = self.threads
-        if self.adapters is not None or not isinstance(threads, Inline):
-            return None
-        handlers = self.handlers
-        content_type, accept, attributes, streamed, _ = request_headers(headers)
-        if streamed or (self.batcher is not None and handlers.batchable(content_type)):
-            return None
-        context = context_of(headers, attributes) if handlers.uses_context else None
-        try:
-            payload, media_type = threads.call(handlers.answer, body, content_type, accept, context)
-            if not isinstance(payload, bytes):  # an iterator, collected on a task
-                return functools.partial(self._collected, payload, media_type, context)
-            return Answer(200, _answer_headers(payload, media_type, context), payload)
-        except Exception as exc:
-            status, text = describe_failure(exc)
-            return Answer(status, _plain_headers(len(text.encode())), text.encode())
-
-    async def _collected(
-        self,
-        chunks: streaming.Chunks,
-        media_type: str,
-        context: Context | None,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-    ) -> None:
-        await receive()  # the body's message: answer_now has read the body already
-        await self._whole(send, receive, chunks, media_type, context)
+            answer = _failure_answer(exc)
+        await _send(send, answer)
 
     async def _whole(
         self,
-        send: Send,
-        receive: Receive,
         chunks: streaming.Chunks,
         media_type: str,
         context: Context | None,
+        receive: Receive,
+        send: Send,
     ) -> None:
         """A handler's iterator nobody asked to stream, collected and sent whole."""
         try:
             payload = await streaming.collect(self.threads, chunks, receive)
             if payload is None:
                 return  # the gateway left: nobody to answer
-            headers = _answer_headers(payload, media_type, context)
+            answer = Answer(200, _answer_headers(payload, media_type, context), payload)
         except Exception as exc:
-            await _failure(send, exc)
-            return
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": payload})
+            answer = _failure_answer(exc)
+        await _send(send, answer)
 
     async def _copies(self, receive: Receive, send: Send) -> None:
         """``POST /copies``: a shadow variant's copies, each invoked as ``POST
@@ -282,16 +274,15 @@ class RuntimeApp:
         await send({"type": "http.response.body", "body": payload})
 
     async def _copy(self, headers: list[tuple[bytes, bytes]], body: bytes) -> tuple[int, float]:
-        """One copy's status and seconds: answered in place when ``answer_now`` can (as
-        the protocol answers an invocation), else through the app with its answer
-        dropped but its status; each in a context of its own, as a request's task is."""
+        """One copy's status and seconds, by the handler path of an invocation
+        (``answer``), with its answer dropped but its status; each in a context of its
+        own, as a request's task is."""
         started = time.perf_counter()
         try:
-            outcome = contextvars.copy_context().run(self.answer_now, headers, body)
+            outcome = contextvars.copy_context().run(self.answer, headers, body)
             if isinstance(outcome, Answer):
                 return outcome.status, time.perf_counter() - started
-            app = self._invocations if outcome is None else outcome
-            status = await asyncio.ensure_future(_status_of(app, headers, body))
+            status = await asyncio.ensure_future(_status_of(outcome))
         except Exception:
             log.exception("a shadow copy failed")
             status = 500
@@ -320,28 +311,28 @@ class RuntimeApp:
             await _plain(send, exc.status, f"{exc.code}: {exc}", code=exc.code)
             return
         except Exception as exc:
-            await _failure(send, exc)
+            await _send(send, _failure_answer(exc))
             return
         await _plain(send, 200, text)
 
-    async def _batched(self, send: Send, batcher: Batcher, request: Request) -> None:
+    async def _batched(self, request: Request, receive: Receive, send: Send) -> None:
+        assert self.batcher is not None
         try:
-            answer = await batcher.submit(request)
-            headers = _answer_headers(answer.payload, answer.media_type, request[3])
+            batched = await self.batcher.submit(request)
+            headers = _answer_headers(batched.payload, batched.media_type, request[3])
         except Exception as exc:
-            await _failure(send, exc)
+            await _send(send, _failure_answer(exc))
             return
-        headers.append((BATCH, format_batch(answer.size, answer.wait_s)))
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": answer.payload})
+        headers.append((BATCH, format_batch(batched.size, batched.wait_s)))
+        await _send(send, Answer(200, headers, batched.payload))
 
     async def _stream(
         self,
-        send: Send,
-        receive: Receive,
         chunks: streaming.Chunks,
         media_type: str,
         context: Context | None,
+        receive: Receive,
+        send: Send,
     ) -> None:
         first = await streaming.first_chunk(self.threads, chunks)  # raises: an error status
         headers = with_context([(b"content-type", header_value(media_type))], context)
@@ -424,27 +415,22 @@ def context_of(
     return Context(attributes, adapter, session)
 
 
-async def _status_of(app: App, headers: list[tuple[bytes, bytes]], body: bytes) -> int:
-    """The status ``app`` answers ``POST /invocations`` with these headers and body; the
-    rest of its answer is dropped. The gateway never leaves a copy: a watch for that
-    waits for ever (and is cancelled with the answer)."""
+async def _status_of(finish: Finish) -> int:
+    """The status of the answer ``finish`` sends; the rest of it is dropped. The gateway
+    never leaves a copy: a watch for that waits for ever (and is cancelled with the
+    answer)."""
     status = 500
-    delivered = False
 
     async def receive() -> Message:
-        nonlocal delivered
-        if delivered:
-            await asyncio.get_running_loop().create_future()
-        delivered = True
-        return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.get_running_loop().create_future()
+        raise AssertionError("never reached")
 
     async def send(message: Message) -> None:
         nonlocal status
         if message["type"] == "http.response.start":
             status = message["status"]
 
-    scope = {"type": "http", "method": "POST", "path": "/invocations", "headers": headers}
-    await app(scope, receive, send)
+    await finish(receive, send)
     return status
 
 
@@ -459,9 +445,15 @@ def _described(exc: Exception) -> str:
     return describe_failure(exc)[1]
 
 
-async def _failure(send: Send, exc: Exception) -> None:
+def _failure_answer(exc: Exception) -> Answer:
+    """The answer to a handler's ``exc`` (describe_failure), logged."""
     status, text = describe_failure(exc)
-    await _plain(send, status, text)
+    return _plain_answer(status, text)
+
+
+async def _send(send: Send, answer: Answer) -> None:
+    await send({"type": "http.response.start", "status": answer.status, "headers": answer.headers})
+    await send({"type": "http.response.body", "body": answer.body})
 
 
 def describe_failure(exc: Exception) -> tuple[int, str]:
@@ -482,17 +474,22 @@ def describe_failure(exc: Exception) -> tuple[int, str]:
     return status, f"{name}: {text}" if text else name
 
 
-async def _plain(
-    send: Send, status: int, text: str, *, allow: bytes | None = None, code: str | None = None
-) -> None:
+def _plain_answer(
+    status: int, text: str, *, allow: bytes | None = None, code: str | None = None
+) -> Answer:
     body = text.encode()
     headers = _plain_headers(len(body))
     if allow is not None:
         headers.append((b"allow", allow))
     if code is not None:
         headers.append((ERROR, code.encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    return Answer(status, headers, body)
+
+
+async def _plain(
+    send: Send, status: int, text: str, *, allow: bytes | None = None, code: str | None = None
+) -> None:
+    await _send(send, _plain_answer(status, text, allow=allow, code=code))
 
 
 async def _read_body(receive: Receive) -> bytes:

@@ -21,7 +21,7 @@ from shipyard.errors import (
     RuntimeFailure,
 )
 from shipyard.gateway.doors.endpoint import EndpointAccess, session_headers
-from shipyard.gateway.wire.errors import runtime_error_answer, runtime_error_response
+from shipyard.gateway.wire.errors import runtime_error_answer
 from shipyard.gateway.wire.runtime_headers import INVOKE_ENDPOINT, check_header
 from shipyard.http import bodies
 from shipyard.http.client import Response
@@ -29,6 +29,7 @@ from shipyard.http.server import Respond, on_disconnect
 from shipyard.routing import sessions
 from shipyard.routing.call import ASKED_BY, Call
 from shipyard.routing.invocation import Invocations
+from shipyard.routing.table import EndpointRoute
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,14 @@ _CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
 
 
 class RuntimeDoor:
-    """Translates sagemaker-runtime requests to calls (routing/invocation.py) and back."""
+    """Translates sagemaker-runtime requests to calls (routing/invocation.py) and back.
+
+    Two drivers over one preparation (``_prepare``: reach, route, the headers made a
+    call, the declared length held to the limit) and one answering step (``_answer``:
+    the answer's headers or the error's shape, and the variant's counts). ``__call__``,
+    the ASGI app, reads the body and awaits ``Invocations.run``; ``serve_whole``, the
+    callback path's, has the body whole and passes ``Invocations.start`` a callback.
+    They differ only in how the body arrives and how the answer is written."""
 
     def __init__(self, *, access: EndpointAccess) -> None:
         self.access = access
@@ -52,93 +60,95 @@ class RuntimeDoor:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, name: str) -> None:
         started = time.perf_counter()
-        calls: list[Call] = []  # the call, once made, for its variant's counts
+        call: Call | None = None  # once made (its body read), counted
+        response: Response | None = None
         error: BaseException | None = None
         try:
-            status = await self._invoke(scope, receive, send, name, started, calls)
-        except (RuntimeFailure, AuthFailure) as exc:
-            status, error = exc.status_code, exc
+            route, made = self._prepare(scope, name, started)
+            # The whole body before any instance is chosen: a client that trickles it
+            # must not hold an instance's slot (or a place in its queue) while it does.
+            made.body = await self.access.read_body(scope, receive)
+            made.watch_gone = on_disconnect(scope)
+            call = made
+            response = await self.invocations.run(route, call)
+        except Exception as exc:
+            error = exc
             if isinstance(exc, PayloadTooLarge) and exc.body_left:
                 await bodies.drain(receive)
-            await runtime_error_response(exc, send)
-        except ClientGone:
+        answer = self._answer(name, call, None, response, error)
+        if answer is None:
             return
-        except Exception:
-            log.exception("invocation of %s failed", name)
-            status = 500
-            await runtime_error_response(InternalFailure("Internal failure."), send)
-        if calls:
-            Invocations.count(calls[0], status, error)
+        status, headers, body = answer
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
-    async def _invoke(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        name: str,
-        started: float,
-        calls: list[Call],
-    ) -> int:
+    def serve_whole(self, scope: Scope, name: str, body: bytes, respond: Respond) -> bool:
+        """The callback path's driver: the invocation in ``scope``, its whole ``body`` in
+        hand, served with no task. If an instance can take it at once, or its variant's
+        queue can hold it (Invocations.start), its answer is given to ``respond``
+        (status, headers, body) from the loop's callbacks. False: nothing was done, and
+        ``__call__`` serves the request, which also answers every refusal (one met here
+        is not answered here)."""
+        started = time.perf_counter()
+        try:
+            route, call = self._prepare(scope, name, started)
+            if len(body) > self.max_payload_bytes:
+                return False  # chunked, so undeclared: ``__call__`` refuses it
+            call.body = body
+            call.watch_gone = on_disconnect(scope)
+            # What _answer returns is for ``__call__``; Invocations.start drops it.
+            answer = partial(self._answer, name, call, respond)
+            return self.invocations.start(route, call, answer)  # type: ignore[arg-type]
+        except Exception:
+            # Refused, or something unexpected, before anything was sent: ``__call__``
+            # meets the same and answers it in the door's shape.
+            return False
+
+    def _prepare(self, scope: Scope, name: str, started: float) -> tuple[EndpointRoute, Call]:
+        """What both drivers do before the body: the key's reach, the endpoint's route,
+        the call the headers make (its body to come), the declared length held to
+        ``max_payload_bytes``. Raises the refusal."""
         self.access.reach(scope, name)
         route = self.invocations.route(name)
         call = self._call(scope, started)
         if call.content_length is not None and call.content_length > self.max_payload_bytes:
             raise self.access.too_large(body_left=True)
-        # The whole body before any instance is chosen: a client that trickles it must
-        # not hold an instance's slot (or a place in its queue) while it does.
-        call.body = await self.access.read_body(scope, receive)
-        call.watch_gone = on_disconnect(scope)
-        calls.append(call)
-        response = await self.invocations.run(route, call)
-        headers = self._answer_headers(call, response)
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": response.body})
-        return 200
-
-    def take(self, scope: Scope, name: str, body: bytes, respond: Respond) -> bool:
-        """Serve the invocation in ``scope``, its whole ``body`` in hand, with no task
-        (Invocations.start): sent now, or queued until an instance can take it, and its
-        answer given to ``respond`` (status, headers, body) from the loop's callbacks.
-        False: refused before anything was sent, and the door's ASGI call serves the
-        request, which answers the refusal in the door's shape."""
-        started = time.perf_counter()
-        try:
-            self.access.reach(scope, name)
-            route = self.invocations.route(name)
-            call = self._call(scope, started)
-            if len(body) > self.max_payload_bytes:
-                return False
-            call.body = body
-            call.watch_gone = on_disconnect(scope)
-            return self.invocations.start(route, call, partial(self._answer, call, respond))
-        except Exception:
-            # Refused, or something unexpected, before anything was sent: the ASGI call
-            # meets the same and answers it in the door's shape.
-            return False
+        return route, call
 
     def _answer(
         self,
-        call: Call,
-        respond: Respond,
+        name: str,
+        call: Call | None,
+        respond: Respond | None,
         response: Response | None,
         error: BaseException | None,
-    ) -> None:
-        """Answer a call ``take`` started, as ``__call__`` answers (and counts) one."""
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+        """The answering step both drivers share, and Invocations.start's callback: the
+        model's answer with the runtime's headers, or the error in the runtime's shape
+        (an unexpected one logged, and answered as an internal failure), written through
+        ``respond`` (the callback path's; ``__call__`` sends what is returned); then
+        counted for its variant (Invocations.count) when ``call`` was made. None for a
+        client gone (left while it waited for its body or an instance): nobody to
+        answer, and nothing counted."""
         if isinstance(error, ClientGone):
-            return  # left while it waited for an instance: nobody to answer
+            return None
         try:
             if response is not None:
+                assert call is not None
                 answer = 200, self._answer_headers(call, response), response.body
             elif isinstance(error, RuntimeFailure | AuthFailure):
                 answer = runtime_error_answer(error)
             else:
                 raise error or AssertionError("neither an answer nor an error")
         except Exception as exc:
-            log.error("invocation failed", exc_info=exc)
+            log.error("invocation of %s failed", name, exc_info=exc)
             error = None
             answer = runtime_error_answer(InternalFailure("Internal failure."))
-        respond(*answer)
-        Invocations.count(call, answer[0], error)
+        if respond is not None:
+            respond(*answer)
+        if call is not None:
+            Invocations.count(call, answer[0], error)
+        return answer
 
     def _call(self, scope: Scope, started: float) -> Call:
         """The call the request's headers make, its body to come: what is forwarded to
@@ -177,7 +187,7 @@ class RuntimeDoor:
     def _answer_headers(call: Call, response: Response) -> list[tuple[bytes, bytes]]:
         headers = [
             (b"content-type", response.header(b"content-type") or b"application/octet-stream"),
-            (b"content-length", str(len(response.body)).encode()),
+            (b"content-length", b"%d" % len(response.body)),
             (b"x-amzn-invoked-production-variant", call.variant.name.encode()),  # type: ignore[union-attr]
         ]
         attributes = response.header(_CUSTOM_ATTRIBUTES)

@@ -19,6 +19,12 @@ only) is not read here at all.
 A refusal is answered at once, before the rest of the body: the HTTP protocol
 (http/server.py) drops what the client still sends for a few seconds, so that it
 reads the refusal rather than a reset, then closes the connection.
+
+Both edges have two drivers over the same checks (``_prepare`` before the body,
+``_finish`` with a signed body): the ASGI call, and ``serve_whole`` for a request whose
+body is already whole (the callback path, http/server.py). They differ only in how the
+body arrives and how a refusal is written: ``serve_whole`` declines, and the ASGI call
+answers it in the door's shape.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from starlette.responses import Response
 
@@ -79,13 +85,17 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-Taker = Callable[[Scope, bytes, Respond], bool]
-"""An app's ``take``: serve a request whose body is whole on callbacks, or say False."""
+ServeWhole = Callable[[Scope, bytes, Respond], bool]
+"""An app's ``serve_whole``: the callback path's driver (http/server.py)."""
 
 
 class ReadOnce:
     """Wraps the gateway's app: read the head once, refuse repeats, hand the doors the value;
-    with ``browser`` rules, refuse what they refuse."""
+    with ``browser`` rules, refuse what they refuse.
+
+    Two drivers over one preparation (``_prepare``): ``__call__``, the ASGI app, and
+    ``serve_whole``, the callback path's, for a request whose body is already whole. They
+    differ only in how the body reaches the preparation and how a refusal is written."""
 
     def __init__(
         self, app: ASGIApp, *, account_id: str = "", browser: BrowserRules | None = None
@@ -93,7 +103,7 @@ class ReadOnce:
         self.app = app
         self.account_id = account_id
         self.browser = browser
-        self._take: Taker | None = getattr(app, "take", None)
+        self._serve_whole: ServeWhole | None = getattr(app, "serve_whole", None)
 
     def __repr__(self) -> str:
         return f"ReadOnce(browser={self.browser!r})"
@@ -103,45 +113,60 @@ class ReadOnce:
             await self.app(scope, receive, send)
             return
         try:
+            pending = self._prepare(scope)
+            if pending is not None:  # a signed body: read, then checked
+                body = await self._read_body(scope, receive, pending)
+                self._finish(scope, pending, body)
+                receive = _replay(body, receive)
+        except ClientLeft:
+            return  # gone before its body was whole: nobody to answer
+        except _Refused as refused:
+            log.info("refused %s %s: %s", scope["method"], scope["path"], refused.reason)
+            await refused.render(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def serve_whole(self, scope: Scope, body: bytes, respond: Respond) -> bool:
+        """The callback path's driver (http/server.py): the request, its whole ``body``
+        in hand, prepared as ``__call__`` prepares it, then offered to the app's
+        ``serve_whole``. False, with nothing done, for a request the preparation refuses
+        (``__call__`` answers the refusal in its door's shape) or the app declines."""
+        serve = self._serve_whole
+        if serve is None:
+            return False
+        try:
+            pending = self._prepare(scope, len(body))
+            if pending is not None:
+                self._finish(scope, pending, body)
+        except _Refused:
+            return False
+        return serve(scope, body, respond)
+
+    def _prepare(self, scope: Scope, length: int | None = None) -> _Pending | None:
+        """What both drivers do before the body: read the head once (a repeated header
+        refused) and hold it to the browser rules; the request admitted
+        (``scope[ADMITTED]``). ``length``: the body's, when it is whole already. None: no
+        body is needed to admit it. Raises _Refused."""
+        try:
             head = read_head(scope["headers"])
         except RepeatedHeader as exc:
-            log.info("refused %s %s: %s", scope["method"], scope["path"], exc.message)
-            await _render(door_of(scope["path"]), exc, scope, receive, send)
-            return
+            raise _Refused(door_of(scope["path"]), exc) from None
         browser = self.browser
         if browser is not None:
             refusal = browser.refusal(scope["method"], scope["path"], head)
             if refusal is not None:
-                log.info("refused %s %s: %s", scope["method"], scope["path"], refusal)
-                await _refuse(head, AccessDenied(refusal), scope, receive, send)
-                return
-        await self.admit(head, scope, receive, send)
-
-    def take(self, scope: Scope, body: bytes, respond: Respond) -> bool:
-        """The edge for a request served on callbacks, its whole ``body`` in hand
-        (http/server.py): its head read once and admitted as ``__call__`` admits
-        it, then offered to the app's ``take``. False when a header is repeated or the
-        browser rules refuse it (the ASGI call answers the refusal), or the app does not
-        take it: nothing was done."""
-        take = self._take
-        if take is None:
-            return False
-        try:
-            head = read_head(scope["headers"])
-        except RepeatedHeader:
-            return False
-        browser = self.browser
-        if browser is not None and browser.refusal(scope["method"], scope["path"], head):
-            return False
+                raise _Refused(_shape_of(scope, head), AccessDenied(refusal), refusal)
         scope[ADMITTED] = Admitted(head, account_id=self.account_id)
-        return take(scope, body, respond)
+        return None
 
-    def admit(self, head: Head, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
-        """Hand the request, read once as ``head``, to the app; nothing is checked here.
-        What the app returns is returned to be awaited, without a frame of this method's
-        own around it on every request."""
-        scope[ADMITTED] = Admitted(head, account_id=self.account_id)
-        return self.app(scope, receive, send)
+    async def _read_body(self, scope: Scope, receive: Receive, pending: _Pending) -> bytes:
+        """The body ``pending`` needs, read for ``__call__``; only RequireSignature asks."""
+        raise AssertionError("ReadOnce admits every request by its head")
+
+    def _finish(self, scope: Scope, pending: _Pending, body: bytes) -> None:
+        """The request admitted with the body ``pending`` asked for; only RequireSignature
+        asks."""
+        raise AssertionError("ReadOnce admits every request by its head")
 
 
 class RequireSignature(ReadOnce):
@@ -164,64 +189,60 @@ class RequireSignature(ReadOnce):
     def __repr__(self) -> str:
         return f"RequireSignature({self.verifier!r})"
 
-    def take(self, scope: Scope, body: bytes, respond: Respond) -> bool:
-        """As ReadOnce.take, the request verified and authorised first, by the same
-        checks as ``__call__`` (its body in hand). False, and nothing done, for a request
-        they refuse (``__call__`` answers the refusal in its door's shape) or one that
-        needs no signature."""
-        take = self._take
-        if take is None or len(body) > self.max_body_bytes:
-            return False  # the second: refused by ``__call__`` (413), chunked or not
+    def _prepare(self, scope: Scope, length: int | None = None) -> _Pending | None:
+        """Read once, then everything the head says checked before any of the body is
+        read: a bearer token's caller authorised, or the signature checked in all but
+        the body (a _Pending when the body is signed; an unsigned body is never read).
+        A path that needs no signature is admitted unchecked."""
         try:
             head = read_head(scope["headers"])
-            door_action = action_of(scope["method"], scope["path"], head.target)
-            if door_action is None:
-                return False
-            door, action = door_action
-            checked = self._check_head(scope, head, door, action)
-            if not isinstance(checked, Caller):
-                checked = self._check_body(
-                    scope, head, action, checked, body if checked.needs_body else None
-                )
-        except (AuthFailure, RepeatedHeader, SignedBodyTooLarge, _QueryRefused):
-            return False
-        scope[ADMITTED] = Admitted(head, action, checked, self.account_id)
-        return take(scope, body, respond)
-
-    def admit(self, head: Head, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
-        """Verify and authorise the request read once as ``head``, then pass it on."""
-        return self._verified(head, scope, receive, send)
-
-    async def _verified(self, head: Head, scope: Scope, receive: Receive, send: Send) -> None:
+        except RepeatedHeader as exc:
+            raise _Refused(door_of(scope["path"]), exc) from None
         door_action = action_of(scope["method"], scope["path"], head.target)
         if door_action is None:
-            await super().admit(head, scope, receive, send)
-            return
+            scope[ADMITTED] = Admitted(head, account_id=self.account_id)
+            return None
         door, action = door_action
         try:
-            caller, body = await self._admit(scope, receive, head, door, action)
-        except ClientLeft:
-            return  # gone before its body was whole: nobody to answer
-        except _QueryRefused as refused:  # in the query protocol's XML, as its client reads
-            log.info("refused %s %s: %s", scope["method"], scope["path"], refused.exc.wire_type)
-            await _render_query(refused.exc, scope, receive, send)
-            return
-        except (AuthFailure, SignedBodyTooLarge, SignedBodyTimeout) as exc:
-            log.info("refused %s %s: %s", scope["method"], scope["path"], exc.wire_type)
-            await _render(door, exc, scope, receive, send)
-            return
-        scope[ADMITTED] = Admitted(head, action, caller, self.account_id)
-        await self.app(scope, receive if body is None else _replay(body, receive), send)
-
-    async def _admit(
-        self, scope: Scope, receive: Receive, head: Head, door: Door, action: str
-    ) -> tuple[Caller, bytes | None]:
-        """The verified caller, and the body read to verify it (None: left unread)."""
-        checked = self._check_head(scope, head, door, action)
+            if length is not None and length > self.max_body_bytes:
+                raise _too_large(self.max_body_bytes)  # a whole body, chunked or not
+            checked = self._check_head(scope, head, door, action)
+        except (AuthFailure, SignedBodyTooLarge) as exc:
+            raise _Refused(door, exc, exc.wire_type) from None
         if isinstance(checked, Caller):
-            return checked, None
-        body = await self._read_body(scope, receive) if checked.needs_body else None
-        return self._check_body(scope, head, action, checked, body), body
+            scope[ADMITTED] = Admitted(head, action, checked, self.account_id)
+            return None
+        pending = _Pending(head, door, action, checked)
+        if checked.needs_body:
+            return pending
+        self._finish(scope, pending, None)  # unsigned (TLS only): the body is not read
+        return None
+
+    def _finish(self, scope: Scope, pending: _Pending, body: bytes | None) -> None:
+        """The signature checked against ``body`` (None where unsigned), and the caller
+        authorised: the request admitted. Raises _Refused."""
+        head, door, action, checked = pending
+        try:
+            caller = self._check_body(scope, head, action, checked, body)
+        except _QueryRefused as refused:  # in the query protocol's XML, as its client reads
+            raise _Refused(None, refused.exc, refused.exc.wire_type) from None
+        except AuthFailure as exc:
+            raise _Refused(door, exc, exc.wire_type) from None
+        scope[ADMITTED] = Admitted(head, action, caller, self.account_id)
+
+    async def _read_body(self, scope: Scope, receive: Receive, pending: _Pending) -> bytes:
+        """The signed body, up to ``max_body_bytes``, within ``body_timeout_s``."""
+        try:
+            return await bodies.read_body(
+                scope, receive, max_bytes=self.max_body_bytes, timeout_s=self.body_timeout_s
+            )
+        except BodyTooLarge:
+            exc: ShipyardError = _too_large(self.max_body_bytes)
+        except BodyTimedOut as timed_out:
+            exc = SignedBodyTimeout(
+                f"The request body did not arrive within {timed_out.timeout_s:g} seconds."
+            )
+        raise _Refused(pending.door, exc, exc.wire_type)
 
     def _check_head(self, scope: Scope, head: Head, door: Door, action: str) -> Caller | Pending:
         """Everything the head says, checked before any of the body is read: the caller
@@ -240,9 +261,7 @@ class RequireSignature(ReadOnce):
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             # Refused at once: waiting for a body we would refuse lets a client that
             # declares 100 MB and sends nothing hold the request open.
-            raise SignedBodyTooLarge(
-                f"Request body is larger than the maximum of {self.max_body_bytes} bytes."
-            )
+            raise _too_large(self.max_body_bytes)
         return self.verifier.start(
             scope["method"],
             scope.get("raw_path") or scope["path"].encode(),
@@ -271,20 +290,6 @@ class RequireSignature(ReadOnce):
         authorize(caller, action, account_id=self.account_id)
         return caller
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
-        try:
-            return await bodies.read_body(
-                scope, receive, max_bytes=self.max_body_bytes, timeout_s=self.body_timeout_s
-            )
-        except BodyTooLarge:
-            raise SignedBodyTooLarge(
-                f"Request body is larger than the maximum of {self.max_body_bytes} bytes."
-            ) from None
-        except BodyTimedOut as exc:
-            raise SignedBodyTimeout(
-                f"The request body did not arrive within {exc.timeout_s:g} seconds."
-            ) from None
-
 
 def _from_this_host(scope: Scope) -> bool:
     client = scope.get("client")
@@ -299,6 +304,48 @@ class _QueryRefused(Exception):
         self.exc = exc
 
 
+class _Pending(NamedTuple):
+    """A request whose head the edge has checked, its signed body still to check."""
+
+    head: Head
+    door: Door
+    action: str
+    checked: Pending
+
+
+class _Refused(Exception):
+    """A request the edge refuses: ``exc``, answered in ``door``'s shape (None: the query
+    protocol's XML); ``reason`` is what the log says of it."""
+
+    def __init__(self, door: Door | None, exc: ShipyardError, reason: str | None = None) -> None:
+        super().__init__(exc.message)
+        self.door = door
+        self.exc = exc
+        self.reason = exc.message if reason is None else reason
+
+    async def render(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.door is None:
+            await _render_query(self.exc, scope, receive, send)
+        else:
+            await _render(self.door, self.exc, scope, receive, send)
+
+
+def _too_large(max_body_bytes: int) -> SignedBodyTooLarge:
+    return SignedBodyTooLarge(f"Request body is larger than the maximum of {max_body_bytes} bytes.")
+
+
+def _shape_of(scope: Scope, head: Head) -> Door | None:
+    """The shape a refusal of the browser rules is answered in: a form sent to ``POST /``
+    with no ``X-Amz-Target`` is the query protocol's (None), answered in its XML."""
+    if (
+        scope["path"] == "/"
+        and not head.target
+        and "x-www-form-urlencoded" in (head.content_type or "").lower()
+    ):
+        return None
+    return door_of(scope["path"])
+
+
 def _replay(body: bytes, receive: Receive) -> Receive:
     """A ``receive`` that gives the body already read, then what the socket says next."""
     sent = False
@@ -311,21 +358,6 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replay
-
-
-async def _refuse(
-    head: Head, exc: ShipyardError, scope: Scope, receive: Receive, send: Send
-) -> None:
-    """``exc`` in the door's shape: a form sent to ``POST /`` with no ``X-Amz-Target`` is
-    the query protocol's, answered in its XML."""
-    if (
-        scope["path"] == "/"
-        and not head.target
-        and "x-www-form-urlencoded" in (head.content_type or "").lower()
-    ):
-        await _render_query(exc, scope, receive, send)
-        return
-    await _render(door_of(scope["path"]), exc, scope, receive, send)
 
 
 async def _render_query(exc: ShipyardError, scope: Scope, receive: Receive, send: Send) -> None:
