@@ -135,6 +135,7 @@ class Gateway:
             max_response_bytes=settings.max_response_bytes,
         )
         self.metrics.watch_in_flight(self.router.in_flight)
+        self.metrics.watch_queued(self.router.queued)
         self.shadows = ShadowCopier(
             router=self.router,
             max_pending=settings.shadow_max_pending_copies,

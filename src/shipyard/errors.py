@@ -411,7 +411,7 @@ class AdmissionRefused(ServiceUnavailable):
     or still waiting at its deadline ("deadline"). Nothing reached the model; every HTTP
     door adds ``Retry-After`` (``retry_after_s``)."""
 
-    def __init__(self, message: str, *, reason: str, retry_after_s: int = 1) -> None:
+    def __init__(self, message: str, *, reason: str = "queue_full", retry_after_s: int = 1) -> None:
         super().__init__(message)
         self.reason = reason
         self.retry_after_s = retry_after_s

@@ -61,7 +61,7 @@ class Queued:
                 **environment,
             },
         )
-        self.rt = gw.client("sagemaker-runtime", max_attempts=1)
+        self.rt = gw.client("sagemaker-runtime", max_attempts=0)  # no retry
         self.answers: dict[str, Any] = {}
         self.threads: list[threading.Thread] = []
 

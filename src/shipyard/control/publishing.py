@@ -9,22 +9,34 @@ change exactly when the table does.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 
 from shipyard.capture.config import capture_of
 from shipyard.capture.writer import CaptureWriter
+from shipyard.errors import InvalidParameter
 from shipyard.metrics import Metrics
 from shipyard.provisioning.fleet import Fleet, Slot
 from shipyard.records import EndpointConfig, VariantSpec
+from shipyard.routing import priorities
 from shipyard.routing.adapters import Adapter, AdapterDispatch, AdapterLoader
 from shipyard.routing.instance import Instance
 from shipyard.routing.multimodel import MultiModelDispatch
-from shipyard.routing.policies import LeastOutstandingRequests, model_policy_for, policy_for
+from shipyard.routing.policies import (
+    LeastOutstandingRequests,
+    Policy,
+    WithinConcurrency,
+    model_policy_for,
+    policy_for,
+)
+from shipyard.routing.priorities import UNCONFIGURED, QueueRules
 from shipyard.routing.router import Router
 from shipyard.routing.serverless import ServerlessAdmission
 from shipyard.routing.strategies import FromZero
 from shipyard.routing.table import EndpointRoute, VariantRoute
+
+log = logging.getLogger(__name__)
 
 
 class RoutePublisher:
@@ -109,10 +121,11 @@ class RoutePublisher:
         for variant in fleet.config.variants:
             instances = [s.instance for s in fleet.slots[variant.name] if s.instance is not None]
             serverless = self._serverless_route(fleet, variant)
+            rules = _rules(fleet, variant.name)
             policy = (
-                policy_for(variant.routing_strategy, max_in_flight=self.max_in_flight)
-                if serverless is None
-                else LeastOutstandingRequests(max_in_flight=self.serverless_slots)
+                LeastOutstandingRequests(max_in_flight=self.serverless_slots)
+                if serverless is not None
+                else self._policy(variant, rules)
             )
             variants.append(
                 VariantRoute(
@@ -128,9 +141,17 @@ class RoutePublisher:
                     admission=serverless,
                     coming=fleet.starting.get(variant.name, 0),
                     shadow=variant.shadow,
+                    rules=rules,
                 )
             )
         return variants
+
+    def _policy(self, variant: VariantSpec, rules: QueueRules) -> Policy:
+        """The variant's routing policy; with a priority queue, requests wait at the
+        gateway whatever its RoutingStrategy (WithinConcurrency)."""
+        if rules.configured:
+            return WithinConcurrency(max_in_flight=self.max_in_flight)
+        return policy_for(variant.routing_strategy, max_in_flight=self.max_in_flight)
 
     def _component_routes(self, fleet: Fleet) -> list[VariantRoute]:
         """One route per inference component: its copies, under its variant's policy."""
@@ -160,10 +181,12 @@ class RoutePublisher:
     ) -> VariantRoute:
         """The route of component ``name``, to the copies of ``copies_of`` (itself, or
         for an adapter its base)."""
+        rules = _rules(fleet, copies_of)
         return VariantRoute(
             variant.name,
             weight=0.0,
-            policy=policy_for(variant.routing_strategy, max_in_flight=self.max_in_flight),
+            policy=self._policy(variant, rules),
+            rules=rules,
             instances=[s.instance for s in fleet.slots[copies_of] if s.instance is not None],
             metrics=self.metrics.for_variant(fleet.endpoint, name),
             capture=None
@@ -280,3 +303,17 @@ class RoutePublisher:
                 self.metrics.forget_instance_models(
                     fleet.endpoint, slot.variant, slot.spec.instance_id
                 )
+
+
+def _rules(fleet: Fleet, name: str) -> QueueRules:
+    """The priority-queue rules the model of variant (or component) ``name`` sets; one
+    line as before where it sets none, or where its rules cannot be read (checked when
+    the model was created: only a container's own Environment can hold such a value)."""
+    template = fleet.templates.get(name)
+    if template is None:
+        return UNCONFIGURED
+    try:
+        return priorities.queue_rules(template.environment)
+    except InvalidParameter as exc:
+        log.warning("variant %s of endpoint %s: %s", name, fleet.endpoint, exc.message)
+        return UNCONFIGURED

@@ -25,6 +25,7 @@ def series() -> list[tuple[str, str, tuple[str, ...], str]]:
     """(name, type, labels, help) of every series a gateway exports, by name."""
     metrics = Metrics()
     metrics.watch_in_flight(lambda: [("endpoint", "variant", 0)])
+    metrics.watch_queued(lambda: [("endpoint", "variant", 1, 0)])
     labels: dict[str, tuple[str, ...]] = {}
     for collector in list(metrics.registry._collector_to_names):
         for family in collector.collect():

@@ -36,6 +36,7 @@ from typing import TypeVar
 from shipyard.contract import BATCH, parse_batch
 from shipyard.errors import EndpointNotFound, ModelError, RuntimeValidationError, UpstreamError
 from shipyard.http.client import Response, StreamedResponse
+from shipyard.routing import priorities
 from shipyard.routing.call import ASK_CONTAINER, ASK_MODEL, Call, Exchange
 from shipyard.routing.instance import Instance
 from shipyard.routing.pipeline import FAILED_CONTAINER, ContainerGroupPool
@@ -120,8 +121,16 @@ class Invocations:
 
     def _variant(self, route: EndpointRoute, call: Call) -> VariantRoute:
         if route.hosts_components or call.component is not None:
-            return self.component(route, call.component)
-        return self.router.variant_for(route, call.target)
+            variant = self.component(route, call.component)
+        else:
+            variant = self.router.variant_for(route, call.target)
+        if variant.rules.configured or call.priority is not None or call.deadline_s is not None:
+            # The level it waits at and its deadline, under the variant's rules
+            # (routing/priorities.py); refused here when it asks for a level there is not.
+            call.level, call.deadline_s = priorities.resolve(
+                variant.rules, call.priority, call.deadline_s
+            )
+        return variant
 
     def _session(self, route: EndpointRoute, call: Call) -> bool:
         """Read the call's SessionId (routing/sessions.py): pin the call to its session's

@@ -98,10 +98,12 @@ class LeastOutstandingRequests:
     ) -> None:
         self.max_in_flight = max_in_flight
         self.pipeline_below_s = pipeline_below_s
+        self.unknown_concurrency = max_in_flight
+        """What an instance that does not say its concurrency may take at once."""
         self._rng = rng or random.Random()
 
     def __repr__(self) -> str:
-        return f"LeastOutstandingRequests(max_in_flight={self.max_in_flight})"
+        return f"{type(self).__name__}(max_in_flight={self.max_in_flight})"
 
     def choose(self, instances: Sequence[Instance]) -> Instance | None:
         best: list[Instance] = []
@@ -109,7 +111,7 @@ class LeastOutstandingRequests:
         for candidate in instances:
             if not candidate.healthy or candidate.in_flight > least:
                 continue
-            limit = candidate.concurrency or self.max_in_flight
+            limit = candidate.concurrency or self.unknown_concurrency
             if (
                 candidate.concurrency
                 and candidate.service_s < self.pipeline_below_s
@@ -127,6 +129,18 @@ class LeastOutstandingRequests:
         if not best:
             return None
         return best[0] if len(best) == 1 else self._rng.choice(best)
+
+
+class WithinConcurrency(LeastOutstandingRequests):
+    """For a variant with a priority queue (routing/priorities.py), whatever its
+    RoutingStrategy: an instance gets no more than it works on at once (its handler
+    threads; one for a server that does not say), never one pipelined, so every request
+    beyond waits at the gateway, where its priority and deadline are kept. The least busy
+    eligible instance takes the next; ``max_in_flight`` per instance bounds the queue."""
+
+    def __init__(self, *, max_in_flight: int, rng: random.Random | None = None) -> None:
+        super().__init__(max_in_flight=max_in_flight, pipeline_below_s=0.0, rng=rng)
+        self.unknown_concurrency = 1
 
 
 def policy_for(strategy: RoutingStrategy, *, max_in_flight: int) -> Policy:

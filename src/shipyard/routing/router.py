@@ -156,6 +156,19 @@ class Router:
                 busy = sum(i.in_flight for i in copies.instances) + len(copies.waiters)
                 yield route.name, name, busy
 
+    def queued(self) -> Iterator[tuple[str, str, int, int]]:
+        """(endpoint, variant or component, priority level, requests waiting) for every
+        published variant: each level of one with a priority queue, level 1 of others."""
+        for route in list(self.routes.values()):
+            named = [(v.name, v) for v in route.variants if not v.shadow]
+            named += list(route.components.items())
+            for name, variant in named:
+                counts = [0] * variant.rules.levels
+                for waiter in variant.waiters:
+                    counts[min(waiter.rank >> 1, len(counts) - 1)] += 1
+                for level, count in enumerate(counts, start=1):
+                    yield route.name, name, level, count
+
     def variant_for(self, route: EndpointRoute, target: str | None) -> VariantRoute:
         """The variant the client named, or one by weight."""
         if target is None:

@@ -24,7 +24,7 @@ from shipyard.errors import (
 )
 from shipyard.gateway.edge.auth import admitted, resource_arn
 from shipyard.http import bodies
-from shipyard.routing import sessions
+from shipyard.routing import priorities, sessions
 from shipyard.routing.call import Call
 from shipyard.routing.invocation import Invocations
 
@@ -104,6 +104,22 @@ class EndpointAccess:
         )
         exc.body_left = body_left
         return exc
+
+
+CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
+"""The CustomAttributes header as a request carries it."""
+
+
+def ask_by_attributes(call: Call, value: bytes) -> None:
+    """The priority and deadline a request's CustomAttributes ask for
+    (routing/priorities.py), onto ``call``; the header still goes to the model unchanged.
+    Read only when an item may be ours.
+
+    Raises:
+        RuntimeValidationError: a ``shipyard-`` item that is not well formed.
+    """
+    if b"shipyard-" in value.lower():
+        call.priority, call.deadline_s = priorities.from_custom_attributes(value.decode("latin-1"))
 
 
 def session_headers(call: Call, closed: bytes | None) -> list[tuple[bytes, bytes]]:

@@ -52,7 +52,7 @@ from shipyard.gateway.wire.runtime_headers import INVOKE_ENDPOINT, check_header
 from shipyard.http import bodies
 from shipyard.http.client import Response
 from shipyard.http.server import on_disconnect
-from shipyard.routing import sessions
+from shipyard.routing import priorities, sessions
 from shipyard.routing.call import Call, Exchange
 from shipyard.routing.invocation import Invocations
 from shipyard.routing.table import EndpointRoute
@@ -155,7 +155,7 @@ class OpenAIDoor:
         if declared is not None and declared > access.max_payload_bytes:
             raise access.too_large(body_left=True)  # refused before it is read
         body = await access.read_body(scope, receive)
-        model, stream = _read_request(body)
+        model, stream, priority = _read_request(body)
         name, _, component = model.partition("/")
         access.reach(scope, name)
         route = self._route(model, name, component)
@@ -164,6 +164,7 @@ class OpenAIDoor:
 
             async def prepare(client: StreamClient) -> tuple[EndpointRoute, Call]:
                 call = Call(forward, body, started=started, component=component or None)
+                call.priority = priority
                 return route, call
 
             await self.relay.serve(receive, send, prepare, SseFraming(), model)
@@ -175,6 +176,7 @@ class OpenAIDoor:
             watch_gone=on_disconnect(scope),
             started=started,
             component=component or None,
+            priority=priority,
         )
         response = await self._whole(route, call, model)
         headers = [
@@ -355,9 +357,10 @@ def _forwarded(scope: Scope) -> tuple[list[tuple[bytes, bytes]], int | None]:
     return forward, declared
 
 
-def _read_request(body: bytes) -> tuple[str, bool]:
-    """The ``model`` a request body names and whether it asks for a stream; 400 unless
-    it is a JSON object naming one."""
+def _read_request(body: bytes) -> tuple[str, bool, int | None]:
+    """The ``model`` a request body names, whether it asks for a stream and the priority
+    its ``service_tier`` asks for (routing/priorities.py); 400 unless it is a JSON object
+    naming one with a known tier."""
     try:
         request = json.loads(body)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
@@ -372,7 +375,8 @@ def _read_request(body: bytes) -> tuple[str, bool]:
             "You must provide a model parameter: an endpoint's name, or "
             "`<endpoint>/<inference component>`."
         )
-    return model, request.get("stream") is True
+    priority = priorities.from_service_tier(request.get("service_tier"))
+    return model, request.get("stream") is True, priority
 
 
 def _no_model(model: str) -> str:

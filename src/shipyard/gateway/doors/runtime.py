@@ -20,7 +20,12 @@ from shipyard.errors import (
     PayloadTooLarge,
     RuntimeFailure,
 )
-from shipyard.gateway.doors.endpoint import EndpointAccess, session_headers
+from shipyard.gateway.doors.endpoint import (
+    CUSTOM_ATTRIBUTES,
+    EndpointAccess,
+    ask_by_attributes,
+    session_headers,
+)
 from shipyard.gateway.wire.errors import runtime_error_answer
 from shipyard.gateway.wire.runtime_headers import INVOKE_ENDPOINT, check_header
 from shipyard.http import bodies
@@ -98,7 +103,13 @@ class RuntimeDoor:
             call.watch_gone = on_disconnect(scope)
             # What _answer returns is for ``__call__``; Invocations.start drops it.
             answer = partial(self._answer, name, call, respond)
-            return self.invocations.start(route, call, answer)  # type: ignore[arg-type]
+            try:
+                return self.invocations.start(route, call, answer)  # type: ignore[arg-type]
+            except (RuntimeFailure, AuthFailure) as exc:
+                # Refused by the routing (admission, a full queue, no variant): answered
+                # here, in the door's shape, so that what refused it counts it once.
+                self._answer(name, call, respond, None, exc)
+                return True
         except Exception:
             # Refused, or something unexpected, before anything was sent: ``__call__``
             # meets the same and answers it in the door's shape.
@@ -159,6 +170,7 @@ class RuntimeDoor:
         component: str | None = None
         content_length: int | None = None
         asks = 0
+        attributes: bytes | None = None
         for key, value in scope["headers"]:
             if key in INVOKE_ENDPOINT:  # a header with limits of its own
                 check_header(INVOKE_ENDPOINT, key, value)
@@ -167,13 +179,15 @@ class RuntimeDoor:
                 forward.append((wire, value))
                 if wire in ASKED_BY:  # TargetModel, TargetContainerHostname: rare
                     asks |= ASKED_BY[wire]
+                elif key == CUSTOM_ATTRIBUTES:
+                    attributes = value
             elif key == b"content-length":
                 content_length = int(value)
             elif key == _TARGET_VARIANT:
                 target = value.decode()
             elif key == _COMPONENT:
                 component = value.decode(errors="replace")
-        return Call(
+        call = Call(
             forward,
             b"",
             content_length=content_length,
@@ -182,6 +196,9 @@ class RuntimeDoor:
             component=component,
             asks=asks,
         )
+        if attributes is not None:
+            ask_by_attributes(call, attributes)
+        return call
 
     @staticmethod
     def _answer_headers(call: Call, response: Response) -> list[tuple[bytes, bytes]]:

@@ -33,7 +33,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from shipyard.contract import FORWARDED
-from shipyard.gateway.doors.endpoint import EndpointAccess, session_headers
+from shipyard.gateway.doors.endpoint import (
+    CUSTOM_ATTRIBUTES,
+    EndpointAccess,
+    ask_by_attributes,
+    session_headers,
+)
 from shipyard.gateway.doors.relay import ASK_STREAM, StreamClient, StreamRelay
 from shipyard.gateway.wire.errors import runtime_error_response
 from shipyard.gateway.wire.runtime_headers import INVOKE_ENDPOINT_STREAM, check_header
@@ -79,6 +84,9 @@ class ResponseStreamDoor:
                 raise access.too_large(body_left=True)
             body = await access.read_body(scope, client.receive)
             call = Call(forward, body, target=target, started=started, component=component)
+            for key, value in scope["headers"]:
+                if key == CUSTOM_ATTRIBUTES:
+                    ask_by_attributes(call, value)  # its priority and deadline
             return route, call
 
         await self.relay.serve(receive, send, prepare, _EVENT_STREAM, name)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import cbor2
@@ -216,15 +217,27 @@ def _model_error_object(text: str) -> dict[str, Any] | None:
 
 async def openai_error_response(exc: ShipyardError, send: Any) -> None:
     status, body = openai_error_body(exc)
-    await send_json(send, status, body)
+    await send_json(send, status, body, retry_after(exc))
 
 
-async def send_json(send: Any, status: int, body: dict[str, Any]) -> None:
-    """A JSON answer on a raw ASGI door: the head, then the body in one message."""
+def retry_after(exc: BaseException) -> list[tuple[bytes, bytes]]:
+    """The ``Retry-After`` header of an error that says when to retry (an overloaded
+    queue, a throttled request), for every HTTP door's answer; none otherwise."""
+    if isinstance(exc, RuntimeFailure) and exc.retry_after_s is not None:
+        return [(b"retry-after", str(exc.retry_after_s).encode())]
+    return []
+
+
+async def send_json(
+    send: Any, status: int, body: dict[str, Any], extra: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    """A JSON answer on a raw ASGI door: the head (with ``extra`` headers), then the
+    body in one message."""
     payload = json.dumps(body).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(payload)).encode()),
+        *extra,
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})

@@ -34,6 +34,7 @@ from shipyard.errors import (
 )
 from shipyard.gateway.doors.endpoint import EndpointAccess
 from shipyard.http.client import Response
+from shipyard.routing import priorities
 from shipyard.routing.call import Call
 from shipyard.routing.table import EndpointRoute, VariantRoute
 from shipyard.tensors import (
@@ -47,7 +48,7 @@ from shipyard.tensors import (
 )
 
 SERVER_NAME = "shipyard"
-EXTENSIONS = ["binary_tensor_data"]
+EXTENSIONS = ["binary_tensor_data", "schedule_policy"]
 PLATFORM = "shipyard"
 
 _ACCEPT = (b"Accept", TENSORS.encode())
@@ -142,6 +143,8 @@ class InferenceProtocol:
             watch_gone=watch_gone,
             started=started,
         )
+        # Triton's scheduling parameters: the priority level and the queue timeout.
+        call.priority, call.deadline_s = priorities.from_oip(request.parameters)
         calls.append(call)
         if version is not None:
             call.variant = _variant(route, version)

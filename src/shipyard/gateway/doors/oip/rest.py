@@ -19,7 +19,7 @@ from typing import Any
 
 from shipyard.errors import AuthFailure, ClientGone, PayloadTooLarge, RuntimeFailure, TensorError
 from shipyard.gateway.doors.oip.protocol import InferenceProtocol, status_of
-from shipyard.gateway.wire.errors import send_json
+from shipyard.gateway.wire.errors import retry_after, send_json
 from shipyard.http import bodies
 from shipyard.http.server import on_disconnect
 from shipyard.routing.call import Call
@@ -69,7 +69,7 @@ class OipRestDoor:
                 await bodies.drain(receive)
             error = status_of(exc)
             status = error.http
-            await _json(send, status, {"error": error.message})
+            await send_json(send, status, {"error": error.message}, retry_after(exc))
         Invocations.count(calls[0] if calls else None, status, failure)
 
     async def _route(
