@@ -20,7 +20,8 @@ import psutil
 import pytest
 
 from shipyard.backends.base import InstanceSpec
-from shipyard.backends.local import LocalBackend, LocalInstance, _record_runner
+from shipyard.backends.local import LocalBackend, LocalInstance
+from shipyard.backends.local_jobs import _record_runner
 from shipyard.backends.sandbox import TMP_BYTES, Sandbox
 from shipyard.errors import BackendError, SandboxUnavailable
 from shipyard.job_contract import Checkpoint, JobSpec

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from shipyard import autogroup
-from shipyard.backends.local import _start_instance
+from shipyard.backends.process_groups import start_instance
 from shipyard.runtime import spare
 from shipyard.runtime.spare import IMPORTS_FILE, can_become, record_imports
 from tests.conftest import needs_autogroups, wait_until
@@ -140,7 +140,7 @@ def test_an_instance_started_lower_has_its_session_group_lowered() -> None:
     child = subprocess.run(
         ["cat", "/proc/self/autogroup"],
         start_new_session=True,
-        preexec_fn=functools.partial(_start_instance, os.getpid(), 10),
+        preexec_fn=functools.partial(start_instance, os.getpid(), 10),
         capture_output=True,
         text=True,
         check=True,
