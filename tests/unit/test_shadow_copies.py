@@ -18,7 +18,7 @@ from shipyard.metrics import Metrics
 from shipyard.routing.instance import Instance
 from shipyard.routing.policies import LeastOutstandingRequests
 from shipyard.routing.router import Call, Router
-from shipyard.routing.shadow import ShadowCopier
+from shipyard.routing.shadow import PendingCopies, ShadowCopier
 from shipyard.routing.table import EndpointRoute, VariantRoute
 
 
@@ -118,12 +118,12 @@ async def copier_for(
         metrics=metrics.for_variant("e", "shadow"),
         shadow=True,
     )
-    router = Router(timeout_s=10)
+    pending = PendingCopies()
+    router = Router(timeout_s=10, copies_pending=pending.of)  # as the app builds them
     route = EndpointRoute("e", [production, shadow])
     router.publish(route)
     dropped = Counter("dropped", "copies dropped", ["e", "v"], registry=CollectorRegistry())
-    copier = ShadowCopier(router=router, max_pending=64, dropped=dropped)
-    router.copies_pending = copier.pending  # as the app wires them
+    copier = ShadowCopier(router=router, max_pending=64, dropped=dropped, pending=pending)
     try:
         yield copier, route, shadow
     finally:
