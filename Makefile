@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOME_DIR ?= $(CURDIR)/.shipyard
 PORT ?= 8080
 
-.PHONY: run test test-images coverage lint docs docs-reference check bench bench-guard install install-dev chromium bubblewrap containers wrk clean
+.PHONY: run test test-fast test-images coverage lint docs docs-reference check bench bench-guard install install-dev chromium bubblewrap containers wrk clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,12 @@ run: install
 
 test: install-dev test-images
 	$(BIN)/pytest -q -n 3 --dist loadgroup --no-loadscope-reorder --durations=25
+
+# The fast tier: the tests that start no gateway, instance, job runner or cluster as a
+# process (those are marked `processes`: tests/scheduling.py), from the folders that hold
+# them, on two cores. `make test` runs them too, with everything else.
+test-fast: $(VENV)/.installed-dev
+	$(BIN)/pytest -q -n 2 -m "not processes" tests/unit tests/storage tests/events tests/transform
 
 # The container tests' base root filesystem, made once and cached (minutes on a slow
 # machine: made here rather than under a test's timeout); where it cannot be made, the

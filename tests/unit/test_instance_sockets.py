@@ -23,6 +23,8 @@ from shipyard.backends.local import LocalBackend, LocalInstance
 from shipyard.backends.sandbox import Sandbox
 from shipyard.routing.instance import Instance
 
+pytestmark = pytest.mark.processes  # starts built-in runtime instances
+
 ECHO = """
 import os
 

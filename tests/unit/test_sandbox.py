@@ -28,10 +28,13 @@ from shipyard.job_contract import Checkpoint, JobSpec
 from shipyard.routing.model_agent import MODELS_FOLDER
 from tests.conftest import wait_until
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("bwrap") is None,
-    reason="bubblewrap (bwrap) is not installed; make install-dev installs it",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which("bwrap") is None,
+        reason="bubblewrap (bwrap) is not installed; make install-dev installs it",
+    ),
+    pytest.mark.processes,  # starts sandboxed instances and job runners
+]
 
 
 @pytest.fixture

@@ -21,6 +21,8 @@ from shipyard.runtime import spare
 from shipyard.runtime.spare import IMPORTS_FILE, can_become, record_imports
 from tests.conftest import needs_autogroups, wait_until
 
+pytestmark = pytest.mark.processes  # starts spare runtimes that become instances
+
 SPARE = {"PATH": "/usr/bin", "HOME": "/run/home/_spare", "OMP_NUM_THREADS": "2"}
 
 
