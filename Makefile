@@ -64,11 +64,12 @@ run: install
 test: install-dev test-images
 	$(BIN)/pytest -q -n 3 --dist loadgroup --no-loadscope-reorder --durations=25
 
-# The fast tier: the tests that start no gateway, instance, job runner or cluster as a
-# process (those are marked `processes`: tests/scheduling.py), from the folders that hold
-# them, on two cores. `make test` runs them too, with everything else.
+# The fast tier: the tests that run in pytest's process alone (no gateway, instance, job
+# runner, cluster or fresh interpreter: those are marked `processes`, tests/scheduling.py),
+# stores on SQLite only, on two cores. `make test` runs them too, with everything else.
 test-fast: $(VENV)/.installed-dev
-	$(BIN)/pytest -q -n 2 -m "not processes" tests/unit tests/storage tests/events tests/transform
+	$(BIN)/pytest -q -n 2 -m "not processes" -k "not postgresql" \
+	  tests/unit tests/storage tests/events tests/transform
 
 # The container tests' base root filesystem, made once and cached (minutes on a slow
 # machine: made here rather than under a test's timeout); where it cannot be made, the

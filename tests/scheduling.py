@@ -12,7 +12,7 @@ _STARTING_FOLDERS = frozenset(
     "cli console containers docs e2e fuzz jobs openai_door ray runtime".split()
 )
 """The folders of tests/ whose modules start gateways, instances, job runners or a
-cluster as processes."""
+cluster."""
 _STARTING_FIXTURES = frozenset({"gateway", "gateway_factory", "ray_gateway", "start_runtime"})
 """Fixtures that start such processes, wherever a test uses them."""
 
@@ -36,9 +36,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     order (``--no-loadscope-reorder``), so the many small unit modules come last and
     even out the workers' ends.
 
-    A test that starts gateways, instances, job runners or a cluster as processes is
-    marked ``processes``, which ``make test-fast`` leaves out: by its folder, by the
-    fixtures it uses, or by its module's own ``pytestmark``.
+    A test that starts processes of its own (gateways, instances, job runners, a
+    cluster, a fresh interpreter) is marked ``processes``, which ``make test-fast``
+    leaves out: by its folder, by the fixtures it uses, or by hand (``pytestmark``).
     """
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
