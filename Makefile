@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOME_DIR ?= $(CURDIR)/.shipyard
 PORT ?= 8080
 
-.PHONY: run test test-images coverage lint docs docs-reference check bench bench-guard install install-dev chromium bubblewrap containers wrk http2-client clean
+.PHONY: run test test-fast test-images coverage lint docs docs-reference check bench bench-guard install install-dev chromium bubblewrap containers wrk http2-client clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -78,6 +78,13 @@ run: install
 
 test: install-dev test-images
 	$(BIN)/pytest -q -n 3 --dist loadgroup --no-loadscope-reorder --durations=25
+
+# The fast tier: the tests that run in pytest's process alone (no gateway, instance, job
+# runner, cluster or fresh interpreter: those are marked `processes`, tests/scheduling.py),
+# stores on SQLite only, on two cores. `make test` runs them too, with everything else.
+test-fast: $(VENV)/.installed-dev
+	$(BIN)/pytest -q -n 2 -m "not processes" -k "not postgresql" \
+	  tests/unit tests/storage tests/events tests/transform
 
 # The container tests' base root filesystem, made once and cached (minutes on a slow
 # machine: made here rather than under a test's timeout); where it cannot be made, the

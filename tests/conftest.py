@@ -276,7 +276,7 @@ def stop_job_processes(home: Path) -> None:
 
     A PID counts only while its process is the one its file names (a PID may have been
     reused): a script runs in its attempt's folder, and a runner names that folder on its
-    command line, as the gateway itself tells its runners (backends/local.py)."""
+    command line, as the gateway itself tells its runners (backends/local_jobs.py)."""
     pid_files = [*home.glob("jobs/*/attempt-*/*.pid"), *home.glob("processing/*/attempt-*/*.pid")]
     for pid_file in sorted(pid_files):
         folder = str(pid_file.parent)
@@ -294,7 +294,7 @@ def stop_job_processes(home: Path) -> None:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)  # not a group's leader
     # A sandboxed runner's PID files hold the PIDs it has inside its sandbox; the bwrap
-    # around it is recorded beside its folder (backends/local.py), with its start time
+    # around it is recorded beside its folder (backends/local_jobs.py), with its start time
     # against a reused PID. Its group goes, and with the sandbox's end, what ran in it.
     for record in sorted(home.glob("jobs/*/attempt-*.sandbox")):
         try:

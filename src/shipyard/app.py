@@ -24,10 +24,8 @@ from shipyard.control import assembly as endpoint_assembly
 from shipyard.control.endpoints import EndpointService
 from shipyard.core import Core
 from shipyard.errors import ShipyardError
-from shipyard.events.dispatcher import Dispatcher
+from shipyard.events import assembly as events_assembly
 from shipyard.events.kinds import component_events, endpoint_events
-from shipyard.events.notify import Notifier
-from shipyard.events.topics import Topics
 from shipyard.gateway.api.actions import registry
 from shipyard.gateway.api.control import ControlDoor
 from shipyard.gateway.api.facade import JobsDoor
@@ -45,7 +43,6 @@ from shipyard.gateway.edge.assembly import edge, serving_tls, stream_edge
 from shipyard.gateway.ops.routes import healthz, metrics_endpoint
 from shipyard.gateway.ops.worker_metrics import WorkerMetrics
 from shipyard.gateway.wire.errors import unknown_path_response
-from shipyard.host_access import HostAccess
 from shipyard.http.h2server import H2Server
 from shipyard.http.paths import PathRouter
 from shipyard.http.server import ServeWhole
@@ -54,22 +51,14 @@ from shipyard.logs.service import LogService
 from shipyard.metrics import Metrics
 from shipyard.monitoring import assembly as monitoring_assembly
 from shipyard.processing import assembly as processing_assembly
-from shipyard.routing.invocation import Invocations
-from shipyard.routing.router import Router
-from shipyard.routing.session_closes import SessionCloses
-from shipyard.routing.sessions import Sessions
-from shipyard.routing.shadow import ShadowCopier
+from shipyard.routing import assembly as routing_assembly
 from shipyard.settings import Settings
 from shipyard.stack_config import StackConfig
 from shipyard.stackfile import JobsConfig, StackFile
 from shipyard.storage.async_queue import AsyncQueue
 from shipyard.storage.events import EventLog
-from shipyard.storage.filesystems import Filesystems
 from shipyard.storage.metadata import MetadataStore
-from shipyard.storage.objects import ObjectStore
 from shipyard.storage.secrets import shared_secret
-from shipyard.storage.sessions import ClosedSessions, SessionPins
-from shipyard.storage.tags import Tagging, TagStore
 from shipyard.transform import assembly as transform_assembly
 
 log = logging.getLogger(__name__)
@@ -87,15 +76,9 @@ class Gateway:
 
     def __init__(self, settings: Settings, *, on_startup: StartupHook | None = None) -> None:
         stack = StackFile.load(settings.config) if settings.config else StackFile()
-        if stack.account_id is not None and "account_id" not in settings.model_fields_set:
-            settings.account_id = stack.account_id
+        settings = settings.with_stack(stack)
         self.tls = serving_tls(settings, stack)
         """The certificate and key this gateway serves HTTPS (and gRPC) with, if any."""
-        if settings.grpc_port is not None and stack.auth is not None:
-            raise ValueError(
-                "grpc_port: the gRPC door cannot check AWS signatures, and the stack file "
-                "has an auth: section; serve the Open Inference Protocol over REST (/v2)."
-            )
         settings.home.mkdir(parents=True, exist_ok=True)
         self.settings = settings
         self.store = MetadataStore(
@@ -104,65 +87,17 @@ class Gateway:
         self.metrics = Metrics()
         self.worker_metrics = WorkerMetrics.of(self.metrics.registry, settings)
         self.loops = Loops()
-        self.topics = Topics(stack.topics)
-        # A subscriber may take half the dispatcher's lease to answer: one that answers
-        # late is not sent the event again.
-        self.notifier = Notifier(read_timeout_s=settings.event_lease_s / 2)
-        self.dispatcher = Dispatcher(
-            log=EventLog(self.store.engine),
-            topics=self.topics,
-            notifier=self.notifier,
-            lease_s=settings.event_lease_s,
-        )
-        host_access = HostAccess.from_auth(stack.auth, home=settings.home)
-        filesystems = Filesystems(
-            s3_endpoint_url=settings.s3_endpoint_url, file_roots=host_access.file_roots
-        )
-        core = Core(
-            settings=settings,
-            stack=stack,
-            store=self.store,
-            metrics=self.metrics,
-            filesystems=filesystems,
-            objects=ObjectStore(filesystems=filesystems),
-            host_access=host_access,
-            tagging=Tagging(store=TagStore(self.store.engine)),
-            on_event=self.dispatcher.wake,
+        events = events_assembly.build(settings, stack, self.store)
+        self.topics, self.dispatcher = events.topics, events.dispatcher
+        core = Core.of(
+            settings, stack, store=self.store, metrics=self.metrics, on_event=self.dispatcher.wake
         )
         self.objects = core.objects
-        self.router = Router(
-            timeout_s=settings.invocation_timeout_s,
-            max_response_bytes=settings.max_response_bytes,
-        )
-        self.metrics.watch_in_flight(self.router.in_flight)
-        self.metrics.watch_queued(self.router.queued)
-        self.shadows = ShadowCopier(
-            router=self.router,
-            max_pending=settings.shadow_max_pending_copies,
-            dropped=self.metrics.shadow_copies_dropped,
-        )
-        self.router.copies_pending = self.shadows.pending
-        self.invocations = Invocations(
-            self.router,
-            shadows=self.shadows,
-            sessions=Sessions(
-                ttl_s=settings.session_ttl_s,
-                max_ttl_s=settings.session_max_ttl_s,
-                max_open=settings.max_sessions,
-            ),
-            region=settings.region,
-            account_id=settings.account_id,
-        )
-        self.invocations.sessions.pins = SessionPins(self.store.engine)
-        self.session_closes = SessionCloses(
-            self.invocations.sessions,
-            ClosedSessions(self.store.engine),
-            # A close reaches the other gateways within a second or so; each reads the
-            # store no more often, sessions or not.
-            period_s=max(settings.routes_refresh_s, 1.0),
-        )
+        routing = routing_assembly.build(settings, self.store, self.metrics)
+        self.router, self.shadows = routing.router, routing.shadows
+        self.invocations, self.session_closes = routing.invocations, routing.session_closes
         self.backend, capabilities = create_backend(
-            settings.backend, BackendContext.of(settings, stack, filesystems=filesystems)
+            settings.backend, BackendContext.of(settings, stack, filesystems=core.filesystems)
         )
         endpoints = endpoint_assembly.build(
             core,
@@ -195,6 +130,7 @@ class Gateway:
             router=self.router,
             backlogs=self.consumer.backlogs,
             wakeup=scale_now,
+            alarms_naming=cloudwatch_assembly.naming_alarms(core),
         )
         self.scaling, self.autoscaler = scaling.service, scaling.autoscaler
         self.cloudwatch = cloudwatch_assembly.build(
@@ -202,11 +138,11 @@ class Gateway:
             router=self.router,
             backlogs=self.consumer.backlogs,
             run_policy=self.autoscaler.run_step_policy,
-            check_action=self._check_alarm_action,
+            policy_by_arn=self.scaling.policy_by_arn,
+            unknown_topics=lambda targets: self.topics.resolve(targets).unknown,
             fleets=self.reconciler.fleets,
             backend=self.provisioner.backend,  # multi-container instances added up
         )
-        self.scaling.alarms_naming = self._alarms_naming
         monitoring = monitoring_assembly.build(
             core,
             processing=self.processing,
@@ -268,30 +204,6 @@ class Gateway:
         self.serve_whole: ServeWhole = self._entry.serve_whole
         """For the HTTP protocol (http/server.py): the callback path's driver, which
         serves an invocation whose body is whole with no ASGI cycle or task."""
-
-    def _check_alarm_action(self, arn: str) -> str | None:
-        """Why an alarm cannot run the action ``arn`` (None: it can): an SNS topic this
-        gateway knows, or a step scaling policy."""
-        if arn.startswith("arn:aws:autoscaling:"):
-            policy = self.scaling.policy_by_arn(arn)
-            if policy is None:
-                return "no scaling policy has this ARN."
-            if policy.policy_type != "StepScaling":
-                return f"policy {policy.name} is a {policy.policy_type} policy, not StepScaling."
-            return None
-        if arn.startswith("arn:aws:sns:"):
-            if self.topics.resolve([arn]).unknown:
-                return "no such topic: declare it under topics: in the stack file."
-            return None
-        return "shipyard runs SNS topic and Application Auto Scaling policy actions only."
-
-    def _alarms_naming(self, arn: str) -> list[tuple[str, str]]:
-        keys = ("AlarmActions", "OKActions", "InsufficientDataActions")
-        return [
-            (a.name, a.arn)
-            for a in self.cloudwatch.service.describe_alarms()
-            if any(arn in (a.config.get(k) or ()) for k in keys)
-        ]
 
     def _routes(self, settings: Settings, stack: StackFile) -> list[BaseRoute]:
         """Every door but the data path's: the control plane's ``POST /`` (one action
@@ -388,10 +300,10 @@ class Gateway:
                 objects=self.objects,
             ),
             log_files=self.jobs.log_files,
+            processing_log_files=self.processing.log_files,
             logs_dir=settings.home / "logs",
             auth=stack.auth is not None,
             region=settings.region,
-            processing_log_files=self.processing.log_files,
         )
 
     def __repr__(self) -> str:

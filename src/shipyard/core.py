@@ -21,7 +21,7 @@ from shipyard.storage.filesystems import Filesystems
 from shipyard.storage.leases import LeaseStore
 from shipyard.storage.metadata import MetadataStore
 from shipyard.storage.objects import ObjectStore
-from shipyard.storage.tags import Tagging
+from shipyard.storage.tags import Tagging, TagStore
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,34 @@ class Core:
     tagging: Tagging
     on_event: Callable[[], None]
     """Wakes the event dispatcher: called after a transaction that recorded an event."""
+
+    @classmethod
+    def of(
+        cls,
+        settings: Settings,
+        stack: StackFile,
+        *,
+        store: MetadataStore,
+        metrics: Metrics,
+        on_event: Callable[[], None],
+    ) -> Core:
+        """The core of a gateway with these settings, stack file and store: its file
+        systems and object store held to the stack file's host-access rules."""
+        host_access = HostAccess.from_auth(stack.auth, home=settings.home)
+        filesystems = Filesystems(
+            s3_endpoint_url=settings.s3_endpoint_url, file_roots=host_access.file_roots
+        )
+        return cls(
+            settings=settings,
+            stack=stack,
+            store=store,
+            metrics=metrics,
+            filesystems=filesystems,
+            objects=ObjectStore(filesystems=filesystems),
+            host_access=host_access,
+            tagging=Tagging(store=TagStore(store.engine)),
+            on_event=on_event,
+        )
 
     def leases(self, kind: str) -> Leases:
         """This gateway's leases on resources of ``kind``: what it runs of them when

@@ -10,6 +10,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shipyard.stackfile import StackFile
+
 
 class Settings(BaseSettings):
     """How one gateway runs. Fields come from CLI flags, else ``SHIPYARD_*`` variables."""
@@ -266,6 +268,22 @@ class Settings(BaseSettings):
     capture_buffer_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     """Data capture: the most captured bodies held in memory before they are written;
     past it, records are dropped and counted (shipyard_capture_records_total)."""
+
+    def with_stack(self, stack: StackFile) -> Settings:
+        """These settings with what the stack file sets that they leave to it: its
+        ``account_id:``, unless a flag or ``SHIPYARD_ACCOUNT_ID`` gave one.
+
+        Raises:
+            ValueError: the two cannot go together (the message names the setting).
+        """
+        if self.grpc_port is not None and stack.auth is not None:
+            raise ValueError(
+                "grpc_port: the gRPC door cannot check AWS signatures, and the stack file "
+                "has an auth: section; serve the Open Inference Protocol over REST (/v2)."
+            )
+        if stack.account_id is None or "account_id" in self.model_fields_set:
+            return self
+        return self.model_copy(update={"account_id": stack.account_id})
 
     @property
     def db_url(self) -> str:

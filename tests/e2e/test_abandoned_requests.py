@@ -72,7 +72,8 @@ def test_a_client_that_leaves_while_queued_is_never_served(
         leaver.join()
     invoke({"tag": "stayed"})  # queued behind the leavers, answered after the busy one
     busy.join()
-    time.sleep(0.5)  # anything still to come would have started by now
+    # Nothing in flight or waiting at the gateway: nothing more can reach the instance.
+    wait_until(lambda: in_flight(gw, "queued") == 0, "nothing left in flight")
     lines = started.read_text().split()
     assert lines.count("busy") == 1 and lines.count("stayed") == 1
     # At most the one request already pipelined to the instance was sent; the two (or

@@ -224,6 +224,7 @@ print("apprise" in sys.modules)
 """
 
 
+@pytest.mark.processes  # a fresh interpreter, as a start is
 def test_a_gateway_whose_events_go_to_nobody_never_imports_apprise(tmp_path: Path) -> None:
     """apprise and its plugins cost a fifth to half a second of CPU to import: paid by
     the first delivery, not by the first event (a job's first state change, beside it)."""

@@ -80,6 +80,7 @@ def test_a_store_behind_is_brought_up_to_the_schema_revision(url: str) -> None:
         store.close()
 
 
+@pytest.mark.processes  # a fresh interpreter, as a start is
 def test_a_store_at_the_schema_revision_starts_without_alembic(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'meta.db'}"
     first = MetadataStore(url)

@@ -108,7 +108,8 @@ def test_waiting_requests_fail_with_the_holders_failure_of_their_ask(meta: Metad
             assert (endpoint, variant, reason) == ("e", "v1", "the weights are gone")
             assert before <= began_by <= after, "those waiting by the ask it was made for"
             await writer.written(4)
-            await asyncio.sleep(0.2)
+            # Written in turn: once 5 is stored, what 4 read back has been told.
+            await writer.written(5)
             assert len(writer.failed) == 1, "told once"
             # The row's count passes the wrap between the failed write and its read-back.
             with meta.engine.begin() as conn:
@@ -173,10 +174,9 @@ def test_a_failure_for_a_write_no_longer_kept_fails_nothing(meta: MetadataStore)
             await asyncio.sleep(0.5)
             await writer.written(2)  # write 1 is past keeping
             await asyncio.to_thread(_holder_fails, meta, "late", seen)
-            await writer.written(3)
-            await asyncio.sleep(0.2)
-            assert writer.failed == []
-            # The same failure written while its write is kept is told.
+            await writer.written(3)  # reads "late" back
+            # The same failure written while its write is kept is told; writes are read
+            # back in turn, so a "late" told would come before it in the list.
             seen = await asyncio.to_thread(_holder_reads, meta)  # 3
             await asyncio.to_thread(_holder_fails, meta, "in time", seen)
             await writer.written(4)
@@ -349,7 +349,8 @@ def test_a_failure_refused_is_not_written_over_a_newer_one(meta: MetadataStore) 
             holder.failed("e", "v1", "new")
             store.go.set()
             await _until(lambda: [u.failure for u in reader.read(["e"])] == ["new"])
-            await asyncio.sleep(0.3)  # a retry of the old one would land by now
+            # Nothing is left to write: no retry of the old one can land after it.
+            assert holder.failures_pending() == 0
             (row,) = reader.read(["e"])
             assert (row.failure, row.failed_uses) == ("new", 2)
         finally:

@@ -129,9 +129,8 @@ def test_a_models_own_session_is_routed_by_every_gateway_of_the_store(
     now = [1_000.0]
     held = Instance("i-1", "v", "http://127.0.0.1:9")
     try:
-        a = Sessions(key=b"k" * 32, clock=lambda: now[0])
-        b = Sessions(key=b"k" * 32, clock=lambda: now[0])
-        a.pins, b.pins = SessionPins(a_store.engine), SessionPins(b_store.engine)
+        a = Sessions(key=b"k" * 32, clock=lambda: now[0], pins=SessionPins(a_store.engine))
+        b = Sessions(key=b"k" * 32, clock=lambda: now[0], pins=SessionPins(b_store.engine))
         for sid, expires in (("m-1", "00:25:00"), ("m-2", "00:20:00")):
             header = f"{sid}; Expires=1970-01-01T{expires}Z".encode()
             assert a.opened("e", held, header)[0] == sid
@@ -177,9 +176,8 @@ def test_a_model_cannot_take_a_session_open_through_another_gateway(
     held = Instance("i-1", "v", "http://127.0.0.1:9")
     other = Instance("i-2", "v", "http://127.0.0.1:10")
     try:
-        a = Sessions(key=b"k" * 32, clock=lambda: now[0])
-        b = Sessions(key=b"k" * 32, clock=lambda: now[0])
-        a.pins, b.pins = SessionPins(a_store.engine), SessionPins(b_store.engine)
+        a = Sessions(key=b"k" * 32, clock=lambda: now[0], pins=SessionPins(a_store.engine))
+        b = Sessions(key=b"k" * 32, clock=lambda: now[0], pins=SessionPins(b_store.engine))
         a.opened("e", held, b"m-1; Expires=1970-01-01T00:25:00Z")
         asyncio.run(a.share("e", "m-1"))
         b.opened("e", other, b"m-1")  # b knows nothing of it: the store does

@@ -16,7 +16,9 @@ def test_local_is_registered_with_what_it_can_run(tmp_path: Path) -> None:
         "local", BackendContext(home=tmp_path, run_dir=tmp_path / "run", environ={}, s3={})
     )
     assert isinstance(backend, LocalBackend)
-    assert backend.run_dir == tmp_path / "run" and backend.models_dir == tmp_path / "models"
+    assert (
+        backend.run_dir == tmp_path / "run" and backend.commands.models_dir == tmp_path / "models"
+    )
     assert capabilities.runtimes == {"python", "cmd", "docker"}
     assert capabilities.shared_disk
     assert "local" in names()

@@ -1,5 +1,5 @@
 """A built-in runtime instance on this host also serves on a Unix socket, and the
-gateway's requests to it take that socket (backends/local.py, http/client.py).
+gateway's requests to it take that socket (backends/instance_sockets.py, http/client.py).
 
 Real instance processes (plain, and in a bubblewrap sandbox where bwrap is installed),
 real requests through the gateway's connection pool.
@@ -22,6 +22,8 @@ from shipyard.backends.base import InstanceSpec
 from shipyard.backends.local import LocalBackend, LocalInstance
 from shipyard.backends.sandbox import Sandbox
 from shipyard.routing.instance import Instance
+
+pytestmark = pytest.mark.processes  # starts built-in runtime instances
 
 ECHO = """
 import os
@@ -127,8 +129,8 @@ def test_an_instance_from_a_warm_spare_is_handed_its_socket(tmp_path: Path, mode
     backend = LocalBackend(run_dir=tmp_path / "run", warm_spares=1)
 
     async def main() -> None:
-        backend._refill()
-        (spare_pid,) = [s.process.pid for s in backend._spares]
+        backend.spares.refill()
+        (spare_pid,) = backend.spares.pids()
         spec = InstanceSpec("i-4", "shipyard/python", model_url=str(model), warm=True)
         async with _serving(backend, spec) as (handle, instance):
             assert handle.process.pid == spare_pid, "the spare became the instance"
@@ -184,7 +186,7 @@ def test_a_socket_path_too_long_for_an_address_leaves_tcp(
     monkeypatch.setattr("tempfile.tempdir", str(deep))
     backend = LocalBackend(run_dir=tmp_path / "run")
     try:
-        assert backend._unix_listener(12345) is None
+        assert backend.sockets.bind(12345) is None
     finally:
         backend.close()
 

@@ -7,6 +7,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from shipyard import launch
 
 
@@ -41,6 +43,7 @@ def test_a_submit_directory_folder_is_fetched_into_the_cache(tmp_path: Path) -> 
     assert fetched.parent == tmp_path / "cache"
 
 
+@pytest.mark.processes  # pip, and an interpreter that imports what it installed
 def test_requirements_are_installed_beside_the_code_once(tmp_path: Path) -> None:
     code = tmp_path / "code"
     code.mkdir()

@@ -21,6 +21,8 @@ import pytest
 from shipyard.backends.base import JobHandle
 from shipyard.backends.local import LocalBackend
 
+pytestmark = pytest.mark.processes  # starts instances and job runners
+
 SLEEP = "import time; time.sleep(60)"
 
 Start = Callable[..., subprocess.Popen[bytes]]

@@ -20,17 +20,21 @@ import psutil
 import pytest
 
 from shipyard.backends.base import InstanceSpec
-from shipyard.backends.local import LocalBackend, LocalInstance, _record_runner
+from shipyard.backends.local import LocalBackend, LocalInstance
+from shipyard.backends.local_jobs import _record_runner
 from shipyard.backends.sandbox import TMP_BYTES, Sandbox
 from shipyard.errors import BackendError, SandboxUnavailable
 from shipyard.job_contract import Checkpoint, JobSpec
 from shipyard.routing.model_agent import MODELS_FOLDER
 from tests.conftest import wait_until
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("bwrap") is None,
-    reason="bubblewrap (bwrap) is not installed; make install-dev installs it",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which("bwrap") is None,
+        reason="bubblewrap (bwrap) is not installed; make install-dev installs it",
+    ),
+    pytest.mark.processes,  # starts sandboxed instances and job runners
+]
 
 
 @pytest.fixture

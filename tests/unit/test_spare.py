@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 
 from shipyard import autogroup
-from shipyard.backends.local import _start_instance
+from shipyard.backends.process_groups import start_instance
 from shipyard.runtime import spare
 from shipyard.runtime.spare import IMPORTS_FILE, can_become, record_imports
 from tests.conftest import needs_autogroups, wait_until
+
+pytestmark = pytest.mark.processes  # starts spare runtimes that become instances
 
 SPARE = {"PATH": "/usr/bin", "HOME": "/run/home/_spare", "OMP_NUM_THREADS": "2"}
 
@@ -140,7 +142,7 @@ def test_an_instance_started_lower_has_its_session_group_lowered() -> None:
     child = subprocess.run(
         ["cat", "/proc/self/autogroup"],
         start_new_session=True,
-        preexec_fn=functools.partial(_start_instance, os.getpid(), 10),
+        preexec_fn=functools.partial(start_instance, os.getpid(), 10),
         capture_output=True,
         text=True,
         check=True,

@@ -4,7 +4,11 @@ interpreter, as a start does."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import python_output as run
+
+pytestmark = pytest.mark.processes  # a fresh interpreter per check
 
 
 def test_a_paused_start_settles_its_garbage_and_turns_collections_back_on() -> None:

@@ -8,7 +8,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from shipyard.cli.workers import _Worker
+
+pytestmark = pytest.mark.processes  # child interpreters writing to the pipe
 
 
 def _worker(code: str) -> tuple[_Worker, int]:

@@ -3,6 +3,7 @@ reads the gateway's metrics and steps the endpoints' instance counts."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from shipyard.async_inference.consumer import BacklogReading
@@ -29,6 +30,7 @@ def build(
     router: Router,
     backlogs: dict[str, BacklogReading],
     wakeup: Wakeup,
+    alarms_naming: Callable[[str], list[tuple[str, str]]],
 ) -> Scaling:
     settings = core.settings
     store = ScalingStore(core.store.engine)
@@ -61,5 +63,6 @@ def build(
         region=settings.region,
         account_id=settings.account_id,
         components=endpoints.components,
+        alarms_naming=alarms_naming,
     )
     return Scaling(service=service, autoscaler=autoscaler)

@@ -98,6 +98,7 @@ class ScalingService:
         region: str,
         account_id: str,
         components: ComponentService | None = None,
+        alarms_naming: Callable[[str], list[tuple[str, str]]] = lambda arn: [],
     ) -> None:
         self.store = store
         self.endpoints = endpoints
@@ -105,9 +106,9 @@ class ScalingService:
         self._wake = wake
         self.region = region
         self.account_id = account_id
-        self.alarms_naming: Callable[[str], list[tuple[str, str]]] = lambda arn: []
-        """A policy's ARN -> (name, ARN) of the CloudWatch alarms whose actions name it;
-        set where the gateway is composed (alarms live in cloudwatch/)."""
+        self.alarms_naming = alarms_naming
+        """A policy's ARN -> (name, ARN) of the CloudWatch alarms whose actions name it
+        (alarms live in cloudwatch/; none by default)."""
 
     def __repr__(self) -> str:
         return f"ScalingService({self.store!r})"

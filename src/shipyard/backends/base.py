@@ -143,7 +143,7 @@ class InstanceHandle(Protocol):
     @property
     def socket_path(self) -> str | None:
         """A Unix socket on the gateway's host where the instance also serves, for the
-        gateway that started it (cheaper than the TCP port; backends/local.py); None:
+        gateway that started it (cheaper than the TCP port; backends/instance_sockets.py); None:
         ``url`` only."""
         ...
 

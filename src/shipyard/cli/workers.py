@@ -249,7 +249,7 @@ class _Supervisor:
         self.signals += 1
 
     def _start(self, index: int, first: bool = True, restarts: int = 0) -> _Worker:
-        from shipyard.backends.local import die_with_parent
+        from shipyard.backends.process_groups import die_with_parent
 
         read, write = os.pipe()
         os.set_blocking(read, False)

@@ -26,7 +26,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -39,7 +39,7 @@ from shipyard.cloudwatch.service import (
 )
 from shipyard.errors import ShipyardError
 from shipyard.leases import Leases
-from shipyard.records import Event
+from shipyard.records import Event, ScalingPolicy
 from shipyard.storage.metrics import Alarm, HistoryItem, MetricStore
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,46 @@ _SNS_ARN = "arn:aws:sns:"
 PolicyRunner = Callable[[str, str, str, float | None, float], str]
 """(policy ARN, alarm name, its state, the value that breached or None, threshold) -> what
 it did."""
+
+
+ACTION_KEYS = ("AlarmActions", "OKActions", "InsufficientDataActions")
+"""An alarm's lists of actions, one per state it enters."""
+
+
+def action_check(
+    *,
+    policy_by_arn: Callable[[str], ScalingPolicy | None],
+    unknown_topics: Callable[[Sequence[str]], list[str]],
+) -> Callable[[str], str | None]:
+    """What PutMetricAlarm holds each action ARN to: an SNS topic this gateway knows, or
+    an Application Auto Scaling step policy. The check returns None when the action can
+    run, else why not (the caller's ``InvalidParameterValue`` says it)."""
+
+    def check(arn: str) -> str | None:
+        if arn.startswith(_POLICY_ARN):
+            policy = policy_by_arn(arn)
+            if policy is None:
+                return "no scaling policy has this ARN."
+            if policy.policy_type != "StepScaling":
+                return f"policy {policy.name} is a {policy.policy_type} policy, not StepScaling."
+            return None
+        if arn.startswith(_SNS_ARN):
+            if unknown_topics([arn]):
+                return "no such topic: declare it under topics: in the stack file."
+            return None
+        return "shipyard runs SNS topic and Application Auto Scaling policy actions only."
+
+    return check
+
+
+def alarms_naming(store: MetricStore, arn: str) -> list[tuple[str, str]]:
+    """(name, ARN) of the alarms any of whose actions name ``arn``: what
+    DescribeScalingPolicies lists under a policy."""
+    return [
+        (a.name, a.arn)
+        for a in store.list_alarms()
+        if any(arn in (a.config.get(k) or ()) for k in ACTION_KEYS)
+    ]
 
 
 @dataclass(frozen=True, slots=True)

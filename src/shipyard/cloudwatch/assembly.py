@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from shipyard.async_inference.consumer import BacklogReading
 from shipyard.backends.base import Backend
-from shipyard.cloudwatch.alarms import AlarmActions, AlarmEvaluator, PolicyRunner
+from shipyard.cloudwatch.alarms import (
+    AlarmActions,
+    AlarmEvaluator,
+    PolicyRunner,
+    action_check,
+    alarms_naming,
+)
 from shipyard.cloudwatch.recorder import Instances, Readings, Recorder
 from shipyard.cloudwatch.service import CloudWatchService
 from shipyard.core import Core
 from shipyard.provisioning.fleet import Fleet
+from shipyard.records import ScalingPolicy
 from shipyard.routing.router import Router
 from shipyard.storage.metrics import MetricStore
 
@@ -29,7 +37,8 @@ def build(
     router: Router,
     backlogs: dict[str, BacklogReading],
     run_policy: PolicyRunner,
-    check_action: Callable[[str], str | None],
+    policy_by_arn: Callable[[str], ScalingPolicy | None],
+    unknown_topics: Callable[[Sequence[str]], list[str]],
     fleets: Mapping[str, Fleet] | None = None,
     backend: Backend | None = None,
 ) -> CloudWatch:
@@ -46,7 +55,7 @@ def build(
         store=store,
         region=settings.region,
         account_id=settings.account_id,
-        check_action=check_action,
+        check_action=action_check(policy_by_arn=policy_by_arn, unknown_topics=unknown_topics),
         transition=actions.transition,
         retention_days=settings.metrics_retention_days,
         max_series=settings.max_metric_series,
@@ -70,3 +79,10 @@ def build(
         lag_s=settings.metrics_tick_s + 2.0,
     )
     return CloudWatch(service=service, recorder=recorder, evaluator=evaluator)
+
+
+def naming_alarms(core: Core) -> Callable[[str], list[tuple[str, str]]]:
+    """A policy's ARN -> (name, ARN) of the alarms whose actions name it, read from the
+    store: for Application Auto Scaling, built before CloudWatch (which runs its step
+    policies)."""
+    return functools.partial(alarms_naming, MetricStore(core.store.engine))

@@ -297,6 +297,11 @@ class ServerlessUse:
 
     # -- the holder -------------------------------------------------------------------
 
+    def failures_pending(self) -> int:
+        """The failed cold starts held here and not yet written: a refused write's stay
+        for another try, unless a newer failure came for its row."""
+        return len(self._failures)
+
     def failed(self, endpoint: str, variant: str, reason: str) -> None:
         """A cold start of ``variant``, run here, failed with none of its instances
         left: written for the gateways whose use had been read (their requests waiting

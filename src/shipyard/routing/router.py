@@ -66,12 +66,13 @@ class Router:
         *,
         timeout_s: float,
         max_response_bytes: int | None = None,
+        copies_pending: Callable[[str, str], int] | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.timeout_s = timeout_s
         self.max_response_bytes = max_response_bytes
         self.routes: dict[str, EndpointRoute] = {}
-        self.copies_pending: Callable[[str, str], int] | None = None
+        self.copies_pending = copies_pending
         """Per (endpoint, shadow variant), the copies sent to it and not yet answered
         (routing/shadow.py), which may wait in the copier rather than in a queue here."""
         self.withdrawn: Callable[[str], None] = _forgotten

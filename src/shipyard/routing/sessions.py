@@ -101,6 +101,7 @@ class Sessions:
         max_open: int = DEFAULT_MAX_OPEN,
         clock: Callable[[], float] = time.time,
         key: bytes | None = None,
+        pins: SessionPins | None = None,
     ) -> None:
         self.ttl_s = ttl_s
         self.max_ttl_s = max_ttl_s
@@ -108,8 +109,8 @@ class Sessions:
         self._clock = clock
         self.key = key if key is not None else secrets.token_bytes(32)
         """The signing key; the gateway sets the one its store shares (app.py)."""
-        self.pins: SessionPins | None = None
-        """The store's pins of models' own ids (app.py sets it); None: this gateway alone."""
+        self.pins = pins
+        """The store's pins of models' own ids; None: this gateway alone."""
         self._open: dict[str, dict[str, Pin]] = {}
         """Sessions opened here: endpoint → id → pin."""
         self._known: OrderedDict[tuple[str, str], Pin] = OrderedDict()

@@ -103,6 +103,14 @@ class _Queue:
         self.copy_s = 0.0
 
 
+class PendingCopies(dict[tuple[str, str], int]):
+    """Per (endpoint, shadow variant), the copies sent and not answered yet: kept by
+    the copier, read by the router (``Router.in_flight``), which is built first."""
+
+    def of(self, endpoint: str, shadow: str) -> int:
+        return self.get((endpoint, shadow), 0)
+
+
 class ShadowCopier:
     """Sends copies of production requests to shadow variants and records their outcome.
 
@@ -117,13 +125,16 @@ class ShadowCopier:
         router: Router,
         max_pending: int,
         dropped: Counter,
+        pending: PendingCopies | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.router = router
         self.max_pending = max_pending
         self._dropped = dropped
         self._rng = rng or random.Random()
-        self._pending: dict[tuple[str, str], int] = {}
+        self._pending = PendingCopies() if pending is None else pending
+        """The copies pending; the router built with ``copies_pending=pending.of``
+        counts them as the shadows' requests in flight."""
         self._queues: dict[tuple[str, str], _Queue] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -133,7 +144,7 @@ class ShadowCopier:
     def pending(self, endpoint: str, shadow: str) -> int:
         """The copies sent to ``shadow`` of ``endpoint`` and not answered yet, waiting
         for an exchange or in one (Router.in_flight counts these for a shadow)."""
-        return self._pending.get((endpoint, shadow), 0)
+        return self._pending.of(endpoint, shadow)
 
     def pick(self, route: EndpointRoute, variant: VariantRoute) -> list[VariantRoute]:
         """The shadows that get a copy of this request to ``variant``, drawn by share."""

@@ -520,7 +520,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 def unix_listener(fd: int) -> socket.socket:
     """The bound Unix socket inherited as ``fd``: the gateway that started the instance
-    bound it in a folder of its own and sends invocations there (backends/local.py)."""
+    bound it in a folder of its own and sends invocations there (backends/instance_sockets.py)."""
     sock = socket.socket(fileno=fd)
     if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
         sock.detach()  # not ours to close
