@@ -31,20 +31,11 @@ from shipyard.gateway.api.control import ControlDoor
 from shipyard.gateway.api.facade import JobsDoor
 from shipyard.gateway.api.stack_config import StackConfigDoor
 from shipyard.gateway.console import ConsoleDoor, ConsoleState, JobReads, ResourceReads
-from shipyard.gateway.doors.async_invocations import AsyncDoor
-from shipyard.gateway.doors.bidi import BidiDoor, BidiLimits
-from shipyard.gateway.doors.endpoint import EndpointAccess
-from shipyard.gateway.doors.oip.protocol import InferenceProtocol
-from shipyard.gateway.doors.oip.rest import OipRestDoor
-from shipyard.gateway.doors.openai import OpenAIDoor
-from shipyard.gateway.doors.runtime import RuntimeDoor
-from shipyard.gateway.doors.streaming import ResponseStreamDoor
-from shipyard.gateway.edge.assembly import edge, serving_tls, stream_edge
+from shipyard.gateway.doors import assembly as doors_assembly
+from shipyard.gateway.edge.assembly import edge, serving_tls
 from shipyard.gateway.ops.routes import healthz, metrics_endpoint
 from shipyard.gateway.ops.worker_metrics import WorkerMetrics
 from shipyard.gateway.wire.errors import unknown_path_response
-from shipyard.http.h2server import H2Server
-from shipyard.http.paths import PathRouter
 from shipyard.http.server import ServeWhole
 from shipyard.jobs import assembly as jobs_assembly
 from shipyard.logs.service import LogService
@@ -152,7 +143,6 @@ class Gateway:
         self.monitoring, self.monitor_runs = monitoring.service, monitoring.runs
         self.console = self._console(settings, stack)
         self._on_startup = on_startup
-        self._grpc: Any = None
         self.app = Starlette(
             routes=self._routes(settings, stack),
             lifespan=self._lifespan,
@@ -163,44 +153,17 @@ class Gateway:
         except ShipyardError as exc:
             raise ValueError(exc.message) from None  # `serve` says so and exits 2
         self.app.state.ready = False
-        access = EndpointAccess(
+        self.doors = doors_assembly.build(
+            settings,
+            stack,
             invocations=self.invocations,
-            max_payload_bytes=settings.max_payload_bytes,
-            body_timeout_s=settings.body_read_timeout_s,
-        )
-        self.runtime = RuntimeDoor(access=access)
-        self.streaming = ResponseStreamDoor(access=access)
-        self.bidi = BidiDoor(
-            access=access,
-            edge=stream_edge(settings, stack, secure=self.tls is not None),
-            limits=BidiLimits(
-                idle_timeout_s=settings.bidi_idle_timeout_s,
-                max_duration_s=settings.bidi_max_duration_s,
-                max_part_bytes=settings.max_payload_bytes,
-            ),
-            metrics=self.metrics.bidi,
-        )
-        self.metrics.bidi.watch(self.bidi.open_streams)
-        self._h2: H2Server | None = None
-        self.oip = InferenceProtocol(access=access, is_ready=lambda: self.app.state.ready)
-        async_door = AsyncDoor(
-            router=self.router,
-            invocations=asynchronous.requests,
-            account_id=settings.account_id,
-            region=settings.region,
-            body_timeout_s=settings.body_read_timeout_s,
-        )
-        doors = PathRouter(
-            endpoint_doors={
-                "invocations": self.runtime,
-                "async-invocations": async_door,
-                "invocations-response-stream": self.streaming,
-            },
-            v2=OipRestDoor(self.oip),
-            v1=OpenAIDoor(access=access),
+            async_requests=asynchronous.requests,
+            metrics=self.metrics,
+            secure=self.tls is not None,
+            is_ready=lambda: bool(self.app.state.ready),
             fallback=self.app,
         )
-        self._entry = edge(doors, settings, stack)
+        self._entry = edge(self.doors.paths, settings, stack)
         self.serve_whole: ServeWhole = self._entry.serve_whole
         """For the HTTP protocol (http/server.py): the callback path's driver, which
         serves an invocation whose body is whole with no ASGI cycle or task."""
@@ -338,27 +301,8 @@ class Gateway:
         self.loops.start("console-history", self.console.history.run)
         self.loops.start("cloudwatch-recorder", self.cloudwatch.recorder.run)
         self.loops.start("alarm-evaluator", self.cloudwatch.evaluator.run)
-        if self.settings.grpc_port is not None:
-            from shipyard.gateway.doors.oip.grpc import start_grpc
-
-            pem = None
-            if self.tls is not None:  # gRPC takes the PEM text, not the files
-                pem = (self.tls[0].read_bytes(), self.tls[1].read_bytes())
-            self._grpc = await start_grpc(
-                self.oip,
-                host=self.settings.host,
-                port=self.settings.grpc_port,
-                max_message_bytes=self.settings.max_payload_bytes + 64 * 1024,
-                tls=pem,
-            )
-        if self.settings.http2_port is not None:
-            self._h2 = H2Server(
-                self.bidi,
-                idle_timeout_s=self.settings.idle_timeout_s,
-                max_connections=self.settings.max_connections,
-            )
-            tls = None if self.tls is None else (str(self.tls[0]), str(self.tls[1]))
-            await self._h2.start(self.settings.host, self.settings.http2_port, tls=tls)
+        await self.doors.start_grpc(self.settings, self.tls)
+        await self.doors.start_http2(self.settings, self.tls)
         if self.worker_metrics is not None:
             await self.worker_metrics.start()
         if self._on_startup is not None:
@@ -375,10 +319,8 @@ class Gateway:
             yield
         finally:
             app.state.ready = False
-            if self._grpc is not None:  # takes no more calls, answers those in flight
-                await self._grpc.stop(self.settings.drain_timeout_s)
-            if self._h2 is not None:  # GOAWAY; the streams open go on for the drain
-                await self._h2.stop(self.settings.drain_timeout_s)
+            await self.doors.stop_grpc(self.settings.drain_timeout_s)
+            await self.doors.stop_http2(self.settings.drain_timeout_s)
             await self.loops.stop()
             try:  # the last closes answered, for the store's other gateways
                 await self.session_closes.exchange()
