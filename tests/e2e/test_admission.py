@@ -11,11 +11,12 @@ import threading
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+from urllib.request import urlopen
 
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.conftest import GatewayProcess, deploy, wait_until
+from tests.conftest import MODELS, GatewayProcess, deploy, free_port, start_gateway, wait_until
 
 SLEEPY = "sleepy"
 
@@ -264,3 +265,61 @@ def test_an_async_endpoint_config_refuses_a_queue_setting(
             AsyncInferenceConfig={"OutputConfig": {"S3OutputPath": "file:///tmp/out"}},
         )
     assert caught.value.response["Error"]["Code"] == "ValidationException"
+
+
+def test_tritonclient_asks_for_a_priority_and_a_timeout_over_rest_and_grpc(
+    tmp_path: Path,
+) -> None:
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    port = free_port()
+    gw = start_gateway(tmp_path / "home", args=["--grpc-port", str(port)])
+    try:
+        deploy(
+            gw.sm,
+            "ranked-add",
+            (MODELS / "tensor_add").as_uri(),
+            environment={"SHIPYARD_PRIORITY_LEVELS": "2"},
+        )
+        a = np.arange(6, dtype=np.int32).reshape(2, 3)
+        for module, client in (
+            (httpclient, httpclient.InferenceServerClient(gw.url.removeprefix("http://"))),
+            (grpcclient, grpcclient.InferenceServerClient(f"127.0.0.1:{port}")),
+        ):
+            inputs = [module.InferInput(n, [2, 3], "INT32") for n in ("INPUT0", "INPUT1")]
+            for tensor in inputs:
+                tensor.set_data_from_numpy(a)
+            answer = client.infer("ranked-add", inputs, priority=1, timeout=5_000_000)
+            assert (answer.as_numpy("OUTPUT0") == a + a).all()
+            with pytest.raises(InferenceServerException, match="priority") as caught:
+                client.infer("ranked-add", inputs, priority=7)
+            assert "400" in str(caught.value.status()) or "INVALID_ARGUMENT" in str(
+                caught.value.status()
+            )
+            client.close()
+        metadata = json.loads(urlopen(gw.url + "/v2").read())
+        assert "schedule_policy" in metadata["extensions"]
+    finally:
+        gw.stop()
+
+
+def test_the_openai_client_asks_by_service_tier(
+    gateway: GatewayProcess, model_tarball: Any
+) -> None:
+    import openai
+
+    deploy(
+        gateway.sm,
+        "tiered",
+        (MODELS / "echo").as_uri(),
+        environment={"SHIPYARD_PRIORITY_LEVELS": "3"},
+    )
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0)
+    asked = {"model": "tiered", "messages": [{"role": "user", "content": "hi"}]}
+    raw = client.chat.completions.with_raw_response.create(**asked, service_tier="flex")
+    assert raw.http_response.status_code == 200
+    with pytest.raises(openai.BadRequestError, match="service_tier"):
+        client.chat.completions.create(**asked, service_tier="turbo")  # type: ignore[arg-type]

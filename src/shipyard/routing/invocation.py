@@ -124,13 +124,21 @@ class Invocations:
             variant = self.component(route, call.component)
         else:
             variant = self.router.variant_for(route, call.target)
+        self.rank(call, variant)
+        return variant
+
+    @staticmethod
+    def rank(call: Call, variant: VariantRoute) -> None:
+        """The level ``call`` waits at and its deadline, under ``variant``'s rules
+        (routing/priorities.py), for a door that chose the variant itself.
+
+        Raises:
+            RuntimeValidationError: it asks for a level the variant has not.
+        """
         if variant.rules.configured or call.priority is not None or call.deadline_s is not None:
-            # The level it waits at and its deadline, under the variant's rules
-            # (routing/priorities.py); refused here when it asks for a level there is not.
             call.level, call.deadline_s = priorities.resolve(
                 variant.rules, call.priority, call.deadline_s
             )
-        return variant
 
     def _session(self, route: EndpointRoute, call: Call) -> bool:
         """Read the call's SessionId (routing/sessions.py): pin the call to its session's

@@ -150,6 +150,7 @@ class InferenceProtocol:
             call.variant = _variant(route, version)
         variant = call.variant or self.router.variant_for(route, None)
         call.variant = variant
+        self.invocations.rank(call, variant)
         if variant.dispatch.names_model:
             raise RuntimeValidationError(
                 f"Endpoint {name} serves many models (Mode: MultiModel); call it with "
