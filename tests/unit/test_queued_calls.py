@@ -17,6 +17,7 @@ from shipyard.routing.instance import Instance
 from shipyard.routing.policies import LeastOutstandingRequests
 from shipyard.routing.router import Router
 from shipyard.routing.table import EndpointRoute, VariantRoute
+from tests.conftest import wait_until_async
 from tests.unit.test_client import _read_request as read_request
 from tests.unit.test_client import _serve as serve
 from tests.unit.test_started_calls import Told, warm
@@ -200,9 +201,13 @@ def test_a_waiting_call_whose_client_left_is_never_sent() -> None:
         response, _, error = await left.wait()
         assert response is None and isinstance(error, ClientGone)
         assert not variant.waiters and gone.unwatched == 1
-        await first.wait()
-        await asyncio.sleep(0.2)  # nothing more reaches the instance
-        assert server_handler.bodies == [b"first"]
+        # A sentinel queued last: had the call that left stayed in the queue, it would
+        # reach the instance ahead of the sentinel.
+        sentinel = Told()
+        router.start(route, variant, Call([], b"sentinel"), sentinel)
+        assert (await first.wait())[2] is None
+        assert (await sentinel.wait())[0].body == b"sentinel"
+        assert server_handler.bodies == [b"first", b"sentinel"]
         assert instance.in_flight == 0 and not router.watched()
         # Once its turn came, a call stops watching its client.
         busy, again, answered = Told(), Gone(), Told()
@@ -224,7 +229,7 @@ def test_a_call_that_waits_past_the_deadline_is_invokes_timeout_and_never_sent()
         (instance,) = variant.instances
         # The first call holds the instance for a second, under a deadline of its own.
         first = asyncio.ensure_future(router.invoke(route, variant, Call([], b"first"), 5.0))
-        await asyncio.sleep(0.05)
+        await wait_until_async(lambda: instance.in_flight == 1, "the first call sent")
         waiting = Told()
         router.start(route, variant, Call([], b"waiting"), waiting)
         response, _, error = await waiting.wait()
@@ -232,9 +237,13 @@ def test_a_call_that_waits_past_the_deadline_is_invokes_timeout_and_never_sent()
         # boto3 retries), not the model's timeout.
         assert response is None and isinstance(error, ServiceUnavailable)
         assert "was free to take the request" in error.message and not variant.waiters
+        # A sentinel queued last (answered at once, under a deadline of its own): had the
+        # expired call stayed in the queue, it would reach the instance ahead of it.
+        server_handler.delay_s = 0.0
+        sentinel = asyncio.ensure_future(router.invoke(route, variant, Call([], b"sentinel"), 5.0))
         assert (await first)[0].body == b"first"
-        await asyncio.sleep(0.1)
-        assert server_handler.bodies == [b"first"]
+        assert (await asyncio.wait_for(sentinel, 5))[0].body == b"sentinel"
+        assert server_handler.bodies == [b"first", b"sentinel"]
         assert instance.in_flight == 0 and not router.watched()
         router.close()
         server.close()

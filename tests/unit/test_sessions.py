@@ -20,6 +20,7 @@ from shipyard.routing.policies import LeastOutstandingRequests
 from shipyard.routing.router import Router
 from shipyard.routing.sessions import Sessions, key
 from shipyard.routing.table import EndpointRoute, VariantRoute
+from tests.conftest import wait_until_async
 from tests.unit.test_client import _serve as serve
 from tests.unit.test_queued_calls import Recording
 
@@ -319,9 +320,12 @@ def test_a_session_whose_instance_the_table_lacks_waits_for_the_next_table() -> 
             held = _table(port).variants[0].instances[0]
             sid = _open(invocations.sessions, "e", held)
 
+            def waits_for_a_table() -> bool:
+                return len(router._next_table.get("e", ())) == 1
+
             router.publish(_table(coming=1))  # this gateway knows no instance yet
             waiting = asyncio.create_task(invocations.run(router.routes["e"], _session_call(sid)))
-            await asyncio.sleep(0.05)
+            await wait_until_async(waits_for_a_table, "the request waiting for a table")
             assert not waiting.done()
             router.publish(_table(port, coming=1))  # the next pass lists it
             answer = await asyncio.wait_for(waiting, 1)
@@ -329,11 +333,14 @@ def test_a_session_whose_instance_the_table_lacks_waits_for_the_next_table() -> 
 
             # A table that still lacks it (another instance starting, say) is not the
             # end: the wait goes on until one lists it, within SESSION_TABLE_WAIT_S.
+            # (A table published wakes every waiter and forgets them: one found waiting
+            # again after it is the request that looked at it and waited on.)
             router.publish(_table(coming=2))
             waiting = asyncio.create_task(invocations.run(router.routes["e"], _session_call(sid)))
-            await asyncio.sleep(0.05)
+            await wait_until_async(waits_for_a_table, "the request waiting for a table")
             router.publish(_table(coming=1))
-            await asyncio.sleep(0.05)
+            assert not waits_for_a_table()
+            await wait_until_async(waits_for_a_table, "the request waiting for the next one")
             assert not waiting.done()
             router.publish(_table(port, coming=1))
             assert (await asyncio.wait_for(waiting, 1)).body == b"hi"

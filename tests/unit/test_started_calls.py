@@ -29,6 +29,7 @@ from shipyard.routing.policies import Random
 from shipyard.routing.router import Router
 from shipyard.routing.strategies import OneModel
 from shipyard.routing.table import EndpointRoute, VariantRoute
+from tests.conftest import wait_until_async
 from tests.unit.test_client import Odd
 from tests.unit.test_client import _read_request as read_request
 from tests.unit.test_client import _serve as serve
@@ -58,6 +59,21 @@ def echo(*, close_after: int | None = None, delay_s: float = 0.0) -> tuple[Handl
         writer.close()
 
     return handler, connections
+
+
+def ends(handler: Handler) -> tuple[Handler, list[int]]:
+    """``handler``, and a count of the connections it is done with: an echo's ends once
+    its client closed the connection, so a wait on it stands for "closed" without a
+    fixed sleep."""
+    ended: list[int] = []
+
+    async def counted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await handler(reader, writer)
+        finally:
+            ended.append(1)
+
+    return counted, ended
 
 
 class Told:
@@ -159,14 +175,16 @@ def test_an_answer_too_large_is_not_tried_again() -> None:
 
 def test_an_abandoned_call_is_never_answered_and_its_connection_closed() -> None:
     async def main() -> tuple[Told, ConnectionPool]:
-        handler, _ = echo(delay_s=0.2)
+        handler, ended = ends(echo(delay_s=0.2)[0])
         server, port = await serve(handler)
         pool = ConnectionPool("127.0.0.1", port)
         await warm(pool)
         told = Told()
         abandon = pool.start(b"POST", b"/invocations", [], b"late", None, told)
         abandon()
-        await asyncio.sleep(0.4)
+        # The server answers 0.2 s on, then ends only once the connection is closed: a
+        # connection kept open, idle or waiting for that answer, never gets there.
+        await wait_until_async(lambda: ended, "the abandoned call's connection closed")
         server.close()
         return told, pool
 
@@ -223,7 +241,7 @@ def test_a_started_call_is_counted_until_answered_and_taught_by_the_answer() -> 
 
 def test_a_started_call_past_the_deadline_is_invokes_timeout() -> None:
     async def main() -> None:
-        handler, _ = echo(delay_s=1.0)
+        handler, ended = ends(echo(delay_s=1.0)[0])
         server, port = await serve(handler)
         router, route, variant = table(port, timeout_s=0.2)
         (instance,) = variant.instances
@@ -234,7 +252,9 @@ def test_a_started_call_past_the_deadline_is_invokes_timeout() -> None:
         assert response is None and isinstance(error, ModelError)
         assert error.original_status_code == 504
         assert instance.in_flight == 0 and not router.watched()
-        await asyncio.sleep(1.0)  # the late answer, on a connection since closed, changes nothing
+        # The server writes its late answer a second on, then ends once the connection
+        # is closed: one kept open for that answer never gets there.
+        await wait_until_async(lambda: ended, "the expired call's connection closed")
         assert done.outcomes == [(None, 0.0, error)]
         router.close()
         server.close()
