@@ -67,7 +67,7 @@ def _post(gw: GatewayProcess, path: str, body: Any, method: str = "POST") -> tup
 def test_health_metadata_and_ready_over_rest(http: httpclient.InferenceServerClient) -> None:
     assert http.is_server_live()
     assert http.is_server_ready()
-    assert http.get_server_metadata()["extensions"] == ["binary_tensor_data"]
+    assert http.get_server_metadata()["extensions"] == ["binary_tensor_data", "schedule_policy"]
     metadata = http.get_model_metadata("add")
     assert metadata["name"] == "add" and metadata["versions"] == ["v1"]
     assert http.is_model_ready("add")
@@ -298,7 +298,7 @@ def _grpc_inputs(dtype: str = "INT32") -> list[grpcclient.InferInput]:
 def test_health_metadata_and_ready_over_grpc(grpc: grpcclient.InferenceServerClient) -> None:
     assert grpc.is_server_live()
     assert grpc.is_server_ready()
-    assert list(grpc.get_server_metadata().extensions) == ["binary_tensor_data"]
+    assert list(grpc.get_server_metadata().extensions) == ["binary_tensor_data", "schedule_policy"]
     metadata = grpc.get_model_metadata("add")
     assert metadata.name == "add" and list(metadata.versions) == ["v1"]
     assert grpc.is_model_ready("add")

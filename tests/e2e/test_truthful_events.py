@@ -122,7 +122,7 @@ def test_an_endpoint_of_components_shows_its_healthy_instances_and_copies_everyw
     assert status == 200
     text = page.decode()
     assert '<td data-label="Instances">1/1</td>' in text, text
-    assert '<td data-label="Copies">3/3</td>' in text, text
+    assert '<td data-label="Instances">3/3 <span class="muted">copies</span></td>' in text, text
     status, listing = gateway.get("/console/api/endpoints")
     assert '<span class="counts">1/1</span>' in listing.decode()
 
