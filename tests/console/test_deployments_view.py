@@ -92,7 +92,11 @@ def test_charts_alarms_and_a_deployment_that_rolls_back(
     # Roll back: the page sets the rollback alarm (SetAlarmState), as a drill would.
     deployment.get_by_role("button", name="Roll back").click()
     page.get_by_role("status").filter(has_text="the deployment rolls back").wait_for()
-    page.wait_for_function("() => document.body.innerText.includes('rolled back')", timeout=60_000)
+    page.wait_for_function(
+        "() => document.body.innerText.includes('rolled back')"
+        " && document.querySelector('p[data-status]')?.dataset.status === 'InService'",
+        timeout=60_000,
+    )
     text = page.locator("section[data-view]").first.inner_text()
     assert "shop-errors" in text and "InService" in text
     assert page.locator("[data-deployment]").count() == 0

@@ -152,7 +152,14 @@ while time.monotonic() < deadline:
         if status in ("Completed", "Failed", "Stopped"):
             break
     time.sleep(1)
-described = sm.describe_monitoring_schedule(MonitoringScheduleName="sdk-schedule")
+# The execution ends once its metrics are published, after its processing job: wait for
+# the schedule to say so rather than reading it the moment the job completed.
+while time.monotonic() < deadline:
+    described = sm.describe_monitoring_schedule(MonitoringScheduleName="sdk-schedule")
+    summary = described.get("LastMonitoringExecutionSummary") or {}
+    if summary.get("MonitoringExecutionStatus") not in (None, "Pending", "InProgress"):
+        break
+    time.sleep(1)
 print(
     "EXECUTION",
     described["LastMonitoringExecutionSummary"]["MonitoringExecutionStatus"],
