@@ -44,7 +44,6 @@ Send = Any
 
 _TARGET_VARIANT = b"x-amzn-sagemaker-target-variant"
 _COMPONENT = b"x-amzn-sagemaker-inference-component"
-_CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
 
 
 class RuntimeDoor:
@@ -207,7 +206,7 @@ class RuntimeDoor:
             (b"content-length", b"%d" % len(response.body)),
             (b"x-amzn-invoked-production-variant", call.variant.name.encode()),  # type: ignore[union-attr]
         ]
-        attributes = response.header(_CUSTOM_ATTRIBUTES)
+        attributes = response.header(CUSTOM_ATTRIBUTES)
         if attributes is not None:
             headers.append((b"x-amzn-sagemaker-custom-attributes", attributes))
         if call.session is not None:

@@ -56,7 +56,6 @@ Send = Any
 _TARGET_VARIANT = b"x-amzn-sagemaker-target-variant"
 _COMPONENT = b"x-amzn-sagemaker-inference-component"
 _ACCEPT = b"x-amzn-sagemaker-accept"  # the model's Accept; the client's own is for events
-_CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
 _NOT_FORWARDED = (b"accept", b"x-amzn-sagemaker-target-model")
 
 
@@ -79,14 +78,13 @@ class ResponseStreamDoor:
             access = self.access
             access.reach(scope, name)
             route = self.invocations.route(name)
-            forward, target, component, content_length = _request_headers(scope)
+            forward, target, component, content_length, attributes = _request_headers(scope)
             if content_length is not None and content_length > access.max_payload_bytes:
                 raise access.too_large(body_left=True)
             body = await access.read_body(scope, client.receive)
             call = Call(forward, body, target=target, started=started, component=component)
-            for key, value in scope["headers"]:
-                if key == CUSTOM_ATTRIBUTES:
-                    ask_by_attributes(call, value)  # its priority and deadline
+            if attributes is not None:
+                ask_by_attributes(call, attributes)  # its priority and deadline
             return route, call
 
         await self.relay.serve(receive, send, prepare, _EVENT_STREAM, name)
@@ -119,10 +117,11 @@ _EVENT_STREAM = EventStreamFraming()
 
 def _request_headers(
     scope: Scope,
-) -> tuple[list[tuple[bytes, bytes]], str | None, str | None, int | None]:
-    """The headers for the instance, the target variant, the inference component and
-    the declared body length."""
+) -> tuple[list[tuple[bytes, bytes]], str | None, str | None, int | None, bytes | None]:
+    """The headers for the instance, the target variant, the inference component, the
+    declared body length and the CustomAttributes (forwarded too)."""
     forward: list[tuple[bytes, bytes]] = [ASK_STREAM]
+    attributes: bytes | None = None
     target: str | None = None
     component: str | None = None
     content_length: int | None = None
@@ -134,13 +133,15 @@ def _request_headers(
             continue
         elif (wire := FORWARDED.get(key)) is not None:
             forward.append((wire, value))
+            if key == CUSTOM_ATTRIBUTES:
+                attributes = value
         elif key == b"content-length":
             content_length = int(value)
         elif key == _TARGET_VARIANT:
             target = value.decode()
         elif key == _COMPONENT:
             component = value.decode(errors="replace")
-    return forward, target, component, content_length
+    return forward, target, component, content_length, attributes
 
 
 def _head(exchange: Exchange, call: Call) -> dict[str, Any]:
@@ -153,7 +154,7 @@ def _head(exchange: Exchange, call: Call) -> dict[str, Any]:
         ),
         (b"x-amzn-invoked-production-variant", exchange.variant.name.encode()),
     ]
-    attributes = response.header(_CUSTOM_ATTRIBUTES)
+    attributes = response.header(CUSTOM_ATTRIBUTES)
     if attributes is not None:
         headers.append((b"x-amzn-sagemaker-custom-attributes", attributes))
     headers += session_headers(call, response.header(sessions.CLOSED_HEADER))
