@@ -23,6 +23,15 @@ def wait_gone(pids: list[int], timeout_s: float = 15) -> list[int]:
     return [pid for pid in pids if alive(pid)]
 
 
+def wait_count(gateway_pid: int, count: int, timeout_s: float = 30) -> int:
+    deadline = time.monotonic() + timeout_s
+    while (found := len(instance_pids(gateway_pid))) != count:
+        if time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+    return found
+
+
 def test_instances_do_not_outlive_a_sigkilled_gateway(
     gateway_factory: Callable[..., GatewayProcess], tmp_path: Path
 ) -> None:
@@ -53,7 +62,9 @@ def test_instances_do_not_outlive_a_sigkilled_gateway(
             again.sm.get_waiter("endpoint_in_service").wait(EndpointName=name)
         # What a cmd: server forked is stopped by the next gateway, found by its PID.
         assert wait_gone(children) == []
-        assert len(instance_pids(again.process.pid)) == 3
+        # An endpoint reads InService from the store while the new gateway's
+        # reconciler still starts its instances: wait for all three.
+        assert wait_count(again.process.pid, 3) == 3
     finally:
         for pid in first + children:
             if alive(pid):
