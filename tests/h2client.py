@@ -116,6 +116,8 @@ class H2Client:
         self.unacknowledged: list[tuple[int, int]] = []
         self._task: asyncio.Task[None] | None = None
         self.authority = ""
+        self.goaway = asyncio.Event()
+        """Set once the server sent GOAWAY (the streams open go on)."""
 
     @classmethod
     async def connect(
@@ -234,6 +236,8 @@ class H2Client:
                 stream.events.put_nowait(None)
         elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
             self.window_open.set()
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self.goaway.set()
 
     async def close(self) -> None:
         if self._task is not None:

@@ -495,6 +495,20 @@ class LimitedHttpToolsProtocol(LazyKeepAlive):
         if self._held is not None:
             self._release()
         super().shutdown()
+        transport = self.transport
+        if (
+            transport.is_closing()
+            and not self._lost
+            and transport.get_extra_info("ssl_object") is not None
+            and not transport.get_write_buffer_size()
+        ):
+            # uvicorn closed it, nothing owed on it. Over TLS the close sends
+            # close_notify and then waits for the client's own, which a pooled client
+            # that is not reading (botocore's) never sends: uvicorn's graceful shutdown
+            # would wait the whole drain for a connection with nothing on it. Our
+            # close_notify has gone to the socket (nothing left at the TLS layer); the
+            # client's is not needed (RFC 8446 6.1), so the connection ends now.
+            transport.abort()
 
     def _hold_timed_out(self) -> None:
         self._hold_timer = None
