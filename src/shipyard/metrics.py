@@ -7,9 +7,10 @@ import contextlib
 import functools
 import operator
 from collections import Counter as Tally
-from itertools import repeat
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import repeat
+from typing import cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -604,7 +605,9 @@ class LatencyLog:
         if not model:
             return
         _fold(self.model, self.model_us, model)
-        _fold(self.overhead, self.overhead_us, list(filter(_NOT_NONE, overhead)))
+        _fold(
+            self.overhead, self.overhead_us, cast("list[float]", list(filter(_NOT_NONE, overhead)))
+        )
 
 
 _FOLD_EVERY = 256
