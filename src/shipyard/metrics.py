@@ -10,7 +10,7 @@ from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import cast
+from typing import TypeGuard
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -202,6 +202,14 @@ class Metrics:
             "and reason: queue_full (the queue was at its limit) or deadline (still waiting "
             "at its deadline).",
             (*labels, "reason"),
+            registry=self.registry,
+        )
+        self.cancelled_requests = Counter(
+            "shipyard_cancelled_requests",
+            "CancelledRequests: requests whose client disconnected before they were "
+            "answered, per priority level and stage: queued (they left the gateway's "
+            "queue, never sent) or running (the connection to their instance was closed).",
+            (*labels, "stage"),
             registry=self.registry,
         )
 
@@ -417,6 +425,11 @@ class _AdmissionSeries:
             self._endpoint, self._variant, str(level), reason
         ).inc()
 
+    def cancelled(self, level: int, stage: str) -> None:
+        self._metrics.cancelled_requests.labels(
+            self._endpoint, self._variant, str(level), stage
+        ).inc()
+
     def late(self, level: int) -> None:
         child = self._late.get(level)
         if child is None:
@@ -444,6 +457,10 @@ class VariantMetrics:
     def refused(self, level: int, reason: str) -> None:
         """The priority queue refused a request: ``queue_full`` or ``deadline``."""
         self.admission.refused(level, reason)
+
+    def cancelled(self, level: int, stage: str) -> None:
+        """A request's client left before its answer: ``queued`` or ``running``."""
+        self.admission.cancelled(level, stage)
 
     def late(self, level: int) -> None:
         """A request's deadline passed while it waited, and it waits on (DELAY)."""
@@ -605,9 +622,7 @@ class LatencyLog:
         if not model:
             return
         _fold(self.model, self.model_us, model)
-        _fold(
-            self.overhead, self.overhead_us, cast("list[float]", list(filter(_NOT_NONE, overhead)))
-        )
+        _fold(self.overhead, self.overhead_us, list(filter(_NOT_NONE, overhead)))
 
 
 _FOLD_EVERY = 256
@@ -616,7 +631,11 @@ the loop about a microsecond per value, so a few hundred keep it well under a
 millisecond, and a bigger batch saves nothing per value."""
 
 
-_NOT_NONE = functools.partial(operator.is_not, None)
+# A C call per value, as ``_fold`` wants; typed as the guard it is, which a partial
+# cannot say.
+_NOT_NONE: Callable[[float | None], TypeGuard[float]] = functools.partial(  # type: ignore[assignment]
+    operator.is_not, None
+)
 _BUCKET_OF = functools.partial(bisect.bisect_left, _BUCKETS)
 _MICROSECONDS = repeat(1e6)
 
@@ -685,6 +704,7 @@ CLOUDWATCH_NAMES = {
     "shipyard_model_unloading_seconds": "ModelUnloadingTime",
     "shipyard_queue_time_seconds": "QueueTime",
     "shipyard_admission_rejections": "AdmissionRejections",
+    "shipyard_cancelled_requests": "CancelledRequests",
 }
 """Prometheus series -> the CloudWatch metric (namespace ``AWS/SageMaker``) the recorder
 writes from the same counts (cloudwatch/recorder.py): latencies there in microseconds,

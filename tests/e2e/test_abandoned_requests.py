@@ -1,5 +1,8 @@
 """A request still waiting at the gateway for an instance when its client disconnects
-leaves the queue: it is never sent to the model, and the requests behind it move up."""
+leaves the queue: it is never sent to the model, it is counted as cancelled, and the
+requests behind it move up. One already pipelined to the instance behind a running one
+is left to run (the instance reads it whatever happens to the connection), uncounted:
+each leaver is either cancelled or seen by the model, never both."""
 
 from __future__ import annotations
 
@@ -13,6 +16,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tests.conftest import MODELS, GatewayProcess, deploy, in_flight, wait_until
+from tests.e2e.test_admission import metric
+
+
+def cancelled(gw: GatewayProcess, endpoint: str) -> float:
+    """Requests of ``endpoint`` cancelled by their clients, queued or running."""
+    return metric(gw, "shipyard_cancelled_requests_total", endpoint=endpoint)
 
 
 def post_and_leave(gw: GatewayProcess, body: bytes, after_s: float) -> None:
@@ -77,8 +86,9 @@ def test_a_client_that_leaves_while_queued_is_never_served(
     lines = started.read_text().split()
     assert lines.count("busy") == 1 and lines.count("stayed") == 1
     # At most the one request already pipelined to the instance was sent; the two (or
-    # three) queued at the gateway left with their clients.
+    # three) queued at the gateway left with their clients, each counted.
     assert lines.count("gone") <= 1, lines
+    wait_until(lambda: cancelled(gw, "queued") + lines.count("gone") == 3, "all counted")
     assert len(answers) == 2
 
 
@@ -116,6 +126,7 @@ def test_many_clients_that_leave_while_queued_leave_nothing_behind(
     lines = started.read_text().split()
     assert lines.count("busy") == 1 and lines.count("stayed") == 1
     assert lines.count("gone") <= 1, lines
+    wait_until(lambda: cancelled(gw, "queued") + lines.count("gone") == 40, "all counted")
     assert len(answers) == 1
 
 
@@ -182,5 +193,6 @@ def test_an_oip_client_that_leaves_while_queued_is_never_served(
     assert lines.count("busy") == 1 and lines.count("stayed") == 1
     # At most the one pipelined to the instance already was sent; the others left.
     assert lines.count("gone") <= 1, lines
+    wait_until(lambda: cancelled(gw, "tensors") + lines.count("gone") == 3, "all counted")
     assert len(answers) == 1
     wait_until(lambda: in_flight(gw, "tensors") == 0, "nothing left in flight")

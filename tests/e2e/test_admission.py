@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,31 @@ def test_a_full_queue_refuses_at_once_and_the_model_never_sees_it(
         q.gw, "shipyard_admission_rejections_total", endpoint="bounded", reason="queue_full"
     )
     assert refused == 1
+
+
+def test_a_client_that_leaves_while_queued_is_counted_as_cancelled(queued: Any) -> None:
+    q = queued("leaving", SHIPYARD_MAX_QUEUE_SIZE="4")
+    q.busy(3.0)
+    body = json.dumps({"tag": "gone"}).encode()
+    address = urlsplit(q.gw.url)
+    with socket.create_connection((address.hostname, address.port), timeout=10) as s:
+        s.sendall(
+            b"POST /endpoints/leaving/invocations HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        wait_until(lambda: q.waiting() == 1, "the request queued")
+    stage = {"endpoint": "leaving", "variant": "v1"}
+    wait_until(
+        lambda: metric(q.gw, "shipyard_cancelled_requests_total", stage="queued", **stage) == 1,
+        "the request counted as cancelled while queued",
+    )
+    assert q.waiting() == 0
+    q.join()
+    q.invoke("sentinel")  # started last: had the request that left stayed, it came before
+    assert q.started() == ["busy", "sentinel"]
+    assert metric(q.gw, "shipyard_cancelled_requests_total", stage="running") == 0
 
 
 def test_a_deadline_is_answered_while_another_request_runs(queued: Any) -> None:

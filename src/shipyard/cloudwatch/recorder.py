@@ -16,6 +16,7 @@ lost between a read and a reset):
 - per serverless variant: ``ModelSetupTime`` (microseconds) of its cold starts;
 - per variant with a priority queue (routing/priorities.py): ``QueueTime``
   (microseconds each started request waited) and ``AdmissionRejections``;
+- per variant, ``CancelledRequests``: requests whose client left before their answer;
 - per multi-model variant: ``ModelCacheHit`` (1 per hit, 0 per miss), ``LoadedModelCount``
   (each instance's, each tick), ``ModelLoadingWaitTime``, ``ModelDownloadingTime``,
   ``ModelLoadingTime`` and ``ModelUnloadingTime`` (microseconds);
@@ -113,7 +114,8 @@ class Readings:
 
     def _admission(self, dims: dict[tuple[str, str], tuple[Dimensions, int]]) -> Iterator[Reading]:
         """A priority queue's QueueTime (microseconds, each started request's wait, all
-        levels together) and AdmissionRejections (the requests it refused)."""
+        levels together) and AdmissionRejections (the requests it refused); and any
+        variant's CancelledRequests (those whose client left, queued or running)."""
         yield from self._means("QueueTime", self.metrics.queue_time, dims)
         refused = _per_variant(self.metrics.admission_rejections, "_total")
         for key, total in refused.items():
@@ -121,6 +123,12 @@ class Readings:
             found = dims.get(key)
             if n > 0 and found is not None:
                 yield SAGEMAKER, "AdmissionRejections", found[0], StatSet.of(n, n, 1.0, 1.0)
+        cancelled = _per_variant(self.metrics.cancelled_requests, "_total")
+        for key, total in cancelled.items():
+            n = self._delta(("cancelled", *key), total)
+            found = dims.get(key)
+            if n > 0 and found is not None:
+                yield SAGEMAKER, "CancelledRequests", found[0], StatSet.of(n, n, 1.0, 1.0)
 
     def _multi_model(
         self, dims: dict[tuple[str, str], tuple[Dimensions, int]]

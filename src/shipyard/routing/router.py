@@ -520,8 +520,12 @@ class _Flight:
     - ``_place``: counted in flight on the instance and sent by the dispatch, or held
       (``hold``); ``answered``: the instance given back, taught by the answer, and the
       outcome told; a request that never reached its instance looks again without it;
-    - ``expire`` (its deadline), ``gone`` (its client, while it waits), ``fail`` (a
-      cold start), ``close`` (its driver): it leaves wherever it is, and is told once.
+    - ``expire`` (its deadline), ``gone`` (its client, while it waits or runs), ``fail``
+      (a cold start), ``close`` (its driver): it leaves wherever it is, and is told once.
+
+    Its client is watched from the moment it first waits or is sent (one watch per
+    request, whichever comes first) until it ends; a request held for its driver
+    (``stream``) is not: the driver reads the answer, and sees the client leave itself.
     """
 
     __slots__ = (
@@ -630,10 +634,7 @@ class _Flight:
             self.start_timer = asyncio.get_running_loop().call_at(
                 self.start_by, self._start_by_passed
             )
-        watch_gone = self.call.watch_gone
-        if watch_gone is not None and self.unwatch is _nothing:
-            # Only a request that waits watches its client, by a callback (no task).
-            self.unwatch = watch_gone(self.gone)
+        self._watch()
 
     def _place(self, instance: Instance) -> None:
         """``instance`` takes it: counted in flight, then sent, or held for its driver."""
@@ -642,10 +643,8 @@ class _Flight:
         call.instance = self.instance = instance
         if self.queued_at or self.variant.rules.configured:
             self._started_waiting()
-        if self.unwatch is not _nothing:
-            unwatch, self.unwatch = self.unwatch, _nothing
-            unwatch()
         if self.hold is not None:
+            self._unwatch()  # its driver sees its client leave
             self.state = _HELD
             self.hold()
             return
@@ -661,6 +660,21 @@ class _Flight:
             call.instance = self.instance = None
             self.state = _NEW
             raise
+        if self.state == _FLYING:  # not answered already, from within ``send``
+            self._watch()
+
+    def _watch(self) -> None:
+        """Watch its client, once: by a callback of its connection's (no task), kept
+        until it ends, so that a request nobody waits for leaves its queue or its
+        instance (``gone``)."""
+        watch_gone = self.call.watch_gone
+        if watch_gone is not None and self.unwatch is _nothing:
+            self.unwatch = watch_gone(self.gone)
+
+    def _unwatch(self) -> None:
+        if self.unwatch is not _nothing:
+            unwatch, self.unwatch = self.unwatch, _nothing
+            unwatch()
 
     def _started_waiting(self) -> None:
         """Its queue time, now that an instance took it (a variant with priorities
@@ -721,6 +735,8 @@ class _Flight:
                 router._deadlines.drop(self)
                 if self.timer is not None:
                     self.timer.cancel()
+                if self.unwatch is not _nothing:
+                    self._unwatch()
                 self.admission.leave()
                 self._tell(response, model_s, None)
                 return
@@ -791,9 +807,26 @@ class _Flight:
             self._finish(None, 0.0, self.router.late(self.variant, reached=True))
 
     def gone(self) -> None:
-        """Its client disconnected while it waited."""
-        if self.state == _WAITING:
-            self._finish(None, 0.0, ClientGone())
+        """Its client disconnected: nobody waits for its answer. Waiting, it leaves its
+        queue; sent, its exchange is abandoned (the connection to its instance closed,
+        which tells the instance: runtime/server.py) and its instance given back. Told
+        ClientGone either way, and counted as cancelled at that stage."""
+        state = self.state
+        if state == _WAITING:
+            stage = "queued"
+        elif state == _FLYING and self.ahead < (self.instance.concurrency or 1):  # type: ignore[union-attr]
+            # Running: sent with fewer ahead of it than the instance works on at once.
+            # One sent behind others is left to its end, as before (its answer goes
+            # to nobody): the instance reads it whatever happens to the connection, and
+            # a slot given back early would send it the next request, whose client may
+            # be leaving too, one after another.
+            stage = "running"
+            abandon, self.abandon = self.abandon, _nothing
+            abandon()
+        else:
+            return
+        self.variant.metrics.cancelled(self.call.level, stage)
+        self._finish(None, 0.0, ClientGone())
 
     def fail(self, error: Callable[[], Exception], began_by: float | None) -> None:
         """Taken off its queue by Router.fail_waiting: it fails with ``error()``, unless
@@ -829,13 +862,12 @@ class _Flight:
         elif state in (_FLYING, _HELD) and self.instance is not None:
             router._give_back(self.route, self.variant, self.instance)
         self._unwatched()
-        if self.unwatch is not _nothing:
-            unwatch, self.unwatch = self.unwatch, _nothing
-            unwatch()
         self.admission.leave()
         self._tell(response, model_s, error)
 
     def _unwatched(self) -> None:
+        """Nothing left to call it back: its timers, its deadline's watch, its client's."""
+        self._unwatch()
         if self.start_timer is not None:
             self.start_timer.cancel()
             self.start_timer = None

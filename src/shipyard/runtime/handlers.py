@@ -20,8 +20,8 @@ type, and the default ``output_fn`` encodes the dict (or one array) the chain re
 a ``(body, content_type)`` tuple; an iterator or generator in place of the body (or from
 ``predict_fn``) is a streamed answer, one chunk per item (:mod:`streaming`). Any handler
 may take an extra keyword parameter ``context``: a :class:`Context` carrying the request's
-custom attributes, its stateful session (and the adapter it names) and taking the
-response's. Which handlers
+custom attributes, its stateful session (and the adapter it names), whether its client
+has gone (``cancelled``), and taking the response's. Which handlers
 want it is decided once, at load time, so a request pays for one flag test per handler.
 
 Adapters (adapter inference components, :mod:`adapters`): a ``model_fn`` that takes a
@@ -50,6 +50,7 @@ import importlib.util
 import inspect
 import re
 import sys
+import threading
 from collections.abc import Callable, Sequence, Sized
 from datetime import UTC, datetime
 from pathlib import Path
@@ -72,6 +73,17 @@ _MAX_SESSION_ID = 256
 _PENDING: Any = ("pending", "")  # an answer slot not yet filled, told apart by identity
 
 
+_NEVER_LOST = threading.Event()
+"""The ``cancelled`` of a context whose connection nobody watches: never set."""
+
+
+def watch_loss(context: Context) -> threading.Event:
+    """The event that makes ``context.cancelled`` True, for the runtime to set (from its
+    event loop) once the request's connection is lost."""
+    lost = context._lost = threading.Event()
+    return lost
+
+
 class Context:
     """What a handler may learn about the request and add to the response.
 
@@ -86,6 +98,13 @@ class Context:
     session with ``open_session(id, expires)``; one that opens none gets the gateway's
     (its id is then ``session_id`` on the session's later requests). ``close_session()``
     ends the request's session.
+
+    Cancellation: ``cancelled`` becomes True once the gateway's connection for this
+    request is lost (its client went away, and the gateway closed its exchange), so that
+    a handler working long (a loop of steps, a generator between items) can stop making
+    an answer nobody will read. Only a handler on a handler thread
+    (``SAGEMAKER_MODEL_SERVER_WORKERS`` above 1) is told while it runs: one run inline
+    holds the event loop that would see the connection go, and reads False throughout.
     """
 
     __slots__ = (
@@ -95,6 +114,7 @@ class Context:
         "session_id",
         "new_session",
         "closed_session",
+        "_lost",
     )
 
     def __init__(
@@ -111,6 +131,16 @@ class Context:
         """The New-Session-Id header's value ``open_session`` set, if any."""
         self.closed_session: str | None = None
         """The session ``close_session`` closed, if any."""
+        self._lost = _NEVER_LOST
+        """Set once the request's connection is lost, when the runtime watches it
+        (``watch_loss``); the shared, never-set event when it does not."""
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the gateway's connection for this request was lost while the handlers
+        ran (its client left): nobody will read the answer. A thread-safe read, cheap
+        enough to check every few milliseconds; always False for a handler run inline."""
+        return self._lost.is_set()
 
     def open_session(self, session_id: str, expires: datetime | float | None = None) -> None:
         """Answer this NEW_SESSION request by opening session ``session_id`` (letters,

@@ -52,7 +52,7 @@ from shipyard.runtime import streaming
 from shipyard.runtime.adapters import NOT_FOUND, AdapterError, Adapters
 from shipyard.runtime.batching import BatchConfig, Batcher
 from shipyard.runtime.bidi import BidiStreams
-from shipyard.runtime.handlers import Context, Handlers, Request
+from shipyard.runtime.handlers import Context, Handlers, Request, watch_loss
 from shipyard.runtime.workers import Inline, PingStandby, Runner, batch_runner
 
 log = logging.getLogger(__name__)
@@ -108,6 +108,9 @@ class RuntimeApp:
         self._inline = threads.call if isinstance(threads, Inline) and adapters is None else None
         """How ``answer`` calls the handlers in place (one worker, no adapters); None
         where it may not."""
+        self._threaded = not isinstance(threads, Inline)
+        """Whether handlers run on threads, where they can be told that their request's
+        connection was lost while they run (``context.cancelled``)."""
 
     def __repr__(self) -> str:
         return f"RuntimeApp({self.handlers!r}, {self.threads!r})"
@@ -213,7 +216,30 @@ class RuntimeApp:
         send: Send,
     ) -> None:
         """The handlers run as ``threads`` runs them, on a task; their answer sent,
-        streamed when asked for and given as an iterator."""
+        streamed when asked for and given as an iterator. Handlers on threads that take a
+        context have the connection watched meanwhile (``context.cancelled``)."""
+        watch = None
+        if context is not None and handlers.uses_context and self._threaded:
+            watch = _watch_loss(context, receive)
+        try:
+            await self._run_and_send(
+                handlers, body, content_type, accept, context, streamed, receive, send
+            )
+        finally:
+            if watch is not None:
+                watch.cancel()
+
+    async def _run_and_send(
+        self,
+        handlers: Handlers,
+        body: bytes,
+        content_type: str,
+        accept: str,
+        context: Context | None,
+        streamed: bool,
+        receive: Receive,
+        send: Send,
+    ) -> None:
         try:
             payload, media_type = await self.threads.run(
                 handlers.answer, body, content_type, accept, context
@@ -413,6 +439,21 @@ def context_of(
             session = value.decode("latin-1")
             break
     return Context(attributes, adapter, session)
+
+
+def _watch_loss(context: Context, receive: Receive) -> asyncio.Future[Message]:
+    """Set ``context.cancelled`` once the request's connection is lost: ``receive``, past
+    the body, answers only then (or once the answer is complete, by when the watch is
+    cancelled). Cancelling what it returns ends the watch."""
+    lost = watch_loss(context)
+    watch = asyncio.ensure_future(receive())
+
+    def seen(watch: asyncio.Future[Message]) -> None:
+        if not watch.cancelled() and watch.exception() is None:
+            lost.set()
+
+    watch.add_done_callback(seen)
+    return watch
 
 
 async def _status_of(finish: Finish) -> int:
