@@ -49,12 +49,14 @@ class Holding:
 
 
 async def one_instance() -> tuple[Holding, asyncio.Server, Metrics, Router, EndpointRoute]:
-    """A holding server behind a table of one instance that takes one request at a time
-    (a second waits at the gateway), its pool warm and its record empty."""
+    """A holding server behind a table of one instance that the router sends one request
+    at a time (a second waits at the gateway), its pool warm and its record empty. The
+    instance says it works on two at once (handler threads): a handler that can be told
+    its client left, so a running request is watched."""
     handler = Holding()
     server, port = await serve(handler)
     metrics = Metrics()
-    instance = Instance(f"i-{port}", "v1", f"http://127.0.0.1:{port}", concurrency=1)
+    instance = Instance(f"i-{port}", "v1", f"http://127.0.0.1:{port}", concurrency=2)
     variant = VariantRoute(
         "v1",
         weight=1.0,

@@ -525,7 +525,9 @@ class _Flight:
 
     Its client is watched from the moment it first waits or is sent (one watch per
     request, whichever comes first) until it ends; a request held for its driver
-    (``stream``) is not: the driver reads the answer, and sees the client leave itself.
+    (``stream``) is not: the driver reads the answer, and sees the client leave itself;
+    nor one sent to an instance that works on one request at a time, whose handler
+    cannot be told (it holds the instance's loop).
     """
 
     __slots__ = (
@@ -643,8 +645,13 @@ class _Flight:
         call.instance = self.instance = instance
         if self.queued_at or self.variant.rules.configured:
             self._started_waiting()
+        if self.unwatch is not _nothing and (self.hold is not None or instance.concurrency == 1):
+            # Held, its driver sees its client leave. On an instance that works on one
+            # request at a time (a built-in runtime's one worker, its handler called on
+            # the loop) the handler cannot be told, and a slot given back early would
+            # only send the next request behind it: it runs to its end, as it was.
+            self._unwatch()
         if self.hold is not None:
-            self._unwatch()  # its driver sees its client leave
             self.state = _HELD
             self.hold()
             return
@@ -660,7 +667,9 @@ class _Flight:
             call.instance = self.instance = None
             self.state = _NEW
             raise
-        if self.state == _FLYING:  # not answered already, from within ``send``
+        # Watched while it runs where that can cancel it (not answered already, from
+        # within ``send``).
+        if self.state == _FLYING and instance.concurrency != 1 and self.unwatch is _nothing:
             self._watch()
 
     def _watch(self) -> None:
