@@ -4,19 +4,21 @@
 # when the working tree serves less than BENCH_GUARD_MIN (0.9) of the reference's
 # requests/s for the sklearn or echo model at any concurrency. One 10 s run on this
 # 2-core machine moves by 20% and more, so the ratio judged is the median of
-# BENCH_GUARD_ROUNDS rounds (3); the server's CPU per request, steadier, is shown beside
-# it. Not part of CI (it needs a quiet machine and some 12 minutes); run it before
+# BENCH_GUARD_ROUNDS rounds (4); the server's CPU per request, steadier, is shown beside
+# it. The rounds alternate which tree goes first, and an even number of them lets each
+# order count alike: the side that ran later in a round read 8 % lower on echo, whichever
+# tree it was, over three runs of three rounds (bench/results/bench_guard.md). Not part of CI (it needs a quiet machine and some 12 minutes); run it before
 # resolving an issue that touches the data path.
 #   BENCH_GUARD_REF     the reference commit (default: the one in bench/peer/reference)
 #   BENCH_GUARD_MIN     the least median ratio that passes (default 0.9)
-#   BENCH_GUARD_ROUNDS  rounds (default 3)
+#   BENCH_GUARD_ROUNDS  rounds (default 4; keep it even)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 source "$HERE/harness_dir.sh"  # BENCH_DIR, the peer-benchmark harness, or exit 2
 ROOT="$(cd "$HERE/../.." && pwd)"
 REF=${BENCH_GUARD_REF:-$(tr -d '[:space:]' < "$HERE/reference")}
 MIN=${BENCH_GUARD_MIN:-0.9}
-ROUNDS=${BENCH_GUARD_ROUNDS:-3}
+ROUNDS=${BENCH_GUARD_ROUNDS:-4}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 mkdir -p "$WORK/src"
