@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import ssl
 import subprocess
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,10 +16,10 @@ from typing import Any
 import boto3
 import pytest
 
-from tests.conftest import GatewayProcess, deploy, free_port, make_tarball, start_gateway
-from tests.e2e.test_auth import OPS, OPS_SECRET, SECRETS, write_stack
+from tests.conftest import GatewayProcess, deploy, free_port, make_tarball
+from tests.e2e.test_auth import OPS, OPS_SECRET, write_stack
 from tests.e2e.test_bidi_aws_client import DRIVER, PYTHON
-from tests.e2e.test_tls import self_signed
+from tests.e2e.test_tls import self_signed, start_https_gateway
 from tests.h2client import EventSigner, H2Client, request_event, signed_head
 
 NARROW, NARROW_SECRET = "AKIATESTNARROW000001", "narrow-secret-value"
@@ -49,24 +47,10 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayProces
     ]
     stack = write_stack(home / "stack.yaml", more_keys=more, file_roots=[str(models)])
     port = free_port()
-    context = ssl.create_default_context(cafile=str(cert))
-
-    def answers(gw: GatewayProcess) -> bool:
-        with urllib.request.urlopen(gw.url + "/healthz", timeout=5, context=context) as r:
-            return bool(r.status == 200)
-
-    env = {
-        **SECRETS,
-        "SHIPYARD_KEY_NARROW": NARROW_SECRET,
-        "SHIPYARD_KEY_ELSEWHERE": ELSEWHERE_SECRET,
-    }
+    env = {"SHIPYARD_KEY_NARROW": NARROW_SECRET, "SHIPYARD_KEY_ELSEWHERE": ELSEWHERE_SECRET}
     args = ["--config", str(stack), "--tls-cert", str(cert), "--tls-key", str(key)]
-    gateway = start_gateway(
-        home / "home",
-        extra_env=env,
-        args=[*args, "--http2-port", str(port)],
-        scheme="https",
-        answers=answers,
+    gateway = start_https_gateway(
+        home / "home", cert, [*args, "--http2-port", str(port)], extra_env=env
     )
     try:
         sm = boto3.client(

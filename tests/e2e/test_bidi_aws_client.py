@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import ssl
 import subprocess
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,8 +18,8 @@ from typing import Any
 import boto3
 import pytest
 
-from tests.conftest import MODELS, GatewayProcess, deploy, free_port, start_gateway
-from tests.e2e.test_tls import self_signed
+from tests.conftest import MODELS, GatewayProcess, deploy, free_port
+from tests.e2e.test_tls import self_signed, start_https_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = Path(os.environ.get("SHIPYARD_HTTP2_CLIENT_PYTHON", ROOT / ".venv-http2/bin/python"))
@@ -38,14 +36,8 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayProces
     home = tmp_path_factory.mktemp("bidi-aws")
     cert, key = self_signed(home / "tls")
     port = free_port()
-    context = ssl.create_default_context(cafile=str(cert))
-
-    def answers(gw: GatewayProcess) -> bool:
-        with urllib.request.urlopen(gw.url + "/healthz", timeout=5, context=context) as r:
-            return bool(r.status == 200)
-
     args = ["--http2-port", str(port), "--tls-cert", str(cert), "--tls-key", str(key)]
-    gateway = start_gateway(home / "home", args=args, scheme="https", answers=answers)
+    gateway = start_https_gateway(home / "home", cert, args)
     gateway.env["HTTP2_URL"] = f"https://127.0.0.1:{port}"
     try:
         sm = boto3.client(

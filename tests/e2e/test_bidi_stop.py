@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import ssl
 import subprocess
-import urllib.request
 from pathlib import Path
 
 import boto3
 import hyperframe.frame
 
-from tests.conftest import MODELS, GatewayProcess, deploy, free_port, start_gateway
-from tests.e2e.test_tls import self_signed
+from tests.conftest import MODELS, deploy, free_port
+from tests.e2e.test_tls import self_signed, start_https_gateway
 from tests.h2client import H2Client
 
 STOP_WITHIN_S = 5.0
@@ -30,14 +28,8 @@ def test_a_stopped_gateway_drains_an_open_stream_and_waits_for_no_idle_connectio
 ) -> None:
     cert, key = self_signed(tmp_path / "tls")
     port = free_port()
-    context = ssl.create_default_context(cafile=str(cert))
-
-    def answers(gw: GatewayProcess) -> bool:
-        with urllib.request.urlopen(gw.url + "/healthz", timeout=5, context=context) as r:
-            return bool(r.status == 200)
-
     args = ["--http2-port", str(port), "--tls-cert", str(cert), "--tls-key", str(key)]
-    gateway = start_gateway(tmp_path / "home", args=args, scheme="https", answers=answers)
+    gateway = start_https_gateway(tmp_path / "home", cert, args)
     try:
         # Kept, as a test module's fixture keeps it: its pooled connection stays open.
         sm = boto3.client(

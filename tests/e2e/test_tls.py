@@ -68,7 +68,9 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
-def start_https_gateway(home: Path, cert: Path, args: list[str]) -> GatewayProcess:
+def start_https_gateway(
+    home: Path, cert: Path, args: list[str], extra_env: dict[str, str] | None = None
+) -> GatewayProcess:
     """``start_gateway`` for a gateway that speaks only HTTPS: ready once its /healthz
     answers over TLS with ``cert`` trusted."""
     context = ssl.create_default_context(cafile=str(cert))
@@ -77,7 +79,8 @@ def start_https_gateway(home: Path, cert: Path, args: list[str]) -> GatewayProce
         with urllib.request.urlopen(gw.url + "/healthz", timeout=5, context=context) as r:
             return bool(r.status == 200)
 
-    return start_gateway(home, extra_env=SECRETS, args=args, scheme="https", answers=answers)
+    env = {**SECRETS, **(extra_env or {})}
+    return start_gateway(home, extra_env=env, args=args, scheme="https", answers=answers)
 
 
 @pytest.fixture(scope="module")

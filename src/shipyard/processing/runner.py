@@ -38,8 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import psutil
-
+from shipyard.backends.process_groups import group_lives
 from shipyard.backends.sandbox import Sandbox, with_opt_ml
 from shipyard.errors import ArtifactError, ClientError, SandboxUnavailable
 from shipyard.job_contract import (
@@ -256,7 +255,7 @@ class ProcessingRunner:
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             process.poll()  # reaped, or bwrap's zombie would count as the group's
-            if not _group_lives(process.pid):
+            if not group_lives(process.pid):
                 return
             time.sleep(POLL_PERIOD_S)
         self._log.note(f"The job still ran after {grace_s:g} s; sending SIGKILL")
@@ -309,22 +308,6 @@ def _failure_reason(run: _Run) -> str:
 def _signal_group(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-
-
-def _group_lives(pgid: int) -> bool:
-    """Whether a process of the group ``pgid`` still runs; zombies do not count (an
-    orphan waits on a parent that may never reap it)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    for process in psutil.process_iter(["status"]):
-        with contextlib.suppress(psutil.Error, OSError):
-            if process.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(process.pid) == pgid:
-                return True
-    return False
 
 
 def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -669,7 +669,7 @@ class _Flight:
             raise
         # Watched while it runs where that can cancel it (not answered already, from
         # within ``send``).
-        if self.state == _FLYING and instance.concurrency != 1 and self.unwatch is _nothing:
+        if self.state == _FLYING and instance.concurrency != 1:
             self._watch()
 
     def _watch(self) -> None:
