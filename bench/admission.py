@@ -1,18 +1,25 @@
 """Admission: priorities, deadlines and queue limits, measured from outside in one run.
 
-    .venv/bin/python bench/admission.py   # SECONDS=20 CLIENTS=8
+    .venv/bin/python bench/admission.py   # SECONDS=20 CLIENTS=8 THREADS="1 2 4"
 
-One gateway, one endpoint of a model that sleeps ``SLEEP_MS`` (10) per request on one
-handler thread, with three priority levels. Three scenarios, each against the model
-itself (the figures are wall time on this machine, read as ratios):
+One gateway, endpoints of a model that sleeps what each request asks, with three priority
+levels. Three scenarios, each against the model itself (the figures are wall
+time on this machine, read as ratios):
 
-- **priority under saturation**: ``CLIENTS`` closed-loop clients keep the endpoint busy
-  at level 3 while a client sends 10 % as many requests at level 1; the high class's p50
-  and p99 against the same high-priority client alone on the idle endpoint. Goal: p99
-  within 1.5x of idle, while the low class absorbs the wait. Run on the one handler
-  thread and again on ``WORKERS`` (2): a request is never interrupted, so a high one
-  that comes while the model works waits for what runs, up to a whole ``SLEEP_MS`` on
-  one thread and about half of it on two.
+- **priority under saturation**: ``CLIENTS`` closed-loop clients (at least two per
+  handler thread, in a process of their own) keep the endpoint busy at level 3 while a
+  client sends 10 % as many requests at level 1; the high class's p50 and p99 against
+  the same high-priority client alone on the idle endpoint. Goal: p99 within 1.5x of
+  idle, while the low class absorbs the wait. Run once per handler thread count in
+  ``THREADS`` (1 2 4; ``SAGEMAKER_MODEL_SERVER_WORKERS``): a request is never
+  interrupted, so a high one that comes while every thread works waits for the first of
+  them to finish: up to a whole request's work on one thread (so the p99 of a saturated
+  single thread is near twice the idle one whatever the queue does), less the more
+  threads the instance has. Each request of either class asks for between half and
+  one and a half ``SLEEP_MS`` (10) ms, drawn at random, as a model's work varies with
+  its input: with one fixed time every thread's requests would start together and
+  end together, in lockstep from the moment the clients start, and a high request
+  would wait for all of them as if there were one.
 - **a deadline behind a backlog**: a 500 ms request holds the instance, then a request
   with ``shipyard-deadline-ms=100``; the time to its 503. Goal: 100 +/- 25 ms.
 - **a burst against a bound**: ``SHIPYARD_MAX_QUEUE_SIZE=8`` and a 1 s request holding the
@@ -22,14 +29,19 @@ itself (the figures are wall time on this machine, read as ratios):
 
 from __future__ import annotations
 
+import asyncio
+import http.client
 import json
+import multiprocessing
 import os
+import random
 import statistics
 import tempfile
 import threading
 import time
-import urllib.error
+import urllib.parse
 import urllib.request
+from multiprocessing.queues import Queue
 from pathlib import Path
 
 from harness import Control, entry, start_gateway, table, time_budget
@@ -38,7 +50,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "admission.md"
 SECONDS = float(os.environ.get("SECONDS", "20"))
 CLIENTS = int(os.environ.get("CLIENTS", "8"))
 SLEEP_MS = float(os.environ.get("SLEEP_MS", "10"))
-WORKERS = int(os.environ.get("WORKERS", "2"))
+THREADS = [int(n) for n in os.environ.get("THREADS", "1 2 4").split()]
 
 MODEL = """
 import json, time
@@ -53,25 +65,42 @@ def transform_fn(model, body, content_type, accept):
 """
 
 
+_connections = threading.local()
+
+
 def invoke(url: str, name: str, sleep_ms: float, attributes: str | None) -> tuple[int, float]:
-    """One InvokeEndpoint over a fresh connection: its status and seconds."""
-    request = urllib.request.Request(
-        f"{url}/endpoints/{name}/invocations",
-        data=json.dumps({"sleep_ms": sleep_ms}).encode(),
-        method="POST",
-    )
-    request.add_header("Content-Type", "application/json")
+    """One InvokeEndpoint on this thread's kept-alive connection (as boto3 keeps one): its
+    status and seconds. Fresh connections would spend the small machine's cores on
+    handshakes, which the high class's tail would read as waiting."""
+    address = urllib.parse.urlsplit(url)
+    headers = {"Content-Type": "application/json"}
     if attributes:
-        request.add_header("X-Amzn-SageMaker-Custom-Attributes", attributes)
-    began = time.perf_counter()
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
+        headers["X-Amzn-SageMaker-Custom-Attributes"] = attributes
+    body = json.dumps({"sleep_ms": sleep_ms}).encode()
+    for attempt in (1, 2):  # once more on a new connection if the kept one was closed
+        connection = getattr(_connections, "connection", None)
+        if connection is None:
+            host = address.hostname or "127.0.0.1"
+            connection = http.client.HTTPConnection(host, address.port, timeout=60)
+            _connections.connection = connection
+        began = time.perf_counter()
+        try:
+            connection.request("POST", f"/endpoints/{name}/invocations", body, headers)
+            response = connection.getresponse()
             response.read()
-            status = int(response.status)
-    except urllib.error.HTTPError as exc:
-        exc.read()
-        status = int(exc.code)
-    return status, time.perf_counter() - began
+        except (OSError, http.client.HTTPException):
+            connection.close()
+            _connections.connection = None
+            if attempt == 2:
+                raise
+            continue
+        return int(response.status), time.perf_counter() - began
+    raise AssertionError("unreachable")
+
+
+def work_ms() -> float:
+    """A request's work: uniform over half to one and a half ``SLEEP_MS``."""
+    return random.uniform(SLEEP_MS / 2, SLEEP_MS * 3 / 2)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -84,34 +113,50 @@ def high_class(url: str, name: str, seconds: float, pace_s: float) -> list[float
     times: list[float] = []
     stop = time.monotonic() + seconds
     while time.monotonic() < stop:
-        status, took = invoke(url, name, SLEEP_MS, "shipyard-priority=1")
+        status, took = invoke(url, name, work_ms(), "shipyard-priority=1")
         if status == 200:
             times.append(took)
         time.sleep(pace_s)
     return times
 
 
-def saturated(url: str, name: str) -> tuple[list[float], list[float], list[float]]:
-    """Idle high-class latencies, then high and low under saturation."""
-    pace_s = SLEEP_MS / 1000 * 10 / CLIENTS  # about a tenth of the low class's rate
-    idle = high_class(url, name, SECONDS / 2, pace_s)
+def low_class(url: str, name: str, clients: int, until: float, out: Queue[list[float]]) -> None:
+    """The level-3 clients, closed-loop until ``until`` (time.monotonic), in a process of
+    their own: sharing the high class's process, their threads would hold its GIL, and
+    its latencies would count the wait for the interpreter (up to the 5 ms switch
+    interval each time) instead of the endpoint's."""
     low: list[float] = []
-    done = threading.Event()
 
-    def low_client() -> None:
-        while not done.is_set():
-            status, took = invoke(url, name, SLEEP_MS, "shipyard-priority=3")
+    def client() -> None:
+        while time.monotonic() < until:
+            status, took = invoke(url, name, work_ms(), "shipyard-priority=3")
             if status == 200:
                 low.append(took)
 
-    threads = [threading.Thread(target=low_client) for _ in range(CLIENTS)]
+    threads = [threading.Thread(target=client) for _ in range(clients)]
     for thread in threads:
         thread.start()
-    time.sleep(1.0)  # the queue fills before the high class is measured
-    high = high_class(url, name, SECONDS, pace_s)
-    done.set()
     for thread in threads:
         thread.join()
+    out.put(low)
+
+
+def saturated(url: str, name: str, threads: int) -> tuple[list[float], list[float], list[float]]:
+    """Idle high-class latencies, then high and low under saturation: ``threads`` handler
+    threads, at least twice as many low clients, so requests always wait."""
+    clients = max(CLIENTS, 2 * threads)
+    pace_s = SLEEP_MS / 1000 * 10 / CLIENTS  # about a tenth of the low class's rate
+    idle = high_class(url, name, SECONDS / 2, pace_s)
+    results: Queue[list[float]] = multiprocessing.Queue()
+    until = time.monotonic() + 1.0 + SECONDS
+    process = multiprocessing.Process(
+        target=low_class, args=(url, name, clients, until, results), daemon=True
+    )
+    process.start()
+    time.sleep(1.0)  # the queue fills before the high class is measured
+    high = high_class(url, name, SECONDS, pace_s)
+    low = results.get(timeout=120)
+    process.join(timeout=10)
     return idle, high, low
 
 
@@ -134,26 +179,38 @@ def burst(url: str, name: str) -> tuple[int, list[float]]:
     holder = threading.Thread(target=invoke, args=(url, name, 1000, None))
     holder.start()
     time.sleep(0.2)
-    results: list[tuple[int, float]] = []
-    lock = threading.Lock()
-
-    def one() -> None:
-        found = invoke(url, name, 0, None)
-        with lock:
-            results.append(found)
-
-    threads = [threading.Thread(target=one) for _ in range(64)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    results = asyncio.run(_at_once(url, name, 64))
     holder.join()
     refused = [took for status, took in results if status == 503]
     return len(refused), refused
 
 
+async def _at_once(url: str, name: str, count: int) -> list[tuple[int, float]]:
+    """``count`` requests on connections opened beforehand, written together, each timed
+    from its write to its answer's status line. One thread and one event loop: 64 client
+    threads would time each other's turns at the interpreter, not the gateway's answer."""
+    address = urllib.parse.urlsplit(url)
+    host, port = address.hostname or "127.0.0.1", address.port or 80
+    body = json.dumps({"sleep_ms": 0}).encode()
+    request = (
+        f"POST /endpoints/{name}/invocations HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    connections = [await asyncio.open_connection(host, port) for _ in range(count)]
+
+    async def one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[int, float]:
+        began = time.perf_counter()
+        writer.write(request)
+        status = int((await reader.readline()).split()[1])
+        took = time.perf_counter() - began
+        writer.close()
+        return status, took
+
+    return await asyncio.gather(*(one(reader, writer) for reader, writer in connections))
+
+
 def main() -> int:
-    with tempfile.TemporaryDirectory() as folder, time_budget(SECONDS * 2 + 300):
+    with tempfile.TemporaryDirectory() as folder, time_budget(len(THREADS) * SECONDS * 2 + 300):
         work = Path(folder)
         (work / "model" / "code").mkdir(parents=True)
         (work / "model" / "code" / "inference.py").write_text(MODEL)
@@ -161,55 +218,54 @@ def main() -> int:
         try:
             control = Control(url)
             model = (work / "model").as_uri()
-            control.deploy("ranked", model, environment={"SHIPYARD_PRIORITY_LEVELS": "3"})
-            control.deploy(
-                "threads",
-                model,
-                environment={
-                    "SHIPYARD_PRIORITY_LEVELS": "3",
-                    "SAGEMAKER_MODEL_SERVER_WORKERS": str(WORKERS),
-                },
-            )
+            for n in THREADS:
+                control.deploy(
+                    f"threads-{n}",
+                    model,
+                    environment={
+                        "SHIPYARD_PRIORITY_LEVELS": "3",
+                        "SAGEMAKER_MODEL_SERVER_WORKERS": str(n),
+                    },
+                )
             control.deploy(
                 "bounded",
                 model,
                 environment={"SHIPYARD_PRIORITY_LEVELS": "3", "SHIPYARD_MAX_QUEUE_SIZE": "8"},
             )
-            idle, high, low = saturated(url, "ranked")
-            idle_n, high_n, low_n = saturated(url, "threads")
-            deadlines = behind_a_backlog(url, "ranked")
+            runs = {n: saturated(url, f"threads-{n}", n) for n in THREADS}
+            deadlines = behind_a_backlog(url, "bounded")
             refused, refusals = burst(url, "bounded")
         finally:
             server.stop()
     ms = 1000.0
-    rows = [
-        ["high class, idle endpoint", len(idle), f"{percentile(idle, 0.5) * ms:.1f}",
-         f"{percentile(idle, 0.99) * ms:.1f}"],
-        ["high class, saturated", len(high), f"{percentile(high, 0.5) * ms:.1f}",
-         f"{percentile(high, 0.99) * ms:.1f}"],
-        ["low class, saturated", len(low), f"{percentile(low, 0.5) * ms:.1f}",
-         f"{percentile(low, 0.99) * ms:.1f}"],
-        [f"high class, idle endpoint, {WORKERS} threads", len(idle_n),
-         f"{percentile(idle_n, 0.5) * ms:.1f}", f"{percentile(idle_n, 0.99) * ms:.1f}"],
-        [f"high class, saturated, {WORKERS} threads", len(high_n),
-         f"{percentile(high_n, 0.5) * ms:.1f}", f"{percentile(high_n, 0.99) * ms:.1f}"],
-        [f"low class, saturated, {WORKERS} threads", len(low_n),
-         f"{percentile(low_n, 0.5) * ms:.1f}", f"{percentile(low_n, 0.99) * ms:.1f}"],
-    ]  # fmt: skip
-    ratio = percentile(high, 0.99) / percentile(idle, 0.99)
-    ratio_n = percentile(high_n, 0.99) / percentile(idle_n, 0.99)
+
+    def row(label: str, times: list[float]) -> list[str]:
+        p50, p99 = percentile(times, 0.5) * ms, percentile(times, 0.99) * ms
+        return [label, str(len(times)), f"{p50:.1f}", f"{p99:.1f}"]
+
+    rows = []
+    ratios = []
+    for n, (idle, high, low) in runs.items():
+        threads = f"{n} thread{'s' if n > 1 else ''}"
+        rows += [
+            row(f"high class, idle endpoint, {threads}", idle),
+            row(f"high class, saturated, {threads}", high),
+            row(f"low class, saturated, {threads}", low),
+        ]
+        ratio = percentile(high, 0.99) / percentile(idle, 0.99)
+        ratios.append(f"**{ratio:.2f}x** on {threads}")
     report = "\n".join(
         [
             f"# Admission ({time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC)",
             "",
             f"`SECONDS={SECONDS:g} CLIENTS={CLIENTS} SLEEP_MS={SLEEP_MS:g} "
-            f"WORKERS={WORKERS} .venv/bin/python bench/admission.py`",
+            f'THREADS="{" ".join(map(str, THREADS))}" .venv/bin/python bench/admission.py`',
             "",
             table(["requests", "n", "p50 ms", "p99 ms"], rows),
             "",
-            f"High class p99 saturated / idle: **{ratio:.2f}x** on one handler thread, "
-            f"**{ratio_n:.2f}x** on {WORKERS} (goal: at most 1.5x). A request is never "
-            "interrupted: a high one waits for the one running when it comes.",
+            "High class p99 saturated / idle: " + ", ".join(ratios) + " (goal: at most "
+            "1.5x). A request is never interrupted: a high one that comes while every "
+            "handler thread works waits for the first of them to finish.",
             "",
             "A 100 ms deadline behind a 500 ms request, answered after (ms): "
             + ", ".join(f"{d * ms:.0f}" for d in deadlines)

@@ -48,6 +48,10 @@ class Settings(BaseSettings):
     bidi_max_duration_s: int = Field(default=1800, ge=1)
     """A bidirectional stream is ended this many seconds after it began."""
 
+    bidi_ping_interval_s: float = Field(default=60.0, ge=0.1)
+    """A WebSocket stream's instance (a ``cmd:`` server or container image) is pinged this
+    often; five pings unanswered end the stream (the client gets InternalStreamFailure)."""
+
     home: Path = Field(default_factory=lambda: Path("~/.shipyard").expanduser())
     """Holds every piece of state of the embedded default: database, artifacts, logs."""
 

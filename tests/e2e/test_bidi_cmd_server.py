@@ -17,13 +17,18 @@ from tests.h2client import H2Client
 
 CMD = "bidi-cmd"
 LOST = "bidi-cmd-lost"
+PING_S = 0.2  # the gateway pings each stream's WebSocket this often
 
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     home = tmp_path_factory.mktemp("bidi-cmd") / "home"
     port = free_port()
-    gateway = start_gateway(home, args=["--http2-port", str(port)])
+    gateway = start_gateway(
+        home,
+        args=["--http2-port", str(port)],
+        extra_env={"SHIPYARD_BIDI_PING_INTERVAL_S": str(PING_S)},
+    )
     gateway.env["HTTP2_PORT"] = str(port)
     try:
         server = MODELS / "cmd_bidi" / "server.py"
@@ -174,6 +179,29 @@ def test_an_instance_lost_mid_stream_is_an_internal_stream_failure(gw: GatewayPr
         events = await stream.rest()
         assert [e.kind for e in events] == ["InternalStreamFailure"]
         assert "lost" in events[0].error["Message"]
+        await client.close()
+
+    run(go())
+
+
+def test_five_unanswered_pings_are_an_internal_stream_failure(gw: GatewayProcess) -> None:
+    async def go() -> None:
+        client = await connect(gw)
+        # Answered pings keep a quiet stream open past five intervals.
+        stream = await client.open(CMD)
+        await stream.part("before")
+        assert (await stream.next_event()) is not None
+        await asyncio.sleep(8 * PING_S)
+        await stream.part("still answering")
+        still = await stream.next_event()
+        assert still is not None and still.text == "still answering"
+        # A server that reads nothing more answers no ping: five go by, and the stream ends.
+        await stream.part("deaf")
+        deaf = await stream.next_event()
+        assert deaf is not None and deaf.text == "deaf"
+        events = await stream.rest()
+        assert [e.kind for e in events] == ["InternalStreamFailure"]
+        assert "five pings" in events[0].error["Message"]
         await client.close()
 
     run(go())

@@ -10,6 +10,7 @@ Each message is echoed whole once all its frames are in, except:
 - "close:<code>:<reason>": closes the WebSocket with that code;
 - "error": sends {"ModelStreamError": {"ErrorCode": "E42", "Message": "bad input"}};
 - "exit": the process exits at once (an instance lost mid-stream);
+- "deaf": stops reading the WebSocket, so the gateway's pings go unanswered;
 - "notes:<path>": once the WebSocket is closed, writes there the close code the gateway
   sent ("1000", "1001", ...).
 """
@@ -51,6 +52,10 @@ async def stream(ws):
                 return
             if first == "exit":
                 os._exit(1)
+            if first == "deaf":
+                ws.transport.pause_reading()  # no ping is read, so none is answered
+                await ws.send("deaf")
+                continue
             if first == "error":
                 error = {"ModelStreamError": {"ErrorCode": "E42", "Message": "bad input"}}
                 await ws.send(json.dumps(error))

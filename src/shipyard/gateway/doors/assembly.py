@@ -102,6 +102,7 @@ def build(
             idle_timeout_s=settings.bidi_idle_timeout_s,
             max_duration_s=settings.bidi_max_duration_s,
             max_part_bytes=settings.max_payload_bytes,
+            ping_interval_s=settings.bidi_ping_interval_s,
         ),
         metrics=metrics.bidi,
     )
