@@ -62,7 +62,12 @@ def _invoke(gw: GatewayProcess, n: int) -> None:
 
 
 def _loaded(tab: Tab, selector: str = "[data-view]") -> None:
-    tab.page.wait_for_selector(f"{selector}[data-loaded]")
+    try:
+        tab.page.wait_for_selector(f"{selector}[data-loaded]")
+    except Exception as exc:  # say what the page shows, not only that it timed out
+        problem = tab.page.locator("#problem")
+        shown = problem.inner_text() if problem.is_visible() else "(no problem shown)"
+        raise AssertionError(f"{selector} never loaded: {shown}; {tab.errors}") from exc
 
 
 def test_the_overview_lists_endpoints_with_status_variants_and_weights(
@@ -229,3 +234,30 @@ def test_a_transform_job_shows_its_progress(
     row = jobs.page.locator("tr", has_text=name)
     assert "3/3 objects" in row.inner_text() and row.locator("progress").count() == 1
     assert tab.errors == jobs.errors == []
+
+
+def test_a_list_whose_first_read_fails_is_read_again_within_a_second(
+    gw: GatewayProcess, open_tab: Callable[..., Tab]
+) -> None:
+    from shipyard.gateway.console.pages import LIST_EVERY_MS
+
+    tab = open_tab(gw.url + "/console")
+    _loaded(tab)
+    reads: list[float] = []
+
+    def first_fails(route: Any) -> None:
+        reads.append(time.monotonic())
+        if len(reads) == 1:
+            route.abort("connectionreset")  # as a connection lost under the read
+        else:
+            route.continue_()
+
+    tab.page.route("**/console/api/jobs*", first_fails)
+    tab.page.goto(gw.url + "/console/jobs")
+    _loaded(tab)
+    # Read again after about a second, not after the list's period (5 s).
+    assert len(reads) == 2
+    assert reads[1] - reads[0] < LIST_EVERY_MS / 1000 / 2
+    assert tab.page.locator("#problem").is_hidden()  # the problem shown went with it
+    # The browser reports the reset itself; the script reports nothing (not its fault).
+    assert [e for e in tab.errors if "ERR_CONNECTION_RESET" not in e] == []

@@ -27,13 +27,20 @@ export function clearProblem(kind) {
 }
 
 // Run tick() now and every `every` ms while it returns true and no sign-out happened.
+// Until one tick has succeeded the region is empty, so a failed first read is tried
+// again after FIRST_RETRY_MS rather than a whole period.
+const FIRST_RETRY_MS = 1000;
+
 export function poll(tick, every, onDenied) {
   const epoch = session.generation;
+  let succeeded = false;
   const loop = async () => {
     if (epoch !== session.generation) return;
     let again = true;
+    let wait = document.hidden ? every * 5 : every;
     try {
       again = await tick();
+      succeeded = true;
       clearProblem("network");
     } catch (err) {
       if (err instanceof AuthError) {
@@ -41,12 +48,14 @@ export function poll(tick, every, onDenied) {
         else onDenied(`${err.type}: ${err.message}`);
         return;
       }
-      // fetch fails with a TypeError when the gateway is unreachable; anything else is a
-      // fault of this script, reported where the tests (and a developer) look.
-      if (!(err instanceof TypeError)) console.error(err);
+      // fetch fails with a TypeError when the gateway is unreachable, and a read given
+      // up on (signing.js) with a TimeoutError; anything else is a fault of this script,
+      // reported where the tests (and a developer) look.
+      if (!(err instanceof TypeError) && err?.name !== "TimeoutError") console.error(err);
       showProblem("The gateway does not answer; retrying.", "network");
+      if (!succeeded) wait = Math.min(wait, FIRST_RETRY_MS);
     }
-    if (again && epoch === session.generation) setTimeout(loop, document.hidden ? every * 5 : every);
+    if (again && epoch === session.generation) setTimeout(loop, wait);
   };
   loop();
 }

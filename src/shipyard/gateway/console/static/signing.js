@@ -85,20 +85,24 @@ async function signatureHeaders(url, creds, method = "GET", body = "", extra = {
 }
 
 // A request as any client sends it: signed under auth:, its `extra` headers covered.
-export async function send(url, method = "GET", body = "", extra = {}) {
+export async function send(url, method = "GET", body = "", extra = {}, signal = undefined) {
   let headers = { ...extra };
   if (AUTH) {
     const creds = credentials();
     if (!creds) throw new AuthError("MissingAuthenticationTokenException", "Sign in first.");
     headers = await signatureHeaders(url, creds, method, body, extra);
   }
-  const init = { method, headers, cache: "no-store", credentials: "omit" };
+  const init = { method, headers, cache: "no-store", credentials: "omit", signal };
   if (method !== "GET") init.body = body;
   return fetch(url, init);
 }
 
+// A read of a view (a GET, safe to repeat) given up after this long: the poller that
+// asked tries again rather than waiting on a lost connection for ever.
+const READ_TIMEOUT_MS = 10_000;
+
 export async function api(url) {
-  const response = await send(url);
+  const response = await send(url, "GET", "", {}, AbortSignal.timeout(READ_TIMEOUT_MS));
   if (response.status === 403) {
     const answer = await response.json().catch(() => ({}));
     throw new AuthError(answer.__type || "AccessDeniedException", answer.message || "Refused.");
