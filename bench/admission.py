@@ -44,13 +44,13 @@ import urllib.request
 from multiprocessing.queues import Queue
 from pathlib import Path
 
-from harness import Control, entry, start_gateway, table, time_budget
+from harness import Control, entry, env_ints, start_gateway, table, time_budget
 
 RESULTS = Path(__file__).resolve().parent / "results" / "admission.md"
 SECONDS = float(os.environ.get("SECONDS", "20"))
 CLIENTS = int(os.environ.get("CLIENTS", "8"))
 SLEEP_MS = float(os.environ.get("SLEEP_MS", "10"))
-THREADS = [int(n) for n in os.environ.get("THREADS", "1 2 4").split()]
+THREADS = env_ints("THREADS", (1, 2, 4))
 
 MODEL = """
 import json, time
@@ -72,30 +72,40 @@ def invoke(url: str, name: str, sleep_ms: float, attributes: str | None) -> tupl
     """One InvokeEndpoint on this thread's kept-alive connection (as boto3 keeps one): its
     status and seconds. Fresh connections would spend the small machine's cores on
     handshakes, which the high class's tail would read as waiting."""
-    address = urllib.parse.urlsplit(url)
     headers = {"Content-Type": "application/json"}
     if attributes:
         headers["X-Amzn-SageMaker-Custom-Attributes"] = attributes
     body = json.dumps({"sleep_ms": sleep_ms}).encode()
-    for attempt in (1, 2):  # once more on a new connection if the kept one was closed
-        connection = getattr(_connections, "connection", None)
-        if connection is None:
-            host = address.hostname or "127.0.0.1"
-            connection = http.client.HTTPConnection(host, address.port, timeout=60)
-            _connections.connection = connection
-        began = time.perf_counter()
-        try:
-            connection.request("POST", f"/endpoints/{name}/invocations", body, headers)
-            response = connection.getresponse()
-            response.read()
-        except (OSError, http.client.HTTPException):
-            connection.close()
-            _connections.connection = None
-            if attempt == 2:
-                raise
-            continue
-        return int(response.status), time.perf_counter() - began
-    raise AssertionError("unreachable")
+    path = f"/endpoints/{name}/invocations"
+    try:
+        return _post(_connection(url), path, body, headers)
+    except (OSError, http.client.HTTPException):  # the kept one closed: once more, anew
+        _connections.connection = None
+        return _post(_connection(url), path, body, headers)
+
+
+def _connection(url: str) -> http.client.HTTPConnection:
+    connection: http.client.HTTPConnection | None = getattr(_connections, "connection", None)
+    if connection is None:
+        address = urllib.parse.urlsplit(url)
+        host = address.hostname or "127.0.0.1"
+        connection = http.client.HTTPConnection(host, address.port, timeout=60)
+        _connections.connection = connection
+    return connection
+
+
+def _post(
+    connection: http.client.HTTPConnection, path: str, body: bytes, headers: dict[str, str]
+) -> tuple[int, float]:
+    began = time.perf_counter()
+    try:
+        connection.request("POST", path, body, headers)
+        response = connection.getresponse()
+        response.read()
+    except BaseException:
+        connection.close()
+        raise
+    return int(response.status), time.perf_counter() - began
 
 
 def work_ms() -> float:
